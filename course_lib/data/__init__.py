@@ -1,0 +1,1 @@
+"""Data: the synthetic benchmark, the Karpathy-split reader, the tokenizer and torch datasets."""

@@ -1,0 +1,151 @@
+"""RetrievalSplit: one gallery of images with their captions, the form every loader returns.
+
+The synthetic generator and the Karpathy-split reader (Flickr30k / COCO) both produce this, so
+datasets, metrics and models never ask where the data came from. Shapes (N images, T texts,
+R region slots, D region feature size, C detector classes):
+
+    images         uint8 (N, H, W, 3) pixels held in memory, or None
+    image_paths    list of N files on disk (real data, read lazily), or None
+    regions        float32 (N, R, D) "detector" region features, or None
+    boxes          float32 (N, R, 7) UNITER boxes: x1, y1, x2, y2, w, h, area (normalised to [0, 1])
+    region_mask    bool (N, R), True where a region slot holds a real region
+    region_classes float32 (N, R, C) the detector's soft class distribution (for MRC-kl)
+    captions       list of T strings
+    txt2img        int64 (T,), the image index of each caption (5 per image in the test splits)
+    scenes         ground truth of a synthetic split (course_lib.data.synthetic.Scenes), or None
+    meanings       what each synthetic caption asserts (course_lib.data.synthetic.Meanings), or None
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class RetrievalSplit:
+    name: str
+    captions: list[str]
+    txt2img: np.ndarray
+    image_ids: list[str]
+    images: np.ndarray | None = None
+    image_paths: list[str] | None = None
+    regions: np.ndarray | None = None
+    boxes: np.ndarray | None = None
+    region_mask: np.ndarray | None = None
+    region_classes: np.ndarray | None = None
+    scenes: object | None = None
+    meanings: object | None = None
+    info: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.txt2img = np.asarray(self.txt2img, dtype=np.int64)
+        n = len(self.image_ids)
+        if len(self.captions) != len(self.txt2img):
+            raise ValueError(
+                f"split {self.name!r}: {len(self.captions)} captions but {len(self.txt2img)} txt2img "
+                "entries; give one image index per caption"
+            )
+        if len(self.txt2img) and (self.txt2img.min() < 0 or self.txt2img.max() >= n):
+            raise ValueError(
+                f"split {self.name!r}: txt2img holds indices outside [0, {n}); every caption must "
+                "point at one of the split's images"
+            )
+        for name in ("images", "regions", "boxes", "region_mask", "region_classes"):
+            value = getattr(self, name)
+            if value is not None and len(value) != n:
+                raise ValueError(f"split {self.name!r}: {name} has {len(value)} rows, expected {n}")
+        if self.image_paths is not None and len(self.image_paths) != n:
+            raise ValueError(f"split {self.name!r}: {len(self.image_paths)} image paths, expected {n}")
+
+    @property
+    def n_images(self) -> int:
+        return len(self.image_ids)
+
+    @property
+    def n_texts(self) -> int:
+        return len(self.captions)
+
+    @property
+    def has_pixels(self) -> bool:
+        return self.images is not None or self.image_paths is not None
+
+    @property
+    def has_regions(self) -> bool:
+        return self.regions is not None
+
+    def img2txt(self) -> list[np.ndarray]:
+        """For each image, the indices of its captions (the i2t ground truth)."""
+        order = np.argsort(self.txt2img, kind="stable")
+        counts = np.bincount(self.txt2img, minlength=self.n_images)
+        return np.split(order, np.cumsum(counts)[:-1])
+
+    def subset(self, image_indices, name: str | None = None) -> "RetrievalSplit":
+        """The split restricted to some images (in the given order) and all of their captions."""
+        image_indices = np.asarray(image_indices, dtype=np.int64)
+        remap = np.full(self.n_images, -1, dtype=np.int64)
+        remap[image_indices] = np.arange(len(image_indices))
+        keep = np.flatnonzero(remap[self.txt2img] >= 0)
+        keep = keep[np.argsort(remap[self.txt2img[keep]], kind="stable")]
+        take = lambda a: None if a is None else a[image_indices]  # noqa: E731
+        return RetrievalSplit(
+            name=name or f"{self.name}[subset]",
+            captions=[self.captions[t] for t in keep],
+            txt2img=remap[self.txt2img[keep]],
+            image_ids=[self.image_ids[i] for i in image_indices],
+            images=take(self.images),
+            image_paths=None if self.image_paths is None else [self.image_paths[i] for i in image_indices],
+            regions=take(self.regions),
+            boxes=take(self.boxes),
+            region_mask=take(self.region_mask),
+            region_classes=take(self.region_classes),
+            scenes=None if self.scenes is None else self.scenes.take(image_indices),
+            meanings=None if self.meanings is None else self.meanings.take(keep),
+            info=dict(self.info),
+        )
+
+    def summary(self) -> str:
+        parts = [f"{self.name}: {self.n_images} images, {self.n_texts} captions"]
+        if self.images is not None:
+            parts.append(f"pixels {tuple(self.images.shape[1:])}")
+        if self.regions is not None:
+            parts.append(f"regions {tuple(self.regions.shape[1:])}")
+        return ", ".join(parts)
+
+
+def concatenate(splits: list[RetrievalSplit], name: str) -> RetrievalSplit:
+    """Pool several splits into one gallery (the papers' "full" setting): images and texts of all."""
+    offsets = np.cumsum([0] + [s.n_images for s in splits[:-1]])
+
+    def cat(attr):
+        values = [getattr(s, attr) for s in splits]
+        if any(v is None for v in values):
+            return None
+        return np.concatenate(values)
+
+    def cat_obj(attr):
+        values = [getattr(s, attr) for s in splits]
+        if any(v is None for v in values):
+            return None
+        return type(values[0]).concatenate(values)
+
+    paths = [s.image_paths for s in splits]
+    return RetrievalSplit(
+        name=name,
+        captions=[c for s in splits for c in s.captions],
+        txt2img=np.concatenate([s.txt2img + o for s, o in zip(splits, offsets)]),
+        image_ids=[i for s in splits for i in s.image_ids],
+        images=cat("images"),
+        image_paths=None if any(p is None for p in paths) else [p for ps in paths for p in ps],
+        regions=cat("regions"),
+        boxes=cat("boxes"),
+        region_mask=cat("region_mask"),
+        region_classes=cat("region_classes"),
+        scenes=cat_obj("scenes"),
+        meanings=cat_obj("meanings"),
+        info={"pooled_from": [s.name for s in splits]},
+    )
+
+
+__all__ = ["RetrievalSplit", "concatenate"]

@@ -1,0 +1,75 @@
+"""Course-wide settings: the smoke switch, device choice and global seeding.
+
+`COURSE_SMOKE=1` (set by CI) shrinks sizes only, never the code path; it is read here and
+nowhere else, so every notebook and script agrees on what "smoke" means.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import numpy as np
+import torch
+
+_TRUE = {"1", "true", "yes", "on"}
+
+
+def smoke_mode() -> bool:
+    """True when the environment variable COURSE_SMOKE asks for tiny sizes (CI, quick checks)."""
+    return os.environ.get("COURSE_SMOKE", "0").strip().lower() in _TRUE
+
+
+def pick(default, smoke):
+    """Return `smoke` in smoke mode, else `default`: the one way a config cell chooses a size."""
+    return smoke if smoke_mode() else default
+
+
+def get_device(prefer: str | None = None) -> torch.device:
+    """The best available device: CUDA, then Apple MPS, then CPU.
+
+    `prefer` (e.g. "cpu") overrides the choice; COURSE_DEVICE in the environment does the same.
+    """
+    choice = prefer or os.environ.get("COURSE_DEVICE")
+    if choice:
+        return torch.device(choice)
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def seed_everything(seed: int = 0) -> None:
+    """Seed Python, NumPy and torch (all devices) so a run can be repeated."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed_all(seed)
+
+
+def describe_environment() -> dict[str, str]:
+    """Versions and device in one dict: what every notebook prints first and every result records."""
+    import platform
+
+    device = get_device()
+    info = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "device": str(device),
+        "smoke": str(smoke_mode()),
+    }
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+    else:
+        info["cpu_threads"] = str(torch.get_num_threads())
+    for name in ("timm", "transformers", "tokenizers", "faiss"):
+        try:
+            module = __import__(name)
+            info[name] = getattr(module, "__version__", "?")
+        except ImportError:
+            info[name] = "not installed"
+    return info
