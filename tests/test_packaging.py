@@ -1,0 +1,86 @@
+"""The package metadata, the conda environment and the settings module agree with each other."""
+
+import re
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: pytest brings tomli
+    import tomli as tomllib
+from pathlib import Path
+
+import torch
+
+from course_lib import settings
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _requirement_names(requirements):
+    return {re.split(r"[<>=!~\[ ;]", r.strip(), maxsplit=1)[0].lower() for r in requirements}
+
+
+def _pip_section_of_environment_yml():
+    lines = (ROOT / "environment.yml").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip() == "- pip:")
+    entries = []
+    for line in lines[start + 1:]:
+        m = re.match(r"^\s+- (.+)$", line)
+        if not m:
+            break
+        entries.append(m.group(1).split("#")[0].strip())
+    return entries
+
+
+def test_environment_yml_installs_what_pyproject_declares():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = list(project["dependencies"]) + list(project["optional-dependencies"]["dev"])
+    conda = [e for e in _pip_section_of_environment_yml() if not e.startswith("-e")]
+    assert sorted(conda) == sorted(declared), "environment.yml's pip section must list pyproject's requirements"
+    assert any(e.startswith("-e") and "[dev]" in e for e in _pip_section_of_environment_yml())
+
+
+def test_dependencies_are_lower_bounded_not_pinned():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    for req in list(project["dependencies"]) + list(project["optional-dependencies"]["dev"]):
+        assert ">=" in req and "==" not in req, f"{req}: give a lower bound, do not pin"
+    names = _requirement_names(project["dependencies"])
+    for needed in ("torch", "torchvision", "timm", "transformers", "tokenizers", "faiss-cpu", "numpy",
+                   "matplotlib", "pillow", "tqdm"):
+        assert needed in names
+
+
+def test_smoke_switch_is_read_from_the_environment(monkeypatch):
+    monkeypatch.setenv("COURSE_SMOKE", "1")
+    assert settings.smoke_mode() and settings.pick(100, 3) == 3
+    monkeypatch.setenv("COURSE_SMOKE", "0")
+    assert not settings.smoke_mode() and settings.pick(100, 3) == 100
+    monkeypatch.delenv("COURSE_SMOKE")
+    assert not settings.smoke_mode()
+
+
+def test_device_choice_and_override(monkeypatch):
+    monkeypatch.delenv("COURSE_DEVICE", raising=False)
+    expected = "cuda" if torch.cuda.is_available() else None
+    device = settings.get_device()
+    if expected:
+        assert device.type == expected
+    assert settings.get_device("cpu").type == "cpu"
+    monkeypatch.setenv("COURSE_DEVICE", "cpu")
+    assert settings.get_device().type == "cpu"
+
+
+def test_seed_everything_repeats_random_streams():
+    import random
+
+    import numpy as np
+
+    settings.seed_everything(7)
+    first = (random.random(), np.random.rand(), torch.rand(1).item())
+    settings.seed_everything(7)
+    assert (random.random(), np.random.rand(), torch.rand(1).item()) == first
+
+
+def test_describe_environment_names_versions_and_device():
+    info = settings.describe_environment()
+    for key in ("python", "torch", "device", "timm", "transformers", "faiss"):
+        assert key in info and info[key]
