@@ -1,0 +1,58 @@
+"""An untrained reference method: random projections of a bag of words and of pooled regions.
+
+It learns nothing, so its recalls sit near chance; it exists so that the benchmark pipeline
+(scoring, metrics, timing, tables, plot) runs end to end before any real method is built, and
+so that learners see what "no model" looks like on each setting.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+class RandomProjectionBaseline:
+    """Dot products between random projections of bag-of-words and of mean region features."""
+
+    name = "random_projection"
+    notes = "untrained baseline: random projections, expect chance-level recall"
+
+    def __init__(self, dim: int = 64, seed: int = 0):
+        self.dim = dim
+        self.seed = seed
+        self.tokenizer = None
+
+    def fit(self, bench, tokenizer) -> "RandomProjectionBaseline":
+        """Nothing is trained: only fix the random projections' sizes from the data."""
+        self.tokenizer = tokenizer
+        generator = torch.Generator().manual_seed(self.seed)
+        region_dim = bench["train"].regions.shape[-1]
+        self.text_projection = torch.randn(len(tokenizer), self.dim, generator=generator)  # (V, E)
+        self.image_projection = torch.randn(region_dim, self.dim, generator=generator)  # (D, E)
+        return self
+
+    def encode_texts(self, captions) -> torch.Tensor:
+        ids = self.tokenizer(list(captions), add_special_tokens=False, padding=True, return_tensors="pt")
+        counts = torch.zeros(len(captions), len(self.tokenizer))  # (T, V) bag of words
+        counts.scatter_add_(1, ids["input_ids"], ids["attention_mask"].float())
+        return counts @ self.text_projection  # (T, E)
+
+    def encode_images(self, split) -> torch.Tensor:
+        regions = torch.from_numpy(split.regions)  # (N, R, D)
+        mask = torch.from_numpy(split.region_mask).unsqueeze(-1).float()  # (N, R, 1)
+        pooled = (regions * mask).sum(1) / mask.sum(1).clamp(min=1)  # (N, D)
+        return pooled @ self.image_projection  # (N, E)
+
+    def similarity(self, split) -> torch.Tensor:
+        return self.encode_images(split) @ self.encode_texts(split.captions).T  # (N, T)
+
+    def query_fn(self, split, top_k: int = 10):
+        """A zero-argument callable answering one text query against the split's gallery."""
+        gallery = self.encode_images(split)  # encoded once, offline
+        caption = split.captions[0]
+
+        def answer():
+            scores = gallery @ self.encode_texts([caption])[0]  # (N,)
+            return torch.topk(scores, min(top_k, len(scores))).indices
+
+        return answer

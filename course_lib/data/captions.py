@@ -1,0 +1,308 @@
+"""Captions of the synthetic benchmark: sampling meanings, wording them, deciding their truth.
+
+A caption is first sampled as a meaning (a `Meanings` row: which objects, attributes, relation,
+place or count it asserts, all read off one scene, so it is true of that scene by construction),
+then worded with templates and synonyms. Families: "pair" (two objects), "relation" (two objects
+and left of / right of / above / below), "place" (one object in a named cell), "count" (the number
+of objects and one of them), and "terse" (the pre-training corpus: one or two bare objects, some
+attributes dropped, word order varied, optionally corrupted). `satisfies` decides the truth of every
+caption on every scene from the ground truth, with per-scene bitmasks of objects (fast enough for
+12k scenes x 60k captions).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .scenes import COLORS, FAMILIES, GRID, SHAPES, SIZES, Meanings, Scenes
+
+PAIR, RELATION, PLACE, COUNT, TERSE = range(len(FAMILIES))
+SIZE_WORDS = (("small", "little", "tiny"), ("big", "large", "huge"))
+SHAPE_WORDS = (("circle", "disc", "disk"), ("square", "box"), ("triangle",), ("diamond", "rhombus"),
+               ("cross", "plus sign"), ("ring", "hoop", "donut"))
+RELATION_WORDS = (("left of", "to the left of", "on the left of"),
+                  ("right of", "to the right of", "on the right of"),
+                  ("above", "over", "on top of", "higher than"),
+                  ("below", "under", "beneath", "underneath", "lower than"))  # "next to" is ambiguous: not used
+PLACE_WORDS = (  # one tuple per cell, row-major from the top left
+    ("in the top left corner", "in the upper left corner", "at the top left"),
+    ("at the top in the middle", "in the top middle", "in the middle of the top edge"),
+    ("in the top right corner", "in the upper right corner", "at the top right"),
+    ("on the left in the middle", "in the middle of the left edge", "in the left middle"),
+    ("in the middle", "in the center", "in the centre"),
+    ("on the right in the middle", "in the middle of the right edge", "in the right middle"),
+    ("in the bottom left corner", "in the lower left corner", "at the bottom left"),
+    ("at the bottom in the middle", "in the bottom middle", "in the middle of the bottom edge"),
+    ("in the bottom right corner", "in the lower right corner", "at the bottom right"),
+)
+NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+TEMPLATES = {
+    PAIR: ("{a} and {b}", "there is {a} and {b}", "{a} as well as {b}", "{a} along with {b}"),
+    RELATION: ("{a} {rel} {b}", "{a} is {rel} {b}", "there is {a} {rel} {b}"),
+    PLACE: ("{a} {place}", "{a} is {place}", "there is {a} {place}"),
+    COUNT: ("{n} shapes one of them {a}", "{n} objects including {a}",
+            "there are {n} things and one of them is {a}", "{a} among {n} shapes"),
+}
+COUNT_ONE = ("{a} alone", "{a} on its own")  # count == 1: "one shapes" is not English
+COUNT_TWO = ("{n} shapes including {a} and {b}", "{n} objects among them {a} and {b}",
+             "there are {n} things including {a} and {b}")  # count captions naming two objects
+TERSE_PREFIXES = ("", "", "", "photo of", "image of", "stock photo", "picture with", "shapes")
+TERSE_JOINERS = (" ", " ", " and ", " with ")
+TERSE_ORDERS = ((0, 1, 2), (1, 0, 2), (2, 1, 0))  # word order of (size, colour, shape) in a terse object
+N_CHOICES = 9  # random integers drawn per caption for template and synonym choices
+
+
+def _pick(options: tuple, choice: int):
+    return options[choice % len(options)]
+
+
+def _phrase(shape: int, color: int, size: int, ch_det: int, ch_size: int, ch_shape: int) -> str:
+    """'a small red circle' (an attribute of -1 is left out; 'one' instead of 'a' one time in five)."""
+    words = []
+    if size >= 0:
+        words.append(SIZE_WORDS[size][ch_size % len(SIZE_WORDS[size])])
+    if color >= 0:
+        words.append(COLORS[color])
+    words.append(SHAPE_WORDS[shape][ch_shape % len(SHAPE_WORDS[shape])] if shape >= 0 else "shape")
+    det = "one" if ch_det % 5 == 0 else ("an" if words[0][0] in "aeiou" else "a")
+    return det + " " + " ".join(words)
+
+
+def _terse_phrase(shape: int, color: int, size: int, ch_order: int, ch_size: int, ch_shape: int) -> str:
+    """'red circle', 'big red circle', 'circle red' ...: no article, attributes in varied order."""
+    words = (SIZE_WORDS[size][ch_size % len(SIZE_WORDS[size])] if size >= 0 else "",
+             COLORS[color] if color >= 0 else "",
+             SHAPE_WORDS[shape][ch_shape % len(SHAPE_WORDS[shape])] if shape >= 0 else "")
+    return " ".join(words[i] for i in TERSE_ORDERS[ch_order % len(TERSE_ORDERS)] if words[i])
+
+
+def word_captions(meanings: Meanings, rng: np.random.Generator) -> list[str]:
+    """The words of each meaning: a template and synonyms chosen at random (lower case, no punctuation)."""
+    fields = [getattr(meanings, f).tolist() for f in Meanings.FIELDS[:-1]]
+    choices = rng.integers(0, 1 << 30, size=(len(meanings), N_CHOICES)).tolist()
+    out = []
+    for (fam, a_s, a_c, a_z, b_s, b_c, b_z, rel, place, count), ch in zip(zip(*fields), choices):
+        if fam == TERSE:
+            parts = [_terse_phrase(a_s, a_c, a_z, ch[1], ch[2], ch[3])]
+            if b_s >= 0 or b_c >= 0 or b_z >= 0:
+                parts.append(_terse_phrase(b_s, b_c, b_z, ch[4], ch[5], ch[6]))
+                if ch[7] % 2:
+                    parts.reverse()
+            text = TERSE_JOINERS[ch[8] % len(TERSE_JOINERS)].join(parts)
+            prefix = TERSE_PREFIXES[ch[0] % len(TERSE_PREFIXES)]
+            out.append(f"{prefix} {text}" if prefix else text)
+            continue
+        a = _phrase(a_s, a_c, a_z, ch[1], ch[2], ch[3])
+        has_b = b_s >= 0 or b_c >= 0 or b_z >= 0
+        fill = {"a": a, "b": _phrase(b_s, b_c, b_z, ch[4], ch[5], ch[6]) if has_b else ""}
+        templates = TEMPLATES[fam]
+        if fam == RELATION:
+            fill["rel"] = _pick(RELATION_WORDS[rel], ch[7])
+        elif fam == PLACE:
+            fill["place"] = _pick(PLACE_WORDS[place], ch[7])
+        elif fam == COUNT:
+            fill["n"] = NUMBER_WORDS[count]
+            templates = COUNT_TWO if has_b else (COUNT_ONE if count == 1 else templates)
+        out.append(_pick(templates, ch[0]).format(**fill))
+    return out
+
+
+def caption_vocabulary() -> list[str]:
+    """Every word the generator can emit, sorted."""
+    texts = [w for ws in SIZE_WORDS + SHAPE_WORDS + RELATION_WORDS + PLACE_WORDS for w in ws]
+    texts += list(COLORS) + list(NUMBER_WORDS[1:]) + ["a an one shape"] + list(COUNT_ONE) + list(COUNT_TWO)
+    texts += [t for ts in TEMPLATES.values() for t in ts] + list(TERSE_PREFIXES)
+    words = {w for t in texts for w in t.split() if not w.startswith("{")}
+    return sorted(words)
+
+
+def meanings_of(rng: np.random.Generator, scenes: Scenes, scene_idx, family, a_obj, b_obj,
+                attribute_dropout: float = 0.0) -> Meanings:
+    """Meanings read off the scenes, so each is true of its scene: caption t names object slot
+    a_obj[t] (and b_obj[t] unless -1) of scene scene_idx[t]; family decides what else it asserts
+    (a random true relation between a and b, a's cell, or the number of objects). Size and colour
+    are each left out with probability attribute_dropout."""
+    s, a, b = (np.asarray(x, dtype=np.int64) for x in (scene_idx, a_obj, b_obj))
+    family = np.asarray(family, dtype=np.int64)
+    T, has_b = len(s), b >= 0
+    b_safe = np.maximum(b, 0)
+    drop = rng.random((T, 4)) < attribute_dropout  # a size, a colour, b size, b colour
+    a_cell, b_cell = scenes.cell[s, a].astype(np.int64), scenes.cell[s, b_safe].astype(np.int64)
+    a_rc, b_rc = np.stack([a_cell // GRID, a_cell % GRID]), np.stack([b_cell // GRID, b_cell % GRID])
+    true_rel = np.stack([a_rc[1] < b_rc[1], a_rc[1] > b_rc[1], a_rc[0] < b_rc[0], a_rc[0] > b_rc[0]], axis=1)
+    relation = np.argmax(true_rel * (1.0 + rng.random((T, 4))), axis=1)  # a random true relation
+    i8 = lambda x: np.asarray(x, dtype=np.int8)  # noqa: E731
+    return Meanings(
+        family=i8(family),
+        a_shape=i8(scenes.shape[s, a]),
+        a_color=i8(np.where(drop[:, 1], -1, scenes.color[s, a])),
+        a_size=i8(np.where(drop[:, 0], -1, scenes.size[s, a])),
+        b_shape=i8(np.where(has_b, scenes.shape[s, b_safe], -1)),
+        b_color=i8(np.where(has_b & ~drop[:, 3], scenes.color[s, b_safe], -1)),
+        b_size=i8(np.where(has_b & ~drop[:, 2], scenes.size[s, b_safe], -1)),
+        relation=i8(np.where((family == RELATION) & has_b, relation, -1)),
+        place=i8(np.where(family == PLACE, a_cell, -1)),
+        count=i8(np.where(family == COUNT, scenes.n_objects[s], -1)),
+        noisy=np.zeros(T, dtype=bool),
+    )
+
+
+def two_objects(rng: np.random.Generator, n_objects: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Two distinct random object slots per row (b = a when a scene has one object)."""
+    n_objects = np.asarray(n_objects, dtype=np.int64)
+    a = np.floor(rng.random(len(n_objects)) * n_objects).astype(np.int64)
+    other = np.floor(rng.random(len(n_objects)) * np.maximum(n_objects - 1, 1)).astype(np.int64)
+    return a, (a + 1 + other) % n_objects
+
+
+def terse_meanings(rng: np.random.Generator, scenes: Scenes, noise: float) -> Meanings:
+    """One pre-training caption per scene: one or two objects, size dropped half the time, colour or
+    shape (never both) sometimes; with probability `noise` a's colour or shape is replaced by a
+    wrong one (noisy = True; the row records the words, so it may be false of its scene)."""
+    n = len(scenes)
+    a, b = two_objects(rng, scenes.n_objects)
+    b = np.where((rng.random(n) < 0.6) & (scenes.n_objects >= 2), b, -1)
+    m = meanings_of(rng, scenes, np.arange(n), np.full(n, TERSE), a, b)
+    for obj in ("a", "b"):
+        u = rng.random((n, 3))
+        size, color, shape = (getattr(m, f"{obj}_{f}") for f in ("size", "color", "shape"))
+        size[u[:, 0] < 0.5] = -1
+        drop_color = u[:, 1] < 0.2
+        color[drop_color] = -1
+        shape[~drop_color & (u[:, 2] < 0.15)] = -1
+    m.noisy = rng.random(n) < noise
+    fix_color = m.noisy & (m.a_color >= 0) & ((m.a_shape < 0) | (rng.random(n) < 0.5))
+    fix_shape = m.noisy & ~fix_color
+    shift_c, shift_s = rng.integers(1, len(COLORS), n), rng.integers(1, len(SHAPES), n)
+    m.a_color = np.where(fix_color, (m.a_color + shift_c) % len(COLORS), m.a_color).astype(np.int8)
+    m.a_shape = np.where(fix_shape, (m.a_shape + shift_s) % len(SHAPES), m.a_shape).astype(np.int8)
+    return m
+
+
+# ---- truth -------------------------------------------------------------------------------------
+
+def _bit_tables(scenes: Scenes) -> dict[str, np.ndarray]:
+    """Per scene, bitmasks of its objects (bit o = object slot o).
+
+    For each attribute a table (values + 1, N): row v = objects with value v, last row = all
+    objects (used for 'not mentioned', index -1). rel (6, O, N): for relation r and object i, the
+    objects j with r(i, j); r = 4 is 'any other object', r = 5 is 'i itself' (captions without b).
+    """
+    O = scenes.max_objects
+    dtype = np.uint8 if O <= 8 else np.uint16
+    bit = (np.ones(O, dtype=np.int64) << np.arange(O)) * scenes.valid  # (N, O)
+    out = {}
+    for name, n_values in zip(("shape", "color", "size", "cell"), (len(SHAPES), len(COLORS), len(SIZES), GRID * GRID)):
+        values = getattr(scenes, name).astype(np.int64)
+        onehot = values[None, :, :] == np.arange(n_values)[:, None, None]  # (V, N, O)
+        table = (onehot * bit[None]).sum(axis=2)
+        out[name] = np.concatenate([table, bit.sum(axis=1)[None]]).astype(dtype)  # (V + 1, N)
+    row, col = scenes.cell // GRID, scenes.cell % GRID  # (N, O)
+    valid = scenes.valid
+    pair = valid[:, :, None] & valid[:, None, :]  # (N, O, O)
+    rels = [col[:, :, None] < col[:, None, :], col[:, :, None] > col[:, None, :],
+            row[:, :, None] < row[:, None, :], row[:, :, None] > row[:, None, :],
+            ~np.eye(O, dtype=bool)[None], np.eye(O, dtype=bool)[None]]
+    out["rel"] = np.stack([((r & pair) * bit[:, None, :]).sum(axis=2).T for r in rels]).astype(dtype)  # (6, O, N)
+    return out
+
+
+def _relation_code(m: Meanings) -> np.ndarray:
+    return np.where(m.relation >= 0, m.relation, np.where(m.has_b, 4, 5)).astype(np.int64)
+
+
+def _partners(bits: dict, a_shape, a_color, a_size, place, rel, cols=slice(None)) -> np.ndarray:
+    """Bitmask of the objects j standing in relation `rel` to some object i that matches a:
+    rows are descriptors, columns scenes (all of them, or `cols` paired with the rows)."""
+    a = (bits["shape"][a_shape, cols] & bits["color"][a_color, cols] & bits["size"][a_size, cols]
+         & bits["cell"][place, cols])  # objects matching a
+    out = np.zeros_like(a)
+    for i in range(bits["rel"].shape[1]):
+        out |= ((a >> i) & 1) * bits["rel"][rel, i, cols]
+    return out
+
+
+def _b_mask(bits: dict, m: Meanings, rows, cols=slice(None)) -> np.ndarray:
+    """Bitmask of the objects matching b (all objects when b is absent), as _partners."""
+    b = {f: getattr(m, f"b_{f}")[rows].astype(np.int64) for f in ("shape", "color", "size")}
+    return bits["shape"][b["shape"], cols] & bits["color"][b["color"], cols] & bits["size"][b["size"], cols]
+
+
+def satisfies_rows(meanings: Meanings, scenes: Scenes) -> np.ndarray:
+    """bool (T,): whether caption t is true of scene t (both tables have T rows)."""
+    bits, m, idx = _bit_tables(scenes), meanings, np.arange(len(scenes))
+    f = lambda x: x.astype(np.int64)  # noqa: E731  (-1 indexes the 'all objects' row)
+    partners = _partners(bits, f(m.a_shape), f(m.a_color), f(m.a_size), f(m.place), _relation_code(m), idx)
+    ok = (partners & _b_mask(bits, m, slice(None), idx)) != 0
+    return ok & ((m.count < 0) | (m.count == scenes.n_objects))
+
+
+def iter_satisfies(meanings: Meanings, scenes: Scenes, chunk: int = 2048):
+    """Yield (start, block) with block bool (rows, N) = satisfies for captions start..start+rows."""
+    m, bits = meanings, _bit_tables(scenes)
+    code = np.stack([m.a_shape, m.a_color, m.a_size, m.place, _relation_code(m)], axis=1).astype(np.int64)
+    keys, inverse = np.unique(code, axis=0, return_inverse=True)  # few distinct a-descriptors
+    partners = _partners(bits, *keys.T)  # (U, N)
+    for start in range(0, len(m), chunk):
+        rows = slice(start, min(start + chunk, len(m)))
+        block = (partners[inverse.reshape(-1)[rows]] & _b_mask(bits, m, rows)) != 0  # (rows, N)
+        counted = np.flatnonzero(m.count[rows] >= 0)
+        if len(counted):
+            block[counted] &= m.count[rows][counted, None] == scenes.n_objects[None, :]
+        yield start, block
+
+
+def satisfies(meanings: Meanings, scenes: Scenes) -> np.ndarray:
+    """bool (n_texts, n_images): whether each caption is true of each scene (ground truth)."""
+    out = np.empty((len(meanings), len(scenes)), dtype=bool)
+    for start, block in iter_satisfies(meanings, scenes):
+        out[start:start + len(block)] = block
+    return out
+
+
+def _hit_probability(pool: np.ndarray, good: np.ndarray, k: int) -> np.ndarray:
+    """P(at least one of `good` items lands in the first k of `pool` items shuffled uniformly)
+    = 1 - C(pool - good, k) / C(pool, k), as a product of k ratios (exact enough, no overflow)."""
+    pool, good = np.asarray(pool, dtype=np.float64), np.asarray(good, dtype=np.float64)
+    miss = np.ones_like(pool)
+    for t in range(k):
+        num, den = pool - good - t, pool - t
+        miss *= np.where(num > 0, num / np.maximum(den, 1.0), 0.0)
+    return np.where(good > 0, 1.0 - miss, 0.0)
+
+
+def oracle_ceiling(split, ks=(1, 5, 10)) -> dict[str, float]:
+    """The best expected R@K (percent) any model could reach on a synthetic split: rank every
+    item that satisfies the query first, ties broken at random (DESIGN §3).
+
+    t2i: caption c is true of m_c images including its own: R@K = min(1, K / m_c). i2t: image i
+    satisfies s_i captions, g_i of them its own: R@K = 1 - C(s_i - g_i, K) / C(s_i, K). A caption
+    false of its own image (a noisy pre-training caption) ranks after every satisfying one.
+    """
+    m, scenes, txt2img = split.meanings, split.scenes, split.txt2img
+    T, N = len(m), len(scenes)
+    own = satisfies_rows(m, scenes.take(txt2img))  # (T,)
+    per_text = np.zeros(T, dtype=np.int64)  # m_c: images satisfying caption c
+    per_image = np.zeros(N, dtype=np.int64)  # s_i: captions satisfied by image i
+    for start, block in iter_satisfies(m, scenes):
+        per_text[start:start + len(block)] = block.sum(axis=1)
+        per_image += block.sum(axis=0)
+    good = np.bincount(txt2img, weights=own, minlength=N)  # g_i
+    bad = np.bincount(txt2img, weights=~own, minlength=N)  # own captions the image does not satisfy
+    out = {}
+    for k in ks:
+        late_k = np.maximum(k - per_text, 0)  # slots left after every satisfying image
+        t2i = np.where(own, np.minimum(1.0, k / np.maximum(per_text, 1)),
+                       np.minimum(1.0, late_k / np.maximum(N - per_text, 1)))
+        i2t = np.where(good > 0, _hit_probability(per_image, good, k), 0.0)
+        for i in np.flatnonzero((good == 0) & (bad > 0)):  # rare: only noisy captions of its own
+            left = k - per_image[i]
+            i2t[i] = _hit_probability(T - per_image[i], bad[i], left) if left > 0 else 0.0
+        has_text = (good + bad) > 0
+        out[f"t2i_r{k}"] = 100.0 * float(t2i.mean()) if T else float("nan")
+        out[f"i2t_r{k}"] = 100.0 * float(i2t[has_text].mean()) if has_text.any() else float("nan")
+    return out
+
+
+__all__ = ["oracle_ceiling", "word_captions", "caption_vocabulary", "meanings_of", "two_objects", "terse_meanings",
+           "satisfies", "satisfies_rows", "iter_satisfies", "PAIR", "RELATION", "PLACE", "COUNT", "TERSE"]

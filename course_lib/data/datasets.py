@@ -1,0 +1,213 @@
+"""Torch datasets over a RetrievalSplit, and the collate functions that batch them.
+
+    ImageDataset   one item per image: the gallery side (region features or pixels)
+    CaptionDataset one item per caption: the query side (raw text; tokenised in the collate)
+    PairDataset    one item per caption with its image's fields: the (image, caption) training pairs
+
+Text is tokenised per batch in the collate (TextCollate, PairCollate), so a dataset does not
+depend on the tokenizer and the batch is padded only to its longest caption.
+`make_loader` picks the right collate for a dataset. `read_image` / `resize_pixels` (one image
+file or array as uint8 (H, W, 3)) are the one image reader, shared with the Karpathy loader.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader, Dataset
+
+from course_lib.data.split import RetrievalSplit
+
+# timm / torchvision ImageNet statistics: pretrained backbones expect pixels normalised this way
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+MODALITIES = ("regions", "pixels")
+
+
+def size_hw(image_size) -> tuple[int, int] | None:
+    """image_size as (H, W): an int is a square; None stays None."""
+    if image_size is None:
+        return None
+    if isinstance(image_size, int):
+        return image_size, image_size
+    h, w = image_size
+    return int(h), int(w)
+
+
+def read_image(path, image_size=None) -> np.ndarray:
+    """One image file as uint8 RGB (H, W, 3), resized (bicubic) to image_size (int or (H, W))."""
+    im = Image.open(path)
+    im.load()  # decodes and closes the file
+    if im.mode != "RGB":  # grey / palette / CMYK JPEGs exist in COCO
+        im = im.convert("RGB")
+    return resize_pixels(np.asarray(im), image_size)
+
+
+def resize_pixels(pixels: np.ndarray, image_size=None) -> np.ndarray:
+    """uint8 (H, W, 3) resized to image_size (int or (H, W)); returned unchanged if it already fits."""
+    hw = size_hw(image_size)
+    if hw is None or tuple(pixels.shape[:2]) == hw:
+        return pixels
+    im = Image.fromarray(pixels).resize((hw[1], hw[0]), Image.BICUBIC)  # PIL wants (W, H)
+    return np.asarray(im)
+
+
+def pixels_to_tensor(pixels: np.ndarray, normalize: bool = True) -> torch.Tensor:
+    """uint8 (H, W, 3) -> float32 (3, H, W) in [0, 1], then ImageNet-normalised if normalize."""
+    # copy: PIL-decoded arrays are read-only, which torch.from_numpy warns about
+    x = torch.from_numpy(np.array(pixels, dtype=np.uint8)).permute(2, 0, 1).float().div_(255.0)  # (3, H, W)
+    if normalize:
+        mean = torch.tensor(IMAGENET_MEAN).view(3, 1, 1)
+        std = torch.tensor(IMAGENET_STD).view(3, 1, 1)
+        x = (x - mean) / std
+    return x
+
+
+class ImageDataset(Dataset):
+    """The images of a split. modality="regions": item has `regions` (R, D) float32, `boxes` (R, 7),
+    `region_mask` (R,) bool and `region_classes` (R, C) if the split has them; modality="pixels":
+    `pixels` (3, H, W) float32, from memory or read lazily from `image_paths` (resized to image_size
+    if given). Every item has `index`, the image's position in the split."""
+
+    def __init__(self, split: RetrievalSplit, modality: str = "regions", image_size=None,
+                 normalize: bool = True):
+        if modality not in MODALITIES:
+            raise ValueError(f"modality must be one of {MODALITIES}, got {modality!r}")
+        if modality == "regions" and not split.has_regions:
+            raise ValueError(
+                f"split {split.name!r} has no region features. Use the synthetic benchmark (it ships "
+                "detector-style regions), pass regions_file=... to read_karpathy after extracting "
+                "features (data_scripts), or use modality='pixels'."
+            )
+        if modality == "pixels" and not split.has_pixels:
+            raise ValueError(
+                f"split {split.name!r} has no pixels: neither images in memory nor image_paths. "
+                "Pass image_root=... to read_karpathy (the folder holding the images), or use "
+                "modality='regions'."
+            )
+        self.split, self.modality = split, modality
+        self.image_size, self.normalize = image_size, normalize
+
+    def __len__(self) -> int:
+        return self.split.n_images
+
+    def image_fields(self, i: int) -> dict:
+        """The tensors of image i (without its index): what ImageDataset and PairDataset share."""
+        s = self.split
+        if self.modality == "pixels":
+            if s.images is not None:
+                pixels = resize_pixels(s.images[i], self.image_size)
+            else:
+                pixels = read_image(s.image_paths[i], self.image_size)  # lazily, one file per item
+            return {"pixels": pixels_to_tensor(pixels, self.normalize)}  # (3, H, W)
+        item = {
+            "regions": torch.from_numpy(np.asarray(s.regions[i], dtype=np.float32)),  # (R, D)
+            "boxes": torch.from_numpy(np.asarray(s.boxes[i], dtype=np.float32)),  # (R, 7)
+            "region_mask": torch.from_numpy(np.asarray(s.region_mask[i], dtype=bool)),  # (R,)
+        }
+        if s.region_classes is not None:
+            item["region_classes"] = torch.from_numpy(np.asarray(s.region_classes[i], dtype=np.float32))
+        return item
+
+    def __getitem__(self, i: int) -> dict:
+        return {"index": int(i), **self.image_fields(i)}
+
+
+class CaptionDataset(Dataset):
+    """The captions of a split: item = {"index": caption position, "text": caption}."""
+
+    def __init__(self, split: RetrievalSplit):
+        self.split = split
+
+    def __len__(self) -> int:
+        return self.split.n_texts
+
+    def __getitem__(self, t: int) -> dict:
+        return {"index": int(t), "text": self.split.captions[t]}
+
+
+class PairDataset(Dataset):
+    """One item per caption: `text`, `txt_index`, `img_index` (= txt2img) and its image's fields."""
+
+    def __init__(self, split: RetrievalSplit, modality: str = "regions", image_size=None,
+                 normalize: bool = True):
+        self.split = split
+        self.images = ImageDataset(split, modality, image_size, normalize)
+
+    def __len__(self) -> int:
+        return self.split.n_texts
+
+    def __getitem__(self, t: int) -> dict:
+        i = int(self.split.txt2img[t])
+        return {"txt_index": int(t), "img_index": i, "text": self.split.captions[t],
+                **self.images.image_fields(i)}
+
+
+def _stack(items: list[dict]) -> dict:
+    """Batch dicts key by key: tensors stacked (B, ...), ints as a long tensor (B,), others as lists."""
+    batch = {}
+    for key in items[0]:
+        values = [item[key] for item in items]
+        if isinstance(values[0], torch.Tensor):
+            batch[key] = torch.stack(values)
+        elif isinstance(values[0], (int, np.integer)):
+            batch[key] = torch.tensor(values, dtype=torch.long)
+        else:
+            batch[key] = values
+    return batch
+
+
+def collate_images(items: list[dict]) -> dict:
+    """ImageDataset items -> index (B,), regions (B, R, D), boxes (B, R, 7), region_mask (B, R)
+    [, region_classes (B, R, C)] or pixels (B, 3, H, W)."""
+    return _stack(items)
+
+
+class TextCollate:
+    """CaptionDataset items (or plain strings) -> index (B,), text (list of B), input_ids and
+    attention_mask (B, T) long, T = the longest caption in the batch (<= max_length)."""
+
+    def __init__(self, tokenizer, max_length: int = 40):
+        self.tokenizer, self.max_length = tokenizer, max_length
+
+    def encode(self, texts: list[str]) -> dict:
+        enc = self.tokenizer(list(texts), padding="longest", truncation=True, max_length=self.max_length,
+                             return_tensors="pt", return_token_type_ids=False)
+        return {"input_ids": enc["input_ids"].long(),  # (B, T)
+                "attention_mask": enc["attention_mask"].long()}  # (B, T), 1 = real token
+
+    def __call__(self, items) -> dict:
+        if items and isinstance(items[0], str):
+            items = [{"index": t, "text": s} for t, s in enumerate(items)]
+        batch = _stack(items)
+        batch.update(self.encode(batch["text"]))  # the whole batch at once: one fast-tokenizer call
+        return batch
+
+
+class PairCollate(TextCollate):
+    """PairDataset items -> img_index, txt_index (B,), text, input_ids, attention_mask (B, T) and
+    the image fields as in collate_images."""
+
+
+def make_loader(dataset: Dataset, batch_size: int, *, tokenizer=None, shuffle: bool = False,
+                max_length: int = 40, **kwargs) -> DataLoader:
+    """A DataLoader with the collate that fits the dataset; text datasets need a tokenizer.
+    kwargs go to DataLoader (num_workers, drop_last, generator, ...)."""
+    if isinstance(dataset, ImageDataset):
+        collate = collate_images
+    elif isinstance(dataset, (CaptionDataset, PairDataset)):
+        if tokenizer is None:
+            raise ValueError(f"{type(dataset).__name__} needs a tokenizer: make_loader(..., "
+                             "tokenizer=tokenizer_for(train_split))")
+        cls = PairCollate if isinstance(dataset, PairDataset) else TextCollate
+        collate = cls(tokenizer, max_length)
+    else:
+        raise TypeError(f"make_loader knows ImageDataset, CaptionDataset and PairDataset, not "
+                        f"{type(dataset).__name__}; use torch.utils.data.DataLoader directly")
+    return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, collate_fn=collate, **kwargs)
+
+
+__all__ = ["ImageDataset", "CaptionDataset", "PairDataset", "collate_images", "TextCollate",
+           "PairCollate", "make_loader", "pixels_to_tensor", "read_image", "resize_pixels", "size_hw",
+           "IMAGENET_MEAN", "IMAGENET_STD"]

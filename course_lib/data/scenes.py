@@ -1,0 +1,141 @@
+"""Ground truth of the synthetic benchmark: the scene and caption-meaning tables, and scene sampling.
+
+A scene is a handful of objects on a 3x3 grid; each object has a shape, a colour, a size and a
+cell (distinct cells within a scene). `Scenes` stores them as padded integer arrays, one row per
+scene; `Meanings` stores what each caption asserts, one row per caption. Both are plain tables of
+numpy arrays so they can be subset, pooled and written to .npz by anyone (`to_arrays` /
+`from_arrays` round-trip exactly).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+SHAPES = ("circle", "square", "triangle", "diamond", "cross", "ring")
+COLORS = ("red", "green", "blue", "yellow", "purple", "orange", "white", "cyan")
+SIZES = ("small", "big")
+GRID = 3  # the scene is a GRID x GRID board of cells; cell = row * GRID + col, row 0 at the top
+RELATIONS = ("left of", "right of", "above", "below")  # relation codes 0..3 in Meanings.relation
+FAMILIES = ("pair", "relation", "place", "count", "terse")  # caption family codes 0..4
+N_CLASSES = len(SHAPES) * len(COLORS)  # the "detector" classes: shape x colour, class = shape*8+colour
+
+
+class ArrayTable:
+    """A table of equal-length numpy arrays (one row per item), named by the subclass's FIELDS."""
+
+    FIELDS: tuple[str, ...] = ()
+    PAD = -1  # value of padded / "not mentioned" entries; padded columns are filled with it
+
+    def __init__(self, **arrays: np.ndarray):
+        missing = set(self.FIELDS) - set(arrays)
+        extra = set(arrays) - set(self.FIELDS)
+        if missing or extra:
+            raise ValueError(f"{type(self).__name__}: missing fields {sorted(missing)}, unknown {sorted(extra)}")
+        lengths = {len(np.asarray(arrays[f])) for f in self.FIELDS}
+        if len(lengths) > 1:
+            raise ValueError(f"{type(self).__name__}: fields have different lengths {sorted(lengths)}")
+        for f in self.FIELDS:
+            setattr(self, f, np.asarray(arrays[f]))
+
+    def __len__(self) -> int:
+        return len(getattr(self, self.FIELDS[0]))
+
+    def take(self, indices) -> "ArrayTable":
+        """The rows at `indices` (an index array or boolean mask), as a new table."""
+        indices = np.asarray(indices)
+        return type(self)(**{f: getattr(self, f)[indices] for f in self.FIELDS})
+
+    @classmethod
+    def concatenate(cls, tables: list["ArrayTable"]) -> "ArrayTable":
+        """Rows of all tables in order; 2-d fields with different widths are padded with PAD."""
+        out = {}
+        for f in cls.FIELDS:
+            parts = [getattr(t, f) for t in tables]
+            if parts[0].ndim == 2:
+                width = max(p.shape[1] for p in parts)
+                parts = [np.pad(p, ((0, 0), (0, width - p.shape[1])), constant_values=cls.PAD) for p in parts]
+            out[f] = np.concatenate(parts)
+        return cls(**out)
+
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        """Field name -> array (copies), e.g. for np.savez."""
+        return {f: getattr(self, f).copy() for f in self.FIELDS}
+
+    @classmethod
+    def from_arrays(cls, arrays: dict) -> "ArrayTable":
+        """Inverse of to_arrays; extra keys (another table's fields in the same .npz) are ignored."""
+        return cls(**{f: np.array(arrays[f]) for f in cls.FIELDS})
+
+    def __eq__(self, other) -> bool:
+        return type(self) is type(other) and all(
+            getattr(self, f).dtype == getattr(other, f).dtype and np.array_equal(getattr(self, f), getattr(other, f))
+            for f in self.FIELDS
+        )
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({len(self)} rows: {', '.join(self.FIELDS)})"
+
+
+class Scenes(ArrayTable):
+    """One row per scene. shape, color, size, cell: int8 (n, max_objects), -1 in unused slots
+    (slots >= n_objects); n_objects: int8 (n,). Object slot order is random."""
+
+    FIELDS = ("shape", "color", "size", "cell", "n_objects")
+
+    @property
+    def max_objects(self) -> int:
+        return self.shape.shape[1]
+
+    @property
+    def valid(self) -> np.ndarray:
+        """bool (n, max_objects): which slots hold an object."""
+        return self.shape >= 0
+
+    def describe(self, i: int) -> list[str]:
+        """Human-readable objects of scene i, e.g. 'small red circle at row 0, col 2'."""
+        return [
+            f"{SIZES[self.size[i, o]]} {COLORS[self.color[i, o]]} {SHAPES[self.shape[i, o]]} "
+            f"at row {self.cell[i, o] // GRID}, col {self.cell[i, o] % GRID}"
+            for o in range(int(self.n_objects[i]))
+        ]
+
+
+class Meanings(ArrayTable):
+    """One row per caption: what it asserts, all int8 with -1 = not mentioned.
+
+    family: index into FAMILIES. Object a (always present) and optional object b are described by
+    (shape, color, size); an attribute of -1 is not mentioned (any value matches); b is absent
+    when all three are -1. relation: 0..3 (RELATIONS, "a <relation> b") or -1. place: the cell of a
+    (0..8) or -1. count: the total number of objects in the scene, or -1. noisy (bool): the caption
+    was deliberately corrupted (pre-training corpus only); its row records what the caption says,
+    so it may be false of its own scene.
+
+    Truth (see captions.satisfies): some object i matches a (and sits in `place` if given) and,
+    if b is present, some other object j != i matches b with relation(i, j) if given; and the
+    scene has `count` objects if given.
+    """
+
+    FIELDS = ("family", "a_shape", "a_color", "a_size", "b_shape", "b_color", "b_size",
+              "relation", "place", "count", "noisy")
+
+    @property
+    def has_b(self) -> np.ndarray:
+        return (self.b_shape >= 0) | (self.b_color >= 0) | (self.b_size >= 0)
+
+
+def sample_scenes(rng: np.random.Generator, n: int, min_objects: int, max_objects: int) -> Scenes:
+    """n random scenes with min_objects..max_objects objects each, in distinct random cells."""
+    n_objects = rng.integers(min_objects, max_objects + 1, size=n)  # (n,)
+    # a random permutation of the 9 cells per scene; the first n_objects are used
+    cells = np.argsort(rng.random((n, GRID * GRID)), axis=1)[:, :max_objects]  # (n, O)
+    shape = rng.integers(0, len(SHAPES), size=(n, max_objects))
+    color = rng.integers(0, len(COLORS), size=(n, max_objects))
+    size = rng.integers(0, len(SIZES), size=(n, max_objects))
+    unused = np.arange(max_objects)[None, :] >= n_objects[:, None]  # (n, O)
+    pad = lambda a: np.where(unused, -1, a).astype(np.int8)  # noqa: E731
+    return Scenes(shape=pad(shape), color=pad(color), size=pad(size), cell=pad(cells),
+                  n_objects=n_objects.astype(np.int8))
+
+
+__all__ = ["SHAPES", "COLORS", "SIZES", "GRID", "RELATIONS", "FAMILIES", "N_CLASSES",
+           "ArrayTable", "Scenes", "Meanings", "sample_scenes"]

@@ -1,0 +1,106 @@
+"""Tokenizers: a word-level tokenizer trained on the captions (offline default), or a pretrained
+Hugging Face tokenizer by name (e.g. "bert-base-uncased", needs internet or a local copy).
+
+Both come back as a `transformers` fast tokenizer, so models and collate functions call them the
+same way: `tok(texts, padding="longest", truncation=True, max_length=..., return_tensors="pt")`.
+The word-level one uses BERT's special tokens at fixed ids: [PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4,
+and wraps every text as [CLS] words [SEP].
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]  # list position = token id
+PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = range(len(SPECIAL_TOKENS))
+_TRUE = {"1", "true", "yes", "on"}
+
+
+def build_word_tokenizer(captions, *, min_freq: int = 1, max_length: int = 40):
+    """A word-level tokenizer whose vocabulary is the words of `captions` seen >= min_freq times.
+
+    Ids: the special tokens first, then words by decreasing frequency, ties alphabetically (the
+    trainer's order), so the same captions always give the same ids. Lower-cases and splits on
+    whitespace and punctuation; unknown words map to [UNK].
+    """
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+    tok.normalizer = normalizers.Lowercase()
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    trainer = trainers.WordLevelTrainer(special_tokens=SPECIAL_TOKENS, min_frequency=min_freq,
+                                        vocab_size=10**7, show_progress=False)
+    tok.train_from_iterator(list(captions), trainer=trainer)
+    vocab = tok.get_vocab()
+    if [vocab.get(t) for t in SPECIAL_TOKENS] != list(range(len(SPECIAL_TOKENS))):
+        raise RuntimeError("tokenizers did not put the special tokens at ids 0-4")  # guard on upgrades
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", CLS_ID), ("[SEP]", SEP_ID)],
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]",
+        mask_token="[MASK]", model_max_length=max_length, padding_side="right",
+        model_input_names=["input_ids", "attention_mask"],  # no token_type_ids: one text per input
+    )
+
+
+def _offline() -> bool:
+    # read at call time (huggingface_hub reads its own flags at import), so tests and users can
+    # switch it on after importing
+    return any(os.environ.get(v, "").strip().lower() in _TRUE
+               for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def load_tokenizer(name_or_path: str | os.PathLike):
+    """A tokenizer saved with `save_pretrained` (a directory), or a pretrained Hugging Face name.
+
+    A name (e.g. "bert-base-uncased") is the only path that may use the network: it is downloaded
+    once into the Hugging Face cache. Paths that look local ("./x", "/x", "~/x") must exist.
+    """
+    from transformers import AutoTokenizer
+
+    text = str(name_or_path)
+    path = Path(text).expanduser()
+    if path.is_dir():
+        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    if text.startswith((".", "/", "~")) or Path(text).is_absolute() or path.suffix == ".json":
+        raise FileNotFoundError(
+            f"tokenizer directory {path} not found: save one with tok.save_pretrained({text!r}), or "
+            "use build_word_tokenizer(captions) / tokenizer_for(split) for the word-level tokenizer"
+        )
+    offline = _offline()
+    try:
+        return AutoTokenizer.from_pretrained(text, local_files_only=offline)
+    except Exception as e:  # hub errors vary by version (OSError, httpx, ValueError, ...)
+        raise OSError(
+            f"could not load the pretrained tokenizer {text!r}"
+            f"{' (HF_HUB_OFFLINE is set, so only the local cache was searched)' if offline else ''}: "
+            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}\n"
+            "A pretrained tokenizer needs internet the first time, or a local copy: download it on a "
+            f"machine with internet (AutoTokenizer.from_pretrained({text!r}).save_pretrained(DIR)) "
+            "and pass DIR instead of the name. Offline, use the word-level tokenizer built from the "
+            "captions: tokenizer_for(split) (name=None) or build_word_tokenizer(split.captions)."
+        ) from e
+
+
+def tokenizer_for(split_or_captions, name: str | None = None, **kwargs):
+    """The one way notebooks get a tokenizer: name None builds the word-level tokenizer on the
+    captions of a RetrievalSplit (or a list of captions); a name or directory loads that instead.
+
+    kwargs (min_freq, max_length) go to build_word_tokenizer.
+    """
+    if name is not None:
+        return load_tokenizer(name)
+    captions = getattr(split_or_captions, "captions", split_or_captions)
+    if isinstance(captions, str):
+        raise TypeError("tokenizer_for needs a RetrievalSplit or a list of captions, not one string")
+    return build_word_tokenizer(captions, **kwargs)
+
+
+__all__ = ["build_word_tokenizer", "load_tokenizer", "tokenizer_for", "SPECIAL_TOKENS",
+           "PAD_ID", "UNK_ID", "CLS_ID", "SEP_ID", "MASK_ID"]

@@ -1,0 +1,146 @@
+"""Training losses on a score matrix: VSE++ hinge, LightningDOT/CLIP contrastive, Fast & Slow distillation.
+
+Every loss takes scores `S[i, j]` between image i (rows) and text j (columns), so the same loss
+works for a dot-product dual encoder (`S = img_emb @ txt_emb.T`), SCAN or any cross-encoder.
+For the hinge and contrastive losses S is a square in-batch matrix whose diagonal holds the
+positive pairs. The functions are the reference; the `nn.Module` wrappers only hold the
+hyper-parameters (open_clip style), so a training loop can take "a loss" as one object.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def _check_square(scores: torch.Tensor, name: str) -> None:
+    if scores.dim() != 2 or scores.shape[0] != scores.shape[1]:
+        raise ValueError(
+            f"{name} needs a square (B, B) score matrix with the positive pairs on the diagonal, "
+            f"got shape {tuple(scores.shape)}; score the B images of a batch against their own "
+            "B texts (one caption per image)"
+        )
+
+
+def hinge_triplet_loss(scores: torch.Tensor, margin: float = 0.2,
+                       max_violation: bool = True) -> torch.Tensor:
+    """VSE++'s bidirectional hinge (triplet) loss, summed over the batch.
+
+    scores: (B, B), rows images, columns texts, positives on the diagonal.
+    For image i and a wrong text j: [margin + S[i, j] - S[i, i]]_+ ; for text j and a wrong image
+    i: [margin + S[i, j] - S[j, j]]_+. max_violation=True keeps only the hardest negative of each
+    query (VSE++'s "MH" loss); False sums every hinge (the older "sum of hinges").
+    """
+    _check_square(scores, "hinge_triplet_loss")
+    positives = scores.diagonal().view(-1, 1)  # (B, 1)
+    cost_text = (margin + scores - positives).clamp(min=0)  # (B, B): wrong texts per image row
+    cost_image = (margin + scores - positives.t()).clamp(min=0)  # (B, B): wrong images per column
+    # The positive pair is not its own negative (its hinge would be exactly `margin`).
+    is_positive = torch.eye(scores.shape[0], dtype=torch.bool, device=scores.device)
+    cost_text = cost_text.masked_fill(is_positive, 0)
+    cost_image = cost_image.masked_fill(is_positive, 0)
+    if max_violation:
+        return cost_text.max(dim=1).values.sum() + cost_image.max(dim=0).values.sum()
+    return cost_text.sum() + cost_image.sum()
+
+
+def contrastive_loss(scores: torch.Tensor) -> torch.Tensor:
+    """LightningDOT's CMR / CLIP's loss: (CE over texts per image + CE over images per text) / 2.
+
+    scores: (B, B) logits, positives on the diagonal; each CE is a mean over the batch. No
+    temperature is applied here: multiply the scores by a logit scale first if the model uses one
+    (CLIP does, LightningDOT does not).
+    """
+    _check_square(scores, "contrastive_loss")
+    targets = torch.arange(scores.shape[0], device=scores.device)  # (B,)
+    return (F.cross_entropy(scores, targets) + F.cross_entropy(scores.t(), targets)) / 2
+
+
+def distillation_loss(student_scores: torch.Tensor, teacher_scores: torch.Tensor,
+                      tau: float = 1.0, reduction: str = "mean") -> torch.Tensor:
+    """Fast & Slow distillation (Miech et al. 2021, eq. 5-7): the student learns the teacher's ranking.
+
+    Both score matrices are (n_images, n_texts). For every text (column) the teacher gives
+    p = softmax over images of teacher/tau (eq. 5), the student q = softmax of student/tau
+    (eq. 6), and the loss is the cross-entropy H(p, q) = -sum_images p log q, averaged over the
+    texts ("mean") or summed as in eq. 7 ("sum"). The teacher is detached: it is not trained.
+    The paper uses tau = 10 and adds alpha * the dual-encoder loss with alpha / tau**2 = 0.001.
+    """
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"reduction must be 'mean' or 'sum' (eq. 7 sums), got {reduction!r}")
+    if not tau > 0:
+        raise ValueError(f"tau must be > 0 (it divides the scores), got {tau}")
+    if student_scores.dim() != 2 or student_scores.shape != teacher_scores.shape:
+        raise ValueError(
+            f"student and teacher scores must be the same (n_images, n_texts) matrix, got "
+            f"{tuple(student_scores.shape)} and {tuple(teacher_scores.shape)}; score the same "
+            "images and texts with both models"
+        )
+    teacher_p = torch.softmax(teacher_scores.detach().to(student_scores.dtype) / tau, dim=0)  # (N, T)
+    student_log_q = torch.log_softmax(student_scores / tau, dim=0)  # (N, T)
+    # Where the teacher gives probability 0 the term is 0 even if log q = -inf (masked scores).
+    per_text = -(teacher_p * student_log_q.masked_fill(teacher_p == 0, 0)).sum(dim=0)  # (T,)
+    return per_text.mean() if reduction == "mean" else per_text.sum()
+
+
+class HingeTripletLoss(nn.Module):
+    """`hinge_triplet_loss` with its margin and max_violation held by the module."""
+
+    def __init__(self, margin: float = 0.2, max_violation: bool = True):
+        super().__init__()
+        self.margin = margin
+        self.max_violation = max_violation
+
+    def forward(self, scores: torch.Tensor) -> torch.Tensor:
+        return hinge_triplet_loss(scores, self.margin, self.max_violation)
+
+    def extra_repr(self) -> str:
+        return f"margin={self.margin}, max_violation={self.max_violation}"
+
+
+class ContrastiveLoss(nn.Module):
+    """`contrastive_loss` of `logit_scale * scores`; the scale is fixed or learnable.
+
+    The default scale 1 is LightningDOT's plain CMR. CLIP learns the scale starting from
+    1/0.07; like CLIP we store its logarithm (so it stays positive) and cap it at `max_scale`.
+    """
+
+    def __init__(self, logit_scale: float = 1.0, learnable: bool = False, max_scale: float = 100.0):
+        super().__init__()
+        if not 0 < logit_scale <= max_scale:
+            raise ValueError(f"logit_scale must be in (0, max_scale={max_scale}], got {logit_scale}")
+        log_scale = torch.tensor(math.log(logit_scale))
+        if learnable:
+            self.log_logit_scale = nn.Parameter(log_scale)
+        else:
+            self.register_buffer("log_logit_scale", log_scale)
+        self.max_scale = max_scale
+
+    @property
+    def logit_scale(self) -> torch.Tensor:
+        return self.log_logit_scale.exp().clamp(max=self.max_scale)
+
+    def forward(self, scores: torch.Tensor) -> torch.Tensor:
+        return contrastive_loss(self.logit_scale * scores)
+
+    def extra_repr(self) -> str:
+        learnable = isinstance(self.log_logit_scale, nn.Parameter)
+        return f"logit_scale={self.logit_scale.item():.4g}, learnable={learnable}"
+
+
+class DistillationLoss(nn.Module):
+    """`distillation_loss` with its temperature and reduction held by the module."""
+
+    def __init__(self, tau: float = 1.0, reduction: str = "mean"):
+        super().__init__()
+        self.tau = tau
+        self.reduction = reduction
+
+    def forward(self, student_scores: torch.Tensor, teacher_scores: torch.Tensor) -> torch.Tensor:
+        return distillation_loss(student_scores, teacher_scores, self.tau, self.reduction)
+
+    def extra_repr(self) -> str:
+        return f"tau={self.tau}, reduction={self.reduction!r}"

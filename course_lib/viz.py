@@ -1,0 +1,117 @@
+"""Plots the course draws again and again: scene grids with captions, detector boxes,
+counterfactual twins, timing distributions and the accuracy-latency (Pareto) plot."""
+
+from __future__ import annotations
+
+import textwrap
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+
+def _image(split, index: int) -> np.ndarray:
+    if split.images is not None:
+        return split.images[index]
+    if split.image_paths is not None:
+        from PIL import Image
+
+        return np.asarray(Image.open(split.image_paths[index]).convert("RGB"))
+    raise ValueError(f"split {split.name!r} holds no pixels to draw (no images and no image_paths)")
+
+
+def show_scenes(split, indices, *, n_captions: int = 5, cols: int = 4, width: float = 3.2, title=None):
+    """A grid of images, each above its captions (at most n_captions of them)."""
+    indices = list(indices)
+    img2txt = split.img2txt()
+    rows = (len(indices) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(cols * width, rows * (width + 0.28 * n_captions)),
+                             squeeze=False)
+    for ax in axes.flat:
+        ax.axis("off")
+    for ax, i in zip(axes.flat, indices):
+        ax.imshow(_image(split, i), interpolation="nearest")
+        lines = [textwrap.shorten(split.captions[t], 44) for t in img2txt[i][:n_captions]]
+        ax.set_title(split.image_ids[i], fontsize=9)
+        ax.text(0.0, -0.04, "\n".join(lines), transform=ax.transAxes, va="top", fontsize=7.5)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def draw_boxes(split, index: int, *, ax=None, labels=None):
+    """One image with its detector boxes (UNITER's normalised x1, y1, x2, y2) drawn over it."""
+    image = _image(split, index)
+    h, w = image.shape[:2]
+    if ax is None:
+        _, ax = plt.subplots(figsize=(4, 4))
+    ax.imshow(image, interpolation="nearest")
+    mask = split.region_mask[index]
+    for r in np.flatnonzero(mask):
+        x1, y1, x2, y2 = split.boxes[index, r, :4]
+        # pixel edges: a box [x1, x2] in normalised units covers pixels x1*w .. x2*w
+        ax.add_patch(plt.Rectangle((x1 * w - 0.5, y1 * h - 0.5), (x2 - x1) * w, (y2 - y1) * h,
+                                   fill=False, edgecolor="white", linewidth=1.2, linestyle="--"))
+        if labels is not None:
+            ax.text(x1 * w, y1 * h - 1, labels[r], color="white", fontsize=7)
+    ax.set_title(f"{split.image_ids[index]}: {int(mask.sum())} regions", fontsize=9)
+    ax.axis("off")
+    return ax
+
+
+def show_twins(split, pairs, *, n_captions: int = 2, width: float = 3.0):
+    """Counterfactual twins side by side, each with captions true of it and false of its twin."""
+    pairs = list(pairs)
+    img2txt = split.img2txt()
+    fig, axes = plt.subplots(len(pairs), 2, figsize=(2 * width + 2.5, len(pairs) * (width + 0.6)),
+                             squeeze=False)
+    for row, (a, b) in enumerate(pairs):
+        for col, i in enumerate((a, b)):
+            ax = axes[row, col]
+            ax.imshow(_image(split, i), interpolation="nearest")
+            ax.axis("off")
+            lines = [textwrap.shorten(split.captions[t], 48) for t in img2txt[i][:n_captions]]
+            ax.set_title(("scene " if col == 0 else "twin ") + split.image_ids[i], fontsize=9)
+            ax.text(0.0, -0.04, "\n".join(lines), transform=ax.transAxes, va="top", fontsize=7.5)
+    fig.tight_layout()
+    return fig
+
+
+def plot_timings(results: dict, *, ax=None, title="per-call time"):
+    """Box plot of the per-call times (ms) of several TimingResults, keyed by label."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6, 3.5))
+    labels = list(results)
+    ax.boxplot([results[k].times_ms for k in labels], showfliers=True)
+    ax.set_xticks(range(1, len(labels) + 1), labels)
+    ax.set_ylabel("ms per call")
+    ax.set_yscale("log")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    return ax
+
+
+def plot_pareto(rows, *, setting: str = "test", metric: str = "t2i_r1", ax=None, title=None):
+    """Accuracy against per-query latency, one point per method (log time axis).
+
+    `rows` are benchmark result rows (dicts with method, setting, ms_per_query and the metric)."""
+    rows = [r for r in rows if r["setting"] == setting and r.get(metric) is not None]
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6.5, 4.5))
+    timed = [r for r in rows if r.get("ms_per_query")]
+    for r in timed:
+        ax.scatter(r["ms_per_query"], r[metric], s=40)
+        ax.annotate(r["method"], (r["ms_per_query"], r[metric]), textcoords="offset points",
+                    xytext=(5, 4), fontsize=8)
+    for r in rows:
+        if not r.get("ms_per_query"):  # untimed references (the oracle ceiling) as a horizontal line
+            ax.axhline(r[metric], color="grey", linestyle=":", linewidth=1)
+            ax.text(ax.get_xlim()[0] if timed else 0, r[metric], f" {r['method']}", va="bottom",
+                    fontsize=8, color="grey")
+    if timed:
+        ax.set_xscale("log")
+    ax.set_xlabel("ms per text query (median)")
+    ax.set_ylabel(f"{metric} (%) on {setting}")
+    ax.set_title(title or f"accuracy vs latency ({setting})")
+    ax.grid(alpha=0.3, which="both")
+    return ax

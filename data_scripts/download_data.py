@@ -1,0 +1,186 @@
+"""Download Flickr30k / COCO with Karpathy's split files, and check the layout the course reads.
+
+    python data_scripts/download_data.py coco --out data/coco          # splits + 2014 images (~19 GB)
+    python data_scripts/download_data.py flickr30k --out data/flickr30k  # splits; images by form
+    python data_scripts/download_data.py flickr30k --out data/flickr30k --check
+
+Layout afterwards (what course_lib.data.karpathy.read_karpathy expects):
+
+    flickr30k: DIR/dataset_flickr30k.json, DIR/flickr30k-images/*.jpg  (image_root=DIR/flickr30k-images)
+    coco:      DIR/dataset_coco.json, DIR/train2014/*.jpg, DIR/val2014/*.jpg  (image_root=DIR)
+
+Downloads resume from DIR/<name>.part after an interruption; only urllib is used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import urllib.error
+import urllib.request
+import zipfile
+from pathlib import Path
+
+KARPATHY_SPLITS_URL = "https://cs.stanford.edu/people/karpathy/deepimagesent/caption_datasets.zip"
+COCO_IMAGE_URLS = {
+    "train2014": "http://images.cocodataset.org/zips/train2014.zip",
+    "val2014": "http://images.cocodataset.org/zips/val2014.zip",
+}
+FLICKR30K_FORM_URL = "https://shannon.cs.illinois.edu/DenotationGraph/"
+FLICKR30K_IMAGE_DIR = "flickr30k-images"
+CHUNK = 1 << 20
+
+
+class DownloadError(RuntimeError):
+    pass
+
+
+def download(url: str, dest: Path, progress: bool = True) -> Path:
+    """Fetch url to dest via dest.part, resuming a partial file where the server allows ranges."""
+    from tqdm.auto import tqdm
+
+    if dest.is_file():
+        return dest
+    part = dest.with_name(dest.name + ".part")
+    have = part.stat().st_size if part.is_file() else 0
+    request = urllib.request.Request(url, headers={"Range": f"bytes={have}-"} if have else {})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            resumed = have and getattr(response, "status", None) == 206  # else the server sent it all
+            total = response.headers.get("Content-Length")
+            total = int(total) + (have if resumed else 0) if total else None
+            with open(part, "ab" if resumed else "wb") as f, tqdm(
+                total=total, initial=have if resumed else 0, unit="B", unit_scale=True,
+                desc=dest.name, disable=not progress,
+            ) as bar:
+                while chunk := response.read(CHUNK):
+                    f.write(chunk)
+                    bar.update(len(chunk))
+    except (urllib.error.URLError, OSError) as e:
+        raise DownloadError(
+            f"could not download {url} ({e}).\nOffline? Fetch it on a machine with internet and put it "
+            f"at {dest}, then run this command again (it skips files that are already there) and "
+            f"finish with --check. A partial download stays in {part} and resumes next time. "
+            "Without real data the course runs on the synthetic benchmark: "
+            "python data_scripts/make_synthetic.py --out data/synthetic"
+        ) from e
+    part.replace(dest)
+    return dest
+
+
+def extract(archive: Path, out: Path, members=None, progress: bool = False) -> None:
+    """Unzip archive into out: everything (keeping its folders), or only the named files (flat)."""
+    from tqdm.auto import tqdm
+
+    try:
+        with zipfile.ZipFile(archive) as z:
+            if members is None:
+                for info in tqdm(z.infolist(), desc=f"extracting {archive.name}", unit="file",
+                                 disable=not progress):
+                    z.extract(info, out)  # zipfile strips absolute and ".." parts
+                return
+            names = z.namelist()
+            for name in members:
+                match = next((n for n in names if n == name or n.endswith("/" + name)), None)
+                if match is None:
+                    raise DownloadError(f"{archive} holds no {name}; delete it and download it again")
+                with z.open(match) as src, open(out / name, "wb") as dst:
+                    shutil.copyfileobj(src, dst)
+    except zipfile.BadZipFile as e:
+        raise DownloadError(f"{archive} is not a valid zip ({e}); delete it and download it again") from e
+
+
+def get_splits(dataset: str, out: Path, progress: bool) -> Path:
+    json_path = out / f"dataset_{dataset}.json"
+    if not json_path.is_file():
+        archive = download(KARPATHY_SPLITS_URL, out / "caption_datasets.zip", progress)
+        extract(archive, out, [json_path.name])
+    return json_path
+
+
+def check(dataset: str, out: Path) -> list[str]:
+    """Problems with the layout under out (empty when everything the split file lists is there)."""
+    json_path = out / f"dataset_{dataset}.json"
+    if not json_path.is_file():
+        return [f"{json_path} is missing: run without --check to download the split files"]
+    with open(json_path, encoding="utf-8") as f:
+        images = json.load(f).get("images", [])
+    root = out / FLICKR30K_IMAGE_DIR if dataset == "flickr30k" else out
+    missing = [root / img.get("filepath", "") / img["filename"] for img in images
+               if not (root / img.get("filepath", "") / img["filename"]).is_file()]
+    if not missing:
+        return []
+    if dataset == "flickr30k":
+        fix = (f"request the images at {FLICKR30K_FORM_URL}, then extract flickr30k-images.tar.gz "
+               f"into {out} so that {root}/<id>.jpg exist")
+    else:
+        fix = f"run without --check to download and extract train2014.zip / val2014.zip into {out}"
+    return [f"{len(missing)} of {len(images)} images are missing, e.g. {missing[0]}: {fix}"]
+
+
+def flickr30k_instructions(out: Path) -> str:
+    return (
+        "Flickr30k images are not openly downloadable: fill in the form at\n"
+        f"  {FLICKR30K_FORM_URL}\n"
+        "to receive a link to flickr30k-images.tar.gz (about 4.4 GB), then\n"
+        f"  tar -xzf flickr30k-images.tar.gz -C {out}\n"
+        f"so that {out / FLICKR30K_IMAGE_DIR}/1000092795.jpg etc. exist, and check with\n"
+        f"  python data_scripts/download_data.py flickr30k --out {out} --check"
+    )
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("dataset", choices=("flickr30k", "coco"))
+    p.add_argument("--out", required=True, type=Path, help="directory for the split file and images")
+    p.add_argument("--check", action="store_true", help="only check that the files are in place")
+    p.add_argument("--splits-only", action="store_true", help="COCO: skip the 2014 images")
+    p.add_argument("--keep-archives", action="store_true", help="keep the zips after extracting")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    args = p.parse_args(argv)
+    out, progress = args.out, not args.quiet
+    if out.exists() and not out.is_dir():
+        p.error(f"--out {out} is a file; give a directory")
+
+    if not args.check:
+        out.mkdir(parents=True, exist_ok=True)
+        try:
+            get_splits(args.dataset, out, progress)
+            if args.dataset == "coco" and not args.splits_only:
+                for name, url in COCO_IMAGE_URLS.items():
+                    if (out / name).is_dir() and (out / f".{name}.done").is_file():
+                        continue  # extracted on an earlier run
+                    archive = download(url, out / f"{name}.zip", progress)
+                    extract(archive, out, progress=progress)
+                    (out / f".{name}.done").touch()
+                    if not args.keep_archives:
+                        archive.unlink()
+        except DownloadError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        if not args.keep_archives:
+            (out / "caption_datasets.zip").unlink(missing_ok=True)
+        if args.dataset == "flickr30k" and not (out / FLICKR30K_IMAGE_DIR).is_dir():
+            print(flickr30k_instructions(out))
+            return 0
+        if args.splits_only:
+            print(f"wrote {out / 'dataset_coco.json'}")
+            return 0
+
+    problems = check(args.dataset, out)
+    for line in problems:
+        print(f"problem: {line}", file=sys.stderr)
+    if problems:
+        return 1
+    root = out / FLICKR30K_IMAGE_DIR if args.dataset == "flickr30k" else out
+    json_path = str(out / f"dataset_{args.dataset}.json")
+    print(f"{args.dataset} is complete in {out}. Read it with:\n"
+          "  from course_lib.data.karpathy import read_karpathy\n"
+          f"  read_karpathy({json_path!r}, image_root={str(root)!r}, split='test')")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

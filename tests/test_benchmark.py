@@ -1,0 +1,79 @@
+"""The headless benchmark job writes the schema DESIGN §6 fixes, and its baseline scores right."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from course_lib import benchmark
+from course_lib.baselines import RandomProjectionBaseline
+from course_lib.data.synthetic import SyntheticConfig, make_benchmark
+from course_lib.data.tokenizer import build_word_tokenizer
+from course_lib.metrics import retrieval_metrics
+
+ROW_KEYS = {"method", "setting", "n_images", "n_texts", "ar", "ms_per_query", "notes"}
+
+
+@pytest.fixture(scope="module")
+def smoke_results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    results = benchmark.main(["--smoke", "--out", str(out)])
+    return out, results
+
+
+def test_outputs_and_schema(smoke_results):
+    out, results = smoke_results
+    for name in ("results.json", "results.md", "pareto.png"):
+        assert (out / name).stat().st_size > 0
+    on_disk = json.loads((out / "results.json").read_text())
+    assert on_disk == results
+    assert {"device", "torch", "mode", "seconds", "seed"} <= set(on_disk["meta"])
+    assert on_disk["meta"]["mode"] == "smoke"
+    settings_seen = {(r["method"], r["setting"]) for r in on_disk["rows"]}
+    for setting in ("test", "full", "compositional"):
+        assert ("oracle", setting) in settings_seen and ("random_projection", setting) in settings_seen
+    for row in on_disk["rows"]:
+        ks = (5, 10, 20) if row["setting"] == "full" else (1, 5, 10)
+        recall_keys = {f"{d}_r{k}" for d in ("i2t", "t2i") for k in ks}
+        assert set(row) == ROW_KEYS | recall_keys
+        assert row["ar"] == pytest.approx(np.mean([row[k] for k in recall_keys]), abs=0.01)
+        assert (row["ms_per_query"] is None) == (row["method"] == "oracle")
+
+
+def test_markdown_shows_the_json_numbers(smoke_results):
+    out, results = smoke_results
+    table = (out / "results.md").read_text()
+    for row in results["rows"]:
+        assert f"| {row['method']} | {row['i2t_r' + ('5' if row['setting'] == 'full' else '1')]:.1f} |" in table
+
+
+def test_untrained_baseline_is_near_chance_and_below_the_oracle(smoke_results):
+    _, results = smoke_results
+    rows = {(r["method"], r["setting"]): r for r in results["rows"]}
+    test = rows[("random_projection", "test")]
+    chance_r10 = 100 * 10 / test["n_images"]
+    assert test["t2i_r10"] < 3 * chance_r10 + 5
+    assert test["t2i_r1"] < rows[("oracle", "test")]["t2i_r1"]
+
+
+def test_baseline_scores_match_an_explicit_computation():
+    bench = make_benchmark(SyntheticConfig.smoke(n_train=60, n_val=12, n_test=12, n_pretrain=20,
+                                                 n_compositional=6), seed=3)
+    tokenizer = build_word_tokenizer(bench["train"].captions)
+    method = RandomProjectionBaseline(dim=8, seed=1).fit(bench, tokenizer)
+    split = bench["test"]
+    sims = method.similarity(split).numpy()
+    vocab = tokenizer.get_vocab()
+    for i, t in [(0, 0), (3, 17), (11, 59)]:
+        words = split.captions[t].split()
+        bag = np.zeros(len(tokenizer))
+        for w in words:
+            bag[vocab.get(w, vocab["[UNK]"])] += 1
+        mask = split.region_mask[i]
+        pooled = split.regions[i][mask].mean(0)
+        expected = (bag @ method.text_projection.numpy()) @ (pooled @ method.image_projection.numpy())
+        assert sims[i, t] == pytest.approx(expected, rel=1e-4, abs=1e-4)
+    top = method.query_fn(split, top_k=5)()
+    assert torch.equal(top, torch.topk(torch.from_numpy(sims[:, 0]), 5).indices)
+    assert set(retrieval_metrics(sims, split.txt2img)) >= {"t2i_r1", "ar"}
