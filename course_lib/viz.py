@@ -30,9 +30,9 @@ def show_scenes(split, indices, *, n_captions: int = 5, cols: int = 4, width: fl
         ax.axis("off")
     for ax, i in zip(axes.flat, indices):
         ax.imshow(_image(split, i), interpolation="nearest")
-        lines = [textwrap.shorten(split.captions[t], 44) for t in img2txt[i][:n_captions]]
+        lines = [textwrap.shorten(split.captions[t], 64) for t in img2txt[i][:n_captions]]
         ax.set_title(split.image_ids[i], fontsize=9)
-        ax.text(0.0, -0.04, "\n".join(lines), transform=ax.transAxes, va="top", fontsize=7.5)
+        ax.text(0.0, -0.04, "\n".join(lines), transform=ax.transAxes, va="top", fontsize=6.5)
     if title:
         fig.suptitle(title)
     fig.tight_layout()
@@ -70,9 +70,9 @@ def show_twins(split, pairs, *, n_captions: int = 2, width: float = 3.0):
             ax = axes[row, col]
             ax.imshow(_image(split, i), interpolation="nearest")
             ax.axis("off")
-            lines = [textwrap.shorten(split.captions[t], 48) for t in img2txt[i][:n_captions]]
+            lines = [textwrap.shorten(split.captions[t], 64) for t in img2txt[i][:n_captions]]
             ax.set_title(("scene " if col == 0 else "twin ") + split.image_ids[i], fontsize=9)
-            ax.text(0.0, -0.04, "\n".join(lines), transform=ax.transAxes, va="top", fontsize=7.5)
+            ax.text(0.0, -0.04, "\n".join(lines), transform=ax.transAxes, va="top", fontsize=7)
     fig.tight_layout()
     return fig
 

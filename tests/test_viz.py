@@ -1,0 +1,77 @@
+"""The course's figures draw what they claim: one panel per scene, one box per real region,
+one point per timed method and a line for the untimed oracle."""
+
+import textwrap
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from course_lib import viz  # noqa: E402
+from course_lib.data.synthetic import SyntheticConfig, make_benchmark  # noqa: E402
+from course_lib.timing import TimingResult  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return make_benchmark(SyntheticConfig.smoke(n_train=24, n_val=12, n_test=12, n_pretrain=12,
+                                                n_compositional=4), seed=1)
+
+
+def test_show_scenes_draws_each_scene_with_its_captions(bench):
+    split = bench["test"]
+    fig = viz.show_scenes(split, [0, 3, 5], cols=2, n_captions=2)
+    drawn = [ax for ax in fig.axes if ax.images]
+    assert len(drawn) == 3
+    first_text = drawn[0].texts[0].get_text().splitlines()
+    assert first_text[0] == textwrap.shorten(split.captions[split.img2txt()[0][0]], 64)
+    assert len(first_text) == 2
+    plt.close(fig)
+
+
+def test_draw_boxes_draws_one_box_per_real_region(bench):
+    split = bench["test"]
+    for index in range(3):
+        ax = viz.draw_boxes(split, index)
+        assert len(ax.patches) == int(split.region_mask[index].sum())
+        plt.close(ax.figure)
+
+
+def test_show_twins_pairs_scene_and_twin(bench):
+    comp = bench["compositional"]
+    fig = viz.show_twins(comp, [(0, int(comp.info["twin_of"][0]))])
+    titles = [ax.get_title() for ax in fig.axes]
+    assert titles[0].startswith("scene") and titles[1].startswith("twin")
+    plt.close(fig)
+
+
+def test_pareto_plots_timed_methods_and_a_line_for_the_oracle():
+    rows = [{"method": "oracle", "setting": "test", "t2i_r1": 90.0, "ms_per_query": None},
+            {"method": "fast", "setting": "test", "t2i_r1": 20.0, "ms_per_query": 0.1},
+            {"method": "slow", "setting": "test", "t2i_r1": 60.0, "ms_per_query": 30.0},
+            {"method": "slow", "setting": "full", "t2i_r1": 10.0, "ms_per_query": 300.0}]
+    ax = viz.plot_pareto(rows, setting="test")
+    points = np.concatenate([c.get_offsets() for c in ax.collections])
+    assert sorted(points[:, 0].tolist()) == [0.1, 30.0]
+    assert any(np.allclose(line.get_ydata(), 90.0) for line in ax.lines)
+    assert ax.get_xscale() == "log"
+    plt.close(ax.figure)
+
+
+def test_plot_timings_one_box_per_result():
+    results = {"a": TimingResult.from_times([1.0, 2.0, 3.0], "cpu"),
+               "b": TimingResult.from_times([10.0, 11.0], "cpu")}
+    ax = viz.plot_timings(results)
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["a", "b"]
+    plt.close(ax.figure)
+
+
+def test_a_split_without_pixels_is_a_clear_error(bench):
+    split = bench["test"]
+    no_pixels = type(split)(name="x", captions=split.captions, txt2img=split.txt2img, image_ids=split.image_ids)
+    with pytest.raises(ValueError, match="no pixels"):
+        viz.show_scenes(no_pixels, [0])
