@@ -109,6 +109,21 @@ def results_markdown(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+README_START, README_END = "<!-- results:start -->", "<!-- results:end -->"
+
+
+def update_readme(results: dict, readme: str | Path) -> None:
+    """Replace the README's results block (between the two markers) with this run's table."""
+    readme = Path(readme)
+    text = readme.read_text()
+    if README_START not in text or README_END not in text:
+        raise ValueError(f"{readme} has no results block; add the lines {README_START} and {README_END} "
+                         "where the table should go")
+    head, rest = text.split(README_START, 1)
+    _, tail = rest.split(README_END, 1)
+    readme.write_text(f"{head}{README_START}\n{results_markdown(results)}{README_END}{tail}")
+
+
 def _save_pareto(rows, path: Path) -> None:
     # a bare Figure needs no GUI backend, so this works headless and leaves notebooks' backend alone
     from matplotlib.figure import Figure
@@ -127,8 +142,12 @@ def main(argv=None) -> dict:
                         help="tiny sizes (also on when COURSE_SMOKE=1): minutes become seconds")
     parser.add_argument("--out", default="outputs/benchmark", help="folder for results.json/.md and pareto.png")
     parser.add_argument("--seed", type=int, default=0, help="seed of the data and of every method")
+    parser.add_argument("--readme", default=None,
+                        help="also write the table into this README's results block (README.md)")
     args = parser.parse_args(argv)
     results = run(smoke=args.smoke or settings.smoke_mode(), out=args.out, seed=args.seed)
+    if args.readme:
+        update_readme(results, args.readme)
     print(results_markdown(results))
     print(f"wrote {Path(args.out) / 'results.json'}, results.md and pareto.png")
     return results

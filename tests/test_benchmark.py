@@ -77,3 +77,16 @@ def test_baseline_scores_match_an_explicit_computation():
     top = method.query_fn(split, top_k=5)()
     assert torch.equal(top, torch.topk(torch.from_numpy(sims[:, 0]), 5).indices)
     assert set(retrieval_metrics(sims, split.txt2img)) >= {"t2i_r1", "ar"}
+
+
+def test_readme_block_is_replaced_and_the_rest_kept(tmp_path, smoke_results):
+    _, results = smoke_results
+    readme = tmp_path / "README.md"
+    readme.write_text("intro\n<!-- results:start -->\nold table\n<!-- results:end -->\noutro\n")
+    benchmark.update_readme(results, readme)
+    text = readme.read_text()
+    assert text.startswith("intro\n<!-- results:start -->\n") and text.endswith("<!-- results:end -->\noutro\n")
+    assert "old table" not in text and benchmark.results_markdown(results) in text
+    readme.write_text("no markers here")
+    with pytest.raises(ValueError, match="results block"):
+        benchmark.update_readme(results, readme)
