@@ -20,6 +20,14 @@ def smoke_mode() -> bool:
     return os.environ.get("COURSE_SMOKE", "0").strip().lower() in _TRUE
 
 
+def hub_offline() -> bool:
+    """True when HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE forbid downloads from the Hugging Face hub.
+
+    Read at call time (huggingface_hub reads them only at import), so a notebook can set them late."""
+    return any(os.environ.get(name, "").strip().lower() in _TRUE
+               for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
 def pick(default, smoke):
     """Return `smoke` in smoke mode, else `default`: the one way a config cell chooses a size."""
     return smoke if smoke_mode() else default

@@ -84,3 +84,13 @@ def test_describe_environment_names_versions_and_device():
     info = settings.describe_environment()
     for key in ("python", "torch", "device", "timm", "transformers", "faiss"):
         assert key in info and info[key]
+
+
+def test_hub_offline_flag_is_read_at_call_time(monkeypatch):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "yes")
+    assert settings.hub_offline()
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "0")
+    assert not settings.hub_offline()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert settings.hub_offline()

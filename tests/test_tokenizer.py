@@ -118,14 +118,6 @@ def test_missing_local_directory(tmp_path):
         load_tokenizer("./no_tokenizer_here")
 
 
-def test_offline_flag_is_read_at_call_time(monkeypatch):
-    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "yes")
-    assert tokmod._offline()
-    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "0")
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    assert not tokmod._offline()
-
-
 def test_round_trip_on_synthetic_captions():
     synthetic = pytest.importorskip("course_lib.data.synthetic")
     bench = synthetic.make_benchmark(synthetic.SyntheticConfig.smoke(), seed=0, progress=False)

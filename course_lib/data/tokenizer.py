@@ -12,9 +12,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from course_lib.settings import hub_offline
+
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]  # list position = token id
 PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = range(len(SPECIAL_TOKENS))
-_TRUE = {"1", "true", "yes", "on"}
 
 
 def build_word_tokenizer(captions, *, min_freq: int = 1, max_length: int = 40):
@@ -49,12 +50,6 @@ def build_word_tokenizer(captions, *, min_freq: int = 1, max_length: int = 40):
     )
 
 
-def _offline() -> bool:
-    # read at call time (huggingface_hub reads its own flags at import), so tests and users can
-    # switch it on after importing
-    return any(os.environ.get(v, "").strip().lower() in _TRUE
-               for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
-
 
 def load_tokenizer(name_or_path: str | os.PathLike):
     """A tokenizer saved with `save_pretrained` (a directory), or a pretrained Hugging Face name.
@@ -73,7 +68,7 @@ def load_tokenizer(name_or_path: str | os.PathLike):
             f"tokenizer directory {path} not found: save one with tok.save_pretrained({text!r}), or "
             "use build_word_tokenizer(captions) / tokenizer_for(split) for the word-level tokenizer"
         )
-    offline = _offline()
+    offline = hub_offline()
     try:
         return AutoTokenizer.from_pretrained(text, local_files_only=offline)
     except Exception as e:  # hub errors vary by version (OSError, httpx, ValueError, ...)
