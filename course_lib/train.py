@@ -8,12 +8,8 @@ clipping, periodic evaluation, logging into a `History`, and checkpoints that re
 
 - Mixed precision (`amp=True`) is used only on CUDA: autocast to bfloat16 where the GPU supports it,
   else float16 with a GradScaler. On CPU and Apple MPS it is silently off (full float32).
-- Weight decay applies to tensors of 2 or more dimensions (weight matrices, embeddings); 1-D tensors
-  (biases, LayerNorm/BatchNorm weights) are not decayed: nanoGPT's rule.
 - The trainer owns the data order (a shuffle seeded from (seed, epoch)), so an interrupted run
-  resumes from its checkpoint bit-for-bit: `fit()` picks up `checkpoint_path` if it exists. This is
-  exact on CPU and CUDA with `num_workers=0` (workers are re-seeded per epoch, so random
-  augmentations done inside workers repeat per epoch but not per batch after a resume).
+  resumes from `checkpoint_path` bit-for-bit (CPU or CUDA, `num_workers=0`).
 - A finished run's checkpoint makes `fit()` return at once with the stored history: this is how
   notebooks cache trained models (delete the file or call `fit(resume=False)` to retrain).
 """
