@@ -22,7 +22,7 @@ class RandomProjectionBaseline:
         self.seed = seed
         self.tokenizer = None
 
-    def fit(self, bench, tokenizer) -> "RandomProjectionBaseline":
+    def fit(self, bench, tokenizer, cache_dir=None) -> "RandomProjectionBaseline":
         """Nothing is trained: only fix the random projections' sizes from the data."""
         self.tokenizer = tokenizer
         generator = torch.Generator().manual_seed(self.seed)

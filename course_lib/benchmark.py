@@ -6,8 +6,9 @@ and writes DIR/results.json, DIR/results.md (the README's table) and DIR/pareto.
 Each setting also gets an `oracle` row: the best recall any model could reach, counted from the
 generator's ground truth.
 
-A method is any object with `name`, `notes`, `fit(bench, tokenizer)`, `similarity(split)`
-(an (n_images, n_texts) score matrix) and `query_fn(split)` (a callable answering one query).
+A method is any object with `name`, `notes`, `fit(bench, tokenizer, cache_dir)` (train, or load
+the checkpoint cached under cache_dir), `similarity(split)` (an (n_images, n_texts) score matrix)
+and `query_fn(split)` (a zero-argument callable answering one text query against the gallery).
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ def run(smoke: bool = False, out: str | Path = "outputs/benchmark", seed: int = 
                          "ceiling from the generator's ground truth (random tie-breaking)"))
     steps = tqdm(total=len(methods) * len(SETTINGS), desc="benchmark", disable=not progress)
     for method in methods:
-        method.fit(bench, tokenizer)
+        method.fit(bench, tokenizer, cache_dir=out / "checkpoints" / ("smoke" if smoke else "default"))
         for setting in SETTINGS:
             split = bench[setting]
             metrics = retrieval_metrics(method.similarity(split), split.txt2img, ks=KS[setting])
