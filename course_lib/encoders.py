@@ -29,7 +29,7 @@ import torch.nn as nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from course_lib.data.tokenizer import CLS_ID, PAD_ID, SEP_ID
-from course_lib.settings import hub_offline
+from course_lib.settings import from_hub, hub_error
 
 # the course's ViT for the synthetic 32x32 images: 8x8 patches of 4 pixels, 2 blocks of width 64
 TINY_VIT_NAME = "vit_tiny_patch16_224"
@@ -57,10 +57,6 @@ def word_mask(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Te
     """(B, T) bool: True at real words, False at [CLS], [SEP] and padding."""
     return attention_mask.bool() & (input_ids != CLS_ID) & (input_ids != SEP_ID)
 
-
-
-def _first_line(e: Exception) -> str:
-    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
 
 
 # ----------------------------------------------------------------------------- images
@@ -138,14 +134,11 @@ class PixelEncoder(nn.Module):
             except Exception as e:  # hub errors vary by version (OSError, httpx, RuntimeError, ...)
                 if not pretrained:
                     raise
-                raise OSError(
-                    f"could not create timm model {model_name!r} with pretrained weights: "
-                    f"{_first_line(e)}\nPretrained weights are downloaded once, so they need internet "
-                    "or a copy in the Hugging Face cache (~/.cache/huggingface, or set HF_HOME); a "
-                    "weights file on disk can be given as pretrained_cfg_overlay=dict(file=PATH). "
-                    f"Offline, use random weights: PixelEncoder({model_name!r}, pretrained=False), "
-                    "or the tiny ViT: PixelEncoder() for the synthetic 32x32 images."
-                ) from e
+                raise hub_error(
+                    f"timm model {model_name!r} with pretrained weights", e,
+                    "A weights file on disk can be given as pretrained_cfg_overlay=dict(file=PATH). "
+                    f"Offline, use random weights: PixelEncoder({model_name!r}, pretrained=False), or "
+                    "the tiny ViT: PixelEncoder() for the synthetic 32x32 images.") from e
         width = self.backbone.num_features
         self.proj = nn.Linear(width, out_dim) if out_dim is not None else nn.Identity()
         self.out_dim = out_dim if out_dim is not None else width
@@ -244,19 +237,10 @@ class BertTextEncoder(nn.Module):
                                 attention_probs_dropout_prob=dropout, pad_token_id=PAD_ID)
             self.bert = BertModel(config, add_pooling_layer=False)
         else:
-            offline = hub_offline()
-            try:
-                self.bert = BertModel.from_pretrained(pretrained_name, add_pooling_layer=False,
-                                                      local_files_only=offline)
-            except Exception as e:  # hub errors vary by version (OSError, httpx, ValueError, ...)
-                raise OSError(
-                    f"could not load the pretrained BERT {pretrained_name!r}"
-                    f"{' (HF_HUB_OFFLINE is set, so only the local cache was searched)' if offline else ''}"
-                    f": {_first_line(e)}\nPretrained weights need internet the first time, or a local "
-                    "copy: on a machine with internet run BertModel.from_pretrained(NAME)"
-                    ".save_pretrained(DIR) and pass DIR. Offline, use random weights: "
-                    "BertTextEncoder(len(tokenizer)) (pretrained_name=None)."
-                ) from e
+            self.bert = from_hub(
+                lambda **kw: BertModel.from_pretrained(pretrained_name, add_pooling_layer=False, **kw),
+                f"the pretrained BERT {pretrained_name!r}",
+                "Offline, use random weights: BertTextEncoder(len(tokenizer)) (pretrained_name=None).")
             if vocab_size is not None and vocab_size != self.bert.config.vocab_size:
                 raise ValueError(
                     f"vocab_size {vocab_size} does not match {pretrained_name!r}'s vocabulary of "

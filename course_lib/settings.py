@@ -28,6 +28,28 @@ def hub_offline() -> bool:
                for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
 
 
+def hub_error(what: str, error: Exception, fix: str, offline: bool = False) -> OSError:
+    """One clear error for a failed pretrained download (weights or tokenizer), naming the way out."""
+    first_line = str(error).splitlines()[0] if str(error) else ""
+    searched = " (HF_HUB_OFFLINE is set, so only the local cache was searched)" if offline else ""
+    return OSError(
+        f"could not load {what}{searched}: {type(error).__name__}: {first_line}\n"
+        "Pretrained files are downloaded once, so they need internet the first time or a local copy "
+        "(the Hugging Face cache ~/.cache/huggingface or HF_HOME; or save_pretrained(DIR) on a "
+        f"machine with internet and pass DIR). {fix}"
+    )
+
+
+def from_hub(load, what: str, fix: str):
+    """Call `load(local_files_only=...)` (a transformers from_pretrained), honouring the offline
+    switch; any failure becomes `hub_error` (hub errors vary by version: OSError, httpx, ...)."""
+    offline = hub_offline()
+    try:
+        return load(local_files_only=offline)
+    except Exception as e:
+        raise hub_error(what, e, fix, offline) from e
+
+
 def pick(default, smoke):
     """Return `smoke` in smoke mode, else `default`: the one way a config cell chooses a size."""
     return smoke if smoke_mode() else default

@@ -228,11 +228,8 @@ class Trainer:
     # ---- data -------------------------------------------------------------------------------
     def _epoch_batches(self, epoch: int) -> list[list[int]]:
         cfg, n = self.config, len(self.dataset)
-        if cfg.shuffle:
-            gen = torch.Generator().manual_seed(self._epoch_seed(epoch))
-            order = torch.randperm(n, generator=gen).tolist()
-        else:
-            order = list(range(n))
+        gen = torch.Generator().manual_seed(self._epoch_seed(epoch))
+        order = torch.randperm(n, generator=gen).tolist() if cfg.shuffle else list(range(n))
         count = n // cfg.batch_size if cfg.drop_last else math.ceil(n / cfg.batch_size)
         return [order[i * cfg.batch_size:(i + 1) * cfg.batch_size] for i in range(count)]
 
@@ -292,8 +289,8 @@ class Trainer:
                     bar.set_postfix(loss=f"{row['loss']:.4f}", lr=f"{row['lr']:.2e}")
                 if self.evaluate and ((cfg.eval_every and self.step % cfg.eval_every == 0) or last):
                     self._run_evaluate()
-                if path and cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0 \
-                        and self.step < end:  # the last one is saved below
+                due = cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0
+                if path and due and self.step < end:  # the last one is saved below
                     self.save_checkpoint(path)
         finally:
             bar.close()

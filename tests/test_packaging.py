@@ -94,3 +94,20 @@ def test_hub_offline_flag_is_read_at_call_time(monkeypatch):
     assert not settings.hub_offline()
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert settings.hub_offline()
+
+
+def test_from_hub_follows_the_offline_switch_and_explains_failures(monkeypatch):
+    import pytest
+
+    seen = []
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert settings.from_hub(lambda **kw: seen.append(kw) or "loaded", "x", "fix") == "loaded"
+    assert seen == [{"local_files_only": True}]
+
+    def failing(**kw):
+        raise ConnectionError("no route to host\nlong traceback text")
+
+    with pytest.raises(OSError, match=r"could not load the thing \(HF_HUB_OFFLINE.*ConnectionError: no route"
+                                      r" to host\n.*internet.*use the offline way") as info:
+        settings.from_hub(failing, "the thing", "use the offline way")
+    assert isinstance(info.value.__cause__, ConnectionError) and "long traceback" not in str(info.value)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from course_lib.settings import hub_offline
+from course_lib.settings import from_hub
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]  # list position = token id
 PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = range(len(SPECIAL_TOKENS))
@@ -68,19 +68,10 @@ def load_tokenizer(name_or_path: str | os.PathLike):
             f"tokenizer directory {path} not found: save one with tok.save_pretrained({text!r}), or "
             "use build_word_tokenizer(captions) / tokenizer_for(split) for the word-level tokenizer"
         )
-    offline = hub_offline()
-    try:
-        return AutoTokenizer.from_pretrained(text, local_files_only=offline)
-    except Exception as e:  # hub errors vary by version (OSError, httpx, ValueError, ...)
-        raise OSError(
-            f"could not load the pretrained tokenizer {text!r}"
-            f"{' (HF_HUB_OFFLINE is set, so only the local cache was searched)' if offline else ''}: "
-            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}\n"
-            "A pretrained tokenizer needs internet the first time, or a local copy: download it on a "
-            f"machine with internet (AutoTokenizer.from_pretrained({text!r}).save_pretrained(DIR)) "
-            "and pass DIR instead of the name. Offline, use the word-level tokenizer built from the "
-            "captions: tokenizer_for(split) (name=None) or build_word_tokenizer(split.captions)."
-        ) from e
+    return from_hub(
+        lambda **kw: AutoTokenizer.from_pretrained(text, **kw), f"the pretrained tokenizer {text!r}",
+        "Offline, use the word-level tokenizer built from the captions: tokenizer_for(split) "
+        "(name=None) or build_word_tokenizer(split.captions).")
 
 
 def tokenizer_for(split_or_captions, name: str | None = None, **kwargs):
