@@ -3,8 +3,8 @@
 Builds the synthetic benchmark, fits every method the course has so far, evaluates it on the
 test, full and compositional settings (DESIGN §4), times one text query against each gallery,
 and writes DIR/results.json, DIR/results.md (the README's table) and DIR/pareto.png.
-Each setting also gets an `oracle` row: the best recall any model could reach, counted from the
-generator's ground truth.
+Each setting also gets an `oracle` row: the expected recall of the Bayes-optimal ranking under
+the generator's own caption likelihood, the best any model can reach (course_lib.data.oracle).
 
 A method is any object with `name`, `notes`, `fit(bench, tokenizer, cache_dir)` (train, or load
 the checkpoint cached under cache_dir), `similarity(split)` (an (n_images, n_texts) score matrix)
@@ -63,7 +63,7 @@ def run(smoke: bool = False, out: str | Path = "outputs/benchmark", seed: int = 
     for setting in SETTINGS:
         split = bench[setting]
         rows.append(_row("oracle", setting, split, oracle_ceiling(split, KS[setting]), KS[setting], None,
-                         "ceiling from the generator's ground truth (random tie-breaking)"))
+                         "Bayes-optimal ranking under the generator's caption likelihood: the best expected recall any model can reach"))
     steps = tqdm(total=len(methods) * len(SETTINGS), desc="benchmark", disable=not progress)
     for method in methods:
         method.fit(bench, tokenizer, cache_dir=out / "checkpoints" / ("smoke" if smoke else "default"))

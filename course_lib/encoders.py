@@ -44,8 +44,12 @@ class EncoderOutput:
 
 
 def l2_normalize(x: torch.Tensor, dim: int = -1, eps: float = 1e-8) -> torch.Tensor:
-    """x / (||x|| + eps) along dim, as SCAN's l2norm: zero vectors (padding) stay zero."""
-    return x / (x.pow(2).sum(dim=dim, keepdim=True).sqrt() + eps)
+    """x / (||x|| + eps) along dim, as SCAN's l2norm: zero vectors (padding) stay zero.
+
+    The squared norm is clamped at eps**2 before the square root, whose gradient at 0 is infinite:
+    without it a zero vector (a GRU's padded output) gives NaN gradients. Norms above eps are
+    untouched, so the value equals SCAN's wherever it matters."""
+    return x / (x.pow(2).sum(dim=dim, keepdim=True).clamp(min=eps * eps).sqrt() + eps)
 
 
 def count_parameters(module: nn.Module, trainable_only: bool = True) -> int:

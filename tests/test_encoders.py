@@ -263,3 +263,13 @@ def test_bert_pretrained_error_offline(monkeypatch):
     with pytest.raises(OSError, match="internet.*pretrained_name=None") as info:
         BertTextEncoder(30522, pretrained_name="bert-base-uncased")
     assert isinstance(info.value.__cause__, OSError)
+
+
+def test_l2_normalize_has_finite_gradients_at_zero_vectors():
+    from course_lib.encoders import l2_normalize
+
+    x = torch.tensor([[3.0, 4.0], [0.0, 0.0]], requires_grad=True)
+    y = l2_normalize(x)
+    assert torch.allclose(y[0], torch.tensor([0.6, 0.8]), atol=1e-6) and torch.equal(y[1], torch.zeros(2))
+    y.sum().backward()
+    assert torch.isfinite(x.grad).all()

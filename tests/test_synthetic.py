@@ -9,10 +9,11 @@ from math import comb
 import numpy as np
 import pytest
 
+from course_lib.data.captions import truth_ceiling
 from course_lib.data.render import detect_regions, geometry, render_pixels
 from course_lib.data.split import RetrievalSplit
 from course_lib.data.synthetic import (FAMILIES, Meanings, Scenes, SyntheticConfig, caption_vocabulary,
-                                       make_benchmark, oracle_ceiling, satisfies, satisfies_rows)
+                                       make_benchmark, satisfies, satisfies_rows)
 
 SMALL = dict(n_train=60, n_val=20, n_test=30, n_pretrain=80, n_compositional=12)
 SPLIT_NAMES = ("train", "val", "test", "pretrain", "compositional", "full")
@@ -190,7 +191,7 @@ def test_compositional_twins(bench):
 
 
 def _simulated_recall(sat: np.ndarray, txt2img: np.ndarray, k: int, reps: int, rng) -> tuple[float, float]:
-    """R@K of the ideal ranker (satisfying first, random ties), estimated by simulation."""
+    """R@K of the truth ranker (satisfying first, random ties), estimated by simulation."""
     T, N = sat.shape
     t2i = i2t = 0.0
     for _ in range(reps):
@@ -204,11 +205,11 @@ def _simulated_recall(sat: np.ndarray, txt2img: np.ndarray, k: int, reps: int, r
     return 100 * t2i / reps, 100 * i2t / reps
 
 
-def test_oracle_matches_simulation(bench):
+def test_truth_ceiling_matches_simulation(bench):
     s = bench["test"].subset(np.arange(12))
     sat = satisfies(s.meanings, s.scenes)
     rng = np.random.default_rng(0)
-    oracle = oracle_ceiling(s, ks=(1, 2, 5))
+    oracle = truth_ceiling(s, ks=(1, 2, 5))
     for k in (1, 2, 5):
         t2i, i2t = _simulated_recall(sat, s.txt2img, k, 400, rng)
         assert abs(oracle[f"t2i_r{k}"] - t2i) < 2.5 and abs(oracle[f"i2t_r{k}"] - i2t) < 3.5, (k, oracle, t2i, i2t)
@@ -220,7 +221,7 @@ def test_oracle_matches_simulation(bench):
     assert oracle["i2t_r2"] == pytest.approx(100 * expect)
 
 
-def test_oracle_hand_worked_example():
+def test_truth_ceiling_hand_worked_example():
     # scene 0: small red circle top left, big blue square top middle
     # scene 1: small red circle in the middle, big green triangle bottom right
     # scene 2: big blue square top left, small red circle top right
@@ -238,7 +239,7 @@ def test_oracle_hand_worked_example():
         txt2img=[0, 1, 2, 0], image_ids=["s0", "s1", "s2"], scenes=scenes, meanings=meanings)
     expected = np.array([[1, 0, 0], [0, 1, 0], [1, 0, 1], [1, 1, 1]], dtype=bool)
     np.testing.assert_array_equal(satisfies(meanings, scenes), expected)
-    o = oracle_ceiling(split, ks=(1, 2))
+    o = truth_ceiling(split, ks=(1, 2))
     # t2i: m = 1, 1, 2, 3 -> R@1 = mean(1, 1, 1/2, 1/3); R@2 = mean(1, 1, 1, 2/3)
     assert o["t2i_r1"] == pytest.approx(100 * (1 + 1 + 1 / 2 + 1 / 3) / 4)
     assert o["t2i_r2"] == pytest.approx(100 * (1 + 1 + 1 + 2 / 3) / 4)

@@ -8,6 +8,16 @@ of objects and one of them), and "terse" (the pre-training corpus: one or two ba
 attributes dropped, word order varied, optionally corrupted). `satisfies` decides the truth of every
 caption on every scene from the ground truth, with per-scene bitmasks of objects (fast enough for
 12k scenes x 60k captions).
+
+Two ceilings (expected R@K in percent, random tie-breaking):
+- `oracle_ceiling`: the upper bound. The Bayes-optimal ranking under the generator's own caption
+  likelihood P(caption | scene) (course_lib.data.oracle): t2i ranks images by it, i2t ranks
+  captions by the posterior that they came from the image. No model that sees only the captions
+  and images can beat it in expectation (t2i exactly; i2t up to the weak dependence between the
+  origins of different captions, see oracle.py).
+- `truth_ceiling`: the truth-only ranker (every caption/image that satisfies the query first, all
+  tied). Didactic: it shows how ambiguous partial descriptions are, but it is not an upper bound
+  (a model that learns how specific a caption is beats it, most of all on i2t).
 """
 
 from __future__ import annotations
@@ -260,20 +270,36 @@ def satisfies(meanings: Meanings, scenes: Scenes) -> np.ndarray:
     return out
 
 
-def _hit_probability(pool: np.ndarray, good: np.ndarray, k: int) -> np.ndarray:
+def _hit_probability(pool: np.ndarray, good: np.ndarray, k) -> np.ndarray:
     """P(at least one of `good` items lands in the first k of `pool` items shuffled uniformly)
-    = 1 - C(pool - good, k) / C(pool, k), as a product of k ratios (exact enough, no overflow)."""
+    = 1 - C(pool - good, k) / C(pool, k), as a product of k ratios (exact enough, no overflow).
+    k is an int or an array of per-row slot counts (k <= 0: no slot left, probability 0)."""
     pool, good = np.asarray(pool, dtype=np.float64), np.asarray(good, dtype=np.float64)
-    miss = np.ones_like(pool)
-    for t in range(k):
+    k = np.asarray(k, dtype=np.int64)
+    miss = np.ones(np.broadcast(pool, good, k).shape)
+    for t in range(int(k.max(initial=0))):
         num, den = pool - good - t, pool - t
-        miss *= np.where(num > 0, num / np.maximum(den, 1.0), 0.0)
-    return np.where(good > 0, 1.0 - miss, 0.0)
+        miss *= np.where(t < k, np.where(num > 0, num / np.maximum(den, 1.0), 0.0), 1.0)
+    return np.where((good > 0) & (k > 0), 1.0 - miss, 0.0)
 
 
 def oracle_ceiling(split, ks=(1, 5, 10)) -> dict[str, float]:
-    """The best expected R@K (percent) any model could reach on a synthetic split: rank every
-    item that satisfies the query first, ties broken at random (DESIGN §3).
+    """The best expected R@K (percent) any model could reach on a synthetic split (DESIGN §3):
+    the Bayes-optimal ranking under the generator's own caption likelihood, ties broken at random.
+    t2i ranks images by P(caption | image); i2t ranks captions by P(caption came from this image |
+    caption). See course_lib.data.oracle for the likelihood and what is exact (test, full) and
+    what is approximate (compositional)."""
+    from .oracle import bayes_ceiling  # oracle.py builds on this module
+
+    return bayes_ceiling(split, ks)
+
+
+def truth_ceiling(split, ks=(1, 5, 10)) -> dict[str, float]:
+    """Expected R@K (percent) of the truth-only ranker: every item that satisfies the query first,
+    ties broken at random. It uses only whether a caption is true of an image, not how likely the
+    generator was to say it, so it is NOT an upper bound: a model that learns how specific each
+    caption is (and that a 4-object scene says a given two-object caption more often than a
+    5-object one) beats it, above all on i2t. oracle_ceiling is the upper bound.
 
     t2i: caption c is true of m_c images including its own: R@K = min(1, K / m_c). i2t: image i
     satisfies s_i captions, g_i of them its own: R@K = 1 - C(s_i - g_i, K) / C(s_i, K). A caption
@@ -304,5 +330,6 @@ def oracle_ceiling(split, ks=(1, 5, 10)) -> dict[str, float]:
     return out
 
 
-__all__ = ["oracle_ceiling", "word_captions", "caption_vocabulary", "meanings_of", "two_objects", "terse_meanings",
-           "satisfies", "satisfies_rows", "iter_satisfies", "PAIR", "RELATION", "PLACE", "COUNT", "TERSE"]
+__all__ = ["oracle_ceiling", "truth_ceiling", "word_captions", "caption_vocabulary", "meanings_of", "two_objects",
+           "terse_meanings", "satisfies", "satisfies_rows", "iter_satisfies", "PAIR", "RELATION", "PLACE", "COUNT",
+           "TERSE"]
