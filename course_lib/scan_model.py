@@ -28,8 +28,6 @@ product per image for VSE++ (`SCANMethod.query_fn` measures it).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +39,7 @@ from tqdm.auto import tqdm
 from course_lib.data.datasets import (CaptionDataset, ImageDataset, PairCollate, PairDataset,
                                       TextCollate, make_loader)
 from course_lib.data.tokenizer import PAD_ID
+from course_lib.checkpoints import checkpoint_name, model_device
 from course_lib.encoders import BiGRUEncoder, l2_normalize, word_mask
 from course_lib.losses import hinge_triplet_loss
 from course_lib.metrics import retrieval_metrics
@@ -212,7 +211,7 @@ def _encode_sets(model: SCANModel, loader, encode, desc: str, progress: bool, de
 def encode_regions(model: SCANModel, split, *, batch_size: int = 512, device=None,
                    progress: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(regions (N, R, E), region_mask (N, R)) of a split's images, on the CPU."""
-    device = torch.device(device) if device is not None else next(model.parameters()).device
+    device = model_device(model, device)
     loader = make_loader(ImageDataset(split, modality=model.modality), batch_size)
     return _encode_sets(model, loader, model.encode_images, "encode regions", progress, device)
 
@@ -220,7 +219,7 @@ def encode_regions(model: SCANModel, split, *, batch_size: int = 512, device=Non
 def encode_words(model: SCANModel, split, tokenizer, *, batch_size: int = 512, device=None,
                  progress: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(words (T, L, E), word_mask (T, L)) of a split's captions, on the CPU; L = most words."""
-    device = torch.device(device) if device is not None else next(model.parameters()).device
+    device = model_device(model, device)
     loader = make_loader(CaptionDataset(split), batch_size, tokenizer=tokenizer)
     return _encode_sets(model, loader, model.encode_texts, "encode words", progress, device)
 
@@ -234,7 +233,7 @@ def scan_matrix(model: SCANModel, split, tokenizer, *, device=None, batch_size: 
     against all texts per call (on `device`, default the model's), only so that a progress bar
     can show the quadratic part: 1k x 5k pairs take seconds on a CPU, 12k x 60k minutes.
     """
-    device = torch.device(device) if device is not None else next(model.parameters()).device
+    device = model_device(model, device)
     kwargs = dict(batch_size=batch_size, device=device, progress=progress)
     regions, region_mask = encode_regions(model, split, **kwargs)  # (N, R, E), (N, R)
     words, word_mask_ = (x.to(device) for x in encode_words(model, split, tokenizer, **kwargs))
@@ -248,16 +247,6 @@ def scan_matrix(model: SCANModel, split, tokenizer, *, device=None, batch_size: 
 
 
 # ----------------------------------------------------------------------------- the method
-def _checkpoint_name(config: SCANConfig, train_split, tokenizer) -> str:
-    """"scan-<hash>.pt": the hash covers the config and the training data (captions, vocabulary,
-    feature shape), so a cache folder never hands back a model trained on other data."""
-    fingerprint = {"config": config.to_dict(), "vocab": sorted(tokenizer.get_vocab().items()),
-                   "n_images": train_split.n_images, "features": list(train_split.regions.shape[1:]),
-                   "captions": hashlib.sha1("\n".join(train_split.captions).encode()).hexdigest()}
-    digest = hashlib.sha1(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()
-    return f"scan-{digest[:10]}.pt"
-
-
 class SCANMethod:
     """SCAN as a benchmark Method (see course_lib.benchmark): fit, similarity, query_fn."""
 
@@ -278,8 +267,8 @@ class SCANMethod:
         """Train on bench["train"], or load cache_dir / "scan-<hash>.pt" if it is there."""
         self.tokenizer = tokenizer
         if cache_dir is not None:
-            self.checkpoint_path = Path(cache_dir) / _checkpoint_name(self.config, bench["train"],
-                                                                      tokenizer)
+            name = checkpoint_name("scan", self.config.to_dict(), bench["train"], tokenizer)
+            self.checkpoint_path = Path(cache_dir) / name
         self.model, self.history = train_scan(bench, tokenizer, self.config,
                                               checkpoint_path=self.checkpoint_path,
                                               progress=self.progress)
@@ -302,7 +291,7 @@ class SCANMethod:
         image indices (top_k,), best first.
         """
         model = self._fitted().eval()
-        device = next(model.parameters()).device
+        device = model_device(model)
         regions, region_mask = (x.to(device) for x in encode_regions(model, split))  # offline
         collate, caption = TextCollate(self.tokenizer), split.captions[caption_index]
 

@@ -32,8 +32,6 @@ the sum of hinges; notebook 01 shows both.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +42,7 @@ from tqdm.auto import tqdm
 
 from course_lib.data.datasets import (CaptionDataset, ImageDataset, PairCollate, PairDataset,
                                       TextCollate, make_loader)
+from course_lib.checkpoints import checkpoint_name, model_device
 from course_lib.encoders import build_image_encoder, build_text_encoder, l2_normalize
 from course_lib.losses import hinge_triplet_loss
 from course_lib.metrics import retrieval_metrics
@@ -193,14 +192,10 @@ def train_dual_encoder(bench: dict, tokenizer, config: VsePPConfig | None = None
     return model, history
 
 
-def _model_device(model: nn.Module) -> torch.device:
-    return next(model.parameters()).device
-
-
 def _encode(model: DualEncoder, loader, encode_name: str, device, progress: bool) -> torch.Tensor:
     """Concatenate model.<encode_name>(batch) over a loader: eval mode, no grad, on `device` (None =
     the model's); the result (n, E) on the CPU. The model's train/eval mode is restored after."""
-    device = torch.device(device) if device is not None else _model_device(model)
+    device = model_device(model, device)
     was_training = model.training
     model.to(device).eval()
     encode, out = getattr(model, encode_name), []
@@ -244,16 +239,6 @@ def similarity(model: DualEncoder, split, tokenizer, **kwargs) -> torch.Tensor:
     return image_emb @ text_emb.T  # (N, T)
 
 
-def checkpoint_name(config: VsePPConfig, train_split, tokenizer) -> str:
-    """"vsepp-<hash>.pt": the hash covers the config and the training data (captions, vocabulary,
-    feature shape), so a cache folder never hands back a model trained on other data."""
-    fingerprint = {"config": config.to_dict(), "vocab": len(tokenizer), "n_images": train_split.n_images,
-                   "features": list(train_split.regions.shape[1:]) if train_split.has_regions else None,
-                   "captions": hashlib.sha1("\n".join(train_split.captions).encode()).hexdigest()}
-    digest = hashlib.sha1(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()
-    return f"vsepp-{digest[:10]}.pt"
-
-
 class VsePPMethod:
     """VSE++ as a benchmark Method (see course_lib.benchmark): fit, similarity, query_fn."""
 
@@ -273,7 +258,8 @@ class VsePPMethod:
         """Train on bench["train"], or load cache_dir / checkpoint_name(...) if it is there."""
         self.tokenizer, self.checkpoint_path = tokenizer, None
         if cache_dir is not None:
-            self.checkpoint_path = Path(cache_dir) / checkpoint_name(self.config, bench["train"], tokenizer)
+            name = checkpoint_name("vsepp", self.config.to_dict(), bench["train"], tokenizer)
+            self.checkpoint_path = Path(cache_dir) / name
         self.model, self.history = train_dual_encoder(bench, tokenizer, self.config,
                                                       checkpoint_path=self.checkpoint_path,
                                                       progress=self.progress)
@@ -296,7 +282,7 @@ class VsePPMethod:
         """
         model = self._fitted().eval()
         index = build_index(encode_gallery(model, split))  # offline: (N, E) vectors in IndexFlatIP
-        collate, device = TextCollate(self.tokenizer), _model_device(model)
+        collate, device = TextCollate(self.tokenizer), model_device(model)
         caption = split.captions[caption_index]
 
         @torch.no_grad()
@@ -309,5 +295,5 @@ class VsePPMethod:
 
 
 __all__ = ["VsePPConfig", "DualEncoder", "vsepp_loss", "build_dual_encoder", "train_dual_encoder",
-           "encode_gallery", "encode_captions", "encode_split", "similarity", "checkpoint_name",
+           "encode_gallery", "encode_captions", "encode_split", "similarity",
            "VsePPMethod"]
