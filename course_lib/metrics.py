@@ -66,7 +66,7 @@ def _as_tensor(sims) -> torch.Tensor:
     return tensor
 
 
-def _check_txt2img(txt2img, n_images: int, n_texts: int) -> np.ndarray:
+def _check_txt2img(txt2img, n_images: int, n_texts: int, every_image_captioned: bool = True) -> np.ndarray:
     """`txt2img` as an int64 numpy vector, after checking it can index the gallery."""
     if isinstance(txt2img, torch.Tensor):
         txt2img = txt2img.detach().cpu().numpy()
@@ -88,7 +88,7 @@ def _check_txt2img(txt2img, n_images: int, n_texts: int) -> np.ndarray:
         )
     captions_per_image = np.bincount(txt2img, minlength=n_images)  # (n_images,)
     lonely = np.flatnonzero(captions_per_image == 0)
-    if len(lonely):
+    if every_image_captioned and len(lonely):
         raise ValueError(
             f"{len(lonely)} image(s) have no caption (first: {lonely[:5].tolist()}), so their "
             "i2t rank is undefined; drop those rows from sims or add their captions"
@@ -105,6 +105,53 @@ def _check_ks(ks: Sequence[int]) -> tuple[int, ...]:
     return ks
 
 
+def t2i_ranks(sims, txt2img, *, chunk_size: int | None = None) -> np.ndarray:
+    """0-based rank of each text's true image, (n_texts,): images scoring strictly higher.
+
+    Unlike `retrieval_ranks`, images need not have captions here, so it also scores a *sample* of
+    text queries against a whole gallery (how the benchmark evaluates slow methods on big galleries).
+    """
+    scores = _as_tensor(sims)  # (N, T)
+    n_images, n_texts = scores.shape
+    txt2img = _check_txt2img(txt2img, n_images, n_texts, every_image_captioned=False)
+    chunk_size = _chunk_rows(chunk_size, n_texts)
+    text_image = torch.from_numpy(txt2img).to(scores.device)  # (T,)
+    true_scores = scores[text_image, torch.arange(n_texts, device=scores.device)]  # (T,)
+    ranks = torch.zeros(n_texts, dtype=torch.int64, device=scores.device)  # (T,)
+    for start in range(0, n_images, chunk_size):
+        block = _checked_block(scores, start, chunk_size)  # (c, T)
+        ranks += (block > true_scores[None, :]).sum(0)
+    return ranks.cpu().numpy()
+
+
+def recall_at_k(ranks, ks: Sequence[int] = (1, 5, 10)) -> dict[int, float]:
+    """{k: 100 * mean(rank < k)} for 0-based ranks."""
+    ranks = np.asarray(ranks)
+    if ranks.size == 0:
+        raise ValueError("no ranks: the similarity matrix is empty")
+    return {k: 100.0 * float(np.mean(ranks < k)) for k in _check_ks(ks)}
+
+
+def _chunk_rows(chunk_size: int | None, n_texts: int) -> int:
+    if chunk_size is None:
+        return max(1, _CHUNK_ELEMENTS // max(n_texts, 1))
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    return chunk_size
+
+
+def _checked_block(scores: torch.Tensor, start: int, chunk_size: int) -> torch.Tensor:
+    """Rows [start, start + chunk_size) of scores, after checking them for NaN."""
+    block = scores[start:start + chunk_size]  # (c, T)
+    if torch.isnan(block).any():
+        row = start + int(torch.isnan(block).any(dim=1).nonzero()[0, 0])
+        raise ValueError(
+            f"sims contains NaN (first in image row {row}); fix the model or data that "
+            "produced it (e.g. normalise with eps, or torch.nan_to_num if it is masking)"
+        )
+    return block
+
+
 def retrieval_ranks(sims, txt2img, *, chunk_size: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """0-based ranks `(i2t_ranks (n_images,), t2i_ranks (n_texts,))` under the module's protocol.
 
@@ -114,34 +161,22 @@ def retrieval_ranks(sims, txt2img, *, chunk_size: int | None = None) -> tuple[np
     scores = _as_tensor(sims)  # (N, T)
     n_images, n_texts = scores.shape
     txt2img = _check_txt2img(txt2img, n_images, n_texts)
-    if chunk_size is None:
-        chunk_size = max(1, _CHUNK_ELEMENTS // max(n_texts, 1))
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    chunk_size = _chunk_rows(chunk_size, n_texts)
+    t2i = t2i_ranks(scores, txt2img, chunk_size=chunk_size)  # (T,)
 
     device = scores.device
     text_image = torch.from_numpy(txt2img).to(device)  # (T,)
-    # t2i: the score of each text with its true image.
     true_t2i = scores[text_image, torch.arange(n_texts, device=device)]  # (T,)
     # i2t: an image's best rank over its captions is the rank of its best-scoring caption,
     # because "number of strictly greater scores" only falls as the threshold rises.
     # include_self=False: the zeros are placeholders, every image has >= 1 caption (checked).
     best_i2t = torch.zeros(n_images, dtype=scores.dtype, device=device).scatter_reduce(
         0, text_image, true_t2i, reduce="amax", include_self=False)  # (N,)
-
-    i2t_ranks = torch.empty(n_images, dtype=torch.int64, device=device)  # (N,)
-    t2i_ranks = torch.zeros(n_texts, dtype=torch.int64, device=device)  # (T,)
+    i2t = torch.empty(n_images, dtype=torch.int64, device=device)  # (N,)
     for start in range(0, n_images, chunk_size):
-        block = scores[start:start + chunk_size]  # (c, T)
-        if torch.isnan(block).any():
-            row = start + int(torch.isnan(block).any(dim=1).nonzero()[0, 0])
-            raise ValueError(
-                f"sims contains NaN (first in image row {row}); fix the model or data that "
-                "produced it (e.g. normalise with eps, or torch.nan_to_num if it is masking)"
-            )
-        i2t_ranks[start:start + len(block)] = (block > best_i2t[start:start + len(block), None]).sum(1)
-        t2i_ranks += (block > true_t2i[None, :]).sum(0)
-    return i2t_ranks.cpu().numpy(), t2i_ranks.cpu().numpy()
+        block = scores[start:start + chunk_size]  # (c, T), NaN-checked by t2i_ranks
+        i2t[start:start + len(block)] = (block > best_i2t[start:start + len(block), None]).sum(1)
+    return i2t.cpu().numpy(), t2i
 
 
 def metrics_from_ranks(i2t_ranks, t2i_ranks, ks: Sequence[int] = (1, 5, 10)) -> dict[str, float]:
@@ -150,11 +185,9 @@ def metrics_from_ranks(i2t_ranks, t2i_ranks, ks: Sequence[int] = (1, 5, 10)) -> 
     result: dict[str, float] = {}
     recalls = []
     for direction, ranks in (("i2t", np.asarray(i2t_ranks)), ("t2i", np.asarray(t2i_ranks))):
-        if ranks.size == 0:
-            raise ValueError(f"no {direction} ranks: the similarity matrix is empty")
-        for k in ks:
-            result[f"{direction}_r{k}"] = 100.0 * float(np.mean(ranks < k))
-            recalls.append(result[f"{direction}_r{k}"])
+        for k, recall in recall_at_k(ranks, ks).items():
+            result[f"{direction}_r{k}"] = recall
+            recalls.append(recall)
         result[f"{direction}_medr"] = float(np.floor(np.median(ranks)) + 1)
         result[f"{direction}_meanr"] = float(np.mean(ranks) + 1)
     result["rsum"] = float(sum(recalls))

@@ -281,3 +281,19 @@ def test_coco_5k_scale_memory_and_time():
     assert report["extra_mb"] < 300, report
     assert report["seconds"] < 20, report
     assert 0 <= report["t2i_r10"] <= 100
+
+
+def test_t2i_ranks_of_sampled_queries_match_the_full_evaluation():
+    # a sample of text queries against the whole gallery gives those texts' ranks in the full matrix
+    from course_lib.metrics import recall_at_k, retrieval_ranks, t2i_ranks
+
+    rng = np.random.default_rng(5)
+    sims = rng.normal(size=(40, 200)).round(1).astype(np.float32)  # ties included
+    txt2img = np.repeat(np.arange(40), 5)
+    full = retrieval_ranks(sims, txt2img)[1]
+    sample = rng.choice(200, size=30, replace=False)
+    assert np.array_equal(t2i_ranks(sims[:, sample], txt2img[sample]), full[sample])
+    # independent loop
+    loop = [sum(sims[i, t] > sims[txt2img[t], t] for i in range(40)) for t in sample]
+    assert np.array_equal(t2i_ranks(sims[:, sample], txt2img[sample], chunk_size=7), loop)
+    assert recall_at_k([0, 3, 12], (1, 5)) == {1: pytest.approx(100 / 3), 5: pytest.approx(200 / 3)}

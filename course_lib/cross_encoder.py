@@ -1,0 +1,297 @@
+"""The single-stream cross-encoder (UNITER-style): one transformer reads a caption and an image
+together and outputs one matching score (U-BERT §3, eq. 2-5). It is the accurate but slow
+"re-ranker" of the course: LightningDOT, U-BERT and Fast & Slow re-score their top candidates
+with it (`rerank_scores`), and `score_matrix` scores every pair, which costs O(n_images * n_texts)
+forward passes instead of a dual encoder's O(n_images + n_texts).
+
+    text  [CLS] w1 .. wT [SEP]  ->  word + position + type(0) embeddings, LayerNorm
+    image r1 .. rR              ->  LN(Linear(feature)) + LN(Linear(box)) + type(1), LayerNorm
+    [text ; image]              ->  one pre-LN transformer, one padding mask
+    [CLS] output                ->  Linear  ->  one matching logit per pair
+
+The logit is trained with binary cross-entropy (image-text matching, ITM): UNITER and ALBEF use a
+2-way softmax, which is the same model with one redundant output (softmax over two logits = sigmoid
+of their difference), so one logit is enough and it is directly the ranking score.
+Training (ITM with random and mined hard negatives) lives in `course_lib.cross_encoder_train`;
+`CrossEncoderMethod` is the benchmark's method.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.nn as nn
+from tqdm.auto import tqdm
+
+from course_lib.checkpoints import checkpoint_name, model_device
+from course_lib.data.datasets import TextCollate
+from course_lib.data.tokenizer import PAD_ID
+from course_lib.train import move_to_device
+
+IMAGE_KEYS = ("regions", "boxes", "region_mask")  # the image fields the model reads
+TEXT_KEYS = ("input_ids", "attention_mask")  # the text fields the model reads
+# Pairs scored per forward pass. 256 pairs (~5k tokens) keep a block's activations in cache: on
+# the course's 2-core CPU (1 thread) 9.5k pairs/s, against 7k at 1024; on a GPU pass 4096 or more.
+BLOCK_PAIRS = 256
+
+
+@dataclass
+class CrossEncoderConfig:
+    hidden: int = 64  # width of every token (text and region) in the transformer
+    layers: int = 3  # transformer blocks over the joint sequence (U-BERT's L)
+    heads: int = 4  # attention heads per block
+    dropout: float = 0.0  # on the embeddings and inside the blocks; 0.1 (BERT's) delayed learning
+    #                       in a 5-minute run, and fresh negatives every step leave little to overfit
+    max_text_length: int = 40  # tokens per caption incl. [CLS] and [SEP]; longer ones are cut
+    negatives_per_positive: int = 1  # per positive: this many negative captions for its image
+    #                                  and as many negative images for its caption (ALBEF: 1 each)
+    hard_negative_fraction: float = 0.5  # chance a negative comes from the mined top-k, else random
+    hard_negative_k: int = 16  # a hard negative is drawn from the dual encoder's top-k non-matches
+    balance_classes: bool = True  # weigh each positive as its 2n negatives in the loss: without
+    #                               it the model first learns "always no" and lingers there
+    batch_size: int = 64  # positive pairs per step; a step scores batch_size * (1 + 2n) pairs
+    lr: float = 2e-3  # peak AdamW learning rate (a small model from scratch tolerates a large one)
+    max_steps: int = 1500  # optimizer steps: 4.5 minutes on a busy 2-core CPU (1 thread, ~0.18 s/step)
+    warmup_fraction: float = 0.1  # share of max_steps with a linear warm-up
+    grad_clip: float = 2.0  # max global gradient norm
+    seed: int = 0  # model initialisation, data order and negative sampling
+
+    @classmethod
+    def smoke(cls, **overrides) -> "CrossEncoderConfig":
+        """Tiny sizes for CI and quick checks; same code path."""
+        return cls(**{**dict(hidden=32, layers=2, batch_size=32, max_steps=60), **overrides})
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+class CrossEncoder(nn.Module):
+    """Caption and regions in one transformer; forward(images, texts) -> logits (B,) for B pairs.
+
+    images: `regions` (B, R, D), `boxes` (B, R, 7), `region_mask` (B, R) as collate_images makes
+    them; texts: `input_ids`, `attention_mask` (B, T) from the word tokenizer ([CLS] w.. [SEP]).
+    Padded words and padded region slots are masked out of attention, so padding changes nothing.
+    """
+
+    def __init__(self, region_dim: int, vocab_size: int, config: CrossEncoderConfig | None = None,
+                 box_dim: int = 7):
+        super().__init__()
+        self.config = cfg = config or CrossEncoderConfig()
+        H = cfg.hidden
+        self.word = nn.Embedding(vocab_size, H, padding_idx=PAD_ID)
+        self.position = nn.Embedding(cfg.max_text_length, H)  # words only: boxes place the regions
+        self.token_type = nn.Embedding(2, H)  # 0 = text token, 1 = region (not "type": nn.Module.type)
+        self.text_norm = nn.LayerNorm(H)
+        # UNITER's image embedding, as in encoders.RegionTransformerEncoder (which keeps it inline,
+        # so it cannot be shared without changing that module)
+        self.region_proj = nn.Sequential(nn.Linear(region_dim, H), nn.LayerNorm(H))
+        self.box_proj = nn.Sequential(nn.Linear(box_dim, H), nn.LayerNorm(H))
+        self.image_norm = nn.LayerNorm(H)
+        self.dropout = nn.Dropout(cfg.dropout)
+        layer = nn.TransformerEncoderLayer(H, cfg.heads, dim_feedforward=4 * H, dropout=cfg.dropout,
+                                           activation="gelu", batch_first=True, norm_first=True)
+        # pre-LN blocks leave the residual stream unnormalised, hence the final LayerNorm
+        self.transformer = nn.TransformerEncoder(layer, cfg.layers, norm=nn.LayerNorm(H),
+                                                 enable_nested_tensor=False)
+        self.head = nn.Linear(H, 1)  # s(T, I) = FC([CLS] output), U-BERT eq. 5
+        for table in (self.word, self.position, self.token_type):
+            # BERT's init; torch's N(0, 1) gives position and type the same weight as the word
+            # itself in the summed embedding, which slowed the start of training in our runs
+            nn.init.normal_(table.weight, std=0.02)
+        with torch.no_grad():
+            self.word.weight[PAD_ID].zero_()  # as nn.Embedding(padding_idx=...) leaves it
+
+    def forward(self, images: dict, texts: dict) -> torch.Tensor:
+        input_ids, text_mask = texts["input_ids"], texts["attention_mask"].bool()  # (B, T)
+        regions, boxes = images["regions"], images["boxes"]  # (B, R, D), (B, R, 7)
+        region_mask = images["region_mask"].bool()  # (B, R)
+        T = input_ids.shape[1]
+        if T > self.config.max_text_length:
+            raise ValueError(f"captions of {T} tokens exceed max_text_length="
+                             f"{self.config.max_text_length}: tokenise with max_length=that")
+        type_ids = torch.tensor([0, 1], device=input_ids.device)
+        text_type, image_type = self.token_type(type_ids)  # (H,), (H,)
+        positions = torch.arange(T, device=input_ids.device)  # (T,)
+        text = self.text_norm(self.word(input_ids) + self.position(positions) + text_type)  # (B, T, H)
+        image = self.region_proj(regions) + self.box_proj(boxes) + image_type  # (B, R, H)
+        image = self.image_norm(image)
+        x = torch.cat([text, image], dim=1)  # (B, T + R, H): [CLS] first
+        mask = torch.cat([text_mask, region_mask], dim=1)  # (B, T + R), True = real
+        h = self.transformer(self.dropout(x), src_key_padding_mask=~mask)  # (B, T + R, H)
+        return self.head(h[:, 0]).squeeze(-1)  # (B,)
+
+
+# ----------------------------------------------------------------------------- scoring
+
+def image_fields(split) -> dict:
+    """The split's region tensors as torch views of its numpy arrays (no copy): (N, R, ...)."""
+    return {"regions": torch.from_numpy(np.asarray(split.regions, dtype=np.float32)),  # (N, R, D)
+            "boxes": torch.from_numpy(np.asarray(split.boxes, dtype=np.float32)),  # (N, R, 7)
+            "region_mask": torch.from_numpy(np.asarray(split.region_mask, dtype=bool))}  # (N, R)
+
+
+def text_fields(captions, tokenizer, max_length: int) -> dict:
+    """Tokenise captions once: input_ids, attention_mask (n, T), T = the longest caption."""
+    return TextCollate(tokenizer, max_length).encode(list(captions))
+
+
+def _trim(texts: dict) -> dict:
+    """Cut the padding columns every row has (right padding): less work, same logits."""
+    length = int(texts["attention_mask"].sum(1).max())
+    return {k: v[:, :length] for k, v in texts.items()}
+
+
+def _score_indexed(model: CrossEncoder, images: dict, texts: dict, n_pairs: int,
+                   pair_rows: Callable[[int, int], tuple[torch.Tensor, torch.Tensor]], *,
+                   batch_size: int, device=None, progress: bool = False) -> torch.Tensor:
+    """The one scoring loop: pairs start..stop are (images row, texts row) = pair_rows(start, stop);
+    they are gathered block by block, so memory grows with batch_size, not n_pairs. -> (n_pairs,)"""
+    device = model_device(model, device)
+    model.to(device)
+    was_training = model.training
+    model.eval()
+    scores = torch.empty(n_pairs)
+    bar = tqdm(total=n_pairs, desc="cross-encoder pairs", unit="pair", unit_scale=True,
+               disable=not progress)
+    try:
+        with torch.no_grad():
+            for start in range(0, n_pairs, batch_size):
+                stop = min(start + batch_size, n_pairs)
+                image_rows, text_rows = pair_rows(start, stop)  # (b,), (b,)
+                block_images = {k: images[k][image_rows] for k in IMAGE_KEYS}
+                block_texts = _trim({k: texts[k][text_rows] for k in TEXT_KEYS})
+                logits = model(move_to_device(block_images, device), move_to_device(block_texts, device))
+                scores[start:stop] = logits.float().cpu()
+                bar.update(stop - start)
+    finally:
+        bar.close()
+        model.train(was_training)
+    return scores
+
+
+def score_pairs(model: CrossEncoder, images: dict, texts: dict, *, batch_size: int = BLOCK_PAIRS,
+                device=None) -> torch.Tensor:
+    """Logits (P,) of P aligned pairs: images[k] (P, ...) with texts[k] (P, T), in eval mode.
+    device: None = the model's device, else the model is moved there."""
+    n = len(texts["input_ids"])
+    if len(images["regions"]) != n:
+        raise ValueError(f"{len(images['regions'])} images but {n} texts: pairs must be aligned")
+    rows = lambda start, stop: (torch.arange(start, stop),) * 2  # noqa: E731
+    return _score_indexed(model, images, texts, n, rows, batch_size=batch_size, device=device)
+
+
+def _indices(given, n: int) -> torch.Tensor:
+    return torch.arange(n) if given is None else torch.as_tensor(np.asarray(given), dtype=torch.long)
+
+
+def score_matrix(model: CrossEncoder, split, tokenizer, image_indices=None, text_indices=None, *,
+                 batch_size: int = BLOCK_PAIRS, device=None, progress: bool = True) -> torch.Tensor:
+    """Every chosen image against every chosen text (all by default): (n_img, n_txt) logits.
+
+    Captions are tokenised once and the regions read as views once; pairs are expanded per block
+    (text-major: one block holds consecutive images of the same few texts, as in a t2i query).
+    """
+    images = _indices(image_indices, split.n_images)  # (n_img,) rows of the split
+    text_ids = _indices(text_indices, split.n_texts)  # (n_txt,)
+    texts = text_fields([split.captions[t] for t in text_ids.tolist()], tokenizer,
+                        model.config.max_text_length)
+    n_img, n_txt = len(images), len(text_ids)
+
+    def rows(start, stop):
+        pair = torch.arange(start, stop)
+        return images[pair % n_img], pair // n_img
+
+    scores = _score_indexed(model, image_fields(split), texts, n_img * n_txt, rows,
+                            batch_size=batch_size, device=device, progress=progress)
+    return scores.view(n_txt, n_img).T.contiguous()  # (n_img, n_txt)
+
+
+def rerank_scores(model: CrossEncoder, split, tokenizer, candidates, text_indices=None, *,
+                  batch_size: int = BLOCK_PAIRS, device=None, progress: bool = False) -> torch.Tensor:
+    """Scores (Q, M) of text query q against its candidate images candidates[q] (Q, M).
+
+    text_indices (Q,): the split's captions that are the queries; None = all (Q = n_texts).
+    The second stage of two-stage retrieval: a first stage picks the M candidates per query.
+    """
+    candidates = torch.as_tensor(np.asarray(candidates), dtype=torch.long)  # (Q, M)
+    text_ids = _indices(text_indices, split.n_texts)  # (Q,)
+    if candidates.ndim != 2 or len(candidates) != len(text_ids):
+        raise ValueError(f"candidates must be (Q, M) with Q = {len(text_ids)} queries, "
+                         f"got shape {tuple(candidates.shape)}")
+    Q, M = candidates.shape
+    texts = text_fields([split.captions[t] for t in text_ids.tolist()], tokenizer,
+                        model.config.max_text_length)
+    flat = candidates.reshape(-1)  # (Q * M,) query-major
+
+    def rows(start, stop):
+        pair = torch.arange(start, stop)
+        return flat[pair], pair // M
+
+    scores = _score_indexed(model, image_fields(split), texts, Q * M, rows, batch_size=batch_size,
+                            device=device, progress=progress)
+    return scores.view(Q, M)
+
+
+# ----------------------------------------------------------------------------- the method
+
+def _finished(checkpoint_path, max_steps: int) -> bool:
+    """True when checkpoint_path holds a Trainer run that reached max_steps."""
+    if checkpoint_path is None or not Path(checkpoint_path).exists():
+        return False
+    return torch.load(checkpoint_path, map_location="cpu", weights_only=True)["step"] >= max_steps
+
+
+class CrossEncoderMethod:
+    """The cross-encoder as a benchmark method: it scores every (image, caption) pair.
+
+    miner: optional `(bench, tokenizer, cache_dir) -> train similarity matrix` (e.g. from the
+    trained VSE++) for hard negatives; it is called only when a model must be trained.
+    """
+
+    def __init__(self, config: CrossEncoderConfig | None = None, name: str = "cross_encoder",
+                 miner: Callable | None = None):
+        self.config = config or CrossEncoderConfig()
+        self.name, self.miner = name, miner
+        self.model, self.tokenizer, self.history, self.checkpoint_path = None, None, None, None
+        negatives = "hard negatives mined by a dual encoder" if miner else "random negatives"
+        cfg = self.config
+        self.notes = (f"single-stream cross-encoder ({cfg.layers} layers, d={cfg.hidden}), ITM with "
+                      f"{negatives}; scores every pair, so cost grows with the gallery")
+
+    def fit(self, bench, tokenizer, cache_dir=None) -> "CrossEncoderMethod":
+        name = checkpoint_name("cross_encoder", self.config.to_dict(), bench["train"], tokenizer,
+                               getattr(self.miner, "__qualname__", None))
+        path = None if cache_dir is None else Path(cache_dir) / name
+        sims = None
+        if self.miner is not None and not _finished(path, self.config.max_steps):
+            sims = self.miner(bench, tokenizer, cache_dir)  # only needed to train (or resume)
+        from course_lib.cross_encoder_train import train_cross_encoder  # it imports this module
+
+        self.model, self.history = train_cross_encoder(bench, tokenizer, self.config,
+                                                       negatives_similarity=sims, checkpoint_path=path)
+        self.tokenizer, self.checkpoint_path = tokenizer, path
+        return self
+
+    def similarity(self, split) -> torch.Tensor:
+        """(n_images, n_texts) logits of every pair: O(n_images * n_texts) forward passes."""
+        return score_matrix(self.model, split, self.tokenizer)
+
+    def query_fn(self, split, top_k: int = 10):
+        """A zero-argument callable answering one text query: score it with every gallery image."""
+        gallery = image_fields(split)  # the regions are ready offline; the pairs are not
+        caption = split.captions[0]
+        cut = self.config.max_text_length
+
+        def answer():
+            text = text_fields([caption], self.tokenizer, cut)  # (1, T)
+            n = split.n_images
+            texts = {k: v.expand(n, -1) for k, v in text.items()}  # (n, T) views
+            scores = score_pairs(self.model, gallery, texts)  # (n,)
+            return torch.topk(scores, min(top_k, n)).indices
+
+        return answer

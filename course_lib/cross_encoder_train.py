@@ -1,0 +1,166 @@
+"""Training the cross-encoder (course_lib.cross_encoder) with image-text matching (ITM) and hard
+negatives, as ALBEF / BLIP.
+
+Every positive (image, caption) pair of a batch brings negatives (ALBEF's scheme): a negative
+caption for its image and a negative image for its caption, each labelled 0 (positives 1). A
+negative is "hard" with probability hard_negative_fraction, drawn from the top-k non-matches of a
+dual encoder's similarity matrix on the train split (`mine_negatives`), else uniformly random.
+Hard negatives teach what random ones cannot: two scenes that share most objects differ in the
+one attribute or relation the caption names, and only a negative like that asks the model to
+look at it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from course_lib.cross_encoder import IMAGE_KEYS, CrossEncoder, CrossEncoderConfig, image_fields
+from course_lib.data.datasets import CaptionDataset, TextCollate
+from course_lib.train import History, Trainer, TrainConfig
+
+_ROWS_PER_CHUNK = 1024  # rows of the similarity matrix masked at once while mining
+
+
+@dataclass
+class MinedNegatives:
+    """Per text its top-k non-matching images, per image its top-k captions of other images."""
+
+    images_for_text: torch.Tensor  # (n_texts, k) long, most similar first
+    texts_for_image: torch.Tensor  # (n_images, k) long, most similar first
+
+
+def _top_k_excluding(sims: torch.Tensor, is_match: Callable[[int, int], torch.Tensor],
+                     k: int) -> torch.Tensor:
+    """Per row of sims (n, m) the k best columns that are not a match, chunk by chunk. -> (n, k)"""
+    out = []
+    for start in range(0, len(sims), _ROWS_PER_CHUNK):
+        stop = min(start + _ROWS_PER_CHUNK, len(sims))
+        block = sims[start:stop].float().masked_fill(is_match(start, stop), float("-inf"))
+        out.append(block.topk(k, dim=1).indices)
+    return torch.cat(out)
+
+
+def mine_negatives(similarity, txt2img, k: int = 16) -> MinedNegatives:
+    """Hard-negative candidates from a dual encoder's similarity matrix (n_images, n_texts).
+
+    A text's own image and an image's own captions are never candidates. The lists are sampled
+    afresh at every step (`ITMCollate`), so a caption meets several of its hard negatives, not one
+    fixed one. As in ALBEF, a mined "non-match" may still be true of the pair (our captions
+    describe only part of a scene); it is labelled negative all the same.
+    """
+    sims = (similarity.detach().cpu() if torch.is_tensor(similarity)
+            else torch.from_numpy(np.asarray(similarity)))  # (N, T)
+    txt2img = torch.as_tensor(np.asarray(txt2img), dtype=torch.long)  # (T,)
+    n_images, n_texts = sims.shape
+    own_count = int(torch.bincount(txt2img, minlength=n_images).max())
+    if not 1 <= k <= min(n_images - 1, n_texts - own_count):
+        raise ValueError(f"k={k} must be in [1, {min(n_images - 1, n_texts - own_count)}]: there are "
+                         f"only {n_images} images and {n_texts} captions")
+    image_ids = torch.arange(n_images)
+    images_for_text = _top_k_excluding(  # rows = texts; a text's own image is masked
+        sims.T, lambda a, b: image_ids[None, :] == txt2img[a:b, None], k)
+    texts_for_image = _top_k_excluding(  # rows = images; every caption of the image is masked
+        sims, lambda a, b: txt2img[None, :] == image_ids[a:b, None], k)
+    return MinedNegatives(images_for_text, texts_for_image)
+
+
+class ITMCollate:
+    """CaptionDataset items (the positives' captions) -> ITM pairs with their labels.
+
+    For B positives and n = negatives_per_positive the batch holds B * (1 + 2n) pairs, in order:
+    the B positives, their images with n * B negative captions, their captions with n * B negative
+    images. Output: {"images": regions/boxes/region_mask (P, ...), "texts": input_ids,
+    attention_mask (P, T), "labels": (P,) float, 1 = match, "img_index", "txt_index": (P,) the
+    split's rows of each pair}. Sampling uses torch's global RNG, which the Trainer checkpoints,
+    so an interrupted run resumes with the same negatives.
+
+    A negative caption (random or hard) may still be true of the image, since our captions name
+    two objects of a scene of four or five. ALBEF ignores this, and so do we: about 0.5% of random
+    (caption, other image) pairs are true on the default train split; mined ones, chosen for
+    being similar, will be true more often.
+    """
+
+    def __init__(self, split, tokenizer, max_length: int, negatives_per_positive: int = 1,
+                 hard_fraction: float = 0.5, mined: MinedNegatives | None = None):
+        self.captions = split.captions
+        self.images = image_fields(split)  # (N, R, ...) views, no copy
+        self.txt2img = torch.from_numpy(split.txt2img)  # (T,)
+        self.text_collate = TextCollate(tokenizer, max_length)
+        self.n = negatives_per_positive
+        self.hard_fraction = hard_fraction if mined is not None else 0.0
+        self.mined = mined
+
+    def negative_images(self, texts: torch.Tensor) -> torch.Tensor:
+        """One image per caption index, never the caption's own. (P,) -> (P,)"""
+        n_images = len(self.images["regions"])
+        shift = torch.randint(1, n_images, texts.shape)  # uniform over the other images
+        images = (self.txt2img[texts] + shift) % n_images
+        hard = torch.rand(texts.shape) < self.hard_fraction
+        if hard.any():
+            pool = self.mined.images_for_text[texts[hard]]  # (h, k)
+            images[hard] = pool[torch.arange(len(pool)), torch.randint(pool.shape[1], (len(pool),))]
+        return images
+
+    def negative_texts(self, images: torch.Tensor) -> torch.Tensor:
+        """One caption per image index, never one of the image's own. (P,) -> (P,)"""
+        texts = torch.randint(len(self.captions), images.shape)
+        while (own := self.txt2img[texts] == images).any():  # redraw the few own captions
+            texts[own] = torch.randint(len(self.captions), (int(own.sum()),))
+        hard = torch.rand(images.shape) < self.hard_fraction
+        if hard.any():
+            pool = self.mined.texts_for_image[images[hard]]  # (h, k)
+            texts[hard] = pool[torch.arange(len(pool)), torch.randint(pool.shape[1], (len(pool),))]
+        return texts
+
+    def __call__(self, items: list[dict]) -> dict:
+        texts = torch.tensor([item["index"] for item in items], dtype=torch.long)  # (B,)
+        images = self.txt2img[texts]  # (B,)
+        repeated_images, repeated_texts = images.repeat(self.n), texts.repeat(self.n)  # (nB,)
+        image_rows = torch.cat([images, repeated_images, self.negative_images(repeated_texts)])
+        text_rows = torch.cat([texts, self.negative_texts(repeated_images), repeated_texts])
+        labels = torch.zeros(len(image_rows))
+        labels[:len(texts)] = 1.0
+        return {"images": {k: self.images[k][image_rows] for k in IMAGE_KEYS},
+                "texts": self.text_collate.encode([self.captions[t] for t in text_rows.tolist()]),
+                "labels": labels, "img_index": image_rows, "txt_index": text_rows}
+
+
+def itm_loss(model: CrossEncoder, batch: dict, balance_classes: bool = True) -> dict:
+    """Binary cross-entropy of the matching logits, and the pair accuracy at threshold 0.
+    balance_classes: weigh positives by (#negatives / #positives), so both classes count alike."""
+    logits = model(batch["images"], batch["texts"])  # (P,)
+    labels = batch["labels"]  # (P,)
+    positive_weight = (labels == 0).sum() / (labels == 1).sum() if balance_classes else None
+    loss = F.binary_cross_entropy_with_logits(logits, labels, pos_weight=positive_weight)
+    accuracy = ((logits > 0).float() == labels).float().mean()
+    return {"loss": loss, "accuracy": accuracy}
+
+
+def train_cross_encoder(bench, tokenizer, config: CrossEncoderConfig | None = None, *,
+                        negatives_similarity=None, checkpoint_path=None, progress: bool = True,
+                        device: str | None = None) -> tuple[CrossEncoder, History]:
+    """Train on bench["train"] with ITM. negatives_similarity (n_images, n_texts): a dual
+    encoder's train-split scores to mine hard negatives from; None = all negatives random.
+    A finished checkpoint at checkpoint_path is loaded instead of training (Trainer's cache)."""
+    cfg = config or CrossEncoderConfig()
+    split = bench["train"]
+    torch.manual_seed(cfg.seed)  # the initial weights
+    model = CrossEncoder(split.regions.shape[-1], len(tokenizer), cfg)
+    mined = (None if negatives_similarity is None
+             else mine_negatives(negatives_similarity, split.txt2img, cfg.hard_negative_k))
+    collate = ITMCollate(split, tokenizer, cfg.max_text_length, cfg.negatives_per_positive,
+                         cfg.hard_negative_fraction, mined)
+    train_config = TrainConfig(
+        max_steps=cfg.max_steps, batch_size=cfg.batch_size, lr=cfg.lr,
+        warmup_fraction=cfg.warmup_fraction, grad_clip=cfg.grad_clip, seed=cfg.seed,
+        log_every=max(1, cfg.max_steps // 100), progress=progress, device=device,
+        checkpoint_path=None if checkpoint_path is None else str(checkpoint_path))
+    loss_fn = partial(itm_loss, balance_classes=cfg.balance_classes)
+    history = Trainer(model, loss_fn, CaptionDataset(split), train_config, collate_fn=collate).fit()
+    return model.eval(), history

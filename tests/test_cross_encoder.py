@@ -1,0 +1,246 @@
+"""The single-stream cross-encoder: shapes, padding invariance, use of both modalities, scoring
+helpers against independent loops, hard-negative mining on a hand-made matrix, the ITM batch
+construction, a short training run that must learn, and the benchmark method's cache."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from course_lib import train as train_module
+from course_lib.cross_encoder import (CrossEncoder, CrossEncoderConfig, CrossEncoderMethod,
+                                      image_fields, rerank_scores, score_matrix, score_pairs,
+                                      text_fields)
+from course_lib.cross_encoder_train import ITMCollate, mine_negatives, train_cross_encoder
+from course_lib.data.synthetic import SyntheticConfig, make_benchmark
+from course_lib.data.tokenizer import PAD_ID, build_word_tokenizer
+from course_lib.metrics import retrieval_metrics
+
+TOL = 1e-5
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    # One thread keeps CPU reductions in a fixed order and leaves the other core to other jobs.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def bench():
+    cfg = SyntheticConfig.smoke(n_train=300, n_val=20, n_test=20, n_pretrain=2, n_compositional=1)
+    return make_benchmark(cfg, seed=0)
+
+
+@pytest.fixture(scope="module")
+def tok(bench):
+    return build_word_tokenizer(bench["train"].captions)
+
+
+@pytest.fixture(scope="module")
+def model(bench, tok):
+    torch.manual_seed(0)
+    return CrossEncoder(bench["train"].regions.shape[-1], len(tok), CrossEncoderConfig.smoke()).eval()
+
+
+def pairs(split, tok, image_rows, text_rows):
+    """Aligned image and text fields of the given (image, caption) pairs."""
+    images = {k: v[torch.as_tensor(image_rows)] for k, v in image_fields(split).items()}
+    texts = text_fields([split.captions[t] for t in text_rows], tok, 40)
+    return images, texts
+
+
+def test_shapes_and_config(bench, tok, model):
+    images, texts = pairs(bench["test"], tok, [0, 1, 2, 3], [0, 5, 10, 11])
+    logits = model(images, texts)
+    assert logits.shape == (4,) and torch.isfinite(logits).all()
+    assert CrossEncoderConfig.smoke().max_steps < CrossEncoderConfig().max_steps
+    with pytest.raises(ValueError, match="max_text_length"):
+        model(images, {k: v.repeat(1, 20) for k, v in texts.items()})
+
+
+def test_padding_changes_nothing(bench, tok, model):
+    images, texts = pairs(bench["test"], tok, [0, 1, 2], [0, 5, 14])
+    reference = model(images, texts)
+    extra = lambda x, fill: torch.cat([x, fill], 1)  # noqa: E731
+    padded_texts = {"input_ids": extra(texts["input_ids"], torch.full((3, 4), PAD_ID)),
+                    "attention_mask": extra(texts["attention_mask"], torch.zeros(3, 4, dtype=torch.long))}
+    D = images["regions"].shape[-1]
+    padded_images = {"regions": extra(images["regions"], 5 * torch.randn(3, 2, D)),  # garbage, masked
+                     "boxes": extra(images["boxes"], torch.rand(3, 2, 7)),
+                     "region_mask": extra(images["region_mask"], torch.zeros(3, 2, dtype=torch.bool))}
+    assert torch.allclose(model(images, padded_texts), reference, atol=TOL)
+    assert torch.allclose(model(padded_images, padded_texts), reference, atol=TOL)
+
+
+def test_the_logit_reads_both_modalities(bench, tok, model):
+    images, texts = pairs(bench["test"], tok, [0, 0], [0, 0])
+    other_images, _ = pairs(bench["test"], tok, [3, 3], [0, 0])
+    reference = model(images, texts)
+    assert (model(other_images, texts) - reference).abs().min() > 1e-4
+    changed = {k: v.clone() for k, v in texts.items()}
+    changed["input_ids"][:, 2] = changed["input_ids"][:, 2] % (len(tok) - 6) + 5  # another word
+    assert (model(images, changed) - reference).abs().min() > 1e-4
+
+
+def test_score_pairs_equals_one_pair_at_a_time(bench, tok, model):
+    image_rows, text_rows = [4, 0, 7, 7, 2, 9, 1], [3, 8, 35, 36, 0, 49, 12]
+    images, texts = pairs(bench["test"], tok, image_rows, text_rows)
+    scores = score_pairs(model, images, texts, batch_size=3)
+    with torch.no_grad():
+        one_by_one = [model(*pairs(bench["test"], tok, [i], [t]))[0]
+                      for i, t in zip(image_rows, text_rows)]
+    assert scores.shape == (7,)
+    assert torch.allclose(scores, torch.stack(one_by_one), atol=TOL)
+
+
+def test_score_matrix_equals_a_double_loop_and_ignores_batch_size(bench, tok, model):
+    split = bench["test"]
+    image_rows, text_rows = [5, 0, 3], [7, 1, 22, 40]
+    matrix = score_matrix(model, split, tok, image_rows, text_rows, batch_size=5, progress=False)
+    loop = torch.tensor([[float(score_pairs(model, *pairs(split, tok, [i], [t]))[0]) for t in text_rows]
+                         for i in image_rows])
+    assert matrix.shape == (3, 4)
+    assert torch.allclose(matrix, loop, atol=TOL)
+    full = score_matrix(model, split, tok, progress=False)
+    assert full.shape == (split.n_images, split.n_texts)
+    assert torch.allclose(full, score_matrix(model, split, tok, batch_size=7, progress=False), atol=TOL)
+    assert torch.allclose(full[image_rows][:, text_rows], matrix, atol=TOL)
+
+
+def test_rerank_scores_are_entries_of_the_matrix(bench, tok, model):
+    split = bench["test"]
+    full = score_matrix(model, split, tok, progress=False)
+    gen = torch.Generator().manual_seed(0)
+    queries = torch.tensor([3, 0, 57, 99])
+    candidates = torch.randint(split.n_images, (4, 6), generator=gen)
+    scores = rerank_scores(model, split, tok, candidates, text_indices=queries, batch_size=5)
+    assert torch.allclose(scores, full[candidates, queries[:, None]], atol=TOL)
+    every_text = torch.randint(split.n_images, (split.n_texts, 2), generator=gen)
+    assert torch.allclose(rerank_scores(model, split, tok, every_text),
+                          full[every_text, torch.arange(split.n_texts)[:, None]], atol=TOL)
+
+
+def test_mine_negatives_on_a_hand_made_matrix():
+    # 4 images, 2 captions each (texts 2i, 2i + 1 belong to image i)
+    txt2img = np.array([0, 0, 1, 1, 2, 2, 3, 3])
+    sims = np.array([[9.0, 8.0, 7.0, 1.0, 6.0, 0.5, 0.2, 0.1],
+                     [5.0, 0.3, 9.0, 8.0, 0.4, 4.0, 3.0, 0.6],
+                     [0.7, 6.0, 2.0, 3.0, 9.0, 8.0, 0.8, 5.0],
+                     [4.0, 0.9, 1.5, 2.5, 1.2, 7.0, 9.0, 8.0]])
+    mined = mine_negatives(sims, txt2img, k=2)
+    # per text the two most similar images other than its own (column, sorted by score)
+    assert mined.images_for_text.tolist() == [[1, 3], [2, 3], [0, 2], [2, 3], [0, 3], [3, 1],
+                                              [1, 2], [2, 1]]
+    # per image the two most similar captions of other images (row, own captions masked)
+    assert mined.texts_for_image.tolist() == [[2, 4], [0, 5], [1, 7], [5, 0]]
+    gen = np.random.default_rng(0)
+    sims, txt2img = gen.normal(size=(30, 90)), np.repeat(np.arange(30), 3)
+    mined = mine_negatives(sims, txt2img, k=5)
+    for t in range(90):
+        candidates = [i for i in np.argsort(-sims[:, t]) if i != txt2img[t]][:5]
+        assert mined.images_for_text[t].tolist() == candidates
+    for i in range(30):
+        candidates = [t for t in np.argsort(-sims[i]) if txt2img[t] != i][:5]
+        assert mined.texts_for_image[i].tolist() == candidates
+    with pytest.raises(ValueError, match="k="):
+        mine_negatives(sims, txt2img, k=30)
+
+
+def collate_fractions(split, tok, fraction, mined, n=2, batches=30):
+    """Run ITMCollate; return the share of negative images / texts found in the mined lists."""
+    collate = ITMCollate(split, tok, 40, negatives_per_positive=n, hard_fraction=fraction, mined=mined)
+    in_lists = {"images": [], "texts": []}
+    for b in range(batches):
+        items = [{"index": t} for t in range(b * 16, b * 16 + 16)]
+        batch = collate(items)
+        B, P = 16, 16 * (1 + 2 * n)
+        img, txt, labels = batch["img_index"], batch["txt_index"], batch["labels"]
+        assert img.shape == txt.shape == labels.shape == (P,)
+        assert batch["texts"]["input_ids"].shape[0] == P and batch["images"]["regions"].shape[0] == P
+        assert labels[:B].eq(1).all() and labels[B:].eq(0).all()
+        true_image = torch.from_numpy(split.txt2img)[txt]
+        assert (true_image[:B] == img[:B]).all() and (true_image[B:] != img[B:]).all()
+        anchor_img, neg_txt = img[B:B + n * B], txt[B:B + n * B]  # the positives' images, new texts
+        anchor_txt, neg_img = txt[B + n * B:], img[B + n * B:]  # the positives' texts, new images
+        assert (anchor_img == img[:B].repeat(n)).all() and (anchor_txt == txt[:B].repeat(n)).all()
+        in_lists["texts"] += [int(t) in mined.texts_for_image[i].tolist()
+                              for i, t in zip(anchor_img, neg_txt)]
+        in_lists["images"] += [int(i) in mined.images_for_text[t].tolist()
+                               for t, i in zip(anchor_txt, neg_img)]
+    return {k: float(np.mean(v)) for k, v in in_lists.items()}
+
+
+def test_itm_batches_labels_counts_and_hard_fraction(bench, tok):
+    split = bench["train"]
+    gen = torch.Generator().manual_seed(0)
+    mined = mine_negatives(torch.rand(split.n_images, split.n_texts, generator=gen), split.txt2img, k=3)
+    torch.manual_seed(0)
+    assert collate_fractions(split, tok, 1.0, mined) == {"images": 1.0, "texts": 1.0}
+    assert max(collate_fractions(split, tok, 0.0, mined).values()) < 0.05  # chance 3/300
+    half = collate_fractions(split, tok, 0.5, mined)
+    assert all(0.4 < v < 0.6 for v in half.values())
+
+
+def preference(model, split, tok):
+    """Share of captions whose own image scores above one random other image (0.5 = chance)."""
+    gen = torch.Generator().manual_seed(1)
+    texts = torch.arange(split.n_texts).tolist()
+    own = torch.from_numpy(split.txt2img)
+    other = (own + torch.randint(1, split.n_images, own.shape, generator=gen)) % split.n_images
+    own_scores = score_pairs(model, *pairs(split, tok, own, texts))
+    other_scores = score_pairs(model, *pairs(split, tok, other, texts))
+    return float((own_scores > other_scores).float().mean())
+
+
+def test_short_training_beats_the_untrained_model():
+    # scenes of 1-2 objects: the model leaves its "always no" start within seconds (4-5 objects
+    # take minutes, see the config's notes), and the check stays a check: it fails if ITM breaks
+    cfg = SyntheticConfig.smoke(n_train=300, n_val=20, n_test=2, n_pretrain=2, n_compositional=1,
+                                min_objects=1, max_objects=2)
+    bench = make_benchmark(cfg, seed=0)
+    tok = build_word_tokenizer(bench["train"].captions)
+    config = CrossEncoderConfig.smoke(max_steps=300, batch_size=16)
+    torch.manual_seed(config.seed)
+    untrained = CrossEncoder(bench["train"].regions.shape[-1], len(tok), config)
+    model, history = train_cross_encoder(bench, tok, config, progress=False, device="cpu")
+    val = bench["val"]
+    before = retrieval_metrics(score_matrix(untrained, val, tok, progress=False), val.txt2img)
+    after = retrieval_metrics(score_matrix(model, val, tok, progress=False), val.txt2img)
+    losses = history.column("loss")
+    assert np.mean(losses[-5:]) < np.mean(losses[:5])
+    assert preference(model, val, tok) > max(0.7, preference(untrained, val, tok) + 0.15)
+    assert after["t2i_r5"] > before["t2i_r5"] + 10
+
+
+def test_method_caches_its_checkpoint_and_calls_the_miner_only_to_train(bench, tok, tmp_path,
+                                                                        monkeypatch):
+    calls = []
+
+    def miner(bench, tokenizer, cache_dir):
+        calls.append(cache_dir)
+        return torch.rand(bench["train"].n_images, bench["train"].n_texts)
+
+    config = CrossEncoderConfig.smoke(max_steps=3)
+    first = CrossEncoderMethod(config, miner=miner).fit(bench, tok, cache_dir=tmp_path)
+    assert first.checkpoint_path.exists() and first.checkpoint_path.name.startswith("cross_encoder-")
+    assert len(calls) == 1
+
+    def no_training(self, batches):
+        raise AssertionError("the second fit trained instead of loading the checkpoint")
+
+    monkeypatch.setattr(train_module.Trainer, "_train_step", no_training)
+    second = CrossEncoderMethod(config, miner=miner).fit(bench, tok, cache_dir=tmp_path)
+    assert len(calls) == 1 and second.checkpoint_path == first.checkpoint_path
+    split = bench["test"]
+    sims = second.similarity(split)
+    assert torch.allclose(sims, first.similarity(split), atol=TOL)
+    top = second.query_fn(split, top_k=5)()
+    assert top.tolist() == torch.topk(sims[:, 0], 5).indices.tolist()
+    # another config is another checkpoint
+    other = CrossEncoderMethod(CrossEncoderConfig.smoke(max_steps=3, seed=1))
+    with pytest.raises(AssertionError, match="second fit trained"):
+        other.fit(bench, tok, cache_dir=tmp_path)
