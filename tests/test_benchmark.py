@@ -11,6 +11,7 @@ from course_lib.baselines import RandomProjectionBaseline
 from course_lib.data.synthetic import SyntheticConfig, make_benchmark
 from course_lib.data.tokenizer import build_word_tokenizer
 from course_lib.metrics import retrieval_metrics
+from course_lib.vsepp import VsePPConfig, VsePPMethod
 
 ROW_KEYS = {"method", "setting", "n_images", "n_texts", "ar", "ms_per_query", "notes"}
 
@@ -18,7 +19,8 @@ ROW_KEYS = {"method", "setting", "n_images", "n_texts", "ar", "ms_per_query", "n
 @pytest.fixture(scope="module")
 def smoke_results(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
-    results = benchmark.main(["--smoke", "--out", str(out)])
+    methods = [RandomProjectionBaseline(), VsePPMethod(VsePPConfig.smoke(), progress=False)]
+    results = benchmark.run(smoke=True, out=out, methods=methods, progress=False)
     return out, results
 
 
@@ -30,15 +32,17 @@ def test_outputs_and_schema(smoke_results):
     assert on_disk == results
     assert {"device", "torch", "mode", "seconds", "seed"} <= set(on_disk["meta"])
     assert on_disk["meta"]["mode"] == "smoke"
-    settings_seen = {(r["method"], r["setting"]) for r in on_disk["rows"]}
-    for setting in ("test", "full", "compositional"):
-        assert ("oracle", setting) in settings_seen and ("random_projection", setting) in settings_seen
+    assert set(on_disk["methods"]) == {"oracle", "random_projection", "vsepp"}
+    seen = {(r["method"], r["setting"]) for r in on_disk["rows"]}
+    assert seen == {(m, s) for m in on_disk["methods"] for s in ("test", "full", "compositional")}
     for row in on_disk["rows"]:
         ks = (5, 10, 20) if row["setting"] == "full" else (1, 5, 10)
         recall_keys = {f"{d}_r{k}" for d in ("i2t", "t2i") for k in ks}
         assert set(row) == ROW_KEYS | recall_keys
         assert row["ar"] == pytest.approx(np.mean([row[k] for k in recall_keys]), abs=0.01)
         assert (row["ms_per_query"] is None) == (row["method"] == "oracle")
+    sizes = {(p["method"], p["n"]) for p in on_disk["latency"]}
+    assert sizes == {(m, n) for m in ("random_projection", "vsepp") for n in benchmark.LATENCY_SIZES}
 
 
 def test_markdown_shows_the_json_numbers(smoke_results):
@@ -46,6 +50,8 @@ def test_markdown_shows_the_json_numbers(smoke_results):
     table = (out / "results.md").read_text()
     for row in results["rows"]:
         assert f"| {row['method']} | {row['i2t_r' + ('5' if row['setting'] == 'full' else '1')]:.1f} |" in table
+    for name, note in results["methods"].items():
+        assert f"- `{name}`: {note}" in table
 
 
 def test_untrained_baseline_is_near_chance_and_below_the_oracle(smoke_results):
@@ -55,6 +61,29 @@ def test_untrained_baseline_is_near_chance_and_below_the_oracle(smoke_results):
     chance_r10 = 100 * 10 / test["n_images"]
     assert test["t2i_r10"] < 3 * chance_r10 + 5
     assert test["t2i_r1"] < rows[("oracle", "test")]["t2i_r1"]
+
+
+def test_slow_methods_are_scored_on_sampled_queries(monkeypatch):
+    # beyond its pair budget a method's t2i comes from sampled text queries; the recalls must be
+    # those of the same texts in the full matrix (an independent computation)
+    bench = make_benchmark(SyntheticConfig.smoke(n_train=60, n_val=12, n_test=30, n_pretrain=20,
+                                                 n_compositional=6), seed=3)
+    tokenizer = build_word_tokenizer(bench["train"].captions)
+    method = RandomProjectionBaseline(dim=8, seed=1).fit(bench, tokenizer)
+    split = bench["test"]
+    monkeypatch.setitem(benchmark.EVAL_PAIRS, "random_projection", (None, 30 * 40))
+    metrics, how = benchmark._evaluate(method, split, (1, 5, 10), smoke=True, seed=0)
+    assert "40 sampled text queries" in how and metrics["i2t_r1"] is None
+    picked = np.sort(np.random.default_rng(0).choice(split.n_texts, size=40, replace=False))
+    sims = method.similarity(split).numpy()
+    ranks = [(sims[:, t] > sims[split.txt2img[t], t]).sum() for t in picked]
+    for k in (1, 5, 10):
+        assert metrics[f"t2i_r{k}"] == pytest.approx(100 * np.mean(np.array(ranks) < k))
+
+
+def test_the_course_methods_are_registered_in_teaching_order():
+    names = [m.name for m in benchmark.available_methods(smoke=True)]
+    assert names == ["vsepp", "scan", "cross_encoder"]
 
 
 def test_baseline_scores_match_an_explicit_computation():

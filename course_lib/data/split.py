@@ -105,6 +105,23 @@ class RetrievalSplit:
             info=dict(self.info),
         )
 
+    def texts_subset(self, text_indices, name: str | None = None) -> "RetrievalSplit":
+        """The same gallery with only some captions as queries: every image, the given texts.
+
+        How slow methods are evaluated on big galleries: a sample of text queries against all images
+        (their t2i ranks are those of the full matrix; i2t needs every caption, so it is undefined)."""
+        text_indices = np.asarray(text_indices, dtype=np.int64)
+        return RetrievalSplit(
+            name=name or f"{self.name}[texts]",
+            captions=[self.captions[t] for t in text_indices],
+            txt2img=self.txt2img[text_indices],
+            image_ids=self.image_ids, images=self.images, image_paths=self.image_paths,
+            regions=self.regions, boxes=self.boxes, region_mask=self.region_mask,
+            region_classes=self.region_classes, scenes=self.scenes,
+            meanings=None if self.meanings is None else self.meanings.take(text_indices),
+            info=dict(self.info),
+        )
+
     def summary(self) -> str:
         parts = [f"{self.name}: {self.n_images} images, {self.n_texts} captions"]
         if self.images is not None:
