@@ -52,6 +52,9 @@ class CrossEncoderConfig:
     #                                  and as many negative images for its caption (ALBEF: 1 each)
     hard_negative_fraction: float = 0.5  # chance a negative comes from the mined top-k, else random
     hard_negative_k: int = 16  # a hard negative is drawn from the dual encoder's top-k non-matches
+    hard_negative_after: float = 0.0  # share of max_steps trained on random negatives only
+    online_candidates: int = 1  # draw this many negatives per slot and train on the one the model
+    #                             scores highest (1 = off)
     balance_classes: bool = True  # weigh each positive as its 2n negatives in the loss: without
     #                               it the model first learns "always no" and lingers there
     batch_size: int = 64  # positive pairs per step; a step scores batch_size * (1 + 2n) pairs
@@ -249,8 +252,10 @@ def _finished(checkpoint_path, max_steps: int) -> bool:
 class CrossEncoderMethod:
     """The cross-encoder as a benchmark method: it scores every (image, caption) pair.
 
-    miner: optional `(bench, tokenizer, cache_dir) -> train similarity matrix` (e.g. from the
-    trained VSE++) for hard negatives; it is called only when a model must be trained.
+    miner: optional `(bench, tokenizer, cache_dir) -> train similarity` for hard negatives, e.g.
+    `cross_encoder_train.dual_encoder_miner(VsePPMethod())`, which trains (or loads from
+    cache_dir) VSE++ and returns its train-split embeddings; it is called only when a model must
+    be trained. Without one, every negative is random.
     """
 
     def __init__(self, config: CrossEncoderConfig | None = None, name: str = "cross_encoder",

@@ -35,39 +35,104 @@ class MinedNegatives:
     texts_for_image: torch.Tensor  # (n_images, k) long, most similar first
 
 
-def _top_k_excluding(sims: torch.Tensor, is_match: Callable[[int, int], torch.Tensor],
-                     k: int) -> torch.Tensor:
-    """Per row of sims (n, m) the k best columns that are not a match, chunk by chunk. -> (n, k)"""
+@dataclass
+class DualEmbeddings:
+    """A dual encoder's similarity matrix kept factored: image_emb @ text_emb.T, never formed.
+
+    The default train split's full matrix is 10k x 50k float32 = 2 GB; the two factors are 15 MB,
+    and `mine_negatives` reads them a chunk of rows at a time."""
+
+    image_emb: torch.Tensor  # (n_images, E)
+    text_emb: torch.Tensor  # (n_texts, E)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return len(self.image_emb), len(self.text_emb)  # (n_images, n_texts), as the matrix's
+
+
+def _top_k_excluding(rows: Callable[[int, int], torch.Tensor], n_rows: int,
+                     is_match: Callable[[int, int], torch.Tensor], k: int) -> torch.Tensor:
+    """Per row of a (n_rows, m) score matrix the k best columns that are not a match, chunk by
+    chunk: rows(start, stop) gives the (stop - start, m) scores of those rows. -> (n_rows, k)"""
     out = []
-    for start in range(0, len(sims), _ROWS_PER_CHUNK):
-        stop = min(start + _ROWS_PER_CHUNK, len(sims))
-        block = sims[start:stop].float().masked_fill(is_match(start, stop), float("-inf"))
+    for start in range(0, n_rows, _ROWS_PER_CHUNK):
+        stop = min(start + _ROWS_PER_CHUNK, n_rows)
+        block = rows(start, stop).float().masked_fill(is_match(start, stop), float("-inf"))
         out.append(block.topk(k, dim=1).indices)
     return torch.cat(out)
 
 
+def _as_cpu_tensor(x) -> torch.Tensor:
+    return x.detach().cpu() if torch.is_tensor(x) else torch.from_numpy(np.asarray(x))
+
+
 def mine_negatives(similarity, txt2img, k: int = 16) -> MinedNegatives:
-    """Hard-negative candidates from a dual encoder's similarity matrix (n_images, n_texts).
+    """Hard-negative candidates from a dual encoder's similarity matrix (n_images, n_texts), or
+    from its two embedding matrices (a `DualEmbeddings`: see `mine_negatives_from_embeddings`).
 
     A text's own image and an image's own captions are never candidates. The lists are sampled
     afresh at every step (`ITMCollate`), so a caption meets several of its hard negatives, not one
     fixed one. As in ALBEF, a mined "non-match" may still be true of the pair (our captions
     describe only part of a scene); it is labelled negative all the same.
     """
-    sims = (similarity.detach().cpu() if torch.is_tensor(similarity)
-            else torch.from_numpy(np.asarray(similarity)))  # (N, T)
+    if isinstance(similarity, DualEmbeddings):
+        return mine_negatives_from_embeddings(similarity.image_emb, similarity.text_emb, txt2img, k)
+    sims = _as_cpu_tensor(similarity)  # (N, T)
+    return _mine(lambda a, b: sims.T[a:b], lambda a, b: sims[a:b], sims.shape, txt2img, k)
+
+
+def mine_negatives_from_embeddings(image_emb, text_emb, txt2img, k: int = 16) -> MinedNegatives:
+    """`mine_negatives` of the matrix image_emb @ text_emb.T without forming it: each chunk of
+    rows is one matrix product, so memory is a chunk (1024 x 50k floats = 200 MB at most on the
+    default train split), not the 2 GB matrix. image_emb (N, E), text_emb (T, E)."""
+    image_emb, text_emb = _as_cpu_tensor(image_emb).float(), _as_cpu_tensor(text_emb).float()
+    return _mine(lambda a, b: text_emb[a:b] @ image_emb.T,  # (b - a, N): texts against images
+                 lambda a, b: image_emb[a:b] @ text_emb.T,  # (b - a, T): images against texts
+                 (len(image_emb), len(text_emb)), txt2img, k)
+
+
+def _mine(text_rows, image_rows, shape, txt2img, k: int) -> MinedNegatives:
+    """The mining both entry points share: text_rows(a, b) (b - a, N) and image_rows(a, b)
+    (b - a, T) give rows of the similarity's transpose and of the similarity itself."""
     txt2img = torch.as_tensor(np.asarray(txt2img), dtype=torch.long)  # (T,)
-    n_images, n_texts = sims.shape
+    n_images, n_texts = shape
+    if len(txt2img) != n_texts:
+        raise ValueError(f"txt2img has {len(txt2img)} captions but the similarity {n_texts}")
     own_count = int(torch.bincount(txt2img, minlength=n_images).max())
     if not 1 <= k <= min(n_images - 1, n_texts - own_count):
         raise ValueError(f"k={k} must be in [1, {min(n_images - 1, n_texts - own_count)}]: there are "
                          f"only {n_images} images and {n_texts} captions")
     image_ids = torch.arange(n_images)
     images_for_text = _top_k_excluding(  # rows = texts; a text's own image is masked
-        sims.T, lambda a, b: image_ids[None, :] == txt2img[a:b, None], k)
+        text_rows, n_texts, lambda a, b: image_ids[None, :] == txt2img[a:b, None], k)
     texts_for_image = _top_k_excluding(  # rows = images; every caption of the image is masked
-        sims, lambda a, b: txt2img[None, :] == image_ids[a:b, None], k)
+        image_rows, n_images, lambda a, b: txt2img[None, :] == image_ids[a:b, None], k)
     return MinedNegatives(images_for_text, texts_for_image)
+
+
+def dual_encoder_miner(dual_method) -> Callable:
+    """The `miner(bench, tokenizer, cache_dir)` that `CrossEncoderMethod` takes, from a dual
+    encoder method (anything with fit(bench, tokenizer, cache_dir) and similarity(split), e.g.
+    `VsePPMethod()`): it fits the method (or loads it from cache_dir) and returns its train-split
+    similarity for `mine_negatives`. A VSE++ `DualEncoder` gives its two embedding matrices
+    (`DualEmbeddings`, same ranking, 15 MB instead of the 2 GB matrix); any other method its
+    `similarity(bench["train"])`.
+    """
+    from course_lib.vsepp import DualEncoder, encode_split
+
+    def miner(bench, tokenizer, cache_dir=None):
+        dual_method.fit(bench, tokenizer, cache_dir)
+        split = bench["train"]
+        model = getattr(dual_method, "model", None)
+        if isinstance(model, DualEncoder) and getattr(dual_method, "tokenizer", None) is not None:
+            return DualEmbeddings(*encode_split(model, split, dual_method.tokenizer))
+        return dual_method.similarity(split)  # (n_images, n_texts)
+
+    # CrossEncoderMethod names its checkpoint after the miner's __qualname__: another dual
+    # encoder (or config) must give another cross-encoder checkpoint
+    miner.__qualname__ = (f"dual_encoder_miner({type(dual_method).__name__}, "
+                          f"{getattr(dual_method, 'config', None)!r})")
+    return miner
 
 
 class ITMCollate:
@@ -87,7 +152,9 @@ class ITMCollate:
     """
 
     def __init__(self, split, tokenizer, max_length: int, negatives_per_positive: int = 1,
-                 hard_fraction: float = 0.5, mined: MinedNegatives | None = None):
+                 hard_fraction: float = 0.5, mined: MinedNegatives | None = None,
+                 candidates: int = 1, hard_after_steps: int = 0,
+                 step: Callable[[], int] | None = None):
         self.captions = split.captions
         self.images = image_fields(split)  # (N, R, ...) views, no copy
         self.txt2img = torch.from_numpy(split.txt2img)  # (T,)
@@ -95,13 +162,21 @@ class ITMCollate:
         self.n = negatives_per_positive
         self.hard_fraction = hard_fraction if mined is not None else 0.0
         self.mined = mined
+        if candidates < 1:
+            raise ValueError(f"candidates={candidates} must be >= 1")
+        self.candidates = candidates
+        # random negatives only while step() < hard_after_steps: see CrossEncoderConfig
+        self.hard_after_steps, self.step = hard_after_steps, step or (lambda: 0)
+
+    def current_hard_fraction(self) -> float:
+        return 0.0 if self.step() < self.hard_after_steps else self.hard_fraction
 
     def negative_images(self, texts: torch.Tensor) -> torch.Tensor:
         """One image per caption index, never the caption's own. (P,) -> (P,)"""
         n_images = len(self.images["regions"])
         shift = torch.randint(1, n_images, texts.shape)  # uniform over the other images
         images = (self.txt2img[texts] + shift) % n_images
-        hard = torch.rand(texts.shape) < self.hard_fraction
+        hard = torch.rand(texts.shape) < self.current_hard_fraction()
         if hard.any():
             pool = self.mined.images_for_text[texts[hard]]  # (h, k)
             images[hard] = pool[torch.arange(len(pool)), torch.randint(pool.shape[1], (len(pool),))]
@@ -112,7 +187,7 @@ class ITMCollate:
         texts = torch.randint(len(self.captions), images.shape)
         while (own := self.txt2img[texts] == images).any():  # redraw the few own captions
             texts[own] = torch.randint(len(self.captions), (int(own.sum()),))
-        hard = torch.rand(images.shape) < self.hard_fraction
+        hard = torch.rand(images.shape) < self.current_hard_fraction()
         if hard.any():
             pool = self.mined.texts_for_image[images[hard]]  # (h, k)
             texts[hard] = pool[torch.arange(len(pool)), torch.randint(pool.shape[1], (len(pool),))]
@@ -121,19 +196,53 @@ class ITMCollate:
     def __call__(self, items: list[dict]) -> dict:
         texts = torch.tensor([item["index"] for item in items], dtype=torch.long)  # (B,)
         images = self.txt2img[texts]  # (B,)
-        repeated_images, repeated_texts = images.repeat(self.n), texts.repeat(self.n)  # (nB,)
+        m = self.n * self.candidates  # negatives drawn per positive and side: (mB,) below
+        repeated_images, repeated_texts = images.repeat(m), texts.repeat(m)  # (mB,)
         image_rows = torch.cat([images, repeated_images, self.negative_images(repeated_texts)])
         text_rows = torch.cat([texts, self.negative_texts(repeated_images), repeated_texts])
         labels = torch.zeros(len(image_rows))
         labels[:len(texts)] = 1.0
         return {"images": {k: self.images[k][image_rows] for k in IMAGE_KEYS},
                 "texts": self.text_collate.encode([self.captions[t] for t in text_rows.tolist()]),
-                "labels": labels, "img_index": image_rows, "txt_index": text_rows}
+                "labels": labels, "img_index": image_rows, "txt_index": text_rows,
+                "candidates": self.candidates}
+
+
+def keep_hardest(model: CrossEncoder, batch: dict) -> dict:
+    """An ITMCollate batch drawn with `candidates` = c > 1 -> the batch of c = 1 whose every negative
+    is the highest-scoring (by the model as it is now, no gradient) of its c candidates.
+
+    Candidates of one slot sit nB apart (ITMCollate repeats the B positives c * n times), so each
+    side's (c * nB,) block reshapes to (c, nB). The scoring pass costs about a third of a training
+    pass per pair; it is the online hard-negative step that ALBEF does with in-batch similarities.
+    """
+    c = int(batch.get("candidates", 1))
+    if c == 1:
+        return batch
+    labels = batch["labels"]  # (B + 2 * c * nB,)
+    B = int(labels.sum())
+    cnB = (len(labels) - B) // 2  # candidates per side
+    negatives = torch.arange(B, len(labels), device=labels.device)  # (2 * c * nB,)
+    with torch.no_grad():
+        scores = model({k: v[negatives] for k, v in batch["images"].items()},
+                       {k: v[negatives] for k, v in batch["texts"].items()})  # (2 * c * nB,)
+    nB = cnB // c
+    keep = [torch.arange(B, device=labels.device)]
+    for side in range(2):  # negative captions, then negative images
+        block = scores[side * cnB:(side + 1) * cnB].view(c, nB)
+        best = block.argmax(0) * nB + torch.arange(nB, device=labels.device)  # (nB,) in the block
+        keep.append(B + side * cnB + best)
+    keep = torch.cat(keep)  # (B + 2 * nB,)
+    pick = lambda fields: {k: v[keep] for k, v in fields.items()}  # noqa: E731
+    return {"images": pick(batch["images"]), "texts": pick(batch["texts"]), "labels": labels[keep],
+            "img_index": batch["img_index"][keep], "txt_index": batch["txt_index"][keep],
+            "candidates": 1}
 
 
 def itm_loss(model: CrossEncoder, batch: dict, balance_classes: bool = True) -> dict:
     """Binary cross-entropy of the matching logits, and the pair accuracy at threshold 0.
     balance_classes: weigh positives by (#negatives / #positives), so both classes count alike."""
+    batch = keep_hardest(model, batch)  # a no-op unless negatives were drawn with candidates > 1
     logits = model(batch["images"], batch["texts"])  # (P,)
     labels = batch["labels"]  # (P,)
     positive_weight = (labels == 0).sum() / (labels == 1).sum() if balance_classes else None
@@ -154,13 +263,17 @@ def train_cross_encoder(bench, tokenizer, config: CrossEncoderConfig | None = No
     model = CrossEncoder(split.regions.shape[-1], len(tokenizer), cfg)
     mined = (None if negatives_similarity is None
              else mine_negatives(negatives_similarity, split.txt2img, cfg.hard_negative_k))
+    trainer = None  # the collate reads trainer.step (the resumed one after a restart)
     collate = ITMCollate(split, tokenizer, cfg.max_text_length, cfg.negatives_per_positive,
-                         cfg.hard_negative_fraction, mined)
+                         cfg.hard_negative_fraction, mined, cfg.online_candidates,
+                         hard_after_steps=round(cfg.hard_negative_after * cfg.max_steps),
+                         step=lambda: trainer.step)
     train_config = TrainConfig(
         max_steps=cfg.max_steps, batch_size=cfg.batch_size, lr=cfg.lr,
         warmup_fraction=cfg.warmup_fraction, grad_clip=cfg.grad_clip, seed=cfg.seed,
         log_every=max(1, cfg.max_steps // 100), progress=progress, device=device,
         checkpoint_path=None if checkpoint_path is None else str(checkpoint_path))
     loss_fn = partial(itm_loss, balance_classes=cfg.balance_classes)
-    history = Trainer(model, loss_fn, CaptionDataset(split), train_config, collate_fn=collate).fit()
+    trainer = Trainer(model, loss_fn, CaptionDataset(split), train_config, collate_fn=collate)
+    history = trainer.fit()
     return model.eval(), history

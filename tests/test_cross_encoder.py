@@ -8,14 +8,18 @@ import numpy as np
 import pytest
 import torch
 
+from course_lib import cross_encoder_train
 from course_lib import train as train_module
 from course_lib.cross_encoder import (CrossEncoder, CrossEncoderConfig, CrossEncoderMethod,
                                       image_fields, rerank_scores, score_matrix, score_pairs,
                                       text_fields)
-from course_lib.cross_encoder_train import ITMCollate, mine_negatives, train_cross_encoder
+from course_lib.cross_encoder_train import (DualEmbeddings, ITMCollate, dual_encoder_miner,
+                                            keep_hardest, mine_negatives,
+                                            mine_negatives_from_embeddings, train_cross_encoder)
 from course_lib.data.synthetic import SyntheticConfig, make_benchmark
 from course_lib.data.tokenizer import PAD_ID, build_word_tokenizer
 from course_lib.metrics import retrieval_metrics
+from course_lib.vsepp import VsePPConfig, VsePPMethod
 
 TOL = 1e-5
 
@@ -244,3 +248,106 @@ def test_method_caches_its_checkpoint_and_calls_the_miner_only_to_train(bench, t
     other = CrossEncoderMethod(CrossEncoderConfig.smoke(max_steps=3, seed=1))
     with pytest.raises(AssertionError, match="second fit trained"):
         other.fit(bench, tok, cache_dir=tmp_path)
+
+
+def test_mining_from_embeddings_equals_mining_from_their_matrix(monkeypatch):
+    gen = torch.Generator().manual_seed(0)
+    image_emb, text_emb = torch.randn(40, 8, generator=gen), torch.randn(130, 8, generator=gen)
+    txt2img = torch.randint(40, (130,), generator=gen).numpy()  # uneven caption counts, some 0
+    monkeypatch.setattr(cross_encoder_train, "_ROWS_PER_CHUNK", 7)  # several uneven chunks
+    reference = mine_negatives(image_emb @ text_emb.T, txt2img, k=6)
+    for mined in (mine_negatives_from_embeddings(image_emb, text_emb, txt2img, k=6),
+                  mine_negatives(DualEmbeddings(image_emb, text_emb), txt2img, k=6)):
+        assert torch.equal(mined.images_for_text, reference.images_for_text)
+        assert torch.equal(mined.texts_for_image, reference.texts_for_image)
+        # mined negatives are never true matches
+        assert (mined.images_for_text != torch.from_numpy(txt2img)[:, None]).all()
+        assert (torch.from_numpy(txt2img)[mined.texts_for_image] != torch.arange(40)[:, None]).all()
+    assert DualEmbeddings(image_emb, text_emb).shape == (40, 130)
+    with pytest.raises(ValueError, match="txt2img"):
+        mine_negatives_from_embeddings(image_emb, text_emb, txt2img[:-1], k=6)
+
+
+def test_dual_encoder_miner_fits_the_method_and_returns_its_train_similarity(bench, tok):
+    class FakeDual:
+        config = {"fake": 1}
+
+        def __init__(self):
+            self.calls = []
+
+        def fit(self, bench, tokenizer, cache_dir=None):
+            self.calls.append(("fit", cache_dir))
+            return self
+
+        def similarity(self, split):
+            self.calls.append(("similarity", split.name))
+            return torch.rand(split.n_images, split.n_texts)
+
+    fake = FakeDual()
+    miner = dual_encoder_miner(fake)
+    sims = miner(bench, tok, "somewhere")
+    split = bench["train"]
+    assert fake.calls == [("fit", "somewhere"), ("similarity", split.name)]
+    assert tuple(sims.shape) == (split.n_images, split.n_texts)
+    assert "FakeDual" in miner.__qualname__  # the cross-encoder's checkpoint name depends on it
+    # a VSE++ model gives its two embedding matrices: the same negatives as its full matrix
+    vsepp = VsePPMethod(VsePPConfig.smoke(max_steps=2), progress=False)
+    factored = dual_encoder_miner(vsepp)(bench, tok, None)
+    assert isinstance(factored, DualEmbeddings) and factored.shape == (split.n_images, split.n_texts)
+    sims = vsepp.similarity(split)  # (N, T)
+    full = mine_negatives(sims, split.txt2img, k=4)
+    mined = mine_negatives(factored, split.txt2img, k=4)
+    # compared by score: repeated captions tie, and ties may come out in either order
+    columns = torch.arange(split.n_texts)[:, None]
+    assert torch.allclose(sims[mined.images_for_text, columns], sims[full.images_for_text, columns],
+                          atol=TOL)
+    rows = torch.arange(split.n_images)[:, None]
+    assert torch.allclose(sims[rows, mined.texts_for_image], sims[rows, full.texts_for_image],
+                          atol=TOL)
+
+
+def test_online_candidates_keep_the_negative_the_model_scores_highest(bench, tok):
+    split, B, n, c = bench["train"], 8, 2, 3
+
+    def fake_model(images, texts):  # any fixed function of both inputs
+        return images["regions"].sum(dim=(1, 2)) + 0.01 * texts["input_ids"].float().sum(1)
+
+    collate = ITMCollate(split, tok, 40, negatives_per_positive=n, hard_fraction=0.0, candidates=c)
+    torch.manual_seed(0)
+    batch = collate([{"index": t} for t in range(B)])
+    assert batch["labels"].shape == (B * (1 + 2 * n * c),) and batch["candidates"] == c
+    kept = keep_hardest(fake_model, batch)
+    assert kept["labels"].shape == (B * (1 + 2 * n),) and kept["labels"][:B].eq(1).all()
+    assert kept["labels"][B:].eq(0).all()
+    assert torch.equal(kept["txt_index"][:B], batch["txt_index"][:B])
+    scores, kept_scores = fake_model(batch["images"], batch["texts"]), fake_model(kept["images"],
+                                                                                  kept["texts"])
+    for side in range(2):  # negative captions, then negative images
+        block = scores[B + side * n * c * B:B + (side + 1) * n * c * B].view(c, n * B)
+        kept_block = kept_scores[B + side * n * B:B + (side + 1) * n * B]
+        assert torch.allclose(kept_block, block.max(0).values)
+    # each kept negative belongs to its slot's anchor (the same image, resp. caption, as before)
+    true_image = torch.from_numpy(split.txt2img)
+    anchor_img, anchor_txt = kept["img_index"][B:B + n * B], kept["txt_index"][B + n * B:]
+    assert torch.equal(anchor_img, true_image[batch["txt_index"][:B]].repeat(n))
+    assert torch.equal(anchor_txt, batch["txt_index"][:B].repeat(n))
+    assert (true_image[kept["txt_index"][B:]] != kept["img_index"][B:]).all()
+    plain = ITMCollate(split, tok, 40, negatives_per_positive=n, hard_fraction=0.0)
+    torch.manual_seed(0)
+    one = plain([{"index": t} for t in range(B)])
+    assert keep_hardest(fake_model, one) is one  # candidates = 1: nothing to choose
+
+
+def test_hard_negatives_start_after_the_random_phase(bench, tok):
+    split = bench["train"]
+    mined = mine_negatives(torch.rand(split.n_images, split.n_texts), split.txt2img, k=3)
+    step = [0]
+    collate = ITMCollate(split, tok, 40, hard_fraction=1.0, mined=mined, hard_after_steps=5,
+                         step=lambda: step[0])
+    texts = torch.arange(200)
+    in_mined = lambda images: np.mean([int(i) in mined.images_for_text[t].tolist()  # noqa: E731
+                                       for t, i in zip(texts, images)])
+    step[0] = 4
+    assert collate.current_hard_fraction() == 0.0 and in_mined(collate.negative_images(texts)) < 0.05
+    step[0] = 5
+    assert collate.current_hard_fraction() == 1.0 and in_mined(collate.negative_images(texts)) == 1.0
