@@ -221,10 +221,22 @@ def main(argv=None) -> dict:
                         help="tiny sizes (also on when COURSE_SMOKE=1): minutes become seconds")
     parser.add_argument("--out", default="outputs/benchmark", help="folder for results.json/.md and pareto.png")
     parser.add_argument("--seed", type=int, default=0, help="seed of the data and of every method")
+    parser.add_argument("--methods", default=None,
+                        help="comma-separated subset of the methods to run, e.g. 'vsepp,scan' "
+                             "('' = only the oracle rows); default: every method")
     parser.add_argument("--readme", default=None,
                         help="also write the table into this README's results block (README.md)")
     args = parser.parse_args(argv)
-    results = run(smoke=args.smoke or settings.smoke_mode(), out=args.out, seed=args.seed)
+    smoke = args.smoke or settings.smoke_mode()
+    methods = None
+    if args.methods is not None:
+        wanted = [name for name in args.methods.split(",") if name]
+        methods = {m.name: m for m in available_methods(args.seed, smoke)}
+        unknown = sorted(set(wanted) - set(methods))
+        if unknown:
+            parser.error(f"unknown method(s) {unknown}; choose from {sorted(methods)}")
+        methods = [methods[name] for name in wanted]
+    results = run(smoke=smoke, out=args.out, seed=args.seed, methods=methods)
     if args.readme:
         update_readme(results, args.readme)
     print(results_markdown(results))

@@ -119,3 +119,10 @@ def test_readme_block_is_replaced_and_the_rest_kept(tmp_path, smoke_results):
     readme.write_text("no markers here")
     with pytest.raises(ValueError, match="results block"):
         benchmark.update_readme(results, readme)
+
+
+def test_methods_option_selects_a_subset_and_rejects_unknown_names(tmp_path):
+    results = benchmark.main(["--smoke", "--out", str(tmp_path), "--methods", ""])
+    assert {r["method"] for r in results["rows"]} == {"oracle"}
+    with pytest.raises(SystemExit):
+        benchmark.main(["--smoke", "--out", str(tmp_path), "--methods", "vsepp,nonsense"])
