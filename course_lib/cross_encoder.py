@@ -18,8 +18,8 @@ Training (ITM with random and mined hard negatives) lives in `course_lib.cross_e
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
+from typing import ClassVar
 from pathlib import Path
 from typing import Callable
 
@@ -32,6 +32,7 @@ from course_lib.checkpoints import checkpoint_name, model_device
 from course_lib.data.datasets import TextCollate
 from course_lib.data.tokenizer import PAD_ID
 from course_lib.train import move_to_device
+from course_lib.settings import CourseConfig
 
 IMAGE_KEYS = ("regions", "boxes", "region_mask")  # the image fields the model reads
 TEXT_KEYS = ("input_ids", "attention_mask")  # the text fields the model reads
@@ -41,7 +42,7 @@ BLOCK_PAIRS = 256
 
 
 @dataclass
-class CrossEncoderConfig:
+class CrossEncoderConfig(CourseConfig):
     hidden: int = 64  # width of every token (text and region) in the transformer
     layers: int = 3  # transformer blocks over the joint sequence (U-BERT's L)
     heads: int = 4  # attention heads per block
@@ -64,13 +65,8 @@ class CrossEncoderConfig:
     grad_clip: float = 2.0  # max global gradient norm
     seed: int = 0  # model initialisation, data order and negative sampling
 
-    @classmethod
-    def smoke(cls, **overrides) -> "CrossEncoderConfig":
-        """Tiny sizes for CI and quick checks; same code path."""
-        return cls(**{**dict(hidden=32, layers=2, batch_size=32, max_steps=60), **overrides})
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+    # smoke(): tiny training, same code path
+    SMOKE: ClassVar[dict] = dict(hidden=32, layers=2, batch_size=32, max_steps=60)
 
 
 class CrossEncoder(nn.Module):

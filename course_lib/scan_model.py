@@ -27,8 +27,8 @@ product per image for VSE++ (`SCANMethod.query_fn` measures it).
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
+from typing import ClassVar
 from pathlib import Path
 
 import torch
@@ -44,14 +44,14 @@ from course_lib.encoders import BiGRUEncoder, l2_normalize, word_mask
 from course_lib.losses import hinge_triplet_loss
 from course_lib.metrics import retrieval_metrics
 from course_lib.scan import scan_similarity
-from course_lib.settings import seed_everything, smoke_mode
+from course_lib.settings import CourseConfig, seed_everything
 from course_lib.train import History, TrainConfig, Trainer
 
 BOX_DIM = 7  # UNITER's box: x1, y1, x2, y2, w, h, area
 
 
 @dataclass
-class SCANConfig:
+class SCANConfig(CourseConfig):
     direction: str = "t2i"  # "t2i": words attend over regions; "i2t": regions over words
     lambda_softmax: float = 9.0  # attention temperature (SCAN's best t2i: 9; i2t: 4)
     agg: str = "lse"  # pool the per-word (t2i) or per-region (i2t) scores: "lse" or "mean"
@@ -69,18 +69,7 @@ class SCANConfig:
     grad_clip: float = 2.0  # max gradient norm (VSE++ / SCAN)
     seed: int = 0  # model initialisation and data order
 
-    @classmethod
-    def smoke(cls, **overrides) -> "SCANConfig":
-        """Tiny training for CI and quick checks; same code path."""
-        return cls(**{"max_steps": 40, **overrides})
-
-    @classmethod
-    def for_course(cls, **overrides) -> "SCANConfig":
-        """smoke() when COURSE_SMOKE is set, else the defaults."""
-        return cls.smoke(**overrides) if smoke_mode() else cls(**overrides)
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+    SMOKE: ClassVar[dict] = {"max_steps": 40}  # smoke(): tiny training, same code path
 
 
 def normalize_real(items: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

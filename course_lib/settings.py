@@ -6,8 +6,10 @@ nowhere else, so every notebook and script agrees on what "smoke" means.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -53,6 +55,26 @@ def from_hub(load, what: str, fix: str):
 def pick(default, smoke):
     """Return `smoke` in smoke mode, else `default`: the one way a config cell chooses a size."""
     return smoke if smoke_mode() else default
+
+
+class CourseConfig:
+    """Mixin for a method's dataclass config: `smoke()` applies the class's SMOKE sizes,
+    `for_course()` picks smoke or default from COURSE_SMOKE, `to_dict()` for checkpoint names."""
+
+    SMOKE: ClassVar[dict] = {}  # the fields a smoke run shrinks (only sizes, never the code path)
+
+    @classmethod
+    def smoke(cls, **overrides):
+        """Tiny sizes for CI and quick checks; same code path."""
+        return cls(**{**cls.SMOKE, **overrides})
+
+    @classmethod
+    def for_course(cls, **overrides):
+        """smoke() when COURSE_SMOKE is set, else the defaults."""
+        return cls.smoke(**overrides) if smoke_mode() else cls(**overrides)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
 
 
 def get_device(prefer: str | None = None) -> torch.device:

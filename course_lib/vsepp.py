@@ -31,8 +31,8 @@ the sum of hinges; notebook 01 shows both.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
+from typing import ClassVar
 from pathlib import Path
 
 import numpy as np
@@ -47,7 +47,7 @@ from course_lib.encoders import build_image_encoder, build_text_encoder, l2_norm
 from course_lib.losses import hinge_triplet_loss
 from course_lib.metrics import retrieval_metrics
 from course_lib.retrieval import build_index, search
-from course_lib.settings import seed_everything, smoke_mode
+from course_lib.settings import CourseConfig, seed_everything
 from course_lib.train import History, TrainConfig, Trainer
 
 _TEXT_NAMES = {"gru": "bi-GRU", "bow": "bag-of-words", "bert": "BERT (random init)"}
@@ -57,7 +57,7 @@ _PROGRESS_ITEMS = 20_000
 
 
 @dataclass
-class VsePPConfig:
+class VsePPConfig(CourseConfig):
     image_encoder: str = "regions"  # "regions" (detector features, as VSE++/SCAN) or "pixels" (tiny ViT)
     text_encoder: str = "gru"  # "gru" (VSE++'s), "bow" (mean of word vectors) or "bert" (random init)
     hidden: int = 64  # width inside both encoders
@@ -76,18 +76,7 @@ class VsePPConfig:
     sum_warmup_steps: int = 0  # with max_violation: sum all hinges for these first steps (VSE-inf)
     seed: int = 0  # model initialisation and data order
 
-    @classmethod
-    def smoke(cls, **overrides) -> "VsePPConfig":
-        """Tiny training for CI and quick checks; same code path."""
-        return cls(**{"max_steps": 40, **overrides})
-
-    @classmethod
-    def for_course(cls, **overrides) -> "VsePPConfig":
-        """smoke() when COURSE_SMOKE is set, else the defaults."""
-        return cls.smoke(**overrides) if smoke_mode() else cls(**overrides)
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+    SMOKE: ClassVar[dict] = {"max_steps": 40}  # smoke(): tiny training, same code path
 
 
 class DualEncoder(nn.Module):

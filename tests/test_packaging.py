@@ -111,3 +111,21 @@ def test_from_hub_follows_the_offline_switch_and_explains_failures(monkeypatch):
                                       r" to host\n.*internet.*use the offline way") as info:
         settings.from_hub(failing, "the thing", "use the offline way")
     assert isinstance(info.value.__cause__, ConnectionError) and "long traceback" not in str(info.value)
+
+
+def test_course_config_mixin_gives_smoke_sizes_and_dicts(monkeypatch):
+    from dataclasses import dataclass
+    from typing import ClassVar
+
+    @dataclass
+    class Toy(settings.CourseConfig):
+        steps: int = 1000
+        width: int = 64
+        SMOKE: ClassVar[dict] = {"steps": 10}
+
+    assert Toy.smoke() == Toy(steps=10) and Toy.smoke(width=8) == Toy(steps=10, width=8)
+    assert Toy().to_dict() == {"steps": 1000, "width": 64}
+    monkeypatch.setenv("COURSE_SMOKE", "1")
+    assert Toy.for_course() == Toy(steps=10)
+    monkeypatch.setenv("COURSE_SMOKE", "0")
+    assert Toy.for_course() == Toy()
