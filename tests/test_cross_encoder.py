@@ -228,9 +228,13 @@ def test_method_caches_its_checkpoint_and_calls_the_miner_only_to_train(bench, t
         calls.append(cache_dir)
         return torch.rand(bench["train"].n_images, bench["train"].n_texts)
 
-    config = CrossEncoderConfig.smoke(max_steps=3)
+    config = CrossEncoderConfig.smoke(max_steps=3, hard_negative_fraction=0.5)
     first = CrossEncoderMethod(config, miner=miner).fit(bench, tok, cache_dir=tmp_path)
     assert first.checkpoint_path.exists() and first.checkpoint_path.name.startswith("cross_encoder-")
+    assert len(calls) == 1
+    # with no hard negatives to draw, the miner is not called
+    CrossEncoderMethod(CrossEncoderConfig.smoke(max_steps=3, hard_negative_fraction=0.0),
+                       miner=miner).fit(bench, tok, cache_dir=tmp_path)
     assert len(calls) == 1
 
     def no_training(self, batches):
