@@ -7,7 +7,6 @@ so that learners see what "no model" looks like on each setting.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -28,3 +29,10 @@ def checkpoint_name(prefix: str, config: dict, train_split, tokenizer, *extra) -
 def model_device(model: nn.Module, device=None) -> torch.device:
     """`device` if given, else the device of the model's first parameter."""
     return torch.device(device) if device is not None else next(model.parameters()).device
+
+
+def finished_checkpoint(checkpoint_path, max_steps: int) -> bool:
+    """True when checkpoint_path holds a course_lib.train run that reached max_steps."""
+    if checkpoint_path is None or not Path(checkpoint_path).exists():
+        return False
+    return torch.load(checkpoint_path, map_location="cpu", weights_only=True)["step"] >= max_steps

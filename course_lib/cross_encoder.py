@@ -19,18 +19,17 @@ Training (ITM with random and mined hard negatives) lives in `course_lib.cross_e
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
-from pathlib import Path
-from typing import Callable
+from typing import Callable, ClassVar
 
 import numpy as np
 import torch
 import torch.nn as nn
 from tqdm.auto import tqdm
 
-from course_lib.checkpoints import checkpoint_name, model_device
+from course_lib.checkpoints import finished_checkpoint, model_device
 from course_lib.data.datasets import TextCollate
 from course_lib.data.tokenizer import PAD_ID
+from course_lib.methods import Method
 from course_lib.train import move_to_device
 from course_lib.settings import CourseConfig
 
@@ -219,6 +218,26 @@ def score_matrix(model: CrossEncoder, split, tokenizer, image_indices=None, text
     return scores.view(n_txt, n_img).T.contiguous()  # (n_img, n_txt)
 
 
+def score_index_pairs(model: CrossEncoder, split, tokenizer, image_indices, text_indices, *,
+                      batch_size: int = BLOCK_PAIRS, device=None, progress: bool = False) -> torch.Tensor:
+    """Logits (P,) of the pairs (image image_indices[p], caption text_indices[p]) of a split.
+
+    Only the distinct captions asked for are tokenised (inside the call: it is part of the online
+    cost of a query). The pair scorer every re-ranker offers (course_lib.rerank).
+    """
+    images = _indices(image_indices, split.n_images)  # (P,)
+    texts = _indices(text_indices, split.n_texts)  # (P,)
+    if images.shape != texts.shape or images.ndim != 1:
+        raise ValueError(f"image_indices and text_indices must be two (P,) vectors of pairs, got shapes "
+                         f"{tuple(images.shape)} and {tuple(texts.shape)}")
+    distinct, text_rows = torch.unique(texts, return_inverse=True)  # (U,), (P,)
+    fields = text_fields([split.captions[t] for t in distinct.tolist()], tokenizer,
+                         model.config.max_text_length)
+    rows = lambda start, stop: (images[start:stop], text_rows[start:stop])  # noqa: E731
+    return _score_indexed(model, image_fields(split), fields, len(images), rows,
+                          batch_size=batch_size, device=device, progress=progress)
+
+
 def rerank_scores(model: CrossEncoder, split, tokenizer, candidates, text_indices=None, *,
                   batch_size: int = BLOCK_PAIRS, device=None, progress: bool = False) -> torch.Tensor:
     """Scores (Q, M) of text query q against its candidate images candidates[q] (Q, M).
@@ -232,29 +251,15 @@ def rerank_scores(model: CrossEncoder, split, tokenizer, candidates, text_indice
         raise ValueError(f"candidates must be (Q, M) with Q = {len(text_ids)} queries, "
                          f"got shape {tuple(candidates.shape)}")
     Q, M = candidates.shape
-    texts = text_fields([split.captions[t] for t in text_ids.tolist()], tokenizer,
-                        model.config.max_text_length)
-    flat = candidates.reshape(-1)  # (Q * M,) query-major
-
-    def rows(start, stop):
-        pair = torch.arange(start, stop)
-        return flat[pair], pair // M
-
-    scores = _score_indexed(model, image_fields(split), texts, Q * M, rows, batch_size=batch_size,
-                            device=device, progress=progress)
+    scores = score_index_pairs(model, split, tokenizer, candidates.reshape(-1),
+                               text_ids.repeat_interleave(M), batch_size=batch_size, device=device,
+                               progress=progress)  # query-major
     return scores.view(Q, M)
 
 
 # ----------------------------------------------------------------------------- the method
 
-def _finished(checkpoint_path, max_steps: int) -> bool:
-    """True when checkpoint_path holds a Trainer run that reached max_steps."""
-    if checkpoint_path is None or not Path(checkpoint_path).exists():
-        return False
-    return torch.load(checkpoint_path, map_location="cpu", weights_only=True)["step"] >= max_steps
-
-
-class CrossEncoderMethod:
+class CrossEncoderMethod(Method):
     """The cross-encoder as a benchmark method: it scores every (image, caption) pair.
 
     miner: optional `(bench, tokenizer, cache_dir) -> train similarity` for hard negatives, e.g.
@@ -264,38 +269,43 @@ class CrossEncoderMethod:
     random.
     """
 
+    checkpoint_prefix = "cross_encoder"
+
     def __init__(self, config: CrossEncoderConfig | None = None, name: str = "cross_encoder",
-                 miner: Callable | None = None):
-        self.config = config or CrossEncoderConfig()
-        self.name, self.miner = name, miner
-        self.model, self.tokenizer, self.history, self.checkpoint_path = None, None, None, None
+                 miner: Callable | None = None, progress: bool = True):
+        super().__init__(config or CrossEncoderConfig(), name, progress)
+        self.miner = miner
         cfg = self.config
         negatives = ("hard negatives mined by a dual encoder" if miner and cfg.hard_negative_fraction > 0
                      else "random negatives")
         self.notes = (f"single-stream cross-encoder ({cfg.layers} layers, d={cfg.hidden}), ITM with "
                       f"{negatives}; scores every pair, so cost grows with the gallery")
 
-    def fit(self, bench, tokenizer, cache_dir=None) -> "CrossEncoderMethod":
-        name = checkpoint_name("cross_encoder", self.config.to_dict(), bench["train"], tokenizer,
-                               getattr(self.miner, "__qualname__", None))
-        path = None if cache_dir is None else Path(cache_dir) / name
+    def checkpoint_extra(self) -> tuple:
+        return (getattr(self.miner, "__qualname__", None),)
+
+    def train(self, bench, tokenizer, checkpoint_path, cache_dir):
         sims = None
         mines = self.miner is not None and self.config.hard_negative_fraction > 0
-        if mines and not _finished(path, self.config.max_steps):
+        if mines and not finished_checkpoint(checkpoint_path, self.config.max_steps):
             sims = self.miner(bench, tokenizer, cache_dir)  # only needed to train (or resume)
         from course_lib.cross_encoder_train import train_cross_encoder  # it imports this module
 
-        self.model, self.history = train_cross_encoder(bench, tokenizer, self.config,
-                                                       negatives_similarity=sims, checkpoint_path=path)
-        self.tokenizer, self.checkpoint_path = tokenizer, path
-        return self
+        return train_cross_encoder(bench, tokenizer, self.config, negatives_similarity=sims,
+                                   checkpoint_path=checkpoint_path, progress=self.progress)
+
+    def pair_scorer(self, split):
+        """(image_indices (P,), text_indices (P,)) -> logits (P,) on this split: the re-ranker API."""
+        model, tokenizer = self._fitted(), self.tokenizer
+        return lambda images, texts: score_index_pairs(model, split, tokenizer, images, texts)
 
     def similarity(self, split) -> torch.Tensor:
         """(n_images, n_texts) logits of every pair: O(n_images * n_texts) forward passes."""
-        return score_matrix(self.model, split, self.tokenizer)
+        return score_matrix(self._fitted(), split, self.tokenizer, progress=self.progress)
 
     def query_fn(self, split, top_k: int = 10):
         """A zero-argument callable answering one text query: score it with every gallery image."""
+        model = self._fitted()
         gallery = image_fields(split)  # the regions are ready offline; the pairs are not
         caption = split.captions[0]
         cut = self.config.max_text_length
@@ -304,7 +314,7 @@ class CrossEncoderMethod:
             text = text_fields([caption], self.tokenizer, cut)  # (1, T)
             n = split.n_images
             texts = {k: v.expand(n, -1) for k, v in text.items()}  # (n, T) views
-            scores = score_pairs(self.model, gallery, texts)  # (n,)
+            scores = score_pairs(model, gallery, texts)  # (n,)
             return torch.topk(scores, min(top_k, n)).indices
 
         return answer

@@ -196,7 +196,7 @@ def metrics_from_ranks(i2t_ranks, t2i_ranks, ks: Sequence[int] = (1, 5, 10)) -> 
 
 
 def retrieval_metrics(sims, txt2img, ks: Sequence[int] = (1, 5, 10), *,
-                      chunk_size: int | None = None) -> dict[str, float]:
+                      chunk_size: int | None = None, t2i_sims=None) -> dict[str, float]:
     """VSE++ retrieval metrics of a similarity matrix.
 
     sims: (n_images, n_texts), numpy or torch (any device, any real dtype); rows are images.
@@ -206,10 +206,17 @@ def retrieval_metrics(sims, txt2img, ks: Sequence[int] = (1, 5, 10), *,
     gives 100), `i2t_medr`, `t2i_medr`, `i2t_meanr`, `t2i_meanr`, `rsum` (sum of the 2*len(ks)
     recalls) and `ar` (their mean). Ties count optimistically: rank = number of candidates with
     a strictly greater score. `chunk_size` (image rows per chunk) trades memory for nothing else.
+    t2i_sims: other scores (same shape) for the text->image direction, when the two directions are
+    scored differently (a two-stage method re-ranks each direction's own candidates).
     """
     ks = _check_ks(ks)
-    i2t_ranks, t2i_ranks = retrieval_ranks(sims, txt2img, chunk_size=chunk_size)
-    return metrics_from_ranks(i2t_ranks, t2i_ranks, ks)
+    i2t, t2i = retrieval_ranks(sims, txt2img, chunk_size=chunk_size)
+    if t2i_sims is not None:
+        if tuple(t2i_sims.shape) != tuple(sims.shape):
+            raise ValueError(f"t2i_sims has shape {tuple(t2i_sims.shape)}, sims {tuple(sims.shape)}: "
+                             "both must be (n_images, n_texts)")
+        t2i = t2i_ranks(t2i_sims, txt2img)
+    return metrics_from_ranks(i2t, t2i, ks)
 
 
 def coco_1k_metrics(sims, txt2img, n_folds: int = 5, ks: Sequence[int] = (1, 5, 10), *,

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import ClassVar
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -39,9 +38,10 @@ from tqdm.auto import tqdm
 from course_lib.data.datasets import (CaptionDataset, ImageDataset, PairCollate, PairDataset,
                                       TextCollate, make_loader)
 from course_lib.data.tokenizer import PAD_ID
-from course_lib.checkpoints import checkpoint_name, model_device
+from course_lib.checkpoints import model_device
 from course_lib.encoders import BiGRUEncoder, l2_normalize, word_mask
 from course_lib.losses import hinge_triplet_loss
+from course_lib.methods import Method
 from course_lib.metrics import retrieval_metrics
 from course_lib.scan import scan_similarity
 from course_lib.settings import CourseConfig, seed_everything
@@ -236,12 +236,13 @@ def scan_matrix(model: SCANModel, split, tokenizer, *, device=None, batch_size: 
 
 
 # ----------------------------------------------------------------------------- the method
-class SCANMethod:
+class SCANMethod(Method):
     """SCAN as a benchmark Method (see course_lib.benchmark): fit, similarity, query_fn."""
 
+    checkpoint_prefix = "scan"
+
     def __init__(self, config: SCANConfig | None = None, name: str = "scan", progress: bool = True):
-        self.config, self.name, self.progress = config or SCANConfig(), name, progress
-        self.model = self.tokenizer = self.history = self.checkpoint_path = None
+        super().__init__(config or SCANConfig(), name, progress)
 
     @property
     def notes(self) -> str:
@@ -252,21 +253,9 @@ class SCANMethod:
         return (f"SCAN {c.direction} stacked cross attention ({image} / bi-GRU words, lambda_softmax "
                 f"{c.lambda_softmax:g}, {agg}), {loss}; attends over every gallery image per query")
 
-    def fit(self, bench: dict, tokenizer, cache_dir=None) -> "SCANMethod":
-        """Train on bench["train"], or load cache_dir / "scan-<hash>.pt" if it is there."""
-        self.tokenizer = tokenizer
-        if cache_dir is not None:
-            name = checkpoint_name("scan", self.config.to_dict(), bench["train"], tokenizer)
-            self.checkpoint_path = Path(cache_dir) / name
-        self.model, self.history = train_scan(bench, tokenizer, self.config,
-                                              checkpoint_path=self.checkpoint_path,
-                                              progress=self.progress)
-        return self
-
-    def _fitted(self) -> SCANModel:
-        if self.model is None:
-            raise RuntimeError(f"{self.name}: call fit(bench, tokenizer, cache_dir) first")
-        return self.model
+    def train(self, bench: dict, tokenizer, checkpoint_path, cache_dir):
+        return train_scan(bench, tokenizer, self.config, checkpoint_path=checkpoint_path,
+                          progress=self.progress)
 
     def similarity(self, split) -> torch.Tensor:
         return scan_matrix(self._fitted(), split, self.tokenizer, progress=self.progress)  # (N, T)

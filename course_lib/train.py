@@ -223,7 +223,7 @@ class Trainer:
     def _reset_progress(self) -> None:
         self.step, self.epoch, self.batch_in_epoch = 0, 0, 0  # micro-batches used in this epoch
         self.history = History()
-        self._window: dict = {"n": 0, "sums": {}, "lr": 0.0}  # steps not yet logged
+        self._window: dict = {"n": 0, "sums": {}, "counts": {}, "lr": 0.0}  # steps not yet logged
 
     # ---- data -------------------------------------------------------------------------------
     def _epoch_batches(self, epoch: int) -> list[list[int]]:
@@ -334,15 +334,15 @@ class Trainer:
         self.step += 1
         w = self._window
         w["n"], w["lr"] = w["n"] + 1, lr
-        for k, v in values.items():
-            w["sums"][k] = w["sums"].get(k, 0.0) + v
+        for k, v in values.items():  # a key may come only on some steps (one task per batch)
+            w["sums"][k], w["counts"][k] = w["sums"].get(k, 0.0) + v, w["counts"].get(k, 0) + 1
 
     def _log_row(self) -> dict:
         w = self._window
         row = {"step": self.step, "epoch": self.epoch, "lr": w["lr"]}
-        row.update({k: v / w["n"] for k, v in w["sums"].items()})
+        row.update({k: v / w.get("counts", {}).get(k, w["n"]) for k, v in w["sums"].items()})
         self.history.append(row)
-        self._window = {"n": 0, "sums": {}, "lr": 0.0}
+        self._window = {"n": 0, "sums": {}, "counts": {}, "lr": 0.0}
         return row
 
     def _run_evaluate(self) -> None:

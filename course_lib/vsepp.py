@@ -33,27 +33,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import ClassVar
-from pathlib import Path
 
-import numpy as np
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
-from course_lib.data.datasets import (CaptionDataset, ImageDataset, PairCollate, PairDataset,
-                                      TextCollate, make_loader)
-from course_lib.checkpoints import checkpoint_name, model_device
+from course_lib.data.datasets import PairCollate, PairDataset
 from course_lib.encoders import build_image_encoder, build_text_encoder, l2_normalize
 from course_lib.losses import hinge_triplet_loss
 from course_lib.metrics import retrieval_metrics
-from course_lib.retrieval import build_index, search
+from course_lib.methods import (DualEncoderMethod, encode_captions, encode_gallery, encode_split,
+                                similarity)
 from course_lib.settings import CourseConfig, seed_everything
 from course_lib.train import History, TrainConfig, Trainer
 
 _TEXT_NAMES = {"gru": "bi-GRU", "bow": "bag-of-words", "bert": "BERT (random init)"}
 _IMAGE_NAMES = {"regions": "region transformer", "pixels": "tiny ViT on pixels"}
-# splits with more items than this get a progress bar while they are encoded
-_PROGRESS_ITEMS = 20_000
 
 
 @dataclass
@@ -181,59 +175,13 @@ def train_dual_encoder(bench: dict, tokenizer, config: VsePPConfig | None = None
     return model, history
 
 
-def _encode(model: DualEncoder, loader, encode_name: str, device, progress: bool) -> torch.Tensor:
-    """Concatenate model.<encode_name>(batch) over a loader: eval mode, no grad, on `device` (None =
-    the model's); the result (n, E) on the CPU. The model's train/eval mode is restored after."""
-    device = model_device(model, device)
-    was_training = model.training
-    model.to(device).eval()
-    encode, out = getattr(model, encode_name), []
-    try:
-        with torch.no_grad():
-            for batch in tqdm(loader, desc=encode_name.replace("_", " "), disable=not progress,
-                              leave=False):
-                batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
-                out.append(encode(batch).float().cpu())  # (b, E)
-    finally:
-        model.train(was_training)
-    return torch.cat(out)  # (n, E)
-
-
-def encode_gallery(model: DualEncoder, split, *, batch_size: int = 256, device=None,
-                   progress: bool | None = None) -> torch.Tensor:
-    """(N, E) image embeddings of a split, on the CPU. progress None = a bar for big splits."""
-    loader = make_loader(ImageDataset(split, modality=model.modality), batch_size)
-    progress = split.n_images > _PROGRESS_ITEMS if progress is None else progress
-    return _encode(model, loader, "encode_images", device, progress)
-
-
-def encode_captions(model: DualEncoder, split, tokenizer, *, batch_size: int = 256, device=None,
-                    progress: bool | None = None) -> torch.Tensor:
-    """(T, E) caption embeddings of a split, on the CPU. progress None = a bar for big splits."""
-    loader = make_loader(CaptionDataset(split), batch_size, tokenizer=tokenizer)
-    progress = split.n_texts > _PROGRESS_ITEMS if progress is None else progress
-    return _encode(model, loader, "encode_texts", device, progress)
-
-
-def encode_split(model: DualEncoder, split, tokenizer, *, batch_size: int = 256, device=None,
-                 progress: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(image_emb (N, E), text_emb (T, E)) of a split, on the CPU. progress None = bar for big splits."""
-    kwargs = dict(batch_size=batch_size, device=device, progress=progress)
-    return encode_gallery(model, split, **kwargs), encode_captions(model, split, tokenizer, **kwargs)
-
-
-def similarity(model: DualEncoder, split, tokenizer, **kwargs) -> torch.Tensor:
-    """(N, T) cosine similarities of every image and caption of a split (kwargs: encode_split's)."""
-    image_emb, text_emb = encode_split(model, split, tokenizer, **kwargs)
-    return image_emb @ text_emb.T  # (N, T)
-
-
-class VsePPMethod:
+class VsePPMethod(DualEncoderMethod):
     """VSE++ as a benchmark Method (see course_lib.benchmark): fit, similarity, query_fn."""
 
+    checkpoint_prefix = "vsepp"
+
     def __init__(self, config: VsePPConfig | None = None, name: str = "vsepp", progress: bool = True):
-        self.config, self.name, self.progress = config or VsePPConfig(), name, progress
-        self.model = self.tokenizer = self.history = self.checkpoint_path = None
+        super().__init__(config or VsePPConfig(), name, progress)
 
     @property
     def notes(self) -> str:
@@ -243,44 +191,9 @@ class VsePPMethod:
                 f"{_IMAGE_NAMES.get(c.image_encoder, c.image_encoder)}, cosine, {loss}, "
                 "FAISS IndexFlatIP")
 
-    def fit(self, bench: dict, tokenizer, cache_dir=None) -> "VsePPMethod":
-        """Train on bench["train"], or load cache_dir / checkpoint_name(...) if it is there."""
-        self.tokenizer, self.checkpoint_path = tokenizer, None
-        if cache_dir is not None:
-            name = checkpoint_name("vsepp", self.config.to_dict(), bench["train"], tokenizer)
-            self.checkpoint_path = Path(cache_dir) / name
-        self.model, self.history = train_dual_encoder(bench, tokenizer, self.config,
-                                                      checkpoint_path=self.checkpoint_path,
-                                                      progress=self.progress)
-        return self
-
-    def _fitted(self) -> DualEncoder:
-        if self.model is None:
-            raise RuntimeError(f"{self.name}: call fit(bench, tokenizer, cache_dir) first")
-        return self.model
-
-    def similarity(self, split) -> torch.Tensor:
-        return similarity(self._fitted(), split, self.tokenizer)  # (N, T)
-
-    def query_fn(self, split, top_k: int = 10, caption_index: int = 0):
-        """A zero-argument callable answering one text query: the online cost of retrieval.
-
-        The gallery's image embeddings are computed once, here (offline), into an exact FAISS
-        index; each call tokenises one caption, runs the text encoder and projection, and searches
-        the index. Returns the top_k image indices (top_k,), best first.
-        """
-        model = self._fitted().eval()
-        index = build_index(encode_gallery(model, split))  # offline: (N, E) vectors in IndexFlatIP
-        collate, device = TextCollate(self.tokenizer), model_device(model)
-        caption = split.captions[caption_index]
-
-        @torch.no_grad()
-        def answer() -> np.ndarray:
-            batch = {k: v.to(device) for k, v in collate.encode([caption]).items()}  # (1, T)
-            query = model.encode_texts(batch).float().cpu()  # (1, E)
-            return search(index, query, top_k)[1][0]  # (top_k,)
-
-        return answer
+    def train(self, bench: dict, tokenizer, checkpoint_path, cache_dir):
+        return train_dual_encoder(bench, tokenizer, self.config, checkpoint_path=checkpoint_path,
+                                  progress=self.progress)
 
 
 __all__ = ["VsePPConfig", "DualEncoder", "vsepp_loss", "build_dual_encoder", "train_dual_encoder",

@@ -1,0 +1,223 @@
+"""LightningDOT (Sun et al., NAACL 2021): two transformer encoders, a dot product, three objectives.
+
+An image encoder f_V reads detector regions + boxes behind a [CLS] slot, a language encoder f_L
+reads [CLS] words [SEP]; their [CLS] outputs h0 and z0 are the global representations and
+
+    S(t, i) = <z0, h0>                                            (eq. 5: no cross-attention anywhere)
+
+so the gallery is encoded once, offline, into a FAISS index. The other modality reaches each
+encoder only through the training objectives (§3.1), each a small module here:
+
+    VMLM    (eq. 2)  mask 15% of the words (80% [MASK] / 10% random / 10% kept), predict each from
+                     z_mk + h0: the paired image's [CLS] is *added* to the word's state
+    SMRM    (eq. 4)  mask 15% of the regions (features zeroed, boxes kept), and from h_mk + z0
+                     SMRFR: regress the region feature through an MLP (squared L2)
+                     SMRC-kl: predict the detector's soft class distribution (KL divergence)
+    CMR     (eq. 6)  course_lib.losses.contrastive_loss on the in-batch scores S (B, B)
+
+With `fuse=False` the same heads read z_mk and h_mk alone: UNITER-style MLM and MRM without the other
+modality, the "+PT†" row of the paper's Table 4. The paper adds the other [CLS] (eq. 2, 4); the
+authors' released code does so only behind a flag that is off by default. We follow the paper.
+
+Pre-training and fine-tuning (`course_lib.lightningdot_train`) sample one objective per batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from course_lib.data.tokenizer import CLS_ID, MASK_ID, PAD_ID, SEP_ID, SPECIAL_TOKENS
+from course_lib.encoders import BertTextEncoder, RegionTransformerEncoder
+from course_lib.losses import contrastive_loss
+from course_lib.settings import CourseConfig
+
+OBJECTIVES = ("cmr", "vmlm", "smrfr", "smrc_kl")
+IGNORE = -100  # label of words that are not masked (F.cross_entropy's ignore_index)
+
+
+@dataclass
+class LightningDOTConfig(CourseConfig):
+    hidden: int = 64  # width of both encoders; h0 and z0 live in this space (no projection, no L2)
+    layers: int = 2  # transformer blocks per encoder (the paper: 12)
+    heads: int = 4  # attention heads per block
+    max_text_length: int = 40  # tokens per caption, [CLS] and [SEP] included
+    fuse: bool = True  # VMLM / SMRM add the other modality's [CLS]; False = plain MLM / MRM (Table 4)
+    mask_prob: float = 0.15  # share of words / regions masked (BERT, UNITER)
+    # objective -> share of pre-training batches (UNITER samples one task per batch; the authors'
+    # ratios are about itm 16 : mlm 8-12 : mrfr 4-6 : mrc-kl 4-6, CMR standing in for ITM here)
+    pretrain_tasks: dict = field(default_factory=lambda: {"cmr": 2, "vmlm": 2, "smrfr": 1, "smrc_kl": 1})
+    pretrain_steps: int = 2000  # optimizer steps on the pre-training corpus; 0 = no pre-training
+    pretrain_lr: float = 1e-3  # peak AdamW rate while pre-training (the paper's 5e-5 is for BERT-base)
+    finetune_steps: int = 1500  # CMR steps on the training split (about 4 epochs of 50k pairs)
+    finetune_lr: float = 5e-4  # peak AdamW rate while fine-tuning
+    batch_size: int = 128  # (image, caption) pairs per batch: the in-batch negatives of CMR
+    warmup_fraction: float = 0.1  # linear warm-up over the first 10% of steps, then linear decay (A.1)
+    grad_clip: float = 2.0  # max gradient norm
+    seed: int = 0  # weights, masking and data order
+
+    SMOKE: ClassVar[dict] = {"pretrain_steps": 30, "finetune_steps": 30}
+
+    def __post_init__(self):
+        unknown = set(self.pretrain_tasks) - set(OBJECTIVES)
+        if unknown or not self.pretrain_tasks or min(self.pretrain_tasks.values()) < 0:
+            raise ValueError(f"pretrain_tasks must map some of {OBJECTIVES} to non-negative ratios, "
+                             f"got {self.pretrain_tasks}")
+
+
+# ----------------------------------------------------------------------------- masking
+
+def mask_tokens(input_ids: torch.Tensor, attention_mask: torch.Tensor, vocab_size: int,
+                mask_prob: float = 0.15, generator: torch.Generator | None = None):
+    """BERT masking of real words: returns (masked_ids, labels), both (B, T).
+
+    Each word ([CLS], [SEP], [PAD] never) is picked with probability mask_prob, at least one per
+    caption (as UNITER); a picked word becomes [MASK] 80% of the time, a random word 10%, itself
+    10%. labels hold the original id at picked positions and IGNORE elsewhere.
+    """
+    real = attention_mask.bool() & (input_ids != CLS_ID) & (input_ids != SEP_ID) & (input_ids != PAD_ID)
+    u = torch.rand(input_ids.shape, generator=generator, device=input_ids.device)
+    picked = real & (u < mask_prob)  # (B, T)
+    none = real.any(1) & ~picked.any(1)  # captions with words but nothing picked: pick one
+    if none.any():
+        noise = torch.rand(input_ids.shape, generator=generator, device=input_ids.device)
+        forced = torch.where(real, noise, torch.full_like(noise, -1.0)).argmax(1)  # a random real word
+        picked[none, forced[none]] = True
+    labels = torch.where(picked, input_ids, torch.full_like(input_ids, IGNORE))
+    action = torch.rand(input_ids.shape, generator=generator, device=input_ids.device)
+    random_words = torch.randint(len(SPECIAL_TOKENS), vocab_size, input_ids.shape, generator=generator,
+                                 device=input_ids.device)
+    masked = input_ids.clone()
+    masked[picked & (action < 0.8)] = MASK_ID
+    swap = picked & (action >= 0.8) & (action < 0.9)
+    masked[swap] = random_words[swap]
+    return masked, labels  # the last 10% keep their word
+
+
+def mask_regions(region_mask: torch.Tensor, mask_prob: float = 0.15,
+                 generator: torch.Generator | None = None) -> torch.Tensor:
+    """(B, R) bool: the real regions to mask, each with probability mask_prob, at least one per image."""
+    real = region_mask.bool()
+    u = torch.rand(real.shape, generator=generator, device=real.device)
+    picked = real & (u < mask_prob)
+    none = real.any(1) & ~picked.any(1)
+    if none.any():
+        noise = torch.rand(real.shape, generator=generator, device=real.device)
+        forced = torch.where(real, noise, torch.full_like(noise, -1.0)).argmax(1)
+        picked[none, forced[none]] = True
+    return picked
+
+
+# ----------------------------------------------------------------------------- objectives
+
+def prediction_head(hidden: int, out: int) -> nn.Sequential:
+    """BERT's prediction head shape: Linear, GELU, LayerNorm, Linear."""
+    return nn.Sequential(nn.Linear(hidden, hidden), nn.GELU(), nn.LayerNorm(hidden), nn.Linear(hidden, out))
+
+
+def _fused(states: torch.Tensor, other_cls: torch.Tensor, fuse: bool) -> torch.Tensor:
+    """states (B, L, H) + the other modality's [CLS] (B, H) broadcast over L, or states alone."""
+    return states + other_cls.unsqueeze(1) if fuse else states
+
+
+class VMLM(nn.Module):
+    """Eq. 2: -1/M sum_k log P(w_mk | z_mk + h0). forward(word_states (B, T, H), image_cls (B, H),
+    labels (B, T) with IGNORE at unmasked words) -> mean cross-entropy over the masked words."""
+
+    def __init__(self, hidden: int, vocab_size: int, fuse: bool = True):
+        super().__init__()
+        self.head, self.fuse = prediction_head(hidden, vocab_size), fuse
+
+    def forward(self, word_states, image_cls, labels) -> torch.Tensor:
+        picked = labels != IGNORE  # (B, T)
+        logits = self.head(_fused(word_states, image_cls, self.fuse)[picked])  # (M, V)
+        return F.cross_entropy(logits, labels[picked])
+
+
+class SMRFR(nn.Module):
+    """Eq. 4 with D_fr: 1/M sum_k ||v_mk - g_fr(h_mk + z0)||^2. forward(region_states (B, R, H),
+    text_cls (B, H), features (B, R, D) the unmasked originals, masked (B, R) bool) -> loss."""
+
+    def __init__(self, hidden: int, region_dim: int, fuse: bool = True):
+        super().__init__()
+        self.head, self.fuse = prediction_head(hidden, region_dim), fuse
+
+    def forward(self, region_states, text_cls, features, masked) -> torch.Tensor:
+        predicted = self.head(_fused(region_states, text_cls, self.fuse)[masked])  # (M, D)
+        return (predicted - features[masked]).pow(2).sum(-1).mean()
+
+
+class SMRCKL(nn.Module):
+    """Eq. 4 with D_mrc: 1/M sum_k KL(c(v_mk) || g_mrc(h_mk + z0)), c = the detector's soft labels.
+    forward(region_states (B, R, H), text_cls (B, H), soft_labels (B, R, C), masked (B, R)) -> loss."""
+
+    def __init__(self, hidden: int, n_classes: int, fuse: bool = True):
+        super().__init__()
+        self.head, self.fuse = prediction_head(hidden, n_classes), fuse
+
+    def forward(self, region_states, text_cls, soft_labels, masked) -> torch.Tensor:
+        log_q = F.log_softmax(self.head(_fused(region_states, text_cls, self.fuse)[masked]), -1)  # (M, C)
+        p = soft_labels[masked]  # (M, C)
+        return F.kl_div(log_q, p, reduction="none").sum(-1).mean()  # sum p (log p - log q), 0 log 0 = 0
+
+
+# ----------------------------------------------------------------------------- the model
+
+class LightningDOT(nn.Module):
+    """Image encoder + language encoder + the pre-training heads (unused at inference).
+
+    encode_images(batch) -> h0 (B, H); encode_texts(batch) -> z0 (B, H); forward(pair_batch) ->
+    S (B, B), rows images, columns texts. `modality` = "regions" (the image field it reads).
+    """
+
+    modality = "regions"
+
+    def __init__(self, config: LightningDOTConfig, vocab_size: int, region_dim: int, n_classes: int):
+        super().__init__()
+        c = self.config = config
+        self.vocab_size = vocab_size
+        self.image_encoder = RegionTransformerEncoder(region_dim, c.hidden, c.layers, c.heads)
+        self.text_encoder = BertTextEncoder(vocab_size, c.hidden, c.layers, c.heads,
+                                            max_length=max(64, c.max_text_length))
+        self.vmlm = VMLM(c.hidden, vocab_size, c.fuse)
+        self.smrfr = SMRFR(c.hidden, region_dim, c.fuse)
+        self.smrc_kl = SMRCKL(c.hidden, n_classes, c.fuse)
+
+    def encode_images(self, batch: dict) -> torch.Tensor:
+        return self.image_encoder(batch).pooled  # h0 (B, H): raw, LightningDOT does not normalise
+
+    def encode_texts(self, batch: dict) -> torch.Tensor:
+        return self.text_encoder(batch).pooled  # z0 (B, H)
+
+    def forward(self, batch: dict) -> torch.Tensor:
+        return self.encode_images(batch) @ self.encode_texts(batch).T  # S (B, B), eq. 5
+
+    def objective(self, task: str, batch: dict) -> torch.Tensor:
+        """The loss of one objective on a pair batch (masking drawn from torch's global RNG)."""
+        if task == "cmr":
+            return contrastive_loss(self(batch))  # eq. 6
+        if task == "vmlm":
+            ids, labels = mask_tokens(batch["input_ids"], batch["attention_mask"], self.vocab_size,
+                                      self.config.mask_prob)
+            words = self.text_encoder({**batch, "input_ids": ids}).tokens  # (B, T, H)
+            return self.vmlm(words, self.encode_images(batch), labels)
+        if task in ("smrfr", "smrc_kl"):
+            masked = mask_regions(batch["region_mask"], self.config.mask_prob)  # (B, R)
+            hidden = {**batch, "regions": batch["regions"].masked_fill(masked.unsqueeze(-1), 0.0)}
+            regions = self.image_encoder(hidden).tokens[:, 1:]  # (B, R, H): drop the [CLS] slot
+            text_cls = self.encode_texts(batch)  # (B, H)
+            if task == "smrfr":
+                return self.smrfr(regions, text_cls, batch["regions"], masked)
+            if "region_classes" not in batch:
+                raise ValueError("smrc_kl needs the detector's soft labels (split.region_classes); "
+                                 "drop it from pretrain_tasks for data without them")
+            return self.smrc_kl(regions, text_cls, batch["region_classes"], masked)
+        raise ValueError(f"unknown objective {task!r}; valid: {OBJECTIVES}")
+
+
+__all__ = ["LightningDOTConfig", "LightningDOT", "VMLM", "SMRFR", "SMRCKL", "mask_tokens",
+           "mask_regions", "prediction_head", "OBJECTIVES", "IGNORE"]

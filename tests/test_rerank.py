@@ -1,0 +1,119 @@
+"""Two-stage retrieval against a naive per-query loop, its identities (top_m = everything gives the
+re-ranker's own ranking), the cross-encoder's pair scorer against its full score matrix, and the
+benchmark method built from two stand-in methods."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from course_lib.cross_encoder import CrossEncoder, CrossEncoderConfig, score_index_pairs, score_matrix
+from course_lib.data.synthetic import SyntheticConfig, make_benchmark
+from course_lib.data.tokenizer import build_word_tokenizer
+from course_lib.metrics import retrieval_metrics
+from course_lib.rerank import TwoStageMethod, top_m_candidates, two_stage_scores
+
+
+def naive_two_stage_order(first: np.ndarray, rerank: np.ndarray, m: int) -> list[int]:
+    """One query's final order: its top-m by the first stage re-sorted by the re-ranker, then the
+    rest in first-stage order. first, rerank: (n_candidates,) scores of one query."""
+    by_first = sorted(range(len(first)), key=lambda c: -first[c])
+    top = sorted(by_first[:m], key=lambda c: -rerank[c])
+    return top + by_first[m:]
+
+
+@pytest.mark.parametrize("direction", ["t2i", "i2t"])
+@pytest.mark.parametrize("m", [1, 3, 7])
+def test_two_stage_scores_order_matches_a_naive_loop(direction, m):
+    g = torch.Generator().manual_seed(m)
+    first = torch.randn(7, 11, generator=g)  # (N, T), distinct scores
+    full = torch.randn(7, 11, generator=g) * 5  # the re-ranker's score of every pair
+    calls = []
+
+    def score_pairs(images, texts):
+        calls.append(len(images))
+        return full[images, texts]
+
+    out = two_stage_scores(first, score_pairs, m, direction)
+    assert out.shape == first.shape and calls == [m * (11 if direction == "t2i" else 7)]
+    for q in range(11 if direction == "t2i" else 7):
+        f, r, o = ((first[:, q], full[:, q], out[:, q]) if direction == "t2i"
+                   else (first[q], full[q], out[q]))
+        expected = naive_two_stage_order(f.numpy(), r.numpy(), m)
+        assert torch.argsort(o, descending=True).tolist() == expected
+
+
+def test_top_m_of_everything_is_the_rerankers_own_ranking():
+    g = torch.Generator().manual_seed(0)
+    txt2img = np.repeat(np.arange(6), 5)  # 6 images, 5 captions each
+    first, full = torch.randn(6, 30, generator=g), torch.randn(6, 30, generator=g)
+    scorer = lambda i, t: full[i, t]  # noqa: E731
+    i2t = two_stage_scores(first, scorer, 30, "i2t")
+    t2i = two_stage_scores(first, scorer, 6, "t2i")
+    assert retrieval_metrics(i2t, txt2img, t2i_sims=t2i) == retrieval_metrics(full, txt2img)
+    # and top_m = 1 keeps the first stage's ranking exactly
+    one = retrieval_metrics(two_stage_scores(first, scorer, 1, "i2t"), txt2img,
+                            t2i_sims=two_stage_scores(first, scorer, 1, "t2i"))
+    assert one == retrieval_metrics(first, txt2img)
+
+
+def test_top_m_candidates_checks_its_input():
+    scores = torch.tensor([[0.1, 0.9], [0.5, 0.2], [0.3, 0.4]])  # (3 images, 2 texts)
+    assert top_m_candidates(scores, 2, "t2i").tolist() == [[1, 2], [0, 2]]
+    assert top_m_candidates(scores, 5, "i2t").tolist() == [[1, 0], [0, 1], [1, 0]]  # capped
+    with pytest.raises(ValueError, match="direction"):
+        top_m_candidates(scores, 2, "both")
+    with pytest.raises(ValueError, match="top_m"):
+        top_m_candidates(scores, 0)
+
+
+def test_retrieval_metrics_t2i_sims_must_match_shape():
+    with pytest.raises(ValueError, match="t2i_sims"):
+        retrieval_metrics(torch.zeros(2, 4), np.array([0, 0, 1, 1]), t2i_sims=torch.zeros(2, 3))
+
+
+def test_cross_encoder_pair_scorer_matches_its_score_matrix():
+    torch.set_num_threads(1)
+    bench = make_benchmark(SyntheticConfig.smoke(n_train=10, n_val=2, n_test=6, n_pretrain=2,
+                                                 n_compositional=1), seed=0)
+    split = bench["test"]
+    tokenizer = build_word_tokenizer(bench["train"].captions + split.captions)
+    torch.manual_seed(0)
+    model = CrossEncoder(split.regions.shape[-1], len(tokenizer),
+                         CrossEncoderConfig(hidden=16, layers=1, heads=2)).eval()
+    full = score_matrix(model, split, tokenizer, progress=False)  # (N, T)
+    images = torch.tensor([0, 5, 2, 2, 3])
+    texts = torch.tensor([7, 7, 0, 29, 12])
+    got = score_index_pairs(model, split, tokenizer, images, texts, batch_size=2)
+    assert torch.allclose(got, full[images, texts], atol=1e-5)
+    with pytest.raises(ValueError, match="pairs"):
+        score_index_pairs(model, split, tokenizer, images, texts[:3])
+
+
+class _Stub:
+    """A stand-in method whose scores are a fixed matrix."""
+
+    def __init__(self, name, scores):
+        self.name, self.scores, self.model = name, scores, "fitted"
+
+    def similarity(self, split):
+        return self.scores
+
+    def pair_scorer(self, split):
+        return lambda images, texts: self.scores[images, texts]
+
+    def query_fn(self, split, top_k=10, caption_index=0):
+        return lambda: torch.topk(self.scores[:, caption_index], top_k).indices.numpy()
+
+
+def test_two_stage_method_combines_first_stage_and_reranker():
+    g = torch.Generator().manual_seed(4)
+    first, full = torch.randn(8, 16, generator=g), torch.randn(8, 16, generator=g)
+    method = TwoStageMethod(_Stub("fast", first), _Stub("slow", full), top_m=3)
+    assert method.name == "fast+rerank@3"
+    i2t, t2i = method.similarity(None)
+    assert torch.equal(t2i, method.t2i_similarity(None))
+    assert torch.equal(t2i, two_stage_scores(first, lambda i, t: full[i, t], 3, "t2i"))
+    top = method.query_fn(None, top_k=2, caption_index=5)()
+    assert top.tolist() == naive_two_stage_order(first[:, 5].numpy(), full[:, 5].numpy(), 3)[:2]
