@@ -20,3 +20,45 @@ def _no_network(monkeypatch):
 
     monkeypatch.setattr(socket.socket, "connect", guarded_connect)
     yield
+
+
+# Shared fixtures of the model tests (test_vsepp, test_scan_model, test_cross_encoder, test_train).
+# torch and course_lib are imported inside them, so collecting the other tests stays light.
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread for a whole module (its module-scoped fixtures included), restored after.
+
+    Tiny models gain nothing from more threads, one thread keeps CPU reductions in a fixed order,
+    and it leaves the other core to other jobs. Opt in with
+    `pytestmark = pytest.mark.usefixtures("one_thread")`: module scope, not session, so modules
+    that do not ask for it keep torch's default."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def bench(request):
+    """The module's tiny synthetic benchmark: `SyntheticConfig.smoke(**BENCH_SIZES)`, seed 0, where
+    BENCH_SIZES is a dict the test module defines (each module picks the sizes its tests need).
+    Built once per module; tests read it and must not modify it."""
+    from course_lib.data.synthetic import SyntheticConfig, make_benchmark
+
+    sizes = getattr(request.module, "BENCH_SIZES", None)
+    if sizes is None:
+        pytest.fail(f"{request.module.__name__} uses the `bench` fixture but defines no BENCH_SIZES "
+                    "dict of SyntheticConfig.smoke sizes", pytrace=False)
+    return make_benchmark(SyntheticConfig.smoke(**sizes), seed=0)
+
+
+@pytest.fixture(scope="module")
+def tok(bench):
+    """A word tokenizer over the vocabulary of the module's `bench` train captions."""
+    from course_lib.data.tokenizer import build_word_tokenizer
+
+    return build_word_tokenizer(bench["train"].captions)

@@ -83,7 +83,8 @@ def test_slow_methods_are_scored_on_sampled_queries(monkeypatch):
 
 def test_the_course_methods_are_registered_in_teaching_order():
     names = [m.name for m in benchmark.available_methods(smoke=True)]
-    assert names == ["vsepp", "scan", "cross_encoder"]
+    assert names == ["vsepp", "scan", "cross_encoder", "lightningdot", "lightningdot+rerank@20",
+                     "lightningdot+rerank@50"]
 
 
 def test_baseline_scores_match_an_explicit_computation():

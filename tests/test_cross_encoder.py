@@ -22,26 +22,10 @@ from course_lib.metrics import retrieval_metrics
 from course_lib.vsepp import VsePPConfig, VsePPMethod
 
 TOL = 1e-5
+# the `bench` fixture (tests/conftest.py, with `tok` over its train captions): SyntheticConfig.smoke sizes
+BENCH_SIZES = dict(n_train=300, n_val=20, n_test=20, n_pretrain=2, n_compositional=1)
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    # One thread keeps CPU reductions in a fixed order and leaves the other core to other jobs.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def bench():
-    cfg = SyntheticConfig.smoke(n_train=300, n_val=20, n_test=20, n_pretrain=2, n_compositional=1)
-    return make_benchmark(cfg, seed=0)
-
-
-@pytest.fixture(scope="module")
-def tok(bench):
-    return build_word_tokenizer(bench["train"].captions)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: one torch thread
 
 
 @pytest.fixture(scope="module")

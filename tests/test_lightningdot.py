@@ -10,7 +10,6 @@ import pytest
 import torch
 from torch import nn
 
-from course_lib.data.synthetic import SyntheticConfig, make_benchmark
 from course_lib.data.tokenizer import CLS_ID, MASK_ID, PAD_ID, SEP_ID, SPECIAL_TOKENS, build_word_tokenizer
 from course_lib.data.datasets import PairCollate, PairDataset
 from course_lib.lightningdot import (IGNORE, SMRCKL, SMRFR, VMLM, LightningDOT, LightningDOTConfig,
@@ -21,23 +20,14 @@ from course_lib.losses import contrastive_loss
 TOL = 1e-5
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
+BENCH_SIZES = dict(n_train=120, n_val=20, n_test=20, n_pretrain=120, n_compositional=1)
 
 
 @pytest.fixture(scope="module")
-def ld_bench():
-    cfg = SyntheticConfig.smoke(n_train=120, n_val=20, n_test=20, n_pretrain=120, n_compositional=1)
-    return make_benchmark(cfg, seed=0)
-
-
-@pytest.fixture(scope="module")
-def ld_tokenizer(ld_bench):
-    return build_word_tokenizer(ld_bench["train"].captions + ld_bench["pretrain"].captions)
+def ld_tokenizer(bench):
+    # pre-training captions have words of their own ("stock photo ..."), so both corpora feed it
+    return build_word_tokenizer(bench["train"].captions + bench["pretrain"].captions)
 
 
 def small_config(**kw) -> LightningDOTConfig:
@@ -141,9 +131,9 @@ def test_smrc_kl_equals_hand_kl_divergence():
 
 # ----------------------------------------------------------------------------- the model
 
-def test_scores_are_dot_products_of_independent_encodings(ld_bench, ld_tokenizer):
+def test_scores_are_dot_products_of_independent_encodings(bench, ld_tokenizer):
     torch.manual_seed(0)
-    split = ld_bench["train"]
+    split = bench["train"]
     model = LightningDOT(small_config(), len(ld_tokenizer), split.regions.shape[-1],
                          split.region_classes.shape[-1]).eval()
     batch = pair_batch(split, ld_tokenizer, 6)
@@ -163,9 +153,9 @@ def test_scores_are_dot_products_of_independent_encodings(ld_bench, ld_tokenizer
 
 
 @pytest.mark.parametrize("task", ["cmr", "vmlm", "smrfr", "smrc_kl"])
-def test_every_fused_objective_trains_both_encoders(ld_bench, ld_tokenizer, task):
+def test_every_fused_objective_trains_both_encoders(bench, ld_tokenizer, task):
     torch.manual_seed(0)
-    split = ld_bench["train"]
+    split = bench["train"]
     model = LightningDOT(small_config(), len(ld_tokenizer), split.regions.shape[-1],
                          split.region_classes.shape[-1])
     model.objective(task, pair_batch(split, ld_tokenizer)).backward()
@@ -175,9 +165,9 @@ def test_every_fused_objective_trains_both_encoders(ld_bench, ld_tokenizer, task
 
 
 @pytest.mark.parametrize("task,silent", [("vmlm", "image_encoder"), ("smrfr", "text_encoder")])
-def test_without_fusion_mlm_and_mrm_stay_in_one_modality(ld_bench, ld_tokenizer, task, silent):
+def test_without_fusion_mlm_and_mrm_stay_in_one_modality(bench, ld_tokenizer, task, silent):
     torch.manual_seed(0)
-    split = ld_bench["train"]
+    split = bench["train"]
     model = LightningDOT(small_config(fuse=False), len(ld_tokenizer), split.regions.shape[-1],
                          split.region_classes.shape[-1])
     model.objective(task, pair_batch(split, ld_tokenizer)).backward()
@@ -195,25 +185,25 @@ def test_task_schedule_follows_the_ratios_and_the_seed():
         LightningDOTConfig(pretrain_tasks={"itm": 1})
 
 
-def test_pretrain_then_finetune_logs_each_task_and_reuses_checkpoints(ld_bench, ld_tokenizer, tmp_path):
+def test_pretrain_then_finetune_logs_each_task_and_reuses_checkpoints(bench, ld_tokenizer, tmp_path):
     config = small_config(pretrain_steps=12, finetune_steps=4)
     paths = dict(pretrain_checkpoint=tmp_path / "pre.pt", checkpoint_path=tmp_path / "ft.pt")
-    model, histories = train_lightningdot(ld_bench, ld_tokenizer, config, progress=False, **paths)
+    model, histories = train_lightningdot(bench, ld_tokenizer, config, progress=False, **paths)
     logged = set().union(*(row.keys() for row in histories["pretrain"]))
     assert {"cmr_loss", "vmlm_loss", "smrfr_loss", "smrc_kl_loss"} <= logged
     assert all(math.isfinite(row["loss"]) for row in histories["finetune"])
-    again, _ = train_lightningdot(ld_bench, ld_tokenizer, config, progress=False, **paths)
+    again, _ = train_lightningdot(bench, ld_tokenizer, config, progress=False, **paths)
     for a, b in zip(model.state_dict().values(), again.state_dict().values()):
         assert torch.equal(a, b)
 
 
-def test_method_caches_pretraining_apart_from_finetuning(ld_bench, ld_tokenizer, tmp_path):
-    first = LightningDOTMethod(small_config(), progress=False).fit(ld_bench, ld_tokenizer, tmp_path)
-    other = LightningDOTMethod(small_config(finetune_lr=1e-4), progress=False).fit(ld_bench, ld_tokenizer,
+def test_method_caches_pretraining_apart_from_finetuning(bench, ld_tokenizer, tmp_path):
+    first = LightningDOTMethod(small_config(), progress=False).fit(bench, ld_tokenizer, tmp_path)
+    other = LightningDOTMethod(small_config(finetune_lr=1e-4), progress=False).fit(bench, ld_tokenizer,
                                                                                  tmp_path)
     assert first.pretrain_checkpoint == other.pretrain_checkpoint  # one pre-training serves both
     assert first.checkpoint_path != other.checkpoint_path
-    sims = first.similarity(ld_bench["test"])
-    assert sims.shape == (ld_bench["test"].n_images, ld_bench["test"].n_texts)
-    top = first.query_fn(ld_bench["test"], top_k=5)()
+    sims = first.similarity(bench["test"])
+    assert sims.shape == (bench["test"].n_images, bench["test"].n_texts)
+    top = first.query_fn(bench["test"], top_k=5)()
     assert np.array_equal(top, torch.topk(sims[:, 0], 5).indices.numpy())

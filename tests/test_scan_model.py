@@ -11,8 +11,7 @@ import torch.nn.functional as F
 from course_lib import train as train_module
 from course_lib.data.datasets import (ImageDataset, PairCollate, PairDataset, TextCollate,
                                       collate_images)
-from course_lib.data.synthetic import SyntheticConfig, make_benchmark
-from course_lib.data.tokenizer import CLS_ID, PAD_ID, SEP_ID, build_word_tokenizer
+from course_lib.data.tokenizer import CLS_ID, PAD_ID, SEP_ID
 from course_lib.losses import hinge_triplet_loss
 from course_lib.metrics import retrieval_metrics
 from course_lib.scan import scan_similarity
@@ -20,28 +19,11 @@ from course_lib.scan_model import (SCANConfig, SCANMethod, SCANModel, scan_loss,
                                    train_scan, words_only)
 
 TOL = 1e-5
+# the `bench` fixture (tests/conftest.py, with `tok` over its train captions): SyntheticConfig.smoke
+# sizes; 3-5 objects, so some scenes have padded region slots
+BENCH_SIZES = dict(n_train=400, n_val=60, n_test=20, n_pretrain=2, n_compositional=1, min_objects=3)
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    # One thread keeps CPU reductions in a fixed order and leaves the other core to other jobs.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def bench():
-    # 3-5 objects, so some scenes have padded region slots
-    cfg = SyntheticConfig.smoke(n_train=400, n_val=60, n_test=20, n_pretrain=2, n_compositional=1,
-                                min_objects=3)
-    return make_benchmark(cfg, seed=0)
-
-
-@pytest.fixture(scope="module")
-def tok(bench):
-    return build_word_tokenizer(bench["train"].captions)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: one torch thread
 
 
 def make_model(bench, tok, **overrides):

@@ -14,13 +14,7 @@ from course_lib.train import (History, Trainer, TrainConfig, load_model_weights,
                               param_groups, warmup_linear_decay)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # One thread keeps CPU reductions in a fixed order and leaves the other core to other jobs.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: one torch thread
 
 
 class Net(nn.Module):

@@ -10,7 +10,6 @@ import torch
 
 from course_lib.data.datasets import (CaptionDataset, ImageDataset, PairCollate, PairDataset,
                                       make_loader)
-from course_lib.data.synthetic import SyntheticConfig, make_benchmark
 from course_lib.data.tokenizer import build_word_tokenizer
 from course_lib.losses import hinge_triplet_loss
 from course_lib.metrics import retrieval_metrics
@@ -25,30 +24,21 @@ from course_lib.vsepp import (DualEncoder, VsePPConfig, VsePPMethod, build_dual_
 TINY = dict(hidden=32, embed_dim=32, layers=1, batch_size=32, lr=1e-3, max_violation=False)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # One thread: tiny models gain nothing from more, and it leaves the other core alone.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+# the `bench` fixture (tests/conftest.py): SyntheticConfig.smoke sizes
+BENCH_SIZES = dict(n_train=300, n_val=40, n_test=50, n_pretrain=0, n_compositional=5)
 
-
-@pytest.fixture(scope="module")
-def bench():
-    cfg = SyntheticConfig.smoke(n_train=300, n_val=40, n_test=50, n_pretrain=0, n_compositional=5)
-    return make_benchmark(cfg, seed=0)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: one torch thread
 
 
 @pytest.fixture(scope="module")
 def tokenizer(bench):
+    # train and test captions (conftest's `tok` has the train captions only)
     return build_word_tokenizer(bench["train"].captions + bench["test"].captions)
 
 
 @pytest.fixture(scope="module")
 def trained(bench, tokenizer):
     """(model, history, untrained test metrics) of a short run with a validation hook."""
-    torch.set_num_threads(1)
     config = VsePPConfig(**TINY, max_steps=150, seed=0)
     torch.manual_seed(0)
     untrained = build_dual_encoder(config, bench["train"], tokenizer).eval()
