@@ -66,6 +66,22 @@ def test_optimizer_lr_follows_schedule():
     assert all(g["lr"] == 0.0 for g in trainer.optimizer.param_groups)  # decayed to 0 at the end
 
 
+def test_a_key_logged_on_some_steps_is_averaged_over_those_steps():
+    # one objective per batch (LightningDOT pre-training) logs "<task>_loss" only on its own steps
+    calls = []
+
+    def alternating(model, batch):
+        out = mse(model, batch)
+        calls.append(float(out["loss"]))
+        if len(calls) % 2:
+            out["odd_loss"] = out["loss"]
+        return out
+
+    history = Trainer(build(), alternating, make_dataset(), make_config(max_steps=4, log_every=4)).fit()
+    assert history[0]["odd_loss"] == pytest.approx((calls[0] + calls[2]) / 2, rel=1e-5)
+    assert history[0]["loss"] == pytest.approx(sum(calls) / 4, rel=1e-5)
+
+
 def test_loss_goes_down_and_history_columns():
     trainer = Trainer(build(), mse, make_dataset(), make_config(max_steps=120, log_every=10,
                                                                 batch_size=16))
