@@ -1,5 +1,6 @@
 """Plots the course draws again and again: scene grids with captions, detector boxes,
-counterfactual twins, timing distributions and the accuracy-latency (Pareto) plot."""
+counterfactual twins, the ranked images of one query, timing distributions and the
+accuracy-latency (Pareto) plot."""
 
 from __future__ import annotations
 
@@ -73,6 +74,33 @@ def show_twins(split, pairs, *, n_captions: int = 2, width: float = 3.0):
             lines = [textwrap.shorten(split.captions[t], 64) for t in img2txt[i][:n_captions]]
             ax.set_title(("scene " if col == 0 else "twin ") + split.image_ids[i], fontsize=9)
             ax.text(0.0, -0.04, "\n".join(lines), transform=ax.transAxes, va="top", fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def show_retrieval(split, query_text: str, ranked_image_indices, true_image=None, *, cols: int = 5,
+                   width: float = 2.0):
+    """The top-ranked images of one text query in rank order, the true image framed in red
+    (LightningDOT Fig. 4). ranked_image_indices: the split's image indices, best first."""
+    ranked = [int(i) for i in np.asarray(ranked_image_indices).reshape(-1)]
+    rows = max(1, (len(ranked) + cols - 1) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(cols * width, rows * (width + 0.35) + 0.5), squeeze=False)
+    for ax in axes.flat:
+        ax.axis("off")
+    for rank, (ax, i) in enumerate(zip(axes.flat, ranked), start=1):
+        ax.axis("on")
+        ax.imshow(_image(split, i), interpolation="nearest")
+        ax.set_xticks([])
+        ax.set_yticks([])
+        hit = true_image is not None and i == int(true_image)
+        for spine in ax.spines.values():  # the ground truth in a red rectangle, as the paper draws it
+            spine.set_edgecolor("red" if hit else "lightgrey")
+            spine.set_linewidth(4 if hit else 0.5)
+        ax.set_title(f"{rank}. {split.image_ids[i]}" + (" (true)" if hit else ""), fontsize=8,
+                     color="red" if hit else "black")
+    missing = true_image is not None and int(true_image) not in ranked
+    fig.suptitle(textwrap.fill(f'"{query_text}"', 90) + ("\n(true image not in this list)" if missing else ""),
+                 fontsize=9)
     fig.tight_layout()
     return fig
 

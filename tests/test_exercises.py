@@ -142,3 +142,138 @@ def test_attention_checker_names_the_softmax_axis_and_the_missing_clip():
         check_func_attention(no_clip)
     with pytest.raises(ExerciseError, match="query axis"):
         check_func_attention(softmax_over_queries)
+
+
+# ----------------------------------------------------------------------------- lesson 03: CMR
+
+def _cmr_loop(scores):
+    # independent answer: per image a softmax over the texts, per text one over the images
+    import torch
+
+    B = scores.shape[0]
+    text_retrieval = sum(torch.logsumexp(scores[i], 0) - scores[i, i] for i in range(B)) / B
+    image_retrieval = sum(torch.logsumexp(scores[:, j], 0) - scores[j, j] for j in range(B)) / B
+    return (text_retrieval + image_retrieval) / 2
+
+
+def test_cmr_checker_accepts_the_library_and_a_loop(capsys):
+    from course_lib.exercises import check_cmr_loss
+    from course_lib.losses import contrastive_loss
+
+    check_cmr_loss(contrastive_loss)
+    check_cmr_loss(_cmr_loop)
+    assert capsys.readouterr().out.count("correct") == 2
+
+
+def test_cmr_checker_names_the_usual_mistakes():
+    import torch
+    import torch.nn.functional as F
+
+    from course_lib.exercises import check_cmr_loss
+
+    def rows_only(s):
+        return F.cross_entropy(s, torch.arange(len(s)))
+
+    def columns_only(s):
+        return F.cross_entropy(s.t(), torch.arange(len(s)))
+
+    with pytest.raises(ExerciseError, match="only the image->text direction"):
+        check_cmr_loss(rows_only)
+    with pytest.raises(ExerciseError, match="only the text->image direction"):
+        check_cmr_loss(columns_only)
+    with pytest.raises(ExerciseError, match="did not halve"):
+        check_cmr_loss(lambda s: rows_only(s) + columns_only(s))
+    with pytest.raises(ExerciseError, match="summed over the batch"):
+        check_cmr_loss(lambda s: _cmr_loop(s) * len(s))
+    with pytest.raises(ExerciseError, match="no gradient"):
+        check_cmr_loss(lambda s: torch.tensor(_cmr_loop(s).item()))
+    with pytest.raises(ExerciseError, match="one number"):
+        check_cmr_loss(lambda s: (torch.logsumexp(s, 1) - s.diagonal()))
+
+    def without_positive(s):
+        negatives = s.masked_fill(torch.eye(len(s), dtype=torch.bool), float("-inf"))
+        return (-s.diagonal() + (torch.logsumexp(negatives, 1) + torch.logsumexp(negatives, 0)) / 2).mean()
+
+    with pytest.raises(ExerciseError, match="denominator"):
+        check_cmr_loss(without_positive)
+
+
+# ----------------------------------------------------------------------------- lesson 03: masking
+
+def _mask_loop(input_ids, attention_mask, vocab_size, mask_prob, generator):
+    # independent answer: caption by caption, word by word, one uniform draw per decision
+    import torch
+
+    from course_lib.data.tokenizer import CLS_ID, MASK_ID, PAD_ID, SEP_ID
+
+    masked, labels = input_ids.clone(), torch.full_like(input_ids, -100)
+    for b in range(len(input_ids)):
+        words = [t for t in range(input_ids.shape[1]) if attention_mask[b, t]
+                 and int(input_ids[b, t]) not in (CLS_ID, SEP_ID, PAD_ID)]
+        picks = [t for t in words if float(torch.rand(1, generator=generator)) < mask_prob]
+        if words and not picks:
+            picks = [words[int(torch.randint(len(words), (1,), generator=generator))]]
+        for t in picks:
+            labels[b, t] = input_ids[b, t]
+            action = float(torch.rand(1, generator=generator))
+            if action < 0.8:
+                masked[b, t] = MASK_ID
+            elif action < 0.9:
+                masked[b, t] = int(torch.randint(5, vocab_size, (1,), generator=generator))
+    return masked, labels
+
+
+def test_mask_checker_accepts_the_library_and_a_loop(capsys):
+    from course_lib.exercises import check_mask_tokens
+    from course_lib.lightningdot import mask_tokens
+
+    check_mask_tokens(mask_tokens)
+    check_mask_tokens(_mask_loop)
+    assert capsys.readouterr().out.count("correct") == 2
+
+
+def _variant(*, specials=False, all_mask=False, labels_everywhere=False, force_one=True, own_rng=False,
+             in_place=False, random_from_all=False):
+    """The library's masking with one thing done wrong, as a learner might."""
+    import torch
+
+    from course_lib.data.tokenizer import CLS_ID, MASK_ID, PAD_ID, SEP_ID
+
+    def fn(input_ids, attention_mask, vocab_size, mask_prob, generator):
+        generator = None if own_rng else generator
+        real = attention_mask.bool()
+        if not specials:
+            real &= (input_ids != CLS_ID) & (input_ids != SEP_ID) & (input_ids != PAD_ID)
+        picked = real & (torch.rand(input_ids.shape, generator=generator) < mask_prob)
+        none = real.any(1) & ~picked.any(1)
+        if force_one and none.any():
+            noise = torch.rand(input_ids.shape, generator=generator).masked_fill(~real, -1.0)
+            picked[none, noise.argmax(1)[none]] = True
+        labels = input_ids.clone() if labels_everywhere else torch.where(picked, input_ids, -100)
+        action = torch.rand(input_ids.shape, generator=generator)
+        masked = input_ids if in_place else input_ids.clone()
+        low = 0 if random_from_all else 5
+        words = torch.randint(low, vocab_size, input_ids.shape, generator=generator)
+        swap = picked & (action >= 0.8) & (action < 0.9)
+        masked[swap] = words[swap]
+        masked[picked & ((action < 0.8) | all_mask)] = MASK_ID
+        return masked, labels
+
+    return fn
+
+
+@pytest.mark.parametrize("switch, message", [
+    ("specials", r"\[CLS\] was picked"),
+    ("all_mask", "80% \\[MASK\\], 10% a random word"),
+    ("labels_everywhere", "IGNORE"),
+    ("force_one", "at least one per caption"),
+    ("own_rng", "same seed"),
+    ("in_place", "in place"),
+    ("random_from_all", "special tokens"),
+])
+def test_mask_checker_names_the_usual_mistakes(switch, message):
+    from course_lib.exercises import check_mask_tokens
+
+    kwargs = {switch: switch != "force_one"} if switch != "force_one" else {"force_one": False}
+    with pytest.raises(ExerciseError, match=message):
+        check_mask_tokens(_variant(**kwargs))

@@ -75,3 +75,19 @@ def test_a_split_without_pixels_is_a_clear_error(bench):
     no_pixels = type(split)(name="x", captions=split.captions, txt2img=split.txt2img, image_ids=split.image_ids)
     with pytest.raises(ValueError, match="no pixels"):
         viz.show_scenes(no_pixels, [0])
+
+
+def test_show_retrieval_frames_only_the_true_image_in_red(bench):
+    split = bench["test"]
+    ranked = [4, 2, 7, 0, 9, 1, 3]
+    fig = viz.show_retrieval(split, split.captions[10], ranked, true_image=7, cols=5)
+    drawn = [ax for ax in fig.axes if ax.images]
+    assert len(drawn) == len(ranked) and len(fig.axes) == 10  # 2 rows of 5, 3 panels left empty
+    assert [ax.get_title().split(" ")[1] for ax in drawn] == [split.image_ids[i] for i in ranked]
+    red = [ax for ax in drawn if ax.spines["top"].get_edgecolor() == matplotlib.colors.to_rgba("red")]
+    assert red == [drawn[2]] and "(true)" in drawn[2].get_title()
+    assert split.captions[10] in fig._suptitle.get_text()
+    plt.close(fig)
+    fig = viz.show_retrieval(split, "a query", ranked[:3], true_image=11)
+    assert "not in this list" in fig._suptitle.get_text()
+    plt.close(fig)
