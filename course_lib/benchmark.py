@@ -34,6 +34,7 @@ LATENCY_SIZES = (1_000, 5_000)  # gallery sizes of the latency table (README: ms
 # A two-stage method scores top_m pairs per query, (n_images + n_texts) * top_m in all.
 EVAL_PAIRS = {"scan": (8_000_000, 400_000), "cross_encoder": (600_000, 20_000),
               **{f"lightningdot+rerank@{m}": (600_000, 20_000) for m in (20, 50)}}
+CHECKPOINTS = "outputs/checkpoints"  # trained models, shared with the notebooks (run's docstring)
 RERANK_TOP_M = (20, 50)  # LightningDOT A.1: "for re-ranking, we choose k from {20, 50}"
 # Largest gallery a slow method's single query is timed on; bigger ones are extrapolated linearly
 # from the measured sizes (LightningDOT's starred numbers).
@@ -109,8 +110,12 @@ def _row(method, setting, split, metrics, ks, ms_per_query, notes):
 
 
 def run(smoke: bool = False, out: str | Path = "outputs/benchmark", seed: int = 0, progress: bool = True,
-        methods=None) -> dict:
-    """Run the whole benchmark and write its three outputs; returns the results dict."""
+        methods=None, checkpoints: str | Path = CHECKPOINTS) -> dict:
+    """Run the whole benchmark and write its three outputs; returns the results dict.
+
+    checkpoints: the folder of trained models, shared with the notebooks (their `.fit(...,
+    cache_dir="../outputs/checkpoints")`): a checkpoint's name hashes its config, data and
+    vocabulary, so one folder serves every size and seed, and a model trained once is reused."""
     from tqdm.auto import tqdm
 
     start = time.perf_counter()
@@ -130,7 +135,7 @@ def run(smoke: bool = False, out: str | Path = "outputs/benchmark", seed: int = 
     steps = tqdm(total=len(methods) * (len(SETTINGS) + 2), desc="benchmark", disable=not progress)
     for method in methods:
         steps.set_postfix(method=method.name, step="fit")
-        method.fit(bench, tokenizer, cache_dir=out / "checkpoints" / ("smoke" if smoke else "default"))
+        method.fit(bench, tokenizer, cache_dir=Path(checkpoints))
         steps.update()
         for setting in SETTINGS:
             split = bench[setting]
@@ -235,6 +240,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--smoke", action="store_true",
                         help="tiny sizes (also on when COURSE_SMOKE=1): minutes become seconds")
     parser.add_argument("--out", default="outputs/benchmark", help="folder for results.json/.md and pareto.png")
+    parser.add_argument("--checkpoints", default=CHECKPOINTS,
+                        help="folder of cached trained models, shared with the notebooks (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the data and of every method")
     parser.add_argument("--methods", default=None,
                         help="comma-separated subset of the methods to run, e.g. 'vsepp,scan' "
@@ -251,7 +258,7 @@ def main(argv=None) -> dict:
         if unknown:
             parser.error(f"unknown method(s) {unknown}; choose from {sorted(methods)}")
         methods = [methods[name] for name in wanted]
-    results = run(smoke=smoke, out=args.out, seed=args.seed, methods=methods)
+    results = run(smoke=smoke, out=args.out, seed=args.seed, methods=methods, checkpoints=args.checkpoints)
     if args.readme:
         update_readme(results, args.readme)
     print(results_markdown(results))

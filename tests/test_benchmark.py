@@ -11,6 +11,7 @@ from course_lib.baselines import RandomProjectionBaseline
 from course_lib.data.synthetic import SyntheticConfig, make_benchmark
 from course_lib.data.tokenizer import build_word_tokenizer
 from course_lib.metrics import retrieval_metrics
+from course_lib.rerank import TwoStageMethod
 from course_lib.vsepp import VsePPConfig, VsePPMethod
 
 ROW_KEYS = {"method", "setting", "n_images", "n_texts", "ar", "ms_per_query", "notes"}
@@ -20,7 +21,8 @@ ROW_KEYS = {"method", "setting", "n_images", "n_texts", "ar", "ms_per_query", "n
 def smoke_results(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     methods = [RandomProjectionBaseline(), VsePPMethod(VsePPConfig.smoke(), progress=False)]
-    results = benchmark.run(smoke=True, out=out, methods=methods, progress=False)
+    results = benchmark.run(smoke=True, out=out, methods=methods, progress=False,
+                            checkpoints=out / "checkpoints")
     return out, results
 
 
@@ -77,6 +79,36 @@ def test_slow_methods_are_scored_on_sampled_queries(monkeypatch):
     picked = np.sort(np.random.default_rng(0).choice(split.n_texts, size=40, replace=False))
     sims = method.similarity(split).numpy()
     ranks = [(sims[:, t] > sims[split.txt2img[t], t]).sum() for t in picked]
+    for k in (1, 5, 10):
+        assert metrics[f"t2i_r{k}"] == pytest.approx(100 * np.mean(np.array(ranks) < k))
+
+
+class _Reranker(RandomProjectionBaseline):
+    """A stand-in re-ranker: another random projection, offering the pair-scorer API."""
+
+    def pair_scorer(self, split):
+        sims = self.similarity(split)
+        return lambda images, texts: sims[images, texts]
+
+
+def test_two_stage_methods_are_scored_per_direction_and_sampled_by_top_m(monkeypatch):
+    bench = make_benchmark(SyntheticConfig.smoke(n_train=60, n_val=12, n_test=30, n_pretrain=20,
+                                                 n_compositional=6), seed=3)
+    tokenizer = build_word_tokenizer(bench["train"].captions)
+    first = RandomProjectionBaseline(dim=8, seed=1).fit(bench, tokenizer)
+    second = _Reranker(dim=8, seed=2).fit(bench, tokenizer)
+    method = TwoStageMethod(first, second, top_m=4)
+    split = bench["test"]
+    metrics, how = benchmark._evaluate(method, split, (1, 5, 10), smoke=True, seed=0)
+    i2t, t2i = method.similarity(split)
+    assert how == "every query re-ranked"
+    assert metrics == retrieval_metrics(i2t, split.txt2img, t2i_sims=t2i)
+    # a budget of 10 queries' worth of re-ranked pairs: t2i on 10 sampled captions
+    monkeypatch.setitem(benchmark.EVAL_PAIRS, method.name, (None, 10 * 4))
+    metrics, how = benchmark._evaluate(method, split, (1, 5, 10), smoke=True, seed=0)
+    assert "10 sampled text queries" in how and "40 pairs" in how and metrics["i2t_r1"] is None
+    picked = np.sort(np.random.default_rng(0).choice(split.n_texts, size=10, replace=False))
+    ranks = [(t2i[:, t] > t2i[split.txt2img[t], t]).sum() for t in picked]  # same queries, full matrix
     for k in (1, 5, 10):
         assert metrics[f"t2i_r{k}"] == pytest.approx(100 * np.mean(np.array(ranks) < k))
 
