@@ -76,6 +76,8 @@ def test_slow_methods_are_scored_on_sampled_queries(monkeypatch):
     monkeypatch.setitem(benchmark.EVAL_PAIRS, "random_projection", (None, 30 * 40))
     metrics, how = benchmark._evaluate(method, split, (1, 5, 10), smoke=True, seed=0)
     assert "40 sampled text queries" in how and metrics["i2t_r1"] is None
+    exhaustive, how = benchmark._evaluate(method, split, (1, 5, 10), smoke=True, seed=0, every_pair=True)
+    assert how == "every pair scored" and exhaustive == retrieval_metrics(method.similarity(split), split.txt2img)
     picked = np.sort(np.random.default_rng(0).choice(split.n_texts, size=40, replace=False))
     sims = method.similarity(split).numpy()
     ranks = [(sims[:, t] > sims[split.txt2img[t], t]).sum() for t in picked]
