@@ -140,6 +140,22 @@ class DualEncoderMethod(Method):
 
         return answer
 
+    def image_query_fn(self, split, top_k: int = 10, image_index: int = 0, index_kind: str = "flat"):
+        """The same for text retrieval: the split's captions are indexed offline, each call encodes
+        one image and searches them. Returns the top_k caption indices (top_k,), best first."""
+        model = self._fitted().eval()
+        index = build_index(encode_captions(model, split, self.tokenizer), kind=index_kind)  # (T, E)
+        image = ImageDataset(split, modality=model.modality)[image_index]
+        device = model_device(model)
+
+        @torch.no_grad()
+        def answer() -> np.ndarray:
+            batch = {k: v[None].to(device) for k, v in image.items() if torch.is_tensor(v)}  # (1, ...)
+            query = model.encode_images(batch).float().cpu()  # (1, E)
+            return search(index, query, top_k)[1][0]  # (top_k,)
+
+        return answer
+
 
 __all__ = ["Method", "DualEncoderMethod", "encode_gallery", "encode_captions", "encode_split",
            "similarity"]

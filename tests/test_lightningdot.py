@@ -207,3 +207,5 @@ def test_method_caches_pretraining_apart_from_finetuning(bench, ld_tokenizer, tm
     assert sims.shape == (bench["test"].n_images, bench["test"].n_texts)
     top = first.query_fn(bench["test"], top_k=5)()
     assert np.array_equal(top, torch.topk(sims[:, 0], 5).indices.numpy())
+    captions = first.image_query_fn(bench["test"], top_k=5, image_index=3)()  # text retrieval
+    assert np.array_equal(captions, torch.topk(sims[3], 5).indices.numpy())
