@@ -270,10 +270,11 @@ class CrossEncoderMethod(Method):
     """
 
     checkpoint_prefix = "cross_encoder"
+    config_class = CrossEncoderConfig
 
     def __init__(self, config: CrossEncoderConfig | None = None, name: str = "cross_encoder",
                  miner: Callable | None = None, progress: bool = True):
-        super().__init__(config or CrossEncoderConfig(), name, progress)
+        super().__init__(config, name, progress)
         self.miner = miner
         cfg = self.config
         negatives = ("hard negatives mined by a dual encoder" if miner and cfg.hard_negative_fraction > 0

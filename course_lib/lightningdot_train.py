@@ -117,10 +117,11 @@ class LightningDOTMethod(DualEncoderMethod):
     per query. The pre-training checkpoint is cached beside the fine-tuned one."""
 
     checkpoint_prefix = "lightningdot"
+    config_class = LightningDOTConfig
 
     def __init__(self, config: LightningDOTConfig | None = None, name: str = "lightningdot",
                  progress: bool = True):
-        super().__init__(config or LightningDOTConfig(), name, progress)
+        super().__init__(config, name, progress)
         self.pretrain_checkpoint = None
 
     @property

@@ -15,6 +15,7 @@ and a `modality` attribute ("regions" or "pixels", the image field the datasets 
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import ClassVar
 
@@ -31,15 +32,18 @@ from course_lib.retrieval import build_index, search
 _PROGRESS_ITEMS = 20_000
 
 
-class Method:
-    """Base of the benchmark methods. A subclass sets `checkpoint_prefix` and implements
-    `train(bench, tokenizer, checkpoint_path, cache_dir) -> (model, history)`, which loads a finished
-    checkpoint at checkpoint_path instead of training (course_lib.train.Trainer does)."""
+class Method(ABC):
+    """Base of the benchmark methods. A subclass sets `checkpoint_prefix` (also its default name)
+    and `config_class` (its default config), and implements `train(bench, tokenizer,
+    checkpoint_path, cache_dir) -> (model, history)`, which loads a finished checkpoint at
+    checkpoint_path instead of training (course_lib.train.Trainer does)."""
 
     checkpoint_prefix: ClassVar[str] = "method"
+    config_class: ClassVar[type]
 
-    def __init__(self, config, name: str, progress: bool = True):
-        self.config, self.name, self.progress = config, name, progress
+    def __init__(self, config=None, name: str | None = None, progress: bool = True):
+        self.config = config if config is not None else self.config_class()
+        self.name, self.progress = name or self.checkpoint_prefix, progress
         self.model = self.tokenizer = self.history = self.checkpoint_path = None
 
     def checkpoint_extra(self) -> tuple:
@@ -56,8 +60,9 @@ class Method:
         self.model, self.history = self.train(bench, tokenizer, self.checkpoint_path, cache_dir)
         return self
 
+    @abstractmethod
     def train(self, bench: dict, tokenizer, checkpoint_path, cache_dir):
-        raise NotImplementedError(f"{type(self).__name__} must implement train(...)")
+        """Train on bench["train"] (or load a finished checkpoint_path); return (model, history)."""
 
     def _fitted(self) -> nn.Module:
         if self.model is None:

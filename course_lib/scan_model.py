@@ -240,9 +240,7 @@ class SCANMethod(Method):
     """SCAN as a benchmark Method (see course_lib.benchmark): fit, similarity, query_fn."""
 
     checkpoint_prefix = "scan"
-
-    def __init__(self, config: SCANConfig | None = None, name: str = "scan", progress: bool = True):
-        super().__init__(config or SCANConfig(), name, progress)
+    config_class = SCANConfig
 
     @property
     def notes(self) -> str:

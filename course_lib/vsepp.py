@@ -179,9 +179,7 @@ class VsePPMethod(DualEncoderMethod):
     """VSE++ as a benchmark Method (see course_lib.benchmark): fit, similarity, query_fn."""
 
     checkpoint_prefix = "vsepp"
-
-    def __init__(self, config: VsePPConfig | None = None, name: str = "vsepp", progress: bool = True):
-        super().__init__(config or VsePPConfig(), name, progress)
+    config_class = VsePPConfig
 
     @property
     def notes(self) -> str:
