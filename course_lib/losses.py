@@ -47,6 +47,11 @@ def hinge_triplet_loss(scores: torch.Tensor, margin: float = 0.2,
     return cost_text.sum() + cost_image.sum()
 
 
+def hinge_name(max_violation: bool) -> str:
+    """How method notes name hinge_triplet_loss's two variants."""
+    return "max-violation hinge" if max_violation else "sum of hinges"
+
+
 def contrastive_loss(scores: torch.Tensor) -> torch.Tensor:
     """LightningDOT's CMR / CLIP's loss: (CE over texts per image + CE over images per text) / 2.
 

@@ -40,7 +40,7 @@ from course_lib.data.datasets import (CaptionDataset, ImageDataset, PairCollate,
 from course_lib.data.tokenizer import PAD_ID
 from course_lib.checkpoints import model_device
 from course_lib.encoders import BiGRUEncoder, l2_normalize, word_mask
-from course_lib.losses import hinge_triplet_loss
+from course_lib.losses import hinge_name, hinge_triplet_loss
 from course_lib.methods import Method
 from course_lib.metrics import retrieval_metrics
 from course_lib.scan import scan_similarity
@@ -247,7 +247,7 @@ class SCANMethod(Method):
         c = self.config
         image = "Linear(region) + Linear(box)" if c.use_boxes else "Linear(region)"
         agg = f"lse {c.lambda_lse:g}" if c.agg == "lse" else c.agg
-        loss = "max-violation hinge" if c.max_violation else "sum of hinges"
+        loss = hinge_name(c.max_violation)
         return (f"SCAN {c.direction} stacked cross attention ({image} / bi-GRU words, lambda_softmax "
                 f"{c.lambda_softmax:g}, {agg}), {loss}; attends over every gallery image per query")
 

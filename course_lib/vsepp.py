@@ -39,7 +39,7 @@ from torch import nn
 
 from course_lib.data.datasets import PairCollate, PairDataset
 from course_lib.encoders import build_image_encoder, build_text_encoder, l2_normalize
-from course_lib.losses import hinge_triplet_loss
+from course_lib.losses import hinge_name, hinge_triplet_loss
 from course_lib.metrics import retrieval_metrics
 from course_lib.methods import (DualEncoderMethod, encode_captions, encode_gallery, encode_split,
                                 similarity)
@@ -184,7 +184,7 @@ class VsePPMethod(DualEncoderMethod):
     @property
     def notes(self) -> str:
         c = self.config
-        loss = "max-violation hinge" if c.max_violation else "sum of hinges"
+        loss = hinge_name(c.max_violation)
         return (f"dual encoder, {_TEXT_NAMES.get(c.text_encoder, c.text_encoder)} text / "
                 f"{_IMAGE_NAMES.get(c.image_encoder, c.image_encoder)}, cosine, {loss}, "
                 "FAISS IndexFlatIP")

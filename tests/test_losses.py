@@ -213,3 +213,13 @@ def test_distillation_errors():
         distillation_loss(torch.zeros(2, 2), torch.zeros(2, 2), reduction="none")
     with pytest.raises(ValueError, match="tau must be > 0"):
         distillation_loss(torch.zeros(2, 2), torch.zeros(2, 2), tau=0.0)
+
+
+def test_hinge_name_names_both_variants_in_method_notes():
+    from course_lib.losses import hinge_name
+    from course_lib.scan_model import SCANConfig, SCANMethod
+    from course_lib.vsepp import VsePPConfig, VsePPMethod
+
+    assert (hinge_name(True), hinge_name(False)) == ("max-violation hinge", "sum of hinges")
+    assert "sum of hinges" in VsePPMethod(VsePPConfig(max_violation=False)).notes
+    assert "max-violation hinge" in SCANMethod(SCANConfig(max_violation=True)).notes
