@@ -38,11 +38,14 @@ def check_t2i_ranks(fn) -> None:
             raise ExerciseError(f"expected one rank per text, shape {expected.shape}, got {got.shape}; "
                                 "text queries are the columns of sims (n_images, n_texts)")
         if np.array_equal(got, expected + 1):
-            raise ExerciseError("your ranks are 1-based; the course counts from 0 (R@K = mean(rank < K))")
+            raise ExerciseError("every rank is one too high: either they are 1-based (the course counts from "
+                                "0, R@K = mean(rank < K)) or you count the true image itself among those "
+                                "scoring at least as high; count only the other images")
         ties = (sims == sims[txt2img, np.arange(sims.shape[1])][None, :]).sum(0) - 1
-        if ties.any() and not np.array_equal(got, expected) and np.array_equal(got, expected + ties):
-            raise ExerciseError("on ties you count the equal-scoring images as above the true one; count "
-                                "only strictly higher scores (the optimistic convention the course uses)")
+        if ties.any() and not np.array_equal(got, expected) and np.array_equal(got, expected - ties):
+            raise ExerciseError("on ties you count only strictly higher scores; count every *other* image "
+                                "scoring at least as high as the true one (the pessimistic convention the "
+                                "course uses, so a model that scores everything alike cannot look perfect)")
         if not np.array_equal(got, expected):
             bad = int(np.flatnonzero(got != expected)[0])
             raise ExerciseError(f"text {bad}: expected rank {expected[bad]}, got {got[bad]} "
@@ -59,8 +62,8 @@ def check_i2t_ranks(fn) -> None:
             raise ExerciseError(f"expected one rank per image, shape {expected.shape}, got {got.shape}")
         if np.array_equal(got, expected + 1):
             raise ExerciseError("your ranks are 1-based; the course counts from 0 (R@K = mean(rank < K))")
-        first_caption_only = np.array([(sims[i] > sims[i, np.flatnonzero(txt2img == i)[0]]).sum()
-                                       for i in range(sims.shape[0])])
+        first_caption_only = np.array([((sims[i] >= sims[i, np.flatnonzero(txt2img == i)[0]])
+                                        & (txt2img != i)).sum() for i in range(sims.shape[0])])
         if np.array_equal(got, first_caption_only) and not np.array_equal(got, expected):
             raise ExerciseError("you ranked only the first caption of each image; the i2t rank is the "
                                 "best (smallest) rank over all of the image's ground-truth captions")

@@ -7,11 +7,17 @@ true image. Ranks are 0-based; `R@K = 100 * mean(rank < K)`; `medr = floor(media
 `meanr = mean(rank) + 1`; `rsum` is the sum of all the recalls and `ar` their mean (LightningDOT's
 average recall).
 
-Ties are counted optimistically: the rank of a true item is the number of candidates with a
-*strictly greater* score, so a tie with a wrong candidate does not cost the true one. (An argsort
-protocol breaks ties by position instead; the two agree whenever scores are distinct.)
+Ties are counted pessimistically: the rank of a true item is the number of *wrong* candidates
+scoring *at least as high* as it (for i2t, as the image's best caption), so a model that gives every
+pair the same score ranks every truth last and gets R@K of 0, not 100. (An argsort protocol breaks
+ties by position instead; every rule agrees whenever scores are distinct, as a trained model's are.)
 
-Nothing here sorts the matrix. A rank is a count, `(scores > true_score).sum()`, computed over
+Queries: by default every text is a t2i query and every image an i2t query. The full setting
+(DESIGN §4, LightningDOT §4.3) keeps the test split's queries against a gallery of every split:
+pass `query_texts` / `query_images` (indices into the columns / rows) and only those are ranked,
+against every image / every caption.
+
+Nothing here sorts the matrix. A rank is a count, `(scores >= true_score).sum()`, computed over
 chunks of image rows, so a 5k x 25k matrix needs only a few tens of MB beyond itself, and a torch
 tensor stays on its own device (only the small rank vectors come back to the CPU).
 """
@@ -105,22 +111,38 @@ def _check_ks(ks: Sequence[int]) -> tuple[int, ...]:
     return ks
 
 
-def t2i_ranks(sims, txt2img, *, chunk_size: int | None = None) -> np.ndarray:
-    """0-based rank of each text's true image, (n_texts,): images scoring strictly higher.
+def _queries(queries, n: int, what: str) -> np.ndarray | None:
+    """Query indices as an int64 vector checked against n, or None for all."""
+    if queries is None:
+        return None
+    queries = np.asarray(queries.detach().cpu() if torch.is_tensor(queries) else queries)
+    if queries.ndim != 1 or (len(queries) and not np.issubdtype(queries.dtype, np.integer)):
+        raise ValueError(f"query_{what} must be a 1-D vector of indices, got shape {queries.shape}")
+    if len(queries) and (queries.min() < 0 or queries.max() >= n):
+        raise ValueError(f"query_{what} must index [0, {n}), got min {queries.min()} and max {queries.max()}")
+    return queries.astype(np.int64)
 
-    Unlike `retrieval_ranks`, images need not have captions here, so it also scores a *sample* of
-    text queries against a whole gallery (how the benchmark evaluates slow methods on big galleries).
+
+def t2i_ranks(sims, txt2img, *, chunk_size: int | None = None, query_texts=None) -> np.ndarray:
+    """0-based rank of each query text's true image: the other images scoring at least as high.
+
+    Returns (n_texts,), or (len(query_texts),) for those columns only. Unlike `retrieval_ranks`,
+    images need not have captions here, so it also scores a *sample* of text queries against a
+    whole gallery (how the benchmark evaluates slow methods on big galleries).
     """
     scores = _as_tensor(sims)  # (N, T)
     n_images, n_texts = scores.shape
     txt2img = _check_txt2img(txt2img, n_images, n_texts, every_image_captioned=False)
-    chunk_size = _chunk_rows(chunk_size, n_texts)
-    text_image = torch.from_numpy(txt2img).to(scores.device)  # (T,)
-    true_scores = scores[text_image, torch.arange(n_texts, device=scores.device)]  # (T,)
-    ranks = torch.zeros(n_texts, dtype=torch.int64, device=scores.device)  # (T,)
+    columns = _queries(query_texts, n_texts, "texts")
+    if columns is None:
+        columns = np.arange(n_texts)
+    chunk_size = _chunk_rows(chunk_size, len(columns))
+    cols = torch.from_numpy(columns).to(scores.device)  # (Q,)
+    true_scores = scores[torch.from_numpy(txt2img[columns]).to(scores.device), cols]  # (Q,)
+    ranks = torch.full((len(columns),), -1, dtype=torch.int64, device=scores.device)  # the true image counts itself
     for start in range(0, n_images, chunk_size):
-        block = _checked_block(scores, start, chunk_size)  # (c, T)
-        ranks += (block > true_scores[None, :]).sum(0)
+        block = _checked_block(scores, start, chunk_size)[:, cols]  # (c, Q)
+        ranks += (block >= true_scores[None, :]).sum(0)
     return ranks.cpu().numpy()
 
 
@@ -152,8 +174,10 @@ def _checked_block(scores: torch.Tensor, start: int, chunk_size: int) -> torch.T
     return block
 
 
-def retrieval_ranks(sims, txt2img, *, chunk_size: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """0-based ranks `(i2t_ranks (n_images,), t2i_ranks (n_texts,))` under the module's protocol.
+def retrieval_ranks(sims, txt2img, *, chunk_size: int | None = None, query_texts=None,
+                    query_images=None) -> tuple[np.ndarray, np.ndarray]:
+    """0-based ranks `(i2t_ranks (n_images,), t2i_ranks (n_texts,))` under the module's protocol,
+    or only the query rows / columns given (query_images / query_texts: the full setting).
 
     `chunk_size` is the number of image rows scored at once (default: about 8M matrix elements
     per chunk); it changes memory use only, never the result.
@@ -161,22 +185,50 @@ def retrieval_ranks(sims, txt2img, *, chunk_size: int | None = None) -> tuple[np
     scores = _as_tensor(sims)  # (N, T)
     n_images, n_texts = scores.shape
     txt2img = _check_txt2img(txt2img, n_images, n_texts)
+    rows = _queries(query_images, n_images, "images")
+    rows = np.arange(n_images) if rows is None else rows
     chunk_size = _chunk_rows(chunk_size, n_texts)
-    t2i = t2i_ranks(scores, txt2img, chunk_size=chunk_size)  # (T,)
+    t2i = t2i_ranks(scores, txt2img, chunk_size=chunk_size, query_texts=query_texts)  # (Q_t,)
 
     device = scores.device
     text_image = torch.from_numpy(txt2img).to(device)  # (T,)
     true_t2i = scores[text_image, torch.arange(n_texts, device=device)]  # (T,)
-    # i2t: an image's best rank over its captions is the rank of its best-scoring caption,
-    # because "number of strictly greater scores" only falls as the threshold rises.
+    # i2t: an image's best rank over its captions is the rank of its best-scoring caption.
     # include_self=False: the zeros are placeholders, every image has >= 1 caption (checked).
     best_i2t = torch.zeros(n_images, dtype=scores.dtype, device=device).scatter_reduce(
         0, text_image, true_t2i, reduce="amax", include_self=False)  # (N,)
-    i2t = torch.empty(n_images, dtype=torch.int64, device=device)  # (N,)
-    for start in range(0, n_images, chunk_size):
-        block = scores[start:start + chunk_size]  # (c, T), NaN-checked by t2i_ranks
-        i2t[start:start + len(block)] = (block > best_i2t[start:start + len(block), None]).sum(1)
+    # own captions tied with the best one are not "wrong candidates": subtract them from the count
+    own_at_best = torch.zeros(n_images, dtype=torch.int64, device=device).scatter_add_(
+        0, text_image, (true_t2i == best_i2t[text_image]).long())  # (N,)
+    rows_t = torch.from_numpy(rows).to(device)  # (Q_i,)
+    i2t = torch.empty(len(rows), dtype=torch.int64, device=device)  # (Q_i,)
+    for start in range(0, len(rows), chunk_size):
+        picked = rows_t[start:start + chunk_size]  # (c,)
+        block = scores[picked]  # (c, T), NaN-checked below
+        if torch.isnan(block).any():
+            _checked_block(block, 0, len(block))
+        at_least = (block >= best_i2t[picked, None]).sum(1)  # (c,)
+        i2t[start:start + len(picked)] = at_least - own_at_best[picked]
     return i2t.cpu().numpy(), t2i
+
+
+def ranks_from_top_k(scores, is_true) -> np.ndarray:
+    """0-based ranks from each query's top-k list (a `rank()` result), pessimistic on ties.
+
+    scores (Q, k): the list's scores, best first; is_true (Q, k) bool: which listed items are a
+    ground truth of the query. A query's rank = the number of wrong listed items scoring at least as
+    high as its best listed truth, or k when no truth made the list (then only R@K for K <= k is
+    known, which is all a top-k evaluation reports). Equals `retrieval_ranks` of the dense matrix
+    whenever the rank is below k and no wrong item outside the list ties the truth's score.
+    """
+    scores = torch.as_tensor(np.asarray(scores) if not torch.is_tensor(scores) else scores).float()
+    is_true = torch.as_tensor(np.asarray(is_true) if not torch.is_tensor(is_true) else is_true).bool()
+    if scores.shape != is_true.shape or scores.dim() != 2:
+        raise ValueError(f"scores {tuple(scores.shape)} and is_true {tuple(is_true.shape)} must both be (Q, k)")
+    best_true = scores.masked_fill(~is_true, float("-inf")).max(dim=1).values  # (Q,)
+    wrong_ahead = ((scores >= best_true[:, None]) & ~is_true).sum(1)  # (Q,)
+    found = is_true.any(dim=1)
+    return torch.where(found, wrong_ahead, torch.full_like(wrong_ahead, scores.shape[1])).numpy()
 
 
 def metrics_from_ranks(i2t_ranks, t2i_ranks, ks: Sequence[int] = (1, 5, 10)) -> dict[str, float]:
@@ -196,7 +248,8 @@ def metrics_from_ranks(i2t_ranks, t2i_ranks, ks: Sequence[int] = (1, 5, 10)) -> 
 
 
 def retrieval_metrics(sims, txt2img, ks: Sequence[int] = (1, 5, 10), *,
-                      chunk_size: int | None = None, t2i_sims=None) -> dict[str, float]:
+                      chunk_size: int | None = None, t2i_sims=None, query_texts=None,
+                      query_images=None) -> dict[str, float]:
     """VSE++ retrieval metrics of a similarity matrix.
 
     sims: (n_images, n_texts), numpy or torch (any device, any real dtype); rows are images.
@@ -204,18 +257,21 @@ def retrieval_metrics(sims, txt2img, ks: Sequence[int] = (1, 5, 10), *,
     number, not only 5).
     Returns `i2t_r{k}` and `t2i_r{k}` in percent for every k in ks (a k larger than the gallery
     gives 100), `i2t_medr`, `t2i_medr`, `i2t_meanr`, `t2i_meanr`, `rsum` (sum of the 2*len(ks)
-    recalls) and `ar` (their mean). Ties count optimistically: rank = number of candidates with
-    a strictly greater score. `chunk_size` (image rows per chunk) trades memory for nothing else.
+    recalls) and `ar` (their mean). Ties count pessimistically: rank = number of wrong candidates
+    scoring at least as high. `chunk_size` (image rows per chunk) trades memory for nothing else.
+    query_texts / query_images: rank only these columns / rows (the full setting: the test split's
+    captions and images against every split's images and captions); default every one.
     t2i_sims: other scores (same shape) for the text->image direction, when the two directions are
     scored differently (a two-stage method re-ranks each direction's own candidates).
     """
     ks = _check_ks(ks)
-    i2t, t2i = retrieval_ranks(sims, txt2img, chunk_size=chunk_size)
+    i2t, t2i = retrieval_ranks(sims, txt2img, chunk_size=chunk_size, query_texts=query_texts,
+                               query_images=query_images)
     if t2i_sims is not None:
         if tuple(t2i_sims.shape) != tuple(sims.shape):
             raise ValueError(f"t2i_sims has shape {tuple(t2i_sims.shape)}, sims {tuple(sims.shape)}: "
                              "both must be (n_images, n_texts)")
-        t2i = t2i_ranks(t2i_sims, txt2img)
+        t2i = t2i_ranks(t2i_sims, txt2img, query_texts=query_texts)
     return metrics_from_ranks(i2t, t2i, ks)
 
 

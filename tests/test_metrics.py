@@ -24,7 +24,8 @@ from course_lib.metrics import (
 
 # ----------------------------------------------------------------------------- references
 def naive_ranks(sims: np.ndarray, txt2img) -> tuple[list[int], list[int]]:
-    """Ranks with plain Python loops: rank = number of candidates with a strictly greater score."""
+    """Ranks with plain Python loops: rank = number of wrong candidates scoring at least as high
+    (for i2t, as the image's best caption: the best over its captions of that count)."""
     n_images, n_texts = sims.shape
     i2t = []
     for i in range(n_images):
@@ -32,13 +33,15 @@ def naive_ranks(sims: np.ndarray, txt2img) -> tuple[list[int], list[int]]:
         for j in range(n_texts):
             if txt2img[j] != i:
                 continue
-            rank = sum(1 for other in range(n_texts) if sims[i, other] > sims[i, j])
+            rank = sum(1 for other in range(n_texts)
+                       if txt2img[other] != i and sims[i, other] >= sims[i, j])
             best = rank if best is None else min(best, rank)
         i2t.append(best)
     t2i = []
     for j in range(n_texts):
         true_score = sims[txt2img[j], j]
-        t2i.append(sum(1 for other in range(n_images) if sims[other, j] > true_score))
+        t2i.append(sum(1 for other in range(n_images)
+                       if other != txt2img[j] and sims[other, j] >= true_score))
     return i2t, t2i
 
 
@@ -101,14 +104,32 @@ def test_hand_worked_two_images_four_captions():
     assert_same_metrics(m, expected)
 
 
-def test_ties_are_counted_optimistically():
-    # Image 0's caption ties with caption 1 (0.5 vs 0.5): a tie is not "strictly greater",
-    # so image 0 keeps rank 0, and so does text 0 against image 1 (column 0.5 vs 0.5).
+def test_ties_are_counted_pessimistically():
+    # Image 0's caption ties with caption 1 (0.5 vs 0.5): a wrong caption scoring as high counts
+    # as ahead, so image 0 gets rank 1, and so does text 0 against image 1 (column 0.5 vs 0.5).
     # Image 1: caption 1 scores 0.2 and caption 0 beats it -> rank 1; text 1 likewise rank 1.
     sims = np.array([[0.5, 0.5],
                      [0.5, 0.2]])
     i2t, t2i = retrieval_ranks(sims, [0, 1])
-    assert i2t.tolist() == [0, 1] and t2i.tolist() == [0, 1]
+    assert i2t.tolist() == [1, 1] and t2i.tolist() == [1, 1]
+
+
+def test_own_captions_tied_with_the_best_are_not_counted_against_it():
+    # image 0's two captions tie at 0.9; the only wrong caption scores 0.9 too -> rank 1, not 2
+    sims = np.array([[0.9, 0.9, 0.9],
+                     [0.0, 0.0, 1.0]])
+    i2t, _ = retrieval_ranks(sims, [0, 0, 1])
+    assert i2t.tolist() == [1, 0]
+
+
+@pytest.mark.parametrize("n_images", [2, 10, 37])
+def test_a_constant_score_matrix_is_at_chance_or_worse(n_images):
+    # a collapsed model gives every pair one score: it must not look perfect (it did, R@1 100,
+    # when ties counted optimistically)
+    txt2img = np.repeat(np.arange(n_images), 5)
+    m = retrieval_metrics(np.zeros((n_images, 5 * n_images), dtype=np.float32), txt2img, ks=(1,))
+    assert m["t2i_r1"] <= 100.0 / n_images and m["i2t_r1"] <= 100.0 * 5 / (5 * n_images - 4)
+    assert m["t2i_r1"] == 0.0 and m["i2t_r1"] == 0.0  # the stated rule: every truth ranked last
 
 
 def test_k_larger_than_gallery_gives_full_recall():
@@ -294,6 +315,44 @@ def test_t2i_ranks_of_sampled_queries_match_the_full_evaluation():
     sample = rng.choice(200, size=30, replace=False)
     assert np.array_equal(t2i_ranks(sims[:, sample], txt2img[sample]), full[sample])
     # independent loop
-    loop = [sum(sims[i, t] > sims[txt2img[t], t] for i in range(40)) for t in sample]
+    loop = [sum(sims[i, t] >= sims[txt2img[t], t] for i in range(40) if i != txt2img[t]) for t in sample]
     assert np.array_equal(t2i_ranks(sims[:, sample], txt2img[sample], chunk_size=7), loop)
     assert recall_at_k([0, 3, 12], (1, 5)) == {1: pytest.approx(100 / 3), 5: pytest.approx(200 / 3)}
+
+
+def test_query_subsets_rank_those_queries_against_the_whole_gallery():
+    # the full setting: some texts / images are queries, every image / caption is a candidate
+    rng = np.random.default_rng(11)
+    sims = rng.normal(size=(30, 150)).round(1).astype(np.float32)
+    txt2img = np.repeat(np.arange(30), 5)
+    i2t, t2i = retrieval_ranks(sims, txt2img)
+    q_txt, q_img = np.arange(100, 150), np.arange(20, 30)
+    sub_i2t, sub_t2i = retrieval_ranks(sims, txt2img, query_texts=q_txt, query_images=q_img, chunk_size=4)
+    assert np.array_equal(sub_t2i, t2i[q_txt]) and np.array_equal(sub_i2t, i2t[q_img])
+    m = retrieval_metrics(sims, txt2img, query_texts=q_txt, query_images=q_img)
+    assert m == metrics_from_ranks(i2t[q_img], t2i[q_txt])
+    with pytest.raises(ValueError, match="query_texts"):
+        retrieval_ranks(sims, txt2img, query_texts=[150])
+
+
+def test_ranks_from_top_k_match_the_dense_ranks():
+    from course_lib.metrics import ranks_from_top_k
+
+    rng = np.random.default_rng(3)
+    sims = torch.from_numpy(rng.normal(size=(25, 125)).round(1).astype(np.float32))
+    txt2img = np.repeat(np.arange(25), 5)
+    i2t, t2i = retrieval_ranks(sims, txt2img)
+    k = 10
+    top = torch.topk(sims.T, k, dim=1)  # t2i lists (T, k)
+    got = ranks_from_top_k(top.values, top.indices == torch.from_numpy(txt2img)[:, None])
+    # equal wherever the dense rank is below k and the list boundary does not cut a tie
+    boundary_tie = (sims.T >= top.values[:, -1:]).sum(1) > k
+    clean = ~boundary_tie.numpy()
+    assert np.array_equal(got[clean & (t2i < k)], t2i[clean & (t2i < k)])
+    assert (got[clean & (t2i >= k)] == k).all() and clean.mean() > 0.5
+    top = torch.topk(sims, k, dim=1)  # i2t lists (N, k)
+    got = ranks_from_top_k(top.values, torch.from_numpy(txt2img)[top.indices] == torch.arange(25)[:, None])
+    boundary_tie = (sims >= top.values[:, -1:]).sum(1) > k
+    clean = ~boundary_tie.numpy()
+    assert np.array_equal(got[clean & (i2t < k)], i2t[clean & (i2t < k)])
+    assert (got[clean & (i2t >= k)] == k).all() and clean.mean() > 0.5

@@ -9,7 +9,7 @@ from math import comb
 import numpy as np
 import pytest
 
-from course_lib.data.captions import truth_ceiling
+from course_lib.data.captions import oracle_ceiling, truth_ceiling
 from course_lib.data.render import detect_regions, geometry, render_pixels
 from course_lib.data.split import RetrievalSplit
 from course_lib.data.synthetic import (FAMILIES, Meanings, Scenes, SyntheticConfig, caption_vocabulary,
@@ -331,3 +331,22 @@ def test_generation_budget():
     seconds = time.perf_counter() - start
     print(f"make_benchmark(scaled(10_000)): {seconds:.2f} s, {sum(b[k].n_images for k in SPLIT_NAMES[:5])} images")
     assert seconds <= 10.0
+
+
+def test_full_setting_queries_are_the_test_split():
+    # LightningDOT §4.3: the test split's captions and images query a gallery of every split
+    bench = make_benchmark(SyntheticConfig(**SMALL), seed=0)
+    full, test = bench["full"], bench["test"]
+    assert full.n_text_queries == test.n_texts and full.n_image_queries == test.n_images
+    assert [full.captions[t] for t in full.text_queries] == test.captions
+    assert [full.image_ids[i] for i in full.image_queries] == test.image_ids
+    assert np.array_equal(full.txt2img[full.text_queries], full.image_queries[test.txt2img])
+    assert full.n_images == sum(bench[k].n_images for k in ("train", "val", "test"))
+    # a bigger gallery can only make the ceiling lower: the oracle stays a ceiling of the same queries
+    ks = (5, 10, 20)
+    full_oracle, test_oracle = oracle_ceiling(full, ks), oracle_ceiling(test, ks)
+    assert all(full_oracle[k] <= test_oracle[k] + 1e-9 for k in full_oracle)
+    # subsets keep the queries that survive, renumbered
+    sub = full.subset(np.arange(full.n_images)[::-1])
+    assert sub.n_text_queries == test.n_texts and sub.n_image_queries == test.n_images
+    assert sorted(sub.captions[t] for t in sub.text_queries) == sorted(test.captions)

@@ -325,7 +325,10 @@ def truth_ceiling(split, ks=(1, 5, 10)) -> dict[str, float]:
             left = k - per_image[i]
             i2t[i] = _hit_probability(T - per_image[i], bad[i], left) if left > 0 else 0.0
         has_text = (good + bad) > 0
-        out[f"t2i_r{k}"] = 100.0 * float(t2i.mean()) if T else float("nan")
+        if split.query_images is not None:  # the full setting: only the test images query
+            has_text &= np.isin(np.arange(N), split.query_images)
+        t2i = t2i[split.text_queries]
+        out[f"t2i_r{k}"] = 100.0 * float(t2i.mean()) if len(t2i) else float("nan")
         out[f"i2t_r{k}"] = 100.0 * float(i2t[has_text].mean()) if has_text.any() else float("nan")
     return out
 

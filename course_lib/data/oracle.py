@@ -346,10 +346,13 @@ def split_likelihood(split):
     yield rows, cols, L[rows, cols]
 
 
-def bayes_recall(rows, cols, values, txt2img, n_images: int, ks=(1, 5, 10)) -> dict[str, float]:
+def bayes_recall(rows, cols, values, txt2img, n_images: int, ks=(1, 5, 10), *, query_texts=None,
+                 query_images=None) -> dict[str, float]:
     """Expected R@K (percent) of the Bayes ranking, from the nonzero entries of a likelihood:
     t2i ranks images by L[t, i], i2t ranks captions by L[t, i] / sum_j L[t, j]; random tie-breaking
-    (an image's own captions are its hits; images without captions are skipped in i2t)."""
+    (an image's own captions are its hits; images without captions are skipped in i2t).
+    query_texts / query_images: average over these queries only (the full setting), each still
+    ranked against every image / caption; None = all."""
     txt2img = np.asarray(txt2img, dtype=np.int64)
     T, N = len(txt2img), n_images
     own = cols == txt2img[rows]
@@ -370,11 +373,16 @@ def bayes_recall(rows, cols, values, txt2img, n_images: int, ks=(1, 5, 10)) -> d
     ahead_i = np.where(best > 0, np.bincount(cols, weights=post > best[cols], minlength=N), per_col)
     tied_i = np.where(best > 0, np.bincount(cols, weights=post == best[cols], minlength=N), T - per_col)
     has_text = np.bincount(txt2img, minlength=N) > 0
+    if query_images is not None:
+        asked = np.zeros(N, dtype=bool)
+        asked[np.asarray(query_images, dtype=np.int64)] = True
+        has_text &= asked
+    text_queries = np.arange(T) if query_texts is None else np.asarray(query_texts, dtype=np.int64)
     out = {}
     for k in ks:
-        t2i = _hit_probability(tied, 1, k - ahead)
+        t2i = _hit_probability(tied, 1, k - ahead)[text_queries]
         i2t = _hit_probability(tied_i, good, k - ahead_i)[has_text]
-        out[f"t2i_r{k}"] = 100.0 * float(t2i.mean()) if T else float("nan")
+        out[f"t2i_r{k}"] = 100.0 * float(t2i.mean()) if len(t2i) else float("nan")
         out[f"i2t_r{k}"] = 100.0 * float(i2t.mean()) if len(i2t) else float("nan")
     return out
 
@@ -383,7 +391,8 @@ def bayes_ceiling(split, ks=(1, 5, 10)) -> dict[str, float]:
     """captions.oracle_ceiling: expected R@K of the Bayes-optimal ranking on a synthetic split."""
     parts = list(split_likelihood(split))
     rows, cols, values = (np.concatenate([p[i] for p in parts]) for i in range(3))
-    return bayes_recall(rows, cols, values, split.txt2img, split.n_images, ks)
+    return bayes_recall(rows, cols, values, split.txt2img, split.n_images, ks,
+                        query_texts=split.query_texts, query_images=split.query_images)
 
 
 __all__ = ["caption_likelihood", "iter_caption_likelihood", "compositional_likelihood", "scene_free_factor",

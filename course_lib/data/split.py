@@ -14,6 +14,12 @@ R region slots, D region feature size, C detector classes):
     txt2img        int64 (T,), the image index of each caption (5 per image in the test splits)
     scenes         ground truth of a synthetic split (course_lib.data.synthetic.Scenes), or None
     meanings       what each synthetic caption asserts (course_lib.data.synthetic.Meanings), or None
+    query_texts    int64 (Q_t,) the captions that are text->image queries, or None = every caption
+    query_images   int64 (Q_i,) the images that are image->text queries, or None = every image
+
+The queries differ from the gallery only in the papers' "full" setting (LightningDOT §4.3): the
+test split's captions and images query a gallery that pools every split (`concatenate(...,
+queries_from=test)`); models are still trained on train, and the number of queries stays the same.
 """
 
 from __future__ import annotations
@@ -38,10 +44,20 @@ class RetrievalSplit:
     scenes: object | None = None
     meanings: object | None = None
     info: dict = field(default_factory=dict)
+    query_texts: np.ndarray | None = None
+    query_images: np.ndarray | None = None
 
     def __post_init__(self):
         self.txt2img = np.asarray(self.txt2img, dtype=np.int64)
         n = len(self.image_ids)
+        for name, size in (("query_texts", len(self.captions)), ("query_images", n)):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            value = np.asarray(value, dtype=np.int64)
+            if value.ndim != 1 or (len(value) and (value.min() < 0 or value.max() >= size)):
+                raise ValueError(f"split {self.name!r}: {name} must be indices in [0, {size})")
+            setattr(self, name, value)
         if len(self.captions) != len(self.txt2img):
             raise ValueError(
                 f"split {self.name!r}: {len(self.captions)} captions but {len(self.txt2img)} txt2img "
@@ -75,6 +91,24 @@ class RetrievalSplit:
     def has_regions(self) -> bool:
         return self.regions is not None
 
+    @property
+    def text_queries(self) -> np.ndarray:
+        """Indices of the captions that query images (t2i): query_texts, or every caption."""
+        return np.arange(self.n_texts) if self.query_texts is None else self.query_texts
+
+    @property
+    def image_queries(self) -> np.ndarray:
+        """Indices of the images that query captions (i2t): query_images, or every image."""
+        return np.arange(self.n_images) if self.query_images is None else self.query_images
+
+    @property
+    def n_text_queries(self) -> int:
+        return len(self.text_queries)
+
+    @property
+    def n_image_queries(self) -> int:
+        return len(self.image_queries)
+
     def img2txt(self) -> list[np.ndarray]:
         """For each image, the indices of its captions (the i2t ground truth)."""
         order = np.argsort(self.txt2img, kind="stable")
@@ -103,6 +137,8 @@ class RetrievalSplit:
             scenes=None if self.scenes is None else self.scenes.take(image_indices),
             meanings=None if self.meanings is None else self.meanings.take(keep),
             info=dict(self.info),
+            query_texts=_kept(self.query_texts, keep, self.n_texts),
+            query_images=_kept(self.query_images, image_indices, self.n_images),
         )
 
     def texts_subset(self, text_indices, name: str | None = None) -> "RetrievalSplit":
@@ -111,6 +147,9 @@ class RetrievalSplit:
         How slow methods are evaluated on big galleries: a sample of text queries against all images
         (their t2i ranks are those of the full matrix; i2t needs every caption, so it is undefined)."""
         text_indices = np.asarray(text_indices, dtype=np.int64)
+        if self.query_texts is not None and not np.isin(text_indices, self.query_texts).all():
+            raise ValueError(f"split {self.name!r}: texts_subset takes query texts only "
+                             "(split.text_queries); the others are gallery items, not queries")
         return RetrievalSplit(
             name=name or f"{self.name}[texts]",
             captions=[self.captions[t] for t in text_indices],
@@ -120,10 +159,13 @@ class RetrievalSplit:
             region_classes=self.region_classes, scenes=self.scenes,
             meanings=None if self.meanings is None else self.meanings.take(text_indices),
             info=dict(self.info),
+            query_images=np.zeros(0, dtype=np.int64),  # i2t needs every caption: none here
         )
 
     def summary(self) -> str:
         parts = [f"{self.name}: {self.n_images} images, {self.n_texts} captions"]
+        if self.query_texts is not None or self.query_images is not None:
+            parts.append(f"queries: {self.n_text_queries} captions, {self.n_image_queries} images")
         if self.images is not None:
             parts.append(f"pixels {tuple(self.images.shape[1:])}")
         if self.regions is not None:
@@ -131,9 +173,33 @@ class RetrievalSplit:
         return ", ".join(parts)
 
 
-def concatenate(splits: list[RetrievalSplit], name: str) -> RetrievalSplit:
-    """Pool several splits into one gallery (the papers' "full" setting): images and texts of all."""
+def _kept(queries, kept_items, n_before) -> np.ndarray | None:
+    """Query indices after a subset keeps `kept_items` (in that order): those still present, renumbered."""
+    if queries is None:
+        return None
+    position = np.full(n_before, -1, dtype=np.int64)
+    position[np.asarray(kept_items, dtype=np.int64)] = np.arange(len(kept_items))
+    moved = position[queries]
+    return np.sort(moved[moved >= 0])
+
+
+def concatenate(splits: list[RetrievalSplit], name: str,
+                queries_from: RetrievalSplit | None = None) -> RetrievalSplit:
+    """Pool several splits into one gallery: images and texts of all.
+
+    queries_from: one of `splits` whose captions and images stay the only queries (the papers'
+    "full" setting: test queries against every split's images and captions). None: every item
+    queries, as in each split on its own."""
     offsets = np.cumsum([0] + [s.n_images for s in splits[:-1]])
+    text_offsets = np.cumsum([0] + [s.n_texts for s in splits[:-1]])
+    query_texts = query_images = None
+    if queries_from is not None:
+        where = [i for i, s in enumerate(splits) if s is queries_from]
+        if not where:
+            raise ValueError(f"queries_from must be one of the pooled splits, got {queries_from.name!r}")
+        q = where[0]
+        query_texts = text_offsets[q] + queries_from.text_queries
+        query_images = offsets[q] + queries_from.image_queries
 
     def cat(attr):
         values = [getattr(s, attr) for s in splits]
@@ -162,6 +228,8 @@ def concatenate(splits: list[RetrievalSplit], name: str) -> RetrievalSplit:
         scenes=cat_obj("scenes"),
         meanings=cat_obj("meanings"),
         info={"pooled_from": [s.name for s in splits]},
+        query_texts=query_texts,
+        query_images=query_images,
     )
 
 

@@ -283,7 +283,8 @@ def _make_compositional(cfg: SyntheticConfig, seed: int) -> RetrievalSplit:
 def make_benchmark(cfg: SyntheticConfig | None = None, seed: int = 0,
                    progress: bool = False) -> dict[str, RetrievalSplit]:
     """All splits of the benchmark: "train", "val", "test", "pretrain", "compositional" and "full"
-    (train + val + test pooled into one gallery). Deterministic in (cfg, seed)."""
+    (train + val + test pooled into one gallery, queried by the test split's captions and images
+    only). Deterministic in (cfg, seed)."""
     cfg = cfg or SyntheticConfig()
     sizes = {"train": cfg.n_train, "val": cfg.n_val, "test": cfg.n_test, "pretrain": cfg.n_pretrain}
     names = SPLITS
@@ -296,7 +297,9 @@ def make_benchmark(cfg: SyntheticConfig | None = None, seed: int = 0,
             bench[name] = _make_compositional(cfg, seed)
         else:
             bench[name] = _make_split(name, sizes[name], cfg, seed)
-    bench["full"] = concatenate([bench["train"], bench["val"], bench["test"]], "full")
+    # the full setting (LightningDOT §4.3): the test queries against every split's gallery
+    bench["full"] = concatenate([bench["train"], bench["val"], bench["test"]], "full",
+                                queries_from=bench["test"])
     bench["full"].info.update({"config": cfg.to_dict(), "seed": seed, "split": "full"})
     return bench
 

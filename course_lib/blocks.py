@@ -1,0 +1,94 @@
+"""Building blocks every transformer in the course shares: one pre-LN block, a stack of them that
+can hand back every layer's states, and UNITER's region embedding.
+
+    Block        x + Attn(LN(x)), then x + MLP(LN(x))            (nanoGPT's block, with a padding mask)
+    Transformer  embeddings -> L blocks -> final LayerNorm        returns the last layer, or all of them
+    RegionEmbedding  LN(Linear(feature)) + LN(Linear(box))        (UNITER §3.1; LightningDOT, U-BERT)
+
+The region encoder, the cross-encoder, and the lessons after them (HiVLP's early outputs read
+intermediate layers; U-BERT's light cross encoder is a short stack) are built from these, so the
+block exists once. It is the same computation as torch's `nn.TransformerEncoderLayer(norm_first=True,
+activation="gelu", dim_feedforward=4H)`, written as an explicit loop so a learner can read it and
+so that the layers' states can be returned (`test_blocks` checks it against torch's layer).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention over a padded sequence; padded keys get no attention."""
+
+    def __init__(self, hidden: int, heads: int, dropout: float = 0.0):
+        super().__init__()
+        if hidden % heads:
+            raise ValueError(f"hidden={hidden} must be a multiple of heads={heads}")
+        self.heads, self.dropout = heads, dropout
+        self.qkv = nn.Linear(hidden, 3 * hidden)
+        self.out = nn.Linear(hidden, hidden)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        B, L, H = x.shape
+        q, k, v = self.qkv(x).view(B, L, 3, self.heads, H // self.heads).permute(2, 0, 3, 1, 4)  # (B, h, L, d)
+        keep = None if mask is None else mask[:, None, None, :]  # (B, 1, 1, L) True = attend
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=keep,
+                                           dropout_p=self.dropout if self.training else 0.0)
+        return self.out(y.transpose(1, 2).reshape(B, L, H))  # (B, L, H)
+
+
+class Block(nn.Module):
+    """Pre-LN transformer block: x + Attn(LN(x)), then x + MLP(LN(x)), MLP = 4H with GELU."""
+
+    def __init__(self, hidden: int, heads: int, dropout: float = 0.0):
+        super().__init__()
+        self.ln_1, self.ln_2 = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
+        self.attn = SelfAttention(hidden, heads, dropout)
+        self.mlp = nn.Sequential(nn.Linear(hidden, 4 * hidden), nn.GELU(), nn.Dropout(dropout),
+                                 nn.Linear(4 * hidden, hidden))
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.drop(self.attn(self.ln_1(x), mask))  # (B, L, H)
+        return x + self.drop(self.mlp(self.ln_2(x)))  # (B, L, H)
+
+
+class Transformer(nn.Module):
+    """`layers` Blocks and a final LayerNorm (pre-LN leaves the residual stream unnormalised).
+
+    forward(x (B, L, H), mask (B, L) bool True = real) -> the normalised last layer (B, L, H);
+    with return_layers=True -> (last, [every block's output after the final LayerNorm, L of them]),
+    the states HiVLP's early-output layers read. Padded positions are not zeroed here.
+    """
+
+    def __init__(self, hidden: int, layers: int, heads: int, dropout: float = 0.0):
+        super().__init__()
+        self.blocks = nn.ModuleList(Block(hidden, heads, dropout) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(hidden)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, return_layers: bool = False):
+        states = []
+        for block in self.blocks:
+            x = block(x, mask)  # (B, L, H)
+            if return_layers:
+                states.append(self.ln_f(x))
+        last = self.ln_f(x)
+        return (last, states) if return_layers else last
+
+
+class RegionEmbedding(nn.Module):
+    """UNITER's image embedding: LN(Linear(feature)) + LN(Linear(box)); the box (x1, y1, x2, y2, w,
+    h, area) is the only position information, since regions are a set. (B, R, D), (B, R, 7) -> (B, R, H)"""
+
+    def __init__(self, region_dim: int, hidden: int, box_dim: int = 7):
+        super().__init__()
+        self.feature = nn.Sequential(nn.Linear(region_dim, hidden), nn.LayerNorm(hidden))
+        self.box = nn.Sequential(nn.Linear(box_dim, hidden), nn.LayerNorm(hidden))
+
+    def forward(self, regions: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
+        return self.feature(regions) + self.box(boxes)  # (B, R, H)
+
+
+__all__ = ["SelfAttention", "Block", "Transformer", "RegionEmbedding"]
