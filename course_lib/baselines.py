@@ -7,7 +7,10 @@ so that learners see what "no model" looks like on each setting.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
+
+from course_lib.methods import query_indices, top_k_of
 
 
 class RandomProjectionBaseline:
@@ -15,6 +18,7 @@ class RandomProjectionBaseline:
 
     name = "random_projection"
     notes = "untrained baseline: random projections, expect chance-level recall"
+    eval_pairs = timed_sizes = (None, None)  # the Method protocol's budgets (course_lib.methods)
 
     def __init__(self, dim: int = 64, seed: int = 0):
         self.dim = dim
@@ -45,13 +49,22 @@ class RandomProjectionBaseline:
     def similarity(self, split) -> torch.Tensor:
         return self.encode_images(split) @ self.encode_texts(split.captions).T  # (N, T)
 
-    def query_fn(self, split, top_k: int = 10):
+    def pairs_per_query(self, split, direction: str) -> int:
+        return 0  # a dot product: no pair is scored jointly
+
+    def rank(self, split, direction: str, top_k: int, queries=None):
+        """Each query's top_k (indices (Q, k), scores (Q, k)), from the dense similarity."""
+        queries = torch.from_numpy(query_indices(split, direction, queries))
+        sims = self.similarity(split)  # (N, T)
+        return top_k_of(sims.T[queries] if direction == "t2i" else sims[queries], top_k)
+
+    def query_fn(self, split, caption_index: int = 0, top_k: int = 10):
         """A zero-argument callable answering one text query against the split's gallery."""
         gallery = self.encode_images(split)  # encoded once, offline
-        caption = split.captions[0]
+        caption = split.captions[caption_index]
 
-        def answer():
+        def answer() -> np.ndarray:
             scores = gallery @ self.encode_texts([caption])[0]  # (N,)
-            return torch.topk(scores, min(top_k, len(scores))).indices
+            return torch.topk(scores, min(top_k, len(scores))).indices.numpy()
 
         return answer

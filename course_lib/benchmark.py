@@ -1,14 +1,15 @@
 """The headless main job: `python -m course_lib.benchmark [--smoke] [--out DIR]`.
 
-Builds the synthetic benchmark, fits every method the course has so far, evaluates it on the
-test, full and compositional settings (DESIGN §4), times one text query against each gallery,
-and writes DIR/results.json, DIR/results.md (the README's table) and DIR/pareto.png.
+Builds the synthetic benchmark, fits every registered method (course_lib.registry), evaluates it
+on the test, full and compositional settings (DESIGN §4), times one text query against each
+gallery, and writes DIR/results.json, DIR/results.md (the README's table) and DIR/pareto.png.
 Each setting also gets an `oracle` row: the expected recall of the Bayes-optimal ranking under
 the generator's own caption likelihood, the best any model can reach (course_lib.data.oracle).
 
-A method is any object with `name`, `notes`, `fit(bench, tokenizer, cache_dir)` (train, or load
-the checkpoint cached under cache_dir), `similarity(split)` (an (n_images, n_texts) score matrix)
-and `query_fn(split)` (a zero-argument callable answering one text query against the gallery).
+A method follows course_lib.methods.Method: `fit`, `rank(split, direction, top_k, queries)`,
+`query_fn(split, caption_index, top_k)`, `pairs_per_query`, and its own budgets `eval_pairs` and
+`timed_sizes`. Recalls come from each query's top-K list (metrics.ranks_from_top_k), so no dense
+matrix is formed, and the full setting's queries are the test split's (split.text_queries).
 """
 
 from __future__ import annotations
@@ -23,74 +24,48 @@ import numpy as np
 from . import settings
 from .data.synthetic import SyntheticConfig, make_benchmark, oracle_ceiling
 from .data.tokenizer import build_word_tokenizer
-from .metrics import recall_at_k, retrieval_metrics, t2i_ranks
+from .methods import ground_truth
+from .metrics import ranks_from_top_k, recall_at_k
+from .registry import available_methods, registered_names
 from .timing import latency_vs_gallery
 
 SETTINGS = ("test", "full", "compositional")
 KS = {"test": (1, 5, 10), "full": (5, 10, 20), "compositional": (1, 5, 10)}
 LATENCY_SIZES = (1_000, 5_000)  # gallery sizes of the latency table (README: ms/query at 1k and 5k)
-# Pairs a method may score per setting (default, smoke); None = every pair. Beyond it, t2i is
-# measured on a fixed sample of text queries against the whole gallery (i2t needs every caption).
-# A two-stage method scores top_m pairs per query, (n_images + n_texts) * top_m in all.
-EVAL_PAIRS = {"scan": (8_000_000, 400_000), "cross_encoder": (600_000, 20_000),
-              **{f"lightningdot+rerank@{m}": (600_000, 20_000) for m in (20, 50)}}
 CHECKPOINTS = "outputs/checkpoints"  # trained models, shared with the notebooks (run's docstring)
-RERANK_TOP_M = (20, 50)  # LightningDOT A.1: "for re-ranking, we choose k from {20, 50}"
-# Galleries (default, smoke) a slow method's single query is timed on, the largest included; bigger
-# ones are extrapolated linearly from these (LightningDOT's starred numbers). One cross-encoder query
-# against 5k images takes about 0.4 s on one CPU thread.
-TIMED_SIZES = {"cross_encoder": ((1_000, 2_500, 5_000), (25, 50, 100))}
+EXTRAPOLATED = "*"  # marks a time extrapolated linearly from smaller galleries, in every table
+SAMPLED = "†"  # marks recalls from a sample of the queries
 
 
 ORACLE_NOTE = ("Bayes-optimal ranking under the generator's own caption likelihood: the best expected "
                "recall any model can reach (course_lib.data.oracle)")
 
 
-def available_methods(seed: int = 0, smoke: bool = False) -> list:
-    """Every method built so far, in the order the course teaches them."""
-    from .cross_encoder import CrossEncoderConfig, CrossEncoderMethod
-    from .cross_encoder_train import dual_encoder_miner
-    from .lightningdot import LightningDOTConfig
-    from .lightningdot_train import LightningDOTMethod
-    from .rerank import TwoStageMethod
-    from .scan_model import SCANConfig, SCANMethod
-    from .vsepp import VsePPConfig, VsePPMethod
-
-    def config(cls):
-        return cls.smoke(seed=seed) if smoke else cls(seed=seed)
-
-    vsepp = VsePPMethod(config(VsePPConfig))
-    cross_encoder = CrossEncoderMethod(config(CrossEncoderConfig), miner=dual_encoder_miner(vsepp))
-    lightningdot = LightningDOTMethod(config(LightningDOTConfig))
-    return [vsepp, SCANMethod(config(SCANConfig)), cross_encoder, lightningdot,
-            *(TwoStageMethod(lightningdot, cross_encoder, m) for m in RERANK_TOP_M)]
-
-
-def _evaluate(method, split, ks, smoke: bool, seed: int, every_pair: bool = False) -> tuple[dict, str]:
-    """Recalls of a method on a split: every pair, or t2i on sampled queries beyond its budget
-    (every_pair=True lifts the budget)."""
-    budget = None if every_pair else EVAL_PAIRS.get(method.name, (None, None))[1 if smoke else 0]
-    per_query = getattr(method, "top_m", None)  # a two-stage method re-scores top_m pairs per query
-    total = (split.n_images * split.n_texts if per_query is None
-             else (split.n_images + split.n_texts) * per_query)
-    if budget is None or total <= budget:
-        scores = method.similarity(split)
-        if isinstance(scores, tuple):  # (i2t, t2i): each direction re-ranked its own candidates
-            return retrieval_metrics(scores[0], split.txt2img, ks=ks, t2i_sims=scores[1]), "every query re-ranked"
-        return retrieval_metrics(scores, split.txt2img, ks=ks), "every pair scored"
-    n_queries = min(split.n_texts, max(1, budget // (per_query or split.n_images)))
-    picked = np.sort(np.random.default_rng(seed).choice(split.n_texts, size=n_queries, replace=False))
-    sample = split.texts_subset(picked)
-    t2i_scores = getattr(method, "t2i_similarity", method.similarity)(sample)
-    recalls = recall_at_k(t2i_ranks(t2i_scores, sample.txt2img), ks)
-    metrics = {f"t2i_r{k}": v for k, v in recalls.items()} | {f"i2t_r{k}": None for k in ks}
-    return metrics, (f"t2i on {n_queries} sampled text queries against all {split.n_images} images "
-                     f"({n_queries * (per_query or split.n_images):,} pairs scored); i2t not computed")
+def evaluate(method, split, ks, smoke: bool = False, seed: int = 0, every_pair: bool = False) -> tuple[dict, str]:
+    """Recalls of a method on a split from its rankings, per direction: every query of the split,
+    or a fixed random sample of them when pairs_per_query x queries exceeds the method's
+    eval_pairs budget (every_pair=True lifts the budget). Returns (metrics, how it was measured)."""
+    budget = None if every_pair else method.eval_pairs[1 if smoke else 0]
+    metrics, how = {}, []
+    for direction in ("t2i", "i2t"):
+        queries = split.text_queries if direction == "t2i" else split.image_queries
+        per_query = method.pairs_per_query(split, direction)
+        if budget is not None and per_query * len(queries) > budget:
+            n = max(1, budget // max(per_query, 1))
+            rng = np.random.default_rng([seed, 0 if direction == "t2i" else 1])
+            queries = np.sort(rng.choice(queries, size=n, replace=False))
+            how.append(f"{direction} on {n} sampled queries ({n * per_query:,} pairs)")
+        else:
+            how.append(f"{direction} on all {len(queries)} queries")
+        indices, scores = method.rank(split, direction, max(ks), queries)  # (Q, K) each
+        ranks = ranks_from_top_k(scores, ground_truth(split, direction, queries, indices))
+        metrics |= {f"{direction}_r{k}": v for k, v in recall_at_k(ranks, ks).items()}
+    return metrics, "; ".join(how)
 
 
 def _latency(method, gallery, sizes, smoke: bool, repeats: int) -> list[dict]:
     """ms per text query against galleries of the given sizes (the first n images of `gallery`)."""
-    measured = TIMED_SIZES.get(method.name, (None, None))[1 if smoke else 0]
+    measured = method.timed_sizes[1 if smoke else 0]
     most = min(gallery.n_images, max(sizes) if measured is None else max(measured))
     measured = measured or (max(1, most // 4), max(2, most // 2), most)  # enough points for a linear fit
     points = sorted({n for n in measured if n <= most} | set(sizes))
@@ -98,8 +73,9 @@ def _latency(method, gallery, sizes, smoke: bool, repeats: int) -> list[dict]:
                               points, warmup=2, repeats=repeats, max_measured=most)
 
 
-def _row(method, setting, split, metrics, ks, ms_per_query, notes):
-    row = {"method": method, "setting": setting, "n_images": split.n_images, "n_texts": split.n_texts}
+def _row(method, setting, split, metrics, ks, ms_per_query, notes, ms_measured=True):
+    row = {"method": method, "setting": setting, "n_images": split.n_images, "n_texts": split.n_texts,
+           "n_text_queries": split.n_text_queries, "n_image_queries": split.n_image_queries}
     for direction in ("i2t", "t2i"):
         for k in ks:
             value = metrics[f"{direction}_r{k}"]
@@ -107,6 +83,7 @@ def _row(method, setting, split, metrics, ks, ms_per_query, notes):
     recalls = [row[f"{d}_r{k}"] for d in ("i2t", "t2i") for k in ks]
     row["ar"] = None if None in recalls else round(float(np.mean(recalls)), 2)
     row["ms_per_query"] = None if ms_per_query is None else round(float(ms_per_query), 4)
+    row["ms_measured"] = bool(ms_measured)
     row["notes"] = notes
     return row
 
@@ -118,8 +95,9 @@ def run(smoke: bool = False, out: str | Path = "outputs/benchmark", seed: int = 
     checkpoints: the folder of trained models, shared with the notebooks (their `.fit(...,
     cache_dir="../outputs/checkpoints")`): a checkpoint's name hashes its config, data and
     vocabulary, so one folder serves every size and seed, and a model trained once is reused.
+    methods: method names (course_lib.registry), Method objects, or None for every registered one.
     every_pair: score every pair of the test and compositional settings, however slow (the full
-    setting stays sampled: 720M cross-encoder pairs would take about a day on a CPU)."""
+    setting stays sampled: 60M cross-encoder pairs for t2i alone take hours on a CPU)."""
     from tqdm.auto import tqdm
 
     start = time.perf_counter()
@@ -129,7 +107,8 @@ def run(smoke: bool = False, out: str | Path = "outputs/benchmark", seed: int = 
     config = SyntheticConfig.smoke() if smoke else SyntheticConfig()
     bench = make_benchmark(config, seed=seed)
     tokenizer = build_word_tokenizer(bench["train"].captions + bench["pretrain"].captions)
-    methods = available_methods(seed, smoke) if methods is None else methods
+    if methods is None or all(isinstance(m, str) for m in methods):  # names, or every method
+        methods = available_methods(seed, smoke, names=methods)
     repeats = 5 if smoke else 20
     rows, latency = [], []
     for setting in SETTINGS:
@@ -144,12 +123,13 @@ def run(smoke: bool = False, out: str | Path = "outputs/benchmark", seed: int = 
         for setting in SETTINGS:
             split = bench[setting]
             steps.set_postfix(method=method.name, step=setting)
-            metrics, how = _evaluate(method, split, KS[setting], smoke, seed,
-                                     every_pair=every_pair and setting != "full")
+            metrics, how = evaluate(method, split, KS[setting], smoke, seed,
+                                    every_pair=every_pair and setting != "full")
             query = _latency(method, split, (split.n_images,), smoke, repeats)[-1]
             timed = "measured" if query["measured"] else "extrapolated linearly from smaller galleries"
             rows.append(_row(method.name, setting, split, metrics, KS[setting], query["ms_per_query"],
-                             f"{how}; ms: one text query, median of {repeats}, {timed}"))
+                             f"{how}; ms: one text query, median of {repeats}, {timed}",
+                             ms_measured=query["measured"]))
             steps.update()
         steps.set_postfix(method=method.name, step="latency")
         for point in _latency(method, bench["full"], LATENCY_SIZES, smoke, repeats):
@@ -183,28 +163,39 @@ def results_markdown(results: dict) -> str:
         if not rows:
             continue
         recall_keys = [k for k in rows[0] if k.startswith(("i2t_r", "t2i_r"))]
-        lines += [f"**{setting}** ({rows[0]['n_images']} images, {rows[0]['n_texts']} captions)", ""]
+        head = f"**{setting}** ({rows[0]['n_images']:,} images, {rows[0]['n_texts']:,} captions"
+        if (rows[0].get("n_text_queries", rows[0]["n_texts"]), rows[0].get("n_image_queries", rows[0]["n_images"])) \
+                != (rows[0]["n_texts"], rows[0]["n_images"]):
+            head += (f"; queries: the test split's {rows[0]['n_text_queries']:,} captions and "
+                     f"{rows[0]['n_image_queries']:,} images")
+        lines += [head + ")", ""]
         header = ["method"] + [k.replace("_r", " R@") for k in recall_keys] + ["AR", "ms/query"]
         lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         for r in rows:
-            cells = [_cell(r[k], ".1f") for k in recall_keys + ["ar"]] + [_cell(r["ms_per_query"], ".3g")]
+            ms = _cell(r["ms_per_query"], ".3g")
+            if r["ms_per_query"] is not None and not r.get("ms_measured", True):
+                ms += EXTRAPOLATED
+            cells = [_cell(r[k], ".1f") for k in recall_keys + ["ar"]] + [ms]
             sampled = "sampled" in r["notes"]
-            lines.append("| " + " | ".join([r["method"] + ("†" if sampled else "")] + cells) + " |")
+            lines.append("| " + " | ".join([r["method"] + (SAMPLED if sampled else "")] + cells) + " |")
         lines.append("")
     if results.get("latency"):
         sizes = sorted({p["n"] for p in results["latency"]})
-        lines += ["**ms per text query vs gallery size** (* = extrapolated linearly from smaller galleries)",
+        lines += [f"**ms per text query vs gallery size** ({EXTRAPOLATED} = extrapolated linearly from smaller galleries)",
                   "", "| method | " + " | ".join(f"{n:,} images" for n in sizes) + " |",
                   "|---|" + "---|" * len(sizes)]
         for name in dict.fromkeys(p["method"] for p in results["latency"]):
             points = {p["n"]: p for p in results["latency"] if p["method"] == name}
             lines.append(f"| {name} | " + " | ".join(
-                f"{points[n]['ms_per_query']:.3g}{'' if points[n]['measured'] else '*'}" if n in points else "–"
+                f"{points[n]['ms_per_query']:.3g}{'' if points[n]['measured'] else EXTRAPOLATED}" if n in points else "–"
                 for n in sizes) + " |")
         lines.append("")
     if any("sampled" in r["notes"] for r in results["rows"]):
-        lines.append("† too slow to score every pair on this device: t2i on a fixed sample of text queries "
-                     "against the whole gallery, i2t not computed (counts in results.json).")
+        lines.append(f"{SAMPLED} too slow to score every query's pairs on this device: recalls of a fixed random "
+                     "sample of the queries, each against the whole gallery (counts in results.json).")
+    if any(not r.get("ms_measured", True) for r in results["rows"]):
+        lines.append(f"{EXTRAPOLATED} ms/query extrapolated linearly from the largest galleries timed "
+                     "(the method's timed_sizes), not measured.")
     lines += ["", "Methods:"] + [f"- `{name}`: {note}" for name, note in results.get("methods", {}).items()]
     return "\n".join(lines) + "\n"
 
@@ -260,12 +251,10 @@ def main(argv=None) -> dict:
     smoke = args.smoke or settings.smoke_mode()
     methods = None
     if args.methods is not None:
-        wanted = [name for name in args.methods.split(",") if name]
-        methods = {m.name: m for m in available_methods(args.seed, smoke)}
-        unknown = sorted(set(wanted) - set(methods))
+        methods = [name for name in args.methods.split(",") if name]
+        unknown = sorted(set(methods) - set(registered_names()))
         if unknown:
-            parser.error(f"unknown method(s) {unknown}; choose from {sorted(methods)}")
-        methods = [methods[name] for name in wanted]
+            parser.error(f"unknown method(s) {unknown}; choose from {registered_names()}")
     results = run(smoke=smoke, out=args.out, seed=args.seed, methods=methods, checkpoints=args.checkpoints,
                   every_pair=args.every_pair)
     if args.readme:

@@ -18,18 +18,21 @@ Training (ITM with random and mined hard negatives) lives in `course_lib.cross_e
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, ClassVar
 
 import numpy as np
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from course_lib.blocks import RegionEmbedding, Transformer
 from course_lib.checkpoints import finished_checkpoint, model_device
 from course_lib.data.datasets import TextCollate
-from course_lib.data.tokenizer import PAD_ID
-from course_lib.methods import Method
+from course_lib.methods import PairwiseMethod
+from course_lib.registry import register_method
 from course_lib.train import move_to_device
 from course_lib.settings import CourseConfig
 
@@ -47,6 +50,10 @@ class CrossEncoderConfig(CourseConfig):
     heads: int = 4  # attention heads per block
     dropout: float = 0.0  # on the embeddings and inside the blocks; 0.1 (BERT's) delayed learning
     #                       in a 5-minute run, and fresh negatives every step leave little to overfit
+    loss: str = "binary"  # PLACEHOLDER
+    itc_weight: float = 0.0  # PLACEHOLDER
+    grid_size: int = 16  # PLACEHOLDER
+    grid_clusters: int = 2  # PLACEHOLDER
     max_text_length: int = 40  # tokens per caption incl. [CLS] and [SEP]; longer ones are cut
     negatives_per_positive: int = 1  # per positive: this many negative captions for its image
     #                                  and as many negative images for its caption (ALBEF: 1 each)
@@ -83,54 +90,69 @@ class CrossEncoder(nn.Module):
     images: `regions` (B, R, D), `boxes` (B, R, 7), `region_mask` (B, R) as collate_images makes
     them; texts: `input_ids`, `attention_mask` (B, T) from the word tokenizer ([CLS] w.. [SEP]).
     Padded words and padded region slots are masked out of attention, so padding changes nothing.
+    Built from the course's shared blocks (`course_lib.blocks`): `RegionEmbedding` for the regions,
+    `Transformer` (pre-LN blocks and a final LayerNorm) over the joint sequence.
+    pad_token_id: the tokenizer's padding id (`tokenizer.pad_token_id`), whose embedding is zero.
     """
 
     def __init__(self, region_dim: int, vocab_size: int, config: CrossEncoderConfig | None = None,
-                 box_dim: int = 7):
+                 box_dim: int = 7, pad_token_id: int = 0):
         super().__init__()
         self.config = cfg = config or CrossEncoderConfig()
         H = cfg.hidden
-        self.word = nn.Embedding(vocab_size, H, padding_idx=PAD_ID)
+        self.pad_token_id = pad_token_id
+        self.word = nn.Embedding(vocab_size, H, padding_idx=pad_token_id)
         self.position = nn.Embedding(cfg.max_text_length, H)  # words only: boxes place the regions
         self.token_type = nn.Embedding(2, H)  # 0 = text token, 1 = region (not "type": nn.Module.type)
         self.text_norm = nn.LayerNorm(H)
-        # UNITER's image embedding, as in encoders.RegionTransformerEncoder (which keeps it inline,
-        # so it cannot be shared without changing that module)
-        self.region_proj = nn.Sequential(nn.Linear(region_dim, H), nn.LayerNorm(H))
-        self.box_proj = nn.Sequential(nn.Linear(box_dim, H), nn.LayerNorm(H))
+        self.region = RegionEmbedding(region_dim, H, box_dim)  # LN(Linear(feature)) + LN(Linear(box))
         self.image_norm = nn.LayerNorm(H)
         self.dropout = nn.Dropout(cfg.dropout)
-        layer = nn.TransformerEncoderLayer(H, cfg.heads, dim_feedforward=4 * H, dropout=cfg.dropout,
-                                           activation="gelu", batch_first=True, norm_first=True)
-        # pre-LN blocks leave the residual stream unnormalised, hence the final LayerNorm
-        self.transformer = nn.TransformerEncoder(layer, cfg.layers, norm=nn.LayerNorm(H),
-                                                 enable_nested_tensor=False)
+        self.transformer = Transformer(H, cfg.layers, cfg.heads, cfg.dropout)  # ends in a LayerNorm
         self.head = nn.Linear(H, 1)  # s(T, I) = FC([CLS] output), U-BERT eq. 5
+        # ITC heads (ALBEF): used only when training with itc_weight > 0
+        self.itc_image, self.itc_text = nn.Linear(H, H), nn.Linear(H, H)
+        self.itc_log_scale = nn.Parameter(torch.tensor(math.log(1 / 0.07)))  # ALBEF's temperature
         for table in (self.word, self.position, self.token_type):
             # BERT's init; torch's N(0, 1) gives position and type the same weight as the word
             # itself in the summed embedding, which slowed the start of training in our runs
             nn.init.normal_(table.weight, std=0.02)
         with torch.no_grad():
-            self.word.weight[PAD_ID].zero_()  # as nn.Embedding(padding_idx=...) leaves it
+            self.word.weight[pad_token_id].zero_()  # as nn.Embedding(padding_idx=...) leaves it
 
-    def forward(self, images: dict, texts: dict) -> torch.Tensor:
-        input_ids, text_mask = texts["input_ids"], texts["attention_mask"].bool()  # (B, T)
-        regions, boxes = images["regions"], images["boxes"]  # (B, R, D), (B, R, 7)
-        region_mask = images["region_mask"].bool()  # (B, R)
+    def embed_text(self, texts: dict) -> torch.Tensor:
+        """Word + position + type(0) embeddings, LayerNorm: (B, T) ids -> (B, T, H)."""
+        input_ids = texts["input_ids"]  # (B, T)
         T = input_ids.shape[1]
         if T > self.config.max_text_length:
             raise ValueError(f"captions of {T} tokens exceed max_text_length="
                              f"{self.config.max_text_length}: tokenise with max_length=that")
-        type_ids = torch.tensor([0, 1], device=input_ids.device)
-        text_type, image_type = self.token_type(type_ids)  # (H,), (H,)
         positions = torch.arange(T, device=input_ids.device)  # (T,)
-        text = self.text_norm(self.word(input_ids) + self.position(positions) + text_type)  # (B, T, H)
-        image = self.region_proj(regions) + self.box_proj(boxes) + image_type  # (B, R, H)
-        image = self.image_norm(image)
-        x = torch.cat([text, image], dim=1)  # (B, T + R, H): [CLS] first
+        return self.text_norm(self.word(input_ids) + self.position(positions) + self.token_type.weight[0])
+
+    def embed_image(self, images: dict) -> torch.Tensor:
+        """Region embedding + type(1), LayerNorm: (B, R, D), (B, R, 7) -> (B, R, H)."""
+        return self.image_norm(self.region(images["regions"], images["boxes"]) + self.token_type.weight[1])
+
+    def forward(self, images: dict, texts: dict) -> torch.Tensor:
+        text_mask = texts["attention_mask"].bool()  # (B, T)
+        region_mask = images["region_mask"].bool()  # (B, R)
+        x = torch.cat([self.embed_text(texts), self.embed_image(images)], dim=1)  # (B, T + R, H): [CLS] first
         mask = torch.cat([text_mask, region_mask], dim=1)  # (B, T + R), True = real
-        h = self.transformer(self.dropout(x), src_key_padding_mask=~mask)  # (B, T + R, H)
+        h = self.transformer(self.dropout(x), mask)  # (B, T + R, H)
         return self.head(h[:, 0]).squeeze(-1)  # (B,)
+
+    def unimodal(self, images: dict, texts: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """ALBEF's unimodal features, here the embeddings before fusion: masked mean of each side's
+        embeddings, a Linear, L2-normalised. -> image (N, H), text (B, H); any N and B: the
+        image-text contrastive (ITC) loss compares every image with every text."""
+        def pooled(x, mask):  # (n, L, H), (n, L) -> (n, H)
+            mask = mask.unsqueeze(-1).to(x.dtype)
+            return (x * mask).sum(1) / mask.sum(1).clamp(min=1)
+
+        image = self.itc_image(pooled(self.embed_image(images), images["region_mask"]))
+        text = self.itc_text(pooled(self.embed_text(texts), texts["attention_mask"]))
+        return F.normalize(image, dim=-1), F.normalize(text, dim=-1)
 
 
 # ----------------------------------------------------------------------------- scoring
@@ -259,7 +281,7 @@ def rerank_scores(model: CrossEncoder, split, tokenizer, candidates, text_indice
 
 # ----------------------------------------------------------------------------- the method
 
-class CrossEncoderMethod(Method):
+class CrossEncoderMethod(PairwiseMethod):
     """The cross-encoder as a benchmark method: it scores every (image, caption) pair.
 
     miner: optional `(bench, tokenizer, cache_dir) -> train similarity` for hard negatives, e.g.
@@ -271,6 +293,10 @@ class CrossEncoderMethod(Method):
 
     checkpoint_prefix = "cross_encoder"
     config_class = CrossEncoderConfig
+    # ~10k pairs/s on one CPU thread: 600k pairs = 600 t2i queries of test, about a minute
+    eval_pairs = (600_000, 20_000)
+    # one query against 5k images takes about 0.4 s on one CPU thread; bigger galleries extrapolate
+    timed_sizes = ((1_000, 2_500, 5_000), (25, 50, 100))
 
     def __init__(self, config: CrossEncoderConfig | None = None, name: str = "cross_encoder",
                  miner: Callable | None = None, progress: bool = True):
@@ -295,27 +321,38 @@ class CrossEncoderMethod(Method):
         return train_cross_encoder(bench, tokenizer, self.config, negatives_similarity=sims,
                                    checkpoint_path=checkpoint_path, progress=self.progress)
 
-    def pair_scorer(self, split):
-        """(image_indices (P,), text_indices (P,)) -> logits (P,) on this split: the re-ranker API."""
-        model, tokenizer = self._fitted(), self.tokenizer
-        return lambda images, texts: score_index_pairs(model, split, tokenizer, images, texts)
+    def score_block(self, split, image_indices, text_indices) -> torch.Tensor:
+        """(n, m) logits of the chosen images against the chosen captions: n * m forward passes."""
+        return score_matrix(self._fitted(), split, self.tokenizer, image_indices, text_indices,
+                            progress=False)
+
+    def score_pairs(self, split, image_indices, text_indices) -> torch.Tensor:
+        """(P,) logits of the pairs (image_indices[p], text_indices[p]): the re-ranker API."""
+        return score_index_pairs(self._fitted(), split, self.tokenizer, image_indices, text_indices)
 
     def similarity(self, split) -> torch.Tensor:
         """(n_images, n_texts) logits of every pair: O(n_images * n_texts) forward passes."""
         return score_matrix(self._fitted(), split, self.tokenizer, progress=self.progress)
 
-    def query_fn(self, split, top_k: int = 10):
+    def query_fn(self, split, caption_index: int = 0, top_k: int = 10):
         """A zero-argument callable answering one text query: score it with every gallery image."""
         model = self._fitted()
         gallery = image_fields(split)  # the regions are ready offline; the pairs are not
-        caption = split.captions[0]
+        caption = split.captions[caption_index]
         cut = self.config.max_text_length
 
-        def answer():
+        def answer() -> np.ndarray:
             text = text_fields([caption], self.tokenizer, cut)  # (1, T)
             n = split.n_images
             texts = {k: v.expand(n, -1) for k, v in text.items()}  # (n, T) views
             scores = score_pairs(model, gallery, texts)  # (n,)
-            return torch.topk(scores, min(top_k, n)).indices
+            return torch.topk(scores, min(top_k, n)).indices.numpy()
 
         return answer
+
+
+@register_method("cross_encoder", order=2.5)
+def _cross_encoder(build) -> CrossEncoderMethod:
+    from course_lib.cross_encoder_train import dual_encoder_miner  # it imports this module
+
+    return CrossEncoderMethod(build.config(CrossEncoderConfig), miner=dual_encoder_miner(build.method("vsepp")))

@@ -38,6 +38,7 @@ import torch.nn.functional as F
 
 from course_lib.cross_encoder import IMAGE_KEYS, CrossEncoder, CrossEncoderConfig, image_fields
 from course_lib.data.datasets import CaptionDataset, TextCollate
+from course_lib.itm import GridCollate, itc_itm_loss, listwise_itm_loss
 from course_lib.train import History, Trainer, TrainConfig
 
 _ROWS_PER_CHUNK = 1024  # rows of the similarity matrix masked at once while mining
@@ -276,20 +277,28 @@ def train_cross_encoder(bench, tokenizer, config: CrossEncoderConfig | None = No
     cfg = config or CrossEncoderConfig()
     split = bench["train"]
     torch.manual_seed(cfg.seed)  # the initial weights
-    model = CrossEncoder(split.regions.shape[-1], len(tokenizer), cfg)
-    mined = (None if negatives_similarity is None
-             else mine_negatives(negatives_similarity, split.txt2img, cfg.hard_negative_k))
+    model = CrossEncoder(split.regions.shape[-1], len(tokenizer), cfg,
+                         pad_token_id=tokenizer.pad_token_id)
     trainer = None  # the collate reads trainer.step (the resumed one after a restart)
-    collate = ITMCollate(split, tokenizer, cfg.max_text_length, cfg.negatives_per_positive,
-                         cfg.hard_negative_fraction, mined, cfg.online_candidates,
-                         hard_after_steps=round(cfg.hard_negative_after * cfg.max_steps),
-                         step=lambda: trainer.step)
+    if cfg.loss == "listwise":
+        collate = GridCollate(split, tokenizer, cfg.max_text_length)
+        loss_fn = (partial(itc_itm_loss, grid_size=cfg.grid_size, clusters=cfg.grid_clusters,
+                           itc_weight=cfg.itc_weight) if cfg.itc_weight > 0 else listwise_itm_loss)
+    elif cfg.loss == "binary":
+        mined = (None if negatives_similarity is None
+                 else mine_negatives(negatives_similarity, split.txt2img, cfg.hard_negative_k))
+        collate = ITMCollate(split, tokenizer, cfg.max_text_length, cfg.negatives_per_positive,
+                             cfg.hard_negative_fraction, mined, cfg.online_candidates,
+                             hard_after_steps=round(cfg.hard_negative_after * cfg.max_steps),
+                             step=lambda: trainer.step)
+        loss_fn = partial(itm_loss, balance_classes=cfg.balance_classes)
+    else:
+        raise ValueError(f"loss={cfg.loss!r}: 'listwise' or 'binary'")
     train_config = TrainConfig(
         max_steps=cfg.max_steps, batch_size=cfg.batch_size, lr=cfg.lr,
         warmup_fraction=cfg.warmup_fraction, grad_clip=cfg.grad_clip, seed=cfg.seed,
         log_every=max(1, cfg.max_steps // 100), progress=progress, device=device,
         checkpoint_path=None if checkpoint_path is None else str(checkpoint_path))
-    loss_fn = partial(itm_loss, balance_classes=cfg.balance_classes)
     trainer = Trainer(model, loss_fn, CaptionDataset(split), train_config, collate_fn=collate)
     history = trainer.fit()
     return model.eval(), history

@@ -8,10 +8,11 @@ course_lib.data.datasets and returns an EncoderOutput:
     pooled  (B, E)     the one vector a dual encoder compares with a dot product
 
 Image encoders read `regions` (B, R, D), `boxes` (B, R, 7), `region_mask` (B, R) or `pixels`
-(B, 3, H, W); text encoders read `input_ids`, `attention_mask` (B, T), as the word tokenizer
-makes them ([CLS] words [SEP], [PAD]=0). Nothing here L2-normalises: VSE++ and SCAN normalise
-(`l2_normalize`), LightningDOT compares raw dot products. `build_image_encoder` /
-`build_text_encoder` pick one by name.
+(B, 3, H, W); text encoders read `input_ids`, `attention_mask` (B, T), as a tokenizer makes them
+([CLS] words [SEP] [PAD]..), and take that tokenizer's special ids as `special`
+(`SpecialTokens.of(tokenizer)`; default: the word tokenizer's). Nothing here L2-normalises:
+VSE++ and SCAN normalise (`l2_normalize`), LightningDOT compares raw dot products.
+`build_image_encoder` / `build_text_encoder` pick one by name.
 
     RegionTransformerEncoder  regions + boxes -> transformer with [CLS]   (LightningDOT §3, UNITER)
     PixelEncoder              pixels -> timm ViT or CNN                   (HiVLP, Fast & Slow)
@@ -28,7 +29,7 @@ import torch
 import torch.nn as nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from course_lib.data.tokenizer import CLS_ID, PAD_ID, SEP_ID
+from course_lib.data.tokenizer import WORD_SPECIAL_TOKENS, SpecialTokens
 from course_lib.settings import from_hub, hub_error
 
 # the course's ViT for the synthetic 32x32 images: 8x8 patches of 4 pixels, 2 blocks of width 64
@@ -57,10 +58,12 @@ def count_parameters(module: nn.Module, trainable_only: bool = True) -> int:
     return sum(p.numel() for p in module.parameters() if p.requires_grad or not trainable_only)
 
 
-def word_mask(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """(B, T) bool: True at real words, False at [CLS], [SEP] and padding."""
-    return attention_mask.bool() & (input_ids != CLS_ID) & (input_ids != SEP_ID)
-
+def word_mask(input_ids: torch.Tensor, attention_mask: torch.Tensor,
+              special: SpecialTokens = WORD_SPECIAL_TOKENS) -> torch.Tensor:
+    """(B, T) bool: True at real words, False at [CLS], [SEP] and padding, with the ids of the
+    tokenizer that made input_ids (special = SpecialTokens.of(tokenizer)). [UNK] counts as a word."""
+    not_words = (input_ids == special.cls) | (input_ids == special.sep) | (input_ids == special.pad)
+    return attention_mask.bool() & ~not_words
 
 
 # ----------------------------------------------------------------------------- images
@@ -166,18 +169,20 @@ class BagOfWordsEncoder(nn.Module):
 
     tokens = the embeddings of every position (B, T, hidden), [CLS] and [SEP] included, zero at
     padding; mask = attention_mask. pooled = mean over the words only: [CLS] and [SEP] are in every
-    caption, so they would only add the same offset to every vector.
+    caption, so they would only add the same offset to every vector. `special`: the tokenizer's ids
+    ([PAD] is the padding_idx, [CLS] / [SEP] are left out of the mean).
     """
 
-    def __init__(self, vocab_size: int, hidden: int = 64):
+    def __init__(self, vocab_size: int, hidden: int = 64, special: SpecialTokens = WORD_SPECIAL_TOKENS):
         super().__init__()
-        self.embed = nn.Embedding(vocab_size, hidden, padding_idx=PAD_ID)
+        self.special = special  # a plain attribute: not in the state_dict
+        self.embed = nn.Embedding(vocab_size, hidden, padding_idx=special.pad)
         self.out_dim = hidden
 
     def forward(self, batch: dict) -> EncoderOutput:
         input_ids, mask = batch["input_ids"], batch["attention_mask"].bool()  # (B, T)
         tokens = self.embed(input_ids).masked_fill(~mask.unsqueeze(-1), 0.0)  # (B, T, H)
-        words = word_mask(input_ids, mask).unsqueeze(-1).float()  # (B, T, 1)
+        words = word_mask(input_ids, mask, self.special).unsqueeze(-1).float()  # (B, T, 1)
         pooled = (tokens * words).sum(1) / words.sum(1).clamp(min=1.0)  # (B, H); no words -> zero
         return EncoderOutput(tokens=tokens, mask=mask, pooled=pooled)
 
@@ -190,13 +195,14 @@ class BiGRUEncoder(nn.Module):
     averaging), (B, T, hidden), exactly zero at padding; mask = attention_mask. pooled = the mean of
     the last layer's two final states: forward after the last token, backward after the first
     (VSE++ takes the last output of a one-way GRU; this is its bidirectional counterpart).
-    [CLS] and [SEP] are read like any word.
+    [CLS] and [SEP] are read like any word; `special` gives the tokenizer's [PAD] (the padding_idx).
     """
 
     def __init__(self, vocab_size: int, embed_dim: int = 64, hidden: int = 64, layers: int = 1,
-                 dropout: float = 0.0):
+                 dropout: float = 0.0, special: SpecialTokens = WORD_SPECIAL_TOKENS):
         super().__init__()
-        self.embed = nn.Embedding(vocab_size, embed_dim, padding_idx=PAD_ID)
+        self.special = special
+        self.embed = nn.Embedding(vocab_size, embed_dim, padding_idx=special.pad)
         self.gru = nn.GRU(embed_dim, hidden, num_layers=layers, batch_first=True, bidirectional=True,
                           dropout=dropout if layers > 1 else 0.0)
         self.hidden = hidden
@@ -221,24 +227,27 @@ class BertTextEncoder(nn.Module):
     """A BERT encoder (transformers' BertModel, no pooler); pooled = the [CLS] last hidden state.
 
     LightningDOT takes h0 of the last layer, not BERT's tanh pooler, so the pooler is not built.
-    By default a small BERT with random weights over the word tokenizer's ids (vocab_size =
-    len(tokenizer), [PAD]=0). pretrained_name (e.g. "bert-base-uncased") loads pretrained weights
-    instead (hidden/layers/heads/max_length then come from the checkpoint); its ids must come from
-    the matching tokenizer: tokenizer_for(split, name=pretrained_name).
+    By default a small BERT with random weights over the tokenizer's ids: vocab_size = len(tokenizer),
+    [PAD] = special.pad (special = SpecialTokens.of(tokenizer), default the word tokenizer's).
+    pretrained_name (e.g. "bert-base-uncased") loads pretrained weights instead (hidden/layers/heads/
+    max_length then come from the checkpoint); its ids must come from the matching tokenizer:
+    tokenizer_for(split, name=pretrained_name).
 
     tokens = last_hidden_state (B, T, hidden), [CLS] at 0, zero at padding; mask = attention_mask.
     """
 
     def __init__(self, vocab_size: int | None, hidden: int = 64, layers: int = 2, heads: int = 4,
-                 max_length: int = 64, dropout: float = 0.1, pretrained_name: str | None = None):
+                 max_length: int = 64, dropout: float = 0.1, pretrained_name: str | None = None,
+                 special: SpecialTokens = WORD_SPECIAL_TOKENS):
         super().__init__()
+        self.special = special
         from transformers import BertConfig, BertModel
 
         if pretrained_name is None:
             config = BertConfig(vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=layers,
                                 num_attention_heads=heads, intermediate_size=4 * hidden,
                                 max_position_embeddings=max_length, hidden_dropout_prob=dropout,
-                                attention_probs_dropout_prob=dropout, pad_token_id=PAD_ID)
+                                attention_probs_dropout_prob=dropout, pad_token_id=special.pad)
             self.bert = BertModel(config, add_pooling_layer=False)
         else:
             self.bert = from_hub(
@@ -279,7 +288,8 @@ def build_image_encoder(kind: str, **kwargs) -> nn.Module:
 
 
 def build_text_encoder(kind: str, vocab_size: int, **kwargs) -> nn.Module:
-    """kind "bow", "gru" or "bert"; vocab_size = len(tokenizer)."""
+    """kind "bow", "gru" or "bert"; vocab_size = len(tokenizer); kwargs may hold
+    special=SpecialTokens.of(tokenizer) (default: the word tokenizer's ids)."""
     if kind not in TEXT_ENCODERS:
         raise ValueError(f"unknown text encoder {kind!r}; valid kinds: {sorted(TEXT_ENCODERS)}")
     return TEXT_ENCODERS[kind](vocab_size, **kwargs)

@@ -256,27 +256,32 @@ def check_cmr_loss(fn) -> None:
     print("CMR loss: correct (both directions, averaged, batches of 1 to 16)")
 
 
-def _caption_batch(n: int, vocab_size: int, generator, lengths=(1, 14)):
-    """n captions [CLS] w.. [SEP] [PAD].. with lengths (in words) drawn from `lengths`, inclusive."""
+def _caption_batch(n: int, vocab_size: int, generator, lengths=(1, 14), special=None):
+    """n captions [CLS] w.. [SEP] [PAD].. with lengths (in words) drawn from `lengths`, inclusive;
+    words uniform over the non-special ids; special: SpecialTokens (default the word tokenizer's)."""
     import torch
 
-    from .data.tokenizer import CLS_ID, PAD_ID, SEP_ID, SPECIAL_TOKENS
+    from .data.tokenizer import WORD_SPECIAL_TOKENS
 
+    special = special or WORD_SPECIAL_TOKENS
     words = torch.randint(lengths[0], lengths[1] + 1, (n,), generator=generator)  # (n,)
     width = int(words.max()) + 2
-    ids = torch.full((n, width), PAD_ID, dtype=torch.long)
+    ids = torch.full((n, width), special.pad, dtype=torch.long)
     position = torch.arange(width).expand(n, -1)  # (n, width)
     real = (position >= 1) & (position <= words[:, None])
-    ids[real] = torch.randint(len(SPECIAL_TOKENS), vocab_size, (int(real.sum()),), generator=generator)
-    ids[:, 0] = CLS_ID
-    ids[torch.arange(n), words + 1] = SEP_ID
+    word_ids = special.word_ids(vocab_size)  # (V - S,)
+    ids[real] = word_ids[torch.randint(len(word_ids), (int(real.sum()),), generator=generator)]
+    ids[:, 0] = special.cls
+    ids[torch.arange(n), words + 1] = special.sep
     return ids, (position <= words[:, None] + 1).long(), real
 
 
-def _masking_invariants(ids, real, masked, labels) -> None:
+def _masking_invariants(ids, real, masked, labels, special=None) -> None:
     """What must hold for every call of a BERT masking, whatever its random draws."""
-    from .data.tokenizer import CLS_ID, PAD_ID, SEP_ID
+    from .data.tokenizer import WORD_SPECIAL_TOKENS
     from .lightningdot import IGNORE
+
+    special = special or WORD_SPECIAL_TOKENS
 
     if tuple(masked.shape) != tuple(ids.shape) or tuple(labels.shape) != tuple(ids.shape):
         raise ExerciseError(f"masked_ids and labels must both have the shape of input_ids {tuple(ids.shape)}, "
@@ -285,7 +290,7 @@ def _masking_invariants(ids, real, masked, labels) -> None:
     if float(picked.double().mean()) > 0.5:
         raise ExerciseError(f"labels must be IGNORE ({IGNORE}) at every position you did not pick (other words, "
                             "[CLS], [SEP], padding), so that only the masked words count in the loss")
-    for token, name in ((CLS_ID, "[CLS]"), (SEP_ID, "[SEP]"), (PAD_ID, "[PAD]")):
+    for token, name in ((special.cls, "[CLS]"), (special.sep, "[SEP]"), (special.pad, "[PAD]")):
         spot = ids == token
         if (picked & spot).any() or (masked[spot] != token).any():
             raise ExerciseError(f"{name} was picked or changed; only real words may be masked (skip the [CLS], "
@@ -304,10 +309,12 @@ def _masking_invariants(ids, real, masked, labels) -> None:
 def check_mask_tokens(fn, vocab_size: int = 120) -> None:
     """fn(input_ids, attention_mask, vocab_size, mask_prob, generator) -> (masked_ids, labels), the
     contract of course_lib.lightningdot.mask_tokens: real words picked with probability mask_prob (at
-    least one per caption), 80% -> [MASK], 10% -> a random word, 10% kept; labels IGNORE elsewhere."""
+    least one per caption), 80% -> [MASK], 10% -> a random word, 10% kept; labels IGNORE elsewhere.
+    The batches use the word tokenizer's ids (WORD_SPECIAL_TOKENS: [PAD]=0 .. [MASK]=4), the ids the
+    exercise's fn takes from course_lib.data.tokenizer."""
     import torch
 
-    from .data.tokenizer import MASK_ID, SPECIAL_TOKENS
+    from .data.tokenizer import WORD_SPECIAL_TOKENS as special
     from .lightningdot import IGNORE
 
     def run(ids, attention, mask_prob, seed):
@@ -323,9 +330,9 @@ def check_mask_tokens(fn, vocab_size: int = 120) -> None:
     # small batches for the rules (1-word captions: the forced pick), large ones for the statistics
     for n, lengths, mask_prob in ((6, (1, 5), 0.15), (40, (1, 3), 0.15), (3000, (3, 14), 0.15),
                                   (3000, (3, 14), 0.4)):
-        ids, attention, real = _caption_batch(n, vocab_size, generator, lengths)
+        ids, attention, real = _caption_batch(n, vocab_size, generator, lengths, special)
         masked, labels = run(ids, attention, mask_prob, seed=n)
-        _masking_invariants(ids, real, masked, labels)
+        _masking_invariants(ids, real, masked, labels, special)
         words = real.sum(1).double()  # (n,) each caption's words; below, its expected picks
         expected = float((words * mask_prob + (1 - mask_prob) ** words).sum() / words.sum())
         rates[mask_prob] = rate = float((labels != IGNORE).sum() / real.sum())
@@ -338,10 +345,11 @@ def check_mask_tokens(fn, vocab_size: int = 120) -> None:
                             "random number from `generator` (torch.rand(..., generator=generator))")
     picked = labels != IGNORE  # the mask_prob = 0.4 batch: about 10k picked words
     became, original = masked[picked], ids[picked]
-    if ((became < len(SPECIAL_TOKENS)) & (became != MASK_ID)).any():
+    if (torch.isin(became, torch.tensor(special.all)) & (became != special.mask)).any():
         raise ExerciseError(f"some random replacements are special tokens; draw them from the real words, "
-                            f"ids {len(SPECIAL_TOKENS)} .. vocab_size - 1")
-    shares = {"[MASK]": (became == MASK_ID), "a random word": (became != MASK_ID) & (became != original),
+                            f"ids {len(special.all)} .. vocab_size - 1")
+    shares = {"[MASK]": (became == special.mask),
+              "a random word": (became != special.mask) & (became != original),
               "kept": became == original}
     shares = {k: float(v.double().mean()) for k, v in shares.items()}
     for what, target in (("[MASK]", 0.8), ("a random word", 0.1), ("kept", 0.1)):

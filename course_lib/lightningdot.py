@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from course_lib.data.tokenizer import CLS_ID, MASK_ID, PAD_ID, SEP_ID, SPECIAL_TOKENS
+from course_lib.data.tokenizer import WORD_SPECIAL_TOKENS, SpecialTokens
 from course_lib.encoders import BertTextEncoder, RegionTransformerEncoder
 from course_lib.losses import contrastive_loss
 from course_lib.settings import CourseConfig
@@ -72,15 +72,23 @@ class LightningDOTConfig(CourseConfig):
 # ----------------------------------------------------------------------------- masking
 
 def mask_tokens(input_ids: torch.Tensor, attention_mask: torch.Tensor, vocab_size: int,
-                mask_prob: float = 0.15, generator: torch.Generator | None = None):
+                mask_prob: float = 0.15, generator: torch.Generator | None = None,
+                special: SpecialTokens = WORD_SPECIAL_TOKENS):
     """BERT masking of real words: returns (masked_ids, labels), both (B, T).
 
-    Each word ([CLS], [SEP], [PAD] never) is picked with probability mask_prob, at least one per
-    caption (as UNITER); a picked word becomes [MASK] 80% of the time, a random word 10%, itself
-    10%. labels hold the original id at picked positions and IGNORE elsewhere.
+    Each word is picked with probability mask_prob, at least one per caption (as UNITER); special
+    tokens ([CLS], [SEP], [PAD], [UNK], ...: special.all) never are. A picked word becomes [MASK]
+    (special.mask) 80% of the time, a random word 10% (uniform over the ids below vocab_size that
+    are not in special.all), itself 10%. labels hold the original id at picked positions and
+    IGNORE elsewhere. special: the ids of the tokenizer that made input_ids,
+    SpecialTokens.of(tokenizer); the default is the word tokenizer's.
     """
-    real = attention_mask.bool() & (input_ids != CLS_ID) & (input_ids != SEP_ID) & (input_ids != PAD_ID)
-    u = torch.rand(input_ids.shape, generator=generator, device=input_ids.device)
+    if special.mask is None:
+        raise ValueError("masking needs a [MASK] token, and this tokenizer has none")
+    device = input_ids.device
+    specials = torch.tensor(special.all, dtype=input_ids.dtype, device=device)  # (S,)
+    real = attention_mask.bool() & ~torch.isin(input_ids, specials)  # (B, T) the words
+    u = torch.rand(input_ids.shape, generator=generator, device=device)
     picked = real & (u < mask_prob)  # (B, T)
     none = real.any(1) & ~picked.any(1)  # captions with words but nothing picked: pick one
     if none.any():
@@ -89,10 +97,11 @@ def mask_tokens(input_ids: torch.Tensor, attention_mask: torch.Tensor, vocab_siz
         picked[none, forced[none]] = True
     labels = torch.where(picked, input_ids, torch.full_like(input_ids, IGNORE))
     action = torch.rand(input_ids.shape, generator=generator, device=input_ids.device)
-    random_words = torch.randint(len(SPECIAL_TOKENS), vocab_size, input_ids.shape, generator=generator,
-                                 device=input_ids.device)
+    word_ids = special.word_ids(vocab_size, device)  # (V - S,) the non-special ids
+    random_words = word_ids[torch.randint(len(word_ids), input_ids.shape, generator=generator,
+                                          device=device)]  # (B, T)
     masked = input_ids.clone()
-    masked[picked & (action < 0.8)] = MASK_ID
+    masked[picked & (action < 0.8)] = special.mask
     swap = picked & (action >= 0.8) & (action < 0.9)
     masked[swap] = random_words[swap]
     return masked, labels  # the last 10% keep their word
@@ -172,17 +181,20 @@ class LightningDOT(nn.Module):
 
     encode_images(batch) -> h0 (B, H); encode_texts(batch) -> z0 (B, H); forward(pair_batch) ->
     S (B, B), rows images, columns texts. `modality` = "regions" (the image field it reads).
+    `special`: the tokenizer's ids (SpecialTokens.of(tokenizer), default the word tokenizer's):
+    VMLM masks with them, the language encoder pads with special.pad.
     """
 
     modality = "regions"
 
-    def __init__(self, config: LightningDOTConfig, vocab_size: int, region_dim: int, n_classes: int):
+    def __init__(self, config: LightningDOTConfig, vocab_size: int, region_dim: int, n_classes: int,
+                 special: SpecialTokens = WORD_SPECIAL_TOKENS):
         super().__init__()
         c = self.config = config
-        self.vocab_size = vocab_size
+        self.vocab_size, self.special = vocab_size, special  # plain attributes: not in the state_dict
         self.image_encoder = RegionTransformerEncoder(region_dim, c.hidden, c.layers, c.heads)
         self.text_encoder = BertTextEncoder(vocab_size, c.hidden, c.layers, c.heads,
-                                            max_length=max(64, c.max_text_length))
+                                            max_length=max(64, c.max_text_length), special=special)
         self.vmlm = VMLM(c.hidden, vocab_size, c.fuse)
         self.smrfr = SMRFR(c.hidden, region_dim, c.fuse)
         self.smrc_kl = SMRCKL(c.hidden, n_classes, c.fuse)
@@ -202,7 +214,7 @@ class LightningDOT(nn.Module):
             return contrastive_loss(self(batch))  # eq. 6
         if task == "vmlm":
             ids, labels = mask_tokens(batch["input_ids"], batch["attention_mask"], self.vocab_size,
-                                      self.config.mask_prob)
+                                      self.config.mask_prob, special=self.special)  # (B, T) each
             words = self.text_encoder({**batch, "input_ids": ids}).tokens  # (B, T, H)
             return self.vmlm(words, self.encode_images(batch), labels)
         if task in ("smrfr", "smrc_kl"):

@@ -21,9 +21,12 @@ import torch
 
 from course_lib.checkpoints import checkpoint_name, finished_checkpoint
 from course_lib.data.datasets import PairCollate, PairDataset
+from course_lib.data.tokenizer import SpecialTokens
 from course_lib.lightningdot import OBJECTIVES, LightningDOT, LightningDOTConfig
 from course_lib.methods import DualEncoderMethod, similarity
 from course_lib.metrics import retrieval_metrics
+from course_lib.registry import register_method
+from course_lib.rerank import TwoStageMethod
 from course_lib.settings import seed_everything
 from course_lib.train import History, TrainConfig, Trainer
 
@@ -59,12 +62,14 @@ def cmr_loss(model: LightningDOT, batch: dict) -> torch.Tensor:
 
 
 def build_lightningdot(config: LightningDOTConfig, split, tokenizer) -> LightningDOT:
-    """A fresh model sized for the split's region features, its detector classes and the vocabulary."""
+    """A fresh model sized for the split's region features, its detector classes and the vocabulary,
+    with the tokenizer's special ids (VMLM's [MASK] and the words it may mask, the [PAD] of BERT)."""
     if not split.has_regions:
         raise ValueError(f"LightningDOT reads detector regions, and split {split.name!r} has none: "
                          "extract region features first (data_scripts/) or use the synthetic benchmark")
     n_classes = split.region_classes.shape[-1] if split.region_classes is not None else 1
-    return LightningDOT(config, len(tokenizer), split.regions.shape[-1], n_classes)
+    return LightningDOT(config, len(tokenizer), split.regions.shape[-1], n_classes,
+                        special=SpecialTokens.of(tokenizer))
 
 
 def _stage(model, make_loss, split, tokenizer, config: LightningDOTConfig, steps: int, lr: float,
@@ -114,7 +119,8 @@ def train_lightningdot(bench: dict, tokenizer, config: LightningDOTConfig | None
 
 class LightningDOTMethod(DualEncoderMethod):
     """LightningDOT as a benchmark method: gallery [CLS] vectors in a FAISS index, one text encoding
-    per query. The pre-training checkpoint is cached beside the fine-tuned one."""
+    per query. The pre-training checkpoint is cached beside the fine-tuned one, whose name covers it
+    (pretrain_checkpoint_file, checkpoint_file)."""
 
     checkpoint_prefix = "lightningdot"
     config_class = LightningDOTConfig
@@ -132,17 +138,40 @@ class LightningDOTMethod(DualEncoderMethod):
         return (f"two {c.layers}-layer transformers (d={c.hidden}), S = <z0, h0>; pre-training {tasks} "
                 f"({c.pretrain_steps} steps, {fusion}), CMR fine-tuning; FAISS IndexFlatIP")
 
+    def pretrain_checkpoint_file(self, bench: dict, tokenizer) -> str | None:
+        """The pre-trained model's file name in cache_dir (None without pre-training): it covers
+        the PRETRAIN_FIELDS of the config, bench["pretrain"] (captions and data) and the vocabulary."""
+        if self.config.pretrain_steps <= 0:
+            return None
+        fields = {k: getattr(self.config, k) for k in PRETRAIN_FIELDS}
+        return checkpoint_name("lightningdot-pretrain", fields, bench["pretrain"], tokenizer)
+
+    def checkpoint_file(self, bench: dict, tokenizer) -> str:
+        """The fine-tuned model's file name: config, bench["train"], vocabulary, and the pre-training
+        it starts from (its file name), so a new pre-training corpus is never served stale weights."""
+        return checkpoint_name(self.checkpoint_prefix, self.config.to_dict(), bench["train"], tokenizer,
+                               *self.checkpoint_extra(), self.pretrain_checkpoint_file(bench, tokenizer))
+
     def train(self, bench: dict, tokenizer, checkpoint_path, cache_dir):
         self.pretrain_checkpoint = None
         if cache_dir is not None and self.config.pretrain_steps > 0:
-            fields = {k: getattr(self.config, k) for k in PRETRAIN_FIELDS}
-            name = checkpoint_name("lightningdot-pretrain", fields, bench["pretrain"], tokenizer)
-            self.pretrain_checkpoint = Path(cache_dir) / name
+            self.pretrain_checkpoint = Path(cache_dir) / self.pretrain_checkpoint_file(bench, tokenizer)
         model, histories = train_lightningdot(bench, tokenizer, self.config,
                                               pretrain_checkpoint=self.pretrain_checkpoint,
                                               checkpoint_path=checkpoint_path, progress=self.progress)
         return model, histories
 
 
+@register_method("lightningdot", order=3.0)
+def _lightningdot(build) -> LightningDOTMethod:
+    return LightningDOTMethod(build.config(LightningDOTConfig))
+
+
+RERANK_TOP_M = (20, 50)  # LightningDOT A.1: "for re-ranking, we choose k from {20, 50}"
+for _m in RERANK_TOP_M:
+    register_method(f"lightningdot+rerank@{_m}", order=3.1)(
+        lambda build, m=_m: TwoStageMethod(build.method("lightningdot"), build.method("cross_encoder"), m))
+
+
 __all__ = ["task_schedule", "pretrain_loss", "cmr_loss", "build_lightningdot", "train_lightningdot",
-           "LightningDOTMethod", "PRETRAIN_FIELDS"]
+           "LightningDOTMethod", "PRETRAIN_FIELDS", "RERANK_TOP_M"]

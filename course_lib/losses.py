@@ -149,3 +149,27 @@ class DistillationLoss(nn.Module):
 
     def extra_repr(self) -> str:
         return f"tau={self.tau}, reduction={self.reduction!r}"
+
+
+def listwise_loss(scores: torch.Tensor, text_image: torch.Tensor) -> torch.Tensor:
+    """`contrastive_loss` for a batch whose images may hold several of its texts: a listwise
+    image-text matching loss for any scorer (a cross-encoder scores the (N, T) grid pair by pair).
+
+    scores: (N, T), rows the batch's distinct images, columns its texts; text_image (T,): the row
+    of each text's image. Text j: cross-entropy over the N images, target text_image[j]. Image i
+    with its own text j: cross-entropy over the T texts with i's other texts left out (they are
+    not negatives), target j. Each direction is a mean over the T positive pairs; the loss is their
+    average, so with N = T and text_image = arange(T) it equals `contrastive_loss`.
+    """
+    if scores.dim() != 2 or text_image.shape != scores.shape[1:]:
+        raise ValueError(f"scores must be (N images, T texts) and text_image (T,), got shapes "
+                         f"{tuple(scores.shape)} and {tuple(text_image.shape)}")
+    T = scores.shape[1]
+    text_image = text_image.to(scores.device).long()  # (T,)
+    texts = torch.arange(T, device=scores.device)  # (T,)
+    t2i = F.cross_entropy(scores.t(), text_image)  # (T, N) rows: per text over images
+    rows = scores[text_image]  # (T, T): row j = image of text j against every text
+    same_image = text_image[:, None] == text_image[None, :]  # (T, T): texts sharing j's image
+    others = same_image & (texts[:, None] != texts[None, :])  # ... except text j itself
+    i2t = F.cross_entropy(rows.masked_fill(others, float("-inf")), texts)
+    return (t2i + i2t) / 2

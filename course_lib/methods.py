@@ -1,13 +1,29 @@
-"""What every benchmark method shares: train once (or load the cached checkpoint), then score.
+"""The Method protocol every benchmark method follows: train once (or load the cached checkpoint),
+then rank.
 
-A benchmark method (course_lib.benchmark) has a `name`, `notes`, `fit(bench, tokenizer, cache_dir)`,
-`similarity(split)` -> (n_images, n_texts) scores and `query_fn(split)` -> a zero-argument callable
-answering one text query against the split's gallery.
+    fit(bench, tokenizer, cache_dir)            train on bench["train"] or load the cached checkpoint
+    rank(split, direction, top_k, queries=None) -> (indices (Q, k), scores (Q, k)), best first:
+                                                each query's top_k gallery items. "t2i": captions
+                                                query images; "i2t": images query captions. queries
+                                                default to the split's (split.text_queries /
+                                                image_queries: the test items in the full setting)
+    query_fn(split, caption_index, top_k)       a zero-argument callable answering one text query
+                                                (top_k,) image indices: the online cost, timed
+    pairs_per_query(split, direction)           cross-attention pairs scored per query (0 for a dot
+                                                product): what the benchmark's pair budget counts
+    eval_pairs, timed_sizes                     (default, smoke) budgets the benchmark honours
+    notes                                       one line for the results table
+
+Ranking, not a dense (n_images, n_texts) matrix, is the protocol: the full setting's 12k x 60k
+matrix would take 2.9 GB, and recalls need only each query's top K (`metrics.ranks_from_top_k`).
 
     Method              fit-and-cache: the checkpoint is named by checkpoint_name(...), so a cache
                         folder never hands back a model trained on other data or with another config
     DualEncoderMethod   + what every dot-product model shares (VSE++, LightningDOT): the gallery is
-                        embedded once into a FAISS index, a query costs one text encoding and a top-k
+                        embedded once into a FAISS index, a query costs one encoding and a top-k
+    PairwiseMethod      + what every cross-attention scorer shares (SCAN, the cross-encoder): it
+                        implements score_block(split, images, texts) and inherits rank, similarity
+                        and score_pairs (the re-ranker API of course_lib.rerank.Cascade)
 
 The encode_* helpers serve any model with `encode_images(batch)` / `encode_texts(batch)` -> (B, E)
 and a `modality` attribute ("regions" or "pixels", the image field the datasets must provide).
@@ -17,7 +33,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, Sequence
 
 import numpy as np
 import torch
@@ -30,6 +46,44 @@ from course_lib.retrieval import build_index, search
 
 # splits with more items than this get a progress bar while they are encoded
 _PROGRESS_ITEMS = 20_000
+DIRECTIONS = ("t2i", "i2t")
+# pairs a PairwiseMethod scores per score_block call while ranking (memory, not the result)
+_PAIRS_PER_BLOCK = 1 << 20
+
+
+def check_direction(direction: str) -> str:
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction must be one of {DIRECTIONS} (t2i: captions query images; i2t: "
+                         f"images query captions), got {direction!r}")
+    return direction
+
+
+def query_indices(split, direction: str, queries=None) -> np.ndarray:
+    """The query indices of a direction: `queries` if given (checked), else the split's own
+    (split.text_queries for t2i, split.image_queries for i2t)."""
+    check_direction(direction)
+    n = split.n_texts if direction == "t2i" else split.n_images
+    if queries is None:
+        return split.text_queries if direction == "t2i" else split.image_queries
+    queries = np.asarray(queries, dtype=np.int64).reshape(-1)
+    if len(queries) and (queries.min() < 0 or queries.max() >= n):
+        raise ValueError(f"{direction} queries must index [0, {n}), got {queries.min()}..{queries.max()}")
+    return queries
+
+
+def ground_truth(split, direction: str, queries, indices) -> torch.Tensor:
+    """(Q, k) bool: which listed items (indices (Q, k) from rank) are a ground truth of each query."""
+    txt2img = torch.from_numpy(split.txt2img)
+    queries, indices = torch.as_tensor(np.asarray(queries)), torch.as_tensor(np.asarray(indices))
+    if direction == "t2i":
+        return indices == txt2img[queries][:, None]
+    return txt2img[indices] == queries[:, None]
+
+
+def top_k_of(scores: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(indices, scores) of each row's top_k, best first; top_k capped at the row length."""
+    top = torch.topk(scores.float(), min(top_k, scores.shape[1]), dim=1)
+    return top.indices, top.values
 
 
 class Method(ABC):
@@ -40,6 +94,13 @@ class Method(ABC):
 
     checkpoint_prefix: ClassVar[str] = "method"
     config_class: ClassVar[type]
+    # benchmark budgets, (default run, smoke run). eval_pairs: pairs it may score per setting and
+    # direction (None = every query); beyond it, a fixed random sample of queries is ranked.
+    # timed_sizes: the galleries one query is timed on (None = up to each setting's gallery);
+    # bigger galleries are extrapolated linearly from these and starred.
+    eval_pairs: ClassVar[tuple] = (None, None)
+    timed_sizes: ClassVar[tuple] = (None, None)
+    notes: str = ""
 
     def __init__(self, config=None, name: str | None = None, progress: bool = True):
         self.config = config if config is not None else self.config_class()
@@ -50,13 +111,17 @@ class Method(ABC):
         """Anything besides config, data and vocabulary that changes the trained model."""
         return ()
 
+    def checkpoint_file(self, bench: dict, tokenizer) -> str:
+        """The trained model's file name in cache_dir; a method that trains on more than
+        bench["train"] (LightningDOT's pre-training corpus) overrides it to cover that too."""
+        return checkpoint_name(self.checkpoint_prefix, self.config.to_dict(), bench["train"],
+                               tokenizer, *self.checkpoint_extra())
+
     def fit(self, bench: dict, tokenizer, cache_dir=None) -> "Method":
         """Train on bench["train"], or load cache_dir / "<prefix>-<hash>.pt" if it is there."""
         self.tokenizer, self.checkpoint_path = tokenizer, None
         if cache_dir is not None:
-            name = checkpoint_name(self.checkpoint_prefix, self.config.to_dict(), bench["train"],
-                                   tokenizer, *self.checkpoint_extra())
-            self.checkpoint_path = Path(cache_dir) / name
+            self.checkpoint_path = Path(cache_dir) / self.checkpoint_file(bench, tokenizer)
         self.model, self.history = self.train(bench, tokenizer, self.checkpoint_path, cache_dir)
         return self
 
@@ -68,6 +133,19 @@ class Method(ABC):
         if self.model is None:
             raise RuntimeError(f"{self.name}: call fit(bench, tokenizer, cache_dir) first")
         return self.model
+
+    @abstractmethod
+    def rank(self, split, direction: str, top_k: int, queries=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each query's top_k gallery items: (indices (Q, k) long, scores (Q, k)), best first."""
+
+    @abstractmethod
+    def query_fn(self, split, caption_index: int = 0, top_k: int = 10):
+        """A zero-argument callable answering caption `caption_index` against the split's images:
+        returns (top_k,) image indices, best first. Offline work happens when it is built."""
+
+    def pairs_per_query(self, split, direction: str) -> int:
+        """Cross-attention pairs one query scores (0: a dot-product search)."""
+        return 0
 
 
 # ----------------------------------------------------------------------------- dual encoders
@@ -125,12 +203,27 @@ class DualEncoderMethod(Method):
     def similarity(self, split) -> torch.Tensor:
         return similarity(self._fitted(), split, self.tokenizer)  # (N, T)
 
-    def query_fn(self, split, top_k: int = 10, caption_index: int = 0, index_kind: str = "flat"):
+    def rank(self, split, direction: str, top_k: int, queries=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Exact top_k by dot product through a FAISS index of the gallery side (images for t2i,
+        captions for i2t), so no (N, T) matrix is formed. -> (indices (Q, k), scores (Q, k))"""
+        queries = query_indices(split, direction, queries)
+        model = self._fitted()
+        if direction == "t2i":
+            gallery, asked = encode_gallery(model, split), encode_captions(model, split, self.tokenizer)
+        else:
+            gallery, asked = encode_captions(model, split, self.tokenizer), encode_gallery(model, split)
+        index = build_index(gallery)  # (G, E) exact inner product
+        scores, indices = search(index, asked[torch.from_numpy(queries)], min(top_k, len(gallery)))
+        return torch.as_tensor(indices, dtype=torch.long), torch.as_tensor(scores)  # (Q, k) each
+
+    def query_fn(self, split, caption_index: int = 0, top_k: int = 10, index_kind: str = "flat",
+                 with_scores: bool = False):
         """A zero-argument callable answering one text query: the online cost of retrieval.
 
         The gallery's image embeddings are computed once, here (offline), into a FAISS index
         (`index_kind`, exact by default); each call tokenises one caption, runs the text encoder
-        and searches the index. Returns the top_k image indices (top_k,), best first.
+        and searches the index. Returns the top_k image indices (top_k,), best first (with
+        with_scores: (indices, scores), which a Cascade that fuses stage scores reads).
         """
         model = self._fitted().eval()
         index = build_index(encode_gallery(model, split), kind=index_kind)  # offline: (N, E)
@@ -141,11 +234,12 @@ class DualEncoderMethod(Method):
         def answer() -> np.ndarray:
             batch = {k: v.to(device) for k, v in collate.encode([caption]).items()}  # (1, T)
             query = model.encode_texts(batch).float().cpu()  # (1, E)
-            return search(index, query, top_k)[1][0]  # (top_k,)
+            scores, indices = search(index, query, top_k)  # (1, top_k) each
+            return (indices[0], scores[0]) if with_scores else indices[0]
 
         return answer
 
-    def image_query_fn(self, split, top_k: int = 10, image_index: int = 0, index_kind: str = "flat"):
+    def image_query_fn(self, split, image_index: int = 0, top_k: int = 10, index_kind: str = "flat"):
         """The same for text retrieval: the split's captions are indexed offline, each call encodes
         one image and searches them. Returns the top_k caption indices (top_k,), best first."""
         model = self._fitted().eval()
@@ -162,5 +256,57 @@ class DualEncoderMethod(Method):
         return answer
 
 
-__all__ = ["Method", "DualEncoderMethod", "encode_gallery", "encode_captions", "encode_split",
-           "similarity"]
+class PairwiseMethod(Method):
+    """A Method that scores (image, caption) pairs jointly: every query meets every gallery item.
+
+    A subclass implements score_block(split, image_indices (n,), text_indices (m,)) -> (n, m)
+    scores; rank, similarity and score_pairs follow. score_pairs is the re-ranker API
+    (course_lib.rerank.Cascade); a subclass with a cheaper pair scorer overrides it.
+    """
+
+    @abstractmethod
+    def score_block(self, split, image_indices, text_indices) -> torch.Tensor:
+        """(n, m) scores of the images image_indices (n,) against the captions text_indices (m,)."""
+
+    def pairs_per_query(self, split, direction: str) -> int:
+        return split.n_images if check_direction(direction) == "t2i" else split.n_texts
+
+    def similarity(self, split) -> torch.Tensor:
+        """(N, T) scores of every pair: small splits only, O(N * T) work."""
+        return self.score_block(split, np.arange(split.n_images), np.arange(split.n_texts))
+
+    def rank(self, split, direction: str, top_k: int, queries=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Queries a chunk at a time against the whole gallery, keeping each one's top_k."""
+        queries = query_indices(split, direction, queries)
+        gallery = np.arange(split.n_images if direction == "t2i" else split.n_texts)
+        per_chunk = max(1, _PAIRS_PER_BLOCK // max(len(gallery), 1))
+        indices, scores = [], []
+        for start in tqdm(range(0, len(queries), per_chunk), desc=f"{self.name} {direction}",
+                          disable=not self.progress or len(queries) <= per_chunk, leave=False):
+            chunk = queries[start:start + per_chunk]
+            block = (self.score_block(split, gallery, chunk).T if direction == "t2i"
+                     else self.score_block(split, chunk, gallery))  # (c, G)
+            i, v = top_k_of(block, top_k)
+            indices.append(i)
+            scores.append(v)
+        return torch.cat(indices), torch.cat(scores)  # (Q, k) each
+
+    def score_pairs(self, split, image_indices, text_indices) -> torch.Tensor:
+        """(P,) scores of the pairs (image_indices[p], text_indices[p]): one score_block per
+        distinct caption, over the images paired with it."""
+        images = torch.as_tensor(np.asarray(image_indices), dtype=torch.long)  # (P,)
+        texts = torch.as_tensor(np.asarray(text_indices), dtype=torch.long)  # (P,)
+        out = torch.empty(len(images))
+        for text in torch.unique(texts).tolist():
+            where = torch.nonzero(texts == text).squeeze(1)
+            out[where] = self.score_block(split, images[where].numpy(), np.array([text]))[:, 0].float()
+        return out
+
+    def pair_scorer(self, split):
+        """score_pairs bound to a split: (image_indices (P,), text_indices (P,)) -> (P,)."""
+        return lambda images, texts: self.score_pairs(split, images, texts)
+
+
+__all__ = ["Method", "DualEncoderMethod", "PairwiseMethod", "encode_gallery", "encode_captions",
+           "encode_split", "similarity", "query_indices", "ground_truth", "top_k_of", "DIRECTIONS",
+           "check_direction"]

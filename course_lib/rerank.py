@@ -1,4 +1,17 @@
-"""Two-stage retrieval: a fast first stage keeps the top-M, a slow re-ranker re-scores only those.
+"""Cascades: a fast first stage keeps the top-M, slower stages re-score only the survivors.
+
+`Cascade(stages, top_ms, combine)` is the general form every lesson uses: stage 0 is a Method that
+ranks the whole gallery (a dot product through FAISS); each later stage re-scores the previous
+stage's survivors with its `score_pairs(split, image_indices, text_indices)`, and `combine` fuses the
+scores gathered so far into the order that decides who survives:
+
+    Cascade([lightningdot, cross_encoder], top_ms=[20])                    # two-stage re-ranking
+    Cascade([hivlp_l1, hivlp_l2, hivlp_l3], top_ms=[1000, 100])            # coarse-to-fine levels
+    Cascade([fast, slow], top_ms=[10], combine=weighted_sum([beta, 1.0]))  # Fast & Slow eq. 9
+
+A query costs one first-stage search plus sum(top_ms) pair scorings, whatever the gallery size.
+The default `combine` is the last stage's score alone (`last_stage`), as LightningDOT's code re-sorts
+by the re-ranker. The dense helper below is the same two-stage order on a full matrix.
 
 LightningDOT §3.2: retrieve the top-M with dot products, score those M pairs with a cross-attention
 model, and take the final top-K (K <= M) from the re-ranker's scores alone (the authors' code
@@ -20,10 +33,12 @@ its first-stage order, strictly below them. `TwoStageMethod` is the benchmark's 
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
+
+from course_lib.methods import Method, check_direction, query_indices
 
 PairScorer = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 DIRECTIONS = ("t2i", "i2t")
@@ -62,27 +77,135 @@ def two_stage_scores(first_scores, score_pairs: PairScorer, top_m: int, directio
     return by_query.T.contiguous() if direction == "t2i" else by_query  # (N, T)
 
 
-class TwoStageMethod:
-    """`first` (a fast benchmark method) retrieves top_m, `reranker` re-scores them.
+Combine = Callable[[list], torch.Tensor]
 
-    reranker: any fitted-or-fittable method with `pair_scorer(split)` (e.g. CrossEncoderMethod).
-    similarity(split) -> (i2t scores, t2i scores): each direction re-ranks its own candidates.
+
+def last_stage(stage_scores: list) -> torch.Tensor:
+    """The default combine: order by the latest stage's scores alone. (Q, M) -> (Q, M)"""
+    return stage_scores[-1]
+
+
+def weighted_sum(weights: Sequence[float]) -> Combine:
+    """combine = sum_j weights[j] * stage j's scores, over the stages scored so far: Fast & Slow's
+    h(x, y) + beta * f(x)^T g(y) is weighted_sum([beta, 1.0]) on [fast, slow]."""
+    weights = [float(w) for w in weights]
+
+    def combine(stage_scores: list) -> torch.Tensor:
+        return sum(w * s for w, s in zip(weights, stage_scores))
+
+    return combine
+
+
+class Cascade(Method):
+    """stages[0] ranks the gallery and keeps top_ms[0]; stage j re-scores the survivors and keeps
+    top_ms[j] (the last stage keeps them all), each time in the order combine(scores so far) gives.
+
+    stages[0]: a Method (rank); stages[1:]: anything with score_pairs(split, images, texts) -> (P,)
+    (a PairwiseMethod, or a method that exposes a light scorer). top_ms: len(stages) - 1 survivor
+    counts, non-increasing. A Method itself: fit fits the stages that are not fitted yet.
+    """
+
+    def __init__(self, stages: Sequence, top_ms: Sequence[int], combine: Combine = last_stage,
+                 name: str | None = None, notes: str | None = None):
+        if len(stages) < 2 or len(top_ms) != len(stages) - 1:
+            raise ValueError(f"a cascade needs >= 2 stages and one top_m per stage but the last: got "
+                             f"{len(stages)} stages and top_ms {list(top_ms)}")
+        if any(m < 1 for m in top_ms) or list(top_ms) != sorted(top_ms, reverse=True):
+            raise ValueError(f"top_ms must be >= 1 and non-increasing, got {list(top_ms)}")
+        self.stages, self.top_ms, self.combine = list(stages), [int(m) for m in top_ms], combine
+        self.name = name or "+".join(s.name for s in stages) + "@" + "/".join(map(str, top_ms))
+        self.notes = notes or (f"{stages[0].name} keeps the top {'/'.join(map(str, top_ms))}, re-scored by "
+                               + ", ".join(s.name for s in stages[1:]))
+        self.progress = True
+
+    @property
+    def eval_pairs(self):
+        return tuple(min((b for b in budgets if b is not None), default=None)
+                     for budgets in zip(*(s.eval_pairs for s in self.stages[1:])))
+
+    def fit(self, bench, tokenizer, cache_dir=None) -> "Cascade":
+        for stage in self.stages:  # a fitted method is not fitted again
+            if getattr(stage, "model", None) is None:
+                stage.fit(bench, tokenizer, cache_dir=cache_dir)
+        return self
+
+    def train(self, *args):  # Method's abstract hook: the stages train themselves
+        raise NotImplementedError("a Cascade fits its stages; call fit")
+
+    def pairs_per_query(self, split, direction: str) -> int:
+        return sum(self.top_ms) + self.stages[0].pairs_per_query(split, direction)
+
+    def rescore(self, split, direction: str, queries, candidates, first_scores):
+        """Run stages[1:] on candidates (Q, M) with their first-stage scores (Q, M), M >= top_ms[0]:
+        -> (indices (Q, M), scores (Q, M)), best first. The survivors of the last stage come first,
+        by combined score; every item a stage dropped follows, the latest drops first, each group
+        in the order that dropped it, with scores strictly below (so recall at K beyond the
+        survivors is that of the earlier stages, as two_stage_scores gives on a dense matrix)."""
+        queries = torch.as_tensor(np.asarray(queries), dtype=torch.long)  # (Q,)
+        candidates = torch.as_tensor(candidates, dtype=torch.long)
+        tails = [candidates[:, self.top_ms[0]:]]  # beyond the first stage's top_m, its own order
+        indices = candidates[:, :self.top_ms[0]]
+        history = [torch.as_tensor(first_scores).float()[:, :self.top_ms[0]]]
+        for stage, keep in zip(self.stages[1:], self.top_ms[1:] + [None]):
+            Q, M = indices.shape
+            asked = queries.repeat_interleave(M)  # (Q*M,) query-major
+            flat = indices.reshape(-1)
+            images, texts = (flat, asked) if direction == "t2i" else (asked, flat)
+            history.append(torch.as_tensor(stage.score_pairs(split, images, texts)).float().view(Q, M))
+            order = torch.argsort(self.combine(history), dim=1, descending=True, stable=True)
+            keep = M if keep is None else keep
+            tails.insert(0, indices.gather(1, order[:, keep:]))
+            indices, history = indices.gather(1, order[:, :keep]), [h.gather(1, order[:, :keep]) for h in history]
+        scores = self.combine(history)  # (Q, M_last)
+        tail = torch.cat(tails, dim=1)  # (Q, M - M_last)
+        below = scores.min(dim=1, keepdim=True).values - 1.0 - torch.arange(tail.shape[1], dtype=torch.float32)
+        return torch.cat([indices, tail], dim=1), torch.cat([scores, below], dim=1)
+
+    def rank(self, split, direction: str, top_k: int, queries=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The cascade's top_k per query: (indices (Q, k), scores (Q, k)), best first; beyond the
+        last stage's survivors, the items earlier stages dropped (rescore)."""
+        queries = query_indices(split, check_direction(direction), queries)
+        depth = max(top_k, self.top_ms[0])
+        candidates, first = self.stages[0].rank(split, direction, depth, queries)  # (Q, depth)
+        indices, scores = self.rescore(split, direction, queries, candidates, first)
+        return indices[:, :top_k], scores[:, :top_k]
+
+    def query_fn(self, split, caption_index: int = 0, top_k: int = 10):
+        """One text query: the first stage's own query_fn for top_ms[0] (its offline index built
+        here), then the later stages on the survivors."""
+        uses_first = self.combine is not last_stage  # only then do the first-stage scores matter
+        search = self.stages[0].query_fn(split, caption_index=caption_index, top_k=self.top_ms[0],
+                                         **({"with_scores": True} if uses_first else {}))
+
+        def answer() -> np.ndarray:
+            found = search()
+            candidates, first = found if uses_first else (found, None)
+            candidates = torch.as_tensor(np.asarray(candidates), dtype=torch.long)[None]  # (1, M0)
+            first = (-torch.arange(candidates.shape[1], dtype=torch.float32)[None] if first is None
+                     else torch.as_tensor(np.asarray(first), dtype=torch.float32)[None])  # (1, M0)
+            indices, _ = self.rescore(split, "t2i", [caption_index], candidates, first)
+            return indices[0, :top_k].numpy()
+
+        return answer
+
+
+class TwoStageMethod(Cascade):
+    """The two-stage case: `first` retrieves top_m, `reranker` (any method with score_pairs or
+    pair_scorer, e.g. CrossEncoderMethod) re-scores them; final ranking by the re-ranker alone.
+
+    similarity(split) -> (i2t scores, t2i scores): the dense form for small splits, each direction
+    re-ranking its own candidates (pass both to retrieval_metrics(..., t2i_sims=)).
     """
 
     def __init__(self, first, reranker, top_m: int, name: str | None = None):
+        super().__init__([first, reranker], [top_m], name=name or f"{first.name}+rerank@{top_m}",
+                         notes=(f"{first.name} retrieves the top {top_m} per query, {reranker.name} "
+                                f"re-scores them; final ranking by the re-ranker's score alone"))
         self.first, self.reranker, self.top_m = first, reranker, top_m
-        self.name = name or f"{first.name}+rerank@{top_m}"
-        self.notes = (f"{first.name} retrieves the top {top_m} per query, {reranker.name} re-scores "
-                      f"them; final ranking by the re-ranker's score alone")
-
-    def fit(self, bench, tokenizer, cache_dir=None) -> "TwoStageMethod":
-        for method in (self.first, self.reranker):  # a fitted method is not fitted again
-            if method.model is None:
-                method.fit(bench, tokenizer, cache_dir=cache_dir)
-        return self
 
     def _scores(self, split, directions) -> list[torch.Tensor]:
-        first, scorer = self.first.similarity(split), self.reranker.pair_scorer(split)
+        first = self.first.similarity(split)
+        scorer = lambda images, texts: self.reranker.score_pairs(split, images, texts)  # noqa: E731
         return [two_stage_scores(first, scorer, self.top_m, d) for d in directions]
 
     def similarity(self, split) -> tuple[torch.Tensor, torch.Tensor]:
@@ -94,17 +217,7 @@ class TwoStageMethod:
         """(N, T) scores for text queries only (the benchmark's sampled-query evaluation)."""
         return self._scores(split, ("t2i",))[0]
 
-    def query_fn(self, split, top_k: int = 10, caption_index: int = 0):
-        """One text query: the first stage's index search for top_m, then top_m re-ranker passes."""
-        first = self.first.query_fn(split, top_k=self.top_m, caption_index=caption_index)
-        scorer = self.reranker.pair_scorer(split)
-
-        def answer() -> np.ndarray:
-            candidates = torch.as_tensor(np.asarray(first()), dtype=torch.long)  # (M,)
-            scores = scorer(candidates, torch.full_like(candidates, caption_index))  # (M,)
-            return candidates[torch.argsort(scores, descending=True)[:top_k]].numpy()
-
-        return answer
 
 
-__all__ = ["PairScorer", "top_m_candidates", "two_stage_scores", "TwoStageMethod", "DIRECTIONS"]
+__all__ = ["PairScorer", "top_m_candidates", "two_stage_scores", "Cascade", "TwoStageMethod",
+           "last_stage", "weighted_sum", "DIRECTIONS"]

@@ -37,11 +37,12 @@ from tqdm.auto import tqdm
 
 from course_lib.data.datasets import (CaptionDataset, ImageDataset, PairCollate, PairDataset,
                                       TextCollate, make_loader)
-from course_lib.data.tokenizer import PAD_ID
+from course_lib.data.tokenizer import WORD_SPECIAL_TOKENS, SpecialTokens
 from course_lib.checkpoints import model_device
 from course_lib.encoders import BiGRUEncoder, l2_normalize, word_mask
 from course_lib.losses import hinge_name, hinge_triplet_loss
-from course_lib.methods import Method
+from course_lib.methods import PairwiseMethod
+from course_lib.registry import register_method
 from course_lib.metrics import retrieval_metrics
 from course_lib.scan import scan_similarity
 from course_lib.settings import CourseConfig, seed_everything
@@ -81,13 +82,15 @@ def normalize_real(items: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return l2_normalize(items.masked_fill(padded, 1.0)).masked_fill(padded, 0.0)
 
 
-def words_only(input_ids: torch.Tensor, attention_mask: torch.Tensor):
+def words_only(input_ids: torch.Tensor, attention_mask: torch.Tensor,
+               special: SpecialTokens = WORD_SPECIAL_TOKENS):
     """`[CLS] w1 .. wn [SEP] [PAD] ..` -> `(ids (B, L), mask (B, L))` of `w1 .. wn [PAD] ..`,
-    L = the most words in the batch: SCAN's captions are words only."""
-    keep = word_mask(input_ids, attention_mask)  # (B, T)
+    L = the most words in the batch: SCAN's captions are words only. `special`: the ids of the
+    tokenizer that made input_ids (SpecialTokens.of(tokenizer); default the word tokenizer's)."""
+    keep = word_mask(input_ids, attention_mask, special)  # (B, T)
     order = torch.argsort((~keep).int(), dim=1, stable=True)  # words first, in their order
     mask = keep.gather(1, order)  # (B, T)
-    ids = input_ids.gather(1, order).masked_fill(~mask, PAD_ID)
+    ids = input_ids.gather(1, order).masked_fill(~mask, special.pad)
     length = int(mask.sum(1).max()) if len(mask) else 0
     return ids[:, :length], mask[:, :length]
 
@@ -98,17 +101,21 @@ class SCANModel(nn.Module):
     encode_images(batch) -> (regions (B, R, E) unit vectors, region_mask (B, R));
     encode_texts(batch) -> (words (B, L, E) unit vectors, word_mask (B, L)), words only;
     forward(pair_batch) -> scores (B, B), rows images, columns texts, positives on the diagonal.
-    Padded slots are exactly zero.
+    Padded slots are exactly zero. `special`: the tokenizer's ids (SpecialTokens.of(tokenizer),
+    default the word tokenizer's): its [CLS] / [SEP] are dropped, its [PAD] is the padding_idx.
     """
 
     modality = "regions"  # the image field the datasets must provide
 
-    def __init__(self, region_dim: int, vocab_size: int, config: SCANConfig | None = None):
+    def __init__(self, region_dim: int, vocab_size: int, config: SCANConfig | None = None,
+                 special: SpecialTokens = WORD_SPECIAL_TOKENS):
         super().__init__()
         self.config = c = config or SCANConfig()
+        self.special = special  # a plain attribute: not in the state_dict
         self.region_proj = nn.Linear(region_dim, c.embed_dim)
         self.box_proj = nn.Linear(BOX_DIM, c.embed_dim) if c.use_boxes else None
-        self.text_encoder = BiGRUEncoder(vocab_size, embed_dim=c.word_dim, hidden=c.embed_dim)
+        self.text_encoder = BiGRUEncoder(vocab_size, embed_dim=c.word_dim, hidden=c.embed_dim,
+                                         special=special)
         # SCAN's initialisation of its fc layer: Xavier uniform, zero bias.
         for layer in (self.region_proj, self.box_proj):
             if layer is not None:
@@ -123,7 +130,7 @@ class SCANModel(nn.Module):
         return normalize_real(regions, mask), mask
 
     def encode_texts(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        ids, mask = words_only(batch["input_ids"], batch["attention_mask"])  # (B, L)
+        ids, mask = words_only(batch["input_ids"], batch["attention_mask"], self.special)  # (B, L)
         tokens = self.text_encoder({"input_ids": ids, "attention_mask": mask}).tokens  # (B, L, E)
         return normalize_real(tokens, mask), mask
 
@@ -148,6 +155,11 @@ def scan_loss(margin: float = 0.2, max_violation: bool = True):
     return loss_fn
 
 
+def build_scan(config: SCANConfig, split, tokenizer) -> SCANModel:
+    """A fresh SCANModel sized for the split's region features and the tokenizer's vocabulary and ids."""
+    return SCANModel(split.regions.shape[-1], len(tokenizer), config, SpecialTokens.of(tokenizer))
+
+
 def train_scan(bench: dict, tokenizer, config: SCANConfig | None = None, *, checkpoint_path=None,
                evaluate_on=None, eval_every: int | None = None, progress: bool = True,
                device: str | None = None) -> tuple[SCANModel, History]:
@@ -159,7 +171,7 @@ def train_scan(bench: dict, tokenizer, config: SCANConfig | None = None, *, chec
     """
     config = config or SCANConfig()
     seed_everything(config.seed)  # the model's initial weights; the Trainer seeds the rest
-    model = SCANModel(bench["train"].regions.shape[-1], len(tokenizer), config)
+    model = build_scan(config, bench["train"], tokenizer)
     train = TrainConfig(max_steps=config.max_steps, batch_size=config.batch_size, lr=config.lr,
                         warmup_fraction=config.warmup_fraction, grad_clip=config.grad_clip,
                         seed=config.seed, eval_every=eval_every, log_every=25, progress=progress,
@@ -236,11 +248,33 @@ def scan_matrix(model: SCANModel, split, tokenizer, *, device=None, batch_size: 
 
 
 # ----------------------------------------------------------------------------- the method
-class SCANMethod(Method):
-    """SCAN as a benchmark Method (see course_lib.benchmark): fit, similarity, query_fn."""
+class SCANMethod(PairwiseMethod):
+    """SCAN as a benchmark Method (course_lib.methods): every query attends over every gallery item.
+    score_block reads region and word encodings cached for the last split scored."""
 
     checkpoint_prefix = "scan"
     config_class = SCANConfig
+    eval_pairs = (8_000_000, 400_000)  # ~1 s per 100k pairs on a CPU thread: test t2i in full
+    _encoded: tuple = (None, None, None)  # (split, model, (regions, region_mask, words, word_mask))
+
+    def _encodings(self, split):
+        model = self._fitted()
+        if self._encoded[0] is not split or self._encoded[1] is not model:
+            self._encoded = (split, model, (*encode_regions(model, split, progress=self.progress and split.n_images > 20_000),
+                                     *encode_words(model, split, self.tokenizer,
+                                                   progress=self.progress and split.n_texts > 20_000)))
+        return self._encoded[2]
+
+    @torch.no_grad()
+    def score_block(self, split, image_indices, text_indices) -> torch.Tensor:
+        """(n, m) SCAN scores of the chosen images against the chosen captions, on the CPU."""
+        model = self._fitted().eval()
+        device = model_device(model)
+        regions, region_mask, words, word_mask_ = self._encodings(split)
+        img = torch.as_tensor(image_indices, dtype=torch.long)
+        txt = torch.as_tensor(text_indices, dtype=torch.long)
+        return model.score(regions[img].to(device), region_mask[img].to(device), words[txt].to(device),
+                           word_mask_[txt].to(device)).cpu()  # (n, m)
 
     @property
     def notes(self) -> str:
@@ -258,7 +292,7 @@ class SCANMethod(Method):
     def similarity(self, split) -> torch.Tensor:
         return scan_matrix(self._fitted(), split, self.tokenizer, progress=self.progress)  # (N, T)
 
-    def query_fn(self, split, top_k: int = 10, caption_index: int = 0):
+    def query_fn(self, split, caption_index: int = 0, top_k: int = 10):
         """A zero-argument callable answering one text query: the online cost of SCAN.
 
         The gallery's regions are encoded once, here (offline); each call tokenises one caption,
@@ -275,10 +309,15 @@ class SCANMethod(Method):
         def answer() -> torch.Tensor:
             batch = {k: v.to(device) for k, v in collate.encode([caption]).items()}  # (1, T)
             scores = model.score(regions, region_mask, *model.encode_texts(batch))  # (N, 1)
-            return torch.topk(scores[:, 0], min(top_k, len(scores))).indices.cpu()  # (top_k,)
+            return torch.topk(scores[:, 0], min(top_k, len(scores))).indices.cpu().numpy()  # (top_k,)
 
         return answer
 
 
-__all__ = ["SCANConfig", "SCANModel", "normalize_real", "words_only", "scan_loss", "train_scan",
-           "encode_regions", "encode_words", "scan_matrix", "SCANMethod"]
+@register_method("scan", order=2.0)
+def _scan(build) -> SCANMethod:
+    return SCANMethod(build.config(SCANConfig))
+
+
+__all__ = ["SCANConfig", "SCANModel", "normalize_real", "words_only", "scan_loss", "build_scan",
+           "train_scan", "encode_regions", "encode_words", "scan_matrix", "SCANMethod"]

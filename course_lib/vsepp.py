@@ -38,9 +38,11 @@ import torch
 from torch import nn
 
 from course_lib.data.datasets import PairCollate, PairDataset
+from course_lib.data.tokenizer import WORD_SPECIAL_TOKENS, SpecialTokens
 from course_lib.encoders import build_image_encoder, build_text_encoder, l2_normalize
 from course_lib.losses import hinge_name, hinge_triplet_loss
 from course_lib.metrics import retrieval_metrics
+from course_lib.registry import register_method
 from course_lib.methods import (DualEncoderMethod, encode_captions, encode_gallery, encode_split,
                                 similarity)
 from course_lib.settings import CourseConfig, seed_everything
@@ -78,11 +80,12 @@ class DualEncoder(nn.Module):
 
     encode_images(batch) / encode_texts(batch) -> (B, E) unit vectors; forward(pair_batch) ->
     scores (B, B), rows images, columns texts, positives on the diagonal.
-    `modality` ("regions" / "pixels") is the image field the datasets must provide.
+    `modality` ("regions" / "pixels") is the image field the datasets must provide. `special`: the
+    tokenizer's special ids (SpecialTokens.of(tokenizer); default the word tokenizer's).
     """
 
     def __init__(self, config: VsePPConfig, vocab_size: int, region_dim: int | None = None,
-                 image_size: int | None = None):
+                 image_size: int | None = None, special: SpecialTokens = WORD_SPECIAL_TOKENS):
         super().__init__()
         self.config, self.modality = config, config.image_encoder
         c = config
@@ -97,7 +100,7 @@ class DualEncoder(nn.Module):
         self.image_encoder = build_image_encoder(c.image_encoder, **image)
         text = {"gru": dict(embed_dim=c.hidden, hidden=c.hidden, layers=c.layers),
                 "bert": dict(hidden=c.hidden, layers=c.layers)}.get(c.text_encoder, dict(hidden=c.hidden))
-        self.text_encoder = build_text_encoder(c.text_encoder, vocab_size, **text)
+        self.text_encoder = build_text_encoder(c.text_encoder, vocab_size, special=special, **text)
         self.image_proj = nn.Linear(self.image_encoder.out_dim, c.embed_dim)
         self.text_proj = nn.Linear(self.text_encoder.out_dim, c.embed_dim)
 
@@ -137,10 +140,11 @@ def vsepp_loss(margin: float = 0.2, max_violation: bool = True, sum_warmup_steps
 
 
 def build_dual_encoder(config: VsePPConfig, train_split, tokenizer) -> DualEncoder:
-    """A fresh DualEncoder sized for the split's features and the tokenizer's vocabulary."""
+    """A fresh DualEncoder sized for the split's features and the tokenizer's vocabulary and ids."""
     region_dim = train_split.regions.shape[-1] if train_split.has_regions else None
     image_size = train_split.images.shape[1] if train_split.images is not None else None
-    return DualEncoder(config, len(tokenizer), region_dim=region_dim, image_size=image_size)
+    return DualEncoder(config, len(tokenizer), region_dim=region_dim, image_size=image_size,
+                       special=SpecialTokens.of(tokenizer))
 
 
 def train_dual_encoder(bench: dict, tokenizer, config: VsePPConfig | None = None, *,
@@ -192,6 +196,11 @@ class VsePPMethod(DualEncoderMethod):
     def train(self, bench: dict, tokenizer, checkpoint_path, cache_dir):
         return train_dual_encoder(bench, tokenizer, self.config, checkpoint_path=checkpoint_path,
                                   progress=self.progress)
+
+
+@register_method("vsepp", order=1.0)
+def _vsepp(build) -> VsePPMethod:
+    return VsePPMethod(build.config(VsePPConfig))
 
 
 __all__ = ["VsePPConfig", "DualEncoder", "vsepp_loss", "build_dual_encoder", "train_dual_encoder",

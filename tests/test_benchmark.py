@@ -10,11 +10,14 @@ from course_lib import benchmark
 from course_lib.baselines import RandomProjectionBaseline
 from course_lib.data.synthetic import SyntheticConfig, make_benchmark
 from course_lib.data.tokenizer import build_word_tokenizer
+from course_lib.methods import Method
 from course_lib.metrics import retrieval_metrics
+from course_lib.registry import register_method, registered_names, unregister_method
 from course_lib.rerank import TwoStageMethod
 from course_lib.vsepp import VsePPConfig, VsePPMethod
 
-ROW_KEYS = {"method", "setting", "n_images", "n_texts", "ar", "ms_per_query", "notes"}
+ROW_KEYS = {"method", "setting", "n_images", "n_texts", "n_text_queries", "n_image_queries", "ar",
+            "ms_per_query", "ms_measured", "notes"}
 
 
 @pytest.fixture(scope="module")
@@ -65,54 +68,136 @@ def test_untrained_baseline_is_near_chance_and_below_the_oracle(smoke_results):
     assert test["t2i_r1"] < rows[("oracle", "test")]["t2i_r1"]
 
 
+def _small_bench():
+    return make_benchmark(SyntheticConfig.smoke(n_train=60, n_val=12, n_test=30, n_pretrain=20,
+                                                n_compositional=6), seed=3)
+
+
+def _pessimistic_ranks(sims, queries, txt2img, direction):
+    """Independent loop: wrong candidates scoring at least as high as the (best) truth."""
+    ranks = []
+    for q in queries:
+        if direction == "t2i":
+            truth = sims[txt2img[q], q]
+            ranks.append(sum(sims[i, q] >= truth for i in range(sims.shape[0]) if i != txt2img[q]))
+        else:
+            best = max(sims[q, t] for t in range(sims.shape[1]) if txt2img[t] == q)
+            ranks.append(sum(sims[q, t] >= best for t in range(sims.shape[1]) if txt2img[t] != q))
+    return np.array(ranks)
+
+
 def test_slow_methods_are_scored_on_sampled_queries(monkeypatch):
-    # beyond its pair budget a method's t2i comes from sampled text queries; the recalls must be
-    # those of the same texts in the full matrix (an independent computation)
-    bench = make_benchmark(SyntheticConfig.smoke(n_train=60, n_val=12, n_test=30, n_pretrain=20,
-                                                 n_compositional=6), seed=3)
+    # beyond its pair budget a method's recalls come from sampled queries of each direction; they
+    # must be those of the same queries in the full matrix (an independent loop)
+    bench = _small_bench()
     tokenizer = build_word_tokenizer(bench["train"].captions)
     method = RandomProjectionBaseline(dim=8, seed=1).fit(bench, tokenizer)
     split = bench["test"]
-    monkeypatch.setitem(benchmark.EVAL_PAIRS, "random_projection", (None, 30 * 40))
-    metrics, how = benchmark._evaluate(method, split, (1, 5, 10), smoke=True, seed=0)
-    assert "40 sampled text queries" in how and metrics["i2t_r1"] is None
-    exhaustive, how = benchmark._evaluate(method, split, (1, 5, 10), smoke=True, seed=0, every_pair=True)
-    assert how == "every pair scored" and exhaustive == retrieval_metrics(method.similarity(split), split.txt2img)
-    picked = np.sort(np.random.default_rng(0).choice(split.n_texts, size=40, replace=False))
+    monkeypatch.setattr(method, "pairs_per_query", lambda split, direction: 30)
+    monkeypatch.setattr(method, "eval_pairs", (None, 30 * 12))
+    metrics, how = benchmark.evaluate(method, split, (1, 5, 10), smoke=True, seed=0)
+    assert "t2i on 12 sampled queries" in how and "i2t on 12 sampled queries" in how
+    exhaustive, how = benchmark.evaluate(method, split, (1, 5, 10), smoke=True, seed=0, every_pair=True)
+    assert "sampled" not in how
+    full = retrieval_metrics(method.similarity(split), split.txt2img)
+    assert all(exhaustive[k] == pytest.approx(full[k]) for k in exhaustive)
     sims = method.similarity(split).numpy()
-    ranks = [(sims[:, t] > sims[split.txt2img[t], t]).sum() for t in picked]
-    for k in (1, 5, 10):
-        assert metrics[f"t2i_r{k}"] == pytest.approx(100 * np.mean(np.array(ranks) < k))
+    for direction, n in (("t2i", split.n_texts), ("i2t", split.n_images)):
+        rng = np.random.default_rng([0, 0 if direction == "t2i" else 1])
+        picked = np.sort(rng.choice(np.arange(n), size=12, replace=False))
+        ranks = _pessimistic_ranks(sims, picked, split.txt2img, direction)
+        for k in (1, 5, 10):
+            assert metrics[f"{direction}_r{k}"] == pytest.approx(100 * np.mean(ranks < k))
+
+
+def test_full_setting_is_ranked_for_the_test_queries_only():
+    bench = _small_bench()
+    tokenizer = build_word_tokenizer(bench["train"].captions)
+    method = RandomProjectionBaseline(dim=8, seed=1).fit(bench, tokenizer)
+    full = bench["full"]
+    metrics, how = benchmark.evaluate(method, full, (5, 10, 20))
+    assert f"t2i on all {bench['test'].n_texts} queries" in how
+    assert f"i2t on all {bench['test'].n_images} queries" in how
+    expected = retrieval_metrics(method.similarity(full), full.txt2img, ks=(5, 10, 20),
+                                 query_texts=full.query_texts, query_images=full.query_images)
+    assert all(metrics[k] == pytest.approx(expected[k]) for k in metrics)
 
 
 class _Reranker(RandomProjectionBaseline):
     """A stand-in re-ranker: another random projection, offering the pair-scorer API."""
 
-    def pair_scorer(self, split):
-        sims = self.similarity(split)
-        return lambda images, texts: sims[images, texts]
+    eval_pairs = (None, None)
+
+    def score_pairs(self, split, images, texts):
+        return self.similarity(split)[images, texts]
 
 
 def test_two_stage_methods_are_scored_per_direction_and_sampled_by_top_m(monkeypatch):
-    bench = make_benchmark(SyntheticConfig.smoke(n_train=60, n_val=12, n_test=30, n_pretrain=20,
-                                                 n_compositional=6), seed=3)
+    bench = _small_bench()
     tokenizer = build_word_tokenizer(bench["train"].captions)
     first = RandomProjectionBaseline(dim=8, seed=1).fit(bench, tokenizer)
     second = _Reranker(dim=8, seed=2).fit(bench, tokenizer)
     method = TwoStageMethod(first, second, top_m=4)
     split = bench["test"]
-    metrics, how = benchmark._evaluate(method, split, (1, 5, 10), smoke=True, seed=0)
+    metrics, how = benchmark.evaluate(method, split, (1, 5, 10), smoke=True, seed=0)
     i2t, t2i = method.similarity(split)
-    assert how == "every query re-ranked"
-    assert metrics == retrieval_metrics(i2t, split.txt2img, t2i_sims=t2i)
-    # a budget of 10 queries' worth of re-ranked pairs: t2i on 10 sampled captions
-    monkeypatch.setitem(benchmark.EVAL_PAIRS, method.name, (None, 10 * 4))
-    metrics, how = benchmark._evaluate(method, split, (1, 5, 10), smoke=True, seed=0)
-    assert "10 sampled text queries" in how and "40 pairs" in how and metrics["i2t_r1"] is None
-    picked = np.sort(np.random.default_rng(0).choice(split.n_texts, size=10, replace=False))
-    ranks = [(t2i[:, t] > t2i[split.txt2img[t], t]).sum() for t in picked]  # same queries, full matrix
+    assert "sampled" not in how
+    dense = retrieval_metrics(i2t, split.txt2img, t2i_sims=t2i)
+    assert all(metrics[k] == pytest.approx(dense[k]) for k in metrics)
+    # a budget of 10 queries' worth of re-ranked pairs: each direction on 10 sampled queries
+    monkeypatch.setattr(second, "eval_pairs", (None, 10 * 4))
+    metrics, how = benchmark.evaluate(method, split, (1, 5, 10), smoke=True, seed=0)
+    assert "t2i on 10 sampled queries (40 pairs)" in how
+    picked = np.sort(np.random.default_rng([0, 0]).choice(split.n_texts, size=10, replace=False))
+    ranks = _pessimistic_ranks(t2i.numpy(), picked, split.txt2img, "t2i")  # same queries, dense matrix
     for k in (1, 5, 10):
-        assert metrics[f"t2i_r{k}"] == pytest.approx(100 * np.mean(np.array(ranks) < k))
+        assert metrics[f"t2i_r{k}"] == pytest.approx(100 * np.mean(ranks < k))
+
+
+class _Dummy(Method):
+    """A method that exists only in this test: a fixed random score per pair, cheap to rank."""
+
+    checkpoint_prefix = "dummy"
+    eval_pairs = (None, None)
+    timed_sizes = ((10, 20), (10, 20))
+    notes = "test-only method"
+
+    class config_class:  # noqa: N801 - the config protocol in two lines
+        def to_dict(self):
+            return {}
+
+    def train(self, bench, tokenizer, checkpoint_path, cache_dir):
+        return torch.nn.Linear(1, 1), None
+
+    def _scores(self, split):
+        return torch.from_numpy(np.random.default_rng(split.n_images).random((split.n_images, split.n_texts)))
+
+    def rank(self, split, direction, top_k, queries=None):
+        from course_lib.methods import query_indices, top_k_of
+
+        q = torch.from_numpy(query_indices(split, direction, queries))
+        sims = self._scores(split)
+        return top_k_of(sims.T[q] if direction == "t2i" else sims[q], top_k)
+
+    def query_fn(self, split, caption_index=0, top_k=10):
+        return lambda: self.rank(split, "t2i", top_k, [caption_index])[0][0].numpy()
+
+
+def test_a_method_registered_in_a_test_runs_through_the_smoke_benchmark(tmp_path):
+    # adding a method touches only its own module: registration is all the benchmark needs
+    register_method("dummy", order=99)(lambda build: _Dummy(name="dummy", progress=False))
+    try:
+        assert registered_names()[-1] == "dummy"
+        results = benchmark.main(["--smoke", "--out", str(tmp_path), "--methods", "dummy",
+                                  "--checkpoints", str(tmp_path / "ckpt")])
+        rows = [r for r in results["rows"] if r["method"] == "dummy"]
+        assert {r["setting"] for r in rows} == set(benchmark.SETTINGS)
+        full = next(r for r in rows if r["setting"] == "full")
+        assert full["n_text_queries"] < full["n_texts"] and full["ms_per_query"] > 0
+        assert "dummy" in (tmp_path / "results.md").read_text()
+    finally:
+        unregister_method("dummy")
+    assert "dummy" not in registered_names()
 
 
 def test_the_course_methods_are_registered_in_teaching_order():
@@ -139,7 +224,7 @@ def test_baseline_scores_match_an_explicit_computation():
         expected = (bag @ method.text_projection.numpy()) @ (pooled @ method.image_projection.numpy())
         assert sims[i, t] == pytest.approx(expected, rel=1e-4, abs=1e-4)
     top = method.query_fn(split, top_k=5)()
-    assert torch.equal(top, torch.topk(torch.from_numpy(sims[:, 0]), 5).indices)
+    assert np.array_equal(top, torch.topk(torch.from_numpy(sims[:, 0]), 5).indices.numpy())
     assert set(retrieval_metrics(sims, split.txt2img)) >= {"t2i_r1", "ar"}
 
 
@@ -161,3 +246,15 @@ def test_methods_option_selects_a_subset_and_rejects_unknown_names(tmp_path):
     assert {r["method"] for r in results["rows"]} == {"oracle"}
     with pytest.raises(SystemExit):
         benchmark.main(["--smoke", "--out", str(tmp_path), "--methods", "vsepp,nonsense"])
+
+
+def test_extrapolated_times_are_starred_in_every_table():
+    row = {"method": "slow", "setting": "test", "n_images": 10, "n_texts": 50, "n_text_queries": 50,
+           "n_image_queries": 10, "ar": 1.0, "ms_per_query": 12.5, "ms_measured": False, "notes": "x",
+           **{f"{d}_r{k}": 1.0 for d in ("i2t", "t2i") for k in (1, 5, 10)}}
+    results = {"meta": {"mode": "smoke", "seed": 0, "device": "cpu", "torch": "x", "seconds": 1},
+               "rows": [row, {**row, "method": "fast", "ms_measured": True}], "latency": []}
+    table = benchmark.results_markdown(results)
+    assert "| slow | 1.0 | 1.0 | 1.0 | 1.0 | 1.0 | 1.0 | 1.0 | 12.5* |" in table
+    assert "| fast | 1.0 | 1.0 | 1.0 | 1.0 | 1.0 | 1.0 | 1.0 | 12.5 |" in table
+    assert "* ms/query extrapolated" in table

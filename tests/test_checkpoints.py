@@ -1,17 +1,28 @@
 """Checkpoint names change with anything that changes what training produces, and only then."""
 
+import dataclasses
+
+import numpy as np
 import pytest
 import torch
 
-from course_lib.checkpoints import checkpoint_name, model_device
+from course_lib.checkpoints import checkpoint_name, data_digest, model_device
 from course_lib.data.synthetic import SyntheticConfig, make_benchmark
 from course_lib.data.tokenizer import build_word_tokenizer
+from course_lib.lightningdot import LightningDOTConfig
+from course_lib.lightningdot_train import LightningDOTMethod
+from course_lib.vsepp import VsePPConfig, VsePPMethod
+
+SIZES = dict(n_train=30, n_val=10, n_test=10, n_pretrain=10, n_compositional=2)
+
+
+def make_bench(**knobs) -> dict:
+    return make_benchmark(SyntheticConfig.smoke(**{**SIZES, **knobs}), seed=0)
 
 
 @pytest.fixture(scope="module")
 def data():
-    bench = make_benchmark(SyntheticConfig.smoke(n_train=30, n_val=10, n_test=10, n_pretrain=10,
-                                                 n_compositional=2), seed=0)
+    bench = make_bench()
     return bench, build_word_tokenizer(bench["train"].captions)
 
 
@@ -26,6 +37,87 @@ def test_name_tracks_config_data_vocabulary_and_extra(data):
     bigger_vocab = build_word_tokenizer(bench["train"].captions + ["zebra"])
     assert checkpoint_name("m", {"lr": 1e-3}, bench["train"], bigger_vocab) != name
     assert checkpoint_name("m", {"lr": 1e-3}, bench["train"], tokenizer, "teacher-a") != name
+
+
+@pytest.mark.parametrize("knob", [{"region_noise": 0.3}, {"clutter": 2.0}, {"pixel_noise": 0.1}])
+def test_name_tracks_the_data_itself_not_only_its_captions_and_shapes(data, knob):
+    bench, tokenizer = data
+    other = make_bench(**knob)  # same captions, vocabulary, sizes and shapes; other pixels / regions
+    assert other["train"].captions == bench["train"].captions
+    assert other["train"].regions.shape == bench["train"].regions.shape
+    config = {"lr": 1e-3}
+    assert checkpoint_name("m", config, other["train"], tokenizer) != checkpoint_name(
+        "m", config, bench["train"], tokenizer)
+
+
+@pytest.mark.parametrize("field", ["images", "regions", "boxes", "region_mask", "region_classes",
+                                   "txt2img", "image_paths"])
+def test_name_tracks_one_changed_value_of_every_array(data, field):
+    bench, tokenizer = data
+    split = bench["train"]
+    name = checkpoint_name("m", {}, split, tokenizer)
+    if field == "image_paths":
+        paths = [f"/data/{i}.jpg" for i in range(split.n_images)]
+        with_paths = dataclasses.replace(split, image_paths=paths)
+        moved = dataclasses.replace(split, image_paths=paths[:-1] + ["/data/other.jpg"])
+        assert checkpoint_name("m", {}, with_paths, tokenizer) not in (
+            name, checkpoint_name("m", {}, moved, tokenizer))
+        return
+    value = getattr(split, field).copy()
+    flat = value.reshape(-1)  # a view: one value in the middle changes
+    middle = len(flat) // 2 + 1
+    if field == "txt2img":  # two captions swap images: same counts, other pairs
+        value[[0, -1]] = value[[-1, 0]]
+    elif value.dtype == bool:
+        flat[middle] = ~flat[middle]
+    else:
+        flat[middle] += 1
+    changed = dataclasses.replace(split, **{field: value})
+    assert checkpoint_name("m", {}, changed, tokenizer) != name
+    assert checkpoint_name("m", {}, dataclasses.replace(split), tokenizer) == name  # a copy: same name
+
+
+def test_data_digest_is_cheap(data):
+    import time
+
+    split = make_bench(n_train=2000)["train"]  # 2k images: 1/5 of the default train split
+    start = time.perf_counter()
+    digest = data_digest(split)
+    assert time.perf_counter() - start < 0.1  # about 4 ms; 10k images about 20 ms
+    assert set(digest) >= {"captions", "txt2img", "images", "regions", "boxes", "region_mask"}
+
+
+def test_lightningdot_finetuned_name_tracks_the_pretraining_corpus(data):
+    bench, tokenizer = data
+    more = make_bench(n_pretrain=20)  # same train split, a bigger pre-training corpus
+    assert more["train"].captions == bench["train"].captions
+    np.testing.assert_array_equal(more["train"].regions, bench["train"].regions)
+    method = LightningDOTMethod(LightningDOTConfig.smoke())
+    name = method.checkpoint_file(bench, tokenizer)
+    assert name.startswith("lightningdot-") and name == method.checkpoint_file(bench, tokenizer)
+    assert method.checkpoint_file(more, tokenizer) != name
+    assert (method.pretrain_checkpoint_file(more, tokenizer)
+            != method.pretrain_checkpoint_file(bench, tokenizer))
+    # only the pre-training corpus's region features change: both names change
+    noisy = dataclasses.replace(bench["pretrain"], regions=bench["pretrain"].regions + 0.01)
+    noisy_bench = {**bench, "pretrain": noisy}
+    assert method.pretrain_checkpoint_file(noisy_bench, tokenizer) != method.pretrain_checkpoint_file(
+        bench, tokenizer)
+    assert method.checkpoint_file(noisy_bench, tokenizer) != name
+    # without pre-training the corpus plays no part
+    plain = LightningDOTMethod(LightningDOTConfig.smoke(pretrain_steps=0))
+    assert plain.pretrain_checkpoint_file(bench, tokenizer) is None
+    assert plain.checkpoint_file(more, tokenizer) == plain.checkpoint_file(bench, tokenizer)
+
+
+def test_method_checkpoint_file_is_the_name_fit_uses(data, tmp_path, monkeypatch):
+    bench, tokenizer = data
+    method = VsePPMethod(VsePPConfig.smoke(), progress=False)
+    monkeypatch.setattr(method, "train", lambda *args: (None, None))  # name only, no training
+    method.fit(bench, tokenizer, cache_dir=tmp_path)
+    assert method.checkpoint_path == tmp_path / method.checkpoint_file(bench, tokenizer)
+    assert method.checkpoint_file(bench, tokenizer) == checkpoint_name(
+        "vsepp", method.config.to_dict(), bench["train"], tokenizer)
 
 
 def test_model_device():

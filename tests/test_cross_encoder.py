@@ -10,14 +10,17 @@ import torch
 
 from course_lib import cross_encoder_train
 from course_lib import train as train_module
-from course_lib.cross_encoder import (CrossEncoder, CrossEncoderConfig, CrossEncoderMethod,
-                                      image_fields, rerank_scores, score_matrix, score_pairs,
-                                      text_fields)
+from course_lib.cross_encoder import (IMAGE_KEYS, CrossEncoder, CrossEncoderConfig,
+                                      CrossEncoderMethod, image_fields, rerank_scores, score_matrix,
+                                      score_pairs, text_fields)
 from course_lib.cross_encoder_train import (DualEmbeddings, ITMCollate, dual_encoder_miner,
                                             keep_hardest, mine_negatives,
                                             mine_negatives_from_embeddings, train_cross_encoder)
 from course_lib.data.synthetic import SyntheticConfig, make_benchmark
-from course_lib.data.tokenizer import PAD_ID, build_word_tokenizer
+from course_lib.data.tokenizer import build_word_tokenizer
+from course_lib.itm import (GridCollate, grid_pairs, itc_hard_grid, itc_itm_loss,
+                            listwise_itm_loss)
+from course_lib.losses import listwise_loss
 from course_lib.metrics import retrieval_metrics
 from course_lib.vsepp import VsePPConfig, VsePPMethod
 
@@ -31,7 +34,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: one tor
 @pytest.fixture(scope="module")
 def model(bench, tok):
     torch.manual_seed(0)
-    return CrossEncoder(bench["train"].regions.shape[-1], len(tok), CrossEncoderConfig.smoke()).eval()
+    return CrossEncoder(bench["train"].regions.shape[-1], len(tok), CrossEncoderConfig.smoke(),
+                        pad_token_id=tok.pad_token_id).eval()
 
 
 def pairs(split, tok, image_rows, text_rows):
@@ -54,7 +58,7 @@ def test_padding_changes_nothing(bench, tok, model):
     images, texts = pairs(bench["test"], tok, [0, 1, 2], [0, 5, 14])
     reference = model(images, texts)
     extra = lambda x, fill: torch.cat([x, fill], 1)  # noqa: E731
-    padded_texts = {"input_ids": extra(texts["input_ids"], torch.full((3, 4), PAD_ID)),
+    padded_texts = {"input_ids": extra(texts["input_ids"], torch.full((3, 4), tok.pad_token_id)),
                     "attention_mask": extra(texts["attention_mask"], torch.zeros(3, 4, dtype=torch.long))}
     D = images["regions"].shape[-1]
     padded_images = {"regions": extra(images["regions"], 5 * torch.randn(3, 2, D)),  # garbage, masked
@@ -339,3 +343,71 @@ def test_hard_negatives_start_after_the_random_phase(bench, tok):
     assert collate.current_hard_fraction() == 0.0 and in_mined(collate.negative_images(texts)) < 0.05
     step[0] = 5
     assert collate.current_hard_fraction() == 1.0 and in_mined(collate.negative_images(texts)) == 1.0
+
+
+def test_grid_collate_pairs_every_caption_with_every_distinct_image(bench, tok):
+    split = bench["train"]
+    texts = [0, 7, 1, 42, 100, 5]  # captions 0, 1 (and maybe more) share an image
+    batch = GridCollate(split, tok, 40)([{"index": t} for t in texts])
+    txt2img = torch.from_numpy(split.txt2img)
+    images = batch["img_index"]
+    U, B = len(images), len(texts)
+    assert U == len(set(txt2img[texts].tolist())) < B and batch["txt_index"].tolist() == texts
+    assert torch.equal(images[batch["text_image"]], txt2img[texts])  # each caption's own row
+    grid_images, grid_texts = grid_pairs(batch["images"], batch["texts"])
+    reference_images, reference_texts = pairs(split, tok, images.repeat_interleave(B),
+                                              texts * U)  # pair u * B + b = (image u, caption b)
+    for k in IMAGE_KEYS:
+        assert torch.equal(grid_images[k], reference_images[k])
+    assert torch.equal(grid_texts["input_ids"], reference_texts["input_ids"])
+
+
+def grid_by_loop(model, split, tok, images, texts):
+    """(U, B) logits of every image against every caption, one pair at a time."""
+    with torch.no_grad():
+        return torch.tensor([[float(model(*pairs(split, tok, [i], [t]))[0]) for t in texts]
+                             for i in images])
+
+
+def test_listwise_itm_loss_is_the_listwise_loss_of_pair_by_pair_scores(bench, tok, model):
+    split = bench["train"]
+    texts = [3, 4, 250, 17, 90]  # captions 3 and 4 share an image
+    batch = GridCollate(split, tok, 40)([{"index": t} for t in texts])
+    out = listwise_itm_loss(model, batch)
+    grid = grid_by_loop(model, split, tok, batch["img_index"].tolist(), texts)  # (U, B)
+    assert torch.allclose(out["loss"], listwise_loss(grid, batch["text_image"]), atol=TOL)
+    assert out["accuracy"] == (grid.argmax(0) == batch["text_image"]).float().mean()
+
+
+def test_itc_hard_grid_draws_clusters_of_look_alike_images():
+    # 12 images, one caption each, except image 0 (captions 0 and 12); images 1-3 look like the
+    # anchor caption 0's image (ITC logit 50), the rest do not (0): the anchor's group takes them
+    U, B = 12, 13
+    text_image = torch.cat([torch.arange(U), torch.tensor([0])])
+    similarity = torch.zeros(U, B)
+    similarity[1:4, 0] = 50.0
+    torch.manual_seed(0)
+    rows = itc_hard_grid(similarity, text_image, size=8, clusters=2)
+    assert len(rows) == 8 and rows[0] == 0
+    assert sorted(text_image[rows[1:4]].tolist()) == [1, 2, 3]  # the anchor's look-alikes
+    assert len(set(text_image[rows].tolist())) == 8  # every image once: never the anchor's own
+    anchor_two = int(rows[4])  # the next caption of the batch whose image was not taken
+    assert anchor_two == min(set(range(B)) - {0, 12} - set(text_image[rows[:4]].tolist()))
+
+
+def test_itc_itm_loss_scores_the_chosen_grid_and_the_unimodal_features(bench, tok, model):
+    split = bench["train"]
+    texts = list(range(0, 60, 3)) + [1]  # caption 1 shares caption 0's image
+    batch = GridCollate(split, tok, 40)([{"index": t} for t in texts])
+    torch.manual_seed(5)
+    out = itc_itm_loss(model, batch, grid_size=6, clusters=2, itc_weight=0.5)
+    image_emb, text_emb = model.unimodal(batch["images"], batch["texts"])
+    logits = model.itc_log_scale.exp() * image_emb @ text_emb.T
+    assert torch.allclose(out["itc"], listwise_loss(logits, batch["text_image"]), atol=TOL)
+    torch.manual_seed(5)
+    rows = itc_hard_grid(logits.detach(), batch["text_image"], 6, 2)
+    chosen = [texts[r] for r in rows.tolist()]
+    images, text_image = torch.unique(batch["text_image"][rows], return_inverse=True)
+    grid = grid_by_loop(model, split, tok, batch["img_index"][images].tolist(), chosen)
+    assert torch.allclose(out["itm"], listwise_loss(grid, text_image), atol=TOL)
+    assert torch.allclose(out["loss"], out["itm"] + 0.5 * out["itc"], atol=TOL)

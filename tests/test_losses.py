@@ -223,3 +223,42 @@ def test_hinge_name_names_both_variants_in_method_notes():
     assert (hinge_name(True), hinge_name(False)) == ("max-violation hinge", "sum of hinges")
     assert "sum of hinges" in VsePPMethod(VsePPConfig(max_violation=False)).notes
     assert "max-violation hinge" in SCANMethod(SCANConfig(max_violation=True)).notes
+
+
+# ----------------------------------------------------------------------------- listwise_loss
+def loop_listwise(S: list[list[float]], text_image: list[int]) -> float:
+    """listwise_loss with Python loops: per text a softmax over every image, per (image, own text)
+    a softmax over that text and the texts of other images."""
+    N, T = len(S), len(S[0])
+    t2i = [-(S[text_image[j]][j] - math.log(sum(math.exp(S[i][j]) for i in range(N)))) for j in range(T)]
+    i2t = []
+    for j in range(T):
+        i = text_image[j]
+        pool = [k for k in range(T) if k == j or text_image[k] != i]
+        i2t.append(-(S[i][j] - math.log(sum(math.exp(S[i][k]) for k in pool))))
+    return (sum(t2i) / T + sum(i2t) / T) / 2
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_listwise_matches_loops_with_shared_images(seed):
+    from course_lib.losses import listwise_loss
+
+    gen = torch.Generator().manual_seed(seed)
+    text_image = torch.tensor([0, 1, 1, 2, 0, 3, 1])  # image 1 holds three texts, image 0 two
+    S = (3 * torch.randn(4, 7, generator=gen, dtype=torch.float64)).requires_grad_()
+    loss = listwise_loss(S, text_image)
+    assert loss.item() == pytest.approx(loop_listwise(S.tolist(), text_image.tolist()), rel=1e-9)
+    loss.backward()
+    assert torch.isfinite(S.grad).all() and S.grad.abs().sum() > 0
+
+
+def test_listwise_is_contrastive_when_every_image_has_one_text():
+    from course_lib.losses import listwise_loss
+
+    S = torch.randn(5, 5, generator=torch.Generator().manual_seed(3))
+    assert torch.allclose(listwise_loss(S, torch.arange(5)), contrastive_loss(S))
+    # a permutation of the columns with its text_image gives the same loss
+    perm = torch.tensor([2, 0, 4, 1, 3])
+    assert torch.allclose(listwise_loss(S[:, perm], perm), contrastive_loss(S))
+    with pytest.raises(ValueError, match="text_image"):
+        listwise_loss(S, torch.arange(4))

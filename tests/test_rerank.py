@@ -100,11 +100,44 @@ class _Stub:
     def similarity(self, split):
         return self.scores
 
-    def pair_scorer(self, split):
-        return lambda images, texts: self.scores[images, texts]
+    eval_pairs = (None, None)
 
-    def query_fn(self, split, top_k=10, caption_index=0):
-        return lambda: torch.topk(self.scores[:, caption_index], top_k).indices.numpy()
+    def score_pairs(self, split, images, texts):
+        return self.scores[images, texts]
+
+    def pairs_per_query(self, split, direction):
+        return 0
+
+    def rank(self, split, direction, top_k, queries):
+        by_query = (self.scores.T if direction == "t2i" else self.scores)[torch.as_tensor(queries)]
+        top = torch.topk(by_query, min(top_k, by_query.shape[1]), dim=1)
+        return top.indices, top.values
+
+    def query_fn(self, split, caption_index=0, top_k=10, with_scores=False):
+        top = torch.topk(self.scores[:, caption_index], top_k)
+        return lambda: (top.indices.numpy(), top.values.numpy()) if with_scores else top.indices.numpy()
+
+
+class _Queries:
+    """The least of a split a Cascade needs: its query indices."""
+
+    def __init__(self, n_images, n_texts):
+        self.text_queries, self.image_queries = np.arange(n_texts), np.arange(n_images)
+        self.n_texts, self.n_images = n_texts, n_images
+
+
+def naive_cascade(stage_scores, top_ms, combine, query, direction):
+    """One query at a time, plain Python: the reference order of a cascade on dense matrices."""
+    column = lambda m: (m[:, query] if direction == "t2i" else m[query]).tolist()  # noqa: E731
+    per_stage = [column(m) for m in stage_scores]
+    order = sorted(range(len(per_stage[0])), key=lambda i: -per_stage[0][i])
+    survivors, dropped = order[:top_ms[0]], [order[top_ms[0]:]]
+    for j in range(1, len(stage_scores)):
+        keep = top_ms[j] if j < len(top_ms) else len(survivors)
+        fused = {i: combine([per_stage[s][i] for s in range(j + 1)]) for i in survivors}
+        ranked = sorted(survivors, key=lambda i: -fused[i])  # stable: earlier order breaks ties
+        survivors, dropped = ranked[:keep], [ranked[keep:]] + dropped
+    return survivors + [i for group in dropped for i in group]
 
 
 def test_two_stage_method_combines_first_stage_and_reranker():
@@ -117,3 +150,36 @@ def test_two_stage_method_combines_first_stage_and_reranker():
     assert torch.equal(t2i, two_stage_scores(first, lambda i, t: full[i, t], 3, "t2i"))
     top = method.query_fn(None, top_k=2, caption_index=5)()
     assert top.tolist() == naive_two_stage_order(first[:, 5].numpy(), full[:, 5].numpy(), 3)[:2]
+
+
+@pytest.mark.parametrize("direction", ["t2i", "i2t"])
+def test_cascade_matches_a_naive_loop_with_three_stages_and_a_weighted_combine(direction):
+    from course_lib.rerank import Cascade, weighted_sum
+
+    g = torch.Generator().manual_seed(7)
+    mats = [torch.randn(9, 27, generator=g) for _ in range(3)]
+    stages = [_Stub(f"s{j}", m) for j, m in enumerate(mats)]
+    split = _Queries(9, 27)
+    n_gallery = 9 if direction == "t2i" else 27
+    for top_ms, weights in (([6, 3], None), ([5, 5], [0.5, 1.0, 2.0])):
+        combine = weighted_sum(weights) if weights else (lambda h: h[-1])
+        cascade = Cascade(stages, top_ms, **({"combine": weighted_sum(weights)} if weights else {}))
+        indices, scores = cascade.rank(split, direction, top_k=n_gallery)
+        for q in range(len(indices)):
+            reference = naive_cascade(mats, top_ms, (lambda v: sum(w * x for w, x in zip(weights, v)))
+                                      if weights else (lambda v: v[-1]), q, direction)
+            assert indices[q].tolist() == reference
+        assert (scores[:, :-1] >= scores[:, 1:]).all()  # best first, strictly below past the survivors
+    cascade = Cascade(stages[:2], [4], combine=weighted_sum([0.3, 1.0]))
+    top = cascade.query_fn(split, caption_index=5, top_k=3)()
+    assert top.tolist() == naive_cascade(mats[:2], [4], lambda v: 0.3 * v[0] + v[1], 5, "t2i")[:3]
+
+
+def test_cascade_rejects_bad_shapes():
+    from course_lib.rerank import Cascade
+
+    a = _Stub("a", torch.zeros(2, 2))
+    with pytest.raises(ValueError, match="one top_m"):
+        Cascade([a, a], [3, 2])
+    with pytest.raises(ValueError, match="non-increasing"):
+        Cascade([a, a, a], [2, 5])
