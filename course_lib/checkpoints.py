@@ -9,6 +9,8 @@ import zlib
 from pathlib import Path
 
 import numpy as np
+from contextlib import contextmanager
+
 import torch
 from torch import nn
 
@@ -51,6 +53,7 @@ def checkpoint_name(prefix: str, config: dict, train_split, tokenizer, *extra) -
     its captions, pairs, pixels, regions, boxes, masks and image paths), the tokenizer's vocabulary
     and anything in `extra` (e.g. another stage's checkpoint name)."""
     fingerprint = {
+        "format": MODEL_FORMAT,
         "config": config,
         "vocab": sorted(tokenizer.get_vocab().items()),
         "data": data_digest(train_split),
@@ -60,9 +63,32 @@ def checkpoint_name(prefix: str, config: dict, train_split, tokenizer, *extra) -
     return f"{prefix}-{digest[:10]}.pt"
 
 
+# Bump when a model's modules change shape or names (e.g. encoders moved onto course_lib.blocks), so
+# that an old cache never hands a checkpoint to a model that cannot load it.
+MODEL_FORMAT = 2
+
+
 def model_device(model: nn.Module, device=None) -> torch.device:
     """`device` if given, else the device of the model's first parameter."""
     return torch.device(device) if device is not None else next(model.parameters()).device
+
+
+@contextmanager
+def inference(model: nn.Module, device=None):
+    """The one way the course runs a model to encode or score: on `device` (None = where it is), in
+    eval mode, without gradients; the model's train/eval mode is restored afterwards.
+
+        with inference(model) as device:
+            out = model.encode_images(batch.to(device))
+    """
+    device = model_device(model, device)
+    was_training = model.training
+    model.to(device).eval()
+    try:
+        with torch.no_grad():
+            yield device
+    finally:
+        model.train(was_training)
 
 
 def finished_checkpoint(checkpoint_path, max_steps: int) -> bool:

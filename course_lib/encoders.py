@@ -15,6 +15,7 @@ VSE++ and SCAN normalise (`l2_normalize`), LightningDOT compares raw dot product
 `build_image_encoder` / `build_text_encoder` pick one by name.
 
     RegionTransformerEncoder  regions + boxes -> transformer with [CLS]   (LightningDOT §3, UNITER)
+    TransformerTextEncoder    words -> transformer, pooled = [CLS]        (LightningDOT §3, BERT-shaped)
     PixelEncoder              pixels -> timm ViT or CNN                   (HiVLP, Fast & Slow)
     BagOfWordsEncoder         mean of word embeddings                     (the simplest baseline)
     BiGRUEncoder              bidirectional GRU, directions averaged      (VSE++, SCAN)
@@ -30,6 +31,7 @@ import torch.nn as nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from course_lib.data.tokenizer import WORD_SPECIAL_TOKENS, SpecialTokens
+from course_lib.blocks import RegionEmbedding, Transformer
 from course_lib.settings import from_hub, hub_error
 
 # the course's ViT for the synthetic 32x32 images: 8x8 patches of 4 pixels, 2 blocks of width 64
@@ -42,6 +44,7 @@ class EncoderOutput:
     tokens: torch.Tensor  # (B, L, E)
     mask: torch.Tensor  # (B, L) bool, True = real
     pooled: torch.Tensor  # (B, E)
+    layers: list | None = None  # every block's (B, L, E) states, when asked (return_layers=True)
 
 
 def l2_normalize(x: torch.Tensor, dim: int = -1, eps: float = 1e-8) -> torch.Tensor:
@@ -71,40 +74,39 @@ def word_mask(input_ids: torch.Tensor, attention_mask: torch.Tensor,
 class RegionTransformerEncoder(nn.Module):
     """Detector regions -> transformer encoder with a learned [CLS] slot (LightningDOT's image side).
 
-    Each region is embedded as LayerNorm(Linear(feature)) + LayerNorm(Linear(box)), UNITER's image
-    embedding; the box (x1, y1, x2, y2, w, h, area) is the only position information. There is no
-    index embedding, because regions are a set: permuting them permutes `tokens` and leaves `pooled`
-    unchanged. Padded slots are masked out of attention, so their content changes nothing.
+    Each region is embedded as UNITER's LN(Linear(feature)) + LN(Linear(box)) (blocks.RegionEmbedding);
+    the box is the only position information. There is no index embedding, because regions are a
+    set: permuting them permutes `tokens` and leaves `pooled` unchanged. Padded slots are masked out of
+    attention, so their content changes nothing. The blocks are the course's (course_lib.blocks).
 
     tokens = all outputs, [CLS] at position 0 then the R regions: (B, 1 + R, hidden), mask likewise
-    (position 0 always True). pooled = the [CLS] output h0 (B, hidden).
+    (position 0 always True). pooled = the [CLS] output h0 (B, hidden). forward(batch,
+    return_layers=True) also fills `layers`: every block's states.
     """
 
     def __init__(self, region_dim: int, hidden: int = 64, layers: int = 2, heads: int = 4,
                  dropout: float = 0.1, box_dim: int = 7):
         super().__init__()
-        self.region_proj = nn.Sequential(nn.Linear(region_dim, hidden), nn.LayerNorm(hidden))
-        self.box_proj = nn.Sequential(nn.Linear(box_dim, hidden), nn.LayerNorm(hidden))
+        self.embed = RegionEmbedding(region_dim, hidden, box_dim)
         self.cls = nn.Parameter(torch.randn(1, 1, hidden) * 0.02)
         self.dropout = nn.Dropout(dropout)
-        layer = nn.TransformerEncoderLayer(hidden, heads, dim_feedforward=4 * hidden, dropout=dropout,
-                                           activation="gelu", batch_first=True, norm_first=True)
-        # pre-LN blocks leave the residual stream unnormalised, hence the final LayerNorm;
-        # the nested-tensor fast path does not support norm_first anyway
-        self.transformer = nn.TransformerEncoder(layer, layers, norm=nn.LayerNorm(hidden),
-                                                 enable_nested_tensor=False)
+        self.transformer = Transformer(hidden, layers, heads, dropout)
         self.out_dim = hidden
 
-    def forward(self, batch: dict) -> EncoderOutput:
+    def forward(self, batch: dict, return_layers: bool = False) -> EncoderOutput:
         regions, boxes = batch["regions"], batch["boxes"]  # (B, R, D), (B, R, 7)
         region_mask = batch["region_mask"].bool()  # (B, R)
         B = regions.shape[0]
-        x = self.region_proj(regions) + self.box_proj(boxes)  # (B, R, H)
-        x = torch.cat([self.cls.expand(B, -1, -1), x], dim=1)  # (B, 1+R, H)
+        x = torch.cat([self.cls.expand(B, -1, -1), self.embed(regions, boxes)], dim=1)  # (B, 1+R, H)
         mask = torch.cat([region_mask.new_ones(B, 1), region_mask], dim=1)  # (B, 1+R)
-        h = self.transformer(self.dropout(x), src_key_padding_mask=~mask)  # (B, 1+R, H)
-        h = h.masked_fill(~mask.unsqueeze(-1), 0.0)  # padded outputs are meaningless: make them zero
-        return EncoderOutput(tokens=h, mask=mask, pooled=h[:, 0])
+        return _transformer_output(self.transformer, self.dropout(x), mask, return_layers)
+
+
+def _transformer_output(transformer: Transformer, x, mask, return_layers: bool) -> EncoderOutput:
+    """Run the shared stack; padded outputs are meaningless, so they are zeroed; pooled = position 0."""
+    h, layers = transformer(x, mask, return_layers=True) if return_layers else (transformer(x, mask), None)
+    h = h.masked_fill(~mask.unsqueeze(-1), 0.0)  # (B, L, H)
+    return EncoderOutput(tokens=h, mask=mask, pooled=h[:, 0], layers=layers)
 
 
 class PixelEncoder(nn.Module):
@@ -223,6 +225,40 @@ class BiGRUEncoder(nn.Module):
         return EncoderOutput(tokens=tokens, mask=mask, pooled=pooled)
 
 
+class TransformerTextEncoder(nn.Module):
+    """Words -> the course's transformer (course_lib.blocks), pooled = the [CLS] output z0.
+
+    BERT's input (word + learned position embeddings, LayerNorm, dropout) and BERT's size knobs, on
+    the same pre-LN block every encoder of the course uses (BERT itself is post-LN; pre-LN trains from
+    random weights more easily and lets HiVLP / U-BERT read any layer). For pretrained weights use
+    BertTextEncoder(pretrained_name=...). tokens (B, T, hidden), zero at padding; mask =
+    attention_mask; return_layers=True fills `layers`. `special`: the tokenizer's ids ([PAD]).
+    """
+
+    def __init__(self, vocab_size: int, hidden: int = 64, layers: int = 2, heads: int = 4,
+                 max_length: int = 64, dropout: float = 0.1, special: SpecialTokens = WORD_SPECIAL_TOKENS):
+        super().__init__()
+        self.special = special  # a plain attribute: not in the state_dict
+        self.word = nn.Embedding(vocab_size, hidden, padding_idx=special.pad)
+        self.position = nn.Embedding(max_length, hidden)
+        for table in (self.word, self.position):
+            nn.init.normal_(table.weight, std=0.02)  # BERT's initialisation
+        with torch.no_grad():
+            self.word.weight[special.pad].zero_()
+        self.norm, self.dropout = nn.LayerNorm(hidden), nn.Dropout(dropout)
+        self.transformer = Transformer(hidden, layers, heads, dropout)
+        self.out_dim, self.max_length = hidden, max_length
+
+    def forward(self, batch: dict, return_layers: bool = False) -> EncoderOutput:
+        input_ids, mask = batch["input_ids"], batch["attention_mask"].bool()  # (B, T)
+        T = input_ids.shape[1]
+        if T > self.max_length:
+            raise ValueError(f"texts of {T} tokens, but this encoder has {self.max_length} positions: "
+                             "tokenise with a smaller max_length or build it with a larger max_length")
+        x = self.norm(self.word(input_ids) + self.position(torch.arange(T, device=input_ids.device)))
+        return _transformer_output(self.transformer, self.dropout(x), mask, return_layers)  # (B, T, H)
+
+
 class BertTextEncoder(nn.Module):
     """A BERT encoder (transformers' BertModel, no pooler); pooled = the [CLS] last hidden state.
 
@@ -277,7 +313,8 @@ class BertTextEncoder(nn.Module):
 # ----------------------------------------------------------------------------- factories
 
 IMAGE_ENCODERS = {"regions": RegionTransformerEncoder, "pixels": PixelEncoder}
-TEXT_ENCODERS = {"bow": BagOfWordsEncoder, "gru": BiGRUEncoder, "bert": BertTextEncoder}
+TEXT_ENCODERS = {"bow": BagOfWordsEncoder, "gru": BiGRUEncoder, "transformer": TransformerTextEncoder,
+                 "bert": BertTextEncoder}
 
 
 def build_image_encoder(kind: str, **kwargs) -> nn.Module:
@@ -288,7 +325,7 @@ def build_image_encoder(kind: str, **kwargs) -> nn.Module:
 
 
 def build_text_encoder(kind: str, vocab_size: int, **kwargs) -> nn.Module:
-    """kind "bow", "gru" or "bert"; vocab_size = len(tokenizer); kwargs may hold
+    """kind "bow", "gru", "transformer" or "bert"; vocab_size = len(tokenizer); kwargs may hold
     special=SpecialTokens.of(tokenizer) (default: the word tokenizer's ids)."""
     if kind not in TEXT_ENCODERS:
         raise ValueError(f"unknown text encoder {kind!r}; valid kinds: {sorted(TEXT_ENCODERS)}")
@@ -296,6 +333,6 @@ def build_text_encoder(kind: str, vocab_size: int, **kwargs) -> nn.Module:
 
 
 __all__ = ["EncoderOutput", "RegionTransformerEncoder", "PixelEncoder", "BagOfWordsEncoder",
-           "BiGRUEncoder", "BertTextEncoder", "build_image_encoder", "build_text_encoder",
+           "BiGRUEncoder", "TransformerTextEncoder", "BertTextEncoder", "build_image_encoder", "build_text_encoder",
            "l2_normalize", "count_parameters", "word_mask", "IMAGE_ENCODERS", "TEXT_ENCODERS",
            "TINY_VIT_NAME", "TINY_VIT_KWARGS"]

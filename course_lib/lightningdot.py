@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from course_lib.data.tokenizer import WORD_SPECIAL_TOKENS, SpecialTokens
-from course_lib.encoders import BertTextEncoder, RegionTransformerEncoder
+from course_lib.encoders import RegionTransformerEncoder, TransformerTextEncoder
 from course_lib.losses import contrastive_loss
 from course_lib.settings import CourseConfig
 
@@ -193,8 +193,9 @@ class LightningDOT(nn.Module):
         c = self.config = config
         self.vocab_size, self.special = vocab_size, special  # plain attributes: not in the state_dict
         self.image_encoder = RegionTransformerEncoder(region_dim, c.hidden, c.layers, c.heads)
-        self.text_encoder = BertTextEncoder(vocab_size, c.hidden, c.layers, c.heads,
-                                            max_length=max(64, c.max_text_length), special=special)
+        # the course's shared block on both sides (course_lib.blocks); BERT-shaped input, pre-LN
+        self.text_encoder = TransformerTextEncoder(vocab_size, c.hidden, c.layers, c.heads,
+                                                   max_length=max(64, c.max_text_length), special=special)
         self.vmlm = VMLM(c.hidden, vocab_size, c.fuse)
         self.smrfr = SMRFR(c.hidden, region_dim, c.fuse)
         self.smrc_kl = SMRCKL(c.hidden, n_classes, c.fuse)

@@ -40,7 +40,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from course_lib.checkpoints import checkpoint_name, model_device
+from course_lib.checkpoints import checkpoint_name, inference, model_device
 from course_lib.data.datasets import CaptionDataset, ImageDataset, TextCollate, make_loader
 from course_lib.retrieval import build_index, search
 
@@ -151,20 +151,13 @@ class Method(ABC):
 # ----------------------------------------------------------------------------- dual encoders
 
 def _encode(model: nn.Module, loader, encode_name: str, device, progress: bool) -> torch.Tensor:
-    """Concatenate model.<encode_name>(batch) over a loader: eval mode, no grad, on `device` (None =
-    the model's); the result (n, E) on the CPU. The model's train/eval mode is restored after."""
-    device = model_device(model, device)
-    was_training = model.training
-    model.to(device).eval()
+    """Concatenate model.<encode_name>(batch) over a loader under checkpoints.inference (eval mode,
+    no grad, on `device`, None = the model's); the result (n, E) on the CPU."""
     encode, out = getattr(model, encode_name), []
-    try:
-        with torch.no_grad():
-            for batch in tqdm(loader, desc=encode_name.replace("_", " "), disable=not progress,
-                              leave=False):
-                batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
-                out.append(encode(batch).float().cpu())  # (b, E)
-    finally:
-        model.train(was_training)
+    with inference(model, device) as device:
+        for batch in tqdm(loader, desc=encode_name.replace("_", " "), disable=not progress, leave=False):
+            batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
+            out.append(encode(batch).float().cpu())  # (b, E)
     return torch.cat(out)  # (n, E)
 
 

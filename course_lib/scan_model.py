@@ -38,7 +38,7 @@ from tqdm.auto import tqdm
 from course_lib.data.datasets import (CaptionDataset, ImageDataset, PairCollate, PairDataset,
                                       TextCollate, make_loader)
 from course_lib.data.tokenizer import WORD_SPECIAL_TOKENS, SpecialTokens
-from course_lib.checkpoints import model_device
+from course_lib.checkpoints import inference, model_device
 from course_lib.encoders import BiGRUEncoder, l2_normalize, word_mask
 from course_lib.losses import hinge_name, hinge_triplet_loss
 from course_lib.methods import PairwiseMethod
@@ -190,20 +190,15 @@ def train_scan(bench: dict, tokenizer, config: SCANConfig | None = None, *, chec
 
 
 # ----------------------------------------------------------------------------- evaluation
-@torch.no_grad()
 def _encode_sets(model: SCANModel, loader, encode, desc: str, progress: bool, device):
     """encode(batch) -> (items (b, L_b, E), mask (b, L_b)) over a loader, padded to the longest
-    L and concatenated on the CPU -> (items (n, L, E), mask (n, L)). Eval mode; mode restored."""
-    was_training = model.training
-    model.to(device).eval()
+    L and concatenated on the CPU -> (items (n, L, E), mask (n, L)), under checkpoints.inference."""
     chunks = []
-    try:
+    with inference(model, device) as device:
         for batch in tqdm(loader, desc=desc, disable=not progress, leave=False):
             batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
             items, mask = encode(batch)
             chunks.append((items.float().cpu(), mask.cpu()))
-    finally:
-        model.train(was_training)
     length = max(mask.shape[1] for _, mask in chunks)  # zero padding at the end of each set
     items = torch.cat([F.pad(x, (0, 0, 0, length - x.shape[1])) for x, _ in chunks])  # (n, L, E)
     return items, torch.cat([F.pad(m, (0, length - m.shape[1])) for _, m in chunks])  # (n, L)

@@ -162,7 +162,8 @@ def latency_vs_gallery(make_fn: Callable[[int], Callable[[], object]], sizes: Se
     make_fn(n) builds a gallery of n items and returns a zero-argument callable answering `per`
     queries against it. Sizes up to `max_measured` (all if None) are timed with `benchmark`;
     if any are larger, t(n) = a + b*n is fitted to the measured per-query medians and the rest
-    are extrapolated. Rows, by increasing n: {"n", "ms_per_query", "measured", "p10_ms",
+    are extrapolated, never below the time measured at the largest size (a noisy fit can slope
+    down: a bigger gallery is then estimated at the largest measured cost, not at less). Rows, by increasing n: {"n", "ms_per_query", "measured", "p10_ms",
     "p90_ms"}, the percentiles per query too and None where extrapolated.
     """
     sizes = sorted({int(n) for n in sizes})
@@ -189,7 +190,8 @@ def latency_vs_gallery(make_fn: Callable[[int], Callable[[], object]], sizes: Se
         if fit[1] < 0:
             warnings.warn(f"the fitted cost falls with gallery size (slope {fit[1]:.3g} ms/item): "
                           "the measured sizes are too small or too noisy to extrapolate from")
-        rows += [{"n": n, "ms_per_query": float(extrapolate(fit, n)), "measured": False,
+        floor = rows[-1]["ms_per_query"]  # the largest measured gallery
+        rows += [{"n": n, "ms_per_query": max(float(extrapolate(fit, n)), floor), "measured": False,
                   "p10_ms": None, "p90_ms": None} for n in estimate]
     return rows
 

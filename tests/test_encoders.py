@@ -273,3 +273,25 @@ def test_l2_normalize_has_finite_gradients_at_zero_vectors():
     assert torch.allclose(y[0], torch.tensor([0.6, 0.8]), atol=1e-6) and torch.equal(y[1], torch.zeros(2))
     y.sum().backward()
     assert torch.isfinite(x.grad).all()
+
+
+def test_transformer_encoders_share_the_course_block_and_return_every_layer():
+    # the region and text encoders are built from course_lib.blocks, and hand back each block's states
+    from course_lib.blocks import Transformer
+    from course_lib.encoders import TransformerTextEncoder
+
+    torch.manual_seed(0)
+    text = TransformerTextEncoder(vocab_size=30, hidden=16, layers=3, heads=2).eval()
+    regions = RegionTransformerEncoder(region_dim=8, hidden=16, layers=2, heads=2).eval()
+    assert isinstance(text.transformer, Transformer) and isinstance(regions.transformer, Transformer)
+    batch = {"input_ids": torch.tensor([[2, 7, 9, 3, 0], [2, 5, 3, 0, 0]]),
+             "attention_mask": torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 0, 0]])}
+    out = text(batch, return_layers=True)
+    assert len(out.layers) == 3 and out.layers[0].shape == (2, 5, 16)
+    torch.testing.assert_close(out.tokens[out.mask], out.layers[-1][out.mask])
+    assert (out.tokens[~out.mask] == 0).all() and torch.equal(out.pooled, out.tokens[:, 0])
+    longer = {k: torch.cat([v, torch.zeros(2, 3, dtype=v.dtype)], 1) for k, v in batch.items()}
+    torch.testing.assert_close(text(longer).pooled, out.pooled)  # padding changes nothing
+    image = {"regions": torch.randn(2, 4, 8), "boxes": torch.rand(2, 4, 7),
+             "region_mask": torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]], dtype=torch.bool)}
+    assert len(regions(image, return_layers=True).layers) == 2 and regions(image).layers is None

@@ -124,7 +124,7 @@ def test_lightningdot_vmlm_masks_with_the_tokenizers_ids(bench, bert_tok, monkey
     torch.manual_seed(0)
     config = LightningDOTConfig(hidden=16, layers=1, heads=2)
     model = build_lightningdot(config, bench["train"], bert_tok)  # the path the method trains
-    assert model.text_encoder.bert.config.pad_token_id == bert_tok.pad_token_id
+    assert model.text_encoder.word.padding_idx == bert_tok.pad_token_id
     batch = PairCollate(bert_tok)([PairDataset(bench["train"])[t] for t in range(64)])
     assert not (batch["input_ids"] == bert_tok.unk_token_id).any()  # the vocabulary covers the captions
     for _ in range(4):

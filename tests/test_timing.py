@@ -145,7 +145,10 @@ def test_latency_vs_gallery_warns_when_cost_falls():
         return lambda: time.sleep(0.008 if n == 1 else 0.001)
 
     with pytest.warns(UserWarning, match="falls with gallery size"):
-        latency_vs_gallery(make_fn, [1, 2, 100], warmup=0, repeats=3, max_measured=2)
+        rows = latency_vs_gallery(make_fn, [1, 2, 100], warmup=0, repeats=3, max_measured=2)
+    # a falling fit would extrapolate to a negative time at n = 100 (it did): the floor is the
+    # time measured at the largest gallery
+    assert rows[-1]["ms_per_query"] == rows[1]["ms_per_query"] > 0
 
 
 # ----------------------------------------------------------------------------- speedup tables
