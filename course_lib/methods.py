@@ -49,6 +49,9 @@ _PROGRESS_ITEMS = 20_000
 DIRECTIONS = ("t2i", "i2t")
 # pairs a PairwiseMethod scores per score_block call while ranking (memory, not the result)
 _PAIRS_PER_BLOCK = 1 << 20
+# a PairwiseMethod ranking every query of a split this small scores every pair once and keeps the
+# (N, T) matrix (80 MB at most), so the other direction reuses it instead of scoring it again
+_DENSE_PAIRS = 20_000_000
 
 
 def check_direction(direction: str) -> str:
@@ -268,9 +271,23 @@ class PairwiseMethod(Method):
         """(N, T) scores of every pair: small splits only, O(N * T) work."""
         return self.score_block(split, np.arange(split.n_images), np.arange(split.n_texts))
 
+    _dense: tuple = (None, None, None)  # (split, model, (N, T) scores): see _DENSE_PAIRS
+
     def rank(self, split, direction: str, top_k: int, queries=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Queries a chunk at a time against the whole gallery, keeping each one's top_k."""
+        """Queries a chunk at a time against the whole gallery, keeping each one's top_k. A small
+        split queried in full is scored once for both directions (_DENSE_PAIRS)."""
         queries = query_indices(split, direction, queries)
+        everything = np.array_equal(queries, query_indices(split, direction))
+        if self._dense[0] is split and self._dense[1] is self.model:
+            scores = self._dense[2]  # (N, T)
+        elif everything and split.n_images * split.n_texts <= _DENSE_PAIRS:
+            scores = self.similarity(split)  # (N, T), every pair once
+            self._dense = (split, self.model, scores)
+        else:
+            scores = None
+        if scores is not None:
+            q = torch.from_numpy(queries)
+            return top_k_of(scores.T[q] if direction == "t2i" else scores[q], top_k)
         gallery = np.arange(split.n_images if direction == "t2i" else split.n_texts)
         per_chunk = max(1, _PAIRS_PER_BLOCK // max(len(gallery), 1))
         indices, scores = [], []

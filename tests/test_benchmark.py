@@ -246,6 +246,10 @@ def test_methods_option_selects_a_subset_and_rejects_unknown_names(tmp_path):
     assert {r["method"] for r in results["rows"]} == {"oracle"}
     with pytest.raises(SystemExit):
         benchmark.main(["--smoke", "--out", str(tmp_path), "--methods", "vsepp,nonsense"])
+    results = benchmark.main(["--smoke", "--out", str(tmp_path), "--methods", "", "--every-pair", "test"])
+    assert {r["method"] for r in results["rows"]} == {"oracle"}
+    with pytest.raises(SystemExit):
+        benchmark.main(["--smoke", "--out", str(tmp_path), "--every-pair", "nowhere"])
 
 
 def test_extrapolated_times_are_starred_in_every_table():
@@ -258,3 +262,34 @@ def test_extrapolated_times_are_starred_in_every_table():
     assert "| slow | 1.0 | 1.0 | 1.0 | 1.0 | 1.0 | 1.0 | 1.0 | 12.5* |" in table
     assert "| fast | 1.0 | 1.0 | 1.0 | 1.0 | 1.0 | 1.0 | 1.0 | 12.5 |" in table
     assert "* ms/query extrapolated" in table
+
+
+def test_pairwise_methods_score_a_small_split_once_for_both_directions():
+    from course_lib.methods import PairwiseMethod
+
+    class Counting(PairwiseMethod):
+        config_class = None
+        calls = 0
+
+        def train(self, *args):
+            return None, None
+
+        def query_fn(self, split, caption_index=0, top_k=10):
+            return None
+
+        def score_block(self, split, images, texts):
+            Counting.calls += len(images) * len(texts)
+            g = np.random.default_rng(0).random((split.n_images, split.n_texts))
+            return torch.from_numpy(g[np.ix_(images, texts)]).float()
+
+    bench = _small_bench()
+    split = bench["test"]
+    method = Counting(config=object(), name="counting", progress=False)
+    method.model = torch.nn.Linear(1, 1)
+    metrics, _ = benchmark.evaluate(method, split, (1, 5))
+    assert Counting.calls == split.n_images * split.n_texts  # once, not once per direction
+    dense = retrieval_metrics(method.similarity(split), split.txt2img, ks=(1, 5))
+    assert all(metrics[k] == pytest.approx(dense[k]) for k in metrics)
+    Counting.calls = 0
+    method.rank(split, "t2i", 5, queries=[0, 3])  # the cached matrix serves a subset too
+    assert Counting.calls == 0
