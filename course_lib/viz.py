@@ -122,13 +122,16 @@ def plot_timings(results: dict, *, ax=None, title="per-call time"):
 def plot_pareto(rows, *, setting: str = "test", metric: str = "t2i_r1", ax=None, title=None):
     """Accuracy against per-query latency, one point per method (log time axis).
 
-    `rows` are benchmark result rows (dicts with method, setting, ms_per_query and the metric)."""
+    `rows` are benchmark result rows (dicts with method, setting, ms_per_query and the metric); a
+    row whose time was extrapolated (ms_measured False) is drawn hollow, as in every course plot."""
     rows = [r for r in rows if r["setting"] == setting and r.get(metric) is not None]
     if ax is None:
         _, ax = plt.subplots(figsize=(6.5, 4.5))
     timed = [r for r in rows if r.get("ms_per_query")]
-    for r in timed:
-        ax.scatter(r["ms_per_query"], r[metric], s=40)
+    for i, r in enumerate(timed):
+        measured = r.get("ms_measured", True)
+        ax.scatter(r["ms_per_query"], r[metric], s=40, color=f"C{i}",
+                   facecolors=f"C{i}" if measured else "none")
         ax.annotate(r["method"], (r["ms_per_query"], r[metric]), textcoords="offset points",
                     xytext=(5, 4), fontsize=8)
     for r in rows:

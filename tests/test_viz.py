@@ -52,11 +52,13 @@ def test_show_twins_pairs_scene_and_twin(bench):
 def test_pareto_plots_timed_methods_and_a_line_for_the_oracle():
     rows = [{"method": "oracle", "setting": "test", "t2i_r1": 90.0, "ms_per_query": None},
             {"method": "fast", "setting": "test", "t2i_r1": 20.0, "ms_per_query": 0.1},
-            {"method": "slow", "setting": "test", "t2i_r1": 60.0, "ms_per_query": 30.0},
+            {"method": "slow", "setting": "test", "t2i_r1": 60.0, "ms_per_query": 30.0, "ms_measured": False},
             {"method": "slow", "setting": "full", "t2i_r1": 10.0, "ms_per_query": 300.0}]
     ax = viz.plot_pareto(rows, setting="test")
     points = np.concatenate([c.get_offsets() for c in ax.collections])
     assert sorted(points[:, 0].tolist()) == [0.1, 30.0]
+    filled = [len(c.get_facecolors()) > 0 and c.get_facecolors()[0][3] > 0 for c in ax.collections]
+    assert filled == [True, False]  # fast measured: filled; slow extrapolated: hollow
     assert any(np.allclose(line.get_ydata(), 90.0) for line in ax.lines)
     assert ax.get_xscale() == "log"
     plt.close(ax.figure)
