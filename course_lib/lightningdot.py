@@ -6,7 +6,8 @@ reads [CLS] words [SEP]; their [CLS] outputs h0 and z0 are the global representa
     S(t, i) = <z0, h0>                                            (eq. 5: no cross-attention anywhere)
 
 so the gallery is encoded once, offline, into a FAISS index. The other modality reaches each
-encoder only through the training objectives (§3.1), each a small module here:
+encoder only through the training objectives (§3.1), each a small module here, and all three are
+cross-modal (CMR through S itself, VMLM / SMRM through the added [CLS]):
 
     VMLM    (eq. 2)  mask 15% of the words (80% [MASK] / 10% random / 10% kept), predict each from
                      z_mk + h0: the paired image's [CLS] is *added* to the word's state
@@ -16,10 +17,12 @@ encoder only through the training objectives (§3.1), each a small module here:
     CMR     (eq. 6)  course_lib.losses.contrastive_loss on the in-batch scores S (B, B)
 
 With `fuse=False` the same heads read z_mk and h_mk alone: UNITER-style MLM and MRM without the other
-modality, the "+PT†" row of the paper's Table 4. The paper adds the other [CLS] (eq. 2, 4); the
-authors' released code does so only behind a flag that is off by default. We follow the paper.
+modality, the "+PT†" row of the paper's Table 4 (MLM + MRM + CMR: its CMR still compares h0 with z0).
+The paper adds the other [CLS] (eq. 2, 4); the authors' released code does so only behind a flag
+that is off by default. We follow the paper.
 
-Pre-training and fine-tuning (`course_lib.lightningdot_train`) sample one objective per batch.
+Pre-training (`course_lib.lightningdot_train`) samples one objective per batch, CMR among them
+(§3.1 pre-trains with VMLM + SMRM + CMR; Table 5 also with CMR alone); fine-tuning uses CMR alone.
 """
 
 from __future__ import annotations
@@ -48,8 +51,11 @@ class LightningDOTConfig(CourseConfig):
     max_text_length: int = 40  # tokens per caption, [CLS] and [SEP] included
     fuse: bool = True  # VMLM / SMRM add the other modality's [CLS]; False = plain MLM / MRM (Table 4)
     mask_prob: float = 0.15  # share of words / regions masked (BERT, UNITER)
-    # objective -> share of pre-training batches (UNITER samples one task per batch; the authors'
-    # ratios are about itm 16 : mlm 8-12 : mrfr 4-6 : mrc-kl 4-6, CMR standing in for ITM here)
+    # objective -> share of pre-training batches (one task per batch, UNITER's scheme, A.1). Our
+    # ratios are our own choice, not tuned or measured: cmr 2 : vmlm 2 : smrfr 1 : smrc_kl 1, i.e.
+    # 1/3, 1/3, 1/6, 1/6. The authors' released config (config/pretrain-alldata-base.json) mixes
+    # itm 16 : mlm 8 : mrfr 4 : mrckl 4 (COCO, SBU) or 16 : 12 : 6 : 6 (VG, CC); with CMR in the
+    # image-text "itm" slot that is 40-50% CMR, 25-30% MLM and 12.5-15% for each MRM task.
     pretrain_tasks: dict = field(default_factory=lambda: {"cmr": 2, "vmlm": 2, "smrfr": 1, "smrc_kl": 1})
     pretrain_steps: int = 2000  # optimizer steps on the pre-training corpus; 0 = no pre-training
     pretrain_lr: float = 1e-3  # peak AdamW rate while pre-training (the paper's 5e-5 is for BERT-base)
@@ -76,12 +82,14 @@ def mask_tokens(input_ids: torch.Tensor, attention_mask: torch.Tensor, vocab_siz
                 special: SpecialTokens = WORD_SPECIAL_TOKENS):
     """BERT masking of real words: returns (masked_ids, labels), both (B, T).
 
-    Each word is picked with probability mask_prob, at least one per caption (as UNITER); special
-    tokens ([CLS], [SEP], [PAD], [UNK], ...: special.all) never are. A picked word becomes [MASK]
-    (special.mask) 80% of the time, a random word 10% (uniform over the ids below vocab_size that
-    are not in special.all), itself 10%. labels hold the original id at picked positions and
-    IGNORE elsewhere. special: the ids of the tokenizer that made input_ids,
-    SpecialTokens.of(tokenizer); the default is the word tokenizer's.
+    Each word is picked with probability mask_prob; special tokens ([CLS], [SEP], [PAD], [UNK],
+    ...: special.all) never are. A picked word becomes [MASK] (special.mask) 80% of the time, a
+    random word 10% (uniform over the ids below vocab_size that are not in special.all), itself
+    10%. A caption whose draws picked none of its words gets its *first* word (the first position
+    that is not a special token) picked and replaced by [MASK], as UNITER's `random_word` does
+    (`output_label[0] = tokens[0]; tokens[0] = mask`; LightningDOT's code copies it). labels hold
+    the original id at picked positions and IGNORE elsewhere. special: the ids of the tokenizer that
+    made input_ids, SpecialTokens.of(tokenizer); the default is the word tokenizer's.
     """
     if special.mask is None:
         raise ValueError("masking needs a [MASK] token, and this tokenizer has none")
@@ -90,19 +98,18 @@ def mask_tokens(input_ids: torch.Tensor, attention_mask: torch.Tensor, vocab_siz
     real = attention_mask.bool() & ~torch.isin(input_ids, specials)  # (B, T) the words
     u = torch.rand(input_ids.shape, generator=generator, device=device)
     picked = real & (u < mask_prob)  # (B, T)
-    none = real.any(1) & ~picked.any(1)  # captions with words but nothing picked: pick one
-    if none.any():
-        noise = torch.rand(input_ids.shape, generator=generator, device=input_ids.device)
-        forced = torch.where(real, noise, torch.full_like(noise, -1.0)).argmax(1)  # a random real word
-        picked[none, forced[none]] = True
+    none = real.any(1) & ~picked.any(1)  # captions with words but nothing picked: UNITER's rule
+    first = real & (real.cumsum(1) == 1)  # (B, T) each caption's first real word
+    forced = first & none.unsqueeze(1)  # (B, T) the forced picks: always [MASK] (below)
+    picked = picked | forced
     labels = torch.where(picked, input_ids, torch.full_like(input_ids, IGNORE))
     action = torch.rand(input_ids.shape, generator=generator, device=input_ids.device)
     word_ids = special.word_ids(vocab_size, device)  # (V - S,) the non-special ids
     random_words = word_ids[torch.randint(len(word_ids), input_ids.shape, generator=generator,
                                           device=device)]  # (B, T)
     masked = input_ids.clone()
-    masked[picked & (action < 0.8)] = special.mask
-    swap = picked & (action >= 0.8) & (action < 0.9)
+    masked[picked & ((action < 0.8) | forced)] = special.mask
+    swap = picked & ~forced & (action >= 0.8) & (action < 0.9)
     masked[swap] = random_words[swap]
     return masked, labels  # the last 10% keep their word
 
@@ -207,6 +214,10 @@ class LightningDOT(nn.Module):
         return self.text_encoder(batch).pooled  # z0 (B, H)
 
     def forward(self, batch: dict) -> torch.Tensor:
+        # A PairCollate batch holds one image per caption, so two captions of one image can share a
+        # batch; CMR then labels each the other's negative (a false negative). With 5 captions per
+        # image and the 50k-caption train split, about 48% of the batches of 128 hold such a pair
+        # (0.65 pairs per batch on average; notebook 03 computes it). We do not mask them.
         return self.encode_images(batch) @ self.encode_texts(batch).T  # S (B, B), eq. 5
 
     def objective(self, task: str, batch: dict) -> torch.Tensor:

@@ -1,8 +1,10 @@
 """Pre-train, then fine-tune, LightningDOT (§3.1, appendix A.1), and its benchmark method.
 
     pre-train   on bench["pretrain"] (terse, noisy captions: the course's Conceptual Captions);
-                one objective per batch, drawn with the ratios of config.pretrain_tasks (UNITER)
-    fine-tune   on bench["train"] with CMR only
+                one objective per batch, drawn with the ratios of config.pretrain_tasks (UNITER's
+                scheme; our ratios, not the authors': see LightningDOTConfig), CMR among them
+    fine-tune   on bench["train"] with CMR only (two captions of one image in a batch count as
+                each other's negatives: about half the batches of 128 hold such a pair; not masked)
 
 Both stages use course_lib.train.Trainer: AdamW (0.9, 0.98), weight decay 0.01, linear warm-up
 over the first 10% of steps then linear decay to 0, as A.1. Each stage has its own checkpoint, so

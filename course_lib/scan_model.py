@@ -142,7 +142,7 @@ class SCANModel(nn.Module):
 
     def forward(self, batch: dict) -> torch.Tensor:
         # As in VSE++ and SCAN, two captions of one image in a batch count as each other's
-        # negatives; with 10k training images a batch of 128 rarely holds such a pair.
+        # negatives; with 10k training images 48% of batches of 128 hold such a pair (notebook 03).
         return self.score(*self.encode_images(batch), *self.encode_texts(batch))  # (B, B)
 
 

@@ -115,7 +115,8 @@ class DualEncoder(nn.Module):
     def forward(self, batch: dict) -> torch.Tensor:
         # A PairCollate batch holds one image per caption, so two captions of the same image can
         # land in one batch and then count as each other's negatives. VSE++ ignores this, and so
-        # do we: with 10k training images (50k captions) a batch of 128 rarely holds such a pair.
+        # do we, though it is not rare: with 10k training images (50k captions) 48% of batches of
+        # 128 hold such a pair (notebook 03 computes it), about 0.65 false negatives per batch.
         return self.encode_images(batch) @ self.encode_texts(batch).T  # (B, B)
 
 

@@ -60,13 +60,39 @@ def test_mask_tokens_statistics_and_labels():
     assert torch.equal(masked[~picked], ids[~picked]), "unpicked tokens are untouched"
     # a caption of n words expects n * 0.15 picks, plus one forced pick when none came: (0.85)^n
     n = real.sum(1).double()
-    expected = (n * 0.15 + 0.85 ** n).sum().item()
-    assert abs(picked.sum().item() / expected - 1) < 0.03
+    drawn, forced = (n * 0.15).sum().item(), (0.85 ** n).sum().item()
+    assert abs(picked.sum().item() / (drawn + forced) - 1) < 0.03
+    # drawn picks split 80/10/10; a forced pick always becomes [MASK] (UNITER)
     to_mask = (masked[picked] == MASK_ID).float().mean().item()
     kept = (masked[picked] == ids[picked]).float().mean().item()
-    assert abs(to_mask - 0.8) < 0.02 and abs(kept - 0.1 - 0.1 / V) < 0.02  # a random word may repeat
+    share_drawn = drawn / (drawn + forced)
+    assert abs(to_mask - (0.8 * share_drawn + 1 - share_drawn)) < 0.02
+    assert abs(kept - share_drawn * (0.1 + 0.1 / V)) < 0.02  # a random word may repeat
     swapped = picked & (masked != MASK_ID) & (masked != ids)
     assert (masked[swapped] >= len(SPECIAL_TOKENS)).all(), "random replacements are never special tokens"
+
+
+def test_mask_tokens_forces_the_first_word_as_uniter():
+    # UNITER's random_word: when no word was drawn, the first word is picked and becomes [MASK]
+    g = torch.Generator().manual_seed(2)
+    B, T, V = 300, 9, 60
+    ids = torch.randint(len(SPECIAL_TOKENS), V, (B, T), generator=g)
+    lengths = torch.randint(3, T + 1, (B,), generator=g)
+    attention = (torch.arange(T)[None] < lengths[:, None]).long()
+    ids[:, 0] = CLS_ID
+    ids[torch.arange(B), lengths - 1] = SEP_ID
+    ids[attention == 0] = PAD_ID
+    masked, labels = mask_tokens(ids, attention, V, 0.0, generator=g)  # no word is ever drawn
+    picked = labels != IGNORE
+    first = torch.zeros_like(picked)
+    first[:, 1] = True  # position 0 is [CLS]
+    assert torch.equal(picked, first), "exactly the first real word of each caption"
+    assert (masked[picked] == MASK_ID).all() and torch.equal(labels[picked], ids[picked])
+    assert torch.equal(masked[~picked], ids[~picked])
+    # with mask_prob > 0, a caption with draws keeps them and gets no forced pick
+    masked, labels = mask_tokens(ids, attention, V, 1.0, generator=g)
+    real = attention.bool() & (ids != CLS_ID) & (ids != SEP_ID)
+    assert torch.equal(labels != IGNORE, real)
 
 
 def test_mask_regions_statistics():

@@ -110,6 +110,22 @@ def test_mask_tokens_uses_the_tokenizers_ids(bert_tok):
     assert len(set(became.tolist())) > 0.5 * (len(bert_tok) - 5)
 
 
+def test_mask_tokens_forces_the_first_real_word(bert_tok):
+    # UNITER's rule: with no word drawn, the first token that is not special becomes [MASK]; a
+    # leading unknown word ([UNK], special to the tokenizer) is skipped
+    w1, w2 = WORDS[0], WORDS[1]
+    enc = bert_tok([f"{w1} {w2}", f"zebra {w2} {w1}", w2], padding="longest", return_tensors="pt")
+    ids, attention = enc["input_ids"], enc["attention_mask"]  # (3, T)
+    assert ids[1, 1] == bert_tok.unk_token_id
+    masked, labels = mask_tokens(ids, attention, len(bert_tok), 0.0,
+                                 generator=torch.Generator().manual_seed(0),
+                                 special=SpecialTokens.of(bert_tok))
+    picked = labels != IGNORE
+    assert [torch.nonzero(row).flatten().tolist() for row in picked] == [[1], [2], [1]]
+    assert (masked[picked] == bert_tok.mask_token_id).all()
+    assert torch.equal(labels[picked], ids[picked]) and torch.equal(masked[~picked], ids[~picked])
+
+
 def test_lightningdot_vmlm_masks_with_the_tokenizers_ids(bench, bert_tok, monkeypatch):
     import course_lib.lightningdot as ld
 
