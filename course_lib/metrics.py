@@ -134,15 +134,15 @@ def t2i_ranks(sims, txt2img, *, chunk_size: int | None = None, query_texts=None)
     n_images, n_texts = scores.shape
     txt2img = _check_txt2img(txt2img, n_images, n_texts, every_image_captioned=False)
     columns = _queries(query_texts, n_texts, "texts")
-    if columns is None:
-        columns = np.arange(n_texts)
+    every = columns is None  # then no column is gathered (copied): the common, large case
+    columns = np.arange(n_texts) if every else columns
     chunk_size = _chunk_rows(chunk_size, len(columns))
     cols = torch.from_numpy(columns).to(scores.device)  # (Q,)
     true_scores = scores[torch.from_numpy(txt2img[columns]).to(scores.device), cols]  # (Q,)
     ranks = torch.full((len(columns),), -1, dtype=torch.int64, device=scores.device)  # the true image counts itself
     for start in range(0, n_images, chunk_size):
-        block = _checked_block(scores, start, chunk_size)[:, cols]  # (c, Q)
-        ranks += (block >= true_scores[None, :]).sum(0)
+        block = _checked_block(scores, start, chunk_size)  # (c, T)
+        ranks += ((block if every else block[:, cols]) >= true_scores[None, :]).sum(0)  # (Q,)
     return ranks.cpu().numpy()
 
 
@@ -186,7 +186,8 @@ def retrieval_ranks(sims, txt2img, *, chunk_size: int | None = None, query_texts
     n_images, n_texts = scores.shape
     txt2img = _check_txt2img(txt2img, n_images, n_texts)
     rows = _queries(query_images, n_images, "images")
-    rows = np.arange(n_images) if rows is None else rows
+    every_row = rows is None  # then blocks are views (slices), not gathered copies
+    rows = np.arange(n_images) if every_row else rows
     chunk_size = _chunk_rows(chunk_size, n_texts)
     t2i = t2i_ranks(scores, txt2img, chunk_size=chunk_size, query_texts=query_texts)  # (Q_t,)
 
@@ -204,7 +205,7 @@ def retrieval_ranks(sims, txt2img, *, chunk_size: int | None = None, query_texts
     i2t = torch.empty(len(rows), dtype=torch.int64, device=device)  # (Q_i,)
     for start in range(0, len(rows), chunk_size):
         picked = rows_t[start:start + chunk_size]  # (c,)
-        block = scores[picked]  # (c, T), NaN-checked below
+        block = scores[start:start + chunk_size] if every_row else scores[picked]  # (c, T), NaN-checked below
         if torch.isnan(block).any():
             _checked_block(block, 0, len(block))
         at_least = (block >= best_i2t[picked, None]).sum(1)  # (c,)

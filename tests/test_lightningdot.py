@@ -42,15 +42,21 @@ def pair_batch(split, tokenizer, n=8):
 
 # ----------------------------------------------------------------------------- masking
 
-def test_mask_tokens_statistics_and_labels():
-    g = torch.Generator().manual_seed(0)
-    B, T, V = 4000, 14, 60
+def _random_captions(g, B: int, T: int, V: int):
+    """(ids, attention) of B captions [CLS] words [SEP] [PAD].. of 1 to T - 2 random words."""
     ids = torch.randint(len(SPECIAL_TOKENS), V, (B, T), generator=g)
     lengths = torch.randint(3, T + 1, (B,), generator=g)
     attention = (torch.arange(T)[None] < lengths[:, None]).long()
     ids[:, 0] = CLS_ID
     ids[torch.arange(B), lengths - 1] = SEP_ID
     ids[attention == 0] = PAD_ID
+    return ids, attention
+
+
+def test_mask_tokens_statistics_and_labels():
+    g = torch.Generator().manual_seed(0)
+    B, T, V = 4000, 14, 60
+    ids, attention = _random_captions(g, B, T, V)
     masked, labels = mask_tokens(ids, attention, V, 0.15, generator=g)
     picked = labels != IGNORE
     real = attention.bool() & (ids != CLS_ID) & (ids != SEP_ID)
@@ -76,12 +82,7 @@ def test_mask_tokens_forces_the_first_word_as_uniter():
     # UNITER's random_word: when no word was drawn, the first word is picked and becomes [MASK]
     g = torch.Generator().manual_seed(2)
     B, T, V = 300, 9, 60
-    ids = torch.randint(len(SPECIAL_TOKENS), V, (B, T), generator=g)
-    lengths = torch.randint(3, T + 1, (B,), generator=g)
-    attention = (torch.arange(T)[None] < lengths[:, None]).long()
-    ids[:, 0] = CLS_ID
-    ids[torch.arange(B), lengths - 1] = SEP_ID
-    ids[attention == 0] = PAD_ID
+    ids, attention = _random_captions(g, B, T, V)
     masked, labels = mask_tokens(ids, attention, V, 0.0, generator=g)  # no word is ever drawn
     picked = labels != IGNORE
     first = torch.zeros_like(picked)
