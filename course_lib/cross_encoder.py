@@ -110,9 +110,9 @@ class CrossEncoder(nn.Module):
         self.dropout = nn.Dropout(cfg.dropout)
         self.transformer = Transformer(H, cfg.layers, cfg.heads, cfg.dropout)  # ends in a LayerNorm
         self.head = nn.Linear(H, 1)  # s(T, I) = FC([CLS] output), U-BERT eq. 5
-        # ITC heads (ALBEF): used only when training with itc_weight > 0
-        self.itc_image, self.itc_text = nn.Linear(H, H), nn.Linear(H, H)
-        self.itc_log_scale = nn.Parameter(torch.tensor(math.log(1 / 0.07)))  # ALBEF's temperature
+        if cfg.itc_weight > 0:  # ALBEF's contrastive heads on the unimodal features (`unimodal`)
+            self.itc_image, self.itc_text = nn.Linear(H, H), nn.Linear(H, H)
+            self.itc_log_scale = nn.Parameter(torch.tensor(math.log(1 / 0.07)))  # ALBEF's temperature
         for table in (self.word, self.position, self.token_type):
             # BERT's init; torch's N(0, 1) gives position and type the same weight as the word
             # itself in the summed embedding, which slowed the start of training in our runs

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from course_lib.cross_encoder import IMAGE_KEYS, CrossEncoder, CrossEncoderConfig, image_fields
 from course_lib.data.datasets import CaptionDataset, TextCollate
 from course_lib.itm import GridCollate, itc_itm_loss, listwise_itm_loss
-from course_lib.train import History, Trainer, TrainConfig
+from course_lib.train import History, Trainer
 
 _ROWS_PER_CHUNK = 1024  # rows of the similarity matrix masked at once while mining
 
@@ -256,7 +256,7 @@ def keep_hardest(model: CrossEncoder, batch: dict) -> dict:
             "candidates": 1}
 
 
-def itm_loss(model: CrossEncoder, batch: dict, balance_classes: bool = True) -> dict:
+def itm_loss(model: CrossEncoder, batch: dict, step: int = 0, balance_classes: bool = True) -> dict:
     """Binary cross-entropy of the matching logits, and the pair accuracy at threshold 0.
     balance_classes: weigh positives by (#negatives / #positives), so both classes count alike."""
     batch = keep_hardest(model, batch)  # a no-op unless negatives were drawn with candidates > 1
@@ -294,11 +294,8 @@ def train_cross_encoder(bench, tokenizer, config: CrossEncoderConfig | None = No
         loss_fn = partial(itm_loss, balance_classes=cfg.balance_classes)
     else:
         raise ValueError(f"loss={cfg.loss!r}: 'listwise' or 'binary'")
-    train_config = TrainConfig(
-        max_steps=cfg.max_steps, batch_size=cfg.batch_size, lr=cfg.lr,
-        warmup_fraction=cfg.warmup_fraction, grad_clip=cfg.grad_clip, seed=cfg.seed,
-        log_every=max(1, cfg.max_steps // 100), progress=progress, device=device,
-        checkpoint_path=None if checkpoint_path is None else str(checkpoint_path))
+    train_config = cfg.train_config(log_every=max(1, cfg.max_steps // 100), progress=progress,
+                                    device=device, checkpoint_path=checkpoint_path)
     trainer = Trainer(model, loss_fn, CaptionDataset(split), train_config, collate_fn=collate)
     history = trainer.fit()
     return model.eval(), history

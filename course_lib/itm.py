@@ -60,7 +60,7 @@ def grid_scores(model, images: dict, texts: dict) -> torch.Tensor:
     return model(*grid_pairs(images, texts)).view(len(images["regions"]), len(texts["input_ids"]))
 
 
-def listwise_itm_loss(model, batch: dict) -> dict:
+def listwise_itm_loss(model, batch: dict, step: int = 0) -> dict:
     """`losses.listwise_loss` of the model's (U, B) grid of logits, and the share of captions whose
     own image scores highest in the grid (its t2i R@1 among U images)."""
     scores = grid_scores(model, batch["images"], batch["texts"])  # (U, B)
@@ -102,7 +102,8 @@ def itc_hard_grid(similarity: torch.Tensor, text_image: torch.Tensor, size: int,
     return torch.cat(chosen)
 
 
-def itc_itm_loss(model, batch: dict, grid_size: int, clusters: int, itc_weight: float) -> dict:
+def itc_itm_loss(model, batch: dict, step: int = 0, *, grid_size: int, clusters: int,
+                 itc_weight: float) -> dict:
     """ALBEF's two losses on one batch of B captions: ITC (`listwise_loss` of the unimodal
     features' scaled cosines over the batch) + the listwise ITM loss on a grid of `grid_size`
     captions that ITC picks in `clusters` groups of look-alike scenes (`itc_hard_grid`)."""

@@ -25,12 +25,11 @@ from course_lib.checkpoints import checkpoint_name, finished_checkpoint
 from course_lib.data.datasets import PairCollate, PairDataset
 from course_lib.data.tokenizer import SpecialTokens
 from course_lib.lightningdot import OBJECTIVES, LightningDOT, LightningDOTConfig
-from course_lib.methods import DualEncoderMethod, similarity
-from course_lib.metrics import retrieval_metrics
+from course_lib.methods import DualEncoderMethod, retrieval_evaluator, similarity
 from course_lib.registry import register_method
 from course_lib.rerank import TwoStageMethod
 from course_lib.settings import seed_everything
-from course_lib.train import History, TrainConfig, Trainer
+from course_lib.train import History, Trainer
 
 # the fields that change a pre-trained model (fine-tuning fields do not)
 PRETRAIN_FIELDS = ("hidden", "layers", "heads", "max_text_length", "fuse", "mask_prob", "pretrain_tasks",
@@ -48,17 +47,17 @@ def task_schedule(tasks: dict, steps: int, seed: int = 0) -> list[str]:
     return [names[i] for i in picks]
 
 
-def pretrain_loss(schedule: list[str], get_step):
+def pretrain_loss(schedule: list[str]):
     """A Trainer loss_fn: the objective schedule[step] on the batch; logs it under "<task>_loss"."""
-    def loss_fn(model: LightningDOT, batch: dict) -> dict:
-        task = schedule[get_step()]
+    def loss_fn(model: LightningDOT, batch: dict, step: int) -> dict:
+        task = schedule[step]
         loss = model.objective(task, batch)
         return {"loss": loss, f"{task}_loss": loss}
 
     return loss_fn
 
 
-def cmr_loss(model: LightningDOT, batch: dict) -> torch.Tensor:
+def cmr_loss(model: LightningDOT, batch: dict, step: int = 0) -> torch.Tensor:
     """Fine-tuning's loss: CMR (eq. 6) on the batch's (B, B) scores."""
     return model.objective("cmr", batch)
 
@@ -74,16 +73,12 @@ def build_lightningdot(config: LightningDOTConfig, split, tokenizer) -> Lightnin
                         special=SpecialTokens.of(tokenizer))
 
 
-def _stage(model, make_loss, split, tokenizer, config: LightningDOTConfig, steps: int, lr: float,
+def _stage(model, loss_fn, split, tokenizer, config: LightningDOTConfig, steps: int, lr: float,
            checkpoint_path, evaluate, progress: bool, device) -> History:
-    """One Trainer run over split's (image, caption) pairs; make_loss(get_step) -> loss_fn."""
-    train = TrainConfig(max_steps=steps, batch_size=config.batch_size, lr=lr,
-                        warmup_fraction=config.warmup_fraction, grad_clip=config.grad_clip,
-                        seed=config.seed, log_every=max(1, steps // 100), progress=progress,
-                        eval_every=None, device=device,
-                        checkpoint_path=None if checkpoint_path is None else str(checkpoint_path))
-    trainer = None  # the loss reads trainer.step once the Trainer exists
-    trainer = Trainer(model, make_loss(lambda: trainer.step), PairDataset(split, modality="regions"),
+    """One Trainer run over split's (image, caption) pairs with loss_fn(model, batch, step)."""
+    train = config.train_config(max_steps=steps, lr=lr, log_every=max(1, steps // 100), progress=progress,
+                                device=device, checkpoint_path=checkpoint_path)
+    trainer = Trainer(model, loss_fn, PairDataset(split, modality="regions"),
                       train, collate_fn=PairCollate(tokenizer, config.max_text_length), evaluate=evaluate)
     return trainer.fit()
 
@@ -106,15 +101,12 @@ def train_lightningdot(bench: dict, tokenizer, config: LightningDOTConfig | None
     finetuned = finished_checkpoint(checkpoint_path, c.finetune_steps)
     if c.pretrain_steps > 0 and (not finetuned or finished_checkpoint(pretrain_checkpoint, c.pretrain_steps)):
         schedule = task_schedule(c.pretrain_tasks, c.pretrain_steps, c.seed)
-        histories["pretrain"] = _stage(model, lambda get_step: pretrain_loss(schedule, get_step),
+        histories["pretrain"] = _stage(model, pretrain_loss(schedule),
                                        bench["pretrain"], tokenizer, c, c.pretrain_steps, c.pretrain_lr,
                                        pretrain_checkpoint, None, progress, device)
-    evaluate = None
-    if evaluate_on is not None:
-        def evaluate(m):
-            return retrieval_metrics(similarity(m, evaluate_on, tokenizer), evaluate_on.txt2img)
+    evaluate = retrieval_evaluator(evaluate_on, lambda m, split: similarity(m, split, tokenizer))
     if c.finetune_steps > 0:
-        histories["finetune"] = _stage(model, lambda get_step: cmr_loss, bench["train"], tokenizer, c, c.finetune_steps,
+        histories["finetune"] = _stage(model, cmr_loss, bench["train"], tokenizer, c, c.finetune_steps,
                                        c.finetune_lr, checkpoint_path, evaluate, progress, device)
     return model.eval(), histories
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import ClassVar, Sequence
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -42,6 +42,7 @@ from tqdm.auto import tqdm
 
 from course_lib.checkpoints import checkpoint_name, inference, model_device
 from course_lib.data.datasets import CaptionDataset, ImageDataset, TextCollate, make_loader
+from course_lib.metrics import retrieval_metrics
 from course_lib.retrieval import build_index, search
 
 # splits with more items than this get a progress bar while they are encoded
@@ -187,6 +188,15 @@ def encode_split(model: nn.Module, split, tokenizer, *, batch_size: int = 256, d
     return encode_gallery(model, split, **kwargs), encode_captions(model, split, tokenizer, **kwargs)
 
 
+def retrieval_evaluator(split, score_fn):
+    """The Trainer's `evaluate` hook every method uses: model -> retrieval_metrics of score_fn(model,
+    split) (an (N, T) matrix), over the split's own queries. split None -> None (no evaluation)."""
+    if split is None:
+        return None
+    return lambda model: retrieval_metrics(score_fn(model, split), split.txt2img,
+                                           query_texts=split.query_texts, query_images=split.query_images)
+
+
 def similarity(model: nn.Module, split, tokenizer, **kwargs) -> torch.Tensor:
     """(N, T) dot products of every image and caption of a split (kwargs: encode_split's)."""
     image_emb, text_emb = encode_split(model, split, tokenizer, **kwargs)
@@ -318,5 +328,5 @@ class PairwiseMethod(Method):
 
 
 __all__ = ["Method", "DualEncoderMethod", "PairwiseMethod", "encode_gallery", "encode_captions",
-           "encode_split", "similarity", "query_indices", "ground_truth", "top_k_of", "DIRECTIONS",
+           "encode_split", "similarity", "retrieval_evaluator", "query_indices", "ground_truth", "top_k_of", "DIRECTIONS",
            "check_direction"]

@@ -41,12 +41,11 @@ from course_lib.data.tokenizer import WORD_SPECIAL_TOKENS, SpecialTokens
 from course_lib.checkpoints import inference, model_device
 from course_lib.encoders import BiGRUEncoder, l2_normalize, word_mask
 from course_lib.losses import hinge_name, hinge_triplet_loss
-from course_lib.methods import PairwiseMethod
+from course_lib.methods import PairwiseMethod, retrieval_evaluator
 from course_lib.registry import register_method
-from course_lib.metrics import retrieval_metrics
 from course_lib.scan import scan_similarity
 from course_lib.settings import CourseConfig, seed_everything
-from course_lib.train import History, TrainConfig, Trainer
+from course_lib.train import History, Trainer
 
 BOX_DIM = 7  # UNITER's box: x1, y1, x2, y2, w, h, area
 
@@ -147,9 +146,9 @@ class SCANModel(nn.Module):
 
 
 def scan_loss(margin: float = 0.2, max_violation: bool = True):
-    """A `loss_fn(model, batch)` for course_lib.train.Trainer: VSE++'s hinge on the SCAN scores."""
+    """A `loss_fn(model, batch, step)` for course_lib.train.Trainer: VSE++'s hinge on the SCAN scores."""
 
-    def loss_fn(model: nn.Module, batch: dict) -> torch.Tensor:
+    def loss_fn(model: nn.Module, batch: dict, step: int = 0) -> torch.Tensor:
         return hinge_triplet_loss(model(batch), margin=margin, max_violation=max_violation)
 
     return loss_fn
@@ -172,16 +171,9 @@ def train_scan(bench: dict, tokenizer, config: SCANConfig | None = None, *, chec
     config = config or SCANConfig()
     seed_everything(config.seed)  # the model's initial weights; the Trainer seeds the rest
     model = build_scan(config, bench["train"], tokenizer)
-    train = TrainConfig(max_steps=config.max_steps, batch_size=config.batch_size, lr=config.lr,
-                        warmup_fraction=config.warmup_fraction, grad_clip=config.grad_clip,
-                        seed=config.seed, eval_every=eval_every, log_every=25, progress=progress,
-                        checkpoint_path=None if checkpoint_path is None else str(checkpoint_path),
-                        device=device)
-    evaluate = None
-    if evaluate_on is not None:
-        def evaluate(m):
-            return retrieval_metrics(scan_matrix(m, evaluate_on, tokenizer, progress=False),
-                                     evaluate_on.txt2img)
+    train = config.train_config(eval_every=eval_every, log_every=25, progress=progress,
+                                checkpoint_path=checkpoint_path, device=device)
+    evaluate = retrieval_evaluator(evaluate_on, lambda m, split: scan_matrix(m, split, tokenizer, progress=False))
     trainer = Trainer(model, scan_loss(config.margin, config.max_violation),
                       PairDataset(bench["train"], modality=model.modality), train,
                       collate_fn=PairCollate(tokenizer), evaluate=evaluate)

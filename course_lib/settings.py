@@ -57,6 +57,10 @@ def pick(default, smoke):
     return smoke if smoke_mode() else default
 
 
+# the training knobs a method config declares (with its own defaults and reasons) and hands to TrainConfig
+TRAIN_FIELDS = ("max_steps", "batch_size", "lr", "warmup_fraction", "grad_clip", "seed")
+
+
 class CourseConfig:
     """Mixin for a method's dataclass config: `smoke()` applies the class's SMOKE sizes,
     `for_course()` picks smoke or default from COURSE_SMOKE, `to_dict()` for checkpoint names."""
@@ -75,6 +79,18 @@ class CourseConfig:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    def train_config(self, **runtime):
+        """The one training recipe's TrainConfig (course_lib.train) from this config's training fields
+        (max_steps, batch_size, lr, warmup_fraction, grad_clip, seed: whichever it has), with
+        `runtime` (checkpoint_path, progress, device, log_every, eval_every, or a field) on top.
+        Every method trains through this, so a training knob means the same thing everywhere."""
+        from course_lib.train import TrainConfig  # train imports this module
+
+        shared = {f: getattr(self, f) for f in TRAIN_FIELDS if hasattr(self, f)}
+        if runtime.get("checkpoint_path") is not None:
+            runtime["checkpoint_path"] = str(runtime["checkpoint_path"])
+        return TrainConfig(**{**shared, **runtime})
 
 
 def get_device(prefer: str | None = None) -> torch.device:

@@ -1,7 +1,8 @@
 """One generic training loop for every model of the course, in the spirit of minGPT's trainer.
 
-The trainer knows nothing of any one model: it is given a model, a `loss_fn(model, batch)` that
-returns a scalar loss (or a dict holding "loss" and other scalars to log), a map-style dataset and a
+The trainer knows nothing of any one model: it is given a model, a `loss_fn(model, batch, step)`
+(step = optimizer steps taken so far, so a schedule inside a loss resumes exactly) that returns a
+scalar loss (or a dict holding "loss" and other scalars to log), a map-style dataset and a
 `TrainConfig`. It runs AdamW with LightningDOT's recipe (betas 0.9/0.98, weight decay 0.01, linear
 warm-up over the first 10% of steps, then linear decay to 0), optional gradient accumulation and
 clipping, periodic evaluation, logging into a `History`, and checkpoints that resume exactly.
@@ -181,7 +182,7 @@ def _set_rng_state(state: dict) -> None:
 
 
 class Trainer:
-    """Train `model` by minimising `loss_fn(model, batch)` over `dataset`; see the module docstring.
+    """Train `model` by minimising `loss_fn(model, batch, step)` over `dataset`; see the module docstring.
 
     `evaluate(model) -> dict[str, float]`, if given, runs every `eval_every` steps and at the end,
     in eval mode under torch.no_grad(); the model is put back in train mode afterwards.
@@ -306,7 +307,7 @@ class Trainer:
         for _ in range(cfg.grad_accum_steps):
             batch = next(batches)
             with autocast:
-                out = self.loss_fn(self.model, batch)
+                out = self.loss_fn(self.model, batch, self.step)
             loss = _checked_loss(out)
             # Dividing makes the accumulated gradient that of the mean over all micro-batches.
             self.scaler.scale(loss / cfg.grad_accum_steps).backward()

@@ -41,14 +41,14 @@ from course_lib.data.datasets import PairCollate, PairDataset
 from course_lib.data.tokenizer import WORD_SPECIAL_TOKENS, SpecialTokens
 from course_lib.encoders import build_image_encoder, build_text_encoder, l2_normalize
 from course_lib.losses import hinge_name, hinge_triplet_loss
-from course_lib.metrics import retrieval_metrics
-from course_lib.registry import register_method
 from course_lib.methods import (DualEncoderMethod, encode_captions, encode_gallery, encode_split,
-                                similarity)
+                                retrieval_evaluator, similarity)
+from course_lib.registry import register_method
 from course_lib.settings import CourseConfig, seed_everything
-from course_lib.train import History, TrainConfig, Trainer
+from course_lib.train import History, Trainer
 
-_TEXT_NAMES = {"gru": "bi-GRU", "bow": "bag-of-words", "bert": "BERT (random init)"}
+_TEXT_NAMES = {"gru": "bi-GRU", "bow": "bag-of-words", "transformer": "transformer",
+               "bert": "BERT (random init)"}
 _IMAGE_NAMES = {"regions": "region transformer", "pixels": "tiny ViT on pixels"}
 
 
@@ -120,21 +120,17 @@ class DualEncoder(nn.Module):
         return self.encode_images(batch) @ self.encode_texts(batch).T  # (B, B)
 
 
-def vsepp_loss(margin: float = 0.2, max_violation: bool = True, sum_warmup_steps: int = 0,
-               get_step=None):
-    """A `loss_fn(model, batch)` for course_lib.train.Trainer: VSE++'s hinge on model(batch).
+def vsepp_loss(margin: float = 0.2, max_violation: bool = True, sum_warmup_steps: int = 0):
+    """A `loss_fn(model, batch, step)` for course_lib.train.Trainer: VSE++'s hinge on model(batch).
 
     sum_warmup_steps > 0 (with max_violation) sums every hinge for the first steps, then keeps only
     the hardest negatives, as VSE-infinity's `vse_mean_warmup_epochs`: from random weights all
     embeddings start close together, and the max-violation loss alone can collapse them (module
-    docstring). get_step() must return the optimizer steps taken so far (Trainer.step), so a
-    resumed run switches at the same step.
+    docstring). step is the Trainer's count of optimizer steps, so a resumed run switches at the
+    same step.
     """
-    if sum_warmup_steps and max_violation and get_step is None:
-        raise ValueError("sum_warmup_steps needs get_step, e.g. get_step=lambda: trainer.step")
-
-    def loss_fn(model: nn.Module, batch: dict) -> torch.Tensor:
-        hardest = max_violation and not (sum_warmup_steps and get_step() < sum_warmup_steps)
+    def loss_fn(model: nn.Module, batch: dict, step: int = 0) -> torch.Tensor:
+        hardest = max_violation and not (sum_warmup_steps and step < sum_warmup_steps)
         return hinge_triplet_loss(model(batch), margin=margin, max_violation=hardest)
 
     return loss_fn
@@ -160,18 +156,10 @@ def train_dual_encoder(bench: dict, tokenizer, config: VsePPConfig | None = None
     config = config or VsePPConfig()
     seed_everything(config.seed)  # the model's initial weights; the Trainer seeds the rest
     model = build_dual_encoder(config, bench["train"], tokenizer)
-    train = TrainConfig(max_steps=config.max_steps, batch_size=config.batch_size, lr=config.lr,
-                        warmup_fraction=config.warmup_fraction, grad_clip=config.grad_clip,
-                        seed=config.seed, eval_every=eval_every, log_every=25, progress=progress,
-                        checkpoint_path=None if checkpoint_path is None else str(checkpoint_path),
-                        device=device)
-    evaluate = None
-    if evaluate_on is not None:
-        def evaluate(m):
-            return retrieval_metrics(similarity(m, evaluate_on, tokenizer), evaluate_on.txt2img)
-    trainer = None  # the loss reads trainer.step once the Trainer exists (below)
-    loss_fn = vsepp_loss(config.margin, config.max_violation, config.sum_warmup_steps,
-                         get_step=lambda: trainer.step)
+    train = config.train_config(eval_every=eval_every, log_every=25, progress=progress,
+                                checkpoint_path=checkpoint_path, device=device)
+    evaluate = retrieval_evaluator(evaluate_on, lambda m, split: similarity(m, split, tokenizer))
+    loss_fn = vsepp_loss(config.margin, config.max_violation, config.sum_warmup_steps)
     trainer = Trainer(model, loss_fn,
                       PairDataset(bench["train"], modality=model.modality), train,
                       collate_fn=PairCollate(tokenizer), evaluate=evaluate)

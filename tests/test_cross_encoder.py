@@ -395,8 +395,12 @@ def test_itc_hard_grid_draws_clusters_of_look_alike_images():
     assert anchor_two == min(set(range(B)) - {0, 12} - set(text_image[rows[:4]].tolist()))
 
 
-def test_itc_itm_loss_scores_the_chosen_grid_and_the_unimodal_features(bench, tok, model):
+def test_itc_itm_loss_scores_the_chosen_grid_and_the_unimodal_features(bench, tok):
     split = bench["train"]
+    torch.manual_seed(0)
+    model = CrossEncoder(split.regions.shape[-1], len(tok), CrossEncoderConfig.smoke(itc_weight=0.5),
+                         pad_token_id=tok.pad_token_id).eval()
+    assert not hasattr(CrossEncoder(4, 9, CrossEncoderConfig.smoke()), "itc_image")  # ITC off: no heads
     texts = list(range(0, 60, 3)) + [1]  # caption 1 shares caption 0's image
     batch = GridCollate(split, tok, 40)([{"index": t} for t in texts])
     torch.manual_seed(5)

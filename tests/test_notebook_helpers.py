@@ -4,7 +4,6 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-import numpy as np
 import pytest
 import torch
 

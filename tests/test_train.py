@@ -34,7 +34,7 @@ def make_dataset(n=64, seed=0):
     return TensorDataset(x, y)
 
 
-def mse(model, batch):
+def mse(model, batch, step=0):
     x, y = batch
     pred = model(x)
     return {"loss": ((pred - y) ** 2).mean(), "mae": (pred - y).abs().mean()}
@@ -70,9 +70,10 @@ def test_a_key_logged_on_some_steps_is_averaged_over_those_steps():
     # one objective per batch (LightningDOT pre-training) logs "<task>_loss" only on its own steps
     calls = []
 
-    def alternating(model, batch):
+    def alternating(model, batch, step):
         out = mse(model, batch)
         calls.append(float(out["loss"].detach()))
+        assert step == len(calls) - 1  # the trainer passes the optimizer steps taken so far
         if len(calls) % 2:
             out["odd_loss"] = out["loss"]
         return out
@@ -154,7 +155,7 @@ def test_grad_accumulation_matches_bigger_batch():
 
 @pytest.mark.parametrize("clip", [0.5, None])
 def test_grad_clipping(clip):
-    def huge(model, batch):
+    def huge(model, batch, step):
         return 1e4 * mse(model, batch)["loss"]
 
     trainer = Trainer(build(), huge, make_dataset(), make_config(max_steps=3, grad_clip=clip))
@@ -198,7 +199,7 @@ def test_evaluate_hook(eval_every, expected):
 def test_nan_loss_raises_with_step():
     calls = []
 
-    def sometimes_nan(model, batch):
+    def sometimes_nan(model, batch, step):
         calls.append(1)
         loss = mse(model, batch)["loss"]
         return loss * float("nan") if len(calls) == 3 else loss
@@ -213,7 +214,7 @@ def test_clear_errors_for_bad_inputs():
     with pytest.raises(ValueError, match="empty"):
         Trainer(build(), mse, TensorDataset(torch.zeros(0, 8)), make_config())
     Trainer(build(), mse, make_dataset(5), make_config(drop_last=False, max_steps=2)).fit()
-    per_sample = lambda model, batch: (model(batch[0]) - batch[1]) ** 2  # noqa: E731
+    per_sample = lambda model, batch, step: (model(batch[0]) - batch[1]) ** 2  # noqa: E731
     with pytest.raises(ValueError, match=r"scalar tensor, got shape \(8,\)"):
         Trainer(build(), per_sample, make_dataset(), make_config()).fit()
 
@@ -242,7 +243,7 @@ def test_finished_checkpoint_returns_without_training(tmp_path, capsys):
     expected = first.fit()
     calls = []
 
-    def counting(model, batch):
+    def counting(model, batch, step):
         calls.append(1)
         return mse(model, batch)
 
@@ -266,7 +267,7 @@ def test_move_to_device_and_dict_batches():
         x, y = (torch.stack(column) for column in zip(*samples))
         return {"x": x, "y": y, "ids": ["id"] * len(samples)}
 
-    def loss_fn(model, b):
+    def loss_fn(model, b, step):
         assert b["ids"] == ["id"] * 8
         return mse(model, (b["x"], b["y"]))["loss"]
 
