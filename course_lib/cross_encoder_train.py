@@ -1,7 +1,28 @@
 """Training the cross-encoder (course_lib.cross_encoder) with image-text matching (ITM) and hard
 negatives, as ALBEF / BLIP.
 
-Every positive (image, caption) pair of a batch brings negatives (ALBEF's scheme): a negative
+Two ITM losses (CrossEncoderConfig.loss):
+- "listwise" (`course_lib.itm`): B captions against every distinct image of the batch, a softmax
+  cross-entropy per caption over the images and per image over the captions (a ranking loss);
+  with itc_weight > 0, ALBEF's image-text contrastive loss on the unimodal features picks which
+  captions of a larger batch form the grid (clusters of look-alike scenes: hard negatives).
+- "binary" (below): one logit per pair thresholded by binary cross-entropy, with random or mined
+  negatives.
+
+What each gave (issue 8 §2), t2i R@1 on val[:300] (300 images, 1500 captions; SCAN 65.2 on the
+same gallery), d=64, 3 layers, one CPU thread:
+    binary, 1 random negative caption + 1 image per positive, B=64, 3000 steps  ~380 CPU-s   43
+    listwise, grid of 16 captions x their images, 3000 steps                     330 CPU-s  43.6
+    listwise, the same, 8000 steps                                               844 CPU-s  35.5
+    listwise + ITC (weight 1), grid of 16 from a batch of 64 in 2 clusters        352 CPU-s  40.8
+    listwise + ITC, grid of 16 from a batch of 256                               402 CPU-s  39.2
+    E5_PLACEHOLDER
+None of the routes closed the gap to SCAN: per caption family (val[:300]) the cross-encoder
+trails on the families that name two objects (pair 60 vs 73, relation 58 vs 87, place 11 vs 37),
+i.e. it finds whether a scene holds both named objects less reliably than SCAN's word-region
+attention does. More steps raised R@5 (83 -> 88) but not R@1; ITC-picked hard grids lowered it.
+
+Binary ITM: every positive (image, caption) pair of a batch brings negatives (ALBEF's scheme): a negative
 caption for its image and a negative image for its caption, each labelled 0 (positives 1). A
 negative is "hard" with probability hard_negative_fraction, drawn from the top-k non-matches of a
 dual encoder's similarity on the train split (`mine_negatives`), else uniformly random.

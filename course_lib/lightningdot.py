@@ -36,7 +36,7 @@ from torch import nn
 
 from course_lib.data.tokenizer import WORD_SPECIAL_TOKENS, SpecialTokens
 from course_lib.encoders import RegionTransformerEncoder, TransformerTextEncoder
-from course_lib.losses import contrastive_loss
+from course_lib.losses import batch_scores, contrastive_loss
 from course_lib.settings import CourseConfig
 
 OBJECTIVES = ("cmr", "vmlm", "smrfr", "smrc_kl")
@@ -187,7 +187,7 @@ class LightningDOT(nn.Module):
     """Image encoder + language encoder + the pre-training heads (unused at inference).
 
     encode_images(batch) -> h0 (B, H); encode_texts(batch) -> z0 (B, H); forward(pair_batch) ->
-    S (B, B), rows images, columns texts. `modality` = "regions" (the image field it reads).
+    (h0, z0), whose losses.batch_scores is S (B, B), rows images, columns texts. `modality` = "regions" (the image field it reads).
     `special`: the tokenizer's ids (SpecialTokens.of(tokenizer), default the word tokenizer's):
     VMLM masks with them, the language encoder pads with special.pad.
     """
@@ -213,17 +213,19 @@ class LightningDOT(nn.Module):
     def encode_texts(self, batch: dict) -> torch.Tensor:
         return self.text_encoder(batch).pooled  # z0 (B, H)
 
-    def forward(self, batch: dict) -> torch.Tensor:
-        # A PairCollate batch holds one image per caption, so two captions of one image can share a
-        # batch; CMR then labels each the other's negative (a false negative). With 5 captions per
-        # image and the 50k-caption train split, about 48% of the batches of 128 hold such a pair
-        # (0.65 pairs per batch on average; notebook 03 computes it). We do not mask them.
-        return self.encode_images(batch) @ self.encode_texts(batch).T  # S (B, B), eq. 5
+    def forward(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """(h0 (B, H), z0 (B, H)): the features; S = losses.batch_scores(h0, z0) (B, B), eq. 5.
+
+        A PairCollate batch holds one image per caption, so two captions of one image can share a
+        batch; CMR then labels each the other's negative (a false negative). With 5 captions per
+        image and the 50k-caption train split, about 48% of the batches of 128 hold such a pair
+        (0.65 pairs per batch on average; notebook 03 computes it). We do not mask them."""
+        return self.encode_images(batch), self.encode_texts(batch)
 
     def objective(self, task: str, batch: dict) -> torch.Tensor:
         """The loss of one objective on a pair batch (masking drawn from torch's global RNG)."""
         if task == "cmr":
-            return contrastive_loss(self(batch))  # eq. 6
+            return contrastive_loss(batch_scores(*self(batch)))  # eq. 6 on S (B, B)
         if task == "vmlm":
             ids, labels = mask_tokens(batch["input_ids"], batch["attention_mask"], self.vocab_size,
                                       self.config.mask_prob, special=self.special)  # (B, T) each

@@ -25,6 +25,18 @@ def _check_square(scores: torch.Tensor, name: str) -> None:
         )
 
 
+def batch_scores(image_features: torch.Tensor, text_features: torch.Tensor) -> torch.Tensor:
+    """A dual encoder's in-batch score matrix: (B, E) @ (B, E).T -> (B, B), rows images, columns texts.
+
+    Models return features and the losses form the scores here (open_clip's ClipLoss shape): this is
+    the one place a multi-process run would all_gather every process's features first, so that each
+    query meets every negative of the global batch."""
+    if image_features.shape != text_features.shape or image_features.dim() != 2:
+        raise ValueError(f"image and text features must both be (B, E), got {tuple(image_features.shape)} "
+                         f"and {tuple(text_features.shape)}")
+    return image_features @ text_features.T  # (B, B)
+
+
 def hinge_triplet_loss(scores: torch.Tensor, margin: float = 0.2,
                        max_violation: bool = True) -> torch.Tensor:
     """VSE++'s bidirectional hinge (triplet) loss, summed over the batch.

@@ -40,7 +40,7 @@ from torch import nn
 from course_lib.data.datasets import PairCollate, PairDataset
 from course_lib.data.tokenizer import WORD_SPECIAL_TOKENS, SpecialTokens
 from course_lib.encoders import build_image_encoder, build_text_encoder, l2_normalize
-from course_lib.losses import hinge_name, hinge_triplet_loss
+from course_lib.losses import batch_scores, hinge_name, hinge_triplet_loss
 from course_lib.methods import (DualEncoderMethod, encode_captions, encode_gallery, encode_split,
                                 retrieval_evaluator, similarity)
 from course_lib.registry import register_method
@@ -112,16 +112,19 @@ class DualEncoder(nn.Module):
         pooled = self.text_encoder(batch).pooled  # (B, H)
         return l2_normalize(self.text_proj(pooled))  # (B, E)
 
-    def forward(self, batch: dict) -> torch.Tensor:
-        # A PairCollate batch holds one image per caption, so two captions of the same image can
-        # land in one batch and then count as each other's negatives. VSE++ ignores this, and so
-        # do we, though it is not rare: with 10k training images (50k captions) 48% of batches of
-        # 128 hold such a pair (notebook 03 computes it), about 0.65 false negatives per batch.
-        return self.encode_images(batch) @ self.encode_texts(batch).T  # (B, B)
+    def forward(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """(image features (B, E), text features (B, E)); losses.batch_scores makes the (B, B) scores.
+
+        A PairCollate batch holds one image per caption, so two captions of the same image can land
+        in one batch and then count as each other's negatives. VSE++ ignores this, and so do we,
+        though it is not rare: with 10k training images (50k captions) 48% of batches of 128 hold
+        such a pair (notebook 03 computes it), about 0.65 false negatives per batch."""
+        return self.encode_images(batch), self.encode_texts(batch)
 
 
 def vsepp_loss(margin: float = 0.2, max_violation: bool = True, sum_warmup_steps: int = 0):
-    """A `loss_fn(model, batch, step)` for course_lib.train.Trainer: VSE++'s hinge on model(batch).
+    """A `loss_fn(model, batch, step)` for course_lib.train.Trainer: VSE++'s hinge on the batch's
+    scores, batch_scores(*model(batch)).
 
     sum_warmup_steps > 0 (with max_violation) sums every hinge for the first steps, then keeps only
     the hardest negatives, as VSE-infinity's `vse_mean_warmup_epochs`: from random weights all
@@ -131,7 +134,7 @@ def vsepp_loss(margin: float = 0.2, max_violation: bool = True, sum_warmup_steps
     """
     def loss_fn(model: nn.Module, batch: dict, step: int = 0) -> torch.Tensor:
         hardest = max_violation and not (sum_warmup_steps and step < sum_warmup_steps)
-        return hinge_triplet_loss(model(batch), margin=margin, max_violation=hardest)
+        return hinge_triplet_loss(batch_scores(*model(batch)), margin=margin, max_violation=hardest)
 
     return loss_fn
 

@@ -262,3 +262,15 @@ def test_listwise_is_contrastive_when_every_image_has_one_text():
     assert torch.allclose(listwise_loss(S[:, perm], perm), contrastive_loss(S))
     with pytest.raises(ValueError, match="text_image"):
         listwise_loss(S, torch.arange(4))
+
+
+def test_batch_scores_is_the_feature_product_and_checks_shapes():
+    from course_lib.losses import batch_scores
+
+    g = torch.Generator().manual_seed(0)
+    image, text = torch.randn(4, 3, generator=g), torch.randn(4, 3, generator=g)
+    expected = torch.tensor([[float(sum(image[i, e] * text[j, e] for e in range(3))) for j in range(4)]
+                             for i in range(4)])
+    torch.testing.assert_close(batch_scores(image, text), expected)
+    with pytest.raises(ValueError, match="both be"):
+        batch_scores(image, text[:3])

@@ -11,7 +11,7 @@ import torch
 from course_lib.data.datasets import (CaptionDataset, ImageDataset, PairCollate, PairDataset,
                                       make_loader)
 from course_lib.data.tokenizer import build_word_tokenizer
-from course_lib.losses import hinge_triplet_loss
+from course_lib.losses import batch_scores, hinge_triplet_loss
 from course_lib.metrics import retrieval_metrics
 from course_lib.retrieval import build_index, search
 from course_lib.train import Trainer
@@ -75,7 +75,7 @@ def test_scores_are_cosines_with_positives_on_the_diagonal(bench, tokenizer):
     indices = [0, 7, 12, 31, 5]  # captions of images 0, 1, 2, 6, 1
     batch = pair_batch(bench["train"], tokenizer, indices)
     with torch.no_grad():
-        scores = model(batch)  # (5, 5)
+        scores = batch_scores(*model(batch))  # (5, 5)
         image_emb, text_emb = model.encode_images(batch), model.encode_texts(batch)
         raw_images = model.image_proj(model.image_encoder(batch).pooled)  # before normalising
         raw_texts = model.text_proj(model.text_encoder(batch).pooled)
@@ -103,7 +103,7 @@ def test_other_encoders_build_and_score(bench, tokenizer, image_kind, text_kind)
     dataset = PairDataset(bench["train"], modality=model.modality)
     batch = PairCollate(tokenizer)([dataset[t] for t in range(4)])
     with torch.no_grad():
-        scores = model(batch)
+        scores = batch_scores(*model(batch))
     assert scores.shape == (4, 4) and torch.isfinite(scores).all() and scores.abs().max() <= 1 + 1e-5
 
 
@@ -124,7 +124,7 @@ def test_loss_fn_is_the_vsepp_hinge_on_the_batch_scores(bench, tokenizer, max_vi
     batch = pair_batch(bench["train"], tokenizer, list(range(0, 160, 5)))  # 32 different images
     loss = vsepp_loss(margin=0.2, max_violation=max_violation)(model, batch)
     with torch.no_grad():
-        scores = model(batch)
+        scores = batch_scores(*model(batch))
     assert loss.dim() == 0 and loss.requires_grad
     torch.testing.assert_close(loss.detach(), hinge_triplet_loss(scores, 0.2, max_violation))
     assert abs(float(loss.detach()) - reference_hinge(scores, 0.2, max_violation)) < 1e-3
@@ -136,7 +136,7 @@ def test_sum_warmup_switches_to_max_violation_at_the_step(bench, tokenizer):
     batch = pair_batch(bench["train"], tokenizer, list(range(0, 80, 5)))
     loss_fn = vsepp_loss(0.2, True, sum_warmup_steps=3)
     with torch.no_grad():
-        scores = model(batch)
+        scores = batch_scores(*model(batch))
     torch.testing.assert_close(loss_fn(model, batch, 2).detach(), hinge_triplet_loss(scores, 0.2, False))
     torch.testing.assert_close(loss_fn(model, batch, 3).detach(), hinge_triplet_loss(scores, 0.2, True))
 
