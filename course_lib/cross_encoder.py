@@ -5,15 +5,19 @@ with it (`rerank_scores`), and `score_matrix` scores every pair, which costs O(n
 forward passes instead of a dual encoder's O(n_images + n_texts).
 
     text  [CLS] w1 .. wT [SEP]  ->  word + position + type(0) embeddings, LayerNorm
-    image r1 .. rR              ->  LN(Linear(feature)) + LN(Linear(box)) + type(1), LayerNorm
-    [text ; image]              ->  one pre-LN transformer, one padding mask
+    image r1 .. rR              ->  RegionEmbedding: LN(Linear(feature)) + LN(Linear(box)),
+                                    + type(1), LayerNorm
+    [text ; image]              ->  one pre-LN `blocks.Transformer`, one padding mask
     [CLS] output                ->  Linear  ->  one matching logit per pair
 
-The logit is trained with binary cross-entropy (image-text matching, ITM): UNITER and ALBEF use a
-2-way softmax, which is the same model with one redundant output (softmax over two logits = sigmoid
-of their difference), so one logit is enough and it is directly the ranking score.
-Training (ITM with random and mined hard negatives) lives in `course_lib.cross_encoder_train`;
-`CrossEncoderMethod` is the benchmark's method.
+The blocks are the course's shared ones (`course_lib.blocks`, the same computation as torch's
+`nn.TransformerEncoderLayer(norm_first=True)`). The logit is the ranking score. By default it is
+trained listwise (`course_lib.itm`: per caption a softmax over the batch's images, per image over
+its captions); binary cross-entropy ITM (UNITER's 2-way softmax with its redundant output dropped:
+softmax over two logits = sigmoid of their difference) remains as loss="binary", the loss that
+takes mined hard negatives. `unimodal` gives ALBEF-style features before fusion for the optional
+contrastive (ITC) loss. Training lives in `course_lib.cross_encoder_train`, which records what
+each loss measured; `CrossEncoderMethod` is the benchmark's method.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from course_lib.blocks import RegionEmbedding, Transformer
-from course_lib.checkpoints import finished_checkpoint, model_device
+from course_lib.checkpoints import finished_checkpoint, inference
 from course_lib.data.datasets import TextCollate
 from course_lib.methods import PairwiseMethod
 from course_lib.registry import register_method
@@ -45,16 +49,25 @@ BLOCK_PAIRS = 256
 
 @dataclass
 class CrossEncoderConfig(CourseConfig):
-    hidden: int = 64  # width of every token (text and region) in the transformer
+    # width of every token (text and region) in the transformer; 96 (listwise, 3000 steps, 538
+    # CPU-s) reached val[:300] t2i R@1 18 against 44 at 64: a wider model learns slower
+    hidden: int = 64
     layers: int = 3  # transformer blocks over the joint sequence (U-BERT's L)
     heads: int = 4  # attention heads per block
     dropout: float = 0.0  # on the embeddings and inside the blocks; 0.1 (BERT's) delayed learning
     #                       in a 5-minute run, and fresh negatives every step leave little to overfit
-    loss: str = "binary"  # PLACEHOLDER
-    itc_weight: float = 0.0  # PLACEHOLDER
-    grid_size: int = 16  # PLACEHOLDER
-    grid_clusters: int = 2  # PLACEHOLDER
+    # "listwise": every caption of a batch against every image of it, softmax cross-entropy both
+    # ways (course_lib.itm); "binary": ITM's per-pair BCE with the negatives below. Listwise
+    # measured val[:300] t2i R@1 43.6 in 330 CPU-s, binary 43 in ~380; whole test 20.0 vs 18.6
+    loss: str = "listwise"
+    # listwise only: weight of ALBEF's contrastive loss (ITC) on the unimodal features, which then
+    # picks the grid (grid_size captions of the batch in grid_clusters look-alike groups). 0 = off:
+    # weight 1 measured val[:300] t2i R@1 40.8 (batch 64) and 39.2 (batch 256) against 43.6
+    itc_weight: float = 0.0
+    grid_size: int = 16  # with ITC: captions in the scored grid (16 x their images = 256 pairs)
+    grid_clusters: int = 2  # with ITC: look-alike groups in the grid (2 of 8)
     max_text_length: int = 40  # tokens per caption incl. [CLS] and [SEP]; longer ones are cut
+    # the rest are for loss="binary" (mined negatives need it: the listwise grid has no miner)
     negatives_per_positive: int = 1  # per positive: this many negative captions for its image
     #                                  and as many negative images for its caption (ALBEF: 1 each)
     # chance a negative comes from the miner's top-k, else random. 0 (was 0.5): negatives mined
@@ -70,18 +83,20 @@ class CrossEncoderConfig(CourseConfig):
     #                             the CPU time that 3000 plain steps reach 43)
     balance_classes: bool = True  # weigh each positive as its 2n negatives in the loss: without
     #                               it the model first learns "always no" and lingers there
-    batch_size: int = 64  # positive pairs per step; a step scores batch_size * (1 + 2n) pairs
+    # captions per step. listwise: the grid is 16 x 16 = 256 pairs, 15 negatives a side, 0.11
+    # CPU-s a step; binary (use 64): a step scores batch_size * (1 + 2n) pairs
+    batch_size: int = 16
     lr: float = 2e-3  # peak AdamW learning rate (a small model from scratch tolerates a large one)
-    # optimizer steps (was 1500): ~6.3 CPU-minutes (1 thread, 0.126 CPU-s/step); random negatives
-    # take until ~step 250 to start learning, and 3000 steps reached val[:300] t2i R@1 43 where
-    # 1500 reached ~22 on test[:300] (VSE++: 16)
+    # optimizer steps: listwise 3000 = 330 CPU-s (1 thread, 0.11 CPU-s/step), val[:300] t2i R@1
+    # 43.6; 8000 (844 CPU-s, the 15-minute budget) raised R@5 83 -> 88 but gave R@1 35.5.
+    # (binary: 3000 steps ~380 CPU-s reached 43 where 1500 reached ~22 on test[:300])
     max_steps: int = 3000
     warmup_fraction: float = 0.1  # share of max_steps with a linear warm-up
     grad_clip: float = 2.0  # max global gradient norm
     seed: int = 0  # model initialisation, data order and negative sampling
 
     # smoke(): tiny training, same code path
-    SMOKE: ClassVar[dict] = dict(hidden=32, layers=2, batch_size=32, max_steps=60)
+    SMOKE: ClassVar[dict] = dict(hidden=32, layers=2, batch_size=12, max_steps=60)
 
 
 class CrossEncoder(nn.Module):
@@ -93,6 +108,7 @@ class CrossEncoder(nn.Module):
     Built from the course's shared blocks (`course_lib.blocks`): `RegionEmbedding` for the regions,
     `Transformer` (pre-LN blocks and a final LayerNorm) over the joint sequence.
     pad_token_id: the tokenizer's padding id (`tokenizer.pad_token_id`), whose embedding is zero.
+    With config.itc_weight > 0 it also has ALBEF's contrastive heads: `unimodal(images, texts)`.
     """
 
     def __init__(self, region_dim: int, vocab_size: int, config: CrossEncoderConfig | None = None,
@@ -128,16 +144,18 @@ class CrossEncoder(nn.Module):
             raise ValueError(f"captions of {T} tokens exceed max_text_length="
                              f"{self.config.max_text_length}: tokenise with max_length=that")
         positions = torch.arange(T, device=input_ids.device)  # (T,)
-        return self.text_norm(self.word(input_ids) + self.position(positions) + self.token_type.weight[0])
+        text_type = self.token_type.weight[0]  # (H,)
+        return self.text_norm(self.word(input_ids) + self.position(positions) + text_type)
 
     def embed_image(self, images: dict) -> torch.Tensor:
         """Region embedding + type(1), LayerNorm: (B, R, D), (B, R, 7) -> (B, R, H)."""
-        return self.image_norm(self.region(images["regions"], images["boxes"]) + self.token_type.weight[1])
+        image_type = self.token_type.weight[1]  # (H,)
+        return self.image_norm(self.region(images["regions"], images["boxes"]) + image_type)
 
     def forward(self, images: dict, texts: dict) -> torch.Tensor:
         text_mask = texts["attention_mask"].bool()  # (B, T)
         region_mask = images["region_mask"].bool()  # (B, R)
-        x = torch.cat([self.embed_text(texts), self.embed_image(images)], dim=1)  # (B, T + R, H): [CLS] first
+        x = torch.cat([self.embed_text(texts), self.embed_image(images)], dim=1)  # (B, T + R, H)
         mask = torch.cat([text_mask, region_mask], dim=1)  # (B, T + R), True = real
         h = self.transformer(self.dropout(x), mask)  # (B, T + R, H)
         return self.head(h[:, 0]).squeeze(-1)  # (B,)
@@ -180,26 +198,19 @@ def _score_indexed(model: CrossEncoder, images: dict, texts: dict, n_pairs: int,
                    batch_size: int, device=None, progress: bool = False) -> torch.Tensor:
     """The one scoring loop: pairs start..stop are (images row, texts row) = pair_rows(start, stop);
     they are gathered block by block, so memory grows with batch_size, not n_pairs. -> (n_pairs,)"""
-    device = model_device(model, device)
-    model.to(device)
-    was_training = model.training
-    model.eval()
     scores = torch.empty(n_pairs)
     bar = tqdm(total=n_pairs, desc="cross-encoder pairs", unit="pair", unit_scale=True,
                disable=not progress)
-    try:
-        with torch.no_grad():
-            for start in range(0, n_pairs, batch_size):
-                stop = min(start + batch_size, n_pairs)
-                image_rows, text_rows = pair_rows(start, stop)  # (b,), (b,)
-                block_images = {k: images[k][image_rows] for k in IMAGE_KEYS}
-                block_texts = _trim({k: texts[k][text_rows] for k in TEXT_KEYS})
-                logits = model(move_to_device(block_images, device), move_to_device(block_texts, device))
-                scores[start:stop] = logits.float().cpu()
-                bar.update(stop - start)
-    finally:
-        bar.close()
-        model.train(was_training)
+    with inference(model, device) as device:  # eval mode, no grad; the mode is restored after
+        for start in range(0, n_pairs, batch_size):
+            stop = min(start + batch_size, n_pairs)
+            image_rows, text_rows = pair_rows(start, stop)  # (b,), (b,)
+            block_images = {k: images[k][image_rows] for k in IMAGE_KEYS}
+            block_texts = _trim({k: texts[k][text_rows] for k in TEXT_KEYS})
+            logits = model(move_to_device(block_images, device), move_to_device(block_texts, device))
+            scores[start:stop] = logits.float().cpu()
+            bar.update(stop - start)
+    bar.close()
     return scores
 
 
@@ -287,8 +298,8 @@ class CrossEncoderMethod(PairwiseMethod):
     miner: optional `(bench, tokenizer, cache_dir) -> train similarity` for hard negatives, e.g.
     `cross_encoder_train.dual_encoder_miner(VsePPMethod())`, which trains (or loads from
     cache_dir) VSE++ and returns its train-split embeddings; it is called only when a model must
-    be trained, and only when config.hard_negative_fraction > 0. Without one, every negative is
-    random.
+    be trained, and only when config.loss == "binary" and config.hard_negative_fraction > 0.
+    Without one, every negative is random (or the batch's own, with the listwise loss).
     """
 
     checkpoint_prefix = "cross_encoder"
@@ -303,18 +314,23 @@ class CrossEncoderMethod(PairwiseMethod):
         super().__init__(config, name, progress)
         self.miner = miner
         cfg = self.config
-        negatives = ("hard negatives mined by a dual encoder" if miner and cfg.hard_negative_fraction > 0
+        negatives = ("hard negatives mined by a dual encoder" if self._mines()
+                     else "in-batch negatives (listwise)" if cfg.loss == "listwise"
                      else "random negatives")
         self.notes = (f"single-stream cross-encoder ({cfg.layers} layers, d={cfg.hidden}), ITM with "
                       f"{negatives}; scores every pair, so cost grows with the gallery")
+
+    def _mines(self) -> bool:
+        """Mined negatives are drawn by the binary ITM loss only."""
+        cfg = self.config
+        return self.miner is not None and cfg.loss == "binary" and cfg.hard_negative_fraction > 0
 
     def checkpoint_extra(self) -> tuple:
         return (getattr(self.miner, "__qualname__", None),)
 
     def train(self, bench, tokenizer, checkpoint_path, cache_dir):
         sims = None
-        mines = self.miner is not None and self.config.hard_negative_fraction > 0
-        if mines and not finished_checkpoint(checkpoint_path, self.config.max_steps):
+        if self._mines() and not finished_checkpoint(checkpoint_path, self.config.max_steps):
             sims = self.miner(bench, tokenizer, cache_dir)  # only needed to train (or resume)
         from course_lib.cross_encoder_train import train_cross_encoder  # it imports this module
 

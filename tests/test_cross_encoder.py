@@ -1,6 +1,7 @@
 """The single-stream cross-encoder: shapes, padding invariance, use of both modalities, scoring
 helpers against independent loops, hard-negative mining on a hand-made matrix, the ITM batch
-construction, a short training run that must learn, and the benchmark method's cache."""
+construction (binary ITM, the listwise grid and its ITC-picked variant, each loss against pair-by-pair
+scores), short training runs that must learn, and the benchmark method's cache."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 
 from course_lib import cross_encoder_train
 from course_lib import train as train_module
+from course_lib.blocks import RegionEmbedding, Transformer
 from course_lib.cross_encoder import (IMAGE_KEYS, CrossEncoder, CrossEncoderConfig,
                                       CrossEncoderMethod, image_fields, rerank_scores, score_matrix,
                                       score_pairs, text_fields)
@@ -52,6 +54,9 @@ def test_shapes_and_config(bench, tok, model):
     assert CrossEncoderConfig.smoke().max_steps < CrossEncoderConfig().max_steps
     with pytest.raises(ValueError, match="max_text_length"):
         model(images, {k: v.repeat(1, 20) for k, v in texts.items()})
+    assert isinstance(model.transformer, Transformer) and isinstance(model.region, RegionEmbedding)
+    other = CrossEncoder(8, 20, CrossEncoderConfig.smoke(), pad_token_id=3)  # the tokenizer's id
+    assert other.word.padding_idx == 3 and not other.word.weight[3].any()
 
 
 def test_padding_changes_nothing(bench, tok, model):
@@ -188,16 +193,20 @@ def preference(model, split, tok):
     return float((own_scores > other_scores).float().mean())
 
 
-def test_short_training_beats_the_untrained_model():
+@pytest.mark.parametrize("loss", ["listwise", "binary"])
+def test_short_training_beats_the_untrained_model(loss):
     # scenes of 1-2 objects: the model leaves its "always no" start within seconds (4-5 objects
     # take minutes, see the config's notes), and the check stays a check: it fails if ITM breaks
     cfg = SyntheticConfig.smoke(n_train=300, n_val=20, n_test=2, n_pretrain=2, n_compositional=1,
                                 min_objects=1, max_objects=2)
     bench = make_benchmark(cfg, seed=0)
     tok = build_word_tokenizer(bench["train"].captions)
-    config = CrossEncoderConfig.smoke(max_steps=300, batch_size=16)
+    # listwise: 8 captions x their images = 64 pairs a step; binary: 16 x 3 = 48
+    config = CrossEncoderConfig.smoke(max_steps=300, batch_size=8 if loss == "listwise" else 16,
+                                      loss=loss)
     torch.manual_seed(config.seed)
-    untrained = CrossEncoder(bench["train"].regions.shape[-1], len(tok), config)
+    untrained = CrossEncoder(bench["train"].regions.shape[-1], len(tok), config,
+                             pad_token_id=tok.pad_token_id)
     model, history = train_cross_encoder(bench, tok, config, progress=False, device="cpu")
     val = bench["val"]
     before = retrieval_metrics(score_matrix(untrained, val, tok, progress=False), val.txt2img)
@@ -216,12 +225,14 @@ def test_method_caches_its_checkpoint_and_calls_the_miner_only_to_train(bench, t
         calls.append(cache_dir)
         return torch.rand(bench["train"].n_images, bench["train"].n_texts)
 
-    config = CrossEncoderConfig.smoke(max_steps=3, hard_negative_fraction=0.5)
+    config = CrossEncoderConfig.smoke(max_steps=3, hard_negative_fraction=0.5, loss="binary")
     first = CrossEncoderMethod(config, miner=miner).fit(bench, tok, cache_dir=tmp_path)
     assert first.checkpoint_path.exists() and first.checkpoint_path.name.startswith("cross_encoder-")
     assert len(calls) == 1
-    # with no hard negatives to draw, the miner is not called
-    CrossEncoderMethod(CrossEncoderConfig.smoke(max_steps=3, hard_negative_fraction=0.0),
+    # with no hard negatives to draw, the miner is not called (the listwise loss draws none)
+    CrossEncoderMethod(CrossEncoderConfig.smoke(max_steps=3, hard_negative_fraction=0.0, loss="binary"),
+                       miner=miner).fit(bench, tok, cache_dir=tmp_path)
+    CrossEncoderMethod(CrossEncoderConfig.smoke(max_steps=3, hard_negative_fraction=0.5),
                        miner=miner).fit(bench, tok, cache_dir=tmp_path)
     assert len(calls) == 1
 
