@@ -1,11 +1,10 @@
 """One generic training loop for every model of the course, in the spirit of minGPT's trainer.
 
-The trainer knows nothing of any one model: it is given a model, a `loss_fn(model, batch, step)` (step =
-optimizer steps so far: a schedule in a loss resumes exactly) that returns a scalar loss (or a dict
-holding "loss" and other scalars to log), a map-style dataset and a `TrainConfig`. It runs AdamW with
-LightningDOT's recipe (betas 0.9/0.98, weight decay 0.01, linear warm-up over the first 10% of steps,
-then linear decay to 0), optional gradient accumulation and clipping, periodic evaluation, logging into
-a `History`, and checkpoints that resume exactly.
+The trainer knows nothing of any one model: it is given a model, a `loss_fn(model, batch, step)` that
+returns a scalar loss or a dict holding "loss" and other scalars to log (step = optimizer steps so far),
+a map-style dataset and a `TrainConfig`. It runs AdamW with LightningDOT's recipe (betas 0.9/0.98, weight
+decay 0.01, linear warm-up over 10% of steps, then linear decay to 0), optional gradient accumulation and
+clipping, periodic evaluation, logging into a `History`, and checkpoints that resume exactly.
 
 - Mixed precision (`amp=True`) is used only on CUDA: autocast to bfloat16 where the GPU supports it,
   else float16 with a GradScaler. On CPU and Apple MPS it is silently off (full float32).
