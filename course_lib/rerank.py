@@ -129,8 +129,10 @@ class Cascade(Method):
                 stage.fit(bench, tokenizer, cache_dir=cache_dir)
         return self
 
-    def train(self, *args):  # Method's abstract hook: the stages train themselves
-        raise NotImplementedError("a Cascade fits its stages; call fit")
+    def train(self, bench, tokenizer, checkpoint_path, cache_dir):
+        """Nothing of a cascade's own is trained: each stage trains (or loads) itself in fit."""
+        self.fit(bench, tokenizer, cache_dir)
+        return None, {stage.name: getattr(stage, "history", None) for stage in self.stages}
 
     def pairs_per_query(self, split, direction: str) -> int:
         return sum(self.top_ms) + self.stages[0].pairs_per_query(split, direction)

@@ -162,7 +162,6 @@ def test_cascade_matches_a_naive_loop_with_three_stages_and_a_weighted_combine(d
     split = _Queries(9, 27)
     n_gallery = 9 if direction == "t2i" else 27
     for top_ms, weights in (([6, 3], None), ([5, 5], [0.5, 1.0, 2.0])):
-        combine = weighted_sum(weights) if weights else (lambda h: h[-1])
         cascade = Cascade(stages, top_ms, **({"combine": weighted_sum(weights)} if weights else {}))
         indices, scores = cascade.rank(split, direction, top_k=n_gallery)
         for q in range(len(indices)):
@@ -183,3 +182,23 @@ def test_cascade_rejects_bad_shapes():
         Cascade([a, a], [3, 2])
     with pytest.raises(ValueError, match="non-increasing"):
         Cascade([a, a, a], [2, 5])
+
+
+def test_cascade_fit_fits_only_unfitted_stages():
+    from course_lib.rerank import Cascade
+
+    class Fittable(_Stub):
+        fits = 0
+
+        def fit(self, bench, tokenizer, cache_dir=None):
+            Fittable.fits += 1
+            self.model = "fitted"
+            return self
+
+    fresh = Fittable("fresh", torch.zeros(2, 4))
+    fresh.model = None
+    cascade = Cascade([_Stub("done", torch.zeros(2, 4)), fresh], [2])
+    model, histories = cascade.train({}, None, None, None)
+    assert Fittable.fits == 1 and fresh.model == "fitted" and set(histories) == {"done", "fresh"}
+    cascade.fit({}, None)
+    assert Fittable.fits == 1  # a fitted stage is not fitted again
