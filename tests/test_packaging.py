@@ -39,6 +39,12 @@ def test_environment_yml_installs_what_pyproject_declares():
     assert any(e.startswith("-e") and "[dev]" in e for e in _pip_section_of_environment_yml())
 
 
+def test_notebook_progress_bars_have_their_widgets():
+    # tqdm.auto in Jupyter needs ipywidgets, else every first progress bar warns "IProgress not found"
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert any(req.startswith("ipywidgets") for req in project["optional-dependencies"]["dev"])
+
+
 def test_dependencies_are_lower_bounded_not_pinned():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     for req in list(project["dependencies"]) + list(project["optional-dependencies"]["dev"]):
