@@ -38,6 +38,7 @@ from typing import ClassVar
 import numpy as np
 import torch
 from torch import nn
+from torch.utils.data import Subset
 from tqdm.auto import tqdm
 
 from course_lib.checkpoints import checkpoint_name, inference, model_device
@@ -165,18 +166,25 @@ def _encode(model: nn.Module, loader, encode_name: str, device, progress: bool) 
     return torch.cat(out)  # (n, E)
 
 
+def _some(dataset, indices):
+    """The dataset, or only the items at `indices` (in that order)."""
+    return dataset if indices is None else Subset(dataset, [int(i) for i in indices])
+
+
 def encode_gallery(model: nn.Module, split, *, batch_size: int = 256, device=None,
-                   progress: bool | None = None) -> torch.Tensor:
-    """(N, E) image embeddings of a split, on the CPU. progress None = a bar for big splits."""
-    loader = make_loader(ImageDataset(split, modality=model.modality), batch_size)
+                   progress: bool | None = None, indices=None) -> torch.Tensor:
+    """(N, E) image embeddings of a split (or of its images at `indices`), on the CPU.
+    progress None = a bar for big splits."""
+    loader = make_loader(_some(ImageDataset(split, modality=model.modality), indices), batch_size)
     progress = split.n_images > _PROGRESS_ITEMS if progress is None else progress
     return _encode(model, loader, "encode_images", device, progress)
 
 
 def encode_captions(model: nn.Module, split, tokenizer, *, batch_size: int = 256, device=None,
-                    progress: bool | None = None) -> torch.Tensor:
-    """(T, E) caption embeddings of a split, on the CPU. progress None = a bar for big splits."""
-    loader = make_loader(CaptionDataset(split), batch_size, tokenizer=tokenizer)
+                    progress: bool | None = None, indices=None) -> torch.Tensor:
+    """(T, E) caption embeddings of a split (or of its captions at `indices`), on the CPU.
+    progress None = a bar for big splits."""
+    loader = make_loader(_some(CaptionDataset(split), indices), batch_size, tokenizer=tokenizer)
     progress = split.n_texts > _PROGRESS_ITEMS if progress is None else progress
     return _encode(model, loader, "encode_texts", device, progress)
 
@@ -214,12 +222,16 @@ class DualEncoderMethod(Method):
         captions for i2t), so no (N, T) matrix is formed. -> (indices (Q, k), scores (Q, k))"""
         queries = query_indices(split, direction, queries)
         model = self._fitted()
-        if direction == "t2i":
-            gallery, asked = encode_gallery(model, split), encode_captions(model, split, self.tokenizer)
+        if len(queries) == 0:
+            return torch.zeros(0, top_k, dtype=torch.long), torch.zeros(0, top_k)
+        if direction == "t2i":  # only the query side's asked items are encoded
+            gallery, asked = encode_gallery(model, split), encode_captions(model, split, self.tokenizer,
+                                                                           indices=queries)
         else:
-            gallery, asked = encode_captions(model, split, self.tokenizer), encode_gallery(model, split)
+            gallery, asked = encode_captions(model, split, self.tokenizer), encode_gallery(model, split,
+                                                                                            indices=queries)
         index = build_index(gallery)  # (G, E) exact inner product
-        scores, indices = search(index, asked[torch.from_numpy(queries)], min(top_k, len(gallery)))
+        scores, indices = search(index, asked, min(top_k, len(gallery)))  # (Q, k) each
         return torch.as_tensor(indices, dtype=torch.long), torch.as_tensor(scores)  # (Q, k) each
 
     def query_fn(self, split, caption_index: int = 0, top_k: int = 10, index_kind: str = "flat",

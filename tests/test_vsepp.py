@@ -227,6 +227,22 @@ def test_query_fn_returns_the_top10_of_the_similarity_column(trained, bench, tok
     assert "FAISS IndexFlatIP" in method.notes and "bi-GRU" in method.notes
 
 
+def test_rank_is_the_top_k_of_the_similarity_for_any_queries(trained, bench, tokenizer):
+    # FAISS ranking of a sample of queries, encoding only those, equals the dense matrix's top-k
+    model, history, _ = trained
+    method = VsePPMethod(VsePPConfig(**TINY))
+    method.model, method.tokenizer, method.history = model, tokenizer, history  # as after fit()
+    split = bench["test"]
+    sims = method.similarity(split)  # (N, T)
+    for direction, queries, by_query in (("t2i", [101, 0, 7], sims.T), ("i2t", [5, 2], sims)):
+        indices, scores = method.rank(split, direction, 5, queries)
+        expected = by_query[queries].topk(5, dim=1)
+        torch.testing.assert_close(torch.as_tensor(scores), expected.values, atol=1e-5, rtol=1e-5)
+        assert indices.shape == (len(queries), 5)
+    empty_indices, _ = method.rank(split.texts_subset([0, 1]), "i2t", 5)  # no image queries there
+    assert empty_indices.shape[0] == 0
+
+
 def test_method_needs_fit_first(bench):
     with pytest.raises(RuntimeError, match="fit"):
         VsePPMethod().similarity(bench["test"])

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 from PIL import Image
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Subset
 
 from course_lib.data.split import RetrievalSplit
 
@@ -192,15 +192,16 @@ class PairCollate(TextCollate):
 
 def make_loader(dataset: Dataset, batch_size: int, *, tokenizer=None, shuffle: bool = False,
                 max_length: int = 40, **kwargs) -> DataLoader:
-    """A DataLoader with the collate that fits the dataset; text datasets need a tokenizer.
-    kwargs go to DataLoader (num_workers, drop_last, generator, ...)."""
-    if isinstance(dataset, ImageDataset):
+    """A DataLoader with the collate that fits the dataset (or a torch Subset of one); text datasets
+    need a tokenizer. kwargs go to DataLoader (num_workers, drop_last, generator, ...)."""
+    base = dataset.dataset if isinstance(dataset, Subset) else dataset  # the collate follows the items
+    if isinstance(base, ImageDataset):
         collate = collate_images
-    elif isinstance(dataset, (CaptionDataset, PairDataset)):
+    elif isinstance(base, (CaptionDataset, PairDataset)):
         if tokenizer is None:
-            raise ValueError(f"{type(dataset).__name__} needs a tokenizer: make_loader(..., "
+            raise ValueError(f"{type(base).__name__} needs a tokenizer: make_loader(..., "
                              "tokenizer=tokenizer_for(train_split))")
-        cls = PairCollate if isinstance(dataset, PairDataset) else TextCollate
+        cls = PairCollate if isinstance(base, PairDataset) else TextCollate
         collate = cls(tokenizer, max_length)
     else:
         raise TypeError(f"make_loader knows ImageDataset, CaptionDataset and PairDataset, not "
