@@ -209,10 +209,17 @@ def test_faiss_top1_is_the_argmax_of_each_similarity_column(trained, bench, toke
     np.testing.assert_array_equal(indices[clear, 0], sims.argmax(dim=0).numpy()[clear])
 
 
-def test_query_fn_returns_the_top10_of_the_similarity_column(trained, bench, tokenizer):
+@pytest.fixture
+def fitted_method(trained, tokenizer):
+    """A VsePPMethod holding the trained model, as after fit()."""
     model, history, _ = trained
     method = VsePPMethod(VsePPConfig(**TINY))
-    method.model, method.tokenizer, method.history = model, tokenizer, history  # as after fit()
+    method.model, method.tokenizer, method.history = model, tokenizer, history
+    return method
+
+
+def test_query_fn_returns_the_top10_of_the_similarity_column(fitted_method, bench):
+    method = fitted_method
     split = bench["test"]
     sims = method.similarity(split)  # (N, T)
     for caption in (0, 3, 101):
@@ -227,11 +234,9 @@ def test_query_fn_returns_the_top10_of_the_similarity_column(trained, bench, tok
     assert "FAISS IndexFlatIP" in method.notes and "bi-GRU" in method.notes
 
 
-def test_rank_is_the_top_k_of_the_similarity_for_any_queries(trained, bench, tokenizer):
+def test_rank_is_the_top_k_of_the_similarity_for_any_queries(fitted_method, bench):
     # FAISS ranking of a sample of queries, encoding only those, equals the dense matrix's top-k
-    model, history, _ = trained
-    method = VsePPMethod(VsePPConfig(**TINY))
-    method.model, method.tokenizer, method.history = model, tokenizer, history  # as after fit()
+    method = fitted_method
     split = bench["test"]
     sims = method.similarity(split)  # (N, T)
     for direction, queries, by_query in (("t2i", [101, 0, 7], sims.T), ("i2t", [5, 2], sims)):
