@@ -43,7 +43,7 @@ from tqdm.auto import tqdm
 
 from course_lib.checkpoints import checkpoint_name, inference, model_device
 from course_lib.data.datasets import CaptionDataset, ImageDataset, TextCollate, make_loader
-from course_lib.metrics import retrieval_metrics
+from course_lib.metrics import checked_queries, retrieval_metrics
 from course_lib.retrieval import build_index, search
 
 # splits with more items than this get a progress bar while they are encoded
@@ -67,13 +67,10 @@ def query_indices(split, direction: str, queries=None) -> np.ndarray:
     """The query indices of a direction: `queries` if given (checked), else the split's own
     (split.text_queries for t2i, split.image_queries for i2t)."""
     check_direction(direction)
-    n = split.n_texts if direction == "t2i" else split.n_images
     if queries is None:
         return split.text_queries if direction == "t2i" else split.image_queries
-    queries = np.asarray(queries, dtype=np.int64).reshape(-1)
-    if len(queries) and (queries.min() < 0 or queries.max() >= n):
-        raise ValueError(f"{direction} queries must index [0, {n}), got {queries.min()}..{queries.max()}")
-    return queries
+    return checked_queries(queries, split.n_texts if direction == "t2i" else split.n_images,
+                           f"{direction} queries")
 
 
 def ground_truth(split, direction: str, queries, indices) -> torch.Tensor:

@@ -111,15 +111,16 @@ def _check_ks(ks: Sequence[int]) -> tuple[int, ...]:
     return ks
 
 
-def _queries(queries, n: int, what: str) -> np.ndarray | None:
-    """Query indices as an int64 vector checked against n, or None for all."""
+def checked_queries(queries, n: int, label: str) -> np.ndarray | None:
+    """Query indices as an int64 vector checked against n items, or None (= all); label names them
+    in the error (e.g. "query_texts")."""
     if queries is None:
         return None
     queries = np.asarray(queries.detach().cpu() if torch.is_tensor(queries) else queries)
     if queries.ndim != 1 or (len(queries) and not np.issubdtype(queries.dtype, np.integer)):
-        raise ValueError(f"query_{what} must be a 1-D vector of indices, got shape {queries.shape}")
+        raise ValueError(f"{label} must be a 1-D vector of indices, got shape {queries.shape}")
     if len(queries) and (queries.min() < 0 or queries.max() >= n):
-        raise ValueError(f"query_{what} must index [0, {n}), got min {queries.min()} and max {queries.max()}")
+        raise ValueError(f"{label} must index [0, {n}), got min {queries.min()} and max {queries.max()}")
     return queries.astype(np.int64)
 
 
@@ -133,7 +134,7 @@ def t2i_ranks(sims, txt2img, *, chunk_size: int | None = None, query_texts=None)
     scores = _as_tensor(sims)  # (N, T)
     n_images, n_texts = scores.shape
     txt2img = _check_txt2img(txt2img, n_images, n_texts, every_image_captioned=False)
-    columns = _queries(query_texts, n_texts, "texts")
+    columns = checked_queries(query_texts, n_texts, "query_texts")
     every = columns is None  # then no column is gathered (copied): the common, large case
     columns = np.arange(n_texts) if every else columns
     chunk_size = _chunk_rows(chunk_size, len(columns))
@@ -185,7 +186,7 @@ def retrieval_ranks(sims, txt2img, *, chunk_size: int | None = None, query_texts
     scores = _as_tensor(sims)  # (N, T)
     n_images, n_texts = scores.shape
     txt2img = _check_txt2img(txt2img, n_images, n_texts)
-    rows = _queries(query_images, n_images, "images")
+    rows = checked_queries(query_images, n_images, "query_images")
     every_row = rows is None  # then blocks are views (slices), not gathered copies
     rows = np.arange(n_images) if every_row else rows
     chunk_size = _chunk_rows(chunk_size, n_texts)

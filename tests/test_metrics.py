@@ -356,3 +356,14 @@ def test_ranks_from_top_k_match_the_dense_ranks():
     clean = ~boundary_tie.numpy()
     assert np.array_equal(got[clean & (i2t < k)], i2t[clean & (i2t < k)])
     assert (got[clean & (i2t >= k)] == k).all() and clean.mean() > 0.5
+
+
+def test_checked_queries_names_the_problem():
+    from course_lib.metrics import checked_queries
+
+    assert checked_queries(None, 5, "q") is None
+    assert checked_queries(torch.tensor([4, 0]), 5, "q").tolist() == [4, 0]
+    with pytest.raises(ValueError, match=r"q must index \[0, 5\)"):
+        checked_queries([5], 5, "q")
+    with pytest.raises(ValueError, match="1-D vector"):
+        checked_queries([[1]], 5, "q")
