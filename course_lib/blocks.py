@@ -4,6 +4,7 @@ can hand back every layer's states, and UNITER's region embedding.
     Block        x + Attn(LN(x)), then x + MLP(LN(x))            (nanoGPT's block, with a padding mask)
     Transformer  embeddings -> L blocks -> final LayerNorm        returns the last layer, or all of them
     RegionEmbedding  LN(Linear(feature)) + LN(Linear(box))        (UNITER §3.1; LightningDOT, U-BERT)
+    JointEmbedding   the input embeddings of a caption and an image   (UNITER; the cross-encoder, U-BERT)
 
 The region encoder, the cross-encoder, and the lessons after them (HiVLP's early outputs read
 intermediate layers; U-BERT's light cross encoder is a short stack) are built from these, so the
@@ -78,6 +79,12 @@ class Transformer(nn.Module):
         return (last, states) if return_layers else last
 
 
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean over the real positions: (B, L, H), (B, L) True/1 = real -> (B, H); none real -> 0."""
+    weights = mask.unsqueeze(-1).to(x.dtype)  # (B, L, 1)
+    return (x * weights).sum(1) / weights.sum(1).clamp(min=1)
+
+
 class RegionEmbedding(nn.Module):
     """UNITER's image embedding: LN(Linear(feature)) + LN(Linear(box)); the box (x1, y1, x2, y2, w,
     h, area) is the only position information, since regions are a set. (B, R, D), (B, R, 7) -> (B, R, H)"""
@@ -91,4 +98,48 @@ class RegionEmbedding(nn.Module):
         return self.feature(regions) + self.box(boxes)  # (B, R, H)
 
 
-__all__ = ["SelfAttention", "Block", "Transformer", "RegionEmbedding"]
+class JointEmbedding(nn.Module):
+    """UNITER's input embeddings, the ones a single-stream model concatenates (U-BERT eq. 2, 10):
+
+        caption  t_i = LN(word + position + type(0))                        embed_text   (B, T, H)
+        image    r_i = LN(RegionEmbedding(feature, box) + type(1))          embed_image  (B, R, H)
+
+    A base class: the cross-encoder and U-BERT inherit it, so the tables are built once, here, under
+    the same attribute names in both. The subclass calls `_init_tables()` after building its own
+    layers (BERT's N(0, 0.02) for the tables; torch's N(0, 1) gives position and type the weight of
+    the word itself in the sum, which slowed the start of training in our runs).
+    """
+
+    def __init__(self, region_dim: int, vocab_size: int, hidden: int, max_text_length: int,
+                 box_dim: int = 7, pad_token_id: int = 0):
+        super().__init__()
+        self.pad_token_id, self.max_text_length = pad_token_id, max_text_length
+        self.word = nn.Embedding(vocab_size, hidden, padding_idx=pad_token_id)
+        self.position = nn.Embedding(max_text_length, hidden)  # words only: boxes place the regions
+        self.token_type = nn.Embedding(2, hidden)  # 0 = text, 1 = region (not "type": nn.Module.type)
+        self.text_norm = nn.LayerNorm(hidden)
+        self.region = RegionEmbedding(region_dim, hidden, box_dim)
+        self.image_norm = nn.LayerNorm(hidden)
+
+    def _init_tables(self) -> None:
+        for table in (self.word, self.position, self.token_type):
+            nn.init.normal_(table.weight, std=0.02)
+        with torch.no_grad():
+            self.word.weight[self.pad_token_id].zero_()  # as nn.Embedding(padding_idx=...) leaves it
+
+    def embed_text(self, texts: dict) -> torch.Tensor:
+        """Word + position + type(0) embeddings, LayerNorm: (B, T) ids -> (B, T, H)."""
+        input_ids = texts["input_ids"]  # (B, T)
+        T = input_ids.shape[1]
+        if T > self.max_text_length:
+            raise ValueError(f"captions of {T} tokens exceed max_text_length={self.max_text_length}: "
+                             "tokenise with max_length=that")
+        positions = torch.arange(T, device=input_ids.device)  # (T,)
+        return self.text_norm(self.word(input_ids) + self.position(positions) + self.token_type.weight[0])
+
+    def embed_image(self, images: dict) -> torch.Tensor:
+        """Region embedding + type(1), LayerNorm: (B, R, D), (B, R, 7) -> (B, R, H)."""
+        return self.image_norm(self.region(images["regions"], images["boxes"]) + self.token_type.weight[1])
+
+
+__all__ = ["SelfAttention", "Block", "Transformer", "RegionEmbedding", "JointEmbedding", "masked_mean"]

@@ -32,7 +32,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from course_lib.blocks import RegionEmbedding, Transformer
+from course_lib.blocks import JointEmbedding, Transformer, masked_mean
 from course_lib.checkpoints import finished_checkpoint, inference
 from course_lib.data.datasets import TextCollate
 from course_lib.methods import PairwiseMethod
@@ -99,7 +99,7 @@ class CrossEncoderConfig(CourseConfig):
     SMOKE: ClassVar[dict] = dict(hidden=32, layers=2, batch_size=12, max_steps=60)
 
 
-class CrossEncoder(nn.Module):
+class CrossEncoder(JointEmbedding):
     """Caption and regions in one transformer; forward(images, texts) -> logits (B,) for B pairs.
 
     images: `regions` (B, R, D), `boxes` (B, R, 7), `region_mask` (B, R) as collate_images makes
@@ -113,44 +113,17 @@ class CrossEncoder(nn.Module):
 
     def __init__(self, region_dim: int, vocab_size: int, config: CrossEncoderConfig | None = None,
                  box_dim: int = 7, pad_token_id: int = 0):
-        super().__init__()
-        self.config = cfg = config or CrossEncoderConfig()
+        cfg = config or CrossEncoderConfig()
         H = cfg.hidden
-        self.pad_token_id = pad_token_id
-        self.word = nn.Embedding(vocab_size, H, padding_idx=pad_token_id)
-        self.position = nn.Embedding(cfg.max_text_length, H)  # words only: boxes place the regions
-        self.token_type = nn.Embedding(2, H)  # 0 = text token, 1 = region (not "type": nn.Module.type)
-        self.text_norm = nn.LayerNorm(H)
-        self.region = RegionEmbedding(region_dim, H, box_dim)  # LN(Linear(feature)) + LN(Linear(box))
-        self.image_norm = nn.LayerNorm(H)
+        super().__init__(region_dim, vocab_size, H, cfg.max_text_length, box_dim, pad_token_id)
+        self.config = cfg
         self.dropout = nn.Dropout(cfg.dropout)
         self.transformer = Transformer(H, cfg.layers, cfg.heads, cfg.dropout)  # ends in a LayerNorm
         self.head = nn.Linear(H, 1)  # s(T, I) = FC([CLS] output), U-BERT eq. 5
         if cfg.itc_weight > 0:  # ALBEF's contrastive heads on the unimodal features (`unimodal`)
             self.itc_image, self.itc_text = nn.Linear(H, H), nn.Linear(H, H)
             self.itc_log_scale = nn.Parameter(torch.tensor(math.log(1 / 0.07)))  # ALBEF's temperature
-        for table in (self.word, self.position, self.token_type):
-            # BERT's init; torch's N(0, 1) gives position and type the same weight as the word
-            # itself in the summed embedding, which slowed the start of training in our runs
-            nn.init.normal_(table.weight, std=0.02)
-        with torch.no_grad():
-            self.word.weight[pad_token_id].zero_()  # as nn.Embedding(padding_idx=...) leaves it
-
-    def embed_text(self, texts: dict) -> torch.Tensor:
-        """Word + position + type(0) embeddings, LayerNorm: (B, T) ids -> (B, T, H)."""
-        input_ids = texts["input_ids"]  # (B, T)
-        T = input_ids.shape[1]
-        if T > self.config.max_text_length:
-            raise ValueError(f"captions of {T} tokens exceed max_text_length="
-                             f"{self.config.max_text_length}: tokenise with max_length=that")
-        positions = torch.arange(T, device=input_ids.device)  # (T,)
-        text_type = self.token_type.weight[0]  # (H,)
-        return self.text_norm(self.word(input_ids) + self.position(positions) + text_type)
-
-    def embed_image(self, images: dict) -> torch.Tensor:
-        """Region embedding + type(1), LayerNorm: (B, R, D), (B, R, 7) -> (B, R, H)."""
-        image_type = self.token_type.weight[1]  # (H,)
-        return self.image_norm(self.region(images["regions"], images["boxes"]) + image_type)
+        self._init_tables()
 
     def forward(self, images: dict, texts: dict) -> torch.Tensor:
         text_mask = texts["attention_mask"].bool()  # (B, T)
@@ -164,12 +137,8 @@ class CrossEncoder(nn.Module):
         """ALBEF's unimodal features, here the embeddings before fusion: masked mean of each side's
         embeddings, a Linear, L2-normalised. -> image (N, H), text (B, H); any N and B: the
         image-text contrastive (ITC) loss compares every image with every text."""
-        def pooled(x, mask):  # (n, L, H), (n, L) -> (n, H)
-            mask = mask.unsqueeze(-1).to(x.dtype)
-            return (x * mask).sum(1) / mask.sum(1).clamp(min=1)
-
-        image = self.itc_image(pooled(self.embed_image(images), images["region_mask"]))
-        text = self.itc_text(pooled(self.embed_text(texts), texts["attention_mask"]))
+        image = self.itc_image(masked_mean(self.embed_image(images), images["region_mask"]))
+        text = self.itc_text(masked_mean(self.embed_text(texts), texts["attention_mask"]))
         return F.normalize(image, dim=-1), F.normalize(text, dim=-1)
 
 

@@ -102,17 +102,22 @@ class Cascade(Method):
 
     stages[0]: a Method (rank); stages[1:]: anything with score_pairs(split, images, texts) -> (P,)
     (a PairwiseMethod, or a method that exposes a light scorer). top_ms: len(stages) - 1 survivor
-    counts, non-increasing. A Method itself: fit fits the stages that are not fitted yet.
+    counts, non-increasing; top_ms_i2t: other counts for image queries, when they differ (U-BERT
+    re-ranks K = 20 images per caption but K = 100 captions per image). A Method itself: fit fits
+    the stages that are not fitted yet.
     """
 
     def __init__(self, stages: Sequence, top_ms: Sequence[int], combine: Combine = last_stage,
-                 name: str | None = None, notes: str | None = None):
-        if len(stages) < 2 or len(top_ms) != len(stages) - 1:
-            raise ValueError(f"a cascade needs >= 2 stages and one top_m per stage but the last: got "
-                             f"{len(stages)} stages and top_ms {list(top_ms)}")
-        if any(m < 1 for m in top_ms) or list(top_ms) != sorted(top_ms, reverse=True):
-            raise ValueError(f"top_ms must be >= 1 and non-increasing, got {list(top_ms)}")
+                 name: str | None = None, notes: str | None = None,
+                 top_ms_i2t: Sequence[int] | None = None):
+        for counts in (top_ms, top_ms if top_ms_i2t is None else top_ms_i2t):
+            if len(stages) < 2 or len(counts) != len(stages) - 1:
+                raise ValueError(f"a cascade needs >= 2 stages and one top_m per stage but the last: "
+                                 f"got {len(stages)} stages and top_ms {list(counts)}")
+            if any(m < 1 for m in counts) or list(counts) != sorted(counts, reverse=True):
+                raise ValueError(f"top_ms must be >= 1 and non-increasing, got {list(counts)}")
         self.stages, self.top_ms, self.combine = list(stages), [int(m) for m in top_ms], combine
+        self.top_ms_i2t = self.top_ms if top_ms_i2t is None else [int(m) for m in top_ms_i2t]
         self.name = name or "+".join(s.name for s in stages) + "@" + "/".join(map(str, top_ms))
         self.notes = notes or (f"{stages[0].name} keeps the top {'/'.join(map(str, top_ms))}, re-scored by "
                                + ", ".join(s.name for s in stages[1:]))
@@ -134,8 +139,12 @@ class Cascade(Method):
         self.fit(bench, tokenizer, cache_dir)
         return None, {stage.name: getattr(stage, "history", None) for stage in self.stages}
 
+    def survivors(self, direction: str) -> list[int]:
+        """The top_ms of a direction: top_ms for text queries, top_ms_i2t for image queries."""
+        return self.top_ms if check_direction(direction) == "t2i" else self.top_ms_i2t
+
     def pairs_per_query(self, split, direction: str) -> int:
-        return sum(self.top_ms) + self.stages[0].pairs_per_query(split, direction)
+        return sum(self.survivors(direction)) + self.stages[0].pairs_per_query(split, direction)
 
     def rescore(self, split, direction: str, queries, candidates, first_scores):
         """Run stages[1:] on candidates (Q, M) with their first-stage scores (Q, M), M >= top_ms[0]:
@@ -143,12 +152,13 @@ class Cascade(Method):
         by combined score; every item a stage dropped follows, the latest drops first, each group
         in the order that dropped it, with scores strictly below (so recall at K beyond the
         survivors is that of the earlier stages, as two_stage_scores gives on a dense matrix)."""
+        top_ms = self.survivors(direction)
         queries = torch.as_tensor(np.asarray(queries), dtype=torch.long)  # (Q,)
         candidates = torch.as_tensor(candidates, dtype=torch.long)
-        tails = [candidates[:, self.top_ms[0]:]]  # beyond the first stage's top_m, its own order
-        indices = candidates[:, :self.top_ms[0]]
-        history = [torch.as_tensor(first_scores).float()[:, :self.top_ms[0]]]
-        for stage, keep in zip(self.stages[1:], self.top_ms[1:] + [None]):
+        tails = [candidates[:, top_ms[0]:]]  # beyond the first stage's top_m, its own order
+        indices = candidates[:, :top_ms[0]]
+        history = [torch.as_tensor(first_scores).float()[:, :top_ms[0]]]
+        for stage, keep in zip(self.stages[1:], top_ms[1:] + [None]):
             Q, M = indices.shape
             asked = queries.repeat_interleave(M)  # (Q*M,) query-major
             flat = indices.reshape(-1)
@@ -167,7 +177,7 @@ class Cascade(Method):
         """The cascade's top_k per query: (indices (Q, k), scores (Q, k)), best first; beyond the
         last stage's survivors, the items earlier stages dropped (rescore)."""
         queries = query_indices(split, check_direction(direction), queries)
-        depth = max(top_k, self.top_ms[0])
+        depth = max(top_k, self.survivors(direction)[0])
         candidates, first = self.stages[0].rank(split, direction, depth, queries)  # (Q, depth)
         indices, scores = self.rescore(split, direction, queries, candidates, first)
         return indices[:, :top_k], scores[:, :top_k]
@@ -199,16 +209,18 @@ class TwoStageMethod(Cascade):
     re-ranking its own candidates (pass both to retrieval_metrics(..., t2i_sims=)).
     """
 
-    def __init__(self, first, reranker, top_m: int, name: str | None = None):
+    def __init__(self, first, reranker, top_m: int, name: str | None = None, top_m_i2t: int | None = None):
+        both = f"{top_m}" if top_m_i2t in (None, top_m) else f"{top_m} per caption, {top_m_i2t} per image"
         super().__init__([first, reranker], [top_m], name=name or f"{first.name}+rerank@{top_m}",
-                         notes=(f"{first.name} retrieves the top {top_m} per query, {reranker.name} "
-                                f"re-scores them; final ranking by the re-ranker's score alone"))
+                         notes=(f"{first.name} retrieves the top {both}, {reranker.name} "
+                                f"re-scores them; final ranking by the re-ranker's score alone"),
+                         top_ms_i2t=None if top_m_i2t is None else [top_m_i2t])
         self.first, self.reranker, self.top_m = first, reranker, top_m
 
     def _scores(self, split, directions) -> list[torch.Tensor]:
         first = self.first.similarity(split)
         scorer = lambda images, texts: self.reranker.score_pairs(split, images, texts)  # noqa: E731
-        return [two_stage_scores(first, scorer, self.top_m, d) for d in directions]
+        return [two_stage_scores(first, scorer, self.survivors(d)[0], d) for d in directions]
 
     def similarity(self, split) -> tuple[torch.Tensor, torch.Tensor]:
         """(i2t scores (N, T), t2i scores (N, T)); pass both to retrieval_metrics(..., t2i_sims=)."""

@@ -1,0 +1,246 @@
+"""U-BERT: pooling and masks, eq. 15 by hand, the L1/L2 matrices against loops, the freeze of step 2,
+the cached-state path against the uncached one, the K invariant of the cascade, and caching."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from course_lib.blocks import masked_mean
+from course_lib.data.datasets import PairCollate, PairDataset
+from course_lib.losses import hinge_triplet_loss
+from course_lib.metrics import ranks_from_top_k, recall_at_k
+from course_lib.methods import ground_truth
+from course_lib.ubert import (UBERTConfig, build_ubert, compute_states, enhanced_similarity,
+                              rescore_candidates, score_cached_pairs)
+from course_lib.ubert_train import (TOP_K, UBERTCascade, UBERTMethod, cross_loss, tower_config,
+                                    train_ubert)
+
+TOL = 1e-5
+pytestmark = pytest.mark.usefixtures("one_thread")
+BENCH_SIZES = dict(n_train=120, n_val=20, n_test=24, n_pretrain=10, n_compositional=1)
+
+
+def small_config(**kw) -> UBERTConfig:
+    return UBERTConfig(**{"hidden": 16, "tower_layers": 1, "cross_layers": 1, "heads": 2, "batch_size": 16,
+                          "cross_batch_size": 8, "max_steps": 6, "cross_steps": 6, "sum_warmup_steps": 2,
+                          "dropout": 0.0, **kw})
+
+
+def pair_batch(split, tokenizer, rows):
+    return PairCollate(tokenizer)([PairDataset(split)[t] for t in rows])
+
+
+@pytest.fixture(scope="module")
+def model(bench, tok):
+    torch.manual_seed(0)
+    return build_ubert(small_config(cross_layers=2), bench["train"], tok).eval()
+
+
+@pytest.fixture(scope="module")
+def fitted(bench, tok, tmp_path_factory):
+    cache = tmp_path_factory.mktemp("ubert")
+    return UBERTMethod(small_config(), progress=False).fit(bench, tok, cache_dir=cache), cache
+
+
+# ----------------------------------------------------------------------------- the model
+
+def test_masked_mean_against_a_loop():
+    g = torch.Generator().manual_seed(0)
+    x, mask = torch.randn(3, 5, 4, generator=g), torch.tensor([[1, 1, 0, 0, 0], [1, 1, 1, 1, 1], [0] * 5]).bool()
+    expected = torch.stack([x[b][mask[b]].mean(0) if mask[b].any() else torch.zeros(4) for b in range(3)])
+    assert torch.allclose(masked_mean(x, mask), expected, atol=TOL)
+
+
+def test_eq15_by_hand():
+    # I_intra = (1, 0), I_inter = (0, 1), T_intra = (0, 1), T_inter = (1, 0), alpha = 0.5:
+    # (0.5, 1) . (1, 0.5) = 1, |(0.5, 1)| = |(1, 0.5)| = sqrt(1.25), so s2 = 1 / 1.25 = 0.8
+    e1, e2 = torch.tensor([[1.0, 0.0]]), torch.tensor([[0.0, 1.0]])
+    assert enhanced_similarity(e1, e2, e2, e1, alpha=0.5).item() == pytest.approx(0.8, abs=TOL)
+    # s1 of the same pair is cos(e1, e2) = 0; with no inter part eq. 15 is s1 (an embedding model)
+    assert enhanced_similarity(e1, e2, 0 * e1, 0 * e2).item() == pytest.approx(0.0, abs=TOL)
+    g = torch.Generator().manual_seed(1)
+    i, t = torch.randn(6, 8, generator=g), torch.randn(6, 8, generator=g)
+    s1 = torch.nn.functional.cosine_similarity(i, t, dim=-1)
+    assert torch.allclose(enhanced_similarity(i, t, torch.zeros_like(i), torch.zeros_like(t), 0.3), s1, atol=TOL)
+    # and a very large alpha drowns the inter part: s2 -> s1
+    assert torch.allclose(enhanced_similarity(i, t, torch.randn(6, 8), torch.randn(6, 8), 1e6), s1, atol=1e-4)
+
+
+def test_states_are_unit_means_of_the_towers_and_ignore_padding(model, bench, tok):
+    batch = pair_batch(bench["train"], tok, range(6))
+    tokens, mask, intra = model.image_states(batch)
+    attended = model.image_tower(model.embed_image(batch), mask)
+    expected = torch.stack([attended[b][mask[b]].mean(0) for b in range(6)])
+    assert torch.allclose(intra, expected / expected.norm(dim=-1, keepdim=True), atol=TOL)
+    assert torch.allclose(intra.norm(dim=-1), torch.ones(6), atol=TOL)
+    assert torch.allclose(tokens, model.embed_image(batch), atol=TOL)  # eq. 10 reads the inputs
+    # padded regions and padded tokens change nothing anywhere
+    noisy = dict(batch)
+    noisy["regions"] = batch["regions"].masked_fill(~batch["region_mask"].bool()[..., None], 7.0)
+    longer = {k: torch.cat([v, torch.zeros_like(v[:, :3])], 1) if k in ("input_ids", "attention_mask") else v
+              for k, v in noisy.items()}
+    for a, b in ((model.image_states(batch), model.image_states(noisy)),
+                 (model.text_states(batch), model.text_states(longer))):
+        assert torch.allclose(a[2], b[2], atol=TOL)
+    s_before = model.s2(model.image_states(batch), model.text_states(batch))
+    s_after = model.s2(model.image_states(noisy), model.text_states(longer))
+    assert torch.allclose(s_before, s_after, atol=TOL)
+
+
+def test_inter_is_mean_over_each_side_of_the_joint_sequence(model, bench, tok):
+    batch = pair_batch(bench["train"], tok, range(4))
+    image, text = model.image_states(batch), model.text_states(batch)
+    i_inter, t_inter = model.inter(image[0], image[1], text[0], text[1])
+    for b in range(4):  # one pair at a time, without padding, by eq. 10-13
+        r, t = image[0][b][image[1][b]], text[0][b][text[1][b]]
+        h = model.cross(torch.cat([r, t])[None])[0]
+        mean_r, mean_t = h[:len(r)].mean(0), h[len(r):].mean(0)
+        assert torch.allclose(i_inter[b], mean_r / mean_r.norm(), atol=1e-4)
+        assert torch.allclose(t_inter[b], mean_t / mean_t.norm(), atol=1e-4)
+
+
+def test_tower_input_variant_feeds_the_tower_outputs(bench, tok):
+    torch.manual_seed(0)
+    m = build_ubert(small_config(cross_input="towers"), bench["train"], tok).eval()
+    batch = pair_batch(bench["train"], tok, range(3))
+    tokens, mask, _ = m.text_states(batch)
+    assert torch.allclose(tokens, m.text_tower(m.embed_text(batch), mask), atol=TOL)
+
+
+def test_pair_scores_and_l2_against_loops(model, bench, tok):
+    batch = pair_batch(bench["train"], tok, range(5))
+    image, text = model.image_states(batch), model.text_states(batch)
+    scores = model.pair_scores(image, text)  # (5, 5)
+    for i in range(5):
+        for j in range(5):
+            one = model.s2([s[i:i + 1] for s in image], [s[j:j + 1] for s in text])
+            assert scores[i, j].item() == pytest.approx(one.item(), abs=1e-5)
+    # L2 = eq. (L2) of §4.3 summed over i and j != i, with the hardest negatives after the warm-up
+    cfg = small_config(sum_warmup_steps=2)
+    diag = scores.diag()
+    summed = sum(max(0.0, cfg.margin + scores[i, j] - diag[i]) + max(0.0, cfg.margin + scores[j, i] - diag[i])
+                 for i in range(5) for j in range(5) if j != i)
+    with torch.no_grad():
+        assert cross_loss(cfg)(model, batch, step=0).item() == pytest.approx(float(summed), abs=1e-4)
+        assert cross_loss(cfg)(model, batch, step=2).item() == pytest.approx(
+        hinge_triplet_loss(scores, cfg.margin, max_violation=True).item(), abs=1e-5)
+
+
+def test_config_checks():
+    with pytest.raises(ValueError, match="cross_input"):
+        UBERTConfig(cross_input="regions")
+    with pytest.raises(ValueError, match="training"):
+        UBERTConfig(training="both")
+
+
+# ----------------------------------------------------------------------------- training
+
+def test_step_two_freezes_the_towers_bit_for_bit(bench, tok, tmp_path):
+    cfg = small_config()
+    towers_ckpt, ckpt = tmp_path / "towers.pt", tmp_path / "cross.pt"
+    model, histories = train_ubert(bench, tok, cfg, towers_checkpoint=towers_ckpt, checkpoint_path=ckpt,
+                                   progress=False)
+    assert set(histories) == {"towers", "cross"}
+    towers = torch.load(towers_ckpt, map_location="cpu", weights_only=True)["model"]
+    final = model.state_dict()
+    fresh_cross = build_ubert(cfg, bench["train"], tok).state_dict()
+    tower_keys = [k for k in final if not k.startswith("cross.")]
+    assert tower_keys and all(torch.equal(final[k], towers[k]) for k in tower_keys)
+    assert any(not torch.equal(final[k], fresh_cross[k]) for k in final if k.startswith("cross."))
+    # the towers of step 1 do not depend on the cross fields
+    assert tower_config(dataclasses.replace(cfg, cross_layers=3, cross_input="towers")) == tower_config(cfg)
+
+
+def test_joint_training_moves_every_part(bench, tok):
+    cfg = small_config(training="joint")
+    torch.manual_seed(cfg.seed)
+    from course_lib.settings import seed_everything
+
+    seed_everything(cfg.seed)
+    before = build_ubert(cfg, bench["train"], tok).state_dict()
+    model, histories = train_ubert(bench, tok, cfg, progress=False)
+    assert set(histories) == {"joint"} and {"l1", "l2"} <= set(histories["joint"][-1])
+    after = model.state_dict()
+    for part in ("image_tower.", "text_tower.", "cross.", "word."):
+        assert any(not torch.equal(after[k], before[k]) for k in after if k.startswith(part)), part
+
+
+def test_method_caches_towers_and_cross_separately(fitted, bench, tok):
+    method, cache = fitted
+    names = sorted(p.name for p in cache.iterdir())
+    assert len(names) == 2 and names[0].startswith("ubert-") and names[1].startswith("ubert-towers-")
+    # another L_c re-uses the towers: only a new cross checkpoint appears, with the same tower weights
+    towers_file = cache / names[1]
+    stamp = towers_file.stat().st_mtime_ns
+    deeper = UBERTMethod(small_config(cross_layers=2), progress=False).fit(bench, tok, cache_dir=cache)
+    assert towers_file.stat().st_mtime_ns == stamp  # loaded, not trained and saved again
+    assert len(list(cache.iterdir())) == 3
+    assert torch.equal(deeper.model.image_tower.blocks[0].attn.qkv.weight,
+                       method.model.image_tower.blocks[0].attn.qkv.weight)
+    again = UBERTMethod(small_config(), progress=False).fit(bench, tok, cache_dir=cache)  # loads both
+    assert all(torch.equal(a, b) for a, b in zip(again.model.state_dict().values(),
+                                                 method.model.state_dict().values()))
+
+
+# ----------------------------------------------------------------------------- retrieval
+
+def test_cached_states_equal_the_uncached_path(fitted, bench, tok):
+    method, _ = fitted
+    model, split = method.model, bench["test"]
+    states = compute_states(model, split, tok, batch_size=7)  # several blocks
+    g = torch.Generator().manual_seed(0)
+    texts = torch.randint(0, split.n_texts, (30,), generator=g)
+    images = torch.randint(0, split.n_images, (30,), generator=g)
+    cached = score_cached_pairs(model, states, images, texts, batch_size=8)
+    batch = PairCollate(tok)([{**PairDataset(split)[int(t)], **PairDataset(split).images.image_fields(int(i))}
+                              for i, t in zip(images, texts)])
+    with torch.no_grad():
+        direct = model.s2(model.image_states(batch), model.text_states(batch))
+    assert torch.allclose(cached, direct, atol=1e-5)
+    assert torch.allclose(method.score_pairs(split, images, texts), direct, atol=1e-5)
+    # one query against K candidates, the query's states expanded rather than recomputed
+    query = states.text([int(texts[0])])
+    with torch.no_grad():
+        k_scores = rescore_candidates(model, query, states.image(images[:10]))
+    assert torch.allclose(k_scores, score_cached_pairs(model, states, images[:10], texts[:1].repeat(10)), atol=1e-5)
+
+
+def _recalls(method, split, direction, ks):
+    queries = split.text_queries if direction == "t2i" else split.image_queries
+    indices, scores = method.rank(split, direction, max(ks), queries)
+    return recall_at_k(ranks_from_top_k(scores, ground_truth(split, direction, queries, indices)), ks)
+
+
+def test_cascade_reorders_only_the_top_k(fitted, bench):
+    method, _ = fitted
+    split = bench["test"]
+    cascade = UBERTCascade(method, top_k=5, top_k_i2t=10)
+    assert cascade.pairs_per_query(split, "t2i") == 5 and cascade.pairs_per_query(split, "i2t") == 10
+    for direction, K in (("t2i", 5), ("i2t", 10)):
+        first, _ = method.rank(split, direction, 20)
+        both, scores = cascade.rank(split, direction, 20)
+        assert torch.equal(both[:, K:], first[:, K:])  # below K: stage 1's order
+        assert torch.equal(both[:, :K].sort(1).values, first[:, :K].sort(1).values)  # same K items
+        ks = tuple(k for k in (1, 5, 10, 20) if k >= K)  # the invariant R@k = stage-1 R@k for k >= K
+        assert _recalls(cascade, split, direction, ks) == _recalls(method, split, direction, ks)
+        # inside the top K the order is s2's
+        queries = split.text_queries if direction == "t2i" else split.image_queries
+        q = torch.as_tensor(queries).repeat_interleave(K)
+        pairs = (both[:, :K].reshape(-1), q) if direction == "t2i" else (q, both[:, :K].reshape(-1))
+        s2 = method.score_pairs(split, *pairs).view(-1, K)
+        assert torch.allclose(scores[:, :K], s2, atol=1e-5)
+        assert bool((s2[:, :-1] >= s2[:, 1:] - 1e-6).all())
+
+
+def test_query_fn_matches_rank(fitted, bench):
+    method, _ = fitted
+    split = bench["test"]
+    cascade = UBERTCascade(method, top_k=TOP_K["t2i"])
+    indices, _ = cascade.rank(split, "t2i", 10, queries=[3, 11])
+    for row, caption in enumerate((3, 11)):
+        assert np.array_equal(cascade.query_fn(split, caption, top_k=10)(), indices[row].numpy())
