@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from course_lib.checkpoints import checkpoint_name, finished_checkpoint, inference
-from course_lib.data.datasets import PairCollate, PairDataset, TextCollate
+from course_lib.data.datasets import ImageDataset, PairCollate, PairDataset, TextCollate
 from course_lib.losses import batch_scores, hinge_triplet_loss
 from course_lib.methods import DualEncoderMethod, similarity
 from course_lib.metrics import retrieval_metrics
@@ -206,7 +206,7 @@ class UBERTCascade(Cascade):
     """U-BERT's retrieval (§4.2): s1 keeps the top K, s2 alone re-orders them. K = top_k (per
     caption) and top_k_i2t (per image). query_fn is the online path of one caption: one text-tower
     pass (its input embeddings and T_intra at once), a FAISS search of the gallery's I_intra, and
-    BERT_cross on the K candidates with their cached states."""
+    BERT_cross on the K candidates with their cached states; image_query_fn the same for an image."""
 
     def __init__(self, ubert: UBERTMethod, top_k: int = TOP_K["t2i"], top_k_i2t: int = TOP_K["i2t"],
                  name: str | None = None):
@@ -216,23 +216,35 @@ class UBERTCascade(Cascade):
                                 f"layer(s), on cached states)"))
         self.ubert = ubert
 
-    def query_fn(self, split, caption_index: int = 0, top_k: int = 10):
+    def _online(self, split, direction: str, query_batch: dict, top_k: int):
+        """A zero-argument callable: one query's tower pass, the FAISS search of the other side's
+        intra vectors (indexed here, offline) for its top K, BERT_cross on those K cached states."""
         ubert = self.ubert
-        model, K = ubert._fitted().eval(), self.top_ms[0]
-        states = ubert.states(split)  # offline: every gallery image's tokens and I_intra
-        index = build_index(states.image_intra)  # offline: (N, H)
-        collate, caption = TextCollate(ubert.tokenizer, model.config.max_text_length), split.captions[caption_index]
+        model, K = ubert._fitted().eval(), self.survivors(direction)[0]
+        states = ubert.states(split)  # offline: every gallery item's tokens and intra vector
+        index = build_index(states.image_intra if direction == "t2i" else states.text_intra)  # offline
+        encode = model.text_states if direction == "t2i" else model.image_states
+        gallery_states = states.image if direction == "t2i" else states.text
 
         def answer() -> np.ndarray:
             with inference(model) as device:
-                query = model.text_states({k: v.to(device) for k, v in collate.encode([caption]).items()})
+                query = encode({k: v.to(device) for k, v in query_batch.items()})  # tokens, mask, intra
                 candidates = torch.as_tensor(search(index, query[2].float().cpu(), K)[1][0])  # (K,)
-                gallery = [s.to(device) for s in states.image(candidates)]
-                s2 = rescore_candidates(model, query, gallery).cpu()  # (K,)
+                gallery = [s.to(device) for s in gallery_states(candidates)]
+                s2 = rescore_candidates(model, query, gallery, direction).cpu()  # (K,)
             order = torch.argsort(s2, descending=True, stable=True)
             return candidates[order][:top_k].numpy()
 
         return answer
+
+    def query_fn(self, split, caption_index: int = 0, top_k: int = 10):
+        collate = TextCollate(self.ubert.tokenizer, self.ubert.config.max_text_length)
+        return self._online(split, "t2i", collate.encode([split.captions[caption_index]]), top_k)
+
+    def image_query_fn(self, split, image_index: int = 0, top_k: int = 10):
+        """The same for an image query: returns its top_k caption indices (top_k,), best first."""
+        image = ImageDataset(split)[image_index]
+        return self._online(split, "i2t", {k: v[None] for k, v in image.items() if torch.is_tensor(v)}, top_k)
 
 
 @register_method("ubert-embed", order=4.0)

@@ -283,3 +283,128 @@ def test_mask_checker_names_the_usual_mistakes(switch, message):
     kwargs = {switch: switch != "force_one"} if switch != "force_one" else {"force_one": False}
     with pytest.raises(ExerciseError, match=message):
         check_mask_tokens(_variant(**kwargs))
+
+
+# ----------------------------------------------------------------------------- lesson 04: eq. 15
+
+def _eq15_loop(image_intra, text_intra, image_inter, text_inter, alpha=0.5):
+    # independent answer: pair by pair, the cosine written out
+    import torch
+
+    out = []
+    for p in range(image_intra.shape[0]):
+        i = alpha * image_intra[p] + image_inter[p]
+        t = alpha * text_intra[p] + text_inter[p]
+        out.append(torch.dot(i, t) / (i.norm() * t.norm()))
+    return torch.stack(out)
+
+
+def test_eq15_checker_accepts_the_library_and_a_loop(capsys):
+    from course_lib.exercises import check_enhanced_similarity
+    from course_lib.ubert import enhanced_similarity
+
+    check_enhanced_similarity(enhanced_similarity)
+    check_enhanced_similarity(_eq15_loop)
+    assert capsys.readouterr().out.count("correct") == 2
+
+
+def test_eq15_checker_names_the_usual_mistakes():
+    import torch
+    import torch.nn.functional as F
+
+    from course_lib.exercises import check_enhanced_similarity
+
+    def dot(ii, ti, ie, te, alpha=0.5):
+        return ((alpha * ii + ie) * (alpha * ti + te)).sum(-1)
+
+    def alpha_on_inter(ii, ti, ie, te, alpha=0.5):
+        return F.cosine_similarity(ii + alpha * ie, ti + alpha * te, dim=-1)
+
+    def matrix(ii, ti, ie, te, alpha=0.5):
+        return F.normalize(alpha * ii + ie, dim=-1) @ F.normalize(alpha * ti + te, dim=-1).T
+
+    def renormalised(ii, ti, ie, te, alpha=0.5):
+        return _eq15_loop(*(F.normalize(v, dim=-1) for v in (ii, ti, ie, te)), alpha=alpha)
+
+    def two_cosines(ii, ti, ie, te, alpha=0.5):
+        return alpha * F.cosine_similarity(ii, ti, dim=-1) + F.cosine_similarity(ie, te, dim=-1)
+
+    for fn, message in ((dot, "dot product of the two sums"), (alpha_on_inter, "alpha multiplies the inter"),
+                        (matrix, r"\(6, 6\) matrix"), (renormalised, "normalised the four inputs again"),
+                        (two_cosines, "added two cosines"),
+                        (lambda ii, ti, ie, te, alpha=0.5: _eq15_loop(ii, ti, ie, te, alpha)[:, None],
+                         "expected shape")):
+        with pytest.raises(ExerciseError, match=message):
+            check_enhanced_similarity(fn)
+    with pytest.raises(ExerciseError, match="this is s1"):
+        check_enhanced_similarity(lambda ii, ti, ie, te, alpha=0.5: F.cosine_similarity(ii, ti, dim=-1))
+    assert torch.is_tensor(_eq15_loop(*(torch.ones(2, 3),) * 4))
+
+
+# ----------------------------------------------------------------------------- lesson 04: stage 2
+
+@pytest.fixture(scope="module")
+def ubert_pair():
+    """A tiny untrained U-BERT in train mode (dropout on: the checker must switch it off) and one
+    query's states against K = 7 candidates with padded regions and tokens."""
+    import torch
+
+    from course_lib.ubert import UBERT, UBERTConfig
+
+    torch.manual_seed(0)
+    config = UBERTConfig(hidden=16, tower_layers=1, cross_layers=2, heads=2, dropout=0.3)
+    model = UBERT(region_dim=8, vocab_size=30, config=config).train()
+    K, M, L, H = 7, 5, 6, config.hidden
+    g = torch.Generator().manual_seed(1)
+    unit = lambda n: torch.nn.functional.normalize(torch.randn(n, H, generator=g), dim=-1)  # noqa: E731
+    region_mask = torch.ones(K, M, dtype=torch.bool)
+    region_mask[::2, -2:] = False  # padded regions in every other candidate
+    text_mask = torch.tensor([[True] * 4 + [False] * 2])  # a caption of 4 tokens padded to 6
+    query = (torch.randn(1, L, H, generator=g), text_mask, unit(1))
+    gallery = (torch.randn(K, M, H, generator=g), region_mask, unit(K))
+    return model, query, gallery
+
+
+def _one_by_one(model, query, gallery):
+    # independent answer: one candidate at a time, through eq. 10-15 by the model's parts
+    import torch
+
+    from course_lib.ubert import enhanced_similarity
+
+    scores = []
+    for k in range(gallery[2].shape[0]):
+        candidate = [s[k:k + 1] for s in gallery]
+        image_inter, text_inter = model.inter(candidate[0], candidate[1], query[0], query[1])
+        scores.append(enhanced_similarity(candidate[2], query[2], image_inter, text_inter, model.config.alpha))
+    return torch.cat(scores)
+
+
+def test_rerank_checker_accepts_a_loop_and_the_batched_scorer(ubert_pair, capsys):
+    from course_lib.exercises import check_rerank_one_by_one
+    from course_lib.ubert import rescore_candidates
+
+    model, query, gallery = ubert_pair
+    check_rerank_one_by_one(_one_by_one, model, query, gallery)
+    check_rerank_one_by_one(rescore_candidates, model, query, gallery)
+    assert capsys.readouterr().out.count("correct") == 2
+    assert model.training  # its mode is restored
+
+
+def test_rerank_checker_names_the_usual_mistakes(ubert_pair):
+    import torch
+
+    from course_lib.exercises import check_rerank_one_by_one
+
+    model, query, gallery = ubert_pair
+    cases = [
+        (lambda m, q, g: _one_by_one(m, q, g).sort(descending=True).values, "another order"),
+        (lambda m, q, g: torch.cat([m.s2([s[0:1] for s in g], q)] * g[2].shape[0]), "candidate 0's"),
+        (lambda m, q, g: g[2] @ q[2][0], "stage-1 scores s1"),
+        (lambda m, q, g: list(_one_by_one(m, q, g)), "torch.cat"),
+        (lambda m, q, g: _one_by_one(m, q, g)[:, None], r"expected shape \(7,\)"),
+        (lambda m, q, g: torch.cat([m.s2([s[k] for s in g], q) for k in range(g[2].shape[0])]), "a batch of one"),
+        (lambda m, q, g: _one_by_one(m, q, g) + 1e-3, "differ from rescore_candidates"),
+    ]
+    for fn, message in cases:
+        with pytest.raises(ExerciseError, match=message):
+            check_rerank_one_by_one(fn, model, query, gallery)

@@ -121,7 +121,7 @@ def test_pair_scores_and_l2_against_loops(model, bench, tok):
             one = model.s2([s[i:i + 1] for s in image], [s[j:j + 1] for s in text])
             assert scores[i, j].item() == pytest.approx(one.item(), abs=1e-5)
     # L2 = eq. (L2) of §4.3 summed over i and j != i, with the hardest negatives after the warm-up
-    cfg = small_config(sum_warmup_steps=2)
+    cfg = small_config(sum_warmup_steps=2, max_violation=True)
     diag = scores.diag()
     summed = sum(max(0.0, cfg.margin + scores[i, j] - diag[i]) + max(0.0, cfg.margin + scores[j, i] - diag[i])
                  for i in range(5) for j in range(5) if j != i)
@@ -244,3 +244,22 @@ def test_query_fn_matches_rank(fitted, bench):
     indices, _ = cascade.rank(split, "t2i", 10, queries=[3, 11])
     for row, caption in enumerate((3, 11)):
         assert np.array_equal(cascade.query_fn(split, caption, top_k=10)(), indices[row].numpy())
+
+
+def test_image_query_fn_matches_rank(fitted, bench):
+    method, _ = fitted
+    split = bench["test"]
+    cascade = UBERTCascade(method, top_k=5, top_k_i2t=12)
+    indices, _ = cascade.rank(split, "i2t", 10, queries=[2, 7])
+    for row, image in enumerate((2, 7)):
+        assert np.array_equal(cascade.image_query_fn(split, image, top_k=10)(), indices[row].numpy())
+
+
+def test_sum_of_hinges_by_default(model, bench, tok):
+    # max_violation=False (the default, module docstring of UBERTConfig): every step sums every hinge
+    batch = pair_batch(bench["train"], tok, range(5))
+    cfg = small_config(max_violation=False)
+    with torch.no_grad():
+        scores = model.pair_scores(model.image_states(batch), model.text_states(batch))
+        assert cross_loss(cfg)(model, batch, step=10_000).item() == pytest.approx(
+            hinge_triplet_loss(scores, cfg.margin, max_violation=False).item(), abs=1e-5)
