@@ -182,6 +182,29 @@ def test_cascade_rejects_bad_shapes():
         Cascade([a, a], [3, 2])
     with pytest.raises(ValueError, match="non-increasing"):
         Cascade([a, a, a], [2, 5])
+    with pytest.raises(ValueError, match="non-increasing"):
+        Cascade([a, a, a], [5, 2], top_ms_i2t=[2, 5])
+    with pytest.raises(ValueError, match="one top_m"):
+        Cascade([a, a], [3], top_ms_i2t=[3, 2])
+
+
+def test_cascade_keeps_its_own_top_m_per_direction():
+    from course_lib.rerank import Cascade
+
+    g = torch.Generator().manual_seed(3)
+    mats = [torch.randn(9, 27, generator=g) for _ in range(2)]
+    split = _Queries(9, 27)
+    cascade = Cascade([_Stub("a", mats[0]), _Stub("b", mats[1])], [3], top_ms_i2t=[7])
+    assert cascade.survivors("t2i") == [3] and cascade.survivors("i2t") == [7]
+    assert cascade.pairs_per_query(split, "t2i") == 3 and cascade.pairs_per_query(split, "i2t") == 7
+    for direction, m in (("t2i", 3), ("i2t", 7)):
+        indices, _ = cascade.rank(split, direction, top_k=9)
+        for q in range(len(indices)):
+            assert indices[q].tolist() == naive_cascade(mats, [m], lambda v: v[-1], q, direction)[:9]
+    two_stage = TwoStageMethod(_Stub("a", mats[0]), _Stub("b", mats[1]), top_m=3, top_m_i2t=7)
+    i2t, t2i = two_stage.similarity(None)
+    assert torch.equal(i2t, two_stage_scores(mats[0], lambda i, t: mats[1][i, t], 7, "i2t"))
+    assert torch.equal(t2i, two_stage_scores(mats[0], lambda i, t: mats[1][i, t], 3, "t2i"))
 
 
 def test_cascade_fit_fits_only_unfitted_stages():
