@@ -1,14 +1,16 @@
 """What every notebook repeats, written once: the setup cell, gallery tiling for timing, the
-measured-vs-extrapolated latency plot, and the recall table.
+measured-vs-extrapolated latency plot, the recall table, and verdicts that respect noise and chance.
 
     device = setup(seed=SEED, cpu_threads=1)        # versions, device, seeds, thread counts
     big = tile_gallery(full, 123_287)               # a RetrievalSplit of n images, the originals last
     plot_latency({"cross_encoder": rows, ...})      # latency_vs_gallery rows; hollow = extrapolated
     print(recall_table({"VSE++": m1, "SCAN": m2}))  # retrieval_metrics dicts side by side
+    print(compare_recalls("t2i R@1", "SCAN", 47.2, "VSE++", 7.0, n=5000, chance=0.1))
 """
 
 from __future__ import annotations
 
+import math
 import re
 
 import numpy as np
@@ -92,4 +94,43 @@ def recall_table(results: dict, ks=None, directions=("i2t", "t2i")) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["setup", "tile_gallery", "tile_rows", "plot_latency", "recall_table"]
+def chance_recall(n_candidates: int, k: int = 1, n_relevant: int = 1) -> float:
+    """R@k (%) of a random ranking: the chance that at least one of n_relevant true items is among
+    the top k of n_candidates (t2i: 1 true image; i2t: the image's 5 captions)."""
+    k = min(k, n_candidates)
+    miss = 1.0
+    for i in range(k):  # all k picks miss the true items: prod (N - r - i) / (N - i)
+        miss *= max(n_candidates - n_relevant - i, 0) / (n_candidates - i)
+    return 100.0 * (1.0 - miss)
+
+
+def recall_noise(recall: float, n: int) -> float:
+    """Twice the binomial standard error (points) of a recall in % measured over n queries."""
+    return 2.0 * math.sqrt(max(recall * (100.0 - recall), 0.0) / max(n, 1))
+
+
+def near_chance(recall: float, n: int, chance: float) -> bool:
+    """True when a recall over n queries is within noise (recall_noise at chance) of a random ranking."""
+    return recall <= chance + recall_noise(chance, n)
+
+
+def compare_recalls(question: str, a_label: str, a: float, b_label: str, b: float, n: int,
+                    chance: float | None = None) -> str:
+    """One line: recall a against recall b (in %, each over the same n queries), and a verdict. A gap
+    counts only beyond twice the standard error of the difference (rough, and conservative since
+    both come from the same queries); when both recalls are within noise of chance, nothing can be
+    told at these sizes, whatever the gap."""
+    noise = math.hypot(recall_noise(a, n), recall_noise(b, n))
+    gap = a - b
+    if chance is not None and near_chance(a, n, chance) and near_chance(b, n, chance):
+        verdict = f"too small to tell at these sizes (both within noise of chance, {chance:.1f})"
+    elif abs(gap) <= noise:
+        verdict = "no clear difference"
+    else:
+        verdict = f"{a_label} higher" if gap > 0 else f"{b_label} higher"
+    return (f"{question}: {a_label} {a:.1f} vs {b_label} {b:.1f} ({gap:+.1f}, "
+            f"{'beyond' if abs(gap) > noise else 'within'} ±{noise:.1f}): {verdict}")
+
+
+__all__ = ["setup", "tile_gallery", "tile_rows", "plot_latency", "recall_table", "chance_recall", "recall_noise",
+           "near_chance", "compare_recalls"]

@@ -4,6 +4,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 
+import numpy as np
 import pytest
 import torch
 
@@ -62,3 +63,26 @@ def test_setup_seeds_and_returns_a_device(capsys):
         assert "torch" in capsys.readouterr().out
     finally:
         torch.set_num_threads(threads)
+
+
+def test_chance_recall_against_a_simulation():
+    from course_lib.notebook import chance_recall
+
+    rng = np.random.default_rng(0)
+    for n, k, r in ((40, 1, 1), (40, 5, 1), (50, 1, 5), (50, 10, 5)):
+        hits = [bool((rng.permutation(n)[:k] < r).any()) for _ in range(20_000)]
+        assert chance_recall(n, k, r) == pytest.approx(100 * np.mean(hits), abs=1.0)
+    assert chance_recall(1000, 1) == pytest.approx(0.1)
+    assert chance_recall(10, 20) == 100.0
+
+
+def test_compare_recalls_says_too_small_to_tell_at_chance():
+    from course_lib.notebook import compare_recalls, near_chance
+
+    # three models at chance (1 in 40) over 40 queries: no verdict, whatever the gap
+    line = compare_recalls("t2i R@1", "A", 5.0, "B", 0.0, n=40, chance=2.5)
+    assert "too small to tell" in line and "A higher" not in line
+    assert near_chance(2.5, 40, 2.5) and not near_chance(47.0, 5000, 0.1)
+    assert compare_recalls("R@1", "A", 47.2, "B", 7.0, n=5000, chance=0.1).endswith("A higher")
+    assert compare_recalls("R@1", "A", 17.6, "B", 17.0, n=5000, chance=0.1).endswith("no clear difference")
+    assert compare_recalls("R@1", "A", 10.0, "B", 30.0, n=5000).endswith("B higher")
