@@ -6,6 +6,9 @@ measured-vs-extrapolated latency plot, the recall table, and verdicts that respe
     plot_latency({"cross_encoder": rows, ...})      # latency_vs_gallery rows; hollow = extrapolated
     print(recall_table({"VSE++": m1, "SCAN": m2}))  # retrieval_metrics dicts side by side
     print(compare_recalls("t2i R@1", "SCAN", 47.2, "VSE++", 7.0, n=5000, chance=0.1))
+    line, reached = recovery_verdict("rerank@20", 19.5, "cross-encoder", 20.0, n=5000, target=95, chance=0.1)
+    print(compare_rates("false negatives", "mined", 12.0, 2000, "random", 3.0, 2000))
+    print(compare_ar("pre-training?", "PT", metrics_a, "no PT", metrics_b, n_images=1000, n_texts=5000))
 """
 
 from __future__ import annotations
@@ -120,17 +123,93 @@ def compare_recalls(question: str, a_label: str, a: float, b_label: str, b: floa
     counts only beyond twice the standard error of the difference (rough, and conservative since
     both come from the same queries); when both recalls are within noise of chance, nothing can be
     told at these sizes, whatever the gap."""
-    noise = math.hypot(recall_noise(a, n), recall_noise(b, n))
+    at_chance = chance is not None and near_chance(a, n, chance) and near_chance(b, n, chance)
+    return _gap_line(question, a_label, a, b_label, b, math.hypot(recall_noise(a, n), recall_noise(b, n)),
+                     f"both within noise of chance, {chance:.1f}" if at_chance else None)
+
+
+def _gap_line(question: str, a_label: str, a: float, b_label: str, b: float, noise: float,
+              at_chance: str | None, unit: str = "") -> str:
+    """The line compare_recalls and compare_ar print: a vs b, the gap against its noise, a verdict."""
     gap = a - b
-    if chance is not None and near_chance(a, n, chance) and near_chance(b, n, chance):
-        verdict = f"too small to tell at these sizes (both within noise of chance, {chance:.1f})"
+    if at_chance:
+        verdict = f"too small to tell at these sizes ({at_chance})"
     elif abs(gap) <= noise:
         verdict = "no clear difference"
     else:
         verdict = f"{a_label} higher" if gap > 0 else f"{b_label} higher"
-    return (f"{question}: {a_label} {a:.1f} vs {b_label} {b:.1f} ({gap:+.1f}, "
+    return (f"{question}: {a_label} {a:.1f} vs {b_label} {b:.1f}{unit} ({gap:+.1f}, "
             f"{'beyond' if abs(gap) > noise else 'within'} ±{noise:.1f}): {verdict}")
 
 
+def recovery_verdict(a_label: str, a: float, ref_label: str, ref: float, n: int, target: float = 95.0,
+                     chance: float | None = None) -> tuple[str, bool | None]:
+    """How much of a reference recall `ref` a recall `a` recovers (both in %, over the same n
+    queries), against a target share (in %), e.g. re-ranking's R@1 against the cross-encoder's alone.
+
+    Returns (line, reached). reached is None when nothing can be told at these sizes: the
+    reference is 0, or not clearly above chance (within noise of it, counting the noise of a
+    recall at chance or at the reference, whichever is larger): a share of a chance-level number
+    means nothing. Otherwise True when a is at least target% of ref, False when it falls short;
+    the line gives the share's ± (twice the standard error of a, over ref) and says whether a
+    shortfall is within that noise of the target."""
+    share = 100.0 * a / ref if ref > 0 else float("nan")
+    head = f"{a_label} {a:.1f} vs {ref_label} {ref:.1f}"
+    at_chance = chance is not None and (near_chance(ref, n, chance) or ref - chance <= recall_noise(ref, n))
+    if ref <= 0 or at_chance:
+        why = f"{ref_label} is not clearly above chance, {chance:.1f}" if ref > 0 else f"{ref_label} is 0"
+        return f"{head}: too small to tell at these sizes ({why}; no share of it means anything)", None
+    goal = target / 100.0 * ref
+    noise = recall_noise(a, n)
+    if a >= goal:
+        return f"{head}: recovers {share:.0f}% (±{100 * noise / ref:.0f}), at least the {target:g}% target", True
+    close = "within noise of it" if goal - a <= noise else "clearly short"
+    return (f"{head}: recovers {share:.0f}% (±{100 * noise / ref:.0f}), short of the {target:g}% target "
+            f"({close})"), False
+
+
+def compare_rates(question: str, a_label: str, a: float, n_a: int, b_label: str, b: float, n_b: int) -> str:
+    """One line: rate a (in %, over n_a trials) against rate b (in %, over n_b trials), and a verdict
+    from a two-proportion test (pooled rate, gap beyond twice its standard error). When neither rate
+    has a single event, or the gap is within noise, it says "too small to tell at these sizes" rather
+    than read a ratio of a few counts. Use it where b is what chance gives (a random draw) and a is
+    what a method gives, e.g. false negatives among mined vs random negatives."""
+    pooled = (a * n_a + b * n_b) / max(n_a + n_b, 1)
+    noise = 2.0 * math.sqrt(max(pooled * (100.0 - pooled), 0.0) * (1.0 / max(n_a, 1) + 1.0 / max(n_b, 1)))
+    gap = a - b
+    ratio = f", {a / b:.1f}x" if b > 0 else ""
+    head = f"{question}: {a_label} {a:.2f}% vs {b_label} {b:.2f}% ({gap:+.2f}{ratio}"
+    if pooled <= 0:
+        return f"{head}): too small to tell at these sizes (no event in either)"
+    if abs(gap) <= noise:
+        return f"{head}, within ±{noise:.2f}): too small to tell at these sizes"
+    return f"{head}, beyond ±{noise:.2f}): {a_label if gap > 0 else b_label} higher"
+
+
+def compare_ar(question: str, a_label: str, a: dict, b_label: str, b: dict, n_images: int, n_texts: int,
+               ks=(1, 5, 10)) -> str:
+    """One line: the AR (mean of i2t and t2i R@k over ks) of two retrieval_metrics dicts over the same
+    n_images image queries and n_texts text queries (5 captions per image), and a verdict as in
+    compare_recalls. AR's noise is taken as the mean of its six recalls' noise (conservative, since
+    they come from the same queries); chance is the AR of a random ranking; within noise of it for
+    both, nothing can be told at these sizes."""
+    n = {"i2t": n_images, "t2i": n_texts}
+    relevant = {"i2t": max(n_texts // max(n_images, 1), 1), "t2i": 1}
+    candidates = {"i2t": n_texts, "t2i": n_images}
+
+    def ar(m):
+        return float(np.mean([m[f"{d}_r{k}"] for d in ("i2t", "t2i") for k in ks]))
+
+    def noise(m):
+        return float(np.mean([recall_noise(m[f"{d}_r{k}"], n[d]) for d in ("i2t", "t2i") for k in ks]))
+
+    chance = {f"{d}_r{k}": chance_recall(candidates[d], k, relevant[d]) for d in ("i2t", "t2i") for k in ks}
+    chance_ar, chance_noise = ar(chance), noise(chance)
+    a_ar, b_ar = ar(a), ar(b)
+    at_chance = a_ar <= chance_ar + chance_noise and b_ar <= chance_ar + chance_noise
+    return _gap_line(question, a_label, a_ar, b_label, b_ar, math.hypot(noise(a), noise(b)),
+                     f"both within noise of chance, AR {chance_ar:.1f}" if at_chance else None, unit=" AR")
+
+
 __all__ = ["setup", "tile_gallery", "tile_rows", "plot_latency", "recall_table", "chance_recall", "recall_noise",
-           "near_chance", "compare_recalls"]
+           "near_chance", "compare_recalls", "recovery_verdict", "compare_rates", "compare_ar"]

@@ -41,7 +41,11 @@ def show_scenes(split, indices, *, n_captions: int = 5, cols: int = 4, width: fl
 
 
 def draw_boxes(split, index: int, *, ax=None, labels=None):
-    """One image with its detector boxes (UNITER's normalised x1, y1, x2, y2) drawn over it."""
+    """One image with its detector boxes (UNITER's normalised x1, y1, x2, y2) drawn over it.
+
+    labels: one string per region slot, written on a dark background at the box's top edge (at its
+    bottom edge for boxes in the top rows), left-aligned for boxes in the left half and right-aligned
+    in the right half, so that no label runs off the image."""
     image = _image(split, index)
     h, w = image.shape[:2]
     if ax is None:
@@ -53,8 +57,13 @@ def draw_boxes(split, index: int, *, ax=None, labels=None):
         # pixel edges: a box [x1, x2] in normalised units covers pixels x1*w .. x2*w
         ax.add_patch(plt.Rectangle((x1 * w - 0.5, y1 * h - 0.5), (x2 - x1) * w, (y2 - y1) * h,
                                    fill=False, edgecolor="white", linewidth=1.2, linestyle="--"))
-        if labels is not None:
-            ax.text(x1 * w, y1 * h - 1, labels[r], color="white", fontsize=7)
+        if labels is not None and labels[r]:
+            right = (x1 + x2) / 2 > 0.5  # anchor the text on the side of the box nearer the middle
+            top = y1 * h >= 0.15 * h     # room above the box; otherwise write it under the box
+            ax.text((x2 * w - 0.5) if right else (x1 * w - 0.5), (y1 * h - 1) if top else (y2 * h),
+                    labels[r], color="white", fontsize=7, ha="right" if right else "left",
+                    va="bottom" if top else "top",
+                    bbox=dict(boxstyle="square,pad=0.1", facecolor="black", alpha=0.6, linewidth=0))
     ax.set_title(f"{split.image_ids[index]}: {int(mask.sum())} regions", fontsize=9)
     ax.axis("off")
     return ax
@@ -106,14 +115,19 @@ def show_retrieval(split, query_text: str, ranked_image_indices, true_image=None
 
 
 def plot_timings(results: dict, *, ax=None, title="per-call time"):
-    """Box plot of the per-call times (ms) of several TimingResults, keyed by label."""
+    """Box plot of the per-call times (ms) of several TimingResults, keyed by label, on a linear axis
+    from 0 (so that one box twice as high took twice as long), each median written beside its box."""
     if ax is None:
         _, ax = plt.subplots(figsize=(6, 3.5))
     labels = list(results)
     ax.boxplot([results[k].times_ms for k in labels], showfliers=True)
     ax.set_xticks(range(1, len(labels) + 1), labels)
     ax.set_ylabel("ms per call")
-    ax.set_yscale("log")
+    ax.set_ylim(bottom=0)  # a linear axis from 0, so that heights compare as ratios
+    for x, k in enumerate(labels, start=1):
+        median = results[k].median_ms
+        ax.annotate(f"{median:.3g} ms", (x, median), textcoords="offset points", xytext=(14, 0), va="center",
+                    fontsize=8)
     ax.set_title(title)
     ax.grid(alpha=0.3)
     return ax

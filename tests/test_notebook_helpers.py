@@ -86,3 +86,53 @@ def test_compare_recalls_says_too_small_to_tell_at_chance():
     assert compare_recalls("R@1", "A", 47.2, "B", 7.0, n=5000, chance=0.1).endswith("A higher")
     assert compare_recalls("R@1", "A", 17.6, "B", 17.0, n=5000, chance=0.1).endswith("no clear difference")
     assert compare_recalls("R@1", "A", 10.0, "B", 30.0, n=5000).endswith("B higher")
+
+
+def test_recovery_verdict_refuses_a_share_of_chance():
+    from course_lib.notebook import recovery_verdict
+
+    # issue 13: three models at chance (1 in 40) over 40 captions; "recovers 100%" must not be claimed
+    line, reached = recovery_verdict("rerank@1", 2.5, "cross-encoder", 2.5, n=40, target=95, chance=2.5)
+    assert reached is None and "too small to tell" in line and "at least" not in line
+    line, reached = recovery_verdict("rerank@1", 0.0, "cross-encoder", 0.0, n=40, target=95, chance=2.5)
+    assert reached is None and "too small to tell" in line
+    # a smoke run: 5.5 over 200 captions against chance 2.5 is within the noise of 5.5 itself
+    line, reached = recovery_verdict("rerank@40", 5.5, "cross-encoder", 5.5, n=200, target=95, chance=2.5)
+    assert reached is None and "too small to tell" in line
+    # clear numbers: 5,000 queries, a cross-encoder at 20% against chance 0.1%
+    line, reached = recovery_verdict("rerank@20", 19.5, "cross-encoder", 20.0, n=5000, target=95, chance=0.1)
+    assert reached is True and "98%" in line and "at least the 95% target" in line
+    line, reached = recovery_verdict("rerank@5", 18.8, "cross-encoder", 20.0, n=5000, target=95, chance=0.1)
+    assert reached is False and "within noise" in line
+    line, reached = recovery_verdict("rerank@1", 10.0, "cross-encoder", 20.0, n=5000, target=95, chance=0.1)
+    assert reached is False and "clearly short" in line and "50%" in line
+
+
+def test_compare_rates_needs_a_gap_beyond_noise():
+    from course_lib.notebook import compare_rates
+
+    # smoke-sized: 1.0% of 50 captions' mined negatives vs 0.6% at random is no evidence either way
+    assert compare_rates("false negatives", "mined", 1.0, 50, "random", 0.6, 50).endswith("too small to tell at these sizes")
+    assert compare_rates("false negatives", "mined", 0.4, 50, "random", 1.0, 50).endswith("too small to tell at these sizes")
+    assert "no event" in compare_rates("fn", "mined", 0.0, 50, "random", 0.0, 50)
+    line = compare_rates("false negatives", "mined", 12.0, 2000, "random", 3.0, 2000)
+    assert line.endswith("mined higher") and "4.0x" in line
+    assert compare_rates("fn", "mined", 1.0, 2000, "random", 6.0, 2000).endswith("random higher")
+
+
+def test_compare_ar_says_too_small_to_tell_at_chance():
+    from course_lib.notebook import chance_recall, compare_ar
+
+    def metrics(i2t, t2i):
+        return {f"{d}_r{k}": v[k] for d, v in (("i2t", i2t), ("t2i", t2i)) for k in (1, 5, 10)}
+
+    n_images, n_texts = 100, 500
+    at_chance = metrics({k: chance_recall(n_texts, k, 5) for k in (1, 5, 10)},
+                        {k: chance_recall(n_images, k) for k in (1, 5, 10)})
+    a_bit_above = {key: value + 2.0 for key, value in at_chance.items()}
+    line = compare_ar("pre-training?", "PT", a_bit_above, "no PT", at_chance, n_images, n_texts)
+    assert "too small to tell" in line and "PT higher" not in line
+    good = metrics({1: 60.0, 5: 85.0, 10: 92.0}, {1: 45.0, 5: 75.0, 10: 85.0})
+    better = {key: value + 6.0 for key, value in good.items()}
+    assert compare_ar("q", "A", better, "B", good, 1000, 5000).endswith("A higher")
+    assert compare_ar("q", "A", good, "B", good, 1000, 5000).endswith("no clear difference")

@@ -69,7 +69,26 @@ def test_plot_timings_one_box_per_result():
                "b": TimingResult.from_times([10.0, 11.0], "cpu")}
     ax = viz.plot_timings(results)
     assert [t.get_text() for t in ax.get_xticklabels()] == ["a", "b"]
+    # issue 13: a linear axis from 0, so a cold call 10x a warm one looks 10x as high, not 1.1x on a log axis
+    assert ax.get_yscale() == "linear" and ax.get_ylim()[0] == 0 and ax.get_ylim()[1] >= 11.0
+    assert [t.get_text() for t in ax.texts] == ["2 ms", "10.5 ms"]
     plt.close(ax.figure)
+
+
+def test_draw_boxes_labels_stay_inside_the_image(bench):
+    split = bench["test"]
+    for index in range(6):
+        fig, ax = plt.subplots(figsize=(3, 3))
+        labels = [f"{r}: a long region name" for r in range(split.region_mask.shape[1])]
+        viz.draw_boxes(split, index, ax=ax, labels=labels)
+        fig.canvas.draw()
+        inside = ax.get_window_extent()
+        assert len(ax.texts) == int(split.region_mask[index].sum())
+        for text in ax.texts:
+            box = text.get_window_extent()
+            assert box.x0 >= inside.x0 - 1 and box.x1 <= inside.x1 + 1, text.get_text()
+            assert box.y0 >= inside.y0 - 1 and box.y1 <= inside.y1 + 1, text.get_text()
+        plt.close(fig)
 
 
 def test_a_split_without_pixels_is_a_clear_error(bench):
