@@ -1,7 +1,7 @@
 """The headless main job: `python -m course_lib.benchmark [--smoke] [--out DIR]`.
 
 Builds the synthetic benchmark, fits every registered method (course_lib.registry), evaluates it
-on the test, full and compositional settings (DESIGN §4), times one text query against each
+on the test, full and compositional settings (README, "Data" and "Results"), times one text query against each
 gallery, and writes DIR/results.json, DIR/results.md (the README's table) and DIR/pareto.png.
 Each setting also gets an `oracle` row: the expected recall of the Bayes-optimal ranking under
 the generator's own caption likelihood, the best any model can reach (course_lib.data.oracle).

@@ -1,4 +1,4 @@
-"""The headless benchmark job writes the schema DESIGN §6 fixes, and its baseline scores right."""
+"""The headless benchmark job writes its fixed results.json schema, and its baseline scores right."""
 
 import json
 

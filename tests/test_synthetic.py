@@ -324,7 +324,7 @@ def test_config_constructors(monkeypatch):
 
 
 def test_generation_budget():
-    """DESIGN §8: 10k scenes with images, regions and captions in <= 10 s on a 2-core CPU.
+    """The course's budget: 10k scenes with images, regions and captions in <= 10 s on a 2-core CPU.
     scaled(10_000) builds more than that (plus 20k pre-training scenes and the twins)."""
     start = time.perf_counter()
     b = make_benchmark(SyntheticConfig.scaled(10_000), seed=0)

@@ -126,6 +126,6 @@ def test_round_trip_on_synthetic_captions():
     enc = tok(captions, padding="longest", truncation=True, max_length=40)
     assert all(UNK_ID not in ids for ids in enc["input_ids"])
     assert tok.batch_decode(enc["input_ids"], skip_special_tokens=True) == [c.lower() for c in captions]
-    assert len(tok) < 200  # a small closed vocabulary (DESIGN: ~100 words)
+    assert len(tok) < 200  # a small closed vocabulary (about 100 words)
     train_only = tokenizer_for(bench["train"])  # test captions share the training vocabulary
     assert all(UNK_ID not in ids for ids in train_only(bench["test"].captions)["input_ids"])

@@ -284,7 +284,7 @@ def _hit_probability(pool: np.ndarray, good: np.ndarray, k) -> np.ndarray:
 
 
 def oracle_ceiling(split, ks=(1, 5, 10)) -> dict[str, float]:
-    """The best expected R@K (percent) any model could reach on a synthetic split (DESIGN §3):
+    """The best expected R@K (percent) any model could reach on a synthetic split (README, "Data"):
     the Bayes-optimal ranking under the generator's own caption likelihood, ties broken at random.
     t2i ranks images by P(caption | image); i2t ranks captions by P(caption came from this image |
     caption). See course_lib.data.oracle for the likelihood and what is exact (test, full) and

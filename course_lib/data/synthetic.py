@@ -1,4 +1,4 @@
-"""The synthetic image-caption benchmark (DESIGN §3): configuration and public entry points.
+"""The synthetic image-caption benchmark (README, "Data"): configuration and public entry points.
 
     cfg = SyntheticConfig.for_course()          # smoke sizes under COURSE_SMOKE=1, else defaults
     bench = make_benchmark(cfg, seed=0)         # {"train", "val", "test", "pretrain", "compositional", "full"}
@@ -39,7 +39,7 @@ FAMILY_CODES = {"pair": PAIR, "relation": RELATION, "place": PLACE, "count": COU
 class SyntheticConfig:
     """Sizes and knobs of the benchmark. The defaults are the calibrated course setting.
 
-    Calibration (DESIGN §3, issue "Lessons 01-02"): the benchmark must show the papers' lesson at
+    Calibration: the benchmark must show the papers' lesson at
     a CPU budget: a cross-attention model clearly beats a one-vector dual encoder on t2i R@1 while
     costing far more per query, and the dual encoder is far from the ceiling. What makes it so:
     - `min_objects=4, max_objects=5`: rich scenes, so one pooled vector must answer many partial
