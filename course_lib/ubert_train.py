@@ -31,7 +31,7 @@ import torch
 from course_lib.checkpoints import checkpoint_name, finished_checkpoint, inference
 from course_lib.data.datasets import ImageDataset, PairCollate, PairDataset, TextCollate
 from course_lib.losses import batch_scores, hinge_triplet_loss
-from course_lib.methods import DualEncoderMethod, similarity
+from course_lib.methods import DualEncoderMethod, query_indices, similarity
 from course_lib.metrics import retrieval_metrics
 from course_lib.registry import register_method
 from course_lib.rerank import Cascade, TwoStageMethod, two_stage_scores
@@ -196,6 +196,17 @@ class UBERTMethod(DualEncoderMethod):
         if self._states[0] is not split or self._states[1] is not self.model:
             self._states = (split, self.model, compute_states(self._fitted(), split, self.tokenizer))
         return self._states[2]
+
+    def rank(self, split, direction: str, top_k: int, queries=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Stage 1: exact top_k by s1 through a FAISS index of the gallery's intra vectors, read from
+        the split's cached states, so a cascade's stage 2 re-uses the same tower pass."""
+        queries = query_indices(split, direction, queries)
+        states = self.states(split)
+        gallery, asked = ((states.image_intra, states.text_intra) if direction == "t2i"
+                          else (states.text_intra, states.image_intra))
+        scores, indices = search(build_index(gallery), asked[torch.as_tensor(queries, dtype=torch.long)],
+                                 min(top_k, len(gallery)))  # (Q, k) each
+        return torch.as_tensor(indices, dtype=torch.long), torch.as_tensor(scores)
 
     def score_pairs(self, split, image_indices, text_indices) -> torch.Tensor:
         """s2 (P,) of the pairs (image_indices[p], text_indices[p]): only BERT_cross runs."""

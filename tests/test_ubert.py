@@ -263,3 +263,14 @@ def test_sum_of_hinges_by_default(model, bench, tok):
         scores = model.pair_scores(model.image_states(batch), model.text_states(batch))
         assert cross_loss(cfg)(model, batch, step=10_000).item() == pytest.approx(
             hinge_triplet_loss(scores, cfg.margin, max_violation=False).item(), abs=1e-5)
+
+
+def test_stage_one_rank_from_cached_states_equals_the_towers(fitted, bench):
+    from course_lib.methods import DualEncoderMethod
+
+    method, _ = fitted
+    split = bench["test"]
+    for direction in ("t2i", "i2t"):
+        cached, cached_scores = method.rank(split, direction, 10)
+        encoded, encoded_scores = DualEncoderMethod.rank(method, split, direction, 10)  # a fresh tower pass
+        assert torch.equal(cached, encoded) and torch.allclose(cached_scores, encoded_scores, atol=1e-5)
