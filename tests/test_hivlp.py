@@ -1,0 +1,287 @@
+"""HiVLP: EOL widths and levels, gradient flow to every level, HRL against a loop over levels, the
+coarse-to-fine search against a naive per-query loop (and equal to flat search when nothing is
+pruned), the cascade method against its online path, and the cost model against hand-worked cases."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from course_lib.data.datasets import PairCollate, PairDataset
+from course_lib.hivlp import (CostModel, HiVLPConfig, build_hivlp, cascade_cost, encoder_multiply_adds,
+                              hrl_loss, level_layers, query_multiply_adds)
+from course_lib.hivlp_train import HiVLPCascade, HiVLPMethod, coarse_to_fine, compute_states, select_top_k
+from course_lib.lightningdot import VMLM
+
+TOL = 1e-5
+pytestmark = pytest.mark.usefixtures("one_thread")
+BENCH_SIZES = dict(n_train=120, n_val=20, n_test=24, n_pretrain=10, n_compositional=1)
+
+
+def small_config(**kw) -> HiVLPConfig:
+    return HiVLPConfig(**{"hidden": 16, "image_layers": 3, "text_layers": 3, "heads": 2, "eol_widths": (4, 8, 16),
+                          "batch_size": 16, "max_steps": 4, "dropout": 0.0, **kw})
+
+
+def pair_batch(split, tokenizer, rows, modality="pixels"):
+    return PairCollate(tokenizer)([PairDataset(split, modality=modality)[t] for t in rows])
+
+
+@pytest.fixture(scope="module")
+def fitted(bench, tok, tmp_path_factory):
+    return HiVLPMethod(small_config(), progress=False).fit(bench, tok, cache_dir=tmp_path_factory.mktemp("hivlp"))
+
+
+# ----------------------------------------------------------------------------- the model
+
+def test_level_layers_are_evenly_spaced_and_end_at_the_top():
+    assert level_layers(12, 3) == [4, 8, 12]  # the paper's ViT
+    assert level_layers(6, 3) == [2, 4, 6]  # the paper's text tower
+    assert level_layers(3, 3) == [1, 2, 3]
+    assert level_layers(4, 1) == [4]
+    with pytest.raises(ValueError):
+        level_layers(2, 3)
+
+
+def test_config_checks():
+    with pytest.raises(ValueError, match="non-decreasing"):
+        HiVLPConfig(eol_widths=(64, 32, 16))
+    with pytest.raises(ValueError, match="image_input"):
+        HiVLPConfig(image_input="grid")
+    with pytest.raises(ValueError, match="train_levels"):
+        HiVLPConfig(train_levels="first")
+    with pytest.raises(ValueError, match="blocks"):
+        HiVLPConfig(text_layers=2)
+
+
+@pytest.mark.parametrize("image_input", ["pixels", "regions"])
+def test_eol_widths_grow_and_read_the_right_blocks(bench, tok, image_input):
+    torch.manual_seed(0)
+    config = small_config(image_input=image_input, image_layers=6)
+    model = build_hivlp(config, bench["train"], tok).eval()
+    batch = pair_batch(bench["train"], tok, range(5), image_input)
+    images, texts = model(batch)
+    assert [tuple(x.shape) for x in images] == [(5, 4), (5, 8), (5, 16)]
+    assert [tuple(x.shape) for x in texts] == [(5, 4), (5, 8), (5, 16)]
+    assert model.image_at == [2, 4, 6] and model.text_at == [1, 2, 3]
+    # level l is EOL_l of block image_at[l]'s global token (position 0), recomputed by hand
+    states = model.image_tower(batch)
+    assert len(states) == 6
+    for l, block in enumerate(model.image_at):
+        torch.testing.assert_close(images[l], model.image_eols[l](states[block - 1][:, 0]), atol=TOL, rtol=0)
+    torch.testing.assert_close(model.encode_images(batch), images[-1], atol=TOL, rtol=0)
+    torch.testing.assert_close(model.encode_texts(batch), texts[-1], atol=TOL, rtol=0)
+
+
+def test_hrl_against_a_loop_over_levels():
+    torch.manual_seed(1)
+    B, widths = 5, (2, 3, 4)
+    images = [torch.randn(B, w) for w in widths]
+    texts = [torch.randn(B, w) for w in widths]
+    expected = 0.0
+    for i_l, t_l in zip(images, texts):  # eq. 6-7 per level by hand, eq. 8 sums them
+        s = [[float(i_l[i] @ t_l[j]) for j in range(B)] for i in range(B)]  # S[i][j], image i, text j
+        t2v = -sum(s[j][j] - math.log(sum(math.exp(s[k][j]) for k in range(B))) for j in range(B)) / B
+        v2t = -sum(s[i][i] - math.log(sum(math.exp(s[i][k]) for k in range(B))) for i in range(B)) / B
+        expected += (t2v + v2t) / 2
+    assert abs(float(hrl_loss(images, texts)) - expected) < 1e-4
+
+
+def test_model_loss_is_hrl_plus_lrm_and_logs_every_level(bench, tok):
+    torch.manual_seed(0)
+    model = build_hivlp(small_config(), bench["train"], tok).eval()  # eval: no dropout
+    batch = pair_batch(bench["train"], tok, range(8))
+    out = model.loss(batch)
+    torch.testing.assert_close(out["hrl"], hrl_loss(*model(batch)), atol=TOL, rtol=0)
+    assert set(out) >= {"loss", "hrl", "lrm", "rl_1", "rl_2", "rl_3"}
+    torch.testing.assert_close(out["loss"], out["hrl"] + out["lrm"], atol=TOL, rtol=0)
+    assert isinstance(model.vmlm, VMLM)  # LightningDOT's VMLM reused (eq. 4)
+    last = build_hivlp(small_config(train_levels="last", lrm_weight=0.0), bench["train"], tok).eval()
+    out = last.loss(batch)
+    torch.testing.assert_close(out["loss"], out["rl_3"], atol=TOL, rtol=0)
+
+
+def _grads(model, batch):
+    model.zero_grad(set_to_none=True)
+    model.loss(batch)["loss"].backward()
+    return model
+
+
+def test_gradient_reaches_every_level_and_only_trained_ones(bench, tok):
+    batch = pair_batch(bench["train"], tok, range(8))
+    torch.manual_seed(0)
+    model = _grads(build_hivlp(small_config(lrm_weight=0.0), bench["train"], tok), batch)
+    for eols in (model.image_eols, model.text_eols):
+        for eol in eols:
+            assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in eol.parameters())
+    assert model.image_tower.vit.blocks[0].attn.qkv.weight.grad.abs().sum() > 0
+    torch.manual_seed(0)
+    last = _grads(build_hivlp(small_config(lrm_weight=0.0, train_levels="last"), bench["train"], tok), batch)
+    for eols in (last.image_eols, last.text_eols):  # the ablation: only the last EOL learns
+        assert all(p.grad is None for eol in eols[:-1] for p in eol.parameters())
+        assert all(p.grad.abs().sum() > 0 for p in eols[-1].parameters())
+
+
+# ----------------------------------------------------------------------------- coarse to fine
+
+def _naive_cascade(gallery, query, survivors, top_k):
+    """One query at a time with Python sorts: keep survivors[l] by level l, then order by the last."""
+    out = []
+    for q in range(len(query[0])):
+        kept = list(range(len(gallery[0])))
+        for l, keep in enumerate(list(survivors) + [top_k]):
+            scores = {g: float(gallery[l][g] @ query[l][q]) for g in kept}
+            kept = sorted(kept, key=lambda g: -scores[g])[:keep]
+        out.append(kept)
+    return out
+
+
+def test_coarse_to_fine_against_a_naive_loop():
+    torch.manual_seed(2)
+    widths, G, Q = (2, 4, 8), 60, 7
+    gallery = [torch.randn(G, w) for w in widths]
+    query = [torch.randn(Q, w) for w in widths]
+    indices, scores = coarse_to_fine(gallery, query, survivors=(20, 6), top_k=4)
+    assert indices.tolist() == _naive_cascade(gallery, query, (20, 6), 4)
+    expected = torch.stack([gallery[2][indices[q]] @ query[2][q] for q in range(Q)])
+    torch.testing.assert_close(scores, expected, atol=TOL, rtol=0)
+    # the cascade really prunes: level 1 alone drops items that the last level would rank first
+    flat = torch.topk(query[2] @ gallery[2].T, 4, dim=1).indices
+    assert not torch.equal(flat, indices)
+
+
+def test_nothing_pruned_is_flat_search():
+    torch.manual_seed(3)
+    widths, G = (2, 4, 8), 50
+    gallery = [torch.randn(G, w) for w in widths]
+    query = [torch.randn(5, w) for w in widths]
+    indices, scores = coarse_to_fine(gallery, query, survivors=(G, G), top_k=10)
+    flat = torch.topk(query[2] @ gallery[2].T, 10, dim=1)
+    assert torch.equal(indices, flat.indices)
+    torch.testing.assert_close(scores, flat.values, atol=TOL, rtol=0)
+    with pytest.raises(ValueError, match="survivor"):
+        coarse_to_fine(gallery, query, survivors=(10,), top_k=5)
+
+
+def test_cascade_method_matches_coarse_to_fine_and_query_fn(fitted, bench, tok):
+    test = bench["test"]
+    cascade = HiVLPCascade(fitted, survivors=(30, 10))
+    states = fitted.states(test)
+    indices, _ = cascade.rank(test, "t2i", 10)  # through the generic Cascade (Method API)
+    queries = torch.as_tensor(test.text_queries, dtype=torch.long)
+    expected, _ = coarse_to_fine(states.image, [t[queries] for t in states.text], (30, 10), 10)
+    assert torch.equal(indices, expected)
+    for row, caption in enumerate(test.text_queries[:3]):  # the online path gives the same list
+        assert cascade.query_fn(test, int(caption), top_k=5)().tolist() == expected[row, :5].tolist()
+    # the other direction: captions of the split searched by images
+    i2t, _ = cascade.rank(test, "i2t", 5)
+    images = torch.as_tensor(test.image_queries, dtype=torch.long)
+    expected_i2t, _ = coarse_to_fine(states.text, [v[images] for v in states.image], (30, 10), 5)
+    assert torch.equal(i2t, expected_i2t)
+
+
+def test_cached_states_equal_a_fresh_pass(fitted, bench, tok):
+    test = bench["test"]
+    states = compute_states(fitted.model, test, tok, batch_size=7)  # other batch boundaries
+    cached = fitted.states(test)
+    for fresh, kept in zip(states.image + states.text, cached.image + cached.text):
+        torch.testing.assert_close(fresh, kept, atol=TOL, rtol=0)
+    flat, _ = fitted.rank(test, "t2i", 5)
+    expected = torch.topk(cached.text[-1][torch.as_tensor(test.text_queries)] @ cached.image[-1].T, 5).indices
+    assert torch.equal(flat, expected)
+    level1 = fitted.level(0)
+    pairs = level1.score_pairs(test, np.array([0, 1, 2]), np.array([4, 4, 0]))
+    torch.testing.assert_close(pairs, (cached.image[0][[0, 1, 2]] * cached.text[0][[4, 4, 0]]).sum(-1))
+
+
+def test_checkpoint_is_loaded_not_retrained(fitted, bench, tok):
+    cache = fitted.checkpoint_path.parent
+    stamp = fitted.checkpoint_path.stat().st_mtime_ns
+    again = HiVLPMethod(small_config(), progress=False).fit(bench, tok, cache_dir=cache)
+    assert fitted.checkpoint_path.stat().st_mtime_ns == stamp
+    assert all(torch.equal(a, b) for a, b in zip(again.model.state_dict().values(),
+                                                 fitted.model.state_dict().values()))
+
+
+# ----------------------------------------------------------------------------- cost model
+
+def test_cost_model_reproduces_the_papers_worked_example():
+    """§3.4: N = 10^9, N2 = 10^5, N3 = 100, d = 768 / 128 / 300, t_e = 10^3: the paper says "about
+    7e11 vs 1e11, ~7x"; exactly 12e3 + 7.68e11 vs 4e3 + 1.28e11 + 3e7 + 76,800 = 6.0x."""
+    cost = cascade_cost(10**9, survivors=(10**5, 100))
+    assert cost["flat"] == 12e3 + 768e9
+    assert cost["cascade"] == 4e3 + 128e9 + 300e5 + 100 * 768
+    assert abs(cost["speedup"] - 5.998) < 1e-3
+
+
+def test_cost_model_by_hand_and_encoder_bound():
+    model = CostModel(n_layers=3, level_layers=(1, 2, 3), widths=(2, 4, 8), t_e=10)
+    # flat: 3 blocks + 100 * 8; cascade: 1 block, max(1 block, 100*2), max(1 block, 10*4), 5*8
+    assert model.flat(100) == 30 + 800
+    assert model.cascade([100, 10, 5]) == 10 + 200 + 40 + 40
+    # a tiny gallery: the encoder blocks dominate each max()
+    assert model.cascade([3, 2, 1]) == 10 + 10 + 10 + 8
+    assert cascade_cost(5, survivors=(1000, 100), model=model)["candidates"] == [5, 5, 5]
+
+
+def test_multiply_adds_by_hand():
+    # 1 block, 2 tokens of width 2: projections 4*2*4 = 32, attention 2*4*2 = 16, MLP 8*2*4 = 64
+    assert encoder_multiply_adds(tokens=2, hidden=2, layers=1) == 32 + 16 + 64
+    count = query_multiply_adds(100, tokens=2, hidden=2, layers=1, widths=(1, 2), survivors=(10,))
+    eols = (4 + 2) + (4 + 4)
+    assert count["encoder"] == 112 + eols
+    assert count["flat_similarity"] == 200 and count["cascade_similarity"] == 100 + 20
+
+
+# ----------------------------------------------------------------------------- the exercise checker
+
+def _loop_hrl(images, texts):
+    """L_HRL written with per-level Python loops over the batch (an independent reference)."""
+    total = 0.0
+    for i_l, t_l in zip(images, texts):
+        s = i_l @ t_l.T  # (B, B)
+        B = len(s)
+        t2v = sum(-torch.log_softmax(s[:, j], 0)[j] for j in range(B)) / B
+        v2t = sum(-torch.log_softmax(s[i], 0)[i] for i in range(B)) / B
+        total = total + (t2v + v2t) / 2
+    return total
+
+
+def test_hrl_checker_passes_a_correct_answer_and_names_mistakes():
+    import torch.nn.functional as F
+
+    from course_lib.exercises import ExerciseError, check_hrl_loss
+    from course_lib.losses import contrastive_loss
+
+    check_hrl_loss(hrl_loss)
+    check_hrl_loss(_loop_hrl)
+    wrong = {
+        "averaged": lambda im, tx: sum(contrastive_loss(i @ t.T) for i, t in zip(im, tx)) / len(im),
+        "last level": lambda im, tx: contrastive_loss(im[-1] @ tx[-1].T),
+        "text-to-image": lambda im, tx: sum(F.cross_entropy((i @ t.T).T, torch.arange(len(i))) for i, t in zip(im, tx)),
+        "normalised": lambda im, tx: sum(contrastive_loss(F.normalize(i, dim=-1) @ F.normalize(t, dim=-1).T)
+                                         for i, t in zip(im, tx)),
+        "gradient": lambda im, tx: hrl_loss(im, tx).detach(),
+    }
+    for expected, fn in wrong.items():
+        with pytest.raises(ExerciseError, match=expected):
+            check_hrl_loss(fn)
+
+
+@pytest.mark.parametrize("n, k", [(50, 5), (40_000, 10), (200_000, 1000), (200_000, 7)])
+def test_select_top_k_is_topk(n, k):
+    torch.manual_seed(n + k)
+    scores = torch.randn(1, n)
+    values, indices = select_top_k(scores, k)
+    expected = torch.topk(scores, k, dim=1)
+    assert torch.equal(indices, expected.indices) and torch.equal(values, expected.values)
+    # a row whose top scores are all tied above the rest still gives k of them
+    tied = torch.zeros(1, n)
+    tied[0, :3 * k] = 1.0
+    values, indices = select_top_k(tied, k)
+    assert values.shape == (1, k) and bool((values == 1.0).all())
+    several = torch.randn(3, n)  # more than one query: torch.topk itself
+    assert torch.equal(select_top_k(several, k)[1], torch.topk(several, k, dim=1).indices)
