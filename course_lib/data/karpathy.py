@@ -12,6 +12,9 @@ A Karpathy file (`dataset_flickr30k.json`, `dataset_coco.json`) is
     out_dir/ground_truth.npz         "<split>__scenes__<key>", "<split>__meanings__<key>" (to_arrays)
                                      and "<split>__info__<key>" (array-valued split.info, e.g. twin_of)
     out_dir/info.json                config, seed, sizes and the rest of split.info per split
+
+Real data gets its regions from `data_scripts/extract_features.py`; `course_lib.data.features` reads
+its feature folder into the bench dict every method's `fit(bench, tokenizer)` reads.
 """
 
 from __future__ import annotations
@@ -64,7 +67,7 @@ def _caption(sentence: dict) -> str:
 
 
 def _read(json_path, image_root=None, split="test", *, captions_per_image=5, regions_file=None,
-          load_pixels=False, image_size=None) -> tuple[RetrievalSplit, np.ndarray]:
+          load_pixels=False, image_size=None, regions_dtype=np.float32) -> tuple[RetrievalSplit, np.ndarray]:
     """read_karpathy, also returning the sentid of every caption (T,) (load_synthetic reorders by it)."""
     json_path = Path(json_path)
     data = _load_json(json_path)
@@ -127,22 +130,32 @@ def _read(json_path, image_root=None, split="test", *, captions_per_image=5, reg
               "captions_per_image": captions_per_image},
     )
     if regions_file is not None:
-        _attach_regions(result, Path(regions_file))
+        _attach_regions(result, Path(regions_file), regions_dtype)
     return result, np.asarray(sentids, dtype=np.int64)
 
 
 def read_karpathy(json_path, image_root=None, split="test", *, captions_per_image=5,
-                  regions_file=None, load_pixels=False, image_size=None) -> RetrievalSplit:
+                  regions_file=None, load_pixels=False, image_size=None,
+                  regions_dtype=np.float32) -> RetrievalSplit:
     """One split (or several pooled, e.g. ("train", "restval")) of a Karpathy file as a RetrievalSplit.
 
     Captions are the lower-cased `tokens` joined by spaces, the first `captions_per_image` of each
     image (None keeps all). With `image_root`, `image_paths` = image_root / filepath / filename and
     every file must exist; `load_pixels` reads them all into `images` uint8 (N, H, W, 3), resized to
     `image_size` if given. `regions_file` (.npz with image_ids, regions, boxes, region_mask and
-    optionally region_classes) fills the region fields, aligned by image id.
+    optionally region_classes) fills the region fields, aligned by image id; `regions` comes back
+    as regions_dtype (np.float16 halves the memory of big real-data files; datasets cast per item).
     """
     return _read(json_path, image_root, split, captions_per_image=captions_per_image,
-                 regions_file=regions_file, load_pixels=load_pixels, image_size=image_size)[0]
+                 regions_file=regions_file, load_pixels=load_pixels, image_size=image_size,
+                 regions_dtype=regions_dtype)[0]
+
+
+def split_names(json_path) -> list[str]:
+    """The splits a Karpathy file holds: train, restval, val, test (those present), then any others."""
+    names = {str(img.get("split")) for img in _load_json(Path(json_path))["images"]}
+    usual = [s for s in ("train", "restval", "val", "test") if s in names]
+    return usual + sorted(names - set(usual))
 
 
 def _read_all(paths, image_size, json_path) -> np.ndarray:
@@ -165,34 +178,38 @@ def _read_all(paths, image_size, json_path) -> np.ndarray:
     return np.stack(arrays)  # (N, H, W, 3) uint8
 
 
-def _attach_regions(split: RetrievalSplit, regions_file: Path) -> None:
+def _rows(file_ids, split: RetrievalSplit, regions_file: Path) -> np.ndarray:
+    """(N,) the row of each of the split's images in a regions file whose image_ids are file_ids."""
+    row_of = {str(i): r for r, i in enumerate(file_ids)}
+    missing = [i for i in split.image_ids if i not in row_of]
+    if missing:
+        raise ValueError(
+            f"regions file {regions_file} lacks {len(missing)} of the {split.n_images} image ids "
+            f"of split {split.name!r} (e.g. {missing[:3]}); extract features for this split or "
+            "pass the regions file made from the same Karpathy file"
+        )
+    return np.asarray([row_of[i] for i in split.image_ids], dtype=np.int64)
+
+
+def _attach_regions(split: RetrievalSplit, regions_file: Path, regions_dtype=np.float32) -> None:
     if not regions_file.is_file():
         raise FileNotFoundError(
-            f"regions file {regions_file} not found; make it with data_scripts (feature extraction) "
-            "or leave regions_file=None and use pixels"
+            f"regions file {regions_file} not found; make it with "
+            "data_scripts/extract_features.py or leave regions_file=None and use pixels"
         )
     with np.load(regions_file, allow_pickle=False) as z:
         for key in ("image_ids", "regions", "boxes", "region_mask"):
             if key not in z:
                 raise ValueError(f"regions file {regions_file} has no '{key}' array; it needs "
                                  "image_ids, regions, boxes, region_mask (region_classes optional)")
-        row_of = {str(i): r for r, i in enumerate(z["image_ids"])}
-        missing = [i for i in split.image_ids if i not in row_of]
-        if missing:
-            raise ValueError(
-                f"regions file {regions_file} lacks {len(missing)} of the {split.n_images} image ids "
-                f"of split {split.name!r} (e.g. {missing[:3]}); extract features for this split or "
-                "pass the regions file made from the same Karpathy file"
-            )
-        rows = np.asarray([row_of[i] for i in split.image_ids], dtype=np.int64)
-        split.regions = z["regions"][rows].astype(np.float32, copy=False)  # (N, R, D)
-        split.boxes = z["boxes"][rows].astype(np.float32, copy=False)  # (N, R, 7)
-        split.region_mask = z["region_mask"][rows].astype(bool, copy=False)  # (N, R)
+        rows = _rows(z["image_ids"], split, regions_file)
+        whole = np.array_equal(rows, np.arange(len(z["image_ids"])))  # all, in order: take without a copy
+        take = lambda key, dtype: (z[key] if whole else z[key][rows]).astype(dtype, copy=False)  # noqa: E731
+        split.regions = take("regions", regions_dtype)  # (N, R, D)
+        split.boxes = take("boxes", np.float32)  # (N, R, 7)
+        split.region_mask = take("region_mask", bool)  # (N, R)
         if "region_classes" in z:
-            split.region_classes = z["region_classes"][rows].astype(np.float32, copy=False)  # (N, R, C)
-
-
-# ----------------------------------------------------------------------------- writing
+            split.region_classes = take("region_classes", np.float32)  # (N, R, C)
 
 
 def _json_default(value):
@@ -360,4 +377,5 @@ def _attach_ground_truth(result: RetrievalSplit, path: Path, split: str) -> None
             result.meanings = Meanings.from_arrays(arrays["meanings"])
 
 
-__all__ = ["read_karpathy", "write_karpathy", "load_synthetic", "png_bytes", "disk_size", "IMAGE_DIR"]
+__all__ = ["read_karpathy", "write_karpathy", "load_synthetic", "split_names", "png_bytes", "disk_size",
+           "IMAGE_DIR"]

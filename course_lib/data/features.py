@@ -1,0 +1,80 @@
+"""Real-data features as the course's bench dict: the switch from synthetic to real data.
+
+`data_scripts/extract_features.py` writes a feature folder: regions.npz in the regions-file format
+`read_karpathy(..., regions_file=)` reads (plus `pooled` (N, D), read by `read_pooled`) and
+features.json (backbone, sizes, the Karpathy file). `load_feature_bench(folder)` turns it into the
+bench dict every method's `fit(bench, tokenizer)` reads, as `make_benchmark` does for synthetic data.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from course_lib.data.karpathy import _attach_regions, _rows, read_karpathy
+from course_lib.data.split import RetrievalSplit, concatenate
+
+
+def read_pooled(regions_file, split: RetrievalSplit) -> np.ndarray:
+    """float32 (N, D): the backbone's pooled vector of each image of the split, from a regions file
+    that extract_features.py wrote (VSE++'s own input: one global CNN feature per image)."""
+    regions_file = Path(regions_file)
+    with np.load(regions_file, allow_pickle=False) as z:
+        if "pooled" not in z:
+            raise ValueError(f"regions file {regions_file} has no 'pooled' array; only "
+                             "data_scripts/extract_features.py writes one")
+        return z["pooled"][_rows(z["image_ids"], split, regions_file)].astype(np.float32, copy=False)
+
+
+def load_feature_bench(features_dir, *, captions_per_image=5, regions_dtype=np.float32,
+                       karpathy_json=None, image_root=None) -> dict[str, RetrievalSplit]:
+    """The bench dict of a feature folder (data_scripts/extract_features.py), as make_benchmark's.
+
+    "train" (COCO: train + restval, the usual 113k), "val", "test" for the splits extracted;
+    "full" (test queries against train + val + test, LightningDOT §4.3) when all three are there;
+    "pretrain" = "train" (no separate pre-training corpus: LightningDOT pre-trains in-domain).
+    The regions are read once (in the file's order: no copy), every split's arrays are views into
+    them; regions_dtype=np.float16 halves the memory (COCO: see the README). image_root (the
+    --images folder) adds image_paths, for the methods that read pixels; karpathy_json overrides
+    the Karpathy file that features.json names (data moved elsewhere).
+    """
+    folder = Path(features_dir)
+    if not (folder / "features.json").is_file():
+        raise FileNotFoundError(f"{folder / 'features.json'} not found: make the feature folder with "
+                                f"`python data_scripts/extract_features.py ... --out {folder}`")
+    manifest = json.loads((folder / "features.json").read_text(encoding="utf-8"))
+    if not manifest.get("complete"):
+        raise ValueError(f"the extraction into {folder} has not finished; run the same "
+                         "extract_features.py command again: it resumes where it stopped")
+    groups = {"train": ("train", "restval"), "val": ("val",), "test": ("test",)}
+    names, splits = [], []
+    for name, group in groups.items():  # one Karpathy split at a time: the order extract_features wrote
+        parts = [read_karpathy(karpathy_json or manifest["karpathy_json"], image_root, split=s,
+                               captions_per_image=captions_per_image) for s in group if s in manifest["splits"]]
+        if parts:
+            names.append(name)
+            splits.append(parts[0] if len(parts) == 1 else concatenate(parts, name))
+    everything = names == ["train", "val", "test"]
+    pooled = concatenate(splits, "full", queries_from=splits[-1] if everything else None)
+    _attach_regions(pooled, folder / "regions.npz", regions_dtype)
+    start = 0
+    for name, split in zip(names, splits):
+        rows, start = slice(start, start + split.n_images), start + split.n_images
+        for field in ("regions", "boxes", "region_mask", "region_classes"):
+            if getattr(pooled, field) is not None:
+                setattr(split, field, getattr(pooled, field)[rows])  # a view: no second copy
+        split.name = name
+    bench = dict(zip(names, splits)) | ({"full": pooled} if everything else {})
+    for split in bench.values():
+        split.info["features"] = {k: manifest[k] for k in ("backbone", "pretrained", "grid", "image_size")}
+    if "train" in bench:
+        bench["pretrain"] = bench["train"]
+    return bench
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+__all__ = ["load_feature_bench", "read_pooled"]
