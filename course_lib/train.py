@@ -12,6 +12,10 @@ clipping, periodic evaluation, logging into a `History`, and checkpoints that re
   resumes from `checkpoint_path` bit-for-bit (CPU or CUDA, `num_workers=0`).
 - A finished run's checkpoint makes `fit()` return at once with the stored history: this is how
   notebooks cache trained models (delete the file or call `fit(resume=False)` to retrain).
+- In a torch.distributed group of N processes (course_lib.distributed), batch_size is per process:
+  a step's global batch of N * batch_size is split in rank order and DDP averages the gradients, so
+  the run equals one process of batch N * batch_size. loss_fn still gets the plain model; logged
+  values are averaged over processes; only rank 0 shows progress, evaluates and saves.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ from torch import nn
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
+from course_lib.distributed import (barrier, data_parallel_loss, get_rank, get_world_size,
+                                    mean_over_ranks)
 from course_lib.settings import get_device, seed_everything
 
 _FORMAT = "course_lib.train/1"
@@ -42,7 +48,7 @@ _RESULT_FIELDS = ("batch_size", "lr", "weight_decay", "betas", "eps", "warmup_fr
 @dataclass
 class TrainConfig:
     max_steps: int = 1000  # optimizer steps (a step = grad_accum_steps micro-batches)
-    batch_size: int = 32  # samples per micro-batch
+    batch_size: int = 32  # samples per micro-batch (of each process, when distributed)
     lr: float = 1e-4  # peak learning rate, reached at the end of warm-up
     weight_decay: float = 0.01  # AdamW decoupled decay, on 2-D+ tensors only
     betas: tuple[float, float] = (0.9, 0.98)  # AdamW betas (LightningDOT / UNITER)
@@ -191,17 +197,22 @@ class Trainer:
                  config: TrainConfig | None = None, collate_fn: Callable | None = None,
                  evaluate: Callable[[nn.Module], dict] | None = None):
         self.config = cfg = config or TrainConfig()
+        self.rank, self.world_size = get_rank(), get_world_size()
         n = len(dataset)  # a map-style dataset: the trainer draws its own index order
         if n == 0:
             raise ValueError("the training dataset is empty")
-        if cfg.drop_last and n < cfg.batch_size:
+        if self.world_size > 1 and not cfg.drop_last:
+            raise ValueError("training on several processes needs drop_last=True: every process "
+                             "must get a full batch_size share of each global batch")
+        if cfg.drop_last and n < cfg.batch_size * self.world_size:
             raise ValueError(f"the dataset has {n} samples, fewer than one batch (batch_size="
-                             f"{cfg.batch_size}) and drop_last=True leaves no batch: lower "
-                             "batch_size or set drop_last=False")
+                             f"{cfg.batch_size} x {self.world_size} processes) and drop_last=True "
+                             "leaves no batch: lower batch_size or set drop_last=False")
         self.dataset, self.loss_fn, self.collate_fn = dataset, loss_fn, collate_fn
         self.evaluate = evaluate
         self.device = torch.device(cfg.device) if cfg.device else get_device()
         self.model = model.to(self.device)
+        self._ddp = data_parallel_loss(self.model)  # None in one process; call _ddp(loss_fn, batch, step)
         self.use_amp = cfg.amp and self.device.type == "cuda"
         self.amp_dtype = (torch.bfloat16 if self.use_amp and torch.cuda.is_bf16_supported()
                           else torch.float16)
@@ -227,11 +238,15 @@ class Trainer:
 
     # ---- data -------------------------------------------------------------------------------
     def _epoch_batches(self, epoch: int) -> list[list[int]]:
-        cfg, n = self.config, len(self.dataset)
+        """This process's slice (rank r: the r-th batch_size rows) of each global batch of batch_size
+        x world_size. Not DistributedSampler, which deals positions r, r + N, ... to rank r: its
+        batches gathered in rank order would permute one process's batch; ours are it, row for row."""
+        cfg, n, size = self.config, len(self.dataset), self.config.batch_size * self.world_size
         gen = torch.Generator().manual_seed(self._epoch_seed(epoch))
         order = torch.randperm(n, generator=gen).tolist() if cfg.shuffle else list(range(n))
-        count = n // cfg.batch_size if cfg.drop_last else math.ceil(n / cfg.batch_size)
-        return [order[i * cfg.batch_size:(i + 1) * cfg.batch_size] for i in range(count)]
+        count = n // size if cfg.drop_last else math.ceil(n / size)
+        shard = slice(self.rank * cfg.batch_size, (self.rank + 1) * cfg.batch_size)
+        return [order[i * size:(i + 1) * size][shard] for i in range(count)]
 
     def _epoch_seed(self, epoch: int) -> int:
         return (self.config.seed * 1_000_003 + epoch) % (2**63)
@@ -265,20 +280,22 @@ class Trainer:
         if resume and path and os.path.exists(path):
             self.load_checkpoint(path)
             done = self.step >= cfg.max_steps
-            tqdm.write(f"{'Loaded finished run' if done else 'Resumed'} from {path} at step "
-                       f"{self.step}/{cfg.max_steps}" + (" (no training needed)" if done else ""))
+            if self.rank == 0:
+                tqdm.write(f"{'Loaded finished run' if done else 'Resumed'} from {path} at step "
+                           f"{self.step}/{cfg.max_steps}" + (" (no training needed)" if done else ""))
             if done:
                 return self.history
         elif self.step == 0 or not resume:  # fresh start; else continue the run held in memory
             if self.step > 0:
                 self._build_optimizer()
             self._reset_progress()
-            seed_everything(cfg.seed)
+            seed_everything(cfg.seed + self.rank)  # other processes: their own dropout masks
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         end = cfg.max_steps if stop_after is None else min(cfg.max_steps, self.step + stop_after)
         batches = self._micro_batches()
-        bar = tqdm(total=cfg.max_steps, initial=self.step, desc="train", disable=not cfg.progress)
+        bar = tqdm(total=cfg.max_steps, initial=self.step, desc="train",
+                   disable=not cfg.progress or self.rank != 0)
         try:
             while self.step < end:
                 self._train_step(batches)
@@ -287,7 +304,8 @@ class Trainer:
                 if self.step % cfg.log_every == 0 or last:
                     row = self._log_row()
                     bar.set_postfix(loss=f"{row['loss']:.4f}", lr=f"{row['lr']:.2e}")
-                if self.evaluate and ((cfg.eval_every and self.step % cfg.eval_every == 0) or last):
+                evaluates = self.evaluate and self.rank == 0  # the others wait at the next all-reduce
+                if evaluates and ((cfg.eval_every and self.step % cfg.eval_every == 0) or last):
                     self._run_evaluate()
                 due = cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0
                 if path and due and self.step < end:  # the last one is saved below
@@ -297,26 +315,31 @@ class Trainer:
             batches.close()  # shuts down DataLoader workers now, not at garbage collection
         if path:
             self.save_checkpoint(path)
+            barrier()  # no process reads the checkpoint before rank 0 has written it
         return self.history
 
     def _train_step(self, batches) -> None:
         cfg, sums = self.config, {}
         autocast = (torch.autocast("cuda", dtype=self.amp_dtype) if self.use_amp
                     else contextlib.nullcontext())
-        for _ in range(cfg.grad_accum_steps):
+        for micro in range(cfg.grad_accum_steps):
             batch = next(batches)
-            with autocast:
-                out = self.loss_fn(self.model, batch, self.step)
-            loss = _checked_loss(out)
-            # Dividing makes the accumulated gradient that of the mean over all micro-batches.
-            self.scaler.scale(loss / cfg.grad_accum_steps).backward()
+            last = micro == cfg.grad_accum_steps - 1  # DDP all-reduces in the last backward only
+            with self._ddp.no_sync() if self._ddp and not last else contextlib.nullcontext():
+                with autocast:
+                    out = (self._ddp(self.loss_fn, batch, self.step) if self._ddp
+                           else self.loss_fn(self.model, batch, self.step))
+                loss = _checked_loss(out)
+                # Dividing makes the accumulated gradient that of the mean over all micro-batches.
+                self.scaler.scale(loss / cfg.grad_accum_steps).backward()
             for k, v in (out.items() if isinstance(out, dict) else [("loss", loss)]):
                 # Tensors stay on the device until the step ends: no host sync per micro-batch.
                 scalar_tensor = torch.is_tensor(v) and v.numel() == 1
                 v = v.detach().float().sum() if scalar_tensor else _scalar(v)
                 if v is not None:
                     sums[k] = sums.get(k, 0.0) + v
-        values = {k: float(v) / cfg.grad_accum_steps for k, v in sums.items()}
+        values = mean_over_ranks({k: float(v) / cfg.grad_accum_steps for k, v in sums.items()},
+                                 self.device)  # every process sees a NaN and stops
         if not math.isfinite(values["loss"]):
             raise FloatingPointError(
                 f"loss is {values['loss']} at step {self.step + 1} (epoch {self.epoch}): lower "
@@ -370,10 +393,13 @@ class Trainer:
                 "window": self._window, "rng": _rng_state(), "config": config}
 
     def save_checkpoint(self, path: str | None = None) -> None:
-        """Write the trainer state atomically (temporary file, then os.replace)."""
+        """Write the trainer state atomically (temporary file, then os.replace), on rank 0 only (the
+        RNG states are rank 0's: other ranks' dropout masks do not resume bit-exactly)."""
         path = path or self.config.checkpoint_path
         if not path:
             raise ValueError("no path given and config.checkpoint_path is None")
+        if self.rank != 0:
+            return
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         torch.save(self.state_dict(), path + ".tmp")
         os.replace(path + ".tmp", path)  # a crash mid-write never leaves a truncated checkpoint
