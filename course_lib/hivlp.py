@@ -20,7 +20,10 @@ Where the paper is silent, our choices (the notebook says them too):
 - Sizes: hidden 64, a 6-block ViT over 8x8-pixel patches of the 32x32 image (16 patches + [IMG]),
   a 3-block text tower; EOL widths 16/32/64 (the paper's 128/300/768 ratio, roughly), after blocks
   2/4/6 (image) and 1/2/3 (text): evenly spaced, the paper's 4/8/12 and 2/4/6.
-- The EOL MLP: Linear(hidden, hidden), GELU, Linear(hidden, d_l) (depth not given).
+- The EOL MLP: Linear(hidden, hidden), GELU, Linear(hidden, d_l) (depth not given), then a LayerNorm, so
+  the raw inner products S^l start at the scale of LayerNorm'd states (LightningDOT's [CLS] is one) rather
+  than near 0, where a softmax at scale 1 learns slowly (`eol_layernorm=False` is the bare MLP).
+- The ViT embeds patches linearly, as the paper's; `stem="conv"` swaps in a convolutional stem.
 - LRM's image term h_V0 is the last image block's [IMG] state (eq. 4 writes h_V0^l with no l).
 - LRM is added to L_HRL with weight `lrm_weight` (1 by default; the paper gives no weights). The
   cross-modal encoder and its VLM loss are not trained here: "+CM" re-ranking uses the course's
@@ -36,6 +39,7 @@ from typing import ClassVar
 
 import torch
 from torch import nn
+from timm.models.vision_transformer_hybrid import HybridEmbed
 
 from course_lib.data.tokenizer import WORD_SPECIAL_TOKENS, SpecialTokens
 from course_lib.encoders import PixelEncoder, RegionTransformerEncoder, TransformerTextEncoder
@@ -44,6 +48,7 @@ from course_lib.losses import batch_scores, contrastive_loss
 from course_lib.settings import CourseConfig
 
 IMAGE_INPUTS = ("pixels", "regions")
+STEMS = ("patch", "conv")
 TRAIN_LEVELS = ("all", "last")
 
 
@@ -55,9 +60,12 @@ class HiVLPConfig(CourseConfig):
     text_layers: int = 3  # text blocks (the paper: 6)
     heads: int = 4  # attention heads per block
     patch_size: int = 8  # ViT patch side in pixels: a 32x32 image is 4x4 patches + [IMG]
+    stem: str = "patch"  # "patch": ViT's linear patch embedding; "conv": stride-2 3x3 convolutions down to the patches
     backbone: str | None = None  # a timm ViT name for real data (e.g. "vit_base_patch16_224"); None = the course's
     pretrained: bool = False  # load the timm backbone's pretrained weights (needs internet or a cache)
+    image_size: int | None = None  # resize pixels to this side (real images: e.g. 224); None = as stored (32)
     eol_widths: tuple = (16, 32, 64)  # d_l of each level, growing with depth (the paper: 128/300/768)
+    eol_layernorm: bool = True  # end each EOL with a LayerNorm: level vectors start at norm sqrt(d_l), not near 0
     train_levels: str = "all"  # "all": L_HRL over every level (eq. 8); "last": the last level only (ablation)
     lrm_weight: float = 1.0  # weight of L_LRM (eq. 4) beside L_HRL; 0 = HRL alone
     mask_prob: float = 0.15  # share of words LRM masks (BERT)
@@ -75,6 +83,8 @@ class HiVLPConfig(CourseConfig):
     def __post_init__(self):
         if self.image_input not in IMAGE_INPUTS:
             raise ValueError(f"image_input must be one of {IMAGE_INPUTS}, got {self.image_input!r}")
+        if self.stem not in STEMS:
+            raise ValueError(f"stem must be one of {STEMS}, got {self.stem!r}")
         if self.train_levels not in TRAIN_LEVELS:
             raise ValueError(f"train_levels must be one of {TRAIN_LEVELS}, got {self.train_levels!r}")
         self.eol_widths = tuple(int(w) for w in self.eol_widths)
@@ -99,14 +109,39 @@ def level_layers(n_layers: int, n_levels: int) -> list[int]:
 
 
 class EarlyOutput(nn.Module):
-    """One Early Output Layer: the global token (B, hidden) -> (B, width) through a 2-layer MLP."""
+    """One Early Output Layer: the global token (B, hidden) -> (B, width) through a 2-layer MLP, and
+    a LayerNorm (layernorm=True) so that S^l = a raw inner product starts at the scale of LightningDOT's
+    LayerNorm'd [CLS] vectors instead of near 0, where the in-batch softmax at scale 1 barely learns."""
 
-    def __init__(self, hidden: int, width: int):
+    def __init__(self, hidden: int, width: int, layernorm: bool = True):
         super().__init__()
-        self.mlp = nn.Sequential(nn.Linear(hidden, hidden), nn.GELU(), nn.Linear(hidden, width))
+        self.mlp = nn.Sequential(nn.Linear(hidden, hidden), nn.GELU(), nn.Linear(hidden, width),
+                                 *([nn.LayerNorm(width)] if layernorm else []))
 
     def forward(self, h0: torch.Tensor) -> torch.Tensor:
         return self.mlp(h0)  # (B, width)
+
+
+def conv_stem(hidden: int, patch_size: int) -> nn.Sequential:
+    """log2(patch_size) stride-2 3x3 convolutions (GELU between), widths doubling up to `hidden`:
+    a (B, 3, H, W) image -> (B, hidden, H / patch_size, W / patch_size), one vector per patch, each
+    seeing its neighbours' pixels too (the "convolutional stem" of Xiao et al., 2021)."""
+    steps = int(math.log2(patch_size))
+    if 2 ** steps != patch_size or steps < 1:
+        raise ValueError(f"a conv stem needs patch_size a power of 2 (>= 2), got {patch_size}")
+    widths = [3] + [max(hidden >> (steps - 1 - i), 8) for i in range(steps)]
+    layers = []
+    for i, (a, b) in enumerate(zip(widths, widths[1:])):
+        layers += [nn.Conv2d(a, b, 3, stride=2, padding=1)] + ([nn.GELU()] if i < steps - 1 else [])
+    return nn.Sequential(*layers)
+
+
+class ConvStemEmbed(HybridEmbed):
+    """timm's hybrid patch embedding over `conv_stem`: the ViT's patch_size becomes the stem's total
+    stride, and each cell of the stem's map is one token (a 1x1 projection to embed_dim)."""
+
+    def __init__(self, *, patch_size: int, embed_dim: int, **kwargs):
+        super().__init__(backbone=conv_stem(embed_dim, patch_size), patch_size=1, embed_dim=embed_dim, **kwargs)
 
 
 class ViTTower(nn.Module):
@@ -118,6 +153,10 @@ class ViTTower(nn.Module):
         c = config
         kwargs = {} if c.backbone else dict(patch_size=c.patch_size, depth=c.image_layers, embed_dim=c.hidden,
                                              num_heads=c.heads, drop_rate=c.dropout, attn_drop_rate=0.0)
+        if c.image_size is not None:
+            kwargs["img_size"] = c.image_size
+        if c.stem == "conv":
+            kwargs["embed_layer"] = ConvStemEmbed
         self.vit = PixelEncoder(c.backbone, pretrained=c.pretrained, **kwargs).backbone
         self.width, self.depth = self.vit.num_features, len(self.vit.blocks)
 
@@ -166,8 +205,8 @@ class HiVLP(nn.Module):
                                                  special=special)
         self.image_at = level_layers(self.image_tower.depth, c.n_levels)  # 1-based blocks per level
         self.text_at = level_layers(c.text_layers, c.n_levels)
-        self.image_eols = nn.ModuleList(EarlyOutput(self.image_tower.width, w) for w in c.eol_widths)
-        self.text_eols = nn.ModuleList(EarlyOutput(c.hidden, w) for w in c.eol_widths)
+        self.image_eols = nn.ModuleList(EarlyOutput(self.image_tower.width, w, c.eol_layernorm) for w in c.eol_widths)
+        self.text_eols = nn.ModuleList(EarlyOutput(c.hidden, w, c.eol_layernorm) for w in c.eol_widths)
         self.vmlm = VMLM(c.hidden, vocab_size, fuse=True) if self.image_tower.width == c.hidden else None
 
     # ---- encoders ---------------------------------------------------------------------------

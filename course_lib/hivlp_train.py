@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from course_lib.checkpoints import inference
+from course_lib.checkpoints import inference, model_device
 from course_lib.data.datasets import CaptionDataset, ImageDataset, PairCollate, PairDataset, TextCollate, make_loader
 from course_lib.hivlp import HiVLP, HiVLPConfig, build_hivlp
 from course_lib.methods import DualEncoderMethod, Method, check_direction, query_indices
@@ -68,7 +68,8 @@ def _encode_levels(model: HiVLP, loader, encode, progress: bool, desc: str) -> l
 
 def compute_states(model: HiVLP, split, tokenizer, batch_size: int = 256, progress: bool = False) -> HiVLPStates:
     """Every image's and caption's level vectors, one tower pass each (offline work)."""
-    images = make_loader(ImageDataset(split, modality=model.modality), batch_size)
+    images = make_loader(ImageDataset(split, modality=model.modality, image_size=model.config.image_size),
+                         batch_size)
     texts = make_loader(CaptionDataset(split), batch_size, tokenizer=tokenizer)
     return HiVLPStates(_encode_levels(model, images, model.image_levels, progress, "image levels"),
                        _encode_levels(model, texts, model.text_levels, progress, "caption levels"))
@@ -124,6 +125,40 @@ def coarse_to_fine(gallery_levels, query_levels, survivors=SURVIVORS, top_k: int
     return indices, values
 
 
+def tiled_levels(levels, n: int, noise: float = 0.05, seed: int = 0, chunk: int = 1 << 20) -> list[torch.Tensor]:
+    """Each level matrix (G, d_l) tiled to n rows (notebook.tile_rows), every row after the first G
+    moved by Gaussian noise of `noise` times the level's per-dimension std, so the copies are not
+    exact ties: a gallery of n items for timing. Noise is added a chunk of rows at a time (memory)."""
+    from course_lib.notebook import tile_rows
+
+    generator = torch.Generator().manual_seed(seed)
+    out = []
+    for level in levels:
+        big = tile_rows(level.float(), n)  # (n, d_l)
+        scale = noise * level.float().std(dim=0)  # (d_l,)
+        for start in range(len(level), n, chunk):
+            rows = big[start:start + chunk]
+            rows.add_(torch.randn(rows.shape, generator=generator) * scale)
+        out.append(big)
+    return out
+
+
+def similarity_times(gallery_levels, query_levels, survivors=SURVIVORS, top_k: int = 10, repeats: int = 10,
+                     warmup: int = 2) -> dict:
+    """The similarity work of one query (query_levels[l] (1, d_l)), timed in one run: flat search
+    at the last level's width over the whole gallery against coarse_to_fine. -> {"flat_ms",
+    "cascade_ms" (medians), "speedup", "overlap": share of the flat top_k the cascade also returns}."""
+    from course_lib.timing import benchmark
+
+    flat = benchmark(lambda: flat_search(gallery_levels[-1], query_levels[-1], top_k), warmup=warmup, repeats=repeats)
+    cascade = benchmark(lambda: coarse_to_fine(gallery_levels, query_levels, survivors, top_k), warmup=warmup,
+                        repeats=repeats)
+    same = set(flat_search(gallery_levels[-1], query_levels[-1], top_k)[0][0].tolist())
+    got = set(coarse_to_fine(gallery_levels, query_levels, survivors, top_k)[0][0].tolist())
+    return {"n": len(gallery_levels[0]), "flat_ms": flat.median_ms, "cascade_ms": cascade.median_ms,
+            "speedup": flat.median_ms / cascade.median_ms, "overlap": len(same & got) / max(len(same), 1)}
+
+
 # ----------------------------------------------------------------------------- training
 
 def train_hivlp(bench: dict, tokenizer, config: HiVLPConfig | None = None, *, checkpoint_path=None,
@@ -142,8 +177,9 @@ def train_hivlp(bench: dict, tokenizer, config: HiVLPConfig | None = None, *, ch
                                      query_texts=evaluate_on.query_texts, query_images=evaluate_on.query_images)
     train = c.train_config(log_every=max(1, c.max_steps // 100), progress=progress, device=device,
                            checkpoint_path=checkpoint_path)
-    trainer = Trainer(model, hivlp_loss, PairDataset(bench["train"], modality=c.image_input), train,
-                      collate_fn=PairCollate(tokenizer, c.max_text_length), evaluate=evaluate)
+    pairs = PairDataset(bench["train"], modality=c.image_input, image_size=c.image_size)
+    trainer = Trainer(model, hivlp_loss, pairs, train, collate_fn=PairCollate(tokenizer, c.max_text_length),
+                      evaluate=evaluate)
     history = trainer.fit()
     return model.eval(), history
 
@@ -200,15 +236,16 @@ class HiVLPMethod(DualEncoderMethod):
         """A zero-argument callable answering one caption: the text tower once (every level at
         once), then coarse_to_fine over the split's stored image level matrices (offline work,
         done here) at `levels` (default all) keeping `survivors`. Returns (top_k,) image indices."""
-        model = self._fitted().eval()
+        model = self._fitted().eval()  # once, here: entering inference() per call walks every module
         states = self.states(split)
         levels = list(range(model.config.n_levels)) if levels is None else list(levels)
         gallery = [states.image[l] for l in levels]
-        batch = TextCollate(self.tokenizer, model.config.max_text_length).encode([split.captions[caption_index]])
+        collate, device = TextCollate(self.tokenizer, model.config.max_text_length), model_device(model)
+        caption = split.captions[caption_index]
 
+        @torch.no_grad()
         def answer() -> np.ndarray:
-            with inference(model) as device:
-                query = model.text_levels({k: v.to(device) for k, v in batch.items()})
+            query = model.text_levels({k: v.to(device) for k, v in collate.encode([caption]).items()})
             query = [query[l].float().cpu() for l in levels]  # [(1, d_l)]
             return coarse_to_fine(gallery, query, survivors, top_k)[0][0].numpy()
 
@@ -261,8 +298,8 @@ class HiVLPCascade(Cascade):
         n = hivlp.config.n_levels
         if len(survivors) != n - 1:
             raise ValueError(f"{n} levels need {n - 1} survivor counts (N2, N3, ...), got {list(survivors)}")
-        super().__init__([hivlp.level(l) for l in range(n)], list(survivors), name=name or hivlp.name.replace("-flat", ""),
-                         notes=(f"HiVLP cascade: level 1 (d={hivlp.config.eol_widths[0]}) keeps "
+        super().__init__([hivlp.level(l) for l in range(n)], list(survivors),
+                         name=name or hivlp.name.replace("-flat", ""), notes=(f"HiVLP cascade: level 1 (d={hivlp.config.eol_widths[0]}) keeps "
                                 f"{'/'.join(map(str, survivors))}, the last level (d={hivlp.config.eol_widths[-1]}) "
                                 "orders them"))
         self.hivlp = hivlp
@@ -301,5 +338,5 @@ def _hivlp_regions(build) -> HiVLPCascade:
 
 
 __all__ = ["SURVIVORS", "RERANK_TOP_M", "hivlp_loss", "HiVLPStates", "compute_states", "coarse_to_fine",
-           "select_top_k", "flat_search",
+           "select_top_k", "flat_search", "tiled_levels", "similarity_times",
            "train_hivlp", "HiVLPMethod", "HiVLPLevel", "HiVLPCascade"]

@@ -285,3 +285,36 @@ def test_select_top_k_is_topk(n, k):
     assert values.shape == (1, k) and bool((values == 1.0).all())
     several = torch.randn(3, n)  # more than one query: torch.topk itself
     assert torch.equal(select_top_k(several, k)[1], torch.topk(several, k, dim=1).indices)
+
+
+def test_tiled_levels_and_similarity_times():
+    from course_lib.hivlp_train import similarity_times, tiled_levels
+
+    torch.manual_seed(4)
+    levels = [torch.randn(30, w) for w in (2, 4, 8)]
+    tiled = tiled_levels(levels, 100, noise=0.1, seed=0, chunk=16)
+    assert [tuple(t.shape) for t in tiled] == [(100, 2), (100, 4), (100, 8)]
+    for level, big in zip(levels, tiled):
+        assert torch.equal(big[:30], level)  # the originals first, untouched
+        moved = (big[30:60] - level).abs()
+        assert 0 < moved.max() < 1.0  # copies moved a little
+    query = [torch.randn(1, w) for w in (2, 4, 8)]
+    times = similarity_times(tiled, query, survivors=(100, 100), top_k=5, repeats=2, warmup=0)
+    assert times["overlap"] == 1.0  # nothing pruned: the cascade is flat search
+    assert times["flat_ms"] > 0 and times["cascade_ms"] > 0 and times["n"] == 100
+
+
+def test_conv_stem_gives_one_token_per_patch_and_learns(bench, tok):
+    from course_lib.hivlp import conv_stem
+
+    torch.manual_seed(0)
+    model = build_hivlp(small_config(stem="conv", patch_size=8, lrm_weight=0.0), bench["train"], tok)
+    batch = pair_batch(bench["train"], tok, range(4))
+    states = model.image_tower(batch)
+    assert tuple(states[0].shape) == (4, 1 + 16, 16)  # [IMG] + a 4x4 grid of 8x8-pixel patches
+    model.loss(batch)["loss"].backward()
+    first = model.image_tower.vit.patch_embed.backbone[0].weight
+    assert first.grad is not None and first.grad.abs().sum() > 0
+    assert conv_stem(64, 4)(torch.randn(1, 3, 32, 32)).shape == (1, 64, 8, 8)
+    with pytest.raises(ValueError, match="power of 2"):
+        conv_stem(64, 6)
