@@ -23,7 +23,7 @@ from typing import Callable
 
 _REGISTRY: dict[str, "Registration"] = {}
 # modules that define no method (or import the registry's users): never imported for discovery
-_NOT_METHODS = {"benchmark", "registry", "viz", "exercises", "notebook"}
+_NOT_METHODS = {"benchmark", "registry", "viz", "exercises", "notebook", "index_scale", "distributed"}
 
 
 @dataclass(frozen=True)

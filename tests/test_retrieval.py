@@ -1,9 +1,13 @@
 """Tests for course_lib.retrieval: the exact FAISS index against torch brute force, input
 handling (torch / numpy, 1-D queries, k larger than the gallery), storage sizes and errors; the
 approximate IVF / HNSW indexes against brute force, recall_vs_exact on hand-built cases, and the
-recall/latency table of index_tradeoff."""
+recall/latency table of index_tradeoff; the product-quantised kinds (IVF-PQ, HNSW-PQ) against
+brute force, lossless on data a PQ can represent exactly, their code sizes and parameter checks;
+training on a sample (train_size)."""
 
 from __future__ import annotations
+
+import warnings
 
 import faiss
 import numpy as np
@@ -12,8 +16,9 @@ import torch
 
 import course_lib.retrieval as retrieval
 from course_lib.retrieval import (INDEX_KINDS, as_float32_matrix, brute_force_topk, build_index,
-                                  embedding_bytes, index_params, index_tradeoff, recall_vs_exact,
-                                  search, set_search_params)
+                                  current_params, embedding_bytes, index_params, index_tradeoff,
+                                  recall_vs_exact, search, set_search_params, time_single_queries,
+                                  topk_recall)
 from course_lib.timing import TimingResult
 
 
@@ -108,9 +113,10 @@ def test_embedding_bytes():
 
 def test_errors_are_clear():
     gallery = random_embeddings(10, 8, seed=8)
-    with pytest.raises(ValueError, match=r"unknown index kind 'lsh'.*\['flat', 'hnsw', 'ivf'\]"):
+    with pytest.raises(ValueError, match=r"unknown index kind 'lsh'.*\['flat', 'hnsw', 'hnswpq', "
+                                         r"'ivf', 'ivfpq'\]"):
         build_index(gallery, kind="lsh")
-    assert {"flat", "ivf", "hnsw"} <= set(INDEX_KINDS)
+    assert set(INDEX_KINDS) == {"flat", "ivf", "hnsw", "ivfpq", "hnswpq"}
     with pytest.raises(ValueError, match="2-D"):
         build_index(torch.zeros(2, 3, 4))
     with pytest.raises(ValueError, match="empty"):
@@ -229,6 +235,8 @@ def test_bad_index_params_are_explained():
     assert index_params("ivf") == ["nlist", "nprobe"]
     assert index_params("hnsw") == ["M", "ef_search", "ef_construction"]
     assert index_params("flat") == []
+    assert index_params("ivfpq") == ["nlist", "nprobe", "m", "nbits"]
+    assert index_params("hnswpq") == ["M", "ef_search", "ef_construction", "m", "nbits"]
     with pytest.raises(ValueError, match=r"\['nprob'\] for .*'ivf'.*\['nlist', 'nprobe'\]"):
         build_index(gallery, "ivf", nprob=4)
     with pytest.raises(ValueError, match=r"'hnsw'.*\['M', 'ef_search', 'ef_construction'\]"):
@@ -348,3 +356,175 @@ def test_index_tradeoff_errors():
         index_tradeoff(gallery, torch.zeros(0, 8))
     with pytest.raises(ValueError, match="k must be"):
         index_tradeoff(gallery, gallery[:3], k=0)
+
+
+# ---- product quantisation, training samples ----------------------------------------------------
+
+def lattice_gallery(n, n_sub, levels, seed):
+    """(n, 2 * n_sub) float32 whose every 2-d sub-vector is one of `levels` fixed random points:
+    a PQ with 2-d sub-vectors and at least `levels` centroids each represents it exactly."""
+    rng = np.random.default_rng(seed)
+    points = rng.standard_normal((n_sub, levels, 2)).astype(np.float32)  # per sub-space
+    picks = rng.integers(levels, size=(n, n_sub))  # (n, n_sub)
+    return np.ascontiguousarray(points[np.arange(n_sub), picks].reshape(n, 2 * n_sub))
+
+
+@pytest.mark.parametrize("kind, params", [("ivfpq", {"nlist": 1, "nprobe": 1}),
+                                          ("hnswpq", {"ef_search": 64})])
+def test_pq_codes_decode_to_the_vectors_where_they_can(kind, params):
+    # 16 distinct sub-vectors per sub-space and 256 centroids: k-means puts a centroid on each, so
+    # codes decode to the vectors themselves (IVF-PQ with one list codes x - mean, which takes 16
+    # values per sub-space too) and every returned score is the true inner product. Up to 0.1%:
+    # FAISS's k-means splits empty clusters by scaling a centroid by 1 +- 1/1024.
+    gallery = lattice_gallery(10_000, 8, 16, seed=30)  # (10000, 16)
+    queries = np.random.default_rng(31).standard_normal((20, 16)).astype(np.float32)
+    scores, idx = search(build_index(gallery, kind, m=8, nbits=8, **params), queries, 10)
+    true_scores = np.einsum("qe,qke->qk", queries, gallery[idx])  # (Q, k)
+    np.testing.assert_allclose(scores, true_scores, rtol=3e-3, atol=1e-2)
+    if kind == "ivfpq":  # one list, scanned whole, of exact codes: the exact top 10
+        exact = brute_force_topk(torch.from_numpy(gallery), torch.from_numpy(queries), 10)
+        np.testing.assert_allclose(scores, exact[0].numpy(), rtol=3e-3, atol=1e-2)
+        assert brute_force_recall(idx, torch.from_numpy(gallery), torch.from_numpy(queries), 10) >= 0.95
+
+
+@pytest.mark.parametrize("kind, params", [("ivfpq", {"nprobe": 64}), ("hnswpq", {"ef_search": 256}),
+                                          ("hnswpq", {"M": 16, "ef_construction": 40})])
+def test_pq_index_has_high_recall_at_generous_params(kind, params):
+    # one number per sub-vector, 256 levels each: codes barely perturb the vectors. (Without
+    # build_index's fix of its code-to-code table, HNSW-PQ reached 0.44 with M=16, 0.58 with M=32.)
+    gallery, queries = random_embeddings(5000, 16, seed=32), random_embeddings(50, 16, seed=33)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # 5000 < 39 * 256 training vectors: warned, tested elsewhere
+        index = build_index(gallery, kind, m=16, nbits=8, **params)
+    assert index.ntotal == 5000
+    scores, idx = search(index, queries, k=10)
+    assert brute_force_recall(idx, gallery, queries, 10) >= 0.9
+    assert (np.diff(scores, axis=1) <= 1e-6).all()  # best first
+    true_scores = np.einsum("qe,qke->qk", queries.numpy(), gallery.numpy()[idx])  # (Q, k)
+    errors = np.abs(scores - true_scores)  # approximate scores, but close (the tails of each
+    assert errors.mean() < 0.005 and errors.max() < 0.05  # sub-space have fewer centroids)
+
+
+def test_hnswpq_compares_nodes_by_inner_product():
+    # the graph's node-to-node "distance" (negated by HNSW for inner product) must be the inner
+    # product of the two decoded vectors, like the query-to-node one, not FAISS's squared L2
+    gallery = random_embeddings(3000, 8, seed=43, normalize=False).numpy()
+    index = build_index(gallery, "hnswpq", m=4, nbits=6)
+    storage = faiss.downcast_index(index.storage)
+    distances = storage.get_distance_computer()
+    decoded = np.stack([storage.reconstruct(i) for i in range(20)])  # (20, 8)
+    for i, j in [(0, 1), (2, 7), (5, 19), (3, 3)]:
+        assert distances.symmetric_dis(i, j) == pytest.approx(float(decoded[i] @ decoded[j]), rel=1e-5, abs=1e-5)
+
+
+def test_pq_is_really_approximate():
+    # 4-d sub-vectors of 16 centroids: 4 bytes for 64 floats, and a visible loss of recall
+    gallery, queries = random_embeddings(2000, 32, seed=34), random_embeddings(50, 32, seed=35)
+    index = build_index(gallery, "ivfpq", nlist=1, m=8, nbits=4)
+    assert brute_force_recall(search(index, queries, 10)[1], gallery, queries, 10) < 0.8
+
+
+@pytest.mark.parametrize("kind", ["ivfpq", "hnswpq"])
+@pytest.mark.parametrize("m, nbits", [(16, 8), (8, 8), (8, 4), (4, 10)])
+def test_pq_code_size_is_m_times_nbits_over_8(kind, m, nbits):
+    gallery = random_embeddings(5000, 32, seed=36)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # nbits=10 trains on < 39 vectors per centroid
+        index = build_index(gallery, kind, m=m, nbits=nbits)
+    pq = index.pq if kind == "ivfpq" else faiss.downcast_index(index.storage).pq
+    assert (pq.M, pq.nbits, pq.code_size) == (m, nbits, m * nbits // 8)
+    assert current_params(index)["m"] == m and current_params(index)["nbits"] == nbits
+
+
+def test_pq_defaults_and_params():
+    gallery = random_embeddings(10_000, 64, seed=37)
+    ivfpq = build_index(gallery, "ivfpq")
+    assert current_params(ivfpq) == {"nlist": 256, "nprobe": 8, "m": 16, "nbits": 8}  # 10000 // 39
+    assert ivfpq.metric_type == faiss.METRIC_INNER_PRODUCT and ivfpq.code_size == 16
+    hnswpq = build_index(gallery, "hnswpq", M=8, ef_search=20, ef_construction=30)
+    assert current_params(hnswpq) == {"M": 8, "ef_search": 20, "ef_construction": 30, "m": 16, "nbits": 8}
+    assert hnswpq.metric_type == faiss.METRIC_INNER_PRODUCT
+    set_search_params(ivfpq, nprobe=32)  # the IVF / HNSW knobs work on the PQ kinds too
+    set_search_params(hnswpq, ef_search=99)
+    assert (ivfpq.nprobe, hnswpq.hnsw.efSearch) == (32, 99)
+    with pytest.raises(ValueError, match="nprobe applies to IVF.*IndexHNSWPQ.*ef_search"):
+        set_search_params(hnswpq, nprobe=4)
+    # m defaults to dim / 4, or the largest divisor of dim below it
+    for dim, m in [(64, 16), (32, 8), (30, 6), (7, 1), (3, 1)]:
+        assert current_params(INDEX_KINDS["ivfpq"](dim, 20_000))["m"] == m
+
+
+def test_pq_params_are_checked():
+    gallery = random_embeddings(300, 12, seed=38)
+    with pytest.raises(ValueError, match=r"m=5 sub-quantizers must divide the dimension 12.*\[1, 2, 3, 4, 6, 12\]"):
+        build_index(gallery, "ivfpq", m=5)
+    with pytest.raises(ValueError, match="m must be an integer >= 1"):
+        build_index(gallery, "hnswpq", m=0)
+    with pytest.raises(ValueError, match=r"nbits must be an integer in \[1, 16\], got 17"):
+        build_index(gallery, "ivfpq", m=4, nbits=17)
+    with pytest.raises(ValueError, match="nbits must be an integer >= 1"):
+        build_index(gallery, "hnswpq", m=4, nbits=0)
+    with pytest.raises(ValueError, match=r"nbits=9 trains 512 centroids .* only 300 vectors.*nbits <= 8"):
+        build_index(gallery, "ivfpq", m=4, nbits=9)
+    with pytest.raises(ValueError, match=r"\['mm'\] for index kind 'hnswpq'"):
+        build_index(gallery, "hnswpq", mm=4)
+    with pytest.warns(UserWarning, match=r"trained on 300 vectors, fewer than 39 per centroid \(9984\)"):
+        build_index(gallery, "hnswpq", m=4, nbits=8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # enough vectors: no warning
+        build_index(gallery, "ivfpq", nlist=2, m=4, nbits=2)
+
+
+def test_train_size_trains_on_a_sample():
+    gallery = random_embeddings(2000, 16, seed=39)
+    index = build_index(gallery, "ivf", train_size=500)
+    assert index.ntotal == 2000  # every item is added ...
+    assert index.nlist == 500 // 39 == 12  # ... but nlist is checked against the 500 that train
+    queries = random_embeddings(10, 16, seed=40)
+    set_search_params(index, nprobe=12)  # every list: exact whatever the centroids
+    assert_same_topk(search(index, queries, 5), brute_force_topk(gallery, queries, 5))
+    # the sample is fixed (seeded), and a train_size of at least N trains on everything
+    centroids = [faiss.vector_to_array(faiss.downcast_index(built.quantizer).codes)
+                 for built in (index, build_index(gallery, "ivf", train_size=500))]
+    np.testing.assert_array_equal(*centroids)
+    assert build_index(gallery, "ivf", train_size=5000).nlist == build_index(gallery, "ivf").nlist
+    with pytest.raises(ValueError, match=r"nbits=8 trains 256 centroids .* only 100 vectors"):
+        build_index(gallery, "hnswpq", train_size=100)
+    with pytest.raises(ValueError, match="train_size must be an integer >= 1"):
+        build_index(gallery, "ivf", train_size=0)
+    assert build_index(gallery, "flat", train_size=10).ntotal == 2000  # nothing to train: ignored
+
+
+def test_topk_recall_by_hand():
+    exact = np.array([[0, 1, 2], [5, 6, 7]])
+    assert topk_recall(exact, exact) == 1.0
+    assert topk_recall(np.array([[2, 9, 0], [-1, -1, -1]]), exact) == pytest.approx((2 / 3 + 0) / 2)
+    assert topk_recall(np.array([[1], [7]]), exact) == pytest.approx(1 / 3)  # fewer columns found
+    with pytest.raises(ValueError, match="same Q queries"):
+        topk_recall(exact[:1], exact)
+
+
+def test_time_single_queries_searches_one_row_at_a_time(monkeypatch):
+    index = build_index(random_embeddings(50, 8, seed=41))
+    queries = random_embeddings(3, 8, seed=42).numpy()
+    seen = []
+    real_search = faiss.IndexFlatIP.search
+    monkeypatch.setattr(faiss.IndexFlatIP, "search",
+                        lambda self, x, k, *a, **kw: seen.append((x.copy(), k)) or real_search(self, x, k))
+    result = time_single_queries(index, queries, k=100, warmup=1, repeats=4)
+    assert result.repeats == 4
+    assert [k for _, k in seen] == [50] * 5  # k capped at the gallery
+    for i, (x, _) in enumerate(seen):  # cycling through the queries: 0, 1, 2, 0, 1
+        np.testing.assert_array_equal(x, queries[i % 3:i % 3 + 1])
+
+
+def test_blas_switch_is_set_and_restored():
+    default = faiss.cvar.distance_compute_blas_threshold
+    lowered = min(default, 10 * faiss.omp_get_max_threads())
+    with retrieval.blas_switch(per_thread=10):
+        assert faiss.cvar.distance_compute_blas_threshold == lowered
+        with pytest.raises(RuntimeError), retrieval.blas_switch(per_thread=10**9):
+            assert faiss.cvar.distance_compute_blas_threshold == lowered  # never raised by it
+            raise RuntimeError  # and restored on the way out of an error
+        assert faiss.cvar.distance_compute_blas_threshold == lowered
+    assert faiss.cvar.distance_compute_blas_threshold == default
