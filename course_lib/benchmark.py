@@ -155,11 +155,33 @@ def run(smoke: bool = False, out: str | Path = "outputs/benchmark", seed: int = 
     return results
 
 
+def merge_results(new: dict, old: dict) -> dict:
+    """This run's results plus the rows of `old` (an earlier results.json of the same mode and seed)
+    for every method this run did not run, in course order; meta["merged"] says which rows are old.
+    Lets a run of the new methods alone refresh the whole table without re-running the others."""
+    if (old["meta"]["mode"], old["meta"]["seed"]) != (new["meta"]["mode"], new["meta"]["seed"]):
+        raise ValueError(f"cannot merge a {old['meta']['mode']} run of seed {old['meta']['seed']} into a "
+                         f"{new['meta']['mode']} run of seed {new['meta']['seed']}")
+    ran = {r["method"] for r in new["rows"]}
+    kept = sorted({r["method"] for r in old["rows"]} - ran)
+    order = {name: i for i, name in enumerate(["oracle"] + registered_names())}
+    rank = lambda r: (SETTINGS.index(r["setting"]), order.get(r["method"], len(order)))  # noqa: E731
+    rows = sorted(new["rows"] + [r for r in old["rows"] if r["method"] in kept], key=rank)
+    latency = new.get("latency", []) + [p for p in old.get("latency", []) if p["method"] in kept]
+    meta = {**new["meta"], "merged": {"methods": kept, "seconds": old["meta"]["seconds"]}}
+    methods = {**{k: v for k, v in old.get("methods", {}).items() if k in kept}, **new.get("methods", {})}
+    return {**new, "meta": meta, "methods": methods, "rows": rows,
+            "latency": sorted(latency, key=lambda p: (order.get(p["method"], len(order)), p["n"]))}
+
+
 def results_markdown(results: dict) -> str:
     """The results table as Markdown: one table per setting, columns from the rows' own keys."""
     meta = results["meta"]
     lines = [f"Mode `{meta['mode']}`, seed {meta['seed']}, device `{meta['device']}`, torch {meta['torch']}, "
              f"{meta['seconds']} s in all.", ""]
+    if meta.get("merged"):
+        lines[0] = lines[0][:-1] + (f" for the methods it ran; the rows of {', '.join(meta['merged']['methods'])} come "
+                                    f"from an earlier run of the same mode and seed ({meta['merged']['seconds']} s).")
     for setting in SETTINGS:
         rows = [r for r in results["rows"] if r["setting"] == setting]
         if not rows:
@@ -247,6 +269,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--every-pair", nargs="*", choices=SETTINGS, default=None, metavar="SETTING",
                         help="rank every query of these settings, whatever a method's budget (no names: test "
                              "and compositional; the cross-encoder on test: about 8 min on one CPU thread)")
+    parser.add_argument("--merge", default=None, metavar="RESULTS_JSON",
+                        help="keep the rows of an earlier results.json for every method this run does not run "
+                             "(e.g. --methods of new methods only, --merge outputs/benchmark/results.json)")
     parser.add_argument("--readme", default=None,
                         help="also write the table into this README's results block (README.md)")
     args = parser.parse_args(argv)
@@ -257,8 +282,15 @@ def main(argv=None) -> dict:
         unknown = sorted(set(methods) - set(registered_names()))
         if unknown:
             parser.error(f"unknown method(s) {unknown}; choose from {registered_names()}")
+    old = json.loads(Path(args.merge).read_text()) if args.merge else None  # read before run() overwrites it
     results = run(smoke=smoke, out=args.out, seed=args.seed, methods=methods, checkpoints=args.checkpoints,
                   every_pair=() if args.every_pair is None else (args.every_pair or True))
+    if old is not None:
+        results = merge_results(results, old)
+        out = Path(args.out)
+        (out / "results.json").write_text(json.dumps(results, indent=2))
+        (out / "results.md").write_text(results_markdown(results))
+        _save_pareto(results["rows"], out / "pareto.png")
     if args.readme:
         update_readme(results, args.readme)
     print(results_markdown(results))

@@ -299,3 +299,26 @@ def test_pairwise_methods_score_a_small_split_once_for_both_directions():
     Counting.calls = 0
     method.rank(split, "t2i", 5, queries=[0, 3])  # the cached matrix serves a subset too
     assert Counting.calls == 0
+
+
+def test_merge_keeps_old_rows_only_for_methods_not_rerun(smoke_results):
+    _, results = smoke_results
+    baseline = next(r["method"] for r in results["rows"] if r["method"] not in ("oracle", "vsepp"))
+    old = json.loads(json.dumps(results))  # an earlier run of vsepp, with a marked recall
+    old["rows"] = [{**r, "t2i_r1": -1.0} for r in old["rows"] if r["method"] == "vsepp"]
+    old["latency"] = [p for p in old["latency"] if p["method"] == "vsepp"]
+    old["meta"]["seconds"] = 12.5
+    new = json.loads(json.dumps(results))  # this run: the oracle and the baseline only
+    new["rows"] = [r for r in new["rows"] if r["method"] != "vsepp"]
+    new["latency"] = [p for p in new["latency"] if p["method"] != "vsepp"]
+    merged = benchmark.merge_results(new, old)
+    for setting in ("test", "full"):
+        methods = [r["method"] for r in merged["rows"] if r["setting"] == setting]
+        assert methods == ["oracle", "vsepp", baseline]  # course order: registered methods, then the rest
+    assert all(r["t2i_r1"] == -1.0 for r in merged["rows"] if r["method"] == "vsepp")  # the old rows, untouched
+    assert merged["meta"]["merged"] == {"methods": ["vsepp"], "seconds": 12.5}
+    assert [p["method"] for p in merged["latency"]][0] == "vsepp"
+    assert "from an earlier run" in benchmark.results_markdown(merged)
+    old["meta"]["seed"] = 1
+    with pytest.raises(ValueError, match="cannot merge"):
+        benchmark.merge_results(new, old)
