@@ -28,9 +28,9 @@ def _check_square(scores: torch.Tensor, name: str) -> None:
 def batch_scores(image_features: torch.Tensor, text_features: torch.Tensor) -> torch.Tensor:
     """A dual encoder's in-batch score matrix: (B, E) @ (B, E).T -> (B, B), rows images, columns texts.
 
-    Models return features and the losses form the scores here (open_clip's ClipLoss shape): this is
-    the one place a multi-process run would all_gather every process's features first, so that each
-    query meets every negative of the global batch."""
+    Models return features and the losses form the scores here (open_clip's ClipLoss shape); a
+    multi-process run gathers every process's features first (course_lib.distributed.gathered_loss),
+    so that each query meets every negative of the global batch."""
     if image_features.shape != text_features.shape or image_features.dim() != 2:
         raise ValueError(f"image and text features must both be (B, E), got {tuple(image_features.shape)} "
                          f"and {tuple(text_features.shape)}")
@@ -185,3 +185,37 @@ def listwise_loss(scores: torch.Tensor, text_image: torch.Tensor) -> torch.Tenso
     others = same_image & (texts[:, None] != texts[None, :])  # ... except text j itself
     i2t = F.cross_entropy(rows.masked_fill(others, float("-inf")), texts)
     return (t2i + i2t) / 2
+
+
+def joint_nce_loss(scores: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """Fast & Slow's dual-encoder NCE loss (Miech et al. 2021, eq. 4), in-batch, one joint denominator.
+
+    scores: (B, B), rows images, columns texts, positives on the diagonal. For pair i:
+    -log e^{S[i,i]} / (e^{S[i,i]} + sum_{j != i} e^{S[i,j]} + sum_{j != i} e^{S[j,i]}): the negatives
+    N_i are every in-batch pair sharing image i or text i (MIL-NCE's set, the paper's [48]), in ONE
+    softmax, where contrastive_loss takes two and averages them. No temperature (the paper has
+    none). Mean over the B pairs, or "sum" as eq. 4 writes it.
+    """
+    _check_square(scores, "joint_nce_loss")
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"reduction must be 'mean' or 'sum' (eq. 4 sums), got {reduction!r}")
+    is_positive = torch.eye(scores.shape[0], dtype=torch.bool, device=scores.device)
+    # row i: image i's texts (its positive included); column i with the positive masked: text i's
+    # other images, so e^{S[i,i]} is counted once
+    both = torch.cat([scores, scores.t().masked_fill(is_positive, float("-inf"))], dim=1)  # (B, 2B)
+    per_pair = torch.logsumexp(both, dim=1) - scores.diagonal()  # (B,)
+    return per_pair.mean() if reduction == "mean" else per_pair.sum()
+
+
+class JointNCELoss(nn.Module):
+    """`joint_nce_loss` with its reduction held by the module."""
+
+    def __init__(self, reduction: str = "mean"):
+        super().__init__()
+        self.reduction = reduction
+
+    def forward(self, scores: torch.Tensor) -> torch.Tensor:
+        return joint_nce_loss(scores, self.reduction)
+
+    def extra_repr(self) -> str:
+        return f"reduction={self.reduction!r}"

@@ -408,3 +408,78 @@ def test_rerank_checker_names_the_usual_mistakes(ubert_pair):
     for fn, message in cases:
         with pytest.raises(ExerciseError, match=message):
             check_rerank_one_by_one(fn, model, query, gallery)
+
+
+# ----------------------------------------------------------------------------- lesson 06: h(x, y)
+def _h_loop(forward_logits, backward_logits, input_ids, reversed_ids, attention_mask):
+    """h one caption and one position at a time: log p of each word given the tokens before it,
+    forward over input_ids and backward over reversed_ids; [CLS] (2), [SEP] (3), [PAD] (0) skipped."""
+    import torch
+
+    out = []
+    for b in range(input_ids.shape[0]):
+        total = 0.0
+        for logits, ids in ((forward_logits[b], input_ids[b]), (backward_logits[b], reversed_ids[b])):
+            for t in range(1, ids.shape[0]):
+                if int(ids[t]) > 4 and attention_mask[b, t]:
+                    total += torch.log_softmax(logits[t - 1], dim=-1)[ids[t]].item()
+        out.append(total)
+    return torch.tensor(out, dtype=torch.float64)
+
+
+def test_log_likelihood_checker_accepts_the_library_and_a_loop(capsys):
+    from course_lib.exercises import check_summed_log_likelihood
+    from course_lib.fast_slow import summed_log_likelihood
+
+    check_summed_log_likelihood(summed_log_likelihood)
+    check_summed_log_likelihood(_h_loop)
+    assert capsys.readouterr().out.count("correct") == 2
+
+
+def test_log_likelihood_checker_names_the_usual_mistakes():
+    import torch
+
+    from course_lib.exercises import check_summed_log_likelihood
+
+    def one_direction(logits, ids, words, shift=True):
+        log_p = torch.log_softmax(logits, dim=-1)
+        if not shift:
+            return (log_p.gather(2, ids[..., None]).squeeze(2) * words).sum(1)
+        return (log_p[:, :-1].gather(2, ids[:, 1:, None]).squeeze(2) * words[:, 1:]).sum(1)
+
+    def words_of(ids, mask):
+        return ((ids > 4) & mask.bool()).double()
+
+    def no_shift(f, b, ids, rev, mask):
+        return one_direction(f, ids, words_of(ids, mask), False) + one_direction(b, rev, words_of(rev, mask), False)
+
+    def with_padding(f, b, ids, rev, mask):
+        ones = torch.ones_like(ids, dtype=torch.float64)
+        return one_direction(f, ids, ones) + one_direction(b, rev, ones)
+
+    def with_sep(f, b, ids, rev, mask):
+        return one_direction(f, ids, mask.double()) + one_direction(b, rev, mask.double())
+
+    def normalised(f, b, ids, rev, mask):
+        return _h_loop(f, b, ids, rev, mask) / words_of(ids, mask).sum(1)
+
+    def forward_only(f, b, ids, rev, mask):
+        return one_direction(f, ids, words_of(ids, mask))
+
+    def backward_on_forward_ids(f, b, ids, rev, mask):
+        return one_direction(f, ids, words_of(ids, mask)) + one_direction(b, ids, words_of(ids, mask))
+
+    cases = [
+        (no_shift, "not shifted"),
+        (with_padding, "padding"),
+        (with_sep, r"\[SEP\] counted"),
+        (normalised, "length-normalised"),
+        (forward_only, "only the forward direction"),
+        (backward_on_forward_ids, "reversed caption"),
+        (lambda *a: -_h_loop(*a), "sign"),
+        (lambda *a: _h_loop(*a).sum(), "one number"),
+        (lambda *a: _h_loop(*a) + 1e-3, "differs from eq. 2-3"),
+    ]
+    for fn, message in cases:
+        with pytest.raises(ExerciseError, match=message):
+            check_summed_log_likelihood(fn)

@@ -11,9 +11,11 @@ from course_lib.losses import (
     ContrastiveLoss,
     DistillationLoss,
     HingeTripletLoss,
+    JointNCELoss,
     contrastive_loss,
     distillation_loss,
     hinge_triplet_loss,
+    joint_nce_loss,
 )
 
 
@@ -274,3 +276,53 @@ def test_batch_scores_is_the_feature_product_and_checks_shapes():
     torch.testing.assert_close(batch_scores(image, text), expected)
     with pytest.raises(ValueError, match="both be"):
         batch_scores(image, text[:3])
+
+
+# ----------------------------------------------------------------------------- Fast & Slow eq. 4
+def loop_joint_nce(S: list[list[float]]) -> float:
+    """Eq. 4 written out: per pair i, e^{S_ii} over itself plus every pair sharing image i or text i."""
+    B, total = len(S), 0.0
+    for i in range(B):
+        denominator = math.exp(S[i][i])
+        denominator += sum(math.exp(S[i][j]) for j in range(B) if j != i)  # image i, other texts
+        denominator += sum(math.exp(S[j][i]) for j in range(B) if j != i)  # text i, other images
+        total += -math.log(math.exp(S[i][i]) / denominator)
+    return total
+
+
+def test_joint_nce_against_a_loop():
+    g = torch.Generator().manual_seed(3)
+    for B in (1, 2, 5):
+        S = 4 * torch.randn(B, B, generator=g, dtype=torch.float64)
+        expected = loop_joint_nce(S.tolist())
+        assert joint_nce_loss(S, reduction="sum").item() == pytest.approx(expected, rel=1e-9)
+        assert joint_nce_loss(S).item() == pytest.approx(expected / B, rel=1e-9)
+        assert JointNCELoss("sum")(S).item() == pytest.approx(expected, rel=1e-9)
+
+
+def test_joint_nce_by_hand_and_differs_from_the_two_softmaxes():
+    # all scores 0, B = 3: each pair's denominator holds 1 + 2 + 2 = 5 terms -> log 5 per pair
+    assert joint_nce_loss(torch.zeros(3, 3)).item() == pytest.approx(math.log(5), abs=1e-6)
+    assert contrastive_loss(torch.zeros(3, 3)).item() == pytest.approx(math.log(3), abs=1e-6)
+    with pytest.raises(ValueError, match="square"):
+        joint_nce_loss(torch.zeros(2, 3))
+    with pytest.raises(ValueError, match="reduction"):
+        joint_nce_loss(torch.zeros(2, 2), reduction="max")
+
+
+def test_joint_nce_large_scores_stay_finite_and_gradients_match_a_loop():
+    S = torch.tensor([[300.0, 1.0], [2.0, -400.0]], dtype=torch.float64, requires_grad=True)
+    loss = joint_nce_loss(S, reduction="sum")
+    assert torch.isfinite(loss)
+    loss.backward()
+    small = torch.tensor([[0.3, 0.1], [0.2, -0.4]], dtype=torch.float64, requires_grad=True)
+    joint_nce_loss(small, reduction="sum").backward()
+    eps, numeric = 1e-6, torch.zeros(2, 2, dtype=torch.float64)
+    for i in range(2):
+        for j in range(2):
+            up, down = small.detach().clone(), small.detach().clone()
+            up[i, j] += eps
+            down[i, j] -= eps
+            numeric[i, j] = (loop_joint_nce(up.tolist()) - loop_joint_nce(down.tolist())) / (2 * eps)
+    assert torch.allclose(small.grad, numeric, atol=1e-6)
+

@@ -1,0 +1,106 @@
+"""Checker of lesson 06: the Slow model's score h(x, y) from the two decoders' logits (Fast & Slow eq. 2-3)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import ExerciseError
+
+
+def _cases(seed: int = 0):
+    """(label, forward_logits, backward_logits (B, T, V) float64, input_ids, reversed_ids,
+    attention_mask (B, T)): captions [CLS] words [SEP] [PAD].. of the word tokenizer's ids."""
+    import torch
+
+    from ..fast_slow import reverse_words
+
+    generator = torch.Generator().manual_seed(seed)
+
+    def case(lengths, V=12):
+        T = max(lengths) + 2
+        ids = torch.zeros(len(lengths), T, dtype=torch.long)  # [PAD] = 0
+        for b, n in enumerate(lengths):
+            ids[b, 0], ids[b, n + 1] = 2, 3  # [CLS], [SEP]
+            ids[b, 1:n + 1] = torch.randint(5, V, (n,), generator=generator)  # words: ids >= 5
+        mask = (ids != 0).long()
+        logits = [3 * torch.randn(len(lengths), T, V, generator=generator, dtype=torch.float64) for _ in range(2)]
+        return logits[0], logits[1], ids, reverse_words(ids, mask), mask
+
+    yield "3 captions of 4, 6 and 2 words (padded)", case([4, 6, 2])
+    yield "2 captions of 5 words (no padding)", case([5, 5])
+    yield "4 captions of 1 to 7 words", case([1, 7, 3, 6])
+
+
+def _mistakes(forward_logits, backward_logits, input_ids, reversed_ids, attention_mask) -> list:
+    """(h (B,), what to tell the learner) of the usual wrong versions."""
+    import torch
+
+    words = ((input_ids > 4) & attention_mask.bool()).double()  # (B, T) word positions (ids >= 5)
+    n_words = words.sum(1)
+
+    def direction(logits, ids, mask, shift=True):
+        log_p = torch.log_softmax(logits, dim=-1)
+        if shift:
+            return (log_p[:, :-1].gather(2, ids[:, 1:, None]).squeeze(2) * mask[:, 1:]).sum(1)
+        return (log_p.gather(2, ids[:, :, None]).squeeze(2) * mask).sum(1)
+
+    def both(mask, shift=True):
+        return direction(forward_logits, input_ids, mask, shift) + direction(backward_logits, reversed_ids, mask, shift)
+
+    everything = torch.ones_like(words)
+    right = both(words)
+    return [
+        (both(words, shift=False), "the targets are not shifted: the logits at position t predict token t + 1, so "
+                                   "compare logits[:, :-1] with ids[:, 1:]"),
+        (both(everything), "padding (and [CLS] / [SEP]) counted: sum only over targets that are words, not "
+                           "[SEP] and not [PAD]"),
+        (both(attention_mask.double()), "[SEP] counted as a target: eq. 3 sums the caption's words y^1..y^L; "
+                                        "leave out [SEP] (and padding)"),
+        (right / n_words.clamp(min=1), "length-normalised: h is the plain sum of log-probabilities (eq. 3), "
+                                       "do not divide by the number of words"),
+        (right / (2 * n_words.clamp(min=1)), "length-normalised: h is the plain sum of log-probabilities "
+                                             "(eq. 3), not a mean per word"),
+        (direction(forward_logits, input_ids, words), "only the forward direction: h = h_fwd + h_bwd (eq. 2), "
+                                                      "add the backward decoder's log-likelihood of the reversed caption"),
+        (direction(backward_logits, reversed_ids, words), "only the backward direction: add h_fwd, the forward "
+                                                          "decoder's log-likelihood of the caption"),
+        (direction(forward_logits, input_ids, words) + direction(backward_logits, input_ids, words),
+         "the backward decoder's targets are the reversed caption (reversed_ids), not input_ids"),
+    ]
+
+
+def check_summed_log_likelihood(fn) -> None:
+    """fn(forward_logits, backward_logits, input_ids, reversed_ids, attention_mask) -> h (B,):
+    the forward decoder read input_ids ([CLS] w1 .. wL [SEP] [PAD]..), the backward decoder
+    reversed_ids ([CLS] wL .. w1 [SEP]); logits (B, T, V), position t predicting token t + 1.
+    Compared with course_lib.fast_slow.summed_log_likelihood."""
+    import torch
+
+    from ..fast_slow import summed_log_likelihood
+
+    def close(a, b):
+        return tuple(a.shape) == tuple(b.shape) and torch.allclose(a, b, atol=1e-6, rtol=1e-6)
+
+    for label, (forward, backward, ids, reversed_ids, mask) in _cases():
+        B = ids.shape[0]
+        expected = summed_log_likelihood(forward, backward, ids, reversed_ids, mask).double()
+        got = fn(forward.clone(), backward.clone(), ids.clone(), reversed_ids.clone(), mask.clone())
+        if not torch.is_tensor(got):
+            got = torch.as_tensor(np.asarray(got, dtype=np.float64))
+        got = got.detach().double().cpu()
+        if got.numel() == 1 and B > 1:
+            raise ExerciseError(f"on {label}: you returned one number; return one h per caption, shape ({B},): "
+                                "sum over the positions (dim 1), not over the batch")
+        if tuple(got.shape) != (B,):
+            raise ExerciseError(f"on {label}: expected shape ({B},), one h per caption, got {tuple(got.shape)}")
+        if close(got, expected):
+            continue
+        if close(got, -expected):
+            raise ExerciseError(f"on {label}: the sign is flipped: h is a log-likelihood (<= 0), not a loss")
+        for wrong, message in _mistakes(forward, backward, ids, reversed_ids, mask):
+            if close(got, wrong):
+                raise ExerciseError(f"on {label}: {message}")
+        worst = (got - expected).abs().max().item()
+        raise ExerciseError(f"on {label}: h differs from eq. 2-3 by up to {worst:.3g}: per direction, sum log_softmax "
+                            "of the logits at position t taken at token t + 1, over the word targets only")
+    print("summed log-likelihood (eq. 2-3): correct (padded and unpadded captions of 1 to 7 words, both directions)")

@@ -1,0 +1,224 @@
+"""Fast & Slow: h(x, y) against a token-by-token loop, the reversed caption of the backward decoder,
+the weighted fusion by hand, cached against uncached scores, the teacher's B x B matrix, distillation
+gradients, eq. 9's beta combine by hand, and the methods (checkpoints, cascade, query_fn)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from course_lib.data.datasets import ImageDataset, PairCollate, PairDataset
+from course_lib.data.tokenizer import WORD_SPECIAL_TOKENS
+from course_lib.fast_slow import (
+    FastConfig,
+    FastModel,
+    SlowConfig,
+    SlowModel,
+    WeightedFusion,
+    reverse_words,
+)
+from course_lib.fast_slow_train import (
+    FastMethod,
+    FastSlowCascade,
+    SlowMethod,
+    compute_states,
+    distill_loss,
+    score_cached_pairs,
+    teacher_scores,
+    undistilled,
+)
+
+TOL = 1e-4
+pytestmark = pytest.mark.usefixtures("one_thread")
+BENCH_SIZES = dict(n_train=80, n_val=10, n_test=16, n_pretrain=10, n_compositional=1)
+SMALL = dict(hidden=16, heads=2, layers=2, channels=(4, 8, 8), dropout=0.0)
+
+
+def pair_batch(split, tokenizer, rows):
+    return PairCollate(tokenizer)([PairDataset(split, modality="pixels")[t] for t in rows])
+
+
+@pytest.fixture(scope="module")
+def slow(bench, tok):
+    torch.manual_seed(0)
+    return SlowModel(len(tok), SlowConfig(**SMALL)).eval()
+
+
+# ----------------------------------------------------------------------------- the Slow model
+
+def test_reverse_words_by_hand():
+    ids = torch.tensor([[2, 7, 8, 9, 3, 0], [2, 5, 3, 0, 0, 0], [2, 6, 7, 8, 9, 3]])
+    expected = torch.tensor([[2, 9, 8, 7, 3, 0], [2, 5, 3, 0, 0, 0], [2, 9, 8, 7, 6, 3]])
+    assert torch.equal(reverse_words(ids, ids != 0), expected)
+
+
+def _loop_log_likelihood(model: SlowModel, kvs: dict, words: list[int]) -> float:
+    """h of one caption, one token at a time: for each direction, feed [CLS] and the words so far
+    (no padding, no [SEP]), read the last position's log-softmax at the next word."""
+    total = 0.0
+    for decoder, sequence, key in ((model.forward_decoder, words, "fwd"), (model.backward_decoder, words[::-1], "bwd")):
+        for l, target in enumerate(sequence):
+            prefix = torch.tensor([[WORD_SPECIAL_TOKENS.cls] + sequence[:l]])  # (1, l + 1)
+            hidden = decoder(model._embed(prefix), kvs[key])  # (1, l + 1, H)
+            total += torch.log_softmax(model.output(hidden[0, -1]), dim=-1)[target].item()
+    return total
+
+
+def test_h_against_a_token_by_token_loop(slow, bench, tok):
+    batch = pair_batch(bench["test"], tok, [0, 7, 13, 22])
+    with torch.no_grad():
+        h = slow(batch)  # (4,) one padded batch, teacher-forced
+        for b in range(4):
+            kvs = slow.keys_values(slow.visual_tokens({"pixels": batch["pixels"][b:b + 1]}))
+            ids = batch["input_ids"][b][batch["attention_mask"][b].bool()].tolist()
+            assert ids[0] == WORD_SPECIAL_TOKENS.cls and ids[-1] == WORD_SPECIAL_TOKENS.sep
+            assert h[b].item() == pytest.approx(_loop_log_likelihood(slow, kvs, ids[1:-1]), abs=TOL)
+    assert len(set(batch["attention_mask"].sum(1).tolist())) > 1  # the batch was padded
+
+
+def test_backward_decoder_reads_the_reversed_caption(slow, bench, tok):
+    batch = pair_batch(bench["test"], tok, [1, 2])
+    with torch.no_grad():
+        kvs = slow.keys_values(slow.visual_tokens(batch))
+        _, backward, reversed_ids = slow.logits(kvs, batch)
+        words = batch["input_ids"][0][batch["input_ids"][0] > 4].tolist()  # the first caption's words
+        by_hand = torch.tensor([[2] + words[::-1] + [3]])  # (1, n) [CLS] reversed words [SEP]
+        n = by_hand.shape[1]
+        assert torch.equal(reversed_ids[0, :n], by_hand[0])
+        alone = slow.output(slow.backward_decoder(slow._embed(by_hand), [kv[:, :1] for kv in kvs["bwd"]]))
+        assert torch.allclose(backward[0, :n], alone[0], atol=TOL)
+
+
+def test_weighted_fusion_by_hand():
+    torch.manual_seed(0)
+    fusion = WeightedFusion(lateral_channels=3, hidden=2).eval()
+    coarse, lateral = torch.randn(1, 2, 2, 2), torch.randn(1, 3, 4, 4)
+    with torch.no_grad():
+        fusion.weights.copy_(torch.tensor([2.0, -1.0]))  # ReLU'd: the lateral gets weight 0
+        up = coarse.repeat_interleave(2, 2).repeat_interleave(2, 3)  # nearest, by hand
+        assert torch.allclose(fusion(coarse, lateral), fusion.conv(2 * up / (2 + 1e-4)), atol=1e-6)
+        fusion.weights.copy_(torch.tensor([1.0, 3.0]))
+        expected = fusion.conv((up + 3 * fusion.lateral(lateral)) / (4 + 1e-4))
+        assert torch.allclose(fusion(coarse, lateral), expected, atol=1e-6)
+
+
+def test_padding_changes_nothing(slow, bench, tok):
+    rows = [3, 9]
+    batch = pair_batch(bench["test"], tok, rows)
+    with torch.no_grad():
+        together = slow(batch)
+        alone = torch.cat([slow(pair_batch(bench["test"], tok, [t])) for t in rows])
+    assert torch.allclose(together, alone, atol=TOL)
+
+
+def test_cached_and_uncached_scores_agree(slow, bench, tok):
+    split = bench["test"]
+    states = compute_states(slow, split, tok, batch_size=5)  # several blocks
+    g = np.random.default_rng(0)
+    images, texts = g.integers(0, split.n_images, 30), g.integers(0, split.n_texts, 30)
+    cached = score_cached_pairs(slow, states, images, texts, batch_size=7)
+    pixels = torch.stack([ImageDataset(split, modality="pixels")[int(i)]["pixels"] for i in images])
+    captions = pair_batch(split, tok, texts.tolist())
+    with torch.no_grad():
+        uncached = slow.score({"pixels": pixels}, captions)
+    assert torch.allclose(cached, uncached, atol=TOL)
+    with pytest.raises(ValueError, match="two"):
+        score_cached_pairs(slow, states, images, texts[:3])
+
+
+def test_teacher_scores_against_a_loop_of_pairs(slow, bench, tok):
+    batch = pair_batch(bench["train"], tok, [0, 5, 11])
+    grid = teacher_scores(slow, batch)  # (3, 3) rows images, columns captions
+    with torch.no_grad():
+        for i in range(3):
+            for j in range(3):
+                texts = {k: batch[k][j:j + 1] for k in ("input_ids", "attention_mask")}
+                assert grid[i, j].item() == pytest.approx(slow.score({"pixels": batch["pixels"][i:i + 1]}, texts).item(),
+                                                          abs=TOL)
+
+
+def test_distillation_gradients_reach_only_the_student(slow, bench, tok):
+    torch.manual_seed(0)
+    student = FastModel(len(tok), FastConfig(hidden=8, embed_dim=8, channels=(4, 8, 8)))
+    for p in slow.parameters():
+        p.requires_grad_(True)
+        p.grad = None
+    out = distill_loss(slow, FastConfig(distill=True))(student, pair_batch(bench["train"], tok, range(6)))
+    out["loss"].backward()
+    assert all(p.grad is None for p in slow.parameters())
+    grads = [p.grad for p in student.parameters()]
+    assert all(g is not None for g in grads) and sum(g.abs().sum() for g in grads) > 0
+    assert out["loss"].item() == pytest.approx(out["distill"].item() + 0.1 * out["nce"].item(), rel=1e-5)
+
+
+# ----------------------------------------------------------------------------- eq. 9 and the methods
+
+class _Stub:
+    """A slow stage whose score_pairs returns fixed h per (image, caption)."""
+
+    def __init__(self, h: dict, name="stub"):
+        self.h, self.name, self.eval_pairs = h, name, (None, None)
+
+    def score_pairs(self, split, images, texts):
+        return torch.tensor([self.h[(int(i), int(t))] for i, t in zip(images, texts)])
+
+
+def test_beta_combine_by_hand():
+    # one caption (0), fast top 3 = images 4, 1, 7 with f.g = 9, 5, 1; h = -10, -8, -7.5
+    h = {(4, 0): -10.0, (1, 0): -8.0, (7, 0): -7.5}
+    candidates, first = torch.tensor([[4, 1, 7]]), torch.tensor([[9.0, 5.0, 1.0]])
+    for beta, order, scores in ((0.0, [7, 1, 4], [-7.5, -8.0, -10.0]),  # h alone
+                                (0.5, [4, 1, 7], [-5.5, -5.5, -7.0]),  # -10 + 4.5, -8 + 2.5, -7.5 + 0.5 (stable tie)
+                                (0.25, [1, 7, 4], [-6.75, -7.25, -7.75])):
+        cascade = FastSlowCascade(_Stub({}, "fast"), _Stub(h), 3, beta=beta)  # combine = weighted_sum([beta, 1])
+        indices, got = cascade.rescore(None, "t2i", [0], candidates, first)
+        assert indices[0].tolist() == order
+        assert got[0].tolist() == pytest.approx(scores)
+
+
+@pytest.fixture(scope="module")
+def fitted(bench, tok, tmp_path_factory):
+    cache = tmp_path_factory.mktemp("fast_slow")
+    slow = SlowMethod(SlowConfig(**SMALL, max_steps=4, batch_size=8), progress=False).fit(bench, tok, cache)
+    fast_config = FastConfig(hidden=8, embed_dim=8, channels=(4, 8, 8), max_steps=4, batch_size=8,
+                             distill_steps=3, distill_batch_size=4)
+    fast = FastMethod(fast_config, progress=False).fit(bench, tok, cache)
+    distilled = FastMethod(dataclasses.replace(fast_config, distill=True), name="fast-distilled", teacher=slow,
+                           init=fast, progress=False).fit(bench, tok, cache)
+    return slow, fast, distilled, cache
+
+
+def test_checkpoints_are_named_by_config_and_teacher(fitted, bench, tok):
+    slow, fast, distilled, cache = fitted
+    names = {m.checkpoint_path.name for m in (slow, fast, distilled)}
+    assert len(names) == 3 and all((cache / n).exists() for n in names)
+    assert undistilled(distilled.config) == fast.config
+    other_teacher = SlowMethod(dataclasses.replace(slow.config, seed=1))
+    again = FastMethod(distilled.config, name="fast-distilled", teacher=other_teacher, init=fast)
+    assert again.checkpoint_file(bench, tok) != distilled.checkpoint_path.name
+    with pytest.raises(ValueError, match="teacher"):
+        FastMethod(distilled.config)
+
+
+def test_slow_method_ranks_by_h_and_its_query_fn_agrees(fitted, bench):
+    slow = fitted[0]
+    split = bench["test"]
+    scores = slow.similarity(split)  # (N, T) by score_block
+    queries = np.array([0, 4, 9])
+    indices, _ = slow.rank(split, "t2i", 5, queries=queries)
+    assert torch.equal(indices, torch.topk(scores.T[queries], 5).indices)
+    assert torch.equal(torch.as_tensor(slow.query_fn(split, 4, top_k=5)()), indices[1])
+
+
+def test_fast_slow_cascade_reorders_only_the_top_k(fitted, bench):
+    slow, _, distilled, _ = fitted
+    split, K = bench["test"], 4
+    cascade = FastSlowCascade(distilled, slow, K, beta=0.5)
+    first, _ = distilled.rank(split, "t2i", split.n_images)
+    indices, _ = cascade.rank(split, "t2i", split.n_images)
+    assert torch.equal(indices[:, K:], first[:, K:])  # beyond K the fast order stands
+    assert torch.equal(indices[:, :K].sort(1).values, first[:, :K].sort(1).values)
+    assert torch.equal(torch.as_tensor(cascade.query_fn(split, 2, top_k=K)()), indices[2, :K])
