@@ -92,7 +92,7 @@ def test_hrl_against_a_loop_over_levels():
 
 def test_model_loss_is_hrl_plus_lrm_and_logs_every_level(bench, tok):
     torch.manual_seed(0)
-    model = build_hivlp(small_config(), bench["train"], tok).eval()  # eval: no dropout
+    model = build_hivlp(small_config(lrm_weight=1.0), bench["train"], tok).eval()  # eval: no dropout
     batch = pair_batch(bench["train"], tok, range(8))
     out = model.loss(batch)
     torch.testing.assert_close(out["hrl"], hrl_loss(*model(batch)), atol=TOL, rtol=0)
