@@ -259,6 +259,8 @@ class HiVLPLevel(Method):
     """One level of a fitted (or to-be-fitted) HiVLPMethod as a cascade stage: rank by S^l over the
     whole gallery (the first stage) or score_pairs by S^l (a later stage). 0-based `level`."""
 
+    dot_product = True  # score_pairs is a dot product of cached vectors: no cross-attention pairs to budget
+
     def __init__(self, parent: HiVLPMethod, level: int):
         if not 0 <= level < parent.config.n_levels:
             raise ValueError(f"level must be in [0, {parent.config.n_levels}), got {level}")

@@ -144,7 +144,11 @@ class Cascade(Method):
         return self.top_ms if check_direction(direction) == "t2i" else self.top_ms_i2t
 
     def pairs_per_query(self, split, direction: str) -> int:
-        return sum(self.survivors(direction)) + self.stages[0].pairs_per_query(split, direction)
+        """The first stage's pairs, plus the survivors each later stage scores, except stages that
+        only take dot products of cached vectors (`dot_product = True`, e.g. HiVLP's levels)."""
+        later = zip(self.survivors(direction), self.stages[1:])
+        return (sum(m for m, stage in later if not getattr(stage, "dot_product", False))
+                + self.stages[0].pairs_per_query(split, direction))
 
     def rescore(self, split, direction: str, queries, candidates, first_scores):
         """Run stages[1:] on candidates (Q, M) with their first-stage scores (Q, M), M >= top_ms[0]:

@@ -183,6 +183,17 @@ def test_cascade_method_matches_coarse_to_fine_and_query_fn(fitted, bench, tok):
     assert torch.equal(i2t, expected_i2t)
 
 
+def test_levels_count_no_cross_attention_pairs(fitted, bench):
+    from course_lib.rerank import Cascade
+
+    test = bench["test"]
+    assert HiVLPCascade(fitted, survivors=(30, 10)).pairs_per_query(test, "t2i") == 0
+    reranker = fitted.level(2)  # any stage without dot_product counts its survivors: here a stand-in
+    levels = [fitted.level(l) for l in range(3)]
+    plain = type("Pairwise", (), {"name": "pairwise", "score_pairs": reranker.score_pairs})()
+    assert Cascade(levels + [plain], [30, 10, 5]).pairs_per_query(test, "t2i") == 5
+
+
 def test_cached_states_equal_a_fresh_pass(fitted, bench, tok):
     test = bench["test"]
     states = compute_states(fitted.model, test, tok, batch_size=7)  # other batch boundaries
