@@ -154,6 +154,53 @@ def test_distillation_gradients_reach_only_the_student(slow, bench, tok):
     assert out["loss"].item() == pytest.approx(out["distill"].item() + 0.1 * out["nce"].item(), rel=1e-5)
 
 
+# ----------------------------------------------------------------------------- the Fast model's towers
+
+def test_fast_image_pools_by_hand(bench, tok):
+    """f(x) = b + W . (the 4x4 map's mean) or b + sum over channels and cells of W[:, c, cell] * map,
+    cell by cell; only the flattened pool sees where things are (swapping two cells of the map)."""
+    torch.manual_seed(0)
+    pixels = pair_batch(bench["test"], tok, [0, 1])["pixels"]
+    for pool in ("mean", "flatten"):
+        model = FastModel(len(tok), FastConfig(hidden=8, embed_dim=5, channels=(4, 8, 6), image_pool=pool)).eval()
+        with torch.no_grad():
+            grid = model.backbone(pixels)[2]  # (2, 6, 4, 4)
+            W, b = model.image_proj.weight, model.image_proj.bias  # (5, 6) or (5, 96)
+            expected = torch.zeros(2, 5)
+            for n in range(2):
+                for c in range(6):
+                    for i in range(4):
+                        for j in range(4):
+                            w = W[:, c] / 16 if pool == "mean" else W[:, c * 16 + i * 4 + j]
+                            expected[n] += w * grid[n, c, i, j]
+            assert torch.allclose(model.encode_images({"pixels": pixels}), expected + b, atol=1e-5)
+            swapped = grid.clone()
+            swapped[:, :, :, [0, 3]] = grid[:, :, :, [3, 0]]  # left and right columns exchanged
+            pooled = swapped.mean((2, 3)) if pool == "mean" else swapped.flatten(1)
+            moved = model.image_proj(pooled)
+            assert torch.allclose(moved, expected + b, atol=1e-5) == (pool == "mean")
+
+
+def test_fast_text_towers_and_word_order(bench, tok):
+    """The BoW cannot tell "red circle left of blue square" from "blue circle left of red square";
+    the transformer tower can, and its g(y) does not depend on the padding of the batch."""
+    torch.manual_seed(0)
+    captions = ["a red circle left of a blue square", "a blue circle left of a red square", "a red circle"]
+    texts = PairCollate(tok).encode(captions)
+    assert not torch.equal(texts["input_ids"][0], texts["input_ids"][1])  # the words are in the vocabulary
+    alone = [PairCollate(tok).encode([c]) for c in captions]
+    for tower, same in (("bow", True), ("transformer", False)):
+        model = FastModel(len(tok), FastConfig(hidden=8, embed_dim=8, channels=(4, 8, 8), text_tower=tower,
+                                               text_layers=1)).eval()
+        with torch.no_grad():
+            g = model.encode_texts(texts)  # (3, E), padded to the longest caption
+            assert torch.allclose(g[0], g[1], atol=1e-6) == same
+            for row, one in enumerate(alone):
+                assert torch.allclose(g[row], model.encode_texts(one)[0], atol=1e-5)
+    with pytest.raises(ValueError, match="text_tower"):
+        FastConfig(text_tower="gru")
+
+
 # ----------------------------------------------------------------------------- eq. 9 and the methods
 
 class _Stub:
@@ -201,6 +248,24 @@ def test_checkpoints_are_named_by_config_and_teacher(fitted, bench, tok):
     assert again.checkpoint_file(bench, tok) != distilled.checkpoint_path.name
     with pytest.raises(ValueError, match="teacher"):
         FastMethod(distilled.config)
+
+
+def test_distillation_from_scratch_needs_no_init(fitted, bench, tok, tmp_path):
+    """distill_start="scratch": eq. 8 from random weights (the paper's student); no plain model is
+    trained or named, and the start changes the checkpoint's name."""
+    slow, fast, distilled, _ = fitted
+    config = dataclasses.replace(distilled.config, distill_start="scratch")
+    scratch = FastMethod(config, name="fast-distilled", teacher=slow, progress=False)
+    assert scratch.init is None and scratch.checkpoint_file(bench, tok) != distilled.checkpoint_path.name
+    scratch.fit(bench, tok, tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == [scratch.checkpoint_path.name]  # the student only
+    torch.manual_seed(config.seed)
+    fresh = FastModel(len(tok), config)  # train_fast's seed, so its starting weights
+    moved = [not torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), scratch.model.state_dict().values())
+             if a.is_floating_point()]
+    assert any(moved)
+    with pytest.raises(ValueError, match="teacher"):
+        FastMethod(config)
 
 
 def test_slow_method_ranks_by_h_and_its_query_fn_agrees(fitted, bench):
