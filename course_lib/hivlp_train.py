@@ -201,10 +201,15 @@ class HiVLPMethod(DualEncoderMethod):
     @property
     def notes(self) -> str:
         c = self.config
-        tower = (f"ViT {c.image_layers} blocks over {c.patch_size}px patches" if c.image_input == "pixels"
+        return (f"HiVLP last level (d={c.eol_widths[-1]}) over every candidate; {self.towers}, EOL widths "
+                f"{'/'.join(map(str, c.eol_widths))}; FAISS IndexFlatIP")
+
+    @property
+    def towers(self) -> str:
+        c = self.config
+        image = (f"ViT {c.image_layers} blocks over {c.patch_size}px patches" if c.image_input == "pixels"
                  else f"region tower {c.image_layers} blocks")
-        return (f"HiVLP last level (d={c.eol_widths[-1]}) over every candidate; {tower}, text {c.text_layers} "
-                f"blocks, EOL widths {'/'.join(map(str, c.eol_widths))}; FAISS IndexFlatIP")
+        return f"{image}, text {c.text_layers} blocks"
 
     def train(self, bench: dict, tokenizer, checkpoint_path, cache_dir):
         return train_hivlp(bench, tokenizer, self.config, checkpoint_path=checkpoint_path, progress=self.progress)
@@ -301,7 +306,7 @@ class HiVLPCascade(Cascade):
         if len(survivors) != n - 1:
             raise ValueError(f"{n} levels need {n - 1} survivor counts (N2, N3, ...), got {list(survivors)}")
         super().__init__([hivlp.level(l) for l in range(n)], list(survivors),
-                         name=name or hivlp.name.replace("-flat", ""), notes=(f"HiVLP cascade: level 1 (d={hivlp.config.eol_widths[0]}) keeps "
+                         name=name or hivlp.name.replace("-flat", ""), notes=(f"HiVLP cascade ({hivlp.towers}): level 1 (d={hivlp.config.eol_widths[0]}) keeps "
                                 f"{'/'.join(map(str, survivors))}, the last level (d={hivlp.config.eol_widths[-1]}) "
                                 "orders them"))
         self.hivlp = hivlp

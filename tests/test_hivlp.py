@@ -329,3 +329,10 @@ def test_conv_stem_gives_one_token_per_patch_and_learns(bench, tok):
     assert conv_stem(64, 4)(torch.randn(1, 3, 32, 32)).shape == (1, 64, 8, 8)
     with pytest.raises(ValueError, match="power of 2"):
         conv_stem(64, 6)
+
+
+def test_cascade_notes_name_the_towers():
+    # the README's methods list reads these notes: hivlp and hivlp-regions must not read the same
+    pixels = HiVLPCascade(HiVLPMethod(small_config(), progress=False))
+    regions = HiVLPCascade(HiVLPMethod(small_config(image_input="regions"), progress=False), name="hivlp-regions")
+    assert "ViT" in pixels.notes and "region tower" in regions.notes and pixels.notes != regions.notes
