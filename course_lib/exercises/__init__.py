@@ -7,7 +7,7 @@ the same tested code the rest of the course uses.
 
 from .attention import check_func_attention
 from .errors import ExerciseError
-from .fast_slow import check_summed_log_likelihood
+from .fast_slow import check_score_one_caption, check_summed_log_likelihood
 from .hivlp import check_hrl_loss
 from .pretraining import check_cmr_loss, check_mask_tokens
 from .ranking import check_hinge_loss, check_i2t_ranks, check_t2i_ranks
@@ -15,4 +15,4 @@ from .ubert import check_enhanced_similarity, check_rerank_one_by_one
 
 __all__ = ["ExerciseError", "check_t2i_ranks", "check_i2t_ranks", "check_hinge_loss", "check_func_attention",
            "check_cmr_loss", "check_mask_tokens", "check_enhanced_similarity", "check_rerank_one_by_one",
-           "check_hrl_loss", "check_summed_log_likelihood"]
+           "check_hrl_loss", "check_summed_log_likelihood", "check_score_one_caption"]

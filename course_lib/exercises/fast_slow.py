@@ -1,4 +1,5 @@
-"""Checker of lesson 06: the Slow model's score h(x, y) from the two decoders' logits (Fast & Slow eq. 2-3)."""
+"""Checkers of lesson 06: the Slow model's score h(x, y) from the two decoders' logits (Fast & Slow eq. 2-3),
+and one caption scored against a gallery's cached keys / values (the timed exercise)."""
 
 from __future__ import annotations
 
@@ -104,3 +105,46 @@ def check_summed_log_likelihood(fn) -> None:
         raise ExerciseError(f"on {label}: h differs from eq. 2-3 by up to {worst:.3g}: per direction, sum log_softmax "
                             "of the logits at position t taken at token t + 1, over the word targets only")
     print("summed log-likelihood (eq. 2-3): correct (padded and unpadded captions of 1 to 7 words, both directions)")
+
+
+def _one_caption_case(seed: int = 0):
+    """A tiny random SlowModel (eval mode), the cached keys / values of 6 random images, one caption
+    of 5 words (1, T), and h of the caption with each image from a loop of single pairs (6,)."""
+    import torch
+
+    from ..fast_slow import SlowConfig, SlowModel
+
+    torch.manual_seed(seed)
+    model = SlowModel(12, SlowConfig(hidden=16, heads=2, layers=2, channels=(4, 8, 8), dropout=0.0)).eval()
+    with torch.no_grad():
+        kvs = model.keys_values(model.visual_tokens({"pixels": torch.rand(6, 3, 32, 32)}))
+        text = {"input_ids": torch.tensor([[2, 7, 5, 9, 11, 6, 3]]), "attention_mask": torch.ones(1, 7, dtype=torch.long)}
+        expected = torch.stack([model.log_likelihood({d: [kv[:, i:i + 1] for kv in layers] for d, layers in kvs.items()},
+                                                     text)[0] for i in range(6)])
+    return model, kvs, text, expected
+
+
+def check_score_one_caption(fn) -> None:
+    """fn(model, kvs, text) -> h (N,): one caption (text: input_ids and attention_mask, (1, T))
+    against the N gallery images whose cached keys / values are kvs ({"fwd", "bwd"}: per decoder
+    block a (2, N, heads, M, d) tensor). Compared with a loop of model.log_likelihood on single pairs."""
+    import torch
+
+    model, kvs, text, expected = _one_caption_case()
+    with torch.no_grad():
+        got = fn(model, kvs, {k: v.clone() for k, v in text.items()})
+    if not torch.is_tensor(got):
+        raise ExerciseError(f"return a tensor of shape ({len(expected)},), got {type(got).__name__}")
+    got = got.detach().float().cpu()
+    if got.numel() == 1:
+        raise ExerciseError(f"you returned one number; return h of the caption with EACH of the {len(expected)} images: "
+                            "repeat the caption's (1, T) rows N times (expand) so pair i reads image i's keys / values")
+    if tuple(got.shape) != tuple(expected.shape):
+        raise ExerciseError(f"expected shape {tuple(expected.shape)}, one h per gallery image, got {tuple(got.shape)}")
+    if torch.allclose(got, -expected, atol=1e-4):
+        raise ExerciseError("the sign is flipped: h is a log-likelihood (<= 0), the higher the better")
+    if not torch.allclose(got, expected, atol=1e-4):
+        worst = (got - expected).abs().max().item()
+        raise ExerciseError(f"h differs from single-pair model.log_likelihood by up to {worst:.3g}: pass the cached kvs "
+                            "as they are and the caption repeated N times to model.log_likelihood")
+    print(f"one caption against {len(expected)} cached images: correct (matches {len(expected)} single-pair scores)")
