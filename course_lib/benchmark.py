@@ -244,14 +244,13 @@ def update_readme(results: dict, readme: str | Path) -> None:
 
 
 def _save_pareto(rows, path: Path) -> None:
+    """Every method on t2i R@1 vs ms per query, test and full settings side by side (viz)."""
     # a bare Figure needs no GUI backend, so this works headless and leaves notebooks' backend alone
     from matplotlib.figure import Figure
 
-    from .viz import plot_pareto
+    from .viz import plot_pareto_settings
 
-    fig = Figure(figsize=(6.5, 4.5))
-    plot_pareto(rows, setting="test", ax=fig.subplots())
-    fig.tight_layout()
+    fig = plot_pareto_settings(rows, Figure(figsize=(13, 5.5)), settings=("test", "full"))
     fig.savefig(path, dpi=120)
 
 

@@ -133,30 +133,60 @@ def plot_timings(results: dict, *, ax=None, title="per-call time"):
     return ax
 
 
-def plot_pareto(rows, *, setting: str = "test", metric: str = "t2i_r1", ax=None, title=None):
-    """Accuracy against per-query latency, one point per method (log time axis).
+def plot_pareto(rows, *, setting: str = "test", metric: str = "t2i_r1", ax=None, title=None,
+                colors: dict | None = None, front: bool = True):
+    """Accuracy against per-query latency, one labelled point per method (log time axis).
 
     `rows` are benchmark result rows (dicts with method, setting, ms_per_query and the metric); a
-    row whose time was extrapolated (ms_measured False) is drawn hollow, as in every course plot."""
+    row whose time was extrapolated (ms_measured False) is drawn hollow, as in every course plot.
+    front: join the methods no other one beats (faster and at least as accurate) with a step line
+    (course_lib.capstone.pareto_front). An untimed row (the oracle) is a horizontal ceiling.
+    colors: method -> colour, to keep one colour per method across panels."""
+    from .capstone import pareto_front
+
     rows = [r for r in rows if r["setting"] == setting and r.get(metric) is not None]
     if ax is None:
         _, ax = plt.subplots(figsize=(6.5, 4.5))
     timed = [r for r in rows if r.get("ms_per_query")]
     for i, r in enumerate(timed):
         measured = r.get("ms_measured", True)
-        ax.scatter(r["ms_per_query"], r[metric], s=40, color=f"C{i}",
-                   facecolors=f"C{i}" if measured else "none")
+        color = (colors or {}).get(r["method"], f"C{i % 10}")
+        ax.scatter(r["ms_per_query"], r[metric], s=40, color=color, facecolors=color if measured else "none",
+                   zorder=3)
         ax.annotate(r["method"], (r["ms_per_query"], r[metric]), textcoords="offset points",
-                    xytext=(5, 4), fontsize=8)
+                    xytext=(5, 4 if i % 2 else -9), fontsize=7)
+    if front and timed:
+        on_front = [timed[i] for i in pareto_front([r["ms_per_query"] for r in timed], [r[metric] for r in timed])]
+        ax.step([r["ms_per_query"] for r in on_front], [r[metric] for r in on_front], where="post", color="black",
+                linewidth=1, alpha=0.6, zorder=2, label="Pareto front")
     for r in rows:
         if not r.get("ms_per_query"):  # untimed references (the oracle ceiling) as a horizontal line
-            ax.axhline(r[metric], color="grey", linestyle=":", linewidth=1)
+            ax.axhline(r[metric], color="grey", linestyle=":", linewidth=1, label=f"{r['method']} (ceiling)")
             ax.text(ax.get_xlim()[0] if timed else 0, r[metric], f" {r['method']}", va="bottom",
                     fontsize=8, color="grey")
     if timed:
         ax.set_xscale("log")
-    ax.set_xlabel("ms per text query (median)")
+    ax.set_xlabel("ms per text query (median; hollow = extrapolated)")
     ax.set_ylabel(f"{metric} (%) on {setting}")
     ax.set_title(title or f"accuracy vs latency ({setting})")
     ax.grid(alpha=0.3, which="both")
+    if front and timed:
+        ax.legend(fontsize=7, loc="best")
     return ax
+
+
+def plot_pareto_settings(rows, fig=None, *, settings=("test", "full"), direction: str = "t2i"):
+    """plot_pareto for several settings side by side, one colour per method in every panel, each
+    panel on its setting's smallest recall cut-off (the benchmark's test has R@1, full starts at R@5).
+    fig: a matplotlib Figure to draw on (a headless Figure for files); None = a new pyplot one."""
+    methods = list(dict.fromkeys(r["method"] for r in rows if r.get("ms_per_query")))
+    colors = {m: f"C{i}" if i < 10 else plt.cm.tab20b(i % 20) for i, m in enumerate(methods)}
+    if fig is None:
+        fig = plt.figure(figsize=(6.5 * len(settings), 5))
+    axes = fig.subplots(1, len(settings), squeeze=False)[0]
+    for ax, setting in zip(axes, settings):
+        keys = {k for r in rows if r["setting"] == setting for k in r if k.startswith(f"{direction}_r")}
+        metric = min(keys, key=lambda k: int(k.rsplit("_r", 1)[1]), default=f"{direction}_r1")
+        plot_pareto(rows, setting=setting, metric=metric, ax=ax, colors=colors)
+    fig.tight_layout()
+    return fig

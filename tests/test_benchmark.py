@@ -322,3 +322,25 @@ def test_merge_keeps_old_rows_only_for_methods_not_rerun(smoke_results):
     old["meta"]["seed"] = 1
     with pytest.raises(ValueError, match="cannot merge"):
         benchmark.merge_results(new, old)
+
+
+def test_pareto_png_labels_every_timed_method_on_test_and_full(tmp_path, monkeypatch):
+    from matplotlib.figure import Figure
+
+    names = ["vsepp", "scan", "cross_encoder", "lightningdot", "lightningdot+rerank@20", "ubert@20", "hivlp",
+             "fast", "slow", "fast_slow@10", "fast_slow@50"]
+    # the benchmark's full setting has R@5, 10, 20: its panel plots t2i R@5
+    rows = [{"method": "oracle", "setting": s, "t2i_r1" if s == "test" else "t2i_r5": 90.0, "ms_per_query": None}
+            for s in ("test", "full")]
+    rows += [{"method": m, "setting": s, "t2i_r1" if s == "test" else "t2i_r5": float(i),
+              "ms_per_query": 10.0 ** (i % 4), "ms_measured": True} for s in ("test", "full") for i, m in enumerate(names)]
+    drawn = []
+    monkeypatch.setattr(Figure, "savefig", lambda fig, path, **kw: drawn.append(fig))
+    benchmark._save_pareto(rows, tmp_path / "pareto.png")
+    (fig,) = drawn
+    assert [ax.get_title() for ax in fig.axes] == ["accuracy vs latency (test)", "accuracy vs latency (full)"]
+    for ax in fig.axes:
+        labels = [t.get_text() for t in ax.texts]
+        assert sorted(labels) == sorted(names + [" oracle"])
+        assert any(line.get_label() == "Pareto front" for line in ax.lines)
+    assert [ax.get_ylabel() for ax in fig.axes] == ["t2i_r1 (%) on test", "t2i_r5 (%) on full"]

@@ -112,3 +112,31 @@ def test_show_retrieval_frames_only_the_true_image_in_red(bench):
     fig = viz.show_retrieval(split, "a query", ranked[:3], true_image=11)
     assert "not in this list" in fig._suptitle.get_text()
     plt.close(fig)
+
+
+def test_pareto_draws_the_front_of_the_naive_dominance_loop():
+    rows = [{"method": "oracle", "setting": "full", "t2i_r1": 80.0, "ms_per_query": None},
+            {"method": "a", "setting": "full", "t2i_r1": 10.0, "ms_per_query": 1.0},
+            {"method": "b", "setting": "full", "t2i_r1": 8.0, "ms_per_query": 2.0},  # dominated by a
+            {"method": "c", "setting": "full", "t2i_r1": 30.0, "ms_per_query": 5.0},
+            {"method": "d", "setting": "full", "t2i_r1": 30.0, "ms_per_query": 50.0},  # dominated by c
+            {"method": "e", "setting": "full", "t2i_r1": 40.0, "ms_per_query": 100.0}]
+    ax = viz.plot_pareto(rows, setting="full")
+    timed = [r for r in rows if r["ms_per_query"]]
+    naive = [r for r in timed if not any(q["ms_per_query"] <= r["ms_per_query"] and q["t2i_r1"] >= r["t2i_r1"]
+                                         and q is not r for q in timed)]
+    (front,) = [line for line in ax.lines if line.get_label() == "Pareto front"]
+    assert list(front.get_xdata()) == [r["ms_per_query"] for r in naive] == [1.0, 5.0, 100.0]
+    assert list(front.get_ydata()) == [r["t2i_r1"] for r in naive]
+    assert sorted(t.get_text() for t in ax.texts if t.get_text().strip() != "oracle") == ["a", "b", "c", "d", "e"]
+    plt.close(ax.figure)
+
+
+def test_pareto_settings_one_panel_per_setting_and_one_colour_per_method():
+    rows = [{"method": m, "setting": s, "t2i_r1": r, "ms_per_query": ms}
+            for s in ("test", "full") for m, r, ms in (("fast", 5.0, 0.1), ("slow", 9.0, 10.0))]
+    fig = viz.plot_pareto_settings(rows, settings=("test", "full"))
+    assert [ax.get_title() for ax in fig.axes] == ["accuracy vs latency (test)", "accuracy vs latency (full)"]
+    colours = [[tuple(c.get_facecolors()[0]) for c in ax.collections] for ax in fig.axes]
+    assert colours[0] == colours[1] and colours[0][0] != colours[0][1]
+    plt.close(fig)
