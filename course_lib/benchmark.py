@@ -44,12 +44,16 @@ ORACLE_NOTE = ("Bayes-optimal ranking under the generator's own caption likeliho
 def evaluate(method, split, ks, smoke: bool = False, seed: int = 0, every_pair: bool = False) -> tuple[dict, str]:
     """Recalls of a method on a split from its rankings, per direction: every query of the split,
     or a fixed random sample of them when pairs_per_query x queries exceeds the method's
-    eval_pairs budget (every_pair=True lifts the budget). Returns (metrics, how it was measured)."""
-    budget = None if every_pair else method.eval_pairs[1 if smoke else 0]
+    eval_pairs budget (every_pair=True lifts the budget, up to the method's every_pair_limit).
+    Returns (metrics, how it was measured)."""
     metrics, how = {}, []
     for direction in ("t2i", "i2t"):
         queries = split.text_queries if direction == "t2i" else split.image_queries
         per_query = method.pairs_per_query(split, direction)
+        budget = method.eval_pairs[1 if smoke else 0]
+        limit = getattr(method, "every_pair_limit", None)
+        if every_pair and (limit is None or per_query * len(queries) <= limit):
+            budget = None
         if budget is not None and per_query * len(queries) > budget:
             n = max(1, budget // max(per_query, 1))
             rng = np.random.default_rng([seed, 0 if direction == "t2i" else 1])

@@ -101,6 +101,9 @@ class Method(ABC):
     # timed_sizes: the galleries one query is timed on (None = up to each setting's gallery);
     # bigger galleries are extrapolated linearly from these and starred.
     eval_pairs: ClassVar[tuple] = (None, None)
+    # the most pairs per setting and direction that `--every-pair` may make it score (None = no limit);
+    # beyond it the method stays on its eval_pairs sample (a model that costs ~an hour per setting)
+    every_pair_limit: ClassVar[int | None] = None
     timed_sizes: ClassVar[tuple] = (None, None)
     notes: str = ""
 

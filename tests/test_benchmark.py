@@ -97,6 +97,10 @@ def test_slow_methods_are_scored_on_sampled_queries(monkeypatch):
     monkeypatch.setattr(method, "eval_pairs", (None, 30 * 12))
     metrics, how = benchmark.evaluate(method, split, (1, 5, 10), smoke=True, seed=0)
     assert "t2i on 12 sampled queries" in how and "i2t on 12 sampled queries" in how
+    monkeypatch.setattr(method, "every_pair_limit", 30 * 12, raising=False)  # too small: stays sampled
+    limited, how = benchmark.evaluate(method, split, (1, 5, 10), smoke=True, seed=0, every_pair=True)
+    assert "t2i on 12 sampled queries" in how and limited == metrics
+    monkeypatch.setattr(method, "every_pair_limit", 30 * split.n_texts)  # every pair fits: lifted
     exhaustive, how = benchmark.evaluate(method, split, (1, 5, 10), smoke=True, seed=0, every_pair=True)
     assert "sampled" not in how
     full = retrieval_metrics(method.similarity(split), split.txt2img)
