@@ -3,6 +3,7 @@ extended to galleries of millions, and the papers' headline speed-ups next to ou
 
     front = pareto_front(ms, r1)                       # indices of the methods no other one beats
     curve = extend_latency(points, [1e3, 1e4, 1e5, 1e6])  # measured points kept, the rest a + b*n
+    curve = compose_latency(points, search_rows, sizes)  # a dual encoder: + the search's growth
     table = speedup_rows(results)                      # ours (from results.json) beside PAPER_SPEEDUPS
 
 A point is on the front when no other method is at least as fast AND at least as accurate, and
@@ -61,6 +62,47 @@ def extend_latency(points: list[dict], sizes) -> list[dict]:
     return [rows[n] for n in sorted(rows)]
 
 
+def compose_latency(points: list[dict], search: list[dict], sizes) -> list[dict]:
+    """One method whose cost grows with the gallery only through a search over it (a dual encoder,
+    or a re-ranker of a fixed top K behind one): its measured points, then at every other size in
+    `sizes` its largest measured time plus what the search costs more there,
+    ms(n) = ms(n0) + search(n) - search(n0), n0 its largest measured gallery. `search` holds
+    {"n", "ms_per_query"} rows timed at n0 and at every size. Marked measured=False: both terms are
+    measured, their sum at n is an estimate."""
+    measured = sorted((p for p in points if p["measured"]), key=lambda p: p["n"])
+    if not measured:
+        raise ValueError("no measured point to start from")
+    at = {int(r["n"]): float(r["ms_per_query"]) for r in search}
+    rows = {int(p["n"]): {"n": int(p["n"]), "ms_per_query": float(p["ms_per_query"]), "measured": True}
+            for p in measured}
+    n0, ms0 = int(measured[-1]["n"]), float(measured[-1]["ms_per_query"])
+    for n in sorted({int(n) for n in sizes} - set(rows)):
+        if n0 not in at or n not in at:
+            raise ValueError(f"the search was not timed at n={n0:,} and n={n:,}; time it at {sorted({n0, n})}")
+        rows[n] = {"n": n, "ms_per_query": ms0 + at[n] - at[n0], "measured": False}
+    return [rows[n] for n in sorted(rows)]
+
+
+def check_pareto_front(fn) -> None:
+    """The checker of notebook 07's exercise: fn(ms, recall) -> indices of the front, any order,
+    against pareto_front on hand-made and random cases (ties and duplicates included)."""
+    from course_lib.exercises.errors import ExerciseError
+
+    cases = [([1.0, 10.0, 20.0, 1.0], [5.0, 50.0, 40.0, 5.0]),  # a duplicate and a slower, worse point
+             ([3.0, 2.0, 1.0], [1.0, 2.0, 3.0]),                # one point beats both others
+             ([1.0, 1.0], [2.0, 3.0])]                          # equal times: the more accurate wins
+    rng = np.random.default_rng(7)
+    cases += [(rng.integers(1, 5, n).astype(float).tolist(), rng.integers(0, 5, n).astype(float).tolist())
+              for n in rng.integers(1, 10, 40)]
+    for ms, recall in cases:
+        got, want = fn(list(ms), list(recall)), pareto_front(ms, recall)
+        if sorted(int(i) for i in got) != sorted(want):
+            raise ExerciseError(f"ms={ms}, recall={recall}: expected the front {sorted(want)}, got "
+                                f"{sorted(int(i) for i in got)}. A point is off the front only when another is no slower "
+                                "AND no less accurate AND strictly better in one of the two.")
+    print(f"check_pareto_front: all {len(cases)} cases pass")
+
+
 @dataclass(frozen=True)
 class PaperSpeedup:
     """One headline speed-up as a paper reports it: `fast` against `slow` at n_images."""
@@ -113,11 +155,19 @@ PAPER_SPEEDUPS: tuple[PaperSpeedup, ...] = (
 
 
 def latency_by_method(results: dict) -> dict[str, list[dict]]:
-    """results.json's latency points grouped by method: {method: [{"n", "ms_per_query", "measured"}, ...]}."""
-    curves: dict[str, list[dict]] = {}
-    for p in results.get("latency", []):
-        curves.setdefault(p["method"], []).append({k: p[k] for k in ("n", "ms_per_query", "measured")})
-    return {m: sorted(rows, key=lambda r: r["n"]) for m, rows in curves.items()}
+    """Every ms-per-query point results.json holds, grouped by method: {method: [{"n", "ms_per_query",
+    "measured"}, ...]} by increasing n. Its latency table (ms at 1k and 5k images) and each
+    setting's row (ms at that setting's gallery, e.g. test 1k and full 12k); where both have a size,
+    a measured time wins over an extrapolated one."""
+    points = [(p["method"], p["n"], p["ms_per_query"], p["measured"]) for p in results.get("latency", [])]
+    points += [(r["method"], r["n_images"], r["ms_per_query"], r.get("ms_measured", True))
+               for r in results.get("rows", []) if r.get("ms_per_query")]
+    curves: dict[str, dict[int, dict]] = {}
+    for method, n, ms, measured in points:
+        old = curves.setdefault(method, {}).get(int(n))
+        if old is None or (measured and not old["measured"]):
+            curves[method][int(n)] = {"n": int(n), "ms_per_query": float(ms), "measured": bool(measured)}
+    return {m: [rows[n] for n in sorted(rows)] for m, rows in curves.items()}
 
 
 def speedup_rows(results: dict, papers=PAPER_SPEEDUPS) -> list[dict]:
@@ -154,5 +204,5 @@ def _times(x: float) -> str:
     return f"{x:,.0f}x" if x >= 100 else f"{x:.3g}x"
 
 
-__all__ = ["pareto_front", "extend_latency", "PaperSpeedup", "PAPER_SPEEDUPS", "latency_by_method",
+__all__ = ["pareto_front", "extend_latency", "compose_latency", "check_pareto_front", "PaperSpeedup", "PAPER_SPEEDUPS", "latency_by_method",
            "speedup_rows", "speedup_markdown"]

@@ -88,3 +88,39 @@ def test_speedup_rows_from_results_json_latency():
     assert rows[1]["ours_speedup"] is None
     table = capstone.speedup_markdown(rows)
     assert "| 1,927x |" in table and "200x*" in table and "| – |" in table
+
+
+def test_compose_latency_hand_worked():
+    # measured 3 ms at 1k and 4 ms at 5k; the search costs 0.5 ms at 5k and 20.5 ms at 1M: 4 + 20 = 24 ms
+    points = [{"n": 1000, "ms_per_query": 3.0, "measured": True}, {"n": 5000, "ms_per_query": 4.0, "measured": True}]
+    search = [{"n": 1000, "ms_per_query": 0.1}, {"n": 5000, "ms_per_query": 0.5},
+              {"n": 1_000_000, "ms_per_query": 20.5}]
+    rows = capstone.compose_latency(points, search, [1000, 1_000_000])
+    assert rows == [{"n": 1000, "ms_per_query": 3.0, "measured": True},
+                    {"n": 5000, "ms_per_query": 4.0, "measured": True},
+                    {"n": 1_000_000, "ms_per_query": pytest.approx(24.0), "measured": False}]
+    with pytest.raises(ValueError, match="not timed"):
+        capstone.compose_latency(points, search[:1], [100_000])
+
+
+def test_check_pareto_front_passes_the_naive_loop_and_catches_a_wrong_answer(capsys):
+    capstone.check_pareto_front(lambda ms, recall: sorted(naive_front(ms, recall)))
+    assert "pass" in capsys.readouterr().out
+    from course_lib.exercises.errors import ExerciseError
+
+    with pytest.raises(ExerciseError, match="expected the front"):  # forgets that a tie in time is beaten
+        capstone.check_pareto_front(lambda ms, recall: [i for i in range(len(ms))
+                                                        if not any(ms[j] < ms[i] and recall[j] >= recall[i]
+                                                                   for j in range(len(ms)))])
+
+
+def test_latency_by_method_merges_the_latency_table_and_the_rows():
+    results = {"latency": [{"method": "a", "n": 1000, "ms_per_query": 1.5, "measured": False},
+                           {"method": "a", "n": 5000, "ms_per_query": 3.0, "measured": False}],
+               "rows": [{"method": "a", "setting": "test", "n_images": 1000, "ms_per_query": 1.0, "ms_measured": True},
+                        {"method": "a", "setting": "full", "n_images": 800, "ms_per_query": 0.9, "ms_measured": True},
+                        {"method": "oracle", "setting": "test", "n_images": 1000, "ms_per_query": None}]}
+    assert capstone.latency_by_method(results) == {"a": [
+        {"n": 800, "ms_per_query": 0.9, "measured": True},
+        {"n": 1000, "ms_per_query": 1.0, "measured": True},  # the row's measured time beats the estimate
+        {"n": 5000, "ms_per_query": 3.0, "measured": False}]}
