@@ -40,21 +40,23 @@ def pareto_front(ms, recall) -> list[int]:
 
 
 def extend_latency(points: list[dict], sizes) -> list[dict]:
-    """One method's ms per query at every size in `sizes` (and at its measured sizes).
+    """One method's ms per query at every size in `sizes` (and at the sizes it has points for).
 
-    points: rows {"n", "ms_per_query", "measured"} (results.json's latency, or latency_vs_gallery's).
-    Measured points are kept as they are; every other size gets a + b*n fitted to the measured
-    points (an earlier extrapolation is never fitted to), floored at the largest measured time.
-    With a single measured point the method is taken as flat (no slope can be fitted): that is
-    only right for a cost that does not grow with n, so `measured=False` marks it as an estimate."""
+    points: rows {"n", "ms_per_query", "measured"} (results.json's, or latency_vs_gallery's).
+    Its points are kept as they are; every other size gets a + b*n fitted to the measured points,
+    floored at the largest measured time. With fewer than two measured sizes, the fit takes the
+    benchmark's own extrapolated points too (they come from its fit to smaller galleries it timed
+    but does not report); with a single point of any kind the time is taken as flat. Every new
+    size is marked measured=False."""
     measured = sorted((p for p in points if p["measured"]), key=lambda p: p["n"])
     if not measured:
         raise ValueError("no measured point to extrapolate from")
-    rows = {int(p["n"]): {"n": int(p["n"]), "ms_per_query": float(p["ms_per_query"]), "measured": True}
-            for p in measured}
+    rows = {int(p["n"]): {"n": int(p["n"]), "ms_per_query": float(p["ms_per_query"]), "measured": bool(p["measured"])}
+            for p in points}
     floor = measured[-1]["ms_per_query"]
-    if len(rows) >= 2:
-        fit = fit_linear_cost([p["n"] for p in measured], [p["ms_per_query"] for p in measured])
+    fit_to = measured if len({p["n"] for p in measured}) >= 2 else list(points)
+    if len({p["n"] for p in fit_to}) >= 2:
+        fit = fit_linear_cost([p["n"] for p in fit_to], [p["ms_per_query"] for p in fit_to])
     else:
         fit = (floor, 0.0)
     for n in sorted({int(n) for n in sizes} - set(rows)):

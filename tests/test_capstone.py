@@ -41,15 +41,18 @@ def test_pareto_front_hand_worked():
 
 
 def test_extend_latency_hand_worked():
-    # measured 2 ms at 1k and 4 ms at 3k: a = 1 ms, b = 1 ms per 1k items; the old 5k estimate is ignored
+    # measured 2 ms at 1k and 4 ms at 3k: a = 1 ms, b = 1 ms per 1k items; the 5k estimate is kept, not fitted to
     points = [{"n": 1000, "ms_per_query": 2.0, "measured": True},
               {"n": 3000, "ms_per_query": 4.0, "measured": True},
               {"n": 5000, "ms_per_query": 99.0, "measured": False}]
     rows = capstone.extend_latency(points, [1000, 10_000, 1_000_000])
-    assert [r["n"] for r in rows] == [1000, 3000, 10_000, 1_000_000]
-    assert [r["measured"] for r in rows] == [True, True, False, False]
-    assert rows[2]["ms_per_query"] == pytest.approx(11.0)
-    assert rows[3]["ms_per_query"] == pytest.approx(1001.0)
+    assert [r["n"] for r in rows] == [1000, 3000, 5000, 10_000, 1_000_000]
+    assert [r["measured"] for r in rows] == [True, True, False, False, False]
+    assert rows[3]["ms_per_query"] == pytest.approx(11.0)
+    assert rows[4]["ms_per_query"] == pytest.approx(1001.0)
+    # one measured size: the benchmark's extrapolated points join the fit (10 ms at 100, 100 ms at 1k: 0.1 ms/item)
+    few = [{"n": 100, "ms_per_query": 10.0, "measured": True}, {"n": 1000, "ms_per_query": 100.0, "measured": False}]
+    assert capstone.extend_latency(few, [10_000])[-1]["ms_per_query"] == pytest.approx(1000.0)
     # a falling fit is floored at the largest measured time
     falling = [{"n": 1000, "ms_per_query": 3.0, "measured": True}, {"n": 2000, "ms_per_query": 2.0, "measured": True}]
     assert capstone.extend_latency(falling, [10_000])[-1]["ms_per_query"] == 2.0
