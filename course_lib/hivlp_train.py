@@ -278,12 +278,14 @@ class HiVLPLevel(Method):
     tokenizer = property(lambda self: self.parent.tokenizer)
 
     def fit(self, bench, tokenizer, cache_dir=None):
-        if self.parent.model is None:
-            self.parent.fit(bench, tokenizer, cache_dir)
+        self.train(bench, tokenizer, None, cache_dir)
         return self
 
-    def train(self, bench, tokenizer, checkpoint_path, cache_dir):  # fit delegates to the parent
-        raise NotImplementedError
+    def train(self, bench, tokenizer, checkpoint_path, cache_dir):
+        """A level is a view of its parent: the parent's model, trained (or loaded) if it is not yet."""
+        if self.parent.model is None:
+            self.parent.fit(bench, tokenizer, cache_dir)
+        return self.parent.model, self.parent.history
 
     def rank(self, split, direction: str, top_k: int, queries=None):
         return self.parent.rank_level(split, direction, top_k, self.level_index, queries)

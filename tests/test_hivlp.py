@@ -204,6 +204,9 @@ def test_cached_states_equal_a_fresh_pass(fitted, bench, tok):
     expected = torch.topk(cached.text[-1][torch.as_tensor(test.text_queries)] @ cached.image[-1].T, 5).indices
     assert torch.equal(flat, expected)
     level1 = fitted.level(0)
+    before = fitted.model
+    model, history = level1.train(bench, tok, None, fitted.checkpoint_path.parent)  # the parent's, as it is
+    assert model is before and fitted.model is before and history is fitted.history
     pairs = level1.score_pairs(test, np.array([0, 1, 2]), np.array([4, 4, 0]))
     torch.testing.assert_close(pairs, (cached.image[0][[0, 1, 2]] * cached.text[0][[4, 4, 0]]).sum(-1))
 
