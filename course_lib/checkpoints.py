@@ -96,3 +96,30 @@ def finished_checkpoint(checkpoint_path, max_steps: int) -> bool:
     if checkpoint_path is None or not Path(checkpoint_path).exists():
         return False
     return torch.load(checkpoint_path, map_location="cpu", weights_only=True)["step"] >= max_steps
+
+
+TRAINER_FORMAT = "course_lib.train/1"   # the format tag of a Trainer checkpoint (model, optimizer, progress)
+
+
+def check_model_state(model: nn.Module, state: dict, source: str) -> None:
+    """Raise a readable error when a state dict comes from a different model (not torch's wall)."""
+    own = model.state_dict()
+    missing = [k for k in own if k not in state]
+    unexpected = [k for k in state if k not in own]
+    shapes = [f"{k}: {tuple(state[k].shape)} vs {tuple(v.shape)}" for k, v in own.items()
+              if k in state and hasattr(state[k], "shape") and state[k].shape != v.shape]
+    if missing or unexpected or shapes:
+        parts = [f"{what} ({len(keys)}): {keys[:5]}" for what, keys in
+                 (("missing keys", missing), ("unexpected keys", unexpected),
+                  ("shape mismatches", shapes)) if keys]
+        raise ValueError(f"{source} was saved from a different model: " + "; ".join(parts)
+                         + ". Use another checkpoint_path, delete the file, or fit(resume=False).")
+
+
+def load_model_weights(model: nn.Module, checkpoint_path: str) -> nn.Module:
+    """Load the model weights of a Trainer checkpoint (or a plain state dict file) into `model`."""
+    ckpt = torch.load(checkpoint_path, map_location="cpu", weights_only=True)
+    state = ckpt["model"] if isinstance(ckpt, dict) and ckpt.get("format") == TRAINER_FORMAT else ckpt
+    check_model_state(model, state, f"checkpoint {checkpoint_path!r}")
+    model.load_state_dict(state)
+    return model

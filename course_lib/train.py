@@ -35,11 +35,11 @@ from torch import nn
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
+from course_lib.checkpoints import TRAINER_FORMAT, check_model_state
 from course_lib.distributed import (barrier, data_parallel_loss, get_rank, get_world_size,
                                     mean_over_ranks)
 from course_lib.settings import get_device, seed_everything
 
-_FORMAT = "course_lib.train/1"
 # Config fields that change the numbers a run produces: a resume with other values warns.
 _RESULT_FIELDS = ("batch_size", "lr", "weight_decay", "betas", "eps", "warmup_fraction",
                   "grad_clip", "grad_accum_steps", "amp", "seed", "shuffle", "drop_last")
@@ -142,30 +142,6 @@ def _checked_loss(out: Any) -> torch.Tensor:
         raise ValueError("the loss does not require grad: was it computed under torch.no_grad()"
                          " or from detached tensors?")
     return out.reshape(())
-
-
-def _check_model_state(model: nn.Module, state: dict, source: str) -> None:
-    """Raise a readable error when a state dict comes from a different model (not torch's wall)."""
-    own = model.state_dict()
-    missing = [k for k in own if k not in state]
-    unexpected = [k for k in state if k not in own]
-    shapes = [f"{k}: {tuple(state[k].shape)} vs {tuple(v.shape)}" for k, v in own.items()
-              if k in state and hasattr(state[k], "shape") and state[k].shape != v.shape]
-    if missing or unexpected or shapes:
-        parts = [f"{what} ({len(keys)}): {keys[:5]}" for what, keys in
-                 (("missing keys", missing), ("unexpected keys", unexpected),
-                  ("shape mismatches", shapes)) if keys]
-        raise ValueError(f"{source} was saved from a different model: " + "; ".join(parts)
-                         + ". Use another checkpoint_path, delete the file, or fit(resume=False).")
-
-
-def load_model_weights(model: nn.Module, checkpoint_path: str) -> nn.Module:
-    """Load the model weights of a Trainer checkpoint (or a plain state dict file) into `model`."""
-    ckpt = torch.load(checkpoint_path, map_location="cpu", weights_only=True)
-    state = ckpt["model"] if isinstance(ckpt, dict) and ckpt.get("format") == _FORMAT else ckpt
-    _check_model_state(model, state, f"checkpoint {checkpoint_path!r}")
-    model.load_state_dict(state)
-    return model
 
 
 def _rng_state() -> dict:
@@ -386,7 +362,7 @@ class Trainer:
         """All a resume needs: weights, optimizer, schedule, data position, history, RNGs."""
         config = dataclasses.asdict(self.config)
         config["betas"] = tuple(config["betas"])
-        return {"format": _FORMAT, "model": self.model.state_dict(),
+        return {"format": TRAINER_FORMAT, "model": self.model.state_dict(),
                 "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
                 "scaler": self.scaler.state_dict(), "step": self.step, "epoch": self.epoch,
                 "batch_in_epoch": self.batch_in_epoch, "history": list(self.history),
@@ -407,9 +383,9 @@ class Trainer:
     def load_checkpoint(self, path: str) -> None:
         """Restore the trainer state saved by `save_checkpoint` (then `fit()` continues)."""
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
-        if not isinstance(ckpt, dict) or ckpt.get("format") != _FORMAT:
-            raise ValueError(f"{path!r} is not a Trainer checkpoint (use load_model_weights)")
-        _check_model_state(self.model, ckpt["model"], f"checkpoint {path!r}")
+        if not isinstance(ckpt, dict) or ckpt.get("format") != TRAINER_FORMAT:
+            raise ValueError(f"{path!r} is not a Trainer checkpoint (use course_lib.checkpoints.load_model_weights)")
+        check_model_state(self.model, ckpt["model"], f"checkpoint {path!r}")
         changed = [k for k in _RESULT_FIELDS if ckpt["config"].get(k) != getattr(self.config, k)
                    and not (k == "betas" and tuple(ckpt["config"][k]) == tuple(self.config.betas))]
         if changed:

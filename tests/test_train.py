@@ -10,8 +10,8 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from course_lib.train import (History, Trainer, TrainConfig, load_model_weights, move_to_device,
-                              param_groups, warmup_linear_decay)
+from course_lib.checkpoints import load_model_weights
+from course_lib.train import History, Trainer, TrainConfig, move_to_device, param_groups, warmup_linear_decay
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: one torch thread
