@@ -13,6 +13,8 @@ apart so that one expensive pass serves many questions.
     distill_from_cache      eq. 8 (or eq. 4 alone: the no-teacher control) on that pool, from a
                             trained Fast model
     softmax_entropy         how flat the per-caption teacher targets softmax(h / tau) are
+    kl_to_teacher           how far a student's softmax(f.g / tau) sits from those targets on held-out
+                            batches: did distillation teach the student the teacher's preferences?
 
 The pool trades data for time: its students see n_batches x B training pairs again and again,
 where `fast-distilled` draws fresh batches (and pays the teacher) every step; the notebook says so.
@@ -33,7 +35,7 @@ from course_lib.fast_slow import FastConfig, FastModel, SlowModel
 from course_lib.fast_slow_train import SlowStates, teacher_scores
 from course_lib.losses import batch_scores, distillation_loss, joint_nce_loss
 from course_lib.settings import seed_everything
-from course_lib.train import Trainer
+from course_lib.train import Trainer, move_to_device
 
 
 def direction_log_likelihoods(model: SlowModel, kvs: dict, texts: dict) -> tuple[torch.Tensor, torch.Tensor]:
@@ -87,6 +89,20 @@ def softmax_entropy(scores: torch.Tensor, tau: float) -> torch.Tensor:
     return -(log_p.exp() * log_p).sum(0)
 
 
+def kl_to_teacher(model: FastModel, batches: list[dict], tau: float) -> float:
+    """Mean over the captions of `batches` (teacher_batches of a held-out split) of
+    KL(softmax(h / tau) || softmax(f.g / tau)) over each batch's images, in nats: eq. 6's
+    cross-entropy minus the targets' own entropy, so 0 means the student ranks exactly as the teacher."""
+    total, captions = 0.0, 0
+    with inference(model) as device:
+        for batch in batches:
+            student = batch_scores(*model(move_to_device(batch, device))).cpu()  # (B, B) rows images, columns captions
+            cross = distillation_loss(student, batch["teacher"], tau=tau, reduction="sum")
+            total += float(cross - softmax_entropy(batch["teacher"], tau).sum())
+            captions += student.shape[1]
+    return total / captions
+
+
 def teacher_batches(teacher: SlowModel, split, tokenizer, n_batches: int, batch_size: int, *, seed: int = 0,
                     progress: bool = False) -> list[dict]:
     """n_batches PairCollate batches of batch_size distinct captions of `split` (drawn with `seed`),
@@ -133,4 +149,4 @@ def distill_from_cache(init: FastModel, batches: list[dict], config: FastConfig,
 
 
 __all__ = ["direction_log_likelihoods", "slow_direction_scores", "cascade_ranks", "softmax_entropy",
-           "teacher_batches", "cached_distill_loss", "distill_from_cache"]
+           "kl_to_teacher", "teacher_batches", "cached_distill_loss", "distill_from_cache"]

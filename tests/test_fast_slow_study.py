@@ -20,6 +20,7 @@ from course_lib.fast_slow_study import (
     cached_distill_loss,
     direction_log_likelihoods,
     distill_from_cache,
+    kl_to_teacher,
     slow_direction_scores,
     softmax_entropy,
     teacher_batches,
@@ -34,6 +35,7 @@ from course_lib.fast_slow_train import (
     score_cached_pairs,
     teacher_scores,
 )
+from course_lib.losses import batch_scores
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 BENCH_SIZES = dict(n_train=80, n_val=10, n_test=16, n_pretrain=10, n_compositional=1)
@@ -161,6 +163,24 @@ def test_distill_from_cache_trains_a_copy(fitted, bench, tok):
     assert all(torch.equal(v, fast.model.state_dict()[k]) for k, v in before.items())  # init untouched
     assert any(not torch.equal(v, student.state_dict()[k]) for k, v in before.items())  # the copy moved
     assert len(history.column("distill", eval=False)) >= 1  # eq. 8 logged its distillation term
+
+
+def test_kl_to_teacher_against_a_loop_over_captions(fitted, bench, tok):
+    slow, fast = fitted
+    batches = teacher_batches(slow.model, bench["val"], tok, n_batches=2, batch_size=4, seed=2)
+    model = fast.model.eval()
+    expected, captions = 0.0, 0
+    for batch in batches:
+        with torch.no_grad():
+            image, text = model(batch)
+        for t in range(text.shape[0]):  # caption t: softmaxes over the batch's images, KL by its definition
+            p = torch.softmax(batch["teacher"][:, t].double() / 10.0, dim=0)
+            q = torch.softmax((image @ text[t]).double() / 10.0, dim=0)
+            expected += float((p * (p.log() - q.log())).sum())
+            captions += 1
+    assert kl_to_teacher(model, batches, tau=10.0) == pytest.approx(expected / captions, rel=1e-4, abs=1e-6)
+    same = [{**b, "teacher": batch_scores(*model(b)).detach()} for b in batches]  # a teacher equal to the student
+    assert kl_to_teacher(model, same, tau=1.0) == pytest.approx(0.0, abs=1e-5)
 
 
 def _reference(model, kvs, text):
