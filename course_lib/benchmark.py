@@ -1,12 +1,12 @@
 """The headless main job: `python -m course_lib.benchmark [--smoke] [--out DIR]`.
 
-Builds the synthetic benchmark, fits every registered method (course_lib.registry), evaluates it
+Builds the synthetic benchmark, fits every registered method (course_lib.methods.registry), evaluates it
 on the test, full and compositional settings (README, "Data" and "Results"), times one text query against each
 gallery, and writes DIR/results.json, DIR/results.md (the README's table) and DIR/pareto.png.
 Each setting also gets an `oracle` row: the expected recall of the Bayes-optimal ranking under
 the generator's own caption likelihood, the best any model can reach (course_lib.data.oracle).
 
-A method follows course_lib.methods.Method: `fit`, `rank(split, direction, top_k, queries)`,
+A method follows course_lib.methods.base.Method: `fit`, `rank(split, direction, top_k, queries)`,
 `query_fn(split, caption_index, top_k)`, `pairs_per_query`, and its own budgets `eval_pairs` and
 `timed_sizes`. Recalls come from each query's top-K list (metrics.ranks_from_top_k), so no dense
 matrix is formed, and the full setting's queries are the test split's (split.text_queries).
@@ -21,18 +21,19 @@ from pathlib import Path
 
 import numpy as np
 
-from . import settings
-from .data.synthetic import SyntheticConfig, make_benchmark, oracle_ceiling
-from .data.tokenizer import build_word_tokenizer
-from .methods import ground_truth
-from .metrics import ranks_from_top_k, recall_at_k
-from .registry import available_methods, registered_names
-from .timing import latency_vs_gallery
+from course_lib.core import settings
+from course_lib.core.checkpoints import CHECKPOINTS
+from course_lib.core.metrics import ranks_from_top_k, recall_at_k
+from course_lib.core.timing import latency_vs_gallery
+from course_lib.data.oracle import oracle_ceiling
+from course_lib.data.synthetic import SyntheticConfig, make_benchmark
+from course_lib.data.tokenizer import build_word_tokenizer
+from course_lib.methods.base import ground_truth
+from course_lib.methods.registry import available_methods, registered_names
 
 SETTINGS = ("test", "full", "compositional")
 KS = {"test": (1, 5, 10), "full": (5, 10, 20), "compositional": (1, 5, 10)}
 LATENCY_SIZES = (1_000, 5_000)  # gallery sizes of the latency table (README: ms/query at 1k and 5k)
-CHECKPOINTS = "outputs/checkpoints"  # trained models, shared with the notebooks (run's docstring)
 EXTRAPOLATED = "*"  # marks a time extrapolated linearly from smaller galleries, in every table
 SAMPLED = "†"  # marks recalls from a sample of the queries
 
@@ -99,7 +100,7 @@ def run(smoke: bool = False, out: str | Path = "outputs/benchmark", seed: int = 
     checkpoints: the folder of trained models, shared with the notebooks (their `.fit(...,
     cache_dir="../outputs/checkpoints")`): a checkpoint's name hashes its config, data and
     vocabulary, so one folder serves every size and seed, and a model trained once is reused.
-    methods: method names (course_lib.registry), Method objects, or None for every registered one.
+    methods: method names (course_lib.methods.registry), Method objects, or None for every registered one.
     every_pair: the settings (e.g. ("test",)) where every method ranks every query, whatever its
     budget; True = test and compositional (the full setting's 60M cross-encoder pairs per direction
     would take hours on a CPU, so it is never the default)."""
@@ -252,7 +253,7 @@ def _save_pareto(rows, path: Path) -> None:
     # a bare Figure needs no GUI backend, so this works headless and leaves notebooks' backend alone
     from matplotlib.figure import Figure
 
-    from .viz import plot_pareto_settings
+    from course_lib.viz import plot_pareto_settings
 
     fig = plot_pareto_settings(rows, Figure(figsize=(13, 5.5)), settings=("test", "full"))
     fig.savefig(path, dpi=120)

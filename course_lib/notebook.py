@@ -19,7 +19,7 @@ import re
 import numpy as np
 import torch
 
-from course_lib.settings import describe_environment, get_device, seed_everything
+from course_lib.core.settings import describe_environment, get_device, seed_everything
 
 
 def setup(seed: int = 0, cpu_threads: int | None = None, show: bool = True) -> torch.device:
@@ -46,13 +46,6 @@ def tile_gallery(split, n: int, name: str | None = None):
     copies = np.arange(max(n - split.n_images, 0)) % split.n_images
     originals = np.arange(min(n, split.n_images))
     return split.subset(np.r_[copies, originals], name=name or f"{split.name} tiled to {n:,}")
-
-
-def tile_rows(x: torch.Tensor, n: int) -> torch.Tensor:
-    """x (N, ...) repeated along its first axis until it has n rows: (n, ...)."""
-    if len(x) == 0:
-        raise ValueError("cannot tile an empty tensor")
-    return x.repeat(-(-n // len(x)), *[1] * (x.dim() - 1))[:n]
 
 
 def plot_latency(curves: dict, *, ax=None, colors: dict | None = None, styles: dict | None = None,
@@ -211,5 +204,4 @@ def compare_ar(question: str, a_label: str, a: dict, b_label: str, b: dict, n_im
                      f"both within noise of chance, AR {chance_ar:.1f}" if at_chance else None, unit=" AR")
 
 
-__all__ = ["setup", "tile_gallery", "tile_rows", "plot_latency", "recall_table", "chance_recall", "recall_noise",
-           "near_chance", "compare_recalls", "recovery_verdict", "compare_rates", "compare_ar"]
+__all__ = ["setup", "tile_gallery", "plot_latency", "recall_table", "chance_recall", "recall_noise", "near_chance", "compare_recalls", "recovery_verdict", "compare_rates", "compare_ar"]

@@ -140,9 +140,9 @@ def plot_pareto(rows, *, setting: str = "test", metric: str = "t2i_r1", ax=None,
     `rows` are benchmark result rows (dicts with method, setting, ms_per_query and the metric); a
     row whose time was extrapolated (ms_measured False) is drawn hollow, as in every course plot.
     front: join the methods no other one beats (faster and at least as accurate) with a step line
-    (course_lib.capstone.pareto_front). An untimed row (the oracle) is a horizontal ceiling.
+    (course_lib.studies.frontier.pareto_front). An untimed row (the oracle) is a horizontal ceiling.
     colors: method -> colour, to keep one colour per method across panels."""
-    from .capstone import pareto_front
+    from course_lib.studies.frontier import pareto_front
 
     rows = [r for r in rows if r["setting"] == setting and r.get(metric) is not None]
     if ax is None:

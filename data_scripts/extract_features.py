@@ -54,8 +54,8 @@ from course_lib.data.datasets import read_image, size_hw
 from course_lib.data.karpathy import read_karpathy, split_names
 from course_lib.data.render import _uniter_boxes
 from course_lib.data.split import concatenate
-from course_lib.encoders import PixelEncoder
-from course_lib.settings import get_device, seed_everything
+from course_lib.core.encoders import PixelEncoder
+from course_lib.core.settings import get_device, seed_everything
 
 FORMAT = 1  # of features.json / regions.npz as written here
 # the settings that change the features: a resumed run must use the same ones
@@ -90,7 +90,7 @@ def pool_grid(tokens: torch.Tensor, h: int, w: int, grid: int | None) -> torch.T
 
 
 class Backbone:
-    """A timm backbone (through course_lib.encoders.PixelEncoder) that maps a uint8 batch
+    """A timm backbone (through course_lib.core.encoders.PixelEncoder) that maps a uint8 batch
     (B, 3, H, W) to (regions (B, R, D), pooled (B, D)): its grid as regions, its own pooling."""
 
     def __init__(self, name: str, pretrained: bool, device: torch.device, image_size=None,

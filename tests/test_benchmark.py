@@ -7,14 +7,14 @@ import pytest
 import torch
 
 from course_lib import benchmark
-from course_lib.baselines import RandomProjectionBaseline
+from course_lib.methods.baselines import RandomProjectionBaseline
 from course_lib.data.synthetic import SyntheticConfig, make_benchmark
 from course_lib.data.tokenizer import build_word_tokenizer
-from course_lib.methods import Method
-from course_lib.metrics import retrieval_metrics
-from course_lib.registry import register_method, registered_names, unregister_method
-from course_lib.rerank import TwoStageMethod
-from course_lib.vsepp import VsePPConfig, VsePPMethod
+from course_lib.methods.base import Method
+from course_lib.core.metrics import retrieval_metrics
+from course_lib.methods.registry import register_method, registered_names, unregister_method
+from course_lib.methods.rerank import TwoStageMethod
+from course_lib.methods.vsepp import VsePPConfig, VsePPMethod
 
 ROW_KEYS = {"method", "setting", "n_images", "n_texts", "n_text_queries", "n_image_queries", "ar",
             "ms_per_query", "ms_measured", "notes"}
@@ -177,7 +177,7 @@ class _Dummy(Method):
         return torch.from_numpy(np.random.default_rng(split.n_images).random((split.n_images, split.n_texts)))
 
     def rank(self, split, direction, top_k, queries=None):
-        from course_lib.methods import query_indices, top_k_of
+        from course_lib.methods.base import query_indices, top_k_of
 
         q = torch.from_numpy(query_indices(split, direction, queries))
         sims = self._scores(split)
@@ -275,7 +275,7 @@ def test_extrapolated_times_are_starred_in_every_table():
 
 
 def test_pairwise_methods_score_a_small_split_once_for_both_directions():
-    from course_lib.methods import PairwiseMethod
+    from course_lib.methods.base import PairwiseMethod
 
     class Counting(PairwiseMethod):
         config_class = None

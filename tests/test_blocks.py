@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from course_lib.blocks import Block, RegionEmbedding, Transformer
+from course_lib.core.blocks import Block, RegionEmbedding, Transformer
 
 
 def _torch_layer_from(block: Block, hidden: int, heads: int) -> nn.TransformerEncoderLayer:

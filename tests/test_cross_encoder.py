@@ -9,22 +9,22 @@ import numpy as np
 import pytest
 import torch
 
-from course_lib import cross_encoder_train
-from course_lib import train as train_module
-from course_lib.blocks import RegionEmbedding, Transformer
-from course_lib.cross_encoder import (IMAGE_KEYS, CrossEncoder, CrossEncoderConfig,
-                                      CrossEncoderMethod, image_fields, rerank_scores, score_matrix,
-                                      score_pairs, text_fields)
-from course_lib.cross_encoder_train import (DualEmbeddings, ITMCollate, dual_encoder_miner,
+from course_lib.methods.cross_encoder import method as cross_encoder_method
+from course_lib.core import train as train_module
+from course_lib.core.blocks import RegionEmbedding, Transformer
+from course_lib.methods.cross_encoder.model import CrossEncoder, CrossEncoderConfig, rerank_scores, score_matrix, score_pairs
+from course_lib.methods.cross_encoder.method import CrossEncoderMethod
+from course_lib.data.datasets import IMAGE_KEYS, image_fields, text_fields
+from course_lib.methods.cross_encoder.method import (DualEmbeddings, ITMCollate, dual_encoder_miner,
                                             keep_hardest, mine_negatives,
                                             mine_negatives_from_embeddings, train_cross_encoder)
 from course_lib.data.synthetic import SyntheticConfig, make_benchmark
 from course_lib.data.tokenizer import build_word_tokenizer
-from course_lib.itm import (GridCollate, grid_pairs, itc_hard_grid, itc_itm_loss,
+from course_lib.methods.cross_encoder.itm import (GridCollate, grid_pairs, itc_hard_grid, itc_itm_loss,
                             listwise_itm_loss)
-from course_lib.losses import listwise_loss
-from course_lib.metrics import retrieval_metrics
-from course_lib.vsepp import VsePPConfig, VsePPMethod
+from course_lib.core.losses import listwise_loss
+from course_lib.core.metrics import retrieval_metrics
+from course_lib.methods.vsepp import VsePPConfig, VsePPMethod
 
 TOL = 1e-5
 # the `bench` fixture (tests/conftest.py, with `tok` over its train captions): SyntheticConfig.smoke sizes
@@ -257,7 +257,7 @@ def test_mining_from_embeddings_equals_mining_from_their_matrix(monkeypatch):
     gen = torch.Generator().manual_seed(0)
     image_emb, text_emb = torch.randn(40, 8, generator=gen), torch.randn(130, 8, generator=gen)
     txt2img = torch.randint(40, (130,), generator=gen).numpy()  # uneven caption counts, some 0
-    monkeypatch.setattr(cross_encoder_train, "_ROWS_PER_CHUNK", 7)  # several uneven chunks
+    monkeypatch.setattr(cross_encoder_method, "_ROWS_PER_CHUNK", 7)  # several uneven chunks
     reference = mine_negatives(image_emb @ text_emb.T, txt2img, k=6)
     for mined in (mine_negatives_from_embeddings(image_emb, text_emb, txt2img, k=6),
                   mine_negatives(DualEmbeddings(image_emb, text_emb), txt2img, k=6)):

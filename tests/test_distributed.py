@@ -1,4 +1,4 @@
-"""Tests for course_lib.distributed and the Trainer under DDP.
+"""Tests for course_lib.core.distributed and the Trainer under DDP.
 
 Two CPU processes (gloo, started by torchrun, as a learner would) each train a VSE++ dual encoder
 (dropout off, so every run is deterministic) for two steps on batches of B; the loss and every
@@ -23,14 +23,14 @@ import pytest
 import torch
 from torch import nn
 
-from course_lib import distributed
-from course_lib.blocks import SelfAttention
+from course_lib.core import distributed
+from course_lib.core.blocks import SelfAttention
 from course_lib.data.datasets import PairCollate, PairDataset
 from course_lib.data.synthetic import SyntheticConfig, make_benchmark
 from course_lib.data.tokenizer import build_word_tokenizer
-from course_lib.losses import contrastive_loss, hinge_triplet_loss
-from course_lib.train import Trainer, TrainConfig
-from course_lib.vsepp import VsePPConfig, build_dual_encoder
+from course_lib.core.losses import contrastive_loss, hinge_triplet_loss
+from course_lib.core.train import Trainer, TrainConfig
+from course_lib.methods.vsepp import VsePPConfig, build_dual_encoder
 
 B = 4  # pairs per process; the one-process reference trains on 2 * B
 PROCESSES = 2

@@ -9,7 +9,7 @@ import torch.nn as nn
 from course_lib.data.datasets import CaptionDataset, ImageDataset, make_loader
 from course_lib.data.synthetic import SyntheticConfig, make_benchmark
 from course_lib.data.tokenizer import build_word_tokenizer
-from course_lib.encoders import (
+from course_lib.core.encoders import (
     BagOfWordsEncoder, BertTextEncoder, BiGRUEncoder, EncoderOutput, PixelEncoder,
     RegionTransformerEncoder, build_image_encoder, build_text_encoder, count_parameters,
     l2_normalize, word_mask,
@@ -266,7 +266,7 @@ def test_bert_pretrained_error_offline(monkeypatch):
 
 
 def test_l2_normalize_has_finite_gradients_at_zero_vectors():
-    from course_lib.encoders import l2_normalize
+    from course_lib.core.encoders import l2_normalize
 
     x = torch.tensor([[3.0, 4.0], [0.0, 0.0]], requires_grad=True)
     y = l2_normalize(x)
@@ -276,9 +276,9 @@ def test_l2_normalize_has_finite_gradients_at_zero_vectors():
 
 
 def test_transformer_encoders_share_the_course_block_and_return_every_layer():
-    # the region and text encoders are built from course_lib.blocks, and hand back each block's states
-    from course_lib.blocks import Transformer
-    from course_lib.encoders import TransformerTextEncoder
+    # the region and text encoders are built from course_lib.core.blocks, and hand back each block's states
+    from course_lib.core.blocks import Transformer
+    from course_lib.core.encoders import TransformerTextEncoder
 
     torch.manual_seed(0)
     text = TransformerTextEncoder(vocab_size=30, hidden=16, layers=3, heads=2).eval()

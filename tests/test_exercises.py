@@ -164,7 +164,7 @@ def _cmr_loop(scores):
 
 def test_cmr_checker_accepts_the_library_and_a_loop(capsys):
     from course_lib.exercises import check_cmr_loss
-    from course_lib.losses import contrastive_loss
+    from course_lib.core.losses import contrastive_loss
 
     check_cmr_loss(contrastive_loss)
     check_cmr_loss(_cmr_loop)
@@ -210,7 +210,7 @@ def _mask_loop(input_ids, attention_mask, vocab_size, mask_prob, generator):
     # independent answer: caption by caption, word by word, one uniform draw per decision
     import torch
 
-    from course_lib.data.tokenizer import CLS_ID, MASK_ID, PAD_ID, SEP_ID
+    from course_lib.core.tokens import CLS_ID, MASK_ID, PAD_ID, SEP_ID
 
     masked, labels = input_ids.clone(), torch.full_like(input_ids, -100)
     for b in range(len(input_ids)):
@@ -231,7 +231,7 @@ def _mask_loop(input_ids, attention_mask, vocab_size, mask_prob, generator):
 
 def test_mask_checker_accepts_the_library_and_a_loop(capsys):
     from course_lib.exercises import check_mask_tokens
-    from course_lib.lightningdot import mask_tokens
+    from course_lib.core.losses import mask_tokens
 
     check_mask_tokens(mask_tokens)
     check_mask_tokens(_mask_loop)
@@ -243,7 +243,7 @@ def _variant(*, specials=False, all_mask=False, labels_everywhere=False, force_o
     """The library's masking with one thing done wrong, as a learner might."""
     import torch
 
-    from course_lib.data.tokenizer import CLS_ID, MASK_ID, PAD_ID, SEP_ID
+    from course_lib.core.tokens import CLS_ID, MASK_ID, PAD_ID, SEP_ID
 
     def fn(input_ids, attention_mask, vocab_size, mask_prob, generator):
         generator = None if own_rng else generator
@@ -301,7 +301,7 @@ def _eq15_loop(image_intra, text_intra, image_inter, text_inter, alpha=0.5):
 
 def test_eq15_checker_accepts_the_library_and_a_loop(capsys):
     from course_lib.exercises import check_enhanced_similarity
-    from course_lib.ubert import enhanced_similarity
+    from course_lib.methods.ubert.model import enhanced_similarity
 
     check_enhanced_similarity(enhanced_similarity)
     check_enhanced_similarity(_eq15_loop)
@@ -349,7 +349,7 @@ def ubert_pair():
     query's states against K = 7 candidates with padded regions and tokens."""
     import torch
 
-    from course_lib.ubert import UBERT, UBERTConfig
+    from course_lib.methods.ubert.model import UBERT, UBERTConfig
 
     torch.manual_seed(0)
     config = UBERTConfig(hidden=16, tower_layers=1, cross_layers=2, heads=2, dropout=0.3)
@@ -369,7 +369,7 @@ def _one_by_one(model, query, gallery):
     # independent answer: one candidate at a time, through eq. 10-15 by the model's parts
     import torch
 
-    from course_lib.ubert import enhanced_similarity
+    from course_lib.methods.ubert.model import enhanced_similarity
 
     scores = []
     for k in range(gallery[2].shape[0]):
@@ -381,7 +381,7 @@ def _one_by_one(model, query, gallery):
 
 def test_rerank_checker_accepts_a_loop_and_the_batched_scorer(ubert_pair, capsys):
     from course_lib.exercises import check_rerank_one_by_one
-    from course_lib.ubert import rescore_candidates
+    from course_lib.methods.ubert.model import rescore_candidates
 
     model, query, gallery = ubert_pair
     check_rerank_one_by_one(_one_by_one, model, query, gallery)
@@ -429,7 +429,7 @@ def _h_loop(forward_logits, backward_logits, input_ids, reversed_ids, attention_
 
 def test_log_likelihood_checker_accepts_the_library_and_a_loop(capsys):
     from course_lib.exercises import check_summed_log_likelihood
-    from course_lib.fast_slow import summed_log_likelihood
+    from course_lib.methods.fast_slow.model import summed_log_likelihood
 
     check_summed_log_likelihood(summed_log_likelihood)
     check_summed_log_likelihood(_h_loop)

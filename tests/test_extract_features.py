@@ -1,7 +1,7 @@
 """data_scripts/extract_features.py end to end on a tiny Karpathy-format fixture written here.
 
 Random-weight timm backbones (resnet18, a tiny ViT), on the CPU, offline. Features are checked
-against independent computations: the same backbone run through course_lib.encoders.PixelEncoder
+against independent computations: the same backbone run through course_lib.core.encoders.PixelEncoder
 on the same pixels, grid pooling against a loop over hand-cut bins, boxes against hand-worked
 values. Then the loaders read the files back, a resumed run must give byte-identical files, and
 VSE++ / LightningDOT fit on the features unchanged (the bench dict is the only switch).
@@ -19,8 +19,8 @@ from course_lib.data.features import load_feature_bench, read_pooled
 from course_lib.data.karpathy import read_karpathy, write_karpathy
 from course_lib.data.split import RetrievalSplit
 from course_lib.data.tokenizer import tokenizer_for
-from course_lib.encoders import PixelEncoder
-from course_lib.settings import seed_everything
+from course_lib.core.encoders import PixelEncoder
+from course_lib.core.settings import seed_everything
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 extract = load_script("extract_features")
@@ -183,9 +183,9 @@ def test_methods_fit_and_rank_on_the_features_unchanged(resnet, tmp_path):
     from transformers import BertTokenizerFast
 
     from course_lib.benchmark import evaluate
-    from course_lib.lightningdot import LightningDOTConfig
-    from course_lib.lightningdot_train import LightningDOTMethod
-    from course_lib.vsepp import VsePPConfig, VsePPMethod
+    from course_lib.methods.lightningdot.model import LightningDOTConfig
+    from course_lib.methods.lightningdot.method import LightningDOTMethod
+    from course_lib.methods.vsepp import VsePPConfig, VsePPMethod
 
     bench = load_feature_bench(resnet[1])
     # a BERT WordPiece tokenizer saved to a folder: the pretrained-tokenizer path, offline

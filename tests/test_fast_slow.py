@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from course_lib.data.datasets import ImageDataset, PairCollate, PairDataset
-from course_lib.data.tokenizer import WORD_SPECIAL_TOKENS
-from course_lib.fast_slow import (
+from course_lib.core.tokens import WORD_SPECIAL_TOKENS
+from course_lib.methods.fast_slow.model import (
     FastConfig,
     FastModel,
     SlowConfig,
@@ -20,7 +20,7 @@ from course_lib.fast_slow import (
     WeightedFusion,
     reverse_words,
 )
-from course_lib.fast_slow_train import (
+from course_lib.methods.fast_slow.method import (
     FastMethod,
     FastSlowCascade,
     SlowMethod,

@@ -14,8 +14,8 @@ import torch
 
 from course_lib.data.datasets import PairCollate, PairDataset
 from course_lib.exercises import ExerciseError, check_score_one_caption
-from course_lib.fast_slow import FastConfig, FastModel, SlowConfig, SlowModel
-from course_lib.fast_slow_study import (
+from course_lib.methods.fast_slow.model import FastConfig, FastModel, SlowConfig, SlowModel
+from course_lib.studies.fast_slow import (
     cascade_ranks,
     cached_distill_loss,
     direction_log_likelihoods,
@@ -25,7 +25,7 @@ from course_lib.fast_slow_study import (
     softmax_entropy,
     teacher_batches,
 )
-from course_lib.fast_slow_train import (
+from course_lib.methods.fast_slow.method import (
     FastMethod,
     FastSlowCascade,
     SlowMethod,
@@ -35,7 +35,7 @@ from course_lib.fast_slow_train import (
     score_cached_pairs,
     teacher_scores,
 )
-from course_lib.losses import batch_scores
+from course_lib.core.losses import batch_scores
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 BENCH_SIZES = dict(n_train=80, n_val=10, n_test=16, n_pretrain=10, n_compositional=1)

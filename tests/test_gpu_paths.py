@@ -1,8 +1,8 @@
 """The course's GPU paths, run where CUDA is available and skipped elsewhere (issue 12, part 5).
 
-course_lib.train.Trainer's mixed precision (autocast to bfloat16 where the GPU supports it, else
-float16 with a GradScaler) and the `.to(device)` of course_lib.methods' encoders. CUDA events
-(course_lib.timing), SCAN and exact search on CUDA have their own tests in test_timing.py,
+course_lib.core.train.Trainer's mixed precision (autocast to bfloat16 where the GPU supports it, else
+float16 with a GradScaler) and the `.to(device)` of course_lib.methods.base' encoders. CUDA events
+(course_lib.core.timing), SCAN and exact search on CUDA have their own tests in test_timing.py,
 test_scan.py and test_retrieval.py.
 """
 
@@ -17,9 +17,9 @@ from torch.utils.data import TensorDataset
 
 from course_lib.data.synthetic import SyntheticConfig, make_benchmark
 from course_lib.data.tokenizer import build_word_tokenizer
-from course_lib.methods import encode_captions, encode_gallery
-from course_lib.train import Trainer, TrainConfig
-from course_lib.vsepp import VsePPConfig, build_dual_encoder
+from course_lib.methods.base import encode_captions, encode_gallery
+from course_lib.core.train import Trainer, TrainConfig
+from course_lib.methods.vsepp import VsePPConfig, build_dual_encoder
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

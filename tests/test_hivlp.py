@@ -11,10 +11,11 @@ import pytest
 import torch
 
 from course_lib.data.datasets import PairCollate, PairDataset
-from course_lib.hivlp import (CostModel, HiVLPConfig, build_hivlp, cascade_cost, encoder_multiply_adds,
+from course_lib.methods.hivlp.model import (CostModel, HiVLPConfig, build_hivlp, cascade_cost, encoder_multiply_adds,
                               hrl_loss, level_layers, query_multiply_adds)
-from course_lib.hivlp_train import HiVLPCascade, HiVLPMethod, coarse_to_fine, compute_states, select_top_k
-from course_lib.lightningdot import VMLM
+from course_lib.methods.hivlp.method import HiVLPCascade, HiVLPMethod, compute_states
+from course_lib.methods.hivlp.search import coarse_to_fine, select_top_k
+from course_lib.core.losses import VMLM
 
 TOL = 1e-5
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -184,7 +185,7 @@ def test_cascade_method_matches_coarse_to_fine_and_query_fn(fitted, bench, tok):
 
 
 def test_levels_count_no_cross_attention_pairs(fitted, bench):
-    from course_lib.rerank import Cascade
+    from course_lib.methods.rerank import Cascade
 
     test = bench["test"]
     assert HiVLPCascade(fitted, survivors=(30, 10)).pairs_per_query(test, "t2i") == 0
@@ -268,7 +269,7 @@ def test_hrl_checker_passes_a_correct_answer_and_names_mistakes():
     import torch.nn.functional as F
 
     from course_lib.exercises import ExerciseError, check_hrl_loss
-    from course_lib.losses import contrastive_loss
+    from course_lib.core.losses import contrastive_loss
 
     check_hrl_loss(hrl_loss)
     check_hrl_loss(_loop_hrl)
@@ -302,11 +303,12 @@ def test_select_top_k_is_topk(n, k):
 
 
 def test_tiled_levels_and_similarity_times():
-    from course_lib.hivlp_train import similarity_times, tiled_levels
+    from course_lib.core.retrieval import tile_rows
+    from course_lib.studies.hivlp_cascade import similarity_times
 
     torch.manual_seed(4)
     levels = [torch.randn(30, w) for w in (2, 4, 8)]
-    tiled = tiled_levels(levels, 100, noise=0.1, seed=0, chunk=16)
+    tiled = [tile_rows(level, 100, noise=0.1, seed=i) for i, level in enumerate(levels)]
     assert [tuple(t.shape) for t in tiled] == [(100, 2), (100, 4), (100, 8)]
     for level, big in zip(levels, tiled):
         assert torch.equal(big[:30], level)  # the originals first, untouched
@@ -319,7 +321,7 @@ def test_tiled_levels_and_similarity_times():
 
 
 def test_conv_stem_gives_one_token_per_patch_and_learns(bench, tok):
-    from course_lib.hivlp import conv_stem
+    from course_lib.methods.hivlp.model import conv_stem
 
     torch.manual_seed(0)
     model = build_hivlp(small_config(stem="conv", patch_size=8, lrm_weight=0.0), bench["train"], tok)

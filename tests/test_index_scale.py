@@ -1,4 +1,4 @@
-"""Tests for course_lib.index_scale: the gallery constructions against their definitions, the
+"""Tests for course_lib.studies.index_scale: the gallery constructions against their definitions, the
 GFLOP/s arithmetic against hand counts, storage sizes against FAISS's own serialisation and the
 m * nbits / 8 rule, the study's configurations and skipping rule, one kind measured against
 independent searches, and the smoke study end to end (10^5 items, as CI runs it)."""
@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 import torch
 
-import course_lib.index_scale as index_scale
-from course_lib.index_scale import (KINDS, code_bytes, exact_search_flops, gflops, index_bytes,
-                                    make_gallery, measure_kind, mm_gflops, study_config)
-from course_lib.retrieval import build_index, topk_recall
-from course_lib.timing import TimingResult
+import course_lib.studies.index_scale as index_scale
+from course_lib.studies.index_scale import KINDS, code_bytes, exact_search_flops, gflops, index_bytes, measure_kind, mm_gflops, study_config
+from course_lib.core.retrieval import tile_rows
+from course_lib.core.retrieval import build_index, topk_recall
+from course_lib.core.timing import TimingResult
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -30,22 +30,22 @@ def base_embeddings(n=300, dim=8, seed=0):
 
 def test_tiled_gallery_keeps_the_real_rows_and_adds_scaled_noise():
     base = base_embeddings()
-    gallery = make_gallery(base, 60_300, noise=0.25, seed=1)
+    gallery = tile_rows(base, 60_300, noise=0.25, seed=1)
     assert gallery.shape == (60_300, 8) and gallery.dtype == np.float32
     np.testing.assert_array_equal(gallery[:300], base)  # the real rows first, unchanged
     rows = np.arange(300, 60_300)
     noise = (gallery[300:] - base[rows % 300]) / base.std(axis=0)  # (n - N0, E) in units of std
     np.testing.assert_allclose(noise.std(axis=0), 0.25, rtol=0.03)  # noise * std per dimension
     np.testing.assert_allclose(noise.mean(axis=0), 0.0, atol=0.01)
-    np.testing.assert_array_equal(make_gallery(base, 1000, noise=0.0)[300:600], base)  # exact tiles
-    np.testing.assert_array_equal(make_gallery(base, 100), base[:100])  # fewer rows than N0
-    np.testing.assert_array_equal(make_gallery(base, 5000, seed=1), make_gallery(base, 5000, seed=1))
+    np.testing.assert_array_equal(tile_rows(base, 1000, noise=0.0)[300:600], base)  # exact tiles
+    np.testing.assert_array_equal(tile_rows(base, 100), base[:100])  # fewer rows than N0
+    np.testing.assert_array_equal(tile_rows(base, 5000, noise=0.25, seed=1), tile_rows(base, 5000, noise=0.25, seed=1))
 
 
 def test_gaussian_gallery_matches_the_fitted_moments():
     base = base_embeddings(seed=2)
     base[:, 1] = 0.5 * base[:, 0] + 0.1 * base[:, 1]  # a correlation to reproduce
-    gallery = make_gallery(base, 200_300, construction="gaussian", seed=3)
+    gallery = tile_rows(base, 200_300, construction="gaussian", seed=3)
     np.testing.assert_array_equal(gallery[:300], base)
     drawn = gallery[300:].astype(np.float64)
     np.testing.assert_allclose(drawn.mean(axis=0), base.mean(axis=0), atol=0.02)
@@ -55,13 +55,13 @@ def test_gaussian_gallery_matches_the_fitted_moments():
 def test_gallery_errors():
     base = base_embeddings()
     with pytest.raises(ValueError, match="'tiled' or 'gaussian'"):
-        make_gallery(base, 10, construction="uniform")
+        tile_rows(base, 10, construction="uniform")
     with pytest.raises(ValueError, match="n >= 1 and noise >= 0"):
-        make_gallery(base, 0)
+        tile_rows(base, 0)
     with pytest.raises(ValueError, match="n >= 1 and noise >= 0"):
-        make_gallery(base, 10, noise=-1.0)
+        tile_rows(base, 10, noise=-1.0)
     with pytest.raises(ValueError, match="NaN"):
-        make_gallery(np.full((3, 2), np.nan), 10)
+        tile_rows(np.full((3, 2), np.nan), 10, noise=0.25)
 
 
 def test_flops_and_gflops_by_hand():
@@ -83,13 +83,13 @@ def test_mm_gflops_multiplies_every_block_and_counts_by_hand(monkeypatch):
         blocks.append(b.T.clone())
         return real_mm(a, b, out=out)
 
-    def fake_benchmark(fn, *, warmup, repeats):
+    def fake_measure(fn, *, warmup, repeats):
         for _ in range(warmup + repeats):
             fn()
         return TimingResult.from_times([2.0] * repeats, "cpu")  # 2 ms per pass
 
     monkeypatch.setattr(index_scale.torch, "mm", spy_mm)
-    monkeypatch.setattr(index_scale, "benchmark", fake_benchmark)
+    monkeypatch.setattr(index_scale, "measure", fake_measure)
     rate = mm_gflops(queries, gallery)
     assert rate == pytest.approx(2 * 3 * 10 * 4 / 2e-3 / 1e9)  # 240 flops in 2 ms
     # a warm-up block, then passes over the gallery (the 2 ms pass is under a second: timed 1 + 3)
@@ -126,7 +126,7 @@ def test_study_config():
 
 def test_measure_kind_against_independent_searches():
     base = base_embeddings(200, 16, seed=7)
-    gallery = make_gallery(base, 20_000, seed=8)
+    gallery = tile_rows(base, 20_000, noise=0.25, seed=8)
     queries = np.ascontiguousarray(base[:30] + 0.1)  # (Q, E) float32
     exact = faiss.IndexFlatIP(16)
     exact.add(gallery)

@@ -1,4 +1,4 @@
-"""Tests for course_lib.losses: loop-based references, hand-worked numbers, gradients and errors."""
+"""Tests for course_lib.core.losses: loop-based references, hand-worked numbers, gradients and errors."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from course_lib.losses import (
+from course_lib.core.losses import (
     ContrastiveLoss,
     DistillationLoss,
     HingeTripletLoss,
@@ -218,9 +218,10 @@ def test_distillation_errors():
 
 
 def test_hinge_name_names_both_variants_in_method_notes():
-    from course_lib.losses import hinge_name
-    from course_lib.scan_model import SCANConfig, SCANMethod
-    from course_lib.vsepp import VsePPConfig, VsePPMethod
+    from course_lib.core.losses import hinge_name
+    from course_lib.methods.scan.model import SCANConfig
+    from course_lib.methods.scan.method import SCANMethod
+    from course_lib.methods.vsepp import VsePPConfig, VsePPMethod
 
     assert (hinge_name(True), hinge_name(False)) == ("max-violation hinge", "sum of hinges")
     assert "sum of hinges" in VsePPMethod(VsePPConfig(max_violation=False)).notes
@@ -243,7 +244,7 @@ def loop_listwise(S: list[list[float]], text_image: list[int]) -> float:
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_listwise_matches_loops_with_shared_images(seed):
-    from course_lib.losses import listwise_loss
+    from course_lib.core.losses import listwise_loss
 
     gen = torch.Generator().manual_seed(seed)
     text_image = torch.tensor([0, 1, 1, 2, 0, 3, 1])  # image 1 holds three texts, image 0 two
@@ -255,7 +256,7 @@ def test_listwise_matches_loops_with_shared_images(seed):
 
 
 def test_listwise_is_contrastive_when_every_image_has_one_text():
-    from course_lib.losses import listwise_loss
+    from course_lib.core.losses import listwise_loss
 
     S = torch.randn(5, 5, generator=torch.Generator().manual_seed(3))
     assert torch.allclose(listwise_loss(S, torch.arange(5)), contrastive_loss(S))
@@ -267,7 +268,7 @@ def test_listwise_is_contrastive_when_every_image_has_one_text():
 
 
 def test_batch_scores_is_the_feature_product_and_checks_shapes():
-    from course_lib.losses import batch_scores
+    from course_lib.core.losses import batch_scores
 
     g = torch.Generator().manual_seed(0)
     image, text = torch.randn(4, 3, generator=g), torch.randn(4, 3, generator=g)

@@ -1,4 +1,4 @@
-"""Tests for course_lib.metrics against independent loop-based references and hand-worked cases."""
+"""Tests for course_lib.core.metrics against independent loop-based references and hand-worked cases."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from course_lib.metrics import (
+from course_lib.core.metrics import (
     coco_1k_metrics,
     format_metrics,
     metrics_from_ranks,
@@ -267,7 +267,7 @@ def test_format_metrics_one_line():
 _SCALE_SCRIPT = textwrap.dedent("""
     import json, resource, time
     import numpy as np
-    from course_lib.metrics import retrieval_metrics
+    from course_lib.core.metrics import retrieval_metrics
 
     def rss_mb(field):
         for line in open("/proc/self/status"):
@@ -306,7 +306,7 @@ def test_coco_5k_scale_memory_and_time():
 
 def test_t2i_ranks_of_sampled_queries_match_the_full_evaluation():
     # a sample of text queries against the whole gallery gives those texts' ranks in the full matrix
-    from course_lib.metrics import recall_at_k, retrieval_ranks, t2i_ranks
+    from course_lib.core.metrics import recall_at_k, retrieval_ranks, t2i_ranks
 
     rng = np.random.default_rng(5)
     sims = rng.normal(size=(40, 200)).round(1).astype(np.float32)  # ties included
@@ -336,7 +336,7 @@ def test_query_subsets_rank_those_queries_against_the_whole_gallery():
 
 
 def test_ranks_from_top_k_match_the_dense_ranks():
-    from course_lib.metrics import ranks_from_top_k
+    from course_lib.core.metrics import ranks_from_top_k
 
     rng = np.random.default_rng(3)
     sims = torch.from_numpy(rng.normal(size=(25, 125)).round(1).astype(np.float32))
@@ -359,7 +359,7 @@ def test_ranks_from_top_k_match_the_dense_ranks():
 
 
 def test_checked_queries_names_the_problem():
-    from course_lib.metrics import checked_queries
+    from course_lib.core.metrics import checked_queries
 
     assert checked_queries(None, 5, "q") is None
     assert checked_queries(torch.tensor([4, 0]), 5, "q").tolist() == [4, 0]

@@ -51,3 +51,25 @@ def test_config_cell_runs_at_both_sizes(name, smoke, monkeypatch, capsys):
     if name in INVARIANTS:
         holds, why = INVARIANTS[name]
         assert holds(namespace), why
+
+
+def _code_and_text(notebook):
+    cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
+    join = lambda kind: "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == kind)  # noqa: E731
+    return join("code"), join("markdown")
+
+
+def test_notebooks_that_say_one_cpu_thread_set_it():
+    # 05 and 06 said "One CPU thread" but called setup() without cpu_threads: torch and FAISS took every
+    # core, and their smoke runs slowed many times over beside another busy process
+    said = 0
+    for notebook in sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb")):
+        code, text = _code_and_text(notebook)
+        if "One CPU thread" not in text:
+            continue
+        said += 1
+        by_setup = "setup(cpu_threads=1)" in code
+        by_config = ("CPU_THREADS = 1" in code and "torch.set_num_threads(CPU_THREADS)" in code
+                     and "faiss.omp_set_num_threads(CPU_THREADS)" in code)
+        assert by_setup or by_config, f"{notebook.name} says 'One CPU thread' but does not set one"
+    assert said >= 4   # 03, 04, 05, 06

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from course_lib.data import synthetic
-from course_lib.data.captions import (COUNT, PAIR, PLACE, RELATION, _hit_probability, meanings_of, oracle_ceiling,
-                                      satisfies, truth_ceiling)
+from course_lib.data.captions import COUNT, PAIR, PLACE, RELATION, _hit_probability, meanings_of, satisfies, truth_ceiling
+from course_lib.data.oracle import oracle_ceiling
 from course_lib.data.oracle import (SCALE, bayes_recall, caption_likelihood, compositional_likelihood,
                                     dropout_factor, iter_caption_likelihood, scene_free_factor)
 from course_lib.data.scenes import GRID, Meanings, Scenes

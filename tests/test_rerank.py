@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from course_lib.cross_encoder import CrossEncoder, CrossEncoderConfig, score_index_pairs, score_matrix
+from course_lib.methods.cross_encoder.model import CrossEncoder, CrossEncoderConfig, score_index_pairs, score_matrix
 from course_lib.data.synthetic import SyntheticConfig, make_benchmark
 from course_lib.data.tokenizer import build_word_tokenizer
-from course_lib.metrics import retrieval_metrics
-from course_lib.rerank import TwoStageMethod, top_m_candidates, two_stage_scores
+from course_lib.core.metrics import retrieval_metrics
+from course_lib.methods.rerank import TwoStageMethod, top_m_candidates, two_stage_scores
 
 
 def naive_two_stage_order(first: np.ndarray, rerank: np.ndarray, m: int) -> list[int]:
@@ -154,7 +154,7 @@ def test_two_stage_method_combines_first_stage_and_reranker():
 
 @pytest.mark.parametrize("direction", ["t2i", "i2t"])
 def test_cascade_matches_a_naive_loop_with_three_stages_and_a_weighted_combine(direction):
-    from course_lib.rerank import Cascade, weighted_sum
+    from course_lib.methods.rerank import Cascade, weighted_sum
 
     g = torch.Generator().manual_seed(7)
     mats = [torch.randn(9, 27, generator=g) for _ in range(3)]
@@ -175,7 +175,7 @@ def test_cascade_matches_a_naive_loop_with_three_stages_and_a_weighted_combine(d
 
 
 def test_cascade_rejects_bad_shapes():
-    from course_lib.rerank import Cascade
+    from course_lib.methods.rerank import Cascade
 
     a = _Stub("a", torch.zeros(2, 2))
     with pytest.raises(ValueError, match="one top_m"):
@@ -189,7 +189,7 @@ def test_cascade_rejects_bad_shapes():
 
 
 def test_cascade_keeps_its_own_top_m_per_direction():
-    from course_lib.rerank import Cascade
+    from course_lib.methods.rerank import Cascade
 
     g = torch.Generator().manual_seed(3)
     mats = [torch.randn(9, 27, generator=g) for _ in range(2)]
@@ -208,7 +208,7 @@ def test_cascade_keeps_its_own_top_m_per_direction():
 
 
 def test_cascade_fit_fits_only_unfitted_stages():
-    from course_lib.rerank import Cascade
+    from course_lib.methods.rerank import Cascade
 
     class Fittable(_Stub):
         fits = 0

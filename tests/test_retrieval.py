@@ -1,4 +1,4 @@
-"""Tests for course_lib.retrieval: the exact FAISS index against torch brute force, input
+"""Tests for course_lib.core.retrieval: the exact FAISS index against torch brute force, input
 handling (torch / numpy, 1-D queries, k larger than the gallery), storage sizes and errors; the
 approximate IVF / HNSW indexes against brute force, recall_vs_exact on hand-built cases, and the
 recall/latency table of index_tradeoff; the product-quantised kinds (IVF-PQ, HNSW-PQ) against
@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 import torch
 
-import course_lib.retrieval as retrieval
-from course_lib.retrieval import (INDEX_KINDS, as_float32_matrix, brute_force_topk, build_index,
+import course_lib.core.retrieval as retrieval
+from course_lib.core.retrieval import (INDEX_KINDS, as_float32_matrix, brute_force_topk, build_index,
                                   current_params, embedding_bytes, index_params, index_tradeoff,
                                   recall_vs_exact, search, set_search_params, time_single_queries,
                                   topk_recall)
-from course_lib.timing import TimingResult
+from course_lib.core.timing import TimingResult
 
 
 def random_embeddings(n, dim, seed, normalize=True):
@@ -331,14 +331,14 @@ def test_index_tradeoff_times_one_query_at_a_time(monkeypatch):
         batch_sizes.append(len(x))
         return real_search(self, x, k, *args, **kwargs)
 
-    def fake_benchmark(fn, *, warmup, repeats):  # runs fn as often, reports fixed times
+    def fake_measure(fn, *, warmup, repeats):  # runs fn as often, reports fixed times
         timed.append((warmup, repeats))
         for _ in range(warmup + repeats):
             fn()
         return TimingResult.from_times([4.0, 1.0, 2.0], "cpu")  # median 2 ms
 
     monkeypatch.setattr(faiss.IndexFlatIP, "search", spy_search)
-    monkeypatch.setattr(retrieval, "benchmark", fake_benchmark)
+    monkeypatch.setattr(retrieval, "measure", fake_measure)
     (row,) = index_tradeoff(gallery, queries, k=3, configs=[("flat", {})], warmup=2, repeats=9)
     assert timed == [(0, 1), (2, 9)]  # the build once, then the searches
     assert row["ms_per_query"] == 2.0 and row["build_s"] == 0.002

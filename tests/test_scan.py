@@ -1,4 +1,4 @@
-"""Tests for course_lib.scan: a per-pair loop that follows SCAN's reference code literally
+"""Tests for course_lib.methods.scan.attention: a per-pair loop that follows SCAN's reference code literally
 (slicing, no masks), hand-worked values, masks, sharding, gradients, scale and errors."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from course_lib.losses import hinge_triplet_loss
-from course_lib.scan import _BLOCK_ELEMENTS, _block_shape, func_attention, scan_similarity
+from course_lib.core.losses import hinge_triplet_loss
+from course_lib.methods.scan.attention import _BLOCK_ELEMENTS, _block_shape, func_attention, scan_similarity
 
 
 # ----------------------------------------------------------------------------- reference

@@ -17,12 +17,14 @@ import torch
 
 from course_lib.data.captions import caption_vocabulary
 from course_lib.data.datasets import PairCollate, PairDataset
-from course_lib.data.tokenizer import SpecialTokens, WORD_SPECIAL_TOKENS, build_word_tokenizer
-from course_lib.encoders import word_mask
-from course_lib.lightningdot import IGNORE, LightningDOTConfig, mask_tokens
-from course_lib.lightningdot_train import build_lightningdot
-from course_lib.scan_model import SCANConfig, build_scan, words_only
-from course_lib.vsepp import VsePPConfig, build_dual_encoder
+from course_lib.core.tokens import SpecialTokens, WORD_SPECIAL_TOKENS
+from course_lib.data.tokenizer import build_word_tokenizer
+from course_lib.core.encoders import word_mask
+from course_lib.methods.lightningdot.model import LightningDOTConfig
+from course_lib.core.losses import IGNORE, mask_tokens
+from course_lib.methods.lightningdot.method import build_lightningdot
+from course_lib.methods.scan.model import SCANConfig, build_scan, words_only
+from course_lib.methods.vsepp import VsePPConfig, build_dual_encoder
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: one torch thread
 BENCH_SIZES = dict(n_train=40, n_val=4, n_test=4, n_pretrain=4, n_compositional=1)  # the `bench` fixture
@@ -127,7 +129,7 @@ def test_mask_tokens_forces_the_first_real_word(bert_tok):
 
 
 def test_lightningdot_vmlm_masks_with_the_tokenizers_ids(bench, bert_tok, monkeypatch):
-    import course_lib.lightningdot as ld
+    import course_lib.methods.lightningdot.model as ld
 
     calls, real_mask_tokens = [], ld.mask_tokens
 

@@ -9,7 +9,8 @@ from math import comb
 import numpy as np
 import pytest
 
-from course_lib.data.captions import oracle_ceiling, truth_ceiling
+from course_lib.data.captions import truth_ceiling
+from course_lib.data.oracle import oracle_ceiling
 from course_lib.data.render import detect_regions, geometry, render_pixels
 from course_lib.data.split import RetrievalSplit
 from course_lib.data.synthetic import (FAMILIES, Meanings, Scenes, SyntheticConfig, caption_vocabulary,

@@ -1,4 +1,4 @@
-"""Tests for course_lib.timing (CPU; the CUDA path runs only where a GPU is present)."""
+"""Tests for course_lib.core.timing (CPU; the CUDA path runs only where a GPU is present)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import time
 import pytest
 import torch
 
-from course_lib.timing import (
+from course_lib.core.timing import (
     TimingResult,
-    benchmark,
+    measure,
     extrapolate,
     fit_linear_cost,
     format_speedup_table,
@@ -19,9 +19,9 @@ from course_lib.timing import (
 )
 
 
-# ----------------------------------------------------------------------------- benchmark
-def test_benchmark_of_a_sleep():
-    result = benchmark(lambda: time.sleep(0.01), warmup=1, repeats=5)
+# ----------------------------------------------------------------------------- measure
+def test_measure_of_a_sleep():
+    result = measure(lambda: time.sleep(0.01), warmup=1, repeats=5)
     assert 9 <= result.median_ms <= 30
     assert result.device == "cpu" and result.repeats == 5 and len(result.times_ms) == 5
 
@@ -33,7 +33,7 @@ def test_warmup_calls_are_not_timed():
         calls.append(1)
         time.sleep(0.05 if len(calls) <= 2 else 0.001)
 
-    result = benchmark(slow_then_fast, warmup=2, repeats=5)
+    result = measure(slow_then_fast, warmup=2, repeats=5)
     assert len(calls) == 7  # 2 warm-up + 5 timed
     assert result.median_ms < 20 and result.max_ms < 45  # none of the 50 ms calls was timed
 
@@ -41,7 +41,7 @@ def test_warmup_calls_are_not_timed():
 @pytest.mark.parametrize("warmup,repeats", [(0, 1), (3, 4)])
 def test_number_of_calls(warmup, repeats):
     calls = []
-    result = benchmark(lambda: calls.append(1), warmup=warmup, repeats=repeats)
+    result = measure(lambda: calls.append(1), warmup=warmup, repeats=repeats)
     assert len(calls) == warmup + repeats and result.repeats == repeats
     assert len(result.times_ms) == repeats and result.std_ms >= 0
 
@@ -59,9 +59,9 @@ def test_timing_result_statistics_and_str():
     assert slow.std_ms == 0.0
 
 
-def test_benchmark_auto_device_is_settings_choice(monkeypatch):
+def test_measure_auto_device_is_settings_choice(monkeypatch):
     monkeypatch.setenv("COURSE_DEVICE", "cpu")
-    assert benchmark(lambda: None, warmup=0, repeats=2, device="auto").device == "cpu"
+    assert measure(lambda: None, warmup=0, repeats=2, device="auto").device == "cpu"
 
 
 @pytest.mark.parametrize("kwargs,message", [
@@ -69,25 +69,25 @@ def test_benchmark_auto_device_is_settings_choice(monkeypatch):
     ({"repeats": 0}, "repeats must be"),
     ({"repeats": 2.5}, "repeats must be"),
 ])
-def test_benchmark_rejects_bad_counts(kwargs, message):
+def test_measure_rejects_bad_counts(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        benchmark(lambda: None, **kwargs)
+        measure(lambda: None, **kwargs)
 
 
-def test_benchmark_rejects_non_callables_and_missing_devices():
+def test_measure_rejects_non_callables_and_missing_devices():
     with pytest.raises(TypeError, match="callable"):
-        benchmark(42)
+        measure(42)
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="CUDA is not available"):
-            benchmark(lambda: None, device="cuda")
+            measure(lambda: None, device="cuda")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_benchmark_cuda_events():
+def test_measure_cuda_events():
     x = torch.randn(2048, 2048, device="cuda")
-    result = benchmark(lambda: x @ x, warmup=2, repeats=5, device="cuda")
+    result = measure(lambda: x @ x, warmup=2, repeats=5, device="cuda")
     assert result.device.startswith("cuda") and result.median_ms > 0
-    sleepy = benchmark(lambda: time.sleep(0.01), warmup=0, repeats=3, device="cuda")
+    sleepy = measure(lambda: time.sleep(0.01), warmup=0, repeats=3, device="cuda")
     assert 9 <= sleepy.median_ms <= 30  # CPU time inside fn is counted too
 
 

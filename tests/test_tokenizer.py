@@ -2,11 +2,8 @@
 
 import pytest
 
-from course_lib.data import tokenizer as tokmod
-from course_lib.data.tokenizer import (
-    CLS_ID, MASK_ID, PAD_ID, SEP_ID, SPECIAL_TOKENS, UNK_ID, build_word_tokenizer, load_tokenizer,
-    tokenizer_for,
-)
+from course_lib.core.tokens import CLS_ID, MASK_ID, PAD_ID, SEP_ID, SPECIAL_TOKENS, UNK_ID
+from course_lib.data.tokenizer import build_word_tokenizer, load_tokenizer, tokenizer_for
 
 CAPTIONS = [
     "a small red circle left of a big blue square",

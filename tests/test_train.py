@@ -1,4 +1,4 @@
-"""Tests for course_lib.train: schedule, exact resume, accumulation, clipping, hooks and errors."""
+"""Tests for course_lib.core.train: schedule, exact resume, accumulation, clipping, hooks and errors."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from course_lib.checkpoints import load_model_weights
-from course_lib.train import History, Trainer, TrainConfig, move_to_device, param_groups, warmup_linear_decay
+from course_lib.core.checkpoints import load_model_weights
+from course_lib.core.train import History, Trainer, TrainConfig, move_to_device, param_groups, warmup_linear_decay
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: one torch thread
@@ -274,3 +274,22 @@ def test_move_to_device_and_dict_batches():
     history = Trainer(build(), loss_fn, make_dataset(), make_config(max_steps=3, amp=True),
                       collate_fn=collate).fit()  # amp=True is silently off on the CPU
     assert len(history) == 3 and all(math.isfinite(v) for v in history.column("loss"))
+
+
+def test_train_config_takes_the_method_configs_training_fields_and_runtime_on_top(tmp_path):
+    from dataclasses import dataclass
+
+    from course_lib.core.settings import CourseConfig
+    from course_lib.core.train import TRAIN_FIELDS, TrainConfig, train_config
+
+    @dataclass
+    class Toy(CourseConfig):
+        max_steps: int = 7
+        lr: float = 0.5
+        width: int = 3  # not a training field: never reaches TrainConfig
+
+    got = train_config(Toy(), lr=0.25, log_every=2, checkpoint_path=tmp_path / "x.pt")
+    assert isinstance(got, TrainConfig) and (got.max_steps, got.lr, got.log_every) == (7, 0.25, 2)
+    assert got.checkpoint_path == str(tmp_path / "x.pt")  # a Path is stored as text
+    assert {"max_steps", "lr"} <= set(TRAIN_FIELDS) and "width" not in TRAIN_FIELDS
+

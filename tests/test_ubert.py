@@ -4,20 +4,19 @@ the cached-state path against the uncached one, the K invariant of the cascade, 
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import numpy as np
 import pytest
 import torch
 
-from course_lib.blocks import masked_mean
+from course_lib.core.blocks import masked_mean
 from course_lib.data.datasets import PairCollate, PairDataset
-from course_lib.losses import hinge_triplet_loss
-from course_lib.metrics import ranks_from_top_k, recall_at_k
-from course_lib.methods import ground_truth
-from course_lib.ubert import (UBERTConfig, build_ubert, compute_states, enhanced_similarity,
+from course_lib.core.losses import hinge_triplet_loss
+from course_lib.core.metrics import ranks_from_top_k, recall_at_k
+from course_lib.methods.base import ground_truth
+from course_lib.methods.ubert.model import (UBERTConfig, build_ubert, compute_states, enhanced_similarity,
                               rescore_candidates, score_cached_pairs)
-from course_lib.ubert_train import (TOP_K, UBERTCascade, UBERTMethod, cross_loss, tower_config,
+from course_lib.methods.ubert.method import (TOP_K, UBERTCascade, UBERTMethod, cross_loss, tower_config,
                                     train_ubert)
 
 TOL = 1e-5
@@ -159,7 +158,7 @@ def test_step_two_freezes_the_towers_bit_for_bit(bench, tok, tmp_path):
 def test_joint_training_moves_every_part(bench, tok):
     cfg = small_config(training="joint")
     torch.manual_seed(cfg.seed)
-    from course_lib.settings import seed_everything
+    from course_lib.core.settings import seed_everything
 
     seed_everything(cfg.seed)
     before = build_ubert(cfg, bench["train"], tok).state_dict()
@@ -266,7 +265,7 @@ def test_sum_of_hinges_by_default(model, bench, tok):
 
 
 def test_stage_one_rank_from_cached_states_equals_the_towers(fitted, bench):
-    from course_lib.methods import DualEncoderMethod
+    from course_lib.methods.base import DualEncoderMethod
 
     method, _ = fitted
     split = bench["test"]

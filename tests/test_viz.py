@@ -13,7 +13,7 @@ import pytest  # noqa: E402
 
 from course_lib import viz  # noqa: E402
 from course_lib.data.synthetic import SyntheticConfig, make_benchmark  # noqa: E402
-from course_lib.timing import TimingResult  # noqa: E402
+from course_lib.core.timing import TimingResult  # noqa: E402
 
 
 @pytest.fixture(scope="module")

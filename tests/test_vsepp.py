@@ -1,4 +1,4 @@
-"""Tests for course_lib.vsepp: the dual encoder's scores, the VSE++ loss against a loop written
+"""Tests for course_lib.methods.vsepp: the dual encoder's scores, the VSE++ loss against a loop written
 from the paper, a short training run that must beat the untrained model, checkpoint caching,
 split encoding against batch-by-batch encoding, and FAISS retrieval against the score matrix."""
 
@@ -11,12 +11,12 @@ import torch
 from course_lib.data.datasets import (CaptionDataset, ImageDataset, PairCollate, PairDataset,
                                       make_loader)
 from course_lib.data.tokenizer import build_word_tokenizer
-from course_lib.losses import batch_scores, hinge_triplet_loss
-from course_lib.metrics import retrieval_metrics
-from course_lib.retrieval import build_index, search
-from course_lib.train import Trainer
-from course_lib.checkpoints import checkpoint_name
-from course_lib.vsepp import (DualEncoder, VsePPConfig, VsePPMethod, build_dual_encoder,
+from course_lib.core.losses import batch_scores, hinge_triplet_loss
+from course_lib.core.metrics import retrieval_metrics
+from course_lib.core.retrieval import build_index, search
+from course_lib.core.train import Trainer
+from course_lib.core.checkpoints import checkpoint_name
+from course_lib.methods.vsepp import (DualEncoder, VsePPConfig, VsePPMethod, build_dual_encoder,
                               encode_split, similarity, train_dual_encoder,
                               vsepp_loss)
 

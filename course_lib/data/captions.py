@@ -10,7 +10,7 @@ caption on every scene from the ground truth, with per-scene bitmasks of objects
 12k scenes x 60k captions).
 
 Two ceilings (expected R@K in percent, random tie-breaking):
-- `oracle_ceiling`: the upper bound. The Bayes-optimal ranking under the generator's own caption
+- `oracle_ceiling` (course_lib.data.oracle): the upper bound. The Bayes-optimal ranking under the generator's own caption
   likelihood P(caption | scene) (course_lib.data.oracle): t2i ranks images by it, i2t ranks
   captions by the posterior that they came from the image. No model that sees only the captions
   and images can beat it in expectation (t2i exactly; i2t up to the weak dependence between the
@@ -283,17 +283,6 @@ def _hit_probability(pool: np.ndarray, good: np.ndarray, k) -> np.ndarray:
     return np.where((good > 0) & (k > 0), 1.0 - miss, 0.0)
 
 
-def oracle_ceiling(split, ks=(1, 5, 10)) -> dict[str, float]:
-    """The best expected R@K (percent) any model could reach on a synthetic split (README, "Data"):
-    the Bayes-optimal ranking under the generator's own caption likelihood, ties broken at random.
-    t2i ranks images by P(caption | image); i2t ranks captions by P(caption came from this image |
-    caption). See course_lib.data.oracle for the likelihood and what is exact (test, full) and
-    what is approximate (compositional)."""
-    from .oracle import bayes_ceiling  # oracle.py builds on this module
-
-    return bayes_ceiling(split, ks)
-
-
 def truth_ceiling(split, ks=(1, 5, 10)) -> dict[str, float]:
     """Expected R@K (percent) of the truth-only ranker: every item that satisfies the query first,
     ties broken at random. It uses only whether a caption is true of an image, not how likely the
@@ -333,6 +322,4 @@ def truth_ceiling(split, ks=(1, 5, 10)) -> dict[str, float]:
     return out
 
 
-__all__ = ["oracle_ceiling", "truth_ceiling", "word_captions", "caption_vocabulary", "meanings_of", "two_objects",
-           "terse_meanings", "satisfies", "satisfies_rows", "iter_satisfies", "PAIR", "RELATION", "PLACE", "COUNT",
-           "TERSE"]
+__all__ = ["truth_ceiling", "word_captions", "caption_vocabulary", "meanings_of", "two_objects", "terse_meanings", "satisfies", "satisfies_rows", "iter_satisfies", "PAIR", "RELATION", "PLACE", "COUNT", "TERSE"]

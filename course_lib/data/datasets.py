@@ -209,6 +209,22 @@ def make_loader(dataset: Dataset, batch_size: int, *, tokenizer=None, shuffle: b
     return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, collate_fn=collate, **kwargs)
 
 
-__all__ = ["ImageDataset", "CaptionDataset", "PairDataset", "collate_images", "TextCollate",
+# ---- a split's fields as tensors, all at once (models that score given pairs of items)
+IMAGE_KEYS = ("regions", "boxes", "region_mask")  # the image fields the region models read
+
+
+def image_fields(split) -> dict:
+    """The split's region tensors as torch views of its numpy arrays (no copy): (N, R, ...)."""
+    return {"regions": torch.from_numpy(np.asarray(split.regions, dtype=np.float32)),  # (N, R, D)
+            "boxes": torch.from_numpy(np.asarray(split.boxes, dtype=np.float32)),  # (N, R, 7)
+            "region_mask": torch.from_numpy(np.asarray(split.region_mask, dtype=bool))}  # (N, R)
+
+
+def text_fields(captions, tokenizer, max_length: int) -> dict:
+    """Tokenise captions once: input_ids, attention_mask (n, T), T = the longest caption."""
+    return TextCollate(tokenizer, max_length).encode(list(captions))
+
+
+__all__ = ["IMAGE_KEYS", "image_fields", "text_fields", "ImageDataset", "CaptionDataset", "PairDataset", "collate_images", "TextCollate",
            "PairCollate", "make_loader", "pixels_to_tensor", "read_image", "resize_pixels", "size_hw",
            "IMAGENET_MEAN", "IMAGENET_STD"]

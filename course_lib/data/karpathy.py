@@ -29,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+
 from course_lib.data.datasets import read_image, size_hw
 from course_lib.data.split import RetrievalSplit, concatenate
 
@@ -369,7 +370,10 @@ def _attach_ground_truth(result: RetrievalSplit, path: Path, split: str) -> None
                 arrays[part][field] = z[key]
     result.info.update(arrays["info"])
     if arrays["scenes"] or arrays["meanings"]:
-        from course_lib.data.synthetic import Meanings, Scenes  # only synthetic data has ground truth
+        from course_lib.data.synthetic import (  # only synthetic data has ground truth
+            Meanings,
+            Scenes,
+        )
 
         if arrays["scenes"]:
             result.scenes = Scenes.from_arrays(arrays["scenes"])

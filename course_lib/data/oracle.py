@@ -67,9 +67,21 @@ from __future__ import annotations
 
 import numpy as np
 
-from .captions import (COUNT, PAIR, PLACE, RELATION, TERSE, _bit_tables, _hit_probability, _relation_code,
-                       iter_satisfies, satisfies, satisfies_rows)
+from .captions import (
+    COUNT,
+    PAIR,
+    PLACE,
+    RELATION,
+    TERSE,
+    _bit_tables,
+    _hit_probability,
+    _relation_code,
+    iter_satisfies,
+    satisfies,
+    satisfies_rows,
+)
 from .scenes import GRID, Meanings, Scenes
+from .synthetic import SyntheticConfig
 
 SCALE = 5040  # lcm over n <= 9 of 2 n (n - 1) and 2 n: K * SCALE is an integer
 _FAMILY_NAMES = {"pair": PAIR, "relation": RELATION, "place": PLACE, "count": COUNT}
@@ -81,7 +93,6 @@ def _params(config) -> dict:
     """Family weights (by code), count_objects and attribute_dropout from a SyntheticConfig, its
     to_dict() (split.info["config"]) or None (the defaults)."""
     if config is None:
-        from .synthetic import SyntheticConfig
         config = SyntheticConfig()
     get = (lambda k: config[k]) if isinstance(config, dict) else (lambda k: getattr(config, k))  # noqa: E731
     weights = {code: 0.0 for code in _FAMILY_NAMES.values()}
@@ -395,6 +406,15 @@ def bayes_ceiling(split, ks=(1, 5, 10)) -> dict[str, float]:
                         query_texts=split.query_texts, query_images=split.query_images)
 
 
-__all__ = ["caption_likelihood", "iter_caption_likelihood", "compositional_likelihood", "scene_free_factor",
+def oracle_ceiling(split, ks=(1, 5, 10)) -> dict[str, float]:
+    """The best expected R@K (percent) any model could reach on a synthetic split (README, "Data"):
+    the Bayes-optimal ranking under the generator's own caption likelihood, ties broken at random.
+    t2i ranks images by P(caption | image); i2t ranks captions by P(caption came from this image |
+    caption). See this module's docstring for the likelihood and what is exact (test, full) and
+    what is approximate (compositional)."""
+    return bayes_ceiling(split, ks)
+
+
+__all__ = ["oracle_ceiling", "caption_likelihood", "iter_caption_likelihood", "compositional_likelihood", "scene_free_factor",
            "dropout_factor",
            "split_likelihood", "bayes_recall", "bayes_ceiling", "SCALE"]

@@ -2,7 +2,7 @@
 
     cfg = SyntheticConfig.for_course()          # smoke sizes under COURSE_SMOKE=1, else defaults
     bench = make_benchmark(cfg, seed=0)         # {"train", "val", "test", "pretrain", "compositional", "full"}
-    oracle_ceiling(bench["test"])               # the best R@K any model could reach
+    oracle_ceiling(bench["test"])               # the best R@K any model could reach (data.oracle)
 
 Every split is a `RetrievalSplit` with pixels, "detector" regions, 5 captions per image (one terse
 caption per image in "pretrain"), and the ground truth (`scenes`, `meanings`) from which
@@ -24,11 +24,34 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..settings import smoke_mode
-from .captions import (COUNT, PAIR, PLACE, RELATION, caption_vocabulary, iter_satisfies, meanings_of,
-                       oracle_ceiling, satisfies, satisfies_rows, terse_meanings, two_objects, word_captions)
+from course_lib.core.settings import smoke_mode
+
+from .captions import (
+    COUNT,
+    PAIR,
+    PLACE,
+    RELATION,
+    caption_vocabulary,
+    iter_satisfies,
+    meanings_of,
+    satisfies,
+    satisfies_rows,
+    terse_meanings,
+    two_objects,
+    word_captions,
+)
 from .render import detect_regions, render_pixels, sample_offsets
-from .scenes import COLORS, FAMILIES, GRID, RELATIONS, SHAPES, SIZES, Meanings, Scenes, sample_scenes
+from .scenes import (
+    COLORS,
+    FAMILIES,
+    GRID,
+    RELATIONS,
+    SHAPES,
+    SIZES,
+    Meanings,
+    Scenes,
+    sample_scenes,
+)
 from .split import RetrievalSplit, concatenate
 
 SPLITS = ("train", "val", "test", "pretrain", "compositional")  # order fixes each split's stream
@@ -305,5 +328,5 @@ def make_benchmark(cfg: SyntheticConfig | None = None, seed: int = 0,
 
 
 __all__ = ["SyntheticConfig", "make_benchmark", "Scenes", "Meanings", "satisfies", "satisfies_rows",
-           "iter_satisfies", "oracle_ceiling", "caption_vocabulary", "SHAPES", "COLORS", "SIZES",
+           "iter_satisfies", "caption_vocabulary", "SHAPES", "COLORS", "SIZES",
            "RELATIONS", "FAMILIES"]

@@ -3,69 +3,17 @@ Hugging Face tokenizer by name (e.g. "bert-base-uncased", needs internet or a lo
 
 Both come back as a `transformers` fast tokenizer, so models and collate functions call them the
 same way: `tok(texts, padding="longest", truncation=True, max_length=..., return_tensors="pt")`.
-The word-level one uses BERT's special tokens at fixed ids: [PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4,
-and wraps every text as [CLS] words [SEP].
-
-Models never assume those ids: a pretrained BERT tokenizer has [PAD]=0 [UNK]=100 [CLS]=101
-[SEP]=102 [MASK]=103. Whatever builds a model reads them from its tokenizer,
-`SpecialTokens.of(tokenizer)`, and hands them over; the constants PAD_ID .. MASK_ID and
-WORD_SPECIAL_TOKENS are the word-level tokenizer's alone (the default of the functions and models
-that notebooks call on word-tokenizer batches).
+The word-level one uses BERT's special tokens at fixed ids ([PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3
+[MASK]=4, course_lib.core.tokens) and wraps every text as [CLS] words [SEP].
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
-from course_lib.settings import from_hub
-
-SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]  # list position = word tokenizer id
-PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = range(len(SPECIAL_TOKENS))  # the word tokenizer's only
-
-
-@dataclass(frozen=True)
-class SpecialTokens:
-    """The ids a model treats specially, as one tokenizer assigns them.
-
-    pad: padding ([PAD], the embeddings' padding_idx); cls / sep: the [CLS] / [SEP] wrapping every
-    text (not words: SCAN and the bag of words drop them); mask: [MASK] (None if the tokenizer has
-    none; only masked language modelling needs it); all: every special id of the tokenizer
-    (`all_special_ids`, sorted; [UNK] included), which masking never picks nor draws as a random word.
-    """
-
-    pad: int
-    cls: int
-    sep: int
-    mask: int | None
-    all: tuple[int, ...]
-
-    @classmethod
-    def of(cls, tokenizer) -> "SpecialTokens":
-        """Read the ids from a transformers tokenizer (word-level or pretrained)."""
-        ids = {name: getattr(tokenizer, f"{name}_token_id", None) for name in ("pad", "cls", "sep", "mask")}
-        missing = [f"{name}_token" for name in ("pad", "cls", "sep") if ids[name] is None]
-        if missing:
-            raise ValueError(f"the tokenizer has no {', '.join(missing)}: the course's text encoders need "
-                             "[PAD], [CLS] and [SEP] (a BERT-style tokenizer, or build_word_tokenizer)")
-        every = set(tokenizer.all_special_ids) | {i for i in ids.values() if i is not None}
-        return cls(**ids, all=tuple(sorted(every)))
-
-    def word_ids(self, vocab_size: int, device=None):
-        """(vocab_size - specials below it,) int64: every id that is not special, ascending (the
-        ids a random replacement word is drawn from)."""
-        import torch
-
-        allowed = torch.ones(vocab_size, dtype=torch.bool, device=device)  # (V,)
-        special = torch.tensor([i for i in self.all if i < vocab_size], dtype=torch.long, device=device)
-        allowed[special] = False
-        return allowed.nonzero().squeeze(1)
-
-
-# the word-level tokenizer's ids (build_word_tokenizer checks they are what it gets)
-WORD_SPECIAL_TOKENS = SpecialTokens(pad=PAD_ID, cls=CLS_ID, sep=SEP_ID, mask=MASK_ID,
-                                    all=tuple(range(len(SPECIAL_TOKENS))))
+from course_lib.core.settings import from_hub
+from course_lib.core.tokens import CLS_ID, SEP_ID, SPECIAL_TOKENS
 
 
 def build_word_tokenizer(captions, *, min_freq: int = 1, max_length: int = 40):
@@ -75,7 +23,14 @@ def build_word_tokenizer(captions, *, min_freq: int = 1, max_length: int = 40):
     trainer's order), so the same captions always give the same ids. Lower-cases and splits on
     whitespace and punctuation; unknown words map to [UNK].
     """
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
+    from tokenizers import (
+        Tokenizer,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
@@ -138,5 +93,4 @@ def tokenizer_for(split_or_captions, name: str | None = None, **kwargs):
     return build_word_tokenizer(captions, **kwargs)
 
 
-__all__ = ["build_word_tokenizer", "load_tokenizer", "tokenizer_for", "SpecialTokens",
-           "WORD_SPECIAL_TOKENS", "SPECIAL_TOKENS", "PAD_ID", "UNK_ID", "CLS_ID", "SEP_ID", "MASK_ID"]
+__all__ = ["build_word_tokenizer", "load_tokenizer", "tokenizer_for"]

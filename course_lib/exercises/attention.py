@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from .errors import ExerciseError
 
 
@@ -24,7 +23,7 @@ def check_func_attention(fn, lambda_softmax: float = 9.0) -> None:
     import torch
     import torch.nn.functional as F
 
-    from ..scan import func_attention
+    from course_lib.methods.scan.attention import func_attention
 
     generator = torch.Generator().manual_seed(0)
     query = F.normalize(torch.randn(3, 4, 8, generator=generator, dtype=torch.float64), dim=-1)

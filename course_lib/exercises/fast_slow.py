@@ -13,7 +13,7 @@ def _cases(seed: int = 0):
     attention_mask (B, T)): captions [CLS] words [SEP] [PAD].. of the word tokenizer's ids."""
     import torch
 
-    from ..fast_slow import reverse_words
+    from course_lib.methods.fast_slow.model import reverse_words
 
     generator = torch.Generator().manual_seed(seed)
 
@@ -74,10 +74,10 @@ def check_summed_log_likelihood(fn) -> None:
     """fn(forward_logits, backward_logits, input_ids, reversed_ids, attention_mask) -> h (B,):
     the forward decoder read input_ids ([CLS] w1 .. wL [SEP] [PAD]..), the backward decoder
     reversed_ids ([CLS] wL .. w1 [SEP]); logits (B, T, V), position t predicting token t + 1.
-    Compared with course_lib.fast_slow.summed_log_likelihood."""
+    Compared with course_lib.methods.fast_slow.model.summed_log_likelihood."""
     import torch
 
-    from ..fast_slow import summed_log_likelihood
+    from course_lib.methods.fast_slow.model import summed_log_likelihood
 
     def close(a, b):
         return tuple(a.shape) == tuple(b.shape) and torch.allclose(a, b, atol=1e-6, rtol=1e-6)
@@ -112,7 +112,7 @@ def _one_caption_case(seed: int = 0):
     of 5 words (1, T), and h of the caption with each image from a loop of single pairs (6,)."""
     import torch
 
-    from ..fast_slow import SlowConfig, SlowModel
+    from course_lib.methods.fast_slow.model import SlowConfig, SlowModel
 
     torch.manual_seed(seed)
     model = SlowModel(12, SlowConfig(hidden=16, heads=2, layers=2, channels=(4, 8, 8), dropout=0.0)).eval()

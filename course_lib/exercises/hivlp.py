@@ -25,7 +25,7 @@ def _hrl_mistakes(images, texts) -> list:
     import torch
     import torch.nn.functional as F
 
-    from ..losses import contrastive_loss
+    from course_lib.core.losses import contrastive_loss
 
     def one_way(s):  # texts as queries only: CE over images per text
         return F.cross_entropy(s.T, torch.arange(len(s)))
@@ -45,10 +45,10 @@ def _hrl_mistakes(images, texts) -> list:
 
 def check_hrl_loss(fn) -> None:
     """fn(image_levels, text_levels) -> L_HRL (eq. 8), a scalar: image_levels[l] (B, d_l) and text_levels[l]
-    (B, d_l), pair i in row i of every level. Compared with course_lib.hivlp.hrl_loss."""
+    (B, d_l), pair i in row i of every level. Compared with course_lib.methods.hivlp.model.hrl_loss."""
     import torch
 
-    from ..hivlp import hrl_loss
+    from course_lib.methods.hivlp.model import hrl_loss
 
     for label, images, texts in _hrl_cases():
         expected = float(hrl_loss(images, texts))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from .errors import ExerciseError
 
 
@@ -50,7 +49,7 @@ def check_cmr_loss(fn) -> None:
     """fn(scores (B, B) images x texts, positives on the diagonal) -> LightningDOT's CMR, eq. 6."""
     import torch
 
-    from ..losses import contrastive_loss
+    from course_lib.core.losses import contrastive_loss
 
     for label, scores in _cmr_cases():
         expected = float(contrastive_loss(scores))
@@ -80,7 +79,7 @@ def _caption_batch(n: int, vocab_size: int, generator, lengths=(1, 14), special=
     words uniform over the non-special ids; special: SpecialTokens (default the word tokenizer's)."""
     import torch
 
-    from ..data.tokenizer import WORD_SPECIAL_TOKENS
+    from course_lib.core.tokens import WORD_SPECIAL_TOKENS
 
     special = special or WORD_SPECIAL_TOKENS
     words = torch.randint(lengths[0], lengths[1] + 1, (n,), generator=generator)  # (n,)
@@ -97,8 +96,8 @@ def _caption_batch(n: int, vocab_size: int, generator, lengths=(1, 14), special=
 
 def _masking_invariants(ids, real, masked, labels, special=None) -> None:
     """What must hold for every call of a BERT masking, whatever its random draws."""
-    from ..data.tokenizer import WORD_SPECIAL_TOKENS
-    from ..lightningdot import IGNORE
+    from course_lib.core.losses import IGNORE
+    from course_lib.core.tokens import WORD_SPECIAL_TOKENS
 
     special = special or WORD_SPECIAL_TOKENS
 
@@ -127,7 +126,7 @@ def _masking_invariants(ids, real, masked, labels, special=None) -> None:
 
 def check_mask_tokens(fn, vocab_size: int = 120) -> None:
     """fn(input_ids, attention_mask, vocab_size, mask_prob, generator) -> (masked_ids, labels), the
-    contract of course_lib.lightningdot.mask_tokens: real words picked with probability mask_prob (at
+    contract of course_lib.core.losses.mask_tokens: real words picked with probability mask_prob (at
     least one per caption), 80% -> [MASK], 10% -> a random word, 10% kept; labels IGNORE elsewhere.
     Where the coin flips picked none, UNITER (and the library) picks the caption's first real word
     and makes it [MASK]; the checker accepts any one forced word, and says so when yours is not the
@@ -136,8 +135,8 @@ def check_mask_tokens(fn, vocab_size: int = 120) -> None:
     exercise's fn takes from course_lib.data.tokenizer."""
     import torch
 
-    from ..data.tokenizer import WORD_SPECIAL_TOKENS as special
-    from ..lightningdot import IGNORE
+    from course_lib.core.losses import IGNORE
+    from course_lib.core.tokens import WORD_SPECIAL_TOKENS as special
 
     def run(ids, attention, mask_prob, seed):
         before = ids.clone()
@@ -168,7 +167,7 @@ def check_mask_tokens(fn, vocab_size: int = 120) -> None:
     first = real0 & (real0.cumsum(1) == 1)  # (n, T) each caption's first real word
     if not torch.equal(labels0 != IGNORE, first) or (masked0[first] != special.mask).any():
         print("note: where the coin flips picked no word you force one word, but not always the caption's "
-              "first, or not always as [MASK]; UNITER's rule (and course_lib.lightningdot.mask_tokens) forces "
+              "first, or not always as [MASK]; UNITER's rule (and course_lib.core.losses.mask_tokens) forces "
               "the first real word and makes it [MASK]. Accepted: either way every caption is in the loss.")
     if not all(torch.equal(a, b) for a, b in zip(run(ids, attention, 0.15, 1), run(ids, attention, 0.15, 1))):
         raise ExerciseError("two calls with generators of the same seed gave different masks; draw every "

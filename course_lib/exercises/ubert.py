@@ -63,10 +63,10 @@ def _eq15_mistakes(image_intra, text_intra, image_inter, text_inter, alpha) -> l
 def check_enhanced_similarity(fn) -> None:
     """fn(image_intra, text_intra, image_inter, text_inter, alpha) -> (P,) eq. 15 for P aligned pairs:
     cos(alpha * I_intra + I_inter, alpha * T_intra + T_inter), compared with
-    course_lib.ubert.enhanced_similarity on unit and unnormalised inputs and several alphas."""
+    course_lib.methods.ubert.model.enhanced_similarity on unit and unnormalised inputs and several alphas."""
     import torch
 
-    from ..ubert import enhanced_similarity
+    from course_lib.methods.ubert.model import enhanced_similarity
 
     def close(a, b):
         return tuple(a.shape) == tuple(b.shape) and torch.allclose(a, b, atol=1e-6, rtol=1e-6)
@@ -100,13 +100,13 @@ def check_enhanced_similarity(fn) -> None:
 
 def check_rerank_one_by_one(fn, model, query, gallery, atol: float = 1e-5) -> None:
     """fn(model, query, gallery) -> (K,) s2 of one query against its K candidates, computed one
-    candidate at a time, compared with course_lib.ubert.rescore_candidates (all K in one batch).
+    candidate at a time, compared with course_lib.methods.ubert.model.rescore_candidates (all K in one batch).
     query: a caption's (tokens (1, L, H), mask (1, L), T_intra (1, H)); gallery: the candidates'
     (tokens (K, M, H), masks (K, M), I_intra (K, H)), as UBERTStates.text / .image give them. Both
     run in eval mode without gradients; the model's mode is restored after."""
     import torch
 
-    from ..ubert import rescore_candidates
+    from course_lib.methods.ubert.model import rescore_candidates
 
     K = gallery[2].shape[0]
     was_training = model.training

@@ -1,0 +1,192 @@
+"""Training on several processes (torch.distributed): N processes of batch B train like one of batch N·B.
+
+A dual encoder's in-batch negatives are the batch itself (VSE++'s hinge, LightningDOT's CMR, CLIP),
+so data parallelism must not shrink them: every process all-gathers the features of the others and
+scores its queries against the whole global batch (open_clip's `gather_features`). Three pieces:
+
+- the process group from torchrun's environment (`init_distributed` / `destroy_distributed`), and
+  rank helpers that answer rank 0 of 1 when there is no group, so the same code runs un-distributed;
+- `gather_features` and `gathered_loss`: the loss of the global batch on every process;
+- what course_lib.core.train.Trainer uses to run under DistributedDataParallel (`data_parallel_loss`,
+  `mean_over_ranks`, `barrier`): the Trainer wraps the model and shards the data itself.
+
+The gradient factor. Let L be the loss of the gathered global batch; every process computes the same
+value, but autograd reaches the parameters only through its own slice f_r of the features (the
+others arrive through all_gather, without a graph), so process r's backward gives
+g_r = dL/df_r · df_r/dθ. One process of batch N·B would get dL/dθ = Σ_r g_r. DDP all-reduces the
+gradients and *averages* them, giving (1/N) Σ_r g_r: N times too small. So `gathered_loss`
+multiplies the gradient (not the value) by N. open_clip leaves the 1/N in (Adam mostly absorbs a
+constant factor, but not its eps, nor clipping at a fixed gradient norm); we keep the runs equal.
+
+The command line that trains a course dual encoder this way is course_lib.train_distributed.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from course_lib.core.losses import batch_scores
+from course_lib.core.settings import get_device
+
+# the variables torchrun sets for every process it starts (env:// rendezvous of init_process_group)
+TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+# ---- the process group ------------------------------------------------------------------------
+def is_distributed() -> bool:
+    """True inside an initialised process group (of any size)."""
+    return dist.is_available() and dist.is_initialized()
+
+
+def get_rank() -> int:
+    """This process's rank in the group; 0 without one."""
+    return dist.get_rank() if is_distributed() else 0
+
+
+def get_world_size() -> int:
+    """The number of processes in the group; 1 without one."""
+    return dist.get_world_size() if is_distributed() else 1
+
+
+def is_main_process() -> bool:
+    """Rank 0: the process that logs, evaluates and saves."""
+    return get_rank() == 0
+
+
+def barrier() -> None:
+    """Wait for every process (a no-op without a group)."""
+    if get_world_size() > 1:
+        dist.barrier()
+
+
+def init_distributed(backend: str | None = None, timeout_s: float = 1800.0) -> bool:
+    """Join the process group that torchrun describes in the environment (TORCHRUN_VARIABLES).
+
+    backend: None picks "nccl" when the course device (settings.get_device) is CUDA, with each
+    process on cuda:LOCAL_RANK, else "gloo" (CPU). Without torchrun's variables, or with
+    WORLD_SIZE=1, nothing is initialised and the run is an ordinary single process. Returns True
+    when this process is one of several. timeout_s: how long a collective waits for the others.
+    """
+    if is_distributed():
+        return get_world_size() > 1
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return False
+    missing = [name for name in TORCHRUN_VARIABLES if name not in os.environ]
+    if missing:
+        raise RuntimeError(f"WORLD_SIZE is set but {missing} are not: start every process with torchrun "
+                           "(torchrun --nproc_per_node=N -m ...), which sets all of them")
+    if not dist.is_available():
+        raise RuntimeError("this torch build has no torch.distributed: install the standard wheel")
+    local_rank = int(os.environ["LOCAL_RANK"])
+    if backend is None:
+        backend = "nccl" if get_device().type == "cuda" else "gloo"
+    if backend == "nccl":
+        if local_rank >= torch.cuda.device_count():
+            raise RuntimeError(f"LOCAL_RANK {local_rank} but only {torch.cuda.device_count()} GPUs: "
+                               "start at most one process per GPU (--nproc_per_node)")
+        torch.cuda.set_device(local_rank)  # so "cuda" means this process's own GPU from now on
+    dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+    return True
+
+
+def destroy_distributed() -> None:
+    """Leave the process group, if any (call once training is done, on every process)."""
+    if is_distributed():
+        dist.destroy_process_group()
+
+
+# ---- the global batch's loss ------------------------------------------------------------------
+def gather_features(*features: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Every process's features concatenated in rank order: each (B, E) -> (N·B, E).
+
+    all_gather's copies carry no gradient, so this process's own slot is replaced by the tensor
+    it gave (open_clip's gather_features with gather_with_grad=False, local_loss=False): the
+    gradient flows through the local part only, and `gathered_loss` restores the rest. Every
+    process must pass the same shapes (the Trainer's equal shards do). Without a group: unchanged.
+    """
+    world = get_world_size()
+    if world == 1:
+        return features
+    rank, gathered = get_rank(), []
+    for local in features:
+        parts = [torch.empty_like(local) for _ in range(world)]  # N x (B, E)
+        dist.all_gather(parts, local.detach().contiguous())
+        parts[rank] = local  # the live tensor, with its graph
+        gathered.append(torch.cat(parts))  # (N·B, E)
+    return tuple(gathered)
+
+
+def gathered_loss(score_loss: Callable[[torch.Tensor], torch.Tensor], match_one_process: bool = True):
+    """A Trainer `loss_fn(model, batch, step)` for a dual encoder whose forward gives (image (B, E),
+    text (B, E)) features: score_loss on the (N·B, N·B) scores of the gathered global batch.
+
+    score_loss: e.g. losses.contrastive_loss (LightningDOT's CMR) or
+    functools.partial(losses.hinge_triplet_loss, margin=0.2, max_violation=False) (VSE++). Its
+    value is the one-process loss of the global batch on every process; match_one_process
+    multiplies its gradient by N (module docstring), so that after DDP's average the gradients
+    are the one-process ones too. False: open_clip's convention, gradients 1/N of those.
+    """
+    def loss_fn(model: nn.Module, batch, step: int = 0) -> torch.Tensor:
+        scores = batch_scores(*gather_features(*model(batch)))  # (N·B, N·B), positives on the diagonal
+        loss, world = score_loss(scores), get_world_size()
+        if world == 1 or not match_one_process:
+            return loss
+        # loss - loss.detach() is exactly 0 with gradient 1: the value stays, the gradient is x world
+        return loss + (world - 1) * (loss - loss.detach())
+
+    return loss_fn
+
+
+# ---- what the Trainer needs --------------------------------------------------------------------
+class _LossOfModel(nn.Module):
+    """The module DDP wraps: its forward is the whole loss_fn(model, batch, step) on the plain model.
+
+    DDP all-reduces only the gradients of work done inside its own forward, while course loss_fns
+    call methods of the model (model.encode_images, model.objective): run inside this forward,
+    they keep working unchanged and are all synchronised."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, loss_fn, batch, step: int):
+        return loss_fn(self.model, batch, step)
+
+
+def data_parallel_loss(model: nn.Module) -> nn.Module | None:
+    """DistributedDataParallel around `model` (already on its device) for the Trainer; call it as
+    ddp(loss_fn, batch, step). None without a group of several processes.
+
+    Building it copies rank 0's parameters and buffers to every process. find_unused_parameters:
+    LightningDOT's pre-training heads sit idle in fine-tuning, and pre-training uses one head per
+    batch, so some parameters get no gradient; DDP would otherwise stop with an error. Where every
+    parameter is used (VSE++), DDP warns once that the search (one graph walk per step) found none."""
+    if get_world_size() == 1:
+        return None
+    return nn.parallel.DistributedDataParallel(_LossOfModel(model), find_unused_parameters=True)
+
+
+def mean_over_ranks(values: dict[str, float], device: torch.device) -> dict[str, float]:
+    """Each value averaged over the processes (one all_reduce; every process must pass the same keys).
+
+    For a gathered loss every process holds the same value; for a per-sample mean it makes the mean
+    of the global batch. Unchanged without a group."""
+    world = get_world_size()
+    if world == 1:
+        return values
+    keys = sorted(values)  # the same order on every process
+    total = torch.tensor([values[k] for k in keys], dtype=torch.float64, device=device)  # (K,)
+    dist.all_reduce(total)
+    mean = dict(zip(keys, (total / world).tolist()))
+    return {k: mean[k] for k in values}
+
+
+__all__ = ["init_distributed", "destroy_distributed", "is_distributed", "get_rank", "get_world_size",
+           "is_main_process", "barrier", "gather_features", "gathered_loss", "data_parallel_loss",
+           "mean_over_ranks", "TORCHRUN_VARIABLES"]

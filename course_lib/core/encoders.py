@@ -1,0 +1,338 @@
+"""Image and text encoders: every retrieval method in the course is built from these.
+
+Each encoder is an nn.Module whose forward(batch) reads one batch dict of
+course_lib.data.datasets and returns an EncoderOutput:
+
+    tokens  (B, L, E)  one vector per region / patch / word (zero where mask is False)
+    mask    (B, L)     bool, True where tokens holds a real region / patch / word
+    pooled  (B, E)     the one vector a dual encoder compares with a dot product
+
+Image encoders read `regions` (B, R, D), `boxes` (B, R, 7), `region_mask` (B, R) or `pixels`
+(B, 3, H, W); text encoders read `input_ids`, `attention_mask` (B, T), as a tokenizer makes them
+([CLS] words [SEP] [PAD]..), and take that tokenizer's special ids as `special`
+(`SpecialTokens.of(tokenizer)`; default: the word tokenizer's). Nothing here L2-normalises:
+VSE++ and SCAN normalise (`l2_normalize`), LightningDOT compares raw dot products.
+`build_image_encoder` / `build_text_encoder` pick one by name.
+
+    RegionTransformerEncoder  regions + boxes -> transformer with [CLS]   (LightningDOT §3, UNITER)
+    TransformerTextEncoder    words -> transformer, pooled = [CLS]        (LightningDOT §3, BERT-shaped)
+    PixelEncoder              pixels -> timm ViT or CNN                   (HiVLP, Fast & Slow)
+    BagOfWordsEncoder         mean of word embeddings                     (the simplest baseline)
+    BiGRUEncoder              bidirectional GRU, directions averaged      (VSE++, SCAN)
+    BertTextEncoder           BERT, pooled = [CLS] last hidden state      (LightningDOT §3)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+from course_lib.core.blocks import RegionEmbedding, Transformer
+from course_lib.core.settings import from_hub, hub_error
+from course_lib.core.tokens import WORD_SPECIAL_TOKENS, SpecialTokens
+
+# the course's ViT for the synthetic 32x32 images: 8x8 patches of 4 pixels, 2 blocks of width 64
+TINY_VIT_NAME = "vit_tiny_patch16_224"
+TINY_VIT_KWARGS = dict(img_size=32, patch_size=4, embed_dim=64, depth=2, num_heads=4)
+
+
+@dataclass
+class EncoderOutput:
+    tokens: torch.Tensor  # (B, L, E)
+    mask: torch.Tensor  # (B, L) bool, True = real
+    pooled: torch.Tensor  # (B, E)
+    layers: list | None = None  # every block's (B, L, E) states, when asked (return_layers=True)
+
+
+def l2_normalize(x: torch.Tensor, dim: int = -1, eps: float = 1e-8) -> torch.Tensor:
+    """x / (||x|| + eps) along dim, as SCAN's l2norm: zero vectors (padding) stay zero.
+
+    The squared norm is clamped at eps**2 before the square root, whose gradient at 0 is infinite:
+    without it a zero vector (a GRU's padded output) gives NaN gradients. Norms above eps are
+    untouched, so the value equals SCAN's wherever it matters."""
+    return x / (x.pow(2).sum(dim=dim, keepdim=True).clamp(min=eps * eps).sqrt() + eps)
+
+
+def count_parameters(module: nn.Module, trainable_only: bool = True) -> int:
+    """Number of (trainable) scalars in a module."""
+    return sum(p.numel() for p in module.parameters() if p.requires_grad or not trainable_only)
+
+
+def word_mask(input_ids: torch.Tensor, attention_mask: torch.Tensor,
+              special: SpecialTokens = WORD_SPECIAL_TOKENS) -> torch.Tensor:
+    """(B, T) bool: True at real words, False at [CLS], [SEP] and padding, with the ids of the
+    tokenizer that made input_ids (special = SpecialTokens.of(tokenizer)). [UNK] counts as a word."""
+    not_words = (input_ids == special.cls) | (input_ids == special.sep) | (input_ids == special.pad)
+    return attention_mask.bool() & ~not_words
+
+
+# ----------------------------------------------------------------------------- images
+
+class RegionTransformerEncoder(nn.Module):
+    """Detector regions -> transformer encoder with a learned [CLS] slot (LightningDOT's image side).
+
+    Each region is embedded as UNITER's LN(Linear(feature)) + LN(Linear(box)) (blocks.RegionEmbedding);
+    the box is the only position information. There is no index embedding, because regions are a
+    set: permuting them permutes `tokens` and leaves `pooled` unchanged. Padded slots are masked out of
+    attention, so their content changes nothing. The blocks are the course's (course_lib.core.blocks).
+
+    tokens = all outputs, [CLS] at position 0 then the R regions: (B, 1 + R, hidden), mask likewise
+    (position 0 always True). pooled = the [CLS] output h0 (B, hidden). forward(batch,
+    return_layers=True) also fills `layers`: every block's states.
+    """
+
+    def __init__(self, region_dim: int, hidden: int = 64, layers: int = 2, heads: int = 4,
+                 dropout: float = 0.1, box_dim: int = 7):
+        super().__init__()
+        self.embed = RegionEmbedding(region_dim, hidden, box_dim)
+        self.cls = nn.Parameter(torch.randn(1, 1, hidden) * 0.02)
+        self.dropout = nn.Dropout(dropout)
+        self.transformer = Transformer(hidden, layers, heads, dropout)
+        self.out_dim = hidden
+
+    def forward(self, batch: dict, return_layers: bool = False) -> EncoderOutput:
+        regions, boxes = batch["regions"], batch["boxes"]  # (B, R, D), (B, R, 7)
+        region_mask = batch["region_mask"].bool()  # (B, R)
+        B = regions.shape[0]
+        x = torch.cat([self.cls.expand(B, -1, -1), self.embed(regions, boxes)], dim=1)  # (B, 1+R, H)
+        mask = torch.cat([region_mask.new_ones(B, 1), region_mask], dim=1)  # (B, 1+R)
+        return _transformer_output(self.transformer, self.dropout(x), mask, return_layers)
+
+
+def _transformer_output(transformer: Transformer, x, mask, return_layers: bool) -> EncoderOutput:
+    """Run the shared stack; padded outputs are meaningless, so they are zeroed; pooled = position 0."""
+    h, layers = transformer(x, mask, return_layers=True) if return_layers else (transformer(x, mask), None)
+    h = h.masked_fill(~mask.unsqueeze(-1), 0.0)  # (B, L, H)
+    return EncoderOutput(tokens=h, mask=mask, pooled=h[:, 0], layers=layers)
+
+
+class PixelEncoder(nn.Module):
+    """Pixels -> a timm backbone (ViT or CNN), optionally projected to out_dim.
+
+    model_name=None builds the course's tiny ViT for the synthetic 32x32 images (timm's
+    vit_tiny_patch16_224 architecture resized by TINY_VIT_KWARGS, random weights). A timm name
+    (e.g. "vit_base_patch16_224", "resnet50") with pretrained=True is the path for real data; the
+    weights are downloaded once, so it needs internet or the Hugging Face cache.
+
+    tokens = forward_features: ViT (B, prefix + P, C) with [CLS] (and any register tokens) first;
+    CNN feature map (B, C, h, w) flattened to (B, h*w, C). mask all True. pooled = the backbone's
+    own pre-logits pooling (forward_head(pre_logits=True)): the [CLS] token for a ViT, the mean
+    over the grid for a CNN.
+    """
+
+    def __init__(self, model_name: str | None = None, pretrained: bool = False,
+                 out_dim: int | None = None, **timm_kwargs):
+        super().__init__()
+        import timm
+
+        if model_name is None:
+            if pretrained:
+                raise ValueError("the tiny ViT (model_name=None) has no pretrained weights; pass a timm "
+                                 "name, e.g. PixelEncoder('vit_base_patch16_224', pretrained=True)")
+            self.backbone = timm.create_model(TINY_VIT_NAME, pretrained=False, num_classes=0,
+                                              **{**TINY_VIT_KWARGS, **timm_kwargs})
+        else:
+            if not timm.is_model(model_name):
+                raise ValueError(f"timm has no model {model_name!r}; see timm.list_models('*vit*')")
+            try:
+                self.backbone = timm.create_model(model_name, pretrained=pretrained, num_classes=0,
+                                                  **timm_kwargs)
+            except Exception as e:  # hub errors vary by version (OSError, httpx, RuntimeError, ...)
+                if not pretrained:
+                    raise
+                raise hub_error(
+                    f"timm model {model_name!r} with pretrained weights", e,
+                    "A weights file on disk can be given as pretrained_cfg_overlay=dict(file=PATH). "
+                    f"Offline, use random weights: PixelEncoder({model_name!r}, pretrained=False), or "
+                    "the tiny ViT: PixelEncoder() for the synthetic 32x32 images.") from e
+        width = self.backbone.num_features
+        self.proj = nn.Linear(width, out_dim) if out_dim is not None else nn.Identity()
+        self.out_dim = out_dim if out_dim is not None else width
+
+    def forward(self, batch: dict) -> EncoderOutput:
+        pixels = batch["pixels"]  # (B, 3, H, W)
+        features = self.backbone.forward_features(pixels)  # ViT (B, N, C) / CNN (B, C, h, w)
+        pooled = self.backbone.forward_head(features, pre_logits=True)  # (B, C)
+        if features.ndim == 4:
+            if getattr(self.backbone, "output_fmt", "NCHW") == "NHWC":  # e.g. Swin
+                features = features.permute(0, 3, 1, 2)
+            features = features.flatten(2).transpose(1, 2)  # (B, h*w, C)
+        mask = torch.ones(features.shape[:2], dtype=torch.bool, device=features.device)  # (B, N)
+        return EncoderOutput(tokens=self.proj(features), mask=mask, pooled=self.proj(pooled))
+
+
+# ----------------------------------------------------------------------------- texts
+
+class BagOfWordsEncoder(nn.Module):
+    """Word embeddings, pooled by their mean over the real words.
+
+    tokens = the embeddings of every position (B, T, hidden), [CLS] and [SEP] included, zero at
+    padding; mask = attention_mask. pooled = mean over the words only: [CLS] and [SEP] are in every
+    caption, so they would only add the same offset to every vector. `special`: the tokenizer's ids
+    ([PAD] is the padding_idx, [CLS] / [SEP] are left out of the mean).
+    """
+
+    def __init__(self, vocab_size: int, hidden: int = 64, special: SpecialTokens = WORD_SPECIAL_TOKENS):
+        super().__init__()
+        self.special = special  # a plain attribute: not in the state_dict
+        self.embed = nn.Embedding(vocab_size, hidden, padding_idx=special.pad)
+        self.out_dim = hidden
+
+    def forward(self, batch: dict) -> EncoderOutput:
+        input_ids, mask = batch["input_ids"], batch["attention_mask"].bool()  # (B, T)
+        tokens = self.embed(input_ids).masked_fill(~mask.unsqueeze(-1), 0.0)  # (B, T, H)
+        words = word_mask(input_ids, mask, self.special).unsqueeze(-1).float()  # (B, T, 1)
+        pooled = (tokens * words).sum(1) / words.sum(1).clamp(min=1.0)  # (B, H); no words -> zero
+        return EncoderOutput(tokens=tokens, mask=mask, pooled=pooled)
+
+
+class BiGRUEncoder(nn.Module):
+    """Word embeddings -> bidirectional GRU over packed sequences (VSE++ / SCAN's text side).
+
+    Packing makes the GRU stop at each caption's last real token, so padding changes nothing.
+    tokens = the mean of the forward and backward outputs at each position (SCAN's bi-GRU
+    averaging), (B, T, hidden), exactly zero at padding; mask = attention_mask. pooled = the mean of
+    the last layer's two final states: forward after the last token, backward after the first
+    (VSE++ takes the last output of a one-way GRU; this is its bidirectional counterpart).
+    [CLS] and [SEP] are read like any word; `special` gives the tokenizer's [PAD] (the padding_idx).
+    """
+
+    def __init__(self, vocab_size: int, embed_dim: int = 64, hidden: int = 64, layers: int = 1,
+                 dropout: float = 0.0, special: SpecialTokens = WORD_SPECIAL_TOKENS):
+        super().__init__()
+        self.special = special
+        self.embed = nn.Embedding(vocab_size, embed_dim, padding_idx=special.pad)
+        self.gru = nn.GRU(embed_dim, hidden, num_layers=layers, batch_first=True, bidirectional=True,
+                          dropout=dropout if layers > 1 else 0.0)
+        self.hidden = hidden
+        self.out_dim = hidden
+
+    def forward(self, batch: dict) -> EncoderOutput:
+        input_ids, mask = batch["input_ids"], batch["attention_mask"].bool()  # (B, T)
+        B, T = input_ids.shape
+        lengths = mask.sum(1)  # (B,) right padding: real tokens come first
+        if (lengths == 0).any():
+            raise ValueError("BiGRUEncoder got an empty text (attention_mask all zero)")
+        packed = pack_padded_sequence(self.embed(input_ids), lengths.cpu(), batch_first=True,
+                                      enforce_sorted=False)
+        out, h_n = self.gru(packed)  # h_n (layers*2, B, H), already back in batch order
+        out, _ = pad_packed_sequence(out, batch_first=True, total_length=T)  # (B, T, 2H), zero-padded
+        tokens = out.view(B, T, 2, self.hidden).mean(2)  # (B, T, H)
+        pooled = (h_n[-2] + h_n[-1]) / 2  # (B, H) last layer: forward, backward
+        return EncoderOutput(tokens=tokens, mask=mask, pooled=pooled)
+
+
+class TransformerTextEncoder(nn.Module):
+    """Words -> the course's transformer (course_lib.core.blocks), pooled = the [CLS] output z0.
+
+    BERT's input (word + learned position embeddings, LayerNorm, dropout) and BERT's size knobs, on
+    the same pre-LN block every encoder of the course uses (BERT itself is post-LN; pre-LN trains from
+    random weights more easily and lets HiVLP / U-BERT read any layer). For pretrained weights use
+    BertTextEncoder(pretrained_name=...). tokens (B, T, hidden), zero at padding; mask =
+    attention_mask; return_layers=True fills `layers`. `special`: the tokenizer's ids ([PAD]).
+    """
+
+    def __init__(self, vocab_size: int, hidden: int = 64, layers: int = 2, heads: int = 4,
+                 max_length: int = 64, dropout: float = 0.1, special: SpecialTokens = WORD_SPECIAL_TOKENS):
+        super().__init__()
+        self.special = special  # a plain attribute: not in the state_dict
+        self.word = nn.Embedding(vocab_size, hidden, padding_idx=special.pad)
+        self.position = nn.Embedding(max_length, hidden)
+        for table in (self.word, self.position):
+            nn.init.normal_(table.weight, std=0.02)  # BERT's initialisation
+        with torch.no_grad():
+            self.word.weight[special.pad].zero_()
+        self.norm, self.dropout = nn.LayerNorm(hidden), nn.Dropout(dropout)
+        self.transformer = Transformer(hidden, layers, heads, dropout)
+        self.out_dim, self.max_length = hidden, max_length
+
+    def forward(self, batch: dict, return_layers: bool = False) -> EncoderOutput:
+        input_ids, mask = batch["input_ids"], batch["attention_mask"].bool()  # (B, T)
+        T = input_ids.shape[1]
+        if T > self.max_length:
+            raise ValueError(f"texts of {T} tokens, but this encoder has {self.max_length} positions: "
+                             "tokenise with a smaller max_length or build it with a larger max_length")
+        x = self.norm(self.word(input_ids) + self.position(torch.arange(T, device=input_ids.device)))
+        return _transformer_output(self.transformer, self.dropout(x), mask, return_layers)  # (B, T, H)
+
+
+class BertTextEncoder(nn.Module):
+    """A BERT encoder (transformers' BertModel, no pooler); pooled = the [CLS] last hidden state.
+
+    LightningDOT takes h0 of the last layer, not BERT's tanh pooler, so the pooler is not built.
+    By default a small BERT with random weights over the tokenizer's ids: vocab_size = len(tokenizer),
+    [PAD] = special.pad (special = SpecialTokens.of(tokenizer), default the word tokenizer's).
+    pretrained_name (e.g. "bert-base-uncased") loads pretrained weights instead (hidden/layers/heads/
+    max_length then come from the checkpoint); its ids must come from the matching tokenizer:
+    tokenizer_for(split, name=pretrained_name).
+
+    tokens = last_hidden_state (B, T, hidden), [CLS] at 0, zero at padding; mask = attention_mask.
+    """
+
+    def __init__(self, vocab_size: int | None, hidden: int = 64, layers: int = 2, heads: int = 4,
+                 max_length: int = 64, dropout: float = 0.1, pretrained_name: str | None = None,
+                 special: SpecialTokens = WORD_SPECIAL_TOKENS):
+        super().__init__()
+        self.special = special
+        from transformers import BertConfig, BertModel
+
+        if pretrained_name is None:
+            config = BertConfig(vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=layers,
+                                num_attention_heads=heads, intermediate_size=4 * hidden,
+                                max_position_embeddings=max_length, hidden_dropout_prob=dropout,
+                                attention_probs_dropout_prob=dropout, pad_token_id=special.pad)
+            self.bert = BertModel(config, add_pooling_layer=False)
+        else:
+            self.bert = from_hub(
+                lambda **kw: BertModel.from_pretrained(pretrained_name, add_pooling_layer=False, **kw),
+                f"the pretrained BERT {pretrained_name!r}",
+                "Offline, use random weights: BertTextEncoder(len(tokenizer)) (pretrained_name=None).")
+            if vocab_size is not None and vocab_size != self.bert.config.vocab_size:
+                raise ValueError(
+                    f"vocab_size {vocab_size} does not match {pretrained_name!r}'s vocabulary of "
+                    f"{self.bert.config.vocab_size}: tokenise with tokenizer_for(split, "
+                    f"name={pretrained_name!r}), not the word tokenizer"
+                )
+        self.out_dim = self.bert.config.hidden_size
+
+    def forward(self, batch: dict) -> EncoderOutput:
+        input_ids, attention_mask = batch["input_ids"], batch["attention_mask"]  # (B, T)
+        limit = self.bert.config.max_position_embeddings
+        if input_ids.shape[1] > limit:
+            raise ValueError(f"texts of {input_ids.shape[1]} tokens, but this BERT has {limit} positions: "
+                             "tokenise with a smaller max_length or build it with a larger max_length")
+        out = self.bert(input_ids=input_ids, attention_mask=attention_mask)
+        mask = attention_mask.bool()
+        tokens = out.last_hidden_state.masked_fill(~mask.unsqueeze(-1), 0.0)  # (B, T, H)
+        return EncoderOutput(tokens=tokens, mask=mask, pooled=tokens[:, 0])  # h0 = [CLS]
+
+
+# ----------------------------------------------------------------------------- factories
+
+IMAGE_ENCODERS = {"regions": RegionTransformerEncoder, "pixels": PixelEncoder}
+TEXT_ENCODERS = {"bow": BagOfWordsEncoder, "gru": BiGRUEncoder, "transformer": TransformerTextEncoder,
+                 "bert": BertTextEncoder}
+
+
+def build_image_encoder(kind: str, **kwargs) -> nn.Module:
+    """kind "regions" (kwargs: region_dim, hidden, ...) or "pixels" (model_name, pretrained, ...)."""
+    if kind not in IMAGE_ENCODERS:
+        raise ValueError(f"unknown image encoder {kind!r}; valid kinds: {sorted(IMAGE_ENCODERS)}")
+    return IMAGE_ENCODERS[kind](**kwargs)
+
+
+def build_text_encoder(kind: str, vocab_size: int, **kwargs) -> nn.Module:
+    """kind "bow", "gru", "transformer" or "bert"; vocab_size = len(tokenizer); kwargs may hold
+    special=SpecialTokens.of(tokenizer) (default: the word tokenizer's ids)."""
+    if kind not in TEXT_ENCODERS:
+        raise ValueError(f"unknown text encoder {kind!r}; valid kinds: {sorted(TEXT_ENCODERS)}")
+    return TEXT_ENCODERS[kind](vocab_size, **kwargs)
+
+
+__all__ = ["EncoderOutput", "RegionTransformerEncoder", "PixelEncoder", "BagOfWordsEncoder",
+           "BiGRUEncoder", "TransformerTextEncoder", "BertTextEncoder", "build_image_encoder", "build_text_encoder",
+           "l2_normalize", "count_parameters", "word_mask", "IMAGE_ENCODERS", "TEXT_ENCODERS",
+           "TINY_VIT_NAME", "TINY_VIT_KWARGS"]

@@ -1,0 +1,463 @@
+"""Search over embedded galleries: exact and approximate FAISS indexes (PQ-compressed ones too),
+their brute-force reference, the recall/latency trade-off of the approximate ones, storage sizes.
+
+A dual encoder turns retrieval into maximum inner-product search: the gallery is embedded once,
+offline, and a query costs one text encoding plus a top-k over N dot products. FAISS does that
+top-k on the CPU without building the (Q, N) score matrix in Python:
+
+    index = build_index(image_emb)                  # (N, E), "flat" = exact IndexFlatIP
+    scores, indices = search(index, text_emb, k=10)  # (Q, k) numpy, best first
+    brute_force_topk(image_emb, text_emb, k=10)      # the same with torch: the reference
+
+For L2-normalised embeddings (VSE++) inner product is cosine similarity; LightningDOT compares raw
+dot products, which the same index serves. `INDEX_KINDS` maps a name to a builder; besides the exact
+"flat" there are four approximate kinds, all searched by inner product:
+
+    build_index(x, "ivf", nlist=64, nprobe=8)   # k-means lists; a query scans its nprobe best
+    build_index(x, "hnsw", M=32, ef_search=64)  # a graph walk keeping ef_search candidates
+    build_index(x, "ivfpq", m=16, nbits=8)      # IVF storing product-quantised codes (IVF-PQ)
+    build_index(x, "hnswpq", m=16, nbits=8)     # HNSW over product-quantised codes
+    set_search_params(index, nprobe=16)         # the search-time knob: more recall, more time
+    recall_vs_exact(index, exact, queries, k)   # k-recall@k against the flat index
+    index_tradeoff(gallery, queries)            # one row per setting: recall, ms per query, build s
+
+Product quantisation (PQ; Jégou et al., TPAMI 2011) cuts a vector into m sub-vectors and stores the
+id of each one's nearest of 2^nbits learnt centroids: m * nbits / 8 bytes instead of 4 * dim, with
+approximate scores. `embedding_bytes` measures what an index stores: one vector per item instead of
+region features (LightningDOT §1: 768 floats per image vs 36 x 2048); course_lib.studies.index_scale
+measures all of this on galleries of millions.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import math
+import warnings
+from contextlib import contextmanager
+from typing import Callable, Sequence
+
+import faiss
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from course_lib.core.timing import measure
+
+# FAISS k-means warns below this many training points per centroid; IVF's nlist is capped by it
+MIN_POINTS_PER_LIST = 39
+# FAISS >= 1.15 scores nq rows with its own loop while nq * dim < 128,000, with BLAS above; on one
+# thread BLAS wins from nq * dim ~ 800 (facebookresearch/faiss#5109): PQ training is 30x faster.
+BLAS_SWITCH_PER_THREAD = 800
+
+
+@contextmanager
+def blas_switch(per_thread: int = BLAS_SWITCH_PER_THREAD):
+    """Within the block, FAISS uses BLAS from nq * dim >= per_thread * its threads (never later than
+    its default); the switch is restored after. build_index trains inside one."""
+    before = faiss.cvar.distance_compute_blas_threshold
+    faiss.cvar.distance_compute_blas_threshold = min(before, per_thread * faiss.omp_get_max_threads())
+    try:
+        yield
+    finally:
+        faiss.cvar.distance_compute_blas_threshold = before
+
+
+def _positive_int(name: str, value, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _flat_ip(dim: int, n: int) -> faiss.Index:
+    return faiss.IndexFlatIP(dim)  # exact: scores every stored vector
+
+
+def _ivf(quantizer_to_index, dim: int, n: int, nlist: int | None, nprobe: int) -> faiss.Index:
+    """quantizer_to_index(quantizer, nlist) with nlist (about 4 sqrt(n) when None) clamped to
+    [1, n // 39], with a warning if it was asked for, and nprobe capped at nlist."""
+    cap = max(1, n // MIN_POINTS_PER_LIST)  # the most lists n vectors train well
+    if nlist is None:
+        nlist = min(cap, max(1, round(4 * math.sqrt(n))))
+    elif _positive_int("nlist", nlist) > cap:
+        warnings.warn(f"nlist={nlist} needs {nlist * MIN_POINTS_PER_LIST} training vectors "
+                      f"({MIN_POINTS_PER_LIST} per list) but the gallery has {n}; using "
+                      f"nlist={cap}. Pass nlist <= {cap}, or leave it unset for the default",
+                      stacklevel=4)  # -> the caller of build_index
+        nlist = cap
+    quantizer = faiss.IndexFlatIP(dim)  # holds the nlist centroids; the index keeps it alive
+    index = quantizer_to_index(quantizer, nlist)
+    index.cp.min_points_per_centroid = 1  # we capped nlist ourselves; silence FAISS's n < 39 note
+    index.nprobe = min(_positive_int("nprobe", nprobe), nlist)
+    return index
+
+
+def _ivf_flat(dim: int, n: int, *, nlist: int | None = None, nprobe: int = 8) -> faiss.Index:
+    """IVF: k-means splits the gallery into nlist lists; a query scans only its nprobe best lists.
+
+    nlist defaults to about 4 sqrt(n); any nlist is clamped to [1, n // 39] so that every list
+    gets enough training points. nprobe is capped at nlist (nprobe = nlist scans everything).
+    """
+    return _ivf(lambda q, nlist: faiss.IndexIVFFlat(q, dim, nlist, faiss.METRIC_INNER_PRODUCT),
+                dim, n, nlist, nprobe)
+
+
+def _pq_shape(dim: int, n: int, m: int | None, nbits: int) -> tuple[int, int]:
+    """Checked (m, nbits) of a product quantiser for dim-d vectors trained on n of them. m defaults
+    to dim / 4 (sub-vectors of 4 numbers: 16 bytes for the course's 64-d vectors), or the largest
+    divisor of dim below that. Each sub-quantiser learns 2^nbits centroids by k-means, so n must be
+    at least 2^nbits; fewer than 39 training vectors per centroid only warns."""
+    if m is None:
+        m = max(d for d in range(1, max(1, dim // 4) + 1) if dim % d == 0)
+    if _positive_int("m", m) > dim or dim % m:
+        divisors = [d for d in range(1, dim + 1) if dim % d == 0]
+        raise ValueError(f"m={m} sub-quantizers must divide the dimension {dim} evenly; "
+                         f"pick one of {divisors}")
+    if _positive_int("nbits", nbits) > 16:
+        raise ValueError(f"nbits must be an integer in [1, 16], got {nbits}; 8 is the usual choice")
+    if n < 2 ** nbits:
+        raise ValueError(f"nbits={nbits} trains {2 ** nbits} centroids per sub-vector but only {n} "
+                         f"vectors train it; pass nbits <= {max(1, int(math.log2(n)))} or a "
+                         "larger gallery (or use 'ivf' / 'hnsw', which store the vectors)")
+    if n < MIN_POINTS_PER_LIST * 2 ** nbits:
+        warnings.warn(f"PQ with nbits={nbits} is trained on {n} vectors, fewer than "
+                      f"{MIN_POINTS_PER_LIST} per centroid ({MIN_POINTS_PER_LIST * 2 ** nbits}): "
+                      "its codebooks, and so its recall, suffer; use more vectors or fewer nbits",
+                      stacklevel=4)
+    return int(m), int(nbits)
+
+
+def _ivf_pq(dim: int, n: int, *, nlist: int | None = None, nprobe: int = 8, m: int | None = None,
+            nbits: int = 8) -> faiss.Index:
+    """IVF-PQ: the IVF lists of "ivf", holding m * nbits / 8-byte PQ codes of each vector's
+    residual from its list centroid (m, nbits: see _pq_shape). Scores are approximate even in a
+    probed list, so probing every list is not exact search."""
+    m, nbits = _pq_shape(dim, n, m, nbits)
+    index = _ivf(lambda q, nlist: faiss.IndexIVFPQ(q, dim, nlist, m, nbits,
+                                                   faiss.METRIC_INNER_PRODUCT), dim, n, nlist, nprobe)
+    index.pq.cp.min_points_per_centroid = 1  # _pq_shape warned already; silence FAISS's note
+    return index
+
+
+def _hnsw_flat(dim: int, n: int, *, M: int = 32, ef_search: int = 64,
+               ef_construction: int = 80) -> faiss.Index:
+    """HNSW: a layered graph with M links per node (2M on the bottom layer), walked greedily.
+
+    ef_construction candidates are kept while inserting (a better graph, a slower build),
+    ef_search while searching (more recall, more time; keep it >= the k you search for).
+    """
+    index = faiss.IndexHNSWFlat(dim, _positive_int("M", M, minimum=2), faiss.METRIC_INNER_PRODUCT)
+    index.hnsw.efConstruction = _positive_int("ef_construction", ef_construction)
+    index.hnsw.efSearch = _positive_int("ef_search", ef_search)
+    return index
+
+
+def _hnsw_pq(dim: int, n: int, *, M: int = 32, ef_search: int = 64, ef_construction: int = 80,
+             m: int | None = None, nbits: int = 8) -> faiss.Index:
+    """HNSW whose nodes store m * nbits / 8-byte PQ codes, not vectors (graph parameters as
+    "hnsw", PQ ones as "ivfpq"); build_index fixes its code-to-code table for inner products."""
+    m, nbits = _pq_shape(dim, n, m, nbits)
+    index = faiss.IndexHNSWPQ(dim, m, _positive_int("M", M, minimum=2), nbits,
+                              faiss.METRIC_INNER_PRODUCT)
+    faiss.downcast_index(index.storage).pq.cp.min_points_per_centroid = 1  # as in _ivf_pq
+    index.hnsw.efConstruction = _positive_int("ef_construction", ef_construction)
+    index.hnsw.efSearch = _positive_int("ef_search", ef_search)
+    return index
+
+
+# name -> builder(dim, n, **params) returning an empty index for a gallery trained on n vectors
+# of dim; its keyword-only arguments are the parameters build_index accepts for that kind. An index
+# that needs training (IVF, PQ) is trained by build_index before the gallery is added.
+INDEX_KINDS: dict[str, Callable[..., faiss.Index]] = {
+    "flat": _flat_ip, "ivf": _ivf_flat, "hnsw": _hnsw_flat, "ivfpq": _ivf_pq, "hnswpq": _hnsw_pq}
+
+
+def index_params(kind: str) -> list[str]:
+    """The parameters build_index accepts for an index kind, e.g. ["nlist", "nprobe"] for "ivf"."""
+    if kind not in INDEX_KINDS:
+        raise ValueError(f"unknown index kind {kind!r}; valid kinds: {sorted(INDEX_KINDS)}")
+    params = inspect.signature(INDEX_KINDS[kind]).parameters.values()
+    return [p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY]
+
+
+def as_float32_matrix(x, name: str = "embeddings") -> np.ndarray:
+    """x (torch tensor on any device, or array-like) as a C-contiguous float32 (n, E) numpy array.
+
+    FAISS reads only contiguous float32 rows on the CPU; a 1-D x is taken as a single row.
+    """
+    if isinstance(x, torch.Tensor):
+        x = x.detach().to("cpu", torch.float32).numpy()
+    x = np.asarray(x)
+    if x.ndim == 1:
+        x = x[None, :]  # one vector -> (1, E)
+    if x.ndim != 2:
+        raise ValueError(f"{name} must be a 2-D (n, dim) matrix, got shape {x.shape}; "
+                         "stack one embedding per row")
+    if not (np.issubdtype(x.dtype, np.floating) or np.issubdtype(x.dtype, np.integer)):
+        raise TypeError(f"{name} must hold numbers, got dtype {x.dtype}")
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if not np.isfinite(x).all():
+        bad = int((~np.isfinite(x)).any(axis=1).sum())
+        raise ValueError(f"{name} holds NaN or inf in {bad} of {len(x)} rows; an encoder that "
+                         "diverged or a division by a zero norm produces these")
+    return x
+
+
+def build_index(embeddings, kind: str = "flat", *, train_size: int | None = None,
+                **params) -> faiss.Index:
+    """A FAISS index over the rows of embeddings (N, E), searched by inner product.
+
+    kind "flat" is exact (`faiss.IndexFlatIP`): the reference every approximate index is measured
+    against. "ivf" (`IndexIVFFlat`; params nlist, nprobe), "hnsw" (`IndexHNSWFlat`; params M,
+    ef_search, ef_construction), "ivfpq" (`IndexIVFPQ`; ivf's and m, nbits) and "hnswpq"
+    (`IndexHNSWPQ`; hnsw's and m, nbits) are approximate; their builders give the defaults. The
+    vectors are copied (float32, CPU). train_size: kinds that learn (IVF lists, PQ codebooks) learn
+    from a fixed random sample of that many rows, not all N (nlist and nbits are checked against it).
+    """
+    valid = index_params(kind)  # also rejects an unknown kind
+    unknown = sorted(set(params) - set(valid))
+    if unknown:
+        raise ValueError(f"unknown parameter(s) {unknown} for index kind {kind!r}; valid ones: "
+                         f"{valid if valid else 'none (it takes no parameters)'}")
+    x = as_float32_matrix(embeddings, "embeddings")  # (N, E)
+    if len(x) == 0:
+        raise ValueError("cannot index an empty gallery (0 embeddings)")
+    train = x
+    if train_size is not None and _positive_int("train_size", train_size) < len(x):
+        rows = np.random.default_rng(0).choice(len(x), train_size, replace=False)
+        train = x[np.sort(rows)]  # (train_size, E), in gallery order
+    index = INDEX_KINDS[kind](x.shape[1], len(train), **params)
+    if not index.is_trained:  # IVF learns its lists, PQ its codebooks, from the gallery itself
+        with blas_switch():  # k-means assigns thousands of rows at once: BLAS, on any thread count
+            index.train(train)
+    if isinstance(index, faiss.IndexHNSWPQ):
+        _inner_product_code_table(faiss.downcast_index(index.storage).pq)
+    index.add(x)
+    return index
+
+
+def _inner_product_code_table(pq: faiss.ProductQuantizer) -> None:
+    """HNSW links a node by comparing its similarity to the new item with node-to-node ones, which
+    IndexHNSWPQ reads from pq.sdc_table: squared L2 between centroids, even under inner product
+    (faiss/IndexPQ.cpp), so its graph degrades (k-recall@10 0.44 instead of 0.97 on unit vectors).
+    We fill the table with centroid inner products, summing to <decoded i, decoded j>."""
+    centroids = faiss.vector_to_array(pq.centroids).reshape(pq.M, pq.ksub, pq.dsub)  # (M, K, d_sub)
+    table = np.einsum("mid,mjd->mji", centroids, centroids)  # (M, K, K): [m, code j, code i]
+    faiss.copy_array_to_vector(np.ascontiguousarray(table, dtype=np.float32).ravel(), pq.sdc_table)
+
+
+def search(index: faiss.Index, queries, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Top-k gallery items per query: (scores (Q, k) float32, indices (Q, k) int64), best first.
+
+    queries: (Q, E) or one (E,) vector (-> Q = 1). k is capped at the index size, so k = 10 on a
+    5-item gallery returns 5 columns rather than FAISS's padding of -1 indices.
+    """
+    if not isinstance(k, (int, np.integer)) or k < 1:
+        raise ValueError(f"k must be an integer >= 1, got {k!r}")
+    if index.ntotal == 0:
+        raise ValueError("the index is empty: add the gallery first (build_index does)")
+    q = as_float32_matrix(queries, "queries")  # (Q, E)
+    if q.shape[1] != index.d:
+        raise ValueError(f"queries have dimension {q.shape[1]} but the index holds {index.d}-d "
+                         "vectors; encode them with the same model (and projection)")
+    scores, indices = index.search(q, min(int(k), index.ntotal))  # (Q, k), (Q, k)
+    return scores, indices
+
+
+def brute_force_topk(gallery: torch.Tensor, queries: torch.Tensor,
+                     k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The exact top-k by inner product with torch on the tensors' own device (the reference).
+
+    gallery (N, E), queries (Q, E) or (E,); returns (scores (Q, k), indices (Q, k)) with k capped
+    at N, best first. Builds the whole (Q, N) score matrix: fine for teaching-sized galleries.
+    """
+    if not isinstance(k, (int, np.integer)) or k < 1:
+        raise ValueError(f"k must be an integer >= 1, got {k!r}")
+    gallery, queries = torch.as_tensor(gallery), torch.as_tensor(queries)
+    queries = queries.unsqueeze(0) if queries.dim() == 1 else queries  # (Q, E)
+    if gallery.dim() != 2 or queries.dim() != 2 or gallery.shape[1] != queries.shape[1]:
+        raise ValueError(f"need gallery (N, E) and queries (Q, E) of the same E, got "
+                         f"{tuple(gallery.shape)} and {tuple(queries.shape)}")
+    if len(gallery) == 0:
+        raise ValueError("cannot search an empty gallery (0 embeddings)")
+    scores = queries.float() @ gallery.float().T  # (Q, N)
+    return torch.topk(scores, min(int(k), len(gallery)), dim=1)  # sorted, largest first
+
+
+def set_search_params(index: faiss.Index, *, nprobe: int | None = None,
+                      ef_search: int | None = None) -> faiss.Index:
+    """Change the search-time knob of a built index in place (no rebuild); returns the index.
+
+    nprobe: IVF lists scanned per query (capped at nlist). ef_search: HNSW candidates kept per
+    query. Each applies only to its own kind of index.
+    """
+    if nprobe is None and ef_search is None:
+        raise ValueError("nothing to set: pass nprobe= (IVF indexes) or ef_search= (HNSW indexes)")
+    name = type(index).__name__
+    if nprobe is not None:
+        if not isinstance(index, faiss.IndexIVF):
+            raise ValueError(f"nprobe applies to IVF indexes only, not to {name}; "
+                             + ("use ef_search= for HNSW" if isinstance(index, faiss.IndexHNSW)
+                                else "an exact index has no search-time knob"))
+        index.nprobe = min(_positive_int("nprobe", nprobe), index.nlist)
+    if ef_search is not None:
+        if not isinstance(index, faiss.IndexHNSW):
+            raise ValueError(f"ef_search applies to HNSW indexes only, not to {name}; "
+                             + ("use nprobe= for IVF" if isinstance(index, faiss.IndexIVF)
+                                else "an exact index has no search-time knob"))
+        index.hnsw.efSearch = _positive_int("ef_search", ef_search)
+    return index
+
+
+def current_params(index: faiss.Index) -> dict:
+    """The parameters an index was built and is searched with, as build_index names them."""
+    params, coded = {}, index
+    if isinstance(index, faiss.IndexIVF):
+        params = {"nlist": int(index.nlist), "nprobe": int(index.nprobe)}
+    if isinstance(index, faiss.IndexHNSW):
+        params = {"M": int(index.hnsw.nb_neighbors(1)), "ef_search": int(index.hnsw.efSearch),
+                  "ef_construction": int(index.hnsw.efConstruction)}
+        coded = faiss.downcast_index(index.storage)  # what the graph's nodes store
+    if isinstance(coded, (faiss.IndexIVFPQ, faiss.IndexPQ)):
+        params |= {"m": int(coded.pq.M), "nbits": int(coded.pq.nbits)}
+    return params
+
+
+def topk_recall(found_ids, exact_ids) -> float:
+    """k-recall@k from ids: the mean fraction of each row of exact_ids (Q, k) that the same row of
+    found_ids (Q, k') holds (-1 = nothing found), in [0, 1]."""
+    exact, found = np.asarray(exact_ids), np.asarray(found_ids)
+    if exact.ndim != 2 or found.ndim != 2 or len(exact) != len(found):
+        raise ValueError(f"need found (Q, k') and exact (Q, k) ids of the same Q queries, got "
+                         f"shapes {found.shape} and {exact.shape}")
+    hit = (exact[:, :, None] == found[:, None, :]).any(axis=2)  # (Q, k): exact hit returned?
+    return float(hit.mean())
+
+
+def recall_vs_exact(index: faiss.Index, exact_index: faiss.Index, queries, k: int) -> float:
+    """k-recall@k of the ANN benchmarks: the mean fraction of each query's exact top-k that
+    `index` also returns in its top-k, in [0, 1].
+
+    exact_index (usually build_index(gallery, "flat")) must number the gallery like `index`. k is
+    capped at exact_index.ntotal. Items are matched by id, so an exact tie at the k-th place may
+    count as a miss.
+    """
+    if index.d != exact_index.d:
+        raise ValueError(f"the indexes hold {index.d}-d and {exact_index.d}-d vectors; "
+                         "build both over the same gallery")
+    exact = search(exact_index, queries, k)[1]  # (Q, k)
+    approx = search(index, queries, exact.shape[1])[1]  # (Q, <= k); -1 where FAISS found too few
+    return topk_recall(approx, exact)
+
+
+def time_single_queries(index: faiss.Index, queries: np.ndarray, k: int, *, warmup: int = 5,
+                        repeats: int = 50):
+    """timing.measure of one query at a time (FAISS only, no input checks), cycling through the
+    rows of queries (Q, E) float32; k capped at index.ntotal. Returns the TimingResult."""
+    singles = itertools.cycle([queries[i:i + 1] for i in range(len(queries))])  # (1, E) each
+    k_eff = min(int(k), index.ntotal)
+    return measure(lambda: index.search(next(singles), k_eff), warmup=warmup, repeats=repeats)
+
+
+DEFAULT_TRADEOFF_CONFIGS: tuple[tuple[str, dict], ...] = (
+    ("flat", {}),
+    ("ivf", {"nprobe": 2}), ("ivf", {"nprobe": 8}), ("ivf", {"nprobe": 32}),
+    ("hnsw", {"ef_search": 16}), ("hnsw", {"ef_search": 64}), ("hnsw", {"ef_search": 256}),
+)
+
+
+def index_tradeoff(gallery, queries, k: int = 10,
+                   configs: Sequence[tuple[str, dict]] = DEFAULT_TRADEOFF_CONFIGS, *,
+                   repeats: int = 50, warmup: int = 5) -> list[dict]:
+    """Recall against exact search vs latency of one query, for each (kind, params) setting.
+
+    Each setting gets its own build_index(gallery, kind, **params). Rows, in the order of configs:
+    {"kind", "params" (all of them, defaults and clamping applied), "recall_at_k" (recall_vs_exact
+    over all queries), "ms_per_query" (median over `repeats` single-query searches, cycling
+    through the queries; FAISS only, without input checks), "build_s" (train + add, one run)}.
+    """
+    if not isinstance(k, (int, np.integer)) or k < 1:
+        raise ValueError(f"k must be an integer >= 1, got {k!r}")
+    exact = build_index(gallery, "flat")
+    q = as_float32_matrix(queries, "queries")  # (Q, E)
+    if len(q) == 0:
+        raise ValueError("index_tradeoff needs at least one query (got 0 rows)")
+    rows = []
+    for config in configs:
+        if not (isinstance(config, (tuple, list)) and len(config) == 2
+                and isinstance(config[1], dict)):
+            raise ValueError(f"each config must be a (kind, params dict) pair such as "
+                             f"('ivf', {{'nprobe': 4}}), got {config!r}")
+        kind, params = config
+        built = {}
+        build = measure(lambda: built.update(index=build_index(gallery, kind, **params)),
+                          warmup=0, repeats=1)
+        index = built["index"]
+        latency = time_single_queries(index, q, k, warmup=warmup, repeats=repeats)
+        rows.append({"kind": kind, "params": current_params(index),
+                     "recall_at_k": recall_vs_exact(index, exact, q, k),
+                     "ms_per_query": latency.median_ms, "build_s": build.median_ms / 1e3})
+    return rows
+
+
+def embedding_bytes(n_items: int, dim: int, dtype=np.float32) -> int:
+    """Bytes to store n_items vectors of dim numbers of dtype (numpy or torch dtype).
+
+    embedding_bytes(1, 768) = 3,072 (one LightningDOT image vector) vs embedding_bytes(36, 2048)
+    = 294,912 (its 36 region features): 96 x smaller, before any compression.
+    """
+    if n_items < 0 or dim < 0:
+        raise ValueError(f"n_items and dim must be >= 0, got {n_items} and {dim}")
+    itemsize = dtype.itemsize if isinstance(dtype, torch.dtype) else np.dtype(dtype).itemsize
+    return int(n_items) * int(dim) * itemsize
+
+
+# ----------------------------------------------------------------------------- galleries for timing
+_TILE_CHUNK = 1 << 16  # synthetic gallery rows generated at a time (memory)
+
+
+def tile_rows(rows, n: int, *, noise: float = 0.0, construction: str = "tiled", seed: int = 0,
+              progress: bool = False):
+    """A gallery of n rows grown from `rows` (N0, ...), for timing search at sizes we have no data for:
+    the N0 originals first (untouched), then synthetic rows. The one place the course tiles galleries.
+
+    noise = 0, "tiled": row i is rows[i mod N0] (any shape and dtype; a tensor stays a tensor).
+    noise > 0, "tiled": each copy moved by noise * (per-dimension std over rows) * N(0, 1), so copies
+        are not exact ties; rows must be a float (N0, E) matrix. "gaussian": rows drawn from
+        N(mean, cov) fitted to rows. Returns float32 (n, E), numpy or torch like `rows`.
+    """
+    if construction not in ("tiled", "gaussian"):
+        raise ValueError(f"construction must be 'tiled' or 'gaussian', got {construction!r}")
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1 or not noise >= 0:
+        raise ValueError(f"need a gallery size n >= 1 and noise >= 0, got n={n!r}, noise={noise!r}")
+    if isinstance(rows, torch.Tensor):
+        if len(rows) == 0:
+            raise ValueError("cannot tile an empty tensor")
+        if noise == 0 and construction == "tiled":  # (n, ...) plain copies, any shape and dtype
+            return rows.repeat(-(-n // len(rows)), *[1] * (rows.dim() - 1))[:n]
+        return torch.from_numpy(tile_rows(as_float32_matrix(rows, "rows"), n, noise=noise,
+                                          construction=construction, seed=seed, progress=progress))
+    base = as_float32_matrix(rows, "rows")  # (N0, E)
+    gallery = np.empty((n, base.shape[1]), dtype=np.float32)  # (n, E)
+    head = min(n, len(base))
+    gallery[:head] = base[:head]
+    rng = np.random.default_rng(seed)
+    scale = noise * base.std(axis=0)  # (E,)
+    mean = base.mean(axis=0)  # (E,)
+    if construction == "gaussian":  # x = mean + L eps with L L^T = cov (+ a ridge for safety)
+        cov = np.cov(base, rowvar=False) + 1e-6 * np.eye(base.shape[1])  # (E, E)
+        chol = np.linalg.cholesky(cov).astype(np.float32)
+    for start in tqdm(range(head, n, _TILE_CHUNK), desc=f"gallery {n:,}", disable=not progress, leave=False):
+        stop = min(n, start + _TILE_CHUNK)
+        eps = rng.standard_normal((stop - start, base.shape[1]), dtype=np.float32)  # (c, E)
+        if construction == "tiled":
+            gallery[start:stop] = base[np.arange(start, stop) % len(base)] + eps * scale
+        else:
+            gallery[start:stop] = mean + eps @ chol.T
+    return gallery
+
+
+__all__ = ["tile_rows", "INDEX_KINDS", "DEFAULT_TRADEOFF_CONFIGS", "as_float32_matrix", "build_index",
+           "index_params", "search", "set_search_params", "brute_force_topk", "recall_vs_exact",
+           "current_params", "topk_recall", "time_single_queries", "index_tradeoff",
+           "embedding_bytes", "blas_switch"]

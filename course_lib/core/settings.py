@@ -1,0 +1,127 @@
+"""Course-wide settings: the smoke switch, device choice and global seeding.
+
+`COURSE_SMOKE=1` (set by CI) shrinks sizes only, never the code path; it is read here and
+nowhere else, so every notebook and script agrees on what "smoke" means.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+from typing import ClassVar
+
+import numpy as np
+import torch
+
+_TRUE = {"1", "true", "yes", "on"}
+
+
+def smoke_mode() -> bool:
+    """True when the environment variable COURSE_SMOKE asks for tiny sizes (CI, quick checks)."""
+    return os.environ.get("COURSE_SMOKE", "0").strip().lower() in _TRUE
+
+
+def hub_offline() -> bool:
+    """True when HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE forbid downloads from the Hugging Face hub.
+
+    Read at call time (huggingface_hub reads them only at import), so a notebook can set them late."""
+    return any(os.environ.get(name, "").strip().lower() in _TRUE
+               for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def hub_error(what: str, error: Exception, fix: str, offline: bool = False) -> OSError:
+    """One clear error for a failed pretrained download (weights or tokenizer), naming the way out."""
+    first_line = str(error).splitlines()[0] if str(error) else ""
+    searched = " (HF_HUB_OFFLINE is set, so only the local cache was searched)" if offline else ""
+    return OSError(
+        f"could not load {what}{searched}: {type(error).__name__}: {first_line}\n"
+        "Pretrained files are downloaded once, so they need internet the first time or a local copy "
+        "(the Hugging Face cache ~/.cache/huggingface or HF_HOME; or save_pretrained(DIR) on a "
+        f"machine with internet and pass DIR). {fix}"
+    )
+
+
+def from_hub(load, what: str, fix: str):
+    """Call `load(local_files_only=...)` (a transformers from_pretrained), honouring the offline
+    switch; any failure becomes `hub_error` (hub errors vary by version: OSError, httpx, ...)."""
+    offline = hub_offline()
+    try:
+        return load(local_files_only=offline)
+    except Exception as e:
+        raise hub_error(what, e, fix, offline) from e
+
+
+def pick(default, smoke):
+    """Return `smoke` in smoke mode, else `default`: the one way a config cell chooses a size."""
+    return smoke if smoke_mode() else default
+
+
+class CourseConfig:
+    """Mixin for a method's dataclass config: `smoke()` applies the class's SMOKE sizes,
+    `for_course()` picks smoke or default from COURSE_SMOKE, `to_dict()` for checkpoint names."""
+
+    SMOKE: ClassVar[dict] = {}  # the fields a smoke run shrinks (only sizes, never the code path)
+
+    @classmethod
+    def smoke(cls, **overrides):
+        """Tiny sizes for CI and quick checks; same code path."""
+        return cls(**{**cls.SMOKE, **overrides})
+
+    @classmethod
+    def for_course(cls, **overrides):
+        """smoke() when COURSE_SMOKE is set, else the defaults."""
+        return cls.smoke(**overrides) if smoke_mode() else cls(**overrides)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def get_device(prefer: str | None = None) -> torch.device:
+    """The best available device: CUDA, then Apple MPS, then CPU.
+
+    `prefer` (e.g. "cpu") overrides the choice; COURSE_DEVICE in the environment does the same.
+    """
+    choice = prefer or os.environ.get("COURSE_DEVICE")
+    if choice:
+        return torch.device(choice)
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def seed_everything(seed: int = 0) -> None:
+    """Seed Python, NumPy and torch (all devices) so a run can be repeated."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed_all(seed)
+
+
+def describe_environment() -> dict[str, str]:
+    """Versions and device in one dict: what every notebook prints first and every result records."""
+    import platform
+
+    device = get_device()
+    info = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "device": str(device),
+        "smoke": str(smoke_mode()),
+    }
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+    else:
+        info["cpu_threads"] = str(torch.get_num_threads())
+    for name in ("timm", "transformers", "tokenizers", "faiss"):
+        try:
+            module = __import__(name)
+            info[name] = getattr(module, "__version__", "?")
+        except ImportError:
+            info[name] = "not installed"
+    return info

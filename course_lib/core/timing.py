@@ -1,0 +1,249 @@
+"""Timing done right: device-correct benchmarks, latency vs gallery size, and speedup tables.
+
+GPU work is asynchronous: a CUDA call returns before the kernel has run, so `time.perf_counter`
+around it measures only the launch. `measure` therefore times CUDA with CUDA events and a
+synchronisation after every call, synchronises Apple MPS around the wall clock, and uses
+`perf_counter` on the CPU. It runs untimed warm-up calls first (allocations, autotuning, caches)
+and reports the median with its spread, because single timings are noisy.
+
+`latency_vs_gallery` measures how the cost of one query grows with the gallery, fits the linear
+cost model t(n) = a + b*n and extrapolates sizes too slow to measure, the way LightningDOT
+estimates its starred numbers ("Numbers with * are estimated by running time on test set").
+`speedup_table` / `format_speedup_table` turn such measurements into the paper's Table 3.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+from course_lib.core.settings import get_device
+
+
+@dataclass
+class TimingResult:
+    """Per-call times of one benchmark, in milliseconds."""
+
+    median_ms: float
+    mean_ms: float
+    std_ms: float
+    min_ms: float
+    max_ms: float
+    p10_ms: float
+    p90_ms: float
+    repeats: int
+    device: str
+    times_ms: list[float] = field(repr=False)
+
+    @classmethod
+    def from_times(cls, times_ms: Sequence[float], device: str) -> "TimingResult":
+        times = np.asarray(times_ms, dtype=np.float64)  # (repeats,)
+        return cls(
+            median_ms=float(np.median(times)), mean_ms=float(times.mean()),
+            std_ms=float(times.std(ddof=1)) if len(times) > 1 else 0.0,
+            min_ms=float(times.min()), max_ms=float(times.max()),
+            p10_ms=float(np.percentile(times, 10)), p90_ms=float(np.percentile(times, 90)),
+            repeats=len(times), device=device, times_ms=times.tolist(),
+        )
+
+    def __str__(self) -> str:
+        return (f"{_fmt(self.median_ms)} ms median (p10 {_fmt(self.p10_ms)}, "
+                f"p90 {_fmt(self.p90_ms)}; {self.repeats} runs on {self.device})")
+
+
+def _fmt(ms: float) -> str:
+    """Three significant digits, without switching to exponent notation for long times."""
+    return f"{ms:.0f}" if abs(ms) >= 1000 else f"{ms:.3g}"
+
+
+def _resolve_device(device) -> torch.device:
+    """None -> CPU clock; "auto" -> settings.get_device(); else the device given."""
+    if device is None:
+        return torch.device("cpu")
+    if isinstance(device, str) and device == "auto":
+        return get_device()
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device} was asked for but CUDA is not available; "
+                         "use device=None (CPU clock) or 'auto'")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"device {device} was asked for but MPS is not available; "
+                         "use device=None (CPU clock) or 'auto'")
+    if device.type not in ("cpu", "cuda", "mps"):
+        raise ValueError(f"cannot time device type {device.type!r}; use 'cpu', 'cuda' or 'mps'")
+    return device
+
+
+def measure(fn: Callable[[], object], *, warmup: int = 3, repeats: int = 20,
+              device=None) -> TimingResult:
+    """Time `fn()`: `warmup` untimed calls, then `repeats` timed calls, one at a time.
+
+    device: None times with the CPU clock (`time.perf_counter`); "cuda" (or a CUDA
+    torch.device) times each call with a pair of CUDA events and synchronises after it; "mps"
+    synchronises MPS around the CPU clock; "auto" picks what `settings.get_device()` picks. We
+    default to the CPU clock rather than "auto" so that CPU code on a GPU machine is reported as
+    CPU time; pass device="cuda" (or "auto") whenever `fn` launches GPU work. As a safety net,
+    with the CPU clock we still synchronise CUDA if this process has used it, so forgetting
+    `device=` never reports just the kernel-launch time.
+    """
+    if not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"warmup must be an integer >= 0, got {warmup!r}")
+    if not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}")
+    if not callable(fn):
+        raise TypeError("fn must be a callable taking no arguments, e.g. lambda: model(x)")
+    device = _resolve_device(device)
+
+    for _ in range(warmup):
+        fn()
+    times_ms = []
+    if device.type == "cuda":
+        with torch.cuda.device(device):
+            torch.cuda.synchronize()  # warm-up work must not leak into the first timing
+            for _ in range(repeats):
+                start = torch.cuda.Event(enable_timing=True)
+                end = torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                torch.cuda.synchronize()  # wait for fn's kernels, so end has happened
+                times_ms.append(start.elapsed_time(end))
+        return TimingResult.from_times(times_ms, str(device))
+
+    if device.type == "mps":
+        sync = torch.mps.synchronize
+    elif torch.cuda.is_available() and torch.cuda.is_initialized():
+        sync = torch.cuda.synchronize
+    else:
+        sync = None
+    for _ in range(repeats):
+        if sync:
+            sync()
+        start = time.perf_counter()
+        fn()
+        if sync:
+            sync()
+        times_ms.append((time.perf_counter() - start) * 1e3)
+    return TimingResult.from_times(times_ms, str(device))
+
+
+def fit_linear_cost(ns: Sequence[float], ms: Sequence[float]) -> tuple[float, float]:
+    """Least-squares fit of t(n) = a + b*n; returns (a = intercept_ms, b = slope_ms_per_item)."""
+    ns = np.asarray(ns, dtype=np.float64)  # (P,)
+    ms = np.asarray(ms, dtype=np.float64)  # (P,)
+    if ns.shape != ms.shape or ns.ndim != 1:
+        raise ValueError(f"ns and ms must be 1-D and of equal length, got {ns.shape} and {ms.shape}")
+    if len(np.unique(ns)) < 2:
+        raise ValueError("fitting a + b*n needs at least two different sizes n; measure more sizes")
+    if not (np.isfinite(ns).all() and np.isfinite(ms).all()):
+        raise ValueError("ns and ms must be finite numbers")
+    design = np.stack([np.ones_like(ns), ns], axis=1)  # (P, 2)
+    (intercept, slope), *_ = np.linalg.lstsq(design, ms, rcond=None)
+    return float(intercept), float(slope)
+
+
+def extrapolate(fit: tuple[float, float], n):
+    """The fitted cost a + b*n in ms (n may be a number or an array)."""
+    intercept, slope = fit
+    value = intercept + slope * np.asarray(n, dtype=np.float64)
+    return float(value) if value.ndim == 0 else value
+
+
+def latency_vs_gallery(make_fn: Callable[[int], Callable[[], object]], sizes: Sequence[int], *,
+                       warmup: int = 3, repeats: int = 20, per: int = 1, device=None,
+                       max_measured: int | None = None) -> list[dict]:
+    """Milliseconds per query against galleries of each size; measured or linearly extrapolated.
+
+    make_fn(n) builds a gallery of n items and returns a zero-argument callable answering `per`
+    queries against it. Sizes up to `max_measured` (all if None) are timed with `measure`;
+    if any are larger, t(n) = a + b*n is fitted to the measured per-query medians and the rest
+    are extrapolated, never below the time measured at the largest size (a noisy fit can slope
+    down: a bigger gallery is then estimated at the largest measured cost, not at less). Rows, by increasing n: {"n", "ms_per_query", "measured", "p10_ms",
+    "p90_ms"}, the percentiles per query too and None where extrapolated.
+    """
+    sizes = sorted({int(n) for n in sizes})
+    if not sizes or sizes[0] < 1:
+        raise ValueError(f"sizes must be positive gallery sizes, got {sizes}")
+    if not isinstance(per, int) or per < 1:
+        raise ValueError(f"per (queries answered by one call) must be an integer >= 1, got {per!r}")
+    timed = [n for n in sizes if max_measured is None or n <= max_measured]
+    estimate = [n for n in sizes if n not in timed]
+    if estimate and len(timed) < 2:
+        raise ValueError(
+            f"extrapolating to {estimate} needs at least two measured sizes <= max_measured="
+            f"{max_measured}, got {timed}; add smaller sizes or raise max_measured"
+        )
+    rows = []
+    for n in timed:
+        fn = make_fn(n)
+        result = measure(fn, warmup=warmup, repeats=repeats, device=device)
+        del fn  # let a large gallery go before building the next one
+        rows.append({"n": n, "ms_per_query": result.median_ms / per, "measured": True,
+                     "p10_ms": result.p10_ms / per, "p90_ms": result.p90_ms / per})
+    if estimate:
+        fit = fit_linear_cost([r["n"] for r in rows], [r["ms_per_query"] for r in rows])
+        if fit[1] < 0:
+            warnings.warn(f"the fitted cost falls with gallery size (slope {fit[1]:.3g} ms/item): "
+                          "the measured sizes are too small or too noisy to extrapolate from")
+        floor = rows[-1]["ms_per_query"]  # the largest measured gallery
+        rows += [{"n": n, "ms_per_query": max(float(extrapolate(fit, n)), floor), "measured": False,
+                  "p10_ms": None, "p90_ms": None} for n in estimate]
+    return rows
+
+
+def speedup_table(rows_by_method: dict[str, list[dict]], reference: str) -> list[dict]:
+    """Speedups over `reference` at every gallery size, one row per (n, method).
+
+    rows_by_method maps a method name to `latency_vs_gallery` rows. Each output row:
+    {"n", "method", "ms_per_query", "measured" (this method's time), "speedup" (reference ms /
+    method ms), "speedup_estimated" (True if either time was extrapolated)}. A method without a
+    size is left out at that size; the reference must have every size.
+    """
+    if reference not in rows_by_method:
+        raise ValueError(f"reference {reference!r} is not among the methods {list(rows_by_method)}")
+    by_n = {m: {row["n"]: row for row in rows} for m, rows in rows_by_method.items()}
+    sizes = sorted({n for rows in by_n.values() for n in rows})
+    missing = [n for n in sizes if n not in by_n[reference]]
+    if missing:
+        raise ValueError(f"the reference {reference!r} has no time for n = {missing}; measure "
+                         "or extrapolate it at every size the other methods have")
+    table = []
+    for n in sizes:
+        ref = by_n[reference][n]
+        for method, rows in by_n.items():
+            if n not in rows:
+                continue
+            row = rows[n]
+            if row["ms_per_query"] <= 0:
+                raise ValueError(f"{method} has a non-positive time {row['ms_per_query']} ms at n={n}")
+            table.append({"n": n, "method": method, "ms_per_query": row["ms_per_query"],
+                          "measured": row["measured"],
+                          "speedup": ref["ms_per_query"] / row["ms_per_query"],
+                          "speedup_estimated": not (row["measured"] and ref["measured"])})
+    return table
+
+
+def format_speedup_table(table: list[dict]) -> str:
+    """Markdown table: one line per gallery size, "ms (speedup x)" per method; * = estimated."""
+    methods = list(dict.fromkeys(row["method"] for row in table))
+    cells = {(row["n"], row["method"]): row for row in table}
+    lines = ["| n | " + " | ".join(f"{m}: ms (speedup)" for m in methods) + " |",
+             "|---:|" + "---:|" * len(methods)]
+    for n in sorted({row["n"] for row in table}):
+        parts = []
+        for method in methods:
+            row = cells.get((n, method))
+            if row is None:
+                parts.append("–")
+                continue
+            ms = f"{_fmt(row['ms_per_query'])}{'' if row['measured'] else '*'}"
+            speedup = f"{row['speedup']:,.1f}×{'*' if row['speedup_estimated'] else ''}"
+            parts.append(f"{ms} ({speedup})")
+        lines.append(f"| {n:,} | " + " | ".join(parts) + " |")
+    lines.append("\n\\* estimated from the linear cost fit t(n) = a + b·n on the measured sizes")
+    return "\n".join(lines)

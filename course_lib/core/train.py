@@ -1,0 +1,422 @@
+"""One generic training loop for every model of the course, in the spirit of minGPT's trainer.
+
+The trainer knows nothing of any one model: it is given a model, a `loss_fn(model, batch, step)` that
+returns a scalar loss or a dict holding "loss" and other scalars to log (step = optimizer steps so far),
+a map-style dataset and a `TrainConfig`. It runs AdamW with LightningDOT's recipe (betas 0.9/0.98, weight
+decay 0.01, linear warm-up over 10% of steps, then linear decay to 0), optional gradient accumulation and
+clipping, periodic evaluation, logging into a `History`, and checkpoints that resume exactly.
+
+- Mixed precision (`amp=True`) is used only on CUDA: autocast to bfloat16 where the GPU supports it,
+  else float16 with a GradScaler. On CPU and Apple MPS it is silently off (full float32).
+- The trainer owns the data order (a shuffle seeded from (seed, epoch)), so an interrupted run
+  resumes from `checkpoint_path` bit-for-bit (CPU or CUDA, `num_workers=0`).
+- A finished run's checkpoint makes `fit()` return at once with the stored history: this is how
+  notebooks cache trained models (delete the file or call `fit(resume=False)` to retrain).
+- In a torch.distributed group of N processes (course_lib.core.distributed), batch_size is per process:
+  a step's global batch of N * batch_size is split in rank order and DDP averages the gradients, so
+  the run equals one process of batch N * batch_size. loss_fn still gets the plain model; logged
+  values are averaged over processes; only rank 0 shows progress, evaluates and saves.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import os
+import random
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+from tqdm.auto import tqdm
+
+from course_lib.core.checkpoints import TRAINER_FORMAT, check_model_state
+from course_lib.core.distributed import (
+    barrier,
+    data_parallel_loss,
+    get_rank,
+    get_world_size,
+    mean_over_ranks,
+)
+from course_lib.core.settings import get_device, seed_everything
+
+# Config fields that change the numbers a run produces: a resume with other values warns.
+_RESULT_FIELDS = ("batch_size", "lr", "weight_decay", "betas", "eps", "warmup_fraction",
+                  "grad_clip", "grad_accum_steps", "amp", "seed", "shuffle", "drop_last")
+
+
+@dataclass
+class TrainConfig:
+    max_steps: int = 1000  # optimizer steps (a step = grad_accum_steps micro-batches)
+    batch_size: int = 32  # samples per micro-batch (of each process, when distributed)
+    lr: float = 1e-4  # peak learning rate, reached at the end of warm-up
+    weight_decay: float = 0.01  # AdamW decoupled decay, on 2-D+ tensors only
+    betas: tuple[float, float] = (0.9, 0.98)  # AdamW betas (LightningDOT / UNITER)
+    eps: float = 1e-6  # AdamW epsilon (BERT / UNITER value)
+    warmup_fraction: float = 0.1  # share of max_steps spent warming up linearly from 0
+    grad_clip: float | None = 2.0  # max global gradient norm; None = no clipping (VSE++ uses 2.0)
+    grad_accum_steps: int = 1  # micro-batches per optimizer step (loss divided accordingly)
+    amp: bool = False  # mixed precision on CUDA only; ignored on CPU / MPS
+    eval_every: int | None = None  # call evaluate every this many steps; None = only at the end
+    log_every: int = 10  # steps averaged into one history row
+    checkpoint_path: str | None = None  # where to save / resume; None = no checkpoints
+    checkpoint_every: int | None = None  # steps between saves; None = only at the end or stop
+    seed: int = 0  # seeds python/numpy/torch on a fresh start, and the data order
+    num_workers: int = 0  # DataLoader worker processes (0 = exact resume, see module docstring)
+    shuffle: bool = True  # reshuffle every epoch (from seed and epoch)
+    drop_last: bool = True  # drop the last incomplete batch of each epoch
+    progress: bool = True  # show a tqdm progress bar
+    device: str | None = None  # e.g. "cpu", "cuda"; None = settings.get_device()
+
+
+# the training knobs a method config declares (with its own defaults and reasons) and hands to TrainConfig
+TRAIN_FIELDS = ("max_steps", "batch_size", "lr", "warmup_fraction", "grad_clip", "seed")
+
+
+def train_config(config, **runtime) -> TrainConfig:
+    """The one training recipe's TrainConfig from a method config's training fields (max_steps,
+    batch_size, lr, warmup_fraction, grad_clip, seed: whichever it has), with `runtime`
+    (checkpoint_path, progress, device, log_every, eval_every, or a field) on top. Every method
+    trains through this, so a training knob means the same thing everywhere."""
+    shared = {f: getattr(config, f) for f in TRAIN_FIELDS if hasattr(config, f)}
+    if runtime.get("checkpoint_path") is not None:
+        runtime["checkpoint_path"] = str(runtime["checkpoint_path"])
+    return TrainConfig(**{**shared, **runtime})
+
+
+def warmup_linear_decay(step: int, total_steps: int, warmup_steps: int) -> float:
+    """LR multiplier: 0 -> 1 linearly over `warmup_steps`, then linearly to 0 at `total_steps`."""
+    if step < warmup_steps:
+        return step / warmup_steps
+    return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Two AdamW groups: 2-D+ tensors decayed, 1-D tensors (biases, norm weights) not."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise ValueError("the model has no trainable parameters (all have requires_grad=False)")
+    return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+
+
+def move_to_device(batch: Any, device: torch.device) -> Any:
+    """Move the tensors inside (nested) dicts, lists and tuples to `device`; keep the rest."""
+    if torch.is_tensor(batch):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, dict):
+        return {k: move_to_device(v, device) for k, v in batch.items()}
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
+        return type(batch)(*(move_to_device(v, device) for v in batch))
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(move_to_device(v, device) for v in batch)
+    return batch
+
+
+class History(list):
+    """Logged rows, one dict each; a plain list, so `pandas.DataFrame(history)` works too.
+
+    Training rows: {"step", "epoch", "lr", "loss", other scalars of loss_fn, "grad_norm"}, the
+    values averaged over the `log_every` steps up to "step" (lr is the one last used). Evaluation
+    rows: {"step", "eval": True, **metrics}.
+    """
+
+    def rows(self, eval: bool | None = None) -> list[dict]:
+        """All rows, or only evaluation rows (eval=True) or only training rows (eval=False)."""
+        return [r for r in self if eval is None or bool(r.get("eval", False)) == eval]
+
+    def column(self, name: str, eval: bool | None = None) -> list[float]:
+        """The values of `name` in the rows that have it, in order (for plotting)."""
+        return [r[name] for r in self.rows(eval) if name in r]
+
+    def steps(self, name: str, eval: bool | None = None) -> list[int]:
+        """The steps that go with `column(name, eval)`: the x-axis of the same plot."""
+        return [r["step"] for r in self.rows(eval) if name in r]
+
+
+def _scalar(value: Any) -> float | None:
+    """A float from a number or one-element tensor; None for anything else (not logged)."""
+    if torch.is_tensor(value):
+        return float(value.detach()) if value.numel() == 1 else None
+    if isinstance(value, (int, float, np.number)) and not isinstance(value, bool):
+        return float(value)
+    return None
+
+
+def _checked_loss(out: Any) -> torch.Tensor:
+    """The loss tensor of a loss_fn output, or a clear error saying what is wrong with it."""
+    if isinstance(out, dict):
+        if "loss" not in out:
+            raise KeyError(f"loss_fn returned a dict without a 'loss' entry (keys: {list(out)})")
+        out = out["loss"]
+    if not torch.is_tensor(out) or out.numel() != 1:
+        what = f"shape {tuple(out.shape)}" if torch.is_tensor(out) else type(out).__name__
+        raise ValueError(f"loss_fn must return a scalar tensor, got {what}: reduce it with "
+                         ".mean() or .sum(), and do not call .item() on it")
+    if not out.requires_grad:
+        raise ValueError("the loss does not require grad: was it computed under torch.no_grad()"
+                         " or from detached tensors?")
+    return out.reshape(())
+
+
+def _rng_state() -> dict:
+    # numpy's state is stored as plain lists so the file loads with torch.load(weights_only=True).
+    name, keys, pos, has_gauss, gauss = np.random.get_state()
+    return {"python": random.getstate(), "numpy": [name, keys.tolist(), int(pos), int(has_gauss),
+            float(gauss)], "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+
+
+def _set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    name, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, gauss))
+    torch.set_rng_state(state["torch"])
+    cuda = state["cuda"]
+    if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(cuda)
+
+
+class Trainer:
+    """Train `model` by minimising `loss_fn(model, batch, step)` over `dataset`; see the module docstring.
+
+    `evaluate(model) -> dict[str, float]`, if given, runs every `eval_every` steps and at the end,
+    in eval mode under torch.no_grad(); the model is put back in train mode afterwards.
+    """
+
+    def __init__(self, model: nn.Module, loss_fn: Callable[[nn.Module, Any], Any], dataset,
+                 config: TrainConfig | None = None, collate_fn: Callable | None = None,
+                 evaluate: Callable[[nn.Module], dict] | None = None):
+        self.config = cfg = config or TrainConfig()
+        self.rank, self.world_size = get_rank(), get_world_size()
+        n = len(dataset)  # a map-style dataset: the trainer draws its own index order
+        if n == 0:
+            raise ValueError("the training dataset is empty")
+        if self.world_size > 1 and not cfg.drop_last:
+            raise ValueError("training on several processes needs drop_last=True: every process "
+                             "must get a full batch_size share of each global batch")
+        if cfg.drop_last and n < cfg.batch_size * self.world_size:
+            raise ValueError(f"the dataset has {n} samples, fewer than one batch (batch_size="
+                             f"{cfg.batch_size} x {self.world_size} processes) and drop_last=True "
+                             "leaves no batch: lower batch_size or set drop_last=False")
+        self.dataset, self.loss_fn, self.collate_fn = dataset, loss_fn, collate_fn
+        self.evaluate = evaluate
+        self.device = torch.device(cfg.device) if cfg.device else get_device()
+        self.model = model.to(self.device)
+        self._ddp = data_parallel_loss(self.model)  # None in one process; call _ddp(loss_fn, batch, step)
+        self.use_amp = cfg.amp and self.device.type == "cuda"
+        self.amp_dtype = (torch.bfloat16 if self.use_amp and torch.cuda.is_bf16_supported()
+                          else torch.float16)
+        self._build_optimizer()
+        self._reset_progress()
+
+    def _build_optimizer(self) -> None:
+        cfg = self.config
+        self.optimizer = torch.optim.AdamW(param_groups(self.model, cfg.weight_decay), lr=cfg.lr,
+                                           betas=tuple(cfg.betas), eps=cfg.eps)
+        warmup = round(cfg.warmup_fraction * cfg.max_steps)
+        # LambdaLR's step counter = optimizer steps taken, so step 0 runs at lr 0 (as in HF).
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: warmup_linear_decay(s, cfg.max_steps, warmup))
+        # bfloat16 has float32's range, so only float16 needs loss scaling.
+        self.scaler = torch.amp.GradScaler(
+            "cuda", enabled=self.use_amp and self.amp_dtype == torch.float16)
+
+    def _reset_progress(self) -> None:
+        self.step, self.epoch, self.batch_in_epoch = 0, 0, 0  # micro-batches used in this epoch
+        self.history = History()
+        self._window: dict = {"n": 0, "sums": {}, "counts": {}, "lr": 0.0}  # steps not yet logged
+
+    # ---- data -------------------------------------------------------------------------------
+    def _epoch_batches(self, epoch: int) -> list[list[int]]:
+        """This process's slice (rank r: the r-th batch_size rows) of each global batch of batch_size
+        x world_size. Not DistributedSampler, which deals positions r, r + N, ... to rank r: its
+        batches gathered in rank order would permute one process's batch; ours are it, row for row."""
+        cfg, n, size = self.config, len(self.dataset), self.config.batch_size * self.world_size
+        gen = torch.Generator().manual_seed(self._epoch_seed(epoch))
+        order = torch.randperm(n, generator=gen).tolist() if cfg.shuffle else list(range(n))
+        count = n // size if cfg.drop_last else math.ceil(n / size)
+        shard = slice(self.rank * cfg.batch_size, (self.rank + 1) * cfg.batch_size)
+        return [order[i * size:(i + 1) * size][shard] for i in range(count)]
+
+    def _epoch_seed(self, epoch: int) -> int:
+        return (self.config.seed * 1_000_003 + epoch) % (2**63)
+
+    def _micro_batches(self):
+        """Endless stream of batches from (epoch, batch_in_epoch), not loading the skipped ones."""
+        while True:
+            batches = self._epoch_batches(self.epoch)
+            # Our own generator: else each DataLoader iterator draws a seed from the global RNG,
+            # which would shift dropout masks after a resume.
+            gen = torch.Generator().manual_seed(self._epoch_seed(self.epoch))
+            loader = DataLoader(self.dataset, batch_sampler=batches[self.batch_in_epoch:],
+                                collate_fn=self.collate_fn, num_workers=self.config.num_workers,
+                                pin_memory=self.device.type == "cuda", generator=gen)
+            for batch in loader:
+                self.batch_in_epoch += 1
+                if self.batch_in_epoch == len(batches):
+                    self.epoch, self.batch_in_epoch = self.epoch + 1, 0
+                yield move_to_device(batch, self.device)
+
+    # ---- training ---------------------------------------------------------------------------
+    def fit(self, resume: bool = True, stop_after: int | None = None) -> History:
+        """Train to `config.max_steps` and return the history.
+
+        resume: continue from `checkpoint_path` when it exists (a finished run returns at once);
+            False starts afresh from the model's current weights and overwrites the checkpoint.
+        stop_after: stop after this many optimizer steps of this call, saving a checkpoint
+            (simulates an interruption; a later `fit()` continues).
+        """
+        cfg, path = self.config, self.config.checkpoint_path
+        if resume and path and os.path.exists(path):
+            self.load_checkpoint(path)
+            done = self.step >= cfg.max_steps
+            if self.rank == 0:
+                tqdm.write(f"{'Loaded finished run' if done else 'Resumed'} from {path} at step "
+                           f"{self.step}/{cfg.max_steps}" + (" (no training needed)" if done else ""))
+            if done:
+                return self.history
+        elif self.step == 0 or not resume:  # fresh start; else continue the run held in memory
+            if self.step > 0:
+                self._build_optimizer()
+            self._reset_progress()
+            seed_everything(cfg.seed + self.rank)  # other processes: their own dropout masks
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        end = cfg.max_steps if stop_after is None else min(cfg.max_steps, self.step + stop_after)
+        batches = self._micro_batches()
+        bar = tqdm(total=cfg.max_steps, initial=self.step, desc="train",
+                   disable=not cfg.progress or self.rank != 0)
+        try:
+            while self.step < end:
+                self._train_step(batches)
+                bar.update(1)
+                last = self.step == cfg.max_steps
+                if self.step % cfg.log_every == 0 or last:
+                    row = self._log_row()
+                    bar.set_postfix(loss=f"{row['loss']:.4f}", lr=f"{row['lr']:.2e}")
+                evaluates = self.evaluate and self.rank == 0  # the others wait at the next all-reduce
+                if evaluates and ((cfg.eval_every and self.step % cfg.eval_every == 0) or last):
+                    self._run_evaluate()
+                due = cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0
+                if path and due and self.step < end:  # the last one is saved below
+                    self.save_checkpoint(path)
+        finally:
+            bar.close()
+            batches.close()  # shuts down DataLoader workers now, not at garbage collection
+        if path:
+            self.save_checkpoint(path)
+            barrier()  # no process reads the checkpoint before rank 0 has written it
+        return self.history
+
+    def _train_step(self, batches) -> None:
+        cfg, sums = self.config, {}
+        autocast = (torch.autocast("cuda", dtype=self.amp_dtype) if self.use_amp
+                    else contextlib.nullcontext())
+        for micro in range(cfg.grad_accum_steps):
+            batch = next(batches)
+            last = micro == cfg.grad_accum_steps - 1  # DDP all-reduces in the last backward only
+            with self._ddp.no_sync() if self._ddp and not last else contextlib.nullcontext():
+                with autocast:
+                    out = (self._ddp(self.loss_fn, batch, self.step) if self._ddp
+                           else self.loss_fn(self.model, batch, self.step))
+                loss = _checked_loss(out)
+                # Dividing makes the accumulated gradient that of the mean over all micro-batches.
+                self.scaler.scale(loss / cfg.grad_accum_steps).backward()
+            for k, v in (out.items() if isinstance(out, dict) else [("loss", loss)]):
+                # Tensors stay on the device until the step ends: no host sync per micro-batch.
+                scalar_tensor = torch.is_tensor(v) and v.numel() == 1
+                v = v.detach().float().sum() if scalar_tensor else _scalar(v)
+                if v is not None:
+                    sums[k] = sums.get(k, 0.0) + v
+        values = mean_over_ranks({k: float(v) / cfg.grad_accum_steps for k, v in sums.items()},
+                                 self.device)  # every process sees a NaN and stops
+        if not math.isfinite(values["loss"]):
+            raise FloatingPointError(
+                f"loss is {values['loss']} at step {self.step + 1} (epoch {self.epoch}): lower "
+                f"the learning rate (lr={cfg.lr}), keep grad_clip on, and check the inputs for "
+                "NaN/inf or a log/division of zero in loss_fn")
+        if cfg.grad_clip is not None:
+            self.scaler.unscale_(self.optimizer)  # clip the true gradients, not scaled ones
+            norm = nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+            values["grad_norm"] = float(norm)  # before clipping: shows how often clipping bites
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        self.step += 1
+        w = self._window
+        w["n"], w["lr"] = w["n"] + 1, lr
+        for k, v in values.items():  # a key may come only on some steps (one task per batch)
+            w["sums"][k], w["counts"][k] = w["sums"].get(k, 0.0) + v, w["counts"].get(k, 0) + 1
+
+    def _log_row(self) -> dict:
+        w = self._window
+        row = {"step": self.step, "epoch": self.epoch, "lr": w["lr"]}
+        row.update({k: v / w.get("counts", {}).get(k, w["n"]) for k, v in w["sums"].items()})
+        self.history.append(row)
+        self._window = {"n": 0, "sums": {}, "counts": {}, "lr": 0.0}
+        return row
+
+    def _run_evaluate(self) -> None:
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                metrics = self.evaluate(self.model)
+        finally:
+            self.model.train()
+        if not isinstance(metrics, dict):
+            raise TypeError(f"evaluate must return a dict of metrics, got {type(metrics).__name__}")
+        row = {"step": self.step, "eval": True}
+        row.update({k: _scalar(v) for k, v in metrics.items() if _scalar(v) is not None})
+        self.history.append(row)
+
+    # ---- checkpoints ------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """All a resume needs: weights, optimizer, schedule, data position, history, RNGs."""
+        config = dataclasses.asdict(self.config)
+        config["betas"] = tuple(config["betas"])
+        return {"format": TRAINER_FORMAT, "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                "scaler": self.scaler.state_dict(), "step": self.step, "epoch": self.epoch,
+                "batch_in_epoch": self.batch_in_epoch, "history": list(self.history),
+                "window": self._window, "rng": _rng_state(), "config": config}
+
+    def save_checkpoint(self, path: str | None = None) -> None:
+        """Write the trainer state atomically (temporary file, then os.replace), on rank 0 only (the
+        RNG states are rank 0's: other ranks' dropout masks do not resume bit-exactly)."""
+        path = path or self.config.checkpoint_path
+        if not path:
+            raise ValueError("no path given and config.checkpoint_path is None")
+        if self.rank != 0:
+            return
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        torch.save(self.state_dict(), path + ".tmp")
+        os.replace(path + ".tmp", path)  # a crash mid-write never leaves a truncated checkpoint
+
+    def load_checkpoint(self, path: str) -> None:
+        """Restore the trainer state saved by `save_checkpoint` (then `fit()` continues)."""
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        if not isinstance(ckpt, dict) or ckpt.get("format") != TRAINER_FORMAT:
+            raise ValueError(f"{path!r} is not a Trainer checkpoint (use course_lib.core.checkpoints.load_model_weights)")
+        check_model_state(self.model, ckpt["model"], f"checkpoint {path!r}")
+        changed = [k for k in _RESULT_FIELDS if ckpt["config"].get(k) != getattr(self.config, k)
+                   and not (k == "betas" and tuple(ckpt["config"][k]) == tuple(self.config.betas))]
+        if changed:
+            warnings.warn(f"resuming {path!r} with a config that differs in {changed}: the run "
+                          "will not match an uninterrupted one", stacklevel=3)
+        self.model.load_state_dict(ckpt["model"])
+        self.optimizer.load_state_dict(ckpt["optimizer"])
+        self.scheduler.load_state_dict(ckpt["scheduler"])
+        if self.scaler.is_enabled() and ckpt["scaler"]:
+            self.scaler.load_state_dict(ckpt["scaler"])
+        self.step, self.epoch = ckpt["step"], ckpt["epoch"]
+        self.batch_in_epoch = ckpt["batch_in_epoch"]
+        self.history, self._window = History(ckpt["history"]), ckpt["window"]
+        _set_rng_state(ckpt["rng"])  # last, so nothing above consumes random numbers after it

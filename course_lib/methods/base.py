@@ -1,0 +1,378 @@
+"""The Method protocol every benchmark method follows: train once (or load the cached checkpoint),
+then rank.
+
+    fit(bench, tokenizer, cache_dir)            train on bench["train"] or load the cached checkpoint
+    rank(split, direction, top_k, queries=None) -> (indices (Q, k), scores (Q, k)), best first:
+                                                each query's top_k gallery items. "t2i": captions
+                                                query images; "i2t": images query captions. queries
+                                                default to the split's (split.text_queries /
+                                                image_queries: the test items in the full setting)
+    query_fn(split, caption_index, top_k)       a zero-argument callable answering one text query
+                                                (top_k,) image indices: the online cost, timed
+    pairs_per_query(split, direction)           cross-attention pairs scored per query (0 for a dot
+                                                product): what the benchmark's pair budget counts
+    eval_pairs, timed_sizes                     (default, smoke) budgets the benchmark honours
+    notes                                       one line for the results table
+
+Ranking, not a dense (n_images, n_texts) matrix, is the protocol: the full setting's 12k x 60k
+matrix would take 2.9 GB, and recalls need only each query's top K (`metrics.ranks_from_top_k`).
+
+    Method              fit-and-cache: the checkpoint is named by checkpoint_name(...), so a cache
+                        folder never hands back a model trained on other data or with another config
+    DualEncoderMethod   + what every dot-product model shares (VSE++, LightningDOT): the gallery is
+                        embedded once into a FAISS index, a query costs one encoding and a top-k
+    PairwiseMethod      + what every cross-attention scorer shares (SCAN, the cross-encoder): it
+                        implements score_block(split, images, texts) and inherits rank, similarity
+                        and score_pairs (the re-ranker API of course_lib.methods.rerank.Cascade)
+
+Two helpers keep each method's training and serving short: `fit_pairs` is the one training recipe
+(a split's (image, caption) pairs through the Trainer), `Method.cached_states` keeps a gallery's
+offline states (U-BERT's, HiVLP's, Slow's) once per split and model.
+
+The encode_* helpers serve any model with `encode_images(batch)` / `encode_texts(batch)` -> (B, E)
+and a `modality` attribute ("regions" or "pixels", the image field the datasets must provide).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import ClassVar
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import Subset
+from tqdm.auto import tqdm
+
+from course_lib.core.checkpoints import checkpoint_name, inference, model_device
+from course_lib.core.metrics import checked_queries, retrieval_metrics
+from course_lib.core.retrieval import build_index, search
+from course_lib.core.train import History, Trainer, train_config
+from course_lib.data.datasets import (
+    CaptionDataset,
+    ImageDataset,
+    PairCollate,
+    PairDataset,
+    TextCollate,
+    make_loader,
+)
+
+# splits with more items than this get a progress bar while they are encoded
+_PROGRESS_ITEMS = 20_000
+DIRECTIONS = ("t2i", "i2t")
+# pairs a PairwiseMethod scores per score_block call while ranking (memory, not the result)
+_PAIRS_PER_BLOCK = 1 << 20
+# a PairwiseMethod ranking every query of a split this small scores every pair once and keeps the
+# (N, T) matrix (80 MB at most), so the other direction reuses it instead of scoring it again
+_DENSE_PAIRS = 20_000_000
+
+
+def check_direction(direction: str) -> str:
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction must be one of {DIRECTIONS} (t2i: captions query images; i2t: "
+                         f"images query captions), got {direction!r}")
+    return direction
+
+
+def query_indices(split, direction: str, queries=None) -> np.ndarray:
+    """The query indices of a direction: `queries` if given (checked), else the split's own
+    (split.text_queries for t2i, split.image_queries for i2t)."""
+    check_direction(direction)
+    if queries is None:
+        return split.text_queries if direction == "t2i" else split.image_queries
+    return checked_queries(queries, split.n_texts if direction == "t2i" else split.n_images,
+                           f"{direction} queries")
+
+
+def ground_truth(split, direction: str, queries, indices) -> torch.Tensor:
+    """(Q, k) bool: which listed items (indices (Q, k) from rank) are a ground truth of each query."""
+    txt2img = torch.from_numpy(split.txt2img)
+    queries, indices = torch.as_tensor(np.asarray(queries)), torch.as_tensor(np.asarray(indices))
+    if direction == "t2i":
+        return indices == txt2img[queries][:, None]
+    return txt2img[indices] == queries[:, None]
+
+
+def top_k_of(scores: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(indices, scores) of each row's top_k, best first; top_k capped at the row length."""
+    top = torch.topk(scores.float(), min(top_k, scores.shape[1]), dim=1)
+    return top.indices, top.values
+
+
+class Method(ABC):
+    """Base of the benchmark methods. A subclass sets `checkpoint_prefix` (also its default name)
+    and `config_class` (its default config), and implements `train(bench, tokenizer,
+    checkpoint_path, cache_dir) -> (model, history)`, which loads a finished checkpoint at
+    checkpoint_path instead of training (course_lib.core.train.Trainer does)."""
+
+    checkpoint_prefix: ClassVar[str] = "method"
+    config_class: ClassVar[type]
+    # benchmark budgets, (default run, smoke run). eval_pairs: pairs it may score per setting and
+    # direction (None = every query); beyond it, a fixed random sample of queries is ranked.
+    # timed_sizes: the galleries one query is timed on (None = up to each setting's gallery);
+    # bigger galleries are extrapolated linearly from these and starred.
+    eval_pairs: ClassVar[tuple] = (None, None)
+    # the most pairs per setting and direction that `--every-pair` may make it score (None = no limit);
+    # beyond it the method stays on its eval_pairs sample (a model that costs ~an hour per setting)
+    every_pair_limit: ClassVar[int | None] = None
+    timed_sizes: ClassVar[tuple] = (None, None)
+    notes: str = ""
+
+    def __init__(self, config=None, name: str | None = None, progress: bool = True):
+        self.config = config if config is not None else self.config_class()
+        self.name, self.progress = name or self.checkpoint_prefix, progress
+        self.model = self.tokenizer = self.history = self.checkpoint_path = None
+
+    def checkpoint_extra(self) -> tuple:
+        """Anything besides config, data and vocabulary that changes the trained model."""
+        return ()
+
+    def checkpoint_file(self, bench: dict, tokenizer) -> str:
+        """The trained model's file name in cache_dir; a method that trains on more than
+        bench["train"] (LightningDOT's pre-training corpus) overrides it to cover that too."""
+        return checkpoint_name(self.checkpoint_prefix, self.config.to_dict(), bench["train"],
+                               tokenizer, *self.checkpoint_extra())
+
+    def fit(self, bench: dict, tokenizer, cache_dir=None) -> "Method":
+        """Train on bench["train"], or load cache_dir / "<prefix>-<hash>.pt" if it is there."""
+        self.tokenizer, self.checkpoint_path = tokenizer, None
+        if cache_dir is not None:
+            self.checkpoint_path = Path(cache_dir) / self.checkpoint_file(bench, tokenizer)
+        self.model, self.history = self.train(bench, tokenizer, self.checkpoint_path, cache_dir)
+        return self
+
+    @abstractmethod
+    def train(self, bench: dict, tokenizer, checkpoint_path, cache_dir):
+        """Train on bench["train"] (or load a finished checkpoint_path); return (model, history)."""
+
+    def _fitted(self) -> nn.Module:
+        if self.model is None:
+            raise RuntimeError(f"{self.name}: call fit(bench, tokenizer, cache_dir) first")
+        return self.model
+
+    def cached_states(self, split, compute_states):
+        """compute_states(model, split, tokenizer): a gallery's offline states, computed once per split
+        and fitted model and kept until either changes."""
+        cached = getattr(self, "_states", None)  # (split, model, states)
+        if cached is None or cached[0] is not split or cached[1] is not self.model:
+            self._states = (split, self.model, compute_states(self._fitted(), split, self.tokenizer))
+        return self._states[2]
+
+    @abstractmethod
+    def rank(self, split, direction: str, top_k: int, queries=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each query's top_k gallery items: (indices (Q, k) long, scores (Q, k)), best first."""
+
+    @abstractmethod
+    def query_fn(self, split, caption_index: int = 0, top_k: int = 10):
+        """A zero-argument callable answering caption `caption_index` against the split's images:
+        returns (top_k,) image indices, best first. Offline work happens when it is built."""
+
+    def pairs_per_query(self, split, direction: str) -> int:
+        """Cross-attention pairs one query scores (0: a dot-product search)."""
+        return 0
+
+
+# ----------------------------------------------------------------------------- training
+
+def fit_pairs(model: nn.Module, loss_fn, split, tokenizer, config, *, modality: str = "regions",
+              image_size=None, max_text_length: int = 40, evaluate=None, **runtime) -> History:
+    """The course's training recipe: the (image, caption) pairs of `split` (its image `modality`,
+    captions tokenised by PairCollate) through the one Trainer with loss_fn(model, batch, step),
+    config's training fields (core.train.train_config) with `runtime` on top (checkpoint_path,
+    progress, device, log_every, ...). evaluate(model) -> metrics is logged. Returns the History."""
+    pairs = PairDataset(split, modality=modality, image_size=image_size)
+    trainer = Trainer(model, loss_fn, pairs, train_config(config, **runtime),
+                      collate_fn=PairCollate(tokenizer, max_text_length), evaluate=evaluate)
+    return trainer.fit()
+
+
+# ----------------------------------------------------------------------------- dual encoders
+
+def _encode(model: nn.Module, loader, encode_name: str, device, progress: bool) -> torch.Tensor:
+    """Concatenate model.<encode_name>(batch) over a loader under checkpoints.inference (eval mode,
+    no grad, on `device`, None = the model's); the result (n, E) on the CPU."""
+    encode, out = getattr(model, encode_name), []
+    with inference(model, device) as device:
+        for batch in tqdm(loader, desc=encode_name.replace("_", " "), disable=not progress, leave=False):
+            batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
+            out.append(encode(batch).float().cpu())  # (b, E)
+    return torch.cat(out)  # (n, E)
+
+
+def _some(dataset, indices):
+    """The dataset, or only the items at `indices` (in that order)."""
+    return dataset if indices is None else Subset(dataset, [int(i) for i in indices])
+
+
+def encode_gallery(model: nn.Module, split, *, batch_size: int = 256, device=None,
+                   progress: bool | None = None, indices=None) -> torch.Tensor:
+    """(N, E) image embeddings of a split (or of its images at `indices`), on the CPU.
+    progress None = a bar for big splits."""
+    loader = make_loader(_some(ImageDataset(split, modality=model.modality), indices), batch_size)
+    progress = split.n_images > _PROGRESS_ITEMS if progress is None else progress
+    return _encode(model, loader, "encode_images", device, progress)
+
+
+def encode_captions(model: nn.Module, split, tokenizer, *, batch_size: int = 256, device=None,
+                    progress: bool | None = None, indices=None) -> torch.Tensor:
+    """(T, E) caption embeddings of a split (or of its captions at `indices`), on the CPU.
+    progress None = a bar for big splits."""
+    loader = make_loader(_some(CaptionDataset(split), indices), batch_size, tokenizer=tokenizer)
+    progress = split.n_texts > _PROGRESS_ITEMS if progress is None else progress
+    return _encode(model, loader, "encode_texts", device, progress)
+
+
+def encode_split(model: nn.Module, split, tokenizer, *, batch_size: int = 256, device=None,
+                 progress: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(image_emb (N, E), text_emb (T, E)) of a split, on the CPU. progress None = bar for big splits."""
+    kwargs = dict(batch_size=batch_size, device=device, progress=progress)
+    return encode_gallery(model, split, **kwargs), encode_captions(model, split, tokenizer, **kwargs)
+
+
+def retrieval_evaluator(split, score_fn):
+    """The Trainer's `evaluate` hook every method uses: model -> retrieval_metrics of score_fn(model,
+    split) (an (N, T) matrix), over the split's own queries. split None -> None (no evaluation)."""
+    if split is None:
+        return None
+    return lambda model: retrieval_metrics(score_fn(model, split), split.txt2img,
+                                           query_texts=split.query_texts, query_images=split.query_images)
+
+
+def similarity(model: nn.Module, split, tokenizer, **kwargs) -> torch.Tensor:
+    """(N, T) dot products of every image and caption of a split (kwargs: encode_split's)."""
+    image_emb, text_emb = encode_split(model, split, tokenizer, **kwargs)
+    return image_emb @ text_emb.T  # (N, T)
+
+
+class DualEncoderMethod(Method):
+    """A Method whose model scores by a dot product of two independent embeddings."""
+
+    def similarity(self, split) -> torch.Tensor:
+        return similarity(self._fitted(), split, self.tokenizer)  # (N, T)
+
+    def rank(self, split, direction: str, top_k: int, queries=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Exact top_k by dot product through a FAISS index of the gallery side (images for t2i,
+        captions for i2t), so no (N, T) matrix is formed. -> (indices (Q, k), scores (Q, k))"""
+        queries = query_indices(split, direction, queries)
+        model = self._fitted()
+        if len(queries) == 0:
+            return torch.zeros(0, top_k, dtype=torch.long), torch.zeros(0, top_k)
+        if direction == "t2i":  # only the query side's asked items are encoded
+            gallery, asked = encode_gallery(model, split), encode_captions(model, split, self.tokenizer,
+                                                                           indices=queries)
+        else:
+            gallery, asked = encode_captions(model, split, self.tokenizer), encode_gallery(model, split,
+                                                                                            indices=queries)
+        index = build_index(gallery)  # (G, E) exact inner product
+        scores, indices = search(index, asked, min(top_k, len(gallery)))  # (Q, k) each
+        return torch.as_tensor(indices, dtype=torch.long), torch.as_tensor(scores)  # (Q, k) each
+
+    def query_fn(self, split, caption_index: int = 0, top_k: int = 10, index_kind: str = "flat",
+                 with_scores: bool = False):
+        """A zero-argument callable answering one text query: the online cost of retrieval.
+
+        The gallery's image embeddings are computed once, here (offline), into a FAISS index
+        (`index_kind`, exact by default); each call tokenises one caption, runs the text encoder
+        and searches the index. Returns the top_k image indices (top_k,), best first (with
+        with_scores: (indices, scores), which a Cascade that fuses stage scores reads).
+        """
+        model = self._fitted().eval()
+        index = build_index(encode_gallery(model, split), kind=index_kind)  # offline: (N, E)
+        collate, device = TextCollate(self.tokenizer), model_device(model)
+        caption = split.captions[caption_index]
+
+        @torch.no_grad()
+        def answer() -> np.ndarray:
+            batch = {k: v.to(device) for k, v in collate.encode([caption]).items()}  # (1, T)
+            query = model.encode_texts(batch).float().cpu()  # (1, E)
+            scores, indices = search(index, query, top_k)  # (1, top_k) each
+            return (indices[0], scores[0]) if with_scores else indices[0]
+
+        return answer
+
+    def image_query_fn(self, split, image_index: int = 0, top_k: int = 10, index_kind: str = "flat"):
+        """The same for text retrieval: the split's captions are indexed offline, each call encodes
+        one image and searches them. Returns the top_k caption indices (top_k,), best first."""
+        model = self._fitted().eval()
+        index = build_index(encode_captions(model, split, self.tokenizer), kind=index_kind)  # (T, E)
+        image = ImageDataset(split, modality=model.modality)[image_index]
+        device = model_device(model)
+
+        @torch.no_grad()
+        def answer() -> np.ndarray:
+            batch = {k: v[None].to(device) for k, v in image.items() if torch.is_tensor(v)}  # (1, ...)
+            query = model.encode_images(batch).float().cpu()  # (1, E)
+            return search(index, query, top_k)[1][0]  # (top_k,)
+
+        return answer
+
+
+class PairwiseMethod(Method):
+    """A Method that scores (image, caption) pairs jointly: every query meets every gallery item.
+
+    A subclass implements score_block(split, image_indices (n,), text_indices (m,)) -> (n, m)
+    scores; rank, similarity and score_pairs follow. score_pairs is the re-ranker API
+    (course_lib.methods.rerank.Cascade); a subclass with a cheaper pair scorer overrides it.
+    """
+
+    @abstractmethod
+    def score_block(self, split, image_indices, text_indices) -> torch.Tensor:
+        """(n, m) scores of the images image_indices (n,) against the captions text_indices (m,)."""
+
+    def pairs_per_query(self, split, direction: str) -> int:
+        return split.n_images if check_direction(direction) == "t2i" else split.n_texts
+
+    def similarity(self, split) -> torch.Tensor:
+        """(N, T) scores of every pair: small splits only, O(N * T) work."""
+        return self.score_block(split, np.arange(split.n_images), np.arange(split.n_texts))
+
+    _dense: tuple = (None, None, None)  # (split, model, (N, T) scores): see _DENSE_PAIRS
+
+    def rank(self, split, direction: str, top_k: int, queries=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Queries a chunk at a time against the whole gallery, keeping each one's top_k. A small
+        split queried in full is scored once for both directions (_DENSE_PAIRS)."""
+        queries = query_indices(split, direction, queries)
+        everything = np.array_equal(queries, query_indices(split, direction))
+        if self._dense[0] is split and self._dense[1] is self.model:
+            scores = self._dense[2]  # (N, T)
+        elif everything and split.n_images * split.n_texts <= _DENSE_PAIRS:
+            scores = self.similarity(split)  # (N, T), every pair once
+            self._dense = (split, self.model, scores)
+        else:
+            scores = None
+        if scores is not None:
+            q = torch.from_numpy(queries)
+            return top_k_of(scores.T[q] if direction == "t2i" else scores[q], top_k)
+        gallery = np.arange(split.n_images if direction == "t2i" else split.n_texts)
+        per_chunk = max(1, _PAIRS_PER_BLOCK // max(len(gallery), 1))
+        indices, scores = [], []
+        for start in tqdm(range(0, len(queries), per_chunk), desc=f"{self.name} {direction}",
+                          disable=not self.progress or len(queries) <= per_chunk, leave=False):
+            chunk = queries[start:start + per_chunk]
+            block = (self.score_block(split, gallery, chunk).T if direction == "t2i"
+                     else self.score_block(split, chunk, gallery))  # (c, G)
+            i, v = top_k_of(block, top_k)
+            indices.append(i)
+            scores.append(v)
+        return torch.cat(indices), torch.cat(scores)  # (Q, k) each
+
+    def score_pairs(self, split, image_indices, text_indices) -> torch.Tensor:
+        """(P,) scores of the pairs (image_indices[p], text_indices[p]): one score_block per
+        distinct caption, over the images paired with it."""
+        images = torch.as_tensor(np.asarray(image_indices), dtype=torch.long)  # (P,)
+        texts = torch.as_tensor(np.asarray(text_indices), dtype=torch.long)  # (P,)
+        out = torch.empty(len(images))
+        for text in torch.unique(texts).tolist():
+            where = torch.nonzero(texts == text).squeeze(1)
+            out[where] = self.score_block(split, images[where].numpy(), np.array([text]))[:, 0].float()
+        return out
+
+    def pair_scorer(self, split):
+        """score_pairs bound to a split: (image_indices (P,), text_indices (P,)) -> (P,)."""
+        return lambda images, texts: self.score_pairs(split, images, texts)
+
+
+__all__ = ["fit_pairs", "Method", "DualEncoderMethod", "PairwiseMethod", "encode_gallery", "encode_captions",
+           "encode_split", "similarity", "retrieval_evaluator", "query_indices", "ground_truth", "top_k_of", "DIRECTIONS",
+           "check_direction"]

@@ -1,0 +1,428 @@
+"""Training the cross-encoder (course_lib.methods.cross_encoder.model) with image-text matching (ITM) and hard
+negatives, as ALBEF / BLIP.
+
+Two ITM losses (CrossEncoderConfig.loss):
+- "listwise" (`course_lib.methods.cross_encoder.itm`): B captions against every distinct image of the batch, a softmax
+  cross-entropy per caption over the images and per image over the captions (a ranking loss);
+  with itc_weight > 0, ALBEF's image-text contrastive loss on the unimodal features picks which
+  captions of a larger batch form the grid (clusters of look-alike scenes: hard negatives).
+- "binary" (below): one logit per pair thresholded by binary cross-entropy, with random or mined
+  negatives.
+
+What each gave (issue 8 §2), t2i R@1 on val[:300] (300 images, 1500 captions; SCAN 65.2 on the
+same gallery), d=64, 3 layers, one CPU thread:
+    binary, 1 random negative caption + 1 image per positive, B=64, 3000 steps  ~380 CPU-s   43
+    listwise, grid of 16 captions x their images, 3000 steps                     330 CPU-s  43.6
+    listwise, the same with seed 1                                               318 CPU-s  43.1
+    listwise, the same, 8000 steps                                               844 CPU-s  35.5
+    listwise + ITC (weight 1), grid of 16 from a batch of 64 in 2 clusters        352 CPU-s  40.8
+    listwise + ITC, grid of 16 from a batch of 256                               402 CPU-s  39.2
+    listwise, grid of 16, d=96, 3000 steps                                       538 CPU-s  18.3
+    listwise + a SCAN-style score on the outputs (LSE over words of the cosine
+      of each word with its attended region) added to the [CLS] logit            353 CPU-s  21.9
+On the whole test split (1000 images, 5000 captions) the listwise default reaches t2i R@1 20.0,
+i2t 24.3 (binary: 18.6 t2i; SCAN 47.2 t2i, 63.0 i2t; oracle ceiling 55.4): listwise is kept as
+the default for being a little better and cheaper, but no route came near SCAN. Per caption
+family (val[:300]) the cross-encoder trails on the families that name objects (pair 60 vs 73,
+relation 58 vs 87, place 11 vs 37): it checks that a scene holds both named objects less
+reliably than SCAN's word-region attention. More steps raised R@5 (83 -> 88) but not R@1;
+ITC-picked hard grids, a wider model and a SCAN-style readout lowered it. Still untried: SCAN's
+bias at the input (L2-normalised word/region embeddings, a word-region cosine feature per word).
+
+Binary ITM: every positive (image, caption) pair of a batch brings negatives (ALBEF's scheme): a
+negative caption for its image and a negative image for its caption, each labelled 0 (positives 1). A
+negative is "hard" with probability hard_negative_fraction, drawn from the top-k non-matches of a
+dual encoder's similarity on the train split (`mine_negatives`), else uniformly random.
+`dual_encoder_miner(VsePPMethod())` is the miner `CrossEncoderMethod` takes: it trains (or loads)
+VSE++ and hands over its two embedding matrices (`DualEmbeddings`), which `mine_negatives` reads a
+chunk at a time, so the 2 GB train-split matrix is never formed. Hard negatives teach what random
+ones cannot: two scenes that share most objects differ in the one attribute or relation the
+caption names, and only a negative like that asks the model to look at it.
+
+Two more knobs, both off by default unless CrossEncoderConfig says otherwise:
+- hard_negative_after: a first share of the steps with random negatives only. A model from
+  scratch first has to learn that words and regions should agree at all; random negatives teach
+  that in ~250 steps, mined ones from the start delayed it past step 500 (or past 1500 at 50%
+  hard) in our runs.
+- online_candidates: draw c negatives per slot and train on the one the current model scores
+  highest (`keep_hardest`), the model's own hard-negative mining, at the price of scoring c times
+  as many negative pairs (without gradient).
+
+Our captions name two objects of a scene of four or five, so a mined "negative" is often true of
+its pair: on the default train split 10% of a VSE++ top-16 (vs 0.5% of random pairs) satisfy the
+caption (course_lib.data.captions.satisfies). They are labelled negative all the same, as in
+ALBEF; it is one reason why hard negatives help less here than in the papers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from course_lib.core.checkpoints import finished_checkpoint
+from course_lib.core.train import History, Trainer, train_config
+from course_lib.data.datasets import (
+    IMAGE_KEYS,
+    CaptionDataset,
+    TextCollate,
+    image_fields,
+    text_fields,
+)
+from course_lib.methods.base import PairwiseMethod
+from course_lib.methods.cross_encoder.itm import (
+    GridCollate,
+    itc_itm_loss,
+    listwise_itm_loss,
+)
+from course_lib.methods.cross_encoder.model import (
+    CrossEncoder,
+    CrossEncoderConfig,
+    score_index_pairs,
+    score_matrix,
+    score_pairs,
+)
+from course_lib.methods.registry import register_method
+
+_ROWS_PER_CHUNK = 1024  # rows of the similarity matrix masked at once while mining
+
+
+@dataclass
+class MinedNegatives:
+    """Per text its top-k non-matching images, per image its top-k captions of other images."""
+
+    images_for_text: torch.Tensor  # (n_texts, k) long, most similar first
+    texts_for_image: torch.Tensor  # (n_images, k) long, most similar first
+
+
+@dataclass
+class DualEmbeddings:
+    """A dual encoder's similarity matrix kept factored: image_emb @ text_emb.T, never formed.
+
+    The default train split's full matrix is 10k x 50k float32 = 2 GB; the two factors are 15 MB,
+    and `mine_negatives` reads them a chunk of rows at a time."""
+
+    image_emb: torch.Tensor  # (n_images, E)
+    text_emb: torch.Tensor  # (n_texts, E)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return len(self.image_emb), len(self.text_emb)  # (n_images, n_texts), as the matrix's
+
+
+def _top_k_excluding(rows: Callable[[int, int], torch.Tensor], n_rows: int,
+                     is_match: Callable[[int, int], torch.Tensor], k: int) -> torch.Tensor:
+    """Per row of a (n_rows, m) score matrix the k best columns that are not a match, chunk by
+    chunk: rows(start, stop) gives the (stop - start, m) scores of those rows. -> (n_rows, k)"""
+    out = []
+    for start in range(0, n_rows, _ROWS_PER_CHUNK):
+        stop = min(start + _ROWS_PER_CHUNK, n_rows)
+        block = rows(start, stop).float().masked_fill(is_match(start, stop), float("-inf"))
+        out.append(block.topk(k, dim=1).indices)
+    return torch.cat(out)
+
+
+def _as_cpu_tensor(x) -> torch.Tensor:
+    return x.detach().cpu() if torch.is_tensor(x) else torch.from_numpy(np.asarray(x))
+
+
+def mine_negatives(similarity, txt2img, k: int = 16) -> MinedNegatives:
+    """Hard-negative candidates from a dual encoder's similarity matrix (n_images, n_texts), or
+    from its two embedding matrices (a `DualEmbeddings`: see `mine_negatives_from_embeddings`).
+
+    A text's own image and an image's own captions are never candidates. The lists are sampled
+    afresh at every step (`ITMCollate`), so a caption meets several of its hard negatives, not one
+    fixed one. As in ALBEF, a mined "non-match" may still be true of the pair (our captions
+    describe only part of a scene); it is labelled negative all the same.
+    """
+    if isinstance(similarity, DualEmbeddings):
+        return mine_negatives_from_embeddings(similarity.image_emb, similarity.text_emb, txt2img, k)
+    sims = _as_cpu_tensor(similarity)  # (N, T)
+    return _mine(lambda a, b: sims.T[a:b], lambda a, b: sims[a:b], sims.shape, txt2img, k)
+
+
+def mine_negatives_from_embeddings(image_emb, text_emb, txt2img, k: int = 16) -> MinedNegatives:
+    """`mine_negatives` of the matrix image_emb @ text_emb.T without forming it: each chunk of
+    rows is one matrix product, so memory is a chunk (1024 x 50k floats = 200 MB at most on the
+    default train split), not the 2 GB matrix. image_emb (N, E), text_emb (T, E)."""
+    image_emb, text_emb = _as_cpu_tensor(image_emb).float(), _as_cpu_tensor(text_emb).float()
+    return _mine(lambda a, b: text_emb[a:b] @ image_emb.T,  # (b - a, N): texts against images
+                 lambda a, b: image_emb[a:b] @ text_emb.T,  # (b - a, T): images against texts
+                 (len(image_emb), len(text_emb)), txt2img, k)
+
+
+def _mine(text_rows, image_rows, shape, txt2img, k: int) -> MinedNegatives:
+    """The mining both entry points share: text_rows(a, b) (b - a, N) and image_rows(a, b)
+    (b - a, T) give rows of the similarity's transpose and of the similarity itself."""
+    txt2img = torch.as_tensor(np.asarray(txt2img), dtype=torch.long)  # (T,)
+    n_images, n_texts = shape
+    if len(txt2img) != n_texts:
+        raise ValueError(f"txt2img has {len(txt2img)} captions but the similarity {n_texts}")
+    own_count = int(torch.bincount(txt2img, minlength=n_images).max())
+    if not 1 <= k <= min(n_images - 1, n_texts - own_count):
+        raise ValueError(f"k={k} must be in [1, {min(n_images - 1, n_texts - own_count)}]: there are "
+                         f"only {n_images} images and {n_texts} captions")
+    image_ids = torch.arange(n_images)
+    images_for_text = _top_k_excluding(  # rows = texts; a text's own image is masked
+        text_rows, n_texts, lambda a, b: image_ids[None, :] == txt2img[a:b, None], k)
+    texts_for_image = _top_k_excluding(  # rows = images; every caption of the image is masked
+        image_rows, n_images, lambda a, b: txt2img[None, :] == image_ids[a:b, None], k)
+    return MinedNegatives(images_for_text, texts_for_image)
+
+
+def dual_encoder_miner(dual_method) -> Callable:
+    """The `miner(bench, tokenizer, cache_dir)` that `CrossEncoderMethod` takes, from a dual
+    encoder method (anything with fit(bench, tokenizer, cache_dir) and similarity(split), e.g.
+    `VsePPMethod()`): it fits the method (or loads it from cache_dir) and returns its train-split
+    similarity for `mine_negatives`. A VSE++ `DualEncoder` gives its two embedding matrices
+    (`DualEmbeddings`, same ranking, 15 MB instead of the 2 GB matrix); any other method its
+    `similarity(bench["train"])`.
+    """
+    from course_lib.methods.vsepp import DualEncoder, encode_split
+
+    def miner(bench, tokenizer, cache_dir=None):
+        dual_method.fit(bench, tokenizer, cache_dir)
+        split = bench["train"]
+        model = getattr(dual_method, "model", None)
+        if isinstance(model, DualEncoder) and getattr(dual_method, "tokenizer", None) is not None:
+            return DualEmbeddings(*encode_split(model, split, dual_method.tokenizer))
+        return dual_method.similarity(split)  # (n_images, n_texts)
+
+    # CrossEncoderMethod names its checkpoint after the miner's __qualname__: another dual
+    # encoder (or config) must give another cross-encoder checkpoint
+    miner.__qualname__ = (f"dual_encoder_miner({type(dual_method).__name__}, "
+                          f"{getattr(dual_method, 'config', None)!r})")
+    return miner
+
+
+class ITMCollate:
+    """CaptionDataset items (the positives' captions) -> ITM pairs with their labels.
+
+    For B positives and n = negatives_per_positive the batch holds B * (1 + 2n) pairs, in order:
+    the B positives, their images with n * B negative captions, their captions with n * B negative
+    images. Output: {"images": regions/boxes/region_mask (P, ...), "texts": input_ids,
+    attention_mask (P, T), "labels": (P,) float, 1 = match, "img_index", "txt_index": (P,) the
+    split's rows of each pair}. Sampling uses torch's global RNG, which the Trainer checkpoints,
+    so an interrupted run resumes with the same negatives.
+
+    A negative caption (random or hard) may still be true of the image, since our captions name
+    two objects of a scene of four or five. ALBEF ignores this, and so do we: about 0.5% of random
+    (caption, other image) pairs are true on the default train split; mined ones, chosen for
+    being similar, will be true more often.
+    """
+
+    def __init__(self, split, tokenizer, max_length: int, negatives_per_positive: int = 1,
+                 hard_fraction: float = 0.5, mined: MinedNegatives | None = None,
+                 candidates: int = 1, hard_after_steps: int = 0,
+                 step: Callable[[], int] | None = None):
+        self.captions = split.captions
+        self.images = image_fields(split)  # (N, R, ...) views, no copy
+        self.txt2img = torch.from_numpy(split.txt2img)  # (T,)
+        self.text_collate = TextCollate(tokenizer, max_length)
+        self.n = negatives_per_positive
+        self.hard_fraction = hard_fraction if mined is not None else 0.0
+        self.mined = mined
+        if candidates < 1:
+            raise ValueError(f"candidates={candidates} must be >= 1")
+        self.candidates = candidates
+        # random negatives only while step() < hard_after_steps: see CrossEncoderConfig
+        self.hard_after_steps, self.step = hard_after_steps, step or (lambda: 0)
+
+    def current_hard_fraction(self) -> float:
+        return 0.0 if self.step() < self.hard_after_steps else self.hard_fraction
+
+    def negative_images(self, texts: torch.Tensor) -> torch.Tensor:
+        """One image per caption index, never the caption's own. (P,) -> (P,)"""
+        n_images = len(self.images["regions"])
+        shift = torch.randint(1, n_images, texts.shape)  # uniform over the other images
+        images = (self.txt2img[texts] + shift) % n_images
+        hard = torch.rand(texts.shape) < self.current_hard_fraction()
+        if hard.any():
+            pool = self.mined.images_for_text[texts[hard]]  # (h, k)
+            images[hard] = pool[torch.arange(len(pool)), torch.randint(pool.shape[1], (len(pool),))]
+        return images
+
+    def negative_texts(self, images: torch.Tensor) -> torch.Tensor:
+        """One caption per image index, never one of the image's own. (P,) -> (P,)"""
+        texts = torch.randint(len(self.captions), images.shape)
+        while (own := self.txt2img[texts] == images).any():  # redraw the few own captions
+            texts[own] = torch.randint(len(self.captions), (int(own.sum()),))
+        hard = torch.rand(images.shape) < self.current_hard_fraction()
+        if hard.any():
+            pool = self.mined.texts_for_image[images[hard]]  # (h, k)
+            texts[hard] = pool[torch.arange(len(pool)), torch.randint(pool.shape[1], (len(pool),))]
+        return texts
+
+    def __call__(self, items: list[dict]) -> dict:
+        texts = torch.tensor([item["index"] for item in items], dtype=torch.long)  # (B,)
+        images = self.txt2img[texts]  # (B,)
+        m = self.n * self.candidates  # negatives drawn per positive and side: (mB,) below
+        repeated_images, repeated_texts = images.repeat(m), texts.repeat(m)  # (mB,)
+        image_rows = torch.cat([images, repeated_images, self.negative_images(repeated_texts)])
+        text_rows = torch.cat([texts, self.negative_texts(repeated_images), repeated_texts])
+        labels = torch.zeros(len(image_rows))
+        labels[:len(texts)] = 1.0
+        return {"images": {k: self.images[k][image_rows] for k in IMAGE_KEYS},
+                "texts": self.text_collate.encode([self.captions[t] for t in text_rows.tolist()]),
+                "labels": labels, "img_index": image_rows, "txt_index": text_rows,
+                "candidates": self.candidates}
+
+
+def keep_hardest(model: CrossEncoder, batch: dict) -> dict:
+    """An ITMCollate batch drawn with `candidates` = c > 1 -> the batch of c = 1 whose every negative
+    is the highest-scoring (by the model as it is now, no gradient) of its c candidates.
+
+    Candidates of one slot sit nB apart (ITMCollate repeats the B positives c * n times), so each
+    side's (c * nB,) block reshapes to (c, nB). The scoring pass costs about a third of a training
+    pass per pair; it is the online hard-negative step that ALBEF does with in-batch similarities.
+    """
+    c = int(batch.get("candidates", 1))
+    if c == 1:
+        return batch
+    labels = batch["labels"]  # (B + 2 * c * nB,)
+    B = int(labels.sum())
+    cnB = (len(labels) - B) // 2  # candidates per side
+    negatives = torch.arange(B, len(labels), device=labels.device)  # (2 * c * nB,)
+    with torch.no_grad():
+        scores = model({k: v[negatives] for k, v in batch["images"].items()},
+                       {k: v[negatives] for k, v in batch["texts"].items()})  # (2 * c * nB,)
+    nB = cnB // c
+    keep = [torch.arange(B, device=labels.device)]
+    for side in range(2):  # negative captions, then negative images
+        block = scores[side * cnB:(side + 1) * cnB].view(c, nB)
+        best = block.argmax(0) * nB + torch.arange(nB, device=labels.device)  # (nB,) in the block
+        keep.append(B + side * cnB + best)
+    keep = torch.cat(keep)  # (B + 2 * nB,)
+    pick = lambda fields: {k: v[keep] for k, v in fields.items()}  # noqa: E731
+    return {"images": pick(batch["images"]), "texts": pick(batch["texts"]), "labels": labels[keep],
+            "img_index": batch["img_index"][keep], "txt_index": batch["txt_index"][keep],
+            "candidates": 1}
+
+
+def itm_loss(model: CrossEncoder, batch: dict, step: int = 0, balance_classes: bool = True) -> dict:
+    """Binary cross-entropy of the matching logits, and the pair accuracy at threshold 0.
+    balance_classes: weigh positives by (#negatives / #positives), so both classes count alike."""
+    batch = keep_hardest(model, batch)  # a no-op unless negatives were drawn with candidates > 1
+    logits = model(batch["images"], batch["texts"])  # (P,)
+    labels = batch["labels"]  # (P,)
+    positive_weight = (labels == 0).sum() / (labels == 1).sum() if balance_classes else None
+    loss = F.binary_cross_entropy_with_logits(logits, labels, pos_weight=positive_weight)
+    accuracy = ((logits > 0).float() == labels).float().mean()
+    return {"loss": loss, "accuracy": accuracy}
+
+
+def train_cross_encoder(bench, tokenizer, config: CrossEncoderConfig | None = None, *,
+                        negatives_similarity=None, checkpoint_path=None, progress: bool = True,
+                        device: str | None = None) -> tuple[CrossEncoder, History]:
+    """Train on bench["train"] with ITM. negatives_similarity (n_images, n_texts): a dual
+    encoder's train-split scores to mine hard negatives from; None = all negatives random.
+    A finished checkpoint at checkpoint_path is loaded instead of training (Trainer's cache)."""
+    cfg = config or CrossEncoderConfig()
+    split = bench["train"]
+    torch.manual_seed(cfg.seed)  # the initial weights
+    model = CrossEncoder(split.regions.shape[-1], len(tokenizer), cfg,
+                         pad_token_id=tokenizer.pad_token_id)
+    trainer = None  # the collate reads trainer.step (the resumed one after a restart)
+    if cfg.loss == "listwise":
+        collate = GridCollate(split, tokenizer, cfg.max_text_length)
+        loss_fn = (partial(itc_itm_loss, grid_size=cfg.grid_size, clusters=cfg.grid_clusters,
+                           itc_weight=cfg.itc_weight) if cfg.itc_weight > 0 else listwise_itm_loss)
+    elif cfg.loss == "binary":
+        mined = (None if negatives_similarity is None
+                 else mine_negatives(negatives_similarity, split.txt2img, cfg.hard_negative_k))
+        collate = ITMCollate(split, tokenizer, cfg.max_text_length, cfg.negatives_per_positive,
+                             cfg.hard_negative_fraction, mined, cfg.online_candidates,
+                             hard_after_steps=round(cfg.hard_negative_after * cfg.max_steps),
+                             step=lambda: trainer.step)
+        loss_fn = partial(itm_loss, balance_classes=cfg.balance_classes)
+    else:
+        raise ValueError(f"loss={cfg.loss!r}: 'listwise' or 'binary'")
+    train = train_config(cfg, log_every=max(1, cfg.max_steps // 100), progress=progress,
+                         device=device, checkpoint_path=checkpoint_path)
+    trainer = Trainer(model, loss_fn, CaptionDataset(split), train, collate_fn=collate)
+    history = trainer.fit()
+    return model.eval(), history
+
+
+# ----------------------------------------------------------------------------- the method
+
+class CrossEncoderMethod(PairwiseMethod):
+    """The cross-encoder as a benchmark method: it scores every (image, caption) pair.
+
+    miner: optional `(bench, tokenizer, cache_dir) -> train similarity` for hard negatives, e.g.
+    `dual_encoder_miner(VsePPMethod())`, which trains (or loads from
+    cache_dir) VSE++ and returns its train-split embeddings; it is called only when a model must
+    be trained, and only when config.loss == "binary" and config.hard_negative_fraction > 0.
+    Without one, every negative is random (or the batch's own, with the listwise loss).
+    """
+
+    checkpoint_prefix = "cross_encoder"
+    config_class = CrossEncoderConfig
+    # ~10k pairs/s on one CPU thread: 600k pairs = 600 t2i queries of test, about a minute
+    eval_pairs = (600_000, 20_000)
+    # one query against 5k images takes about 0.4 s on one CPU thread; bigger galleries extrapolate
+    timed_sizes = ((1_000, 2_500, 5_000), (25, 50, 100))
+
+    def __init__(self, config: CrossEncoderConfig | None = None, name: str = "cross_encoder",
+                 miner: Callable | None = None, progress: bool = True):
+        super().__init__(config, name, progress)
+        self.miner = miner
+        cfg = self.config
+        negatives = ("hard negatives mined by a dual encoder" if self._mines()
+                     else "in-batch negatives (listwise)" if cfg.loss == "listwise"
+                     else "random negatives")
+        self.notes = (f"single-stream cross-encoder ({cfg.layers} layers, d={cfg.hidden}), ITM with "
+                      f"{negatives}; scores every pair, so cost grows with the gallery")
+
+    def _mines(self) -> bool:
+        """Mined negatives are drawn by the binary ITM loss only."""
+        cfg = self.config
+        return self.miner is not None and cfg.loss == "binary" and cfg.hard_negative_fraction > 0
+
+    def checkpoint_extra(self) -> tuple:
+        return (getattr(self.miner, "__qualname__", None),)
+
+    def train(self, bench, tokenizer, checkpoint_path, cache_dir):
+        sims = None
+        if self._mines() and not finished_checkpoint(checkpoint_path, self.config.max_steps):
+            sims = self.miner(bench, tokenizer, cache_dir)  # only needed to train (or resume)
+        return train_cross_encoder(bench, tokenizer, self.config, negatives_similarity=sims,
+                                   checkpoint_path=checkpoint_path, progress=self.progress)
+
+    def score_block(self, split, image_indices, text_indices) -> torch.Tensor:
+        """(n, m) logits of the chosen images against the chosen captions: n * m forward passes."""
+        return score_matrix(self._fitted(), split, self.tokenizer, image_indices, text_indices,
+                            progress=False)
+
+    def score_pairs(self, split, image_indices, text_indices) -> torch.Tensor:
+        """(P,) logits of the pairs (image_indices[p], text_indices[p]): the re-ranker API."""
+        return score_index_pairs(self._fitted(), split, self.tokenizer, image_indices, text_indices)
+
+    def similarity(self, split) -> torch.Tensor:
+        """(n_images, n_texts) logits of every pair: O(n_images * n_texts) forward passes."""
+        return score_matrix(self._fitted(), split, self.tokenizer, progress=self.progress)
+
+    def query_fn(self, split, caption_index: int = 0, top_k: int = 10):
+        """A zero-argument callable answering one text query: score it with every gallery image."""
+        model = self._fitted()
+        gallery = image_fields(split)  # the regions are ready offline; the pairs are not
+        caption = split.captions[caption_index]
+        cut = self.config.max_text_length
+
+        def answer() -> np.ndarray:
+            text = text_fields([caption], self.tokenizer, cut)  # (1, T)
+            n = split.n_images
+            texts = {k: v.expand(n, -1) for k, v in text.items()}  # (n, T) views
+            scores = score_pairs(model, gallery, texts)  # (n,)
+            return torch.topk(scores, min(top_k, n)).indices.numpy()
+
+        return answer
+
+
+@register_method("cross_encoder", order=2.5)
+def _cross_encoder(build) -> CrossEncoderMethod:
+    return CrossEncoderMethod(build.config(CrossEncoderConfig), miner=dual_encoder_miner(build.method("vsepp")))

@@ -1,0 +1,247 @@
+"""The single-stream cross-encoder (UNITER-style): one transformer reads a caption and an image
+together and outputs one matching score (U-BERT §3, eq. 2-5). It is the accurate but slow
+"re-ranker" of the course: LightningDOT, U-BERT and Fast & Slow re-score their top candidates
+with it (`rerank_scores`), and `score_matrix` scores every pair, which costs O(n_images * n_texts)
+forward passes instead of a dual encoder's O(n_images + n_texts).
+
+    text  [CLS] w1 .. wT [SEP]  ->  word + position + type(0) embeddings, LayerNorm
+    image r1 .. rR              ->  RegionEmbedding: LN(Linear(feature)) + LN(Linear(box)),
+                                    + type(1), LayerNorm
+    [text ; image]              ->  one pre-LN `blocks.Transformer`, one padding mask
+    [CLS] output                ->  Linear  ->  one matching logit per pair
+
+The blocks are the course's shared ones (`course_lib.core.blocks`, the same computation as torch's
+`nn.TransformerEncoderLayer(norm_first=True)`). The logit is the ranking score. By default it is
+trained listwise (`course_lib.methods.cross_encoder.itm`: per caption a softmax over the batch's images, per image over
+its captions); binary cross-entropy ITM (UNITER's 2-way softmax with its redundant output dropped:
+softmax over two logits = sigmoid of their difference) remains as loss="binary", the loss that
+takes mined hard negatives. `unimodal` gives ALBEF-style features before fusion for the optional
+contrastive (ITC) loss. Training, and `CrossEncoderMethod` (the benchmark's method), live in
+`course_lib.methods.cross_encoder.method`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, ClassVar
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from course_lib.core.blocks import JointEmbedding, Transformer, masked_mean
+from course_lib.core.checkpoints import inference
+from course_lib.core.settings import CourseConfig
+from course_lib.core.train import move_to_device
+from course_lib.data.datasets import IMAGE_KEYS, image_fields, text_fields
+
+TEXT_KEYS = ("input_ids", "attention_mask")  # the text fields the model reads
+# Pairs scored per forward pass. 256 pairs (~5k tokens) keep a block's activations in cache: on
+# the course's 2-core CPU (1 thread) 9.5k pairs/s, against 7k at 1024; on a GPU pass 4096 or more.
+BLOCK_PAIRS = 256
+
+
+@dataclass
+class CrossEncoderConfig(CourseConfig):
+    # width of every token (text and region) in the transformer; a wider model learned slower in
+    # our runs (docs/tuning_notes.md)
+    hidden: int = 64
+    layers: int = 3  # transformer blocks over the joint sequence (U-BERT's L)
+    heads: int = 4  # attention heads per block
+    dropout: float = 0.0  # on the embeddings and inside the blocks; 0.1 (BERT's) delayed learning
+    #                       in our runs, and fresh negatives every step leave little to overfit
+    # "listwise": every caption of a batch against every image of it, softmax cross-entropy both
+    # ways (course_lib.methods.cross_encoder.itm); "binary": ITM's per-pair BCE with the negatives below. Listwise
+    # matched binary in less CPU time and scored higher on the whole test split (docs/tuning_notes.md)
+    loss: str = "listwise"
+    # listwise only: weight of ALBEF's contrastive loss (ITC) on the unimodal features, which then
+    # picks the grid (grid_size captions of the batch in grid_clusters look-alike groups). 0 = off:
+    # with weight 1 it scored lower than without ITC in our runs (docs/tuning_notes.md)
+    itc_weight: float = 0.0
+    grid_size: int = 16  # with ITC: captions in the scored grid (16 x their images = 256 pairs)
+    grid_clusters: int = 2  # with ITC: look-alike groups in the grid (2 of 8)
+    max_text_length: int = 40  # tokens per caption incl. [CLS] and [SEP]; longer ones are cut
+    # the rest are for loss="binary" (mined negatives need it: the listwise grid has no miner)
+    negatives_per_positive: int = 1  # per positive: this many negative captions for its image
+    #                                  and as many negative images for its caption (ALBEF: 1 each)
+    # chance a negative comes from the miner's top-k, else random. 0 (was 0.5): negatives mined
+    # from VSE++ HURT in every run on the default benchmark (docs/tuning_notes.md); set it > 0
+    # with a miner to show that lesson (cross_encoder_train's docstring)
+    hard_negative_fraction: float = 0.0
+    hard_negative_k: int = 16  # a hard negative is drawn from the dual encoder's top-k non-matches
+    hard_negative_after: float = 0.0  # share of max_steps with random negatives only, then the
+    #                                   hard fraction (0.2 let mined-negative runs start learning)
+    online_candidates: int = 1  # draw this many negatives per slot and train on the one the model
+    #                             scores highest; 1 = off (more candidates learned less in the
+    #                             same CPU time in our runs: docs/tuning_notes.md)
+    balance_classes: bool = True  # weigh each positive as its 2n negatives in the loss: without
+    #                               it the model first learns "always no" and lingers there
+    # captions per step. listwise: the grid is 16 x 16 = 256 pairs, 15 negatives a side;
+    # binary (use 64): a step scores batch_size * (1 + 2n) pairs
+    batch_size: int = 16
+    lr: float = 2e-3  # peak AdamW learning rate (a small model from scratch tolerates a large one)
+    # optimizer steps: listwise 3000 fits a few CPU minutes; more steps raised R@5 but lowered
+    # R@1 (binary also needs about 3000: fewer learned far less). Runs: docs/tuning_notes.md
+    max_steps: int = 3000
+    warmup_fraction: float = 0.1  # share of max_steps with a linear warm-up
+    grad_clip: float = 2.0  # max global gradient norm
+    seed: int = 0  # model initialisation, data order and negative sampling
+
+    # smoke(): tiny training, same code path
+    SMOKE: ClassVar[dict] = dict(hidden=32, layers=2, batch_size=12, max_steps=60)
+
+
+class CrossEncoder(JointEmbedding):
+    """Caption and regions in one transformer; forward(images, texts) -> logits (B,) for B pairs.
+
+    images: `regions` (B, R, D), `boxes` (B, R, 7), `region_mask` (B, R) as collate_images makes
+    them; texts: `input_ids`, `attention_mask` (B, T) from the word tokenizer ([CLS] w.. [SEP]).
+    Padded words and padded region slots are masked out of attention, so padding changes nothing.
+    Built from the course's shared blocks (`course_lib.core.blocks`): `RegionEmbedding` for the regions,
+    `Transformer` (pre-LN blocks and a final LayerNorm) over the joint sequence.
+    pad_token_id: the tokenizer's padding id (`tokenizer.pad_token_id`), whose embedding is zero.
+    With config.itc_weight > 0 it also has ALBEF's contrastive heads: `unimodal(images, texts)`.
+    """
+
+    def __init__(self, region_dim: int, vocab_size: int, config: CrossEncoderConfig | None = None,
+                 box_dim: int = 7, pad_token_id: int = 0):
+        cfg = config or CrossEncoderConfig()
+        H = cfg.hidden
+        super().__init__(region_dim, vocab_size, H, cfg.max_text_length, box_dim, pad_token_id)
+        self.config = cfg
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.transformer = Transformer(H, cfg.layers, cfg.heads, cfg.dropout)  # ends in a LayerNorm
+        self.head = nn.Linear(H, 1)  # s(T, I) = FC([CLS] output), U-BERT eq. 5
+        if cfg.itc_weight > 0:  # ALBEF's contrastive heads on the unimodal features (`unimodal`)
+            self.itc_image, self.itc_text = nn.Linear(H, H), nn.Linear(H, H)
+            self.itc_log_scale = nn.Parameter(torch.tensor(math.log(1 / 0.07)))  # ALBEF's temperature
+        self._init_tables()
+
+    def forward(self, images: dict, texts: dict) -> torch.Tensor:
+        text_mask = texts["attention_mask"].bool()  # (B, T)
+        region_mask = images["region_mask"].bool()  # (B, R)
+        x = torch.cat([self.embed_text(texts), self.embed_image(images)], dim=1)  # (B, T + R, H)
+        mask = torch.cat([text_mask, region_mask], dim=1)  # (B, T + R), True = real
+        h = self.transformer(self.dropout(x), mask)  # (B, T + R, H)
+        return self.head(h[:, 0]).squeeze(-1)  # (B,)
+
+    def unimodal(self, images: dict, texts: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """ALBEF's unimodal features, here the embeddings before fusion: masked mean of each side's
+        embeddings, a Linear, L2-normalised. -> image (N, H), text (B, H); any N and B: the
+        image-text contrastive (ITC) loss compares every image with every text."""
+        image = self.itc_image(masked_mean(self.embed_image(images), images["region_mask"]))
+        text = self.itc_text(masked_mean(self.embed_text(texts), texts["attention_mask"]))
+        return F.normalize(image, dim=-1), F.normalize(text, dim=-1)
+
+
+# ----------------------------------------------------------------------------- scoring
+
+def _trim(texts: dict) -> dict:
+    """Cut the padding columns every row has (right padding): less work, same logits."""
+    length = int(texts["attention_mask"].sum(1).max())
+    return {k: v[:, :length] for k, v in texts.items()}
+
+
+def _score_indexed(model: CrossEncoder, images: dict, texts: dict, n_pairs: int,
+                   pair_rows: Callable[[int, int], tuple[torch.Tensor, torch.Tensor]], *,
+                   batch_size: int, device=None, progress: bool = False) -> torch.Tensor:
+    """The one scoring loop: pairs start..stop are (images row, texts row) = pair_rows(start, stop);
+    they are gathered block by block, so memory grows with batch_size, not n_pairs. -> (n_pairs,)"""
+    scores = torch.empty(n_pairs)
+    bar = tqdm(total=n_pairs, desc="cross-encoder pairs", unit="pair", unit_scale=True,
+               disable=not progress)
+    with inference(model, device) as device:  # eval mode, no grad; the mode is restored after
+        for start in range(0, n_pairs, batch_size):
+            stop = min(start + batch_size, n_pairs)
+            image_rows, text_rows = pair_rows(start, stop)  # (b,), (b,)
+            block_images = {k: images[k][image_rows] for k in IMAGE_KEYS}
+            block_texts = _trim({k: texts[k][text_rows] for k in TEXT_KEYS})
+            logits = model(move_to_device(block_images, device), move_to_device(block_texts, device))
+            scores[start:stop] = logits.float().cpu()
+            bar.update(stop - start)
+    bar.close()
+    return scores
+
+
+def score_pairs(model: CrossEncoder, images: dict, texts: dict, *, batch_size: int = BLOCK_PAIRS,
+                device=None) -> torch.Tensor:
+    """Logits (P,) of P aligned pairs: images[k] (P, ...) with texts[k] (P, T), in eval mode.
+    device: None = the model's device, else the model is moved there."""
+    n = len(texts["input_ids"])
+    if len(images["regions"]) != n:
+        raise ValueError(f"{len(images['regions'])} images but {n} texts: pairs must be aligned")
+    rows = lambda start, stop: (torch.arange(start, stop),) * 2  # noqa: E731
+    return _score_indexed(model, images, texts, n, rows, batch_size=batch_size, device=device)
+
+
+def _indices(given, n: int) -> torch.Tensor:
+    return torch.arange(n) if given is None else torch.as_tensor(np.asarray(given), dtype=torch.long)
+
+
+def score_matrix(model: CrossEncoder, split, tokenizer, image_indices=None, text_indices=None, *,
+                 batch_size: int = BLOCK_PAIRS, device=None, progress: bool = True) -> torch.Tensor:
+    """Every chosen image against every chosen text (all by default): (n_img, n_txt) logits.
+
+    Captions are tokenised once and the regions read as views once; pairs are expanded per block
+    (text-major: one block holds consecutive images of the same few texts, as in a t2i query).
+    """
+    images = _indices(image_indices, split.n_images)  # (n_img,) rows of the split
+    text_ids = _indices(text_indices, split.n_texts)  # (n_txt,)
+    texts = text_fields([split.captions[t] for t in text_ids.tolist()], tokenizer,
+                        model.config.max_text_length)
+    n_img, n_txt = len(images), len(text_ids)
+
+    def rows(start, stop):
+        pair = torch.arange(start, stop)
+        return images[pair % n_img], pair // n_img
+
+    scores = _score_indexed(model, image_fields(split), texts, n_img * n_txt, rows,
+                            batch_size=batch_size, device=device, progress=progress)
+    return scores.view(n_txt, n_img).T.contiguous()  # (n_img, n_txt)
+
+
+def score_index_pairs(model: CrossEncoder, split, tokenizer, image_indices, text_indices, *,
+                      batch_size: int = BLOCK_PAIRS, device=None, progress: bool = False) -> torch.Tensor:
+    """Logits (P,) of the pairs (image image_indices[p], caption text_indices[p]) of a split.
+
+    Only the distinct captions asked for are tokenised (inside the call: it is part of the online
+    cost of a query). The pair scorer every re-ranker offers (course_lib.methods.rerank).
+    """
+    images = _indices(image_indices, split.n_images)  # (P,)
+    texts = _indices(text_indices, split.n_texts)  # (P,)
+    if images.shape != texts.shape or images.ndim != 1:
+        raise ValueError(f"image_indices and text_indices must be two (P,) vectors of pairs, got shapes "
+                         f"{tuple(images.shape)} and {tuple(texts.shape)}")
+    distinct, text_rows = torch.unique(texts, return_inverse=True)  # (U,), (P,)
+    fields = text_fields([split.captions[t] for t in distinct.tolist()], tokenizer,
+                         model.config.max_text_length)
+    rows = lambda start, stop: (images[start:stop], text_rows[start:stop])  # noqa: E731
+    return _score_indexed(model, image_fields(split), fields, len(images), rows,
+                          batch_size=batch_size, device=device, progress=progress)
+
+
+def rerank_scores(model: CrossEncoder, split, tokenizer, candidates, text_indices=None, *,
+                  batch_size: int = BLOCK_PAIRS, device=None, progress: bool = False) -> torch.Tensor:
+    """Scores (Q, M) of text query q against its candidate images candidates[q] (Q, M).
+
+    text_indices (Q,): the split's captions that are the queries; None = all (Q = n_texts).
+    The second stage of two-stage retrieval: a first stage picks the M candidates per query.
+    """
+    candidates = torch.as_tensor(np.asarray(candidates), dtype=torch.long)  # (Q, M)
+    text_ids = _indices(text_indices, split.n_texts)  # (Q,)
+    if candidates.ndim != 2 or len(candidates) != len(text_ids):
+        raise ValueError(f"candidates must be (Q, M) with Q = {len(text_ids)} queries, "
+                         f"got shape {tuple(candidates.shape)}")
+    Q, M = candidates.shape
+    scores = score_index_pairs(model, split, tokenizer, candidates.reshape(-1),
+                               text_ids.repeat_interleave(M), batch_size=batch_size, device=device,
+                               progress=progress)  # query-major
+    return scores.view(Q, M)
+
+
+# ----------------------------------------------------------------------------- the method
+
+

@@ -1,0 +1,373 @@
+"""Training Fast & Slow (Miech et al. 2021) and its benchmark methods.
+
+    slow            captioning cross-entropy on positive pairs only: L_CA = -sum_i h(x_i, y_i)
+                    (§3.1; averaged over the batch here), no negatives, no horizontal flips (our
+                    captions name left and right)
+    fast            the NCE BoW dual encoder with eq. 4 (`losses.joint_nce_loss`)
+    fast-distilled  eq. 8: L_distill + alpha * L_DE, the frozen Slow teacher scoring every (image,
+                    caption) pair of the batch (`losses.distillation_loss`, per caption a softmax over
+                    the batch's images of h / tau against the student's dot products / tau)
+    fast_slow@K     eq. 9: the distilled Fast model ranks the gallery, its top K are re-scored by
+                    h(x, y) + beta * f(x)^T g(y) (`rerank.Cascade` with `weighted_sum([beta, 1])`)
+
+The Slow model's offline work for a gallery (`compute_states`: every image's cross-attention keys
+/ values) makes a pair cost the two decoders on its caption alone (`score_cached_pairs`).
+
+The teacher's B^2 decoder passes per step are distillation's cost (the paper does not say how it
+paid it): one Slow pair costs ~0.3 ms of one CPU thread, so a step of B = 32 costs ~0.3 s of
+teacher alone, against ~0.07 s for a whole eq. 4 step of B = 128. Caching the teacher's matrices
+does not help (a cache pays B^2 per batch too, and batches are reshuffled every epoch). Our
+choice, stated in every note: the distilled student starts from the trained `fast` model (same
+config, `undistilled`) and takes distill_steps more steps of eq. 8 with a small batch
+(distill_batch_size = 16: 256 teacher pairs a step); the paper trains its student with eq. 8 from
+the start (FastConfig(distill_start="scratch"), measured below). The distilled model's checkpoint is
+named after the teacher's and the start's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from course_lib.core.checkpoints import checkpoint_name, inference, model_device
+from course_lib.core.losses import batch_scores, distillation_loss, joint_nce_loss
+from course_lib.core.settings import seed_everything
+from course_lib.core.tokens import SpecialTokens
+from course_lib.data.datasets import (
+    ImageDataset,
+    TextCollate,
+    collate_images,
+    text_fields,
+)
+from course_lib.methods.base import DualEncoderMethod, PairwiseMethod, fit_pairs
+from course_lib.methods.fast_slow.model import (
+    FastConfig,
+    FastModel,
+    SlowConfig,
+    SlowModel,
+)
+from course_lib.methods.registry import register_method
+from course_lib.methods.rerank import Cascade, weighted_sum
+
+# eq. 9's weight of the Fast score in the re-ranking (paper: > 0, value not given). Measured with the
+# default (flatten, 2000-step) models, seed 0, t2i R@1 on the Slow model's 250 sampled test queries
+# (Slow alone: 32.8), beta 0 / 0.1 / 1 for three distilled students (tau, alpha = 10, 0.1 / 10, 1 /
+# 1, 0.1): fast_slow@10 18.8 / 18.0 / 16.8, 20.0 / 20.0 / 20.0, 19.2 / 19.6 / 18.4; fast_slow@50
+# 30.4 / 28.4 / 27.2, 30.4 / 29.6 / 32.0, 31.2 / 31.2 / 30.4. No beta wins beyond the noise (+-3):
+# plain re-ranking (0) by default. fast_slow@10 is capped by the Fast model's R@10 (~28)
+BETA = 0.0
+TOP_KS = (10, 50)  # the paper's K (Table 4)
+
+
+# ----------------------------------------------------------------------------- cached gallery
+
+@dataclass
+class SlowStates:
+    """A split's offline work: every image's cross-attention keys / values (per decoder, per block,
+    (2, N, h, M, d)) and every caption tokenised once (T, L). Memory: N x 2 decoders x layers x 2 x
+    M x H floats (the 1k test split at the defaults: 131 MB)."""
+
+    kvs: dict  # {"fwd": [(2, N, h, M, d)] * layers, "bwd": ...}
+    input_ids: torch.Tensor  # (T, L)
+    attention_mask: torch.Tensor  # (T, L)
+
+    def image(self, rows) -> dict:
+        """The keys / values of images `rows` (P,), as SlowModel.log_likelihood takes them."""
+        return {d: [kv[:, rows] for kv in kvs] for d, kvs in self.kvs.items()}  # contiguous copies
+
+    def text(self, rows) -> dict:
+        mask = self.attention_mask[rows]
+        length = int(mask.sum(1).max()) if len(mask) else 1  # drop the padding every row has
+        return {"input_ids": self.input_ids[rows][:, :length], "attention_mask": mask[:, :length]}
+
+
+def compute_states(model: SlowModel, split, tokenizer, *, batch_size: int = 256, device=None,
+                   progress: bool = False) -> SlowStates:
+    """Run the CNN and the K/V projections once over a split's images; tokenise its captions."""
+    dataset = ImageDataset(split, modality="pixels")
+    parts = {"fwd": [], "bwd": []}
+    with inference(model, device) as device:
+        for start in tqdm(range(0, len(dataset), batch_size), desc="slow gallery", disable=not progress,
+                          leave=False):
+            block = collate_images([dataset[i] for i in range(start, min(start + batch_size, len(dataset)))])
+            kvs = model.keys_values(model.visual_tokens({"pixels": block["pixels"].to(device)}))
+            for d in parts:
+                parts[d].append([kv.cpu() for kv in kvs[d]])  # (2, b, h, M, d) each
+    kvs = {d: [torch.cat(layer, dim=1) for layer in zip(*blocks)] for d, blocks in parts.items()}
+    texts = text_fields(split.captions, tokenizer, model.config.max_text_length)
+    return SlowStates(kvs, texts["input_ids"], texts["attention_mask"])
+
+
+def score_cached_pairs(model: SlowModel, states: SlowStates, image_indices, text_indices, *,
+                       batch_size: int = 512, device=None) -> torch.Tensor:
+    """h (P,) of the pairs (image_indices[p], text_indices[p]) from cached states: only the two
+    decoders run on each pair's caption."""
+    images, texts = checked_pairs(image_indices, text_indices)
+    out = torch.empty(len(images))
+    with _scoring(model, device) as device:
+        for start in range(0, len(images), batch_size):
+            rows = slice(start, start + batch_size)
+            kvs = {d: [kv.to(device) for kv in layers] for d, layers in states.image(images[rows]).items()}
+            out[rows] = model.log_likelihood(kvs, {k: v.to(device) for k, v in states.text(texts[rows]).items()}).cpu()
+    return out
+
+
+@contextmanager
+def _scoring(model: nn.Module, device=None):
+    """checkpoints.inference, without its model.to(device) when the model is already there in eval
+    mode: that walk over every tensor cost more than the decoders on a re-ranker's 10 pairs."""
+    device = model_device(model, device)
+    if model.training or model_device(model) != device:
+        with inference(model, device) as device:
+            yield device
+    else:
+        with torch.no_grad():
+            yield device
+
+
+def checked_pairs(image_indices, text_indices) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two (P,) long tensors of aligned pair indices, or a clear error. (U-BERT's and the
+    cross-encoder's pair scorers check the same: a candidate for course_lib.methods.base.)"""
+    images = torch.as_tensor(np.asarray(image_indices), dtype=torch.long)  # (P,)
+    texts = torch.as_tensor(np.asarray(text_indices), dtype=torch.long)  # (P,)
+    if images.shape != texts.shape or images.ndim != 1:
+        raise ValueError(f"image_indices and text_indices must be two (P,) vectors of pairs, got shapes "
+                         f"{tuple(images.shape)} and {tuple(texts.shape)}")
+    return images, texts
+
+
+# ----------------------------------------------------------------------------- training
+
+def caption_loss(model: SlowModel, batch: dict, step: int = 0) -> dict:
+    """L_CA / B: minus the mean h of the batch's positive pairs; also the per-word NLL, to read."""
+    h = model(batch)  # (B,)
+    words = (batch["attention_mask"].sum(1) - 2).clamp(min=1).float()  # (B,) words per caption
+    return {"loss": -h.mean(), "nll_per_word": (-h / (2 * words)).mean()}
+
+
+def nce_loss(model: FastModel, batch: dict, step: int = 0) -> torch.Tensor:
+    """Eq. 4 on the batch's (B, B) dot products."""
+    return joint_nce_loss(batch_scores(*model(batch)))
+
+
+def teacher_scores(teacher: SlowModel, batch: dict) -> torch.Tensor:
+    """h of every image of the batch with every caption: (B, B), rows images, columns captions;
+    B^2 decoder passes, no gradient, the teacher in eval mode."""
+    with inference(teacher) as device:
+        kvs = teacher.keys_values(teacher.visual_tokens({"pixels": batch["pixels"].to(device)}))
+        B = batch["pixels"].shape[0]
+        rows = torch.arange(B, device=device).repeat_interleave(B)  # (B*B,) image of each pair
+        cols = torch.arange(B, device=device).repeat(B)  # (B*B,) caption of each pair
+        pairs = {d: [kv[:, rows] for kv in layers] for d, layers in kvs.items()}
+        texts = {k: batch[k].to(device)[cols] for k in ("input_ids", "attention_mask")}
+        return teacher.log_likelihood(pairs, texts).view(B, B)
+
+
+def distill_loss(teacher: SlowModel, config: FastConfig):
+    """Eq. 8's loss_fn: distillation_loss(student, teacher, tau) + alpha * eq. 4, both means over
+    the batch; logs both parts."""
+    def loss_fn(model: FastModel, batch: dict, step: int = 0) -> dict:
+        student = batch_scores(*model(batch))  # (B, B)
+        distill = distillation_loss(student, teacher_scores(teacher, batch), tau=config.tau)
+        nce = joint_nce_loss(student)
+        return {"loss": distill + config.alpha * nce, "distill": distill, "nce": nce}
+
+    return loss_fn
+
+
+def train_slow(bench: dict, tokenizer, config: SlowConfig | None = None, *, checkpoint_path=None,
+               progress: bool = True, device: str | None = None):
+    """Train the Slow captioner on bench["train"]; -> (model in eval mode, history)."""
+    c = config or SlowConfig()
+    seed_everything(c.seed)
+    model = SlowModel(len(tokenizer), c, SpecialTokens.of(tokenizer))
+    history = fit_pairs(model, caption_loss, bench["train"], tokenizer, c, modality="pixels",
+                        max_text_length=getattr(c, "max_text_length", 40), log_every=25, progress=progress,
+                        checkpoint_path=checkpoint_path, device=device)
+    return model.eval(), history
+
+
+def undistilled(config: FastConfig) -> FastConfig:
+    """The config of the plain Fast model a distilled one starts from (its eq. 4 steps)."""
+    return dataclasses.replace(config, distill=False)
+
+
+def train_fast(bench: dict, tokenizer, config: FastConfig | None = None, *, teacher: SlowModel | None = None,
+               init: FastModel | None = None, checkpoint_path=None, progress: bool = True,
+               device: str | None = None):
+    """Train the Fast dual encoder with eq. 4; with config.distill, continue from `init` (the plain
+    model of the same config, `undistilled(config)`) for distill_steps steps of eq. 8, the teacher
+    frozen. -> (model in eval mode, history)"""
+    c = config or FastConfig()
+    seed_everything(c.seed)
+    model = FastModel(len(tokenizer), c, SpecialTokens.of(tokenizer))
+    if not c.distill:
+        history = fit_pairs(model, nce_loss, bench["train"], tokenizer, c, modality="pixels",
+                            max_text_length=getattr(c, "max_text_length", 40), log_every=25, progress=progress,
+                            checkpoint_path=checkpoint_path, device=device)
+        return model.eval(), history
+    from_fast = c.distill_start == "fast"
+    if teacher is None or (from_fast and init is None):
+        raise ValueError("FastConfig(distill=True) needs the Slow teacher and (distill_start='fast') the plain "
+                         "Fast model it starts from: train_fast(..., teacher=slow_model, init=fast_model)")
+    if from_fast:
+        model.load_state_dict(init.state_dict())
+    for p in teacher.parameters():  # frozen: eq. 8 trains f and g only
+        p.requires_grad_(False)
+    history = fit_pairs(model, distill_loss(teacher.eval(), c), bench["train"], tokenizer, c, modality="pixels",
+                        max_text_length=getattr(c, "max_text_length", 40), log_every=25, progress=progress,
+                        checkpoint_path=checkpoint_path, device=device, batch_size=c.distill_batch_size,
+                        max_steps=c.distill_steps, lr=c.distill_lr)
+    return model.eval(), history
+
+
+# ----------------------------------------------------------------------------- methods
+
+class SlowMethod(PairwiseMethod):
+    """The Slow model as a method: every (image, caption) pair scored by h(x, y), from the split's
+    cached keys / values (`states`), so a pair costs the two decoders on its caption."""
+
+    checkpoint_prefix = "slow"
+    config_class = SlowConfig
+    # one t2i query of the 1k test gallery = 1k pairs, 0.23 CPU-s on one thread (fast_slow@10:
+    # 4.8 CPU-ms); 250 t2i queries of test took 60 CPU-s. Beyond the budget the benchmark ranks a
+    # fixed sample of the queries
+    eval_pairs = (250_000, 20_000)
+    # every test pair would be 5M per direction, ~20 CPU-min each: `--every-pair` keeps the sample
+    every_pair_limit = 250_000
+    timed_sizes = ((250, 500, 1_000), (25, 50, 100))
+
+    def __init__(self, config: SlowConfig | None = None, name: str = "slow", progress: bool = True):
+        super().__init__(config, name, progress)
+
+    @property
+    def notes(self) -> str:
+        c = self.config
+        return (f"Slow: CNN + weighted-fusion upsampling to {c.visual_size}x{c.visual_size} tokens, forward + "
+                f"backward captioning decoders ({c.layers} x {c.hidden}); h = summed log-likelihood, every pair")
+
+    def train(self, bench, tokenizer, checkpoint_path, cache_dir):
+        return train_slow(bench, tokenizer, self.config, checkpoint_path=checkpoint_path, progress=self.progress)
+
+    def states(self, split) -> SlowStates:
+        """The split's cached keys / values and tokenised captions (offline, once per split and model)."""
+        return self.cached_states(split, compute_states)
+
+    def score_pairs(self, split, image_indices, text_indices) -> torch.Tensor:
+        return score_cached_pairs(self._fitted(), self.states(split), image_indices, text_indices)
+
+    def score_block(self, split, image_indices, text_indices) -> torch.Tensor:
+        images, texts = np.asarray(image_indices), np.asarray(text_indices)
+        pairs = self.score_pairs(split, np.tile(images, len(texts)), np.repeat(texts, len(images)))
+        return pairs.view(len(texts), len(images)).T  # (n, m)
+
+    def query_fn(self, split, caption_index: int = 0, top_k: int = 10):
+        """One caption against every gallery image: the gallery's keys / values are cached here
+        (offline); each call tokenises the caption and runs the decoders on N pairs."""
+        model, states = self._fitted(), self.states(split)
+        collate, caption = TextCollate(self.tokenizer, self.config.max_text_length), split.captions[caption_index]
+        gallery = torch.arange(split.n_images)
+
+        def answer() -> np.ndarray:
+            text = collate.encode([caption])  # (1, T)
+            scored = SlowStates(states.kvs, text["input_ids"], text["attention_mask"])
+            h = score_cached_pairs(model, scored, gallery, torch.zeros_like(gallery))  # (N,)
+            return torch.topk(h, min(top_k, len(h))).indices.numpy()
+
+        return answer
+
+
+class FastMethod(DualEncoderMethod):
+    """The Fast dual encoder (`fast`), or its distilled version (`fast-distilled`, config.distill):
+    `init`, the plain FastMethod it starts from, and `teacher`, a SlowMethod, are fitted (or
+    loaded) first."""
+
+    checkpoint_prefix = "fast"
+    config_class = FastConfig
+
+    def __init__(self, config: FastConfig | None = None, name: str = "fast", teacher: SlowMethod | None = None,
+                 init: "FastMethod | None" = None, progress: bool = True):
+        super().__init__(config, name, progress)
+        from_fast = self.config.distill and self.config.distill_start == "fast"
+        if self.config.distill and (teacher is None or (from_fast and init is None)):
+            raise ValueError("a distilled FastMethod needs teacher=SlowMethod(...) and (distill_start='fast') "
+                             "init=FastMethod(...)")
+        self.teacher = teacher if self.config.distill else None
+        self.init = init if from_fast else None  # the plain model eq. 8 starts from
+
+    @property
+    def notes(self) -> str:
+        c = self.config
+        start = "eq. 4 NCE, then" if c.distill_start == "fast" else "from scratch,"
+        how = (f"{start} {c.distill_steps} steps distilled from Slow (tau {c.tau:g}, alpha {c.alpha:g}, "
+               f"B={c.distill_batch_size})" if c.distill else "eq. 4 NCE")
+        image = "mean-pooled" if c.image_pool == "mean" else "flattened 4x4"
+        text = "bag of words" if c.text_tower == "bow" else f"{c.text_layers}-layer transformer"
+        return f"Fast: {image} CNN / {text}, dot product, {how}, FAISS IndexFlatIP"
+
+    def checkpoint_file(self, bench: dict, tokenizer) -> str:
+        before = tuple(m.checkpoint_file(bench, tokenizer) for m in (self.teacher, self.init) if m is not None)
+        return checkpoint_name(self.checkpoint_prefix, self.config.to_dict(), bench["train"], tokenizer, *before)
+
+    def train(self, bench, tokenizer, checkpoint_path, cache_dir):
+        teacher = init = None
+        if self.teacher is not None:
+            for method in (self.teacher, self.init):
+                if method is not None and method.model is None:
+                    method.fit(bench, tokenizer, cache_dir)
+            teacher, init = self.teacher.model, self.init and self.init.model
+        return train_fast(bench, tokenizer, self.config, teacher=teacher, init=init,
+                          checkpoint_path=checkpoint_path, progress=self.progress)
+
+
+class FastSlowCascade(Cascade):
+    """Eq. 9: `fast` keeps the top K (per caption, and per image for i2t), `slow` re-scores them;
+    the order is h(x, y) + beta * f(x)^T g(y) (beta = 0: plain re-ranking by h)."""
+
+    def __init__(self, fast: FastMethod, slow: SlowMethod, top_k: int, beta: float = BETA, name: str | None = None):
+        super().__init__([fast, slow], [top_k], combine=weighted_sum([beta, 1.0]),
+                         name=name or f"fast_slow@{top_k}",
+                         notes=(f"Fast & Slow: {fast.name} keeps the top {top_k}, re-scored by h + {beta:g} * "
+                                "f.g (Slow from cached gallery keys / values)"))
+        self.fast, self.slow, self.beta = fast, slow, beta
+
+    def query_fn(self, split, caption_index: int = 0, top_k: int = 10):
+        self.slow.states(split)  # offline: the gallery's keys / values
+        return super().query_fn(split, caption_index, top_k)
+
+
+@register_method("slow", order=6.0)
+def _slow(build) -> SlowMethod:
+    return SlowMethod(build.config(SlowConfig))
+
+
+@register_method("fast", order=6.1)
+def _fast(build) -> FastMethod:
+    return FastMethod(build.config(FastConfig))
+
+
+@register_method("fast-distilled", order=6.2)
+def _fast_distilled(build) -> FastMethod:
+    fast = build.method("fast")
+    return FastMethod(dataclasses.replace(fast.config, distill=True), name="fast-distilled",
+                      teacher=build.method("slow"), init=fast)
+
+
+@register_method(f"fast_slow@{TOP_KS[0]}", order=6.3)
+def _fast_slow_10(build) -> FastSlowCascade:
+    return FastSlowCascade(build.method("fast-distilled"), build.method("slow"), TOP_KS[0])
+
+
+@register_method(f"fast_slow@{TOP_KS[1]}", order=6.4)
+def _fast_slow_50(build) -> FastSlowCascade:
+    return FastSlowCascade(build.method("fast-distilled"), build.method("slow"), TOP_KS[1])
+
+
+__all__ = ["BETA", "TOP_KS", "SlowStates", "compute_states", "score_cached_pairs", "checked_pairs", "caption_loss", "nce_loss", "teacher_scores", "distill_loss", "train_slow",
+           "undistilled", "train_fast", "SlowMethod", "FastMethod", "FastSlowCascade"]

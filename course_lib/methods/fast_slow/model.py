@@ -1,0 +1,404 @@
+"""Thinking Fast and Slow (Miech et al., CVPR 2021): the Slow captioning scorer and the Fast dual encoder.
+
+    Slow   phi(x): a small CNN over the pixels; its coarse map is upsampled step by step, each step
+           a weighted fusion of the upsampled map and a 1x1 lateral of the earlier, finer map
+           (BiFPN's fast normalised fusion: ReLU'd weights, / (sum + 1e-4)), then a 3x3 conv
+           (§3.1, App. D) -> visual tokens (B, M, H). No self-attention over them.
+           A forward and a backward decoder (masked self-attention, cross-attention to phi(x),
+           FFN), sharing the word / position embeddings and the output layer (VirTex);
+           h(x, y) = h_fwd + h_bwd, the summed log-likelihood of the caption's words read left to
+           right and right to left, teacher-forced, not length-normalised (eq. 1-3).
+    Fast   f(x): the CNN's 4x4 map -> Linear (flattened by default; the paper's global mean pool
+           is image_pool="mean"); g(y): the mean of word embeddings (the paper's "NCE BoW") -> MLP,
+           or a small transformer (Table 7); score f(x)^T g(y), unnormalised, no temperature (§3.2).
+
+The keys and values of every cross-attention layer depend on the image only, so a gallery's are
+computed once (`fast_slow_train.compute_states`, offline) and a pair costs the two decoders on its
+caption alone (`fast_slow_train.score_cached_pairs`); `SlowModel.score` is the uncached path.
+
+Where the paper is silent (or is about 224-pixel photos), our choices:
+- Backbone: 3 conv stages on 32x32 pixels (16, 8, 4 pixels a side) instead of ResNet-50 v2;
+  the coarse 4x4 map ("conv5") is upsampled to `visual_size` (8: one fusion with the 8x8 stage;
+  16: two fusions). Tokens get a learned 2-D position embedding and a LayerNorm: our captions
+  name left / right / top / bottom, and a CNN's zero padding encodes position only weakly.
+- h sums the words only: the decoder reads [CLS] w1 .. wL [SEP] and the targets are w1 .. wL
+  (eq. 3 sums l = 1..L); [SEP] is never a target, padding never counts. The backward decoder
+  reads [CLS] wL .. w1 [SEP] (`reverse_words`).
+- The Fast image tower has its own CNN (same stages, no upsampling): the two models share nothing.
+  Its 4x4 map is flattened into the projection instead of mean-pooled: the paper pools ResNet's
+  conv5 of photos, our captions are about where two small objects are (flattening scored higher
+  in our runs; docs/tuning_notes.md lists what was measured).
+- Sizes are ours (the paper's decoders are 3 x 512 with 8 heads); configs say what we use.
+Training (captioning, Eq. 4 NCE, distillation) and the benchmark methods: `course_lib.methods.fast_slow.method`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from course_lib.core.encoders import (
+    BagOfWordsEncoder,
+    TransformerTextEncoder,
+    word_mask,
+)
+from course_lib.core.settings import CourseConfig
+from course_lib.core.tokens import WORD_SPECIAL_TOKENS, SpecialTokens
+
+FUSION_EPS = 1e-4  # BiFPN's epsilon in the normalised fusion (the paper's App. D)
+IMAGE_POOLS = ("mean", "flatten")  # FastConfig.image_pool
+TEXT_TOWERS = ("bow", "transformer")  # FastConfig.text_tower
+
+
+@dataclass
+class SlowConfig(CourseConfig):
+    channels: tuple = (24, 48, 96)  # CNN widths of the 16x16, 8x8 and 4x4 (coarse) stages
+    visual_size: int = 8  # side of the upsampled token map: 4 (no upsampling), 8 or 16 tokens a side
+    hidden: int = 64  # width of the visual tokens and of both decoders (paper: 512)
+    layers: int = 2  # blocks in each decoder (paper: 3)
+    heads: int = 4  # attention heads (paper: 8)
+    dropout: float = 0.1  # on the embeddings and inside the decoder blocks
+    max_text_length: int = 40  # token positions of the decoders ([CLS] and [SEP] included)
+    batch_size: int = 64  # (image, caption) positive pairs per step: the loss needs no negatives
+    lr: float = 2e-3  # peak AdamW rate (paper: Adam 4e-4 on far bigger models)
+    # optimizer steps. 2000 rather than 1000: retrieval rose sharply with the extra steps, as
+    # grounding sets in after the language model (docs/tuning_notes.md)
+    max_steps: int = 2000
+    warmup_fraction: float = 0.05  # share of steps warming up; then linear decay to 0
+    grad_clip: float = 2.0  # max gradient norm (paper: 100)
+    seed: int = 0  # model initialisation and data order
+
+    SMOKE: ClassVar[dict] = {"max_steps": 30, "batch_size": 16, "hidden": 32, "channels": (8, 16, 32)}
+
+    def __post_init__(self):
+        self.channels = tuple(int(c) for c in self.channels)
+        if len(self.channels) != 3 or self.visual_size not in (4, 8, 16):
+            raise ValueError(f"channels must be 3 widths and visual_size 4, 8 or 16, got {self.channels} and "
+                             f"{self.visual_size}")
+
+
+@dataclass
+class FastConfig(CourseConfig):
+    channels: tuple = (24, 48, 96)  # CNN widths of the image tower's three stages
+    # f(x) reads the CNN's 4x4 map by "mean" (the paper's global pool) or "flatten" (Linear over all 16
+    # cells: our captions name left / right / top / bottom). Flatten scored higher in our runs
+    # (docs/tuning_notes.md); a position embedding before a mean pool adds a constant
+    image_pool: str = "flatten"
+    # g(y): "bow" (the paper's NCE BoW, mean of word embeddings) or "transformer" (Table 7; its [CLS]),
+    # then an MLP. The BoW cannot tell "red circle left of blue square" from "blue circle left of red
+    # square", yet the 2-layer transformer scored lower and cost more CPU time in our runs
+    # (docs/tuning_notes.md): as in Table 7, the BoW wins at this budget
+    text_tower: str = "bow"
+    text_layers: int = 2  # transformer text tower only: blocks (heads: 4)
+    hidden: int = 64  # word-embedding width of the text tower
+    embed_dim: int = 64  # the joint space of f(x) and g(y)
+    # distillation (eq. 5-8): False = eq. 4 alone. True = then distill_steps steps of eq. 8 (or only
+    # those, distill_start="scratch"; fast_slow_train's docstring)
+    distill: bool = False
+    # eq. 5-6 temperature of both softmaxes (App. B: 10). At 10 our teacher's softmax over a batch
+    # was nearly flat (docs/tuning_notes.md)
+    tau: float = 10.0
+    # weight of L_DE in eq. 8. App. B's text says alpha / tau^2 = 0.001 (alpha = 0.1 at tau = 10),
+    # Table 8's grid reads alpha in {0, 0.1, 1, 10}: the two disagree; 0.1 satisfies the text
+    alpha: float = 0.1
+    batch_size: int = 128  # pairs per step (eq. 4's in-batch negatives)
+    # distillation: pairs per step; the teacher scores all B^2 (image, caption) pairs of a batch,
+    # 256 decoder passes at 16, 1024 at 32 (CPU time: docs/tuning_notes.md)
+    distill_batch_size: int = 16
+    # optimizer steps of eq. 8 after the eq. 4 steps. In our runs the teacher added nothing we could
+    # measure over the same small-batch steps without it, and those steps cost a little R@1; from
+    # scratch it learned far less (docs/tuning_notes.md)
+    distill_steps: int = 500
+    distill_lr: float = 5e-4  # peak AdamW rate of the distillation steps
+    distill_start: str = "fast"  # eq. 8 starts from "fast" (the plain model) or "scratch" (the paper's)
+    lr: float = 2e-3  # peak AdamW learning rate (4e-3 scored lower in our runs: docs/tuning_notes.md)
+    # optimizer steps of eq. 4. 2000 beat 1000; at 1000 steps neither a wider CNN nor a wider text
+    # tower and joint space helped: steps did (docs/tuning_notes.md)
+    max_steps: int = 2000
+    warmup_fraction: float = 0.05
+    grad_clip: float = 2.0
+    seed: int = 0
+
+    SMOKE: ClassVar[dict] = {"max_steps": 30, "batch_size": 16, "distill_batch_size": 8, "distill_steps": 20,
+                             "hidden": 32, "channels": (8, 16, 32)}
+
+    def __post_init__(self):
+        self.channels = tuple(int(c) for c in self.channels)
+        if self.image_pool not in IMAGE_POOLS or self.text_tower not in TEXT_TOWERS:
+            raise ValueError(f"image_pool must be one of {IMAGE_POOLS} and text_tower one of {TEXT_TOWERS}, got "
+                             f"{self.image_pool!r} and {self.text_tower!r}")
+        if self.distill_start not in ("fast", "scratch"):
+            raise ValueError(f"distill_start must be 'fast' or 'scratch', got {self.distill_start!r}")
+        if not self.tau > 0 or self.alpha < 0:
+            raise ValueError(f"tau must be > 0 and alpha >= 0, got tau={self.tau}, alpha={self.alpha}")
+
+
+# ----------------------------------------------------------------------------- visual encoders
+
+def _conv(c_in: int, c_out: int, stride: int = 1) -> nn.Sequential:
+    return nn.Sequential(nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU())
+
+
+class ConvBackbone(nn.Module):
+    """Pixels (B, 3, 32, 32) -> the three stages' maps [(B, c0, 16, 16), (B, c1, 8, 8), (B, c2, 4, 4)]:
+    per stage a stride-2 conv then a conv, each with BN and ReLU (the first stage's stride-2 conv is
+    the stem: a full-resolution stem cost as much as the rest on one CPU thread)."""
+
+    def __init__(self, channels=(24, 48, 96)):
+        super().__init__()
+        c0, c1, c2 = channels
+        self.stages = nn.ModuleList(nn.Sequential(_conv(a, b, 2), _conv(b, b)) for a, b in
+                                    ((3, c0), (c0, c1), (c1, c2)))
+        self.out_dim = c2
+
+    def forward(self, pixels: torch.Tensor) -> list[torch.Tensor]:
+        x, maps = pixels, []
+        for stage in self.stages:
+            x = stage(x)
+            maps.append(x)
+        return maps  # finest first
+
+
+class WeightedFusion(nn.Module):
+    """One upsampling step (BiFPN's fast normalised fusion, the paper's App. D):
+    out = Conv3x3((w0 * up2(coarse) + w1 * Conv1x1(lateral)) / (w0 + w1 + eps)), w = ReLU(learned).
+    coarse (B, H, h, w), lateral (B, C, 2h, 2w) -> (B, H, 2h, 2w)."""
+
+    def __init__(self, lateral_channels: int, hidden: int, eps: float = FUSION_EPS):
+        super().__init__()
+        self.lateral = nn.Conv2d(lateral_channels, hidden, 1)
+        self.weights = nn.Parameter(torch.ones(2))  # (upsampled coarse, lateral)
+        self.eps = eps
+        self.conv = _conv(hidden, hidden)
+
+    def forward(self, coarse: torch.Tensor, lateral: torch.Tensor) -> torch.Tensor:
+        w = F.relu(self.weights)  # (2,) non-negative
+        up = F.interpolate(coarse, scale_factor=2, mode="nearest")  # (B, H, 2h, 2w)
+        fused = (w[0] * up + w[1] * self.lateral(lateral)) / (w.sum() + self.eps)
+        return self.conv(fused)
+
+
+class VisualTokens(nn.Module):
+    """phi(x): ConvBackbone's 4x4 map (1x1 to hidden), upsampled by WeightedFusion with the 8x8 and
+    then the 16x16 stage until visual_size, flattened row by row, + position, LayerNorm -> (B, M, H)."""
+
+    def __init__(self, channels, hidden: int, visual_size: int = 8):
+        super().__init__()
+        self.backbone = ConvBackbone(channels)
+        self.coarse = nn.Conv2d(channels[2], hidden, 1)
+        steps = {4: 0, 8: 1, 16: 2}[visual_size]
+        self.fusions = nn.ModuleList(WeightedFusion(channels[1 - i], hidden) for i in range(steps))
+        self.position = nn.Parameter(torch.randn(visual_size * visual_size, hidden) * 0.02)  # (M, H)
+        self.norm = nn.LayerNorm(hidden)
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        maps = self.backbone(pixels)  # 16x16, 8x8, 4x4
+        x = self.coarse(maps[2])  # (B, H, 4, 4)
+        for i, fusion in enumerate(self.fusions):
+            x = fusion(x, maps[1 - i])  # 8x8, then 16x16
+        tokens = x.flatten(2).transpose(1, 2)  # (B, M, H), row-major
+        return self.norm(tokens + self.position)
+
+
+# ----------------------------------------------------------------------------- the decoders
+
+class CausalSelfAttention(nn.Module):
+    """Masked multi-head self-attention: position t sees positions <= t. With right padding no
+    real position ever sees a padded one, so no padding mask is needed."""
+
+    def __init__(self, hidden: int, heads: int, dropout: float = 0.0):
+        super().__init__()
+        self.heads, self.dropout = heads, dropout
+        self.qkv, self.out = nn.Linear(hidden, 3 * hidden), nn.Linear(hidden, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, L, H = x.shape
+        q, k, v = self.qkv(x).view(B, L, 3, self.heads, H // self.heads).permute(2, 0, 3, 1, 4)  # (B, h, L, d)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                           dropout_p=self.dropout if self.training else 0.0)
+        return self.out(y.transpose(1, 2).reshape(B, L, H))
+
+
+class CrossAttention(nn.Module):
+    """Text queries attend to the visual tokens. keys_values(tokens (B, M, H)) -> (2, B, h, M, d)
+    depends on the image only (what the gallery caches); forward(x (B, L, H), kv) -> (B, L, H)."""
+
+    def __init__(self, hidden: int, heads: int, dropout: float = 0.0):
+        super().__init__()
+        self.heads, self.dropout = heads, dropout
+        self.q, self.kv, self.out = nn.Linear(hidden, hidden), nn.Linear(hidden, 2 * hidden), nn.Linear(hidden, hidden)
+
+    def keys_values(self, tokens: torch.Tensor) -> torch.Tensor:
+        B, M, H = tokens.shape
+        return self.kv(tokens).view(B, M, 2, self.heads, H // self.heads).permute(2, 0, 3, 1, 4)
+
+    def forward(self, x: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+        B, L, H = x.shape
+        q = self.q(x).view(B, L, self.heads, H // self.heads).transpose(1, 2)  # (B, h, L, d)
+        y = F.scaled_dot_product_attention(q, kv[0], kv[1], dropout_p=self.dropout if self.training else 0.0)
+        return self.out(y.transpose(1, 2).reshape(B, L, H))
+
+
+class DecoderBlock(nn.Module):
+    """Pre-LN decoder block (VirTex / the paper's §3.1): x + SelfAttn_causal(LN(x)), then
+    x + CrossAttn(LN(x), visual K/V), then x + MLP(LN(x)), MLP = 4H with GELU."""
+
+    def __init__(self, hidden: int, heads: int, dropout: float = 0.0):
+        super().__init__()
+        self.ln_1, self.ln_2, self.ln_3 = nn.LayerNorm(hidden), nn.LayerNorm(hidden), nn.LayerNorm(hidden)
+        self.attn = CausalSelfAttention(hidden, heads, dropout)
+        self.cross = CrossAttention(hidden, heads, dropout)
+        self.mlp = nn.Sequential(nn.Linear(hidden, 4 * hidden), nn.GELU(), nn.Dropout(dropout),
+                                 nn.Linear(4 * hidden, hidden))
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+        x = x + self.drop(self.attn(self.ln_1(x)))
+        x = x + self.drop(self.cross(self.ln_2(x), kv))
+        return x + self.drop(self.mlp(self.ln_3(x)))  # (B, L, H)
+
+
+class Decoder(nn.Module):
+    """A stack of DecoderBlocks and a final LayerNorm; keys_values(tokens) -> one (2, B, h, M, d)
+    per block; forward(x (B, L, H), kvs) -> (B, L, H)."""
+
+    def __init__(self, hidden: int, layers: int, heads: int, dropout: float = 0.0):
+        super().__init__()
+        self.blocks = nn.ModuleList(DecoderBlock(hidden, heads, dropout) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(hidden)
+
+    def keys_values(self, tokens: torch.Tensor) -> list[torch.Tensor]:
+        return [block.cross.keys_values(tokens) for block in self.blocks]
+
+    def forward(self, x: torch.Tensor, kvs: list[torch.Tensor]) -> torch.Tensor:
+        for block, kv in zip(self.blocks, kvs):
+            x = block(x, kv)
+        return self.ln_f(x)
+
+
+def reverse_words(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """[CLS] w1 .. wL [SEP] [PAD].. -> [CLS] wL .. w1 [SEP] [PAD].., row by row (the backward
+    decoder's input; right padding). (B, T) -> (B, T)"""
+    B, T = input_ids.shape
+    lengths = attention_mask.long().sum(1, keepdim=True)  # (B, 1): [CLS] + L words + [SEP]
+    positions = torch.arange(T, device=input_ids.device).expand(B, T)  # (B, T)
+    inside = (positions >= 1) & (positions <= lengths - 2)  # the word positions 1..L
+    source = torch.where(inside, lengths - 1 - positions, positions)  # word p <- word L + 1 - p
+    return input_ids.gather(1, source)
+
+
+def summed_log_likelihood(forward_logits: torch.Tensor, backward_logits: torch.Tensor,
+                          input_ids: torch.Tensor, reversed_ids: torch.Tensor, attention_mask: torch.Tensor,
+                          special: SpecialTokens = WORD_SPECIAL_TOKENS) -> torch.Tensor:
+    """h(x, y) = h_fwd + h_bwd (eq. 2-3) from the two decoders' logits: (B, T, V) each, position t
+    predicting token t + 1 of input_ids (forward) or reversed_ids (backward). Each direction sums
+    log p of its words (targets that are [SEP] or padding are left out), no length normalisation.
+    -> (B,)"""
+    words = word_mask(input_ids, attention_mask, special)[:, 1:].float()  # (B, T-1) targets that are words
+    total = 0.0
+    for logits, ids in ((forward_logits, input_ids), (backward_logits, reversed_ids)):
+        log_p = torch.log_softmax(logits[:, :-1].float(), dim=-1)  # (B, T-1, V)
+        target = log_p.gather(2, ids[:, 1:, None]).squeeze(2)  # (B, T-1) log p of the next token
+        total = total + (target * words).sum(1)
+    return total
+
+
+class SlowModel(nn.Module):
+    """The Slow scorer: visual_tokens(pixels) -> (B, M, H); keys_values(tokens) -> {"fwd", "bwd"}:
+    per decoder a list of (2, B, h, M, d); log_likelihood(kvs, texts) -> h (B,) of aligned pairs;
+    score(images, texts) the uncached h; caption_loss(batch) -> L_CA's mean over the batch."""
+
+    modality = "pixels"
+
+    def __init__(self, vocab_size: int, config: SlowConfig | None = None,
+                 special: SpecialTokens = WORD_SPECIAL_TOKENS):
+        super().__init__()
+        c = self.config = config or SlowConfig()
+        self.special = special
+        self.visual = VisualTokens(c.channels, c.hidden, c.visual_size)
+        # shared by both directions (VirTex): the word and position tables and the output layer
+        self.word = nn.Embedding(vocab_size, c.hidden, padding_idx=special.pad)
+        self.position = nn.Embedding(c.max_text_length, c.hidden)
+        self.embed_norm, self.dropout = nn.LayerNorm(c.hidden), nn.Dropout(c.dropout)
+        self.forward_decoder = Decoder(c.hidden, c.layers, c.heads, c.dropout)
+        self.backward_decoder = Decoder(c.hidden, c.layers, c.heads, c.dropout)
+        self.output = nn.Linear(c.hidden, vocab_size)
+        for table in (self.word, self.position):
+            nn.init.normal_(table.weight, std=0.02)
+        with torch.no_grad():
+            self.word.weight[special.pad].zero_()
+
+    def visual_tokens(self, images: dict) -> torch.Tensor:
+        return self.visual(images["pixels"])  # (B, M, H)
+
+    def keys_values(self, tokens: torch.Tensor) -> dict:
+        return {"fwd": self.forward_decoder.keys_values(tokens), "bwd": self.backward_decoder.keys_values(tokens)}
+
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        T = ids.shape[1]
+        if T > self.config.max_text_length:
+            raise ValueError(f"captions of {T} tokens exceed max_text_length={self.config.max_text_length}")
+        return self.dropout(self.embed_norm(self.word(ids) + self.position.weight[:T]))  # (B, T, H)
+
+    def logits(self, kvs: dict, texts: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(forward logits, backward logits (B, T, V), reversed_ids (B, T)) of aligned pairs."""
+        ids, mask = texts["input_ids"], texts["attention_mask"]
+        reversed_ids = reverse_words(ids, mask)
+        forward = self.output(self.forward_decoder(self._embed(ids), kvs["fwd"]))
+        backward = self.output(self.backward_decoder(self._embed(reversed_ids), kvs["bwd"]))
+        return forward, backward, reversed_ids
+
+    def log_likelihood(self, kvs: dict, texts: dict) -> torch.Tensor:
+        """h(x, y) (B,) of B aligned pairs from the images' keys / values (eq. 2)."""
+        forward, backward, reversed_ids = self.logits(kvs, texts)
+        return summed_log_likelihood(forward, backward, texts["input_ids"], reversed_ids,
+                                     texts["attention_mask"], self.special)
+
+    def score(self, images: dict, texts: dict) -> torch.Tensor:
+        """h (B,) of B aligned pairs from pixels: the uncached path."""
+        return self.log_likelihood(self.keys_values(self.visual_tokens(images)), texts)
+
+    def forward(self, batch: dict) -> torch.Tensor:
+        return self.score(batch, batch)  # (B,) h of a PairCollate batch
+
+
+# ----------------------------------------------------------------------------- the Fast model
+
+class FastModel(nn.Module):
+    """The Fast dual encoder: encode_images(batch) -> f(x) (B, E) = Linear(the CNN's 4x4 map, mean
+    pooled or flattened: config.image_pool); encode_texts(batch) -> g(y) (B, E) = MLP(the text
+    tower's pooled vector: mean of word embeddings, or a transformer's [CLS]); no normalisation
+    (scores must span tens of nats at tau = 10). forward(batch) -> (f, g)."""
+
+    modality = "pixels"
+
+    def __init__(self, vocab_size: int, config: FastConfig | None = None,
+                 special: SpecialTokens = WORD_SPECIAL_TOKENS):
+        super().__init__()
+        c = self.config = config or FastConfig()
+        self.backbone = ConvBackbone(c.channels)
+        cells = 1 if c.image_pool == "mean" else 16  # the 4x4 map of 32-pixel images
+        self.image_proj = nn.Linear(c.channels[2] * cells, c.embed_dim)
+        self.text = (BagOfWordsEncoder(vocab_size, c.hidden, special) if c.text_tower == "bow" else
+                     TransformerTextEncoder(vocab_size, c.hidden, c.text_layers, heads=4, special=special))
+        self.text_proj = nn.Sequential(nn.Linear(c.hidden, c.hidden), nn.ReLU(), nn.Linear(c.hidden, c.embed_dim))
+
+    def encode_images(self, batch: dict) -> torch.Tensor:
+        grid = self.backbone(batch["pixels"])[2]  # (B, C, 4, 4)
+        pooled = grid.mean((2, 3)) if self.config.image_pool == "mean" else grid.flatten(1)  # (B, C) or (B, 16C)
+        return self.image_proj(pooled)  # (B, E)
+
+    def encode_texts(self, batch: dict) -> torch.Tensor:
+        return self.text_proj(self.text(batch).pooled)  # (B, E)
+
+    def forward(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.encode_images(batch), self.encode_texts(batch)
+
+
+__all__ = ["SlowConfig", "FastConfig", "ConvBackbone", "WeightedFusion", "VisualTokens", "CausalSelfAttention",
+           "CrossAttention", "DecoderBlock", "Decoder", "reverse_words", "summed_log_likelihood", "SlowModel",
+           "FastModel", "FUSION_EPS", "IMAGE_POOLS", "TEXT_TOWERS"]

@@ -1,0 +1,270 @@
+"""Train HiVLP and retrieve with it coarse to fine (§3.3-3.4): the benchmark's methods.
+
+    model, history = train_hivlp(bench, tokenizer, HiVLPConfig(), checkpoint_path=...)
+
+Offline, every gallery item's level vectors are stored (`compute_states`: one tower pass gives all
+levels, one matrix per level). Online, a text query runs the text tower once and
+
+    level 1: S^1 against all N candidates (width d_1), keep the top N2
+    level 2: S^2 against those N2 (width d_2), keep the top N3
+    level 3: S^3 orders the N3 (width d_L)                          (`search.coarse_to_fine`)
+
+Methods: `hivlp` (that cascade, N2 = 1000 and N3 = 100 as the paper), `hivlp-flat` (the last level
+over every candidate: a plain dual encoder of width d_L), `hivlp+rerank@20` (the cascade's top 20
+re-scored by lesson 02's cross-encoder, the paper's "+CM" with our cross-encoder), `hivlp-regions`
+(the same cascade with the region tower: separates the pixels-vs-detector confound).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from course_lib.core.checkpoints import inference, model_device
+from course_lib.core.metrics import retrieval_metrics
+from course_lib.core.retrieval import build_index, search
+from course_lib.core.settings import seed_everything
+from course_lib.data.datasets import (
+    CaptionDataset,
+    ImageDataset,
+    TextCollate,
+    make_loader,
+)
+from course_lib.methods.base import (
+    DualEncoderMethod,
+    Method,
+    check_direction,
+    fit_pairs,
+    query_indices,
+)
+from course_lib.methods.hivlp.model import HiVLP, HiVLPConfig, build_hivlp
+from course_lib.methods.hivlp.search import SURVIVORS, coarse_to_fine
+from course_lib.methods.registry import register_method
+from course_lib.methods.rerank import Cascade
+
+RERANK_TOP_M = 20  # "+CM": the cascade's top M re-scored by the cross-encoder
+
+
+def hivlp_loss(model: HiVLP, batch: dict, step: int = 0) -> dict:
+    """The Trainer's loss_fn: L_HRL + lrm_weight * L_LRM, every level's L_RL logged."""
+    return model.loss(batch)
+
+
+# ----------------------------------------------------------------------------- cached levels
+
+@dataclass
+class HiVLPStates:
+    """A split's level vectors: image[l] (N, d_l) and text[l] (T, d_l), on the CPU."""
+
+    image: list
+    text: list
+
+    def side(self, direction: str) -> tuple[list, list]:
+        """(gallery levels, query levels) of a direction: t2i searches images with captions."""
+        return (self.image, self.text) if check_direction(direction) == "t2i" else (self.text, self.image)
+
+
+def _encode_levels(model: HiVLP, loader, encode, progress: bool, desc: str) -> list[torch.Tensor]:
+    parts = []
+    with inference(model) as device:
+        for batch in tqdm(loader, desc=desc, disable=not progress, leave=False):
+            batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
+            parts.append([x.float().cpu() for x in encode(batch)])  # [(b, d_l)]
+    return [torch.cat(level) for level in zip(*parts)]  # [(n, d_l)]
+
+
+def compute_states(model: HiVLP, split, tokenizer, batch_size: int = 256, progress: bool = False) -> HiVLPStates:
+    """Every image's and caption's level vectors, one tower pass each (offline work)."""
+    images = make_loader(ImageDataset(split, modality=model.modality, image_size=model.config.image_size),
+                         batch_size)
+    texts = make_loader(CaptionDataset(split), batch_size, tokenizer=tokenizer)
+    return HiVLPStates(_encode_levels(model, images, model.image_levels, progress, "image levels"),
+                       _encode_levels(model, texts, model.text_levels, progress, "caption levels"))
+
+
+# ----------------------------------------------------------------------------- training
+
+def train_hivlp(bench: dict, tokenizer, config: HiVLPConfig | None = None, *, checkpoint_path=None,
+                evaluate_on=None, progress: bool = True, device: str | None = None) -> tuple[HiVLP, object]:
+    """Train on bench["train"] with L_HRL + L_LRM; returns (model in eval mode, History). A finished
+    checkpoint at checkpoint_path is loaded instead. evaluate_on: a split whose flat last-level
+    retrieval metrics are logged at the end."""
+    c = config or HiVLPConfig()
+    seed_everything(c.seed)
+    model = build_hivlp(c, bench["train"], tokenizer)
+    evaluate = None
+    if evaluate_on is not None:
+        def evaluate(m):
+            states = compute_states(m, evaluate_on, tokenizer)
+            return retrieval_metrics(states.image[-1] @ states.text[-1].T, evaluate_on.txt2img,
+                                     query_texts=evaluate_on.query_texts, query_images=evaluate_on.query_images)
+    history = fit_pairs(model, hivlp_loss, bench["train"], tokenizer, c, modality=c.image_input,
+                        image_size=c.image_size, max_text_length=c.max_text_length, evaluate=evaluate,
+                        log_every=max(1, c.max_steps // 100), progress=progress, device=device,
+                        checkpoint_path=checkpoint_path)
+    return model.eval(), history
+
+
+# ----------------------------------------------------------------------------- methods
+
+class HiVLPMethod(DualEncoderMethod):
+    """A trained HiVLP as the flat method (`hivlp-flat`: the last level over every candidate,
+    through a FAISS index of the cached last-level vectors). `level(l)` gives one level as a
+    cascade stage; `states(split)` caches the split's level vectors (offline work)."""
+
+    checkpoint_prefix = "hivlp"
+    config_class = HiVLPConfig
+
+    def __init__(self, config: HiVLPConfig | None = None, name: str = "hivlp-flat", progress: bool = True):
+        super().__init__(config, name, progress)
+
+    @property
+    def notes(self) -> str:
+        c = self.config
+        return (f"HiVLP last level (d={c.eol_widths[-1]}) over every candidate; {self.towers}, EOL widths "
+                f"{'/'.join(map(str, c.eol_widths))}; FAISS IndexFlatIP")
+
+    @property
+    def towers(self) -> str:
+        c = self.config
+        image = (f"ViT {c.image_layers} blocks over {c.patch_size}px patches" if c.image_input == "pixels"
+                 else f"region tower {c.image_layers} blocks")
+        return f"{image}, text {c.text_layers} blocks"
+
+    def train(self, bench: dict, tokenizer, checkpoint_path, cache_dir):
+        return train_hivlp(bench, tokenizer, self.config, checkpoint_path=checkpoint_path, progress=self.progress)
+
+    def states(self, split) -> HiVLPStates:
+        return self.cached_states(split, compute_states)
+
+    def rank_level(self, split, direction: str, top_k: int, level: int, queries=None):
+        """Exact top_k by S^level (0-based) through a FAISS index of the gallery's cached vectors."""
+        queries = query_indices(split, direction, queries)
+        gallery, asked = (side[level] for side in self.states(split).side(direction))
+        scores, indices = search(build_index(gallery), asked[torch.as_tensor(queries, dtype=torch.long)],
+                                 min(top_k, len(gallery)))  # (Q, k) each
+        return torch.as_tensor(indices, dtype=torch.long), torch.as_tensor(scores)
+
+    def rank(self, split, direction: str, top_k: int, queries=None):
+        return self.rank_level(split, direction, top_k, self.config.n_levels - 1, queries)
+
+    def score_level(self, split, image_indices, text_indices, level: int) -> torch.Tensor:
+        """S^level (P,) of the pairs (image_indices[p], text_indices[p]) from cached vectors."""
+        states = self.states(split)
+        images = states.image[level][torch.as_tensor(np.asarray(image_indices), dtype=torch.long)]  # (P, d)
+        texts = states.text[level][torch.as_tensor(np.asarray(text_indices), dtype=torch.long)]
+        return (images * texts).sum(-1)
+
+    def online_query_fn(self, split, caption_index: int = 0, top_k: int = 10, levels=None, survivors=SURVIVORS):
+        """A zero-argument callable answering one caption: the text tower once (every level at
+        once), then coarse_to_fine over the split's stored image level matrices (offline work,
+        done here) at `levels` (default all) keeping `survivors`. Returns (top_k,) image indices."""
+        model = self._fitted().eval()  # once, here: entering inference() per call walks every module
+        states = self.states(split)
+        levels = list(range(model.config.n_levels)) if levels is None else list(levels)
+        gallery = [states.image[l] for l in levels]
+        collate, device = TextCollate(self.tokenizer, model.config.max_text_length), model_device(model)
+        caption = split.captions[caption_index]
+
+        @torch.no_grad()
+        def answer() -> np.ndarray:
+            query = model.text_levels({k: v.to(device) for k, v in collate.encode([caption]).items()})
+            query = [query[l].float().cpu() for l in levels]  # [(1, d_l)]
+            return coarse_to_fine(gallery, query, survivors, top_k)[0][0].numpy()
+
+        return answer
+
+    def level(self, level: int) -> "HiVLPLevel":
+        return HiVLPLevel(self, level)
+
+
+class HiVLPLevel(Method):
+    """One level of a fitted (or to-be-fitted) HiVLPMethod as a cascade stage: rank by S^l over the
+    whole gallery (the first stage) or score_pairs by S^l (a later stage). 0-based `level`."""
+
+    dot_product = True  # score_pairs is a dot product of cached vectors: no cross-attention pairs to budget
+
+    def __init__(self, parent: HiVLPMethod, level: int):
+        if not 0 <= level < parent.config.n_levels:
+            raise ValueError(f"level must be in [0, {parent.config.n_levels}), got {level}")
+        self.parent, self.level_index, self.progress = parent, level, parent.progress
+        self.name = f"{parent.name.replace('-flat', '')}-eol{level + 1}"
+        self.notes = f"HiVLP level {level + 1} alone (d={parent.config.eol_widths[level]}) over every candidate"
+        self.config = parent.config
+
+    model = property(lambda self: self.parent.model)
+    tokenizer = property(lambda self: self.parent.tokenizer)
+
+    def fit(self, bench, tokenizer, cache_dir=None):
+        self.train(bench, tokenizer, None, cache_dir)
+        return self
+
+    def train(self, bench, tokenizer, checkpoint_path, cache_dir):
+        """A level is a view of its parent: the parent's model, trained (or loaded) if it is not yet."""
+        if self.parent.model is None:
+            self.parent.fit(bench, tokenizer, cache_dir)
+        return self.parent.model, self.parent.history
+
+    def rank(self, split, direction: str, top_k: int, queries=None):
+        return self.parent.rank_level(split, direction, top_k, self.level_index, queries)
+
+    def score_pairs(self, split, image_indices, text_indices) -> torch.Tensor:
+        return self.parent.score_level(split, image_indices, text_indices, self.level_index)
+
+    def query_fn(self, split, caption_index: int = 0, top_k: int = 10):
+        """One caption against the whole gallery at this level alone (the online path)."""
+        return self.parent.online_query_fn(split, caption_index, top_k, levels=[self.level_index], survivors=())
+
+
+class HiVLPCascade(Cascade):
+    """HiVLP's coarse-to-fine retrieval (§3.4) as a Cascade of its levels, survivors (N2, N3, ...).
+    query_fn is the online path: one text-tower pass (every level at once), then `coarse_to_fine`
+    on the gallery's stored level matrices."""
+
+    def __init__(self, hivlp: HiVLPMethod, survivors=SURVIVORS, name: str | None = None):
+        n = hivlp.config.n_levels
+        if len(survivors) != n - 1:
+            raise ValueError(f"{n} levels need {n - 1} survivor counts (N2, N3, ...), got {list(survivors)}")
+        super().__init__([hivlp.level(l) for l in range(n)], list(survivors),
+                         name=name or hivlp.name.replace("-flat", ""), notes=(f"HiVLP cascade ({hivlp.towers}): level 1 (d={hivlp.config.eol_widths[0]}) keeps "
+                                f"{'/'.join(map(str, survivors))}, the last level (d={hivlp.config.eol_widths[-1]}) "
+                                "orders them"))
+        self.hivlp = hivlp
+
+    def query_fn(self, split, caption_index: int = 0, top_k: int = 10):
+        """One caption's online path: the text tower once (every level), then coarse_to_fine over the
+        gallery's stored level matrices."""
+        return self.hivlp.online_query_fn(split, caption_index, top_k, survivors=self.top_ms)
+
+
+@register_method("hivlp-flat", order=5.0)
+def _hivlp_flat(build) -> HiVLPMethod:
+    return HiVLPMethod(build.config(HiVLPConfig))
+
+
+@register_method("hivlp", order=5.1)
+def _hivlp(build) -> HiVLPCascade:
+    return HiVLPCascade(build.method("hivlp-flat"))
+
+
+@register_method(f"hivlp+rerank@{RERANK_TOP_M}", order=5.2)
+def _hivlp_rerank(build) -> Cascade:
+    flat = build.method("hivlp-flat")
+    levels = [flat.level(l) for l in range(flat.config.n_levels)]
+    return Cascade(levels + [build.method("cross_encoder")], list(SURVIVORS) + [RERANK_TOP_M],
+                   name=f"hivlp+rerank@{RERANK_TOP_M}",
+                   notes=(f"the HiVLP cascade's top {RERANK_TOP_M} re-scored by the cross-encoder (the paper's "
+                          "+CM, with lesson 02's cross-encoder)"))
+
+
+@register_method("hivlp-regions", order=5.3)
+def _hivlp_regions(build) -> HiVLPCascade:
+    flat = HiVLPMethod(build.config(HiVLPConfig, image_input="regions", image_layers=3),
+                       name="hivlp-regions-flat")
+    return HiVLPCascade(flat, name="hivlp-regions")
+
+
+__all__ = ["SURVIVORS", "RERANK_TOP_M", "hivlp_loss", "HiVLPStates", "compute_states", "train_hivlp", "HiVLPMethod", "HiVLPLevel", "HiVLPCascade"]

@@ -1,0 +1,365 @@
+"""HiVLP (Chen et al. 2022): two towers with Early Output Layers of growing width, a hierarchical
+retrieval loss, and a coarse-to-fine cascade over the levels.
+
+An image tower (a ViT over the pixels, §3.2; or, to separate the pixel-vs-detector confound, the
+course's region tower) and a text tower each run L transformer blocks. At each level l the global
+token of one intermediate block (h_V0^l: [IMG], our [CLS] slot; h_T0^l: [TXT], our [CLS]) goes
+through that level's own MLP, the Early Output Layer, to width d_l; widths grow with depth:
+
+    ĥ_V^l = EOL_V^l(h_V0^l) in R^{d_l}      ĥ_T^l = EOL_T^l(h_T0^l)      d_1 < d_2 < ... < d_L
+    S^l(t, i) = ĥ_T^l · ĥ_V^l                                  (eq. 5: a raw inner product)
+    L_RL^l  = (CE_t2v + CE_v2t) / 2 over the in-batch S^l      (eq. 6-7: losses.contrastive_loss)
+    L_HRL   = sum_l L_RL^l                                     (eq. 8, every level with weight 1)
+    L_LRM   = VMLM on the text tower's last block, each masked word + h_V0 (eq. 4: LightningDOT's)
+
+Retrieval (§3.4, course_lib.methods.hivlp.method): level 1 scores every candidate at width d_1 and keeps N2,
+level 2 re-scores those at d_2 and keeps N3, the last level orders the N3. `cascade_cost` is the
+paper's time model and a multiply-add count of ours.
+
+Where the paper is silent, our choices (the notebook says them too):
+- Sizes: hidden 64, a 6-block ViT over 8x8-pixel patches of the 32x32 image (16 patches + [IMG]),
+  a 3-block text tower; EOL widths 16/32/64 (the paper's 128/300/768 ratio, roughly), after blocks
+  2/4/6 (image) and 1/2/3 (text): evenly spaced, the paper's 4/8/12 and 2/4/6.
+- The EOL MLP: Linear(hidden, hidden), GELU, Linear(hidden, d_l) (depth not given), then a LayerNorm, so
+  the raw inner products S^l start at the scale of LayerNorm'd states (LightningDOT's [CLS] is one) rather
+  than near 0, where a softmax at scale 1 learns slowly (`eol_layernorm=False` is the bare MLP).
+- The ViT embeds patches linearly, as the paper's; `stem="conv"` swaps in a convolutional stem.
+- LRM's image term h_V0 is the last image block's [IMG] state (eq. 4 writes h_V0^l with no l).
+- LRM is added to L_HRL with weight `lrm_weight` (the paper gives no weights). It is 0 by default: in
+  our calibration runs it slowed the alignment and made each step slower (docs/tuning_notes.md says
+  what we measured); `lrm_weight=1.0` is the paper's objective, and notebook 05 trains both. The
+  cross-modal encoder and its VLM loss are not trained here: "+CM" re-ranking uses the course's
+  cross-encoder of lesson 02 instead (`hivlp+rerank@20`).
+- No pre-training corpus: the model trains on the training split only.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import torch
+from timm.models.vision_transformer_hybrid import HybridEmbed
+from torch import nn
+
+from course_lib.core.encoders import (
+    PixelEncoder,
+    RegionTransformerEncoder,
+    TransformerTextEncoder,
+)
+from course_lib.core.losses import VMLM, batch_scores, contrastive_loss, mask_tokens
+from course_lib.core.settings import CourseConfig
+from course_lib.core.tokens import WORD_SPECIAL_TOKENS, SpecialTokens
+
+IMAGE_INPUTS = ("pixels", "regions")
+STEMS = ("patch", "conv")
+TRAIN_LEVELS = ("all", "last")
+
+
+@dataclass
+class HiVLPConfig(CourseConfig):
+    image_input: str = "pixels"  # "pixels": a ViT over the rendered image (the paper); "regions": the detector tower
+    hidden: int = 64  # width of both towers (the paper: 768)
+    image_layers: int = 6  # image blocks (the paper's ViT: 12)
+    text_layers: int = 3  # text blocks (the paper: 6)
+    heads: int = 4  # attention heads per block
+    patch_size: int = 8  # ViT patch side in pixels: a 32x32 image is 4x4 patches + [IMG]
+    stem: str = "patch"  # "patch": ViT's linear patch embedding; "conv": stride-2 3x3 convolutions down to the patches
+    backbone: str | None = None  # a timm ViT name for real data (e.g. "vit_base_patch16_224"); None = the course's
+    pretrained: bool = False  # load the timm backbone's pretrained weights (needs internet or a cache)
+    image_size: int | None = None  # resize pixels to this side (real images: e.g. 224); None = as stored (32)
+    eol_widths: tuple = (16, 32, 64)  # d_l of each level, growing with depth (the paper: 128/300/768)
+    eol_layernorm: bool = True  # end each EOL with a LayerNorm: level vectors start at norm sqrt(d_l), not near 0
+    train_levels: str = "all"  # "all": L_HRL over every level (eq. 8); "last": the last level only (ablation)
+    # weight of L_LRM (eq. 4) beside L_HRL. The paper trains with it; here it slowed alignment and made each
+    # step slower (docs/tuning_notes.md), so the default is 0 and notebook 05 measures it; 1.0 = the paper's
+    # L_HRL + L_LRM
+    lrm_weight: float = 0.0
+    mask_prob: float = 0.15  # share of words LRM masks (BERT)
+    dropout: float = 0.1  # dropout in both towers
+    max_text_length: int = 40  # tokens per caption, [CLS] and [SEP] included
+    batch_size: int = 128  # pairs per batch: the in-batch negatives of every level's loss
+    lr: float = 1e-3  # peak AdamW rate (the paper's 1e-4 is for a pre-trained 768-wide model)
+    max_steps: int = 1500  # optimizer steps (about 4 epochs of the 50k training pairs)
+    warmup_fraction: float = 0.1  # linear warm-up over 10% of steps, then linear decay (§4.1)
+    grad_clip: float = 2.0  # max gradient norm
+    seed: int = 0  # weights, masking and data order
+
+    SMOKE: ClassVar[dict] = {"max_steps": 30}
+
+    def __post_init__(self):
+        if self.image_input not in IMAGE_INPUTS:
+            raise ValueError(f"image_input must be one of {IMAGE_INPUTS}, got {self.image_input!r}")
+        if self.stem not in STEMS:
+            raise ValueError(f"stem must be one of {STEMS}, got {self.stem!r}")
+        if self.train_levels not in TRAIN_LEVELS:
+            raise ValueError(f"train_levels must be one of {TRAIN_LEVELS}, got {self.train_levels!r}")
+        self.eol_widths = tuple(int(w) for w in self.eol_widths)
+        n = len(self.eol_widths)
+        if n < 1 or list(self.eol_widths) != sorted(self.eol_widths) or min(self.eol_widths) < 1:
+            raise ValueError(f"eol_widths must be positive and non-decreasing with depth, got {self.eol_widths}")
+        for side, layers in (("image", self.image_layers), ("text", self.text_layers)):
+            if layers < n:
+                raise ValueError(f"{n} levels need at least {n} {side} blocks, got {side}_layers={layers}")
+
+    @property
+    def n_levels(self) -> int:
+        return len(self.eol_widths)
+
+
+def level_layers(n_layers: int, n_levels: int) -> list[int]:
+    """The 1-based blocks whose global token feeds each level, evenly spaced and ending at the last:
+    (12, 3) -> [4, 8, 12], (6, 3) -> [2, 4, 6], (3, 3) -> [1, 2, 3]."""
+    if not 1 <= n_levels <= n_layers:
+        raise ValueError(f"need 1 <= n_levels <= n_layers, got {n_levels} levels over {n_layers} blocks")
+    return [round(n_layers * (l + 1) / n_levels) for l in range(n_levels)]
+
+
+class EarlyOutput(nn.Module):
+    """One Early Output Layer: the global token (B, hidden) -> (B, width) through a 2-layer MLP, and
+    a LayerNorm (layernorm=True) so that S^l = a raw inner product starts at the scale of LightningDOT's
+    LayerNorm'd [CLS] vectors instead of near 0, where the in-batch softmax at scale 1 barely learns."""
+
+    def __init__(self, hidden: int, width: int, layernorm: bool = True):
+        super().__init__()
+        self.mlp = nn.Sequential(nn.Linear(hidden, hidden), nn.GELU(), nn.Linear(hidden, width),
+                                 *([nn.LayerNorm(width)] if layernorm else []))
+
+    def forward(self, h0: torch.Tensor) -> torch.Tensor:
+        return self.mlp(h0)  # (B, width)
+
+
+def conv_stem(hidden: int, patch_size: int) -> nn.Sequential:
+    """log2(patch_size) stride-2 3x3 convolutions (GELU between), widths doubling up to `hidden`:
+    a (B, 3, H, W) image -> (B, hidden, H / patch_size, W / patch_size), one vector per patch, each
+    seeing its neighbours' pixels too (the "convolutional stem" of Xiao et al., 2021)."""
+    steps = int(math.log2(patch_size))
+    if 2 ** steps != patch_size or steps < 1:
+        raise ValueError(f"a conv stem needs patch_size a power of 2 (>= 2), got {patch_size}")
+    widths = [3] + [max(hidden >> (steps - 1 - i), 8) for i in range(steps)]
+    layers = []
+    for i, (a, b) in enumerate(zip(widths, widths[1:])):
+        layers += [nn.Conv2d(a, b, 3, stride=2, padding=1)] + ([nn.GELU()] if i < steps - 1 else [])
+    return nn.Sequential(*layers)
+
+
+class ConvStemEmbed(HybridEmbed):
+    """timm's hybrid patch embedding over `conv_stem`: the ViT's patch_size becomes the stem's total
+    stride, and each cell of the stem's map is one token (a 1x1 projection to embed_dim)."""
+
+    def __init__(self, *, patch_size: int, embed_dim: int, **kwargs):
+        super().__init__(backbone=conv_stem(embed_dim, patch_size), patch_size=1, embed_dim=embed_dim, **kwargs)
+
+
+class ViTTower(nn.Module):
+    """A timm ViT over pixels that returns every block's states (B, 1 + P, hidden), [IMG] first,
+    each after the final LayerNorm (as `blocks.Transformer(return_layers=True)` gives them)."""
+
+    def __init__(self, config: HiVLPConfig):
+        super().__init__()
+        c = config
+        kwargs = {} if c.backbone else dict(patch_size=c.patch_size, depth=c.image_layers, embed_dim=c.hidden,
+                                             num_heads=c.heads, drop_rate=c.dropout, attn_drop_rate=0.0)
+        if c.image_size is not None:
+            kwargs["img_size"] = c.image_size
+        if c.stem == "conv":
+            kwargs["embed_layer"] = ConvStemEmbed
+        self.vit = PixelEncoder(c.backbone, pretrained=c.pretrained, **kwargs).backbone
+        self.width, self.depth = self.vit.num_features, len(self.vit.blocks)
+
+    def forward(self, batch: dict) -> list[torch.Tensor]:
+        states = self.vit.forward_intermediates(batch["pixels"], indices=self.depth, norm=True,
+                                                output_fmt="NLC", return_prefix_tokens=True,
+                                                intermediates_only=True)  # [(patches, prefix)] per block
+        return [torch.cat([prefix, patches], dim=1) for patches, prefix in states]  # (B, 1 + P, C) each
+
+
+class RegionTower(nn.Module):
+    """The course's region transformer, returning every block's states (B, 1 + R, hidden)."""
+
+    def __init__(self, config: HiVLPConfig, region_dim: int):
+        super().__init__()
+        c = config
+        self.encoder = RegionTransformerEncoder(region_dim, c.hidden, c.image_layers, c.heads, c.dropout)
+        self.width, self.depth = c.hidden, c.image_layers
+
+    def forward(self, batch: dict) -> list[torch.Tensor]:
+        return self.encoder(batch, return_layers=True).layers
+
+
+class HiVLP(nn.Module):
+    """Two towers with Early Output Layers (module docstring).
+
+    image_levels(batch) / text_levels(batch) -> [ĥ^l (B, d_l) for each level]; encode_images /
+    encode_texts -> the last level (a plain dual encoder: `hivlp-flat`); forward(batch) -> (image
+    levels, text levels); loss(batch) -> {"loss", "hrl", "lrm", "rl_1", ...}. `modality` is the image
+    field it reads ("pixels" or "regions"). `special`: the tokenizer's ids (LRM's [MASK]).
+    """
+
+    def __init__(self, config: HiVLPConfig, vocab_size: int, region_dim: int | None = None,
+                 special: SpecialTokens = WORD_SPECIAL_TOKENS):
+        super().__init__()
+        c = self.config = config
+        self.vocab_size, self.special, self.modality = vocab_size, special, c.image_input
+        if c.image_input == "pixels":
+            self.image_tower = ViTTower(c)
+        else:
+            if region_dim is None:
+                raise ValueError("image_input='regions' needs region_dim (the split's region feature size)")
+            self.image_tower = RegionTower(c, region_dim)
+        self.text_tower = TransformerTextEncoder(vocab_size, c.hidden, c.text_layers, c.heads,
+                                                 max_length=max(64, c.max_text_length), dropout=c.dropout,
+                                                 special=special)
+        self.image_at = level_layers(self.image_tower.depth, c.n_levels)  # 1-based blocks per level
+        self.text_at = level_layers(c.text_layers, c.n_levels)
+        self.image_eols = nn.ModuleList(EarlyOutput(self.image_tower.width, w, c.eol_layernorm) for w in c.eol_widths)
+        self.text_eols = nn.ModuleList(EarlyOutput(c.hidden, w, c.eol_layernorm) for w in c.eol_widths)
+        self.vmlm = VMLM(c.hidden, vocab_size, fuse=True) if self.image_tower.width == c.hidden else None
+
+    # ---- encoders ---------------------------------------------------------------------------
+    def _image_states(self, batch: dict) -> list[torch.Tensor]:
+        return self.image_tower(batch)  # every block's (B, 1 + P, C)
+
+    def _text_states(self, batch: dict) -> list[torch.Tensor]:
+        return self.text_tower(batch, return_layers=True).layers  # every block's (B, T, H)
+
+    @staticmethod
+    def _levels(states, at, eols) -> list[torch.Tensor]:
+        return [eol(states[block - 1][:, 0]) for block, eol in zip(at, eols)]  # [(B, d_l)]
+
+    def image_levels(self, batch: dict) -> list[torch.Tensor]:
+        return self._levels(self._image_states(batch), self.image_at, self.image_eols)
+
+    def text_levels(self, batch: dict) -> list[torch.Tensor]:
+        return self._levels(self._text_states(batch), self.text_at, self.text_eols)
+
+    def encode_images(self, batch: dict) -> torch.Tensor:
+        return self.image_levels(batch)[-1]  # (B, d_L)
+
+    def encode_texts(self, batch: dict) -> torch.Tensor:
+        return self.text_levels(batch)[-1]  # (B, d_L)
+
+    def forward(self, batch: dict) -> tuple[list, list]:
+        return self.image_levels(batch), self.text_levels(batch)
+
+    # ---- training ---------------------------------------------------------------------------
+    def loss(self, batch: dict) -> dict:
+        """L_HRL (over config.train_levels) + lrm_weight * L_LRM on a pair batch, with every level's
+        L_RL logged (rl_1, rl_2, ...) whether or not it is trained."""
+        c = self.config
+        image_states = self._image_states(batch)
+        images = self._levels(image_states, self.image_at, self.image_eols)  # [(B, d_l)]
+        texts = self.text_levels(batch)
+        per_level = [contrastive_loss(batch_scores(i, t)) for i, t in zip(images, texts)]  # eq. 7
+        trained = per_level if c.train_levels == "all" else per_level[-1:]
+        out = {"hrl": hrl_sum(trained), **{f"rl_{l + 1}": v.detach() for l, v in enumerate(per_level)}}
+        out["loss"] = out["hrl"]
+        if c.lrm_weight > 0:
+            if self.vmlm is None:
+                raise ValueError("LRM adds the image's global state to word states: the image tower's width "
+                                 f"({self.image_tower.width}) must equal hidden ({c.hidden}); set lrm_weight=0")
+            ids, labels = mask_tokens(batch["input_ids"], batch["attention_mask"], self.vocab_size,
+                                      c.mask_prob, special=self.special)  # (B, T) each
+            words = self.text_tower({**batch, "input_ids": ids}).tokens  # (B, T, H) the last block
+            out["lrm"] = self.vmlm(words, image_states[-1][:, 0], labels)  # eq. 4, + h_V0 of the last block
+            out["loss"] = out["loss"] + c.lrm_weight * out["lrm"]
+        return out
+
+
+def hrl_sum(level_losses) -> torch.Tensor:
+    """Eq. 8: L_HRL = sum_l L_RL^l, every level with weight 1."""
+    return torch.stack(list(level_losses)).sum()
+
+
+def hrl_loss(image_levels, text_levels) -> torch.Tensor:
+    """Eq. 6-8 on one batch: the sum over levels of the bidirectional in-batch cross-entropy of
+    S^l = image_levels[l] @ text_levels[l].T (B, B), positives on the diagonal."""
+    if len(image_levels) != len(text_levels):
+        raise ValueError(f"{len(image_levels)} image levels but {len(text_levels)} text levels")
+    return hrl_sum(contrastive_loss(batch_scores(i, t)) for i, t in zip(image_levels, text_levels))
+
+
+# ----------------------------------------------------------------------------- cost model
+
+@dataclass
+class CostModel:
+    """The paper's time model (§3.4) in units of one multiply: an encoder block costs t_e, one
+    similarity at width d costs d. Flat: all blocks, then N similarities at the last width; the
+    cascade: the blocks up to level 1, then at each level the larger of (the next blocks, this
+    level's similarities) as both run in parallel, then the last level's similarities."""
+
+    n_layers: int = 12  # encoder blocks of the query tower
+    level_layers: tuple = (4, 8, 12)  # the block each level reads
+    widths: tuple = (128, 300, 768)  # d_l
+    t_e: float = 1e3  # the cost of one encoder block
+    notes: dict = field(default_factory=dict)
+
+    def flat(self, n: int) -> float:
+        return self.n_layers * self.t_e + n * self.widths[-1]
+
+    def cascade(self, candidates) -> float:
+        """candidates: (N_1, ..., N_L), the items scored at each level (N_1 = the gallery)."""
+        if len(candidates) != len(self.widths):
+            raise ValueError(f"one candidate count per level: {len(self.widths)} levels, got {list(candidates)}")
+        blocks = [b - a for a, b in zip((0,) + tuple(self.level_layers), self.level_layers)]  # per segment
+        total = blocks[0] * self.t_e
+        for l in range(len(self.widths) - 1):
+            total += max(blocks[l + 1] * self.t_e, candidates[l] * self.widths[l])
+        return total + candidates[-1] * self.widths[-1]
+
+
+def cascade_cost(n: int, survivors=(1000, 100), model: CostModel | None = None) -> dict:
+    """{"flat", "cascade", "speedup"} of the time model for a gallery of n with the given survivor
+    counts (N_2, N_3, ...), each capped at the previous count."""
+    model = model or CostModel()
+    counts = [n]
+    for keep in survivors:
+        counts.append(min(keep, counts[-1]))
+    flat, cascade = model.flat(n), model.cascade(counts)
+    return {"n": n, "candidates": counts, "flat": flat, "cascade": cascade, "speedup": flat / cascade}
+
+
+def encoder_multiply_adds(tokens: int, hidden: int, layers: int) -> int:
+    """Multiply-adds of `layers` pre-LN blocks over `tokens` tokens of width `hidden` (MLP 4H):
+    per block, Q/K/V/out projections 4·T·H², attention scores and mixing 2·T²·H, MLP 8·T·H²."""
+    return layers * (12 * tokens * hidden * hidden + 2 * tokens * tokens * hidden)
+
+
+def eol_multiply_adds(hidden: int, widths) -> int:
+    """Multiply-adds of the EOL MLPs of one query: H·H + H·d_l per level."""
+    return sum(hidden * hidden + hidden * w for w in widths)
+
+
+def query_multiply_adds(n: int, *, tokens: int, hidden: int, layers: int, widths, survivors=()) -> dict:
+    """Multiply-adds of one query: the encoder (all `layers` blocks and the EOLs) plus similarities:
+    flat = n at the last width; cascade = n at d_1, then survivors[l] at d_{l+2}. {"encoder",
+    "flat_similarity", "cascade_similarity", "flat", "cascade"}."""
+    if len(survivors) != len(widths) - 1:
+        raise ValueError(f"{len(widths)} levels need {len(widths) - 1} survivor counts, got {list(survivors)}")
+    encoder = encoder_multiply_adds(tokens, hidden, layers) + eol_multiply_adds(hidden, widths)
+    counts = [n]
+    for keep in survivors:
+        counts.append(min(keep, counts[-1]))
+    flat_sim = n * widths[-1]
+    cascade_sim = sum(c * w for c, w in zip(counts, widths))
+    return {"encoder": encoder, "flat_similarity": flat_sim, "cascade_similarity": cascade_sim,
+            "flat": encoder + flat_sim, "cascade": encoder + cascade_sim}
+
+
+def build_hivlp(config: HiVLPConfig, split, tokenizer) -> HiVLP:
+    """A fresh HiVLP for the split's image input (its region feature size) and the vocabulary."""
+    region_dim = None
+    if config.image_input == "regions":
+        if not split.has_regions:
+            raise ValueError(f"split {split.name!r} has no region features: use image_input='pixels'")
+        region_dim = split.regions.shape[-1]
+    elif not split.has_pixels:
+        raise ValueError(f"split {split.name!r} has no pixels: use image_input='regions' or give read_karpathy "
+                         "an image_root")
+    return HiVLP(config, len(tokenizer), region_dim, special=SpecialTokens.of(tokenizer))
+
+
+__all__ = ["HiVLPConfig", "HiVLP", "EarlyOutput", "ViTTower", "RegionTower", "level_layers", "hrl_loss",
+           "hrl_sum", "CostModel", "cascade_cost", "encoder_multiply_adds", "eol_multiply_adds",
+           "query_multiply_adds", "build_hivlp", "IMAGE_INPUTS", "TRAIN_LEVELS"]

@@ -1,0 +1,171 @@
+"""Pre-train, then fine-tune, LightningDOT (§3.1, appendix A.1), and its benchmark method.
+
+    pre-train   on bench["pretrain"] (terse, noisy captions: the course's Conceptual Captions);
+                one objective per batch, drawn with the ratios of config.pretrain_tasks (UNITER's
+                scheme; our ratios, not the authors': see LightningDOTConfig), CMR among them
+    fine-tune   on bench["train"] with CMR only (two captions of one image in a batch count as
+                each other's negatives: about half the batches of 128 hold such a pair; not masked)
+
+Both stages use course_lib.core.train.Trainer: AdamW (0.9, 0.98), weight decay 0.01, linear warm-up
+over the first 10% of steps then linear decay to 0, as A.1. Each stage has its own checkpoint, so
+a notebook and the benchmark share one pre-training and re-run neither.
+
+    model, histories = train_lightningdot(bench, tokenizer, LightningDOTConfig(),
+                                          pretrain_checkpoint=..., checkpoint_path=...)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from course_lib.core.checkpoints import checkpoint_name, finished_checkpoint
+from course_lib.core.settings import seed_everything
+from course_lib.core.tokens import SpecialTokens
+from course_lib.methods.base import (
+    DualEncoderMethod,
+    fit_pairs,
+    retrieval_evaluator,
+    similarity,
+)
+from course_lib.methods.lightningdot.model import (
+    OBJECTIVES,
+    LightningDOT,
+    LightningDOTConfig,
+)
+from course_lib.methods.registry import register_method
+from course_lib.methods.rerank import TwoStageMethod
+
+# the fields that change a pre-trained model (fine-tuning fields do not)
+PRETRAIN_FIELDS = ("hidden", "layers", "heads", "max_text_length", "fuse", "mask_prob", "pretrain_tasks",
+                   "pretrain_steps", "pretrain_lr", "batch_size", "warmup_fraction", "grad_clip", "seed")
+
+
+def task_schedule(tasks: dict, steps: int, seed: int = 0) -> list[str]:
+    """The objective of each pre-training step: drawn i.i.d. with probabilities tasks / sum(tasks),
+    from its own seeded generator, so a resumed run continues the same schedule."""
+    names = [name for name in OBJECTIVES if tasks.get(name, 0) > 0]
+    weights = np.array([tasks[name] for name in names], dtype=float)
+    if not names:
+        raise ValueError(f"no objective has a positive ratio in {tasks}")
+    picks = np.random.default_rng(seed).choice(len(names), size=steps, p=weights / weights.sum())
+    return [names[i] for i in picks]
+
+
+def pretrain_loss(schedule: list[str]):
+    """A Trainer loss_fn: the objective schedule[step] on the batch; logs it under "<task>_loss"."""
+    def loss_fn(model: LightningDOT, batch: dict, step: int) -> dict:
+        task = schedule[step]
+        loss = model.objective(task, batch)
+        return {"loss": loss, f"{task}_loss": loss}
+
+    return loss_fn
+
+
+def cmr_loss(model: LightningDOT, batch: dict, step: int = 0) -> torch.Tensor:
+    """Fine-tuning's loss: CMR (eq. 6) on the batch's (B, B) scores."""
+    return model.objective("cmr", batch)
+
+
+def build_lightningdot(config: LightningDOTConfig, split, tokenizer) -> LightningDOT:
+    """A fresh model sized for the split's region features, its detector classes and the vocabulary,
+    with the tokenizer's special ids (VMLM's [MASK] and the words it may mask, the [PAD] of BERT)."""
+    if not split.has_regions:
+        raise ValueError(f"LightningDOT reads detector regions, and split {split.name!r} has none: "
+                         "extract region features first (data_scripts/) or use the synthetic benchmark")
+    n_classes = split.region_classes.shape[-1] if split.region_classes is not None else 1
+    return LightningDOT(config, len(tokenizer), split.regions.shape[-1], n_classes,
+                        special=SpecialTokens.of(tokenizer))
+
+
+def train_lightningdot(bench: dict, tokenizer, config: LightningDOTConfig | None = None, *,
+                       pretrain_checkpoint=None, checkpoint_path=None, evaluate_on=None,
+                       progress: bool = True, device: str | None = None) -> tuple[LightningDOT, dict]:
+    """Pre-train on bench["pretrain"] (skipped when pretrain_steps = 0), then fine-tune with CMR on
+    bench["train"]. Returns (model in eval mode, {"pretrain": History | None, "finetune": History}).
+
+    pretrain_checkpoint / checkpoint_path: where each stage saves; a finished checkpoint is loaded
+    instead of training (delete it to retrain). evaluate_on: a split whose retrieval metrics are
+    logged at the end of fine-tuning.
+    """
+    c = config or LightningDOTConfig()
+    seed_everything(c.seed)  # the initial weights; each Trainer seeds its own data order
+    model = build_lightningdot(c, bench["train"], tokenizer)
+    histories = {"pretrain": None, "finetune": None}
+    # a finished fine-tuning checkpoint holds the final weights: pre-train only to show its history
+    finetuned = finished_checkpoint(checkpoint_path, c.finetune_steps)
+    if c.pretrain_steps > 0 and (not finetuned or finished_checkpoint(pretrain_checkpoint, c.pretrain_steps)):
+        schedule = task_schedule(c.pretrain_tasks, c.pretrain_steps, c.seed)
+        histories["pretrain"] = fit_pairs(
+            model, pretrain_loss(schedule), bench["pretrain"], tokenizer, c, max_text_length=c.max_text_length,
+            max_steps=c.pretrain_steps, lr=c.pretrain_lr, log_every=max(1, c.pretrain_steps // 100),
+            progress=progress, device=device, checkpoint_path=pretrain_checkpoint)
+    evaluate = retrieval_evaluator(evaluate_on, lambda m, split: similarity(m, split, tokenizer))
+    if c.finetune_steps > 0:
+        histories["finetune"] = fit_pairs(
+            model, cmr_loss, bench["train"], tokenizer, c, max_text_length=c.max_text_length, evaluate=evaluate,
+            max_steps=c.finetune_steps, lr=c.finetune_lr, log_every=max(1, c.finetune_steps // 100),
+            progress=progress, device=device, checkpoint_path=checkpoint_path)
+    return model.eval(), histories
+
+
+class LightningDOTMethod(DualEncoderMethod):
+    """LightningDOT as a benchmark method: gallery [CLS] vectors in a FAISS index, one text encoding
+    per query. The pre-training checkpoint is cached beside the fine-tuned one, whose name covers it
+    (pretrain_checkpoint_file, checkpoint_file)."""
+
+    checkpoint_prefix = "lightningdot"
+    config_class = LightningDOTConfig
+
+    def __init__(self, config: LightningDOTConfig | None = None, name: str = "lightningdot",
+                 progress: bool = True):
+        super().__init__(config, name, progress)
+        self.pretrain_checkpoint = None
+
+    @property
+    def notes(self) -> str:
+        c = self.config
+        tasks = "+".join(k for k, v in c.pretrain_tasks.items() if v > 0) if c.pretrain_steps else "none"
+        fusion = "fused [CLS]" if c.fuse else "no fusion (MLM/MRM)"
+        return (f"two {c.layers}-layer transformers (d={c.hidden}), S = <z0, h0>; pre-training {tasks} "
+                f"({c.pretrain_steps} steps, {fusion}), CMR fine-tuning; FAISS IndexFlatIP")
+
+    def pretrain_checkpoint_file(self, bench: dict, tokenizer) -> str | None:
+        """The pre-trained model's file name in cache_dir (None without pre-training): it covers
+        the PRETRAIN_FIELDS of the config, bench["pretrain"] (captions and data) and the vocabulary."""
+        if self.config.pretrain_steps <= 0:
+            return None
+        fields = {k: getattr(self.config, k) for k in PRETRAIN_FIELDS}
+        return checkpoint_name("lightningdot-pretrain", fields, bench["pretrain"], tokenizer)
+
+    def checkpoint_file(self, bench: dict, tokenizer) -> str:
+        """The fine-tuned model's file name: config, bench["train"], vocabulary, and the pre-training
+        it starts from (its file name), so a new pre-training corpus is never served stale weights."""
+        return checkpoint_name(self.checkpoint_prefix, self.config.to_dict(), bench["train"], tokenizer,
+                               *self.checkpoint_extra(), self.pretrain_checkpoint_file(bench, tokenizer))
+
+    def train(self, bench: dict, tokenizer, checkpoint_path, cache_dir):
+        self.pretrain_checkpoint = None
+        if cache_dir is not None and self.config.pretrain_steps > 0:
+            self.pretrain_checkpoint = Path(cache_dir) / self.pretrain_checkpoint_file(bench, tokenizer)
+        model, histories = train_lightningdot(bench, tokenizer, self.config,
+                                              pretrain_checkpoint=self.pretrain_checkpoint,
+                                              checkpoint_path=checkpoint_path, progress=self.progress)
+        return model, histories
+
+
+@register_method("lightningdot", order=3.0)
+def _lightningdot(build) -> LightningDOTMethod:
+    return LightningDOTMethod(build.config(LightningDOTConfig))
+
+
+RERANK_TOP_M = (20, 50)  # LightningDOT A.1: "for re-ranking, we choose k from {20, 50}"
+for _m in RERANK_TOP_M:
+    register_method(f"lightningdot+rerank@{_m}", order=3.1)(
+        lambda build, m=_m: TwoStageMethod(build.method("lightningdot"), build.method("cross_encoder"), m))
+
+
+__all__ = ["task_schedule", "pretrain_loss", "cmr_loss", "build_lightningdot", "train_lightningdot",
+           "LightningDOTMethod", "PRETRAIN_FIELDS", "RERANK_TOP_M"]

@@ -1,0 +1,105 @@
+"""The method registry: every benchmark method registers itself where it is defined.
+
+    @register_method("scan", order=2)
+    def _scan(build):                       # build: a Build (seed, smoke, config(), method())
+        return SCANMethod(build.config(SCANConfig))
+
+    @register_method("lightningdot+rerank@20", order=3.2)
+    def _rerank(build):                     # a method built from others asks for them by name
+        return TwoStageMethod(build.method("lightningdot"), build.method("cross_encoder"), 20)
+
+`available_methods(seed, smoke)` imports every module of `course_lib.methods` (so their registrations
+run; a module that registers nothing costs only its import), builds
+every registered method in `order`, each exactly once (one fitted model serves every method that
+uses it), and returns them. Adding a method touches only its own module and its own tests: the
+benchmark, `available_methods` and the benchmark's tests loop over the registry.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from dataclasses import dataclass, field
+from typing import Callable
+
+_REGISTRY: dict[str, "Registration"] = {}
+
+
+@dataclass(frozen=True)
+class Registration:
+    name: str
+    order: float  # position in the course (the lesson number, with decimals inside a lesson)
+    factory: Callable  # factory(build: Build) -> a Method named `name`
+
+
+def register_method(name: str, order: float, *, replace: bool = False):
+    """Decorator registering factory(build) -> Method under `name` (see the module docstring)."""
+    def decorate(factory):
+        if name in _REGISTRY and not replace and _REGISTRY[name].factory is not factory:
+            raise ValueError(f"a method named {name!r} is already registered "
+                             f"(by {_REGISTRY[name].factory.__module__}); pick another name")
+        _REGISTRY[name] = Registration(name, float(order), factory)
+        return factory
+    return decorate
+
+
+def unregister_method(name: str) -> None:
+    """Remove a registration (tests that register a temporary method clean up with this)."""
+    _REGISTRY.pop(name, None)
+
+
+def _discover() -> None:
+    """Import every module of course_lib.methods, where methods register (idempotent, cheap after once)."""
+    import course_lib.methods
+
+    for info in pkgutil.walk_packages(course_lib.methods.__path__, prefix="course_lib.methods."):
+        importlib.import_module(info.name)
+
+
+@dataclass
+class Build:
+    """What a factory gets: the run's seed and mode, configs in that mode, and the other methods."""
+
+    seed: int = 0
+    smoke: bool = False
+    built: dict = field(default_factory=dict)
+
+    def config(self, config_class, **overrides):
+        """config_class in this run's mode: .smoke(seed=...) or (seed=...), with overrides."""
+        overrides = {"seed": self.seed, **overrides}
+        return config_class.smoke(**overrides) if self.smoke else config_class(**overrides)
+
+    def method(self, name: str):
+        """The method registered as `name`, built once per run (so its model is trained once)."""
+        if name not in self.built:
+            if name not in _REGISTRY:
+                raise KeyError(f"no method named {name!r}; registered: {registered_names()}")
+            method = _REGISTRY[name].factory(self)
+            if getattr(method, "name", None) != name:
+                raise ValueError(f"the factory registered as {name!r} built a method named "
+                                 f"{getattr(method, 'name', None)!r}; the two must agree")
+            self.built[name] = method
+        return self.built[name]
+
+
+def registered_names() -> list[str]:
+    """Every registered method's name, in course order."""
+    _discover()
+    return [r.name for r in sorted(_REGISTRY.values(), key=lambda r: (r.order, r.name))]
+
+
+def available_methods(seed: int = 0, smoke: bool = False, names=None) -> list:
+    """The registered methods (all, or those in `names`), built for this seed and mode, in
+    course order; methods they depend on are built once and shared."""
+    everything = registered_names()
+    if names is not None:
+        unknown = sorted(set(names) - set(everything))
+        if unknown:
+            raise KeyError(f"unknown method(s) {unknown}; choose from {everything}")
+    build = Build(seed, smoke)
+    wanted = everything if names is None else [n for n in everything if n in set(names)]
+    return [build.method(name) for name in wanted]
+
+
+__all__ = ["register_method", "unregister_method", "available_methods", "registered_names", "Build",
+           "Registration"]

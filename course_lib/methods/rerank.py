@@ -1,0 +1,241 @@
+"""Cascades: a fast first stage keeps the top-M, slower stages re-score only the survivors.
+
+`Cascade(stages, top_ms, combine)` is the general form every lesson uses: stage 0 is a Method that
+ranks the whole gallery (a dot product through FAISS); each later stage re-scores the previous
+stage's survivors with its `score_pairs(split, image_indices, text_indices)`, and `combine` fuses the
+scores gathered so far into the order that decides who survives:
+
+    Cascade([lightningdot, cross_encoder], top_ms=[20])                    # two-stage re-ranking
+    Cascade([hivlp_l1, hivlp_l2, hivlp_l3], top_ms=[1000, 100])            # coarse-to-fine levels
+    Cascade([fast, slow], top_ms=[10], combine=weighted_sum([beta, 1.0]))  # Fast & Slow eq. 9
+
+A query costs one first-stage search plus sum(top_ms) pair scorings, whatever the gallery size.
+The default `combine` is the last stage's score alone (`last_stage`), as LightningDOT's code re-sorts
+by the re-ranker. The dense helper below is the same two-stage order on a full matrix.
+
+LightningDOT §3.2: retrieve the top-M with dot products, score those M pairs with a cross-attention
+model, and take the final top-K (K <= M) from the re-ranker's scores alone (the authors' code
+re-sorts by the re-ranker; the two scores are not fused). A query then costs one encoding plus M
+re-ranker passes, whatever the gallery size (Table 3, "+Re-ranker").
+
+Any re-ranker plugs in through one function, a *pair scorer*:
+
+    score_pairs(image_indices (P,), text_indices (P,)) -> scores (P,)   on one split
+
+    first = lightningdot.similarity(split)                                   # (N, T)
+    t2i = two_stage_scores(first, score_pairs, top_m=20, direction="t2i")    # (N, T)
+    retrieval_metrics(i2t, split.txt2img, t2i_sims=t2i)
+
+`two_stage_scores` returns a full (N, T) matrix, so the usual metrics apply: in each query's
+column (t2i) or row (i2t) the M candidates carry the re-ranker's scores and every other item keeps
+its first-stage order, strictly below them. `TwoStageMethod` is the benchmark's method.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+from course_lib.methods.base import Method, check_direction, query_indices
+
+PairScorer = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+DIRECTIONS = ("t2i", "i2t")
+
+
+def top_m_candidates(first_scores: torch.Tensor, top_m: int, direction: str = "t2i") -> torch.Tensor:
+    """The first stage's top_m per query, best first: t2i -> (T, M) image indices per text,
+    i2t -> (N, M) text indices per image. top_m is capped at the number of candidates."""
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
+    if top_m < 1:
+        raise ValueError(f"top_m must be >= 1, got {top_m}")
+    scores = torch.as_tensor(first_scores)
+    by_query = scores.T if direction == "t2i" else scores  # (Q, candidates)
+    return torch.topk(by_query, min(top_m, by_query.shape[1]), dim=1).indices  # (Q, M)
+
+
+def two_stage_scores(first_scores, score_pairs: PairScorer, top_m: int, direction: str = "t2i"):
+    """(N, T) scores of two-stage retrieval in one direction (module docstring).
+
+    first_scores (N, T): the first stage's scores of every pair. score_pairs: the re-ranker's pair
+    scorer, called once with all Q * top_m candidate pairs.
+    """
+    first = torch.as_tensor(first_scores, dtype=torch.float32).cpu()  # (N, T)
+    candidates = top_m_candidates(first, top_m, direction)  # (Q, M)
+    Q, M = candidates.shape
+    queries = torch.arange(Q).repeat_interleave(M)  # (Q*M,) query-major
+    flat = candidates.reshape(-1)  # (Q*M,)
+    images, texts = (flat, queries) if direction == "t2i" else (queries, flat)
+    rescored = torch.as_tensor(score_pairs(images, texts), dtype=torch.float32).cpu().view(Q, M)
+    by_query = (first.T if direction == "t2i" else first).clone()  # (Q, candidates)
+    # shift each query's first-stage scores below its lowest re-ranked score, keeping their order
+    shift = by_query.max(dim=1, keepdim=True).values - rescored.min(dim=1, keepdim=True).values + 1.0
+    by_query -= shift
+    by_query.scatter_(1, candidates, rescored)
+    return by_query.T.contiguous() if direction == "t2i" else by_query  # (N, T)
+
+
+Combine = Callable[[list], torch.Tensor]
+
+
+def last_stage(stage_scores: list) -> torch.Tensor:
+    """The default combine: order by the latest stage's scores alone. (Q, M) -> (Q, M)"""
+    return stage_scores[-1]
+
+
+def weighted_sum(weights: Sequence[float]) -> Combine:
+    """combine = sum_j weights[j] * stage j's scores, over the stages scored so far: Fast & Slow's
+    h(x, y) + beta * f(x)^T g(y) is weighted_sum([beta, 1.0]) on [fast, slow]."""
+    weights = [float(w) for w in weights]
+
+    def combine(stage_scores: list) -> torch.Tensor:
+        return sum(w * s for w, s in zip(weights, stage_scores))
+
+    return combine
+
+
+class Cascade(Method):
+    """stages[0] ranks the gallery and keeps top_ms[0]; stage j re-scores the survivors and keeps
+    top_ms[j] (the last stage keeps them all), each time in the order combine(scores so far) gives.
+
+    stages[0]: a Method (rank); stages[1:]: anything with score_pairs(split, images, texts) -> (P,)
+    (a PairwiseMethod, or a method that exposes a light scorer). top_ms: len(stages) - 1 survivor
+    counts, non-increasing; top_ms_i2t: other counts for image queries, when they differ (U-BERT
+    re-ranks K = 20 images per caption but K = 100 captions per image). A Method itself: fit fits
+    the stages that are not fitted yet.
+    """
+
+    def __init__(self, stages: Sequence, top_ms: Sequence[int], combine: Combine = last_stage,
+                 name: str | None = None, notes: str | None = None,
+                 top_ms_i2t: Sequence[int] | None = None):
+        for counts in (top_ms, top_ms if top_ms_i2t is None else top_ms_i2t):
+            if len(stages) < 2 or len(counts) != len(stages) - 1:
+                raise ValueError(f"a cascade needs >= 2 stages and one top_m per stage but the last: "
+                                 f"got {len(stages)} stages and top_ms {list(counts)}")
+            if any(m < 1 for m in counts) or list(counts) != sorted(counts, reverse=True):
+                raise ValueError(f"top_ms must be >= 1 and non-increasing, got {list(counts)}")
+        self.stages, self.top_ms, self.combine = list(stages), [int(m) for m in top_ms], combine
+        self.top_ms_i2t = self.top_ms if top_ms_i2t is None else [int(m) for m in top_ms_i2t]
+        self.name = name or "+".join(s.name for s in stages) + "@" + "/".join(map(str, top_ms))
+        self.notes = notes or (f"{stages[0].name} keeps the top {'/'.join(map(str, top_ms))}, re-scored by "
+                               + ", ".join(s.name for s in stages[1:]))
+        self.progress = True
+
+    @property
+    def eval_pairs(self):
+        return tuple(min((b for b in budgets if b is not None), default=None)
+                     for budgets in zip(*(s.eval_pairs for s in self.stages[1:])))
+
+    def fit(self, bench, tokenizer, cache_dir=None) -> "Cascade":
+        for stage in self.stages:  # a fitted method is not fitted again
+            if getattr(stage, "model", None) is None:
+                stage.fit(bench, tokenizer, cache_dir=cache_dir)
+        return self
+
+    def train(self, bench, tokenizer, checkpoint_path, cache_dir):
+        """Nothing of a cascade's own is trained: each stage trains (or loads) itself in fit."""
+        self.fit(bench, tokenizer, cache_dir)
+        return None, {stage.name: getattr(stage, "history", None) for stage in self.stages}
+
+    def survivors(self, direction: str) -> list[int]:
+        """The top_ms of a direction: top_ms for text queries, top_ms_i2t for image queries."""
+        return self.top_ms if check_direction(direction) == "t2i" else self.top_ms_i2t
+
+    def pairs_per_query(self, split, direction: str) -> int:
+        """The first stage's pairs, plus the survivors each later stage scores, except stages that
+        only take dot products of cached vectors (`dot_product = True`, e.g. HiVLP's levels)."""
+        later = zip(self.survivors(direction), self.stages[1:])
+        return (sum(m for m, stage in later if not getattr(stage, "dot_product", False))
+                + self.stages[0].pairs_per_query(split, direction))
+
+    def rescore(self, split, direction: str, queries, candidates, first_scores):
+        """Run stages[1:] on candidates (Q, M) with their first-stage scores (Q, M), M >= top_ms[0]:
+        -> (indices (Q, M), scores (Q, M)), best first. The survivors of the last stage come first,
+        by combined score; every item a stage dropped follows, the latest drops first, each group
+        in the order that dropped it, with scores strictly below (so recall at K beyond the
+        survivors is that of the earlier stages, as two_stage_scores gives on a dense matrix)."""
+        top_ms = self.survivors(direction)
+        queries = torch.as_tensor(np.asarray(queries), dtype=torch.long)  # (Q,)
+        candidates = torch.as_tensor(candidates, dtype=torch.long)
+        tails = [candidates[:, top_ms[0]:]]  # beyond the first stage's top_m, its own order
+        indices = candidates[:, :top_ms[0]]
+        history = [torch.as_tensor(first_scores).float()[:, :top_ms[0]]]
+        for stage, keep in zip(self.stages[1:], top_ms[1:] + [None]):
+            Q, M = indices.shape
+            asked = queries.repeat_interleave(M)  # (Q*M,) query-major
+            flat = indices.reshape(-1)
+            images, texts = (flat, asked) if direction == "t2i" else (asked, flat)
+            history.append(torch.as_tensor(stage.score_pairs(split, images, texts)).float().view(Q, M))
+            order = torch.argsort(self.combine(history), dim=1, descending=True, stable=True)
+            keep = M if keep is None else keep
+            tails.insert(0, indices.gather(1, order[:, keep:]))
+            indices, history = indices.gather(1, order[:, :keep]), [h.gather(1, order[:, :keep]) for h in history]
+        scores = self.combine(history)  # (Q, M_last)
+        tail = torch.cat(tails, dim=1)  # (Q, M - M_last)
+        below = scores.min(dim=1, keepdim=True).values - 1.0 - torch.arange(tail.shape[1], dtype=torch.float32)
+        return torch.cat([indices, tail], dim=1), torch.cat([scores, below], dim=1)
+
+    def rank(self, split, direction: str, top_k: int, queries=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The cascade's top_k per query: (indices (Q, k), scores (Q, k)), best first; beyond the
+        last stage's survivors, the items earlier stages dropped (rescore)."""
+        queries = query_indices(split, check_direction(direction), queries)
+        depth = max(top_k, self.survivors(direction)[0])
+        candidates, first = self.stages[0].rank(split, direction, depth, queries)  # (Q, depth)
+        indices, scores = self.rescore(split, direction, queries, candidates, first)
+        return indices[:, :top_k], scores[:, :top_k]
+
+    def query_fn(self, split, caption_index: int = 0, top_k: int = 10):
+        """One text query: the first stage's own query_fn for top_ms[0] (its offline index built
+        here), then the later stages on the survivors."""
+        uses_first = self.combine is not last_stage  # only then do the first-stage scores matter
+        search = self.stages[0].query_fn(split, caption_index=caption_index, top_k=self.top_ms[0],
+                                         **({"with_scores": True} if uses_first else {}))
+
+        def answer() -> np.ndarray:
+            found = search()
+            candidates, first = found if uses_first else (found, None)
+            candidates = torch.as_tensor(np.asarray(candidates), dtype=torch.long)[None]  # (1, M0)
+            first = (-torch.arange(candidates.shape[1], dtype=torch.float32)[None] if first is None
+                     else torch.as_tensor(np.asarray(first), dtype=torch.float32)[None])  # (1, M0)
+            indices, _ = self.rescore(split, "t2i", [caption_index], candidates, first)
+            return indices[0, :top_k].numpy()
+
+        return answer
+
+
+class TwoStageMethod(Cascade):
+    """The two-stage case: `first` retrieves top_m, `reranker` (any method with score_pairs or
+    pair_scorer, e.g. CrossEncoderMethod) re-scores them; final ranking by the re-ranker alone.
+
+    similarity(split) -> (i2t scores, t2i scores): the dense form for small splits, each direction
+    re-ranking its own candidates (pass both to retrieval_metrics(..., t2i_sims=)).
+    """
+
+    def __init__(self, first, reranker, top_m: int, name: str | None = None, top_m_i2t: int | None = None):
+        both = f"{top_m}" if top_m_i2t in (None, top_m) else f"{top_m} per caption, {top_m_i2t} per image"
+        super().__init__([first, reranker], [top_m], name=name or f"{first.name}+rerank@{top_m}",
+                         notes=(f"{first.name} retrieves the top {both}, {reranker.name} "
+                                f"re-scores them; final ranking by the re-ranker's score alone"),
+                         top_ms_i2t=None if top_m_i2t is None else [top_m_i2t])
+        self.first, self.reranker, self.top_m = first, reranker, top_m
+
+    def _scores(self, split, directions) -> list[torch.Tensor]:
+        first = self.first.similarity(split)
+        scorer = lambda images, texts: self.reranker.score_pairs(split, images, texts)  # noqa: E731
+        return [two_stage_scores(first, scorer, self.survivors(d)[0], d) for d in directions]
+
+    def similarity(self, split) -> tuple[torch.Tensor, torch.Tensor]:
+        """(i2t scores (N, T), t2i scores (N, T)); pass both to retrieval_metrics(..., t2i_sims=)."""
+        i2t, t2i = self._scores(split, ("i2t", "t2i"))
+        return i2t, t2i
+
+    def t2i_similarity(self, split) -> torch.Tensor:
+        """(N, T) scores for text queries only (the benchmark's sampled-query evaluation)."""
+        return self._scores(split, ("t2i",))[0]
+
+
+
+__all__ = ["PairScorer", "top_m_candidates", "two_stage_scores", "Cascade", "TwoStageMethod",
+           "last_stage", "weighted_sum", "DIRECTIONS"]

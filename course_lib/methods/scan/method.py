@@ -1,0 +1,122 @@
+"""SCAN as a benchmark method: training with VSE++'s hinge loss (`train_scan`), `SCANMethod` (every
+(image, caption) pair scored by stacked cross attention, so one text query costs O(gallery size);
+`SCANMethod.query_fn` measures it) and its registration. The model and loss are in `model.py`.
+
+    model, history = train_scan(bench, tokenizer, SCANConfig())
+    sims = scan_matrix(model, bench["test"], tokenizer)        # (n_images, n_texts)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from course_lib.core.checkpoints import model_device
+from course_lib.core.losses import hinge_name
+from course_lib.core.settings import seed_everything
+from course_lib.core.train import History
+from course_lib.data.datasets import TextCollate
+from course_lib.methods.base import PairwiseMethod, fit_pairs, retrieval_evaluator
+from course_lib.methods.registry import register_method
+from course_lib.methods.scan.model import (
+    SCANConfig,
+    SCANModel,
+    build_scan,
+    encode_regions,
+    encode_words,
+    scan_loss,
+    scan_matrix,
+)
+
+
+def train_scan(bench: dict, tokenizer, config: SCANConfig | None = None, *, checkpoint_path=None,
+               evaluate_on=None, eval_every: int | None = None, progress: bool = True,
+               device: str | None = None) -> tuple[SCANModel, History]:
+    """Train a SCANModel on bench["train"]; returns (model in eval mode, history).
+
+    checkpoint_path: where the Trainer saves; a finished checkpoint there is loaded instead of
+        training (delete it to retrain). evaluate_on: a split whose retrieval_metrics are logged
+        every eval_every steps and at the end.
+    """
+    config = config or SCANConfig()
+    seed_everything(config.seed)  # the model's initial weights; the Trainer seeds the rest
+    model = build_scan(config, bench["train"], tokenizer)
+    evaluate = retrieval_evaluator(evaluate_on, lambda m, split: scan_matrix(m, split, tokenizer, progress=False))
+    history = fit_pairs(model, scan_loss(config.margin, config.max_violation), bench["train"], tokenizer, config,
+                        modality=model.modality, evaluate=evaluate, eval_every=eval_every, log_every=25,
+                        progress=progress, checkpoint_path=checkpoint_path, device=device)
+    return model.eval(), history
+
+
+# ----------------------------------------------------------------------------- the method
+class SCANMethod(PairwiseMethod):
+    """SCAN as a benchmark Method (course_lib.methods.base): every query attends over every gallery item.
+    score_block reads region and word encodings cached for the last split scored."""
+
+    checkpoint_prefix = "scan"
+    config_class = SCANConfig
+    eval_pairs = (8_000_000, 400_000)  # ~1 s per 100k pairs on a CPU thread: test t2i in full
+    _encoded: tuple = (None, None, None)  # (split, model, (regions, region_mask, words, word_mask))
+
+    def _encodings(self, split):
+        model = self._fitted()
+        if self._encoded[0] is not split or self._encoded[1] is not model:
+            self._encoded = (split, model, (*encode_regions(model, split, progress=self.progress and split.n_images > 20_000),
+                                     *encode_words(model, split, self.tokenizer,
+                                                   progress=self.progress and split.n_texts > 20_000)))
+        return self._encoded[2]
+
+    @torch.no_grad()
+    def score_block(self, split, image_indices, text_indices) -> torch.Tensor:
+        """(n, m) SCAN scores of the chosen images against the chosen captions, on the CPU."""
+        model = self._fitted().eval()
+        device = model_device(model)
+        regions, region_mask, words, word_mask_ = self._encodings(split)
+        img = torch.as_tensor(image_indices, dtype=torch.long)
+        txt = torch.as_tensor(text_indices, dtype=torch.long)
+        return model.score(regions[img].to(device), region_mask[img].to(device), words[txt].to(device),
+                           word_mask_[txt].to(device)).cpu()  # (n, m)
+
+    @property
+    def notes(self) -> str:
+        c = self.config
+        image = "Linear(region) + Linear(box)" if c.use_boxes else "Linear(region)"
+        agg = f"lse {c.lambda_lse:g}" if c.agg == "lse" else c.agg
+        loss = hinge_name(c.max_violation)
+        return (f"SCAN {c.direction} stacked cross attention ({image} / bi-GRU words, lambda_softmax "
+                f"{c.lambda_softmax:g}, {agg}), {loss}; attends over every gallery image per query")
+
+    def train(self, bench: dict, tokenizer, checkpoint_path, cache_dir):
+        return train_scan(bench, tokenizer, self.config, checkpoint_path=checkpoint_path,
+                          progress=self.progress)
+
+    def similarity(self, split) -> torch.Tensor:
+        return scan_matrix(self._fitted(), split, self.tokenizer, progress=self.progress)  # (N, T)
+
+    def query_fn(self, split, caption_index: int = 0, top_k: int = 10):
+        """A zero-argument callable answering one text query: the online cost of SCAN.
+
+        The gallery's regions are encoded once, here (offline); each call tokenises one caption,
+        encodes its words and runs the cross attention of that caption against every gallery
+        image, then takes the top_k: the work grows linearly with the gallery. Returns the top_k
+        image indices (top_k,), best first.
+        """
+        model = self._fitted().eval()
+        device = model_device(model)
+        regions, region_mask = (x.to(device) for x in encode_regions(model, split))  # offline
+        collate, caption = TextCollate(self.tokenizer), split.captions[caption_index]
+
+        @torch.no_grad()
+        def answer() -> torch.Tensor:
+            batch = {k: v.to(device) for k, v in collate.encode([caption]).items()}  # (1, T)
+            scores = model.score(regions, region_mask, *model.encode_texts(batch))  # (N, 1)
+            return torch.topk(scores[:, 0], min(top_k, len(scores))).indices.cpu().numpy()  # (top_k,)
+
+        return answer
+
+
+@register_method("scan", order=2.0)
+def _scan(build) -> SCANMethod:
+    return SCANMethod(build.config(SCANConfig))
+
+
+__all__ = ["train_scan", "SCANMethod"]

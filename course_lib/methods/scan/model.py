@@ -1,0 +1,208 @@
+"""The trainable SCAN model (Lee et al., ECCV 2018): region and word encoders scored by
+stacked cross attention, trained with VSE++'s hinge loss.
+
+SCAN keeps every region and every word as its own vector and lets one side attend over the other
+(`course_lib.methods.scan.attention.scan_similarity`), so a caption can look at just the objects it names. Its
+encoders are deliberately simple, as in the reference code:
+
+- image: one Linear layer per region (SCAN's "precomp" encoder over detector features), plus a
+  Linear layer of the region's box (see below), then L2-normalised per region;
+- text: word embeddings -> bi-GRU with its two directions averaged (`encoders.BiGRUEncoder`),
+  L2-normalised per word. SCAN has no [CLS]/[SEP]: they are removed before the GRU reads the
+  caption, so they are neither words nor context.
+
+Boxes. SCAN's Faster R-CNN features carry some position of their own; our synthetic region
+features describe only shape, colour and size, and where a region is lives in its 7-d box alone.
+Without the box every "left of" / "in the top right corner" caption is unanswerable, so the image
+side adds `Linear(box)` to `Linear(feature)`; `use_boxes=False` gives pure SCAN, measured 5 points
+lower t2i R@1 on the test split and 9 lower on the compositional one.
+
+Cost. Nothing about an image can be pre-combined with the caption: every (image, caption) pair
+runs its own attention, so one text query costs O(gallery size) cross attention, against one dot
+product per image for VSE++. Training and the benchmark's `SCANMethod` are in `method.py`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm.auto import tqdm
+
+from course_lib.core.checkpoints import inference, model_device
+from course_lib.core.encoders import BiGRUEncoder, l2_normalize, word_mask
+from course_lib.core.losses import hinge_triplet_loss
+from course_lib.core.settings import CourseConfig
+from course_lib.core.tokens import WORD_SPECIAL_TOKENS, SpecialTokens
+from course_lib.data.datasets import CaptionDataset, ImageDataset, make_loader
+from course_lib.methods.scan.attention import scan_similarity
+
+BOX_DIM = 7  # UNITER's box: x1, y1, x2, y2, w, h, area
+
+
+@dataclass
+class SCANConfig(CourseConfig):
+    direction: str = "t2i"  # "t2i": words attend over regions; "i2t": regions over words
+    lambda_softmax: float = 9.0  # attention temperature (SCAN's best t2i: 9; i2t: 4)
+    agg: str = "lse"  # pool the per-word (t2i) or per-region (i2t) scores: "lse" or "mean"
+    lambda_lse: float = 6.0  # LogSumExp sharpness (SCAN's best t2i: 6)
+    embed_dim: int = 64  # joint space of regions and words (SCAN: 1024)
+    word_dim: int = 64  # word embedding size fed to the GRU (SCAN: 300)
+    use_boxes: bool = True  # add Linear(box) to each region: our features hold no position
+    margin: float = 0.2  # hinge margin (VSE++ / SCAN)
+    max_violation: bool = True  # hardest in-batch negative only (VSE++ "MH", SCAN's setting)
+    batch_size: int = 128  # (image, caption) pairs per batch: the in-batch negatives
+    # SCAN's 2e-4 suits its 30 epochs; in our 5 epochs 1e-3 learned faster (docs/tuning_notes.md)
+    lr: float = 1e-3  # peak AdamW learning rate
+    max_steps: int = 2000  # 5 epochs of the 10k-scene train split; CPU time: docs/tuning_notes.md
+    warmup_fraction: float = 0.05  # share of steps warming up; then linear decay to 0
+    grad_clip: float = 2.0  # max gradient norm (VSE++ / SCAN)
+    seed: int = 0  # model initialisation and data order
+
+    SMOKE: ClassVar[dict] = {"max_steps": 40}  # smoke(): tiny training, same code path
+
+
+def normalize_real(items: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(B, L, E) -> unit vectors at the real items (mask (B, L) True), exact zeros at padding.
+
+    Padded slots may hold anything (a detector's empty slots, NaN even), so they are replaced
+    before the norm and zeroed after it: nothing from padding reaches the scores or gradients."""
+    padded = ~mask.unsqueeze(-1)  # (B, L, 1)
+    return l2_normalize(items.masked_fill(padded, 1.0)).masked_fill(padded, 0.0)
+
+
+def words_only(input_ids: torch.Tensor, attention_mask: torch.Tensor,
+               special: SpecialTokens = WORD_SPECIAL_TOKENS):
+    """`[CLS] w1 .. wn [SEP] [PAD] ..` -> `(ids (B, L), mask (B, L))` of `w1 .. wn [PAD] ..`,
+    L = the most words in the batch: SCAN's captions are words only. `special`: the ids of the
+    tokenizer that made input_ids (SpecialTokens.of(tokenizer); default the word tokenizer's)."""
+    keep = word_mask(input_ids, attention_mask, special)  # (B, T)
+    order = torch.argsort((~keep).int(), dim=1, stable=True)  # words first, in their order
+    mask = keep.gather(1, order)  # (B, T)
+    ids = input_ids.gather(1, order).masked_fill(~mask, special.pad)
+    length = int(mask.sum(1).max()) if len(mask) else 0
+    return ids[:, :length], mask[:, :length]
+
+
+class SCANModel(nn.Module):
+    """Regions and words in one space, scored by SCAN's stacked cross attention.
+
+    encode_images(batch) -> (regions (B, R, E) unit vectors, region_mask (B, R));
+    encode_texts(batch) -> (words (B, L, E) unit vectors, word_mask (B, L)), words only;
+    forward(pair_batch) -> scores (B, B), rows images, columns texts, positives on the diagonal.
+    Padded slots are exactly zero. `special`: the tokenizer's ids (SpecialTokens.of(tokenizer),
+    default the word tokenizer's): its [CLS] / [SEP] are dropped, its [PAD] is the padding_idx.
+    """
+
+    modality = "regions"  # the image field the datasets must provide
+
+    def __init__(self, region_dim: int, vocab_size: int, config: SCANConfig | None = None,
+                 special: SpecialTokens = WORD_SPECIAL_TOKENS):
+        super().__init__()
+        self.config = c = config or SCANConfig()
+        self.special = special  # a plain attribute: not in the state_dict
+        self.region_proj = nn.Linear(region_dim, c.embed_dim)
+        self.box_proj = nn.Linear(BOX_DIM, c.embed_dim) if c.use_boxes else None
+        self.text_encoder = BiGRUEncoder(vocab_size, embed_dim=c.word_dim, hidden=c.embed_dim,
+                                         special=special)
+        # SCAN's initialisation of its fc layer: Xavier uniform, zero bias.
+        for layer in (self.region_proj, self.box_proj):
+            if layer is not None:
+                nn.init.xavier_uniform_(layer.weight)
+                nn.init.zeros_(layer.bias)
+
+    def encode_images(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        mask = batch["region_mask"].bool()  # (B, R)
+        regions = self.region_proj(batch["regions"])  # (B, R, E)
+        if self.box_proj is not None:
+            regions = regions + self.box_proj(batch["boxes"])
+        return normalize_real(regions, mask), mask
+
+    def encode_texts(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        ids, mask = words_only(batch["input_ids"], batch["attention_mask"], self.special)  # (B, L)
+        tokens = self.text_encoder({"input_ids": ids, "attention_mask": mask}).tokens  # (B, L, E)
+        return normalize_real(tokens, mask), mask
+
+    def score(self, regions, region_mask, words, word_mask) -> torch.Tensor:
+        """scan_similarity with this model's attention settings -> (n_images, n_texts)."""
+        c = self.config
+        return scan_similarity(regions, region_mask, words, word_mask, direction=c.direction,
+                               lambda_softmax=c.lambda_softmax, agg=c.agg, lambda_lse=c.lambda_lse)
+
+    def forward(self, batch: dict) -> torch.Tensor:
+        # As in VSE++ and SCAN, two captions of one image in a batch count as each other's
+        # negatives; with 10k training images 48% of batches of 128 hold such a pair (notebook 03).
+        return self.score(*self.encode_images(batch), *self.encode_texts(batch))  # (B, B)
+
+
+def scan_loss(margin: float = 0.2, max_violation: bool = True):
+    """A `loss_fn(model, batch, step)` for course_lib.core.train.Trainer: VSE++'s hinge on the SCAN scores."""
+
+    def loss_fn(model: nn.Module, batch: dict, step: int = 0) -> torch.Tensor:
+        return hinge_triplet_loss(model(batch), margin=margin, max_violation=max_violation)
+
+    return loss_fn
+
+
+def build_scan(config: SCANConfig, split, tokenizer) -> SCANModel:
+    """A fresh SCANModel sized for the split's region features and the tokenizer's vocabulary and ids."""
+    return SCANModel(split.regions.shape[-1], len(tokenizer), config, SpecialTokens.of(tokenizer))
+
+
+# ----------------------------------------------------------------------------- evaluation
+def _encode_sets(model: SCANModel, loader, encode, desc: str, progress: bool, device):
+    """encode(batch) -> (items (b, L_b, E), mask (b, L_b)) over a loader, padded to the longest
+    L and concatenated on the CPU -> (items (n, L, E), mask (n, L)), under checkpoints.inference."""
+    chunks = []
+    with inference(model, device) as device:
+        for batch in tqdm(loader, desc=desc, disable=not progress, leave=False):
+            batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
+            items, mask = encode(batch)
+            chunks.append((items.float().cpu(), mask.cpu()))
+    length = max(mask.shape[1] for _, mask in chunks)  # zero padding at the end of each set
+    items = torch.cat([F.pad(x, (0, 0, 0, length - x.shape[1])) for x, _ in chunks])  # (n, L, E)
+    return items, torch.cat([F.pad(m, (0, length - m.shape[1])) for _, m in chunks])  # (n, L)
+
+
+def encode_regions(model: SCANModel, split, *, batch_size: int = 512, device=None,
+                   progress: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """(regions (N, R, E), region_mask (N, R)) of a split's images, on the CPU."""
+    device = model_device(model, device)
+    loader = make_loader(ImageDataset(split, modality=model.modality), batch_size)
+    return _encode_sets(model, loader, model.encode_images, "encode regions", progress, device)
+
+
+def encode_words(model: SCANModel, split, tokenizer, *, batch_size: int = 512, device=None,
+                 progress: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """(words (T, L, E), word_mask (T, L)) of a split's captions, on the CPU; L = most words."""
+    device = model_device(model, device)
+    loader = make_loader(CaptionDataset(split), batch_size, tokenizer=tokenizer)
+    return _encode_sets(model, loader, model.encode_texts, "encode words", progress, device)
+
+
+@torch.no_grad()
+def scan_matrix(model: SCANModel, split, tokenizer, *, device=None, batch_size: int = 512,
+                image_chunk: int = 256, progress: bool = True) -> torch.Tensor:
+    """(n_images, n_texts) SCAN scores of a split, on the CPU.
+
+    Every region and word is encoded once; then scan_similarity scores `image_chunk` images
+    against all texts per call (on `device`, default the model's), only so that a progress bar
+    can show the quadratic part: 1k x 5k pairs take seconds on a CPU, 12k x 60k minutes.
+    """
+    device = model_device(model, device)
+    kwargs = dict(batch_size=batch_size, device=device, progress=progress)
+    regions, region_mask = encode_regions(model, split, **kwargs)  # (N, R, E), (N, R)
+    words, word_mask_ = (x.to(device) for x in encode_words(model, split, tokenizer, **kwargs))
+    rows = []
+    for start in tqdm(range(0, len(regions), image_chunk), desc="SCAN scores", disable=not progress,
+                      leave=False):
+        chunk = slice(start, start + image_chunk)
+        rows.append(model.score(regions[chunk].to(device), region_mask[chunk].to(device), words,
+                                word_mask_).cpu())  # (image_chunk, T)
+    return torch.cat(rows)  # (N, T)
+
+
+__all__ = ["SCANConfig", "SCANModel", "normalize_real", "words_only", "scan_loss", "build_scan", "encode_regions", "encode_words", "scan_matrix"]

@@ -1,0 +1,279 @@
+"""Train U-BERT (§4.3) and retrieve with it in two stages (§4.2): the benchmark's methods.
+
+    L1 = hinge on s1 (B x B intra cosines)      L2 = hinge on s2 (B x B enhanced cosines, B^2 cross passes)
+    both bidirectional, in-batch, VSE++'s hardest negatives (after a sum-of-hinges warm-up), margin 0.2
+
+    two_step  step 1: BERT_img, BERT_txt (and the input embeddings) with L1 only
+              step 2: the towers frozen (weights and dropout), BERT_cross with L2 only
+    joint     L1 + L2 on every weight at once ("not as competitive", the paper says, without numbers)
+
+Step 1's checkpoint is named by the fields that shape the towers alone (`TOWER_FIELDS`), so every
+BERT_cross variant (L_c, the cross input, its steps) re-uses one set of towers, as the two-step
+recipe allows. Its model is built with the default cross fields, so its initial weights do not
+depend on them either.
+
+    model, histories = train_ubert(bench, tokenizer, UBERTConfig(), towers_checkpoint=..., checkpoint_path=...)
+
+Methods: `ubert-embed` (stage 1 alone: a FAISS index of I_intra), `ubert@20` (its top K re-scored
+by s2 from cached states: K = 20 per caption, 100 per image, the paper's defaults) and the paper's
+two-stage baseline `ubert-embed+cross_encoder@20` (the same top K re-scored by the full
+cross-encoder).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from course_lib.core.checkpoints import checkpoint_name, finished_checkpoint, inference
+from course_lib.core.losses import batch_scores, hinge_triplet_loss
+from course_lib.core.metrics import retrieval_metrics
+from course_lib.core.retrieval import build_index, search
+from course_lib.core.settings import seed_everything
+from course_lib.data.datasets import ImageDataset, TextCollate
+from course_lib.methods.base import (
+    DualEncoderMethod,
+    fit_pairs,
+    query_indices,
+    similarity,
+)
+from course_lib.methods.registry import register_method
+from course_lib.methods.rerank import Cascade, TwoStageMethod, two_stage_scores
+from course_lib.methods.ubert.model import (
+    UBERT,
+    UBERTConfig,
+    UBERTStates,
+    build_ubert,
+    compute_states,
+    rescore_candidates,
+    score_cached_pairs,
+)
+
+# the fields that shape step 1's towers; the cross fields (cross_layers, cross_input, cross_*) do not
+TOWER_FIELDS = ("hidden", "tower_layers", "heads", "dropout", "margin", "max_violation", "sum_warmup_steps",
+                "max_text_length", "batch_size", "lr", "max_steps", "warmup_fraction", "grad_clip", "seed")
+TOP_K = {"t2i": 20, "i2t": 100}  # the paper's K: images re-scored per caption, captions per image
+
+
+def hinge(scores: torch.Tensor, config: UBERTConfig, step: int) -> torch.Tensor:
+    """L1 or L2 on a (B, B) score matrix: every hinge summed for the first sum_warmup_steps, then
+    the hardest negatives only (with max_violation)."""
+    hardest = config.max_violation and step >= config.sum_warmup_steps
+    return hinge_triplet_loss(scores, margin=config.margin, max_violation=hardest)
+
+
+def tower_loss(config: UBERTConfig):
+    """Step 1's loss_fn: L1 on s1 = the (B, B) cosines of I_intra and T_intra (eq. 14)."""
+    def loss_fn(model: UBERT, batch: dict, step: int = 0) -> torch.Tensor:
+        return hinge(batch_scores(*model(batch)), config, step)
+
+    return loss_fn
+
+
+def cross_loss(config: UBERTConfig, with_l1: bool = False):
+    """Step 2's loss_fn: L2 on s2 (eq. 15) of every image of the batch with every caption; with_l1
+    adds L1 (the joint variant), logging both."""
+    def loss_fn(model: UBERT, batch: dict, step: int = 0):
+        image, text = model.image_states(batch), model.text_states(batch)
+        l2 = hinge(model.pair_scores(image, text), config, step)
+        if not with_l1:
+            return l2
+        l1 = hinge(batch_scores(image[2], text[2]), config, step)
+        return {"loss": l1 + l2, "l1": l1, "l2": l2}
+
+    return loss_fn
+
+
+def tower_config(config: UBERTConfig) -> UBERTConfig:
+    """The config step 1 builds its model with: the tower fields, the cross fields at defaults."""
+    defaults = UBERTConfig()
+    return dataclasses.replace(defaults, **{f: getattr(config, f) for f in TOWER_FIELDS})
+
+
+def ubert_scores(model: UBERT, split, tokenizer, top_k: dict | None = None,
+                 states: UBERTStates | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dense (i2t, t2i) (N, T) scores of U-BERT's two stages on a small split: s1 everywhere, and
+    each query's top K (top_k, default TOP_K) re-scored by s2 above the rest. For evaluation and
+    plots; the benchmark ranks without the dense matrix (UBERTCascade)."""
+    top_k = {**TOP_K, **(top_k or {})}
+    states = states or compute_states(model, split, tokenizer)
+    first = states.image_intra @ states.text_intra.T  # (N, T) s1
+    scorer = lambda images, texts: score_cached_pairs(model, states, images, texts)  # noqa: E731
+    return tuple(two_stage_scores(first, scorer, top_k[d], d) for d in ("i2t", "t2i"))
+
+
+def ubert_evaluator(split, tokenizer):
+    """A Trainer `evaluate` hook: retrieval_metrics of ubert_scores on `split` (None -> None)."""
+    if split is None:
+        return None
+
+    def evaluate(model: UBERT) -> dict:
+        i2t, t2i = ubert_scores(model, split, tokenizer)
+        return retrieval_metrics(i2t, split.txt2img, t2i_sims=t2i, query_texts=split.query_texts,
+                                 query_images=split.query_images)
+
+    return evaluate
+
+
+def train_ubert(bench: dict, tokenizer, config: UBERTConfig | None = None, *, towers_checkpoint=None,
+                checkpoint_path=None, evaluate_on=None, progress: bool = True,
+                device: str | None = None) -> tuple[UBERT, dict]:
+    """Train U-BERT on bench["train"]; returns (model, histories by stage: "towers" and "cross",
+    or "joint"). towers_checkpoint / checkpoint_path: where each stage saves, and a finished
+    checkpoint there is loaded instead of training. evaluate_on: a split scored at the end of each
+    stage (stage 1 by s1 alone, stage 2 by the two-stage ranking, ubert_scores)."""
+    c = config or UBERTConfig()
+    train = bench["train"]
+    if c.training == "joint":
+        seed_everything(c.seed)
+        model = build_ubert(c, train, tokenizer)
+        history = fit_pairs(model, cross_loss(c, with_l1=True), train, tokenizer, c,
+                            evaluate=ubert_evaluator(evaluate_on, tokenizer), log_every=25, progress=progress,
+                            checkpoint_path=checkpoint_path, device=device, max_steps=c.max_steps + c.cross_steps,
+                            batch_size=c.cross_batch_size, lr=c.cross_lr)
+        return model.eval(), {"joint": history}
+    histories = {}
+    finished = finished_checkpoint(checkpoint_path, c.cross_steps)
+    seed_everything(c.seed + 1)  # BERT_cross's initial weights, whatever step 1 did
+    model = build_ubert(c, train, tokenizer)
+    if not finished or finished_checkpoint(towers_checkpoint, c.max_steps):  # a finished run needs no step 1
+        seed_everything(c.seed)
+        towers = build_ubert(tower_config(c), train, tokenizer)
+        stage1 = None if evaluate_on is None else (
+            lambda m: retrieval_metrics(similarity(m, evaluate_on, tokenizer), evaluate_on.txt2img,
+                                        query_texts=evaluate_on.query_texts,
+                                        query_images=evaluate_on.query_images))
+        histories["towers"] = fit_pairs(towers, tower_loss(c), train, tokenizer, c, evaluate=stage1,
+                                        log_every=25, progress=progress, checkpoint_path=towers_checkpoint,
+                                        device=device)
+        state = {k: v for k, v in towers.state_dict().items() if not k.startswith("cross.")}
+        model.load_state_dict(state, strict=False)  # the towers and embeddings; BERT_cross stays fresh
+    model.freeze_towers()
+    histories["cross"] = fit_pairs(model, cross_loss(c), train, tokenizer, c,
+                                   evaluate=ubert_evaluator(evaluate_on, tokenizer), log_every=25, progress=progress,
+                                   checkpoint_path=checkpoint_path, device=device, max_steps=c.cross_steps,
+                                   batch_size=c.cross_batch_size, lr=c.cross_lr)
+    return model.eval(), histories
+
+
+# ----------------------------------------------------------------------------- methods
+
+class UBERTMethod(DualEncoderMethod):
+    """U-BERT's first stage as a method (`ubert-embed`: rank by s1 through a FAISS index of I_intra),
+    which also offers the second stage's scorer: score_pairs(split, images, texts) -> s2 (P,) from
+    the split's cached states (`states`), so Cascade([ubert, ubert], ...) is U-BERT's retrieval."""
+
+    checkpoint_prefix = "ubert"
+    config_class = UBERTConfig
+
+    def __init__(self, config: UBERTConfig | None = None, name: str = "ubert-embed", progress: bool = True):
+        super().__init__(config, name, progress)
+        self.towers_checkpoint = None
+
+    @property
+    def notes(self) -> str:
+        c = self.config
+        return (f"U-BERT stage 1: cosine of intra-modal vectors (2 towers x {c.tower_layers} layers, "
+                f"d={c.hidden}), FAISS IndexFlatIP")
+
+    def towers_checkpoint_file(self, bench: dict, tokenizer) -> str:
+        fields = {f: getattr(self.config, f) for f in TOWER_FIELDS}
+        return checkpoint_name("ubert-towers", fields, bench["train"], tokenizer)
+
+    def checkpoint_file(self, bench: dict, tokenizer) -> str:
+        return checkpoint_name(self.checkpoint_prefix, self.config.to_dict(), bench["train"], tokenizer,
+                               self.towers_checkpoint_file(bench, tokenizer))
+
+    def train(self, bench: dict, tokenizer, checkpoint_path, cache_dir):
+        self.towers_checkpoint = None
+        if cache_dir is not None and self.config.training == "two_step":
+            self.towers_checkpoint = Path(cache_dir) / self.towers_checkpoint_file(bench, tokenizer)
+        return train_ubert(bench, tokenizer, self.config, towers_checkpoint=self.towers_checkpoint,
+                           checkpoint_path=checkpoint_path, progress=self.progress)
+
+    def states(self, split) -> UBERTStates:
+        """The split's cached stage-2 states (computed once per split and model: offline work)."""
+        return self.cached_states(split, compute_states)
+
+    def rank(self, split, direction: str, top_k: int, queries=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Stage 1: exact top_k by s1 through a FAISS index of the gallery's intra vectors, read from
+        the split's cached states, so a cascade's stage 2 re-uses the same tower pass."""
+        queries = query_indices(split, direction, queries)
+        states = self.states(split)
+        gallery, asked = ((states.image_intra, states.text_intra) if direction == "t2i"
+                          else (states.text_intra, states.image_intra))
+        scores, indices = search(build_index(gallery), asked[torch.as_tensor(queries, dtype=torch.long)],
+                                 min(top_k, len(gallery)))  # (Q, k) each
+        return torch.as_tensor(indices, dtype=torch.long), torch.as_tensor(scores)
+
+    def score_pairs(self, split, image_indices, text_indices) -> torch.Tensor:
+        """s2 (P,) of the pairs (image_indices[p], text_indices[p]): only BERT_cross runs."""
+        return score_cached_pairs(self._fitted(), self.states(split), image_indices, text_indices)
+
+
+class UBERTCascade(Cascade):
+    """U-BERT's retrieval (§4.2): s1 keeps the top K, s2 alone re-orders them. K = top_k (per
+    caption) and top_k_i2t (per image). query_fn is the online path of one caption: one text-tower
+    pass (its input embeddings and T_intra at once), a FAISS search of the gallery's I_intra, and
+    BERT_cross on the K candidates with their cached states; image_query_fn the same for an image."""
+
+    def __init__(self, ubert: UBERTMethod, top_k: int = TOP_K["t2i"], top_k_i2t: int = TOP_K["i2t"],
+                 name: str | None = None):
+        super().__init__([ubert, ubert], [top_k], top_ms_i2t=[top_k_i2t], name=name or f"ubert@{top_k}",
+                         notes=(f"U-BERT: s1 keeps the top {top_k} images per caption ({top_k_i2t} captions "
+                                f"per image), s2 re-orders them (BERT_cross, {ubert.config.cross_layers} "
+                                f"layer(s), on cached states)"))
+        self.ubert = ubert
+
+    def _online(self, split, direction: str, query_batch: dict, top_k: int):
+        """A zero-argument callable: one query's tower pass, the FAISS search of the other side's
+        intra vectors (indexed here, offline) for its top K, BERT_cross on those K cached states."""
+        ubert = self.ubert
+        model, K = ubert._fitted().eval(), self.survivors(direction)[0]
+        states = ubert.states(split)  # offline: every gallery item's tokens and intra vector
+        index = build_index(states.image_intra if direction == "t2i" else states.text_intra)  # offline
+        encode = model.text_states if direction == "t2i" else model.image_states
+        gallery_states = states.image if direction == "t2i" else states.text
+
+        def answer() -> np.ndarray:
+            with inference(model) as device:
+                query = encode({k: v.to(device) for k, v in query_batch.items()})  # tokens, mask, intra
+                candidates = torch.as_tensor(search(index, query[2].float().cpu(), K)[1][0])  # (K,)
+                gallery = [s.to(device) for s in gallery_states(candidates)]
+                s2 = rescore_candidates(model, query, gallery, direction).cpu()  # (K,)
+            order = torch.argsort(s2, descending=True, stable=True)
+            return candidates[order][:top_k].numpy()
+
+        return answer
+
+    def query_fn(self, split, caption_index: int = 0, top_k: int = 10):
+        collate = TextCollate(self.ubert.tokenizer, self.ubert.config.max_text_length)
+        return self._online(split, "t2i", collate.encode([split.captions[caption_index]]), top_k)
+
+    def image_query_fn(self, split, image_index: int = 0, top_k: int = 10):
+        """The same for an image query: returns its top_k caption indices (top_k,), best first."""
+        image = ImageDataset(split)[image_index]
+        return self._online(split, "i2t", {k: v[None] for k, v in image.items() if torch.is_tensor(v)}, top_k)
+
+
+@register_method("ubert-embed", order=4.0)
+def _ubert_embed(build) -> UBERTMethod:
+    return UBERTMethod(build.config(UBERTConfig))
+
+
+@register_method(f"ubert@{TOP_K['t2i']}", order=4.1)
+def _ubert(build) -> UBERTCascade:
+    return UBERTCascade(build.method("ubert-embed"))
+
+
+@register_method(f"ubert-embed+cross_encoder@{TOP_K['t2i']}", order=4.2)
+def _ubert_two_stage(build) -> TwoStageMethod:
+    return TwoStageMethod(build.method("ubert-embed"), build.method("cross_encoder"), TOP_K["t2i"],
+                          name=f"ubert-embed+cross_encoder@{TOP_K['t2i']}", top_m_i2t=TOP_K["i2t"])
+
+
+__all__ = ["TOWER_FIELDS", "TOP_K", "hinge", "tower_loss", "cross_loss", "tower_config", "ubert_scores",
+           "ubert_evaluator", "train_ubert", "UBERTMethod", "UBERTCascade"]

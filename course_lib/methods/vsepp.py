@@ -1,0 +1,207 @@
+"""VSE++ (Faghri et al., BMVC 2018): a dual encoder of cosine similarities, trained with a hinge loss.
+
+An image encoder and a text encoder (course_lib.core.encoders) each end in a linear projection to one
+shared space, and both vectors are L2-normalised, so a score is a cosine similarity:
+
+    s(image, text) = <normalize(W_i f(image)), normalize(W_t g(text))>
+
+Training scores the B images of a batch against its B captions (`DualEncoder.forward`, positives
+on the diagonal) and minimises `hinge_triplet_loss`: with max_violation only the hardest negative
+of each query counts (VSE++'s "MH" loss), else every hinge is summed (the older "sum of hinges").
+Because images and texts never meet before the dot product, the gallery is embedded once, offline,
+into a FAISS index (course_lib.core.retrieval), and a text query costs one text encoding plus a top-k.
+
+    model, history = train_dual_encoder(bench, tokenizer, VsePPConfig())
+    image_emb, text_emb = encode_split(model, bench["test"], tokenizer)   # (N, E), (T, E)
+    sims = image_emb @ text_emb.T                                          # = similarity(...)
+
+`VsePPMethod` wraps this for `python -m course_lib.benchmark`. The training schedule is the
+course's Trainer (AdamW, warm-up then linear decay), not VSE++'s step decay; the loss, margin,
+batch size, learning rate and gradient clipping are VSE++'s.
+
+Max violation vs sum of hinges. VSE++ trains a linear map over fixed, pretrained CNN features,
+where MH beats the sum. Here both encoders start from random weights: every image starts near one
+direction (cosine ~0.86 between images), so each query's hardest negative outscores its positive,
+and MH alone drives all embeddings onto one vector (every score equal, loss 2 * B * margin), the
+collapse FaceNet (Schroff et al. 2015) reports for hardest-negative mining early in training. A
+sum-of-hinges warm-up (VSE-infinity's recipe, `sum_warmup_steps`) does not prevent it in our
+budget, nor does masking the generator's true false negatives out of the batch, so the default is
+the sum of hinges; notebook 01 shows both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+from course_lib.core.encoders import (
+    build_image_encoder,
+    build_text_encoder,
+    l2_normalize,
+)
+from course_lib.core.losses import batch_scores, hinge_name, hinge_triplet_loss
+from course_lib.core.settings import CourseConfig, seed_everything
+from course_lib.core.tokens import WORD_SPECIAL_TOKENS, SpecialTokens
+from course_lib.core.train import History
+from course_lib.methods.base import (
+    DualEncoderMethod,
+    encode_captions,
+    encode_gallery,
+    encode_split,
+    fit_pairs,
+    retrieval_evaluator,
+    similarity,
+)
+from course_lib.methods.registry import register_method
+
+_TEXT_NAMES = {"gru": "bi-GRU", "bow": "bag-of-words", "transformer": "transformer",
+               "bert": "BERT (random init)"}
+_IMAGE_NAMES = {"regions": "region transformer", "pixels": "tiny ViT on pixels"}
+
+
+@dataclass
+class VsePPConfig(CourseConfig):
+    image_encoder: str = "regions"  # "regions" (detector features, as VSE++/SCAN) or "pixels" (tiny ViT)
+    text_encoder: str = "gru"  # "gru" (VSE++'s), "bow" (mean of word vectors) or "bert" (random init)
+    hidden: int = 64  # width inside both encoders
+    embed_dim: int = 64  # size of the joint space both projections map to
+    layers: int = 2  # depth of both encoders: transformer blocks, or stacked GRU layers
+    margin: float = 0.2  # hinge margin (VSE++)
+    # True = hardest negative only (VSE++'s "MH"); False = sum of all hinges. False by default: with
+    # encoders trained from scratch, MH collapses every embedding to one vector on this benchmark
+    # (loss pinned at 2 * batch * margin), even after a sum warm-up (module docstring)
+    max_violation: bool = False
+    batch_size: int = 128  # (image, caption) pairs per batch; the in-batch negatives (VSE++)
+    lr: float = 2e-4  # peak AdamW learning rate (VSE++'s Adam rate)
+    max_steps: int = 1500  # ~4 epochs of the 10k-scene train split (50k pairs); CPU time: docs/tuning_notes.md
+    warmup_fraction: float = 0.05  # share of steps warming up; then linear decay to 0
+    grad_clip: float = 2.0  # max gradient norm (VSE++)
+    sum_warmup_steps: int = 0  # with max_violation: sum all hinges for these first steps (VSE-inf)
+    seed: int = 0  # model initialisation and data order
+
+    SMOKE: ClassVar[dict] = {"max_steps": 40}  # smoke(): tiny training, same code path
+
+
+class DualEncoder(nn.Module):
+    """Image encoder + text encoder, each projected to embed_dim and L2-normalised (VSE++).
+
+    encode_images(batch) / encode_texts(batch) -> (B, E) unit vectors; forward(pair_batch) ->
+    scores (B, B), rows images, columns texts, positives on the diagonal.
+    `modality` ("regions" / "pixels") is the image field the datasets must provide. `special`: the
+    tokenizer's special ids (SpecialTokens.of(tokenizer); default the word tokenizer's).
+    """
+
+    def __init__(self, config: VsePPConfig, vocab_size: int, region_dim: int | None = None,
+                 image_size: int | None = None, special: SpecialTokens = WORD_SPECIAL_TOKENS):
+        super().__init__()
+        self.config, self.modality = config, config.image_encoder
+        c = config
+        if c.image_encoder == "regions":
+            if region_dim is None:
+                raise ValueError("image_encoder='regions' needs region_dim (split.regions.shape[-1])")
+            image = dict(region_dim=region_dim, hidden=c.hidden, layers=c.layers)
+        elif c.image_encoder == "pixels":  # the course's tiny ViT, sized like the region encoder
+            image = dict(embed_dim=c.hidden, depth=c.layers, **({"img_size": image_size} if image_size else {}))
+        else:
+            image = {}  # build_image_encoder lists the valid kinds
+        self.image_encoder = build_image_encoder(c.image_encoder, **image)
+        text = {"gru": dict(embed_dim=c.hidden, hidden=c.hidden, layers=c.layers),
+                "bert": dict(hidden=c.hidden, layers=c.layers)}.get(c.text_encoder, dict(hidden=c.hidden))
+        self.text_encoder = build_text_encoder(c.text_encoder, vocab_size, special=special, **text)
+        self.image_proj = nn.Linear(self.image_encoder.out_dim, c.embed_dim)
+        self.text_proj = nn.Linear(self.text_encoder.out_dim, c.embed_dim)
+
+    def encode_images(self, batch: dict) -> torch.Tensor:
+        pooled = self.image_encoder(batch).pooled  # (B, H)
+        return l2_normalize(self.image_proj(pooled))  # (B, E), unit norm: scores are cosines
+
+    def encode_texts(self, batch: dict) -> torch.Tensor:
+        pooled = self.text_encoder(batch).pooled  # (B, H)
+        return l2_normalize(self.text_proj(pooled))  # (B, E)
+
+    def forward(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """(image features (B, E), text features (B, E)); losses.batch_scores makes the (B, B) scores.
+
+        A PairCollate batch holds one image per caption, so two captions of the same image can land
+        in one batch and then count as each other's negatives. VSE++ ignores this, and so do we,
+        though it is not rare: with 10k training images (50k captions) 48% of batches of 128 hold
+        such a pair (notebook 03 computes it), about 0.65 false negatives per batch."""
+        return self.encode_images(batch), self.encode_texts(batch)
+
+
+def vsepp_loss(margin: float = 0.2, max_violation: bool = True, sum_warmup_steps: int = 0):
+    """A `loss_fn(model, batch, step)` for course_lib.core.train.Trainer: VSE++'s hinge on the batch's
+    scores, batch_scores(*model(batch)).
+
+    sum_warmup_steps > 0 (with max_violation) sums every hinge for the first steps, then keeps only
+    the hardest negatives, as VSE-infinity's `vse_mean_warmup_epochs`: from random weights all
+    embeddings start close together, and the max-violation loss alone can collapse them (module
+    docstring). step is the Trainer's count of optimizer steps, so a resumed run switches at the
+    same step.
+    """
+    def loss_fn(model: nn.Module, batch: dict, step: int = 0) -> torch.Tensor:
+        hardest = max_violation and not (sum_warmup_steps and step < sum_warmup_steps)
+        return hinge_triplet_loss(batch_scores(*model(batch)), margin=margin, max_violation=hardest)
+
+    return loss_fn
+
+
+def build_dual_encoder(config: VsePPConfig, train_split, tokenizer) -> DualEncoder:
+    """A fresh DualEncoder sized for the split's features and the tokenizer's vocabulary and ids."""
+    region_dim = train_split.regions.shape[-1] if train_split.has_regions else None
+    image_size = train_split.images.shape[1] if train_split.images is not None else None
+    return DualEncoder(config, len(tokenizer), region_dim=region_dim, image_size=image_size,
+                       special=SpecialTokens.of(tokenizer))
+
+
+def train_dual_encoder(bench: dict, tokenizer, config: VsePPConfig | None = None, *,
+                       checkpoint_path=None, evaluate_on=None, eval_every: int | None = None,
+                       progress: bool = True, device: str | None = None) -> tuple[DualEncoder, History]:
+    """Train a DualEncoder on bench["train"] with the VSE++ loss; returns (model, history).
+
+    checkpoint_path: where the Trainer saves; a finished checkpoint there is loaded instead of
+        training (delete it to retrain). evaluate_on: a split (e.g. bench["val"]) whose
+        retrieval_metrics (R@1/5/10 both ways, ar) are logged every eval_every steps and at the end.
+    """
+    config = config or VsePPConfig()
+    seed_everything(config.seed)  # the model's initial weights; the Trainer seeds the rest
+    model = build_dual_encoder(config, bench["train"], tokenizer)
+    evaluate = retrieval_evaluator(evaluate_on, lambda m, split: similarity(m, split, tokenizer))
+    loss_fn = vsepp_loss(config.margin, config.max_violation, config.sum_warmup_steps)
+    history = fit_pairs(model, loss_fn, bench["train"], tokenizer, config, modality=model.modality,
+                        evaluate=evaluate, eval_every=eval_every, log_every=25, progress=progress,
+                        checkpoint_path=checkpoint_path, device=device)
+    model.eval()
+    return model, history
+
+
+class VsePPMethod(DualEncoderMethod):
+    """VSE++ as a benchmark Method (see course_lib.benchmark): fit, similarity, query_fn."""
+
+    checkpoint_prefix = "vsepp"
+    config_class = VsePPConfig
+
+    @property
+    def notes(self) -> str:
+        c = self.config
+        loss = hinge_name(c.max_violation)
+        return (f"dual encoder, {_TEXT_NAMES.get(c.text_encoder, c.text_encoder)} text / "
+                f"{_IMAGE_NAMES.get(c.image_encoder, c.image_encoder)}, cosine, {loss}, "
+                "FAISS IndexFlatIP")
+
+    def train(self, bench: dict, tokenizer, checkpoint_path, cache_dir):
+        return train_dual_encoder(bench, tokenizer, self.config, checkpoint_path=checkpoint_path,
+                                  progress=self.progress)
+
+
+@register_method("vsepp", order=1.0)
+def _vsepp(build) -> VsePPMethod:
+    return VsePPMethod(build.config(VsePPConfig))
+
+
+__all__ = ["VsePPConfig", "DualEncoder", "vsepp_loss", "build_dual_encoder", "train_dual_encoder",
+           "encode_gallery", "encode_captions", "encode_split", "similarity",
+           "VsePPMethod"]

@@ -1,0 +1,152 @@
+"""Lesson 06's measuring tools for Fast & Slow (notebook 06): what the registered methods do, taken
+apart so that one expensive pass serves many questions.
+
+    slow_direction_scores   h_fwd and h_bwd (Q, N) of sampled captions against every gallery image,
+                            from cached keys / values: Slow's R@k, Table 1's forward-only row, and
+                            every cascade below, from ONE pass of the decoders
+    cascade_ranks           eq. 9 on dense scores: the first stage's top K re-ordered by
+                            h + beta * f.g, the rest in the first stage's order (what
+                            `methods.fast_slow.method.FastSlowCascade.rank` returns), for any K and beta
+                            without scoring a pair again
+    teacher_batches         a fixed pool of training batches with the teacher's (B, B) h matrix
+                            of each, paid once (the Table 8 grid then costs student steps only)
+    distill_from_cache      eq. 8 (or eq. 4 alone: the no-teacher control) on that pool, from a
+                            trained Fast model
+    softmax_entropy         how flat the per-caption teacher targets softmax(h / tau) are
+    kl_to_teacher           how far a student's softmax(f.g / tau) sits from those targets on held-out
+                            batches: did distillation teach the student the teacher's preferences?
+
+The pool trades data for time: its students see n_batches x B training pairs again and again,
+where `fast-distilled` draws fresh batches (and pays the teacher) every step; the notebook says so.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from course_lib.core.checkpoints import inference
+from course_lib.core.encoders import word_mask
+from course_lib.core.losses import batch_scores, distillation_loss, joint_nce_loss
+from course_lib.core.settings import seed_everything
+from course_lib.core.train import Trainer, move_to_device, train_config
+from course_lib.data.datasets import PairCollate, PairDataset
+from course_lib.methods.fast_slow.method import SlowStates, teacher_scores
+from course_lib.methods.fast_slow.model import FastConfig, FastModel, SlowModel
+
+
+def direction_log_likelihoods(model: SlowModel, kvs: dict, texts: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """(h_fwd, h_bwd), each (B,), of B aligned pairs: eq. 3 per direction (their sum is h, eq. 2)."""
+    forward, backward, reversed_ids = model.logits(kvs, texts)
+    ids, mask = texts["input_ids"], texts["attention_mask"]
+    words = word_mask(ids, mask, model.special)[:, 1:].float()  # (B, T-1) targets that are words
+    out = []
+    for logits, targets in ((forward, ids), (backward, reversed_ids)):
+        log_p = torch.log_softmax(logits[:, :-1].float(), dim=-1)  # (B, T-1, V)
+        out.append((log_p.gather(2, targets[:, 1:, None]).squeeze(2) * words).sum(1))  # (B,)
+    return out[0], out[1]
+
+
+def slow_direction_scores(model: SlowModel, states: SlowStates, text_queries, *, batch_size: int = 1024,
+                          device=None, progress: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """h_fwd and h_bwd (Q, N) of the captions text_queries (Q,) against every image of the split
+    the states were computed on; h = their sum. Pairs run query-major, batch_size at a time."""
+    queries = torch.as_tensor(np.asarray(text_queries), dtype=torch.long)  # (Q,)
+    N = states.kvs["fwd"][0].shape[1]
+    images, texts = torch.arange(N).repeat(len(queries)), queries.repeat_interleave(N)  # (Q*N,) each
+    fwd, bwd = torch.empty(len(images)), torch.empty(len(images))
+    with inference(model, device) as device:
+        for start in tqdm(range(0, len(images), batch_size), desc="slow pairs", disable=not progress, leave=False):
+            rows = slice(start, start + batch_size)
+            kvs = {d: [kv.to(device) for kv in layers] for d, layers in states.image(images[rows]).items()}
+            text = {k: v.to(device) for k, v in states.text(texts[rows]).items()}
+            f, b = direction_log_likelihoods(model, kvs, text)
+            fwd[rows], bwd[rows] = f.cpu(), b.cpu()
+    return fwd.view(len(queries), N), bwd.view(len(queries), N)
+
+
+def cascade_ranks(first: torch.Tensor, second: torch.Tensor, truth, top_k: int, beta: float = 0.0) -> np.ndarray:
+    """0-based rank of each query's true item under eq. 9 on dense scores: first, second (Q, N);
+    the first stage's top_k re-ordered by second + beta * first (ties kept in the first stage's
+    order), every other item after them in the first stage's order. truth (Q,) -> ranks (Q,)."""
+    first, second = torch.as_tensor(first).float(), torch.as_tensor(second).float()
+    truth = torch.as_tensor(np.asarray(truth), dtype=torch.long)
+    order = torch.argsort(first, dim=1, descending=True, stable=True)  # (Q, N) the first stage's ranking
+    top = order[:, :top_k]  # (Q, K)
+    combined = second.gather(1, top) + beta * first.gather(1, top)  # (Q, K)
+    top = top.gather(1, torch.argsort(combined, dim=1, descending=True, stable=True))
+    ranked = torch.cat([top, order[:, top_k:]], dim=1)  # (Q, N)
+    return (ranked == truth[:, None]).float().argmax(1).numpy()
+
+
+def softmax_entropy(scores: torch.Tensor, tau: float) -> torch.Tensor:
+    """Entropy (nats) of softmax(scores / tau) over the images of each caption: scores (N, T)
+    rows images -> (T,). ln N is a flat softmax, 0 a one-hot one."""
+    log_p = torch.log_softmax(torch.as_tensor(scores).float() / tau, dim=0)  # (N, T)
+    return -(log_p.exp() * log_p).sum(0)
+
+
+def kl_to_teacher(model: FastModel, batches: list[dict], tau: float) -> float:
+    """Mean over the captions of `batches` (teacher_batches of a held-out split) of
+    KL(softmax(h / tau) || softmax(f.g / tau)) over each batch's images, in nats: eq. 6's
+    cross-entropy minus the targets' own entropy, so 0 means the student ranks exactly as the teacher."""
+    total, captions = 0.0, 0
+    with inference(model) as device:
+        for batch in batches:
+            student = batch_scores(*model(move_to_device(batch, device))).cpu()  # (B, B) rows images, columns captions
+            cross = distillation_loss(student, batch["teacher"], tau=tau, reduction="sum")
+            total += float(cross - softmax_entropy(batch["teacher"], tau).sum())
+            captions += student.shape[1]
+    return total / captions
+
+
+def teacher_batches(teacher: SlowModel, split, tokenizer, n_batches: int, batch_size: int, *, seed: int = 0,
+                    progress: bool = False) -> list[dict]:
+    """n_batches PairCollate batches of batch_size distinct captions of `split` (drawn with `seed`),
+    each with "teacher": the teacher's h of its B x B pairs (rows images, columns captions). Pays
+    n_batches x B^2 decoder passes once."""
+    dataset, collate = PairDataset(split, modality="pixels"), PairCollate(tokenizer)
+    rows = np.random.default_rng(seed).permutation(len(dataset))
+    if n_batches * batch_size > len(rows):
+        raise ValueError(f"{n_batches} batches of {batch_size} need {n_batches * batch_size} pairs; the split has "
+                         f"{len(rows)}")
+    out = []
+    for b in tqdm(range(n_batches), desc="teacher batches", disable=not progress, leave=False):
+        batch = collate([dataset[int(i)] for i in rows[b * batch_size:(b + 1) * batch_size]])
+        out.append({**batch, "teacher": teacher_scores(teacher, batch).cpu()})  # (B, B)
+    return out
+
+
+def cached_distill_loss(config: FastConfig, with_teacher: bool = True):
+    """Eq. 8 with the teacher's matrix read from the batch (batch["teacher"]): distillation_loss
+    at config.tau + config.alpha * eq. 4; with_teacher=False: eq. 4 alone (the control)."""
+    def loss_fn(model: FastModel, batch: dict, step: int = 0) -> dict:
+        student = batch_scores(*model(batch))  # (B, B)
+        nce = joint_nce_loss(student)
+        if not with_teacher:
+            return {"loss": nce, "nce": nce}
+        distill = distillation_loss(student, batch["teacher"], tau=config.tau)
+        return {"loss": distill + config.alpha * nce, "distill": distill, "nce": nce}
+
+    return loss_fn
+
+
+def distill_from_cache(init: FastModel, batches: list[dict], config: FastConfig, *, steps: int, lr: float,
+                       with_teacher: bool = True, progress: bool = False, device=None):
+    """A copy of the trained Fast model `init`, `steps` more AdamW steps (peak lr, config's warm-up,
+    clip and seed) of cached_distill_loss over `batches` (one batch a step, reshuffled each pass).
+    -> (model in eval mode, history)"""
+    seed_everything(config.seed)
+    model = copy.deepcopy(init).train()
+    train = train_config(config, batch_size=1, max_steps=steps, lr=lr, log_every=25, progress=progress,
+                         device=device)
+    history = Trainer(model, cached_distill_loss(config, with_teacher), batches, train,
+                      collate_fn=lambda items: items[0]).fit()
+    return model.eval(), history
+
+
+__all__ = ["direction_log_likelihoods", "slow_direction_scores", "cascade_ranks", "softmax_entropy",
+           "kl_to_teacher", "teacher_batches", "cached_distill_loss", "distill_from_cache"]
