@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 
@@ -94,7 +95,7 @@ def _row(method, setting, split, metrics, ks, ms_per_query, notes, ms_measured=T
 
 
 def run(smoke: bool = False, out: str | Path = "outputs/benchmark", seed: int = 0, progress: bool = True,
-        methods=None, checkpoints: str | Path = CHECKPOINTS, every_pair=()) -> dict:
+        methods=None, checkpoints: str | Path = CHECKPOINTS, every_pair=(), write: bool = True) -> dict:
     """Run the whole benchmark and write its three outputs; returns the results dict.
 
     checkpoints: the folder of trained models, shared with the notebooks (their `.fit(...,
@@ -103,7 +104,8 @@ def run(smoke: bool = False, out: str | Path = "outputs/benchmark", seed: int = 
     methods: method names (course_lib.methods.registry), Method objects, or None for every registered one.
     every_pair: the settings (e.g. ("test",)) where every method ranks every query, whatever its
     budget; True = test and compositional (the full setting's 60M cross-encoder pairs per direction
-    would take hours on a CPU, so it is never the default)."""
+    would take hours on a CPU, so it is never the default). write=False: return the results without
+    writing them (the caller merges them with an earlier run first)."""
     from tqdm.auto import tqdm
 
     start = time.perf_counter()
@@ -154,10 +156,75 @@ def run(smoke: bool = False, out: str | Path = "outputs/benchmark", seed: int = 
         "rows": rows,
         "latency": latency,
     }
-    (out / "results.json").write_text(json.dumps(results, indent=2))
-    (out / "results.md").write_text(results_markdown(results))
-    _save_pareto(rows, out / "pareto.png")
+    if write:
+        write_outputs(results, out)
     return results
+
+
+def write_outputs(results: dict, out: Path) -> None:
+    """results.json, results.md and pareto.png into `out`, all or nothing: each is written to a
+    temporary file first and renamed over the old one only once all three are written, so a run
+    that fails or is interrupted while writing leaves the previous outputs whole."""
+    out = Path(out)
+    staged = {out / "results.json": out / ".results.json.tmp", out / "results.md": out / ".results.md.tmp",
+              out / "pareto.png": out / ".pareto.tmp.png"}
+    try:
+        staged[out / "results.json"].write_text(json.dumps(results, indent=2))
+        staged[out / "results.md"].write_text(results_markdown(results))
+        _save_pareto(results["rows"], staged[out / "pareto.png"])
+        for final, temporary in staged.items():
+            os.replace(temporary, final)  # atomic on one file system
+    finally:
+        for temporary in staged.values():
+            temporary.unlink(missing_ok=True)
+
+
+def read_results(path) -> dict:
+    """An earlier results.json, checked before any work: readable, complete JSON, with a "meta"
+    (mode, seed) and a list of "rows". Every error names the file and says what to do."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as error:
+        raise ValueError(f"cannot read {path}: {error.strerror or error}. Give the path of a results.json "
+                         "that python -m course_lib.benchmark wrote") from None
+    try:
+        results = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path} is not complete JSON ({error.msg} at line {error.lineno}, column {error.colno}): "
+                         "was the run that wrote it cut short? Re-run that benchmark, or leave this file out") from None
+    meta = results.get("meta") if isinstance(results, dict) else None
+    rows = results.get("rows") if isinstance(results, dict) else None
+    missing = []
+    if not (isinstance(meta, dict) and {"mode", "seed"} <= meta.keys()):
+        missing.append('a "meta" object with "mode" and "seed"')
+    if not (isinstance(rows, list) and all(isinstance(r, dict) and {"method", "setting"} <= r.keys() for r in rows)):
+        missing.append('a "rows" list of objects with "method" and "setting"')
+    if missing:
+        raise ValueError(f"{path} is not a benchmark results.json: it has no {' and no '.join(missing)}")
+    return results
+
+
+def check_outputs(out: Path, mode: str, seed: int, methods: list[str], merged: dict | None) -> None:
+    """Refuse, before any work, a run that would replace out/results.json by one that drops some of
+    its methods or holds another mode or seed: that file may be an hour of training. Raises ValueError
+    saying how to keep it (--merge, another --out) or to overwrite it anyway (--replace)."""
+    existing = Path(out) / "results.json"
+    if not existing.exists():
+        return
+    try:
+        current = read_results(existing)
+    except ValueError as error:
+        raise ValueError(f"{error}. This run would overwrite it: pass --replace to do so, or pick another --out") from None
+    kept = {"oracle", *methods, *({r["method"] for r in merged["rows"]} if merged else ())}
+    lost = sorted({r["method"] for r in current["rows"]} - kept)
+    theirs = (current["meta"]["mode"], current["meta"]["seed"])
+    if lost:
+        raise ValueError(f"{existing} holds the rows of {', '.join(lost)}, which this run would drop: add "
+                         f"--merge {existing} to keep them, pick another --out, or pass --replace to overwrite it")
+    if theirs != (mode, seed):
+        raise ValueError(f"{existing} holds a {theirs[0]} run of seed {theirs[1]}, and this is a {mode} run of seed "
+                         f"{seed}: pick another --out (e.g. outputs/benchmark-{mode}), or pass --replace to overwrite it")
 
 
 def merge_results(new: dict, old: dict) -> dict:
@@ -236,16 +303,24 @@ def _cell(value, spec: str) -> str:
 README_START, README_END = "<!-- results:start -->", "<!-- results:end -->"
 
 
-def update_readme(results: dict, readme: str | Path) -> None:
-    """Replace the README's results block (between the two markers) with this run's table."""
+def update_readme(results: dict | None, readme: str | Path, check_only: bool = False) -> None:
+    """Replace the README's results block (between the two markers) with this run's table;
+    check_only: only check that the README is there and has the block (before a run)."""
     readme = Path(readme)
-    text = readme.read_text()
+    try:
+        text = readme.read_text()
+    except OSError as error:
+        raise ValueError(f"cannot read the README {readme}: {error.strerror or error}") from None
     if README_START not in text or README_END not in text:
         raise ValueError(f"{readme} has no results block; add the lines {README_START} and {README_END} "
                          "where the table should go")
+    if check_only:
+        return
     head, rest = text.split(README_START, 1)
     _, tail = rest.split(README_END, 1)
-    readme.write_text(f"{head}{README_START}\n{results_markdown(results)}{README_END}{tail}")
+    temporary = readme.with_name(f".{readme.name}.tmp")
+    temporary.write_text(f"{head}{README_START}\n{results_markdown(results)}{README_END}{tail}")
+    os.replace(temporary, readme)
 
 
 def _save_pareto(rows, path: Path) -> None:
@@ -263,7 +338,9 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true",
                         help="tiny sizes (also on when COURSE_SMOKE=1): minutes become seconds")
-    parser.add_argument("--out", default="outputs/benchmark", help="folder for results.json/.md and pareto.png")
+    parser.add_argument("--out", default=None,
+                        help="folder for results.json/.md and pareto.png (default: outputs/benchmark, or "
+                             "outputs/benchmark-smoke with --smoke)")
     parser.add_argument("--checkpoints", default=CHECKPOINTS,
                         help="folder of cached trained models, shared with the notebooks (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the data and of every method")
@@ -278,27 +355,43 @@ def main(argv=None) -> dict:
                              "(e.g. --methods of new methods only, --merge outputs/benchmark/results.json)")
     parser.add_argument("--readme", default=None,
                         help="also write the table into this README's results block (README.md)")
+    parser.add_argument("--replace", action="store_true",
+                        help="overwrite --out's results.json even if it holds methods this run drops, or "
+                             "another mode or seed (without it, such a run stops before any work)")
     args = parser.parse_args(argv)
     smoke = args.smoke or settings.smoke_mode()
+    mode = "smoke" if smoke else "default"
+    out = Path(args.out or ("outputs/benchmark-smoke" if smoke else "outputs/benchmark"))
     methods = None
     if args.methods is not None:
         methods = [name for name in args.methods.split(",") if name]
         unknown = sorted(set(methods) - set(registered_names()))
         if unknown:
             parser.error(f"unknown method(s) {unknown}; choose from {registered_names()}")
-    old = json.loads(Path(args.merge).read_text()) if args.merge else None  # read before run() overwrites it
-    results = run(smoke=smoke, out=args.out, seed=args.seed, methods=methods, checkpoints=args.checkpoints,
-                  every_pair=() if args.every_pair is None else (args.every_pair or True))
+    # every input is checked before any work: a mistyped command must not cost a run, nor its results
+    old = None
+    try:
+        if args.merge:
+            old = read_results(args.merge)  # read before run() overwrites it
+            if (old["meta"]["mode"], old["meta"]["seed"]) != (mode, args.seed):
+                raise ValueError(f"--merge {args.merge} holds a {old['meta']['mode']} run of seed "
+                                 f"{old['meta']['seed']}, and this is a {mode} run of seed {args.seed}: merge "
+                                 "only runs of the same mode and seed (--smoke and --seed)")
+        if args.readme:
+            update_readme(None, args.readme, check_only=True)
+        if not args.replace:
+            check_outputs(out, mode, args.seed, methods if methods is not None else registered_names(), old)
+    except ValueError as error:
+        parser.error(str(error))
+    results = run(smoke=smoke, out=out, seed=args.seed, methods=methods, checkpoints=args.checkpoints,
+                  every_pair=() if args.every_pair is None else (args.every_pair or True), write=old is None)
     if old is not None:
         results = merge_results(results, old)
-        out = Path(args.out)
-        (out / "results.json").write_text(json.dumps(results, indent=2))
-        (out / "results.md").write_text(results_markdown(results))
-        _save_pareto(results["rows"], out / "pareto.png")
+        write_outputs(results, out)
     if args.readme:
         update_readme(results, args.readme)
     print(results_markdown(results))
-    print(f"wrote {Path(args.out) / 'results.json'}, results.md and pareto.png")
+    print(f"wrote {out / 'results.json'}, results.md and pareto.png")
     return results
 
 

@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     """Train one course dual encoder on the synthetic benchmark on every process torchrun started
     (or on one process without torchrun); rank 0 prints and returns a summary, the others None."""
     parser = argparse.ArgumentParser(
-        prog="torchrun --nproc_per_node=N -m course_lib.core.distributed",
+        prog="torchrun --nproc_per_node=N -m course_lib.train_distributed",
         description="Contrastive training of a course dual encoder on N processes (DDP, gathered "
                     "in-batch negatives); without torchrun, one process.")
     parser.add_argument("--method", choices=("vsepp", "lightningdot"), default="vsepp",

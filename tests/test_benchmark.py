@@ -348,3 +348,84 @@ def test_pareto_png_labels_every_timed_method_on_test_and_full(tmp_path, monkeyp
         assert sorted(labels) == sorted(names + [" oracle"])
         assert any(line.get_label() == "Pareto front" for line in ax.lines)
     assert [ax.get_ylabel() for ax in fig.axes] == ["t2i_r1 (%) on test", "t2i_r5 (%) on full"]
+
+
+# ----------------------------------------------------------------------------- inputs checked before any work
+@pytest.fixture
+def no_run(monkeypatch):
+    """benchmark.run replaced by a failure: a command that must stop first never reaches it."""
+    def refuse(**kwargs):
+        raise AssertionError("the benchmark ran: the inputs should have been refused first")
+    monkeypatch.setattr(benchmark, "run", refuse)
+
+
+def saved_results(folder, smoke_results, mode="smoke"):
+    """A results.json of the smoke fixture's methods in `folder`, as an earlier run leaves it."""
+    _, results = smoke_results
+    folder.mkdir(exist_ok=True)
+    results = {**results, "meta": {**results["meta"], "mode": mode}}
+    benchmark.write_outputs(results, folder)
+    return folder / "results.json"
+
+
+def test_merging_a_smoke_run_into_a_default_run_stops_before_any_work(tmp_path, smoke_results, no_run, capsys,
+                                                                     monkeypatch):
+    # it used to run to the end, then raise, leaving results.json with the oracle rows alone
+    monkeypatch.delenv("COURSE_SMOKE", raising=False)  # a default run, as a learner types it
+    path = saved_results(tmp_path / "X", smoke_results)
+    before = path.read_bytes()
+    with pytest.raises(SystemExit):
+        benchmark.main(["--merge", str(path), "--out", str(path.parent)])
+    assert "smoke run of seed 0" in capsys.readouterr().err and path.read_bytes() == before
+
+
+@pytest.mark.parametrize("content, message", [('{"rows": []}', 'no a "meta" object'),
+                                              ('{"meta": {"mode": "smoke", "seed": 0}, "ro', "not complete JSON"),
+                                              (None, "cannot read")])
+def test_a_bad_merge_file_is_named_in_plain_words(tmp_path, content, message, no_run, capsys):
+    path = tmp_path / "old.json"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(SystemExit):
+        benchmark.main(["--smoke", "--merge", str(path), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert message in err and str(path) in err and "Traceback" not in err
+
+
+def test_a_run_that_would_drop_methods_or_change_mode_stops_unless_asked(tmp_path, smoke_results, no_run, capsys):
+    path = saved_results(tmp_path / "X", smoke_results)
+    with pytest.raises(SystemExit):  # only the oracle rows would be left
+        benchmark.main(["--smoke", "--methods", "", "--out", str(path.parent)])
+    assert "random_projection, vsepp" in capsys.readouterr().err
+    with pytest.raises(AssertionError, match="the benchmark ran"):  # merging keeps them: the run may go ahead
+        benchmark.main(["--smoke", "--methods", "", "--out", str(path.parent), "--merge", str(path)])
+    with pytest.raises(AssertionError, match="the benchmark ran"):  # asked for
+        benchmark.main(["--smoke", "--methods", "", "--out", str(path.parent), "--replace"])
+    default_run = saved_results(tmp_path / "Y", smoke_results, mode="default")
+    with pytest.raises(SystemExit):  # a smoke run over a default one, whatever its methods
+        benchmark.main(["--smoke", "--methods", "vsepp", "--out", str(default_run.parent),
+                        "--merge", str(path)])
+    assert "holds a default run of seed 0" in capsys.readouterr().err
+
+
+def test_outputs_are_replaced_all_or_nothing(tmp_path, smoke_results, monkeypatch):
+    path = saved_results(tmp_path / "X", smoke_results)
+    before = {name: (path.parent / name).read_bytes() for name in ("results.json", "results.md", "pareto.png")}
+
+    def broken_plot(rows, target):
+        raise RuntimeError("the plot failed")
+
+    monkeypatch.setattr(benchmark, "_save_pareto", broken_plot)
+    _, results = smoke_results
+    with pytest.raises(RuntimeError, match="the plot failed"):
+        benchmark.write_outputs({**results, "rows": results["rows"][:3]}, path.parent)
+    assert {name: (path.parent / name).read_bytes() for name in before} == before
+    assert sorted(p.name for p in path.parent.iterdir()) == ["pareto.png", "results.json", "results.md"]
+
+
+def test_a_missing_readme_block_stops_before_any_work(tmp_path, no_run, capsys):
+    readme = tmp_path / "README.md"
+    readme.write_text("no markers")
+    with pytest.raises(SystemExit):
+        benchmark.main(["--smoke", "--out", str(tmp_path / "out"), "--readme", str(readme)])
+    assert "no results block" in capsys.readouterr().err
