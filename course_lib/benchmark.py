@@ -3,8 +3,10 @@
 Builds the synthetic benchmark, fits every registered method (course_lib.methods.registry), evaluates it
 on the test, full and compositional settings (README, "Data" and "Results"), times one text query against each
 gallery, and writes DIR/results.json, DIR/results.md (the README's table) and DIR/pareto.png.
-Each setting also gets an `oracle` row: the expected recall of the Bayes-optimal ranking under
-the generator's own caption likelihood, the best any model can reach (course_lib.data.oracle).
+Each setting also gets two reference rows: `oracle`, the expected recall of the Bayes-optimal ranking
+under the generator's own caption likelihood, the best any model can reach (course_lib.data.oracle),
+and `bag-of-objects`, what one hand-built vector per image reaches with perfect perception
+(course_lib.studies.single_vector): the limit of the dual encoders' form on this data.
 
 A method follows course_lib.methods.base.Method: `fit`, `rank(split, direction, top_k, queries)`,
 `query_fn(split, caption_index, top_k)`, `pairs_per_query`, and its own budgets `eval_pairs` and
@@ -31,6 +33,7 @@ from course_lib.data.synthetic import SyntheticConfig, make_benchmark
 from course_lib.data.tokenizer import build_word_tokenizer
 from course_lib.methods.base import ground_truth
 from course_lib.methods.registry import available_methods, registered_names
+from course_lib.studies import single_vector
 
 SETTINGS = ("test", "full", "compositional")
 KS = {"test": (1, 5, 10), "full": (5, 10, 20), "compositional": (1, 5, 10)}
@@ -39,6 +42,7 @@ EXTRAPOLATED = "*"  # marks a time extrapolated linearly from smaller galleries,
 SAMPLED = "†"  # marks recalls from a sample of the queries
 
 
+REFERENCES = ("oracle", single_vector.NAME)  # untrained rows every run writes, whatever its methods
 ORACLE_NOTE = ("Bayes-optimal ranking under the generator's own caption likelihood: the best expected "
                "recall any model can reach (course_lib.data.oracle)")
 
@@ -123,6 +127,8 @@ def run(smoke: bool = False, out: str | Path = "outputs/benchmark", seed: int = 
         split = bench[setting]
         rows.append(_row("oracle", setting, split, oracle_ceiling(split, KS[setting]), KS[setting], None,
                          "expected recall, computed from the generator's ground truth"))
+        rows.append(_row(single_vector.NAME, setting, split, single_vector.reference_metrics(split, KS[setting]),
+                         KS[setting], None, "expected recall, ties broken at random; not trained"))
     steps = tqdm(total=len(methods) * (len(SETTINGS) + 2), desc="benchmark", disable=not progress)
     for method in methods:
         steps.set_postfix(method=method.name, step="fit")
@@ -152,7 +158,7 @@ def run(smoke: bool = False, out: str | Path = "outputs/benchmark", seed: int = 
         "meta": {"device": env["device"], "torch": env["torch"], "mode": "smoke" if smoke else "default",
                  "seconds": round(time.perf_counter() - start, 1), "seed": seed,
                  "sizes": {name: [s.n_images, s.n_texts] for name, s in bench.items()}},
-        "methods": {"oracle": ORACLE_NOTE} | {m.name: m.notes for m in methods},
+        "methods": {"oracle": ORACLE_NOTE, single_vector.NAME: single_vector.NOTE} | {m.name: m.notes for m in methods},
         "rows": rows,
         "latency": latency,
     }
@@ -216,7 +222,7 @@ def check_outputs(out: Path, mode: str, seed: int, methods: list[str], merged: d
         current = read_results(existing)
     except ValueError as error:
         raise ValueError(f"{error}. This run would overwrite it: pass --replace to do so, or pick another --out") from None
-    kept = {"oracle", *methods, *({r["method"] for r in merged["rows"]} if merged else ())}
+    kept = {*REFERENCES, *methods, *({r["method"] for r in merged["rows"]} if merged else ())}
     lost = sorted({r["method"] for r in current["rows"]} - kept)
     theirs = (current["meta"]["mode"], current["meta"]["seed"])
     if lost:
@@ -236,7 +242,7 @@ def merge_results(new: dict, old: dict) -> dict:
                          f"{new['meta']['mode']} run of seed {new['meta']['seed']}")
     ran = {r["method"] for r in new["rows"]}
     kept = sorted({r["method"] for r in old["rows"]} - ran)
-    order = {name: i for i, name in enumerate(["oracle"] + registered_names())}
+    order = {name: i for i, name in enumerate([*REFERENCES, *registered_names()])}
     rank = lambda r: (SETTINGS.index(r["setting"]), order.get(r["method"], len(order)))  # noqa: E731
     rows = sorted(new["rows"] + [r for r in old["rows"] if r["method"] in kept], key=rank)
     latency = new.get("latency", []) + [p for p in old.get("latency", []) if p["method"] in kept]
@@ -346,7 +352,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--seed", type=int, default=0, help="seed of the data and of every method")
     parser.add_argument("--methods", default=None,
                         help="comma-separated subset of the methods to run, e.g. 'vsepp,scan' "
-                             "('' = only the oracle rows); default: every method")
+                             "('' = only the reference rows); default: every method")
     parser.add_argument("--every-pair", nargs="*", choices=SETTINGS, default=None, metavar="SETTING",
                         help="rank every query of these settings, whatever a method's budget (no names: test "
                              "and compositional; the cross-encoder on test: about 8 min on one CPU thread)")

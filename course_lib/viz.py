@@ -161,7 +161,8 @@ def plot_pareto(rows, *, setting: str = "test", metric: str = "t2i_r1", ax=None,
                 linewidth=1, alpha=0.6, zorder=2, label="Pareto front")
     for r in rows:
         if not r.get("ms_per_query"):  # untimed references (the oracle ceiling) as a horizontal line
-            ax.axhline(r[metric], color="grey", linestyle=":", linewidth=1, label=f"{r['method']} (ceiling)")
+            kind = "ceiling" if r["method"] == "oracle" else "reference"
+            ax.axhline(r[metric], color="grey", linestyle=":", linewidth=1, label=f"{r['method']} ({kind})")
             ax.text(ax.get_xlim()[0] if timed else 0, r[metric], f" {r['method']}", va="bottom",
                     fontsize=8, color="grey")
     if timed:

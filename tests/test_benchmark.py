@@ -37,7 +37,7 @@ def test_outputs_and_schema(smoke_results):
     assert on_disk == results
     assert {"device", "torch", "mode", "seconds", "seed"} <= set(on_disk["meta"])
     assert on_disk["meta"]["mode"] == "smoke"
-    assert set(on_disk["methods"]) == {"oracle", "random_projection", "vsepp"}
+    assert set(on_disk["methods"]) == {*benchmark.REFERENCES, "random_projection", "vsepp"}
     seen = {(r["method"], r["setting"]) for r in on_disk["rows"]}
     assert seen == {(m, s) for m in on_disk["methods"] for s in ("test", "full", "compositional")}
     for row in on_disk["rows"]:
@@ -45,7 +45,7 @@ def test_outputs_and_schema(smoke_results):
         recall_keys = {f"{d}_r{k}" for d in ("i2t", "t2i") for k in ks}
         assert set(row) == ROW_KEYS | recall_keys
         assert row["ar"] == pytest.approx(np.mean([row[k] for k in recall_keys]), abs=0.01)
-        assert (row["ms_per_query"] is None) == (row["method"] == "oracle")
+        assert (row["ms_per_query"] is None) == (row["method"] in benchmark.REFERENCES)
     sizes = {(p["method"], p["n"]) for p in on_disk["latency"]}
     assert sizes == {(m, n) for m in ("random_projection", "vsepp") for n in benchmark.LATENCY_SIZES}
 
@@ -253,11 +253,11 @@ def test_readme_block_is_replaced_and_the_rest_kept(tmp_path, smoke_results):
 
 def test_methods_option_selects_a_subset_and_rejects_unknown_names(tmp_path):
     results = benchmark.main(["--smoke", "--out", str(tmp_path), "--methods", ""])
-    assert {r["method"] for r in results["rows"]} == {"oracle"}
+    assert {r["method"] for r in results["rows"]} == set(benchmark.REFERENCES)
     with pytest.raises(SystemExit):
         benchmark.main(["--smoke", "--out", str(tmp_path), "--methods", "vsepp,nonsense"])
     results = benchmark.main(["--smoke", "--out", str(tmp_path), "--methods", "", "--every-pair", "test"])
-    assert {r["method"] for r in results["rows"]} == {"oracle"}
+    assert {r["method"] for r in results["rows"]} == set(benchmark.REFERENCES)
     with pytest.raises(SystemExit):
         benchmark.main(["--smoke", "--out", str(tmp_path), "--every-pair", "nowhere"])
 
@@ -307,7 +307,7 @@ def test_pairwise_methods_score_a_small_split_once_for_both_directions():
 
 def test_merge_keeps_old_rows_only_for_methods_not_rerun(smoke_results):
     _, results = smoke_results
-    baseline = next(r["method"] for r in results["rows"] if r["method"] not in ("oracle", "vsepp"))
+    baseline = next(r["method"] for r in results["rows"] if r["method"] not in (*benchmark.REFERENCES, "vsepp"))
     old = json.loads(json.dumps(results))  # an earlier run of vsepp, with a marked recall
     old["rows"] = [{**r, "t2i_r1": -1.0} for r in old["rows"] if r["method"] == "vsepp"]
     old["latency"] = [p for p in old["latency"] if p["method"] == "vsepp"]
@@ -318,7 +318,7 @@ def test_merge_keeps_old_rows_only_for_methods_not_rerun(smoke_results):
     merged = benchmark.merge_results(new, old)
     for setting in ("test", "full"):
         methods = [r["method"] for r in merged["rows"] if r["setting"] == setting]
-        assert methods == ["oracle", "vsepp", baseline]  # course order: registered methods, then the rest
+        assert methods == [*benchmark.REFERENCES, "vsepp", baseline]  # course order: registered, then the rest
     assert all(r["t2i_r1"] == -1.0 for r in merged["rows"] if r["method"] == "vsepp")  # the old rows, untouched
     assert merged["meta"]["merged"] == {"methods": ["vsepp"], "seconds": 12.5}
     assert [p["method"] for p in merged["latency"]][0] == "vsepp"

@@ -8,11 +8,27 @@ import itertools
 import numpy as np
 import pytest
 
+from course_lib.core.metrics import hit_probability
 from course_lib.data import synthetic
-from course_lib.data.captions import COUNT, PAIR, PLACE, RELATION, _hit_probability, meanings_of, satisfies, truth_ceiling
-from course_lib.data.oracle import oracle_ceiling
-from course_lib.data.oracle import (SCALE, bayes_recall, caption_likelihood, compositional_likelihood,
-                                    dropout_factor, iter_caption_likelihood, scene_free_factor)
+from course_lib.data.captions import (
+    COUNT,
+    PAIR,
+    PLACE,
+    RELATION,
+    meanings_of,
+    satisfies,
+    truth_ceiling,
+)
+from course_lib.data.oracle import (
+    SCALE,
+    bayes_recall,
+    caption_likelihood,
+    compositional_likelihood,
+    dropout_factor,
+    iter_caption_likelihood,
+    oracle_ceiling,
+    scene_free_factor,
+)
 from course_lib.data.scenes import GRID, Meanings, Scenes
 from course_lib.data.split import RetrievalSplit
 from course_lib.data.synthetic import SyntheticConfig, make_benchmark
@@ -249,7 +265,7 @@ def test_bayes_beats_truth_in_expectation_for_every_caption(smoke_bench):
         # hit probability of image i under each ranking, for every caption
         better = (L[:, None, :] > L[:, :, None]).sum(2)
         tied = (L[:, None, :] == L[:, :, None]).sum(2)
-        bayes = _hit_probability(tied, ones, k - better)
+        bayes = hit_probability(tied, ones, k - better)
         m = sat.sum(1, keepdims=True)
         truth = np.where(sat, np.minimum(1, k / m), np.maximum(k - m, 0) / np.maximum(N - m, 1))
         assert ((post * bayes).sum(1) >= (post * truth).sum(1) - 1e-12).all()

@@ -309,6 +309,54 @@ def coco_1k_metrics(sims, txt2img, n_folds: int = 5, ks: Sequence[int] = (1, 5, 
     return averaged
 
 
+def hit_probability(pool: np.ndarray, good: np.ndarray, k) -> np.ndarray:
+    """P(at least one of `good` items lands in the first k of `pool` items shuffled uniformly)
+    = 1 - C(pool - good, k) / C(pool, k), as a product of k ratios (exact enough, no overflow).
+    k is an int or an array of per-row slot counts (k <= 0: no slot left, probability 0)."""
+    pool, good = np.asarray(pool, dtype=np.float64), np.asarray(good, dtype=np.float64)
+    k = np.asarray(k, dtype=np.int64)
+    miss = np.ones(np.broadcast(pool, good, k).shape)
+    for t in range(int(k.max(initial=0))):
+        num, den = pool - good - t, pool - t
+        miss *= np.where(t < k, np.where(num > 0, num / np.maximum(den, 1.0), 0.0), 1.0)
+    return np.where((good > 0) & (k > 0), 1.0 - miss, 0.0)
+
+
+def expected_hits(image_vectors, text_vectors, txt2img, k: int, direction: str = "t2i", queries=None,
+                  chunk: int = 256) -> np.ndarray:
+    """(Q,) each query's chance that its truth is in the top k when ties are broken at random, for
+    scores that are plain dot products of image_vectors (N, D) and text_vectors (T, D): a ranker
+    whose scores tie often (a hand-built reference, not a trained model) gets its expected recall,
+    neither the pessimistic count of retrieval_ranks nor the luck of one shuffle.
+
+    t2i: a caption's one true image among every image. i2t: an image's best-scoring own caption
+    among every caption; the hit probability counts every own caption tied with it. queries: the
+    caption (t2i) or image (i2t) indices to rank, default all. Scores are compared in float64,
+    rounded to 1e-9, so sums equal up to rounding tie."""
+    images, texts = (np.asarray(v, dtype=np.float64) for v in (image_vectors, text_vectors))
+    txt2img = np.asarray(txt2img, dtype=np.int64)
+    if images.ndim != 2 or texts.ndim != 2 or images.shape[1] != texts.shape[1]:
+        raise ValueError(f"need (N, D) image and (T, D) text vectors of one width, got {images.shape} and {texts.shape}")
+    if direction not in ("t2i", "i2t"):
+        raise ValueError(f"direction must be 't2i' or 'i2t', got {direction!r}")
+    queries = np.arange(len(texts) if direction == "t2i" else len(images)) if queries is None else np.asarray(queries)
+    out = np.empty(len(queries))
+    for start in range(0, len(queries), chunk):
+        rows = queries[start:start + chunk]
+        if direction == "t2i":
+            scores = np.round(texts[rows] @ images.T, 9)  # (q, N)
+            best = scores[np.arange(len(rows)), txt2img[rows]][:, None]  # (q, 1) the true image's score
+            good = np.ones(len(rows))
+        else:
+            scores = np.round(images[rows] @ texts.T, 9)  # (q, T)
+            own = txt2img[None, :] == rows[:, None]  # (q, T)
+            best = np.where(own, scores, -np.inf).max(axis=1, keepdims=True)  # (q, 1) best own caption
+            good = (own & (scores == best)).sum(axis=1)
+        ahead, tied = (scores > best).sum(axis=1), (scores == best).sum(axis=1)
+        out[start:start + len(rows)] = hit_probability(tied, good, k - ahead)
+    return out
+
+
 def format_metrics(m: dict[str, float]) -> str:
     """One line for a notebook, e.g. 'i2t R@1/5/10 52.1/80.3/88.9 medr 1 | t2i ... | rsum 410.2 AR 68.4'."""
     parts = []

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from course_lib.core.metrics import hit_probability
+
 from .scenes import COLORS, FAMILIES, GRID, SHAPES, SIZES, Meanings, Scenes
 
 PAIR, RELATION, PLACE, COUNT, TERSE = range(len(FAMILIES))
@@ -270,19 +272,6 @@ def satisfies(meanings: Meanings, scenes: Scenes) -> np.ndarray:
     return out
 
 
-def _hit_probability(pool: np.ndarray, good: np.ndarray, k) -> np.ndarray:
-    """P(at least one of `good` items lands in the first k of `pool` items shuffled uniformly)
-    = 1 - C(pool - good, k) / C(pool, k), as a product of k ratios (exact enough, no overflow).
-    k is an int or an array of per-row slot counts (k <= 0: no slot left, probability 0)."""
-    pool, good = np.asarray(pool, dtype=np.float64), np.asarray(good, dtype=np.float64)
-    k = np.asarray(k, dtype=np.int64)
-    miss = np.ones(np.broadcast(pool, good, k).shape)
-    for t in range(int(k.max(initial=0))):
-        num, den = pool - good - t, pool - t
-        miss *= np.where(t < k, np.where(num > 0, num / np.maximum(den, 1.0), 0.0), 1.0)
-    return np.where((good > 0) & (k > 0), 1.0 - miss, 0.0)
-
-
 def truth_ceiling(split, ks=(1, 5, 10)) -> dict[str, float]:
     """Expected R@K (percent) of the truth-only ranker: every item that satisfies the query first,
     ties broken at random. It uses only whether a caption is true of an image, not how likely the
@@ -309,10 +298,10 @@ def truth_ceiling(split, ks=(1, 5, 10)) -> dict[str, float]:
         late_k = np.maximum(k - per_text, 0)  # slots left after every satisfying image
         t2i = np.where(own, np.minimum(1.0, k / np.maximum(per_text, 1)),
                        np.minimum(1.0, late_k / np.maximum(N - per_text, 1)))
-        i2t = np.where(good > 0, _hit_probability(per_image, good, k), 0.0)
+        i2t = np.where(good > 0, hit_probability(per_image, good, k), 0.0)
         for i in np.flatnonzero((good == 0) & (bad > 0)):  # rare: only noisy captions of its own
             left = k - per_image[i]
-            i2t[i] = _hit_probability(T - per_image[i], bad[i], left) if left > 0 else 0.0
+            i2t[i] = hit_probability(T - per_image[i], bad[i], left) if left > 0 else 0.0
         has_text = (good + bad) > 0
         if split.query_images is not None:  # the full setting: only the test images query
             has_text &= np.isin(np.arange(N), split.query_images)

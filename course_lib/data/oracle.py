@@ -67,6 +67,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from course_lib.core.metrics import hit_probability
+
 from .captions import (
     COUNT,
     PAIR,
@@ -74,7 +76,6 @@ from .captions import (
     RELATION,
     TERSE,
     _bit_tables,
-    _hit_probability,
     _relation_code,
     iter_satisfies,
     satisfies,
@@ -391,8 +392,8 @@ def bayes_recall(rows, cols, values, txt2img, n_images: int, ks=(1, 5, 10), *, q
     text_queries = np.arange(T) if query_texts is None else np.asarray(query_texts, dtype=np.int64)
     out = {}
     for k in ks:
-        t2i = _hit_probability(tied, 1, k - ahead)[text_queries]
-        i2t = _hit_probability(tied_i, good, k - ahead_i)[has_text]
+        t2i = hit_probability(tied, 1, k - ahead)[text_queries]
+        i2t = hit_probability(tied_i, good, k - ahead_i)[has_text]
         out[f"t2i_r{k}"] = 100.0 * float(t2i.mean()) if len(t2i) else float("nan")
         out[f"i2t_r{k}"] = 100.0 * float(i2t.mean()) if len(i2t) else float("nan")
     return out
