@@ -483,3 +483,33 @@ def test_log_likelihood_checker_names_the_usual_mistakes():
     for fn, message in cases:
         with pytest.raises(ExerciseError, match=message):
             check_summed_log_likelihood(fn)
+
+
+def test_loss_checkers_accept_a_plain_number_and_say_it_cannot_train(capsys):
+    # a Python float used to be refused ("expected one number (a 0-d tensor), got float")
+    from course_lib.core.losses import contrastive_loss
+    from course_lib.exercises import check_cmr_loss, check_hrl_loss
+    from course_lib.methods.hivlp.model import hrl_loss
+
+    check_cmr_loss(lambda s: float(contrastive_loss(s)))
+    check_hrl_loss(lambda images, texts: hrl_loss(images, texts).item())
+    out = capsys.readouterr().out
+    assert out.count("correct") == 2 and out.count("plain number") == 2
+
+
+def test_hrl_checker_names_one_direction_only():
+    # lesson 05 promises that this answer is named; it used to get the generic "expected ..., got ..."
+    import torch
+    import torch.nn.functional as F
+
+    from course_lib.exercises import check_hrl_loss
+
+    def images_as_queries(images, texts):
+        return sum(F.cross_entropy(i @ t.T, torch.arange(len(i))) for i, t in zip(images, texts))
+
+    def texts_as_queries_halved(images, texts):
+        return sum(F.cross_entropy(t @ i.T, torch.arange(len(i))) / 2 for i, t in zip(images, texts))
+
+    for answer in (images_as_queries, texts_as_queries_halved):
+        with pytest.raises(ExerciseError, match="only one direction"):
+            check_hrl_loss(answer)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .errors import ExerciseError
+from .errors import NO_GRADIENT_NOTE, ExerciseError, scalar_answer
 
 
 def _hrl_cases(seed: int = 0):
@@ -30,6 +30,9 @@ def _hrl_mistakes(images, texts) -> list:
     def one_way(s):  # texts as queries only: CE over images per text
         return F.cross_entropy(s.T, torch.arange(len(s)))
 
+    def other_way(s):  # images as queries only: CE over texts per image
+        return F.cross_entropy(s, torch.arange(len(s)))
+
     per_level = [contrastive_loss(i @ t.T) for i, t in zip(images, texts)]
     cosine = [contrastive_loss(F.normalize(i, dim=-1) @ F.normalize(t, dim=-1).T) for i, t in zip(images, texts)]
     return [
@@ -38,7 +41,13 @@ def _hrl_mistakes(images, texts) -> list:
         (per_level[0], "only the first level is there: eq. 8 sums L_RL over every level"),
         (sum(2 * v for v in per_level), "each level's two cross-entropies were added without the 1/2 of eq. 7"),
         (sum(one_way(i @ t.T) for i, t in zip(images, texts)),
-         "only text-to-image (eq. 6) is there; eq. 7 averages it with image-to-text"),
+         "only one direction is there, text-to-image (eq. 6); eq. 7 averages it with image-to-text"),
+        (sum(other_way(i @ t.T) for i, t in zip(images, texts)),
+         "only one direction is there, image-to-text; eq. 7 averages it with text-to-image (eq. 6)"),
+        (sum(one_way(i @ t.T) / 2 for i, t in zip(images, texts)),
+         "only one direction is there (text-to-image, halved): eq. 7 is the mean of both directions"),
+        (sum(other_way(i @ t.T) / 2 for i, t in zip(images, texts)),
+         "only one direction is there (image-to-text, halved): eq. 7 is the mean of both directions"),
         (sum(cosine), "you normalised the vectors: S^l (eq. 5) is a raw inner product, no cosine, no temperature"),
     ]
 
@@ -46,21 +55,18 @@ def _hrl_mistakes(images, texts) -> list:
 def check_hrl_loss(fn) -> None:
     """fn(image_levels, text_levels) -> L_HRL (eq. 8), a scalar: image_levels[l] (B, d_l) and text_levels[l]
     (B, d_l), pair i in row i of every level. Compared with course_lib.methods.hivlp.model.hrl_loss."""
-    import torch
 
     from course_lib.methods.hivlp.model import hrl_loss
 
+    plain_number = False
     for label, images, texts in _hrl_cases():
         expected = float(hrl_loss(images, texts))
         got = fn([x.clone().requires_grad_(True) for x in images], [x.clone() for x in texts])
-        if not torch.is_tensor(got) or got.numel() != 1:
-            shape = tuple(got.shape) if torch.is_tensor(got) else type(got).__name__
-            raise ExerciseError(f"on {label}: expected one number (a 0-d tensor), got {shape}; sum the levels' "
-                                "losses into one scalar")
-        if not got.requires_grad:
+        value, trainable = scalar_answer(got, label, "sum the levels' losses into one scalar")
+        plain_number |= not trainable
+        if trainable and not got.requires_grad:
             raise ExerciseError("the loss carries no gradient back to the level vectors: keep it in torch (no "
                                 ".item(), .numpy() or float() inside)")
-        value = float(got.detach())
         if abs(value - expected) <= 1e-5 * max(1.0, abs(expected)):
             continue
         for wrong, message in _hrl_mistakes(images, texts):
@@ -68,4 +74,5 @@ def check_hrl_loss(fn) -> None:
                 raise ExerciseError(f"on {label}: {message}")
         raise ExerciseError(f"on {label}: expected {expected:.6f}, got {value:.6f}; L_HRL = sum over levels of "
                             "(CE over images per text + CE over texts per image) / 2 on S^l = image_l @ text_l.T")
-    print("HRL loss: correct (1 to 3 levels, batches of 1 to 6, raw inner products)")
+    print("HRL loss: correct (1 to 3 levels, batches of 1 to 6, raw inner products)" +
+          (f" {NO_GRADIENT_NOTE}" if plain_number else ""))

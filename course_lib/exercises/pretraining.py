@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .errors import ExerciseError
+from .errors import NO_GRADIENT_NOTE, ExerciseError, scalar_answer
 
 
 def _cmr_cases(seed: int = 0):
@@ -47,22 +47,19 @@ def _cmr_mistakes(scores) -> list[tuple[float, str]]:
 
 def check_cmr_loss(fn) -> None:
     """fn(scores (B, B) images x texts, positives on the diagonal) -> LightningDOT's CMR, eq. 6."""
-    import torch
 
     from course_lib.core.losses import contrastive_loss
 
+    plain_number = False
     for label, scores in _cmr_cases():
         expected = float(contrastive_loss(scores))
         given = scores.clone().requires_grad_(True)
         got = fn(given)
-        if not torch.is_tensor(got) or got.numel() != 1:
-            shape = tuple(got.shape) if torch.is_tensor(got) else type(got).__name__
-            raise ExerciseError(f"on {label} expected one number (a 0-d tensor), got {shape}; average the "
-                                "per-query losses into one scalar")
-        if not got.requires_grad:
+        value, trainable = scalar_answer(got, label, "average the per-query losses into one scalar")
+        plain_number |= not trainable
+        if trainable and not got.requires_grad:
             raise ExerciseError("the loss carries no gradient back to the scores: keep it in torch (no "
                                 ".item(), .numpy() or float() inside), or training cannot use it")
-        value = float(got.detach())
         if abs(value - expected) <= 1e-5 * max(1.0, abs(expected)):  # float32 answers pass too
             continue
         for wrong, message in _cmr_mistakes(scores):
@@ -71,7 +68,8 @@ def check_cmr_loss(fn) -> None:
         raise ExerciseError(f"on {label} expected {expected:.6f}, got {value:.6f}; CMR is "
                             "(cross-entropy of each row against its diagonal + the same for each column) / 2, "
                             "each averaged over the batch")
-    print("CMR loss: correct (both directions, averaged, batches of 1 to 16)")
+    print("CMR loss: correct (both directions, averaged, batches of 1 to 16)" +
+          (f" {NO_GRADIENT_NOTE}" if plain_number else ""))
 
 
 def _caption_batch(n: int, vocab_size: int, generator, lengths=(1, 14), special=None):
