@@ -133,6 +133,168 @@ def plot_timings(results: dict, *, ax=None, title="per-call time"):
     return ax
 
 
+def _box_distances(points: np.ndarray, boxes: np.ndarray) -> np.ndarray:
+    """(C, M) distance from each of M display points (M, 2) to each of C boxes (C, 4: x0, y0, x1, y1)."""
+    dx = np.maximum(np.maximum(boxes[:, None, 0] - points[None, :, 0], 0), points[None, :, 0] - boxes[:, None, 2])
+    dy = np.maximum(np.maximum(boxes[:, None, 1] - points[None, :, 1], 0), points[None, :, 1] - boxes[:, None, 3])
+    return np.hypot(dx, dy)
+
+
+def _overlaps(boxes: np.ndarray, others: np.ndarray) -> np.ndarray:
+    """(C,) how many of `others` (P, 4) each candidate box (C, 4) overlaps."""
+    if len(others) == 0:
+        return np.zeros(len(boxes), dtype=int)
+    return ((boxes[:, None, 0] < others[None, :, 2]) & (others[None, :, 0] < boxes[:, None, 2])
+            & (boxes[:, None, 1] < others[None, :, 3]) & (others[None, :, 1] < boxes[:, None, 3])).sum(axis=1)
+
+
+_RADII = (3.5, 5, 7, 9, 12, 16, 20, 25, 31, 38, 46, 60, 80, 105, 130)  # points from the marker, nearest first
+_ANGLES = np.linspace(0, 2 * np.pi, 24, endpoint=False)
+
+
+def _candidates(cx, cy, w, h, px_per_pt) -> tuple[np.ndarray, np.ndarray]:
+    """Boxes (C, 4) around (cx, cy) on rings of growing radius, each slid to 3 x 3 alignments, and their radii (C,)."""
+    radius, angle = np.meshgrid(np.array(_RADII) * px_per_pt, _ANGLES, indexing="ij")
+    x = cx + radius * np.cos(angle)  # (R, A) the spot
+    y = cy + radius * np.sin(angle)
+    slide_x, slide_y = np.meshgrid([0.0, -w / 2, -w], [0.0, -h / 2, -h], indexing="ij")
+    x0 = (x[..., None, None] + slide_x).reshape(-1)
+    y0 = (y[..., None, None] + slide_y).reshape(-1)
+    radii = np.broadcast_to(radius[..., None, None], radius.shape + slide_x.shape).reshape(-1)
+    return np.stack([x0, y0, x0 + w, y0 + h], axis=1), radii
+
+
+def _place_once(order, sizes, centres, frame, px_per_pt, marker_px):
+    """One greedy pass in `order`: each label takes its cheapest candidate given those placed before."""
+    markers = np.concatenate([centres - marker_px, centres + marker_px], axis=1)  # (M, 4)
+    placed = np.zeros((0, 4))
+    boxes = [None] * len(centres)
+    for k in order:
+        candidates, radii = _candidates(*centres[k], *sizes[k], px_per_pt)
+        distances = _box_distances(centres, candidates)  # (C, M)
+        own = distances[:, k]
+        others = np.delete(distances, k, axis=1)
+        nearest_is_own = (own[:, None] < others).all(axis=1) if others.size else np.ones(len(own), bool)
+        inside = ((candidates[:, 0] >= frame[0]) & (candidates[:, 2] <= frame[2]) & (candidates[:, 1] >= frame[1])
+                  & (candidates[:, 3] <= frame[3]))
+        on_own = _overlaps(candidates, markers[k:k + 1]) > 0
+        cost = np.lexsort((own, radii, ~inside, _overlaps(candidates, markers), ~nearest_is_own,
+                           _overlaps(candidates, placed), on_own))
+        boxes[k] = candidates[cost[0]]
+        placed = np.vstack([placed, boxes[k]])
+    return boxes
+
+
+def _violations(boxes, centres) -> list[int]:
+    """Labels that overlap another label or sit nearer another marker than their own."""
+    boxes = np.array(boxes)
+    bad = set()
+    for k in range(len(boxes)):
+        if _overlaps(boxes[k:k + 1], np.delete(boxes, k, axis=0))[0]:
+            bad.add(k)
+        distances = _box_distances(centres, boxes[k:k + 1])[0]
+        if (np.delete(distances, k) <= distances[k]).any():
+            bad.add(k)
+    return sorted(bad)
+
+
+def place_labels(ax, points, labels, *, fontsize: float = 7, marker_px: float = 5.0, attempts: int = 24) -> list:
+    """Label each point (data coordinates) so that no two labels overlap and each label's nearest
+    marker is its own point's (no label sits on a neighbour), covering no marker where it can.
+
+    Each label takes the cheapest of rings of candidate spots around its point, moving outwards;
+    a label set away from its point gets a thin leader line. The most crowded points choose first;
+    if some label still breaks a rule, the pass is repeated with those labels first (and the rest
+    reshuffled every other time), and the arrangement with the fewest broken rules is kept. Call it once the axes' limits and the figure's
+    layout are final: it works in display space. Returns the Text objects, in `points` order."""
+    fig = ax.figure
+    if not hasattr(fig.canvas, "get_renderer"):  # a bare Figure (headless files): give it an Agg canvas
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+        FigureCanvasAgg(fig)
+    renderer = fig.canvas.get_renderer()
+    if not len(points):
+        return []
+    centres = ax.transData.transform(np.asarray(points, dtype=float))  # (M, 2) display
+    sizes = []
+    for label in labels:
+        probe = ax.text(0, 0, label, fontsize=fontsize)
+        extent = probe.get_window_extent(renderer)
+        probe.remove()
+        sizes.append((extent.width, extent.height))
+    window = ax.get_window_extent(renderer)
+    frame = (window.x0, window.y0, window.x1, window.y1)
+    px_per_pt = fig.dpi / 72.0
+    crowd = (np.hypot(*(centres[:, None, :] - centres[None, :, :]).transpose(2, 0, 1)) < 60 * px_per_pt).sum(1)
+    order = list(np.argsort(-crowd, kind="stable"))
+    best, rng = None, np.random.default_rng(0)  # seeded: the same figure every time
+    for attempt in range(attempts):
+        boxes = _place_once(order, sizes, centres, frame, px_per_pt, marker_px)
+        bad = _violations(boxes, centres)
+        if best is None or len(bad) < len(best[1]):
+            best = (boxes, bad)
+        if not bad:
+            break
+        rest = [k for k in order if k not in bad]
+        if attempt % 2:  # every other pass shuffles the rest, so a stuck arrangement can change
+            rest = list(rng.permutation(rest))
+        order = list(rng.permutation(bad)) + rest  # the troubled labels choose first next time
+    boxes = best[0]
+    texts = []
+    for k, (point, label) in enumerate(zip(points, labels)):
+        box = boxes[k]
+        far = _box_distances(centres[k:k + 1], box[None, :])[0, 0] > 10 * px_per_pt
+        anchor = ax.transData.inverted().transform((box[0], box[1]))
+        texts.append(ax.annotate(label, xy=point, xytext=anchor, textcoords="data", fontsize=fontsize, ha="left",
+                                 va="bottom", arrowprops=dict(arrowstyle="-", color="grey", lw=0.5, shrinkA=0,
+                                                              shrinkB=3) if far else None))
+    return texts
+
+
+def _draw_pareto(rows, *, setting: str, metric: str, ax, title, colors, front: bool):
+    """plot_pareto without its labels: returns the (point, label) pairs still to place."""
+    from course_lib.studies.frontier import pareto_front
+
+    rows = [r for r in rows if r["setting"] == setting and r.get(metric) is not None]
+    timed = [r for r in rows if r.get("ms_per_query")]
+    for i, r in enumerate(timed):
+        measured = r.get("ms_measured", True)
+        color = (colors or {}).get(r["method"], f"C{i % 10}")
+        ax.scatter(r["ms_per_query"], r[metric], s=40, color=color, facecolors=color if measured else "none",
+                   zorder=3)
+    if front and timed:
+        on_front = [timed[i] for i in pareto_front([r["ms_per_query"] for r in timed], [r[metric] for r in timed])]
+        ax.step([r["ms_per_query"] for r in on_front], [r[metric] for r in on_front], where="post", color="black",
+                linewidth=1, alpha=0.6, zorder=2, label="Pareto front")
+    if timed:  # the axes fit the methods; a reference beyond them is marked at the edge
+        ax.set_xscale("log")
+        values = [r[metric] for r in timed]
+        low, high = min(values), max(values)
+        pad = max(2.0, 0.12 * (high - low))
+        ax.set_ylim(max(low - pad, -pad / 2), high + pad)  # room below a method at 0 for its label
+        ms = [r["ms_per_query"] for r in timed]
+        ax.set_xlim(min(ms) / 2.5, max(ms) * 4)
+    for r in rows:
+        if r.get("ms_per_query"):
+            continue
+        kind = "ceiling" if r["method"] == "oracle" else "reference"
+        top = ax.get_ylim()[1]
+        if timed and r[metric] > top:  # above every method: an arrow at the top edge says where it is
+            ax.annotate(f"{r['method']} {r[metric]:.1f} ({kind}) \u2191", xy=(0.99, 0.99), xycoords="axes fraction",
+                        ha="right", va="top", fontsize=7, color="grey")
+        else:
+            ax.axhline(r[metric], color="grey", linestyle=":", linewidth=1, label=f"{r['method']} ({kind})")
+            ax.text(ax.get_xlim()[0] if timed else 0, r[metric], f" {r['method']}", va="bottom",
+                    fontsize=8, color="grey")
+    ax.set_xlabel("ms per text query (median; hollow = extrapolated)")
+    ax.set_ylabel(f"{metric} (%) on {setting}")
+    ax.set_title(title or f"accuracy vs latency ({setting})")
+    ax.grid(alpha=0.3, which="both")
+    if front and timed:
+        ax.legend(fontsize=7, loc="lower right")
+    return [((r["ms_per_query"], r[metric]), r["method"]) for r in timed]
+
+
 def plot_pareto(rows, *, setting: str = "test", metric: str = "t2i_r1", ax=None, title=None,
                 colors: dict | None = None, front: bool = True):
     """Accuracy against per-query latency, one labelled point per method (log time axis).
@@ -140,39 +302,14 @@ def plot_pareto(rows, *, setting: str = "test", metric: str = "t2i_r1", ax=None,
     `rows` are benchmark result rows (dicts with method, setting, ms_per_query and the metric); a
     row whose time was extrapolated (ms_measured False) is drawn hollow, as in every course plot.
     front: join the methods no other one beats (faster and at least as accurate) with a step line
-    (course_lib.studies.frontier.pareto_front). An untimed row (the oracle) is a horizontal ceiling.
+    (course_lib.studies.frontier.pareto_front). The axes fit the methods; an untimed reference row
+    (the oracle ceiling, the bag of objects) is a dotted line, or an arrow at the top edge when it
+    lies above every method. Labels never overlap (place_labels).
     colors: method -> colour, to keep one colour per method across panels."""
-    from course_lib.studies.frontier import pareto_front
-
-    rows = [r for r in rows if r["setting"] == setting and r.get(metric) is not None]
     if ax is None:
         _, ax = plt.subplots(figsize=(6.5, 4.5))
-    timed = [r for r in rows if r.get("ms_per_query")]
-    for i, r in enumerate(timed):
-        measured = r.get("ms_measured", True)
-        color = (colors or {}).get(r["method"], f"C{i % 10}")
-        ax.scatter(r["ms_per_query"], r[metric], s=40, color=color, facecolors=color if measured else "none",
-                   zorder=3)
-        ax.annotate(r["method"], (r["ms_per_query"], r[metric]), textcoords="offset points",
-                    xytext=(5, 4 if i % 2 else -9), fontsize=7)
-    if front and timed:
-        on_front = [timed[i] for i in pareto_front([r["ms_per_query"] for r in timed], [r[metric] for r in timed])]
-        ax.step([r["ms_per_query"] for r in on_front], [r[metric] for r in on_front], where="post", color="black",
-                linewidth=1, alpha=0.6, zorder=2, label="Pareto front")
-    for r in rows:
-        if not r.get("ms_per_query"):  # untimed references (the oracle ceiling) as a horizontal line
-            kind = "ceiling" if r["method"] == "oracle" else "reference"
-            ax.axhline(r[metric], color="grey", linestyle=":", linewidth=1, label=f"{r['method']} ({kind})")
-            ax.text(ax.get_xlim()[0] if timed else 0, r[metric], f" {r['method']}", va="bottom",
-                    fontsize=8, color="grey")
-    if timed:
-        ax.set_xscale("log")
-    ax.set_xlabel("ms per text query (median; hollow = extrapolated)")
-    ax.set_ylabel(f"{metric} (%) on {setting}")
-    ax.set_title(title or f"accuracy vs latency ({setting})")
-    ax.grid(alpha=0.3, which="both")
-    if front and timed:
-        ax.legend(fontsize=7, loc="best")
+    pending = _draw_pareto(rows, setting=setting, metric=metric, ax=ax, title=title, colors=colors, front=front)
+    place_labels(ax, [p for p, _ in pending], [label for _, label in pending])
     return ax
 
 
@@ -185,9 +322,15 @@ def plot_pareto_settings(rows, fig=None, *, settings=("test", "full"), direction
     if fig is None:
         fig = plt.figure(figsize=(6.5 * len(settings), 5))
     axes = fig.subplots(1, len(settings), squeeze=False)[0]
+    pending = []
     for ax, setting in zip(axes, settings):
         keys = {k for r in rows if r["setting"] == setting for k in r if k.startswith(f"{direction}_r")}
         metric = min(keys, key=lambda k: int(k.rsplit("_r", 1)[1]), default=f"{direction}_r1")
-        plot_pareto(rows, setting=setting, metric=metric, ax=ax, colors=colors)
-    fig.tight_layout()
+        pending.append(_draw_pareto(rows, setting=setting, metric=metric, ax=ax, title=None, colors=colors,
+                                    front=True))
+    fig.tight_layout()  # the layout first: labels are placed in display space
+    for ax, items in zip(axes, pending):
+        place_labels(ax, [p for p, _ in items], [label for _, label in items])
     return fig
+
+

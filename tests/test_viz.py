@@ -59,8 +59,14 @@ def test_pareto_plots_timed_methods_and_a_line_for_the_oracle():
     assert sorted(points[:, 0].tolist()) == [0.1, 30.0]
     filled = [len(c.get_facecolors()) > 0 and c.get_facecolors()[0][3] > 0 for c in ax.collections]
     assert filled == [True, False]  # fast measured: filled; slow extrapolated: hollow
-    assert any(np.allclose(line.get_ydata(), 90.0) for line in ax.lines)
+    # the axes fit the methods: the oracle, far above them, is marked at the top edge, not drawn as a line
+    assert ax.get_ylim()[1] < 90 and any(t.get_text().startswith("oracle 90.0") for t in ax.texts)
+    assert not any(np.allclose(line.get_ydata(), 90.0) for line in ax.lines)
     assert ax.get_xscale() == "log"
+    plt.close(ax.figure)
+    within = [{**rows[0], "method": "bag-of-objects", "t2i_r1": 40.0}] + rows[1:]  # between the methods: a line
+    ax = viz.plot_pareto(within, setting="test")
+    assert any(np.allclose(line.get_ydata(), 40.0) and "reference" in line.get_label() for line in ax.lines)
     plt.close(ax.figure)
 
 
@@ -128,7 +134,8 @@ def test_pareto_draws_the_front_of_the_naive_dominance_loop():
     (front,) = [line for line in ax.lines if line.get_label() == "Pareto front"]
     assert list(front.get_xdata()) == [r["ms_per_query"] for r in naive] == [1.0, 5.0, 100.0]
     assert list(front.get_ydata()) == [r["t2i_r1"] for r in naive]
-    assert sorted(t.get_text() for t in ax.texts if t.get_text().strip() != "oracle") == ["a", "b", "c", "d", "e"]
+    assert sorted(t.get_text() for t in ax.texts if not t.get_text().startswith("oracle")) == ["a", "b", "c", "d", "e"]
+    assert ax.get_ylim()[1] < 80 and any("oracle 80.0 (ceiling)" in t.get_text() for t in ax.texts)  # at the edge
     plt.close(ax.figure)
 
 
@@ -140,3 +147,44 @@ def test_pareto_settings_one_panel_per_setting_and_one_colour_per_method():
     colours = [[tuple(c.get_facecolors()[0]) for c in ax.collections] for ax in fig.axes]
     assert colours[0] == colours[1] and colours[0][0] != colours[0][1]
     plt.close(fig)
+
+
+def _label_boxes(fig, names):
+    """(label text, its display box, its own marker's display centre, every marker's centre) per panel."""
+    from matplotlib.text import Text
+
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    panels = []
+    for ax in fig.axes:
+        labels = [t for t in ax.texts if t.get_text() in names]  # the method labels
+        centres = ax.transData.transform(np.array([t.xy for t in labels])) if labels else np.zeros((0, 2))
+        # Text's own extent: an Annotation's includes its leader line
+        panels.append([(t.get_text(), Text.get_window_extent(t, renderer), centres[i], centres)
+                       for i, t in enumerate(labels)])
+    return panels
+
+
+def test_pareto_labels_never_overlap_and_sit_nearest_their_own_marker():
+    # the 18 methods of a real smoke run, in tight clusters (two markers 7 px apart): labels used to
+    # collide and sit on the wrong dot ("ubert@20" on lightningdot+rerank@20's)
+    import json
+    from pathlib import Path
+
+    from matplotlib.figure import Figure
+
+    results = json.loads((Path(__file__).parent / "data" / "pareto_rows_smoke_run.json").read_text())
+    names = {r["method"] for r in results["rows"] if r.get("ms_per_query")}
+    fig = viz.plot_pareto_settings(results["rows"], Figure(figsize=(13, 5.5)))
+    for panel in _label_boxes(fig, names):
+        assert len(panel) == len(names) == 18
+        for i, (label, box, own, centres) in enumerate(panel):
+            for other_label, other, _, _ in panel[i + 1:]:
+                assert not box.overlaps(other), f"{label!r} overlaps {other_label!r}"
+
+            def distance(point):
+                dx = max(box.x0 - point[0], 0, point[0] - box.x1)
+                dy = max(box.y0 - point[1], 0, point[1] - box.y1)
+                return np.hypot(dx, dy)
+            nearest = min(range(len(centres)), key=lambda k: distance(centres[k]))
+            assert distance(centres[nearest]) == pytest.approx(distance(own)), f"{label!r} sits nearer another marker"
