@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -83,7 +84,7 @@ def _latency(method, gallery, sizes, smoke: bool, repeats: int) -> list[dict]:
                               points, warmup=2, repeats=repeats, max_measured=most)
 
 
-def _row(method, setting, split, metrics, ks, ms_per_query, notes, ms_measured=True):
+def _row(method, setting, split, metrics, ks, ms_per_query, notes, ms_measured=True, ms_spread=(None, None)):
     row = {"method": method, "setting": setting, "n_images": split.n_images, "n_texts": split.n_texts,
            "n_text_queries": split.n_text_queries, "n_image_queries": split.n_image_queries}
     for direction in ("i2t", "t2i"):
@@ -93,6 +94,8 @@ def _row(method, setting, split, metrics, ks, ms_per_query, notes, ms_measured=T
     recalls = [row[f"{d}_r{k}"] for d in ("i2t", "t2i") for k in ks]
     row["ar"] = None if None in recalls else round(float(np.mean(recalls)), 2)
     row["ms_per_query"] = None if ms_per_query is None else round(float(ms_per_query), 4)
+    # the interquartile range of the timed calls: a median is only as good as its spread
+    row["ms_p25"], row["ms_p75"] = (None if v is None else round(float(v), 4) for v in ms_spread)
     row["ms_measured"] = bool(ms_measured)
     row["notes"] = notes
     return row
@@ -144,7 +147,7 @@ def run(smoke: bool = False, out: str | Path = "outputs/benchmark", seed: int = 
             timed = "measured" if query["measured"] else "extrapolated linearly from smaller galleries"
             rows.append(_row(method.name, setting, split, metrics, KS[setting], query["ms_per_query"],
                              f"{how}; ms: one text query, median of {repeats}, {timed}",
-                             ms_measured=query["measured"]))
+                             ms_measured=query["measured"], ms_spread=(query["p25_ms"], query["p75_ms"])))
             steps.update()
         steps.set_postfix(method=method.name, step="latency")
         for point in _latency(method, bench["full"], LATENCY_SIZES, smoke, repeats):
@@ -154,10 +157,14 @@ def run(smoke: bool = False, out: str | Path = "outputs/benchmark", seed: int = 
         steps.update()
     steps.close()
     env = settings.describe_environment()
+    noisy = cascade_timing_problems(methods, rows)
+    if noisy:
+        print(f"note: {noisy}", file=sys.stderr)
     results = {
         "meta": {"device": env["device"], "torch": env["torch"], "mode": "smoke" if smoke else "default",
                  "seconds": round(time.perf_counter() - start, 1), "seed": seed,
-                 "sizes": {name: [s.n_images, s.n_texts] for name, s in bench.items()}},
+                 "sizes": {name: [s.n_images, s.n_texts] for name, s in bench.items()},
+                 "timing_note": noisy},
         "methods": {"oracle": ORACLE_NOTE, single_vector.NAME: single_vector.NOTE} | {m.name: m.notes for m in methods},
         "rows": rows,
         "latency": latency,
@@ -165,6 +172,25 @@ def run(smoke: bool = False, out: str | Path = "outputs/benchmark", seed: int = 
     if write:
         write_outputs(results, out)
     return results
+
+
+def cascade_timing_problems(methods, rows) -> str | None:
+    """A plain-words note when the timings contradict themselves: a cascade (a method whose first stage
+    is another method of the run) measured faster than its first stage alone, which a quiet machine
+    cannot produce. None when every cascade costs at least its first stage."""
+    ms = {(r["method"], r["setting"]): r for r in rows if r.get("ms_per_query") and r.get("ms_measured", True)}
+    clashes = []
+    for method in methods:
+        first = getattr(method, "stages", [None])[0]
+        for (name, setting), row in ms.items():
+            own = first is not None and name == method.name and (first.name, setting) in ms
+            if own and row["ms_per_query"] < ms[(first.name, setting)]["ms_per_query"]:
+                clashes.append(f"{name} {row['ms_per_query']:.3g} ms against its first stage {first.name} "
+                               f"{ms[(first.name, setting)]['ms_per_query']:.3g} ms ({setting})")
+    if not clashes:
+        return None
+    return ("this run's timings are too noisy to trust: a cascade cannot cost less than its first stage, yet "
+            + "; ".join(clashes) + ". Something else was using the CPU: re-run with the machine otherwise idle.")
 
 
 def write_outputs(results: dict, out: Path) -> None:
@@ -277,6 +303,8 @@ def results_markdown(results: dict) -> str:
             ms = _cell(r["ms_per_query"], ".3g")
             if r["ms_per_query"] is not None and not r.get("ms_measured", True):
                 ms += EXTRAPOLATED
+            elif r.get("ms_p25") is not None:
+                ms += f" ({r['ms_p25']:.3g}–{r['ms_p75']:.3g})"  # the interquartile range
             cells = [_cell(r[k], ".1f") for k in recall_keys + ["ar"]] + [ms]
             sampled = "sampled" in r["notes"]
             lines.append("| " + " | ".join([r["method"] + (SAMPLED if sampled else "")] + cells) + " |")
@@ -295,6 +323,11 @@ def results_markdown(results: dict) -> str:
     if any("sampled" in r["notes"] for r in results["rows"]):
         lines.append(f"{SAMPLED} too slow to score every query's pairs on this device: recalls of a fixed random "
                      "sample of the queries, each against the whole gallery (counts in results.json).")
+    if any(r.get("ms_p25") is not None for r in results["rows"]):
+        lines.append("ms/query: the median of the timed calls, with their interquartile range (25th–75th "
+                     "percentile) in brackets.")
+    if meta.get("timing_note"):
+        lines.append(f"**Note:** {meta['timing_note']}")
     if any(not r.get("ms_measured", True) for r in results["rows"]):
         lines.append(f"{EXTRAPOLATED} ms/query extrapolated linearly from the largest galleries timed "
                      "(the method's timed_sizes), not measured.")
@@ -365,6 +398,7 @@ def main(argv=None) -> dict:
                         help="overwrite --out's results.json even if it holds methods this run drops, or "
                              "another mode or seed (without it, such a run stops before any work)")
     args = parser.parse_args(argv)
+    settings.plain_course_notes()  # a noisy timing reads "note: ...", not a UserWarning with a file path
     smoke = args.smoke or settings.smoke_mode()
     mode = "smoke" if smoke else "default"
     out = Path(args.out or ("outputs/benchmark-smoke" if smoke else "outputs/benchmark"))

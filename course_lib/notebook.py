@@ -19,7 +19,7 @@ import re
 import numpy as np
 import torch
 
-from course_lib.core.settings import describe_environment, get_device, seed_everything
+from course_lib.core.settings import describe_environment, get_device, plain_course_notes, seed_everything
 
 
 def setup(seed: int = 0, cpu_threads: int | None = None, show: bool = True) -> torch.device:
@@ -30,6 +30,7 @@ def setup(seed: int = 0, cpu_threads: int | None = None, show: bool = True) -> t
 
         torch.set_num_threads(cpu_threads)
         faiss.omp_set_num_threads(cpu_threads)
+    plain_course_notes()  # a noisy timing reads "note: ...", not a UserWarning with a file path
     if show:
         for key, value in describe_environment().items():
             print(f"{key:>13}: {value}")

@@ -16,7 +16,7 @@ from course_lib.methods.registry import register_method, registered_names, unreg
 from course_lib.methods.rerank import TwoStageMethod
 from course_lib.methods.vsepp import VsePPConfig, VsePPMethod
 
-ROW_KEYS = {"method", "setting", "n_images", "n_texts", "n_text_queries", "n_image_queries", "ar",
+ROW_KEYS = {"method", "setting", "n_images", "n_texts", "n_text_queries", "n_image_queries", "ar", "ms_p25", "ms_p75",
             "ms_per_query", "ms_measured", "notes"}
 
 
@@ -430,3 +430,26 @@ def test_a_missing_readme_block_stops_before_any_work(tmp_path, no_run, capsys):
     with pytest.raises(SystemExit):
         benchmark.main(["--smoke", "--out", str(tmp_path / "out"), "--readme", str(readme)])
     assert "no results block" in capsys.readouterr().err
+
+
+def test_a_cascade_faster_than_its_first_stage_is_flagged_in_plain_words():
+    # in one smoke run ubert-embed took 144 ms while ubert-embed+cross_encoder@20, which contains it, took 18.9 ms
+    class Stage:
+        name = "first"
+
+    class Chain:
+        name, stages = "first+rerank", [Stage()]
+
+    def rows(first_ms, chain_ms):
+        return [{"method": "first", "setting": "test", "ms_per_query": first_ms, "ms_measured": True},
+                {"method": "first+rerank", "setting": "test", "ms_per_query": chain_ms, "ms_measured": True}]
+
+    assert benchmark.cascade_timing_problems([Stage(), Chain()], rows(1.0, 3.0)) is None
+    note = benchmark.cascade_timing_problems([Stage(), Chain()], rows(144.0, 18.9))
+    assert "too noisy to trust" in note and "first+rerank 18.9 ms against its first stage first 144 ms" in note
+    results = {"meta": {"mode": "smoke", "seed": 0, "device": "cpu", "torch": "x", "seconds": 1, "timing_note": note},
+               "rows": [{**r, "n_images": 10, "n_texts": 50, "t2i_r1": 1.0, "i2t_r1": 1.0, "ar": 1.0, "notes": "",
+                         "ms_p25": r["ms_per_query"] * 0.9, "ms_p75": r["ms_per_query"] * 1.2}
+                        for r in rows(144.0, 18.9)]}
+    table = benchmark.results_markdown(results)
+    assert "**Note:** this run's timings are too noisy" in table and "144 (130–173)" in table

@@ -191,3 +191,27 @@ def test_speedup_table_errors():
         speedup_table({"ref": good, "b": _rows((20, 1.0, True))}, reference="ref")
     with pytest.raises(ValueError, match="non-positive"):
         speedup_table({"ref": good, "b": _rows((10, 0.0, True))}, reference="ref")
+
+
+def test_quartiles_and_latency_rows_carry_the_spread():
+    result = TimingResult.from_times([1.0, 2.0, 3.0, 4.0, 100.0], "cpu")
+    assert (result.p25_ms, result.median_ms, result.p75_ms) == (2.0, 3.0, 4.0)
+    rows = latency_vs_gallery(lambda n: (lambda: None), [10, 20, 40], warmup=0, repeats=5, max_measured=20)
+    assert all(r["p25_ms"] <= r["ms_per_query"] <= r["p75_ms"] for r in rows if r["measured"])
+    assert rows[-1]["p25_ms"] is None and rows[-1]["p75_ms"] is None  # extrapolated: no spread to report
+
+
+def test_course_notes_read_as_one_plain_line(monkeypatch, capsys):
+    import warnings
+
+    from course_lib.core.settings import CourseNote, plain_course_notes
+
+    passed_on = []
+    monkeypatch.setattr(warnings, "showwarning", lambda *args: passed_on.append(args[1]))  # Python's display
+    plain_course_notes()
+    for _ in range(2):  # what warnings.warn hands to the display, as a notebook shows it
+        warnings.showwarning(CourseNote("the timings are noisy"), CourseNote, "/x/course_lib/core/timing.py", 191)
+    warnings.showwarning(RuntimeWarning("something else"), RuntimeWarning, "/x/elsewhere.py", 7)
+    err = capsys.readouterr().err
+    assert err.count("note: the timings are noisy") == 1 and "timing.py" not in err  # once, no file path
+    assert passed_on == [RuntimeWarning]  # other warnings keep Python's own display

@@ -42,6 +42,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from course_lib.core.settings import CourseNote
 from course_lib.core.timing import measure
 
 # FAISS k-means warns below this many training points per centroid; IVF's nlist is capped by it
@@ -83,7 +84,7 @@ def _ivf(quantizer_to_index, dim: int, n: int, nlist: int | None, nprobe: int) -
         warnings.warn(f"nlist={nlist} needs {nlist * MIN_POINTS_PER_LIST} training vectors "
                       f"({MIN_POINTS_PER_LIST} per list) but the gallery has {n}; using "
                       f"nlist={cap}. Pass nlist <= {cap}, or leave it unset for the default",
-                      stacklevel=4)  # -> the caller of build_index
+                      CourseNote, stacklevel=4)  # -> the caller of build_index
         nlist = cap
     quantizer = faiss.IndexFlatIP(dim)  # holds the nlist centroids; the index keeps it alive
     index = quantizer_to_index(quantizer, nlist)
@@ -123,7 +124,7 @@ def _pq_shape(dim: int, n: int, m: int | None, nbits: int) -> tuple[int, int]:
         warnings.warn(f"PQ with nbits={nbits} is trained on {n} vectors, fewer than "
                       f"{MIN_POINTS_PER_LIST} per centroid ({MIN_POINTS_PER_LIST * 2 ** nbits}): "
                       "its codebooks, and so its recall, suffer; use more vectors or fewer nbits",
-                      stacklevel=4)
+                      CourseNote, stacklevel=4)
     return int(m), int(nbits)
 
 

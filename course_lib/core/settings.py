@@ -77,6 +77,33 @@ class CourseConfig:
         return dataclasses.asdict(self)
 
 
+class CourseNote(UserWarning):
+    """A warning meant for a learner (noisy timings, a small index, a resumed run with another
+    config): `plain_course_notes` shows it as one line of words, without a file path."""
+
+
+def plain_course_notes() -> None:
+    """Show every CourseNote as "note: <message>" on stderr, once per message, instead of Python's
+    "path/file.py:123: UserWarning: ..." (notebook.setup and the benchmark's command call it)."""
+    import sys
+    import warnings
+
+    if getattr(warnings.showwarning, "_course_notes", False):
+        return
+    shown, default = set(), warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, CourseNote):
+            if str(message) not in shown:
+                shown.add(str(message))
+                print(f"note: {message}", file=file or sys.stderr)
+            return
+        default(message, category, filename, lineno, file, line)
+
+    show._course_notes = True
+    warnings.showwarning = show
+
+
 def get_device(prefer: str | None = None) -> torch.device:
     """The best available device: CUDA, then Apple MPS, then CPU.
 

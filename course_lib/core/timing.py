@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from course_lib.core.settings import get_device
+from course_lib.core.settings import CourseNote, get_device
 
 
 @dataclass
@@ -50,6 +50,14 @@ class TimingResult:
             p10_ms=float(np.percentile(times, 10)), p90_ms=float(np.percentile(times, 90)),
             repeats=len(times), device=device, times_ms=times.tolist(),
         )
+
+    @property
+    def p25_ms(self) -> float:
+        return float(np.percentile(self.times_ms, 25))
+
+    @property
+    def p75_ms(self) -> float:
+        return float(np.percentile(self.times_ms, 75))
 
     def __str__(self) -> str:
         return (f"{_fmt(self.median_ms)} ms median (p10 {_fmt(self.p10_ms)}, "
@@ -163,8 +171,9 @@ def latency_vs_gallery(make_fn: Callable[[int], Callable[[], object]], sizes: Se
     queries against it. Sizes up to `max_measured` (all if None) are timed with `measure`;
     if any are larger, t(n) = a + b*n is fitted to the measured per-query medians and the rest
     are extrapolated, never below the time measured at the largest size (a noisy fit can slope
-    down: a bigger gallery is then estimated at the largest measured cost, not at less). Rows, by increasing n: {"n", "ms_per_query", "measured", "p10_ms",
-    "p90_ms"}, the percentiles per query too and None where extrapolated.
+    down: a bigger gallery is then estimated at the largest measured cost, not at less). Rows, by
+    increasing n: {"n", "ms_per_query", "measured", "p10_ms", "p25_ms", "p75_ms", "p90_ms"}, the
+    percentiles per query too and None where extrapolated.
     """
     sizes = sorted({int(n) for n in sizes})
     if not sizes or sizes[0] < 1:
@@ -184,15 +193,16 @@ def latency_vs_gallery(make_fn: Callable[[int], Callable[[], object]], sizes: Se
         result = measure(fn, warmup=warmup, repeats=repeats, device=device)
         del fn  # let a large gallery go before building the next one
         rows.append({"n": n, "ms_per_query": result.median_ms / per, "measured": True,
-                     "p10_ms": result.p10_ms / per, "p90_ms": result.p90_ms / per})
+                     "p10_ms": result.p10_ms / per, "p90_ms": result.p90_ms / per,
+                     "p25_ms": result.p25_ms / per, "p75_ms": result.p75_ms / per})
     if estimate:
         fit = fit_linear_cost([r["n"] for r in rows], [r["ms_per_query"] for r in rows])
         if fit[1] < 0:
-            warnings.warn(f"the fitted cost falls with gallery size (slope {fit[1]:.3g} ms/item): "
-                          "the measured sizes are too small or too noisy to extrapolate from")
+            warnings.warn(f"the fitted cost falls with gallery size (slope {fit[1]:.3g} ms/item): the measured "
+                          "sizes are too small or too noisy to extrapolate from", CourseNote, stacklevel=2)
         floor = rows[-1]["ms_per_query"]  # the largest measured gallery
         rows += [{"n": n, "ms_per_query": max(float(extrapolate(fit, n)), floor), "measured": False,
-                  "p10_ms": None, "p90_ms": None} for n in estimate]
+                  "p10_ms": None, "p90_ms": None, "p25_ms": None, "p75_ms": None} for n in estimate]
     return rows
 
 

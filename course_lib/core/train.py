@@ -43,7 +43,7 @@ from course_lib.core.distributed import (
     get_world_size,
     mean_over_ranks,
 )
-from course_lib.core.settings import get_device, seed_everything
+from course_lib.core.settings import CourseNote, get_device, seed_everything
 
 # Config fields that change the numbers a run produces: a resume with other values warns.
 _RESULT_FIELDS = ("batch_size", "lr", "weight_decay", "betas", "eps", "warmup_fraction",
@@ -410,7 +410,7 @@ class Trainer:
                    and not (k == "betas" and tuple(ckpt["config"][k]) == tuple(self.config.betas))]
         if changed:
             warnings.warn(f"resuming {path!r} with a config that differs in {changed}: the run "
-                          "will not match an uninterrupted one", stacklevel=3)
+                          "will not match an uninterrupted one", CourseNote, stacklevel=3)
         self.model.load_state_dict(ckpt["model"])
         self.optimizer.load_state_dict(ckpt["optimizer"])
         self.scheduler.load_state_dict(ckpt["scheduler"])
