@@ -97,13 +97,13 @@ class FastConfig(CourseConfig):
     hidden: int = 64  # word-embedding width of the text tower
     embed_dim: int = 64  # the joint space of f(x) and g(y)
     # distillation (eq. 5-8): False = eq. 4 alone. True = then distill_steps steps of eq. 8 (or only
-    # those, distill_start="scratch"; fast_slow_train's docstring)
+    # those, distill_start="scratch"; the docstring of course_lib.methods.fast_slow.method)
     distill: bool = False
     # eq. 5-6 temperature of both softmaxes (App. B: 10). At 10 our teacher's softmax over a batch
     # was nearly flat (docs/tuning_notes.md)
     tau: float = 10.0
-    # weight of L_DE in eq. 8. App. B's text says alpha / tau^2 = 0.001 (alpha = 0.1 at tau = 10),
-    # Table 8's grid reads alpha in {0, 0.1, 1, 10}: the two disagree; 0.1 satisfies the text
+    # weight of L_DE in eq. 8. App. B adapts alpha to tau and uses alpha / tau^2 = 0.001 at tau = 10,
+    # so alpha = 0.1 (Table 8's grid is over alpha / tau^2, not alpha)
     alpha: float = 0.1
     batch_size: int = 128  # pairs per step (eq. 4's in-batch negatives)
     # distillation: pairs per step; the teacher scores all B^2 (image, caption) pairs of a batch,

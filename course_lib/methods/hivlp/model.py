@@ -27,8 +27,8 @@ Where the paper is silent, our choices (the notebook says them too):
 - LRM's image term h_V0 is the last image block's [IMG] state (eq. 4 writes h_V0^l with no l).
 - LRM is added to L_HRL with weight `lrm_weight` (the paper gives no weights). It is 0 by default: in
   our calibration runs it slowed the alignment and made each step slower (docs/tuning_notes.md says
-  what we measured); `lrm_weight=1.0` is the paper's objective, and notebook 05 trains both. The
-  cross-modal encoder and its VLM loss are not trained here: "+CM" re-ranking uses the course's
+  what we measured); `lrm_weight=1.0` is L_HRL + L_LRM, two of the paper's three objectives, and notebook
+  05 trains both. The cross-modal encoder and its VLM loss (eq. 9), the third, are not trained here: "+CM" re-ranking uses the course's
   cross-encoder of lesson 02 instead (`hivlp+rerank@20`).
 - No pre-training corpus: the model trains on the training split only.
 """
