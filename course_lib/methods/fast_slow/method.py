@@ -243,9 +243,6 @@ class SlowMethod(PairwiseMethod):
     every_pair_limit = 250_000
     timed_sizes = ((250, 500, 1_000), (25, 50, 100))
 
-    def __init__(self, config: SlowConfig | None = None, name: str = "slow", progress: bool = True):
-        super().__init__(config, name, progress)
-
     @property
     def notes(self) -> str:
         c = self.config
