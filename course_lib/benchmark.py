@@ -132,8 +132,18 @@ def run(smoke: bool = False, out: str | Path = "outputs/benchmark", seed: int = 
                          "expected recall, computed from the generator's ground truth"))
         rows.append(_row(single_vector.NAME, setting, split, single_vector.reference_metrics(split, KS[setting]),
                          KS[setting], None, "expected recall, ties broken at random; not trained"))
+    # each finished method's rows are kept as the run goes: an interrupted run, started again with the
+    # same mode, seed and settings, continues where it stopped
+    partial, key = out / PARTIAL, _partial_key(smoke, seed, every_pair)
+    kept = _read_partial(partial, key)
     steps = tqdm(total=len(methods) * (len(SETTINGS) + 2), desc="benchmark", disable=not progress)
     for method in methods:
+        if method.name in kept:
+            rows += kept[method.name]["rows"]
+            latency += kept[method.name]["latency"]
+            steps.update(len(SETTINGS) + 2)
+            continue
+        first_row, first_point = len(rows), len(latency)
         steps.set_postfix(method=method.name, step="fit")
         method.fit(bench, tokenizer, cache_dir=Path(checkpoints))
         steps.update()
@@ -155,6 +165,8 @@ def run(smoke: bool = False, out: str | Path = "outputs/benchmark", seed: int = 
                 latency.append({"method": method.name, "n": point["n"],
                                 "ms_per_query": round(point["ms_per_query"], 4), "measured": point["measured"]})
         steps.update()
+        kept[method.name] = {"rows": rows[first_row:], "latency": latency[first_point:]}
+        _write_json(partial, {"key": key, "methods": kept})
     steps.close()
     env = settings.describe_environment()
     noisy = cascade_timing_problems(methods, rows)
@@ -171,7 +183,34 @@ def run(smoke: bool = False, out: str | Path = "outputs/benchmark", seed: int = 
     }
     if write:
         write_outputs(results, out)
+    partial.unlink(missing_ok=True)  # the run is complete
     return results
+
+
+PARTIAL = ".partial.json"  # in --out: the rows of the methods an unfinished run completed
+
+
+def _partial_key(smoke: bool, seed: int, every_pair) -> dict:
+    """What must match for an interrupted run's rows to be reused (methods are matched by name)."""
+    return {"mode": "smoke" if smoke else "default", "seed": seed,
+            "every_pair": every_pair if every_pair is True else sorted(every_pair)}
+
+
+def _write_json(path: Path, data) -> None:
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(json.dumps(data))
+    os.replace(temporary, path)
+
+
+def _read_partial(path: Path, key: dict) -> dict:
+    """The finished methods' rows of an earlier, interrupted run with the same key, or {}."""
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if saved.get("key") != json.loads(json.dumps(key)):
+        return {}
+    return dict(saved.get("methods", {}))
 
 
 def cascade_timing_problems(methods, rows) -> str | None:
@@ -423,8 +462,17 @@ def main(argv=None) -> dict:
             check_outputs(out, mode, args.seed, methods if methods is not None else registered_names(), old)
     except ValueError as error:
         parser.error(str(error))
-    results = run(smoke=smoke, out=out, seed=args.seed, methods=methods, checkpoints=args.checkpoints,
-                  every_pair=() if args.every_pair is None else (args.every_pair or True), write=old is None)
+    every_pair = () if args.every_pair is None else (args.every_pair or True)
+    try:
+        results = run(smoke=smoke, out=out, seed=args.seed, methods=methods, checkpoints=args.checkpoints,
+                      every_pair=every_pair, write=old is None)
+    except KeyboardInterrupt:
+        done = _read_partial(out / PARTIAL, _partial_key(smoke, args.seed, every_pair))
+        print(f"\ninterrupted. {len(done)} method(s) finished ({', '.join(done) or 'none'}): their rows are kept in "
+              f"{out / PARTIAL}, and the model being trained saved its progress every tenth of its steps in "
+              f"{args.checkpoints}. Run the same command again to continue where it stopped; "
+              f"{out / 'results.json'} was not touched.", file=sys.stderr)
+        raise SystemExit(130) from None
     if old is not None:
         results = merge_results(results, old)
         write_outputs(results, out)

@@ -453,3 +453,28 @@ def test_a_cascade_faster_than_its_first_stage_is_flagged_in_plain_words():
                         for r in rows(144.0, 18.9)]}
     table = benchmark.results_markdown(results)
     assert "**Note:** this run's timings are too noisy" in table and "144 (130–173)" in table
+
+
+def test_an_interrupted_run_keeps_finished_methods_and_continues(tmp_path, monkeypatch, capsys):
+    # Ctrl-C used to give a raw KeyboardInterrupt traceback, an empty --out, and a re-run from scratch
+    calls = []
+    real_evaluate = benchmark.evaluate
+
+    def evaluate(method, *args, **kwargs):
+        calls.append(method.name)
+        if method.name == "vsepp" and calls.count("random_projection") == 3 and len(calls) == 4:
+            raise KeyboardInterrupt  # while the second method is being evaluated
+        return real_evaluate(method, *args, **kwargs)
+
+    monkeypatch.setattr(benchmark, "evaluate", evaluate)
+    methods = lambda: [RandomProjectionBaseline(), VsePPMethod(VsePPConfig.smoke(max_steps=3), progress=False)]  # noqa: E731
+    monkeypatch.setattr(benchmark, "available_methods", lambda seed, smoke, names=None: methods())
+    with pytest.raises(SystemExit) as stop:
+        benchmark.main(["--smoke", "--out", str(tmp_path), "--checkpoints", str(tmp_path / "ckpt")])
+    err = capsys.readouterr().err
+    assert stop.value.code == 130 and "interrupted. 1 method(s) finished (random_projection)" in err
+    assert "Traceback" not in err and not (tmp_path / "results.json").exists()
+    results = benchmark.main(["--smoke", "--out", str(tmp_path), "--checkpoints", str(tmp_path / "ckpt")])
+    assert calls.count("random_projection") == 3  # not evaluated again: its rows were kept
+    assert {r["method"] for r in results["rows"]} == {*benchmark.REFERENCES, "random_projection", "vsepp"}
+    assert not (tmp_path / benchmark.PARTIAL).exists()  # a complete run leaves no partial rows behind

@@ -293,3 +293,41 @@ def test_train_config_takes_the_method_configs_training_fields_and_runtime_on_to
     assert got.checkpoint_path == str(tmp_path / "x.pt")  # a Path is stored as text
     assert {"max_steps", "lr"} <= set(TRAIN_FIELDS) and "width" not in TRAIN_FIELDS
 
+
+
+def test_an_interrupted_run_resumes_from_its_last_periodic_save(tmp_path):
+    # before, a method's run saved only at the end: Ctrl-C after 90% of the steps restarted from step 0
+    import dataclasses
+    from dataclasses import dataclass
+
+    from course_lib.core.settings import CourseConfig
+    from course_lib.core.train import train_config
+
+    @dataclass
+    class Toy(CourseConfig):
+        max_steps: int = 500
+        batch_size: int = 8
+
+    assert train_config(Toy(), checkpoint_path=tmp_path / "a.pt").checkpoint_every == 50  # a tenth
+    assert train_config(Toy(max_steps=100), checkpoint_path=tmp_path / "a.pt").checkpoint_every == 50  # the floor
+    assert train_config(Toy()).checkpoint_every is None  # nowhere to save
+
+    path = tmp_path / "run.pt"
+    calls = {"n": 0}
+
+    def interrupted(model, batch, step):
+        calls["n"] += 1
+        if calls["n"] == 180:  # Ctrl-C in the middle of step 180
+            raise KeyboardInterrupt
+        return mse(model, batch, step)
+
+    config = train_config(Toy(max_steps=200), checkpoint_path=path, lr=1e-2, log_every=10, progress=False)
+    with pytest.raises(KeyboardInterrupt):
+        Trainer(build(), interrupted, make_dataset(), config).fit()
+    resumed = Trainer(build(seed=123), mse, make_dataset(), config)
+    resumed.fit()
+    uninterrupted = Trainer(build(), mse, make_dataset(), dataclasses.replace(config, checkpoint_path=None))
+    uninterrupted.fit()
+    assert calls["n"] == 180 and resumed.step == 200
+    for p, q in zip(uninterrupted.model.parameters(), resumed.model.parameters()):
+        assert torch.equal(p, q)

@@ -76,6 +76,7 @@ class TrainConfig:
 
 # the training knobs a method config declares (with its own defaults and reasons) and hands to TrainConfig
 TRAIN_FIELDS = ("max_steps", "batch_size", "lr", "warmup_fraction", "grad_clip", "seed")
+CHECKPOINT_EVERY_AT_LEAST = 50  # steps between train_config's periodic saves, at the fewest
 
 
 def train_config(config, **runtime) -> TrainConfig:
@@ -86,6 +87,10 @@ def train_config(config, **runtime) -> TrainConfig:
     shared = {f: getattr(config, f) for f in TRAIN_FIELDS if hasattr(config, f)}
     if runtime.get("checkpoint_path") is not None:
         runtime["checkpoint_path"] = str(runtime["checkpoint_path"])
+        # saved every tenth of the run: an interrupted run resumes there (exactly: the same result),
+        # not from step 0
+        steps = {**shared, **runtime}.get("max_steps", TrainConfig.max_steps)
+        runtime.setdefault("checkpoint_every", max(CHECKPOINT_EVERY_AT_LEAST, steps // 10))
     return TrainConfig(**{**shared, **runtime})
 
 
