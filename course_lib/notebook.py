@@ -162,6 +162,22 @@ def recovery_verdict(a_label: str, a: float, ref_label: str, ref: float, n: int,
             f"({close})"), False
 
 
+def check_verdict(met: bool, values=(), *, n: int | None = None, chance: float | None = None,
+                  measured: bool = True) -> str:
+    """The word a lesson's check prints: "met" / "not met", or "too small to tell at these sizes (why)"
+    when the numbers it rests on cannot carry it: every recall in `values` (in %, over n queries)
+    within noise of chance, a ratio or share of numbers all at 0, or a time that was extrapolated
+    rather than measured. Every computed verdict of the lessons goes through here."""
+    values = [float(v) for v in values]
+    if not measured:
+        return "too small to tell at these sizes (its times are extrapolated, not measured)"
+    if values and all(v == 0 for v in values):
+        return "too small to tell at these sizes (every number it compares is 0)"
+    if values and chance is not None and n is not None and all(near_chance(v, n, chance) for v in values):
+        return f"too small to tell at these sizes (all within noise of chance, {chance:.2f})"
+    return "met" if met else "not met"
+
+
 def compare_rates(question: str, a_label: str, a: float, n_a: int, b_label: str, b: float, n_b: int) -> str:
     """One line: rate a (in %, over n_a trials) against rate b (in %, over n_b trials), and a verdict
     from a two-proportion test (pooled rate, gap beyond twice its standard error). When neither rate
@@ -205,4 +221,4 @@ def compare_ar(question: str, a_label: str, a: dict, b_label: str, b: dict, n_im
                      f"both within noise of chance, AR {chance_ar:.1f}" if at_chance else None, unit=" AR")
 
 
-__all__ = ["setup", "tile_gallery", "plot_latency", "recall_table", "chance_recall", "recall_noise", "near_chance", "compare_recalls", "recovery_verdict", "compare_rates", "compare_ar"]
+__all__ = ["check_verdict", "setup", "tile_gallery", "plot_latency", "recall_table", "chance_recall", "recall_noise", "near_chance", "compare_recalls", "recovery_verdict", "compare_rates", "compare_ar"]

@@ -137,3 +137,15 @@ def test_compare_ar_says_too_small_to_tell_at_chance():
     better = {key: value + 6.0 for key, value in good.items()}
     assert compare_ar("q", "A", better, "B", good, 1000, 5000).endswith("A higher")
     assert compare_ar("q", "A", good, "B", good, 1000, 5000).endswith("no clear difference")
+
+
+def test_check_verdict_refuses_chance_level_zero_and_extrapolated_evidence():
+    # lessons 05-07 printed "met" for 0.4 vs 0.8 at chance, 0.0 vs 0.0 - 1, and extrapolated speed-ups
+    from course_lib.notebook import chance_recall, check_verdict
+
+    chance = chance_recall(200, k=5)  # a smoke gallery's R@5 of a random ranking: 2.5
+    assert check_verdict(True, (0.4, 0.8), n=500, chance=chance).startswith("too small to tell")  # 05 (a)
+    assert check_verdict(True, (0.0, 0.0), n=50, chance=1.0).startswith("too small to tell")  # 06 (a)
+    assert check_verdict(True, measured=False).startswith("too small to tell")  # 07, extrapolated
+    assert check_verdict(True, (40.0, 41.0), n=5000, chance=0.1) == "met"
+    assert check_verdict(False, (20.0, 41.0), n=5000, chance=0.1) == "not met"
