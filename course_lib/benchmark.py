@@ -214,9 +214,10 @@ def _read_partial(path: Path, key: dict) -> dict:
 
 
 def cascade_timing_problems(methods, rows) -> str | None:
-    """A plain-words note when the timings contradict themselves: a cascade (a method whose first stage
-    is another method of the run) measured faster than its first stage alone, which a quiet machine
-    cannot produce. None when every cascade costs at least its first stage."""
+    """A plain-words note when the timings contradict themselves, which a quiet machine cannot produce:
+    a cascade (a method whose first stage is another method of the run) measured faster than its first
+    stage alone, or a cascade measured slower than the same stages keeping more candidates. None when
+    the timings agree with both rules."""
     ms = {(r["method"], r["setting"]): r for r in rows if r.get("ms_per_query") and r.get("ms_measured", True)}
     clashes = []
     for method in methods:
@@ -226,6 +227,17 @@ def cascade_timing_problems(methods, rows) -> str | None:
             if own and row["ms_per_query"] < ms[(first.name, setting)]["ms_per_query"]:
                 clashes.append(f"{name} {row['ms_per_query']:.3g} ms against its first stage {first.name} "
                                f"{ms[(first.name, setting)]['ms_per_query']:.3g} ms ({setting})")
+    chains = [m for m in methods if getattr(m, "stages", None) and getattr(m, "top_ms", None)]
+    for a in chains:  # the same stages keeping fewer candidates cannot cost more
+        for b in chains:
+            same = [s.name for s in a.stages] == [s.name for s in b.stages] and a is not b
+            if not (same and all(x <= y for x, y in zip(a.top_ms, b.top_ms)) and a.top_ms != b.top_ms):
+                continue
+            for setting in {s for _, s in ms}:
+                if (a.name, setting) in ms and (b.name, setting) in ms and \
+                        ms[(a.name, setting)]["ms_per_query"] > ms[(b.name, setting)]["ms_per_query"]:
+                    clashes.append(f"{a.name} {ms[(a.name, setting)]['ms_per_query']:.3g} ms against {b.name} "
+                                   f"{ms[(b.name, setting)]['ms_per_query']:.3g} ms, which keeps more candidates ({setting})")
     if not clashes:
         return None
     return ("this run's timings are too noisy to trust: a cascade cannot cost less than its first stage, yet "

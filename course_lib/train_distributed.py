@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from functools import partial
 
@@ -78,10 +79,20 @@ def _summary(args, trainer, bench, tokenizer, seconds: float, cpu: float) -> dic
     return summary
 
 
+class _RankZeroParser(argparse.ArgumentParser):
+    """Under torchrun every process parses the same command line: only rank 0 says what is wrong, once;
+    the others leave quietly with the same exit status."""
+
+    def error(self, message):
+        if os.environ.get("RANK", "0") != "0":
+            raise SystemExit(2)
+        super().error(message)
+
+
 def main(argv: list[str] | None = None) -> dict | None:
     """Train one course dual encoder on the synthetic benchmark on every process torchrun started
     (or on one process without torchrun); rank 0 prints and returns a summary, the others None."""
-    parser = argparse.ArgumentParser(
+    parser = _RankZeroParser(
         prog="torchrun --nproc_per_node=N -m course_lib.train_distributed",
         description="Contrastive training of a course dual encoder on N processes (DDP, gathered "
                     "in-batch negatives); without torchrun, one process.")

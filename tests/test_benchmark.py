@@ -478,3 +478,24 @@ def test_an_interrupted_run_keeps_finished_methods_and_continues(tmp_path, monke
     assert calls.count("random_projection") == 3  # not evaluated again: its rows were kept
     assert {r["method"] for r in results["rows"]} == {*benchmark.REFERENCES, "random_projection", "vsepp"}
     assert not (tmp_path / benchmark.PARTIAL).exists()  # a complete run leaves no partial rows behind
+
+
+def test_a_cascade_keeping_fewer_candidates_but_slower_is_flagged():
+    # in one smoke run lightningdot+rerank@20 took 356 ms against 49.6 ms for @50
+    class Stage:
+        def __init__(self, name):
+            self.name = name
+
+    first, second = Stage("lightningdot"), Stage("cross_encoder")
+
+    class Chain:
+        def __init__(self, m):
+            self.name, self.stages, self.top_ms = f"lightningdot+rerank@{m}", [first, second], [m]
+
+    rows = [{"method": name, "setting": "test", "ms_per_query": ms, "ms_measured": True}
+            for name, ms in (("lightningdot", 1.0), ("lightningdot+rerank@20", 356.0), ("lightningdot+rerank@50", 49.6))]
+    note = benchmark.cascade_timing_problems([first, Chain(20), Chain(50)], rows)
+    assert "lightningdot+rerank@20 356 ms against lightningdot+rerank@50 49.6 ms, which keeps more candidates" in note
+    rows[1]["ms_per_query"] = 20.0
+    assert benchmark.cascade_timing_problems([first, Chain(20), Chain(50)], rows) is None
+

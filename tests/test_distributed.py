@@ -230,3 +230,17 @@ def test_gathered_loss_is_the_plain_loss_in_one_process():
 
 if __name__ == "__main__":
     worker(sys.argv[1])
+
+
+def test_a_bad_option_is_reported_by_rank_zero_only(monkeypatch, capsys):
+    # under torchrun, `--method nosuch` printed its error once per process, buried in torchrun's output
+    from course_lib import train_distributed
+
+    monkeypatch.setenv("RANK", "1")
+    with pytest.raises(SystemExit) as stop:
+        train_distributed.main(["--method", "nosuch"])
+    assert stop.value.code == 2 and capsys.readouterr().err == ""
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(SystemExit) as stop:
+        train_distributed.main(["--method", "nosuch"])
+    assert stop.value.code == 2 and "invalid choice: 'nosuch'" in capsys.readouterr().err
