@@ -317,17 +317,25 @@ def plot_pareto_settings(rows, fig=None, *, settings=("test", "full"), direction
     """plot_pareto for several settings side by side, one colour per method in every panel, each
     panel on its setting's smallest recall cut-off (the benchmark's test has R@1, full starts at R@5).
     fig: a matplotlib Figure to draw on (a headless Figure for files); None = a new pyplot one."""
-    methods = list(dict.fromkeys(r["method"] for r in rows if r.get("ms_per_query")))
-    colors = {m: f"C{i}" if i < 10 else plt.cm.tab20b(i % 20) for i, m in enumerate(methods)}
-    if fig is None:
-        fig = plt.figure(figsize=(6.5 * len(settings), 5))
-    axes = fig.subplots(1, len(settings), squeeze=False)[0]
-    pending = []
-    for ax, setting in zip(axes, settings):
+    panels = []
+    for setting in settings:
         keys = {k for r in rows if r["setting"] == setting for k in r if k.startswith(f"{direction}_r")}
         metric = min(keys, key=lambda k: int(k.rsplit("_r", 1)[1]), default=f"{direction}_r1")
-        pending.append(_draw_pareto(rows, setting=setting, metric=metric, ax=ax, title=None, colors=colors,
-                                    front=True))
+        panels.append({"rows": rows, "setting": setting, "metric": metric})
+    return plot_pareto_panels(panels, fig)
+
+
+def plot_pareto_panels(panels: list[dict], fig=None):
+    """Pareto panels side by side: each a dict of rows, setting, metric and an optional title; one
+    colour per method in every panel; labels placed once the layout is final.
+    fig: a matplotlib Figure to draw on (a headless Figure for files); None = a new pyplot one."""
+    methods = list(dict.fromkeys(r["method"] for p in panels for r in p["rows"] if r.get("ms_per_query")))
+    colors = {m: f"C{i}" if i < 10 else plt.cm.tab20b(i % 20) for i, m in enumerate(methods)}
+    if fig is None:
+        fig = plt.figure(figsize=(6.5 * len(panels), 5))
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    pending = [_draw_pareto(p["rows"], setting=p["setting"], metric=p["metric"], ax=ax, title=p.get("title"),
+                            colors=colors, front=True) for ax, p in zip(axes, panels)]
     fig.tight_layout()  # the layout first: labels are placed in display space
     for ax, items in zip(axes, pending):
         place_labels(ax, [p for p, _ in items], [label for _, label in items])

@@ -128,3 +128,17 @@ def test_latency_by_method_merges_the_latency_table_and_the_rows():
         {"n": 800, "ms_per_query": 0.9, "measured": True},
         {"n": 1000, "ms_per_query": 1.0, "measured": True},  # the row's measured time beats the estimate
         {"n": 5000, "ms_per_query": 3.0, "measured": False}]}
+
+
+def test_rows_at_gallery_pair_full_recalls_with_times_at_that_size():
+    results = {"rows": [{"method": "oracle", "setting": "full", "t2i_r5": 70.0, "ms_per_query": None},
+                        {"method": "dot", "setting": "full", "t2i_r5": 20.0, "ms_per_query": 1.0},
+                        {"method": "pairs", "setting": "full", "t2i_r5": 30.0, "ms_per_query": 50.0},
+                        {"method": "dot", "setting": "test", "t2i_r1": 9.0, "ms_per_query": 0.9},
+                        {"method": "untimed-here", "setting": "full", "t2i_r5": 5.0, "ms_per_query": 2.0}]}
+    latency = {"dot": [{"n": 10**6, "ms_per_query": 4.0, "measured": True}],
+               "pairs": [{"n": 10**6, "ms_per_query": 4000.0, "measured": False}]}
+    rows = frontier.rows_at_gallery(results, latency, 10**6)
+    assert [(r["method"], r["t2i_r5"], r["ms_per_query"], r.get("ms_measured")) for r in rows] == [
+        ("oracle", 70.0, None, None), ("dot", 20.0, 4.0, True), ("pairs", 30.0, 4000.0, False)]
+    assert {r["setting"] for r in rows} == {"1,000,000 items"}

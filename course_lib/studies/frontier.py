@@ -152,6 +152,26 @@ def latency_by_method(results: dict) -> dict[str, list[dict]]:
     return {m: [rows[n] for n in sorted(rows)] for m, rows in curves.items()}
 
 
+def rows_at_gallery(results: dict, latency: dict[str, list[dict]], n: int, setting: str = "full",
+                    metric: str = "t2i_r5") -> list[dict]:
+    """Each method's recall in `setting` (default: the full setting's t2i R@5, the largest gallery we
+    have recalls for) with its ms per query at gallery size n, read from `latency` (method -> rows
+    {"n", "ms_per_query", "measured"}, as extend_latency / compose_latency return them): rows in the
+    form plot_pareto reads, their setting f"{n:,} items". A time that was not measured end to end keeps
+    ms_measured False (drawn hollow); methods without a time at n are left out."""
+    rows = []
+    for r in results.get("rows", []):
+        if r["setting"] != setting or r.get(metric) is None:
+            continue
+        at = next((p for p in latency.get(r["method"], []) if p["n"] == n), None)
+        if r.get("ms_per_query") is None:  # a reference row (the oracle): untimed at every size
+            rows.append({"method": r["method"], "setting": f"{n:,} items", metric: r[metric], "ms_per_query": None})
+        elif at is not None:
+            rows.append({"method": r["method"], "setting": f"{n:,} items", metric: r[metric],
+                         "ms_per_query": at["ms_per_query"], "ms_measured": bool(at["measured"])})
+    return rows
+
+
 def speedup_rows(results: dict, papers=PAPER_SPEEDUPS) -> list[dict]:
     """Each paper speed-up beside ours at the same gallery size: our slow method's ms per query
     over our fast one's, from results.json's latency points (extended linearly to n when n was not
