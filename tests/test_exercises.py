@@ -513,3 +513,30 @@ def test_hrl_checker_names_one_direction_only():
     for answer in (images_as_queries, texts_as_queries_halved):
         with pytest.raises(ExerciseError, match="only one direction"):
             check_hrl_loss(answer)
+
+
+def test_timing_checker_accepts_latency_vs_gallery_and_names_what_is_wrong(capsys):
+    # the timing exercises of lessons 00-03 had no checker
+    import torch
+
+    from course_lib.core.timing import latency_vs_gallery
+    from course_lib.exercises import check_latency_rows, check_top_k
+
+    rows = latency_vs_gallery(lambda n: (lambda: sum(range(n))), [100, 200, 400, 800], warmup=1, repeats=3,
+                              max_measured=400)
+    check_latency_rows(rows, [100, 200, 400, 800], measured_up_to=400)
+    with pytest.raises(ExerciseError, match="one row per gallery size"):
+        check_latency_rows(rows[:3], [100, 200, 400, 800], measured_up_to=400)
+    with pytest.raises(ExerciseError, match="pass max_measured"):
+        check_latency_rows([{**r, "measured": True} for r in rows], [100, 200, 400, 800], measured_up_to=400)
+    with pytest.raises(ExerciseError, match="positive number"):
+        check_latency_rows([{**r, "ms_per_query": 0.0} for r in rows], [100, 200, 400, 800], measured_up_to=400)
+    cheap = [dict(r) for r in rows]
+    cheap[-1]["ms_per_query"] = cheap[-2]["ms_per_query"] / 10
+    with pytest.raises(ExerciseError, match="cannot be cheaper"):
+        check_latency_rows(cheap, [100, 200, 400, 800], measured_up_to=400)
+    scores = torch.arange(20.0)
+    check_top_k(torch.topk(scores, 10).indices, torch.topk(scores, 10).indices)
+    with pytest.raises(ExerciseError, match="the top 10 are"):
+        check_top_k(torch.arange(10), torch.topk(scores, 10).indices)
+    assert capsys.readouterr().out.count("in the right shape") == 1
