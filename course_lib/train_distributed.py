@@ -134,7 +134,3 @@ def main(argv: list[str] | None = None) -> dict | None:
 
 if __name__ == "__main__":
     main()
-
-
-if __name__ == "__main__":
-    main()

@@ -244,3 +244,16 @@ def test_a_bad_option_is_reported_by_rank_zero_only(monkeypatch, capsys):
     with pytest.raises(SystemExit) as stop:
         train_distributed.main(["--method", "nosuch"])
     assert stop.value.code == 2 and "invalid choice: 'nosuch'" in capsys.readouterr().err
+
+
+def test_the_command_line_trains_once():
+    # main() ran twice (two `if __name__ == "__main__"` blocks): one process printed its summary twice,
+    # and under torchrun the second run's rendezvous hung until notebook 07's 300 s timeout
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "course_lib.train_distributed", "--method", "vsepp", "--steps", "2",
+                           "--global-batch", "8", "--smoke"], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "COURSE_DEVICE": "cpu"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert sum(line.startswith("{") for line in done.stdout.splitlines()) == 1
