@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from course_lib import benchmark
+from course_lib import results as results_io
 from course_lib.methods.baselines import RandomProjectionBaseline
 from course_lib.data.synthetic import SyntheticConfig, make_benchmark
 from course_lib.data.tokenizer import build_word_tokenizer
@@ -37,7 +38,7 @@ def test_outputs_and_schema(smoke_results):
     assert on_disk == results
     assert {"device", "torch", "mode", "seconds", "seed"} <= set(on_disk["meta"])
     assert on_disk["meta"]["mode"] == "smoke"
-    assert set(on_disk["methods"]) == {*benchmark.REFERENCES, "random_projection", "vsepp"}
+    assert set(on_disk["methods"]) == {*results_io.REFERENCES, "random_projection", "vsepp"}
     seen = {(r["method"], r["setting"]) for r in on_disk["rows"]}
     assert seen == {(m, s) for m in on_disk["methods"] for s in ("test", "full", "compositional")}
     for row in on_disk["rows"]:
@@ -45,7 +46,7 @@ def test_outputs_and_schema(smoke_results):
         recall_keys = {f"{d}_r{k}" for d in ("i2t", "t2i") for k in ks}
         assert set(row) == ROW_KEYS | recall_keys
         assert row["ar"] == pytest.approx(np.mean([row[k] for k in recall_keys]), abs=0.01)
-        assert (row["ms_per_query"] is None) == (row["method"] in benchmark.REFERENCES)
+        assert (row["ms_per_query"] is None) == (row["method"] in results_io.REFERENCES)
     sizes = {(p["method"], p["n"]) for p in on_disk["latency"]}
     assert sizes == {(m, n) for m in ("random_projection", "vsepp") for n in benchmark.LATENCY_SIZES}
 
@@ -242,22 +243,22 @@ def test_readme_block_is_replaced_and_the_rest_kept(tmp_path, smoke_results):
     _, results = smoke_results
     readme = tmp_path / "README.md"
     readme.write_text("intro\n<!-- results:start -->\nold table\n<!-- results:end -->\noutro\n")
-    benchmark.update_readme(results, readme)
+    results_io.update_readme(results, readme)
     text = readme.read_text()
     assert text.startswith("intro\n<!-- results:start -->\n") and text.endswith("<!-- results:end -->\noutro\n")
-    assert "old table" not in text and benchmark.results_markdown(results) in text
+    assert "old table" not in text and results_io.results_markdown(results) in text
     readme.write_text("no markers here")
     with pytest.raises(ValueError, match="results block"):
-        benchmark.update_readme(results, readme)
+        results_io.update_readme(results, readme)
 
 
 def test_methods_option_selects_a_subset_and_rejects_unknown_names(tmp_path):
     results = benchmark.main(["--smoke", "--out", str(tmp_path), "--methods", ""])
-    assert {r["method"] for r in results["rows"]} == set(benchmark.REFERENCES)
+    assert {r["method"] for r in results["rows"]} == set(results_io.REFERENCES)
     with pytest.raises(SystemExit):
         benchmark.main(["--smoke", "--out", str(tmp_path), "--methods", "vsepp,nonsense"])
     results = benchmark.main(["--smoke", "--out", str(tmp_path), "--methods", "", "--every-pair", "test"])
-    assert {r["method"] for r in results["rows"]} == set(benchmark.REFERENCES)
+    assert {r["method"] for r in results["rows"]} == set(results_io.REFERENCES)
     with pytest.raises(SystemExit):
         benchmark.main(["--smoke", "--out", str(tmp_path), "--every-pair", "nowhere"])
 
@@ -268,7 +269,7 @@ def test_extrapolated_times_are_starred_in_every_table():
            **{f"{d}_r{k}": 1.0 for d in ("i2t", "t2i") for k in (1, 5, 10)}}
     results = {"meta": {"mode": "smoke", "seed": 0, "device": "cpu", "torch": "x", "seconds": 1},
                "rows": [row, {**row, "method": "fast", "ms_measured": True}], "latency": []}
-    table = benchmark.results_markdown(results)
+    table = results_io.results_markdown(results)
     assert "| slow | 1.0 | 1.0 | 1.0 | 1.0 | 1.0 | 1.0 | 1.0 | 12.5* |" in table
     assert "| fast | 1.0 | 1.0 | 1.0 | 1.0 | 1.0 | 1.0 | 1.0 | 12.5 |" in table
     assert "* ms/query extrapolated" in table
@@ -307,7 +308,7 @@ def test_pairwise_methods_score_a_small_split_once_for_both_directions():
 
 def test_merge_keeps_old_rows_only_for_methods_not_rerun(smoke_results):
     _, results = smoke_results
-    baseline = next(r["method"] for r in results["rows"] if r["method"] not in (*benchmark.REFERENCES, "vsepp"))
+    baseline = next(r["method"] for r in results["rows"] if r["method"] not in (*results_io.REFERENCES, "vsepp"))
     old = json.loads(json.dumps(results))  # an earlier run of vsepp, with a marked recall
     old["rows"] = [{**r, "t2i_r1": -1.0} for r in old["rows"] if r["method"] == "vsepp"]
     old["latency"] = [p for p in old["latency"] if p["method"] == "vsepp"]
@@ -315,17 +316,17 @@ def test_merge_keeps_old_rows_only_for_methods_not_rerun(smoke_results):
     new = json.loads(json.dumps(results))  # this run: the oracle and the baseline only
     new["rows"] = [r for r in new["rows"] if r["method"] != "vsepp"]
     new["latency"] = [p for p in new["latency"] if p["method"] != "vsepp"]
-    merged = benchmark.merge_results(new, old)
+    merged = results_io.merge_results(new, old)
     for setting in ("test", "full"):
         methods = [r["method"] for r in merged["rows"] if r["setting"] == setting]
-        assert methods == [*benchmark.REFERENCES, "vsepp", baseline]  # course order: registered, then the rest
+        assert methods == [*results_io.REFERENCES, "vsepp", baseline]  # course order: registered, then the rest
     assert all(r["t2i_r1"] == -1.0 for r in merged["rows"] if r["method"] == "vsepp")  # the old rows, untouched
     assert merged["meta"]["merged"] == {"methods": ["vsepp"], "seconds": 12.5}
     assert [p["method"] for p in merged["latency"]][0] == "vsepp"
-    assert "from an earlier run" in benchmark.results_markdown(merged)
+    assert "from an earlier run" in results_io.results_markdown(merged)
     old["meta"]["seed"] = 1
     with pytest.raises(ValueError, match="cannot merge"):
-        benchmark.merge_results(new, old)
+        results_io.merge_results(new, old)
 
 
 def test_pareto_png_labels_every_timed_method_on_test_and_full(tmp_path, monkeypatch):
@@ -340,7 +341,7 @@ def test_pareto_png_labels_every_timed_method_on_test_and_full(tmp_path, monkeyp
               "ms_per_query": 10.0 ** (i % 4), "ms_measured": True} for s in ("test", "full") for i, m in enumerate(names)]
     drawn = []
     monkeypatch.setattr(Figure, "savefig", lambda fig, path, **kw: drawn.append(fig))
-    benchmark._save_pareto(rows, tmp_path / "pareto.png")
+    results_io._save_pareto(rows, tmp_path / "pareto.png")
     (fig,) = drawn
     assert [ax.get_title() for ax in fig.axes] == ["accuracy vs latency (test)", "accuracy vs latency (full)"]
     for ax in fig.axes:
@@ -365,7 +366,7 @@ def saved_results(folder, smoke_results, mode="smoke"):
     _, results = smoke_results
     folder.mkdir(exist_ok=True)
     results = {**results, "meta": {**results["meta"], "mode": mode}}
-    benchmark.write_outputs(results, folder)
+    results_io.write_outputs(results, folder)
     return folder / "results.json"
 
 
@@ -416,10 +417,10 @@ def test_outputs_are_replaced_all_or_nothing(tmp_path, smoke_results, monkeypatc
     def broken_plot(rows, target):
         raise RuntimeError("the plot failed")
 
-    monkeypatch.setattr(benchmark, "_save_pareto", broken_plot)
+    monkeypatch.setattr(results_io, "_save_pareto", broken_plot)
     _, results = smoke_results
     with pytest.raises(RuntimeError, match="the plot failed"):
-        benchmark.write_outputs({**results, "rows": results["rows"][:3]}, path.parent)
+        results_io.write_outputs({**results, "rows": results["rows"][:3]}, path.parent)
     assert {name: (path.parent / name).read_bytes() for name in before} == before
     assert sorted(p.name for p in path.parent.iterdir()) == ["pareto.png", "results.json", "results.md"]
 
@@ -444,14 +445,14 @@ def test_a_cascade_faster_than_its_first_stage_is_flagged_in_plain_words():
         return [{"method": "first", "setting": "test", "ms_per_query": first_ms, "ms_measured": True},
                 {"method": "first+rerank", "setting": "test", "ms_per_query": chain_ms, "ms_measured": True}]
 
-    assert benchmark.cascade_timing_problems([Stage(), Chain()], rows(1.0, 3.0)) is None
-    note = benchmark.cascade_timing_problems([Stage(), Chain()], rows(144.0, 18.9))
+    assert results_io.cascade_timing_problems([Stage(), Chain()], rows(1.0, 3.0)) is None
+    note = results_io.cascade_timing_problems([Stage(), Chain()], rows(144.0, 18.9))
     assert "too noisy to trust" in note and "first+rerank 18.9 ms against its first stage first 144 ms" in note
     results = {"meta": {"mode": "smoke", "seed": 0, "device": "cpu", "torch": "x", "seconds": 1, "timing_note": note},
                "rows": [{**r, "n_images": 10, "n_texts": 50, "t2i_r1": 1.0, "i2t_r1": 1.0, "ar": 1.0, "notes": "",
                          "ms_p25": r["ms_per_query"] * 0.9, "ms_p75": r["ms_per_query"] * 1.2}
                         for r in rows(144.0, 18.9)]}
-    table = benchmark.results_markdown(results)
+    table = results_io.results_markdown(results)
     assert "**Note:** this run's timings are too noisy" in table and "144 (130–173)" in table
 
 
@@ -476,8 +477,8 @@ def test_an_interrupted_run_keeps_finished_methods_and_continues(tmp_path, monke
     assert "Traceback" not in err and not (tmp_path / "results.json").exists()
     results = benchmark.main(["--smoke", "--out", str(tmp_path), "--checkpoints", str(tmp_path / "ckpt")])
     assert calls.count("random_projection") == 3  # not evaluated again: its rows were kept
-    assert {r["method"] for r in results["rows"]} == {*benchmark.REFERENCES, "random_projection", "vsepp"}
-    assert not (tmp_path / benchmark.PARTIAL).exists()  # a complete run leaves no partial rows behind
+    assert {r["method"] for r in results["rows"]} == {*results_io.REFERENCES, "random_projection", "vsepp"}
+    assert not (tmp_path / results_io.PARTIAL).exists()  # a complete run leaves no partial rows behind
 
 
 def test_a_cascade_keeping_fewer_candidates_but_slower_is_flagged():
@@ -494,8 +495,8 @@ def test_a_cascade_keeping_fewer_candidates_but_slower_is_flagged():
 
     rows = [{"method": name, "setting": "test", "ms_per_query": ms, "ms_measured": True}
             for name, ms in (("lightningdot", 1.0), ("lightningdot+rerank@20", 356.0), ("lightningdot+rerank@50", 49.6))]
-    note = benchmark.cascade_timing_problems([first, Chain(20), Chain(50)], rows)
+    note = results_io.cascade_timing_problems([first, Chain(20), Chain(50)], rows)
     assert "lightningdot+rerank@20 356 ms against lightningdot+rerank@50 49.6 ms, which keeps more candidates" in note
     rows[1]["ms_per_query"] = 20.0
-    assert benchmark.cascade_timing_problems([first, Chain(20), Chain(50)], rows) is None
+    assert results_io.cascade_timing_problems([first, Chain(20), Chain(50)], rows) is None
 

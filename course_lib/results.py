@@ -1,0 +1,260 @@
+"""The benchmark's results on disk: results.json read and checked, merged with an earlier run, written
+all or nothing (with results.md, the README's table, and pareto.png), the rows an interrupted run
+keeps, and the plain note when its timings contradict themselves. course_lib.benchmark produces
+the results; this module is everything done with them."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+
+from course_lib.methods.registry import registered_names
+from course_lib.studies import single_vector
+
+SETTINGS = ("test", "full", "compositional")
+EXTRAPOLATED = "*"  # marks a time extrapolated linearly from smaller galleries, in every table
+SAMPLED = "†"  # marks recalls from a sample of the queries
+
+
+REFERENCES = ("oracle", single_vector.NAME)  # untrained rows every run writes, whatever its methods
+
+PARTIAL = ".partial.json"  # in --out: the rows of the methods an unfinished run completed
+
+
+def partial_key(smoke: bool, seed: int, every_pair) -> dict:
+    """What must match for an interrupted run's rows to be reused (methods are matched by name)."""
+    return {"mode": "smoke" if smoke else "default", "seed": seed,
+            "every_pair": every_pair if every_pair is True else sorted(every_pair)}
+
+
+def save_partial(path: Path, key: dict, finished: dict) -> None:
+    """Keep the finished methods' rows (method -> {"rows", "latency"}) for a rerun with the same key."""
+    data = {"key": key, "methods": finished}
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(json.dumps(data))
+    os.replace(temporary, path)
+
+
+def read_partial(path: Path, key: dict) -> dict:
+    """The finished methods' rows of an earlier, interrupted run with the same key, or {}."""
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if saved.get("key") != json.loads(json.dumps(key)):
+        return {}
+    return dict(saved.get("methods", {}))
+
+
+def cascade_timing_problems(methods, rows) -> str | None:
+    """A plain-words note when the timings contradict themselves, which a quiet machine cannot produce:
+    a cascade (a method whose first stage is another method of the run) measured faster than its first
+    stage alone, or a cascade measured slower than the same stages keeping more candidates. None when
+    the timings agree with both rules."""
+    ms = {(r["method"], r["setting"]): r for r in rows if r.get("ms_per_query") and r.get("ms_measured", True)}
+    clashes = []
+    for method in methods:
+        first = getattr(method, "stages", [None])[0]
+        for (name, setting), row in ms.items():
+            own = first is not None and name == method.name and (first.name, setting) in ms
+            if own and row["ms_per_query"] < ms[(first.name, setting)]["ms_per_query"]:
+                clashes.append(f"{name} {row['ms_per_query']:.3g} ms against its first stage {first.name} "
+                               f"{ms[(first.name, setting)]['ms_per_query']:.3g} ms ({setting})")
+    chains = [m for m in methods if getattr(m, "stages", None) and getattr(m, "top_ms", None)]
+    for a in chains:  # the same stages keeping fewer candidates cannot cost more
+        for b in chains:
+            same = [s.name for s in a.stages] == [s.name for s in b.stages] and a is not b
+            if not (same and all(x <= y for x, y in zip(a.top_ms, b.top_ms)) and a.top_ms != b.top_ms):
+                continue
+            for setting in {s for _, s in ms}:
+                if (a.name, setting) in ms and (b.name, setting) in ms and \
+                        ms[(a.name, setting)]["ms_per_query"] > ms[(b.name, setting)]["ms_per_query"]:
+                    clashes.append(f"{a.name} {ms[(a.name, setting)]['ms_per_query']:.3g} ms against {b.name} "
+                                   f"{ms[(b.name, setting)]['ms_per_query']:.3g} ms, which keeps more candidates ({setting})")
+    if not clashes:
+        return None
+    return ("this run's timings are too noisy to trust: a cascade cannot cost less than its first stage, yet "
+            + "; ".join(clashes) + ". Something else was using the CPU: re-run with the machine otherwise idle.")
+
+
+def write_outputs(results: dict, out: Path) -> None:
+    """results.json, results.md and pareto.png into `out`, all or nothing: each is written to a
+    temporary file first and renamed over the old one only once all three are written, so a run
+    that fails or is interrupted while writing leaves the previous outputs whole."""
+    out = Path(out)
+    staged = {out / "results.json": out / ".results.json.tmp", out / "results.md": out / ".results.md.tmp",
+              out / "pareto.png": out / ".pareto.tmp.png"}
+    try:
+        staged[out / "results.json"].write_text(json.dumps(results, indent=2))
+        staged[out / "results.md"].write_text(results_markdown(results))
+        _save_pareto(results["rows"], staged[out / "pareto.png"])
+        for final, temporary in staged.items():
+            os.replace(temporary, final)  # atomic on one file system
+    finally:
+        for temporary in staged.values():
+            temporary.unlink(missing_ok=True)
+
+
+def read_results(path) -> dict:
+    """An earlier results.json, checked before any work: readable, complete JSON, with a "meta"
+    (mode, seed) and a list of "rows". Every error names the file and says what to do."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as error:
+        raise ValueError(f"cannot read {path}: {error.strerror or error}. Give the path of a results.json "
+                         "that python -m course_lib.benchmark wrote") from None
+    try:
+        results = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path} is not complete JSON ({error.msg} at line {error.lineno}, column {error.colno}): "
+                         "was the run that wrote it cut short? Re-run that benchmark, or leave this file out") from None
+    meta = results.get("meta") if isinstance(results, dict) else None
+    rows = results.get("rows") if isinstance(results, dict) else None
+    missing = []
+    if not (isinstance(meta, dict) and {"mode", "seed"} <= meta.keys()):
+        missing.append('a "meta" object with "mode" and "seed"')
+    if not (isinstance(rows, list) and all(isinstance(r, dict) and {"method", "setting"} <= r.keys() for r in rows)):
+        missing.append('a "rows" list of objects with "method" and "setting"')
+    if missing:
+        raise ValueError(f"{path} is not a benchmark results.json: it has no {' and no '.join(missing)}")
+    return results
+
+
+def check_outputs(out: Path, mode: str, seed: int, methods: list[str], merged: dict | None) -> None:
+    """Refuse, before any work, a run that would replace out/results.json by one that drops some of
+    its methods or holds another mode or seed: that file may be an hour of training. Raises ValueError
+    saying how to keep it (--merge, another --out) or to overwrite it anyway (--replace)."""
+    existing = Path(out) / "results.json"
+    if not existing.exists():
+        return
+    try:
+        current = read_results(existing)
+    except ValueError as error:
+        raise ValueError(f"{error}. This run would overwrite it: pass --replace to do so, or pick another --out") from None
+    kept = {*REFERENCES, *methods, *({r["method"] for r in merged["rows"]} if merged else ())}
+    lost = sorted({r["method"] for r in current["rows"]} - kept)
+    theirs = (current["meta"]["mode"], current["meta"]["seed"])
+    if lost:
+        raise ValueError(f"{existing} holds the rows of {', '.join(lost)}, which this run would drop: add "
+                         f"--merge {existing} to keep them, pick another --out, or pass --replace to overwrite it")
+    if theirs != (mode, seed):
+        raise ValueError(f"{existing} holds a {theirs[0]} run of seed {theirs[1]}, and this is a {mode} run of seed "
+                         f"{seed}: pick another --out (e.g. outputs/benchmark-{mode}), or pass --replace to overwrite it")
+
+
+def merge_results(new: dict, old: dict) -> dict:
+    """This run's results plus the rows of `old` (an earlier results.json of the same mode and seed)
+    for every method this run did not run, in course order; meta["merged"] says which rows are old.
+    Lets a run of the new methods alone refresh the whole table without re-running the others."""
+    if (old["meta"]["mode"], old["meta"]["seed"]) != (new["meta"]["mode"], new["meta"]["seed"]):
+        raise ValueError(f"cannot merge a {old['meta']['mode']} run of seed {old['meta']['seed']} into a "
+                         f"{new['meta']['mode']} run of seed {new['meta']['seed']}")
+    ran = {r["method"] for r in new["rows"]}
+    kept = sorted({r["method"] for r in old["rows"]} - ran)
+    order = {name: i for i, name in enumerate([*REFERENCES, *registered_names()])}
+    rank = lambda r: (SETTINGS.index(r["setting"]), order.get(r["method"], len(order)))  # noqa: E731
+    rows = sorted(new["rows"] + [r for r in old["rows"] if r["method"] in kept], key=rank)
+    latency = new.get("latency", []) + [p for p in old.get("latency", []) if p["method"] in kept]
+    meta = {**new["meta"], "merged": {"methods": kept, "seconds": old["meta"]["seconds"]}}
+    methods = {**{k: v for k, v in old.get("methods", {}).items() if k in kept}, **new.get("methods", {})}
+    return {**new, "meta": meta, "methods": methods, "rows": rows,
+            "latency": sorted(latency, key=lambda p: (order.get(p["method"], len(order)), p["n"]))}
+
+
+def results_markdown(results: dict) -> str:
+    """The results table as Markdown: one table per setting, columns from the rows' own keys."""
+    meta = results["meta"]
+    lines = [f"Mode `{meta['mode']}`, seed {meta['seed']}, device `{meta['device']}`, torch {meta['torch']}, "
+             f"{meta['seconds']} s in all.", ""]
+    if meta.get("merged"):
+        lines[0] = lines[0][:-1] + (f" for the methods it ran; the rows of {', '.join(meta['merged']['methods'])} come "
+                                    f"from an earlier run of the same mode and seed ({meta['merged']['seconds']} s).")
+    for setting in SETTINGS:
+        rows = [r for r in results["rows"] if r["setting"] == setting]
+        if not rows:
+            continue
+        recall_keys = [k for k in rows[0] if k.startswith(("i2t_r", "t2i_r"))]
+        head = f"**{setting}** ({rows[0]['n_images']:,} images, {rows[0]['n_texts']:,} captions"
+        if (rows[0].get("n_text_queries", rows[0]["n_texts"]), rows[0].get("n_image_queries", rows[0]["n_images"])) \
+                != (rows[0]["n_texts"], rows[0]["n_images"]):
+            head += (f"; queries: the test split's {rows[0]['n_text_queries']:,} captions and "
+                     f"{rows[0]['n_image_queries']:,} images")
+        lines += [head + ")", ""]
+        header = ["method"] + [k.replace("_r", " R@") for k in recall_keys] + ["AR", "ms/query"]
+        lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        for r in rows:
+            ms = _cell(r["ms_per_query"], ".3g")
+            if r["ms_per_query"] is not None and not r.get("ms_measured", True):
+                ms += EXTRAPOLATED
+            elif r.get("ms_p25") is not None:
+                ms += f" ({r['ms_p25']:.3g}–{r['ms_p75']:.3g})"  # the interquartile range
+            cells = [_cell(r[k], ".1f") for k in recall_keys + ["ar"]] + [ms]
+            sampled = "sampled" in r["notes"]
+            lines.append("| " + " | ".join([r["method"] + (SAMPLED if sampled else "")] + cells) + " |")
+        lines.append("")
+    if results.get("latency"):
+        sizes = sorted({p["n"] for p in results["latency"]})
+        lines += [f"**ms per text query vs gallery size** ({EXTRAPOLATED} = extrapolated linearly from smaller galleries)",
+                  "", "| method | " + " | ".join(f"{n:,} images" for n in sizes) + " |",
+                  "|---|" + "---|" * len(sizes)]
+        for name in dict.fromkeys(p["method"] for p in results["latency"]):
+            points = {p["n"]: p for p in results["latency"] if p["method"] == name}
+            lines.append(f"| {name} | " + " | ".join(
+                f"{points[n]['ms_per_query']:.3g}{'' if points[n]['measured'] else EXTRAPOLATED}" if n in points else "–"
+                for n in sizes) + " |")
+        lines.append("")
+    if any("sampled" in r["notes"] for r in results["rows"]):
+        lines.append(f"{SAMPLED} too slow to score every query's pairs on this device: recalls of a fixed random "
+                     "sample of the queries, each against the whole gallery (counts in results.json).")
+    if any(r.get("ms_p25") is not None for r in results["rows"]):
+        lines.append("ms/query: the median of the timed calls, with their interquartile range (25th–75th "
+                     "percentile) in brackets.")
+    if meta.get("timing_note"):
+        lines.append(f"**Note:** {meta['timing_note']}")
+    if any(not r.get("ms_measured", True) for r in results["rows"]):
+        lines.append(f"{EXTRAPOLATED} ms/query extrapolated linearly from the largest galleries timed "
+                     "(the method's timed_sizes), not measured.")
+    lines += ["", "Methods:"] + [f"- `{name}`: {note}" for name, note in results.get("methods", {}).items()]
+    return "\n".join(lines) + "\n"
+
+
+def _cell(value, spec: str) -> str:
+    return "–" if value is None else format(value, spec)
+
+
+README_START, README_END = "<!-- results:start -->", "<!-- results:end -->"
+
+
+def update_readme(results: dict | None, readme: str | Path, check_only: bool = False) -> None:
+    """Replace the README's results block (between the two markers) with this run's table;
+    check_only: only check that the README is there and has the block (before a run)."""
+    readme = Path(readme)
+    try:
+        text = readme.read_text()
+    except OSError as error:
+        raise ValueError(f"cannot read the README {readme}: {error.strerror or error}") from None
+    if README_START not in text or README_END not in text:
+        raise ValueError(f"{readme} has no results block; add the lines {README_START} and {README_END} "
+                         "where the table should go")
+    if check_only:
+        return
+    head, rest = text.split(README_START, 1)
+    _, tail = rest.split(README_END, 1)
+    temporary = readme.with_name(f".{readme.name}.tmp")
+    temporary.write_text(f"{head}{README_START}\n{results_markdown(results)}{README_END}{tail}")
+    os.replace(temporary, readme)
+
+
+def _save_pareto(rows, path: Path) -> None:
+    """Every method on t2i R@1 vs ms per query, test and full settings side by side (viz)."""
+    # a bare Figure needs no GUI backend, so this works headless and leaves notebooks' backend alone
+    from matplotlib.figure import Figure
+
+    from course_lib.viz import plot_pareto_settings
+
+    fig = plot_pareto_settings(rows, Figure(figsize=(13, 5.5)), settings=("test", "full"))
+    fig.savefig(path, dpi=120)
+
