@@ -9,15 +9,14 @@ import numpy as np
 import pytest
 import torch
 
-from course_lib.methods.cross_encoder import method as cross_encoder_method
+from course_lib.methods.cross_encoder import mining
 from course_lib.core import train as train_module
 from course_lib.core.blocks import RegionEmbedding, Transformer
 from course_lib.methods.cross_encoder.model import CrossEncoder, CrossEncoderConfig, rerank_scores, score_matrix, score_pairs
 from course_lib.methods.cross_encoder.method import CrossEncoderMethod
 from course_lib.data.datasets import IMAGE_KEYS, image_fields, text_fields
-from course_lib.methods.cross_encoder.method import (DualEmbeddings, ITMCollate, dual_encoder_miner,
-                                            keep_hardest, mine_negatives,
-                                            mine_negatives_from_embeddings, train_cross_encoder)
+from course_lib.methods.cross_encoder.method import ITMCollate, keep_hardest, train_cross_encoder
+from course_lib.methods.cross_encoder.mining import DualEmbeddings, dual_encoder_miner, mine_negatives, mine_negatives_from_embeddings
 from course_lib.data.synthetic import SyntheticConfig, make_benchmark
 from course_lib.data.tokenizer import build_word_tokenizer
 from course_lib.methods.cross_encoder.itm import (GridCollate, grid_pairs, itc_hard_grid, itc_itm_loss,
@@ -257,7 +256,7 @@ def test_mining_from_embeddings_equals_mining_from_their_matrix(monkeypatch):
     gen = torch.Generator().manual_seed(0)
     image_emb, text_emb = torch.randn(40, 8, generator=gen), torch.randn(130, 8, generator=gen)
     txt2img = torch.randint(40, (130,), generator=gen).numpy()  # uneven caption counts, some 0
-    monkeypatch.setattr(cross_encoder_method, "_ROWS_PER_CHUNK", 7)  # several uneven chunks
+    monkeypatch.setattr(mining, "_ROWS_PER_CHUNK", 7)  # several uneven chunks
     reference = mine_negatives(image_emb @ text_emb.T, txt2img, k=6)
     for mined in (mine_negatives_from_embeddings(image_emb, text_emb, txt2img, k=6),
                   mine_negatives(DualEmbeddings(image_emb, text_emb), txt2img, k=6)):
