@@ -188,7 +188,7 @@ def train_slow(bench: dict, tokenizer, config: SlowConfig | None = None, *, chec
     seed_everything(c.seed)
     model = SlowModel(len(tokenizer), c, SpecialTokens.of(tokenizer))
     history = fit_pairs(model, caption_loss, bench["train"], tokenizer, c, modality="pixels",
-                        max_text_length=getattr(c, "max_text_length", 40), log_every=25, progress=progress,
+                        max_text_length=c.max_text_length, log_every=25, progress=progress,
                         checkpoint_path=checkpoint_path, device=device)
     return model.eval(), history
 
@@ -209,7 +209,7 @@ def train_fast(bench: dict, tokenizer, config: FastConfig | None = None, *, teac
     model = FastModel(len(tokenizer), c, SpecialTokens.of(tokenizer))
     if not c.distill:
         history = fit_pairs(model, nce_loss, bench["train"], tokenizer, c, modality="pixels",
-                            max_text_length=getattr(c, "max_text_length", 40), log_every=25, progress=progress,
+                            log_every=25, progress=progress,
                             checkpoint_path=checkpoint_path, device=device)
         return model.eval(), history
     from_fast = c.distill_start == "fast"
@@ -221,7 +221,7 @@ def train_fast(bench: dict, tokenizer, config: FastConfig | None = None, *, teac
     for p in teacher.parameters():  # frozen: eq. 8 trains f and g only
         p.requires_grad_(False)
     history = fit_pairs(model, distill_loss(teacher.eval(), c), bench["train"], tokenizer, c, modality="pixels",
-                        max_text_length=getattr(c, "max_text_length", 40), log_every=25, progress=progress,
+                        log_every=25, progress=progress,
                         checkpoint_path=checkpoint_path, device=device, batch_size=c.distill_batch_size,
                         max_steps=c.distill_steps, lr=c.distill_lr)
     return model.eval(), history
