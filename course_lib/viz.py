@@ -1,5 +1,5 @@
 """Plots the course draws again and again: scene grids with captions, detector boxes,
-counterfactual twins, the ranked images of one query, timing distributions and the
+counterfactual twins, the ranked images of one query, timing distributions, learning curves and the
 accuracy-latency (Pareto) plot."""
 
 from __future__ import annotations
@@ -112,6 +112,34 @@ def show_retrieval(split, query_text: str, ranked_image_indices, true_image=None
                  fontsize=9)
     fig.tight_layout()
     return fig
+
+
+def plot_learning_curve(histories: dict, *, metric: str = "t2i_r1", ax=None, title=None):
+    """Recall against training CPU-seconds for one or more runs: {label: History}.
+
+    Each run's evaluation rows (course_lib.core.train.History) must hold "cpu_seconds" and the
+    metric under "val_" and "train_" (evaluate_on=learning_curve_splits(bench)). Val is drawn solid,
+    train[:n] dashed in the same colour: where the two coincide the model has not yet fitted what it
+    trains on; a gap that widens while val flattens is overfitting; a val curve still rising at its
+    last point says more training would pay."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6, 3.5))
+    for color, (label, history) in zip(plt.rcParams["axes.prop_cycle"].by_key()["color"] * 4, histories.items()):
+        rows = [r for r in history.rows(eval=True) if f"val_{metric}" in r]
+        if not rows:
+            raise ValueError(f"run {label!r} has no evaluation rows with val_{metric}: train it with "
+                             "evaluate_on=learning_curve_splits(bench) and an eval_every")
+        x = [r["cpu_seconds"] for r in rows]
+        ax.plot(x, [r[f"val_{metric}"] for r in rows], "o-", color=color, label=f"{label}: val")
+        ax.plot(x, [r[f"train_{metric}"] for r in rows], "s--", color=color, alpha=0.6,
+                label=f"{label}: train[:n]")
+    ax.set_xlabel("training CPU-seconds")
+    ax.set_ylabel(metric.replace("_r", " R@").replace("t2i", "text→image").replace("i2t", "image→text"))
+    ax.set_ylim(bottom=0)
+    ax.set_title(title or "learning curve")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return ax
 
 
 def plot_timings(results: dict, *, ax=None, title="per-call time"):

@@ -124,7 +124,15 @@ def test_resume_is_exact(tmp_path, capsys, accum, stop_after):
     assert resumed.epoch == reference.epoch and resumed.batch_in_epoch == reference.batch_in_epoch
     for p, q in zip(reference.model.parameters(), resumed.model.parameters()):
         assert torch.equal(p, q)
-    assert history == expected and history.steps("val_mse", eval=True) == [4, 8, 12, 16, 20]
+    assert _without_cpu(history) == _without_cpu(expected)
+    assert history.steps("val_mse", eval=True) == [4, 8, 12, 16, 20]
+    cpu = history.column("cpu_seconds", eval=True)  # a measurement: carried over, never reset
+    assert cpu == sorted(cpu) and cpu[-1] > 0 and resumed.cpu_seconds >= cpu[-1] - 0.01
+
+
+def _without_cpu(history) -> list[dict]:
+    """The history without its CPU-time measurements, which differ from run to run."""
+    return [{k: v for k, v in row.items() if k != "cpu_seconds"} for row in history]
 
 
 def _recorded_grads(batch_size, accum, max_steps=12):
@@ -194,6 +202,26 @@ def test_evaluate_hook(eval_every, expected):
     assert trainer.model.training
     assert history.column("score", eval=True) == [float(s) for s in expected]
     assert history.steps("score") == expected and len(history.rows(eval=False)) == 7
+    cpu = history.column("cpu_seconds", eval=True)  # training CPU time so far, one per evaluation
+    assert len(cpu) == len(expected) and cpu == sorted(cpu) and cpu[-1] > 0
+
+
+def test_cpu_seconds_leave_out_the_evaluations():
+    """An evaluation that burns CPU does not count as training time."""
+    import time
+
+    def slow_evaluate(model):
+        started = time.process_time()
+        while time.process_time() - started < 0.3:  # busy, so it is CPU time, not sleep
+            pass
+        return {"score": 1.0}
+
+    quick = Trainer(build(), mse, make_dataset(), make_config(max_steps=4, eval_every=1))
+    quick.fit()
+    trainer = Trainer(build(), mse, make_dataset(), make_config(max_steps=4, eval_every=1),
+                      evaluate=slow_evaluate)
+    cpu = trainer.fit().column("cpu_seconds", eval=True)
+    assert len(cpu) == 4 and cpu[-1] < quick.cpu_seconds + 0.25  # 4 x 0.3 s of evaluation left out
 
 
 def test_nan_loss_raises_with_step():

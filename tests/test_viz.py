@@ -188,3 +188,19 @@ def test_pareto_labels_never_overlap_and_sit_nearest_their_own_marker():
                 return np.hypot(dx, dy)
             nearest = min(range(len(centres)), key=lambda k: distance(centres[k]))
             assert distance(centres[nearest]) == pytest.approx(distance(own)), f"{label!r} sits nearer another marker"
+
+
+def test_learning_curve_draws_val_and_train_against_cpu_seconds():
+    from course_lib.core.train import History
+
+    history = History([{"step": 10, "loss": 1.0},
+                       {"step": 10, "eval": True, "cpu_seconds": 5.0, "val_t2i_r1": 3.0, "train_t2i_r1": 4.0},
+                       {"step": 20, "eval": True, "cpu_seconds": 9.0, "val_t2i_r1": 7.0, "train_t2i_r1": 11.0}])
+    ax = viz.plot_learning_curve({"run": history})
+    val, train = ax.get_lines()
+    assert list(val.get_xdata()) == [5.0, 9.0] and list(val.get_ydata()) == [3.0, 7.0]
+    assert list(train.get_ydata()) == [4.0, 11.0] and train.get_color() == val.get_color()
+    assert ax.get_xlabel() == "training CPU-seconds"
+    with pytest.raises(ValueError, match="learning_curve_splits"):
+        viz.plot_learning_curve({"untracked": History([{"step": 1, "eval": True, "t2i_r1": 2.0}])})
+    plt.close("all")

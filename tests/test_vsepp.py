@@ -19,6 +19,7 @@ from course_lib.core.checkpoints import checkpoint_name
 from course_lib.methods.vsepp import (DualEncoder, VsePPConfig, VsePPMethod, build_dual_encoder,
                               encode_split, similarity, train_dual_encoder,
                               vsepp_loss)
+from course_lib.methods.base import learning_curve_splits, retrieval_evaluator
 
 # small enough for a few seconds of CPU training, large enough to learn something
 TINY = dict(hidden=32, embed_dim=32, layers=1, batch_size=32, lr=1e-3, max_violation=False)
@@ -246,6 +247,22 @@ def test_rank_is_the_top_k_of_the_similarity_for_any_queries(fitted_method, benc
         assert indices.shape == (len(queries), 5)
     empty_indices, _ = method.rank(split.texts_subset([0, 1]), "i2t", 5)  # no image queries there
     assert empty_indices.shape[0] == 0
+
+
+def test_learning_curve_splits_score_each_split_under_its_name(trained, bench, tokenizer):
+    """The named-splits evaluator gives, under "val_" and "train_", exactly what the one-split
+    evaluator gives on each split; the train split is the first images of bench["train"]."""
+    model = trained[0]
+    splits = learning_curve_splits(bench, n_train=20)
+    assert splits["train"].n_images == 20 and splits["train"].image_ids == bench["train"].image_ids[:20]
+    assert splits["val"].n_images == min(20, bench["val"].n_images)
+    score = lambda m, split: similarity(m, split, tokenizer)  # noqa: E731
+    both = retrieval_evaluator(splits, score)(model)
+    for name, split in splits.items():
+        alone = retrieval_evaluator(split, score)(model)
+        assert {k: both[f"{name}_{k}"] for k in alone} == alone
+    assert set(both) == {f"{n}_{k}" for n in splits for k in alone}
+    assert retrieval_evaluator(None, score) is None
 
 
 def test_method_needs_fit_first(bench):

@@ -25,6 +25,7 @@ import dataclasses
 import math
 import os
 import random
+import time
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -128,7 +129,9 @@ class History(list):
 
     Training rows: {"step", "epoch", "lr", "loss", other scalars of loss_fn, "grad_norm"}, the
     values averaged over the `log_every` steps up to "step" (lr is the one last used). Evaluation
-    rows: {"step", "eval": True, **metrics}.
+    rows: {"step", "eval": True, "cpu_seconds", **metrics}, cpu_seconds = the process's CPU time
+    spent in training steps so far (evaluations excluded, resumed runs included): the x-axis of a
+    learning curve that compares models by what they cost to train.
     """
 
     def rows(self, eval: bool | None = None) -> list[dict]:
@@ -234,6 +237,7 @@ class Trainer:
 
     def _reset_progress(self) -> None:
         self.step, self.epoch, self.batch_in_epoch = 0, 0, 0  # micro-batches used in this epoch
+        self.cpu_seconds = 0.0  # process CPU time inside training steps (all threads)
         self.history = History()
         self._window: dict = {"n": 0, "sums": {}, "counts": {}, "lr": 0.0}  # steps not yet logged
 
@@ -299,7 +303,9 @@ class Trainer:
                    disable=not cfg.progress or self.rank != 0)
         try:
             while self.step < end:
+                started = time.process_time()
                 self._train_step(batches)
+                self.cpu_seconds += time.process_time() - started
                 bar.update(1)
                 last = self.step == cfg.max_steps
                 if self.step % cfg.log_every == 0 or last:
@@ -378,7 +384,7 @@ class Trainer:
             self.model.train()
         if not isinstance(metrics, dict):
             raise TypeError(f"evaluate must return a dict of metrics, got {type(metrics).__name__}")
-        row = {"step": self.step, "eval": True}
+        row = {"step": self.step, "eval": True, "cpu_seconds": round(self.cpu_seconds, 2)}
         row.update({k: _scalar(v) for k, v in metrics.items() if _scalar(v) is not None})
         self.history.append(row)
 
@@ -390,7 +396,8 @@ class Trainer:
         return {"format": TRAINER_FORMAT, "model": self.model.state_dict(),
                 "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
                 "scaler": self.scaler.state_dict(), "step": self.step, "epoch": self.epoch,
-                "batch_in_epoch": self.batch_in_epoch, "history": list(self.history),
+                "batch_in_epoch": self.batch_in_epoch, "cpu_seconds": self.cpu_seconds,
+                "history": list(self.history),
                 "window": self._window, "rng": _rng_state(), "config": config}
 
     def save_checkpoint(self, path: str | None = None) -> None:
@@ -423,5 +430,6 @@ class Trainer:
             self.scaler.load_state_dict(ckpt["scaler"])
         self.step, self.epoch = ckpt["step"], ckpt["epoch"]
         self.batch_in_epoch = ckpt["batch_in_epoch"]
+        self.cpu_seconds = ckpt.get("cpu_seconds", 0.0)  # absent in checkpoints saved before it existed
         self.history, self._window = History(ckpt["history"]), ckpt["window"]
         _set_rng_state(ckpt["rng"])  # last, so nothing above consumes random numbers after it

@@ -36,6 +36,7 @@ and a `modality` attribute ("regions" or "pixels", the image field the datasets 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from pathlib import Path
 from typing import ClassVar
 
@@ -232,11 +233,39 @@ def encode_split(model: nn.Module, split, tokenizer, *, batch_size: int = 256, d
 
 def retrieval_evaluator(split, score_fn):
     """The Trainer's `evaluate` hook every method uses: model -> retrieval_metrics of score_fn(model,
-    split) (an (N, T) matrix), over the split's own queries. split None -> None (no evaluation)."""
+    split) (an (N, T) matrix), over the split's own queries. split None -> None (no evaluation).
+
+    split may also be a dict of named splits (learning_curve_splits): then every split is scored
+    and its metrics come prefixed by its name ("val_t2i_r1", "train_t2i_r1", ...)."""
     if split is None:
         return None
-    return lambda model: retrieval_metrics(score_fn(model, split), split.txt2img,
-                                           query_texts=split.query_texts, query_images=split.query_images)
+    splits = split if isinstance(split, Mapping) else {"": split}
+
+    def evaluate(model) -> dict:
+        metrics = {}
+        for name, one in splits.items():
+            scores = score_fn(model, one)
+            if isinstance(scores, tuple):  # (i2t, t2i) matrices of a two-stage ranker
+                scores, t2i = scores
+            else:
+                t2i = None
+            found = retrieval_metrics(scores, one.txt2img, t2i_sims=t2i, query_texts=one.query_texts,
+                                      query_images=one.query_images)
+            metrics.update({f"{name}_{k}" if name else k: v for k, v in found.items()})
+        return metrics
+
+    return evaluate
+
+
+def learning_curve_splits(bench: dict, n_train: int = 1000) -> dict:
+    """{"val": bench["val"], "train": the first n_train training images}: evaluated side by side
+    (retrieval_evaluator), they show whether a model fits what it trains on (train above val:
+    fitting; both equal and low: not trained yet; train far above val: overfitting). Same gallery
+    size in both, so the two recalls are comparable."""
+    train = bench["train"]
+    n = min(n_train, train.n_images, bench["val"].n_images)
+    return {"val": bench["val"].subset(range(n), name=f"val[:{n}]") if n < bench["val"].n_images
+            else bench["val"], "train": train.subset(range(n), name=f"train[:{n}]")}
 
 
 def similarity(model: nn.Module, split, tokenizer, **kwargs) -> torch.Tensor:

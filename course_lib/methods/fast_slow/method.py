@@ -45,7 +45,13 @@ from course_lib.data.datasets import (
     collate_images,
     text_fields,
 )
-from course_lib.methods.base import DualEncoderMethod, PairwiseMethod, fit_pairs
+from course_lib.methods.base import (
+    DualEncoderMethod,
+    PairwiseMethod,
+    fit_pairs,
+    retrieval_evaluator,
+    similarity,
+)
 from course_lib.methods.fast_slow.model import (
     FastConfig,
     FastModel,
@@ -199,17 +205,19 @@ def undistilled(config: FastConfig) -> FastConfig:
 
 
 def train_fast(bench: dict, tokenizer, config: FastConfig | None = None, *, teacher: SlowModel | None = None,
-               init: FastModel | None = None, checkpoint_path=None, progress: bool = True,
-               device: str | None = None):
+               init: FastModel | None = None, checkpoint_path=None, evaluate_on=None,
+               eval_every: int | None = None, progress: bool = True, device: str | None = None):
     """Train the Fast dual encoder with eq. 4; with config.distill, continue from `init` (the plain
     model of the same config, `undistilled(config)`) for distill_steps steps of eq. 8, the teacher
-    frozen. -> (model in eval mode, history)"""
+    frozen. evaluate_on: a split (or a dict of splits, base.learning_curve_splits) whose retrieval
+    metrics are logged every eval_every steps and at the end. -> (model in eval mode, history)"""
     c = config or FastConfig()
     seed_everything(c.seed)
     model = FastModel(len(tokenizer), c, SpecialTokens.of(tokenizer))
+    evaluate = retrieval_evaluator(evaluate_on, lambda m, split: similarity(m, split, tokenizer))
     if not c.distill:
         history = fit_pairs(model, nce_loss, bench["train"], tokenizer, c, modality="pixels",
-                            log_every=25, progress=progress,
+                            evaluate=evaluate, eval_every=eval_every, log_every=25, progress=progress,
                             checkpoint_path=checkpoint_path, device=device)
         return model.eval(), history
     from_fast = c.distill_start == "fast"
@@ -221,7 +229,7 @@ def train_fast(bench: dict, tokenizer, config: FastConfig | None = None, *, teac
     for p in teacher.parameters():  # frozen: eq. 8 trains f and g only
         p.requires_grad_(False)
     history = fit_pairs(model, distill_loss(teacher.eval(), c), bench["train"], tokenizer, c, modality="pixels",
-                        log_every=25, progress=progress,
+                        evaluate=evaluate, eval_every=eval_every, log_every=25, progress=progress,
                         checkpoint_path=checkpoint_path, device=device, batch_size=c.distill_batch_size,
                         max_steps=c.distill_steps, lr=c.distill_lr)
     return model.eval(), history

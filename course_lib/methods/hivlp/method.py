@@ -24,7 +24,6 @@ import torch
 from tqdm.auto import tqdm
 
 from course_lib.core.checkpoints import inference, model_device
-from course_lib.core.metrics import retrieval_metrics
 from course_lib.core.retrieval import build_index, search
 from course_lib.core.settings import seed_everything
 from course_lib.data.datasets import (
@@ -39,6 +38,7 @@ from course_lib.methods.base import (
     check_direction,
     fit_pairs,
     query_indices,
+    retrieval_evaluator,
 )
 from course_lib.methods.hivlp.model import HiVLP, HiVLPConfig, build_hivlp
 from course_lib.methods.hivlp.search import SURVIVORS, coarse_to_fine
@@ -87,23 +87,25 @@ def compute_states(model: HiVLP, split, tokenizer, batch_size: int = 256, progre
 
 # ----------------------------------------------------------------------------- training
 
+def last_level_scores(model: HiVLP, split, tokenizer) -> torch.Tensor:
+    """(N, T) scores of the last (widest) level over a whole split: the flat model, no cascade."""
+    states = compute_states(model, split, tokenizer)
+    return states.image[-1] @ states.text[-1].T  # (N, T)
+
+
 def train_hivlp(bench: dict, tokenizer, config: HiVLPConfig | None = None, *, checkpoint_path=None,
-                evaluate_on=None, progress: bool = True, device: str | None = None) -> tuple[HiVLP, object]:
+                evaluate_on=None, eval_every: int | None = None, progress: bool = True, device: str | None = None) -> tuple[HiVLP, object]:
     """Train on bench["train"] with L_HRL + L_LRM; returns (model in eval mode, History). A finished
-    checkpoint at checkpoint_path is loaded instead. evaluate_on: a split whose flat last-level
-    retrieval metrics are logged at the end."""
+    checkpoint at checkpoint_path is loaded instead. evaluate_on: a split (or a dict of splits,
+    base.learning_curve_splits) whose flat last-level retrieval metrics are logged every
+    eval_every steps and at the end."""
     c = config or HiVLPConfig()
     seed_everything(c.seed)
     model = build_hivlp(c, bench["train"], tokenizer)
-    evaluate = None
-    if evaluate_on is not None:
-        def evaluate(m):
-            states = compute_states(m, evaluate_on, tokenizer)
-            return retrieval_metrics(states.image[-1] @ states.text[-1].T, evaluate_on.txt2img,
-                                     query_texts=evaluate_on.query_texts, query_images=evaluate_on.query_images)
+    evaluate = retrieval_evaluator(evaluate_on, lambda m, split: last_level_scores(m, split, tokenizer))
     history = fit_pairs(model, hivlp_loss, bench["train"], tokenizer, c, modality=c.image_input,
                         image_size=c.image_size, max_text_length=c.max_text_length, evaluate=evaluate,
-                        log_every=max(1, c.max_steps // 100), progress=progress, device=device,
+                        eval_every=eval_every, log_every=max(1, c.max_steps // 100), progress=progress, device=device,
                         checkpoint_path=checkpoint_path)
     return model.eval(), history
 

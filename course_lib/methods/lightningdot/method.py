@@ -82,13 +82,14 @@ def build_lightningdot(config: LightningDOTConfig, split, tokenizer) -> Lightnin
 
 def train_lightningdot(bench: dict, tokenizer, config: LightningDOTConfig | None = None, *,
                        pretrain_checkpoint=None, checkpoint_path=None, evaluate_on=None,
-                       progress: bool = True, device: str | None = None) -> tuple[LightningDOT, dict]:
+                       eval_every: int | None = None, progress: bool = True, device: str | None = None) -> tuple[LightningDOT, dict]:
     """Pre-train on bench["pretrain"] (skipped when pretrain_steps = 0), then fine-tune with CMR on
     bench["train"]. Returns (model in eval mode, {"pretrain": History | None, "finetune": History}).
 
     pretrain_checkpoint / checkpoint_path: where each stage saves; a finished checkpoint is loaded
-    instead of training (delete it to retrain). evaluate_on: a split whose retrieval metrics are
-    logged at the end of fine-tuning.
+    instead of training (delete it to retrain). evaluate_on: a split (or a dict of splits,
+    base.learning_curve_splits) whose retrieval metrics are logged every eval_every fine-tuning
+    steps and at the end of fine-tuning.
     """
     c = config or LightningDOTConfig()
     seed_everything(c.seed)  # the initial weights; each Trainer seeds its own data order
@@ -106,7 +107,7 @@ def train_lightningdot(bench: dict, tokenizer, config: LightningDOTConfig | None
     if c.finetune_steps > 0:
         histories["finetune"] = fit_pairs(
             model, cmr_loss, bench["train"], tokenizer, c, max_text_length=c.max_text_length, evaluate=evaluate,
-            max_steps=c.finetune_steps, lr=c.finetune_lr, log_every=max(1, c.finetune_steps // 100),
+            eval_every=eval_every, max_steps=c.finetune_steps, lr=c.finetune_lr, log_every=max(1, c.finetune_steps // 100),
             progress=progress, device=device, checkpoint_path=checkpoint_path)
     return model.eval(), histories
 

@@ -30,7 +30,6 @@ import torch
 
 from course_lib.core.checkpoints import checkpoint_name, finished_checkpoint, inference
 from course_lib.core.losses import batch_scores, hinge_triplet_loss
-from course_lib.core.metrics import retrieval_metrics
 from course_lib.core.retrieval import build_index, search
 from course_lib.core.settings import seed_everything
 from course_lib.data.datasets import ImageDataset, TextCollate
@@ -38,6 +37,7 @@ from course_lib.methods.base import (
     DualEncoderMethod,
     fit_pairs,
     query_indices,
+    retrieval_evaluator,
     similarity,
 )
 from course_lib.methods.registry import register_method
@@ -106,25 +106,19 @@ def ubert_scores(model: UBERT, split, tokenizer, top_k: dict | None = None,
 
 
 def ubert_evaluator(split, tokenizer):
-    """A Trainer `evaluate` hook: retrieval_metrics of ubert_scores on `split` (None -> None)."""
-    if split is None:
-        return None
-
-    def evaluate(model: UBERT) -> dict:
-        i2t, t2i = ubert_scores(model, split, tokenizer)
-        return retrieval_metrics(i2t, split.txt2img, t2i_sims=t2i, query_texts=split.query_texts,
-                                 query_images=split.query_images)
-
-    return evaluate
+    """A Trainer `evaluate` hook: retrieval_metrics of ubert_scores on `split` (or on each split of
+    a dict, base.learning_curve_splits); None -> None."""
+    return retrieval_evaluator(split, lambda model, one: ubert_scores(model, one, tokenizer))
 
 
 def train_ubert(bench: dict, tokenizer, config: UBERTConfig | None = None, *, towers_checkpoint=None,
-                checkpoint_path=None, evaluate_on=None, progress: bool = True,
-                device: str | None = None) -> tuple[UBERT, dict]:
+                checkpoint_path=None, evaluate_on=None, eval_every: int | None = None,
+                progress: bool = True, device: str | None = None) -> tuple[UBERT, dict]:
     """Train U-BERT on bench["train"]; returns (model, histories by stage: "towers" and "cross",
     or "joint"). towers_checkpoint / checkpoint_path: where each stage saves, and a finished
-    checkpoint there is loaded instead of training. evaluate_on: a split scored at the end of each
-    stage (stage 1 by s1 alone, stage 2 by the two-stage ranking, ubert_scores)."""
+    checkpoint there is loaded instead of training. evaluate_on: a split (or a dict of
+    splits, base.learning_curve_splits) scored every eval_every steps and at the end of each stage
+    (stage 1 by s1 alone, stage 2 by the two-stage ranking, ubert_scores)."""
     c = config or UBERTConfig()
     train = bench["train"]
     if c.training == "joint":
@@ -142,19 +136,16 @@ def train_ubert(bench: dict, tokenizer, config: UBERTConfig | None = None, *, to
     if not finished or finished_checkpoint(towers_checkpoint, c.max_steps):  # a finished run needs no step 1
         seed_everything(c.seed)
         towers = build_ubert(tower_config(c), train, tokenizer)
-        stage1 = None if evaluate_on is None else (
-            lambda m: retrieval_metrics(similarity(m, evaluate_on, tokenizer), evaluate_on.txt2img,
-                                        query_texts=evaluate_on.query_texts,
-                                        query_images=evaluate_on.query_images))
+        stage1 = retrieval_evaluator(evaluate_on, lambda m, split: similarity(m, split, tokenizer))
         histories["towers"] = fit_pairs(towers, tower_loss(c), train, tokenizer, c, evaluate=stage1,
-                                        log_every=25, progress=progress, checkpoint_path=towers_checkpoint,
+                                        eval_every=eval_every, log_every=25, progress=progress, checkpoint_path=towers_checkpoint,
                                         device=device)
         state = {k: v for k, v in towers.state_dict().items() if not k.startswith("cross.")}
         model.load_state_dict(state, strict=False)  # the towers and embeddings; BERT_cross stays fresh
     model.freeze_towers()
     histories["cross"] = fit_pairs(model, cross_loss(c), train, tokenizer, c,
-                                   evaluate=ubert_evaluator(evaluate_on, tokenizer), log_every=25, progress=progress,
-                                   checkpoint_path=checkpoint_path, device=device, max_steps=c.cross_steps,
+                                   evaluate=ubert_evaluator(evaluate_on, tokenizer), eval_every=eval_every,
+                                   log_every=25, progress=progress, checkpoint_path=checkpoint_path, device=device, max_steps=c.cross_steps,
                                    batch_size=c.cross_batch_size, lr=c.cross_lr)
     return model.eval(), histories
 
