@@ -165,6 +165,9 @@ def describe_environment() -> dict[str, str]:
         "numpy": np.__version__,
         "device": str(device),
         "smoke": str(smoke_mode()),
+        # where trained models come from (course_lib.core.shipped): printed, so a learner sees the switch
+        "models": ("trained (smoke sizes)" if smoke_mode() else "trained (COURSE_RETRAIN=1)" if retrain_mode()
+                   else "shipped where they match (COURSE_RETRAIN=1 trains them)"),
     }
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
