@@ -237,6 +237,28 @@ def test_an_altered_shipped_file_is_not_loaded(course_env, data, monkeypatch, tm
     assert calls and not method.from_shipped
 
 
+def test_without_shipped_models_every_model_trains_with_a_note(data, monkeypatch, tmp_path):
+    bench, tokenizer = data
+    monkeypatch.delenv("COURSE_SMOKE", raising=False)
+    monkeypatch.setenv("COURSE_SHIPPED_MODELS", str(tmp_path / "deleted"))
+    method = TINY["vsepp"]()
+    calls = recording_training(monkeypatch, method)
+    with pytest.warns(CourseNote, match="no shipped models in"):
+        method.fit(bench, tokenizer, cache_dir=tmp_path / "cache")
+    assert calls and not method.from_shipped
+
+
+def test_refresh_command_writes_the_folder(monkeypatch, tmp_path, capsys):
+    monkeypatch.delenv("COURSE_SMOKE", raising=False)
+    seen = {}
+    manifest = {"files": {"vsepp-x.pt": {"bytes": 2_000_000}, "scan-y.pt": {"bytes": 500_000}}}
+    monkeypatch.setattr(benchmark, "refresh", lambda folder, checkpoints: seen.update(folder=folder,
+                                                                                     checkpoints=checkpoints) or manifest)
+    benchmark.main(["--refresh-shipped", "--checkpoints", str(tmp_path)])
+    assert seen == {"folder": SHIPPED_MODELS, "checkpoints": str(tmp_path)}
+    assert "wrote 2 models (2.5 MB)" in capsys.readouterr().out
+
+
 def test_the_shipped_folder_stays_small(shipped_tiny, tmp_path, monkeypatch):
     root, trained, _ = shipped_tiny
     monkeypatch.setattr(shipped, "MAX_BYTES", 1000)

@@ -136,8 +136,12 @@ def file_problems(folder, name: str, entry: dict) -> list[str]:
 def find_shipped(folder, name: str, expected: dict) -> Path | None:
     """The shipped file to load for a model named `name` (its checkpoint file name) that should be
     `expected` (a manifest_entry), or None; a CourseNote says why when the folder ships a model of
-    the same method name that cannot be used."""
-    if folder is None or not (Path(folder) / MANIFEST).exists():
+    the same method name that cannot be used, or has no manifest at all."""
+    if folder is None:
+        return None
+    if not (Path(folder) / MANIFEST).exists():  # deleted to retrain, or a copy of course_lib without them
+        warnings.warn(f"no shipped models in {folder} (no {MANIFEST}): models are trained, or loaded from the "
+                      "cache", CourseNote, stacklevel=3)
         return None
     files = read_manifest(folder)["files"]
     if name in files and not stale_reasons(expected, files[name]):
