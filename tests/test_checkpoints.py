@@ -1,12 +1,13 @@
 """Checkpoint names change with anything that changes what training produces, and only then."""
 
+import ast
 import dataclasses
 
 import numpy as np
 import pytest
 import torch
 
-from course_lib.core.checkpoints import checkpoint_name, code_hash, data_digest, model_device, source_version
+from course_lib.core.checkpoints import _canonical, checkpoint_name, code_hash, data_digest, model_device, source_version
 from course_lib.data.synthetic import SyntheticConfig, make_benchmark
 from course_lib.data.tokenizer import build_word_tokenizer
 from course_lib.methods.lightningdot.model import LightningDOTConfig
@@ -135,6 +136,16 @@ def test_code_hash_ignores_comments_docstrings_and_layout_only():
     assert code_hash(same) == code_hash(CODE)
     for change in (("2.0", "3.0"), ("x * factor", "factor * x"), ("import math", "import cmath")):
         assert code_hash(CODE.replace(*change)) != code_hash(CODE), change
+
+
+def test_code_hash_reads_the_same_tree_the_same_on_every_python():
+    # checked by hand on Python 3.10 to 3.13: every course_lib module hashes the same. Here, what their
+    # trees differ in: 3.12 appends "" to a nested f-string's format spec
+    plain, newer = ast.parse('f"{x:>{width}}"'), ast.parse('f"{x:>{width}}"')
+    newer.body[0].value.values[0].format_spec.values.append(ast.Constant(value=""))
+    assert _canonical(newer) == _canonical(plain)
+    newer.body[0].value.values[0].format_spec.values.append(ast.Constant(value="!"))  # a real change counts
+    assert _canonical(newer) != _canonical(plain)
 
 
 def test_code_version_enters_the_method_checkpoint_name(data, monkeypatch):

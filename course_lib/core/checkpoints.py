@@ -82,10 +82,17 @@ def checkpoint_name(prefix: str, config: dict, train_split, tokenizer, *extra, c
 
 def _canonical(node):
     """An AST as nested lists, the same on every Python version: empty and None fields are left
-    out (3.12 added type_params=[], 3.13's ast.dump hides empty fields), constants by repr."""
+    out (3.12 added type_params=[], 3.13's ast.dump hides empty fields), and so are the empty
+    strings 3.12 puts into nested f-string format specs; constants by repr."""
     if isinstance(node, ast.AST):
-        fields = ((name, _canonical(getattr(node, name, None))) for name in node._fields)
-        return [type(node).__name__, *([name, value] for name, value in fields if value not in (None, []))]
+        fields = []
+        for name in node._fields:
+            value = getattr(node, name, None)
+            if isinstance(node, ast.JoinedStr) and name == "values":
+                value = [v for v in value if not (isinstance(v, ast.Constant) and v.value == "")]
+            if value is not None and value != []:
+                fields.append([name, _canonical(value)])
+        return [type(node).__name__, *fields]
     if isinstance(node, list):
         return [_canonical(item) for item in node]
     return repr(node)
