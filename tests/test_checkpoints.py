@@ -153,7 +153,7 @@ def test_code_version_enters_the_method_checkpoint_name(data, monkeypatch):
     method = VsePPMethod(VsePPConfig.smoke())
     assert method.code_version() == source_version(
         ("course_lib.core.blocks", "course_lib.core.encoders", "course_lib.core.losses", "course_lib.core.tokens",
-         "course_lib.core.train", "course_lib.methods.vsepp"))
+         "course_lib.core.train", "course_lib.data.datasets", "course_lib.methods.vsepp"))
     name = method.checkpoint_file(bench, tokenizer)
     monkeypatch.setattr(VsePPMethod, "code_version", lambda self: "edited")
     assert method.checkpoint_file(bench, tokenizer) != name

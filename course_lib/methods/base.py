@@ -69,11 +69,11 @@ _PAIRS_PER_BLOCK = 1 << 20
 # a PairwiseMethod ranking every query of a split this small scores every pair once and keeps the
 # (N, T) matrix (80 MB at most), so the other direction reuses it instead of scoring it again
 _DENSE_PAIRS = 20_000_000
-# the modules whose code builds and trains every model; a method's code version adds its own package.
-# A change elsewhere that alters what training produces (e.g. the datasets' collates) bumps
-# checkpoints.MODEL_FORMAT, which every checkpoint name covers
+# the modules whose code builds, feeds and trains every model; a method's code version adds its own
+# package. Not this module (fit_pairs is a few stable lines beside much serving code): a change
+# elsewhere that alters what training produces bumps checkpoints.MODEL_FORMAT, which every name covers
 TRAINING_MODULES = ("course_lib.core.blocks", "course_lib.core.encoders", "course_lib.core.losses",
-                    "course_lib.core.tokens", "course_lib.core.train")
+                    "course_lib.core.tokens", "course_lib.core.train", "course_lib.data.datasets")
 
 
 def own_modules(cls) -> tuple[str, ...]:
