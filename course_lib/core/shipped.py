@@ -11,7 +11,7 @@ A shipped file is named exactly as the cache names the model (`checkpoints.check
 hash covers the config, the training data, the vocabulary, the stages it starts from and the code
 version), so `Method.fit` loads it only when all of these match, and its sha256 matches the
 manifest's. Otherwise it trains (or loads its cache) as before, with a one-line note saying why when
-the folder ships a model of that name that does not match. Smoke mode and COURSE_RETRAIN=1 never
+the folder ships a model of that method name that does not match, or has no manifest. Smoke mode and COURSE_RETRAIN=1 never
 load shipped models (`shipped_folder`): CI exercises the training path, and `--retrain` reproduces
 the shipped models with the same code.
 
