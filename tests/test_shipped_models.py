@@ -14,6 +14,7 @@ import torch
 
 from course_lib import benchmark, shipping
 from course_lib.core import shipped
+from course_lib.core.checkpoints import load_model_weights
 from course_lib.core.settings import CourseNote, retraining, retrain_mode
 from course_lib.core.shipped import MANIFEST, REFRESH_COMMAND, SHIPPED_MODELS, check_shipped, read_manifest
 from course_lib.data.synthetic import SyntheticConfig, make_benchmark
@@ -108,6 +109,10 @@ def test_manifest_round_trip(shipped_tiny, data):
         assert set(saved) == {"format", "model", "history"}  # weights only: no optimizer, no RNG states
         assert (folder / name).stat().st_size < (root / "cache" / name).stat().st_size
     assert_current(folder, shipping.expected_entries(bench, tokenizer, [make() for make in TINY.values()]))
+    vsepp = trained["vsepp"]  # load_model_weights reads a shipped file as it reads a Trainer checkpoint
+    for path in (folder / vsepp.checkpoint_path.name, root / "cache" / vsepp.checkpoint_path.name):
+        model = load_model_weights(vsepp.build_model(bench, tokenizer), str(path))
+        torch.testing.assert_close(model.state_dict(), vsepp.model.state_dict(), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("name", sorted(TINY))
