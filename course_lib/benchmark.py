@@ -1,4 +1,4 @@
-"""The headless main job: `python -m course_lib.benchmark [--smoke] [--out DIR]`.
+"""The headless main job: `python -m course_lib.benchmark [--smoke] [--out DIR] [--retrain]`.
 
 Builds the synthetic benchmark, fits every registered method (course_lib.methods.registry), evaluates it
 on the test, full and compositional settings (README, "Data" and "Results"), times one text query against each
@@ -12,6 +12,11 @@ A method follows course_lib.methods.base.Method: `fit`, `rank(split, direction, 
 `query_fn(split, caption_index, top_k)`, `pairs_per_query`, and its own budgets `eval_pairs` and
 `timed_sizes`. Recalls come from each query's top-K list (metrics.ranks_from_top_k), so no dense
 matrix is formed, and the full setting's queries are the test split's (split.text_queries).
+
+Trained models: the shipped ones (shipped_models/, course_lib.core.shipped) where they match, else
+the cache folder's (--checkpoints), else trained there. --retrain never loads a shipped model (nor
+does --smoke: its tiny models always train); --refresh-shipped rewrites shipped_models/ instead of
+running the benchmark.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import numpy as np
 
 from course_lib.core import settings
 from course_lib.core.checkpoints import CHECKPOINTS
+from course_lib.core.shipped import MANIFEST, SHIPPED_MODELS
 from course_lib.core.metrics import ranks_from_top_k, recall_at_k
 from course_lib.core.timing import latency_vs_gallery
 from course_lib.data.oracle import oracle_ceiling
@@ -32,6 +38,7 @@ from course_lib.data.synthetic import SyntheticConfig, make_benchmark
 from course_lib.data.tokenizer import build_word_tokenizer
 from course_lib.methods.base import ground_truth
 from course_lib.methods.registry import available_methods, registered_names
+from course_lib.shipping import SEED, own_models, refresh
 from course_lib.studies import single_vector
 from course_lib.results import (PARTIAL, SETTINGS, cascade_timing_problems, check_outputs, merge_results,
                                 partial_key, read_partial, read_results, results_markdown, save_partial,
@@ -99,7 +106,8 @@ def _row(method, setting, split, metrics, ks, ms_per_query, notes, ms_measured=T
 
 
 def run(smoke: bool = False, out: str | Path = "outputs/benchmark", seed: int = 0, progress: bool = True,
-        methods=None, checkpoints: str | Path = CHECKPOINTS, every_pair=(), write: bool = True) -> dict:
+        methods=None, checkpoints: str | Path = CHECKPOINTS, every_pair=(), write: bool = True,
+        retrain: bool = False) -> dict:
     """Run the whole benchmark and write its three outputs; returns the results dict.
 
     checkpoints: the folder of trained models, shared with the notebooks (their `.fit(...,
@@ -109,7 +117,8 @@ def run(smoke: bool = False, out: str | Path = "outputs/benchmark", seed: int = 
     every_pair: the settings (e.g. ("test",)) where every method ranks every query, whatever its
     budget; True = test and compositional (the full setting's 60M cross-encoder pairs per direction
     would take hours on a CPU, so it is never the default). write=False: return the results without
-    writing them (the caller merges them with an earlier run first)."""
+    writing them (the caller merges them with an earlier run first). retrain: train (or load from
+    `checkpoints`) every model instead of loading the shipped ones; smoke always does."""
     from tqdm.auto import tqdm
 
     start = time.perf_counter()
@@ -142,7 +151,8 @@ def run(smoke: bool = False, out: str | Path = "outputs/benchmark", seed: int = 
             continue
         first_row, first_point = len(rows), len(latency)
         steps.set_postfix(method=method.name, step="fit")
-        method.fit(bench, tokenizer, cache_dir=Path(checkpoints))
+        with settings.retraining(smoke or retrain):
+            method.fit(bench, tokenizer, cache_dir=Path(checkpoints))
         steps.update()
         for setting in SETTINGS:
             split = bench[setting]
@@ -173,7 +183,8 @@ def run(smoke: bool = False, out: str | Path = "outputs/benchmark", seed: int = 
         "meta": {"device": env["device"], "torch": env["torch"], "mode": "smoke" if smoke else "default",
                  "seconds": round(time.perf_counter() - start, 1), "seed": seed,
                  "sizes": {name: [s.n_images, s.n_texts] for name, s in bench.items()},
-                 "timing_note": noisy},
+                 "timing_note": noisy,
+                 "shipped_models": [m.name for m in own_models(methods) if m.from_shipped]},
         "methods": {"oracle": ORACLE_NOTE, single_vector.NAME: single_vector.NOTE} | {m.name: m.notes for m in methods},
         "rows": rows,
         "latency": latency,
@@ -195,6 +206,12 @@ def main(argv=None) -> dict:
                              "outputs/benchmark-smoke with --smoke)")
     parser.add_argument("--checkpoints", default=CHECKPOINTS,
                         help="folder of cached trained models, shared with the notebooks (default: %(default)s)")
+    parser.add_argument("--retrain", action="store_true",
+                        help="train every model (or load it from --checkpoints) instead of loading the shipped "
+                             "models of shipped_models/ (also on when COURSE_RETRAIN=1)")
+    parser.add_argument("--refresh-shipped", action="store_true",
+                        help="instead of the benchmark: train the default models (or load them from --checkpoints) "
+                             f"and rewrite {SHIPPED_MODELS.name}/ with their weights and manifest")
     parser.add_argument("--seed", type=int, default=0, help="seed of the data and of every method")
     parser.add_argument("--methods", default=None,
                         help="comma-separated subset of the methods to run, e.g. 'vsepp,scan' "
@@ -213,6 +230,14 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     settings.plain_course_notes()  # a noisy timing reads "note: ...", not a UserWarning with a file path
     smoke = args.smoke or settings.smoke_mode()
+    if args.refresh_shipped:
+        if smoke or args.seed != SEED or args.methods is not None:
+            parser.error(f"--refresh-shipped makes the default models of seed {SEED}, all of them: drop --smoke "
+                         "(and COURSE_SMOKE), --seed and --methods")
+        manifest = refresh(SHIPPED_MODELS, checkpoints=args.checkpoints)
+        total = sum(entry["bytes"] for entry in manifest["files"].values())
+        print(f"wrote {len(manifest['files'])} models ({total / 1e6:.1f} MB) and {MANIFEST} to {SHIPPED_MODELS}")
+        return manifest
     mode = "smoke" if smoke else "default"
     out = Path(args.out or ("outputs/benchmark-smoke" if smoke else "outputs/benchmark"))
     methods = None
@@ -239,7 +264,7 @@ def main(argv=None) -> dict:
     every_pair = () if args.every_pair is None else (args.every_pair or True)
     try:
         results = run(smoke=smoke, out=out, seed=args.seed, methods=methods, checkpoints=args.checkpoints,
-                      every_pair=every_pair, write=old is None)
+                      every_pair=every_pair, write=old is None, retrain=args.retrain)
     except KeyboardInterrupt:
         done = read_partial(out / PARTIAL, partial_key(smoke, args.seed, every_pair))
         print(f"\ninterrupted. {len(done)} method(s) finished ({', '.join(done) or 'none'}): their rows are kept in "

@@ -172,6 +172,8 @@ def results_markdown(results: dict) -> str:
     if meta.get("merged"):
         lines[0] = lines[0][:-1] + (f" for the methods it ran; the rows of {', '.join(meta['merged']['methods'])} come "
                                     f"from an earlier run of the same mode and seed ({meta['merged']['seconds']} s).")
+    if meta.get("shipped_models"):  # the seconds above did not include their training
+        lines[0] += f" Loaded from shipped_models/, not trained: {', '.join(meta['shipped_models'])}."
     for setting in SETTINGS:
         rows = [r for r in results["rows"] if r["setting"] == setting]
         if not rows:

@@ -1,12 +1,13 @@
 """Checkpoint names change with anything that changes what training produces, and only then."""
 
+import ast
 import dataclasses
 
 import numpy as np
 import pytest
 import torch
 
-from course_lib.core.checkpoints import checkpoint_name, data_digest, model_device
+from course_lib.core.checkpoints import _canonical, checkpoint_name, code_hash, data_digest, model_device, source_version
 from course_lib.data.synthetic import SyntheticConfig, make_benchmark
 from course_lib.data.tokenizer import build_word_tokenizer
 from course_lib.methods.lightningdot.model import LightningDOTConfig
@@ -117,7 +118,48 @@ def test_method_checkpoint_file_is_the_name_fit_uses(data, tmp_path, monkeypatch
     method.fit(bench, tokenizer, cache_dir=tmp_path)
     assert method.checkpoint_path == tmp_path / method.checkpoint_file(bench, tokenizer)
     assert method.checkpoint_file(bench, tokenizer) == checkpoint_name(
-        "vsepp", method.config.to_dict(), bench["train"], tokenizer)
+        "vsepp", method.config.to_dict(), bench["train"], tokenizer, code=method.code_version())
+
+
+CODE = '''"""A module."""
+import math
+
+def scale(x, factor=2.0):
+    """Twice x."""
+    return x * factor  # a comment
+'''
+
+
+def test_code_hash_ignores_comments_docstrings_and_layout_only():
+    same = CODE.replace('"""Twice x."""', '"""x, doubled."""').replace("# a comment", "").replace(
+        "def scale", "\n\ndef scale")
+    assert code_hash(same) == code_hash(CODE)
+    for change in (("2.0", "3.0"), ("x * factor", "factor * x"), ("import math", "import cmath")):
+        assert code_hash(CODE.replace(*change)) != code_hash(CODE), change
+
+
+def test_code_hash_reads_the_same_tree_the_same_on_every_python():
+    # checked by hand on Python 3.10 to 3.13: every course_lib module hashes the same. Here, what their
+    # trees differ in: 3.12 appends "" to a nested f-string's format spec
+    plain, newer = ast.parse('f"{x:>{width}}"'), ast.parse('f"{x:>{width}}"')
+    newer.body[0].value.values[0].format_spec.values.append(ast.Constant(value=""))
+    assert _canonical(newer) == _canonical(plain)
+    newer.body[0].value.values[0].format_spec.values.append(ast.Constant(value="!"))  # a real change counts
+    assert _canonical(newer) != _canonical(plain)
+
+
+def test_code_version_enters_the_method_checkpoint_name(data, monkeypatch):
+    bench, tokenizer = data
+    method = VsePPMethod(VsePPConfig.smoke())
+    assert method.code_version() == source_version(
+        ("course_lib.core.blocks", "course_lib.core.encoders", "course_lib.core.losses", "course_lib.core.tokens",
+         "course_lib.core.train", "course_lib.data.datasets", "course_lib.methods.vsepp"))
+    name = method.checkpoint_file(bench, tokenizer)
+    monkeypatch.setattr(VsePPMethod, "code_version", lambda self: "edited")
+    assert method.checkpoint_file(bench, tokenizer) != name
+    # a name made without a code version is what it always was (the notebooks' own demo caches)
+    assert checkpoint_name("m", {}, bench["train"], tokenizer) != checkpoint_name("m", {}, bench["train"], tokenizer,
+                                                                                  code="x")
 
 
 def test_model_device():

@@ -42,6 +42,16 @@ def test_describe_environment_names_versions_and_device():
         assert key in info and info[key]
 
 
+def test_describe_environment_says_where_models_come_from(monkeypatch):
+    monkeypatch.delenv("COURSE_SMOKE", raising=False)
+    monkeypatch.delenv("COURSE_RETRAIN", raising=False)
+    assert settings.describe_environment()["models"].startswith("shipped")
+    monkeypatch.setenv("COURSE_RETRAIN", "1")
+    assert settings.retrain_mode() and settings.describe_environment()["models"] == "trained (COURSE_RETRAIN=1)"
+    monkeypatch.setenv("COURSE_SMOKE", "1")
+    assert settings.describe_environment()["models"] == "trained (smoke sizes)"
+
+
 def test_hub_offline_flag_is_read_at_call_time(monkeypatch):
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setenv("TRANSFORMERS_OFFLINE", "yes")

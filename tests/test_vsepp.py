@@ -162,8 +162,9 @@ def test_method_caches_its_checkpoint(bench, tokenizer, tmp_path, monkeypatch):
     config = VsePPConfig(**TINY, max_steps=4)
     first = VsePPMethod(config, progress=False).fit(bench, tokenizer, cache_dir=tmp_path)
     assert first.checkpoint_path.exists()
-    assert first.checkpoint_path.name == checkpoint_name("vsepp", config.to_dict(), bench["train"], tokenizer)
-    other = VsePPMethod(VsePPConfig(**{**TINY, "margin": 0.1}, max_steps=4), progress=False)
+    assert first.checkpoint_path.name == checkpoint_name("vsepp", config.to_dict(), bench["train"], tokenizer,
+                                                         code=first.code_version())
+    other = VsePPMethod(VsePPConfig(**{**TINY, "margin": 0.3}, max_steps=4), progress=False)
     other.fit(bench, tokenizer, cache_dir=tmp_path)
     assert other.checkpoint_path != first.checkpoint_path
     assert sorted(p.name for p in tmp_path.glob("vsepp-*.pt")) == sorted(

@@ -1,7 +1,8 @@
 """Course-wide settings: the smoke switch, device choice and global seeding.
 
 `COURSE_SMOKE=1` (set by CI) shrinks sizes only, never the code path; it is read here and
-nowhere else, so every notebook and script agrees on what "smoke" means.
+nowhere else, so every notebook and script agrees on what "smoke" means. `COURSE_RETRAIN=1` (the
+benchmark's `--retrain`) trains every model instead of loading the shipped ones (core/shipped.py).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import random
+from contextlib import contextmanager
 from typing import ClassVar
 
 import numpy as np
@@ -20,6 +22,29 @@ _TRUE = {"1", "true", "yes", "on"}
 def smoke_mode() -> bool:
     """True when the environment variable COURSE_SMOKE asks for tiny sizes (CI, quick checks)."""
     return os.environ.get("COURSE_SMOKE", "0").strip().lower() in _TRUE
+
+
+def retrain_mode() -> bool:
+    """True when the environment variable COURSE_RETRAIN asks to train every model from scratch
+    instead of loading the models shipped with the course (course_lib.core.shipped)."""
+    return os.environ.get("COURSE_RETRAIN", "0").strip().lower() in _TRUE
+
+
+@contextmanager
+def retraining(on: bool = True):
+    """Within the block, retrain_mode() is `on` (COURSE_RETRAIN set or removed), then as before:
+    the benchmark's --retrain and --smoke, so that nested fits (a cascade's stages, a distilled
+    model's teacher) follow the same rule as the notebooks."""
+    before = os.environ.get("COURSE_RETRAIN")
+    if on:
+        os.environ["COURSE_RETRAIN"] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("COURSE_RETRAIN", None)
+        else:
+            os.environ["COURSE_RETRAIN"] = before
 
 
 def hub_offline() -> bool:
@@ -140,6 +165,9 @@ def describe_environment() -> dict[str, str]:
         "numpy": np.__version__,
         "device": str(device),
         "smoke": str(smoke_mode()),
+        # where trained models come from (course_lib.core.shipped): printed, so a learner sees the switch
+        "models": ("trained (smoke sizes)" if smoke_mode() else "trained (COURSE_RETRAIN=1)" if retrain_mode()
+                   else "shipped where they match (COURSE_RETRAIN=1 trains them)"),
     }
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)

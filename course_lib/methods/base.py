@@ -18,7 +18,9 @@ Ranking, not a dense (n_images, n_texts) matrix, is the protocol: the full setti
 matrix would take 2.9 GB, and recalls need only each query's top K (`metrics.ranks_from_top_k`).
 
     Method              fit-and-cache: the checkpoint is named by checkpoint_name(...), so a cache
-                        folder never hands back a model trained on other data or with another config
+                        folder never hands back a model trained on other data, with another config
+                        or by other code (code_version); fit loads the shipped model instead when
+                        one matches (course_lib.core.shipped)
     DualEncoderMethod   + what every dot-product model shares (VSE++, LightningDOT): the gallery is
                         embedded once into a FAISS index, a query costs one encoding and a top-k
     PairwiseMethod      + what every cross-attention scorer shares (SCAN, the cross-encoder): it
@@ -29,44 +31,62 @@ Two helpers keep each method's training and serving short: `fit_pairs` is the on
 (a split's (image, caption) pairs through the Trainer), `Method.cached_states` keeps a gallery's
 offline states (U-BERT's, HiVLP's, Slow's) once per split and model.
 
-The encode_* helpers serve any model with `encode_images(batch)` / `encode_texts(batch)` -> (B, E)
-and a `modality` attribute ("regions" or "pixels", the image field the datasets must provide).
+The encode_* helpers (course_lib.methods.encoding, re-exported here) serve any model with
+`encode_images(batch)` / `encode_texts(batch)` -> (B, E) and a `modality` attribute.
 """
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
 from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import Subset
 from tqdm.auto import tqdm
 
-from course_lib.core.checkpoints import checkpoint_name, inference, model_device
-from course_lib.core.metrics import checked_queries, retrieval_metrics
+from course_lib.core import shipped
+from course_lib.core.checkpoints import checkpoint_fingerprint, checkpoint_name, model_device, source_version
+from course_lib.core.settings import get_device
+from course_lib.core.metrics import checked_queries
 from course_lib.core.retrieval import build_index, search
 from course_lib.core.train import History, Trainer, train_config
-from course_lib.data.datasets import (
-    CaptionDataset,
-    ImageDataset,
-    PairCollate,
-    PairDataset,
-    TextCollate,
-    make_loader,
+from course_lib.data.datasets import ImageDataset, PairCollate, PairDataset, TextCollate
+from course_lib.methods.encoding import (  # re-exported: every method imports them from here
+    encode_captions,
+    encode_gallery,
+    encode_split,
+    learning_curve_splits,
+    retrieval_evaluator,
+    similarity,
 )
 
-# splits with more items than this get a progress bar while they are encoded
-_PROGRESS_ITEMS = 20_000
 DIRECTIONS = ("t2i", "i2t")
 # pairs a PairwiseMethod scores per score_block call while ranking (memory, not the result)
 _PAIRS_PER_BLOCK = 1 << 20
 # a PairwiseMethod ranking every query of a split this small scores every pair once and keeps the
 # (N, T) matrix (80 MB at most), so the other direction reuses it instead of scoring it again
 _DENSE_PAIRS = 20_000_000
+# the modules whose code builds, feeds and trains every model; a method's code version adds its own
+# package. Not this module (fit_pairs is a few stable lines beside much serving code): a change
+# elsewhere that alters what training produces bumps checkpoints.MODEL_FORMAT, which every name covers
+TRAINING_MODULES = ("course_lib.core.blocks", "course_lib.core.encoders", "course_lib.core.losses",
+                    "course_lib.core.tokens", "course_lib.core.train", "course_lib.data.datasets")
+
+
+def own_modules(cls) -> tuple[str, ...]:
+    """The course_lib modules that define a method class: every module of its package (a method
+    package's model.py, method.py, ...), or its one module (vsepp.py)."""
+    module = cls.__module__
+    if not module.startswith("course_lib."):
+        return ()  # a method defined outside the course (a test's): its own code is not versioned
+    package = module.rpartition(".")[0]
+    if package == "course_lib.methods":
+        return (module,)
+    return tuple(f"{package}.{info.name}" for info in pkgutil.iter_modules(importlib.import_module(package).__path__))
 
 
 def check_direction(direction: str) -> str:
@@ -105,7 +125,8 @@ class Method(ABC):
     """Base of the benchmark methods. A subclass sets `checkpoint_prefix` (also its default name)
     and `config_class` (its default config), and implements `train(bench, tokenizer,
     checkpoint_path, cache_dir) -> (model, history)`, which loads a finished checkpoint at
-    checkpoint_path instead of training (course_lib.core.train.Trainer does)."""
+    checkpoint_path instead of training (course_lib.core.train.Trainer does), and
+    `build_model(bench, tokenizer)`, the untrained model a shipped model's weights load into."""
 
     checkpoint_prefix: ClassVar[str] = "method"
     config_class: ClassVar[type]
@@ -118,26 +139,65 @@ class Method(ABC):
     # beyond it the method stays on its eval_pairs sample (a model that costs ~an hour per setting)
     every_pair_limit: ClassVar[int | None] = None
     timed_sizes: ClassVar[tuple] = (None, None)
+    # modules besides TRAINING_MODULES and its own package whose code shapes the trained model
+    code_modules: ClassVar[tuple] = ()
     notes: str = ""
 
     def __init__(self, config=None, name: str | None = None, progress: bool = True):
         self.config = config if config is not None else self.config_class()
         self.name, self.progress = name or self.checkpoint_prefix, progress
         self.model = self.tokenizer = self.history = self.checkpoint_path = None
+        self.from_shipped = False  # fit loaded a shipped model (course_lib.core.shipped)
 
-    def checkpoint_extra(self) -> tuple:
-        """Anything besides config, data and vocabulary that changes the trained model."""
+    def code_version(self) -> str:
+        """A hash of the code that builds and trains the model (checkpoints.source_version)."""
+        return source_version(TRAINING_MODULES + own_modules(type(self)) + tuple(self.code_modules))
+
+    def checkpoint_extra(self, bench: dict, tokenizer) -> tuple:
+        """Anything besides config, data, vocabulary and code that changes the trained model (the
+        checkpoint file names of the stages or models it starts from)."""
         return ()
 
+    def checkpoint_key(self, bench: dict, tokenizer) -> tuple[tuple, dict]:
+        """The arguments of checkpoint_name and checkpoint_fingerprint that identify the trained
+        model, after its prefix: (config dict, bench["train"], tokenizer, *extra), {"code": ...}."""
+        return ((self.config.to_dict(), bench["train"], tokenizer, *self.checkpoint_extra(bench, tokenizer)),
+                {"code": self.code_version()})
+
     def checkpoint_file(self, bench: dict, tokenizer) -> str:
-        """The trained model's file name in cache_dir; a method that trains on more than
-        bench["train"] (LightningDOT's pre-training corpus) overrides it to cover that too."""
-        return checkpoint_name(self.checkpoint_prefix, self.config.to_dict(), bench["train"],
-                               tokenizer, *self.checkpoint_extra())
+        """The trained model's file name in cache_dir (and in the shipped folder)."""
+        args, kwargs = self.checkpoint_key(bench, tokenizer)
+        return checkpoint_name(self.checkpoint_prefix, *args, **kwargs)
+
+    def shipping_entry(self, bench: dict, tokenizer) -> tuple[str, dict]:
+        """(file name, manifest entry) of this model in the shipped folder (core.shipped)."""
+        args, kwargs = self.checkpoint_key(bench, tokenizer)
+        return (checkpoint_name(self.checkpoint_prefix, *args, **kwargs),
+                shipped.manifest_entry(self.name, self.checkpoint_prefix, checkpoint_fingerprint(*args, **kwargs)))
+
+    @property
+    def ships(self) -> bool:
+        """Whether a shipped file can stand for its training: it can build its untrained model."""
+        return type(self).build_model is not Method.build_model
+
+    def build_model(self, bench: dict, tokenizer) -> nn.Module:
+        """The untrained model a shipped model's weights load into (a method that ships overrides it)."""
+        raise NotImplementedError(f"{type(self).__name__} does not build its model without training it")
 
     def fit(self, bench: dict, tokenizer, cache_dir=None) -> "Method":
-        """Train on bench["train"], or load cache_dir / "<prefix>-<hash>.pt" if it is there."""
-        self.tokenizer, self.checkpoint_path = tokenizer, None
+        """Load the shipped model when one matches (shipped.shipped_folder: not in smoke mode, nor with
+        COURSE_RETRAIN=1); else train on bench["train"], or load cache_dir / "<prefix>-<hash>.pt" if
+        it is there."""
+        self.tokenizer, self.checkpoint_path, self.from_shipped = tokenizer, None, False
+        folder = shipped.shipped_folder()
+        if folder is not None and self.ships:
+            name, expected = self.shipping_entry(bench, tokenizer)
+            path = shipped.find_shipped(folder, name, expected)
+            if path is not None:  # no training, nor any earlier stage's
+                model = self.build_model(bench, tokenizer)
+                self.history = shipped.load_shipped(path, model)
+                self.model, self.checkpoint_path, self.from_shipped = model.to(get_device()).eval(), path, True
+                return self
         if cache_dir is not None:
             self.checkpoint_path = Path(cache_dir) / self.checkpoint_file(bench, tokenizer)
         self.model, self.history = self.train(bench, tokenizer, self.checkpoint_path, cache_dir)
@@ -186,92 +246,6 @@ def fit_pairs(model: nn.Module, loss_fn, split, tokenizer, config, *, modality: 
     trainer = Trainer(model, loss_fn, pairs, train_config(config, **runtime),
                       collate_fn=PairCollate(tokenizer, max_text_length), evaluate=evaluate)
     return trainer.fit()
-
-
-# ----------------------------------------------------------------------------- dual encoders
-
-def _encode(model: nn.Module, loader, encode_name: str, device, progress: bool) -> torch.Tensor:
-    """Concatenate model.<encode_name>(batch) over a loader under checkpoints.inference (eval mode,
-    no grad, on `device`, None = the model's); the result (n, E) on the CPU."""
-    encode, out = getattr(model, encode_name), []
-    with inference(model, device) as device:
-        for batch in tqdm(loader, desc=encode_name.replace("_", " "), disable=not progress, leave=False):
-            batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
-            out.append(encode(batch).float().cpu())  # (b, E)
-    return torch.cat(out)  # (n, E)
-
-
-def _some(dataset, indices):
-    """The dataset, or only the items at `indices` (in that order)."""
-    return dataset if indices is None else Subset(dataset, [int(i) for i in indices])
-
-
-def encode_gallery(model: nn.Module, split, *, batch_size: int = 256, device=None,
-                   progress: bool | None = None, indices=None) -> torch.Tensor:
-    """(N, E) image embeddings of a split (or of its images at `indices`), on the CPU.
-    progress None = a bar for big splits."""
-    loader = make_loader(_some(ImageDataset(split, modality=model.modality), indices), batch_size)
-    progress = split.n_images > _PROGRESS_ITEMS if progress is None else progress
-    return _encode(model, loader, "encode_images", device, progress)
-
-
-def encode_captions(model: nn.Module, split, tokenizer, *, batch_size: int = 256, device=None,
-                    progress: bool | None = None, indices=None) -> torch.Tensor:
-    """(T, E) caption embeddings of a split (or of its captions at `indices`), on the CPU.
-    progress None = a bar for big splits."""
-    loader = make_loader(_some(CaptionDataset(split), indices), batch_size, tokenizer=tokenizer)
-    progress = split.n_texts > _PROGRESS_ITEMS if progress is None else progress
-    return _encode(model, loader, "encode_texts", device, progress)
-
-
-def encode_split(model: nn.Module, split, tokenizer, *, batch_size: int = 256, device=None,
-                 progress: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(image_emb (N, E), text_emb (T, E)) of a split, on the CPU. progress None = bar for big splits."""
-    kwargs = dict(batch_size=batch_size, device=device, progress=progress)
-    return encode_gallery(model, split, **kwargs), encode_captions(model, split, tokenizer, **kwargs)
-
-
-def retrieval_evaluator(split, score_fn):
-    """The Trainer's `evaluate` hook every method uses: model -> retrieval_metrics of score_fn(model,
-    split) (an (N, T) matrix), over the split's own queries. split None -> None (no evaluation).
-
-    split may also be a dict of named splits (learning_curve_splits): then every split is scored
-    and its metrics come prefixed by its name ("val_t2i_r1", "train_t2i_r1", ...)."""
-    if split is None:
-        return None
-    splits = split if isinstance(split, Mapping) else {"": split}
-
-    def evaluate(model) -> dict:
-        metrics = {}
-        for name, one in splits.items():
-            scores = score_fn(model, one)
-            if isinstance(scores, tuple):  # (i2t, t2i) matrices of a two-stage ranker
-                scores, t2i = scores
-            else:
-                t2i = None
-            found = retrieval_metrics(scores, one.txt2img, t2i_sims=t2i, query_texts=one.query_texts,
-                                      query_images=one.query_images)
-            metrics.update({f"{name}_{k}" if name else k: v for k, v in found.items()})
-        return metrics
-
-    return evaluate
-
-
-def learning_curve_splits(bench: dict, n_train: int = 1000) -> dict:
-    """{"val": bench["val"], "train": the first n_train training images}: evaluated side by side
-    (retrieval_evaluator), they show whether a model fits what it trains on (train above val:
-    fitting; both equal and low: not trained yet; train far above val: overfitting). Same gallery
-    size in both, so the two recalls are comparable."""
-    train = bench["train"]
-    n = min(n_train, train.n_images, bench["val"].n_images)
-    return {"val": bench["val"].subset(range(n), name=f"val[:{n}]") if n < bench["val"].n_images
-            else bench["val"], "train": train.subset(range(n), name=f"train[:{n}]")}
-
-
-def similarity(model: nn.Module, split, tokenizer, **kwargs) -> torch.Tensor:
-    """(N, T) dot products of every image and caption of a split (kwargs: encode_split's)."""
-    image_emb, text_emb = encode_split(model, split, tokenizer, **kwargs)
-    return image_emb @ text_emb.T  # (N, T)
 
 
 class DualEncoderMethod(Method):
@@ -403,5 +377,5 @@ class PairwiseMethod(Method):
 
 
 __all__ = ["fit_pairs", "Method", "DualEncoderMethod", "PairwiseMethod", "encode_gallery", "encode_captions",
-           "encode_split", "similarity", "retrieval_evaluator", "query_indices", "ground_truth", "top_k_of", "DIRECTIONS",
+           "encode_split", "similarity", "retrieval_evaluator", "learning_curve_splits", "query_indices", "ground_truth", "top_k_of", "DIRECTIONS",
            "check_direction"]

@@ -198,6 +198,9 @@ class VsePPMethod(DualEncoderMethod):
                 f"{_IMAGE_NAMES.get(c.image_encoder, c.image_encoder)}, cosine, {loss}, "
                 "FAISS IndexFlatIP")
 
+    def build_model(self, bench: dict, tokenizer) -> DualEncoder:
+        return build_dual_encoder(self.config, bench["train"], tokenizer)
+
     def train(self, bench: dict, tokenizer, checkpoint_path, cache_dir):
         return train_dual_encoder(bench, tokenizer, self.config, checkpoint_path=checkpoint_path,
                                   progress=self.progress)

@@ -37,6 +37,7 @@ import torch
 from tqdm.auto import tqdm
 
 from course_lib.core import settings
+from course_lib.core import shipped as shipped_models
 from course_lib.core.checkpoints import CHECKPOINTS
 from course_lib.core.retrieval import (
     as_float32_matrix,
@@ -87,17 +88,20 @@ def study_config(kind: str, n: int) -> tuple[dict, int | None]:
 def load_embeddings(smoke: bool = False, checkpoints=CHECKPOINTS, seed: int = 0, n_queries: int = 1000,
                     progress: bool = True) -> tuple[np.ndarray, np.ndarray, str]:
     """(image embeddings (N0, E) of the "full" split, caption embeddings (Q, E) of its held-out test
-    queries, a line saying which model made them): the cached LightningDOT of this mode (smoke or
-    default config, outputs/checkpoints) if there, else a random-weight LightningDOT (no training)."""
+    queries, a line saying which model made them): the shipped LightningDOT (default config,
+    shipped_models/) or the cached one of this mode (outputs/checkpoints) if there, else a
+    random-weight LightningDOT (no training)."""
     bench = make_benchmark(SyntheticConfig.smoke() if smoke else SyntheticConfig(), seed=seed)
     tokenizer = build_word_tokenizer(bench["train"].captions + bench["pretrain"].captions)
     method = available_methods(seed, smoke, names=["lightningdot"])[0]
     cached = None if checkpoints is None else Path(checkpoints) / method.checkpoint_file(bench, tokenizer)
+    shipped = None if smoke else shipped_models.find_shipped(shipped_models.shipped_folder(),
+                                                            *method.shipping_entry(bench, tokenizer))
     mode = "smoke" if smoke else "default"
-    if cached is not None and cached.exists():
+    if shipped is not None or (cached is not None and cached.exists()):
         method.progress = progress
-        model = method.fit(bench, tokenizer, cache_dir=Path(checkpoints)).model
-        source = f"trained LightningDOT ({mode} config), checkpoint {cached}"
+        model = method.fit(bench, tokenizer, cache_dir=None if checkpoints is None else Path(checkpoints)).model
+        source = f"trained LightningDOT ({mode} config), checkpoint {method.checkpoint_path}"
     else:
         settings.seed_everything(seed)
         model = build_lightningdot(method.config, bench["train"], tokenizer).eval()

@@ -205,6 +205,11 @@ def itm_loss(model: CrossEncoder, batch: dict, step: int = 0, balance_classes: b
     return {"loss": loss, "accuracy": accuracy}
 
 
+def build_cross_encoder(config: CrossEncoderConfig, split, tokenizer) -> CrossEncoder:
+    """A fresh CrossEncoder sized for the split's region features and the tokenizer's vocabulary."""
+    return CrossEncoder(split.regions.shape[-1], len(tokenizer), config, pad_token_id=tokenizer.pad_token_id)
+
+
 def train_cross_encoder(bench, tokenizer, config: CrossEncoderConfig | None = None, *,
                         negatives_similarity=None, checkpoint_path=None, progress: bool = True,
                         device: str | None = None) -> tuple[CrossEncoder, History]:
@@ -214,8 +219,7 @@ def train_cross_encoder(bench, tokenizer, config: CrossEncoderConfig | None = No
     cfg = config or CrossEncoderConfig()
     split = bench["train"]
     torch.manual_seed(cfg.seed)  # the initial weights
-    model = CrossEncoder(split.regions.shape[-1], len(tokenizer), cfg,
-                         pad_token_id=tokenizer.pad_token_id)
+    model = build_cross_encoder(cfg, split, tokenizer)
     trainer = None  # the collate reads trainer.step (the resumed one after a restart)
     if cfg.loss == "listwise":
         collate = GridCollate(split, tokenizer, cfg.max_text_length)
@@ -273,8 +277,14 @@ class CrossEncoderMethod(PairwiseMethod):
         cfg = self.config
         return self.miner is not None and cfg.loss == "binary" and cfg.hard_negative_fraction > 0
 
-    def checkpoint_extra(self) -> tuple:
-        return (getattr(self.miner, "__qualname__", None),)
+    def checkpoint_extra(self, bench, tokenizer) -> tuple:
+        """The miner, and the checkpoint of the dual encoder it mines with (when it mines)."""
+        source = getattr(self.miner, "method", None)
+        mined_by = (source.checkpoint_file(bench, tokenizer),) if self._mines() and hasattr(source, "checkpoint_file") else ()
+        return (getattr(self.miner, "__qualname__", None), *mined_by)
+
+    def build_model(self, bench, tokenizer) -> CrossEncoder:
+        return build_cross_encoder(self.config, bench["train"], tokenizer)
 
     def train(self, bench, tokenizer, checkpoint_path, cache_dir):
         sims = None

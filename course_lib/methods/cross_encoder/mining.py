@@ -121,10 +121,11 @@ def dual_encoder_miner(dual_method) -> Callable:
             return DualEmbeddings(*encode_split(model, split, dual_method.tokenizer))
         return dual_method.similarity(split)  # (n_images, n_texts)
 
-    # CrossEncoderMethod names its checkpoint after the miner's __qualname__: another dual
-    # encoder (or config) must give another cross-encoder checkpoint
+    # CrossEncoderMethod names its checkpoint after the miner's __qualname__ and its method's own
+    # checkpoint: another dual encoder (its config, data or code) must give another cross-encoder
     miner.__qualname__ = (f"dual_encoder_miner({type(dual_method).__name__}, "
                           f"{getattr(dual_method, 'config', None)!r})")
+    miner.method = dual_method
     return miner
 
 

@@ -35,7 +35,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from course_lib.core.checkpoints import checkpoint_name, inference, model_device
+from course_lib.core.checkpoints import inference, model_device
 from course_lib.core.losses import batch_scores, distillation_loss, joint_nce_loss
 from course_lib.core.settings import seed_everything
 from course_lib.core.tokens import SpecialTokens
@@ -257,6 +257,9 @@ class SlowMethod(PairwiseMethod):
         return (f"Slow: CNN + weighted-fusion upsampling to {c.visual_size}x{c.visual_size} tokens, forward + "
                 f"backward captioning decoders ({c.layers} x {c.hidden}); h = summed log-likelihood, every pair")
 
+    def build_model(self, bench, tokenizer) -> SlowModel:
+        return SlowModel(len(tokenizer), self.config, SpecialTokens.of(tokenizer))
+
     def train(self, bench, tokenizer, checkpoint_path, cache_dir):
         return train_slow(bench, tokenizer, self.config, checkpoint_path=checkpoint_path, progress=self.progress)
 
@@ -316,9 +319,12 @@ class FastMethod(DualEncoderMethod):
         text = "bag of words" if c.text_tower == "bow" else f"{c.text_layers}-layer transformer"
         return f"Fast: {image} CNN / {text}, dot product, {how}, FAISS IndexFlatIP"
 
-    def checkpoint_file(self, bench: dict, tokenizer) -> str:
-        before = tuple(m.checkpoint_file(bench, tokenizer) for m in (self.teacher, self.init) if m is not None)
-        return checkpoint_name(self.checkpoint_prefix, self.config.to_dict(), bench["train"], tokenizer, *before)
+    def checkpoint_extra(self, bench: dict, tokenizer) -> tuple:
+        """The files of the teacher and of the model distillation starts from."""
+        return tuple(m.checkpoint_file(bench, tokenizer) for m in (self.teacher, self.init) if m is not None)
+
+    def build_model(self, bench, tokenizer) -> FastModel:
+        return FastModel(len(tokenizer), self.config, SpecialTokens.of(tokenizer))
 
     def train(self, bench, tokenizer, checkpoint_path, cache_dir):
         teacher = init = None

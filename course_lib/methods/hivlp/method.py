@@ -136,6 +136,9 @@ class HiVLPMethod(DualEncoderMethod):
                  else f"region tower {c.image_layers} blocks")
         return f"{image}, text {c.text_layers} blocks"
 
+    def build_model(self, bench: dict, tokenizer) -> HiVLP:
+        return build_hivlp(self.config, bench["train"], tokenizer)
+
     def train(self, bench: dict, tokenizer, checkpoint_path, cache_dir):
         return train_hivlp(bench, tokenizer, self.config, checkpoint_path=checkpoint_path, progress=self.progress)
 

@@ -139,13 +139,15 @@ class LightningDOTMethod(DualEncoderMethod):
         if self.config.pretrain_steps <= 0:
             return None
         fields = {k: getattr(self.config, k) for k in PRETRAIN_FIELDS}
-        return checkpoint_name("lightningdot-pretrain", fields, bench["pretrain"], tokenizer)
+        return checkpoint_name("lightningdot-pretrain", fields, bench["pretrain"], tokenizer, code=self.code_version())
 
-    def checkpoint_file(self, bench: dict, tokenizer) -> str:
-        """The fine-tuned model's file name: config, bench["train"], vocabulary, and the pre-training
-        it starts from (its file name), so a new pre-training corpus is never served stale weights."""
-        return checkpoint_name(self.checkpoint_prefix, self.config.to_dict(), bench["train"], tokenizer,
-                               *self.checkpoint_extra(), self.pretrain_checkpoint_file(bench, tokenizer))
+    def checkpoint_extra(self, bench: dict, tokenizer) -> tuple:
+        """The pre-training the fine-tuned model starts from (its file name), so a new pre-training
+        corpus is never served stale weights."""
+        return (self.pretrain_checkpoint_file(bench, tokenizer),)
+
+    def build_model(self, bench: dict, tokenizer) -> LightningDOT:
+        return build_lightningdot(self.config, bench["train"], tokenizer)
 
     def train(self, bench: dict, tokenizer, checkpoint_path, cache_dir):
         self.pretrain_checkpoint = None

@@ -85,6 +85,9 @@ class SCANMethod(PairwiseMethod):
         return (f"SCAN {c.direction} stacked cross attention ({image} / bi-GRU words, lambda_softmax "
                 f"{c.lambda_softmax:g}, {agg}), {loss}; attends over every gallery image per query")
 
+    def build_model(self, bench: dict, tokenizer) -> SCANModel:
+        return build_scan(self.config, bench["train"], tokenizer)
+
     def train(self, bench: dict, tokenizer, checkpoint_path, cache_dir):
         return train_scan(bench, tokenizer, self.config, checkpoint_path=checkpoint_path,
                           progress=self.progress)

@@ -172,11 +172,14 @@ class UBERTMethod(DualEncoderMethod):
 
     def towers_checkpoint_file(self, bench: dict, tokenizer) -> str:
         fields = {f: getattr(self.config, f) for f in TOWER_FIELDS}
-        return checkpoint_name("ubert-towers", fields, bench["train"], tokenizer)
+        return checkpoint_name("ubert-towers", fields, bench["train"], tokenizer, code=self.code_version())
 
-    def checkpoint_file(self, bench: dict, tokenizer) -> str:
-        return checkpoint_name(self.checkpoint_prefix, self.config.to_dict(), bench["train"], tokenizer,
-                               self.towers_checkpoint_file(bench, tokenizer))
+    def checkpoint_extra(self, bench: dict, tokenizer) -> tuple:
+        return (self.towers_checkpoint_file(bench, tokenizer),)
+
+    def build_model(self, bench: dict, tokenizer) -> UBERT:
+        model = build_ubert(self.config, bench["train"], tokenizer)
+        return model.freeze_towers() if self.config.training == "two_step" else model  # as train_ubert leaves it
 
     def train(self, bench: dict, tokenizer, checkpoint_path, cache_dir):
         self.towers_checkpoint = None

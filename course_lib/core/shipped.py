@@ -1,0 +1,219 @@
+"""The trained models that ship with the course, so that a learner loads in seconds what the default
+benchmark trains in over an hour.
+
+    shipped_models/               beside course_lib/, tracked in git
+      manifest.json               per file: method, checkpoint prefix, config, data fingerprint,
+                                  extra (the files of the stages it starts from), code version,
+                                  MODEL_FORMAT, sha256, bytes
+      vsepp-<hash>.pt ...         weights and training history only (no optimizer state)
+
+A shipped file is named exactly as the cache names the model (`checkpoints.checkpoint_name`, whose
+hash covers the config, the training data, the vocabulary, the stages it starts from and the code
+version), so `Method.fit` loads it only when all of these match, and its sha256 matches the
+manifest's. Otherwise it trains (or loads its cache) as before, with a one-line note saying why when
+the folder ships a model of that method name that does not match, or has no manifest. Smoke mode and COURSE_RETRAIN=1 never
+load shipped models (`shipped_folder`): CI exercises the training path, and `--retrain` reproduces
+the shipped models with the same code.
+
+`python -m course_lib.benchmark --refresh-shipped` (REFRESH_COMMAND) trains the default models (or
+loads their cache) and rewrites the folder (`write_shipped`); `check_shipped` lists what is stale,
+and tests/test_shipped_models.py fails on it, naming that command.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import warnings
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from course_lib.core.checkpoints import SHIPPED_FORMAT, check_model_state, fingerprint_hash
+from course_lib.core.settings import CourseNote, retrain_mode, smoke_mode
+from course_lib.core.train import History
+
+SHIPPED_MODELS = Path(__file__).resolve().parents[2] / "shipped_models"
+MANIFEST = "manifest.json"
+REFRESH_COMMAND = "python -m course_lib.benchmark --refresh-shipped"
+MAX_BYTES = 25_000_000  # every shipped file together: a clone stays small
+
+
+def shipped_folder() -> Path | None:
+    """The folder Method.fit loads shipped models from: COURSE_SHIPPED_MODELS, else shipped_models/
+    beside course_lib. None in smoke mode (its tiny models always train) and with COURSE_RETRAIN=1."""
+    if smoke_mode() or retrain_mode():
+        return None
+    return Path(os.environ.get("COURSE_SHIPPED_MODELS") or SHIPPED_MODELS)
+
+
+def manifest_entry(method: str, prefix: str, fingerprint: dict) -> dict:
+    """What the manifest records of a model, from its checkpoints.checkpoint_fingerprint: the data
+    and the vocabulary as one short hash (the digest itself is long and says nothing to a reader)."""
+    return {"method": method, "prefix": prefix, "config": fingerprint["config"],
+            "data": fingerprint_hash([fingerprint["data"], fingerprint["vocab"]])[:16],
+            "extra": list(fingerprint["extra"]), "code": fingerprint.get("code"), "format": fingerprint["format"]}
+
+
+def read_manifest(folder) -> dict:
+    """The folder's manifest ({"files": {}} when there is none)."""
+    path = Path(folder) / MANIFEST
+    if not path.exists():
+        return {"format": SHIPPED_FORMAT, "files": {}}
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def file_sha256(path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def _plain(history):
+    """A History (or a dict of them, one per stage) as plain lists and dicts: loadable with
+    torch.load(weights_only=True), which refuses classes it does not know."""
+    if isinstance(history, dict):
+        return {stage: _plain(rows) for stage, rows in history.items()}
+    return None if history is None else [dict(row) for row in history]
+
+
+def _history(plain):
+    if isinstance(plain, dict):
+        return {stage: _history(rows) for stage, rows in plain.items()}
+    return None if plain is None else History(plain)
+
+
+def _payload(model: nn.Module, history) -> bytes:
+    buffer = io.BytesIO()
+    state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}  # no views of bigger storage
+    torch.save({"format": SHIPPED_FORMAT, "model": state, "history": _plain(history)}, buffer)
+    return buffer.getvalue()
+
+
+def load_shipped(path, model: nn.Module):
+    """Load a shipped file's weights into `model`; returns its training history."""
+    ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(ckpt, dict) or ckpt.get("format") != SHIPPED_FORMAT:
+        raise ValueError(f"{path} is not a shipped model (format {SHIPPED_FORMAT!r})")
+    check_model_state(model, ckpt["model"], f"shipped model {str(path)!r}")
+    model.load_state_dict(ckpt["model"])
+    return _history(ckpt["history"])
+
+
+def stale_reasons(expected: dict, entry: dict | None) -> list[str]:
+    """Why a manifest entry is not the model `expected` (a manifest_entry): [] when it is."""
+    if entry is None:
+        return ["nothing is shipped for it"]
+    reasons = []
+    old, new = entry.get("config", {}), expected["config"]
+    changed = sorted(k for k in set(old) | set(new) if old.get(k, "<absent>") != new.get(k, "<absent>"))
+    if changed:
+        reasons.append("config differs in " + ", ".join(
+            f"{k} (shipped {old.get(k, '<absent>')!r}, now {new.get(k, '<absent>')!r})" for k in changed))
+    if entry.get("data") != expected["data"]:
+        reasons.append("its training data or vocabulary changed")
+    if entry.get("extra") != expected["extra"]:
+        reasons.append(f"a model it starts from changed (shipped {entry.get('extra')}, now {expected['extra']})")
+    if entry.get("code") != expected["code"]:
+        reasons.append(f"its code changed (code version {entry.get('code')}, now {expected['code']})")
+    if entry.get("format") != expected["format"]:
+        reasons.append(f"MODEL_FORMAT changed ({entry.get('format')}, now {expected['format']})")
+    return reasons
+
+
+def file_problems(folder, name: str, entry: dict) -> list[str]:
+    """What is wrong with a listed file on disk: missing, or not the bytes the manifest recorded
+    (a git-lfs pointer, a truncated download, a file overwritten by hand)."""
+    path = Path(folder) / name
+    if not path.exists():
+        return [f"{name} is listed in {MANIFEST} but missing"]
+    if file_sha256(path) != entry.get("sha256"):
+        return [f"{name} does not match the sha256 in {MANIFEST}"]
+    return []
+
+
+def find_shipped(folder, name: str, expected: dict) -> Path | None:
+    """The shipped file to load for a model named `name` (its checkpoint file name) that should be
+    `expected` (a manifest_entry), or None; a CourseNote says why when the folder ships a model of
+    the same method name that cannot be used, or has no manifest at all."""
+    if folder is None:
+        return None
+    if not (Path(folder) / MANIFEST).exists():  # deleted to retrain, or a copy of course_lib without them
+        warnings.warn(f"no shipped models in {folder} (no {MANIFEST}): models are trained, or loaded from the "
+                      "cache", CourseNote, stacklevel=3)
+        return None
+    files = read_manifest(folder)["files"]
+    if name in files and not stale_reasons(expected, files[name]):
+        problems = file_problems(folder, name, files[name])
+        if not problems:
+            return Path(folder) / name
+        reasons = problems
+    else:
+        same = [(other, entry) for other, entry in files.items() if entry.get("method") == expected["method"]]
+        if not same:
+            return None  # nothing of that name ships (an ablation, a notebook's own variant): say nothing
+        name, entry = same[0]
+        reasons = stale_reasons(expected, entry)
+    warnings.warn(f"the shipped model of {expected['method']} ({name}) is not this one: {'; '.join(reasons)}. "
+                  f"Training it (or loading it from the cache) instead; `{REFRESH_COMMAND}` refreshes the "
+                  "shipped models", CourseNote, stacklevel=3)
+    return None
+
+
+def write_shipped(folder, models) -> dict:
+    """Rewrite `folder` with `models`: (file name, manifest_entry, model, history) each, weights
+    only. Files of the folder no longer listed are removed. Refuses, before writing anything, when
+    the files would add up to more than MAX_BYTES. Returns the manifest."""
+    folder = Path(folder)
+    payloads = {name: (entry, _payload(model, history)) for name, entry, model, history in models}
+    total = sum(len(data) for _, data in payloads.values())
+    if total > MAX_BYTES:
+        sizes = ", ".join(f"{name} {len(data) / 1e6:.1f} MB" for name, (_, data) in payloads.items())
+        raise ValueError(f"the shipped models would take {total / 1e6:.1f} MB, more than {MAX_BYTES / 1e6:.0f} MB: {sizes}")
+    folder.mkdir(parents=True, exist_ok=True)
+    files = {}
+    for name, (entry, data) in sorted(payloads.items()):
+        (folder / (name + ".tmp")).write_bytes(data)
+        os.replace(folder / (name + ".tmp"), folder / name)  # never a half-written model
+        files[name] = {**entry, "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    for old in folder.glob("*.pt"):
+        if old.name not in files:
+            old.unlink()
+    manifest = {"format": SHIPPED_FORMAT, "refresh": REFRESH_COMMAND, "torch": torch.__version__, "files": files}
+    (folder / (MANIFEST + ".tmp")).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(folder / (MANIFEST + ".tmp"), folder / MANIFEST)
+    return manifest
+
+
+def check_shipped(folder, expected: dict) -> list[str]:
+    """Every problem of a shipped folder against `expected` ({file name: manifest_entry} of the
+    models that should ship): a model missing or stale, a listed file missing or altered, a file
+    not listed, more than MAX_BYTES. [] when the folder is current."""
+    folder = Path(folder)
+    files = read_manifest(folder)["files"]
+    problems = []
+    for name, entry in expected.items():
+        same = [(other, e) for other, e in files.items() if e.get("method") == entry["method"]]
+        listed, shipped = (name, files[name]) if name in files else (same[0] if same else (None, None))
+        reasons = stale_reasons(entry, shipped)  # a listed name's entry too: a manifest edited by hand
+        if reasons:
+            problems.append(f"{entry['method']}: {'; '.join(reasons)}" + (f" ({listed})" if listed else ""))
+    for name, entry in files.items():
+        if name not in expected:
+            if not any(e["method"] == entry.get("method") for e in expected.values()):
+                problems.append(f"{name} ships {entry.get('method')!r}, which is no longer a method that ships")
+            continue
+        problems += file_problems(folder, name, entry)
+    unlisted = sorted(p.name for p in folder.glob("*.pt") if p.name not in files)
+    if unlisted:
+        problems.append(f"files not in {MANIFEST}: {unlisted}")
+    total = sum(entry.get("bytes", 0) for entry in files.values())
+    if total > MAX_BYTES:
+        problems.append(f"the shipped models take {total / 1e6:.1f} MB, more than {MAX_BYTES / 1e6:.0f} MB")
+    return problems
+
+
+__all__ = ["SHIPPED_MODELS", "MANIFEST", "REFRESH_COMMAND", "MAX_BYTES", "shipped_folder", "manifest_entry",
+           "read_manifest", "load_shipped", "stale_reasons", "find_shipped", "write_shipped", "check_shipped",
+           "file_sha256"]

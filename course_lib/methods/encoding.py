@@ -1,0 +1,107 @@
+"""A model's embeddings of a split: what every dot-product method (and its training evaluation)
+computes, for any model with `encode_images(batch)` / `encode_texts(batch)` -> (B, E) and a
+`modality` attribute ("regions" or "pixels", the image field the datasets must provide)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from torch import nn
+from torch.utils.data import Subset
+from tqdm.auto import tqdm
+
+from course_lib.core.checkpoints import inference
+from course_lib.core.metrics import retrieval_metrics
+from course_lib.data.datasets import CaptionDataset, ImageDataset, make_loader
+
+# splits with more items than this get a progress bar while they are encoded
+_PROGRESS_ITEMS = 20_000
+
+
+def _encode(model: nn.Module, loader, encode_name: str, device, progress: bool) -> torch.Tensor:
+    """Concatenate model.<encode_name>(batch) over a loader under checkpoints.inference (eval mode,
+    no grad, on `device`, None = the model's); the result (n, E) on the CPU."""
+    encode, out = getattr(model, encode_name), []
+    with inference(model, device) as device:
+        for batch in tqdm(loader, desc=encode_name.replace("_", " "), disable=not progress, leave=False):
+            batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
+            out.append(encode(batch).float().cpu())  # (b, E)
+    return torch.cat(out)  # (n, E)
+
+
+def _some(dataset, indices):
+    """The dataset, or only the items at `indices` (in that order)."""
+    return dataset if indices is None else Subset(dataset, [int(i) for i in indices])
+
+
+def encode_gallery(model: nn.Module, split, *, batch_size: int = 256, device=None,
+                   progress: bool | None = None, indices=None) -> torch.Tensor:
+    """(N, E) image embeddings of a split (or of its images at `indices`), on the CPU.
+    progress None = a bar for big splits."""
+    loader = make_loader(_some(ImageDataset(split, modality=model.modality), indices), batch_size)
+    progress = split.n_images > _PROGRESS_ITEMS if progress is None else progress
+    return _encode(model, loader, "encode_images", device, progress)
+
+
+def encode_captions(model: nn.Module, split, tokenizer, *, batch_size: int = 256, device=None,
+                    progress: bool | None = None, indices=None) -> torch.Tensor:
+    """(T, E) caption embeddings of a split (or of its captions at `indices`), on the CPU.
+    progress None = a bar for big splits."""
+    loader = make_loader(_some(CaptionDataset(split), indices), batch_size, tokenizer=tokenizer)
+    progress = split.n_texts > _PROGRESS_ITEMS if progress is None else progress
+    return _encode(model, loader, "encode_texts", device, progress)
+
+
+def encode_split(model: nn.Module, split, tokenizer, *, batch_size: int = 256, device=None,
+                 progress: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(image_emb (N, E), text_emb (T, E)) of a split, on the CPU. progress None = bar for big splits."""
+    kwargs = dict(batch_size=batch_size, device=device, progress=progress)
+    return encode_gallery(model, split, **kwargs), encode_captions(model, split, tokenizer, **kwargs)
+
+
+def retrieval_evaluator(split, score_fn):
+    """The Trainer's `evaluate` hook every method uses: model -> retrieval_metrics of score_fn(model,
+    split) (an (N, T) matrix), over the split's own queries. split None -> None (no evaluation).
+
+    split may also be a dict of named splits (learning_curve_splits): then every split is scored
+    and its metrics come prefixed by its name ("val_t2i_r1", "train_t2i_r1", ...)."""
+    if split is None:
+        return None
+    splits = split if isinstance(split, Mapping) else {"": split}
+
+    def evaluate(model) -> dict:
+        metrics = {}
+        for name, one in splits.items():
+            scores = score_fn(model, one)
+            if isinstance(scores, tuple):  # (i2t, t2i) matrices of a two-stage ranker
+                scores, t2i = scores
+            else:
+                t2i = None
+            found = retrieval_metrics(scores, one.txt2img, t2i_sims=t2i, query_texts=one.query_texts,
+                                      query_images=one.query_images)
+            metrics.update({f"{name}_{k}" if name else k: v for k, v in found.items()})
+        return metrics
+
+    return evaluate
+
+
+def learning_curve_splits(bench: dict, n_train: int = 1000) -> dict:
+    """{"val": bench["val"], "train": the first n_train training images}: evaluated side by side
+    (retrieval_evaluator), they show whether a model fits what it trains on (train above val:
+    fitting; both equal and low: not trained yet; train far above val: overfitting). Same gallery
+    size in both, so the two recalls are comparable."""
+    train = bench["train"]
+    n = min(n_train, train.n_images, bench["val"].n_images)
+    return {"val": bench["val"].subset(range(n), name=f"val[:{n}]") if n < bench["val"].n_images
+            else bench["val"], "train": train.subset(range(n), name=f"train[:{n}]")}
+
+
+def similarity(model: nn.Module, split, tokenizer, **kwargs) -> torch.Tensor:
+    """(N, T) dot products of every image and caption of a split (kwargs: encode_split's)."""
+    image_emb, text_emb = encode_split(model, split, tokenizer, **kwargs)
+    return image_emb @ text_emb.T  # (N, T)
+
+
+__all__ = ["encode_gallery", "encode_captions", "encode_split", "retrieval_evaluator", "learning_curve_splits",
+           "similarity"]

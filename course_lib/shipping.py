@@ -1,0 +1,87 @@
+"""Which trained models ship with the course, and their refresh: `python -m course_lib.benchmark
+--refresh-shipped` (course_lib.core.shipped holds the folder's format, loading and checks).
+
+The models that ship are those of the default benchmark (seed 0, default sizes): every method
+registered in course_lib.methods that owns a model, and the models they are built from (a cascade's
+stages, a distilled model's teacher, hivlp-regions' flat model), found by walking the methods
+(`own_models`), so a new method ships without touching this module.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from course_lib.core import settings
+from course_lib.core.checkpoints import CHECKPOINTS
+from course_lib.core.shipped import SHIPPED_MODELS, check_shipped, write_shipped
+from course_lib.data.synthetic import SyntheticConfig, make_benchmark
+from course_lib.data.tokenizer import build_word_tokenizer
+from course_lib.methods.base import Method
+from course_lib.methods.registry import available_methods
+
+SEED = 0  # the shipped models are the default benchmark's, of seed 0
+
+
+def own_models(methods) -> list[Method]:
+    """Every Method reachable from `methods` (their attributes, lists of stages, a miner's method)
+    that owns a model it can ship (Method.ships), each once, in the order first met."""
+    found, seen = [], set()
+
+    def visit(obj) -> None:
+        if id(obj) in seen:
+            return
+        seen.add(id(obj))
+        if isinstance(obj, Method) and obj.ships:
+            found.append(obj)
+        for value in vars(obj).values() if hasattr(obj, "__dict__") else ():
+            miner_method = getattr(value, "method", None) if callable(value) else None  # a cross-encoder's miner
+            for item in value if isinstance(value, (list, tuple)) else (value, miner_method):
+                if isinstance(item, Method):
+                    visit(item)
+
+    for method in methods:
+        visit(method)
+    return found
+
+
+def default_benchmark():
+    """(bench, tokenizer) of the default benchmark: the data the shipped models train on."""
+    bench = make_benchmark(SyntheticConfig(), seed=SEED)
+    return bench, build_word_tokenizer(bench["train"].captions + bench["pretrain"].captions)
+
+
+def expected_entries(bench=None, tokenizer=None, methods=None) -> dict:
+    """{file name: manifest entry} of every model that should ship (default: the default benchmark's)."""
+    if bench is None:
+        bench, tokenizer = default_benchmark()
+    methods = available_methods(SEED, smoke=False) if methods is None else methods
+    return dict(method.shipping_entry(bench, tokenizer) for method in own_models(methods))
+
+
+def stale_problems(folder=SHIPPED_MODELS) -> list[str]:
+    """What is stale, missing or altered in the shipped folder ([] when it is current)."""
+    return check_shipped(folder, expected_entries())
+
+
+def refresh(folder=SHIPPED_MODELS, checkpoints=CHECKPOINTS, methods=None, bench=None, tokenizer=None,
+            progress: bool = True) -> dict:
+    """Fit every model that ships (training it, or loading a finished checkpoint of the same name
+    from `checkpoints`, never a shipped file) and rewrite `folder` with their weights and manifest.
+    methods / bench / tokenizer: the default benchmark's unless given (tests pass tiny ones)."""
+    if bench is None:
+        bench, tokenizer = default_benchmark()
+    methods = available_methods(SEED, smoke=False) if methods is None else methods
+    models = own_models(methods)
+    with settings.retraining():
+        for method in models:
+            method.progress = progress
+            if method.model is None or method.from_shipped:
+                method.fit(bench, tokenizer, cache_dir=None if checkpoints is None else Path(checkpoints))
+    written = {}
+    for method in models:
+        name, entry = method.shipping_entry(bench, tokenizer)
+        written.setdefault(name, (name, entry, method.model, method.history))  # one file per distinct model
+    return write_shipped(folder, list(written.values()))
+
+
+__all__ = ["own_models", "default_benchmark", "expected_entries", "stale_problems", "refresh", "SEED"]

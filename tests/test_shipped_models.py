@@ -1,0 +1,280 @@
+"""The shipped models (shipped_models/, course_lib.core.shipped): current with their config, data and
+code; loaded instead of trained; never loaded in smoke mode nor with --retrain / COURSE_RETRAIN.
+
+Everything but the first test works on tiny models the tests train themselves in a temporary folder."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import warnings
+
+import pytest
+import torch
+
+from course_lib import benchmark, shipping
+from course_lib.core import shipped
+from course_lib.core.checkpoints import load_model_weights
+from course_lib.core.settings import CourseNote, retraining, retrain_mode
+from course_lib.core.shipped import MANIFEST, REFRESH_COMMAND, SHIPPED_MODELS, check_shipped, read_manifest
+from course_lib.data.synthetic import SyntheticConfig, make_benchmark
+from course_lib.data.tokenizer import build_word_tokenizer
+from course_lib.methods.lightningdot.method import LightningDOTMethod
+from course_lib.methods.lightningdot.model import LightningDOTConfig
+from course_lib.methods.registry import available_methods
+from course_lib.methods.ubert.method import UBERTMethod
+from course_lib.methods.ubert.model import UBERTConfig
+from course_lib.methods.vsepp import VsePPConfig, VsePPMethod
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+SIZES = dict(n_train=30, n_val=10, n_test=10, n_pretrain=20, n_compositional=2)
+TINY = {  # a few steps each: what is tested is where the weights come from, not how good they are
+    "vsepp": lambda: VsePPMethod(VsePPConfig.smoke(max_steps=3, batch_size=16), progress=False),
+    "lightningdot": lambda: LightningDOTMethod(LightningDOTConfig.smoke(pretrain_steps=2, finetune_steps=2,
+                                                                        batch_size=16), progress=False),
+    "ubert-embed": lambda: UBERTMethod(UBERTConfig.smoke(max_steps=2, cross_steps=2, sum_warmup_steps=0,
+                                                         batch_size=16, cross_batch_size=8), progress=False),
+}
+
+
+def assert_current(folder, expected: dict) -> None:
+    """The staleness check every test here relies on: fails naming what is stale and the refresh command."""
+    problems = check_shipped(folder, expected)
+    assert not problems, ("the shipped models no longer match their config, data or code:\n  "
+                          + "\n  ".join(problems) + f"\nRefresh them (about an hour on a laptop CPU) with: "
+                          f"{REFRESH_COMMAND}")
+
+
+def test_shipped_models_are_current():
+    """shipped_models/ holds every default model, each matching today's config, data and code."""
+    assert_current(SHIPPED_MODELS, shipping.expected_entries())
+
+
+# ----------------------------------------------------------------------------- tiny shipped models
+
+@pytest.fixture(scope="module")
+def data():
+    bench = make_benchmark(SyntheticConfig.smoke(**SIZES), seed=0)
+    return bench, build_word_tokenizer(bench["train"].captions + bench["pretrain"].captions)
+
+
+@pytest.fixture(scope="module")
+def shipped_tiny(data, tmp_path_factory):
+    """A shipped folder of the TINY models, written by the refresh command's own function."""
+    bench, tokenizer = data
+    root = tmp_path_factory.mktemp("ship")
+    methods = [make() for make in TINY.values()]
+    manifest = shipping.refresh(root / "shipped", checkpoints=root / "cache", methods=methods, bench=bench,
+                                tokenizer=tokenizer, progress=False)
+    return root, {m.name: m for m in methods}, manifest
+
+
+@pytest.fixture
+def course_env(monkeypatch, shipped_tiny):
+    """Default mode (no smoke, no retrain) with the tiny shipped folder as the course's."""
+    monkeypatch.delenv("COURSE_SMOKE", raising=False)
+    monkeypatch.delenv("COURSE_RETRAIN", raising=False)
+    monkeypatch.setenv("COURSE_SHIPPED_MODELS", str(shipped_tiny[0] / "shipped"))
+    return shipped_tiny[0] / "shipped"
+
+
+def refusing_to_train(monkeypatch, method):
+    def train(*args):
+        raise AssertionError(f"{method.name} trained although a shipped model matches")
+    monkeypatch.setattr(method, "train", train)
+    return method
+
+
+def recording_training(monkeypatch, method):
+    calls = []
+    real = method.train
+    monkeypatch.setattr(method, "train", lambda *args: calls.append(args) or real(*args))
+    return calls
+
+
+def test_manifest_round_trip(shipped_tiny, data):
+    root, trained, manifest = shipped_tiny
+    bench, tokenizer = data
+    folder = root / "shipped"
+    assert read_manifest(folder) == manifest and manifest["refresh"] == REFRESH_COMMAND
+    assert sorted(p.name for p in folder.glob("*.pt")) == sorted(manifest["files"])
+    for name, entry in manifest["files"].items():
+        method = trained[entry["method"]]
+        assert name == method.checkpoint_file(bench, tokenizer)
+        assert entry["config"] == json.loads(json.dumps(method.config.to_dict()))
+        assert entry["code"] == method.code_version() and entry["prefix"] == method.checkpoint_prefix
+        assert entry["sha256"] == shipped.file_sha256(folder / name) and entry["bytes"] == (folder / name).stat().st_size
+        saved = torch.load(folder / name, weights_only=True)
+        assert set(saved) == {"format", "model", "history"}  # weights only: no optimizer, no RNG states
+        assert (folder / name).stat().st_size < (root / "cache" / name).stat().st_size
+    assert_current(folder, shipping.expected_entries(bench, tokenizer, [make() for make in TINY.values()]))
+    vsepp = trained["vsepp"]  # load_model_weights reads a shipped file as it reads a Trainer checkpoint
+    for path in (folder / vsepp.checkpoint_path.name, root / "cache" / vsepp.checkpoint_path.name):
+        model = load_model_weights(vsepp.build_model(bench, tokenizer), str(path))
+        torch.testing.assert_close(model.state_dict(), vsepp.model.state_dict(), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_a_shipped_model_is_loaded_not_trained(name, course_env, shipped_tiny, data, monkeypatch, tmp_path):
+    bench, tokenizer = data
+    trained = shipped_tiny[1][name]
+    method = refusing_to_train(monkeypatch, TINY[name]())
+    method.fit(bench, tokenizer, cache_dir=tmp_path)
+    assert method.from_shipped and method.checkpoint_path == course_env / trained.checkpoint_path.name
+    assert not list(tmp_path.iterdir())  # nothing trained, nothing cached, no earlier stage either
+    for key, value in trained.model.state_dict().items():
+        torch.testing.assert_close(method.model.state_dict()[key], value, rtol=0, atol=0)
+    assert json.dumps(method.history, default=str) == json.dumps(trained.history, default=str)
+    test = bench["test"]
+    assert torch.equal(method.rank(test, "t2i", 5)[0], trained.rank(test, "t2i", 5)[0])
+
+
+def test_retrain_trains_even_with_a_matching_shipped_model(course_env, data, monkeypatch, tmp_path):
+    bench, tokenizer = data
+    method = TINY["vsepp"]()
+    calls = recording_training(monkeypatch, method)
+    with retraining():
+        method.fit(bench, tokenizer, cache_dir=tmp_path)
+    assert calls and not method.from_shipped and method.checkpoint_path.parent == tmp_path
+    monkeypatch.setenv("COURSE_RETRAIN", "1")  # the notebooks' switch
+    again = TINY["vsepp"]()
+    calls = recording_training(monkeypatch, again)
+    again.fit(bench, tokenizer, cache_dir=tmp_path / "other")
+    assert calls and not again.from_shipped
+
+
+def test_smoke_mode_always_trains(course_env, data, monkeypatch, tmp_path):
+    bench, tokenizer = data
+    monkeypatch.setenv("COURSE_SMOKE", "1")
+    method = TINY["vsepp"]()
+    calls = recording_training(monkeypatch, method)
+    method.fit(bench, tokenizer, cache_dir=tmp_path)
+    assert calls and not method.from_shipped
+
+
+def test_the_benchmark_loads_shipped_models_unless_told_to_retrain(course_env, data, monkeypatch, tmp_path):
+    bench, _ = data
+    monkeypatch.setattr(benchmark, "make_benchmark", lambda config, seed: bench)  # the tiny data, default mode
+    for retrain in (False, True):
+        method = TINY["vsepp"]()
+        calls = recording_training(monkeypatch, method)
+        results = benchmark.run(out=tmp_path / f"retrain-{retrain}", methods=[method], progress=False,
+                                checkpoints=tmp_path / "cache", retrain=retrain)
+        assert bool(calls) is retrain and method.from_shipped is not retrain
+        assert results["meta"]["shipped_models"] == ([] if retrain else ["vsepp"])
+    assert not retrain_mode()  # restored after the run
+
+
+def test_the_retrain_flag_reaches_the_run(monkeypatch, tmp_path):
+    seen = {}
+    monkeypatch.setattr(benchmark, "run", lambda **kwargs: seen.update(kwargs) or {"rows": []})
+    monkeypatch.setattr(benchmark, "results_markdown", lambda results: "")
+    benchmark.main(["--methods", "", "--out", str(tmp_path), "--replace"])
+    assert seen["retrain"] is False
+    benchmark.main(["--retrain", "--methods", "", "--out", str(tmp_path), "--replace"])
+    assert seen["retrain"] is True
+
+
+def test_refresh_refuses_smoke_and_subsets(monkeypatch, capsys):
+    monkeypatch.setattr(benchmark, "refresh", lambda *a, **k: pytest.fail("refreshed"))
+    for argv in (["--refresh-shipped", "--smoke"], ["--refresh-shipped", "--seed", "1"],
+                 ["--refresh-shipped", "--methods", "vsepp"]):
+        with pytest.raises(SystemExit):
+            benchmark.main(argv)
+        assert "--refresh-shipped makes the default models" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("change", ["config", "code", "data", "file bytes", "file deleted", "unlisted file",
+                                    "model removed"])
+def test_the_staleness_check_fails_on_a_planted_change(change, shipped_tiny, data, tmp_path, monkeypatch):
+    bench, tokenizer = data
+    folder = shutil.copytree(shipped_tiny[0] / "shipped", tmp_path / "shipped")
+    methods = [make() for make in TINY.values()]
+    manifest = read_manifest(folder)
+    vsepp_file = next(name for name, entry in manifest["files"].items() if entry["method"] == "vsepp")
+    if change == "config":
+        manifest["files"][vsepp_file]["config"]["max_steps"] += 1
+    elif change == "code":
+        monkeypatch.setattr(VsePPMethod, "code_version", lambda self: "edited")
+    elif change == "data":
+        bench = make_benchmark(SyntheticConfig.smoke(**SIZES), seed=1)
+    elif change == "file bytes":
+        with open(folder / vsepp_file, "ab") as f:
+            f.write(b"\0")
+    elif change == "file deleted":
+        (folder / vsepp_file).unlink()
+    elif change == "unlisted file":
+        shutil.copy(folder / vsepp_file, folder / "vsepp-0000000000.pt")
+    elif change == "model removed":
+        del manifest["files"][vsepp_file]
+    (folder / MANIFEST).write_text(json.dumps(manifest))
+    expected = shipping.expected_entries(bench, tokenizer, methods)
+    with pytest.raises(AssertionError, match="Refresh them .* with: python -m course_lib.benchmark --refresh-shipped"):
+        assert_current(folder, expected)
+    if change == "config":
+        assert any("config differs in max_steps" in p for p in check_shipped(folder, expected))
+
+
+def test_a_stale_shipped_model_is_trained_with_a_note_saying_why(course_env, data, monkeypatch, tmp_path):
+    bench, tokenizer = data
+    method = VsePPMethod(VsePPConfig.smoke(max_steps=4, batch_size=16), progress=False)  # one step more
+    calls = recording_training(monkeypatch, method)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        method.fit(bench, tokenizer, cache_dir=tmp_path)
+    notes = [str(w.message) for w in caught if issubclass(w.category, CourseNote)]
+    assert calls and not method.from_shipped
+    assert len(notes) == 1 and "config differs in max_steps (shipped 3, now 4)" in notes[0]
+    assert REFRESH_COMMAND in notes[0]
+
+
+def test_an_altered_shipped_file_is_not_loaded(course_env, data, monkeypatch, tmp_path):
+    bench, tokenizer = data
+    folder = shutil.copytree(course_env, tmp_path / "shipped")
+    monkeypatch.setenv("COURSE_SHIPPED_MODELS", str(folder))
+    name = TINY["vsepp"]().checkpoint_file(bench, tokenizer)
+    (folder / name).write_bytes((folder / name).read_bytes()[:-10])  # truncated, as a failed download
+    method = TINY["vsepp"]()
+    calls = recording_training(monkeypatch, method)
+    with pytest.warns(CourseNote, match="does not match the sha256"):
+        method.fit(bench, tokenizer, cache_dir=tmp_path / "cache")
+    assert calls and not method.from_shipped
+
+
+def test_without_shipped_models_every_model_trains_with_a_note(data, monkeypatch, tmp_path):
+    bench, tokenizer = data
+    monkeypatch.delenv("COURSE_SMOKE", raising=False)
+    monkeypatch.setenv("COURSE_SHIPPED_MODELS", str(tmp_path / "deleted"))
+    method = TINY["vsepp"]()
+    calls = recording_training(monkeypatch, method)
+    with pytest.warns(CourseNote, match="no shipped models in"):
+        method.fit(bench, tokenizer, cache_dir=tmp_path / "cache")
+    assert calls and not method.from_shipped
+
+
+def test_refresh_command_writes_the_folder(monkeypatch, tmp_path, capsys):
+    monkeypatch.delenv("COURSE_SMOKE", raising=False)
+    seen = {}
+    manifest = {"files": {"vsepp-x.pt": {"bytes": 2_000_000}, "scan-y.pt": {"bytes": 500_000}}}
+    monkeypatch.setattr(benchmark, "refresh", lambda folder, checkpoints: seen.update(folder=folder,
+                                                                                     checkpoints=checkpoints) or manifest)
+    benchmark.main(["--refresh-shipped", "--checkpoints", str(tmp_path)])
+    assert seen == {"folder": SHIPPED_MODELS, "checkpoints": str(tmp_path)}
+    assert "wrote 2 models (2.5 MB)" in capsys.readouterr().out
+
+
+def test_the_shipped_folder_stays_small(shipped_tiny, tmp_path, monkeypatch):
+    root, trained, _ = shipped_tiny
+    monkeypatch.setattr(shipped, "MAX_BYTES", 1000)
+    model = trained["vsepp"]
+    with pytest.raises(ValueError, match="more than 0 MB"):
+        shipped.write_shipped(tmp_path / "big", [("vsepp-x.pt", {"method": "vsepp"}, model.model, model.history)])
+    assert not (tmp_path / "big").exists()  # refused before writing anything
+
+
+def test_every_model_the_benchmark_uses_ships_and_nothing_else():
+    methods = available_methods(0, smoke=True)
+    names = [m.name for m in shipping.own_models(methods)]
+    assert names == ["vsepp", "scan", "cross_encoder", "lightningdot", "ubert-embed", "hivlp-flat",
+                     "hivlp-regions-flat", "slow", "fast", "fast-distilled"]
