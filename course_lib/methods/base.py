@@ -65,6 +65,8 @@ from course_lib.methods.encoding import (  # re-exported: every method imports t
 )
 
 DIRECTIONS = ("t2i", "i2t")
+# evaluations of a dual encoder's learning curve over one training run (Method.learning_curve)
+CURVE_POINTS = 8
 # pairs a PairwiseMethod scores per score_block call while ranking (memory, not the result)
 _PAIRS_PER_BLOCK = 1 << 20
 # a PairwiseMethod ranking every query of a split this small scores every pair once and keeps the
@@ -202,6 +204,12 @@ class Method(ABC):
             self.checkpoint_path = Path(cache_dir) / self.checkpoint_file(bench, tokenizer)
         self.model, self.history = self.train(bench, tokenizer, self.checkpoint_path, cache_dir)
         return self
+
+    def learning_curve(self, bench: dict, steps: int) -> dict:
+        """Training kwargs that record the model's learning curve in its history: retrieval on val and
+        on train[:1000] (learning_curve_splits), CURVE_POINTS times over `steps`. A dual encoder's
+        Method passes them, so every trained (and shipped) model carries the curve its notebook shows."""
+        return dict(evaluate_on=learning_curve_splits(bench), eval_every=max(1, steps // CURVE_POINTS))
 
     @abstractmethod
     def train(self, bench: dict, tokenizer, checkpoint_path, cache_dir):

@@ -203,7 +203,7 @@ class VsePPMethod(DualEncoderMethod):
 
     def train(self, bench: dict, tokenizer, checkpoint_path, cache_dir):
         return train_dual_encoder(bench, tokenizer, self.config, checkpoint_path=checkpoint_path,
-                                  progress=self.progress)
+                                  progress=self.progress, **self.learning_curve(bench, self.config.max_steps))
 
 
 @register_method("vsepp", order=1.0)

@@ -333,8 +333,10 @@ class FastMethod(DualEncoderMethod):
                 if method is not None and method.model is None:
                     method.fit(bench, tokenizer, cache_dir)
             teacher, init = self.teacher.model, self.init and self.init.model
-        return train_fast(bench, tokenizer, self.config, teacher=teacher, init=init,
-                          checkpoint_path=checkpoint_path, progress=self.progress)
+        c = self.config
+        return train_fast(bench, tokenizer, c, teacher=teacher, init=init, checkpoint_path=checkpoint_path,
+                          progress=self.progress,
+                          **self.learning_curve(bench, c.distill_steps if c.distill else c.max_steps))
 
 
 class FastSlowCascade(Cascade):

@@ -140,7 +140,8 @@ class HiVLPMethod(DualEncoderMethod):
         return build_hivlp(self.config, bench["train"], tokenizer)
 
     def train(self, bench: dict, tokenizer, checkpoint_path, cache_dir):
-        return train_hivlp(bench, tokenizer, self.config, checkpoint_path=checkpoint_path, progress=self.progress)
+        return train_hivlp(bench, tokenizer, self.config, checkpoint_path=checkpoint_path, progress=self.progress,
+                           **self.learning_curve(bench, self.config.max_steps))
 
     def states(self, split) -> HiVLPStates:
         return self.cached_states(split, compute_states)

@@ -155,7 +155,8 @@ class LightningDOTMethod(DualEncoderMethod):
             self.pretrain_checkpoint = Path(cache_dir) / self.pretrain_checkpoint_file(bench, tokenizer)
         model, histories = train_lightningdot(bench, tokenizer, self.config,
                                               pretrain_checkpoint=self.pretrain_checkpoint,
-                                              checkpoint_path=checkpoint_path, progress=self.progress)
+                                              checkpoint_path=checkpoint_path, progress=self.progress,
+                                              **self.learning_curve(bench, self.config.finetune_steps))
         return model, histories
 
 

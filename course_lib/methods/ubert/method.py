@@ -113,12 +113,13 @@ def ubert_evaluator(split, tokenizer):
 
 def train_ubert(bench: dict, tokenizer, config: UBERTConfig | None = None, *, towers_checkpoint=None,
                 checkpoint_path=None, evaluate_on=None, eval_every: int | None = None,
-                progress: bool = True, device: str | None = None) -> tuple[UBERT, dict]:
+                evaluate_cross: bool = True, progress: bool = True, device: str | None = None) -> tuple[UBERT, dict]:
     """Train U-BERT on bench["train"]; returns (model, histories by stage: "towers" and "cross",
     or "joint"). towers_checkpoint / checkpoint_path: where each stage saves, and a finished
     checkpoint there is loaded instead of training. evaluate_on: a split (or a dict of
     splits, base.learning_curve_splits) scored every eval_every steps and at the end of each stage
-    (stage 1 by s1 alone, stage 2 by the two-stage ranking, ubert_scores)."""
+    (stage 1 by s1 alone, stage 2 by the two-stage ranking, ubert_scores; evaluate_cross=False:
+    stage 1 only)."""
     c = config or UBERTConfig()
     train = bench["train"]
     if c.training == "joint":
@@ -144,7 +145,8 @@ def train_ubert(bench: dict, tokenizer, config: UBERTConfig | None = None, *, to
         model.load_state_dict(state, strict=False)  # the towers and embeddings; BERT_cross stays fresh
     model.freeze_towers()
     histories["cross"] = fit_pairs(model, cross_loss(c), train, tokenizer, c,
-                                   evaluate=ubert_evaluator(evaluate_on, tokenizer), eval_every=eval_every,
+                                   evaluate=ubert_evaluator(evaluate_on if evaluate_cross else None, tokenizer),
+                                   eval_every=eval_every,
                                    log_every=25, progress=progress, checkpoint_path=checkpoint_path, device=device, max_steps=c.cross_steps,
                                    batch_size=c.cross_batch_size, lr=c.cross_lr)
     return model.eval(), histories
@@ -185,8 +187,10 @@ class UBERTMethod(DualEncoderMethod):
         self.towers_checkpoint = None
         if cache_dir is not None and self.config.training == "two_step":
             self.towers_checkpoint = Path(cache_dir) / self.towers_checkpoint_file(bench, tokenizer)
+        # stage 1's curve only: scoring the two stages on two galleries costs a cross pass per candidate
         return train_ubert(bench, tokenizer, self.config, towers_checkpoint=self.towers_checkpoint,
-                           checkpoint_path=checkpoint_path, progress=self.progress)
+                           checkpoint_path=checkpoint_path, progress=self.progress, evaluate_cross=False,
+                           **self.learning_curve(bench, self.config.max_steps))
 
     def states(self, split) -> UBERTStates:
         """The split's cached stage-2 states (computed once per split and model: offline work)."""
