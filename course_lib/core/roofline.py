@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+import numpy as np
 import torch
 
 from course_lib.core.timing import measure
@@ -34,12 +35,22 @@ def exact_search_flops(n_queries: int, n_items: int, dim: int) -> int:
     return 2 * int(n_queries) * int(n_items) * int(dim)
 
 
+def _attention_flops(query, key, value, *args, out_shape=None, **kwargs) -> int:
+    """Q K^T and A V of (B, h, L, d) queries over S keys: 2 B h L S (d + d_v). torch's counter knows
+    the fused kernels only, and on the CPU the composite op reaches it unfused."""
+    *batch, L, d = query
+    S, d_v = key[-2], value[-1]
+    return 2 * int(np.prod(batch)) * L * S * (d + d_v)
+
+
 def count_flops(fn: Callable[[], object]) -> int:
     """FLOPs of one fn() call, as torch.utils.flop_counter counts them (matmuls, convolutions,
     attention: 2 per multiply-add), under inference_mode."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    with torch.inference_mode(), FlopCounterMode(display=False) as counter:
+    sdpa = torch.ops.aten.scaled_dot_product_attention  # counted whole: the overload stops the
+    attention = {sdpa.default: _attention_flops, sdpa: _attention_flops}  # decomposition, the packet counts
+    with torch.inference_mode(), FlopCounterMode(display=False, custom_mapping=attention) as counter:
         fn()
     return int(counter.get_total_flops())
 
