@@ -177,19 +177,27 @@ def test_lean_query_fn_returns_the_reference_top_k(name, bench, tok):
             np.testing.assert_array_equal(lean[0], reference[0])
             np.testing.assert_allclose(lean[1], reference[1], rtol=1e-4, atol=1e-5)
             assert np.array_equal(method.query_fn(split, t, top_k=5)(), reference[0][:5])
-    assert method._query_side[2].backend in ("onnx", "jit", "eager")
+    assert method._query_side.encoder.backend in ("onnx", "jit", "eager")
 
 
 def test_the_query_side_is_built_once_per_model(bench, tok):
     method, split = _fresh("lightningdot", bench, tok), bench["test"]
     method.query_fn(split, 0)
-    built = method._query_side
+    built = method._query_side.encoder
     method.query_fn(split, 3)  # another query, another gallery size: the same compiled encoder
     method.query_fn(split.subset(range(10)), 1)
-    assert method._query_side is built
+    assert method._query_side.encoder is built
+    with torch.no_grad():
+        method.model.text_encoder.word.weight.add_(0.5)  # weights changed in place: exported again
+    method.query_fn(split, 0)
+    assert method._query_side.encoder is not built
+    lean = method.query_fn(split, 0, with_scores=True)()
+    np.testing.assert_allclose(lean[1], method.query_fn(split, 0, with_scores=True, backend="reference")()[1],
+                               rtol=1e-4, atol=1e-5)
+    rebuilt = method._query_side.encoder
     method.model = _fresh("lightningdot", bench, tok).model  # a new model is exported again
     method.query_fn(split, 0)
-    assert method._query_side is not built
+    assert method._query_side.encoder is not rebuilt
 
 
 def test_hivlp_online_paths_return_their_offline_rankings(bench, tok):
@@ -236,4 +244,4 @@ def test_cuda_query_paths_return_the_reference_top_k(backend, bench, tok):
     for t in (0, 7):
         reference = method.query_fn(split, t, backend="reference")()
         np.testing.assert_array_equal(method.query_fn(split, t, backend=backend)(), reference)
-    assert method._query_side[2].backend == backend
+    assert method._query_side.encoder.backend == backend

@@ -14,6 +14,7 @@ Here each of those is paid once, when the path is built:
                     Runtime where installed, else TorchScript (trace + freeze), else eager; on CUDA
                     one CUDA graph per caption length (launch-bound: one replay instead of ~40 launches)
     Searcher        FAISS search into preallocated outputs, without re-checking the fixed index
+    QuerySide       the tokenizer and encoder of a model, rebuilt only when the model or its weights change
     TextQueryPath   the three as named stages: path(caption) -> (scores (k,), indices (k,));
                     path.stages(caption) is what course_lib.core.timing.profile_stages times
 
@@ -241,6 +242,31 @@ def probe_captions(tokenizer: QueryTokenizer, caption: str) -> list[tuple[np.nda
     return [tuple(a.copy() for a in tokenizer(text)) for text in texts]
 
 
+class QuerySide:
+    """A model's text side of the query path, (QueryTokenizer, QueryEncoder) per encode_name, device and
+    arguments, rebuilt only when the model or its weights change: nothing of it is re-done per query.
+    `encoder`: the last one handed out."""
+
+    def __init__(self):
+        self.built, self.encoder = {}, None  # arguments -> (model, weights' versions, tokenizer, encoder)
+
+    def get(self, model: nn.Module, tokenizer, probe_caption: str, *, max_length: int = 40, backend: str = "auto",
+            encode_name: str = "encode_texts") -> tuple[QueryTokenizer, QueryEncoder]:
+        device = next(model.parameters()).device
+        arguments = (str(device), max_length, backend, encode_name)
+        # weights changed in place (training on, load_state_dict) bump their _version, so a graph of
+        # old weights is never served; holding the model keeps its id from going to another one
+        versions = sum(p._version for p in model.parameters())
+        held, held_versions, query_tokenizer, encoder = self.built.get(arguments, (None, None, None, None))
+        if held is not model or held_versions != versions:
+            query_tokenizer = QueryTokenizer(tokenizer, max_length)
+            encoder = QueryEncoder(getattr(model, encode_name), probe_captions(query_tokenizer, probe_caption),
+                                   device=device, backend=backend)
+            self.built[arguments] = (model, versions, query_tokenizer, encoder)
+        self.encoder = encoder
+        return query_tokenizer, encoder
+
+
 class TextQueryPath:
     """One caption -> (scores (k,), indices (k,)), best first: tokenise, encode, search.
     output: which of the encoder's outputs is searched (HiVLP's text levels: the last is -1)."""
@@ -260,4 +286,5 @@ class TextQueryPath:
                                  lambda out: encoder.host(out)[self.output], self.searcher)))
 
 
-__all__ = ["BACKENDS", "STAGES", "QueryTokenizer", "QueryEncoder", "Searcher", "TextQueryPath", "probe_captions"]
+__all__ = ["BACKENDS", "STAGES", "QueryTokenizer", "QueryEncoder", "Searcher", "QuerySide", "TextQueryPath",
+           "probe_captions"]

@@ -48,7 +48,7 @@ from tqdm.auto import tqdm
 from course_lib.core.checkpoints import checkpoint_name, inference, model_device
 from course_lib.core.metrics import checked_queries, retrieval_metrics
 from course_lib.core.retrieval import build_index, search
-from course_lib.core.serving import QueryEncoder, QueryTokenizer, Searcher, TextQueryPath, probe_captions
+from course_lib.core.serving import QueryEncoder, QuerySide, QueryTokenizer, Searcher, TextQueryPath
 from course_lib.core.train import History, Trainer, train_config
 from course_lib.data.datasets import (
     CaptionDataset,
@@ -271,22 +271,14 @@ class DualEncoderMethod(Method):
         scores, indices = search(index, asked, min(top_k, len(gallery)))  # (Q, k) each
         return torch.as_tensor(indices, dtype=torch.long), torch.as_tensor(scores)  # (Q, k) each
 
-    _query_side: tuple = (None, None, None)  # (key, QueryTokenizer, QueryEncoder): see query_side
-
     def query_side(self, probe_caption: str, *, max_length: int = QUERY_MAX_LENGTH, backend: str = "auto",
                    encode_name: str = "encode_texts") -> tuple[QueryTokenizer, QueryEncoder]:
-        """(QueryTokenizer, QueryEncoder) of the model's `encode_name` (course_lib.core.serving): built
-        (exported or traced, checked against eager on probes made from probe_caption) once per model,
-        device and arguments, so nothing of it is re-done or re-checked per query."""
-        model = self._fitted().eval()
-        device = model_device(model)
-        key = (id(model), str(device), max_length, backend, encode_name)
-        if self._query_side[0] != key:
-            tokenizer = QueryTokenizer(self.tokenizer, max_length)
-            encoder = QueryEncoder(getattr(model, encode_name), probe_captions(tokenizer, probe_caption),
-                                   device=device, backend=backend)
-            self._query_side = (key, tokenizer, encoder)
-        return self._query_side[1], self._query_side[2]
+        """(QueryTokenizer, QueryEncoder) of the fitted model's `encode_name`, built once per model,
+        weights, device and arguments (course_lib.core.serving.QuerySide), never per query."""
+        if getattr(self, "_query_side", None) is None:
+            self._query_side = QuerySide()
+        return self._query_side.get(self._fitted().eval(), self.tokenizer, probe_caption, max_length=max_length,
+                                    backend=backend, encode_name=encode_name)
 
     def query_fn(self, split, caption_index: int = 0, top_k: int = 10, index_kind: str = "flat",
                  with_scores: bool = False, backend: str = "auto"):
