@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from course_lib.core.roofline import count_flops, gflops, matmul_gflops, roofline_ms
+from course_lib.core.roofline import count_flops, count_operators, gflops, matmul_gflops, roofline_ms
 from course_lib.core.timing import profile_stages
 from course_lib.studies.query_throughput import encode_throughput, end_to_end, format_throughput, throughput
 
@@ -64,6 +64,13 @@ def test_flops_of_a_linear_layer_and_an_attention_are_counted():
     q = torch.randn(1, 2, 6, 4)  # (B, heads, L, d)
     flops = count_flops(lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q))
     assert flops == 2 * (2 * 2 * 6 * 6 * 4)  # Q K^T and A V, each 2 B h L L d
+
+
+def test_operators_are_counted_one_per_dispatch():
+    x = torch.randn(3, 4)
+    assert count_operators(lambda: x + 1) == 1
+    assert count_operators(lambda: (x + 1).mul(2).sum()) == 3
+    assert count_operators(lambda: None) == 0
 
 
 def test_matmul_rate_and_roofline():

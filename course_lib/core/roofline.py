@@ -4,6 +4,7 @@ machine does them, and so how long it could take at best (its roofline).
     count_flops(fn)                    multiply-adds x 2 of the matrix products and attention that fn
                                        runs (torch's FlopCounterMode; element-wise work is not counted,
                                        which for a transformer is a few percent of its FLOPs)
+    count_operators(fn)                the ATen operators fn dispatches: what eager execution pays for
     matmul_gflops(size, threads=1)     measured GFLOP/s of a square float32 torch.mm on this machine
     roofline_ms(flops, gflops)         the time those FLOPs take at that rate
     exact_search_flops(q, n, dim)      2 q n dim: exact search of q queries over n items
@@ -55,6 +56,23 @@ def count_flops(fn: Callable[[], object]) -> int:
     return int(counter.get_total_flops())
 
 
+def count_operators(fn: Callable[[], object]) -> int:
+    """ATen operators one fn() call dispatches, under inference_mode: in eager PyTorch each is a trip
+    from Python through the dispatcher, on a GPU a kernel launch (views and reshapes included)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        calls = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.calls += 1
+            return func(*args, **(kwargs or {}))
+
+    with torch.inference_mode(), Count() as counter:
+        fn()
+    return counter.calls
+
+
 def matmul_gflops(size: int = 256, threads: int | None = 1, repeats: int = 20) -> float:
     """GFLOP/s of a (size, size) x (size, size) float32 torch.mm on `threads` torch threads (None:
     the current setting; restored after): the rate the machine's BLAS reaches on one core when the
@@ -79,4 +97,4 @@ def roofline_ms(flops: float, rate_gflops: float) -> float:
     return flops / (rate_gflops * 1e9) * 1e3
 
 
-__all__ = ["gflops", "exact_search_flops", "count_flops", "matmul_gflops", "roofline_ms"]
+__all__ = ["gflops", "exact_search_flops", "count_flops", "count_operators", "matmul_gflops", "roofline_ms"]
