@@ -149,3 +149,20 @@ def test_check_verdict_refuses_chance_level_zero_and_extrapolated_evidence():
     assert check_verdict(True, measured=False).startswith("too small to tell")  # 07, extrapolated
     assert check_verdict(True, (40.0, 41.0), n=5000, chance=0.1) == "met"
     assert check_verdict(False, (20.0, 41.0), n=5000, chance=0.1) == "not met"
+
+
+def test_curve_summary_reads_the_last_points_and_says_whether_val_still_rises():
+    from course_lib.core.train import History
+    from course_lib.notebook import curve_summary
+
+    def history(*vals):
+        return History([{"step": 100 * (i + 1), "eval": True, "cpu_seconds": 10.0 * (i + 1),
+                         "val_t2i_r1": v, "train_t2i_r1": v + 5} for i, v in enumerate(vals)])
+
+    rising = curve_summary("a", history(5.0, 20.0))  # 15 points over 1,000 queries: far beyond the noise
+    assert "after 200 steps (20 CPU-s of training) t2i R@1 val 20.0, train[:n] 25.0" in rising
+    assert "still rising" in rising
+    assert "flat within noise" in curve_summary("b", history(20.0, 20.5))  # 0.5 points: within the noise
+    assert "rising" not in curve_summary("c", history(20.0))  # one point: no trend to read
+    with pytest.raises(ValueError, match="learning_curve_splits"):
+        curve_summary("d", History([{"step": 1, "loss": 1.0}]))

@@ -6,6 +6,10 @@ synchronisation after every call, synchronises Apple MPS around the wall clock, 
 `perf_counter` on the CPU. It runs untimed warm-up calls first (allocations, autotuning, caches)
 and reports the median with its spread, because single timings are noisy.
 
+`profile_stages` splits one query into its stages (tokenise, transfer, forward, search, ...) and
+times each one's median and interquartile range beside the whole query's, whose difference from
+their sum is the Python glue between them (notebook 03, section 10).
+
 `latency_vs_gallery` measures how the cost of one query grows with the gallery, fits the linear
 cost model t(n) = a + b*n and extrapolates sizes too slow to measure, the way LightningDOT
 estimates its starred numbers ("Numbers with * are estimated by running time on test set").
@@ -106,38 +110,116 @@ def measure(fn: Callable[[], object], *, warmup: int = 3, repeats: int = 20,
     if not callable(fn):
         raise TypeError("fn must be a callable taking no arguments, e.g. lambda: model(x)")
     device = _resolve_device(device)
-
     for _ in range(warmup):
         fn()
-    times_ms = []
-    if device.type == "cuda":
-        with torch.cuda.device(device):
-            torch.cuda.synchronize()  # warm-up work must not leak into the first timing
-            for _ in range(repeats):
-                start = torch.cuda.Event(enable_timing=True)
-                end = torch.cuda.Event(enable_timing=True)
-                start.record()
-                fn()
-                end.record()
-                torch.cuda.synchronize()  # wait for fn's kernels, so end has happened
-                times_ms.append(start.elapsed_time(end))
-        return TimingResult.from_times(times_ms, str(device))
+    with _on(device):
+        clock = _call_clock(device)
+        times_ms = [clock(fn) for _ in range(repeats)]
+    return TimingResult.from_times(times_ms, str(device))
 
+
+def _on(device: torch.device):
+    """torch.cuda.device(device) for a CUDA device, else a no-op context."""
+    import contextlib
+
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
+def _call_clock(device: torch.device) -> Callable[[Callable[[], object]], float]:
+    """A function timing one call fn() in milliseconds on `device`'s clock: CUDA events with a
+    synchronisation after the call (and one before the first, so that earlier work does not leak
+    in); MPS synchronised around perf_counter; perf_counter on the CPU, synchronising CUDA if this
+    process has used it. Its result is fn's time; fn's return value is kept in clock.last."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()  # warm-up work must not leak into the first timing
+
+        def clock(fn) -> float:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            clock.last = fn()
+            end.record()
+            torch.cuda.synchronize()  # wait for fn's kernels, so end has happened
+            return start.elapsed_time(end)
+
+        return clock
     if device.type == "mps":
         sync = torch.mps.synchronize
     elif torch.cuda.is_available() and torch.cuda.is_initialized():
         sync = torch.cuda.synchronize
     else:
         sync = None
-    for _ in range(repeats):
+
+    def clock(fn) -> float:
         if sync:
             sync()
         start = time.perf_counter()
-        fn()
+        clock.last = fn()
         if sync:
             sync()
-        times_ms.append((time.perf_counter() - start) * 1e3)
-    return TimingResult.from_times(times_ms, str(device))
+        return (time.perf_counter() - start) * 1e3
+
+    return clock
+
+
+@dataclass
+class StageProfile:
+    """Where one query's time goes: per stage, the median and interquartile range (ms) of its
+    calls; `total` the un-instrumented query's TimingResult; glue = total median - the stages'
+    summed medians (the Python between the stages; it can come out slightly negative: noise)."""
+
+    stages: list[dict]  # [{"stage", "median_ms", "p25_ms", "p75_ms"}]
+    total: TimingResult
+    glue_ms: float
+
+    def table(self) -> str:
+        """Markdown: one row per stage, then the glue and the total, with each one's share."""
+        total = self.total.median_ms
+        rows = [(s["stage"], s["median_ms"], f"{_fmt(s['p25_ms'])}–{_fmt(s['p75_ms'])}") for s in self.stages]
+        rows += [("Python glue", self.glue_ms, "–"),
+                 ("whole query", total, f"{_fmt(self.total.p25_ms)}–{_fmt(self.total.p75_ms)}")]
+        lines = ["| stage | median ms | IQR ms | share |", "|---|---:|---:|---:|"]
+        lines += [f"| {name} | {_fmt(ms)} | {iqr} | {100 * ms / total:.0f}% |" for name, ms, iqr in rows]
+        return "\n".join(lines)
+
+
+def profile_stages(stages, *, query_fn: Callable[[], object] | None = None, warmup: int = 10,
+                   repeats: int = 200, device=None) -> StageProfile:
+    """Time a query stage by stage: `stages` is [(name, fn), ...] where the first fn takes None and
+    each next one the previous one's output (course_lib.core.serving.TextQueryPath.stages). Each
+    repeat runs the chain once with a clock around every stage, then query_fn() once whole (default:
+    the chain itself, so the glue is only the chaining), alternating so that a machine that slows
+    down mid-run slows both alike. device: as `measure` (CUDA events and synchronisation per stage)."""
+    if not stages or not all(isinstance(s, tuple) and len(s) == 2 and callable(s[1]) for s in stages):
+        raise TypeError("stages must be a non-empty list of (name, fn) pairs")
+    if not isinstance(repeats, int) or repeats < 1 or not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"need integers warmup >= 0 and repeats >= 1, got {warmup!r}, {repeats!r}")
+
+    def chain():
+        x = None
+        for _, fn in stages:
+            x = fn(x)
+        return x
+
+    query_fn = query_fn or chain
+    device = _resolve_device(device)
+    for _ in range(warmup):
+        chain()
+        query_fn()
+    per_stage, whole = [[] for _ in stages], []
+    with _on(device):
+        clock = _call_clock(device)
+        for _ in range(repeats):
+            clock.last = None
+            for times, (_, fn) in zip(per_stage, stages):
+                x = clock.last
+                times.append(clock(lambda: fn(x)))
+            whole.append(clock(query_fn))
+    rows = []
+    for (name, _), times in zip(stages, per_stage):
+        result = TimingResult.from_times(times, str(device))
+        rows.append({"stage": name, "median_ms": result.median_ms, "p25_ms": result.p25_ms, "p75_ms": result.p75_ms})
+    total = TimingResult.from_times(whole, str(device))
+    return StageProfile(rows, total, total.median_ms - sum(r["median_ms"] for r in rows))
 
 
 def fit_linear_cost(ns: Sequence[float], ms: Sequence[float]) -> tuple[float, float]:

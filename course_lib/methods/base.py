@@ -14,22 +14,22 @@ then rank.
     eval_pairs, timed_sizes                     (default, smoke) budgets the benchmark honours
     notes                                       one line for the results table
 
-Ranking, not a dense (n_images, n_texts) matrix, is the protocol: the full setting's 12k x 60k
-matrix would take 2.9 GB, and recalls need only each query's top K (`metrics.ranks_from_top_k`).
+Ranking, not a dense (n_images, n_texts) matrix, is the protocol (the full setting's would take
+2.9 GB); recalls need only each query's top K (`metrics.ranks_from_top_k`).
 
     Method              fit-and-cache: the checkpoint is named by checkpoint_name(...), so a cache
                         folder never hands back a model trained on other data, with another config
                         or by other code (code_version); fit loads the shipped model instead when
                         one matches (course_lib.core.shipped)
     DualEncoderMethod   + what every dot-product model shares (VSE++, LightningDOT): the gallery is
-                        embedded once into a FAISS index, a query costs one encoding and a top-k
+                        embedded once into a FAISS index, a query costs one encoding and a top-k,
+                        on the lean path of course_lib.core.serving
     PairwiseMethod      + what every cross-attention scorer shares (SCAN, the cross-encoder): it
                         implements score_block(split, images, texts) and inherits rank, similarity
                         and score_pairs (the re-ranker API of course_lib.methods.rerank.Cascade)
 
-Two helpers keep each method's training and serving short: `fit_pairs` is the one training recipe
-(a split's (image, caption) pairs through the Trainer), `Method.cached_states` keeps a gallery's
-offline states (U-BERT's, HiVLP's, Slow's) once per split and model.
+`fit_pairs` is the one training recipe (a split's (image, caption) pairs through the Trainer);
+`Method.cached_states` keeps a gallery's offline states (U-BERT's, HiVLP's, Slow's) per split and model.
 
 The encode_* helpers (course_lib.methods.encoding, re-exported here) serve any model with
 `encode_images(batch)` / `encode_texts(batch)` -> (B, E) and a `modality` attribute.
@@ -53,6 +53,7 @@ from course_lib.core.checkpoints import checkpoint_fingerprint, checkpoint_name,
 from course_lib.core.settings import get_device
 from course_lib.core.metrics import checked_queries
 from course_lib.core.retrieval import build_index, search
+from course_lib.core.serving import QueryEncoder, QuerySide, QueryTokenizer, Searcher, TextQueryPath
 from course_lib.core.train import History, Trainer, train_config
 from course_lib.data.datasets import ImageDataset, PairCollate, PairDataset, TextCollate
 from course_lib.methods.encoding import (  # re-exported: every method imports them from here
@@ -64,6 +65,8 @@ from course_lib.methods.encoding import (  # re-exported: every method imports t
     similarity,
 )
 
+# tokens of one text query, [CLS] and [SEP] included (TextCollate's default, as every query path used)
+QUERY_MAX_LENGTH = 40
 DIRECTIONS = ("t2i", "i2t")
 # evaluations of a dual encoder's learning curve over one training run (Method.learning_curve)
 CURVE_POINTS = 8
@@ -279,19 +282,41 @@ class DualEncoderMethod(Method):
         scores, indices = search(index, asked, min(top_k, len(gallery)))  # (Q, k) each
         return torch.as_tensor(indices, dtype=torch.long), torch.as_tensor(scores)  # (Q, k) each
 
+    def query_side(self, probe_caption: str, *, max_length: int = QUERY_MAX_LENGTH, backend: str = "auto",
+                   encode_name: str = "encode_texts") -> tuple[QueryTokenizer, QueryEncoder]:
+        """(QueryTokenizer, QueryEncoder) of the fitted model's `encode_name`, built once per model,
+        weights, device and arguments (course_lib.core.serving.QuerySide), never per query."""
+        if getattr(self, "_query_side", None) is None:
+            self._query_side = QuerySide()
+        return self._query_side.get(self._fitted().eval(), self.tokenizer, probe_caption, max_length=max_length,
+                                    backend=backend, encode_name=encode_name)
+
     def query_fn(self, split, caption_index: int = 0, top_k: int = 10, index_kind: str = "flat",
-                 with_scores: bool = False):
+                 with_scores: bool = False, backend: str = "auto"):
         """A zero-argument callable answering one text query: the online cost of retrieval.
 
-        The gallery's image embeddings are computed once, here (offline), into a FAISS index
-        (`index_kind`, exact by default); each call tokenises one caption, runs the text encoder
-        and searches the index. Returns the top_k image indices (top_k,), best first (with
-        with_scores: (indices, scores), which a Cascade that fuses stage scores reads).
-        """
+        The gallery is embedded once, here (offline), into a FAISS index (`index_kind`, exact by
+        default); each call tokenises one caption, encodes it and searches, on the lean path of
+        course_lib.core.serving (`backend`: its QueryEncoder's; "reference": the eager path it
+        replaced). Returns the top_k image indices (top_k,), best first; with_scores: (indices,
+        scores), which a Cascade that fuses stage scores reads."""
         model = self._fitted().eval()
         index = build_index(encode_gallery(model, split), kind=index_kind)  # offline: (N, E)
-        collate, device = TextCollate(self.tokenizer), model_device(model)
         caption = split.captions[caption_index]
+        if backend == "reference":
+            return self._reference_query_fn(model, index, caption, top_k, with_scores)
+        path = TextQueryPath(*self.query_side(caption, backend=backend), Searcher(index, top_k))
+
+        def answer():
+            scores, indices = path(caption)  # (top_k,) each
+            return (indices, scores) if with_scores else indices
+
+        return answer
+
+    def _reference_query_fn(self, model, index, caption: str, top_k: int, with_scores: bool):
+        """The eager path the lean one replaced (the Hugging Face tokenizer's front end, a dict of
+        tensors, no_grad, retrieval.search's checks): notebook 03's "before", the tests' reference."""
+        collate, device = TextCollate(self.tokenizer, QUERY_MAX_LENGTH), model_device(model)
 
         @torch.no_grad()
         def answer() -> np.ndarray:
@@ -304,17 +329,16 @@ class DualEncoderMethod(Method):
 
     def image_query_fn(self, split, image_index: int = 0, top_k: int = 10, index_kind: str = "flat"):
         """The same for text retrieval: the split's captions are indexed offline, each call encodes
-        one image and searches them. Returns the top_k caption indices (top_k,), best first."""
+        one image (eager, inference_mode) and searches them. Returns the top_k caption indices (top_k,)."""
         model = self._fitted().eval()
-        index = build_index(encode_captions(model, split, self.tokenizer), kind=index_kind)  # (T, E)
+        searcher = Searcher(build_index(encode_captions(model, split, self.tokenizer), kind=index_kind), top_k)
         image = ImageDataset(split, modality=model.modality)[image_index]
         device = model_device(model)
 
-        @torch.no_grad()
+        @torch.inference_mode()
         def answer() -> np.ndarray:
             batch = {k: v[None].to(device) for k, v in image.items() if torch.is_tensor(v)}  # (1, ...)
-            query = model.encode_images(batch).float().cpu()  # (1, E)
-            return search(index, query, top_k)[1][0]  # (top_k,)
+            return searcher(model.encode_images(batch).float().cpu().numpy())[1]  # (top_k,)
 
         return answer
 

@@ -49,6 +49,7 @@ from course_lib.core.retrieval import (
     time_single_queries,
     topk_recall,
 )
+from course_lib.core.roofline import exact_search_flops, gflops  # noqa: F401 (re-exported: tests, notebooks)
 from course_lib.core.timing import measure
 from course_lib.data.synthetic import SyntheticConfig, make_benchmark
 from course_lib.data.tokenizer import build_word_tokenizer
@@ -112,18 +113,6 @@ def load_embeddings(smoke: bool = False, checkpoints=CHECKPOINTS, seed: int = 0,
     captions = encode_captions(model, full, tokenizer, indices=full.text_queries[:n_queries],
                                progress=progress).numpy()  # (Q, E)
     return images, captions, source
-
-
-def exact_search_flops(n_queries: int, n_items: int, dim: int) -> int:
-    """Multiplies and adds of exact search: each of Q x N scores is a dim-long dot product."""
-    return 2 * int(n_queries) * int(n_items) * int(dim)
-
-
-def gflops(flops: float, ms: float) -> float:
-    """GFLOP/s of `flops` done in `ms` milliseconds."""
-    if ms <= 0:
-        raise ValueError(f"a time must be positive, got {ms} ms")
-    return flops / (ms / 1e3) / 1e9
 
 
 def mm_gflops(queries: np.ndarray, gallery: np.ndarray) -> float:

@@ -37,11 +37,11 @@ from tqdm.auto import tqdm
 
 from course_lib.core.checkpoints import inference, model_device
 from course_lib.core.losses import batch_scores, distillation_loss, joint_nce_loss
+from course_lib.core.serving import QueryTokenizer
 from course_lib.core.settings import seed_everything
 from course_lib.core.tokens import SpecialTokens
 from course_lib.data.datasets import (
     ImageDataset,
-    TextCollate,
     collate_images,
     text_fields,
 )
@@ -279,12 +279,12 @@ class SlowMethod(PairwiseMethod):
         """One caption against every gallery image: the gallery's keys / values are cached here
         (offline); each call tokenises the caption and runs the decoders on N pairs."""
         model, states = self._fitted(), self.states(split)
-        collate, caption = TextCollate(self.tokenizer, self.config.max_text_length), split.captions[caption_index]
+        tokenizer, caption = QueryTokenizer(self.tokenizer, self.config.max_text_length), split.captions[caption_index]
         gallery = torch.arange(split.n_images)
 
         def answer() -> np.ndarray:
-            text = collate.encode([caption])  # (1, T)
-            scored = SlowStates(states.kvs, text["input_ids"], text["attention_mask"])
+            ids, mask = (torch.from_numpy(a) for a in tokenizer(caption))  # (1, T) each
+            scored = SlowStates(states.kvs, ids, mask)
             h = score_cached_pairs(model, scored, gallery, torch.zeros_like(gallery))  # (N,)
             return torch.topk(h, min(top_k, len(h))).indices.numpy()
 

@@ -23,13 +23,12 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from course_lib.core.checkpoints import inference, model_device
+from course_lib.core.checkpoints import inference
 from course_lib.core.retrieval import build_index, search
 from course_lib.core.settings import seed_everything
 from course_lib.data.datasets import (
     CaptionDataset,
     ImageDataset,
-    TextCollate,
     make_loader,
 )
 from course_lib.methods.base import (
@@ -166,19 +165,20 @@ class HiVLPMethod(DualEncoderMethod):
 
     def online_query_fn(self, split, caption_index: int = 0, top_k: int = 10, levels=None, survivors=SURVIVORS):
         """A zero-argument callable answering one caption: the text tower once (every level at
-        once), then coarse_to_fine over the split's stored image level matrices (offline work,
-        done here) at `levels` (default all) keeping `survivors`. Returns (top_k,) image indices."""
-        model = self._fitted().eval()  # once, here: entering inference() per call walks every module
+        once, on the lean query path of course_lib.core.serving), then coarse_to_fine over the
+        split's stored image level matrices (offline work, done here) at `levels` (default all)
+        keeping `survivors`. Returns (top_k,) image indices."""
+        model = self._fitted().eval()
         states = self.states(split)
         levels = list(range(model.config.n_levels)) if levels is None else list(levels)
         gallery = [states.image[l] for l in levels]
-        collate, device = TextCollate(self.tokenizer, model.config.max_text_length), model_device(model)
         caption = split.captions[caption_index]
+        tokenizer, encoder = self.query_side(caption, max_length=model.config.max_text_length,
+                                             encode_name="text_levels")
 
-        @torch.no_grad()
         def answer() -> np.ndarray:
-            query = model.text_levels({k: v.to(device) for k, v in collate.encode([caption]).items()})
-            query = [query[l].float().cpu() for l in levels]  # [(1, d_l)]
+            query = encoder(*tokenizer(caption))  # every level's (1, d_l), float32 numpy
+            query = [torch.from_numpy(query[l]) for l in levels]  # [(1, d_l)], no copies
             return coarse_to_fine(gallery, query, survivors, top_k)[0][0].numpy()
 
         return answer

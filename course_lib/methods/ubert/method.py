@@ -28,11 +28,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from course_lib.core.checkpoints import checkpoint_name, finished_checkpoint, inference
+from course_lib.core.checkpoints import checkpoint_name, finished_checkpoint, model_device
 from course_lib.core.losses import batch_scores, hinge_triplet_loss
 from course_lib.core.retrieval import build_index, search
+from course_lib.core.serving import QueryTokenizer, Searcher
 from course_lib.core.settings import seed_everything
-from course_lib.data.datasets import ImageDataset, TextCollate
+from course_lib.data.datasets import ImageDataset
 from course_lib.methods.base import (
     DualEncoderMethod,
     fit_pairs,
@@ -226,35 +227,43 @@ class UBERTCascade(Cascade):
                                 f"layer(s), on cached states)"))
         self.ubert = ubert
 
-    def _online(self, split, direction: str, query_batch: dict, top_k: int):
+    def _online(self, split, direction: str, query_batch, top_k: int):
         """A zero-argument callable: one query's tower pass, the FAISS search of the other side's
-        intra vectors (indexed here, offline) for its top K, BERT_cross on those K cached states."""
+        intra vectors (indexed here, offline) for its top K, BERT_cross on those K cached states.
+        query_batch() makes the query's batch on every call (a caption is tokenised per query)."""
         ubert = self.ubert
-        model, K = ubert._fitted().eval(), self.survivors(direction)[0]
+        model, K = ubert._fitted().eval(), self.survivors(direction)[0]  # eval once, not per query
+        device = model_device(model)
         states = ubert.states(split)  # offline: every gallery item's tokens and intra vector
-        index = build_index(states.image_intra if direction == "t2i" else states.text_intra)  # offline
+        searcher = Searcher(build_index(states.image_intra if direction == "t2i" else states.text_intra), K)
         encode = model.text_states if direction == "t2i" else model.image_states
         gallery_states = states.image if direction == "t2i" else states.text
 
+        @torch.inference_mode()
         def answer() -> np.ndarray:
-            with inference(model) as device:
-                query = encode({k: v.to(device) for k, v in query_batch.items()})  # tokens, mask, intra
-                candidates = torch.as_tensor(search(index, query[2].float().cpu(), K)[1][0])  # (K,)
-                gallery = [s.to(device) for s in gallery_states(candidates)]
-                s2 = rescore_candidates(model, query, gallery, direction).cpu()  # (K,)
+            query = encode({k: v.to(device) for k, v in query_batch().items()})  # tokens, mask, intra
+            candidates = torch.from_numpy(searcher(query[2].float().cpu().numpy())[1])  # (K,)
+            gallery = [s.to(device) for s in gallery_states(candidates)]
+            s2 = rescore_candidates(model, query, gallery, direction).cpu()  # (K,)
             order = torch.argsort(s2, descending=True, stable=True)
             return candidates[order][:top_k].numpy()
 
         return answer
 
     def query_fn(self, split, caption_index: int = 0, top_k: int = 10):
-        collate = TextCollate(self.ubert.tokenizer, self.ubert.config.max_text_length)
-        return self._online(split, "t2i", collate.encode([split.captions[caption_index]]), top_k)
+        tokenizer = QueryTokenizer(self.ubert.tokenizer, self.ubert.config.max_text_length)  # built once
+        caption = split.captions[caption_index]
+
+        def caption_batch() -> dict:
+            ids, mask = tokenizer(caption)  # (1, T) each
+            return {"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(mask)}
+
+        return self._online(split, "t2i", caption_batch, top_k)
 
     def image_query_fn(self, split, image_index: int = 0, top_k: int = 10):
         """The same for an image query: returns its top_k caption indices (top_k,), best first."""
         image = ImageDataset(split)[image_index]
-        return self._online(split, "i2t", {k: v[None] for k, v in image.items() if torch.is_tensor(v)}, top_k)
+        return self._online(split, "i2t", lambda: {k: v[None] for k, v in image.items() if torch.is_tensor(v)}, top_k)
 
 
 @register_method("ubert-embed", order=4.0)

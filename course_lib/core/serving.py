@@ -1,0 +1,291 @@
+"""The online text query, lean: one caption in, the top k gallery items out, and nothing on the way
+that does not have to be there (notebook 03, section 10, measures every step).
+
+The arithmetic of a dot-product query is microseconds: LightningDOT's 2-layer, 64-wide encoder over 13
+tokens is 2.6 MFLOP, an exact search of 1,000 64-d vectors 0.13 MFLOP (26 and 1 us at one core's matmul
+rate). The eager path around it (the course's query_fn before this module) took about 25 times as long
+(0.67 ms, notebook 03): the Hugging Face tokenizer's Python front end re-deciding padding, truncation and
+tensor types on every call, a dict of tensors, dozens of PyTorch operator dispatches with autograd
+bookkeeping, and `retrieval.search`'s input checks.
+Here each of those is paid once, when the path is built:
+
+    QueryTokenizer  a private copy of the tokenizer's Rust backend with truncation set once: caption ->
+                    ids written into a preallocated buffer (the same ids TextCollate gives)
+    QueryEncoder    encode(batch) as one graph, checked once against eager on probe lengths: ONNX
+                    Runtime where installed, else TorchScript (trace + freeze), else eager; on CUDA
+                    one CUDA graph per caption length (launch-bound: one replay instead of a launch per operator)
+    Searcher        FAISS search into preallocated outputs, without re-checking the fixed index
+    QuerySide       the tokenizer and encoder of a model, rebuilt only when the model or its weights change
+    TextQueryPath   the three as named stages: path(caption) -> (scores (k,), indices (k,));
+                    path.stages(caption) is what course_lib.core.timing.profile_stages times
+
+"auto" keeps what measured fastest on the course's CPU (notebook 03's table: ONNX Runtime about half of
+TorchScript's time, TorchScript about two thirds of eager's; torch.compile no faster than TorchScript,
+after a compile of 5 to 25 s). Every backend is checked against eager at build; one that fails or disagrees is
+skipped with a CourseNote, so the path never changes an answer.
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+from typing import Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from course_lib.core.settings import CourseNote
+
+BACKENDS = ("onnx", "jit", "compile", "cuda_graph", "eager")
+AUTO = {"cpu": ("onnx", "jit", "eager"), "cuda": ("cuda_graph", "jit", "eager")}  # tried in this order
+STAGES = ("tokenise", "tensors + transfer", "encoder forward", "normalise + to host", "search")
+_TOLERANCE = dict(rtol=1e-4, atol=1e-5)  # a backend must give eager's vectors to float32 rounding
+
+
+class QueryTokenizer:
+    """caption -> (input_ids, attention_mask), each int64 (1, T): what TextCollate(tokenizer,
+    max_length).encode([caption]) gives, without its Python front end. The ids are written into one
+    preallocated row and returned as views of it, so the next call overwrites them."""
+
+    def __init__(self, tokenizer, max_length: int = 40):
+        from tokenizers import Tokenizer
+
+        # a private copy: truncation is set once, and the caller's tokenizer keeps its own settings
+        self.backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
+        self.backend.no_padding()
+        self.backend.enable_truncation(max_length)
+        self.max_length = max_length
+        self._ids = np.zeros((1, max_length), dtype=np.int64)  # (1, L) reused
+        self._mask = np.ones((1, max_length), dtype=np.int64)  # one unpadded caption: all real
+
+    def __call__(self, caption: str) -> tuple[np.ndarray, np.ndarray]:
+        ids = self.backend.encode(caption).ids
+        T = len(ids)
+        self._ids[0, :T] = ids
+        return self._ids[:, :T], self._mask[:, :T]  # (1, T) views, C-contiguous (one row)
+
+
+class _Encode(nn.Module):
+    """encode(batch dict) as a module of two tensors, the form tracing and export need; a list of
+    outputs (HiVLP's levels) becomes a tuple."""
+
+    def __init__(self, encode: Callable[[dict], object]):
+        super().__init__()
+        self.encode = encode
+        owner = getattr(encode, "__self__", None)
+        if isinstance(owner, nn.Module):
+            self.model = owner  # registered, so trace / export see its parameters
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+        out = self.encode({"input_ids": input_ids, "attention_mask": attention_mask})
+        return tuple(out) if isinstance(out, (list, tuple)) else (out,)
+
+
+class QueryEncoder:
+    """encode(batch) for one caption, on `device`, by `backend` ("auto" or one of BACKENDS).
+
+    Three stages, so a profile can time them apart: feed(ids, mask) (tensors on the device, or ORT's
+    inputs), run(inputs) (the forward), host(outputs) (float32 (1, d) numpy rows, one per output);
+    __call__ chains them. probes: (ids, mask) pairs of several lengths on which a backend must match
+    eager at build, or it is skipped. `backend` says what was kept."""
+
+    def __init__(self, encode: Callable[[dict], object], probes, *, device="cpu", backend: str = "auto"):
+        self.device = torch.device(device)
+        self.module = _Encode(encode).eval()
+        if not probes:
+            raise ValueError("QueryEncoder needs at least one probe (ids, mask) to check its backend against")
+        self.probes = [(np.ascontiguousarray(i, np.int64), np.ascontiguousarray(m, np.int64)) for i, m in probes]
+        if backend == "auto":
+            candidates = AUTO["cuda" if self.device.type == "cuda" else "cpu"]
+        elif backend in BACKENDS:
+            candidates = (backend,)
+        else:
+            raise ValueError(f"backend must be 'auto' or one of {BACKENDS}, got {backend!r}")
+        expected = [self._eager(i, m) for i, m in self.probes]
+        reasons = []
+        for name in candidates:
+            try:
+                self.feed, self.run, self.host = getattr(self, f"_build_{name}")()
+                if all(_same(self(i, m), e) for (i, m), e in zip(self.probes, expected)):
+                    self.backend = name
+                    return
+                reason = "its vectors differ from eager's"
+            except ImportError as error:  # onnxruntime not installed: a choice, not a failure
+                reasons.append(f"{name}: {error}")
+                continue
+            except Exception as error:  # export / trace / capture failures vary by model and version
+                reason = f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:200]}"
+            reasons.append(f"{name}: {reason}")
+            warnings.warn(f"query encoder backend {name!r} skipped ({reason})", CourseNote, stacklevel=2)
+        raise RuntimeError(f"no query encoder backend works here: {'; '.join(reasons)}")
+
+    def __call__(self, ids: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, ...]:
+        return self.host(self.run(self.feed(ids, mask)))
+
+    # ---- the backends: each returns (feed, run, host)
+    def _torch_feed(self, ids, mask):
+        return torch.from_numpy(ids).to(self.device), torch.from_numpy(mask).to(self.device)  # (1, T) each
+
+    @staticmethod
+    def _torch_host(outputs) -> tuple[np.ndarray, ...]:
+        return tuple(o.float().cpu().numpy() for o in outputs)  # no copies for float32 CPU outputs
+
+    def _eager(self, ids, mask):
+        with torch.inference_mode():
+            return self._torch_host(self.module.to(self.device)(*self._torch_feed(ids, mask)))
+
+    def _build_eager(self):
+        module = self.module.to(self.device)
+        run = torch.inference_mode()(lambda inputs: module(*inputs))
+        return self._torch_feed, run, self._torch_host
+
+    def _build_jit(self):
+        with torch.inference_mode(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # trace warns about shape-dependent Python branches
+            example = self._torch_feed(*max(self.probes, key=lambda p: p[0].shape[1]))
+            traced = torch.jit.freeze(torch.jit.trace(self.module.to(self.device), example, check_trace=False))
+        run = torch.inference_mode()(lambda inputs: traced(*inputs))
+        return self._torch_feed, run, self._torch_host
+
+    def _build_compile(self):
+        compiled = torch.compile(self.module.to(self.device), dynamic=True)
+        run = torch.inference_mode()(lambda inputs: compiled(*inputs))
+        return self._torch_feed, run, self._torch_host
+
+    def _build_onnx(self):
+        if self.device.type != "cpu":
+            raise RuntimeError("the course's ONNX Runtime path is CPU-only")
+        import onnxruntime  # noqa: F401  (absent: fall back before paying for the export)
+
+        graph = io.BytesIO()
+        with torch.inference_mode(False), torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ids, mask = (torch.from_numpy(a) for a in self.probes[0])
+            n_out = len(self.module.cpu()(ids, mask))
+            names = [f"out{i}" for i in range(n_out)]
+            torch.onnx.export(self.module.cpu(), (ids, mask), graph, dynamo=False, input_names=["input_ids",
+                              "attention_mask"], output_names=names,
+                              dynamic_axes={"input_ids": {1: "T"}, "attention_mask": {1: "T"}})
+        options = onnxruntime.SessionOptions()
+        # one query's operators are too small to split: threads would only wait for each other
+        options.intra_op_num_threads = options.inter_op_num_threads = 1
+        options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
+        session = onnxruntime.InferenceSession(graph.getvalue(), options, providers=["CPUExecutionProvider"])
+
+        def feed(ids, mask):
+            return {"input_ids": ids, "attention_mask": mask}
+
+        return feed, lambda inputs: session.run(None, inputs), tuple
+
+    def _build_cuda_graph(self):
+        """One CUDA graph per caption length T, captured on first use: a replay launches the whole
+        forward at once, where eager launches a kernel per operator, a few microseconds each. Static input
+        buffers per T; feed copies into them, host copies the static outputs out."""
+        if self.device.type != "cuda":
+            raise RuntimeError("CUDA graphs need a CUDA device")
+        module, graphs = self.module.to(self.device), {}
+
+        def capture(T: int):
+            ids = torch.zeros(1, T, dtype=torch.long, device=self.device)
+            mask = torch.ones(1, T, dtype=torch.long, device=self.device)
+            stream = torch.cuda.Stream(self.device)
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.inference_mode(), torch.cuda.stream(stream):
+                for _ in range(3):  # warm up off the default stream, as torch.cuda.graph asks
+                    module(ids, mask)
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.inference_mode(), torch.cuda.graph(graph):
+                outputs = module(ids, mask)
+            return graph, ids, mask, outputs
+
+        def feed(ids, mask):
+            T = ids.shape[1]
+            if T not in graphs:
+                graphs[T] = capture(T)
+            graph, static_ids, static_mask, outputs = graphs[T]
+            static_ids.copy_(torch.from_numpy(ids), non_blocking=True)
+            static_mask.copy_(torch.from_numpy(mask), non_blocking=True)
+            return graph, outputs
+
+        def run(inputs):
+            graph, outputs = inputs
+            graph.replay()
+            return outputs
+
+        return feed, run, self._torch_host
+
+
+def _same(got, expected) -> bool:
+    return len(got) == len(expected) and all(
+        g.shape == e.shape and np.allclose(g, e, **_TOLERANCE) for g, e in zip(got, expected))
+
+
+class Searcher:
+    """FAISS top k of one query row into preallocated outputs: (scores (k,), indices (k,)) copies
+    (the buffers are reused). No input checks: the path builds the query row itself."""
+
+    def __init__(self, index, k: int):
+        self.index, self.k = index, min(int(k), index.ntotal)
+        self._scores = np.empty((1, self.k), dtype=np.float32)  # (1, k)
+        self._indices = np.empty((1, self.k), dtype=np.int64)  # (1, k)
+
+    def __call__(self, query: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        self.index.search(query, self.k, D=self._scores, I=self._indices)
+        return self._scores[0].copy(), self._indices[0].copy()
+
+
+def probe_captions(tokenizer: QueryTokenizer, caption: str) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(ids, mask) of captions of three lengths: `caption`, its first word, and it repeated up to the
+    tokenizer's max_length, so a backend that baked one length in is caught."""
+    texts = [caption, caption.split()[0] if caption.split() else caption, " ".join([caption] * tokenizer.max_length)]
+    return [tuple(a.copy() for a in tokenizer(text)) for text in texts]
+
+
+class QuerySide:
+    """A model's text side of the query path, (QueryTokenizer, QueryEncoder) per encode_name, device and
+    arguments, rebuilt only when the model or its weights change: nothing of it is re-done per query.
+    `encoder`: the last one handed out."""
+
+    def __init__(self):
+        self.built, self.encoder = {}, None  # arguments -> (model, weights' versions, tokenizer, encoder)
+
+    def get(self, model: nn.Module, tokenizer, probe_caption: str, *, max_length: int = 40, backend: str = "auto",
+            encode_name: str = "encode_texts") -> tuple[QueryTokenizer, QueryEncoder]:
+        device = next(model.parameters()).device
+        arguments = (str(device), max_length, backend, encode_name)
+        # weights changed in place (training on, load_state_dict) bump their _version, so a graph of
+        # old weights is never served; holding the model keeps its id from going to another one
+        versions = sum(p._version for p in model.parameters())
+        held, held_versions, query_tokenizer, encoder = self.built.get(arguments, (None, None, None, None))
+        if held is not model or held_versions != versions:
+            query_tokenizer = QueryTokenizer(tokenizer, max_length)
+            encoder = QueryEncoder(getattr(model, encode_name), probe_captions(query_tokenizer, probe_caption),
+                                   device=device, backend=backend)
+            self.built[arguments] = (model, versions, query_tokenizer, encoder)
+        self.encoder = encoder
+        return query_tokenizer, encoder
+
+
+class TextQueryPath:
+    """One caption -> (scores (k,), indices (k,)), best first: tokenise, encode, search.
+    output: which of the encoder's outputs is searched (HiVLP's text levels: the last is -1)."""
+
+    def __init__(self, tokenizer: QueryTokenizer, encoder: QueryEncoder, searcher: Searcher, output: int = 0):
+        self.tokenizer, self.encoder, self.searcher, self.output = tokenizer, encoder, searcher, output
+
+    def __call__(self, caption: str) -> tuple[np.ndarray, np.ndarray]:
+        encoder = self.encoder
+        return self.searcher(encoder.host(encoder.run(encoder.feed(*self.tokenizer(caption))))[self.output])
+
+    def stages(self, caption: str) -> list[tuple[str, Callable]]:
+        """The query as (name, fn) stages, each fn taking the previous one's output (the first, nothing):
+        course_lib.core.timing.profile_stages times them apart."""
+        encoder = self.encoder
+        return list(zip(STAGES, (lambda _: self.tokenizer(caption), lambda t: encoder.feed(*t), encoder.run,
+                                 lambda out: encoder.host(out)[self.output], self.searcher)))
+
+
+__all__ = ["BACKENDS", "STAGES", "QueryTokenizer", "QueryEncoder", "Searcher", "QuerySide", "TextQueryPath",
+           "probe_captions"]
