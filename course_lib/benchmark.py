@@ -231,12 +231,15 @@ def main(argv=None) -> dict:
     settings.plain_course_notes()  # a noisy timing reads "note: ...", not a UserWarning with a file path
     smoke = args.smoke or settings.smoke_mode()
     if args.refresh_shipped:
-        if smoke or args.seed != SEED or args.methods is not None:
-            parser.error(f"--refresh-shipped makes the default models of seed {SEED}, all of them: drop --smoke "
-                         "(and COURSE_SMOKE), --seed and --methods")
-        manifest = refresh(SHIPPED_MODELS, checkpoints=args.checkpoints)
+        if smoke or args.seed != SEED:
+            parser.error(f"--refresh-shipped makes the default models of seed {SEED}: drop --smoke "
+                         "(and COURSE_SMOKE) and --seed")
+        only = None if args.methods is None else [name for name in args.methods.split(",") if name]
+        manifest = refresh(SHIPPED_MODELS, checkpoints=args.checkpoints, only=only)
         total = sum(entry["bytes"] for entry in manifest["files"].values())
-        print(f"wrote {len(manifest['files'])} models ({total / 1e6:.1f} MB) and {MANIFEST} to {SHIPPED_MODELS}")
+        print(f"wrote {len(manifest['files'])} models ({total / 1e6:.1f} MB) and {MANIFEST} to {SHIPPED_MODELS}"
+              + (f"; not shipped (trained on first use): {', '.join(manifest['not_shipped'])}"
+                 if manifest["not_shipped"] else ""))
         return manifest
     mode = "smoke" if smoke else "default"
     out = Path(args.out or ("outputs/benchmark-smoke" if smoke else "outputs/benchmark"))

@@ -64,14 +64,26 @@ def stale_problems(folder=SHIPPED_MODELS) -> list[str]:
 
 
 def refresh(folder=SHIPPED_MODELS, checkpoints=CHECKPOINTS, methods=None, bench=None, tokenizer=None,
-            progress: bool = True) -> dict:
+            progress: bool = True, only=None) -> dict:
     """Fit every model that ships (training it, or loading a finished checkpoint of the same name
     from `checkpoints`, never a shipped file) and rewrite `folder` with their weights and manifest.
-    methods / bench / tokenizer: the default benchmark's unless given (tests pass tiny ones)."""
+    methods / bench / tokenizer: the default benchmark's unless given (tests pass tiny ones).
+
+    only: method names; then only their models ship, and the manifest lists every other model as
+    "not_shipped" (trained on first use), so that the staleness check knows they are left out on
+    purpose rather than lost."""
     if bench is None:
         bench, tokenizer = default_benchmark()
     methods = available_methods(SEED, smoke=False) if methods is None else methods
     models = own_models(methods)
+    not_shipped = []
+    if only is not None:
+        chosen = own_models([m for m in methods if m.name in set(only)])
+        unknown = set(only) - {m.name for m in methods}
+        if unknown:
+            raise ValueError(f"no such methods to ship: {sorted(unknown)}; known: {[m.name for m in methods]}")
+        not_shipped = sorted({m.name for m in models} - {m.name for m in chosen})
+        models = chosen
     with settings.retraining():
         for method in models:
             method.progress = progress
@@ -81,7 +93,7 @@ def refresh(folder=SHIPPED_MODELS, checkpoints=CHECKPOINTS, methods=None, bench=
     for method in models:
         name, entry = method.shipping_entry(bench, tokenizer)
         written.setdefault(name, (name, entry, method.model, method.history))  # one file per distinct model
-    return write_shipped(folder, list(written.values()))
+    return write_shipped(folder, list(written.values()), not_shipped=not_shipped)
 
 
 __all__ = ["own_models", "default_benchmark", "expected_entries", "stale_problems", "refresh", "SEED"]

@@ -176,10 +176,9 @@ def test_the_retrain_flag_reaches_the_run(monkeypatch, tmp_path):
     assert seen["retrain"] is True
 
 
-def test_refresh_refuses_smoke_and_subsets(monkeypatch, capsys):
+def test_refresh_refuses_smoke_and_other_seeds(monkeypatch, capsys):
     monkeypatch.setattr(benchmark, "refresh", lambda *a, **k: pytest.fail("refreshed"))
-    for argv in (["--refresh-shipped", "--smoke"], ["--refresh-shipped", "--seed", "1"],
-                 ["--refresh-shipped", "--methods", "vsepp"]):
+    for argv in (["--refresh-shipped", "--smoke"], ["--refresh-shipped", "--seed", "1"]):
         with pytest.raises(SystemExit):
             benchmark.main(argv)
         assert "--refresh-shipped makes the default models" in capsys.readouterr().err
@@ -256,12 +255,38 @@ def test_without_shipped_models_every_model_trains_with_a_note(data, monkeypatch
 def test_refresh_command_writes_the_folder(monkeypatch, tmp_path, capsys):
     monkeypatch.delenv("COURSE_SMOKE", raising=False)
     seen = {}
-    manifest = {"files": {"vsepp-x.pt": {"bytes": 2_000_000}, "scan-y.pt": {"bytes": 500_000}}}
-    monkeypatch.setattr(benchmark, "refresh", lambda folder, checkpoints: seen.update(folder=folder,
-                                                                                     checkpoints=checkpoints) or manifest)
+    manifest = {"files": {"vsepp-x.pt": {"bytes": 2_000_000}, "scan-y.pt": {"bytes": 500_000}}, "not_shipped": []}
+    monkeypatch.setattr(benchmark, "refresh", lambda folder, checkpoints, only: seen.update(
+        folder=folder, checkpoints=checkpoints, only=only) or manifest)
     benchmark.main(["--refresh-shipped", "--checkpoints", str(tmp_path)])
-    assert seen == {"folder": SHIPPED_MODELS, "checkpoints": str(tmp_path)}
+    assert seen == {"folder": SHIPPED_MODELS, "checkpoints": str(tmp_path), "only": None}
     assert "wrote 2 models (2.5 MB)" in capsys.readouterr().out
+    manifest["not_shipped"] = ["scan"]
+    benchmark.main(["--refresh-shipped", "--checkpoints", str(tmp_path), "--methods", "vsepp,cross_encoder"])
+    assert seen["only"] == ["vsepp", "cross_encoder"]
+    assert "not shipped (trained on first use): scan" in capsys.readouterr().out
+
+
+def test_a_partial_refresh_ships_some_models_and_declares_the_rest(shipped_tiny, data, tmp_path):
+    """refresh(only=...) ships the chosen models; the others are listed as not shipped, which the
+    staleness check accepts, while a model that is neither shipped nor declared still fails it."""
+    bench, tokenizer = data
+    _, trained, _ = shipped_tiny
+    methods = list(trained.values())
+    folder = tmp_path / "partial"
+    manifest = shipping.refresh(folder, checkpoints=None, methods=methods, bench=bench, tokenizer=tokenizer,
+                                progress=False, only=["vsepp"])
+    assert [e["method"] for e in manifest["files"].values()] == ["vsepp"]
+    assert manifest["not_shipped"] == sorted(m.name for m in methods if m.name != "vsepp")
+    expected = shipping.expected_entries(bench, tokenizer, methods)
+    assert check_shipped(folder, expected) == []
+    undeclared = read_manifest(folder)
+    undeclared["not_shipped"] = undeclared["not_shipped"][1:]
+    (folder / MANIFEST).write_text(json.dumps(undeclared))
+    problems = check_shipped(folder, expected)
+    assert len(problems) == 1 and "nothing is shipped for it" in problems[0]
+    with pytest.raises(ValueError, match="no such methods to ship"):
+        shipping.refresh(folder, methods=methods, bench=bench, tokenizer=tokenizer, only=["nope"])
 
 
 def test_the_shipped_folder_stays_small(shipped_tiny, tmp_path, monkeypatch):

@@ -161,10 +161,11 @@ def find_shipped(folder, name: str, expected: dict) -> Path | None:
     return None
 
 
-def write_shipped(folder, models) -> dict:
+def write_shipped(folder, models, not_shipped=()) -> dict:
     """Rewrite `folder` with `models`: (file name, manifest_entry, model, history) each, weights
     only. Files of the folder no longer listed are removed. Refuses, before writing anything, when
-    the files would add up to more than MAX_BYTES. Returns the manifest."""
+    the files would add up to more than MAX_BYTES. not_shipped: names of the methods deliberately
+    left out (check_shipped accepts their absence). Returns the manifest."""
     folder = Path(folder)
     payloads = {name: (entry, _payload(model, history)) for name, entry, model, history in models}
     total = sum(len(data) for _, data in payloads.values())
@@ -180,7 +181,8 @@ def write_shipped(folder, models) -> dict:
     for old in folder.glob("*.pt"):
         if old.name not in files:
             old.unlink()
-    manifest = {"format": SHIPPED_FORMAT, "refresh": REFRESH_COMMAND, "torch": torch.__version__, "files": files}
+    manifest = {"format": SHIPPED_FORMAT, "refresh": REFRESH_COMMAND, "torch": torch.__version__, "files": files,
+                "not_shipped": sorted(not_shipped)}
     (folder / (MANIFEST + ".tmp")).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     os.replace(folder / (MANIFEST + ".tmp"), folder / MANIFEST)
     return manifest
@@ -191,10 +193,13 @@ def check_shipped(folder, expected: dict) -> list[str]:
     models that should ship): a model missing or stale, a listed file missing or altered, a file
     not listed, more than MAX_BYTES. [] when the folder is current."""
     folder = Path(folder)
-    files = read_manifest(folder)["files"]
+    manifest = read_manifest(folder)
+    files, left_out = manifest["files"], set(manifest.get("not_shipped", ()))
     problems = []
     for name, entry in expected.items():
         same = [(other, e) for other, e in files.items() if e.get("method") == entry["method"]]
+        if not same and name not in files and entry["method"] in left_out:
+            continue  # left out on purpose by `refresh(only=...)`: trained on first use
         listed, shipped = (name, files[name]) if name in files else (same[0] if same else (None, None))
         reasons = stale_reasons(entry, shipped)  # a listed name's entry too: a manifest edited by hand
         if reasons:
