@@ -43,8 +43,10 @@ def test_level_layers_are_evenly_spaced_and_end_at_the_top():
     assert level_layers(6, 3) == [2, 4, 6]  # the paper's text tower
     assert level_layers(3, 3) == [1, 2, 3]
     assert level_layers(4, 1) == [4]
+    assert level_layers(1, 3) == [1, 1, 1]  # our text tower: one block feeds every level
+    assert level_layers(2, 3) == [1, 1, 2]
     with pytest.raises(ValueError):
-        level_layers(2, 3)
+        level_layers(0, 3)
 
 
 def test_config_checks():
@@ -54,8 +56,8 @@ def test_config_checks():
         HiVLPConfig(image_input="grid")
     with pytest.raises(ValueError, match="train_levels"):
         HiVLPConfig(train_levels="first")
-    with pytest.raises(ValueError, match="blocks"):
-        HiVLPConfig(text_layers=2)
+    with pytest.raises(ValueError, match="at least one block"):
+        HiVLPConfig(text_layers=0)
 
 
 @pytest.mark.parametrize("image_input", ["pixels", "regions"])
