@@ -267,6 +267,17 @@ def test_refresh_command_writes_the_folder(monkeypatch, tmp_path, capsys):
     assert "not shipped (trained on first use): scan" in capsys.readouterr().out
 
 
+def test_a_config_with_a_tuple_is_current_after_the_manifest_round_trip():
+    """JSON writes a tuple as a list: a config field like HiVLP's eol_widths must not read as changed."""
+    expected = shipped.manifest_entry("hivlp-flat", "hivlp", {"config": {"eol_widths": (32, 64, 128)}, "data": "d",
+                                                              "vocab": "v", "extra": [], "code": "c", "format": 1})
+    written = json.loads(json.dumps(expected))
+    assert written["config"]["eol_widths"] == [32, 64, 128]
+    assert shipped.stale_reasons(expected, written) == []
+    written["config"]["eol_widths"] = [16, 32, 64]
+    assert "config differs in eol_widths" in shipped.stale_reasons(expected, written)[0]
+
+
 def test_a_partial_refresh_ships_some_models_and_declares_the_rest(shipped_tiny, data, tmp_path):
     """refresh(only=...) ships the chosen models; the others are listed as not shipped, which the
     staleness check accepts, while a model that is neither shipped nor declared still fails it."""

@@ -106,7 +106,8 @@ def stale_reasons(expected: dict, entry: dict | None) -> list[str]:
     if entry is None:
         return ["nothing is shipped for it"]
     reasons = []
-    old, new = entry.get("config", {}), expected["config"]
+    # the manifest is JSON: compare the config as JSON gives it back (a tuple field reads back a list)
+    old, new = entry.get("config", {}), json.loads(json.dumps(expected["config"]))
     changed = sorted(k for k in set(old) | set(new) if old.get(k, "<absent>") != new.get(k, "<absent>"))
     if changed:
         reasons.append("config differs in " + ", ".join(
