@@ -19,6 +19,7 @@ from course_lib.studies.index_scale import KINDS, code_bytes, exact_search_flops
 from course_lib.core.retrieval import tile_rows
 from course_lib.core.retrieval import build_index, topk_recall
 from course_lib.core.timing import TimingResult
+from course_lib.methods.lightningdot.model import LightningDOTConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -181,15 +182,16 @@ def test_smoke_study_end_to_end(tmp_path):
     assert meta["embeddings"].startswith("random-weight LightningDOT (smoke config")  # no checkpoint
     assert [r["kind"] for r in results["indexes"]] == list(KINDS)
     rows = {r["kind"]: r for r in results["indexes"]}
-    assert rows["flat"]["recall_at_k"] == 1.0 and rows["flat"]["code_bytes"] == 256
+    width = LightningDOTConfig.smoke().hidden  # the embedding's dimension E: float32 codes of 4 E bytes
+    assert rows["flat"]["recall_at_k"] == 1.0 and rows["flat"]["code_bytes"] == 4 * width
     assert rows["ivfpq"]["code_bytes"] == rows["hnswpq"]["code_bytes"] == 16
-    assert rows["ivfpq"]["bytes_per_item"] < 32 and rows["hnsw"]["bytes_per_item"] > 256
+    assert rows["ivfpq"]["bytes_per_item"] < 32 and rows["hnsw"]["bytes_per_item"] > 4 * width
     for r in results["indexes"] + results["sweep"]:
         assert 0.0 <= r["recall_at_k"] <= 1.0 and r["ms_single"] > 0 and r["ms_batched"] > 0
     assert {(p["kind"], p["knob"]) for p in results["sweep"]} == {
         ("ivf", "nprobe"), ("ivfpq", "nprobe"), ("hnsw", "ef_search"), ("hnswpq", "ef_search")}
     (exact,) = results["exact_vs_mm"]
-    assert exact["gflop"] == pytest.approx(2 * 100 * 100_000 * 64 / 1e9)
+    assert exact["gflop"] == pytest.approx(2 * 100 * 100_000 * width / 1e9)
     assert exact["fraction"] == pytest.approx(exact["faiss_gflops"] / exact["mm_gflops"])
     assert exact["default_ms"] > 0 and 0 < exact["fraction"]
     saved = json.loads((tmp_path / "results.json").read_text())
