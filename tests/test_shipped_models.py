@@ -314,3 +314,12 @@ def test_every_model_the_benchmark_uses_ships_and_nothing_else():
     names = [m.name for m in shipping.own_models(methods)]
     assert names == ["vsepp", "scan", "cross_encoder", "lightningdot", "ubert-embed", "hivlp-flat",
                      "hivlp-regions-flat", "slow", "fast", "fast-distilled"]
+
+
+def test_a_method_without_a_model_of_its_own_does_not_ship(data):
+    """A cascade's stages ship; the cascade has no model to build, and says so."""
+    bench, tokenizer = data
+    [cascade] = available_methods(0, smoke=True, names=["lightningdot+rerank@20"])
+    assert not cascade.ships
+    with pytest.raises(TypeError, match="no model of its own"):
+        cascade.build_model(bench, tokenizer)

@@ -186,8 +186,9 @@ class Method(ABC):
         return type(self).build_model is not Method.build_model
 
     def build_model(self, bench: dict, tokenizer) -> nn.Module:
-        """The untrained model a shipped model's weights load into (a method that ships overrides it)."""
-        raise NotImplementedError(f"{type(self).__name__} does not build its model without training it")
+        """The untrained model a shipped model's weights load into. A method that ships overrides it;
+        the others (cascades, whose stages ship) have no model of their own to build: `ships` is False."""
+        raise TypeError(f"{type(self).__name__} has no model of its own to build (Method.ships is False)")
 
     def fit(self, bench: dict, tokenizer, cache_dir=None) -> "Method":
         """Load the shipped model when one matches (shipped.shipped_folder: not in smoke mode, nor with
