@@ -234,20 +234,21 @@ def test_an_altered_shipped_file_is_not_loaded(course_env, data, monkeypatch, tm
     monkeypatch.setenv("COURSE_SHIPPED_MODELS", str(folder))
     name = TINY["vsepp"]().checkpoint_file(bench, tokenizer)
     (folder / name).write_bytes((folder / name).read_bytes()[:-10])  # truncated, as a failed download
-    method = TINY["vsepp"]()
-    calls = recording_training(monkeypatch, method)
-    with pytest.warns(CourseNote, match="does not match the sha256"):
-        method.fit(bench, tokenizer, cache_dir=tmp_path / "cache")
-    assert calls and not method.from_shipped
+    assert_vsepp_trains_with_note(data, monkeypatch, tmp_path, "does not match the sha256")
 
 
 def test_without_shipped_models_every_model_trains_with_a_note(data, monkeypatch, tmp_path):
-    bench, tokenizer = data
     monkeypatch.delenv("COURSE_SMOKE", raising=False)
     monkeypatch.setenv("COURSE_SHIPPED_MODELS", str(tmp_path / "deleted"))
+    assert_vsepp_trains_with_note(data, monkeypatch, tmp_path, "no shipped models in")
+
+
+def assert_vsepp_trains_with_note(data, monkeypatch, tmp_path, note: str) -> None:
+    """The tiny VSE++ trains (not loaded from a shipped file) and a CourseNote matching `note` says why."""
+    bench, tokenizer = data
     method = TINY["vsepp"]()
     calls = recording_training(monkeypatch, method)
-    with pytest.warns(CourseNote, match="no shipped models in"):
+    with pytest.warns(CourseNote, match=note):
         method.fit(bench, tokenizer, cache_dir=tmp_path / "cache")
     assert calls and not method.from_shipped
 
