@@ -14,7 +14,7 @@ from course_lib.data.datasets import PairCollate, PairDataset
 from course_lib.methods.hivlp.model import (CostModel, HiVLPConfig, build_hivlp, cascade_cost, encoder_multiply_adds,
                               hrl_loss, level_layers, query_multiply_adds)
 from course_lib.methods.hivlp.method import HiVLPCascade, HiVLPMethod, compute_states
-from course_lib.methods.hivlp.search import coarse_to_fine, select_top_k
+from course_lib.methods.hivlp.search import coarse_to_fine, rescore, select_top_k
 from course_lib.core.losses import VMLM
 
 TOL = 1e-5
@@ -167,6 +167,47 @@ def test_nothing_pruned_is_flat_search():
     torch.testing.assert_close(scores, flat.values, atol=TOL, rtol=0)
     with pytest.raises(ValueError, match="survivor"):
         coarse_to_fine(gallery, query, survivors=(10,), top_k=5)
+
+
+def test_rescore_against_a_loop_one_query_and_many():
+    torch.manual_seed(5)
+    gallery = torch.randn(40, 8)
+    for Q in (1, 3):
+        query, indices = torch.randn(Q, 8), torch.randint(0, 40, (Q, 12))
+        expected = torch.tensor([[float(gallery[indices[q, m]] @ query[q]) for m in range(12)] for q in range(Q)])
+        torch.testing.assert_close(rescore(gallery, query, indices), expected, atol=TOL, rtol=0)
+
+
+class _NeverScored:
+    """A gallery level that fails if anything scores it (len() still works)."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __matmul__(self, other):
+        raise AssertionError("a level that keeps every candidate was scored")
+
+    __getitem__ = __matmul__
+
+
+def test_levels_that_keep_everything_are_skipped_with_the_same_answer():
+    torch.manual_seed(4)
+    widths, G, Q = (2, 4, 8), 50, 6
+    gallery = [torch.randn(G, w) for w in widths]
+    query = [torch.randn(Q, w) for w in widths]
+    # level 1 keeps all 50 (the paper's N2 = 1,000 on a 1k gallery): never scored, answer unchanged
+    expected = _naive_cascade(gallery, query, (G, 6), 4)
+    indices, scores = coarse_to_fine([_NeverScored(G)] + gallery[1:], query, survivors=(G, 6), top_k=4)
+    assert indices.tolist() == expected
+    torch.testing.assert_close(scores, torch.stack([gallery[2][indices[q]] @ query[2][q] for q in range(Q)]),
+                               atol=TOL, rtol=0)
+    # a middle level that keeps all the survivors of the one before: skipped too
+    expected = _naive_cascade(gallery, query, (20, 20), 4)
+    indices, _ = coarse_to_fine([gallery[0], _NeverScored(G), gallery[2]], query, survivors=(20, 20), top_k=4)
+    assert indices.tolist() == expected
 
 
 def test_cascade_method_matches_coarse_to_fine_and_query_fn(fitted, bench, tok):

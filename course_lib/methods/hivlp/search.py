@@ -53,18 +53,35 @@ def flat_search(gallery: torch.Tensor, query: torch.Tensor, top_k: int = 10):
     return indices, values
 
 
+def rescore(gallery: torch.Tensor, query: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    """(Q, M) scores of each query against its own candidates, query[q] . gallery[indices[q, m]].
+    index_select + a matrix-vector product: about a third of the time of fancy indexing + einsum
+    for one online query of 100 candidates on the CPU."""
+    Q, M = indices.shape
+    rows = torch.index_select(gallery, 0, indices.reshape(-1)).view(Q, M, -1)  # (Q, M, d)
+    if Q == 1:
+        return (rows[0] @ query[0])[None]  # one online query: (1, M)
+    return torch.bmm(rows, query[:, :, None])[..., 0]  # (Q, M)
+
+
 def coarse_to_fine(gallery_levels, query_levels, survivors=SURVIVORS, top_k: int = 10):
     """§3.4 for a batch of queries: level 1 scores the whole gallery and keeps survivors[0], each
     later level re-scores the previous survivors and keeps the next count; the last level orders
-    what is left. gallery_levels[l] (G, d_l), query_levels[l] (Q, d_l) ->
+    what is left; a level that would keep all it scores is skipped (it filters nothing).
+    gallery_levels[l] (G, d_l), query_levels[l] (Q, d_l) ->
     (indices (Q, k), scores (Q, k)) by the last level's score, k = min(top_k, last survivors)."""
     if len(gallery_levels) != len(query_levels) or len(survivors) != len(gallery_levels) - 1:
         raise ValueError(f"{len(gallery_levels)} gallery levels, {len(query_levels)} query levels and "
                          f"{len(survivors)} survivor counts: need L, L and L - 1")
     counts = list(survivors) + [top_k]  # what each level keeps
-    indices, values = flat_search(gallery_levels[0], query_levels[0], counts[0])  # (Q, N2) at width d_1
-    for l in range(1, len(counts)):
-        values = torch.einsum("qd,qmd->qm", query_levels[l], gallery_levels[l][indices])  # (Q, M) at d_l
+    # A level that would keep every candidate it scores filters nothing (the paper's N2 = 1,000 on a
+    # 1k gallery): skip it and let the next level score them. Same answer, without sorting them all.
+    first = next(l for l, keep in enumerate(counts) if keep < len(gallery_levels[0]) or l == len(counts) - 1)
+    indices, values = flat_search(gallery_levels[first], query_levels[first], counts[first])  # (Q, N) at d_first
+    for l in range(first + 1, len(counts)):
+        if counts[l] >= indices.shape[1] and l < len(counts) - 1:
+            continue  # keeps every survivor: nothing to filter
+        values = rescore(gallery_levels[l], query_levels[l], indices)  # (Q, M) at d_l
         top = torch.topk(values, min(counts[l], values.shape[1]), dim=1)
         indices, values = indices.gather(1, top.indices), top.values  # (Q, counts[l])
     return indices, values
@@ -76,4 +93,4 @@ def coarse_to_fine(gallery_levels, query_levels, survivors=SURVIVORS, top_k: int
 # ----------------------------------------------------------------------------- methods
 
 
-__all__ = ["SURVIVORS", "coarse_to_fine", "select_top_k", "flat_search"]
+__all__ = ["SURVIVORS", "coarse_to_fine", "rescore", "select_top_k", "flat_search"]
