@@ -48,10 +48,12 @@ from course_lib.core.encoders import (
 )
 from course_lib.core.settings import CourseConfig
 from course_lib.core.tokens import WORD_SPECIAL_TOKENS, SpecialTokens
+from course_lib.methods.pixel_stem import ConvBackbone, conv_bn_relu
 
 FUSION_EPS = 1e-4  # BiFPN's epsilon in the normalised fusion (the paper's App. D)
 IMAGE_POOLS = ("mean", "flatten")  # FastConfig.image_pool
 TEXT_TOWERS = ("bow", "transformer")  # FastConfig.text_tower
+IMAGE_INITS = ("pixel_stem", "scratch")  # FastConfig.image_init
 
 
 @dataclass
@@ -94,6 +96,11 @@ class FastConfig(CourseConfig):
     # (docs/tuning_notes.md): as in Table 7, the BoW wins at this budget
     text_tower: str = "bow"
     text_layers: int = 2  # transformer text tower only: blocks (heads: 4)
+    # where the image CNN starts: "pixel_stem" (ConvBackbone pre-trained on bench["pretrain"]'s scene
+    # ground truth, course_lib.methods.pixel_stem, cached) or "scratch" (random, as the paper's
+    # ResNet trained from scratch). The stem lifted val R@1 far above scratch (docs/tuning_notes.md)
+    image_init: str = "pixel_stem"
+    stem_steps: int = 400  # pixel_stem pre-training steps (PixelStemConfig.max_steps; its other fields default)
     hidden: int = 64  # word-embedding width of the text tower
     embed_dim: int = 64  # the joint space of f(x) and g(y)
     # distillation (eq. 5-8): False = eq. 4 alone. True = then distill_steps steps of eq. 8 (or only
@@ -124,13 +131,15 @@ class FastConfig(CourseConfig):
     seed: int = 0
 
     SMOKE: ClassVar[dict] = {"max_steps": 30, "batch_size": 16, "distill_batch_size": 8, "distill_steps": 20,
-                             "hidden": 32, "channels": (8, 16, 32)}
+                             "hidden": 32, "channels": (8, 16, 32), "stem_steps": 20}
 
     def __post_init__(self):
         self.channels = tuple(int(c) for c in self.channels)
         if self.image_pool not in IMAGE_POOLS or self.text_tower not in TEXT_TOWERS:
             raise ValueError(f"image_pool must be one of {IMAGE_POOLS} and text_tower one of {TEXT_TOWERS}, got "
                              f"{self.image_pool!r} and {self.text_tower!r}")
+        if self.image_init not in IMAGE_INITS:
+            raise ValueError(f"image_init must be one of {IMAGE_INITS}, got {self.image_init!r}")
         if self.distill_start not in ("fast", "scratch"):
             raise ValueError(f"distill_start must be 'fast' or 'scratch', got {self.distill_start!r}")
         if not self.tau > 0 or self.alpha < 0:
@@ -138,30 +147,6 @@ class FastConfig(CourseConfig):
 
 
 # ----------------------------------------------------------------------------- visual encoders
-
-def _conv(c_in: int, c_out: int, stride: int = 1) -> nn.Sequential:
-    return nn.Sequential(nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU())
-
-
-class ConvBackbone(nn.Module):
-    """Pixels (B, 3, 32, 32) -> the three stages' maps [(B, c0, 16, 16), (B, c1, 8, 8), (B, c2, 4, 4)]:
-    per stage a stride-2 conv then a conv, each with BN and ReLU (the first stage's stride-2 conv is
-    the stem: a full-resolution stem cost as much as the rest on one CPU thread)."""
-
-    def __init__(self, channels=(24, 48, 96)):
-        super().__init__()
-        c0, c1, c2 = channels
-        self.stages = nn.ModuleList(nn.Sequential(_conv(a, b, 2), _conv(b, b)) for a, b in
-                                    ((3, c0), (c0, c1), (c1, c2)))
-        self.out_dim = c2
-
-    def forward(self, pixels: torch.Tensor) -> list[torch.Tensor]:
-        x, maps = pixels, []
-        for stage in self.stages:
-            x = stage(x)
-            maps.append(x)
-        return maps  # finest first
-
 
 class WeightedFusion(nn.Module):
     """One upsampling step (BiFPN's fast normalised fusion, the paper's App. D):
@@ -173,7 +158,7 @@ class WeightedFusion(nn.Module):
         self.lateral = nn.Conv2d(lateral_channels, hidden, 1)
         self.weights = nn.Parameter(torch.ones(2))  # (upsampled coarse, lateral)
         self.eps = eps
-        self.conv = _conv(hidden, hidden)
+        self.conv = conv_bn_relu(hidden, hidden)
 
     def forward(self, coarse: torch.Tensor, lateral: torch.Tensor) -> torch.Tensor:
         w = F.relu(self.weights)  # (2,) non-negative
@@ -401,4 +386,4 @@ class FastModel(nn.Module):
 
 __all__ = ["SlowConfig", "FastConfig", "ConvBackbone", "WeightedFusion", "VisualTokens", "CausalSelfAttention",
            "CrossAttention", "DecoderBlock", "Decoder", "reverse_words", "summed_log_likelihood", "SlowModel",
-           "FastModel", "FUSION_EPS", "IMAGE_POOLS", "TEXT_TOWERS"]
+           "FastModel", "FUSION_EPS", "IMAGE_POOLS", "TEXT_TOWERS", "IMAGE_INITS"]
