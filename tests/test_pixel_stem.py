@@ -21,8 +21,8 @@ from course_lib.methods.pixel_stem import (
 )
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-BENCH_SIZES = dict(n_train=40, n_val=60, n_test=10, n_pretrain=400, n_compositional=1)
-TINY = dict(channels=(8, 16, 16), batch_size=32, lr=3e-3)
+BENCH_SIZES = {"n_train": 40, "n_val": 60, "n_test": 10, "n_pretrain": 400, "n_compositional": 1}
+TINY = {"channels": (8, 16, 16), "batch_size": 32, "lr": 3e-3}
 
 
 def test_cell_targets_by_hand():

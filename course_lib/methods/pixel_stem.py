@@ -28,8 +28,8 @@ from typing import ClassVar
 
 import numpy as np
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
+from torch import nn
 from torch.utils.data import Dataset
 
 from course_lib.core.checkpoints import checkpoint_name, inference, source_version
@@ -195,13 +195,25 @@ def train_pixel_stem(bench: dict, config: PixelStemConfig | None = None, *, chec
     seed_everything(c.seed)
     model = PixelStem(c)
     evaluate = None if evaluate_on is None else (lambda m: cell_accuracy(m, bench[evaluate_on]))
-    runtime = dict(checkpoint_path=checkpoint_path, progress=progress, device=device, eval_every=eval_every,
-                   log_every=max(1, c.max_steps // 100))
-    history = Trainer(model, cell_loss, CellDataset(bench["pretrain"]), train_config(c, **runtime),
-                      evaluate=evaluate).fit()
+    config = train_config(c, checkpoint_path=checkpoint_path, progress=progress, device=device,
+                          eval_every=eval_every, log_every=max(1, c.max_steps // 100))
+    history = Trainer(model, cell_loss, CellDataset(bench["pretrain"]), config, evaluate=evaluate).fit()
     return model.eval(), history
 
 
-__all__ = ["CELLS", "HEADS", "HEAD_POOLS", "STEM_MODULES", "PixelStemConfig", "conv_bn_relu", "ConvBackbone",
-           "cell_targets", "CellDataset", "PixelStem", "cell_loss", "cell_accuracy", "stem_checkpoint_file",
-           "train_pixel_stem"]
+__all__ = [
+    "CELLS",
+    "HEADS",
+    "HEAD_POOLS",
+    "STEM_MODULES",
+    "CellDataset",
+    "ConvBackbone",
+    "PixelStem",
+    "PixelStemConfig",
+    "cell_accuracy",
+    "cell_loss",
+    "cell_targets",
+    "conv_bn_relu",
+    "stem_checkpoint_file",
+    "train_pixel_stem",
+]
