@@ -33,25 +33,25 @@ def test_cell_targets_by_hand():
                     n_objects=np.array([2, 1], np.int8))
     _ = -1
     got = cell_targets(scenes)
-    assert got["shape"].tolist() == [[0, 0, 0, 0, 3, 0, 0, 0, 1], [6, 0, 0, 0, 0, 0, 0, 0, 0]]  # 0 empty, 1 + shape
-    assert got["color"].tolist() == [[_, _, _, _, 1, _, _, _, 7], [3, _, _, _, _, _, _, _, _]]
+    # 0 empty, else 1 + shape * 8 + colour: triangle green 1 + 2 * 8 + 1, circle cyan 1 + 0 + 7, ring yellow 1 + 40 + 3
+    assert got["object"].tolist() == [[0, 0, 0, 0, 18, 0, 0, 0, 8], [44, 0, 0, 0, 0, 0, 0, 0, 0]]
     assert got["size"].tolist() == [[_, _, _, _, 1, _, _, _, 0], [0, _, _, _, _, _, _, _, _]]
-    assert cell_targets(scenes, rows=[1])["shape"].tolist() == got["shape"][1:].tolist()
+    assert cell_targets(scenes, rows=[1])["object"].tolist() == got["object"][1:].tolist()
 
 
 def test_dataset_matches_the_ground_truth_and_heads_have_their_shapes(bench):
     data = CellDataset(bench["pretrain"])
     item = data[3]
     assert item["pixels"].shape == (3, 32, 32)
-    assert int((item["shape"] > 0).sum()) == int(bench["pretrain"].scenes.n_objects[3])
+    assert int((item["object"] > 0).sum()) == int(bench["pretrain"].scenes.n_objects[3])
     for pool in ("flatten", "cells"):
         out = PixelStem(PixelStemConfig(**TINY, head_pool=pool))(torch.stack([data[i]["pixels"] for i in range(5)]))
-        assert {k: tuple(v.shape) for k, v in out.items()} == {"shape": (5, 9, 7), "color": (5, 9, 8), "size": (5, 9, 2)}
+        assert {k: tuple(v.shape) for k, v in out.items()} == {"object": (5, 9, 49), "size": (5, 9, 2)}
 
 
 @pytest.fixture(scope="module")
 def trained(bench, tmp_path_factory):
-    config = PixelStemConfig(**TINY, max_steps=80)
+    config = PixelStemConfig(**TINY, max_steps=150)
     path = tmp_path_factory.mktemp("stem") / stem_checkpoint_file(bench, config)
     stem, history = train_pixel_stem(bench, config, checkpoint_path=path, progress=False)
     return config, path, stem, history
@@ -64,9 +64,9 @@ def test_stem_learns_above_chance(trained, bench):
     after = cell_accuracy(stem, bench["val"])
     assert history.rows(eval=True)[-1]["color"] == pytest.approx(after["color"])  # evaluated on val at the end
     losses = history.column("loss", eval=False)
-    assert losses[-1] < 0.7 * losses[0]
-    assert after["occupancy"] > 65 and after["color"] > 22  # chance: ~50 (4-5 of 9 cells), 12.5 (1 of 8)
-    assert after["occupancy"] > before["occupancy"] + 10 and after["color"] > before["color"] + 10
+    assert losses[-1] < 0.5 * losses[0]
+    assert after["occupancy"] > 58  # a constant guess: ~50 (4-5 objects in 9 cells)
+    assert after["occupancy"] > before["occupancy"] + 8
 
 
 def test_the_cache_loads_and_its_name_covers_config_data_and_code(trained, bench, monkeypatch):
@@ -82,8 +82,8 @@ def test_the_cache_loads_and_its_name_covers_config_data_and_code(trained, bench
         assert torch.equal(a, b)
     assert again_history == history
     name = path.name
-    assert stem_checkpoint_file(bench, PixelStemConfig(**{**TINY, "lr": 1e-3}, max_steps=80)) != name
-    assert stem_checkpoint_file(bench, PixelStemConfig(**TINY, max_steps=81)) != name
+    assert stem_checkpoint_file(bench, PixelStemConfig(**{**TINY, "lr": 1e-3}, max_steps=150)) != name
+    assert stem_checkpoint_file(bench, PixelStemConfig(**TINY, max_steps=151)) != name
     assert stem_checkpoint_file({"pretrain": bench["val"]}, config) != name
     monkeypatch.setattr(pixel_stem, "source_version", lambda modules: "other code")
     assert stem_checkpoint_file(bench, config) != name

@@ -6,11 +6,15 @@ small stem is pre-trained once, on bench["pretrain"]'s rendered scenes (a corpus
 the retrieval splits), against what sits in each cell of the 3x3 grid (data.scenes.Scenes):
 
     pixels (B, 3, 32, 32) -> ConvBackbone -> maps (B, c0, 16, 16), (B, c1, 8, 8), (B, c2, 4, 4)
-    head_pool "flatten": the 4x4 map flattened (B, 16 c2) -> Linear -> (B, 9, 17) logits per cell
+    head_pool "flatten": the 4x4 map flattened (B, 16 c2) -> Linear -> (B, 9, 51) logits per cell
               "cells":   the 4x4 map average-pooled to the 3x3 grid (B, c2, 3, 3) -> one shared
-                         Linear per cell -> (B, 9, 17)
-    17 logits a cell: shape-or-empty (7: 0 = empty, 1 + SHAPES index), colour (8), size (2)
-    loss: CE(shape-or-empty, all 9 cells) + CE(colour) + CE(size) on the occupied cells only
+                         Linear per cell -> (B, 9, 51)
+    51 logits a cell: object (49: 0 = empty, else 1 + the detector's class shape * 8 + colour), size (2)
+    loss: CE(object, all 9 cells) + CE(size, occupied cells only)
+
+One class per (shape, colour), not a head each: then "a red circle sits in cell k" is a linear
+read-out of the 4x4 map, and so is a bag of the scene's objects, the vector a dot product needs
+(README, "What one vector can do"); separate heads leave that conjunction to whatever reads the map.
 
 `ConvBackbone` is Fast's image CNN and Slow's (course_lib.methods.fast_slow.model imports it from
 here), so with the same channels the stem's backbone weights load straight into
@@ -36,11 +40,11 @@ from course_lib.core.checkpoints import checkpoint_name, inference, source_versi
 from course_lib.core.settings import CourseConfig, seed_everything
 from course_lib.core.train import Trainer, train_config
 from course_lib.data.datasets import ImageDataset
-from course_lib.data.scenes import COLORS, GRID, SHAPES, SIZES
+from course_lib.data.scenes import COLORS, GRID, N_CLASSES, SIZES
 from course_lib.methods.base import TRAINING_MODULES
 
 CELLS = GRID * GRID  # 9 cells, cell = row * GRID + col
-HEADS = {"shape": 1 + len(SHAPES), "color": len(COLORS), "size": len(SIZES)}  # logits per cell and head
+HEADS = {"object": 1 + N_CLASSES, "size": len(SIZES)}  # logits per cell and head
 HEAD_POOLS = ("flatten", "cells")  # PixelStemConfig.head_pool
 STEM_MODULES = TRAINING_MODULES + ("course_lib.methods.pixel_stem",)  # the stem's code version
 
@@ -92,22 +96,22 @@ class ConvBackbone(nn.Module):
 
 
 def cell_targets(scenes, rows=None) -> dict[str, np.ndarray]:
-    """Per scene and cell what sits there, from the ground truth: int64 (n, 9) each. "shape": 0 =
-    empty, else 1 + the shape index; "color", "size": the object's, -1 in empty cells (ignored)."""
+    """Per scene and cell what sits there, from the ground truth: int64 (n, 9) each. "object": 0 =
+    empty, else 1 + the detector's class (shape * len(COLORS) + colour); "size": the object's, -1 in
+    empty cells (ignored by the loss)."""
     rows = np.arange(len(scenes)) if rows is None else np.asarray(rows)
-    out = {"shape": np.zeros((len(rows), CELLS), np.int64), "color": np.full((len(rows), CELLS), -1, np.int64),
-           "size": np.full((len(rows), CELLS), -1, np.int64)}
+    out = {"object": np.zeros((len(rows), CELLS), np.int64), "size": np.full((len(rows), CELLS), -1, np.int64)}
     scene, slot = np.nonzero(scenes.valid[rows])  # (K,) each: every object of the chosen scenes
     cell = scenes.cell[rows][scene, slot].astype(np.int64)
-    out["shape"][scene, cell] = scenes.shape[rows][scene, slot] + 1
-    out["color"][scene, cell] = scenes.color[rows][scene, slot]
+    shape, color = (scenes.shape[rows][scene, slot].astype(np.int64), scenes.color[rows][scene, slot].astype(np.int64))
+    out["object"][scene, cell] = 1 + shape * len(COLORS) + color
     out["size"][scene, cell] = scenes.size[rows][scene, slot]
     return out
 
 
 class CellDataset(Dataset):
     """One item per scene of a split: "pixels" (3, 32, 32) normalised as every pixel model reads
-    them (data.datasets.ImageDataset) and its cell_targets "shape", "color", "size" (9,) each."""
+    them (data.datasets.ImageDataset) and its cell_targets "object", "size" (9,) each."""
 
     def __init__(self, split):
         if split.scenes is None:
@@ -123,28 +127,28 @@ class CellDataset(Dataset):
 
 
 class PixelStem(nn.Module):
-    """ConvBackbone + per-cell heads: forward(pixels (B, 3, 32, 32)) -> {"shape": (B, 9, 7),
-    "color": (B, 9, 8), "size": (B, 9, 2)} logits. Only `backbone` is handed on."""
+    """ConvBackbone + per-cell heads: forward(pixels (B, 3, 32, 32)) -> {"object": (B, 9, 49),
+    "size": (B, 9, 2)} logits. Only `backbone` is handed on."""
 
     def __init__(self, config: PixelStemConfig | None = None):
         super().__init__()
         c = self.config = config or PixelStemConfig()
         self.backbone = ConvBackbone(c.channels)
-        width = sum(HEADS.values())  # 17 logits a cell
+        width = sum(HEADS.values())  # 51 logits a cell
         self.head = (nn.Linear(16 * c.channels[2], CELLS * width) if c.head_pool == "flatten"
                      else nn.Linear(c.channels[2], width))
 
     def forward(self, pixels: torch.Tensor) -> dict[str, torch.Tensor]:
         grid = self.backbone(pixels)[2]  # (B, C, 4, 4)
         if self.config.head_pool == "flatten":
-            logits = self.head(grid.flatten(1)).view(len(grid), CELLS, -1)  # (B, 9, 17)
+            logits = self.head(grid.flatten(1)).view(len(grid), CELLS, -1)  # (B, 9, 51)
         else:  # 4x4 -> 3x3 by overlapping averages, row-major like the cell index
-            logits = self.head(F.adaptive_avg_pool2d(grid, GRID).flatten(2).transpose(1, 2))  # (B, 9, 17)
+            logits = self.head(F.adaptive_avg_pool2d(grid, GRID).flatten(2).transpose(1, 2))  # (B, 9, 51)
         return dict(zip(HEADS, logits.split(list(HEADS.values()), dim=2)))
 
 
 def cell_loss(model: PixelStem, batch: dict, step: int = 0) -> dict:
-    """Sum of the three heads' cross-entropies (colour and size on occupied cells only); logs each."""
+    """Sum of the heads' cross-entropies (size on occupied cells only); logs each."""
     logits = model(batch["pixels"])
     parts = {k: F.cross_entropy(logits[k].flatten(0, 1), batch[k].flatten(), ignore_index=-1) for k in HEADS}
     return {"loss": sum(parts.values()), **{f"{k}_loss": v for k, v in parts.items()}}
@@ -162,10 +166,12 @@ def cell_accuracy(model: PixelStem, split, batch_size: int = 500) -> dict[str, f
             for k, v in model(pixels.to(device)).items():
                 preds[k].append(v.argmax(-1).cpu())  # (b, 9)
     pred = {k: torch.cat(v) for k, v in preds.items()}  # (N, 9) each
-    truth, occupied = data.targets, data.targets["shape"] > 0
-    right = {"shape": pred["shape"] == truth["shape"], "color": pred["color"] == truth["color"],
+    truth, occupied = data.targets, data.targets["object"] > 0
+    n_colors = len(COLORS)  # class - 1 = shape * n_colors + colour; an "empty" guess gets neither right
+    right = {"shape": (pred["object"] - 1) // n_colors == (truth["object"] - 1) // n_colors,
+             "color": ((pred["object"] - 1) % n_colors == (truth["object"] - 1) % n_colors) & (pred["object"] > 0),
              "size": pred["size"] == truth["size"]}
-    out = {"occupancy": 100.0 * ((pred["shape"] > 0) == occupied).float().mean().item()}
+    out = {"occupancy": 100.0 * ((pred["object"] > 0) == occupied).float().mean().item()}
     for k, ok in {**right, "object": right["shape"] & right["color"] & right["size"]}.items():
         out[k] = 100.0 * ok[occupied].float().mean().item()
     return out

@@ -101,6 +101,9 @@ class FastConfig(CourseConfig):
     # ResNet trained from scratch). The stem lifted val R@1 far above scratch (docs/tuning_notes.md)
     image_init: str = "pixel_stem"
     stem_steps: int = 400  # pixel_stem pre-training steps (PixelStemConfig.max_steps; its other fields default)
+    # image_init="pixel_stem" only: keep the stem's CNN as it is (weights and BatchNorm statistics) and
+    # train the rest, or fine-tune it too. Fine-tuned, it memorised the training images (docs/tuning_notes.md)
+    freeze_stem: bool = True
     hidden: int = 64  # word-embedding width of the text tower
     embed_dim: int = 64  # the joint space of f(x) and g(y)
     # distillation (eq. 5-8): False = eq. 4 alone. True = then distill_steps steps of eq. 8 (or only
@@ -366,11 +369,23 @@ class FastModel(nn.Module):
         super().__init__()
         c = self.config = config or FastConfig()
         self.backbone = ConvBackbone(c.channels)
+        self.backbone.requires_grad_(not self.frozen_backbone)  # frozen: the Trainer's optimizer skips it
         cells = 1 if c.image_pool == "mean" else 16  # the 4x4 map of 32-pixel images
         self.image_proj = nn.Linear(c.channels[2] * cells, c.embed_dim)
         self.text = (BagOfWordsEncoder(vocab_size, c.hidden, special) if c.text_tower == "bow" else
                      TransformerTextEncoder(vocab_size, c.hidden, c.text_layers, heads=4, special=special))
         self.text_proj = nn.Sequential(nn.Linear(c.hidden, c.hidden), nn.ReLU(), nn.Linear(c.hidden, c.embed_dim))
+
+    @property
+    def frozen_backbone(self) -> bool:
+        """Whether the CNN is the pixel stem's, kept as it is (config.freeze_stem)."""
+        return self.config.image_init == "pixel_stem" and self.config.freeze_stem
+
+    def train(self, mode: bool = True) -> "FastModel":
+        super().train(mode)
+        if self.frozen_backbone:  # BatchNorm keeps the stem's running statistics
+            self.backbone.eval()
+        return self
 
     def encode_images(self, batch: dict) -> torch.Tensor:
         grid = self.backbone(batch["pixels"])[2]  # (B, C, 4, 4)
