@@ -3,7 +3,8 @@
     slow            captioning cross-entropy on positive pairs only: L_CA = -sum_i h(x_i, y_i)
                     (§3.1; averaged over the batch here), no negatives, no horizontal flips (our
                     captions name left and right)
-    fast            the NCE BoW dual encoder with eq. 4 (`losses.joint_nce_loss`)
+    fast            the NCE BoW dual encoder with eq. 4 (`losses.joint_nce_loss`), its CNN started
+                    from the cached pixel stem (`initial_fast_model`, FastConfig.image_init)
     fast-distilled  eq. 8: L_distill + alpha * L_DE, the frozen Slow teacher scoring every (image,
                     caption) pair of the batch (`losses.distillation_loss`, per caption a softmax over
                     the batch's images of h / tau against the student's dot products / tau)
