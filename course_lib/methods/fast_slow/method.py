@@ -213,14 +213,14 @@ def stem_config(config: FastConfig) -> PixelStemConfig:
     return PixelStemConfig(channels=config.channels, max_steps=config.stem_steps, seed=config.seed)
 
 
-def initial_fast_model(bench: dict, tokenizer, config: FastConfig, *, stem_checkpoint=None,
+def initial_fast_model(bench: dict, tokenizer, config: FastConfig, *, stem_checkpoint=None, with_stem: bool = True,
                        progress: bool = True, device: str | None = None) -> FastModel:
     """The Fast model eq. 4 starts from: seeded random weights, and with image_init="pixel_stem"
     the backbone of the pixel stem (trained on bench["pretrain"], or loaded from a finished
-    stem_checkpoint)."""
+    stem_checkpoint). with_stem=False: no stem (a model whose weights are loaded next)."""
     seed_everything(config.seed)
     model = FastModel(len(tokenizer), config, SpecialTokens.of(tokenizer))
-    if config.image_init == "pixel_stem":
+    if with_stem and config.image_init == "pixel_stem":
         stem, _ = train_pixel_stem(bench, stem_config(config), checkpoint_path=stem_checkpoint,
                                    progress=progress, device=device)
         model.backbone.load_state_dict(stem.backbone.state_dict())
@@ -242,8 +242,8 @@ def train_fast(bench: dict, tokenizer, config: FastConfig | None = None, *, teac
         raise ValueError("FastConfig(distill=True) needs the Slow teacher and (distill_start='fast') the plain "
                          "Fast model it starts from: train_fast(..., teacher=slow_model, init=fast_model)")
     # a distilled model that starts from the plain one needs no stem: its weights come from `init`
-    model = initial_fast_model(bench, tokenizer, dataclasses.replace(c, image_init="scratch") if from_fast else c,
-                               stem_checkpoint=stem_checkpoint, progress=progress, device=device)
+    model = initial_fast_model(bench, tokenizer, c, stem_checkpoint=stem_checkpoint, with_stem=not from_fast,
+                               progress=progress, device=device)
     evaluate = retrieval_evaluator(evaluate_on, lambda m, split: similarity(m, split, tokenizer))
     if not c.distill:
         history = fit_pairs(model, nce_loss, bench["train"], tokenizer, c, modality="pixels",
