@@ -390,7 +390,7 @@ class FastModel(nn.Module):
         """Whether the CNN is the pixel stem's, kept as it is (config.freeze_stem)."""
         return self.config.image_init == "pixel_stem" and self.config.freeze_stem
 
-    def train(self, mode: bool = True) -> "FastModel":
+    def train(self, mode: bool = True) -> FastModel:
         super().train(mode)
         if self.frozen_backbone:  # BatchNorm keeps the stem's running statistics
             self.backbone.eval()
