@@ -26,14 +26,17 @@ from course_lib.methods.fast_slow.method import (
     SlowMethod,
     compute_states,
     distill_loss,
+    initial_fast_model,
     score_cached_pairs,
+    stem_config,
     teacher_scores,
     undistilled,
 )
+from course_lib.methods.pixel_stem import stem_checkpoint_file, train_pixel_stem
 
 TOL = 1e-4
 pytestmark = pytest.mark.usefixtures("one_thread")
-BENCH_SIZES = dict(n_train=80, n_val=10, n_test=16, n_pretrain=10, n_compositional=1)
+BENCH_SIZES = dict(n_train=80, n_val=10, n_test=16, n_pretrain=130, n_compositional=1)  # the pixel stem: a batch of 128
 SMALL = dict(hidden=16, heads=2, layers=2, channels=(4, 8, 8), dropout=0.0)
 
 
@@ -231,7 +234,7 @@ def fitted(bench, tok, tmp_path_factory):
     cache = tmp_path_factory.mktemp("fast_slow")
     slow = SlowMethod(SlowConfig(**SMALL, max_steps=4, batch_size=8), progress=False).fit(bench, tok, cache)
     fast_config = FastConfig(hidden=8, embed_dim=8, channels=(4, 8, 8), max_steps=4, batch_size=8,
-                             distill_steps=3, distill_batch_size=4)
+                             distill_steps=3, distill_batch_size=4, stem_steps=3)
     fast = FastMethod(fast_config, progress=False).fit(bench, tok, cache)
     distilled = FastMethod(dataclasses.replace(fast_config, distill=True), name="fast-distilled", teacher=slow,
                            init=fast, progress=False).fit(bench, tok, cache)
@@ -250,15 +253,55 @@ def test_checkpoints_are_named_by_config_and_teacher(fitted, bench, tok):
         FastMethod(distilled.config)
 
 
+def test_fast_starts_from_the_cached_pixel_stem(fitted, bench, tok):
+    """image_init="pixel_stem": FastMethod.fit trained the stem into the cache beside it (named in
+    the Fast checkpoint's name) and the model started from the stem's backbone; "scratch" does not."""
+    _, fast, distilled, cache = fitted
+    stem_file = stem_checkpoint_file(bench, stem_config(fast.config))
+    assert (cache / stem_file).exists() and fast.stem_checkpoint_file(bench) == stem_file
+    assert distilled.stem_checkpoint_file(bench) is None  # it starts from the plain model's weights
+    stem, _ = train_pixel_stem(bench, stem_config(fast.config), checkpoint_path=cache / stem_file, progress=False)
+    start = initial_fast_model(bench, tok, fast.config, stem_checkpoint=cache / stem_file, progress=False)
+    stem_state = stem.backbone.state_dict()
+    assert start.backbone.state_dict().keys() == stem_state.keys()
+    for name, value in start.backbone.state_dict().items():
+        assert torch.equal(value, stem_state[name]), name
+    # fine-tuned (the default), eq. 4 moved the CNN; frozen, its steps leave it (BatchNorm statistics
+    # included) as the stem made it, and the stem's file is shared: not trained again
+    assert not all(torch.equal(v.cpu(), stem_state[k]) for k, v in fast.model.backbone.state_dict().items())
+    frozen = FastMethod(dataclasses.replace(fast.config, freeze_stem=True), progress=False).fit(bench, tok, cache)
+    assert frozen.checkpoint_path.name != fast.checkpoint_path.name
+    assert frozen.stem_checkpoint_file(bench) == stem_file
+    assert not frozen.model.train().backbone.training and frozen.model.text.training  # BatchNorm stays the stem's
+    frozen.model.eval()
+    assert not any(p.requires_grad for p in frozen.model.backbone.parameters())
+    for name, value in frozen.model.backbone.state_dict().items():
+        assert torch.equal(value.cpu(), stem_state[name]), name
+    scratch_config = dataclasses.replace(fast.config, image_init="scratch")
+    scratch = initial_fast_model(bench, tok, scratch_config)
+    assert not torch.equal(scratch.backbone.stages[0][0][0].weight, stem.backbone.stages[0][0][0].weight)
+    for key in ("image_proj.weight", "text.embed.weight"):  # the rest starts from the same seeded weights
+        assert torch.equal(scratch.state_dict()[key], start.state_dict()[key])
+    scratch_method = FastMethod(scratch_config)
+    assert scratch_method.stem_checkpoint_file(bench) is None
+    assert scratch_method.checkpoint_file(bench, tok) != fast.checkpoint_path.name
+    other_stem = FastMethod(dataclasses.replace(fast.config, stem_steps=4))
+    assert other_stem.checkpoint_file(bench, tok) != fast.checkpoint_path.name
+    with pytest.raises(ValueError, match="image_init"):
+        FastConfig(image_init="imagenet")
+
+
 def test_distillation_from_scratch_needs_no_init(fitted, bench, tok, tmp_path):
-    """distill_start="scratch": eq. 8 from random weights (the paper's student); no plain model is
-    trained or named, and the start changes the checkpoint's name."""
+    """distill_start="scratch": eq. 8 from the initial weights (the paper's student; its CNN from the
+    pixel stem by default); no plain model is trained or named, and the start changes the name."""
     slow, fast, distilled, _ = fitted
     config = dataclasses.replace(distilled.config, distill_start="scratch")
     scratch = FastMethod(config, name="fast-distilled", teacher=slow, progress=False)
     assert scratch.init is None and scratch.checkpoint_file(bench, tok) != distilled.checkpoint_path.name
     scratch.fit(bench, tok, tmp_path)
-    assert [p.name for p in tmp_path.iterdir()] == [scratch.checkpoint_path.name]  # the student only
+    # the student and the pixel stem it starts from; no plain Fast model
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([scratch.checkpoint_path.name,
+                                                                 scratch.stem_checkpoint_file(bench)])
     torch.manual_seed(config.seed)
     fresh = FastModel(len(tok), config)  # train_fast's seed, so its starting weights
     moved = [not torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), scratch.model.state_dict().values())

@@ -40,7 +40,7 @@ from course_lib.core.losses import batch_scores
 pytestmark = pytest.mark.usefixtures("one_thread")
 BENCH_SIZES = dict(n_train=80, n_val=10, n_test=16, n_pretrain=10, n_compositional=1)
 SMALL = dict(hidden=16, heads=2, layers=2, channels=(4, 8, 8), dropout=0.0)
-FAST_SMALL = dict(hidden=8, embed_dim=8, channels=(4, 8, 8), max_steps=4, batch_size=8)
+FAST_SMALL = dict(hidden=8, embed_dim=8, channels=(4, 8, 8), max_steps=4, batch_size=8, image_init="scratch")
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,8 @@
     slow            captioning cross-entropy on positive pairs only: L_CA = -sum_i h(x_i, y_i)
                     (§3.1; averaged over the batch here), no negatives, no horizontal flips (our
                     captions name left and right)
-    fast            the NCE BoW dual encoder with eq. 4 (`losses.joint_nce_loss`)
+    fast            the NCE BoW dual encoder with eq. 4 (`losses.joint_nce_loss`), its CNN started
+                    from the cached pixel stem (`initial_fast_model`, FastConfig.image_init)
     fast-distilled  eq. 8: L_distill + alpha * L_DE, the frozen Slow teacher scoring every (image,
                     caption) pair of the batch (`losses.distillation_loss`, per caption a softmax over
                     the batch's images of h / tau against the student's dot products / tau)
@@ -29,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -58,6 +60,7 @@ from course_lib.methods.fast_slow.model import (
     SlowConfig,
     SlowModel,
 )
+from course_lib.methods.pixel_stem import PixelStemConfig, stem_checkpoint_file, train_pixel_stem
 from course_lib.methods.registry import register_method
 from course_lib.methods.rerank import Cascade, weighted_sum
 
@@ -204,24 +207,50 @@ def undistilled(config: FastConfig) -> FastConfig:
     return dataclasses.replace(config, distill=False)
 
 
+def stem_config(config: FastConfig) -> PixelStemConfig:
+    """The pixel stem a Fast model of this config starts from (image_init="pixel_stem"): its
+    channels and stem_steps, PixelStemConfig's other defaults, the same seed."""
+    return PixelStemConfig(channels=config.channels, max_steps=config.stem_steps, seed=config.seed)
+
+
+def initial_fast_model(bench: dict, tokenizer, config: FastConfig, *, stem_checkpoint=None, with_stem: bool = True,
+                       progress: bool = True, device: str | None = None) -> FastModel:
+    """The Fast model eq. 4 starts from: seeded random weights, and with image_init="pixel_stem"
+    the backbone of the pixel stem (trained on bench["pretrain"], or loaded from a finished
+    stem_checkpoint). with_stem=False: no stem (a model whose weights are loaded next)."""
+    seed_everything(config.seed)
+    model = FastModel(len(tokenizer), config, SpecialTokens.of(tokenizer))
+    if with_stem and config.image_init == "pixel_stem":
+        stem, _ = train_pixel_stem(bench, stem_config(config), checkpoint_path=stem_checkpoint,
+                                   progress=progress, device=device)
+        model.backbone.load_state_dict(stem.backbone.state_dict())
+    return model
+
+
 def train_fast(bench: dict, tokenizer, config: FastConfig | None = None, *, teacher: SlowModel | None = None,
-               init: FastModel | None = None, checkpoint_path=None, evaluate_on=None,
+               init: FastModel | None = None, checkpoint_path=None, stem_checkpoint=None, evaluate_on=None,
                eval_every: int | None = None, progress: bool = True, device: str | None = None):
-    """Train the Fast dual encoder with eq. 4; with config.distill, continue from `init` (the plain
-    model of the same config, `undistilled(config)`) for distill_steps steps of eq. 8, the teacher
-    frozen. evaluate_on: a split (or a dict of splits, base.learning_curve_splits) whose retrieval
-    metrics are logged every eval_every steps and at the end. -> (model in eval mode, history)"""
+    """Train the Fast dual encoder with eq. 4 from `initial_fast_model` (with image_init="pixel_stem",
+    its CNN from the pixel stem, cached at stem_checkpoint when given); with config.distill,
+    continue from `init` (the plain model of the same config, `undistilled(config)`) for
+    distill_steps steps of eq. 8, the teacher frozen. evaluate_on: a split (or a dict of splits,
+    base.learning_curve_splits) whose retrieval metrics are logged every eval_every steps and at
+    the end. -> (model in eval mode, history)"""
     c = config or FastConfig()
-    seed_everything(c.seed)
-    model = FastModel(len(tokenizer), c, SpecialTokens.of(tokenizer))
+    from_fast = c.distill and c.distill_start == "fast"
+    if from_fast and (teacher is None or init is None):
+        raise ValueError("FastConfig(distill=True) needs the Slow teacher and (distill_start='fast') the plain "
+                         "Fast model it starts from: train_fast(..., teacher=slow_model, init=fast_model)")
+    # a distilled model that starts from the plain one needs no stem: its weights come from `init`
+    model = initial_fast_model(bench, tokenizer, c, stem_checkpoint=stem_checkpoint, with_stem=not from_fast,
+                               progress=progress, device=device)
     evaluate = retrieval_evaluator(evaluate_on, lambda m, split: similarity(m, split, tokenizer))
     if not c.distill:
         history = fit_pairs(model, nce_loss, bench["train"], tokenizer, c, modality="pixels",
                             evaluate=evaluate, eval_every=eval_every, log_every=25, progress=progress,
                             checkpoint_path=checkpoint_path, device=device)
         return model.eval(), history
-    from_fast = c.distill_start == "fast"
-    if teacher is None or (from_fast and init is None):
+    if teacher is None:
         raise ValueError("FastConfig(distill=True) needs the Slow teacher and (distill_start='fast') the plain "
                          "Fast model it starts from: train_fast(..., teacher=slow_model, init=fast_model)")
     if from_fast:
@@ -243,6 +272,7 @@ class SlowMethod(PairwiseMethod):
 
     checkpoint_prefix = "slow"
     config_class = SlowConfig
+    code_modules = ("course_lib.methods.pixel_stem",)  # its ConvBackbone
     # one t2i query of the 1k test gallery = 1k pairs, 0.23 CPU-s on one thread (fast_slow@10:
     # 4.8 CPU-ms); 250 t2i queries of test took 60 CPU-s. Beyond the budget the benchmark ranks a
     # fixed sample of the queries
@@ -298,6 +328,7 @@ class FastMethod(DualEncoderMethod):
 
     checkpoint_prefix = "fast"
     config_class = FastConfig
+    code_modules = ("course_lib.methods.pixel_stem",)  # its ConvBackbone and the stem it starts from
 
     def __init__(self, config: FastConfig | None = None, name: str = "fast", teacher: SlowMethod | None = None,
                  init: "FastMethod | None" = None, progress: bool = True):
@@ -319,9 +350,18 @@ class FastMethod(DualEncoderMethod):
         text = "bag of words" if c.text_tower == "bow" else f"{c.text_layers}-layer transformer"
         return f"Fast: {image} CNN / {text}, dot product, {how}, FAISS IndexFlatIP"
 
+    def stem_checkpoint_file(self, bench: dict) -> str | None:
+        """The pixel stem's file name in cache_dir (None when the model does not start from it)."""
+        c = self.config
+        if c.image_init != "pixel_stem" or (c.distill and c.distill_start == "fast"):
+            return None
+        return stem_checkpoint_file(bench, stem_config(c))
+
     def checkpoint_extra(self, bench: dict, tokenizer) -> tuple:
-        """The files of the teacher and of the model distillation starts from."""
-        return tuple(m.checkpoint_file(bench, tokenizer) for m in (self.teacher, self.init) if m is not None)
+        """The files of the teacher and of the model distillation starts from, and of the pixel stem
+        (so a new pre-training corpus is never served stale weights)."""
+        return (*(m.checkpoint_file(bench, tokenizer) for m in (self.teacher, self.init) if m is not None),
+                self.stem_checkpoint_file(bench))
 
     def build_model(self, bench, tokenizer) -> FastModel:
         return FastModel(len(tokenizer), self.config, SpecialTokens.of(tokenizer))
@@ -333,9 +373,10 @@ class FastMethod(DualEncoderMethod):
                 if method is not None and method.model is None:
                     method.fit(bench, tokenizer, cache_dir)
             teacher, init = self.teacher.model, self.init and self.init.model
-        c = self.config
+        c, stem = self.config, self.stem_checkpoint_file(bench)
+        stem_checkpoint = Path(cache_dir) / stem if cache_dir is not None and stem is not None else None
         return train_fast(bench, tokenizer, c, teacher=teacher, init=init, checkpoint_path=checkpoint_path,
-                          progress=self.progress,
+                          stem_checkpoint=stem_checkpoint, progress=self.progress,
                           **self.learning_curve(bench, c.distill_steps if c.distill else c.max_steps))
 
 
@@ -383,4 +424,4 @@ def _fast_slow_50(build) -> FastSlowCascade:
 
 
 __all__ = ["BETA", "TOP_KS", "SlowStates", "compute_states", "score_cached_pairs", "checked_pairs", "caption_loss", "nce_loss", "teacher_scores", "distill_loss", "train_slow",
-           "undistilled", "train_fast", "SlowMethod", "FastMethod", "FastSlowCascade"]
+           "undistilled", "stem_config", "initial_fast_model", "train_fast", "SlowMethod", "FastMethod", "FastSlowCascade"]

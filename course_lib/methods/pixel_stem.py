@@ -1,0 +1,227 @@
+"""A pixel stem pre-trained on the scenes' ground truth: the miniature's ImageNet (or its detector).
+
+The papers' pixel models start from backbones trained elsewhere (Fast & Slow: ResNet-50 v2; HiVLP:
+a ViT); without one, our CNNs learn to see from scratch inside a few thousand retrieval steps. So a
+small stem is pre-trained once, on bench["pretrain"]'s rendered scenes (a corpus of its own, never
+the retrieval splits), against what sits in each cell of the 3x3 grid (data.scenes.Scenes):
+
+    pixels (B, 3, 32, 32) -> ConvBackbone -> maps (B, c0, 16, 16), (B, c1, 8, 8), (B, c2, 4, 4)
+    head_pool "flatten": the 4x4 map flattened (B, 16 c2) -> Linear -> (B, 9, 51) logits per cell
+              "cells":   the 4x4 map average-pooled to the 3x3 grid (B, c2, 3, 3) -> one shared
+                         Linear per cell -> (B, 9, 51)
+    51 logits a cell: object (49: 0 = empty, else 1 + the detector's class shape * 8 + colour), size (2)
+    loss: CE(object, all 9 cells) + CE(size, occupied cells only)
+
+One class per (shape, colour), not a head each: then "a red circle sits in cell k" is a linear
+read-out of the 4x4 map, and so is a bag of the scene's objects, the vector a dot product needs
+(README, "What one vector can do"); separate heads leave that conjunction to whatever reads the map.
+
+`ConvBackbone` is Fast's image CNN and Slow's (course_lib.methods.fast_slow.model imports it from
+here), so with the same channels the stem's backbone weights load straight into
+FastModel.backbone or VisualTokens.backbone; the heads are dropped. It trains with the course's
+Trainer and is cached as checkpoint_name("pixel_stem", ...) over its config, the pretrain split and
+this module's code version (`stem_checkpoint_file`): a code change retrains it.
+
+    stem, history = train_pixel_stem(bench, PixelStemConfig(), checkpoint_path=cache / name)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import Dataset
+
+from course_lib.core.checkpoints import checkpoint_name, inference, source_version
+from course_lib.core.settings import CourseConfig, seed_everything
+from course_lib.core.train import Trainer, train_config
+from course_lib.data.datasets import ImageDataset
+from course_lib.data.scenes import COLORS, GRID, N_CLASSES, SIZES
+from course_lib.methods.base import TRAINING_MODULES
+
+CELLS = GRID * GRID  # 9 cells, cell = row * GRID + col
+HEADS = {"object": 1 + N_CLASSES, "size": len(SIZES)}  # logits per cell and head
+HEAD_POOLS = ("flatten", "cells")  # PixelStemConfig.head_pool
+STEM_MODULES = TRAINING_MODULES + ("course_lib.methods.pixel_stem",)  # the stem's code version
+
+
+@dataclass
+class PixelStemConfig(CourseConfig):
+    channels: tuple = (24, 48, 96)  # ConvBackbone widths; equal to the model that loads it (FastConfig.channels)
+    # how the heads read the 4x4 map: "flatten" (one Linear over all 16 positions, like Fast's f(x))
+    # or "cells" (pooled to the 3x3 grid, a shared per-cell Linear). docs/tuning_notes.md, Pixel stem
+    head_pool: str = "flatten"
+    batch_size: int = 128  # scenes per step
+    lr: float = 2e-3  # peak AdamW rate (Fast's old rate; not varied: the task was learned at 400 steps)
+    # optimizer steps on bench["pretrain"] (20k scenes: 2.6 epochs at 128): per-cell accuracy 95-100% on
+    # held-out scenes at 400, 32-35 CPU-s (docs/tuning_notes.md, Pixel stem)
+    max_steps: int = 400
+    warmup_fraction: float = 0.05  # share of steps warming up; then linear decay to 0
+    grad_clip: float = 2.0  # max gradient norm
+    seed: int = 0  # initialisation and data order
+
+    SMOKE: ClassVar[dict] = {"max_steps": 30, "batch_size": 32, "channels": (8, 16, 32)}
+
+    def __post_init__(self):
+        self.channels = tuple(int(c) for c in self.channels)
+        if len(self.channels) != 3 or self.head_pool not in HEAD_POOLS:
+            raise ValueError(f"channels must be 3 widths and head_pool one of {HEAD_POOLS}, got {self.channels} "
+                             f"and {self.head_pool!r}")
+
+
+def conv_bn_relu(c_in: int, c_out: int, stride: int = 1) -> nn.Sequential:
+    return nn.Sequential(nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU())
+
+
+class ConvBackbone(nn.Module):
+    """Pixels (B, 3, 32, 32) -> the three stages' maps [(B, c0, 16, 16), (B, c1, 8, 8), (B, c2, 4, 4)]:
+    per stage a stride-2 conv then a conv, each with BN and ReLU (the first stage's stride-2 conv is
+    the stem: a full-resolution stem cost as much as the rest on one CPU thread)."""
+
+    def __init__(self, channels=(24, 48, 96)):
+        super().__init__()
+        c0, c1, c2 = channels
+        self.stages = nn.ModuleList(nn.Sequential(conv_bn_relu(a, b, 2), conv_bn_relu(b, b)) for a, b in
+                                    ((3, c0), (c0, c1), (c1, c2)))
+        self.out_dim = c2
+
+    def forward(self, pixels: torch.Tensor) -> list[torch.Tensor]:
+        x, maps = pixels, []
+        for stage in self.stages:
+            x = stage(x)
+            maps.append(x)
+        return maps  # finest first
+
+
+def cell_targets(scenes, rows=None) -> dict[str, np.ndarray]:
+    """Per scene and cell what sits there, from the ground truth: int64 (n, 9) each. "object": 0 =
+    empty, else 1 + the detector's class (shape * len(COLORS) + colour); "size": the object's, -1 in
+    empty cells (ignored by the loss)."""
+    rows = np.arange(len(scenes)) if rows is None else np.asarray(rows)
+    out = {"object": np.zeros((len(rows), CELLS), np.int64), "size": np.full((len(rows), CELLS), -1, np.int64)}
+    scene, slot = np.nonzero(scenes.valid[rows])  # (K,) each: every object of the chosen scenes
+    cell = scenes.cell[rows][scene, slot].astype(np.int64)
+    shape, color = (scenes.shape[rows][scene, slot].astype(np.int64), scenes.color[rows][scene, slot].astype(np.int64))
+    out["object"][scene, cell] = 1 + shape * len(COLORS) + color
+    out["size"][scene, cell] = scenes.size[rows][scene, slot]
+    return out
+
+
+class CellDataset(Dataset):
+    """One item per scene of a split: "pixels" (3, 32, 32) normalised as every pixel model reads
+    them (data.datasets.ImageDataset) and its cell_targets "object", "size" (9,) each."""
+
+    def __init__(self, split):
+        if split.scenes is None:
+            raise ValueError(f"split {split.name!r} has no scene ground truth (the synthetic benchmark has)")
+        self.images = ImageDataset(split, modality="pixels")
+        self.targets = {k: torch.from_numpy(v) for k, v in cell_targets(split.scenes).items()}
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, i: int) -> dict:
+        return {"pixels": self.images[i]["pixels"], **{k: v[i] for k, v in self.targets.items()}}
+
+
+class PixelStem(nn.Module):
+    """ConvBackbone + per-cell heads: forward(pixels (B, 3, 32, 32)) -> {"object": (B, 9, 49),
+    "size": (B, 9, 2)} logits. Only `backbone` is handed on."""
+
+    def __init__(self, config: PixelStemConfig | None = None):
+        super().__init__()
+        c = self.config = config or PixelStemConfig()
+        self.backbone = ConvBackbone(c.channels)
+        width = sum(HEADS.values())  # 51 logits a cell
+        self.head = (nn.Linear(16 * c.channels[2], CELLS * width) if c.head_pool == "flatten"
+                     else nn.Linear(c.channels[2], width))
+
+    def forward(self, pixels: torch.Tensor) -> dict[str, torch.Tensor]:
+        grid = self.backbone(pixels)[2]  # (B, C, 4, 4)
+        if self.config.head_pool == "flatten":
+            logits = self.head(grid.flatten(1)).view(len(grid), CELLS, -1)  # (B, 9, 51)
+        else:  # 4x4 -> 3x3 by overlapping averages, row-major like the cell index
+            logits = self.head(F.adaptive_avg_pool2d(grid, GRID).flatten(2).transpose(1, 2))  # (B, 9, 51)
+        return dict(zip(HEADS, logits.split(list(HEADS.values()), dim=2)))
+
+
+def cell_loss(model: PixelStem, batch: dict, step: int = 0) -> dict:
+    """Sum of the heads' cross-entropies (size on occupied cells only); logs each."""
+    logits = model(batch["pixels"])
+    parts = {k: F.cross_entropy(logits[k].flatten(0, 1), batch[k].flatten(), ignore_index=-1) for k in HEADS}
+    return {"loss": sum(parts.values()), **{f"{k}_loss": v for k, v in parts.items()}}
+
+
+def cell_accuracy(model: PixelStem, split, batch_size: int = 500) -> dict[str, float]:
+    """Per-cell accuracy in percent on a split's scenes: "occupancy" (empty or not, all cells), then
+    on occupied cells "shape", "color", "size" and "object" (all three right); chance for a constant
+    guess: occupancy ~50 at 4-5 objects of 9, shape 1/6, colour 1/8, size 1/2."""
+    data = CellDataset(split)
+    preds = {k: [] for k in HEADS}
+    with inference(model) as device:
+        for start in range(0, len(data), batch_size):
+            pixels = torch.stack([data[i]["pixels"] for i in range(start, min(start + batch_size, len(data)))])
+            for k, v in model(pixels.to(device)).items():
+                preds[k].append(v.argmax(-1).cpu())  # (b, 9)
+    pred = {k: torch.cat(v) for k, v in preds.items()}  # (N, 9) each
+    truth, occupied = data.targets, data.targets["object"] > 0
+    n_colors = len(COLORS)  # class - 1 = shape * n_colors + colour; an "empty" guess gets neither right
+    right = {"shape": (pred["object"] - 1) // n_colors == (truth["object"] - 1) // n_colors,
+             "color": ((pred["object"] - 1) % n_colors == (truth["object"] - 1) % n_colors) & (pred["object"] > 0),
+             "size": pred["size"] == truth["size"]}
+    out = {"occupancy": 100.0 * ((pred["object"] > 0) == occupied).float().mean().item()}
+    for k, ok in {**right, "object": right["shape"] & right["color"] & right["size"]}.items():
+        out[k] = 100.0 * ok[occupied].float().mean().item()
+    return out
+
+
+class _NoVocabulary:
+    """checkpoint_name covers a tokenizer's vocabulary; the stem reads no text."""
+
+    @staticmethod
+    def get_vocab() -> dict:
+        return {}
+
+
+def stem_checkpoint_file(bench: dict, config: PixelStemConfig) -> str:
+    """The stem's file name in a cache folder: its config, bench["pretrain"] and its code version."""
+    return checkpoint_name("pixel_stem", config.to_dict(), bench["pretrain"], _NoVocabulary(),
+                           code=source_version(STEM_MODULES))
+
+
+def train_pixel_stem(bench: dict, config: PixelStemConfig | None = None, *, checkpoint_path=None,
+                     evaluate_on="val", eval_every: int | None = None, progress: bool = True,
+                     device: str | None = None) -> tuple[PixelStem, list]:
+    """Pre-train on bench["pretrain"]'s scenes (or load a finished checkpoint_path); cell_accuracy
+    on bench[evaluate_on] (None: no evaluation) every eval_every steps and at the end.
+    -> (stem in eval mode, History)"""
+    c = config or PixelStemConfig()
+    seed_everything(c.seed)
+    model = PixelStem(c)
+    evaluate = None if evaluate_on is None else (lambda m: cell_accuracy(m, bench[evaluate_on]))
+    config = train_config(c, checkpoint_path=checkpoint_path, progress=progress, device=device,
+                          eval_every=eval_every, log_every=max(1, c.max_steps // 100))
+    history = Trainer(model, cell_loss, CellDataset(bench["pretrain"]), config, evaluate=evaluate).fit()
+    return model.eval(), history
+
+
+__all__ = [
+    "CELLS",
+    "HEADS",
+    "HEAD_POOLS",
+    "STEM_MODULES",
+    "CellDataset",
+    "ConvBackbone",
+    "PixelStem",
+    "PixelStemConfig",
+    "cell_accuracy",
+    "cell_loss",
+    "cell_targets",
+    "conv_bn_relu",
+    "stem_checkpoint_file",
+    "train_pixel_stem",
+]
