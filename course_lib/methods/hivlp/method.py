@@ -268,7 +268,9 @@ def _hivlp_rerank(build) -> Cascade:
 
 @register_method("hivlp-regions", order=5.3)
 def _hivlp_regions(build) -> HiVLPCascade:
-    flat = HiVLPMethod(build.config(HiVLPConfig, image_input="regions", image_layers=3),
+    # the region tower as deep as LightningDOT's (2 blocks), as the paper's image towers match: a deeper one
+    # learned slower within the same steps (docs/tuning_notes.md)
+    flat = HiVLPMethod(build.config(HiVLPConfig, image_input="regions", image_layers=2),
                        name="hivlp-regions-flat")
     return HiVLPCascade(flat, name="hivlp-regions")
 
