@@ -45,7 +45,10 @@ def test_trainer_amp_step_on_cuda(bf16, monkeypatch):
         seen.append((pred.dtype, x.device.type))
         return ((pred.float() - y) ** 2).mean()
 
-    config = TrainConfig(max_steps=2, batch_size=16, lr=1e-2, warmup_fraction=0.0, log_every=1, progress=False,
+    # float16: GradScaler starts at a scale of 2**16 and skips each step whose scaled gradients overflow,
+    # halving the scale, so the first steps may not move the weights: give it room to back off
+    steps = 2 if bf16 else 12
+    config = TrainConfig(max_steps=steps, batch_size=16, lr=1e-2, warmup_fraction=0.0, log_every=1, progress=False,
                          device="cuda", amp=True)
     trainer = Trainer(model, loss_fn, _regression(), config)
     before = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
@@ -53,13 +56,13 @@ def test_trainer_amp_step_on_cuda(bf16, monkeypatch):
     assert trainer.scaler.is_enabled() == (not bf16)  # only float16 needs loss scaling
     history = trainer.fit()
     losses = history.column("loss", eval=False)
-    assert len(losses) == 2 and all(math.isfinite(v) for v in losses)
+    assert len(losses) == steps and all(math.isfinite(v) for v in losses)
     assert seen and all(s == (trainer.amp_dtype, "cuda") for s in seen)  # the forward ran under autocast
     after = trainer.model.state_dict()
     assert all(after[k].device.type == "cuda" and after[k].dtype == torch.float32 for k in after)  # master weights
     assert any(not torch.equal(after[k], before[k]) for k in before)  # the optimizer stepped
     if not bf16:
-        assert trainer.scaler.get_scale() > 0
+        assert 0 < trainer.scaler.get_scale() <= 2.0 ** 16
 
 
 def test_trainer_without_amp_on_cuda_stays_float32():

@@ -245,3 +245,28 @@ def test_cuda_query_paths_return_the_reference_top_k(backend, bench, tok):
         reference = method.query_fn(split, t, backend="reference")()
         np.testing.assert_array_equal(method.query_fn(split, t, backend=backend)(), reference)
     assert method._query_side.encoder.backend == backend
+
+
+def test_the_device_report_times_every_path_and_checks_its_top_10(bench, tok):
+    """course_lib.studies.gpu_query, run here on the CPU (and on CUDA where there is one): every backend
+    timed or refused with its reason, each timed one giving the reference top 10, the profile's stages
+    in order, the model back on its device, and the report's ratio to the cross-encoder."""
+    from course_lib.core.serving import STAGES
+    from course_lib.studies.gpu_query import BACKENDS, devices, format_report, query_paths
+
+    method, split = _fresh("lightningdot", bench, tok), bench["test"]
+    report = {"n_images": split.n_images, "repeats": 3}
+    for device in devices():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", CourseNote)
+            found = query_paths(method, split, device, repeats=3)
+        assert set(found) == set(BACKENDS[device]) | {"profile"}
+        timed = {b: row for b, row in found.items() if b != "profile" and "median_ms" in row}
+        assert {"reference", "eager"} <= set(timed)
+        assert all(row["same_top10"] and row["median_ms"] > 0 for row in timed.values())
+        assert [row["stage"] for row in found["profile"]["stages"]][:len(STAGES)] == list(STAGES)
+        assert next(method.model.parameters()).device.type == "cpu"  # moved back
+        fastest = min(row["median_ms"] for row in timed.values())
+        report[device] = {"lightningdot": found, "cross_encoder": {"median_ms": 100 * fastest}}
+    text = format_report(report)
+    assert text.count("100x the fastest LightningDOT path") == len(devices())

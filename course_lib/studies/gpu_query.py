@@ -1,0 +1,130 @@
+"""One text query on every device this machine has: the check that the GPU path of notebook 03
+(section 10) is real, runnable where a notebook is not (a GPU box without Jupyter).
+
+For LightningDOT over a 1k gallery it times each query path (`backend="reference"`, the old eager
+path; "eager", "jit", and "onnx" on the CPU or "cuda_graph" on CUDA: course_lib.core.serving), checks
+that each returns the reference path's top 10, profiles the default path stage by stage
+(course_lib.core.timing.profile_stages, CUDA events on a GPU), and times the cross-encoder's
+query over the same gallery, the ratio the speed table is about.
+
+    python -m course_lib.studies.gpu_query [--repeats 200] [--out gpu_query.json]
+
+loads the shipped models (course_lib.core.shipped) at the default sizes, trains tiny ones with
+COURSE_SMOKE=1, and prints one table per device. The FAISS index stays on the CPU, as in section 8.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from course_lib.core.retrieval import build_index
+from course_lib.core.serving import Searcher, TextQueryPath
+from course_lib.core.timing import measure, profile_stages
+from course_lib.methods.base import encode_gallery
+
+BACKENDS = {"cpu": ("reference", "eager", "jit", "onnx"), "cuda": ("reference", "eager", "jit", "cuda_graph")}
+
+
+def devices() -> list[str]:
+    return ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def query_paths(method, split, device: str, repeats: int = 200) -> dict:
+    """{backend: {"median_ms", "p25_ms", "p75_ms", "same_top10"} or {"error"}} for `method` (a fitted
+    dual encoder with query_fn / query_side) on `device`, plus "profile": the default path's stages.
+    The model is moved to `device` and back."""
+    model = method.model
+    home = next(model.parameters()).device
+    model.to(device)
+    try:
+        reference = method.query_fn(split, backend="reference")()
+        found = {}
+        for backend in BACKENDS[device]:
+            try:
+                fn = method.query_fn(split, backend=backend)
+            except RuntimeError as error:  # e.g. no ONNX Runtime, no C++ compiler
+                found[backend] = {"error": str(error)}
+                continue
+            timed = measure(fn, warmup=20, repeats=repeats, device=device)
+            found[backend] = {"median_ms": timed.median_ms, "p25_ms": timed.p25_ms, "p75_ms": timed.p75_ms,
+                              "same_top10": bool(np.array_equal(fn(), reference))}
+        caption = split.captions[0]
+        tokens, encoder = method.query_side(caption)
+        path = TextQueryPath(tokens, encoder, Searcher(build_index(encode_gallery(model, split)), 10))
+        profile = profile_stages(path.stages(caption), query_fn=method.query_fn(split), repeats=repeats,
+                                 device=device)
+        found["profile"] = {"backend": encoder.backend, "table": profile.table(), "stages": profile.stages,
+                            "total_ms": profile.total.median_ms}
+        return found
+    finally:
+        model.to(home)
+
+
+def query_ms(method, split, device: str, repeats: int = 20) -> dict:
+    """One text query of a method without a lean path (the cross-encoder) on `device`."""
+    model = method.model
+    home = next(model.parameters()).device
+    model.to(device)
+    try:
+        timed = measure(method.query_fn(split), warmup=3, repeats=repeats, device=device)
+        return {"median_ms": timed.median_ms, "p25_ms": timed.p25_ms, "p75_ms": timed.p75_ms}
+    finally:
+        model.to(home)
+
+
+def format_report(report: dict) -> str:
+    lines = []
+    for device in devices():
+        paths, cross = report[device]["lightningdot"], report[device]["cross_encoder"]
+        lines.append(f"\n{device}: one text query against {report['n_images']:,} images, median of "
+                     f"{report['repeats']} calls")
+        for backend, row in paths.items():
+            if backend == "profile":
+                continue
+            lines.append(f"  lightningdot {backend:<11} " + (f"{row['median_ms']:.3f} ms (IQR {row['p25_ms']:.3f}-"
+                         f"{row['p75_ms']:.3f}), same top 10: {row['same_top10']}" if "median_ms" in row
+                         else f"not available: {row['error']}"))
+        fastest = min((r["median_ms"] for b, r in paths.items() if b != "profile" and "median_ms" in r))
+        lines.append(f"  cross_encoder          {cross['median_ms']:.3f} ms: {cross['median_ms'] / fastest:,.0f}x the "
+                     f"fastest LightningDOT path")
+        lines.append(f"  profile of the default path (encoder backend {paths['profile']['backend']!r}):")
+        lines.append(paths["profile"]["table"])
+    return "\n".join(lines)
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=200, help="timed calls per path")
+    parser.add_argument("--out", default=None, help="write the report as JSON here")
+    args = parser.parse_args(argv)
+    from course_lib.core.settings import describe_environment, seed_everything, smoke_mode
+    from course_lib.data.synthetic import SyntheticConfig, make_benchmark
+    from course_lib.data.tokenizer import build_word_tokenizer
+    from course_lib.methods.registry import available_methods
+
+    seed_everything(0)
+    bench = make_benchmark(SyntheticConfig.smoke() if smoke_mode() else SyntheticConfig(), seed=0)
+    tokenizer = build_word_tokenizer(bench["train"].captions + bench["pretrain"].captions)
+    split = bench["test"]
+    methods = {m.name: m for m in available_methods(0, smoke_mode(), names=["lightningdot", "cross_encoder"])}
+    for method in methods.values():
+        method.fit(bench, tokenizer, cache_dir=Path("outputs/checkpoints"))
+    report = {"environment": describe_environment(), "n_images": split.n_images, "repeats": args.repeats,
+              "shipped": {name: m.from_shipped for name, m in methods.items()}}
+    for device in devices():
+        report[device] = {"lightningdot": query_paths(methods["lightningdot"], split, device, args.repeats),
+                          "cross_encoder": query_ms(methods["cross_encoder"], split, device)}
+    print(report["environment"])
+    print(format_report(report))
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=1, default=str))
+    return report
+
+
+if __name__ == "__main__":
+    main()
