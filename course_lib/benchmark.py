@@ -211,7 +211,9 @@ def main(argv=None) -> dict:
                              "models of shipped_models/ (also on when COURSE_RETRAIN=1)")
     parser.add_argument("--refresh-shipped", action="store_true",
                         help="instead of the benchmark: train the default models (or load them from --checkpoints) "
-                             f"and rewrite {SHIPPED_MODELS.name}/ with their weights and manifest")
+                             f"and rewrite {SHIPPED_MODELS.name}/ with their weights and manifest; with --methods, only "
+                             "those methods' models are refreshed and the other shipped models that are still "
+                             "current stay")
     parser.add_argument("--seed", type=int, default=0, help="seed of the data and of every method")
     parser.add_argument("--methods", default=None,
                         help="comma-separated subset of the methods to run, e.g. 'vsepp,scan' "

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from course_lib.core import settings
 from course_lib.core.checkpoints import CHECKPOINTS
-from course_lib.core.shipped import SHIPPED_MODELS, check_shipped, write_shipped
+from course_lib.core.shipped import (SHIPPED_MODELS, check_shipped, file_problems, read_manifest, stale_reasons,
+                                     write_shipped)
 from course_lib.data.synthetic import SyntheticConfig, make_benchmark
 from course_lib.data.tokenizer import build_word_tokenizer
 from course_lib.methods.base import Method
@@ -69,20 +70,27 @@ def refresh(folder=SHIPPED_MODELS, checkpoints=CHECKPOINTS, methods=None, bench=
     from `checkpoints`, never a shipped file) and rewrite `folder` with their weights and manifest.
     methods / bench / tokenizer: the default benchmark's unless given (tests pass tiny ones).
 
-    only: method names; then only their models ship, and the manifest lists every other model as
-    "not_shipped" (trained on first use), so that the staleness check knows they are left out on
-    purpose rather than lost."""
+    only: method names; then only their models are fitted and written. Every other model whose file
+    in `folder` is still current (the same name and manifest entry, its bytes intact) stays as it is,
+    and the manifest lists the rest as "not_shipped" (trained on first use), so that the staleness
+    check knows they are left out on purpose rather than lost."""
     if bench is None:
         bench, tokenizer = default_benchmark()
     methods = available_methods(SEED, smoke=False) if methods is None else methods
     models = own_models(methods)
-    not_shipped = []
+    not_shipped, keep = [], {}
     if only is not None:
-        chosen = own_models([m for m in methods if m.name in set(only)])
         unknown = set(only) - {m.name for m in methods}
         if unknown:
             raise ValueError(f"no such methods to ship: {sorted(unknown)}; known: {[m.name for m in methods]}")
-        not_shipped = sorted({m.name for m in models} - {m.name for m in chosen})
+        chosen = own_models([m for m in methods if m.name in set(only)])
+        files = {id(m): m.shipping_entry(bench, tokenizer) for m in models}  # (file name, entry) of each
+        refreshed = {files[id(m)][0] for m in chosen}
+        listed = read_manifest(folder)["files"]
+        keep = {name: listed[name] for name, entry in files.values()
+                if name not in refreshed and name in listed and not stale_reasons(entry, listed[name])
+                and not file_problems(folder, name, listed[name])}
+        not_shipped = sorted({m.name for m in models if files[id(m)][0] not in refreshed | set(keep)})
         models = chosen
     with settings.retraining():
         for method in models:
@@ -93,7 +101,7 @@ def refresh(folder=SHIPPED_MODELS, checkpoints=CHECKPOINTS, methods=None, bench=
     for method in models:
         name, entry = method.shipping_entry(bench, tokenizer)
         written.setdefault(name, (name, entry, method.model, method.history))  # one file per distinct model
-    return write_shipped(folder, list(written.values()), not_shipped=not_shipped)
+    return write_shipped(folder, list(written.values()), not_shipped=not_shipped, keep=keep)
 
 
 __all__ = ["own_models", "default_benchmark", "expected_entries", "stale_problems", "refresh", "SEED"]

@@ -301,6 +301,33 @@ def test_a_partial_refresh_ships_some_models_and_declares_the_rest(shipped_tiny,
         shipping.refresh(folder, methods=methods, bench=bench, tokenizer=tokenizer, only=["nope"])
 
 
+def test_a_partial_refresh_keeps_the_other_current_models(shipped_tiny, data, tmp_path):
+    """refresh(only=["vsepp"]) over a full folder rewrites vsepp's file and keeps every other model that
+    is still current, byte for byte (it used to drop them all and declare them not shipped)."""
+    import shutil
+
+    bench, tokenizer = data
+    root, trained, full = shipped_tiny
+    folder = tmp_path / "full"
+    shutil.copytree(root / "shipped", folder)
+    (folder / "not-listed.pt").write_bytes(b"stray")  # a file outside the manifest goes, as before
+    before = {p.name: p.read_bytes() for p in folder.glob("*.pt") if p.name != "not-listed.pt"}
+    manifest = shipping.refresh(folder, checkpoints=None, methods=list(trained.values()), bench=bench,
+                                tokenizer=tokenizer, progress=False, only=["vsepp"])
+    assert manifest["files"] == full["files"] and manifest["not_shipped"] == []
+    assert {p.name: p.read_bytes() for p in folder.glob("*.pt")} == before
+    assert check_shipped(folder, shipping.expected_entries(bench, tokenizer, list(trained.values()))) == []
+    # a model whose shipped file no longer matches is not kept: it is declared, and trained on first use
+    stale = read_manifest(folder)
+    other = next(name for name, e in stale["files"].items() if e["method"] != "vsepp")
+    stale["files"][other]["code"] = "old"
+    (folder / MANIFEST).write_text(json.dumps(stale))
+    manifest = shipping.refresh(folder, checkpoints=None, methods=list(trained.values()), bench=bench,
+                                tokenizer=tokenizer, progress=False, only=["vsepp"])
+    assert other not in manifest["files"] and not (folder / other).exists()
+    assert full["files"][other]["method"] in manifest["not_shipped"]
+
+
 def test_the_shipped_folder_stays_small(shipped_tiny, tmp_path, monkeypatch):
     root, trained, _ = shipped_tiny
     monkeypatch.setattr(shipped, "MAX_BYTES", 1000)

@@ -162,19 +162,22 @@ def find_shipped(folder, name: str, expected: dict) -> Path | None:
     return None
 
 
-def write_shipped(folder, models, not_shipped=()) -> dict:
+def write_shipped(folder, models, not_shipped=(), keep=None) -> dict:
     """Rewrite `folder` with `models`: (file name, manifest_entry, model, history) each, weights
-    only. Files of the folder no longer listed are removed. Refuses, before writing anything, when
-    the files would add up to more than MAX_BYTES. not_shipped: names of the methods deliberately
-    left out (check_shipped accepts their absence). Returns the manifest."""
+    only. keep: {file name: its manifest entry} of files already in the folder that stay as they are.
+    Files of the folder no longer listed are removed. Refuses, before writing anything, when the files
+    would add up to more than MAX_BYTES. not_shipped: names of the methods deliberately left out
+    (check_shipped accepts their absence). Returns the manifest."""
     folder = Path(folder)
+    keep = dict(keep or {})
     payloads = {name: (entry, _payload(model, history)) for name, entry, model, history in models}
-    total = sum(len(data) for _, data in payloads.values())
+    sizes = {name: len(data) for name, (_, data) in payloads.items()} | {name: e["bytes"] for name, e in keep.items()}
+    total = sum(sizes.values())
     if total > MAX_BYTES:
-        sizes = ", ".join(f"{name} {len(data) / 1e6:.1f} MB" for name, (_, data) in payloads.items())
+        sizes = ", ".join(f"{name} {size / 1e6:.1f} MB" for name, size in sizes.items())
         raise ValueError(f"the shipped models would take {total / 1e6:.1f} MB, more than {MAX_BYTES / 1e6:.0f} MB: {sizes}")
     folder.mkdir(parents=True, exist_ok=True)
-    files = {}
+    files = {name: entry for name, entry in keep.items() if name not in payloads}
     for name, (entry, data) in sorted(payloads.items()):
         (folder / (name + ".tmp")).write_bytes(data)
         os.replace(folder / (name + ".tmp"), folder / name)  # never a half-written model
