@@ -252,6 +252,21 @@ def test_method_caches_its_checkpoint_and_calls_the_miner_only_to_train(bench, t
         other.fit(bench, tok, cache_dir=tmp_path)
 
 
+def test_the_checkpoint_name_follows_the_miner_only_when_it_mines(bench, tok):
+    """A cross-encoder trained without mined negatives (the listwise default) does not depend on the
+    dual encoder that would mine them, so another miner config must not rename (and retrain) it; one
+    trained on mined negatives must follow its miner."""
+    def named(config, steps):
+        miner = dual_encoder_miner(VsePPMethod(VsePPConfig.smoke(max_steps=steps), progress=False))
+        return CrossEncoderMethod(config, miner=miner).checkpoint_file(bench, tok)
+
+    listwise = CrossEncoderConfig.smoke(max_steps=3)
+    assert listwise.loss == "listwise"
+    assert named(listwise, 2) == named(listwise, 5) == CrossEncoderMethod(listwise).checkpoint_file(bench, tok)
+    mining = CrossEncoderConfig.smoke(max_steps=3, hard_negative_fraction=0.5, loss="binary")
+    assert named(mining, 2) != named(mining, 5)
+
+
 def test_mining_from_embeddings_equals_mining_from_their_matrix(monkeypatch):
     gen = torch.Generator().manual_seed(0)
     image_emb, text_emb = torch.randn(40, 8, generator=gen), torch.randn(130, 8, generator=gen)

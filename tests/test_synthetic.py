@@ -14,7 +14,7 @@ from course_lib.data.oracle import oracle_ceiling
 from course_lib.data.render import detect_regions, geometry, render_pixels
 from course_lib.data.split import RetrievalSplit
 from course_lib.data.synthetic import (FAMILIES, Meanings, Scenes, SyntheticConfig, caption_vocabulary,
-                                       make_benchmark, satisfies, satisfies_rows)
+                                       fresh_scenes, make_benchmark, satisfies, satisfies_rows)
 
 SMALL = dict(n_train=60, n_val=20, n_test=30, n_pretrain=80, n_compositional=12)
 SPLIT_NAMES = ("train", "val", "test", "pretrain", "compositional", "full")
@@ -50,6 +50,26 @@ def test_splits_independent_of_other_sizes(bench):
     other = make_benchmark(SyntheticConfig(**{**SMALL, "n_train": 75, "n_pretrain": 10}), seed=3)
     for name in ("val", "test", "compositional"):
         _assert_same(bench[name], other[name])
+
+
+def test_fresh_scenes_are_new_training_scenes(bench):
+    """fresh_scenes: deterministic, captioned as the training split (5 true captions per scene), drawn
+    from streams no benchmark split uses, each draw another batch."""
+    cfg = SyntheticConfig(**SMALL)
+    fresh = fresh_scenes(cfg, 40, seed=3)
+    _assert_same(fresh, fresh_scenes(cfg, 40, seed=3))
+    assert fresh.n_images == 40 and fresh.n_texts == 40 * cfg.captions_per_image
+    assert np.array_equal(np.bincount(fresh.txt2img), np.full(40, cfg.captions_per_image))
+    assert fresh.images.shape[1:] == bench["train"].images.shape[1:]
+    assert fresh.regions.shape[1:] == bench["train"].regions.shape[1:]
+    truth = satisfies(fresh.meanings, fresh.scenes)  # (T, N)
+    assert truth[np.arange(fresh.n_texts), fresh.txt2img].all()  # every caption true of its own scene
+    for name in SPLIT_NAMES:
+        assert not np.array_equal(fresh.images[:10], bench[name].images[:10]), name
+    other = fresh_scenes(cfg, 40, seed=3, draw=1)
+    assert other.captions != fresh.captions and other.image_ids[0] != fresh.image_ids[0]
+    with pytest.raises(ValueError, match="n >= 1"):
+        fresh_scenes(cfg, 0)
 
 
 def test_shapes_dtypes_ranges(bench):

@@ -136,9 +136,10 @@ class SyntheticConfig:
         return cls(**{**sizes, **overrides})
 
 
-def _streams(seed: int, split: str) -> list[np.random.Generator]:
-    """Three independent generators (scenes, pixels and regions, captions) for one split."""
-    seq = np.random.SeedSequence(seed, spawn_key=(SPLITS.index(split),))
+def _streams(seed: int, split: str | int) -> list[np.random.Generator]:
+    """Three independent generators (scenes, pixels and regions, captions) for one split (a name of
+    SPLITS, or an int spawn key: fresh_scenes' draws)."""
+    seq = np.random.SeedSequence(seed, spawn_key=(split if isinstance(split, int) else SPLITS.index(split),))
     return [np.random.default_rng(s) for s in seq.spawn(3)]
 
 
@@ -211,8 +212,8 @@ def _to_split(name, scenes, meanings, texts, txt2img, rng, cfg, seed, offsets=No
     )
 
 
-def _make_split(name: str, n: int, cfg: SyntheticConfig, seed: int) -> RetrievalSplit:
-    rng_scenes, rng_pixels, rng_text = _streams(seed, name)
+def _make_split(name: str, n: int, cfg: SyntheticConfig, seed: int, stream: int | None = None) -> RetrievalSplit:
+    rng_scenes, rng_pixels, rng_text = _streams(seed, name if stream is None else stream)
     scenes = sample_scenes(rng_scenes, n, cfg.min_objects, cfg.max_objects)
     if name == "pretrain":
         meanings = terse_meanings(rng_text, scenes, cfg.pretrain_caption_noise)
@@ -303,6 +304,21 @@ def _make_compositional(cfg: SyntheticConfig, seed: int) -> RetrievalSplit:
                      rng_pixels, cfg, seed, offsets=offsets, image_ids=ids, info=info)
 
 
+FRESH_STREAMS = 1000  # spawn keys of fresh_scenes' draws start here, clear of the named splits' 0..4
+
+
+def fresh_scenes(cfg: SyntheticConfig, n: int, seed: int = 0, draw: int = 0) -> RetrievalSplit:
+    """n more training scenes, captioned as the training split is: the generator is free data, so a
+    model that memorises the training split's scenes can train on new ones instead of more epochs of
+    the same. They come from their own random streams (spawn key FRESH_STREAMS + draw), which no split
+    of make_benchmark(cfg, seed) uses; draw picks another batch of n. Deterministic in (cfg, n, seed,
+    draw). Like the training split they may repeat a val or test scene by chance (a one-object scene
+    has only 6 x 8 x 2 x 9 variants), rendered with other offsets and noise."""
+    if n < 1 or draw < 0:
+        raise ValueError(f"fresh_scenes needs n >= 1 scenes and draw >= 0, got n={n}, draw={draw}")
+    return _make_split(f"fresh{draw}", n, cfg, seed, stream=FRESH_STREAMS + draw)
+
+
 def make_benchmark(cfg: SyntheticConfig | None = None, seed: int = 0,
                    progress: bool = False) -> dict[str, RetrievalSplit]:
     """All splits of the benchmark: "train", "val", "test", "pretrain", "compositional" and "full"
@@ -327,6 +343,6 @@ def make_benchmark(cfg: SyntheticConfig | None = None, seed: int = 0,
     return bench
 
 
-__all__ = ["SyntheticConfig", "make_benchmark", "Scenes", "Meanings", "satisfies", "satisfies_rows",
+__all__ = ["SyntheticConfig", "make_benchmark", "fresh_scenes", "Scenes", "Meanings", "satisfies", "satisfies_rows",
            "iter_satisfies", "caption_vocabulary", "SHAPES", "COLORS", "SIZES",
            "RELATIONS", "FAMILIES"]

@@ -278,9 +278,12 @@ class CrossEncoderMethod(PairwiseMethod):
         return self.miner is not None and cfg.loss == "binary" and cfg.hard_negative_fraction > 0
 
     def checkpoint_extra(self, bench, tokenizer) -> tuple:
-        """The miner, and the checkpoint of the dual encoder it mines with (when it mines)."""
+        """The miner, and the checkpoint of the dual encoder it mines with, when it mines: a model
+        trained without mined negatives does not depend on the miner, so its name does not either."""
+        if not self._mines():
+            return ()
         source = getattr(self.miner, "method", None)
-        mined_by = (source.checkpoint_file(bench, tokenizer),) if self._mines() and hasattr(source, "checkpoint_file") else ()
+        mined_by = (source.checkpoint_file(bench, tokenizer),) if hasattr(source, "checkpoint_file") else ()
         return (getattr(self.miner, "__qualname__", None), *mined_by)
 
     def build_model(self, bench, tokenizer) -> CrossEncoder:
