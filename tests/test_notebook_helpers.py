@@ -164,5 +164,8 @@ def test_curve_summary_reads_the_last_points_and_says_whether_val_still_rises():
     assert "still rising" in rising
     assert "flat within noise" in curve_summary("b", history(20.0, 20.5))  # 0.5 points: within the noise
     assert "rising" not in curve_summary("c", history(20.0))  # one point: no trend to read
+    assert curve_summary("e", history(5.0, 20.0), target=25).endswith("; the target 25: missed by 5.0")
+    assert curve_summary("f", history(20.0), target=20).endswith("; the target 20: met")
+    assert "target" not in rising
     with pytest.raises(ValueError, match="learning_curve_splits"):
         curve_summary("d", History([{"step": 1, "loss": 1.0}]))
