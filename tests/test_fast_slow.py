@@ -330,3 +330,23 @@ def test_fast_slow_cascade_reorders_only_the_top_k(fitted, bench):
     assert torch.equal(indices[:, K:], first[:, K:])  # beyond K the fast order stands
     assert torch.equal(indices[:, :K].sort(1).values, first[:, :K].sort(1).values)
     assert torch.equal(torch.as_tensor(cascade.query_fn(split, 2, top_k=K)()), indices[2, :K])
+
+
+def test_fast_trains_on_the_training_split_then_fresh_scenes(bench, tok, monkeypatch):
+    """FastConfig.fresh_scenes: eq. 4 (and eq. 8) read the training split followed by that many fresh
+    scenes of the same generator settings; 0 reads the training split alone."""
+    import course_lib.methods.fast_slow.method as fast_method
+
+    seen = []
+    monkeypatch.setattr(fast_method, "fit_pairs", lambda model, loss, split, *a, **k: seen.append(split))
+    train = bench["train"]
+    for n in (0, 24):
+        config = FastConfig.smoke(image_init="scratch", fresh_scenes=n)
+        fast_method.train_fast(bench, tok, config, progress=False)
+        split = seen[-1]
+        assert split.n_images == train.n_images + n and split.n_texts == train.n_texts + 5 * n
+        assert split.captions[:train.n_texts] == train.captions
+        np.testing.assert_array_equal(split.images[:train.n_images], train.images)
+    assert seen[0] is train
+    with pytest.raises(ValueError, match="fresh_scenes"):
+        FastConfig(fresh_scenes=-1)

@@ -14,7 +14,8 @@ from course_lib.data.oracle import oracle_ceiling
 from course_lib.data.render import detect_regions, geometry, render_pixels
 from course_lib.data.split import RetrievalSplit
 from course_lib.data.synthetic import (FAMILIES, Meanings, Scenes, SyntheticConfig, caption_vocabulary,
-                                       fresh_scenes, make_benchmark, satisfies, satisfies_rows)
+                                       fresh_scenes, make_benchmark, satisfies, satisfies_rows,
+                                       with_fresh_scenes)
 
 SMALL = dict(n_train=60, n_val=20, n_test=30, n_pretrain=80, n_compositional=12)
 SPLIT_NAMES = ("train", "val", "test", "pretrain", "compositional", "full")
@@ -70,6 +71,18 @@ def test_fresh_scenes_are_new_training_scenes(bench):
     assert other.captions != fresh.captions and other.image_ids[0] != fresh.image_ids[0]
     with pytest.raises(ValueError, match="n >= 1"):
         fresh_scenes(cfg, 0)
+
+
+def test_with_fresh_scenes_appends_them_to_the_training_split(bench):
+    train = bench["train"]
+    assert with_fresh_scenes(train, 0) is train
+    longer = with_fresh_scenes(train, 20)
+    fresh = fresh_scenes(SyntheticConfig(**SMALL), 20, seed=3)
+    assert longer.n_images == train.n_images + 20 and longer.captions == train.captions + fresh.captions
+    np.testing.assert_array_equal(longer.images, np.concatenate([train.images, fresh.images]))
+    np.testing.assert_array_equal(longer.txt2img, np.concatenate([train.txt2img, fresh.txt2img + train.n_images]))
+    with pytest.raises(ValueError, match="not made by make_benchmark"):
+        with_fresh_scenes(longer, 5)  # a pooled split has no single generator config
 
 
 def test_shapes_dtypes_ranges(bench):

@@ -319,6 +319,20 @@ def fresh_scenes(cfg: SyntheticConfig, n: int, seed: int = 0, draw: int = 0) -> 
     return _make_split(f"fresh{draw}", n, cfg, seed, stream=FRESH_STREAMS + draw)
 
 
+def with_fresh_scenes(train: RetrievalSplit, n: int, draw: int = 0) -> RetrievalSplit:
+    """A training split made by make_benchmark, followed by n fresh_scenes of the same config and seed
+    (read from train.info): the split itself when n = 0. Its first len(train) scenes are train's, so
+    train[:1000] learning curves read the same scenes."""
+    if n == 0:
+        return train
+    info = train.info
+    if "config" not in info or "seed" not in info:
+        raise ValueError(f"split {train.name!r} was not made by make_benchmark (no config and seed in its info): "
+                         "fresh scenes need the generator's settings")
+    fresh = fresh_scenes(SyntheticConfig(**info["config"]), n, info["seed"], draw)
+    return concatenate([train, fresh], f"{train.name}+{n}fresh")
+
+
 def make_benchmark(cfg: SyntheticConfig | None = None, seed: int = 0,
                    progress: bool = False) -> dict[str, RetrievalSplit]:
     """All splits of the benchmark: "train", "val", "test", "pretrain", "compositional" and "full"
@@ -343,6 +357,6 @@ def make_benchmark(cfg: SyntheticConfig | None = None, seed: int = 0,
     return bench
 
 
-__all__ = ["SyntheticConfig", "make_benchmark", "fresh_scenes", "Scenes", "Meanings", "satisfies", "satisfies_rows",
+__all__ = ["SyntheticConfig", "make_benchmark", "fresh_scenes", "with_fresh_scenes", "Scenes", "Meanings", "satisfies", "satisfies_rows",
            "iter_satisfies", "caption_vocabulary", "SHAPES", "COLORS", "SIZES",
            "RELATIONS", "FAMILIES"]

@@ -47,6 +47,7 @@ from course_lib.data.datasets import (
     collate_images,
     text_fields,
 )
+from course_lib.data.synthetic import with_fresh_scenes
 from course_lib.methods.base import (
     DualEncoderMethod,
     PairwiseMethod,
@@ -245,8 +246,9 @@ def train_fast(bench: dict, tokenizer, config: FastConfig | None = None, *, teac
     model = initial_fast_model(bench, tokenizer, c, stem_checkpoint=stem_checkpoint, with_stem=not from_fast,
                                progress=progress, device=device)
     evaluate = retrieval_evaluator(evaluate_on, lambda m, split: similarity(m, split, tokenizer))
+    train = with_fresh_scenes(bench["train"], c.fresh_scenes)  # the training split, then fresh scenes
     if not c.distill:
-        history = fit_pairs(model, nce_loss, bench["train"], tokenizer, c, modality="pixels",
+        history = fit_pairs(model, nce_loss, train, tokenizer, c, modality="pixels",
                             evaluate=evaluate, eval_every=eval_every, log_every=25, progress=progress,
                             checkpoint_path=checkpoint_path, device=device)
         return model.eval(), history
@@ -257,7 +259,7 @@ def train_fast(bench: dict, tokenizer, config: FastConfig | None = None, *, teac
         model.load_state_dict(init.state_dict())
     for p in teacher.parameters():  # frozen: eq. 8 trains f and g only
         p.requires_grad_(False)
-    history = fit_pairs(model, distill_loss(teacher.eval(), c), bench["train"], tokenizer, c, modality="pixels",
+    history = fit_pairs(model, distill_loss(teacher.eval(), c), train, tokenizer, c, modality="pixels",
                         evaluate=evaluate, eval_every=eval_every, log_every=25, progress=progress,
                         checkpoint_path=checkpoint_path, device=device, batch_size=c.distill_batch_size,
                         max_steps=c.distill_steps, lr=c.distill_lr)
