@@ -174,8 +174,8 @@ def write_shipped(folder, models, not_shipped=(), keep=None) -> dict:
     sizes = {name: len(data) for name, (_, data) in payloads.items()} | {name: e["bytes"] for name, e in keep.items()}
     total = sum(sizes.values())
     if total > MAX_BYTES:
-        sizes = ", ".join(f"{name} {size / 1e6:.1f} MB" for name, size in sizes.items())
-        raise ValueError(f"the shipped models would take {total / 1e6:.1f} MB, more than {MAX_BYTES / 1e6:.0f} MB: {sizes}")
+        listing = ", ".join(f"{name} {size / 1e6:.1f} MB" for name, size in sizes.items())
+        raise ValueError(f"the shipped models would take {total / 1e6:.1f} MB, more than {MAX_BYTES / 1e6:.0f} MB: {listing}")
     folder.mkdir(parents=True, exist_ok=True)
     files = {name: entry for name, entry in keep.items() if name not in payloads}
     for name, (entry, data) in sorted(payloads.items()):

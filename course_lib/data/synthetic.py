@@ -357,6 +357,6 @@ def make_benchmark(cfg: SyntheticConfig | None = None, seed: int = 0,
     return bench
 
 
-__all__ = ["SyntheticConfig", "make_benchmark", "fresh_scenes", "with_fresh_scenes", "Scenes", "Meanings", "satisfies", "satisfies_rows",
-           "iter_satisfies", "caption_vocabulary", "SHAPES", "COLORS", "SIZES",
+__all__ = ["SyntheticConfig", "make_benchmark", "fresh_scenes", "with_fresh_scenes", "Scenes", "Meanings",
+           "satisfies", "satisfies_rows", "iter_satisfies", "caption_vocabulary", "SHAPES", "COLORS", "SIZES",
            "RELATIONS", "FAMILIES"]
