@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import argparse
 import json
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from course_lib.core.checkpoints import model_device
 from course_lib.core.retrieval import build_index
 from course_lib.core.serving import Searcher, TextQueryPath
 from course_lib.core.timing import measure, profile_stages
@@ -38,10 +40,7 @@ def query_paths(method, split, device: str, repeats: int = 200) -> dict:
     """{backend: {"median_ms", "p25_ms", "p75_ms", "same_top10"} or {"error"}} for `method` (a fitted
     dual encoder with query_fn / query_side) on `device`, plus "profile": the default path's stages.
     The model is moved to `device` and back."""
-    model = method.model
-    home = next(model.parameters()).device
-    model.to(device)
-    try:
+    with _moved(method.model, device):
         reference = method.query_fn(split, backend="reference")()
         found = {}
         for backend in BACKENDS[device]:
@@ -55,24 +54,28 @@ def query_paths(method, split, device: str, repeats: int = 200) -> dict:
                               "same_top10": bool(np.array_equal(fn(), reference))}
         caption = split.captions[0]
         tokens, encoder = method.query_side(caption)
-        path = TextQueryPath(tokens, encoder, Searcher(build_index(encode_gallery(model, split)), 10))
+        path = TextQueryPath(tokens, encoder, Searcher(build_index(encode_gallery(method.model, split)), 10))
         profile = profile_stages(path.stages(caption), query_fn=method.query_fn(split), repeats=repeats,
                                  device=device)
         found["profile"] = {"backend": encoder.backend, "table": profile.table(), "stages": profile.stages,
                             "total_ms": profile.total.median_ms}
         return found
-    finally:
-        model.to(home)
 
 
 def query_ms(method, split, device: str, repeats: int = 20) -> dict:
     """One text query of a method without a lean path (the cross-encoder) on `device`."""
-    model = method.model
-    home = next(model.parameters()).device
+    with _moved(method.model, device):
+        timed = measure(method.query_fn(split), warmup=3, repeats=repeats, device=device)
+    return {"median_ms": timed.median_ms, "p25_ms": timed.p25_ms, "p75_ms": timed.p75_ms}
+
+
+@contextmanager
+def _moved(model, device: str):
+    """The model on `device` inside the block, back where it was after."""
+    home = model_device(model)
     model.to(device)
     try:
-        timed = measure(method.query_fn(split), warmup=3, repeats=repeats, device=device)
-        return {"median_ms": timed.median_ms, "p25_ms": timed.p25_ms, "p75_ms": timed.p75_ms}
+        yield
     finally:
         model.to(home)
 
@@ -102,7 +105,11 @@ def main(argv=None) -> dict:
     parser.add_argument("--repeats", type=int, default=200, help="timed calls per path")
     parser.add_argument("--out", default=None, help="write the report as JSON here")
     args = parser.parse_args(argv)
-    from course_lib.core.settings import describe_environment, seed_everything, smoke_mode
+    from course_lib.core.settings import (
+        describe_environment,
+        seed_everything,
+        smoke_mode,
+    )
     from course_lib.data.synthetic import SyntheticConfig, make_benchmark
     from course_lib.data.tokenizer import build_word_tokenizer
     from course_lib.methods.registry import available_methods
