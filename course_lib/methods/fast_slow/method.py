@@ -11,8 +11,8 @@
     fast_slow@K     eq. 9: the distilled Fast model ranks the gallery, its top K are re-scored by
                     h(x, y) + beta * f(x)^T g(y) (`rerank.Cascade` with `weighted_sum([beta, 1])`)
 
-The Slow model's offline work for a gallery (`compute_states`: every image's cross-attention keys
-/ values) makes a pair cost the two decoders on its caption alone (`score_cached_pairs`).
+The Slow model's offline work for a gallery (`scoring.compute_states`: every image's cross-attention
+keys / values) makes a pair cost the two decoders on its caption alone (`scoring.score_cached_pairs`).
 
 The teacher's B^2 decoder passes per step are distillation's cost (the paper does not say how it
 paid it): one Slow pair costs ~0.3 ms of one CPU thread, so a step of B = 32 costs ~0.3 s of
@@ -28,25 +28,15 @@ named after the teacher's and the start's.
 from __future__ import annotations
 
 import dataclasses
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
-from torch import nn
-from tqdm.auto import tqdm
 
-from course_lib.core.checkpoints import inference, model_device
-from course_lib.core.losses import batch_scores, distillation_loss, joint_nce_loss
+from course_lib.core.losses import batch_scores, joint_nce_loss
 from course_lib.core.serving import QueryTokenizer
 from course_lib.core.settings import seed_everything
 from course_lib.core.tokens import SpecialTokens
-from course_lib.data.datasets import (
-    ImageDataset,
-    collate_images,
-    text_fields,
-)
 from course_lib.data.synthetic import with_fresh_scenes
 from course_lib.methods.base import (
     DualEncoderMethod,
@@ -55,13 +45,30 @@ from course_lib.methods.base import (
     retrieval_evaluator,
     similarity,
 )
+from course_lib.methods.fast_slow.distill import (  # teacher_scores, distill_loss: re-exported
+    distill_loss,
+    mine_candidates,
+    mined_distill_loss,
+    teacher_scores,
+)
 from course_lib.methods.fast_slow.model import (
+    DISTILL_FIELDS,
     FastConfig,
     FastModel,
     SlowConfig,
     SlowModel,
 )
-from course_lib.methods.pixel_stem import PixelStemConfig, stem_checkpoint_file, train_pixel_stem
+from course_lib.methods.fast_slow.scoring import (  # re-exported: the cached gallery lives in scoring.py
+    SlowStates,
+    checked_pairs,
+    compute_states,
+    score_cached_pairs,
+)
+from course_lib.methods.pixel_stem import (
+    PixelStemConfig,
+    stem_checkpoint_file,
+    train_pixel_stem,
+)
 from course_lib.methods.registry import register_method
 from course_lib.methods.rerank import Cascade, weighted_sum
 
@@ -73,83 +80,6 @@ from course_lib.methods.rerank import Cascade, weighted_sum
 # plain re-ranking (0) by default. fast_slow@10 is capped by the Fast model's R@10 (~28)
 BETA = 0.0
 TOP_KS = (10, 50)  # the paper's K (Table 4)
-
-
-# ----------------------------------------------------------------------------- cached gallery
-
-@dataclass
-class SlowStates:
-    """A split's offline work: every image's cross-attention keys / values (per decoder, per block,
-    (2, N, h, M, d)) and every caption tokenised once (T, L). Memory: N x 2 decoders x layers x 2 x
-    M x H floats (the 1k test split at the defaults: 131 MB)."""
-
-    kvs: dict  # {"fwd": [(2, N, h, M, d)] * layers, "bwd": ...}
-    input_ids: torch.Tensor  # (T, L)
-    attention_mask: torch.Tensor  # (T, L)
-
-    def image(self, rows) -> dict:
-        """The keys / values of images `rows` (P,), as SlowModel.log_likelihood takes them."""
-        return {d: [kv[:, rows] for kv in kvs] for d, kvs in self.kvs.items()}  # contiguous copies
-
-    def text(self, rows) -> dict:
-        mask = self.attention_mask[rows]
-        length = int(mask.sum(1).max()) if len(mask) else 1  # drop the padding every row has
-        return {"input_ids": self.input_ids[rows][:, :length], "attention_mask": mask[:, :length]}
-
-
-def compute_states(model: SlowModel, split, tokenizer, *, batch_size: int = 256, device=None,
-                   progress: bool = False) -> SlowStates:
-    """Run the CNN and the K/V projections once over a split's images; tokenise its captions."""
-    dataset = ImageDataset(split, modality="pixels")
-    parts = {"fwd": [], "bwd": []}
-    with inference(model, device) as device:
-        for start in tqdm(range(0, len(dataset), batch_size), desc="slow gallery", disable=not progress,
-                          leave=False):
-            block = collate_images([dataset[i] for i in range(start, min(start + batch_size, len(dataset)))])
-            kvs = model.keys_values(model.visual_tokens({"pixels": block["pixels"].to(device)}))
-            for d in parts:
-                parts[d].append([kv.cpu() for kv in kvs[d]])  # (2, b, h, M, d) each
-    kvs = {d: [torch.cat(layer, dim=1) for layer in zip(*blocks)] for d, blocks in parts.items()}
-    texts = text_fields(split.captions, tokenizer, model.config.max_text_length)
-    return SlowStates(kvs, texts["input_ids"], texts["attention_mask"])
-
-
-def score_cached_pairs(model: SlowModel, states: SlowStates, image_indices, text_indices, *,
-                       batch_size: int = 512, device=None) -> torch.Tensor:
-    """h (P,) of the pairs (image_indices[p], text_indices[p]) from cached states: only the two
-    decoders run on each pair's caption."""
-    images, texts = checked_pairs(image_indices, text_indices)
-    out = torch.empty(len(images))
-    with _scoring(model, device) as device:
-        for start in range(0, len(images), batch_size):
-            rows = slice(start, start + batch_size)
-            kvs = {d: [kv.to(device) for kv in layers] for d, layers in states.image(images[rows]).items()}
-            out[rows] = model.log_likelihood(kvs, {k: v.to(device) for k, v in states.text(texts[rows]).items()}).cpu()
-    return out
-
-
-@contextmanager
-def _scoring(model: nn.Module, device=None):
-    """checkpoints.inference, without its model.to(device) when the model is already there in eval
-    mode: that walk over every tensor cost more than the decoders on a re-ranker's 10 pairs."""
-    device = model_device(model, device)
-    if model.training or model_device(model) != device:
-        with inference(model, device) as device:
-            yield device
-    else:
-        with torch.no_grad():
-            yield device
-
-
-def checked_pairs(image_indices, text_indices) -> tuple[torch.Tensor, torch.Tensor]:
-    """Two (P,) long tensors of aligned pair indices, or a clear error. (U-BERT's and the
-    cross-encoder's pair scorers check the same: a candidate for course_lib.methods.base.)"""
-    images = torch.as_tensor(np.asarray(image_indices), dtype=torch.long)  # (P,)
-    texts = torch.as_tensor(np.asarray(text_indices), dtype=torch.long)  # (P,)
-    if images.shape != texts.shape or images.ndim != 1:
-        raise ValueError(f"image_indices and text_indices must be two (P,) vectors of pairs, got shapes "
-                         f"{tuple(images.shape)} and {tuple(texts.shape)}")
-    return images, texts
 
 
 # ----------------------------------------------------------------------------- training
@@ -164,31 +94,6 @@ def caption_loss(model: SlowModel, batch: dict, step: int = 0) -> dict:
 def nce_loss(model: FastModel, batch: dict, step: int = 0) -> torch.Tensor:
     """Eq. 4 on the batch's (B, B) dot products."""
     return joint_nce_loss(batch_scores(*model(batch)))
-
-
-def teacher_scores(teacher: SlowModel, batch: dict) -> torch.Tensor:
-    """h of every image of the batch with every caption: (B, B), rows images, columns captions;
-    B^2 decoder passes, no gradient, the teacher in eval mode."""
-    with inference(teacher) as device:
-        kvs = teacher.keys_values(teacher.visual_tokens({"pixels": batch["pixels"].to(device)}))
-        B = batch["pixels"].shape[0]
-        rows = torch.arange(B, device=device).repeat_interleave(B)  # (B*B,) image of each pair
-        cols = torch.arange(B, device=device).repeat(B)  # (B*B,) caption of each pair
-        pairs = {d: [kv[:, rows] for kv in layers] for d, layers in kvs.items()}
-        texts = {k: batch[k].to(device)[cols] for k in ("input_ids", "attention_mask")}
-        return teacher.log_likelihood(pairs, texts).view(B, B)
-
-
-def distill_loss(teacher: SlowModel, config: FastConfig):
-    """Eq. 8's loss_fn: distillation_loss(student, teacher, tau) + alpha * eq. 4, both means over
-    the batch; logs both parts."""
-    def loss_fn(model: FastModel, batch: dict, step: int = 0) -> dict:
-        student = batch_scores(*model(batch))  # (B, B)
-        distill = distillation_loss(student, teacher_scores(teacher, batch), tau=config.tau)
-        nce = joint_nce_loss(student)
-        return {"loss": distill + config.alpha * nce, "distill": distill, "nce": nce}
-
-    return loss_fn
 
 
 def train_slow(bench: dict, tokenizer, config: SlowConfig | None = None, *, checkpoint_path=None,
@@ -259,7 +164,13 @@ def train_fast(bench: dict, tokenizer, config: FastConfig | None = None, *, teac
         model.load_state_dict(init.state_dict())
     for p in teacher.parameters():  # frozen: eq. 8 trains f and g only
         p.requires_grad_(False)
-    history = fit_pairs(model, distill_loss(teacher.eval(), c), train, tokenizer, c, modality="pixels",
+    if c.distill_candidates == "mined":  # the student's own top K of the training split, mined once
+        train = bench["train"]  # (mining the fresh scenes too would cost more than the steps)
+        candidates = mine_candidates(model, train, tokenizer, c.distill_top_k)  # (T, K)
+        loss_fn = mined_distill_loss(teacher.eval(), c, candidates, train)
+    else:
+        loss_fn = distill_loss(teacher.eval(), c)
+    history = fit_pairs(model, loss_fn, train, tokenizer, c, modality="pixels",
                         evaluate=evaluate, eval_every=eval_every, log_every=25, progress=progress,
                         checkpoint_path=checkpoint_path, device=device, batch_size=c.distill_batch_size,
                         max_steps=c.distill_steps, lr=c.distill_lr)
@@ -330,7 +241,9 @@ class FastMethod(DualEncoderMethod):
 
     checkpoint_prefix = "fast"
     config_class = FastConfig
-    code_modules = ("course_lib.methods.pixel_stem",)  # its ConvBackbone and the stem it starts from
+    # its ConvBackbone and the stem it starts from; the miner and the encoders of mined distillation
+    code_modules = ("course_lib.methods.pixel_stem", "course_lib.methods.cross_encoder.mining",
+                    "course_lib.methods.encoding")
 
     def __init__(self, config: FastConfig | None = None, name: str = "fast", teacher: SlowMethod | None = None,
                  init: "FastMethod | None" = None, progress: bool = True):
@@ -346,8 +259,10 @@ class FastMethod(DualEncoderMethod):
     def notes(self) -> str:
         c = self.config
         start = "eq. 4 NCE, then" if c.distill_start == "fast" else "from scratch,"
-        how = (f"{start} {c.distill_steps} steps distilled from Slow (tau {c.tau:g}, alpha {c.alpha:g}, "
-               f"B={c.distill_batch_size})" if c.distill else "eq. 4 NCE")
+        over = (f"each caption's top {c.distill_top_k} images" if c.distill_candidates == "mined"
+                else "the batch's images")
+        how = (f"{start} {c.distill_steps} steps distilled from Slow over {over} (tau {c.tau:g}, alpha "
+               f"{c.alpha:g}, B={c.distill_batch_size})" if c.distill else "eq. 4 NCE")
         image = "mean-pooled" if c.image_pool == "mean" else "flattened 4x4"
         text = "bag of words" if c.text_tower == "bow" else f"{c.text_layers}-layer transformer"
         return f"Fast: {image} CNN / {text}, dot product, {how}, FAISS IndexFlatIP"
@@ -364,6 +279,14 @@ class FastMethod(DualEncoderMethod):
         (so a new pre-training corpus is never served stale weights)."""
         return (*(m.checkpoint_file(bench, tokenizer) for m in (self.teacher, self.init) if m is not None),
                 self.stem_checkpoint_file(bench))
+
+    def checkpoint_key(self, bench: dict, tokenizer) -> tuple[tuple, dict]:
+        """Method.checkpoint_key, where a plain (undistilled) model's config leaves out the fields
+        that only distillation reads: a new distillation setting never retrains the plain model."""
+        (config, *rest), code = super().checkpoint_key(bench, tokenizer)
+        if not self.config.distill:
+            config = {k: v for k, v in config.items() if k not in DISTILL_FIELDS}
+        return (config, *rest), code
 
     def build_model(self, bench, tokenizer) -> FastModel:
         return FastModel(len(tokenizer), self.config, SpecialTokens.of(tokenizer))

@@ -15,8 +15,8 @@
            pre-training scenes' ground truth, our stand-in for the papers' pre-trained backbones).
 
 The keys and values of every cross-attention layer depend on the image only, so a gallery's are
-computed once (`fast_slow_train.compute_states`, offline) and a pair costs the two decoders on its
-caption alone (`fast_slow_train.score_cached_pairs`); `SlowModel.score` is the uncached path.
+computed once (`scoring.compute_states`, offline) and a pair costs the two decoders on its
+caption alone (`scoring.score_cached_pairs`); `SlowModel.score` is the uncached path.
 
 Where the paper is silent (or is about 224-pixel photos), our choices:
 - Backbone: 3 conv stages on 32x32 pixels (16, 8, 4 pixels a side) instead of ResNet-50 v2;
@@ -31,7 +31,8 @@ Where the paper is silent (or is about 224-pixel photos), our choices:
   conv5 of photos, our captions are about where two small objects are (flattening scored higher
   in our runs; docs/tuning_notes.md lists what was measured).
 - Sizes are ours (the paper's decoders are 3 x 512 with 8 heads); configs say what we use.
-Training (captioning, Eq. 4 NCE, distillation) and the benchmark methods: `course_lib.methods.fast_slow.method`.
+The decoders: `course_lib.methods.fast_slow.decoder`. Training (captioning, Eq. 4 NCE, distillation) and the benchmark
+methods: `course_lib.methods.fast_slow.method`; the cached gallery scoring: `course_lib.methods.fast_slow.scoring`.
 """
 
 from __future__ import annotations
@@ -43,19 +44,27 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from course_lib.core.encoders import (
-    BagOfWordsEncoder,
-    TransformerTextEncoder,
-    word_mask,
-)
+from course_lib.core.encoders import BagOfWordsEncoder, TransformerTextEncoder
 from course_lib.core.settings import CourseConfig
 from course_lib.core.tokens import WORD_SPECIAL_TOKENS, SpecialTokens
+from course_lib.methods.fast_slow.decoder import (  # re-exported: the decoders live in decoder.py
+    CausalSelfAttention,
+    CrossAttention,
+    Decoder,
+    DecoderBlock,
+    reverse_words,
+    summed_log_likelihood,
+)
 from course_lib.methods.pixel_stem import ConvBackbone, conv_bn_relu
 
 FUSION_EPS = 1e-4  # BiFPN's epsilon in the normalised fusion (the paper's App. D)
 IMAGE_POOLS = ("mean", "flatten")  # FastConfig.image_pool
 TEXT_TOWERS = ("bow", "transformer")  # FastConfig.text_tower
 IMAGE_INITS = ("pixel_stem", "scratch")  # FastConfig.image_init
+DISTILL_CANDIDATES = ("batch", "mined")  # FastConfig.distill_candidates
+# the FastConfig fields that only distillation reads: a plain Fast model's checkpoint name leaves them out
+DISTILL_FIELDS = ("distill_batch_size", "distill_steps", "distill_lr", "distill_start", "distill_candidates",
+                  "distill_top_k", "tau", "alpha")
 
 
 @dataclass
@@ -133,6 +142,11 @@ class FastConfig(CourseConfig):
     distill_steps: int = 500
     distill_lr: float = 5e-4  # peak AdamW rate of the distillation steps
     distill_start: str = "fast"  # eq. 8 starts from "fast" (the plain model) or "scratch" (the paper's)
+    # which images each caption's two softmaxes of eq. 5-6 run over: "batch" (the paper's B images of the
+    # batch) or "mined" (its own image and the plain Fast model's top distill_top_k - 1 others of the
+    # training split, mined once: course_lib.methods.fast_slow.distill)
+    distill_candidates: str = "batch"
+    distill_top_k: int = 16  # "mined" only: candidate images per caption, its own included
     lr: float = 1e-3  # peak AdamW learning rate (the other dual encoders'; at batch 128 and 64 wide, 2e-3)
     # optimizer steps of eq. 4 (684 CPU-s). From the pixel stem at these sizes val t2i R@1 was 7.8 at
     # 2000 steps and 8.1 at 4000 (test 8.5), train[:1000] 26 and 44: more steps now fit the training
@@ -158,6 +172,9 @@ class FastConfig(CourseConfig):
                              f"{self.image_pool!r} and {self.text_tower!r}")
         if self.image_init not in IMAGE_INITS:
             raise ValueError(f"image_init must be one of {IMAGE_INITS}, got {self.image_init!r}")
+        if self.distill_candidates not in DISTILL_CANDIDATES or self.distill_top_k < 2:
+            raise ValueError(f"distill_candidates must be one of {DISTILL_CANDIDATES} and distill_top_k >= 2, got "
+                             f"{self.distill_candidates!r} and {self.distill_top_k}")
         if self.distill_start not in ("fast", "scratch"):
             raise ValueError(f"distill_start must be 'fast' or 'scratch', got {self.distill_start!r}")
         if self.fresh_scenes < 0:
@@ -207,109 +224,6 @@ class VisualTokens(nn.Module):
             x = fusion(x, maps[1 - i])  # 8x8, then 16x16
         tokens = x.flatten(2).transpose(1, 2)  # (B, M, H), row-major
         return self.norm(tokens + self.position)
-
-
-# ----------------------------------------------------------------------------- the decoders
-
-class CausalSelfAttention(nn.Module):
-    """Masked multi-head self-attention: position t sees positions <= t. With right padding no
-    real position ever sees a padded one, so no padding mask is needed."""
-
-    def __init__(self, hidden: int, heads: int, dropout: float = 0.0):
-        super().__init__()
-        self.heads, self.dropout = heads, dropout
-        self.qkv, self.out = nn.Linear(hidden, 3 * hidden), nn.Linear(hidden, hidden)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, L, H = x.shape
-        q, k, v = self.qkv(x).view(B, L, 3, self.heads, H // self.heads).permute(2, 0, 3, 1, 4)  # (B, h, L, d)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                           dropout_p=self.dropout if self.training else 0.0)
-        return self.out(y.transpose(1, 2).reshape(B, L, H))
-
-
-class CrossAttention(nn.Module):
-    """Text queries attend to the visual tokens. keys_values(tokens (B, M, H)) -> (2, B, h, M, d)
-    depends on the image only (what the gallery caches); forward(x (B, L, H), kv) -> (B, L, H)."""
-
-    def __init__(self, hidden: int, heads: int, dropout: float = 0.0):
-        super().__init__()
-        self.heads, self.dropout = heads, dropout
-        self.q, self.kv, self.out = nn.Linear(hidden, hidden), nn.Linear(hidden, 2 * hidden), nn.Linear(hidden, hidden)
-
-    def keys_values(self, tokens: torch.Tensor) -> torch.Tensor:
-        B, M, H = tokens.shape
-        return self.kv(tokens).view(B, M, 2, self.heads, H // self.heads).permute(2, 0, 3, 1, 4)
-
-    def forward(self, x: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
-        B, L, H = x.shape
-        q = self.q(x).view(B, L, self.heads, H // self.heads).transpose(1, 2)  # (B, h, L, d)
-        y = F.scaled_dot_product_attention(q, kv[0], kv[1], dropout_p=self.dropout if self.training else 0.0)
-        return self.out(y.transpose(1, 2).reshape(B, L, H))
-
-
-class DecoderBlock(nn.Module):
-    """Pre-LN decoder block (VirTex / the paper's §3.1): x + SelfAttn_causal(LN(x)), then
-    x + CrossAttn(LN(x), visual K/V), then x + MLP(LN(x)), MLP = 4H with GELU."""
-
-    def __init__(self, hidden: int, heads: int, dropout: float = 0.0):
-        super().__init__()
-        self.ln_1, self.ln_2, self.ln_3 = nn.LayerNorm(hidden), nn.LayerNorm(hidden), nn.LayerNorm(hidden)
-        self.attn = CausalSelfAttention(hidden, heads, dropout)
-        self.cross = CrossAttention(hidden, heads, dropout)
-        self.mlp = nn.Sequential(nn.Linear(hidden, 4 * hidden), nn.GELU(), nn.Dropout(dropout),
-                                 nn.Linear(4 * hidden, hidden))
-        self.drop = nn.Dropout(dropout)
-
-    def forward(self, x: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
-        x = x + self.drop(self.attn(self.ln_1(x)))
-        x = x + self.drop(self.cross(self.ln_2(x), kv))
-        return x + self.drop(self.mlp(self.ln_3(x)))  # (B, L, H)
-
-
-class Decoder(nn.Module):
-    """A stack of DecoderBlocks and a final LayerNorm; keys_values(tokens) -> one (2, B, h, M, d)
-    per block; forward(x (B, L, H), kvs) -> (B, L, H)."""
-
-    def __init__(self, hidden: int, layers: int, heads: int, dropout: float = 0.0):
-        super().__init__()
-        self.blocks = nn.ModuleList(DecoderBlock(hidden, heads, dropout) for _ in range(layers))
-        self.ln_f = nn.LayerNorm(hidden)
-
-    def keys_values(self, tokens: torch.Tensor) -> list[torch.Tensor]:
-        return [block.cross.keys_values(tokens) for block in self.blocks]
-
-    def forward(self, x: torch.Tensor, kvs: list[torch.Tensor]) -> torch.Tensor:
-        for block, kv in zip(self.blocks, kvs):
-            x = block(x, kv)
-        return self.ln_f(x)
-
-
-def reverse_words(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """[CLS] w1 .. wL [SEP] [PAD].. -> [CLS] wL .. w1 [SEP] [PAD].., row by row (the backward
-    decoder's input; right padding). (B, T) -> (B, T)"""
-    B, T = input_ids.shape
-    lengths = attention_mask.long().sum(1, keepdim=True)  # (B, 1): [CLS] + L words + [SEP]
-    positions = torch.arange(T, device=input_ids.device).expand(B, T)  # (B, T)
-    inside = (positions >= 1) & (positions <= lengths - 2)  # the word positions 1..L
-    source = torch.where(inside, lengths - 1 - positions, positions)  # word p <- word L + 1 - p
-    return input_ids.gather(1, source)
-
-
-def summed_log_likelihood(forward_logits: torch.Tensor, backward_logits: torch.Tensor,
-                          input_ids: torch.Tensor, reversed_ids: torch.Tensor, attention_mask: torch.Tensor,
-                          special: SpecialTokens = WORD_SPECIAL_TOKENS) -> torch.Tensor:
-    """h(x, y) = h_fwd + h_bwd (eq. 2-3) from the two decoders' logits: (B, T, V) each, position t
-    predicting token t + 1 of input_ids (forward) or reversed_ids (backward). Each direction sums
-    log p of its words (targets that are [SEP] or padding are left out), no length normalisation.
-    -> (B,)"""
-    words = word_mask(input_ids, attention_mask, special)[:, 1:].float()  # (B, T-1) targets that are words
-    total = 0.0
-    for logits, ids in ((forward_logits, input_ids), (backward_logits, reversed_ids)):
-        log_p = torch.log_softmax(logits[:, :-1].float(), dim=-1)  # (B, T-1, V)
-        target = log_p.gather(2, ids[:, 1:, None]).squeeze(2)  # (B, T-1) log p of the next token
-        total = total + (target * words).sum(1)
-    return total
 
 
 class SlowModel(nn.Module):
@@ -418,4 +332,4 @@ class FastModel(nn.Module):
 
 __all__ = ["SlowConfig", "FastConfig", "ConvBackbone", "WeightedFusion", "VisualTokens", "CausalSelfAttention",
            "CrossAttention", "DecoderBlock", "Decoder", "reverse_words", "summed_log_likelihood", "SlowModel",
-           "FastModel", "FUSION_EPS", "IMAGE_POOLS", "TEXT_TOWERS", "IMAGE_INITS"]
+           "FastModel", "FUSION_EPS", "IMAGE_POOLS", "TEXT_TOWERS", "IMAGE_INITS", "DISTILL_CANDIDATES", "DISTILL_FIELDS"]

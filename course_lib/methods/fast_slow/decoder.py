@@ -1,0 +1,125 @@
+"""The captioning decoders of Fast & Slow's Slow model (Miech et al. 2021, §3.1, after VirTex):
+pre-LN blocks of masked self-attention, cross-attention to the visual tokens and an MLP, and the
+summed log-likelihood h(x, y) = h_fwd + h_bwd of a caption read both ways (eq. 1-3).
+
+    tokens (B, M, H)  ->  Decoder.keys_values: per block the cross-attention's (2, B, h, M, d),
+                          which depend on the image only (a gallery's are cached offline)
+    words  (B, L, H)  ->  Decoder(x, kvs) -> (B, L, H)
+    reverse_words: the backward decoder's input; summed_log_likelihood: h from both decoders' logits
+
+`course_lib.methods.fast_slow.model.SlowModel` puts them together.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from course_lib.core.encoders import word_mask
+from course_lib.core.tokens import WORD_SPECIAL_TOKENS, SpecialTokens
+
+
+class CausalSelfAttention(nn.Module):
+    """Masked multi-head self-attention: position t sees positions <= t. With right padding no
+    real position ever sees a padded one, so no padding mask is needed."""
+
+    def __init__(self, hidden: int, heads: int, dropout: float = 0.0):
+        super().__init__()
+        self.heads, self.dropout = heads, dropout
+        self.qkv, self.out = nn.Linear(hidden, 3 * hidden), nn.Linear(hidden, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, L, H = x.shape
+        q, k, v = self.qkv(x).view(B, L, 3, self.heads, H // self.heads).permute(2, 0, 3, 1, 4)  # (B, h, L, d)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                           dropout_p=self.dropout if self.training else 0.0)
+        return self.out(y.transpose(1, 2).reshape(B, L, H))
+
+
+class CrossAttention(nn.Module):
+    """Text queries attend to the visual tokens. keys_values(tokens (B, M, H)) -> (2, B, h, M, d)
+    depends on the image only (what the gallery caches); forward(x (B, L, H), kv) -> (B, L, H)."""
+
+    def __init__(self, hidden: int, heads: int, dropout: float = 0.0):
+        super().__init__()
+        self.heads, self.dropout = heads, dropout
+        self.q, self.kv, self.out = nn.Linear(hidden, hidden), nn.Linear(hidden, 2 * hidden), nn.Linear(hidden, hidden)
+
+    def keys_values(self, tokens: torch.Tensor) -> torch.Tensor:
+        B, M, H = tokens.shape
+        return self.kv(tokens).view(B, M, 2, self.heads, H // self.heads).permute(2, 0, 3, 1, 4)
+
+    def forward(self, x: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+        B, L, H = x.shape
+        q = self.q(x).view(B, L, self.heads, H // self.heads).transpose(1, 2)  # (B, h, L, d)
+        y = F.scaled_dot_product_attention(q, kv[0], kv[1], dropout_p=self.dropout if self.training else 0.0)
+        return self.out(y.transpose(1, 2).reshape(B, L, H))
+
+
+class DecoderBlock(nn.Module):
+    """Pre-LN decoder block (VirTex / the paper's §3.1): x + SelfAttn_causal(LN(x)), then
+    x + CrossAttn(LN(x), visual K/V), then x + MLP(LN(x)), MLP = 4H with GELU."""
+
+    def __init__(self, hidden: int, heads: int, dropout: float = 0.0):
+        super().__init__()
+        self.ln_1, self.ln_2, self.ln_3 = nn.LayerNorm(hidden), nn.LayerNorm(hidden), nn.LayerNorm(hidden)
+        self.attn = CausalSelfAttention(hidden, heads, dropout)
+        self.cross = CrossAttention(hidden, heads, dropout)
+        self.mlp = nn.Sequential(nn.Linear(hidden, 4 * hidden), nn.GELU(), nn.Dropout(dropout),
+                                 nn.Linear(4 * hidden, hidden))
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+        x = x + self.drop(self.attn(self.ln_1(x)))
+        x = x + self.drop(self.cross(self.ln_2(x), kv))
+        return x + self.drop(self.mlp(self.ln_3(x)))  # (B, L, H)
+
+
+class Decoder(nn.Module):
+    """A stack of DecoderBlocks and a final LayerNorm; keys_values(tokens) -> one (2, B, h, M, d)
+    per block; forward(x (B, L, H), kvs) -> (B, L, H)."""
+
+    def __init__(self, hidden: int, layers: int, heads: int, dropout: float = 0.0):
+        super().__init__()
+        self.blocks = nn.ModuleList(DecoderBlock(hidden, heads, dropout) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(hidden)
+
+    def keys_values(self, tokens: torch.Tensor) -> list[torch.Tensor]:
+        return [block.cross.keys_values(tokens) for block in self.blocks]
+
+    def forward(self, x: torch.Tensor, kvs: list[torch.Tensor]) -> torch.Tensor:
+        for block, kv in zip(self.blocks, kvs):
+            x = block(x, kv)
+        return self.ln_f(x)
+
+
+def reverse_words(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """[CLS] w1 .. wL [SEP] [PAD].. -> [CLS] wL .. w1 [SEP] [PAD].., row by row (the backward
+    decoder's input; right padding). (B, T) -> (B, T)"""
+    B, T = input_ids.shape
+    lengths = attention_mask.long().sum(1, keepdim=True)  # (B, 1): [CLS] + L words + [SEP]
+    positions = torch.arange(T, device=input_ids.device).expand(B, T)  # (B, T)
+    inside = (positions >= 1) & (positions <= lengths - 2)  # the word positions 1..L
+    source = torch.where(inside, lengths - 1 - positions, positions)  # word p <- word L + 1 - p
+    return input_ids.gather(1, source)
+
+
+def summed_log_likelihood(forward_logits: torch.Tensor, backward_logits: torch.Tensor,
+                          input_ids: torch.Tensor, reversed_ids: torch.Tensor, attention_mask: torch.Tensor,
+                          special: SpecialTokens = WORD_SPECIAL_TOKENS) -> torch.Tensor:
+    """h(x, y) = h_fwd + h_bwd (eq. 2-3) from the two decoders' logits: (B, T, V) each, position t
+    predicting token t + 1 of input_ids (forward) or reversed_ids (backward). Each direction sums
+    log p of its words (targets that are [SEP] or padding are left out), no length normalisation.
+    -> (B,)"""
+    words = word_mask(input_ids, attention_mask, special)[:, 1:].float()  # (B, T-1) targets that are words
+    total = 0.0
+    for logits, ids in ((forward_logits, input_ids), (backward_logits, reversed_ids)):
+        log_p = torch.log_softmax(logits[:, :-1].float(), dim=-1)  # (B, T-1, V)
+        target = log_p.gather(2, ids[:, 1:, None]).squeeze(2)  # (B, T-1) log p of the next token
+        total = total + (target * words).sum(1)
+    return total
+
+
+__all__ = ["CausalSelfAttention", "CrossAttention", "DecoderBlock", "Decoder", "reverse_words",
+           "summed_log_likelihood"]

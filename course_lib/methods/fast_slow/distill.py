@@ -1,0 +1,111 @@
+"""Distilling the Slow teacher into the Fast student (Miech et al. 2021, §3.2, eq. 5-8), over two
+sets of candidate images per caption (FastConfig.distill_candidates):
+
+    "batch"  the paper's: every caption against the batch's B images; the teacher scores all B^2
+             pairs (`teacher_scores`), and eq. 5-7 match the two softmaxes over those B images
+    "mined"  every caption against its own image and the plain Fast model's top K - 1 other images
+             of the training split, mined once before distillation (`mine_candidates`): the images
+             the student actually confuses, where the teacher's order is what it lacks. This is how
+             later retrieval distillation works (RocketQA, ColBERTv2: the teacher re-scores the
+             retriever's own top candidates); the paper is silent on which images its batches hold
+
+In both, the loss is distillation_loss(student, teacher, tau) + alpha * eq. 4 over the batch's own
+pairs (eq. 8). `mined_distill_loss(None, ...)` is the no-teacher control of the mined variant: the
+same candidates, the student's softmax trained towards the caption's own image alone (hard-negative
+fine-tuning), so that a gain can be told apart from what the hard negatives alone give.
+
+    candidates = mine_candidates(fast_model, bench["train"], tokenizer, k=16)        # (T, 16), own image first
+    loss_fn = mined_distill_loss(slow_model, config, candidates, bench["train"])     # for fit_pairs
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from course_lib.core.checkpoints import inference
+from course_lib.core.losses import batch_scores, distillation_loss, joint_nce_loss
+from course_lib.data.datasets import ImageDataset
+from course_lib.methods.cross_encoder.mining import mine_negatives_from_embeddings
+from course_lib.methods.encoding import encode_split
+from course_lib.methods.fast_slow.model import FastConfig, FastModel, SlowModel
+
+
+def teacher_pair_scores(teacher: SlowModel, pixels: torch.Tensor, image_rows: torch.Tensor,
+                        texts: dict, text_rows: torch.Tensor) -> torch.Tensor:
+    """h (P,) of the pairs (pixels[image_rows[p]], texts row text_rows[p]): the CNN and the keys /
+    values run once per image of `pixels` (U, 3, H, W), the two decoders once per pair. No gradient,
+    the teacher in eval mode."""
+    with inference(teacher) as device:
+        kvs = teacher.keys_values(teacher.visual_tokens({"pixels": pixels.to(device)}))  # per image
+        image_rows, text_rows = image_rows.to(device), text_rows.to(device)
+        pairs = {d: [kv[:, image_rows] for kv in layers] for d, layers in kvs.items()}  # (2, P, h, M, d)
+        words = {k: texts[k].to(device)[text_rows] for k in ("input_ids", "attention_mask")}  # (P, T)
+        return teacher.log_likelihood(pairs, words)
+
+
+def teacher_scores(teacher: SlowModel, batch: dict) -> torch.Tensor:
+    """h of every image of the batch with every caption: (B, B), rows images, columns captions;
+    B^2 decoder passes."""
+    B = batch["pixels"].shape[0]
+    rows = torch.arange(B).repeat_interleave(B)  # (B*B,) image of each pair
+    cols = torch.arange(B).repeat(B)  # (B*B,) caption of each pair
+    return teacher_pair_scores(teacher, batch["pixels"], rows, batch, cols).view(B, B)
+
+
+def distill_loss(teacher: SlowModel, config: FastConfig):
+    """Eq. 8's loss_fn over the batch's images: distillation_loss(student, teacher, tau) + alpha *
+    eq. 4, both means over the batch; logs both parts."""
+    def loss_fn(model: FastModel, batch: dict, step: int = 0) -> dict:
+        student = batch_scores(*model(batch))  # (B, B)
+        distill = distillation_loss(student, teacher_scores(teacher, batch), tau=config.tau)
+        nce = joint_nce_loss(student)
+        return {"loss": distill + config.alpha * nce, "distill": distill, "nce": nce}
+
+    return loss_fn
+
+
+def mine_candidates(model: FastModel, split, tokenizer, k: int) -> torch.Tensor:
+    """Per caption of `split`, its own image and the model's k - 1 highest-scoring other images:
+    (T, k) image rows, own image first (mined once, from the plain Fast model)."""
+    if not 2 <= k <= split.n_images:
+        raise ValueError(f"distill_top_k={k} must be in [2, {split.n_images}]: the caption's own image "
+                         "and at least one other")
+    image_emb, text_emb = encode_split(model, split, tokenizer)  # (N, E), (T, E)
+    others = mine_negatives_from_embeddings(image_emb, text_emb, split.txt2img, k - 1).images_for_text
+    own = torch.from_numpy(np.asarray(split.txt2img, dtype=np.int64))[:, None]  # (T, 1)
+    return torch.cat([own, others], dim=1)  # (T, k)
+
+
+def mined_distill_loss(teacher: SlowModel | None, config: FastConfig, candidates: torch.Tensor, split):
+    """Eq. 8's loss_fn over mined candidates: per caption of the batch, the softmax over its K
+    candidate images (`mine_candidates`; the batch's `txt_index` rows of `split`) of the student's
+    f.g / tau against the teacher's h / tau, + alpha * eq. 4 over the batch's own pairs.
+    teacher None: the no-teacher control, whose target is the caption's own image (column 0)."""
+    images = ImageDataset(split, modality="pixels")
+
+    def loss_fn(model: FastModel, batch: dict, step: int = 0) -> dict:
+        rows = candidates[batch["txt_index"].cpu()]  # (B, K) image rows of the split
+        B, K = rows.shape
+        unique, inverse = torch.unique(rows, return_inverse=True)  # (U,), (B, K)
+        device = batch["pixels"].device
+        pixels = torch.stack([images[int(i)]["pixels"] for i in unique]).to(device)  # (U, 3, H, W)
+        image_emb = model.encode_images({"pixels": pixels})  # (U, E)
+        text_emb = model.encode_texts(batch)  # (B, E)
+        inverse = inverse.to(device)
+        student = (image_emb[inverse] * text_emb[:, None]).sum(-1)  # (B, K) f.g per candidate
+        if teacher is None:
+            target = torch.full((B, K), float("-inf"), device=device)
+            target[:, 0] = 0.0  # all the probability on the caption's own image
+        else:
+            target = teacher_pair_scores(teacher, pixels, inverse.flatten(), batch,
+                                         torch.arange(B).repeat_interleave(K)).view(B, K)  # (B, K)
+        distill = distillation_loss(student.T, target.T, tau=config.tau)  # softmax over the K images
+        nce = joint_nce_loss(batch_scores(image_emb[inverse[:, 0]], text_emb))  # eq. 4, (B, B)
+        return {"loss": distill + config.alpha * nce, "distill": distill, "nce": nce}
+
+    return loss_fn
+
+
+__all__ = ["teacher_pair_scores", "teacher_scores", "distill_loss", "mine_candidates",
+           "mined_distill_loss"]

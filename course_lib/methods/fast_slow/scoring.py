@@ -1,0 +1,100 @@
+"""Fast & Slow's Slow model over a cached gallery (Miech et al. 2021, §3.3): the keys and values
+of every cross-attention layer depend on the image only, so a split's are computed once offline
+(`compute_states`) and a pair then costs the two decoders on its caption alone
+(`score_cached_pairs`). The re-ranker (`fast_slow@K`) and the distillation teacher both score this way.
+
+    states = compute_states(slow_model, bench["test"], tokenizer)      # offline: CNN + K/V projections
+    h = score_cached_pairs(slow_model, states, image_rows, text_rows)  # (P,) summed log-likelihoods
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from course_lib.core.checkpoints import inference, model_device
+from course_lib.data.datasets import ImageDataset, collate_images, text_fields
+from course_lib.methods.fast_slow.model import SlowModel
+
+
+@dataclass
+class SlowStates:
+    """A split's offline work: every image's cross-attention keys / values (per decoder, per block,
+    (2, N, h, M, d)) and every caption tokenised once (T, L). Memory: N x 2 decoders x layers x 2 x
+    M x H floats (the 1k test split at the defaults: 131 MB)."""
+
+    kvs: dict  # {"fwd": [(2, N, h, M, d)] * layers, "bwd": ...}
+    input_ids: torch.Tensor  # (T, L)
+    attention_mask: torch.Tensor  # (T, L)
+
+    def image(self, rows) -> dict:
+        """The keys / values of images `rows` (P,), as SlowModel.log_likelihood takes them."""
+        return {d: [kv[:, rows] for kv in kvs] for d, kvs in self.kvs.items()}  # contiguous copies
+
+    def text(self, rows) -> dict:
+        mask = self.attention_mask[rows]
+        length = int(mask.sum(1).max()) if len(mask) else 1  # drop the padding every row has
+        return {"input_ids": self.input_ids[rows][:, :length], "attention_mask": mask[:, :length]}
+
+
+def compute_states(model: SlowModel, split, tokenizer, *, batch_size: int = 256, device=None,
+                   progress: bool = False) -> SlowStates:
+    """Run the CNN and the K/V projections once over a split's images; tokenise its captions."""
+    dataset = ImageDataset(split, modality="pixels")
+    parts = {"fwd": [], "bwd": []}
+    with inference(model, device) as device:
+        for start in tqdm(range(0, len(dataset), batch_size), desc="slow gallery", disable=not progress,
+                          leave=False):
+            block = collate_images([dataset[i] for i in range(start, min(start + batch_size, len(dataset)))])
+            kvs = model.keys_values(model.visual_tokens({"pixels": block["pixels"].to(device)}))
+            for d in parts:
+                parts[d].append([kv.cpu() for kv in kvs[d]])  # (2, b, h, M, d) each
+    kvs = {d: [torch.cat(layer, dim=1) for layer in zip(*blocks)] for d, blocks in parts.items()}
+    texts = text_fields(split.captions, tokenizer, model.config.max_text_length)
+    return SlowStates(kvs, texts["input_ids"], texts["attention_mask"])
+
+
+def score_cached_pairs(model: SlowModel, states: SlowStates, image_indices, text_indices, *,
+                       batch_size: int = 512, device=None) -> torch.Tensor:
+    """h (P,) of the pairs (image_indices[p], text_indices[p]) from cached states: only the two
+    decoders run on each pair's caption."""
+    images, texts = checked_pairs(image_indices, text_indices)
+    out = torch.empty(len(images))
+    with _scoring(model, device) as device:
+        for start in range(0, len(images), batch_size):
+            rows = slice(start, start + batch_size)
+            kvs = {d: [kv.to(device) for kv in layers] for d, layers in states.image(images[rows]).items()}
+            out[rows] = model.log_likelihood(kvs, {k: v.to(device) for k, v in states.text(texts[rows]).items()}).cpu()
+    return out
+
+
+@contextmanager
+def _scoring(model: nn.Module, device=None):
+    """checkpoints.inference, without its model.to(device) when the model is already there in eval
+    mode: that walk over every tensor cost more than the decoders on a re-ranker's 10 pairs."""
+    device = model_device(model, device)
+    if model.training or model_device(model) != device:
+        with inference(model, device) as device:
+            yield device
+    else:
+        with torch.no_grad():
+            yield device
+
+
+def checked_pairs(image_indices, text_indices) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two (P,) long tensors of aligned pair indices, or a clear error. (U-BERT's and the
+    cross-encoder's pair scorers check the same: a candidate for course_lib.methods.base.)"""
+    images = torch.as_tensor(np.asarray(image_indices), dtype=torch.long)  # (P,)
+    texts = torch.as_tensor(np.asarray(text_indices), dtype=torch.long)  # (P,)
+    if images.shape != texts.shape or images.ndim != 1:
+        raise ValueError(f"image_indices and text_indices must be two (P,) vectors of pairs, got shapes "
+                         f"{tuple(images.shape)} and {tuple(texts.shape)}")
+    return images, texts
+
+
+__all__ = ["SlowStates", "compute_states", "score_cached_pairs", "checked_pairs"]
