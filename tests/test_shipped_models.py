@@ -110,9 +110,27 @@ def test_manifest_round_trip(shipped_tiny, data):
         assert (folder / name).stat().st_size < (root / "cache" / name).stat().st_size
     assert_current(folder, shipping.expected_entries(bench, tokenizer, [make() for make in TINY.values()]))
     vsepp = trained["vsepp"]  # load_model_weights reads a shipped file as it reads a Trainer checkpoint
-    for path in (folder / vsepp.checkpoint_path.name, root / "cache" / vsepp.checkpoint_path.name):
+    for path, want in ((folder / vsepp.checkpoint_path.name, rounded(vsepp.model.state_dict())),
+                       (root / "cache" / vsepp.checkpoint_path.name, vsepp.model.state_dict())):
         model = load_model_weights(vsepp.build_model(bench, tokenizer), str(path))
-        torch.testing.assert_close(model.state_dict(), vsepp.model.state_dict(), rtol=0, atol=0)
+        torch.testing.assert_close(model.state_dict(), want, rtol=0, atol=0)
+
+
+def rounded(state: dict) -> dict:
+    """A state dict as a shipped file gives it back: floating weights rounded to float16 (and computed
+    in the model's float32 again); the rest exactly."""
+    return {k: v.half().to(v.dtype) if v.is_floating_point() else v for k, v in state.items()}
+
+
+def test_shipped_weights_are_float16_within_its_range():
+    model = torch.nn.Linear(3, 2)
+    with torch.no_grad():
+        model.weight[0, 0] = 1e6  # beyond float16's 65504: this tensor stays float32
+    model.register_buffer("steps", torch.tensor(7))
+    state = shipped.shipped_weights(model)
+    assert state["bias"].dtype == torch.float16 and state["steps"].dtype == torch.int64
+    assert state["weight"].dtype == torch.float32 and torch.equal(state["weight"], model.weight.detach())
+    assert torch.equal(state["bias"].float(), model.bias.detach().half().float())
 
 
 @pytest.mark.parametrize("name", sorted(TINY))
@@ -123,11 +141,16 @@ def test_a_shipped_model_is_loaded_not_trained(name, course_env, shipped_tiny, d
     method.fit(bench, tokenizer, cache_dir=tmp_path)
     assert method.from_shipped and method.checkpoint_path == course_env / trained.checkpoint_path.name
     assert not list(tmp_path.iterdir())  # nothing trained, nothing cached, no earlier stage either
-    for key, value in trained.model.state_dict().items():
+    for key, value in rounded(trained.model.state_dict()).items():
         torch.testing.assert_close(method.model.state_dict()[key], value, rtol=0, atol=0)
     assert json.dumps(method.history, default=str) == json.dumps(trained.history, default=str)
-    test = bench["test"]
-    assert torch.equal(method.rank(test, "t2i", 5)[0], trained.rank(test, "t2i", 5)[0])
+    test = bench["test"]  # the loaded model ranks as the trained one with its weights rounded
+    original = {k: v.clone() for k, v in trained.model.state_dict().items()}
+    trained.model.load_state_dict(rounded(original))
+    try:
+        assert torch.equal(method.rank(test, "t2i", 5)[0], trained.rank(test, "t2i", 5)[0])
+    finally:
+        trained.model.load_state_dict(original)
 
 
 def test_retrain_trains_even_with_a_matching_shipped_model(course_env, data, monkeypatch, tmp_path):

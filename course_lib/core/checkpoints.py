@@ -161,7 +161,7 @@ def finished_checkpoint(checkpoint_path, max_steps: int) -> bool:
 
 
 TRAINER_FORMAT = "course_lib.train/1"   # the format tag of a Trainer checkpoint (a tag, not a module path: keep it)
-SHIPPED_FORMAT = "course_lib.shipped/1"  # a shipped model: weights and training history only (core/shipped.py)
+SHIPPED_FORMAT = "course_lib.shipped/2"  # a shipped model: float16 weights and training history only (core/shipped.py)
 
 
 def check_model_state(model: nn.Module, state: dict, source: str) -> None:

@@ -5,7 +5,7 @@ benchmark trains in over an hour.
       manifest.json               per file: method, checkpoint prefix, config, data fingerprint,
                                   extra (the files of the stages it starts from), code version,
                                   MODEL_FORMAT, sha256, bytes
-      vsepp-<hash>.pt ...         weights and training history only (no optimizer state)
+      vsepp-<hash>.pt ...         weights (float16) and training history only (no optimizer state)
 
 A shipped file is named exactly as the cache names the model (`checkpoints.checkpoint_name`, whose
 hash covers the config, the training data, the vocabulary, the stages it starts from and the code
@@ -84,9 +84,25 @@ def _history(plain):
     return None if plain is None else History(plain)
 
 
+def _half(tensor: torch.Tensor) -> torch.Tensor:
+    """A weight as shipped: float16 when it is floating point and fits float16's range (half the bytes;
+    the model still computes in float32: load_state_dict casts back), else unchanged."""
+    tensor = tensor.detach().cpu()
+    if tensor.is_floating_point() and tensor.dtype != torch.float16:
+        half = tensor.to(torch.float16)
+        if torch.equal(torch.isfinite(half), torch.isfinite(tensor)):  # nothing beyond +-65504
+            return half
+    return tensor.clone()  # no views of bigger storage
+
+
+def shipped_weights(model: nn.Module) -> dict:
+    """The state dict a shipped file holds: every weight through `_half`."""
+    return {k: _half(v) for k, v in model.state_dict().items()}
+
+
 def _payload(model: nn.Module, history) -> bytes:
     buffer = io.BytesIO()
-    state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}  # no views of bigger storage
+    state = shipped_weights(model)
     torch.save({"format": SHIPPED_FORMAT, "model": state, "history": _plain(history)}, buffer)
     return buffer.getvalue()
 
@@ -224,5 +240,5 @@ def check_shipped(folder, expected: dict) -> list[str]:
 
 
 __all__ = ["SHIPPED_MODELS", "MANIFEST", "REFRESH_COMMAND", "MAX_BYTES", "shipped_folder", "manifest_entry",
-           "read_manifest", "load_shipped", "stale_reasons", "find_shipped", "write_shipped", "check_shipped",
+           "read_manifest", "shipped_weights", "load_shipped", "stale_reasons", "find_shipped", "write_shipped", "check_shipped",
            "file_sha256"]
