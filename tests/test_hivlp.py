@@ -19,12 +19,12 @@ from course_lib.core.losses import VMLM
 
 TOL = 1e-5
 pytestmark = pytest.mark.usefixtures("one_thread")
-BENCH_SIZES = dict(n_train=120, n_val=20, n_test=24, n_pretrain=130, n_compositional=1)  # the pixel stem: a batch of 128
+BENCH_SIZES = dict(n_train=120, n_val=20, n_test=24, n_pretrain=10, n_compositional=1)
 
 
 def small_config(**kw) -> HiVLPConfig:
     return HiVLPConfig(**{"hidden": 16, "image_layers": 3, "text_layers": 3, "heads": 2, "eol_widths": (4, 8, 16),
-                          "batch_size": 16, "max_steps": 4, "dropout": 0.0, "stem": "patch", **kw})
+                          "batch_size": 16, "max_steps": 4, "dropout": 0.0, **kw})
 
 
 def pair_batch(split, tokenizer, rows, modality="pixels"):
@@ -377,41 +377,6 @@ def test_conv_stem_gives_one_token_per_patch_and_learns(bench, tok):
     assert conv_stem(64, 4)(torch.randn(1, 3, 32, 32)).shape == (1, 64, 8, 8)
     with pytest.raises(ValueError, match="power of 2"):
         conv_stem(64, 6)
-
-
-def test_the_vit_starts_from_the_cached_pixel_stem(bench, tok, tmp_path):
-    """stem="pixel_stem": the patch embedding is the stem's ConvBackbone (its 4x4 map: 16 tokens + [IMG]),
-    loaded from the stem trained on bench["pretrain"] and cached beside the model under the same name
-    as Fast's stem of the same channels and steps (one file for both); training fine-tunes it."""
-    from course_lib.methods.fast_slow.method import FastMethod
-    from course_lib.methods.fast_slow.model import FastConfig
-    from course_lib.methods.hivlp.method import initial_hivlp, stem_config
-    from course_lib.methods.pixel_stem import train_pixel_stem
-
-    config = small_config(stem="pixel_stem", stem_channels=(4, 8, 8), stem_steps=2)
-    method = HiVLPMethod(config, progress=False).fit(bench, tok, cache_dir=tmp_path)
-    stem_file = method.stem_checkpoint_file(bench)
-    assert (tmp_path / stem_file).exists()
-    assert stem_file == FastMethod(FastConfig(channels=(4, 8, 8), stem_steps=2)).stem_checkpoint_file(bench)
-    stem, _ = train_pixel_stem(bench, stem_config(config), checkpoint_path=tmp_path / stem_file, progress=False)
-    start = initial_hivlp(bench, tok, config, stem_checkpoint=tmp_path / stem_file, progress=False)
-    backbone = start.image_tower.vit.patch_embed.backbone
-    for name, value in stem.backbone.state_dict().items():
-        assert torch.equal(backbone.state_dict()[name], value), name
-    start.eval()
-    batch = pair_batch(bench["train"], tok, range(4))
-    with torch.no_grad():
-        tokens = start.image_tower(batch)[0]  # the first block's states
-        grid = stem.backbone(batch["pixels"])[-1]  # (4, 8, 4, 4) the stem's last map
-    assert tuple(tokens.shape) == (4, 1 + 16, 16) and tuple(grid.shape[-2:]) == (4, 4)
-    trained = method.model.image_tower.vit.patch_embed.backbone.state_dict()
-    assert not all(torch.equal(v.cpu(), stem.backbone.state_dict()[k]) for k, v in trained.items())
-    patch = HiVLPMethod(small_config(), progress=False)
-    assert patch.stem_checkpoint_file(bench) is None
-    assert patch.checkpoint_file(bench, tok) != method.checkpoint_path.name
-    assert HiVLPMethod(small_config(image_input="regions", stem="pixel_stem")).stem_checkpoint_file(bench) is None
-    with pytest.raises(ValueError, match="patch_size=8"):
-        HiVLPConfig(stem="pixel_stem", patch_size=4)
 
 
 def test_cascade_notes_name_the_towers():

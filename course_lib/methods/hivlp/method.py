@@ -18,7 +18,6 @@ re-scored by lesson 02's cross-encoder, the paper's "+CM" with our cross-encoder
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -42,11 +41,6 @@ from course_lib.methods.base import (
 )
 from course_lib.methods.hivlp.model import HiVLP, HiVLPConfig, build_hivlp
 from course_lib.methods.hivlp.search import SURVIVORS, coarse_to_fine
-from course_lib.methods.pixel_stem import (
-    PixelStemConfig,
-    stem_checkpoint_file,
-    train_pixel_stem,
-)
 from course_lib.methods.registry import register_method
 from course_lib.methods.rerank import Cascade
 
@@ -98,35 +92,15 @@ def last_level_scores(model: HiVLP, split, tokenizer) -> torch.Tensor:
     return states.image[-1] @ states.text[-1].T  # (N, T)
 
 
-def stem_config(config: HiVLPConfig) -> PixelStemConfig:
-    """The pixel stem a HiVLP of this config starts from (stem="pixel_stem"): its channels and
-    steps, PixelStemConfig's other defaults, the same seed (Fast's, at equal fields: one cached stem)."""
-    return PixelStemConfig(channels=config.stem_channels, max_steps=config.stem_steps, seed=config.seed)
-
-
-def initial_hivlp(bench: dict, tokenizer, config: HiVLPConfig, *, stem_checkpoint=None, progress: bool = True,
-                  device: str | None = None) -> HiVLP:
-    """The HiVLP training starts from: seeded random weights, and with the pixel stem (config.uses_pixel_stem)
-    the ViT's patch embedding backbone from the stem trained on bench["pretrain"] (or loaded from a
-    finished stem_checkpoint)."""
-    seed_everything(config.seed)
-    model = build_hivlp(config, bench["train"], tokenizer)
-    if config.uses_pixel_stem:
-        stem, _ = train_pixel_stem(bench, stem_config(config), checkpoint_path=stem_checkpoint, progress=progress,
-                                   device=device)
-        model.image_tower.vit.patch_embed.backbone.load_state_dict(stem.backbone.state_dict())
-    return model
-
-
 def train_hivlp(bench: dict, tokenizer, config: HiVLPConfig | None = None, *, checkpoint_path=None,
-                stem_checkpoint=None, evaluate_on=None, eval_every: int | None = None, progress: bool = True,
-                device: str | None = None) -> tuple[HiVLP, object]:
-    """Train on bench["train"] with L_HRL + L_LRM from `initial_hivlp`; returns (model in eval mode,
-    History). A finished checkpoint at checkpoint_path is loaded instead. stem_checkpoint: where the
-    pixel stem is cached. evaluate_on: a split (or a dict of splits, base.learning_curve_splits)
-    whose flat last-level retrieval metrics are logged every eval_every steps and at the end."""
+                evaluate_on=None, eval_every: int | None = None, progress: bool = True, device: str | None = None) -> tuple[HiVLP, object]:
+    """Train on bench["train"] with L_HRL + L_LRM; returns (model in eval mode, History). A finished
+    checkpoint at checkpoint_path is loaded instead. evaluate_on: a split (or a dict of splits,
+    base.learning_curve_splits) whose flat last-level retrieval metrics are logged every
+    eval_every steps and at the end."""
     c = config or HiVLPConfig()
-    model = initial_hivlp(bench, tokenizer, c, stem_checkpoint=stem_checkpoint, progress=progress, device=device)
+    seed_everything(c.seed)
+    model = build_hivlp(c, bench["train"], tokenizer)
     evaluate = retrieval_evaluator(evaluate_on, lambda m, split: last_level_scores(m, split, tokenizer))
     history = fit_pairs(model, hivlp_loss, bench["train"], tokenizer, c, modality=c.image_input,
                         image_size=c.image_size, max_text_length=c.max_text_length, evaluate=evaluate,
@@ -144,7 +118,6 @@ class HiVLPMethod(DualEncoderMethod):
 
     checkpoint_prefix = "hivlp"
     config_class = HiVLPConfig
-    code_modules = ("course_lib.methods.pixel_stem",)  # the stem its ViT may start from
 
     def __init__(self, config: HiVLPConfig | None = None, name: str = "hivlp-flat", progress: bool = True):
         super().__init__(config, name, progress)
@@ -162,23 +135,11 @@ class HiVLPMethod(DualEncoderMethod):
                  else f"region tower {c.image_layers} blocks")
         return f"{image}, text {c.text_layers} blocks"
 
-    def stem_checkpoint_file(self, bench: dict) -> str | None:
-        """The pixel stem's file name in cache_dir (None when the model does not start from it)."""
-        return stem_checkpoint_file(bench, stem_config(self.config)) if self.config.uses_pixel_stem else None
-
-    def checkpoint_extra(self, bench: dict, tokenizer) -> tuple:
-        """The pixel stem's file, when it starts from one (a new pre-training corpus retrains it)."""
-        stem = self.stem_checkpoint_file(bench)
-        return () if stem is None else (stem,)
-
     def build_model(self, bench: dict, tokenizer) -> HiVLP:
         return build_hivlp(self.config, bench["train"], tokenizer)
 
     def train(self, bench: dict, tokenizer, checkpoint_path, cache_dir):
-        stem = self.stem_checkpoint_file(bench)
-        stem_checkpoint = Path(cache_dir) / stem if cache_dir is not None and stem is not None else None
-        return train_hivlp(bench, tokenizer, self.config, checkpoint_path=checkpoint_path,
-                           stem_checkpoint=stem_checkpoint, progress=self.progress,
+        return train_hivlp(bench, tokenizer, self.config, checkpoint_path=checkpoint_path, progress=self.progress,
                            **self.learning_curve(bench, self.config.max_steps))
 
     def states(self, split) -> HiVLPStates:
@@ -314,5 +275,4 @@ def _hivlp_regions(build) -> HiVLPCascade:
     return HiVLPCascade(flat, name="hivlp-regions")
 
 
-__all__ = ["SURVIVORS", "RERANK_TOP_M", "hivlp_loss", "HiVLPStates", "compute_states", "stem_config", "initial_hivlp",
-           "train_hivlp", "HiVLPMethod", "HiVLPLevel", "HiVLPCascade"]
+__all__ = ["SURVIVORS", "RERANK_TOP_M", "hivlp_loss", "HiVLPStates", "compute_states", "train_hivlp", "HiVLPMethod", "HiVLPLevel", "HiVLPCascade"]

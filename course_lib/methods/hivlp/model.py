@@ -17,17 +17,13 @@ level 2 re-scores those at d_2 and keeps N3, the last level orders the N3. `casc
 paper's time model and a multiply-add count of ours.
 
 Where the paper is silent, our choices (the notebook says them too):
-- Sizes: hidden 128, a 6-block ViT over 8x8-pixel patches of the 32x32 image (16 patches + [IMG]),
-  a 1-block text tower (half of LightningDOT's two, as the paper's 6 is half of 12); EOL widths
-  32/64/128 (the paper's 128/300/768 ratio, roughly), after blocks 2/4/6 (image) and 1/1/1 (text).
+- Sizes: hidden 64, a 6-block ViT over 8x8-pixel patches of the 32x32 image (16 patches + [IMG]),
+  a 3-block text tower; EOL widths 16/32/64 (the paper's 128/300/768 ratio, roughly), after blocks
+  2/4/6 (image) and 1/2/3 (text): evenly spaced, the paper's 4/8/12 and 2/4/6.
 - The EOL MLP: Linear(hidden, hidden), GELU, Linear(hidden, d_l) (depth not given), nothing after it
   (`eol_layernorm=True` adds a LayerNorm, so that S^l starts at the scale of LayerNorm'd states; over regions
   it ended 1.2 points of val t2i R@1 lower after 4,000 steps: docs/tuning_notes.md).
-- The paper's ViT starts pre-trained; ours starts from the course's pixel stem (`stem="pixel_stem"`, the
-  default): the patch embedding is the stem's ConvBackbone (pre-trained on the pre-training scenes' ground
-  truth, course_lib.methods.pixel_stem), whose 4x4 map at stride 8 gives the same 16 tokens as 8x8 patches:
-  a hybrid ViT (Dosovitskiy et al. §3.1). `stem="patch"` is the plain linear patch embedding from random
-  weights, `stem="conv"` a random convolutional stem.
+- The ViT embeds patches linearly, as the paper's; `stem="conv"` swaps in a convolutional stem.
 - LRM's image term h_V0 is the last image block's [IMG] state (eq. 4 writes h_V0^l with no l).
 - LRM is added to L_HRL with weight `lrm_weight` (the paper gives no weights). It is 0 by default: in
   our calibration runs it slowed the alignment and made each step slower (docs/tuning_notes.md says
@@ -42,7 +38,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from functools import partial
 from typing import ClassVar
 
 import torch
@@ -57,10 +52,9 @@ from course_lib.core.encoders import (
 from course_lib.core.losses import VMLM, batch_scores, contrastive_loss, mask_tokens
 from course_lib.core.settings import CourseConfig
 from course_lib.core.tokens import WORD_SPECIAL_TOKENS, SpecialTokens
-from course_lib.methods.pixel_stem import ConvBackbone
 
 IMAGE_INPUTS = ("pixels", "regions")
-STEMS = ("patch", "conv", "pixel_stem")
+STEMS = ("patch", "conv")
 TRAIN_LEVELS = ("all", "last")
 
 
@@ -74,12 +68,7 @@ class HiVLPConfig(CourseConfig):
     text_layers: int = 1
     heads: int = 4  # attention heads per block
     patch_size: int = 8  # ViT patch side in pixels: a 32x32 image is 4x4 patches + [IMG]
-    # how pixels become the ViT's tokens: "pixel_stem" (the pre-trained ConvBackbone of course_lib.methods.pixel_stem,
-    # patch_size 8: its 4x4 map), "patch" (ViT's linear patch embedding, random) or "conv" (random stride-2 3x3
-    # convolutions down to the patches)
-    stem: str = "pixel_stem"
-    stem_channels: tuple = (24, 48, 96)  # stem="pixel_stem": ConvBackbone widths (Fast's, so the cached stem is shared)
-    stem_steps: int = 400  # stem="pixel_stem": its pre-training steps (PixelStemConfig.max_steps)
+    stem: str = "patch"  # "patch": ViT's linear patch embedding; "conv": stride-2 3x3 convolutions down to the patches
     backbone: str | None = None  # a timm ViT name for real data (e.g. "vit_base_patch16_224"); None = the course's
     pretrained: bool = False  # load the timm backbone's pretrained weights (needs internet or a cache)
     image_size: int | None = None  # resize pixels to this side (real images: e.g. 224); None = as stored (32)
@@ -102,17 +91,13 @@ class HiVLPConfig(CourseConfig):
     grad_clip: float = 2.0  # max gradient norm
     seed: int = 0  # weights, masking and data order
 
-    SMOKE: ClassVar[dict] = {"max_steps": 30, "batch_size": 64, "stem_steps": 20}
+    SMOKE: ClassVar[dict] = {"max_steps": 30, "batch_size": 64}
 
     def __post_init__(self):
         if self.image_input not in IMAGE_INPUTS:
             raise ValueError(f"image_input must be one of {IMAGE_INPUTS}, got {self.image_input!r}")
         if self.stem not in STEMS:
             raise ValueError(f"stem must be one of {STEMS}, got {self.stem!r}")
-        self.stem_channels = tuple(int(c) for c in self.stem_channels)
-        if self.uses_pixel_stem and self.patch_size != 8:
-            raise ValueError(f"stem='pixel_stem' gives 8x8-pixel patches (its ConvBackbone has stride 8): use "
-                             f"patch_size=8, or stem='patch' / 'conv' for patch_size={self.patch_size}")
         if self.train_levels not in TRAIN_LEVELS:
             raise ValueError(f"train_levels must be one of {TRAIN_LEVELS}, got {self.train_levels!r}")
         self.eol_widths = tuple(int(w) for w in self.eol_widths)
@@ -122,12 +107,6 @@ class HiVLPConfig(CourseConfig):
         for side, layers in (("image", self.image_layers), ("text", self.text_layers)):
             if layers < 1:
                 raise ValueError(f"the {side} tower needs at least one block, got {side}_layers={layers}")
-
-    @property
-    def uses_pixel_stem(self) -> bool:
-        """Whether the image tower starts from the pixel stem: the course's ViT over pixels with
-        stem="pixel_stem" (a timm backbone brings its own patch embedding and weights)."""
-        return self.image_input == "pixels" and self.stem == "pixel_stem" and not self.backbone
 
     @property
     def n_levels(self) -> int:
@@ -181,15 +160,6 @@ class ConvStemEmbed(HybridEmbed):
         super().__init__(backbone=conv_stem(embed_dim, patch_size), patch_size=1, embed_dim=embed_dim, **kwargs)
 
 
-class PixelStemEmbed(HybridEmbed):
-    """timm's hybrid patch embedding over the pixel stem's ConvBackbone: its last (4x4, stride 8) map
-    is the patch grid, one token per cell (a 1x1 projection to embed_dim). `backbone` takes the
-    pre-trained stem's weights (`load_pixel_stem`)."""
-
-    def __init__(self, *, patch_size: int, embed_dim: int, channels=(24, 48, 96), **kwargs):
-        super().__init__(backbone=ConvBackbone(channels), patch_size=1, embed_dim=embed_dim, **kwargs)
-
-
 class ViTTower(nn.Module):
     """A timm ViT over pixels that returns every block's states (B, 1 + P, hidden), [IMG] first,
     each after the final LayerNorm (as `blocks.Transformer(return_layers=True)` gives them)."""
@@ -203,8 +173,6 @@ class ViTTower(nn.Module):
             kwargs["img_size"] = c.image_size
         if c.stem == "conv":
             kwargs["embed_layer"] = ConvStemEmbed
-        elif c.uses_pixel_stem:
-            kwargs["embed_layer"] = partial(PixelStemEmbed, channels=c.stem_channels)
         self.vit = PixelEncoder(c.backbone, pretrained=c.pretrained, **kwargs).backbone
         self.width, self.depth = self.vit.num_features, len(self.vit.blocks)
 
@@ -400,6 +368,6 @@ def build_hivlp(config: HiVLPConfig, split, tokenizer) -> HiVLP:
     return HiVLP(config, len(tokenizer), region_dim, special=SpecialTokens.of(tokenizer))
 
 
-__all__ = ["HiVLPConfig", "HiVLP", "EarlyOutput", "PixelStemEmbed", "ViTTower", "RegionTower", "level_layers", "hrl_loss",
+__all__ = ["HiVLPConfig", "HiVLP", "EarlyOutput", "ViTTower", "RegionTower", "level_layers", "hrl_loss",
            "hrl_sum", "CostModel", "cascade_cost", "encoder_multiply_adds", "eol_multiply_adds",
-           "query_multiply_adds", "build_hivlp", "IMAGE_INPUTS", "STEMS", "TRAIN_LEVELS"]
+           "query_multiply_adds", "build_hivlp", "IMAGE_INPUTS", "TRAIN_LEVELS"]
