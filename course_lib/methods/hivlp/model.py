@@ -30,8 +30,7 @@ Where the paper is silent, our choices (the notebook says them too):
   what we measured); `lrm_weight=1.0` is L_HRL + L_LRM, two of the paper's three objectives, and notebook
   05 trains both. The cross-modal encoder and its VLM loss (eq. 9), the third, are not trained here: "+CM" re-ranking uses the course's
   cross-encoder of lesson 02 instead (`hivlp+rerank@20`).
-- No image-text pre-training: the model trains on the training split's pairs (the pixel stem reads the
-  pre-training corpus's scenes, never its captions).
+- No pre-training corpus: the model trains on the training split only.
 """
 
 from __future__ import annotations
