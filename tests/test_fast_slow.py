@@ -154,7 +154,7 @@ def test_distillation_gradients_reach_only_the_student(slow, bench, tok):
     assert all(p.grad is None for p in slow.parameters())
     grads = [p.grad for p in student.parameters()]
     assert all(g is not None for g in grads) and sum(g.abs().sum() for g in grads) > 0
-    assert out["loss"].item() == pytest.approx(out["distill"].item() + 0.1 * out["nce"].item(), rel=1e-5)
+    assert out["loss"].item() == pytest.approx(out["distill"].item() + 1.0 * out["nce"].item(), rel=1e-5)  # alpha 1
 
 
 # ----------------------------------------------------------------------------- the Fast model's towers

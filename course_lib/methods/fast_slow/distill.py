@@ -3,16 +3,18 @@ sets of candidate images per caption (FastConfig.distill_candidates):
 
     "batch"  the paper's: every caption against the batch's B images; the teacher scores all B^2
              pairs (`teacher_scores`), and eq. 5-7 match the two softmaxes over those B images
-    "mined"  every caption against its own image and the plain Fast model's top K - 1 other images
-             of the training split, mined once before distillation (`mine_candidates`): the images
-             the student actually confuses, where the teacher's order is what it lacks. This is how
-             later retrieval distillation works (RocketQA, ColBERTv2: the teacher re-scores the
-             retriever's own top candidates); the paper is silent on which images its batches hold
+    "mined"  eq. 4 over the full batch (256 pairs, as the plain model trains), and for its first
+             distill_batch_size captions each one's own image and the plain Fast model's top K - 1
+             other images of the training split, mined once before distillation (`mine_candidates`):
+             the images the student actually confuses, where the teacher's order is what it lacks.
+             This is how later retrieval distillation works (RocketQA, ColBERTv2: the teacher
+             re-scores the retriever's own top candidates); the paper is silent on which images its
+             batches hold
 
-In both, the loss is distillation_loss(student, teacher, tau) + alpha * eq. 4 over the batch's own
-pairs (eq. 8). `mined_distill_loss(None, ...)` is the no-teacher control of the mined variant: the
-same candidates, the student's softmax trained towards the caption's own image alone (hard-negative
-fine-tuning), so that a gain can be told apart from what the hard negatives alone give.
+In both, the loss is distillation_loss(student, teacher, tau) + alpha * eq. 4 (eq. 8).
+`mined_distill_loss(None, ...)` is the hard-negative control of the mined variant: the same
+candidates, the student's softmax trained towards the caption's own image alone, so that what the
+teacher adds can be told apart from what the mined images alone give.
 
     candidates = mine_candidates(fast_model, bench["train"], tokenizer, k=16)        # (T, 16), own image first
     loss_fn = mined_distill_loss(slow_model, config, candidates, bench["train"])     # for fit_pairs
@@ -78,30 +80,33 @@ def mine_candidates(model: FastModel, split, tokenizer, k: int) -> torch.Tensor:
 
 
 def mined_distill_loss(teacher: SlowModel | None, config: FastConfig, candidates: torch.Tensor, split):
-    """Eq. 8's loss_fn over mined candidates: per caption of the batch, the softmax over its K
-    candidate images (`mine_candidates`; the batch's `txt_index` rows of `split`) of the student's
-    f.g / tau against the teacher's h / tau, + alpha * eq. 4 over the batch's own pairs.
-    teacher None: the no-teacher control, whose target is the caption's own image (column 0)."""
+    """Eq. 8's loss_fn over mined candidates, for a batch of B pairs (the batch of eq. 4, FastConfig.batch_size):
+    eq. 4 over the whole batch, and for its first S = config.distill_batch_size captions the softmax over
+    each one's K candidate images (`mine_candidates`; the batch's `txt_index` rows of `split`) of the
+    student's f.g / tau against the teacher's h / tau: S * K teacher pairs a step. loss = distillation
+    + alpha * eq. 4. teacher None: the hard-negative control, whose target is the caption's own image
+    (candidate 0) alone."""
     images = ImageDataset(split, modality="pixels")
 
     def loss_fn(model: FastModel, batch: dict, step: int = 0) -> dict:
-        rows = candidates[batch["txt_index"].cpu()]  # (B, K) image rows of the split
-        B, K = rows.shape
-        unique, inverse = torch.unique(rows, return_inverse=True)  # (U,), (B, K)
-        device = batch["pixels"].device
+        image_all, text_all = model(batch)  # (B, E) each
+        nce = joint_nce_loss(batch_scores(image_all, text_all))  # eq. 4 over the whole batch
+        S = min(config.distill_batch_size, len(text_all))
+        rows = candidates[batch["txt_index"][:S].cpu()]  # (S, K) image rows of the split
+        K = rows.shape[1]
+        unique, inverse = torch.unique(rows, return_inverse=True)  # (U,), (S, K)
+        device = text_all.device
         pixels = torch.stack([images[int(i)]["pixels"] for i in unique]).to(device)  # (U, 3, H, W)
         image_emb = model.encode_images({"pixels": pixels})  # (U, E)
-        text_emb = model.encode_texts(batch)  # (B, E)
         inverse = inverse.to(device)
-        student = (image_emb[inverse] * text_emb[:, None]).sum(-1)  # (B, K) f.g per candidate
+        student = (image_emb[inverse] * text_all[:S, None]).sum(-1)  # (S, K) f.g per candidate
         if teacher is None:
-            target = torch.full((B, K), float("-inf"), device=device)
+            target = torch.full((S, K), float("-inf"), device=device)
             target[:, 0] = 0.0  # all the probability on the caption's own image
         else:
             target = teacher_pair_scores(teacher, pixels, inverse.flatten(), batch,
-                                         torch.arange(B).repeat_interleave(K)).view(B, K)  # (B, K)
+                                         torch.arange(S).repeat_interleave(K)).view(S, K)  # (S, K)
         distill = distillation_loss(student.T, target.T, tau=config.tau)  # softmax over the K images
-        nce = joint_nce_loss(batch_scores(image_emb[inverse[:, 0]], text_emb))  # eq. 4, (B, B)
         return {"loss": distill + config.alpha * nce, "distill": distill, "nce": nce}
 
     return loss_fn

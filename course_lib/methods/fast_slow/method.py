@@ -5,24 +5,25 @@
                     captions name left and right)
     fast            the NCE BoW dual encoder with eq. 4 (`losses.joint_nce_loss`), its CNN started
                     from the cached pixel stem (`initial_fast_model`, FastConfig.image_init)
-    fast-distilled  eq. 8: L_distill + alpha * L_DE, the frozen Slow teacher scoring every (image,
-                    caption) pair of the batch (`losses.distillation_loss`, per caption a softmax over
-                    the batch's images of h / tau against the student's dot products / tau)
+    fast-distilled  eq. 8: L_distill + alpha * L_DE, the frozen Slow teacher scoring, per caption, a
+                    set of candidate images (`losses.distillation_loss`, a softmax over them of h / tau
+                    against the student's dot products / tau): by default the caption's own image and
+                    the plain Fast model's top 15 others (`distill`, distill_candidates="mined"), or the
+                    paper's: every image of the batch
     fast_slow@K     eq. 9: the distilled Fast model ranks the gallery, its top K are re-scored by
                     h(x, y) + beta * f(x)^T g(y) (`rerank.Cascade` with `weighted_sum([beta, 1])`)
 
 The Slow model's offline work for a gallery (`scoring.compute_states`: every image's cross-attention
 keys / values) makes a pair cost the two decoders on its caption alone (`scoring.score_cached_pairs`).
 
-The teacher's B^2 decoder passes per step are distillation's cost (the paper does not say how it
-paid it): one Slow pair costs ~0.3 ms of one CPU thread, so a step of B = 32 costs ~0.3 s of
-teacher alone, against ~0.07 s for a whole eq. 4 step of B = 128. Caching the teacher's matrices
-does not help (a cache pays B^2 per batch too, and batches are reshuffled every epoch). Our
-choice, stated in every note: the distilled student starts from the trained `fast` model (same
-config, `undistilled`) and takes distill_steps more steps of eq. 8 with a small batch
-(distill_batch_size = 16: 256 teacher pairs a step); the paper trains its student with eq. 8 from
-the start (FastConfig(distill_start="scratch"), measured below). The distilled model's checkpoint is
-named after the teacher's and the start's.
+The teacher's decoder passes are distillation's cost (the paper does not say how it paid it): one
+Slow pair costs ~0.3 ms of one CPU thread, so the paper's B^2 pairs at B = 32 cost ~0.3 s of teacher
+a step, against ~0.07 s for a whole eq. 4 step of B = 128. Our choice, stated in every note: the
+distilled student starts from the trained `fast` model (same config, `undistilled`) and takes
+distill_steps more steps of eq. 8 in which the teacher scores 256 pairs (16 captions x 16 mined
+candidates, or a batch of 16 x 16); the paper trains its student with eq. 8 from the start
+(FastConfig(distill_start="scratch")). The distilled model's checkpoint is named after the teacher's
+and the start's.
 """
 
 from __future__ import annotations
@@ -167,12 +168,12 @@ def train_fast(bench: dict, tokenizer, config: FastConfig | None = None, *, teac
     if c.distill_candidates == "mined":  # the student's own top K of the training split, mined once
         train = bench["train"]  # (mining the fresh scenes too would cost more than the steps)
         candidates = mine_candidates(model, train, tokenizer, c.distill_top_k)  # (T, K)
-        loss_fn = mined_distill_loss(teacher.eval(), c, candidates, train)
+        loss_fn, batch_size = mined_distill_loss(teacher.eval(), c, candidates, train), c.batch_size
     else:
-        loss_fn = distill_loss(teacher.eval(), c)
+        loss_fn, batch_size = distill_loss(teacher.eval(), c), c.distill_batch_size
     history = fit_pairs(model, loss_fn, train, tokenizer, c, modality="pixels",
                         evaluate=evaluate, eval_every=eval_every, log_every=25, progress=progress,
-                        checkpoint_path=checkpoint_path, device=device, batch_size=c.distill_batch_size,
+                        checkpoint_path=checkpoint_path, device=device, batch_size=batch_size,
                         max_steps=c.distill_steps, lr=c.distill_lr)
     return model.eval(), history
 
