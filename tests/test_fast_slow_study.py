@@ -201,3 +201,33 @@ def test_check_score_one_caption_accepts_the_answer_and_names_mistakes(capsys):
     for wrong, words in mistakes:
         with pytest.raises(ExerciseError, match=words):
             check_score_one_caption(wrong)
+
+
+def test_mined_students_are_the_recipe_and_its_two_controls(slow, bench, tok):
+    """Three students from one trained model, each as its own loss would train it with fit_pairs: the
+    "eq. 4 alone" control equals a hand-run of nce_loss (same seed, steps, batch, rate), the start is
+    left untouched, and the teacher's student differs from the hard-negative control's."""
+    import copy
+
+    from course_lib.core.settings import seed_everything
+    from course_lib.methods.base import fit_pairs
+    from course_lib.studies.fast_slow import MINED_RUNS, mined_students
+
+    config = FastConfig(**FAST_SMALL, distill=True, distill_candidates="mined", distill_top_k=3, distill_batch_size=4)
+    torch.manual_seed(0)
+    init = FastModel(len(tok), config).eval()
+    before = copy.deepcopy(init.state_dict())
+    students = mined_students(init, slow, bench["train"], tok, config, steps=3)
+    assert tuple(students) == MINED_RUNS
+    for key, value in init.state_dict().items():
+        assert torch.equal(value, before[key]), key
+    seed_everything(config.seed)
+    by_hand = copy.deepcopy(init).train()
+    fit_pairs(by_hand, nce_loss, bench["train"], tok, config, modality="pixels", progress=False,
+              batch_size=config.batch_size, max_steps=3, lr=config.distill_lr)
+    for key, value in by_hand.state_dict().items():
+        assert torch.equal(students["eq. 4 alone"].state_dict()[key], value), key
+    differs = [not torch.equal(a, b) for a, b in zip(students["teacher"].state_dict().values(),
+                                                     students["own image"].state_dict().values())
+               if a.is_floating_point()]
+    assert any(differs)

@@ -15,6 +15,8 @@ apart so that one expensive pass serves many questions.
     softmax_entropy         how flat the per-caption teacher targets softmax(h / tau) are
     kl_to_teacher           how far a student's softmax(f.g / tau) sits from those targets on held-out
                             batches: did distillation teach the student the teacher's preferences?
+    mined_students          the library's distillation over mined candidates beside its two controls
+                            (the candidates without the teacher; eq. 4 alone), from one trained Fast model
 
 The pool trades data for time: its students see n_batches x B training pairs again and again,
 where `fast-distilled` draws fresh batches (and pays the teacher) every step; the notebook says so.
@@ -34,7 +36,9 @@ from course_lib.core.losses import batch_scores, distillation_loss, joint_nce_lo
 from course_lib.core.settings import seed_everything
 from course_lib.core.train import Trainer, move_to_device, train_config
 from course_lib.data.datasets import PairCollate, PairDataset
-from course_lib.methods.fast_slow.method import SlowStates, teacher_scores
+from course_lib.methods.base import fit_pairs
+from course_lib.methods.fast_slow.distill import mine_candidates, mined_distill_loss
+from course_lib.methods.fast_slow.method import SlowStates, nce_loss, teacher_scores
 from course_lib.methods.fast_slow.model import FastConfig, FastModel, SlowModel
 
 
@@ -148,5 +152,29 @@ def distill_from_cache(init: FastModel, batches: list[dict], config: FastConfig,
     return model.eval(), history
 
 
-__all__ = ["direction_log_likelihoods", "slow_direction_scores", "cascade_ranks", "softmax_entropy",
+MINED_RUNS = ("teacher", "own image", "eq. 4 alone")  # mined_students' three students
+
+
+def mined_students(init: FastModel, teacher: SlowModel, split, tokenizer, config: FastConfig, *, steps: int,
+                   progress: bool = False, device=None) -> dict:
+    """Three copies of the trained Fast model `init`, each `steps` more steps on `split` (config's batch
+    size, seed and distill_lr): "teacher", eq. 8 over mined candidates (`distill.mined_distill_loss`,
+    the library's fast-distilled recipe); "own image", the same candidates with the caption's own
+    image as the only target (hard negatives, no teacher); "eq. 4 alone", eq. 4 over the batch, the
+    same steps without candidates or teacher. The candidates are mined once, from init.
+    -> {name: model in eval mode}"""
+    candidates = mine_candidates(init, split, tokenizer, config.distill_top_k)  # (T, K)
+    losses = {"teacher": mined_distill_loss(teacher.eval(), config, candidates, split),
+              "own image": mined_distill_loss(None, config, candidates, split), "eq. 4 alone": nce_loss}
+    students = {}
+    for name in MINED_RUNS:
+        seed_everything(config.seed)
+        model = copy.deepcopy(init).train()
+        fit_pairs(model, losses[name], split, tokenizer, config, modality="pixels", log_every=25, progress=progress,
+                  device=device, batch_size=config.batch_size, max_steps=steps, lr=config.distill_lr)
+        students[name] = model.eval()
+    return students
+
+
+__all__ = ["MINED_RUNS", "mined_students", "direction_log_likelihoods", "slow_direction_scores", "cascade_ranks", "softmax_entropy",
            "kl_to_teacher", "teacher_batches", "cached_distill_loss", "distill_from_cache"]
