@@ -211,6 +211,9 @@ def results_markdown(results: dict) -> str:
     if any("sampled" in r["notes"] for r in results["rows"]):
         lines.append(f"{SAMPLED} too slow to score every query's pairs on this device: recalls of a fixed random "
                      "sample of the queries, each against the whole gallery (counts in results.json).")
+    if any("not measured" in r["notes"] for r in results["rows"]):
+        lines.append("– not measured: the method's pair budget allows too few sampled queries in that direction "
+                     "for a recall worth comparing (its notes in results.json give the count).")
     if any(r.get("ms_p25") is not None for r in results["rows"]):
         lines.append("ms/query: the median of the timed calls, with their interquartile range (25th–75th "
                      "percentile) in brackets.")

@@ -500,3 +500,81 @@ def test_a_cascade_keeping_fewer_candidates_but_slower_is_flagged():
     rows[1]["ms_per_query"] = 20.0
     assert results_io.cascade_timing_problems([first, Chain(20), Chain(50)], rows) is None
 
+
+
+def test_a_direction_with_too_few_sampled_queries_is_left_out(monkeypatch):
+    # recalls from a handful of queries are noise: below MIN_SAMPLED_QUERIES the direction is not
+    # ranked at all, and the row says why instead of showing a number
+    bench = _small_bench()
+    tokenizer = build_word_tokenizer(bench["train"].captions)
+    method = RandomProjectionBaseline(dim=8, seed=1).fit(bench, tokenizer)
+    split = bench["test"]
+    fewest = benchmark.MIN_SAMPLED_QUERIES[1]
+    monkeypatch.setattr(method, "pairs_per_query", lambda split, direction: split.n_images if direction == "t2i"
+                        else split.n_texts)
+    # t2i: exactly the fewest queries fit the budget; i2t (5 captions per image): one fewer than that
+    monkeypatch.setattr(method, "eval_pairs", (None, fewest * split.n_images))
+    ranked = []
+    original = method.rank
+    monkeypatch.setattr(method, "rank", lambda *a, **k: ranked.append(a[1]) or original(*a, **k))
+    metrics, how = benchmark.evaluate(method, split, (1, 5, 10), smoke=True, seed=0)
+    assert ranked == ["t2i"]
+    assert f"t2i on {fewest} sampled queries" in how
+    assert f"i2t not measured: its budget allows {fewest * split.n_images // split.n_texts} sampled queries" in how
+    assert all(metrics[f"i2t_r{k}"] is None for k in (1, 5, 10))
+    assert all(metrics[f"t2i_r{k}"] is not None for k in (1, 5, 10))
+    row = benchmark._row("random_projection", "test", split, metrics, (1, 5, 10), 1.0, how)
+    assert row["ar"] is None and row["i2t_r1"] is None and row["t2i_r1"] == round(metrics["t2i_r1"], 2)
+    table = results_io.results_markdown({"meta": {"mode": "smoke", "seed": 0, "device": "cpu", "torch": "-",
+                                                  "seconds": 1}, "rows": [row], "methods": {}})
+    assert "| random_projection† | – | – | – |" in table and "– not measured" in table
+
+
+class _SizeRecorder(RandomProjectionBaseline):
+    """Records the gallery every query_fn is built on."""
+
+    def __init__(self, timed_sizes, **kwargs):
+        super().__init__(**kwargs)
+        self.timed_sizes, self.galleries = timed_sizes, []
+
+    def query_fn(self, split, caption_index=0, top_k=10):
+        self.galleries.append(split)
+        return lambda: None
+
+
+@pytest.mark.filterwarnings("ignore:the fitted cost falls")  # no-op queries: a flat, noisy line
+def test_latency_times_only_the_sizes_asked_and_the_whole_gallery_as_itself():
+    # a quarter and a half of the gallery are timed only to extrapolate beyond what the method may
+    # time; and the whole gallery is the split itself, so the states its evaluation cached serve
+    split = _small_bench()["test"]
+    n = split.n_images
+    method = _SizeRecorder((None, None))
+    rows = benchmark._latency(method, split, (n,), smoke=True, repeats=1)
+    assert [r["n"] for r in rows] == [n] and method.galleries == [split]
+    method = _SizeRecorder((None, None))
+    benchmark._latency(method, split, (10, n), smoke=True, repeats=1)
+    assert [g.n_images for g in method.galleries] == [10, n] and method.galleries[1] is split
+    method = _SizeRecorder(((4, 8), (4, 8)))  # may time 8 at most: 4 and 8 are timed to reach n
+    rows = benchmark._latency(method, split, (n,), smoke=True, repeats=1)
+    assert [g.n_images for g in method.galleries] == [4, 8] and [r["measured"] for r in rows] == [True, True, False]
+
+
+def test_a_dual_encoder_embeds_a_gallery_once_for_ranking_and_timing(monkeypatch):
+    from course_lib.methods import base
+
+    bench = _small_bench()
+    tokenizer = build_word_tokenizer(bench["train"].captions)
+    method = VsePPMethod(VsePPConfig.smoke(max_steps=2), progress=False).fit(bench, tokenizer)
+    encoded = []
+    original = base.encode_gallery
+    monkeypatch.setattr(base, "encode_gallery", lambda model, split, **k: encoded.append(
+        (split, "indices" in k)) or original(model, split, **k))
+    split = bench["test"]
+    top, _ = method.rank(split, "t2i", 5)
+    method.query_fn(split, caption_index=3, top_k=5)()
+    method.rank(split, "i2t", 5)  # encodes only its query images, as before
+    assert [s for s, some in encoded if not some] == [split]
+    assert method.query_fn(split, caption_index=3, top_k=5)().tolist() == top[3].tolist()
+    method.model = VsePPMethod(VsePPConfig.smoke(max_steps=2), progress=False).fit(bench, tokenizer).model
+    method.rank(split, "t2i", 5)  # another model: embedded again
+    assert [s for s, some in encoded if not some] == [split, split]

@@ -225,3 +225,44 @@ def test_cascade_fit_fits_only_unfitted_stages():
     assert Fittable.fits == 1 and fresh.model == "fitted" and set(histories) == {"done", "fresh"}
     cascade.fit({}, None)
     assert Fittable.fits == 1  # a fitted stage is not fitted again
+
+
+class _CountingStub(_Stub):
+    """A _Stub that records every pair it is asked to score."""
+
+    def __init__(self, name, scores):
+        super().__init__(name, scores)
+        self.asked = []
+
+    def score_pairs(self, split, images, texts):
+        self.asked += list(zip(images.tolist(), texts.tolist()))
+        return super().score_pairs(split, images, texts)
+
+
+def test_cascades_sharing_a_reranker_score_each_pair_once_in_evaluation():
+    from course_lib.methods.rerank import Cascade
+
+    g = torch.Generator().manual_seed(11)
+    first, full = torch.randn(12, 36, generator=g), torch.randn(12, 36, generator=g)
+    split = _Queries(12, 36)
+    reranker = _CountingStub("slow", full)
+    wide, narrow = (Cascade([_Stub("fast", first), reranker], [m]) for m in (6, 3))
+    expected = {m: Cascade([_Stub("fast", first), _Stub("slow", full)], [m]).rank(split, "t2i", 12) for m in (6, 3)}
+    got_wide = wide.rank(split, "t2i", 12)
+    assert len(reranker.asked) == len(set(reranker.asked)) == 36 * 6
+    got_narrow = narrow.rank(split, "t2i", 12)  # its top 3 are among the top 6 already scored
+    assert len(reranker.asked) == 36 * 6
+    for got, m in ((got_wide, 6), (got_narrow, 3)):
+        assert torch.equal(got[0], expected[m][0]) and torch.allclose(got[1], expected[m][1])
+    wide.rank(split, "i2t", 36)  # the other direction scores only pairs it has not seen
+    assert len(reranker.asked) == len(set(reranker.asked))
+    other = _Queries(12, 36)  # another split: nothing carries over
+    narrow.rank(other, "t2i", 12)
+    assert len(reranker.asked) == len(set(reranker.asked)) + 36 * 3
+    reranker.model = "retrained"  # another model: nothing carries over either
+    narrow.rank(split, "t2i", 12)
+    assert len(reranker.asked) == len(set(reranker.asked)) + 2 * 36 * 3
+    # a timed query pays for its pairs every time
+    before = len(reranker.asked)
+    narrow.query_fn(split, caption_index=0, top_k=3)()
+    assert len(reranker.asked) == before + 3

@@ -266,6 +266,14 @@ class DualEncoderMethod(Method):
     def similarity(self, split) -> torch.Tensor:
         return similarity(self._fitted(), split, self.tokenizer)  # (N, T)
 
+    def gallery_embeddings(self, split) -> torch.Tensor:
+        """(N, E) embeddings of the split's images, computed once per split and fitted model (the
+        offline half of retrieval: rank and every query_fn on the split share them)."""
+        cached = getattr(self, "_gallery", None)  # (split, model, embeddings)
+        if cached is None or cached[0] is not split or cached[1] is not self.model:
+            self._gallery = (split, self.model, encode_gallery(self._fitted(), split))
+        return self._gallery[2]
+
     def rank(self, split, direction: str, top_k: int, queries=None) -> tuple[torch.Tensor, torch.Tensor]:
         """Exact top_k by dot product through a FAISS index of the gallery side (images for t2i,
         captions for i2t), so no (N, T) matrix is formed. -> (indices (Q, k), scores (Q, k))"""
@@ -274,7 +282,7 @@ class DualEncoderMethod(Method):
         if len(queries) == 0:
             return torch.zeros(0, top_k, dtype=torch.long), torch.zeros(0, top_k)
         if direction == "t2i":  # only the query side's asked items are encoded
-            gallery, asked = encode_gallery(model, split), encode_captions(model, split, self.tokenizer,
+            gallery, asked = self.gallery_embeddings(split), encode_captions(model, split, self.tokenizer,
                                                                            indices=queries)
         else:
             gallery, asked = encode_captions(model, split, self.tokenizer), encode_gallery(model, split,
@@ -302,7 +310,7 @@ class DualEncoderMethod(Method):
         replaced). Returns the top_k image indices (top_k,), best first; with_scores: (indices,
         scores), which a Cascade that fuses stage scores reads."""
         model = self._fitted().eval()
-        index = build_index(encode_gallery(model, split), kind=index_kind)  # offline: (N, E)
+        index = build_index(self.gallery_embeddings(split), kind=index_kind)  # offline: (N, E)
         caption = split.captions[caption_index]
         if backend == "reference":
             return self._reference_query_fn(model, index, caption, top_k, with_scores)

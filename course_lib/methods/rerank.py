@@ -77,6 +77,34 @@ def two_stage_scores(first_scores, score_pairs: PairScorer, top_m: int, directio
     return by_query.T.contiguous() if direction == "t2i" else by_query  # (N, T)
 
 
+def remembered_scores(stage, split, images: torch.Tensor, texts: torch.Tensor) -> torch.Tensor:
+    """stage.score_pairs(split, images, texts) -> (P,), each (image, caption) pair scored once per
+    split and fitted model: the scores are kept on the stage, so the cascades of one evaluation that
+    share a re-ranker (lightningdot+rerank@20 and @50, fast_slow@10 and @50) and the two directions
+    (a true pair sits high in both) do not score a pair twice. Evaluation only: a timed query
+    (Cascade.query_fn) pays for every pair it scores."""
+    memo = getattr(stage, "_remembered", None)
+    if memo is None or memo["model"] is not getattr(stage, "model", None):
+        memo = stage._remembered = {"model": getattr(stage, "model", None), "splits": {}}
+    # keyed by the split object itself (held, so its id cannot be reused): (split, keys, scores)
+    kept = memo["splits"].setdefault(id(split), (split, np.zeros(0, np.int64), np.zeros(0, np.float32)))
+    _, known_keys, known_scores = kept
+    keys = images.numpy().astype(np.int64) * split.n_texts + texts.numpy()  # (P,) one number per pair
+    at = np.minimum(np.searchsorted(known_keys, keys), max(len(known_keys) - 1, 0))
+    known = (known_keys[at] == keys) if len(known_keys) else np.zeros(len(keys), bool)
+    out = np.empty(len(keys), np.float32)
+    out[known] = known_scores[at[known]]
+    if not known.all():
+        new, where = np.unique(keys[~known], return_inverse=True)  # each new pair once
+        fresh = torch.as_tensor(stage.score_pairs(split, torch.from_numpy(new // split.n_texts),
+                                                  torch.from_numpy(new % split.n_texts))).float().cpu().numpy()
+        out[~known] = fresh[where]
+        merged = np.concatenate([known_keys, new])
+        order = np.argsort(merged, kind="stable")
+        memo["splits"][id(split)] = (split, merged[order], np.concatenate([known_scores, fresh])[order])
+    return torch.from_numpy(out)
+
+
 Combine = Callable[[list], torch.Tensor]
 
 
@@ -150,12 +178,14 @@ class Cascade(Method):
         return (sum(m for m, stage in later if not getattr(stage, "dot_product", False))
                 + self.stages[0].pairs_per_query(split, direction))
 
-    def rescore(self, split, direction: str, queries, candidates, first_scores):
+    def rescore(self, split, direction: str, queries, candidates, first_scores, remember: bool = False):
         """Run stages[1:] on candidates (Q, M) with their first-stage scores (Q, M), M >= top_ms[0]:
         -> (indices (Q, M), scores (Q, M)), best first. The survivors of the last stage come first,
         by combined score; every item a stage dropped follows, the latest drops first, each group
         in the order that dropped it, with scores strictly below (so recall at K beyond the
-        survivors is that of the earlier stages, as two_stage_scores gives on a dense matrix)."""
+        survivors is that of the earlier stages, as two_stage_scores gives on a dense matrix).
+        remember: score the pairs through remembered_scores (evaluation; stages scoring by a dot
+        product of cached vectors, `dot_product = True`, are cheaper than the lookup and never are)."""
         top_ms = self.survivors(direction)
         queries = torch.as_tensor(np.asarray(queries), dtype=torch.long)  # (Q,)
         candidates = torch.as_tensor(candidates, dtype=torch.long)
@@ -167,7 +197,11 @@ class Cascade(Method):
             asked = queries.repeat_interleave(M)  # (Q*M,) query-major
             flat = indices.reshape(-1)
             images, texts = (flat, asked) if direction == "t2i" else (asked, flat)
-            history.append(torch.as_tensor(stage.score_pairs(split, images, texts)).float().view(Q, M))
+            if remember and not getattr(stage, "dot_product", False):
+                scored = remembered_scores(stage, split, images, texts)
+            else:
+                scored = torch.as_tensor(stage.score_pairs(split, images, texts)).float()
+            history.append(scored.view(Q, M))
             order = torch.argsort(self.combine(history), dim=1, descending=True, stable=True)
             keep = M if keep is None else keep
             tails.insert(0, indices.gather(1, order[:, keep:]))
@@ -183,7 +217,7 @@ class Cascade(Method):
         queries = query_indices(split, check_direction(direction), queries)
         depth = max(top_k, self.survivors(direction)[0])
         candidates, first = self.stages[0].rank(split, direction, depth, queries)  # (Q, depth)
-        indices, scores = self.rescore(split, direction, queries, candidates, first)
+        indices, scores = self.rescore(split, direction, queries, candidates, first, remember=True)
         return indices[:, :top_k], scores[:, :top_k]
 
     def query_fn(self, split, caption_index: int = 0, top_k: int = 10):
@@ -237,5 +271,5 @@ class TwoStageMethod(Cascade):
 
 
 
-__all__ = ["PairScorer", "top_m_candidates", "two_stage_scores", "Cascade", "TwoStageMethod",
+__all__ = ["PairScorer", "top_m_candidates", "two_stage_scores", "remembered_scores", "Cascade", "TwoStageMethod",
            "last_stage", "weighted_sum", "DIRECTIONS"]
