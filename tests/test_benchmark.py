@@ -578,3 +578,41 @@ def test_a_dual_encoder_embeds_a_gallery_once_for_ranking_and_timing(monkeypatch
     method.model = VsePPMethod(VsePPConfig.smoke(max_steps=2), progress=False).fit(bench, tokenizer).model
     method.rank(split, "t2i", 5)  # another model: embedded again
     assert [s for s, some in encoded if not some] == [split, split]
+
+
+def test_split_cache_keeps_the_splits_used_last_per_model():
+    from course_lib.methods.base import CACHED_SPLITS, SplitCache
+
+    cache, computed = SplitCache(), []
+    splits = [object() for _ in range(CACHED_SPLITS + 1)]
+    model, other = object(), object()
+    value = lambda split, m: cache.get(split, m, lambda: computed.append(split) or len(computed))  # noqa: E731
+    firsts = [value(s, model) for s in splits[:CACHED_SPLITS]]
+    assert [value(s, model) for s in splits[:CACHED_SPLITS]] == firsts and len(computed) == CACHED_SPLITS
+    value(splits[0], model)  # used last: splits[1] is now the oldest
+    value(splits[-1], model)  # one split too many: the oldest goes
+    assert len(computed) == CACHED_SPLITS + 1
+    value(splits[0], model)
+    assert len(computed) == CACHED_SPLITS + 1
+    value(splits[1], model)
+    assert computed[-1] is splits[1]
+    value(splits[1], other)  # another model: computed again
+    assert computed[-2:] == [splits[1], splits[1]]
+
+
+def test_the_benchmark_settings_reuse_a_first_stages_states_in_its_cascades(monkeypatch, tmp_path):
+    # test, full and compositional stay cached after a method's run (the latency table's subsets
+    # come first), so a cascade over it embeds no whole split again
+    from course_lib.methods import base
+
+    first = VsePPMethod(VsePPConfig.smoke(max_steps=2), name="vsepp", progress=False)
+    cascade = TwoStageMethod(first, _Reranker(dim=8, seed=2), top_m=4)
+    encoded = []
+    for name in ("encode_gallery", "encode_captions"):
+        original = getattr(base, name)
+        monkeypatch.setattr(base, name, lambda *a, _original=original, _name=name, **k: encoded.append(
+            (_name, a[1], "indices" in k)) or _original(*a, **k))  # the split itself: no id reused
+    benchmark.run(smoke=True, out=tmp_path, methods=[first, cascade], progress=False, write=False,
+                  checkpoints=tmp_path / "checkpoints")
+    whole = [(name, id(split)) for name, split, some in encoded if not some]
+    assert len(whole) == len(set(whole)) >= 2 * len(benchmark.SETTINGS)  # each split's images and captions once
