@@ -40,7 +40,6 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from abc import ABC, abstractmethod
-from collections import OrderedDict
 from pathlib import Path
 from typing import ClassVar
 
@@ -52,6 +51,7 @@ from tqdm.auto import tqdm
 from course_lib.core import shipped
 from course_lib.core.checkpoints import checkpoint_fingerprint, checkpoint_name, model_device, source_version
 from course_lib.core.settings import get_device
+from course_lib.core.split_cache import CACHED_SPLITS, SplitCache  # noqa: F401 (re-exported)
 from course_lib.core.metrics import checked_queries
 from course_lib.core.retrieval import build_index, search
 from course_lib.core.serving import QueryEncoder, QuerySide, QueryTokenizer, Searcher, TextQueryPath
@@ -76,11 +76,6 @@ _PAIRS_PER_BLOCK = 1 << 20
 # a PairwiseMethod ranking every query of a split this small scores every pair once and keeps the
 # (N, T) matrix (80 MB at most), so the other direction reuses it instead of scoring it again
 _DENSE_PAIRS = 20_000_000
-# splits whose offline states (or gallery embeddings) a method keeps at once: the benchmark's test,
-# full and compositional settings and the two galleries of its latency table, so a cascade ranking
-# them after its first stage re-uses that stage's states instead of recomputing them (the full
-# setting's 60,000 captions most of all)
-CACHED_SPLITS = 5
 # the modules whose code builds, feeds and trains every model; a method's code version adds its own
 # package. Not this module (fit_pairs is a few stable lines beside much serving code): a change
 # elsewhere that alters what training produces bumps checkpoints.MODEL_FORMAT, which every name covers
@@ -130,24 +125,6 @@ def top_k_of(scores: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tens
     """(indices, scores) of each row's top_k, best first; top_k capped at the row length."""
     top = torch.topk(scores.float(), min(top_k, scores.shape[1]), dim=1)
     return top.indices, top.values
-
-
-class SplitCache:
-    """What a method computed offline for a split (its states, its gallery's embeddings), kept per
-    split object and fitted model for the CACHED_SPLITS splits used last: get(split, model, compute)."""
-
-    def __init__(self, size: int = CACHED_SPLITS):
-        self.size, self.kept = size, OrderedDict()  # id(split) -> (split, model, value), oldest first
-
-    def get(self, split, model, compute):
-        key = id(split)  # the split itself is held in the entry, so its id is not reused while kept
-        entry = self.kept.get(key)
-        if entry is None or entry[1] is not model:
-            entry = self.kept[key] = (split, model, compute())
-            while len(self.kept) > self.size:
-                self.kept.popitem(last=False)
-        self.kept.move_to_end(key)
-        return entry[2]
 
 
 class Method(ABC):
