@@ -186,6 +186,29 @@ def test_method_caches_towers_and_cross_separately(fitted, bench, tok):
                                                  method.model.state_dict().values()))
 
 
+def test_towers_from_another_model_skip_step_one(fitted, bench, tok, tmp_path):
+    method, _ = fitted
+    # an empty cache: without towers_from this would train step 1 and save its checkpoint
+    deeper = UBERTMethod(small_config(cross_layers=2), progress=False, towers_from=method)
+    deeper.fit(bench, tok, cache_dir=tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == [deeper.checkpoint_path.name]  # no ubert-towers-* file
+    mine, theirs = deeper.model.state_dict(), method.model.state_dict()
+    tower_keys = [k for k in theirs if not k.startswith("cross.")]
+    assert tower_keys and all(torch.equal(mine[k], theirs[k]) for k in tower_keys)
+    assert deeper.history["towers"] is method.history["towers"] and len(deeper.history["cross"])
+    assert all(not p.requires_grad for n, p in deeper.model.named_parameters() if not n.startswith("cross."))
+
+
+def test_towers_from_refuses_other_towers_and_an_unfitted_model(fitted, bench, tok, tmp_path):
+    method, _ = fitted
+    with pytest.raises(ValueError, match=r"lr \(0\.01 vs 0\.001\)"):
+        UBERTMethod(small_config(lr=0.01), progress=False, towers_from=method).fit(bench, tok, cache_dir=tmp_path)
+    with pytest.raises(ValueError, match="two-step"):
+        UBERTMethod(small_config(training="joint"), progress=False, towers_from=method).fit(bench, tok)
+    with pytest.raises(RuntimeError, match="not fitted"):
+        UBERTMethod(small_config(), progress=False, towers_from=UBERTMethod(small_config())).fit(bench, tok)
+
+
 # ----------------------------------------------------------------------------- retrieval
 
 def test_cached_states_equal_the_uncached_path(fitted, bench, tok):

@@ -113,14 +113,16 @@ def ubert_evaluator(split, tokenizer):
 
 
 def train_ubert(bench: dict, tokenizer, config: UBERTConfig | None = None, *, towers_checkpoint=None,
-                checkpoint_path=None, evaluate_on=None, eval_every: int | None = None,
-                evaluate_cross: bool = True, progress: bool = True, device: str | None = None) -> tuple[UBERT, dict]:
+                checkpoint_path=None, towers: tuple[UBERT, object] | None = None, evaluate_on=None,
+                eval_every: int | None = None, evaluate_cross: bool = True, progress: bool = True,
+                device: str | None = None) -> tuple[UBERT, dict]:
     """Train U-BERT on bench["train"]; returns (model, histories by stage: "towers" and "cross",
     or "joint"). towers_checkpoint / checkpoint_path: where each stage saves, and a finished
-    checkpoint there is loaded instead of training. evaluate_on: a split (or a dict of
-    splits, base.learning_curve_splits) scored every eval_every steps and at the end of each stage
-    (stage 1 by s1 alone, stage 2 by the two-stage ranking, ubert_scores; evaluate_cross=False:
-    stage 1 only)."""
+    checkpoint there is loaded instead of training. towers: (a trained U-BERT, its step-1 history)
+    whose towers and input embeddings stand for step 1 (two-step only; the caller checks that they
+    were trained with this config's TOWER_FIELDS). evaluate_on: a split (or a dict of splits,
+    base.learning_curve_splits) scored every eval_every steps and at the end of each stage (stage 1
+    by s1 alone, stage 2 by the two-stage ranking, ubert_scores; evaluate_cross=False: stage 1 only)."""
     c = config or UBERTConfig()
     train = bench["train"]
     if c.training == "joint":
@@ -135,14 +137,17 @@ def train_ubert(bench: dict, tokenizer, config: UBERTConfig | None = None, *, to
     finished = finished_checkpoint(checkpoint_path, c.cross_steps)
     seed_everything(c.seed + 1)  # BERT_cross's initial weights, whatever step 1 did
     model = build_ubert(c, train, tokenizer)
-    if not finished or finished_checkpoint(towers_checkpoint, c.max_steps):  # a finished run needs no step 1
+    if towers is not None:  # step 1 is another U-BERT's: nothing of it to train
+        towers, histories["towers"] = towers
+    elif not finished or finished_checkpoint(towers_checkpoint, c.max_steps):  # a finished run needs no step 1
         seed_everything(c.seed)
         towers = build_ubert(tower_config(c), train, tokenizer)
         stage1 = retrieval_evaluator(evaluate_on, lambda m, split: similarity(m, split, tokenizer))
         histories["towers"] = fit_pairs(towers, tower_loss(c), train, tokenizer, c, evaluate=stage1,
                                         eval_every=eval_every, log_every=25, progress=progress, checkpoint_path=towers_checkpoint,
                                         device=device)
-        state = {k: v for k, v in towers.state_dict().items() if not k.startswith("cross.")}
+    if towers is not None:
+        state = {k: v.cpu() for k, v in towers.state_dict().items() if not k.startswith("cross.")}
         model.load_state_dict(state, strict=False)  # the towers and embeddings; BERT_cross stays fresh
     model.freeze_towers()
     histories["cross"] = fit_pairs(model, cross_loss(c), train, tokenizer, c,
@@ -163,9 +168,13 @@ class UBERTMethod(DualEncoderMethod):
     checkpoint_prefix = "ubert"
     config_class = UBERTConfig
 
-    def __init__(self, config: UBERTConfig | None = None, name: str = "ubert-embed", progress: bool = True):
+    def __init__(self, config: UBERTConfig | None = None, name: str = "ubert-embed", progress: bool = True,
+                 towers_from: "UBERTMethod | None" = None):
+        """towers_from: a fitted two-step U-BERT whose step 1 this one shares (the same TOWER_FIELDS,
+        data and vocabulary): its towers stand for step 1, so only BERT_cross trains. Its step-1
+        cache need not exist (a shipped model holds the towers; float16 there, the only difference)."""
         super().__init__(config, name, progress)
-        self.towers_checkpoint = None
+        self.towers_checkpoint, self.towers_from = None, towers_from
 
     @property
     def notes(self) -> str:
@@ -190,8 +199,29 @@ class UBERTMethod(DualEncoderMethod):
             self.towers_checkpoint = Path(cache_dir) / self.towers_checkpoint_file(bench, tokenizer)
         # stage 1's curve only: scoring the two stages on two galleries costs a cross pass per candidate
         return train_ubert(bench, tokenizer, self.config, towers_checkpoint=self.towers_checkpoint,
-                           checkpoint_path=checkpoint_path, progress=self.progress, evaluate_cross=False,
+                           checkpoint_path=checkpoint_path, towers=self.shared_towers(bench, tokenizer),
+                           progress=self.progress, evaluate_cross=False,
                            **self.learning_curve(bench, self.config.max_steps))
+
+    def shared_towers(self, bench: dict, tokenizer) -> tuple[UBERT, object] | None:
+        """(model, step-1 history) of towers_from, after checking that its step 1 is this one's."""
+        other = self.towers_from
+        if other is None:
+            return None
+        if other.model is None:
+            raise RuntimeError(f"{self.name}: towers_from={other.name!r} is not fitted; call its fit(bench, "
+                               "tokenizer, cache_dir) first")
+        if self.config.training != "two_step" or other.config.training != "two_step":
+            raise ValueError(f"{self.name}: only two-step U-BERTs share step 1 (training is "
+                             f"{self.config.training!r} here, {other.config.training!r} in {other.name!r})")
+        mine, theirs = self.towers_checkpoint_file(bench, tokenizer), other.towers_checkpoint_file(bench, other.tokenizer)
+        if mine != theirs:
+            differ = [f"{f} ({getattr(self.config, f)!r} vs {getattr(other.config, f)!r})" for f in TOWER_FIELDS
+                      if getattr(self.config, f) != getattr(other.config, f)]
+            raise ValueError(f"{self.name}: towers_from={other.name!r} trained other towers: "
+                             + (", ".join(differ) if differ else "other data or vocabulary")
+                             + ". Give both the same TOWER_FIELDS, or leave towers_from out to train step 1")
+        return other.model, (other.history or {}).get("towers")
 
     def states(self, split) -> UBERTStates:
         """The split's cached stage-2 states (computed once per split and model: offline work)."""
