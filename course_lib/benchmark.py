@@ -34,11 +34,10 @@ from course_lib.core.shipped import MANIFEST, SHIPPED_MODELS
 from course_lib.core.metrics import ranks_from_top_k, recall_at_k
 from course_lib.core.timing import latency_vs_gallery
 from course_lib.data.oracle import oracle_ceiling
-from course_lib.data.synthetic import SyntheticConfig, make_benchmark
-from course_lib.data.tokenizer import build_word_tokenizer
 from course_lib.methods.base import ground_truth
 from course_lib.methods.registry import available_methods, registered_names
-from course_lib.shipping import SEED, own_models, refresh
+from course_lib.shipping import SEED, benchmark_data, own_models, refresh
+from course_lib.training_lanes import train_in_parallel, usable_cores
 from course_lib.studies import single_vector
 from course_lib.results import (PARTIAL, SETTINGS, cascade_timing_problems, check_outputs, merge_results,
                                 partial_key, read_partial, read_results, results_markdown, save_partial,
@@ -49,6 +48,8 @@ KS = {"test": (1, 5, 10), "full": (5, 10, 20), "compositional": (1, 5, 10)}
 # recall's standard error passes 4 points (R@1 near 50, 100 queries: 5), too wide to compare methods,
 # so the direction is left out (its cells read "–") rather than reported from a handful of queries
 MIN_SAMPLED_QUERIES = (100, 10)
+# the most training processes by default: each holds its own copy of the benchmark's data
+MAX_JOBS = 4
 LATENCY_SIZES = (1_000, 5_000)  # gallery sizes of the latency table (README: ms/query at 1k and 5k)
 
 
@@ -142,7 +143,7 @@ def _row(method, setting, split, metrics, ks, ms_per_query, notes, ms_measured=T
 
 def run(smoke: bool = False, out: str | Path = "outputs/benchmark", seed: int = 0, progress: bool = True,
         methods=None, checkpoints: str | Path = CHECKPOINTS, every_pair=(), write: bool = True,
-        retrain: bool = False) -> dict:
+        retrain: bool = False, jobs: int = 1) -> dict:
     """Run the whole benchmark and write its three outputs; returns the results dict.
 
     checkpoints: the folder of trained models, shared with the notebooks (their `.fit(...,
@@ -153,17 +154,21 @@ def run(smoke: bool = False, out: str | Path = "outputs/benchmark", seed: int = 
     budget; True = test and compositional (the full setting's 60M cross-encoder pairs per direction
     would take hours on a CPU, so it is never the default). write=False: return the results without
     writing them (the caller merges them with an earlier run first). retrain: train (or load from
-    `checkpoints`) every model instead of loading the shipped ones; smoke always does."""
+    `checkpoints`) every model instead of loading the shipped ones; smoke always does. jobs > 1: the
+    models that must train are trained first in that many processes (course_lib.training_lanes), and
+    each method's fit then loads its finished checkpoint (with method names only, not Method objects)."""
     from tqdm.auto import tqdm
 
     start = time.perf_counter()
     settings.seed_everything(seed)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    config = SyntheticConfig.smoke() if smoke else SyntheticConfig()
-    bench = make_benchmark(config, seed=seed)
-    tokenizer = build_word_tokenizer(bench["train"].captions + bench["pretrain"].captions)
+    bench, tokenizer = benchmark_data(smoke, seed)
+    training = []  # the models trained side by side, with their times
     if methods is None or all(isinstance(m, str) for m in methods):  # names, or every method
+        if jobs > 1:
+            training = train_in_parallel(methods, seed=seed, smoke=smoke, checkpoints=checkpoints, jobs=jobs,
+                                         retrain=smoke or retrain, progress=progress)
         methods = available_methods(seed, smoke, names=methods)
     repeats = 5 if smoke else 20
     rows, latency = [], []
@@ -221,7 +226,7 @@ def run(smoke: bool = False, out: str | Path = "outputs/benchmark", seed: int = 
         "meta": {"device": env["device"], "torch": env["torch"], "mode": "smoke" if smoke else "default",
                  "seconds": round(time.perf_counter() - start, 1), "seed": seed,
                  "sizes": {name: [s.n_images, s.n_texts] for name, s in bench.items()},
-                 "timing_note": noisy,
+                 "timing_note": noisy, "jobs": jobs, "trained_in_parallel": training,
                  "shipped_models": [m.name for m in own_models(methods) if m.from_shipped]},
         "methods": {"oracle": ORACLE_NOTE, single_vector.NAME: single_vector.NOTE} | {m.name: m.notes for m in methods},
         "rows": rows,
@@ -253,6 +258,10 @@ def main(argv=None) -> dict:
                              "those methods' models are refreshed and the other shipped models that are still "
                              "current stay")
     parser.add_argument("--seed", type=int, default=0, help="seed of the data and of every method")
+    parser.add_argument("--jobs", type=int, default=min(usable_cores(), MAX_JOBS),
+                        help="processes that train the models that must train, side by side (course_lib."
+                             f"training_lanes; default: this machine's usable cores, at most {MAX_JOBS}, here "
+                             "%(default)s); 1 = one after another in this process")
     parser.add_argument("--methods", default=None,
                         help="comma-separated subset of the methods to run, e.g. 'vsepp,scan' "
                              "('' = only the reference rows); default: every method")
@@ -268,6 +277,8 @@ def main(argv=None) -> dict:
                         help="overwrite --out's results.json even if it holds methods this run drops, or "
                              "another mode or seed (without it, such a run stops before any work)")
     args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error(f"--jobs must be at least 1, got {args.jobs}")
     settings.plain_course_notes()  # a noisy timing reads "note: ...", not a UserWarning with a file path
     smoke = args.smoke or settings.smoke_mode()
     if args.refresh_shipped:
@@ -275,6 +286,8 @@ def main(argv=None) -> dict:
             parser.error(f"--refresh-shipped makes the default models of seed {SEED}: drop --smoke "
                          "(and COURSE_SMOKE) and --seed")
         only = None if args.methods is None else [name for name in args.methods.split(",") if name]
+        if args.jobs > 1:
+            train_in_parallel(only, seed=SEED, checkpoints=args.checkpoints, jobs=args.jobs, retrain=True)
         manifest = refresh(SHIPPED_MODELS, checkpoints=args.checkpoints, only=only)
         total = sum(entry["bytes"] for entry in manifest["files"].values())
         print(f"wrote {len(manifest['files'])} models ({total / 1e6:.1f} MB) and {MANIFEST} to {SHIPPED_MODELS}"
@@ -307,7 +320,7 @@ def main(argv=None) -> dict:
     every_pair = () if args.every_pair is None else (args.every_pair or True)
     try:
         results = run(smoke=smoke, out=out, seed=args.seed, methods=methods, checkpoints=args.checkpoints,
-                      every_pair=every_pair, write=old is None, retrain=args.retrain)
+                      every_pair=every_pair, write=old is None, retrain=args.retrain, jobs=args.jobs)
     except KeyboardInterrupt:
         done = read_partial(out / PARTIAL, partial_key(smoke, args.seed, every_pair))
         print(f"\ninterrupted. {len(done)} method(s) finished ({', '.join(done) or 'none'}): their rows are kept in "

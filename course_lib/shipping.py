@@ -45,10 +45,15 @@ def own_models(methods) -> list[Method]:
     return found
 
 
+def benchmark_data(smoke: bool = False, seed: int = SEED):
+    """(bench, tokenizer) of the benchmark in this mode and seed: the data every method trains on."""
+    bench = make_benchmark(SyntheticConfig.smoke() if smoke else SyntheticConfig(), seed=seed)
+    return bench, build_word_tokenizer(bench["train"].captions + bench["pretrain"].captions)
+
+
 def default_benchmark():
     """(bench, tokenizer) of the default benchmark: the data the shipped models train on."""
-    bench = make_benchmark(SyntheticConfig(), seed=SEED)
-    return bench, build_word_tokenizer(bench["train"].captions + bench["pretrain"].captions)
+    return benchmark_data(smoke=False, seed=SEED)
 
 
 def expected_entries(bench=None, tokenizer=None, methods=None) -> dict:
@@ -104,4 +109,4 @@ def refresh(folder=SHIPPED_MODELS, checkpoints=CHECKPOINTS, methods=None, bench=
     return write_shipped(folder, list(written.values()), not_shipped=not_shipped, keep=keep)
 
 
-__all__ = ["own_models", "default_benchmark", "expected_entries", "stale_problems", "refresh", "SEED"]
+__all__ = ["own_models", "benchmark_data", "default_benchmark", "expected_entries", "stale_problems", "refresh", "SEED"]

@@ -178,7 +178,7 @@ def test_smoke_mode_always_trains(course_env, data, monkeypatch, tmp_path):
 
 def test_the_benchmark_loads_shipped_models_unless_told_to_retrain(course_env, data, monkeypatch, tmp_path):
     bench, _ = data
-    monkeypatch.setattr(benchmark, "make_benchmark", lambda config, seed: bench)  # the tiny data, default mode
+    monkeypatch.setattr(benchmark, "benchmark_data", lambda smoke, seed: data)  # the tiny data, default mode
     for retrain in (False, True):
         method = TINY["vsepp"]()
         calls = recording_training(monkeypatch, method)
@@ -282,11 +282,16 @@ def test_refresh_command_writes_the_folder(monkeypatch, tmp_path, capsys):
     manifest = {"files": {"vsepp-x.pt": {"bytes": 2_000_000}, "scan-y.pt": {"bytes": 500_000}}, "not_shipped": []}
     monkeypatch.setattr(benchmark, "refresh", lambda folder, checkpoints, only: seen.update(
         folder=folder, checkpoints=checkpoints, only=only) or manifest)
-    benchmark.main(["--refresh-shipped", "--checkpoints", str(tmp_path)])
+    lanes = []  # the models are trained side by side first (course_lib.training_lanes), then refresh loads them
+    monkeypatch.setattr(benchmark, "train_in_parallel", lambda names, **kwargs: lanes.append((names, kwargs)))
+    benchmark.main(["--refresh-shipped", "--checkpoints", str(tmp_path), "--jobs", "2"])
     assert seen == {"folder": SHIPPED_MODELS, "checkpoints": str(tmp_path), "only": None}
+    assert lanes == [(None, dict(seed=0, checkpoints=str(tmp_path), jobs=2, retrain=True))]
+    benchmark.main(["--refresh-shipped", "--checkpoints", str(tmp_path), "--jobs", "1"])
+    assert len(lanes) == 1  # one process: refresh trains them itself
     assert "wrote 2 models (2.5 MB)" in capsys.readouterr().out
     manifest["not_shipped"] = ["scan"]
-    benchmark.main(["--refresh-shipped", "--checkpoints", str(tmp_path), "--methods", "vsepp,cross_encoder"])
+    benchmark.main(["--refresh-shipped", "--checkpoints", str(tmp_path), "--methods", "vsepp,cross_encoder", "--jobs", "1"])
     assert seen["only"] == ["vsepp", "cross_encoder"]
     assert "not shipped (trained on first use): scan" in capsys.readouterr().out
 

@@ -196,19 +196,24 @@ class Method(ABC):
         COURSE_RETRAIN=1); else train on bench["train"], or load cache_dir / "<prefix>-<hash>.pt" if
         it is there."""
         self.tokenizer, self.checkpoint_path, self.from_shipped = tokenizer, None, False
-        folder = shipped.shipped_folder()
-        if folder is not None and self.ships:
-            name, expected = self.shipping_entry(bench, tokenizer)
-            path = shipped.find_shipped(folder, name, expected)
-            if path is not None:  # no training, nor any earlier stage's
-                model = self.build_model(bench, tokenizer)
-                self.history = shipped.load_shipped(path, model)
-                self.model, self.checkpoint_path, self.from_shipped = model.to(get_device()).eval(), path, True
-                return self
+        path = self.shipped_file(bench, tokenizer)
+        if path is not None:  # no training, nor any earlier stage's
+            model = self.build_model(bench, tokenizer)
+            self.history = shipped.load_shipped(path, model)
+            self.model, self.checkpoint_path, self.from_shipped = model.to(get_device()).eval(), path, True
+            return self
         if cache_dir is not None:
             self.checkpoint_path = Path(cache_dir) / self.checkpoint_file(bench, tokenizer)
         self.model, self.history = self.train(bench, tokenizer, self.checkpoint_path, cache_dir)
         return self
+
+    def shipped_file(self, bench: dict, tokenizer):
+        """The shipped model `fit` would load (a Path), or None: none matches, or retraining / smoke."""
+        folder = shipped.shipped_folder()
+        if folder is None or not self.ships:
+            return None
+        name, expected = self.shipping_entry(bench, tokenizer)
+        return shipped.find_shipped(folder, name, expected)
 
     def learning_curve(self, bench: dict, steps: int) -> dict:
         """Training kwargs that record the model's learning curve in its history: retrieval on val and

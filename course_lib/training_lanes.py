@@ -1,0 +1,196 @@
+"""Training the benchmark's models side by side: one worker process per CPU core.
+
+From an empty cache (`python -m course_lib.benchmark --retrain`) the default benchmark trains ten
+models, about three CPU-hours one after another, while one training uses one core of two. Most of
+them are independent; a few are built from others (a cascade's stages, a distilled model's teacher,
+found by shipping.own_models). So `train_in_parallel` trains them in `jobs` worker processes that
+share the checkpoint folder:
+
+    models   = own_models(methods), those that would train (no current shipped model)
+    needs[i] = the models model i is built from (trained first, by whichever worker)
+    order    = longest first, by the CPU-seconds its shipped model's learning curve recorded (0 if
+               none), so the long trainings do not start last and leave one core idle at the end
+    worker   = its own benchmark, methods and torch threads (cores // jobs); fits the model it is
+               handed, writing <checkpoints>/<name>.pt as a sequential run would
+
+The benchmark (or the refresh) then fits every method as before, and each fit loads the finished
+checkpoint from the folder: the models are the ones a sequential run trains (same seed, same code,
+one thread each), only sooner. Workers start with the "spawn" method, so no torch state is forked.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import queue
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from course_lib.core import settings, shipped
+from course_lib.methods.registry import available_methods
+from course_lib.shipping import benchmark_data, own_models
+
+
+@dataclass(frozen=True)
+class LaneSpec:
+    """What a worker needs to rebuild the parent's methods exactly (picklable)."""
+
+    seed: int
+    smoke: bool
+    names: tuple | None  # method names (None = every registered one)
+    checkpoints: str
+    retrain: bool  # COURSE_RETRAIN inside the worker (no shipped model is loaded)
+    threads: int  # torch threads per worker
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (the affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+def _models(spec: LaneSpec):
+    """(bench, tokenizer, own models) for spec, in the same order in every process."""
+    bench, tokenizer = benchmark_data(spec.smoke, spec.seed)
+    methods = available_methods(spec.seed, spec.smoke, names=None if spec.names is None else list(spec.names))
+    return bench, tokenizer, own_models(methods)
+
+
+def recorded_cpu_seconds(method, bench, tokenizer) -> float:
+    """The training CPU-seconds the shipped model of this config recorded in its learning curve (the
+    largest `cpu_seconds` of each history it holds, summed), or 0 when none is recorded: a rough
+    cost, used only to start the longest trainings first."""
+    folder = shipped.SHIPPED_MODELS
+    try:
+        name, _ = method.shipping_entry(bench, tokenizer)
+        history = torch.load(folder / name, map_location="cpu", weights_only=False)["history"]
+    except (OSError, KeyError, RuntimeError):
+        return 0.0
+
+    def total(h) -> float:
+        if isinstance(h, dict):
+            return sum(total(v) for v in h.values())
+        seconds = [r["cpu_seconds"] for r in h if isinstance(r, dict) and "cpu_seconds" in r] if isinstance(h, list) else []
+        return max(seconds, default=0.0)
+
+    return float(total(history))
+
+
+def plan(models, bench, tokenizer) -> tuple[list[int], dict[int, set[int]]]:
+    """(the indices of `models` to train, longest recorded first; {index: indices it needs first})."""
+    position = {id(m): i for i, m in enumerate(models)}
+    to_train = [i for i, m in enumerate(models) if m.shipped_file(bench, tokenizer) is None]
+    needs = {i: {position[id(d)] for d in own_models([models[i]]) if d is not models[i]} & set(to_train)
+             for i in to_train}
+    cost = {i: recorded_cpu_seconds(models[i], bench, tokenizer) for i in to_train}
+    return sorted(to_train, key=lambda i: (-cost[i], i)), needs
+
+
+def _exit_with_parent(poll_seconds: float = 5.0) -> None:
+    """Stop this worker when its parent is gone (killed, or a notebook kernel restarted): a daemon
+    process is only stopped by a parent that exits normally, and an orphan would keep training."""
+    parent = multiprocessing.parent_process()
+
+    def watch():
+        while parent is not None and parent.is_alive():
+            time.sleep(poll_seconds)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def _worker(spec: LaneSpec, tasks, results) -> None:
+    """A worker: fit each model index it is handed, report (index, wall s, CPU s, error or None)."""
+    _exit_with_parent()
+    torch.set_num_threads(spec.threads)
+    with settings.retraining(spec.retrain):
+        try:
+            bench, tokenizer, models = _models(spec)
+        except BaseException:  # e.g. a method registered only in the parent's session
+            results.put((None, 0.0, 0.0, traceback.format_exc()))
+            return
+        while (index := tasks.get()) is not None:
+            wall, cpu = time.perf_counter(), time.process_time()
+            try:
+                models[index].progress = False
+                models[index].fit(bench, tokenizer, cache_dir=Path(spec.checkpoints))
+                error = None
+            except BaseException:  # reported to the parent, which stops the run with it
+                error = traceback.format_exc()
+            results.put((index, time.perf_counter() - wall, time.process_time() - cpu, error))
+
+
+def _next_result(results, workers, poll_seconds: float = 5.0):
+    """The next (index, wall, cpu, error) a worker reports; a RuntimeError if a worker died silently
+    (killed, e.g. out of memory), which would otherwise leave the parent waiting for ever."""
+    while True:
+        try:
+            return results.get(timeout=poll_seconds)
+        except queue.Empty:
+            dead = [w for w in workers if not w.is_alive()]
+            if dead:
+                raise RuntimeError(f"a training process stopped without a report (exit code {dead[0].exitcode}; "
+                                   "out of memory?). Fewer processes (--jobs 1) need less memory.") from None
+
+
+def train_in_parallel(names=None, *, seed: int = 0, smoke: bool = False, checkpoints, jobs: int = 2,
+                      retrain: bool = False, progress: bool = True) -> list[dict]:
+    """Train every model the methods `names` (None = all) would train, in `jobs` worker processes,
+    into `checkpoints` (module docstring). Returns one row per model trained, in the order finished:
+    {"model": the method that owns it, "seconds": wall, "cpu_seconds": the worker's CPU time}.
+    A failed training stops the others and raises RuntimeError with its traceback."""
+    from tqdm.auto import tqdm
+
+    if jobs < 1:
+        raise ValueError(f"jobs must be at least 1, got {jobs}")
+    spec = LaneSpec(seed, smoke, None if names is None else tuple(names), str(checkpoints), retrain,
+                    max(1, usable_cores() // jobs))
+    with settings.retraining(retrain):
+        bench, tokenizer, models = _models(spec)
+        order, needs = plan(models, bench, tokenizer)
+    if not order:
+        return []
+    context = multiprocessing.get_context("spawn")
+    tasks, results = context.Queue(), context.Queue()
+    workers = [context.Process(target=_worker, args=(spec, tasks, results), daemon=True)
+               for _ in range(min(jobs, len(order)))]
+    for worker in workers:
+        worker.start()
+    done, running, finished = set(), {}, []  # running: index -> start time
+    bar = tqdm(total=len(order), desc=f"training in {len(workers)} processes", disable=not progress)
+    try:
+        while len(done) < len(order):
+            for index in [i for i in order if i not in done and i not in running and needs[i] <= done]:
+                if len(running) == len(workers):
+                    break
+                running[index] = time.perf_counter()
+                tasks.put(index)
+            bar.set_postfix(training=", ".join(models[i].name for i in running))
+            index, wall, cpu, error = _next_result(results, workers)
+            if error is not None:
+                what = "setting up" if index is None else f"training {models[index].name}"
+                raise RuntimeError(f"{what} in a worker process failed (--jobs 1 trains in this process "
+                                   f"instead):\n{error}")
+            del running[index]
+            done.add(index)
+            finished.append({"model": models[index].name, "seconds": round(wall, 1), "cpu_seconds": round(cpu, 1)})
+            bar.update()
+    finally:
+        bar.close()
+        for _ in workers:
+            tasks.put(None)
+        for worker in workers:
+            worker.join(timeout=5 if len(done) == len(order) else 0.1)
+            if worker.is_alive():
+                worker.terminate()
+    return finished
+
+
+__all__ = ["train_in_parallel", "plan", "usable_cores", "recorded_cpu_seconds", "LaneSpec"]

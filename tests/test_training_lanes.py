@@ -1,0 +1,112 @@
+"""Training in worker processes gives the models a sequential run trains, in the order they need."""
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from course_lib import benchmark, training_lanes
+from course_lib.core import settings
+from course_lib.methods.registry import available_methods
+from course_lib.shipping import benchmark_data, own_models
+
+
+@pytest.fixture(scope="module")
+def smoke_data():
+    return benchmark_data(smoke=True, seed=0)
+
+
+def _weights(path: Path) -> dict:
+    return torch.load(path, map_location="cpu", weights_only=False)["model"]
+
+
+def test_a_model_waits_for_the_models_it_is_built_from(smoke_data):
+    bench, tokenizer = smoke_data
+    with settings.retraining():
+        models = own_models(available_methods(0, smoke=True, names=["fast-distilled", "lightningdot+rerank@20"]))
+        order, needs = training_lanes.plan(models, bench, tokenizer)
+    names = [m.name for m in models]
+    assert sorted(order) == list(range(len(models)))  # retraining: every model trains
+    distilled = names.index("fast-distilled")
+    assert {names[i] for i in needs[distilled]} == {"fast", "slow"}  # its start and its teacher
+    assert needs[names.index("lightningdot")] == set()
+    assert {names[i] for i in needs[names.index("cross_encoder")]} <= {"vsepp"}  # at most its miner
+
+
+def test_the_longest_recorded_training_starts_first(smoke_data, monkeypatch):
+    bench, tokenizer = smoke_data
+    cost = {"vsepp": 10.0, "scan": 300.0, "cross_encoder": 0.0}
+    monkeypatch.setattr(training_lanes, "recorded_cpu_seconds", lambda m, b, t: cost[m.name])
+    with settings.retraining():
+        models = own_models(available_methods(0, smoke=True, names=list(cost)))
+        order, _ = training_lanes.plan(models, bench, tokenizer)
+    assert [models[i].name for i in order] == ["scan", "vsepp", "cross_encoder"]
+
+
+def test_a_model_with_a_current_shipped_file_is_not_trained(smoke_data, monkeypatch):
+    bench, tokenizer = smoke_data
+    models = own_models(available_methods(0, smoke=True, names=["vsepp", "scan"]))
+    shipped = next(m for m in models if m.name == "scan")
+    monkeypatch.setattr(type(shipped), "shipped_file", lambda self, b, t: Path("x.pt") if self is shipped else None)
+    order, _ = training_lanes.plan(models, bench, tokenizer)
+    assert [models[i].name for i in order] == ["vsepp"]
+
+
+def test_two_processes_train_what_one_thread_trains_in_this_process(tmp_path, smoke_data):
+    bench, tokenizer = smoke_data
+    lanes, here = tmp_path / "lanes", tmp_path / "here"
+    finished = training_lanes.train_in_parallel(["vsepp", "scan"], smoke=True, checkpoints=lanes, jobs=2,
+                                                retrain=True, progress=False)
+    assert sorted(row["model"] for row in finished) == ["scan", "vsepp"]
+    assert all(row["seconds"] > 0 and row["cpu_seconds"] > 0 for row in finished)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the workers' setting on this 2-core machine (cores // jobs)
+    try:
+        with settings.retraining():
+            for method in available_methods(0, smoke=True, names=["vsepp", "scan"]):
+                method.progress = False
+                method.fit(bench, tokenizer, cache_dir=here)
+    finally:
+        torch.set_num_threads(threads)
+    files = sorted(p.name for p in lanes.glob("*.pt"))
+    assert files and files == sorted(p.name for p in here.glob("*.pt"))
+    if training_lanes.usable_cores() == 2:  # one thread per worker, as here: bit for bit the same
+        for name in files:
+            a, b = _weights(lanes / name), _weights(here / name)
+            assert all(torch.equal(a[k], b[k]) for k in a), name
+
+
+def test_the_benchmark_loads_what_the_processes_trained(tmp_path, monkeypatch):
+    checkpoints, written = tmp_path / "ckpt", {}
+
+    def lanes_then_note_the_files(*args, **kwargs):
+        finished = training_lanes.train_in_parallel(*args, **kwargs)
+        written.update({p.name: os.stat(p).st_mtime_ns for p in checkpoints.glob("*.pt")})
+        return finished
+
+    monkeypatch.setattr(benchmark, "train_in_parallel", lanes_then_note_the_files)
+    results = benchmark.run(smoke=True, out=tmp_path / "out", methods=["vsepp"], progress=False,
+                            checkpoints=checkpoints, jobs=2)
+    assert [row["model"] for row in results["meta"]["trained_in_parallel"]] == ["vsepp"]
+    assert results["meta"]["jobs"] == 2 and [name.split("-")[0] for name in written] == ["vsepp"]
+    # the run's own fit loaded the file the worker wrote: a second training would have rewritten it
+    assert {p.name: os.stat(p).st_mtime_ns for p in checkpoints.glob("*.pt")} == written
+    rows = [r for r in results["rows"] if r["method"] == "vsepp"]
+    assert rows and all(r["ar"] is not None for r in rows)
+
+
+def test_a_failing_worker_stops_the_run_with_its_error(tmp_path):
+    not_a_folder = tmp_path / "a_file"
+    not_a_folder.write_text("")  # checkpoints cannot be written under a file
+    with pytest.raises(RuntimeError, match="training scan in a worker process failed"):
+        training_lanes.train_in_parallel(["scan"], smoke=True, checkpoints=not_a_folder, jobs=1 + 1,
+                                         retrain=True, progress=False)
+
+
+def test_jobs_below_one_are_refused(tmp_path, capsys):
+    with pytest.raises(ValueError, match="at least 1"):
+        training_lanes.train_in_parallel(["scan"], smoke=True, checkpoints=tmp_path, jobs=0)
+    with pytest.raises(SystemExit):
+        benchmark.main(["--smoke", "--jobs", "0", "--out", str(tmp_path)])
+    assert "--jobs must be at least 1" in capsys.readouterr().err
