@@ -168,7 +168,7 @@ def run(smoke: bool = False, out: str | Path = "outputs/benchmark", seed: int = 
     if methods is None or all(isinstance(m, str) for m in methods):  # names, or every method
         if jobs > 1:
             training = train_in_parallel(methods, seed=seed, smoke=smoke, checkpoints=checkpoints, jobs=jobs,
-                                         retrain=smoke or retrain, progress=progress)
+                                         retrain=smoke or retrain, progress=progress, data=(bench, tokenizer))
         methods = available_methods(seed, smoke, names=methods)
     repeats = 5 if smoke else 20
     rows, latency = [], []

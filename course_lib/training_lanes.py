@@ -56,9 +56,10 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def _models(spec: LaneSpec):
-    """(bench, tokenizer, own models) for spec, in the same order in every process."""
-    bench, tokenizer = benchmark_data(spec.smoke, spec.seed)
+def _models(spec: LaneSpec, data=None):
+    """(bench, tokenizer, own models) for spec, in the same order in every process; data: the
+    (bench, tokenizer) the caller already made for spec, else they are made here."""
+    bench, tokenizer = data or benchmark_data(spec.smoke, spec.seed)
     methods = available_methods(spec.seed, spec.smoke, names=None if spec.names is None else list(spec.names))
     return bench, tokenizer, own_models(methods)
 
@@ -141,11 +142,12 @@ def _next_result(results, workers, poll_seconds: float = 5.0):
 
 
 def train_in_parallel(names=None, *, seed: int = 0, smoke: bool = False, checkpoints, jobs: int = 2,
-                      retrain: bool = False, progress: bool = True) -> list[dict]:
+                      retrain: bool = False, progress: bool = True, data=None) -> list[dict]:
     """Train every model the methods `names` (None = all) would train, in `jobs` worker processes,
     into `checkpoints` (module docstring). Returns one row per model trained, in the order finished:
     {"model": the method that owns it, "seconds": wall, "cpu_seconds": the worker's CPU time}.
-    A failed training stops the others and raises RuntimeError with its traceback."""
+    A failed training stops the others and raises RuntimeError with its traceback. data: the run's
+    (bench, tokenizer) of this mode and seed, so the parent does not make them again."""
     from tqdm.auto import tqdm
 
     if jobs < 1:
@@ -153,7 +155,7 @@ def train_in_parallel(names=None, *, seed: int = 0, smoke: bool = False, checkpo
     spec = LaneSpec(seed, smoke, None if names is None else tuple(names), str(checkpoints), retrain,
                     max(1, usable_cores() // jobs))
     with settings.retraining(retrain):
-        bench, tokenizer, models = _models(spec)
+        bench, tokenizer, models = _models(spec, data)
         order, needs = plan(models, bench, tokenizer)
     if not order:
         return []
