@@ -7,7 +7,8 @@ found by shipping.own_models). So `train_in_parallel` trains them in `jobs` work
 share the checkpoint folder:
 
     models   = own_models(methods), those that would train (no current shipped model)
-    needs[i] = the models model i is built from (trained first, by whichever worker)
+    needs[i] = the models model i is built from (trained first, by whichever worker), and the first
+               model of the order that trains a pixel stem model i starts from too
     order    = longest first, by the CPU-seconds its shipped model's learning curve recorded (0 if
                none), so the long trainings do not start last and leave one core idle at the end
     worker   = its own benchmark, methods and torch threads (cores // jobs); fits the model it is
@@ -84,14 +85,28 @@ def recorded_cpu_seconds(method, bench, tokenizer) -> float:
     return float(total(history))
 
 
-def plan(models, bench, tokenizer) -> tuple[list[int], dict[int, set[int]]]:
-    """(the indices of `models` to train, longest recorded first; {index: indices it needs first})."""
+def plan(models, bench, tokenizer, checkpoints=None) -> tuple[list[int], dict[int, set[int]]]:
+    """(the indices of `models` to train, longest recorded first; {index: indices it needs first}).
+    A pixel stem (`stem_checkpoint_file`) that several of them start from and that is not in the
+    `checkpoints` folder yet is trained by the first of them in the order; the others wait for that
+    model, so no two processes train the stem and write its file at once."""
     position = {id(m): i for i, m in enumerate(models)}
     to_train = [i for i, m in enumerate(models) if m.shipped_file(bench, tokenizer) is None]
     needs = {i: {position[id(d)] for d in own_models([models[i]]) if d is not models[i]} & set(to_train)
              for i in to_train}
     cost = {i: recorded_cpu_seconds(models[i], bench, tokenizer) for i in to_train}
-    return sorted(to_train, key=lambda i: (-cost[i], i)), needs
+    order = sorted(to_train, key=lambda i: (-cost[i], i))
+    first_with_stem = {}
+    for i in order:
+        stem_file = getattr(models[i], "stem_checkpoint_file", None)
+        stem = stem_file(bench) if stem_file is not None else None
+        if stem is None or (checkpoints is not None and (Path(checkpoints) / stem).exists()):
+            continue
+        if stem in first_with_stem:
+            needs[i].add(first_with_stem[stem])
+        else:
+            first_with_stem[stem] = i
+    return order, needs
 
 
 def _exit_with_parent(poll_seconds: float = 5.0) -> None:
@@ -156,7 +171,7 @@ def train_in_parallel(names=None, *, seed: int = 0, smoke: bool = False, checkpo
                     max(1, usable_cores() // jobs))
     with settings.retraining(retrain):
         bench, tokenizer, models = _models(spec, data)
-        order, needs = plan(models, bench, tokenizer)
+        order, needs = plan(models, bench, tokenizer, checkpoints)
     if not order:
         return []
     context = multiprocessing.get_context("spawn")

@@ -12,19 +12,19 @@ import torch
 
 from course_lib.data.datasets import PairCollate, PairDataset
 from course_lib.methods.hivlp.model import (CostModel, HiVLPConfig, build_hivlp, cascade_cost, encoder_multiply_adds,
-                              hrl_loss, level_layers, query_multiply_adds)
+                              grid_boxes, hrl_loss, level_layers, query_multiply_adds)
 from course_lib.methods.hivlp.method import HiVLPCascade, HiVLPMethod, compute_states
 from course_lib.methods.hivlp.search import coarse_to_fine, rescore, select_top_k
 from course_lib.core.losses import VMLM
 
 TOL = 1e-5
 pytestmark = pytest.mark.usefixtures("one_thread")
-BENCH_SIZES = dict(n_train=120, n_val=20, n_test=24, n_pretrain=10, n_compositional=1)
+BENCH_SIZES = dict(n_train=120, n_val=20, n_test=24, n_pretrain=128, n_compositional=1)  # a pixel stem batch
 
 
 def small_config(**kw) -> HiVLPConfig:
     return HiVLPConfig(**{"hidden": 16, "image_layers": 3, "text_layers": 3, "heads": 2, "eol_widths": (4, 8, 16),
-                          "batch_size": 16, "max_steps": 4, "dropout": 0.0, **kw})
+                          "batch_size": 16, "max_steps": 4, "stem_steps": 2, "dropout": 0.0, **kw})
 
 
 def pair_batch(split, tokenizer, rows, modality="pixels"):
@@ -58,6 +58,9 @@ def test_config_checks():
         HiVLPConfig(train_levels="first")
     with pytest.raises(ValueError, match="at least one block"):
         HiVLPConfig(text_layers=0)
+    with pytest.raises(ValueError, match="stem='patch'"):
+        HiVLPConfig(backbone="vit_base_patch16_224")  # a timm backbone brings its own patch embedding
+    HiVLPConfig(backbone="vit_base_patch16_224", stem="patch")
 
 
 @pytest.mark.parametrize("image_input", ["pixels", "regions"])
@@ -120,7 +123,12 @@ def test_gradient_reaches_every_level_and_only_trained_ones(bench, tok):
     for eols in (model.image_eols, model.text_eols):
         for eol in eols:
             assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in eol.parameters())
-    assert model.image_tower.vit.blocks[0].attn.qkv.weight.grad.abs().sum() > 0
+    tower = model.image_tower  # the default: the frozen pixel stem's grid under the region transformer
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in tower.encoder.transformer.parameters())
+    assert all(p.grad is None for p in tower.backbone.parameters())  # frozen: no gradient, no update
+    torch.manual_seed(0)
+    vit = _grads(build_hivlp(small_config(stem="patch", lrm_weight=0.0), bench["train"], tok), batch)
+    assert vit.image_tower.vit.blocks[0].attn.qkv.weight.grad.abs().sum() > 0
     torch.manual_seed(0)
     last = _grads(build_hivlp(small_config(lrm_weight=0.0, train_levels="last"), bench["train"], tok), batch)
     for eols in (last.image_eols, last.text_eols):  # the ablation: only the last EOL learns
@@ -383,4 +391,56 @@ def test_cascade_notes_name_the_towers():
     # the README's methods list reads these notes: hivlp and hivlp-regions must not read the same
     pixels = HiVLPCascade(HiVLPMethod(small_config(), progress=False))
     regions = HiVLPCascade(HiVLPMethod(small_config(image_input="regions"), progress=False), name="hivlp-regions")
-    assert "ViT" in pixels.notes and "region tower" in regions.notes and pixels.notes != regions.notes
+    assert "pixel stem" in pixels.notes and "region tower" in regions.notes and pixels.notes != regions.notes
+    assert "ViT" in HiVLPCascade(HiVLPMethod(small_config(stem="patch"), progress=False)).notes
+
+
+# ----------------------------------------------------------------------------- the pixel stem's grid
+
+def test_grid_boxes_by_hand():
+    boxes = grid_boxes(2).numpy()  # (x1, y1, x2, y2, w, h, area), row by row
+    expected = [[0, 0, .5, .5, .5, .5, .25], [.5, 0, 1, .5, .5, .5, .25], [0, .5, .5, 1, .5, .5, .25],
+                [.5, .5, 1, 1, .5, .5, .25]]
+    np.testing.assert_allclose(boxes, expected, atol=1e-7)
+    assert grid_boxes(4).shape == (16, 7)
+
+
+def test_stem_grid_tower_reads_the_stem_map_as_grid_regions(bench, tok):
+    torch.manual_seed(0)
+    model = build_hivlp(small_config(), bench["train"], tok).eval()
+    tower = model.image_tower
+    batch = pair_batch(bench["train"], tok, range(3))
+    grid = tower.backbone(batch["pixels"])[-1]  # (3, C, 4, 4)
+    tokens = torch.stack([grid[:, :, r, c] for r in range(4) for c in range(4)], dim=1)  # cell by cell, by hand
+    regions = {"regions": tokens, "boxes": grid_boxes(4).expand(3, -1, -1),
+               "region_mask": torch.ones(3, 16, dtype=torch.bool)}
+    expected = tower.encoder(regions, return_layers=True).layers
+    states = tower(batch)
+    assert len(states) == 3 and tuple(states[-1].shape) == (3, 1 + 16, 16)
+    for got, want in zip(states, expected):
+        torch.testing.assert_close(got, want, atol=TOL, rtol=0)
+    model.train()
+    assert not tower.backbone.training and tower.encoder.training  # BatchNorm keeps the stem's statistics
+
+
+def test_training_starts_from_the_cached_pixel_stem_and_keeps_it_frozen(bench, tok, tmp_path):
+    from course_lib.methods.hivlp.method import train_hivlp
+    from course_lib.methods.hivlp.model import stem_config
+    from course_lib.methods.pixel_stem import stem_checkpoint_file, train_pixel_stem
+
+    config = small_config(stem_steps=3, max_steps=3)  # its own stem file, not the fixture's
+    method = HiVLPMethod(config, progress=False)
+    stem_file = stem_checkpoint_file(bench, stem_config(config))
+    assert method.stem_checkpoint_file(bench) == stem_file
+    assert method.checkpoint_extra(bench, tok) == (stem_file,)  # a new stem retrains the model
+    method.fit(bench, tok, cache_dir=tmp_path)
+    assert (tmp_path / stem_file).exists()  # trained once, cached beside the model
+    stem, _ = train_pixel_stem(bench, stem_config(config), checkpoint_path=tmp_path / stem_file, progress=False)
+    for name, value in stem.backbone.state_dict().items():  # weights and BatchNorm statistics unchanged
+        torch.testing.assert_close(method.model.image_tower.backbone.state_dict()[name], value, atol=0, rtol=0)
+    # the same model whether the stem was trained inside or loaded from the cache
+    again, _ = train_hivlp(bench, tok, config, stem_checkpoint=tmp_path / stem_file, progress=False)
+    for name, value in method.model.state_dict().items():
+        torch.testing.assert_close(again.state_dict()[name], value, atol=0, rtol=0)
+    assert HiVLPMethod(small_config(image_input="regions"), progress=False).stem_checkpoint_file(bench) is None
+    assert HiVLPMethod(small_config(stem="patch"), progress=False).checkpoint_extra(bench, tok) == ()

@@ -34,6 +34,25 @@ def test_a_model_waits_for_the_models_it_is_built_from(smoke_data):
     assert {names[i] for i in needs[names.index("cross_encoder")]} <= {"vsepp"}  # at most its miner
 
 
+def test_models_sharing_a_pixel_stem_wait_for_the_first_until_it_is_cached(smoke_data, monkeypatch, tmp_path):
+    bench, tokenizer = smoke_data
+    cost = {"hivlp-flat": 300.0, "fast": 100.0, "vsepp": 200.0}
+    monkeypatch.setattr(training_lanes, "recorded_cpu_seconds", lambda m, b, t: cost[m.name])
+    with settings.retraining():
+        models = own_models(available_methods(0, smoke=True, names=list(cost)))
+        for m in models:  # both start from one stem here, whatever their smoke sizes are
+            if m.name in ("hivlp-flat", "fast"):
+                monkeypatch.setattr(m, "stem_checkpoint_file", lambda b: "pixel_stem-shared.pt")
+        order, needs = training_lanes.plan(models, bench, tokenizer, checkpoints=tmp_path)
+        names = [m.name for m in models]
+        assert [names[i] for i in order] == ["hivlp-flat", "vsepp", "fast"]
+        assert {names[i] for i in needs[names.index("fast")]} == {"hivlp-flat"}  # the stem's first trainer
+        assert needs[names.index("hivlp-flat")] == set() and needs[names.index("vsepp")] == set()
+        (tmp_path / "pixel_stem-shared.pt").write_bytes(b"")  # cached: nobody writes it, nobody waits
+        _, needs = training_lanes.plan(models, bench, tokenizer, checkpoints=tmp_path)
+    assert all(not n for n in needs.values())
+
+
 def test_the_longest_recorded_training_starts_first(smoke_data, monkeypatch):
     bench, tokenizer = smoke_data
     cost = {"vsepp": 10.0, "scan": 300.0, "cross_encoder": 0.0}

@@ -145,11 +145,11 @@ def render_pixels(scenes: Scenes, offsets: np.ndarray, rng: np.random.Generator,
     y2 = m + row * cs + oy + bb[:, 2]
     x2 = m + col * cs + ox + bb[:, 3]
     boxes = np.zeros((n, scenes.max_objects, 7), dtype=np.float32)
-    boxes[img, obj] = _uniter_boxes(np.stack([x1, y1, x2, y2], axis=1) / image_size)
+    boxes[img, obj] = uniter_boxes(np.stack([x1, y1, x2, y2], axis=1) / image_size)
     return images, boxes
 
 
-def _uniter_boxes(xyxy: np.ndarray) -> np.ndarray:
+def uniter_boxes(xyxy: np.ndarray) -> np.ndarray:
     """(M, 4) normalised x1, y1, x2, y2 -> (M, 7) with w, h, area appended."""
     w, h = xyxy[:, 2] - xyxy[:, 0], xyxy[:, 3] - xyxy[:, 1]
     return np.concatenate([xyxy, w[:, None], h[:, None], (w * h)[:, None]], axis=1).astype(np.float32)
@@ -203,7 +203,7 @@ def detect_regions(scenes: Scenes, object_boxes: np.ndarray, rng: np.random.Gene
         xy = rng.random((n, clutter_regions, 2)) * 0.8
         wh = 0.05 + 0.15 * rng.random((n, clutter_regions, 2))
         xyxy = np.concatenate([xy, xy + wh], axis=-1).reshape(-1, 4)
-        boxes[:, O:] = _uniter_boxes(xyxy).reshape(n, clutter_regions, 7)
+        boxes[:, O:] = uniter_boxes(xyxy).reshape(n, clutter_regions, 7)
     feats += region_noise * rng.standard_normal((n, R, D), dtype=np.float32)
     # soft classes: softmax(alpha [same shape] + alpha [same colour] + noise); flat-ish for clutter
     class_shape = np.repeat(np.arange(len(SHAPES)), len(COLORS))  # (48,)
@@ -228,5 +228,5 @@ def detect_regions(scenes: Scenes, object_boxes: np.ndarray, rng: np.random.Gene
     return out
 
 
-__all__ = ["DETECTOR_SEED", "PALETTE", "BACKGROUND", "geometry", "sample_offsets", "render_pixels",
+__all__ = ["DETECTOR_SEED", "PALETTE", "BACKGROUND", "geometry", "sample_offsets", "render_pixels", "uniter_boxes",
            "detect_regions", "detector_tables"]

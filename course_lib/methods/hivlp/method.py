@@ -18,6 +18,7 @@ re-scored by lesson 02's cross-encoder, the paper's "+CM" with our cross-encoder
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -39,7 +40,8 @@ from course_lib.methods.base import (
     query_indices,
     retrieval_evaluator,
 )
-from course_lib.methods.hivlp.model import HiVLP, HiVLPConfig, build_hivlp
+from course_lib.methods.hivlp.model import HiVLP, HiVLPConfig, build_hivlp, stem_config
+from course_lib.methods.pixel_stem import stem_checkpoint_file, train_pixel_stem
 from course_lib.methods.hivlp.search import SURVIVORS, coarse_to_fine
 from course_lib.methods.registry import register_method
 from course_lib.methods.rerank import Cascade
@@ -92,15 +94,27 @@ def last_level_scores(model: HiVLP, split, tokenizer) -> torch.Tensor:
     return states.image[-1] @ states.text[-1].T  # (N, T)
 
 
+def uses_pixel_stem(config: HiVLPConfig) -> bool:
+    """Whether the image tower starts from the pre-trained pixel stem (pixels, stem="pixel_stem")."""
+    return config.image_input == "pixels" and config.stem == "pixel_stem"
+
+
 def train_hivlp(bench: dict, tokenizer, config: HiVLPConfig | None = None, *, checkpoint_path=None,
-                evaluate_on=None, eval_every: int | None = None, progress: bool = True, device: str | None = None) -> tuple[HiVLP, object]:
+                stem_checkpoint=None, evaluate_on=None, eval_every: int | None = None, progress: bool = True,
+                device: str | None = None) -> tuple[HiVLP, object]:
     """Train on bench["train"] with L_HRL + L_LRM; returns (model in eval mode, History). A finished
-    checkpoint at checkpoint_path is loaded instead. evaluate_on: a split (or a dict of splits,
-    base.learning_curve_splits) whose flat last-level retrieval metrics are logged every
-    eval_every steps and at the end."""
+    checkpoint at checkpoint_path is loaded instead. With stem="pixel_stem" the image tower's CNN
+    starts from the pixel stem, pre-trained on bench["pretrain"] (or loaded from a finished
+    stem_checkpoint). evaluate_on: a split (or a dict of splits, base.learning_curve_splits) whose
+    flat last-level retrieval metrics are logged every eval_every steps and at the end."""
     c = config or HiVLPConfig()
     seed_everything(c.seed)
     model = build_hivlp(c, bench["train"], tokenizer)
+    if uses_pixel_stem(c):
+        stem, _ = train_pixel_stem(bench, stem_config(c), checkpoint_path=stem_checkpoint, evaluate_on=None,
+                                   progress=progress, device=device)
+        model.image_tower.backbone.load_state_dict(stem.backbone.state_dict())
+        seed_everything(c.seed)  # the same training whether the stem was trained here or loaded
     evaluate = retrieval_evaluator(evaluate_on, lambda m, split: last_level_scores(m, split, tokenizer))
     history = fit_pairs(model, hivlp_loss, bench["train"], tokenizer, c, modality=c.image_input,
                         image_size=c.image_size, max_text_length=c.max_text_length, evaluate=evaluate,
@@ -118,6 +132,7 @@ class HiVLPMethod(DualEncoderMethod):
 
     checkpoint_prefix = "hivlp"
     config_class = HiVLPConfig
+    code_modules = ("course_lib.methods.pixel_stem",)  # its ConvBackbone and the stem it starts from
 
     def __init__(self, config: HiVLPConfig | None = None, name: str = "hivlp-flat", progress: bool = True):
         super().__init__(config, name, progress)
@@ -131,15 +146,28 @@ class HiVLPMethod(DualEncoderMethod):
     @property
     def towers(self) -> str:
         c = self.config
-        image = (f"ViT {c.image_layers} blocks over {c.patch_size}px patches" if c.image_input == "pixels"
-                 else f"region tower {c.image_layers} blocks")
+        image = (f"region tower {c.image_layers} blocks" if c.image_input == "regions" else
+                 f"pixel stem grid ({'frozen' if c.freeze_stem else 'fine-tuned'}) + {c.image_layers} blocks"
+                 if c.stem == "pixel_stem" else f"ViT {c.image_layers} blocks over {c.patch_size}px patches")
         return f"{image}, text {c.text_layers} blocks"
 
     def build_model(self, bench: dict, tokenizer) -> HiVLP:
         return build_hivlp(self.config, bench["train"], tokenizer)
 
+    def stem_checkpoint_file(self, bench: dict) -> str | None:
+        """The pixel stem's file name in cache_dir (None when the model does not start from it)."""
+        return stem_checkpoint_file(bench, stem_config(self.config)) if uses_pixel_stem(self.config) else None
+
+    def checkpoint_extra(self, bench: dict, tokenizer) -> tuple:
+        """The pixel stem's file, when the model starts from it (a new pre-training corpus retrains it)."""
+        stem = self.stem_checkpoint_file(bench)
+        return () if stem is None else (stem,)
+
     def train(self, bench: dict, tokenizer, checkpoint_path, cache_dir):
-        return train_hivlp(bench, tokenizer, self.config, checkpoint_path=checkpoint_path, progress=self.progress,
+        stem = self.stem_checkpoint_file(bench)
+        stem_checkpoint = Path(cache_dir) / stem if cache_dir is not None and stem is not None else None
+        return train_hivlp(bench, tokenizer, self.config, checkpoint_path=checkpoint_path,
+                           stem_checkpoint=stem_checkpoint, progress=self.progress,
                            **self.learning_curve(bench, self.config.max_steps))
 
     def states(self, split) -> HiVLPStates:
@@ -275,4 +303,4 @@ def _hivlp_regions(build) -> HiVLPCascade:
     return HiVLPCascade(flat, name="hivlp-regions")
 
 
-__all__ = ["SURVIVORS", "RERANK_TOP_M", "hivlp_loss", "HiVLPStates", "compute_states", "train_hivlp", "HiVLPMethod", "HiVLPLevel", "HiVLPCascade"]
+__all__ = ["SURVIVORS", "RERANK_TOP_M", "hivlp_loss", "HiVLPStates", "compute_states", "uses_pixel_stem", "train_hivlp", "HiVLPMethod", "HiVLPLevel", "HiVLPCascade"]

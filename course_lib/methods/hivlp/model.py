@@ -17,20 +17,28 @@ level 2 re-scores those at d_2 and keeps N3, the last level orders the N3. `casc
 paper's time model and a multiply-add count of ours.
 
 Where the paper is silent, our choices (the notebook says them too):
-- Sizes: hidden 64, a 6-block ViT over 8x8-pixel patches of the 32x32 image (16 patches + [IMG]),
-  a 3-block text tower; EOL widths 16/32/64 (the paper's 128/300/768 ratio, roughly), after blocks
-  2/4/6 (image) and 1/2/3 (text): evenly spaced, the paper's 4/8/12 and 2/4/6.
+- Sizes: hidden 128 (LightningDOT's), a 2-block image tower over the 16 grid tokens (or a 6-block ViT over
+  8x8-pixel patches with stem="patch"), a 1-block text tower (half of LightningDOT's two, as the paper's 6 is half
+  of 12); EOL widths 32/64/128 (the paper's 128/300/768 ratio, roughly), after evenly spaced blocks (`level_layers`:
+  the paper's 4/8/12 and 2/4/6).
 - The EOL MLP: Linear(hidden, hidden), GELU, Linear(hidden, d_l) (depth not given), nothing after it
   (`eol_layernorm=True` adds a LayerNorm, so that S^l starts at the scale of LayerNorm'd states; over regions
   it ended 1.2 points of val t2i R@1 lower after 4,000 steps: docs/tuning_notes.md).
-- The ViT embeds patches linearly, as the paper's; `stem="conv"` swaps in a convolutional stem.
+- The image tower over pixels starts from a pre-trained backbone, as the paper's ViT does: ours is the course's
+  pixel stem (course_lib.methods.pixel_stem, pre-trained on the pre-training split's scenes against what sits in
+  each cell), kept frozen, whose 4x4 map becomes 16 grid tokens (each with its cell's box, as a region has) read by
+  LightningDOT's 2-block region transformer (`stem="pixel_stem"`, the default; "grid features"). The paper's ViT from
+  random weights (`stem="patch"`, 6 blocks over 8x8 patches; `stem="conv"` with a convolutional stem) learned
+  to see too slowly here: val t2i R@1 3.0 after 4,000 steps and 45 CPU-minutes, against about 6 from the stem in
+  half the time (docs/tuning_notes.md).
 - LRM's image term h_V0 is the last image block's [IMG] state (eq. 4 writes h_V0^l with no l).
 - LRM is added to L_HRL with weight `lrm_weight` (the paper gives no weights). It is 0 by default: in
   our calibration runs it slowed the alignment and made each step slower (docs/tuning_notes.md says
   what we measured); `lrm_weight=1.0` is L_HRL + L_LRM, two of the paper's three objectives, and notebook
   05 trains both. The cross-modal encoder and its VLM loss (eq. 9), the third, are not trained here: "+CM" re-ranking uses the course's
   cross-encoder of lesson 02 instead (`hivlp+rerank@20`).
-- No pre-training corpus: the model trains on the training split only.
+- No pre-training corpus for HiVLP itself: the model trains on the training split only (its pixel stem is
+  pre-trained on the pre-training split's scenes, above).
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ import math
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+import numpy as np
 import torch
 from timm.models.vision_transformer_hybrid import HybridEmbed
 from torch import nn
@@ -51,9 +60,11 @@ from course_lib.core.encoders import (
 from course_lib.core.losses import VMLM, batch_scores, contrastive_loss, mask_tokens
 from course_lib.core.settings import CourseConfig
 from course_lib.core.tokens import WORD_SPECIAL_TOKENS, SpecialTokens
+from course_lib.data.render import uniter_boxes
+from course_lib.methods.pixel_stem import ConvBackbone, PixelStemConfig
 
 IMAGE_INPUTS = ("pixels", "regions")
-STEMS = ("patch", "conv")
+STEMS = ("pixel_stem", "patch", "conv")
 TRAIN_LEVELS = ("all", "last")
 
 
@@ -61,13 +72,18 @@ TRAIN_LEVELS = ("all", "last")
 class HiVLPConfig(CourseConfig):
     image_input: str = "pixels"  # "pixels": a ViT over the rendered image (the paper); "regions": the detector tower
     hidden: int = 128  # width of both towers (the paper: 768); LightningDOT's, as in the paper
-    image_layers: int = 6  # image blocks (the paper's ViT: 12)
+    image_layers: int = 2  # image blocks (the paper's ViT: 12; LightningDOT's region tower: 2, as ours)
     # text blocks: half of LightningDOT's, as in the paper (6 against LightningDOT's 12), on which its
     # speed claim rests: a query runs the text tower alone
     text_layers: int = 1
     heads: int = 4  # attention heads per block
     patch_size: int = 8  # ViT patch side in pixels: a 32x32 image is 4x4 patches + [IMG]
-    stem: str = "patch"  # "patch": ViT's linear patch embedding; "conv": stride-2 3x3 convolutions down to the patches
+    # how pixels become tokens: "pixel_stem" (the pre-trained pixel stem's 4x4 map as 16 grid tokens, module
+    # docstring), "patch" (the paper's ViT: linear patch embedding, random weights; use image_layers=6), "conv" (the
+    # ViT with stride-2 3x3 convolutions down to the patches)
+    stem: str = "pixel_stem"
+    freeze_stem: bool = True  # keep the pre-trained stem as it is (stem="pixel_stem"); False fine-tunes it
+    stem_steps: int = 400  # the pixel stem's pre-training steps (PixelStemConfig.max_steps; cached, paid once)
     backbone: str | None = None  # a timm ViT name for real data (e.g. "vit_base_patch16_224"); None = the course's
     pretrained: bool = False  # load the timm backbone's pretrained weights (needs internet or a cache)
     image_size: int | None = None  # resize pixels to this side (real images: e.g. 224); None = as stored (32)
@@ -90,13 +106,16 @@ class HiVLPConfig(CourseConfig):
     grad_clip: float = 2.0  # max gradient norm
     seed: int = 0  # weights, masking and data order
 
-    SMOKE: ClassVar[dict] = {"max_steps": 30, "batch_size": 64}
+    SMOKE: ClassVar[dict] = {"max_steps": 30, "batch_size": 64, "stem_steps": 10}
 
     def __post_init__(self):
         if self.image_input not in IMAGE_INPUTS:
             raise ValueError(f"image_input must be one of {IMAGE_INPUTS}, got {self.image_input!r}")
         if self.stem not in STEMS:
             raise ValueError(f"stem must be one of {STEMS}, got {self.stem!r}")
+        if self.stem == "pixel_stem" and (self.backbone is not None or self.image_size is not None):
+            raise ValueError("the pixel stem is pre-trained on the course's 32x32 synthetic scenes: with a timm "
+                             "backbone or resized (real) images set stem='patch'")
         if self.train_levels not in TRAIN_LEVELS:
             raise ValueError(f"train_levels must be one of {TRAIN_LEVELS}, got {self.train_levels!r}")
         self.eol_widths = tuple(int(w) for w in self.eol_widths)
@@ -182,6 +201,51 @@ class ViTTower(nn.Module):
         return [torch.cat([prefix, patches], dim=1) for patches, prefix in states]  # (B, 1 + P, C) each
 
 
+def stem_config(config: HiVLPConfig) -> PixelStemConfig:
+    """The pixel stem a HiVLP of this config starts from (stem="pixel_stem"): stem_steps, the same seed."""
+    return PixelStemConfig(max_steps=config.stem_steps, seed=config.seed)
+
+
+def grid_boxes(side: int) -> torch.Tensor:
+    """The (side * side, 7) boxes of a side x side grid over the image, row by row, as a detector's
+    region boxes (x1, y1, x2, y2, w, h, area; normalised): a grid token's only position information."""
+    edges = np.linspace(0.0, 1.0, side + 1)
+    xyxy = np.array([[edges[c], edges[r], edges[c + 1], edges[r + 1]] for r in range(side) for c in range(side)])
+    return torch.from_numpy(uniter_boxes(xyxy))
+
+
+class StemGridTower(nn.Module):
+    """The pre-trained pixel stem's last map as grid tokens, read by the course's region transformer:
+
+        pixels (B, 3, 32, 32) -> ConvBackbone -> (B, C, 4, 4) -> 16 tokens (B, 16, C), each with its
+        cell's box (grid_boxes) -> RegionTransformerEncoder -> every block's states (B, 1 + 16, hidden)
+
+    The backbone's weights come from the pixel stem (method.train_hivlp loads them); frozen
+    (config.freeze_stem) it keeps the stem's BatchNorm statistics and gets no gradient."""
+
+    def __init__(self, config: HiVLPConfig):
+        super().__init__()
+        c = config
+        self.backbone = ConvBackbone(stem_config(c).channels)
+        self.backbone.requires_grad_(not c.freeze_stem)  # frozen: the Trainer's optimizer skips it
+        self.encoder = RegionTransformerEncoder(self.backbone.out_dim, c.hidden, c.image_layers, c.heads, c.dropout)
+        self.width, self.depth, self.frozen = c.hidden, c.image_layers, c.freeze_stem
+
+    def train(self, mode: bool = True) -> "StemGridTower":
+        super().train(mode)
+        if self.frozen:  # BatchNorm keeps the stem's running statistics
+            self.backbone.eval()
+        return self
+
+    def forward(self, batch: dict) -> list[torch.Tensor]:
+        grid = self.backbone(batch["pixels"])[-1]  # (B, C, s, s)
+        B, C, side, _ = grid.shape
+        tokens = grid.flatten(2).transpose(1, 2)  # (B, s*s, C), row by row as grid_boxes
+        boxes = grid_boxes(side).to(tokens).expand(B, -1, -1)  # (B, s*s, 7)
+        regions = {"regions": tokens, "boxes": boxes, "region_mask": tokens.new_ones(B, side * side, dtype=torch.bool)}
+        return self.encoder(regions, return_layers=True).layers
+
+
 class RegionTower(nn.Module):
     """The course's region transformer, returning every block's states (B, 1 + R, hidden)."""
 
@@ -210,7 +274,7 @@ class HiVLP(nn.Module):
         c = self.config = config
         self.vocab_size, self.special, self.modality = vocab_size, special, c.image_input
         if c.image_input == "pixels":
-            self.image_tower = ViTTower(c)
+            self.image_tower = StemGridTower(c) if c.stem == "pixel_stem" else ViTTower(c)
         else:
             if region_dim is None:
                 raise ValueError("image_input='regions' needs region_dim (the split's region feature size)")
@@ -367,6 +431,6 @@ def build_hivlp(config: HiVLPConfig, split, tokenizer) -> HiVLP:
     return HiVLP(config, len(tokenizer), region_dim, special=SpecialTokens.of(tokenizer))
 
 
-__all__ = ["HiVLPConfig", "HiVLP", "EarlyOutput", "ViTTower", "RegionTower", "level_layers", "hrl_loss",
+__all__ = ["HiVLPConfig", "HiVLP", "EarlyOutput", "ViTTower", "StemGridTower", "RegionTower", "stem_config", "grid_boxes", "level_layers", "hrl_loss",
            "hrl_sum", "CostModel", "cascade_cost", "encoder_multiply_adds", "eol_multiply_adds",
            "query_multiply_adds", "build_hivlp", "IMAGE_INPUTS", "TRAIN_LEVELS"]
