@@ -9,8 +9,9 @@ share the checkpoint folder:
     models   = own_models(methods), those that would train (no current shipped model)
     needs[i] = the models model i is built from (trained first, by whichever worker), and the first
                model of the order that trains a pixel stem model i starts from too
-    order    = longest first, by the CPU-seconds its shipped model's learning curve recorded (0 if
-               none), so the long trainings do not start last and leave one core idle at the end
+    order    = longest path first: the CPU-seconds its shipped model's learning curve recorded (0 if
+               none) plus the longest chain of models that wait for it, so neither a long training
+               nor one that others wait for starts last and leaves a core idle at the end
     worker   = its own benchmark, methods and torch threads (cores // jobs); fits the model it is
                handed, writing <checkpoints>/<name>.pt as a sequential run would
 
@@ -86,7 +87,7 @@ def recorded_cpu_seconds(method, bench, tokenizer) -> float:
 
 
 def plan(models, bench, tokenizer, checkpoints=None) -> tuple[list[int], dict[int, set[int]]]:
-    """(the indices of `models` to train, longest recorded first; {index: indices it needs first}).
+    """(the indices of `models` to train, longest path first; {index: indices it needs first}).
     A pixel stem (`stem_checkpoint_file`) that several of them start from and that is not in the
     `checkpoints` folder yet is trained by the first of them in the order; the others wait for that
     model, so no two processes train the stem and write its file at once."""
@@ -95,9 +96,8 @@ def plan(models, bench, tokenizer, checkpoints=None) -> tuple[list[int], dict[in
     needs = {i: {position[id(d)] for d in own_models([models[i]]) if d is not models[i]} & set(to_train)
              for i in to_train}
     cost = {i: recorded_cpu_seconds(models[i], bench, tokenizer) for i in to_train}
-    order = sorted(to_train, key=lambda i: (-cost[i], i))
     first_with_stem = {}
-    for i in order:
+    for i in sorted(to_train, key=lambda i: (-cost[i], i)):  # the longest of them trains the stem
         stem_file = getattr(models[i], "stem_checkpoint_file", None)
         stem = stem_file(bench) if stem_file is not None else None
         if stem is None or (checkpoints is not None and (Path(checkpoints) / stem).exists()):
@@ -106,7 +106,14 @@ def plan(models, bench, tokenizer, checkpoints=None) -> tuple[list[int], dict[in
             needs[i].add(first_with_stem[stem])
         else:
             first_with_stem[stem] = i
-    return order, needs
+    path = {}  # a model's cost plus the longest chain of models waiting for it (the critical path from it)
+
+    def path_from(i: int) -> float:
+        if i not in path:
+            path[i] = cost[i] + max((path_from(j) for j in to_train if i in needs[j]), default=0.0)
+        return path[i]
+
+    return sorted(to_train, key=lambda i: (-path_from(i), -cost[i], i)), needs
 
 
 def _exit_with_parent(poll_seconds: float = 5.0) -> None:

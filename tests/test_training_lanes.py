@@ -63,6 +63,18 @@ def test_the_longest_recorded_training_starts_first(smoke_data, monkeypatch):
     assert [models[i].name for i in order] == ["scan", "vsepp", "cross_encoder"]
 
 
+def test_a_model_others_wait_for_starts_before_a_longer_one(smoke_data, monkeypatch):
+    # the distilled Fast (500 s) waits for Fast (20) and Slow (10): their paths are 520 and 510, above VSE++'s 100,
+    # so they start first and the distilled model does not start last (longest-first alone: distilled, vsepp, ...)
+    bench, tokenizer = smoke_data
+    cost = {"fast-distilled": 500.0, "vsepp": 100.0, "fast": 20.0, "slow": 10.0}
+    monkeypatch.setattr(training_lanes, "recorded_cpu_seconds", lambda m, b, t: cost[m.name])
+    with settings.retraining():
+        models = own_models(available_methods(0, smoke=True, names=["fast-distilled", "vsepp"]))
+        order, _ = training_lanes.plan(models, bench, tokenizer)
+    assert [models[i].name for i in order] == ["fast", "slow", "fast-distilled", "vsepp"]
+
+
 def test_a_model_with_a_current_shipped_file_is_not_trained(smoke_data, monkeypatch):
     bench, tokenizer = smoke_data
     models = own_models(available_methods(0, smoke=True, names=["vsepp", "scan"]))
