@@ -82,7 +82,9 @@ class HiVLPConfig(CourseConfig):
     # docstring), "patch" (the paper's ViT: linear patch embedding, random weights; use image_layers=6), "conv" (the
     # ViT with stride-2 3x3 convolutions down to the patches)
     stem: str = "pixel_stem"
-    freeze_stem: bool = True  # keep the pre-trained stem as it is (stem="pixel_stem"); False fine-tunes it
+    # keep the pre-trained stem as it is (stem="pixel_stem"). Fine-tuned at the towers' rate it did worse: val t2i R@1
+    # 2.2 against 5.3 after 4,000 steps, at 28% more CPU time (docs/tuning_notes.md, HiVLP)
+    freeze_stem: bool = True
     stem_steps: int = 400  # the pixel stem's pre-training steps (PixelStemConfig.max_steps; cached, paid once)
     backbone: str | None = None  # a timm ViT name for real data (e.g. "vit_base_patch16_224"); None = the course's
     pretrained: bool = False  # load the timm backbone's pretrained weights (needs internet or a cache)
