@@ -196,6 +196,9 @@ def train_in_parallel(names=None, *, seed: int = 0, smoke: bool = False, checkpo
                     break
                 running[index] = time.perf_counter()
                 tasks.put(index)
+            if not running:  # nothing to wait for, yet models left: they wait on each other
+                stuck = [models[i].name for i in order if i not in done]
+                raise RuntimeError(f"these models wait on each other and none can start: {stuck}")
             bar.set_postfix(training=", ".join(models[i].name for i in running))
             index, wall, cpu, error = _next_result(results, workers)
             if error is not None:

@@ -75,6 +75,16 @@ def test_a_model_others_wait_for_starts_before_a_longer_one(smoke_data, monkeypa
     assert [models[i].name for i in order] == ["fast", "slow", "fast-distilled", "vsepp"]
 
 
+def test_models_waiting_on_each_other_raise_instead_of_hanging(smoke_data, monkeypatch, tmp_path):
+    def cycle(models, bench, tokenizer, checkpoints=None):
+        return [0, 1], {0: {1}, 1: {0}}
+
+    monkeypatch.setattr(training_lanes, "plan", cycle)
+    with pytest.raises(RuntimeError, match="wait on each other"):
+        training_lanes.train_in_parallel(["vsepp", "scan"], smoke=True, checkpoints=tmp_path, jobs=2, retrain=True,
+                                         progress=False, data=smoke_data)
+
+
 def test_a_model_with_a_current_shipped_file_is_not_trained(smoke_data, monkeypatch):
     bench, tokenizer = smoke_data
     models = own_models(available_methods(0, smoke=True, names=["vsepp", "scan"]))
