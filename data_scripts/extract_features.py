@@ -52,7 +52,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from course_lib.data.datasets import read_image, size_hw
 from course_lib.data.karpathy import read_karpathy, split_names
-from course_lib.data.render import _uniter_boxes
+from course_lib.data.render import uniter_boxes
 from course_lib.data.split import concatenate
 from course_lib.core.encoders import PixelEncoder
 from course_lib.core.settings import get_device, seed_everything
@@ -77,7 +77,7 @@ def grid_boxes(h: int, w: int, grid: int | None = None) -> np.ndarray:
     rows, cols = (cell_bins(h, grid), cell_bins(w, grid)) if grid else (
         [(i, i + 1) for i in range(h)], [(j, j + 1) for j in range(w)])
     xyxy = np.array([[x0 / w, y0 / h, x1 / w, y1 / h] for y0, y1 in rows for x0, x1 in cols])  # (R, 4)
-    return _uniter_boxes(xyxy)
+    return uniter_boxes(xyxy)
 
 
 def pool_grid(tokens: torch.Tensor, h: int, w: int, grid: int | None) -> torch.Tensor:
