@@ -32,7 +32,7 @@ from course_lib.methods.fast_slow.method import (
     teacher_scores,
     undistilled,
 )
-from course_lib.methods.pixel_stem import stem_checkpoint_file, train_pixel_stem
+from course_lib.methods.pixel_stem import load_stem_backbone, stem_checkpoint_file, train_pixel_stem
 
 TOL = 1e-4
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -232,7 +232,7 @@ def test_beta_combine_by_hand():
 @pytest.fixture(scope="module")
 def fitted(bench, tok, tmp_path_factory):
     cache = tmp_path_factory.mktemp("fast_slow")
-    slow = SlowMethod(SlowConfig(**SMALL, max_steps=4, batch_size=8), progress=False).fit(bench, tok, cache)
+    slow = SlowMethod(SlowConfig(**SMALL, max_steps=4, batch_size=8, stem_steps=3), progress=False).fit(bench, tok, cache)
     fast_config = FastConfig(hidden=8, embed_dim=8, channels=(4, 8, 8), max_steps=4, batch_size=8,
                              distill_steps=3, distill_batch_size=4, stem_steps=3)
     fast = FastMethod(fast_config, progress=False).fit(bench, tok, cache)
@@ -289,6 +289,40 @@ def test_fast_starts_from_the_cached_pixel_stem(fitted, bench, tok):
     assert other_stem.checkpoint_file(bench, tok) != fast.checkpoint_path.name
     with pytest.raises(ValueError, match="image_init"):
         FastConfig(image_init="imagenet")
+
+
+def test_slow_starts_from_the_stem_fast_trained(fitted, bench, tok):
+    """Slow and Fast of the same channels share one stem file; Slow's CNN starts from it (the
+    decoders train it on), and image_init="scratch" names another checkpoint and needs no stem."""
+    slow, fast, _, cache = fitted
+    stem_file = fast.stem_checkpoint_file(bench)
+    assert slow.stem_checkpoint_file(bench) == stem_file and slow.checkpoint_extra(bench, tok) == (stem_file,)
+    stem, _ = train_pixel_stem(bench, stem_config(slow.config), checkpoint_path=cache / stem_file, progress=False)
+    torch.manual_seed(0)
+    untrained = SlowModel(len(tok), dataclasses.replace(slow.config, max_steps=0))
+    load_stem_backbone(untrained.visual.backbone, bench, slow.config, checkpoint_path=cache / stem_file)
+    for name, value in stem.backbone.state_dict().items():
+        assert torch.equal(untrained.visual.backbone.state_dict()[name], value), name
+    trained = slow.model.visual.backbone.state_dict()
+    assert not all(torch.equal(v.cpu(), stem.backbone.state_dict()[k]) for k, v in trained.items())  # fine-tuned
+    scratch = SlowMethod(dataclasses.replace(slow.config, image_init="scratch"))
+    assert scratch.stem_checkpoint_file(bench) is None and scratch.checkpoint_extra(bench, tok) == ()
+    assert scratch.checkpoint_file(bench, tok) != slow.checkpoint_path.name
+    with pytest.raises(ValueError, match="stem_head_pool"):
+        SlowConfig(stem_head_pool="max")
+
+
+def test_a_stem_trained_for_any_model_records_its_accuracy(bench, tok, tmp_path):
+    """Regression: HiVLP trained the shared stem without evaluating it, so a later reader of the
+    cached stem's history (notebook 06) found no accuracy row."""
+    from course_lib.methods.hivlp.method import HiVLPMethod
+    from course_lib.methods.hivlp.model import HiVLPConfig
+
+    hivlp = HiVLPMethod(HiVLPConfig(hidden=16, heads=2, eol_widths=(4, 8), max_steps=2, batch_size=8, stem_steps=3),
+                        progress=False).fit(bench, tok, tmp_path)
+    path = tmp_path / hivlp.stem_checkpoint_file(bench)
+    _, history = train_pixel_stem(bench, stem_config(hivlp.config), checkpoint_path=path, progress=False)
+    assert history.rows(eval=True) and "object" in history.rows(eval=True)[-1]
 
 
 def test_distillation_from_scratch_needs_no_init(fitted, bench, tok, tmp_path):

@@ -101,7 +101,9 @@ def test_cascade_ranks_by_hand():
 @pytest.fixture(scope="module")
 def fitted(bench, tok, tmp_path_factory):
     cache = tmp_path_factory.mktemp("fast_slow_study")
-    slow = SlowMethod(SlowConfig(**SMALL, max_steps=4, batch_size=8), progress=False).fit(bench, tok, cache)
+    # from scratch, as FAST_SMALL: 10 pre-training scenes are fewer than one batch of the stem
+    slow = SlowMethod(SlowConfig(**SMALL, max_steps=4, batch_size=8, image_init="scratch"), progress=False).fit(
+        bench, tok, cache)
     fast = FastMethod(FastConfig(**FAST_SMALL), progress=False).fit(bench, tok, cache)
     return slow, fast
 

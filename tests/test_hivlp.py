@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from course_lib.data.datasets import PairCollate, PairDataset
-from course_lib.methods.hivlp.model import (CostModel, HiVLPConfig, build_hivlp, cascade_cost, encoder_multiply_adds,
-                              grid_boxes, hrl_loss, level_layers, query_multiply_adds)
+from course_lib.methods.hivlp.cost import CostModel, cascade_cost, encoder_multiply_adds, query_multiply_adds
+from course_lib.methods.hivlp.model import HiVLPConfig, build_hivlp, grid_boxes, hrl_loss, level_layers
 from course_lib.methods.hivlp.method import HiVLPCascade, HiVLPMethod, compute_states
 from course_lib.methods.hivlp.search import coarse_to_fine, rescore, select_top_k
 from course_lib.core.losses import VMLM
@@ -423,16 +423,39 @@ def test_stem_grid_tower_reads_the_stem_map_as_grid_regions(bench, tok):
     assert not tower.backbone.training and tower.encoder.training  # BatchNorm keeps the stem's statistics
 
 
+def test_grid_boxes_are_built_once_and_never_saved(bench, tok):
+    tower = build_hivlp(small_config(), bench["train"], tok).image_tower
+    torch.testing.assert_close(tower.boxes, grid_boxes(4).float(), atol=0, rtol=0)
+    assert "boxes" in dict(tower.named_buffers()) and "boxes" not in tower.state_dict()  # shipped files unchanged
+
+
+def test_hivlp_stem_reads_each_cell_in_place_by_default():
+    from course_lib.methods.fast_slow.model import FastConfig
+    from course_lib.methods.pixel_stem import PixelStemConfig, stem_config
+
+    assert stem_config(HiVLPConfig()) == PixelStemConfig(head_pool="cells", max_steps=400, seed=0)
+    assert stem_config(FastConfig()) == stem_config(HiVLPConfig())  # one stem file for both, trained once
+    flat = stem_config(HiVLPConfig(stem_head_pool="flatten", stem_steps=7, seed=3))
+    assert (flat.head_pool, flat.max_steps, flat.seed, flat.channels) == ("flatten", 7, 3, PixelStemConfig().channels)
+    fast = FastConfig(channels=(8, 16, 32), stem_head_pool="cells")
+    assert stem_config(fast).channels == (8, 16, 32) and stem_config(fast).head_pool == "cells"
+    with pytest.raises(ValueError, match="stem_head_pool"):
+        HiVLPConfig(stem_head_pool="mean")
+    with pytest.raises(ValueError, match="stem_head_pool"):
+        FastConfig(stem_head_pool="mean")
+
+
 def test_training_starts_from_the_cached_pixel_stem_and_keeps_it_frozen(bench, tok, tmp_path):
     from course_lib.methods.hivlp.method import train_hivlp
-    from course_lib.methods.hivlp.model import stem_config
-    from course_lib.methods.pixel_stem import stem_checkpoint_file, train_pixel_stem
+    from course_lib.methods.pixel_stem import stem_checkpoint_file, stem_checkpoint_path, stem_config, train_pixel_stem
 
     config = small_config(stem_steps=3, max_steps=3)  # its own stem file, not the fixture's
     method = HiVLPMethod(config, progress=False)
     stem_file = stem_checkpoint_file(bench, stem_config(config))
     assert method.stem_checkpoint_file(bench) == stem_file
     assert method.checkpoint_extra(bench, tok) == (stem_file,)  # a new stem retrains the model
+    assert stem_checkpoint_path(tmp_path, stem_file) == tmp_path / stem_file
+    assert stem_checkpoint_path(None, stem_file) is None and stem_checkpoint_path(tmp_path, None) is None
     method.fit(bench, tok, cache_dir=tmp_path)
     assert (tmp_path / stem_file).exists()  # trained once, cached beside the model
     stem, _ = train_pixel_stem(bench, stem_config(config), checkpoint_path=tmp_path / stem_file, progress=False)

@@ -51,7 +51,7 @@ def test_dataset_matches_the_ground_truth_and_heads_have_their_shapes(bench):
 
 @pytest.fixture(scope="module")
 def trained(bench, tmp_path_factory):
-    config = PixelStemConfig(**TINY, max_steps=150)
+    config = PixelStemConfig(**TINY, max_steps=300)
     path = tmp_path_factory.mktemp("stem") / stem_checkpoint_file(bench, config)
     stem, history = train_pixel_stem(bench, config, checkpoint_path=path, progress=False)
     return config, path, stem, history
@@ -82,8 +82,8 @@ def test_the_cache_loads_and_its_name_covers_config_data_and_code(trained, bench
         assert torch.equal(a, b)
     assert again_history == history
     name = path.name
-    assert stem_checkpoint_file(bench, PixelStemConfig(**{**TINY, "lr": 1e-3}, max_steps=150)) != name
-    assert stem_checkpoint_file(bench, PixelStemConfig(**TINY, max_steps=151)) != name
+    assert stem_checkpoint_file(bench, PixelStemConfig(**{**TINY, "lr": 1e-3}, max_steps=300)) != name
+    assert stem_checkpoint_file(bench, PixelStemConfig(**TINY, max_steps=301)) != name
     assert stem_checkpoint_file({"pretrain": bench["val"]}, config) != name
     monkeypatch.setattr(pixel_stem, "source_version", lambda modules: "other code")
     assert stem_checkpoint_file(bench, config) != name

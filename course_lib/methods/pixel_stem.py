@@ -6,9 +6,9 @@ small stem is pre-trained once, on bench["pretrain"]'s rendered scenes (a corpus
 the retrieval splits), against what sits in each cell of the 3x3 grid (data.scenes.Scenes):
 
     pixels (B, 3, 32, 32) -> ConvBackbone -> maps (B, c0, 16, 16), (B, c1, 8, 8), (B, c2, 4, 4)
-    head_pool "flatten": the 4x4 map flattened (B, 16 c2) -> Linear -> (B, 9, 51) logits per cell
-              "cells":   the 4x4 map average-pooled to the 3x3 grid (B, c2, 3, 3) -> one shared
-                         Linear per cell -> (B, 9, 51)
+    head_pool "cells":   the 4x4 map average-pooled to the 3x3 grid (B, c2, 3, 3) -> one shared
+                         Linear per cell -> (B, 9, 51) logits per cell (the default)
+              "flatten": the 4x4 map flattened (B, 16 c2) -> Linear -> (B, 9, 51)
     51 logits a cell: object (49: 0 = empty, else 1 + the detector's class shape * 8 + colour), size (2)
     loss: CE(object, all 9 cells) + CE(size, occupied cells only)
 
@@ -28,6 +28,7 @@ this module's code version (`stem_checkpoint_file`): a code change retrains it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
@@ -52,9 +53,11 @@ STEM_MODULES = TRAINING_MODULES + ("course_lib.methods.pixel_stem",)  # the stem
 @dataclass
 class PixelStemConfig(CourseConfig):
     channels: tuple = (24, 48, 96)  # ConvBackbone widths; equal to the model that loads it (FastConfig.channels)
-    # how the heads read the 4x4 map: "flatten" (one Linear over all 16 positions, like Fast's f(x))
-    # or "cells" (pooled to the 3x3 grid, a shared per-cell Linear). docs/tuning_notes.md, Pixel stem
-    head_pool: str = "flatten"
+    # how the heads read the 4x4 map: "cells" (pooled to the 3x3 grid, one Linear shared by the cells, so each
+    # cell's object is written where the cell is) or "flatten" (one Linear over all 16 positions). The models
+    # that start from the stem learned more from "cells": HiVLP's grid val t2i R@1 11.8 against 6.0, Fast 13.4
+    # against 12.7 (docs/tuning_notes.md, Pixel stem)
+    head_pool: str = "cells"
     batch_size: int = 128  # scenes per step
     lr: float = 2e-3  # peak AdamW rate (Fast's old rate; not varied: the task was learned at 400 steps)
     # optimizer steps on bench["pretrain"] (20k scenes: 2.6 epochs at 128): per-cell accuracy 95-100% on
@@ -128,6 +131,23 @@ class CellDataset(Dataset):
         return {"pixels": self.images[i]["pixels"], **{k: v[i] for k, v in self.targets.items()}}
 
 
+class StemBackboneModule(nn.Module):
+    """A module whose `backbone` (a ConvBackbone, loaded from the pixel stem) may be kept frozen: while
+    `frozen_backbone` is true it gets no gradient (`freeze_backbone`) and train() leaves it in eval
+    mode, so its BatchNorm keeps the stem's running statistics. FastModel and HiVLP's StemGridTower."""
+
+    frozen_backbone: bool = False
+
+    def freeze_backbone(self) -> None:
+        self.backbone.requires_grad_(not self.frozen_backbone)  # frozen: the Trainer's optimizer skips it
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        if self.frozen_backbone:
+            self.backbone.eval()
+        return self
+
+
 class PixelStem(nn.Module):
     """ConvBackbone + per-cell heads: forward(pixels (B, 3, 32, 32)) -> {"object": (B, 9, 49),
     "size": (B, 9, 2)} logits. Only `backbone` is handed on."""
@@ -187,10 +207,23 @@ class _NoVocabulary:
         return {}
 
 
+def stem_config(config) -> PixelStemConfig:
+    """The pixel stem a model's config starts from: its stem_steps, stem_head_pool and seed, and its
+    CNN widths where it has them (FastConfig.channels; HiVLP's tower reads the stem's default widths)."""
+    return PixelStemConfig(channels=getattr(config, "channels", PixelStemConfig.channels),
+                           head_pool=config.stem_head_pool, max_steps=config.stem_steps, seed=config.seed)
+
+
 def stem_checkpoint_file(bench: dict, config: PixelStemConfig) -> str:
     """The stem's file name in a cache folder: its config, bench["pretrain"] and its code version."""
     return checkpoint_name("pixel_stem", config.to_dict(), bench["pretrain"], _NoVocabulary(),
                            code=source_version(STEM_MODULES))
+
+
+def stem_checkpoint_path(cache_dir, file_name: str | None) -> Path | None:
+    """Where a model's stem is cached: cache_dir / file_name (a method's stem_checkpoint_file), or None
+    without a cache folder or when the model starts from no stem."""
+    return None if cache_dir is None or file_name is None else Path(cache_dir) / file_name
 
 
 def train_pixel_stem(bench: dict, config: PixelStemConfig | None = None, *, checkpoint_path=None,
@@ -209,6 +242,17 @@ def train_pixel_stem(bench: dict, config: PixelStemConfig | None = None, *, chec
     return model.eval(), history
 
 
+def load_stem_backbone(backbone: ConvBackbone, bench: dict, model_config, *, checkpoint_path=None,
+                       progress: bool = True, device: str | None = None) -> None:
+    """Copy the pixel stem a model's config starts from (`stem_config`) into its `backbone`: pre-trained
+    on bench["pretrain"], or loaded from a finished checkpoint_path. A stem trained here always ends
+    with its per-cell accuracy on bench["val"] (about a second), so its cached history says what it
+    learned whichever model trained it first (notebook 06 prints it)."""
+    stem, _ = train_pixel_stem(bench, stem_config(model_config), checkpoint_path=checkpoint_path, progress=progress,
+                               device=device)
+    backbone.load_state_dict(stem.backbone.state_dict())
+
+
 __all__ = [
     "CELLS",
     "HEADS",
@@ -218,10 +262,14 @@ __all__ = [
     "ConvBackbone",
     "PixelStem",
     "PixelStemConfig",
+    "StemBackboneModule",
     "cell_accuracy",
     "cell_loss",
     "cell_targets",
     "conv_bn_relu",
+    "load_stem_backbone",
     "stem_checkpoint_file",
+    "stem_checkpoint_path",
+    "stem_config",
     "train_pixel_stem",
 ]

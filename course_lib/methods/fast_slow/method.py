@@ -29,7 +29,6 @@ and the start's.
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -65,10 +64,11 @@ from course_lib.methods.fast_slow.scoring import (  # re-exported: the cached ga
     compute_states,
     score_cached_pairs,
 )
-from course_lib.methods.pixel_stem import (
-    PixelStemConfig,
+from course_lib.methods.pixel_stem import (  # stem_config re-exported: notebook 06 reads it here
+    load_stem_backbone,
     stem_checkpoint_file,
-    train_pixel_stem,
+    stem_checkpoint_path,
+    stem_config,
 )
 from course_lib.methods.registry import register_method
 from course_lib.methods.rerank import Cascade, weighted_sum
@@ -98,11 +98,15 @@ def nce_loss(model: FastModel, batch: dict, step: int = 0) -> torch.Tensor:
 
 
 def train_slow(bench: dict, tokenizer, config: SlowConfig | None = None, *, checkpoint_path=None,
-               progress: bool = True, device: str | None = None):
-    """Train the Slow captioner on bench["train"]; -> (model in eval mode, history)."""
+               stem_checkpoint=None, progress: bool = True, device: str | None = None):
+    """Train the Slow captioner on bench["train"], its CNN from the pixel stem with
+    image_init="pixel_stem" (cached at stem_checkpoint when given); -> (model in eval mode, history)."""
     c = config or SlowConfig()
     seed_everything(c.seed)
     model = SlowModel(len(tokenizer), c, SpecialTokens.of(tokenizer))
+    if c.image_init == "pixel_stem":
+        load_stem_backbone(model.visual.backbone, bench, c, checkpoint_path=stem_checkpoint, progress=progress,
+                           device=device)
     history = fit_pairs(model, caption_loss, bench["train"], tokenizer, c, modality="pixels",
                         max_text_length=c.max_text_length, log_every=25, progress=progress,
                         checkpoint_path=checkpoint_path, device=device)
@@ -114,12 +118,6 @@ def undistilled(config: FastConfig) -> FastConfig:
     return dataclasses.replace(config, distill=False)
 
 
-def stem_config(config: FastConfig) -> PixelStemConfig:
-    """The pixel stem a Fast model of this config starts from (image_init="pixel_stem"): its
-    channels and stem_steps, PixelStemConfig's other defaults, the same seed."""
-    return PixelStemConfig(channels=config.channels, max_steps=config.stem_steps, seed=config.seed)
-
-
 def initial_fast_model(bench: dict, tokenizer, config: FastConfig, *, stem_checkpoint=None, with_stem: bool = True,
                        progress: bool = True, device: str | None = None) -> FastModel:
     """The Fast model eq. 4 starts from: seeded random weights, and with image_init="pixel_stem"
@@ -128,9 +126,8 @@ def initial_fast_model(bench: dict, tokenizer, config: FastConfig, *, stem_check
     seed_everything(config.seed)
     model = FastModel(len(tokenizer), config, SpecialTokens.of(tokenizer))
     if with_stem and config.image_init == "pixel_stem":
-        stem, _ = train_pixel_stem(bench, stem_config(config), checkpoint_path=stem_checkpoint,
-                                   progress=progress, device=device)
-        model.backbone.load_state_dict(stem.backbone.state_dict())
+        load_stem_backbone(model.backbone, bench, config, checkpoint_path=stem_checkpoint, progress=progress,
+                           device=device)
     return model
 
 
@@ -186,7 +183,7 @@ class SlowMethod(PairwiseMethod):
 
     checkpoint_prefix = "slow"
     config_class = SlowConfig
-    code_modules = ("course_lib.methods.pixel_stem",)  # its ConvBackbone
+    code_modules = ("course_lib.methods.pixel_stem",)  # its ConvBackbone and the stem it starts from
     # one t2i query of the 1k test gallery = 1k pairs, 0.23 CPU-s on one thread (fast_slow@10:
     # 4.8 CPU-ms); 250 t2i queries of test took 60 CPU-s. Beyond the budget the benchmark ranks a
     # fixed sample of the queries
@@ -204,8 +201,19 @@ class SlowMethod(PairwiseMethod):
     def build_model(self, bench, tokenizer) -> SlowModel:
         return SlowModel(len(tokenizer), self.config, SpecialTokens.of(tokenizer))
 
+    def stem_checkpoint_file(self, bench: dict) -> str | None:
+        """The pixel stem's file name in cache_dir (None when the model does not start from it)."""
+        return stem_checkpoint_file(bench, stem_config(self.config)) if self.config.image_init == "pixel_stem" else None
+
+    def checkpoint_extra(self, bench: dict, tokenizer) -> tuple:
+        """The pixel stem's file, when the model starts from it (a new pre-training corpus retrains it)."""
+        stem = self.stem_checkpoint_file(bench)
+        return () if stem is None else (stem,)
+
     def train(self, bench, tokenizer, checkpoint_path, cache_dir):
-        return train_slow(bench, tokenizer, self.config, checkpoint_path=checkpoint_path, progress=self.progress)
+        return train_slow(bench, tokenizer, self.config, checkpoint_path=checkpoint_path,
+                          stem_checkpoint=stem_checkpoint_path(cache_dir, self.stem_checkpoint_file(bench)),
+                          progress=self.progress)
 
     def states(self, split) -> SlowStates:
         """The split's cached keys / values and tokenised captions (offline, once per split and model)."""
@@ -299,10 +307,10 @@ class FastMethod(DualEncoderMethod):
                 if method is not None and method.model is None:
                     method.fit(bench, tokenizer, cache_dir)
             teacher, init = self.teacher.model, self.init and self.init.model
-        c, stem = self.config, self.stem_checkpoint_file(bench)
-        stem_checkpoint = Path(cache_dir) / stem if cache_dir is not None and stem is not None else None
+        c = self.config
         return train_fast(bench, tokenizer, c, teacher=teacher, init=init, checkpoint_path=checkpoint_path,
-                          stem_checkpoint=stem_checkpoint, progress=self.progress,
+                          stem_checkpoint=stem_checkpoint_path(cache_dir, self.stem_checkpoint_file(bench)),
+                          progress=self.progress,
                           **self.learning_curve(bench, c.distill_steps if c.distill else c.max_steps))
 
 

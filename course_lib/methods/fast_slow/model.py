@@ -55,7 +55,7 @@ from course_lib.methods.fast_slow.decoder import (  # re-exported: the decoders 
     reverse_words,
     summed_log_likelihood,
 )
-from course_lib.methods.pixel_stem import ConvBackbone, conv_bn_relu
+from course_lib.methods.pixel_stem import HEAD_POOLS, ConvBackbone, StemBackboneModule, conv_bn_relu
 
 FUSION_EPS = 1e-4  # BiFPN's epsilon in the normalised fusion (the paper's App. D)
 IMAGE_POOLS = ("mean", "flatten")  # FastConfig.image_pool
@@ -84,14 +84,25 @@ class SlowConfig(CourseConfig):
     warmup_fraction: float = 0.05  # share of steps warming up; then linear decay to 0
     grad_clip: float = 2.0  # max gradient norm (paper: 100)
     seed: int = 0  # model initialisation and data order
+    # where phi(x)'s CNN starts: "pixel_stem" (the cached pixel stem, as Fast's and HiVLP's; fine-tuned with the
+    # decoders, as the paper fine-tunes its backbone) or "scratch". From the stem: test t2i R@1 / R@5 38.0 / 72.0 on
+    # the benchmark's 250 sampled queries against 32.0 / 69.6 from scratch, summed training loss 22.3 against 23.9
+    # nats at 2000 steps (302 CPU-s; docs/tuning_notes.md, Fast & Slow, Slow)
+    image_init: str = "pixel_stem"
+    stem_steps: int = 400  # the pixel stem's pre-training steps (PixelStemConfig.max_steps; cached, shared)
+    stem_head_pool: str = "cells"  # how the stem's heads read its map in pre-training (PixelStemConfig.head_pool)
 
-    SMOKE: ClassVar[dict] = {"max_steps": 30, "batch_size": 16, "hidden": 32, "channels": (8, 16, 32)}
+    SMOKE: ClassVar[dict] = {"max_steps": 30, "batch_size": 16, "hidden": 32, "channels": (8, 16, 32),
+                             "stem_steps": 20}
 
     def __post_init__(self):
         self.channels = tuple(int(c) for c in self.channels)
         if len(self.channels) != 3 or self.visual_size not in (4, 8, 16):
             raise ValueError(f"channels must be 3 widths and visual_size 4, 8 or 16, got {self.channels} and "
                              f"{self.visual_size}")
+        if self.image_init not in IMAGE_INITS or self.stem_head_pool not in HEAD_POOLS:
+            raise ValueError(f"image_init must be one of {IMAGE_INITS} and stem_head_pool one of {HEAD_POOLS}, got "
+                             f"{self.image_init!r} and {self.stem_head_pool!r}")
 
 
 @dataclass
@@ -113,7 +124,11 @@ class FastConfig(CourseConfig):
     # defaults (64 wide, 2000 steps) the stem raised val t2i R@1 from 5.9 to 7.6 at the same CPU time:
     # real, but far from what one vector can do; train[:1000] ran ahead of val (docs/tuning_notes.md)
     image_init: str = "pixel_stem"
-    stem_steps: int = 400  # pixel_stem pre-training steps (PixelStemConfig.max_steps; its other fields default)
+    stem_steps: int = 400  # pixel_stem pre-training steps (PixelStemConfig.max_steps)
+    # how the stem's heads read its 4x4 map in pre-training (PixelStemConfig.head_pool). "cells": val t2i / i2t
+    # R@1 13.4 / 16.7 after the 4,000 steps (test 13.6 / 18.6) against 12.7 with "flatten" (test 12.0)
+    # (docs/tuning_notes.md, Fast & Slow)
+    stem_head_pool: str = "cells"
     # image_init="pixel_stem" only: True keeps the stem's CNN as it is (weights and BatchNorm statistics)
     # and trains the rest; False fine-tunes it too. Frozen cost 40% of the CPU time but scored lower
     # (val t2i R@1 6.2 against 7.8 at 2000 steps): the flattened projection memorised the training
@@ -172,8 +187,9 @@ class FastConfig(CourseConfig):
         if self.image_pool not in IMAGE_POOLS or self.text_tower not in TEXT_TOWERS:
             raise ValueError(f"image_pool must be one of {IMAGE_POOLS} and text_tower one of {TEXT_TOWERS}, got "
                              f"{self.image_pool!r} and {self.text_tower!r}")
-        if self.image_init not in IMAGE_INITS:
-            raise ValueError(f"image_init must be one of {IMAGE_INITS}, got {self.image_init!r}")
+        if self.image_init not in IMAGE_INITS or self.stem_head_pool not in HEAD_POOLS:
+            raise ValueError(f"image_init must be one of {IMAGE_INITS} and stem_head_pool one of {HEAD_POOLS}, got "
+                             f"{self.image_init!r} and {self.stem_head_pool!r}")
         if self.distill_candidates not in DISTILL_CANDIDATES or self.distill_top_k < 2:
             raise ValueError(f"distill_candidates must be one of {DISTILL_CANDIDATES} and distill_top_k >= 2, got "
                              f"{self.distill_candidates!r} and {self.distill_top_k}")
@@ -289,7 +305,7 @@ class SlowModel(nn.Module):
 
 # ----------------------------------------------------------------------------- the Fast model
 
-class FastModel(nn.Module):
+class FastModel(StemBackboneModule):
     """The Fast dual encoder: encode_images(batch) -> f(x) (B, E) = Linear(the CNN's 4x4 map, mean
     pooled or flattened: config.image_pool); encode_texts(batch) -> g(y) (B, E) = MLP(the text
     tower's pooled vector: mean of word embeddings, or a transformer's [CLS]); no normalisation
@@ -302,7 +318,7 @@ class FastModel(nn.Module):
         super().__init__()
         c = self.config = config or FastConfig()
         self.backbone = ConvBackbone(c.channels)
-        self.backbone.requires_grad_(not self.frozen_backbone)  # frozen: the Trainer's optimizer skips it
+        self.freeze_backbone()
         cells = 1 if c.image_pool == "mean" else 16  # the 4x4 map of 32-pixel images
         self.image_proj = nn.Linear(c.channels[2] * cells, c.embed_dim)
         self.text = (BagOfWordsEncoder(vocab_size, c.hidden, special) if c.text_tower == "bow" else
@@ -313,12 +329,6 @@ class FastModel(nn.Module):
     def frozen_backbone(self) -> bool:
         """Whether the CNN is the pixel stem's, kept as it is (config.freeze_stem)."""
         return self.config.image_init == "pixel_stem" and self.config.freeze_stem
-
-    def train(self, mode: bool = True) -> FastModel:
-        super().train(mode)
-        if self.frozen_backbone:  # BatchNorm keeps the stem's running statistics
-            self.backbone.eval()
-        return self
 
     def encode_images(self, batch: dict) -> torch.Tensor:
         grid = self.backbone(batch["pixels"])[2]  # (B, C, 4, 4)

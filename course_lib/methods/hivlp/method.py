@@ -18,7 +18,6 @@ re-scored by lesson 02's cross-encoder, the paper's "+CM" with our cross-encoder
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -40,8 +39,8 @@ from course_lib.methods.base import (
     query_indices,
     retrieval_evaluator,
 )
-from course_lib.methods.hivlp.model import HiVLP, HiVLPConfig, build_hivlp, stem_config
-from course_lib.methods.pixel_stem import stem_checkpoint_file, train_pixel_stem
+from course_lib.methods.hivlp.model import HiVLP, HiVLPConfig, build_hivlp
+from course_lib.methods.pixel_stem import load_stem_backbone, stem_checkpoint_file, stem_checkpoint_path, stem_config
 from course_lib.methods.hivlp.search import SURVIVORS, coarse_to_fine
 from course_lib.methods.registry import register_method
 from course_lib.methods.rerank import Cascade
@@ -110,11 +109,9 @@ def train_hivlp(bench: dict, tokenizer, config: HiVLPConfig | None = None, *, ch
     c = config or HiVLPConfig()
     seed_everything(c.seed)
     model = build_hivlp(c, bench["train"], tokenizer)
-    if uses_pixel_stem(c):
-        stem, _ = train_pixel_stem(bench, stem_config(c), checkpoint_path=stem_checkpoint, evaluate_on=None,
-                                   progress=progress, device=device)
-        model.image_tower.backbone.load_state_dict(stem.backbone.state_dict())
-        seed_everything(c.seed)  # the same training whether the stem was trained here or loaded
+    if uses_pixel_stem(c):  # (the Trainer re-seeds: the same training whether the stem was trained here or loaded)
+        load_stem_backbone(model.image_tower.backbone, bench, c, checkpoint_path=stem_checkpoint, progress=progress,
+                           device=device)
     evaluate = retrieval_evaluator(evaluate_on, lambda m, split: last_level_scores(m, split, tokenizer))
     history = fit_pairs(model, hivlp_loss, bench["train"], tokenizer, c, modality=c.image_input,
                         image_size=c.image_size, max_text_length=c.max_text_length, evaluate=evaluate,
@@ -164,10 +161,9 @@ class HiVLPMethod(DualEncoderMethod):
         return () if stem is None else (stem,)
 
     def train(self, bench: dict, tokenizer, checkpoint_path, cache_dir):
-        stem = self.stem_checkpoint_file(bench)
-        stem_checkpoint = Path(cache_dir) / stem if cache_dir is not None and stem is not None else None
         return train_hivlp(bench, tokenizer, self.config, checkpoint_path=checkpoint_path,
-                           stem_checkpoint=stem_checkpoint, progress=self.progress,
+                           stem_checkpoint=stem_checkpoint_path(cache_dir, self.stem_checkpoint_file(bench)),
+                           progress=self.progress,
                            **self.learning_curve(bench, self.config.max_steps))
 
     def states(self, split) -> HiVLPStates:

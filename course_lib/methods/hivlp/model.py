@@ -13,8 +13,8 @@ through that level's own MLP, the Early Output Layer, to width d_l; widths grow 
     L_LRM   = VMLM on the text tower's last block, each masked word + h_V0 (eq. 4: LightningDOT's)
 
 Retrieval (§3.4, course_lib.methods.hivlp.method): level 1 scores every candidate at width d_1 and keeps N2,
-level 2 re-scores those at d_2 and keeps N3, the last level orders the N3. `cascade_cost` is the
-paper's time model and a multiply-add count of ours.
+level 2 re-scores those at d_2 and keeps N3, the last level orders the N3. Its cost (the
+paper's time model and a multiply-add count of ours) is in course_lib.methods.hivlp.cost.
 
 Where the paper is silent, our choices (the notebook says them too):
 - Sizes: hidden 128 (LightningDOT's), a 2-block image tower over the 16 grid tokens (or a 6-block ViT over
@@ -44,7 +44,7 @@ Where the paper is silent, our choices (the notebook says them too):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
@@ -61,7 +61,7 @@ from course_lib.core.losses import VMLM, batch_scores, contrastive_loss, mask_to
 from course_lib.core.settings import CourseConfig
 from course_lib.core.tokens import WORD_SPECIAL_TOKENS, SpecialTokens
 from course_lib.data.render import uniter_boxes
-from course_lib.methods.pixel_stem import ConvBackbone, PixelStemConfig
+from course_lib.methods.pixel_stem import HEAD_POOLS, ConvBackbone, StemBackboneModule, stem_config
 
 IMAGE_INPUTS = ("pixels", "regions")
 STEMS = ("pixel_stem", "patch", "conv")
@@ -86,6 +86,10 @@ class HiVLPConfig(CourseConfig):
     # 2.2 against 5.3 after 4,000 steps, at 28% more CPU time (docs/tuning_notes.md, HiVLP)
     freeze_stem: bool = True
     stem_steps: int = 400  # the pixel stem's pre-training steps (PixelStemConfig.max_steps; cached, paid once)
+    # how the stem's heads read its map in pre-training (PixelStemConfig.head_pool). "cells" (each cell read in
+    # place) makes each grid token carry its own cell: val t2i R@1 11.8 against 6.0 with "flatten" after 4,000 steps
+    # (docs/tuning_notes.md, HiVLP)
+    stem_head_pool: str = "cells"
     backbone: str | None = None  # a timm ViT name for real data (e.g. "vit_base_patch16_224"); None = the course's
     pretrained: bool = False  # load the timm backbone's pretrained weights (needs internet or a cache)
     image_size: int | None = None  # resize pixels to this side (real images: e.g. 224); None = as stored (32)
@@ -113,8 +117,9 @@ class HiVLPConfig(CourseConfig):
     def __post_init__(self):
         if self.image_input not in IMAGE_INPUTS:
             raise ValueError(f"image_input must be one of {IMAGE_INPUTS}, got {self.image_input!r}")
-        if self.stem not in STEMS:
-            raise ValueError(f"stem must be one of {STEMS}, got {self.stem!r}")
+        if self.stem not in STEMS or self.stem_head_pool not in HEAD_POOLS:
+            raise ValueError(f"stem must be one of {STEMS} and stem_head_pool one of {HEAD_POOLS}, got {self.stem!r} "
+                             f"and {self.stem_head_pool!r}")
         if self.stem == "pixel_stem" and (self.backbone is not None or self.image_size is not None):
             raise ValueError("the pixel stem is pre-trained on the course's 32x32 synthetic scenes: with a timm "
                              "backbone or resized (real) images set stem='patch'")
@@ -203,11 +208,6 @@ class ViTTower(nn.Module):
         return [torch.cat([prefix, patches], dim=1) for patches, prefix in states]  # (B, 1 + P, C) each
 
 
-def stem_config(config: HiVLPConfig) -> PixelStemConfig:
-    """The pixel stem a HiVLP of this config starts from (stem="pixel_stem"): stem_steps, the same seed."""
-    return PixelStemConfig(max_steps=config.stem_steps, seed=config.seed)
-
-
 def grid_boxes(side: int) -> torch.Tensor:
     """The (side * side, 7) boxes of a side x side grid over the image, row by row, as a detector's
     region boxes (x1, y1, x2, y2, w, h, area; normalised): a grid token's only position information."""
@@ -216,7 +216,7 @@ def grid_boxes(side: int) -> torch.Tensor:
     return torch.from_numpy(uniter_boxes(xyxy))
 
 
-class StemGridTower(nn.Module):
+class StemGridTower(StemBackboneModule):
     """The pre-trained pixel stem's last map as grid tokens, read by the course's region transformer:
 
         pixels (B, 3, 32, 32) -> ConvBackbone -> (B, C, 4, 4) -> 16 tokens (B, 16, C), each with its
@@ -225,25 +225,27 @@ class StemGridTower(nn.Module):
     The backbone's weights come from the pixel stem (method.train_hivlp loads them); frozen
     (config.freeze_stem) it keeps the stem's BatchNorm statistics and gets no gradient."""
 
+    side = 4  # the stem's last map is 4x4 on the course's 32x32 images (three stride-2 stages)
+
     def __init__(self, config: HiVLPConfig):
         super().__init__()
         c = config
         self.backbone = ConvBackbone(stem_config(c).channels)
-        self.backbone.requires_grad_(not c.freeze_stem)  # frozen: the Trainer's optimizer skips it
+        self.frozen_backbone = c.freeze_stem
+        self.freeze_backbone()
         self.encoder = RegionTransformerEncoder(self.backbone.out_dim, c.hidden, c.image_layers, c.heads, c.dropout)
-        self.width, self.depth, self.frozen = c.hidden, c.image_layers, c.freeze_stem
-
-    def train(self, mode: bool = True) -> "StemGridTower":
-        super().train(mode)
-        if self.frozen:  # BatchNorm keeps the stem's running statistics
-            self.backbone.eval()
-        return self
+        self.width, self.depth = c.hidden, c.image_layers
+        # the same boxes for every image: built once, moved with the model, never saved
+        self.register_buffer("boxes", grid_boxes(self.side).float(), persistent=False)  # (16, 7)
 
     def forward(self, batch: dict) -> list[torch.Tensor]:
         grid = self.backbone(batch["pixels"])[-1]  # (B, C, s, s)
         B, C, side, _ = grid.shape
+        if side != self.side:
+            raise ValueError(f"the pixel stem's map is {side}x{side}, the grid's boxes {self.side}x{self.side}: the "
+                             "stem reads the course's 32x32 images (for other sizes set stem='patch')")
         tokens = grid.flatten(2).transpose(1, 2)  # (B, s*s, C), row by row as grid_boxes
-        boxes = grid_boxes(side).to(tokens).expand(B, -1, -1)  # (B, s*s, 7)
+        boxes = self.boxes.to(tokens.dtype).expand(B, -1, -1)  # (B, s*s, 7)
         regions = {"regions": tokens, "boxes": boxes, "region_mask": tokens.new_ones(B, side * side, dtype=torch.bool)}
         return self.encoder(regions, return_layers=True).layers
 
@@ -353,73 +355,6 @@ def hrl_loss(image_levels, text_levels) -> torch.Tensor:
     return hrl_sum(contrastive_loss(batch_scores(i, t)) for i, t in zip(image_levels, text_levels))
 
 
-# ----------------------------------------------------------------------------- cost model
-
-@dataclass
-class CostModel:
-    """The paper's time model (§3.4) in units of one multiply: an encoder block costs t_e, one
-    similarity at width d costs d. Flat: all blocks, then N similarities at the last width; the
-    cascade: the blocks up to level 1, then at each level the larger of (the next blocks, this
-    level's similarities) as both run in parallel, then the last level's similarities."""
-
-    n_layers: int = 12  # encoder blocks of the query tower
-    level_layers: tuple = (4, 8, 12)  # the block each level reads
-    widths: tuple = (128, 300, 768)  # d_l
-    t_e: float = 1e3  # the cost of one encoder block
-    notes: dict = field(default_factory=dict)
-
-    def flat(self, n: int) -> float:
-        return self.n_layers * self.t_e + n * self.widths[-1]
-
-    def cascade(self, candidates) -> float:
-        """candidates: (N_1, ..., N_L), the items scored at each level (N_1 = the gallery)."""
-        if len(candidates) != len(self.widths):
-            raise ValueError(f"one candidate count per level: {len(self.widths)} levels, got {list(candidates)}")
-        blocks = [b - a for a, b in zip((0,) + tuple(self.level_layers), self.level_layers)]  # per segment
-        total = blocks[0] * self.t_e
-        for l in range(len(self.widths) - 1):
-            total += max(blocks[l + 1] * self.t_e, candidates[l] * self.widths[l])
-        return total + candidates[-1] * self.widths[-1]
-
-
-def cascade_cost(n: int, survivors=(1000, 100), model: CostModel | None = None) -> dict:
-    """{"flat", "cascade", "speedup"} of the time model for a gallery of n with the given survivor
-    counts (N_2, N_3, ...), each capped at the previous count."""
-    model = model or CostModel()
-    counts = [n]
-    for keep in survivors:
-        counts.append(min(keep, counts[-1]))
-    flat, cascade = model.flat(n), model.cascade(counts)
-    return {"n": n, "candidates": counts, "flat": flat, "cascade": cascade, "speedup": flat / cascade}
-
-
-def encoder_multiply_adds(tokens: int, hidden: int, layers: int) -> int:
-    """Multiply-adds of `layers` pre-LN blocks over `tokens` tokens of width `hidden` (MLP 4H):
-    per block, Q/K/V/out projections 4·T·H², attention scores and mixing 2·T²·H, MLP 8·T·H²."""
-    return layers * (12 * tokens * hidden * hidden + 2 * tokens * tokens * hidden)
-
-
-def eol_multiply_adds(hidden: int, widths) -> int:
-    """Multiply-adds of the EOL MLPs of one query: H·H + H·d_l per level."""
-    return sum(hidden * hidden + hidden * w for w in widths)
-
-
-def query_multiply_adds(n: int, *, tokens: int, hidden: int, layers: int, widths, survivors=()) -> dict:
-    """Multiply-adds of one query: the encoder (all `layers` blocks and the EOLs) plus similarities:
-    flat = n at the last width; cascade = n at d_1, then survivors[l] at d_{l+2}. {"encoder",
-    "flat_similarity", "cascade_similarity", "flat", "cascade"}."""
-    if len(survivors) != len(widths) - 1:
-        raise ValueError(f"{len(widths)} levels need {len(widths) - 1} survivor counts, got {list(survivors)}")
-    encoder = encoder_multiply_adds(tokens, hidden, layers) + eol_multiply_adds(hidden, widths)
-    counts = [n]
-    for keep in survivors:
-        counts.append(min(keep, counts[-1]))
-    flat_sim = n * widths[-1]
-    cascade_sim = sum(c * w for c, w in zip(counts, widths))
-    return {"encoder": encoder, "flat_similarity": flat_sim, "cascade_similarity": cascade_sim,
-            "flat": encoder + flat_sim, "cascade": encoder + cascade_sim}
-
-
 def build_hivlp(config: HiVLPConfig, split, tokenizer) -> HiVLP:
     """A fresh HiVLP for the split's image input (its region feature size) and the vocabulary."""
     region_dim = None
@@ -433,6 +368,5 @@ def build_hivlp(config: HiVLPConfig, split, tokenizer) -> HiVLP:
     return HiVLP(config, len(tokenizer), region_dim, special=SpecialTokens.of(tokenizer))
 
 
-__all__ = ["HiVLPConfig", "HiVLP", "EarlyOutput", "ViTTower", "StemGridTower", "RegionTower", "stem_config", "grid_boxes", "level_layers", "hrl_loss",
-           "hrl_sum", "CostModel", "cascade_cost", "encoder_multiply_adds", "eol_multiply_adds",
-           "query_multiply_adds", "build_hivlp", "IMAGE_INPUTS", "TRAIN_LEVELS"]
+__all__ = ["HiVLPConfig", "HiVLP", "EarlyOutput", "ViTTower", "StemGridTower", "RegionTower", "stem_config",
+           "grid_boxes", "level_layers", "hrl_loss", "hrl_sum", "build_hivlp", "IMAGE_INPUTS", "STEMS", "TRAIN_LEVELS"]

@@ -1,0 +1,81 @@
+"""HiVLP's cost of one query: the paper's time model (§3.4) and a multiply-add count of ours.
+
+    flat:    every block of the query tower, then N similarities at the last width d_L
+    cascade: the blocks up to level 1, then per level the larger of (the next blocks, this level's
+             similarities), as the paper runs both in parallel; N_l candidates at width d_l
+
+`cascade_cost` is the paper's model in units of one multiply (an encoder block costs t_e);
+`query_multiply_adds` counts ours for a given tower. Notebook 05 compares both with measured time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class CostModel:
+    """The paper's time model (§3.4) in units of one multiply: an encoder block costs t_e, one
+    similarity at width d costs d. Flat: all blocks, then N similarities at the last width; the
+    cascade: the blocks up to level 1, then at each level the larger of (the next blocks, this
+    level's similarities) as both run in parallel, then the last level's similarities."""
+
+    n_layers: int = 12  # encoder blocks of the query tower
+    level_layers: tuple = (4, 8, 12)  # the block each level reads
+    widths: tuple = (128, 300, 768)  # d_l
+    t_e: float = 1e3  # the cost of one encoder block
+    notes: dict = field(default_factory=dict)
+
+    def flat(self, n: int) -> float:
+        return self.n_layers * self.t_e + n * self.widths[-1]
+
+    def cascade(self, candidates) -> float:
+        """candidates: (N_1, ..., N_L), the items scored at each level (N_1 = the gallery)."""
+        if len(candidates) != len(self.widths):
+            raise ValueError(f"one candidate count per level: {len(self.widths)} levels, got {list(candidates)}")
+        blocks = [b - a for a, b in zip((0,) + tuple(self.level_layers), self.level_layers)]  # per segment
+        total = blocks[0] * self.t_e
+        for l in range(len(self.widths) - 1):
+            total += max(blocks[l + 1] * self.t_e, candidates[l] * self.widths[l])
+        return total + candidates[-1] * self.widths[-1]
+
+
+def cascade_cost(n: int, survivors=(1000, 100), model: CostModel | None = None) -> dict:
+    """{"flat", "cascade", "speedup"} of the time model for a gallery of n with the given survivor
+    counts (N_2, N_3, ...), each capped at the previous count."""
+    model = model or CostModel()
+    counts = [n]
+    for keep in survivors:
+        counts.append(min(keep, counts[-1]))
+    flat, cascade = model.flat(n), model.cascade(counts)
+    return {"n": n, "candidates": counts, "flat": flat, "cascade": cascade, "speedup": flat / cascade}
+
+
+def encoder_multiply_adds(tokens: int, hidden: int, layers: int) -> int:
+    """Multiply-adds of `layers` pre-LN blocks over `tokens` tokens of width `hidden` (MLP 4H):
+    per block, Q/K/V/out projections 4·T·H², attention scores and mixing 2·T²·H, MLP 8·T·H²."""
+    return layers * (12 * tokens * hidden * hidden + 2 * tokens * tokens * hidden)
+
+
+def eol_multiply_adds(hidden: int, widths) -> int:
+    """Multiply-adds of the EOL MLPs of one query: H·H + H·d_l per level."""
+    return sum(hidden * hidden + hidden * w for w in widths)
+
+
+def query_multiply_adds(n: int, *, tokens: int, hidden: int, layers: int, widths, survivors=()) -> dict:
+    """Multiply-adds of one query: the encoder (all `layers` blocks and the EOLs) plus similarities:
+    flat = n at the last width; cascade = n at d_1, then survivors[l] at d_{l+2}. {"encoder",
+    "flat_similarity", "cascade_similarity", "flat", "cascade"}."""
+    if len(survivors) != len(widths) - 1:
+        raise ValueError(f"{len(widths)} levels need {len(widths) - 1} survivor counts, got {list(survivors)}")
+    encoder = encoder_multiply_adds(tokens, hidden, layers) + eol_multiply_adds(hidden, widths)
+    counts = [n]
+    for keep in survivors:
+        counts.append(min(keep, counts[-1]))
+    flat_sim = n * widths[-1]
+    cascade_sim = sum(c * w for c, w in zip(counts, widths))
+    return {"encoder": encoder, "flat_similarity": flat_sim, "cascade_similarity": cascade_sim,
+            "flat": encoder + flat_sim, "cascade": encoder + cascade_sim}
+
+
+__all__ = ["CostModel", "cascade_cost", "encoder_multiply_adds", "eol_multiply_adds", "query_multiply_adds"]
