@@ -66,13 +66,19 @@ def _models(spec: LaneSpec, data=None):
     return bench, tokenizer, own_models(methods)
 
 
-def recorded_cpu_seconds(method, bench, tokenizer) -> float:
-    """The training CPU-seconds the shipped model of this config recorded in its learning curve (the
+def recorded_cpu_seconds(method, bench, tokenizer, folder=None) -> float:
+    """The training CPU-seconds the shipped model of this method recorded in its learning curve (the
     largest `cpu_seconds` of each history it holds, summed), or 0 when none is recorded: a rough
-    cost, used only to start the longest trainings first."""
-    folder = shipped.SHIPPED_MODELS
+    cost, used only to start the longest trainings first. When the method's current file is not
+    shipped (its code or config changed since), the file the manifest lists under the same method
+    name stands in: a stale model's cost is still the best guess, and without it a retrain after a
+    code change would start its longest models last."""
+    folder = Path(folder or shipped.SHIPPED_MODELS)
     try:
         name, _ = method.shipping_entry(bench, tokenizer)
+        if not (folder / name).exists():
+            listed = [n for n, e in shipped.read_manifest(folder)["files"].items() if e.get("method") == method.name]
+            name = listed[0] if listed else name
         history = torch.load(folder / name, map_location="cpu", weights_only=False)["history"]
     except (OSError, KeyError, RuntimeError):
         return 0.0

@@ -151,3 +151,25 @@ def test_jobs_below_one_are_refused(tmp_path, capsys):
     with pytest.raises(SystemExit):
         benchmark.main(["--smoke", "--jobs", "0", "--out", str(tmp_path)])
     assert "--jobs must be at least 1" in capsys.readouterr().err
+
+
+def test_recorded_cost_falls_back_to_the_stale_file_of_the_same_method(tmp_path):
+    """Regression: after a code change no shipped file had the method's current name, so every changed
+    model cost 0 and a retrain started its longest model (HiVLP over pixels) late."""
+    import json
+
+    class Stub:
+        name = "hivlp-flat"
+
+        @staticmethod
+        def shipping_entry(bench, tokenizer):
+            return "hivlp-new.pt", {}
+
+    history = [{"step": 1, "loss": 1.0}, {"step": 2, "eval": True, "cpu_seconds": 40.0},
+               {"step": 4, "eval": True, "cpu_seconds": 90.0}]
+    torch.save({"history": history}, tmp_path / "hivlp-old.pt")
+    (tmp_path / "manifest.json").write_text(json.dumps({"files": {"hivlp-old.pt": {"method": "hivlp-flat"},
+                                                                  "other.pt": {"method": "vsepp"}}}))
+    assert training_lanes.recorded_cpu_seconds(Stub(), None, None, folder=tmp_path) == 90.0
+    Stub.name = "fast"  # nothing listed under its name: no recorded cost
+    assert training_lanes.recorded_cpu_seconds(Stub(), None, None, folder=tmp_path) == 0.0
