@@ -1,7 +1,8 @@
 """A pixel stem pre-trained on the scenes' ground truth: the miniature's ImageNet (or its detector).
 
-The papers' pixel models start from backbones trained elsewhere (Fast & Slow: ResNet-50 v2; HiVLP:
-a ViT); without one, our CNNs learn to see from scratch inside a few thousand retrieval steps. So a
+HiVLP's ViT starts from pre-trained weights; Fast & Slow trains its ResNet-50s from scratch, but on
+COCO or Conceptual Captions (2.7M images) before Flickr30k. On our 10,000 training scenes a CNN from
+scratch must learn to see inside a few thousand retrieval steps. So (our choice, for all three) a
 small stem is pre-trained once, on bench["pretrain"]'s rendered scenes (a corpus of its own, never
 the retrieval splits), against what sits in each cell of the 3x3 grid (data.scenes.Scenes):
 
