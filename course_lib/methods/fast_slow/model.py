@@ -84,8 +84,8 @@ class SlowConfig(CourseConfig):
     warmup_fraction: float = 0.05  # share of steps warming up; then linear decay to 0
     grad_clip: float = 2.0  # max gradient norm (paper: 100)
     seed: int = 0  # model initialisation and data order
-    # where phi(x)'s CNN starts: "pixel_stem" (the cached pixel stem, as Fast's and HiVLP's; fine-tuned with the
-    # decoders, as the paper fine-tunes its backbone) or "scratch". From the stem: test t2i R@1 / R@5 38.0 / 72.0 on
+    # where phi(x)'s CNN starts: "pixel_stem" (the cached pixel stem, as Fast's and HiVLP's, trained on with the
+    # decoders) or "scratch" (the paper's ResNet-50 starts from scratch, on millions of images). From the stem: test t2i R@1 / R@5 38.0 / 72.0 on
     # the benchmark's 250 sampled queries against 32.0 / 69.6 from scratch, summed training loss 22.3 against 23.9
     # nats at 2000 steps (302 CPU-s; docs/tuning_notes.md, Fast & Slow, Slow)
     image_init: str = "pixel_stem"
