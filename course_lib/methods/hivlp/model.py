@@ -26,8 +26,9 @@ Where the paper is silent, our choices (the notebook says them too):
   it ended 1.2 points of val t2i R@1 lower after 4,000 steps: docs/tuning_notes.md).
 - The image tower over pixels starts from a pre-trained backbone, as the paper's ViT does: ours is the course's
   pixel stem (course_lib.methods.pixel_stem, pre-trained on the pre-training split's scenes against what sits in
-  each cell, its heads reading each cell where it is on the map: `stem_head_pool="cells"`), kept frozen, whose 4x4 map becomes 16 grid tokens (each with its cell's box, as a region has) read by
-  LightningDOT's 2-block region transformer (`stem="pixel_stem"`, the default; "grid features"). The paper's ViT from
+  each cell, its heads reading each cell where it is on the map: `stem_head_pool="cells"`), kept frozen, whose
+  4x4 map becomes 16 grid tokens (each with its cell's box, as a region has) read by LightningDOT's 2-block region
+  transformer (`stem="pixel_stem"`, the default; "grid features"). The paper's ViT from
   random weights (`stem="patch"`, 6 blocks over 8x8 patches; `stem="conv"` with a convolutional stem) learned
   to see too slowly here: val t2i R@1 3.0 after 4,000 steps and 45 CPU-minutes, against about 6 from the stem in
   half the time (docs/tuning_notes.md).
