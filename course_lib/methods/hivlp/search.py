@@ -17,9 +17,6 @@ import torch
 SURVIVORS = (1000, 100)  # N2, N3: the paper's defaults for every evaluation set but COCO-full
 
 
-# ----------------------------------------------------------------------------- cached levels
-
-
 def select_top_k(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(values, indices) of each row's k largest scores, best first: torch.topk's answer.
 
@@ -85,12 +82,6 @@ def coarse_to_fine(gallery_levels, query_levels, survivors=SURVIVORS, top_k: int
         top = torch.topk(values, min(counts[l], values.shape[1]), dim=1)
         indices, values = indices.gather(1, top.indices), top.values  # (Q, counts[l])
     return indices, values
-
-
-# ----------------------------------------------------------------------------- training
-
-
-# ----------------------------------------------------------------------------- methods
 
 
 __all__ = ["SURVIVORS", "coarse_to_fine", "rescore", "select_top_k", "flat_search"]
