@@ -30,8 +30,8 @@ Where the paper is silent, our choices (the notebook says them too):
   4x4 map becomes 16 grid tokens (each with its cell's box, as a region has) read by LightningDOT's 2-block region
   transformer (`stem="pixel_stem"`, the default; "grid features"). The paper's ViT from
   random weights (`stem="patch"`, 6 blocks over 8x8 patches; `stem="conv"` with a convolutional stem) learned
-  to see too slowly here: val t2i R@1 3.0 after 4,000 steps and 45 CPU-minutes, against about 6 from the stem in
-  half the time (docs/tuning_notes.md).
+  to see too slowly here: val t2i R@1 3.0 after 4,000 steps and 45 CPU-minutes, against 12.0 from the stem in
+  24 (6.0 from a stem whose heads read the whole map at once; docs/tuning_notes.md).
 - LRM's image term h_V0 is the last image block's [IMG] state (eq. 4 writes h_V0^l with no l).
 - LRM is added to L_HRL with weight `lrm_weight` (the paper gives no weights). It is 0 by default: in
   our calibration runs it slowed the alignment and made each step slower (docs/tuning_notes.md says
@@ -84,7 +84,7 @@ class HiVLPConfig(CourseConfig):
     # ViT with stride-2 3x3 convolutions down to the patches)
     stem: str = "pixel_stem"
     # keep the pre-trained stem as it is (stem="pixel_stem"). Fine-tuned at the towers' rate it did worse: val t2i R@1
-    # 2.2 against 5.3 after 4,000 steps, at 28% more CPU time (docs/tuning_notes.md, HiVLP)
+    # 2.2 against 5.3 after 4,000 steps, at 28% more CPU time (the "flatten" stem; docs/tuning_notes.md, HiVLP)
     freeze_stem: bool = True
     stem_steps: int = 400  # the pixel stem's pre-training steps (PixelStemConfig.max_steps; cached, paid once)
     # how the stem's heads read its map in pre-training (PixelStemConfig.head_pool). "cells" (each cell read in
