@@ -354,7 +354,7 @@ def test_select_top_k_is_topk(n, k):
 
 
 def test_tiled_levels_and_similarity_times():
-    from course_lib.core.retrieval import tile_rows
+    from course_lib.core.tiling import tile_rows
     from course_lib.studies.hivlp_cascade import similarity_times
 
     torch.manual_seed(4)

@@ -14,11 +14,12 @@ import numpy as np
 import pytest
 import torch
 
+import course_lib.core.index_eval as index_eval
 import course_lib.core.retrieval as retrieval
+from course_lib.core.index_eval import (embedding_bytes, index_tradeoff, recall_vs_exact,
+                                   time_single_queries, topk_recall)
 from course_lib.core.retrieval import (INDEX_KINDS, as_float32_matrix, brute_force_topk, build_index,
-                                  current_params, embedding_bytes, index_params, index_tradeoff,
-                                  recall_vs_exact, search, set_search_params, time_single_queries,
-                                  topk_recall)
+                                  current_params, index_params, search, set_search_params)
 from course_lib.core.timing import TimingResult
 
 
@@ -306,7 +307,7 @@ def test_recall_vs_exact_matches_brute_force(unit_data):
 def test_index_tradeoff_rows():
     gallery, queries = random_embeddings(500, 32, seed=18), random_embeddings(20, 32, seed=19)
     rows = index_tradeoff(gallery, queries, k=5, warmup=1, repeats=3)
-    configs = retrieval.DEFAULT_TRADEOFF_CONFIGS
+    configs = index_eval.DEFAULT_TRADEOFF_CONFIGS
     assert [row["kind"] for row in rows] == [kind for kind, _ in configs]
     assert {kind for kind, _ in configs} == {"flat", "ivf", "hnsw"}
     for row in rows:
@@ -338,7 +339,7 @@ def test_index_tradeoff_times_one_query_at_a_time(monkeypatch):
         return TimingResult.from_times([4.0, 1.0, 2.0], "cpu")  # median 2 ms
 
     monkeypatch.setattr(faiss.IndexFlatIP, "search", spy_search)
-    monkeypatch.setattr(retrieval, "measure", fake_measure)
+    monkeypatch.setattr(index_eval, "measure", fake_measure)
     (row,) = index_tradeoff(gallery, queries, k=3, configs=[("flat", {})], warmup=2, repeats=9)
     assert timed == [(0, 1), (2, 9)]  # the build once, then the searches
     assert row["ms_per_query"] == 2.0 and row["build_s"] == 0.002

@@ -1,5 +1,6 @@
-"""Search over embedded galleries: exact and approximate FAISS indexes (PQ-compressed ones too),
-their brute-force reference, the recall/latency trade-off of the approximate ones, storage sizes.
+"""Search over embedded galleries: exact and approximate FAISS indexes (PQ-compressed ones too) and
+their brute-force reference. Measuring them (recall against exact search, latency, storage) is
+`course_lib.core.index_eval`; growing galleries for timing is `course_lib.core.tiling`.
 
 A dual encoder turns retrieval into maximum inner-product search: the gallery is embedded once,
 offline, and a query costs one text encoding plus a top-k over N dot products. FAISS does that
@@ -18,32 +19,25 @@ dot products, which the same index serves. `INDEX_KINDS` maps a name to a builde
     build_index(x, "ivfpq", m=16, nbits=8)      # IVF storing product-quantised codes (IVF-PQ)
     build_index(x, "hnswpq", m=16, nbits=8)     # HNSW over product-quantised codes
     set_search_params(index, nprobe=16)         # the search-time knob: more recall, more time
-    recall_vs_exact(index, exact, queries, k)   # k-recall@k against the flat index
-    index_tradeoff(gallery, queries)            # one row per setting: recall, ms per query, build s
 
 Product quantisation (PQ; Jégou et al., TPAMI 2011) cuts a vector into m sub-vectors and stores the
 id of each one's nearest of 2^nbits learnt centroids: m * nbits / 8 bytes instead of 4 * dim, with
-approximate scores. `embedding_bytes` measures what an index stores: one vector per item instead of
-region features (LightningDOT §1: 768 floats per image vs 36 x 2048); course_lib.studies.index_scale
-measures all of this on galleries of millions.
+approximate scores.
 """
 
 from __future__ import annotations
 
 import inspect
-import itertools
 import math
 import warnings
 from contextlib import contextmanager
-from typing import Callable, Sequence
+from typing import Callable
 
 import faiss
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from course_lib.core.settings import CourseNote
-from course_lib.core.timing import measure
 
 # FAISS k-means warns below this many training points per centroid; IVF's nlist is capped by it
 MIN_POINTS_PER_LIST = 39
@@ -324,141 +318,5 @@ def current_params(index: faiss.Index) -> dict:
     return params
 
 
-def topk_recall(found_ids, exact_ids) -> float:
-    """k-recall@k from ids: the mean fraction of each row of exact_ids (Q, k) that the same row of
-    found_ids (Q, k') holds (-1 = nothing found), in [0, 1]."""
-    exact, found = np.asarray(exact_ids), np.asarray(found_ids)
-    if exact.ndim != 2 or found.ndim != 2 or len(exact) != len(found):
-        raise ValueError(f"need found (Q, k') and exact (Q, k) ids of the same Q queries, got "
-                         f"shapes {found.shape} and {exact.shape}")
-    hit = (exact[:, :, None] == found[:, None, :]).any(axis=2)  # (Q, k): exact hit returned?
-    return float(hit.mean())
-
-
-def recall_vs_exact(index: faiss.Index, exact_index: faiss.Index, queries, k: int) -> float:
-    """k-recall@k of the ANN benchmarks: the mean fraction of each query's exact top-k that
-    `index` also returns in its top-k, in [0, 1].
-
-    exact_index (usually build_index(gallery, "flat")) must number the gallery like `index`. k is
-    capped at exact_index.ntotal. Items are matched by id, so an exact tie at the k-th place may
-    count as a miss.
-    """
-    if index.d != exact_index.d:
-        raise ValueError(f"the indexes hold {index.d}-d and {exact_index.d}-d vectors; "
-                         "build both over the same gallery")
-    exact = search(exact_index, queries, k)[1]  # (Q, k)
-    approx = search(index, queries, exact.shape[1])[1]  # (Q, <= k); -1 where FAISS found too few
-    return topk_recall(approx, exact)
-
-
-def time_single_queries(index: faiss.Index, queries: np.ndarray, k: int, *, warmup: int = 5,
-                        repeats: int = 50):
-    """timing.measure of one query at a time (FAISS only, no input checks), cycling through the
-    rows of queries (Q, E) float32; k capped at index.ntotal. Returns the TimingResult."""
-    singles = itertools.cycle([queries[i:i + 1] for i in range(len(queries))])  # (1, E) each
-    k_eff = min(int(k), index.ntotal)
-    return measure(lambda: index.search(next(singles), k_eff), warmup=warmup, repeats=repeats)
-
-
-DEFAULT_TRADEOFF_CONFIGS: tuple[tuple[str, dict], ...] = (
-    ("flat", {}),
-    ("ivf", {"nprobe": 2}), ("ivf", {"nprobe": 8}), ("ivf", {"nprobe": 32}),
-    ("hnsw", {"ef_search": 16}), ("hnsw", {"ef_search": 64}), ("hnsw", {"ef_search": 256}),
-)
-
-
-def index_tradeoff(gallery, queries, k: int = 10,
-                   configs: Sequence[tuple[str, dict]] = DEFAULT_TRADEOFF_CONFIGS, *,
-                   repeats: int = 50, warmup: int = 5) -> list[dict]:
-    """Recall against exact search vs latency of one query, for each (kind, params) setting.
-
-    Each setting gets its own build_index(gallery, kind, **params). Rows, in the order of configs:
-    {"kind", "params" (all of them, defaults and clamping applied), "recall_at_k" (recall_vs_exact
-    over all queries), "ms_per_query" (median over `repeats` single-query searches, cycling
-    through the queries; FAISS only, without input checks), "build_s" (train + add, one run)}.
-    """
-    if not isinstance(k, (int, np.integer)) or k < 1:
-        raise ValueError(f"k must be an integer >= 1, got {k!r}")
-    exact = build_index(gallery, "flat")
-    q = as_float32_matrix(queries, "queries")  # (Q, E)
-    if len(q) == 0:
-        raise ValueError("index_tradeoff needs at least one query (got 0 rows)")
-    rows = []
-    for config in configs:
-        if not (isinstance(config, (tuple, list)) and len(config) == 2
-                and isinstance(config[1], dict)):
-            raise ValueError(f"each config must be a (kind, params dict) pair such as "
-                             f"('ivf', {{'nprobe': 4}}), got {config!r}")
-        kind, params = config
-        built = {}
-        build = measure(lambda: built.update(index=build_index(gallery, kind, **params)),
-                          warmup=0, repeats=1)
-        index = built["index"]
-        latency = time_single_queries(index, q, k, warmup=warmup, repeats=repeats)
-        rows.append({"kind": kind, "params": current_params(index),
-                     "recall_at_k": recall_vs_exact(index, exact, q, k),
-                     "ms_per_query": latency.median_ms, "build_s": build.median_ms / 1e3})
-    return rows
-
-
-def embedding_bytes(n_items: int, dim: int, dtype=np.float32) -> int:
-    """Bytes to store n_items vectors of dim numbers of dtype (numpy or torch dtype).
-
-    embedding_bytes(1, 768) = 3,072 (one LightningDOT image vector) vs embedding_bytes(36, 2048)
-    = 294,912 (its 36 region features): 96 x smaller, before any compression.
-    """
-    if n_items < 0 or dim < 0:
-        raise ValueError(f"n_items and dim must be >= 0, got {n_items} and {dim}")
-    itemsize = dtype.itemsize if isinstance(dtype, torch.dtype) else np.dtype(dtype).itemsize
-    return int(n_items) * int(dim) * itemsize
-
-
-# ----------------------------------------------------------------------------- galleries for timing
-_TILE_CHUNK = 1 << 16  # synthetic gallery rows generated at a time (memory)
-
-
-def tile_rows(rows, n: int, *, noise: float = 0.0, construction: str = "tiled", seed: int = 0,
-              progress: bool = False):
-    """A gallery of n rows grown from `rows` (N0, ...), for timing search at sizes we have no data for:
-    the N0 originals first (untouched), then synthetic rows. The one place the course tiles galleries.
-
-    noise = 0, "tiled": row i is rows[i mod N0] (any shape and dtype; a tensor stays a tensor).
-    noise > 0, "tiled": each copy moved by noise * (per-dimension std over rows) * N(0, 1), so copies
-        are not exact ties; rows must be a float (N0, E) matrix. "gaussian": rows drawn from
-        N(mean, cov) fitted to rows. Returns float32 (n, E), numpy or torch like `rows`.
-    """
-    if construction not in ("tiled", "gaussian"):
-        raise ValueError(f"construction must be 'tiled' or 'gaussian', got {construction!r}")
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1 or not noise >= 0:
-        raise ValueError(f"need a gallery size n >= 1 and noise >= 0, got n={n!r}, noise={noise!r}")
-    if isinstance(rows, torch.Tensor):
-        if len(rows) == 0:
-            raise ValueError("cannot tile an empty tensor")
-        if noise == 0 and construction == "tiled":  # (n, ...) plain copies, any shape and dtype
-            return rows.repeat(-(-n // len(rows)), *[1] * (rows.dim() - 1))[:n]
-        return torch.from_numpy(tile_rows(as_float32_matrix(rows, "rows"), n, noise=noise,
-                                          construction=construction, seed=seed, progress=progress))
-    base = as_float32_matrix(rows, "rows")  # (N0, E)
-    gallery = np.empty((n, base.shape[1]), dtype=np.float32)  # (n, E)
-    head = min(n, len(base))
-    gallery[:head] = base[:head]
-    rng = np.random.default_rng(seed)
-    scale = noise * base.std(axis=0)  # (E,)
-    mean = base.mean(axis=0)  # (E,)
-    if construction == "gaussian":  # x = mean + L eps with L L^T = cov (+ a ridge for safety)
-        cov = np.cov(base, rowvar=False) + 1e-6 * np.eye(base.shape[1])  # (E, E)
-        chol = np.linalg.cholesky(cov).astype(np.float32)
-    for start in tqdm(range(head, n, _TILE_CHUNK), desc=f"gallery {n:,}", disable=not progress, leave=False):
-        stop = min(n, start + _TILE_CHUNK)
-        eps = rng.standard_normal((stop - start, base.shape[1]), dtype=np.float32)  # (c, E)
-        if construction == "tiled":
-            gallery[start:stop] = base[np.arange(start, stop) % len(base)] + eps * scale
-        else:
-            gallery[start:stop] = mean + eps @ chol.T
-    return gallery
-
-
-__all__ = ["tile_rows", "INDEX_KINDS", "DEFAULT_TRADEOFF_CONFIGS", "as_float32_matrix", "build_index",
-           "index_params", "search", "set_search_params", "brute_force_topk", "recall_vs_exact",
-           "current_params", "topk_recall", "time_single_queries", "index_tradeoff",
-           "embedding_bytes", "blas_switch"]
+__all__ = ["INDEX_KINDS", "as_float32_matrix", "build_index", "index_params", "search", "set_search_params",
+           "brute_force_topk", "current_params", "blas_switch"]

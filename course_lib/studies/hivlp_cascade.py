@@ -1,5 +1,5 @@
 """HiVLP's time analysis (§3.4): the similarity work of one query, flat search at the last level's width
-against the coarse-to-fine cascade, on galleries of any size (core.retrieval.tile_rows grows them).
+against the coarse-to-fine cascade, on galleries of any size (core.tiling.tile_rows grows them).
 Notebook 05 runs it on galleries of up to 10^7 items."""
 
 from __future__ import annotations

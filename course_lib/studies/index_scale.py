@@ -8,7 +8,7 @@ queries, ms per query one at a time (median, timing.measure) and in one batch of
 latency as nprobe (IVF) or ef_search (HNSW) vary; float32 vs PQ code bytes per item; and the flat
 index's batched GFLOP/s (2 Q N E flops) as a fraction of a torch.mm of the same (Q, E) x (E, N).
 
-The gallery (core.retrieval.tile_rows): the synthetic benchmark's "full" image embeddings (12,000) by
+The gallery (core.tiling.tile_rows): the synthetic benchmark's "full" image embeddings (12,000) by
 LightningDOT first, so that true matches exist, then copies tiled with Gaussian noise of 0.25 x
 each dimension's std (with the trained model two distinct real images lie a median 3.7 such stds
 apart, two noisy copies of one 0.25 * sqrt(2 * 64) = 2.8: about as far as real neighbours), or
@@ -39,17 +39,16 @@ from tqdm.auto import tqdm
 from course_lib.core import settings
 from course_lib.core import shipped as shipped_models
 from course_lib.core.checkpoints import CHECKPOINTS
+from course_lib.core.index_eval import time_single_queries, topk_recall
 from course_lib.core.retrieval import (
     as_float32_matrix,
     blas_switch,
     build_index,
     current_params,
     set_search_params,
-    tile_rows,
-    time_single_queries,
-    topk_recall,
 )
 from course_lib.core.roofline import exact_search_flops, gflops  # noqa: F401 (re-exported: tests, notebooks)
+from course_lib.core.tiling import tile_rows
 from course_lib.core.timing import measure
 from course_lib.data.synthetic import SyntheticConfig, make_benchmark
 from course_lib.data.tokenizer import build_word_tokenizer

@@ -12,7 +12,7 @@ matrix product to batch into.
     rows = throughput(images, queries, sizes=(1_000, 12_000, 1_000_000), batches=(1, 32, 1_024))
     encoding = encode_throughput(encode_batch, captions, batches)
 
-The galleries are course_lib.core.retrieval.tile_rows of real embeddings (noisy copies beyond the
+The galleries are course_lib.core.tiling.tile_rows of real embeddings (noisy copies beyond the
 originals) and the HNSW graph is course_lib.studies.index_scale's (study_config), so this study
 measures the indexes that one builds, at the batch sizes it does not.
 """
@@ -25,7 +25,8 @@ from typing import Callable, Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
-from course_lib.core.retrieval import as_float32_matrix, blas_switch, build_index, tile_rows
+from course_lib.core.retrieval import as_float32_matrix, blas_switch, build_index
+from course_lib.core.tiling import tile_rows
 from course_lib.core.roofline import exact_search_flops
 from course_lib.core.timing import measure
 from course_lib.studies.index_scale import mm_gflops, study_config

@@ -1,0 +1,115 @@
+"""Measuring an index against exact search: k-recall@k, the latency of one query, the recall/latency
+trade-off of the approximate kinds, and what an index stores.
+
+    exact = build_index(gallery, "flat")                # course_lib.core.retrieval
+    recall_vs_exact(build_index(gallery, "hnsw"), exact, queries, k=10)   # in [0, 1]
+    index_tradeoff(gallery, queries)                    # one row per setting: recall, ms per query, build s
+    embedding_bytes(36, 2048)                           # LightningDOT §1: region features vs one vector
+
+course_lib.studies.index_scale measures all of this on galleries of millions.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Sequence
+
+import faiss
+import numpy as np
+import torch
+
+from course_lib.core.retrieval import as_float32_matrix, build_index, current_params, search
+from course_lib.core.timing import measure
+
+
+def topk_recall(found_ids, exact_ids) -> float:
+    """k-recall@k from ids: the mean fraction of each row of exact_ids (Q, k) that the same row of
+    found_ids (Q, k') holds (-1 = nothing found), in [0, 1]."""
+    exact, found = np.asarray(exact_ids), np.asarray(found_ids)
+    if exact.ndim != 2 or found.ndim != 2 or len(exact) != len(found):
+        raise ValueError(f"need found (Q, k') and exact (Q, k) ids of the same Q queries, got "
+                         f"shapes {found.shape} and {exact.shape}")
+    hit = (exact[:, :, None] == found[:, None, :]).any(axis=2)  # (Q, k): exact hit returned?
+    return float(hit.mean())
+
+
+def recall_vs_exact(index: faiss.Index, exact_index: faiss.Index, queries, k: int) -> float:
+    """k-recall@k of the ANN benchmarks: the mean fraction of each query's exact top-k that
+    `index` also returns in its top-k, in [0, 1].
+
+    exact_index (usually build_index(gallery, "flat")) must number the gallery like `index`. k is
+    capped at exact_index.ntotal. Items are matched by id, so an exact tie at the k-th place may
+    count as a miss.
+    """
+    if index.d != exact_index.d:
+        raise ValueError(f"the indexes hold {index.d}-d and {exact_index.d}-d vectors; "
+                         "build both over the same gallery")
+    exact = search(exact_index, queries, k)[1]  # (Q, k)
+    approx = search(index, queries, exact.shape[1])[1]  # (Q, <= k); -1 where FAISS found too few
+    return topk_recall(approx, exact)
+
+
+def time_single_queries(index: faiss.Index, queries: np.ndarray, k: int, *, warmup: int = 5,
+                        repeats: int = 50):
+    """timing.measure of one query at a time (FAISS only, no input checks), cycling through the
+    rows of queries (Q, E) float32; k capped at index.ntotal. Returns the TimingResult."""
+    singles = itertools.cycle([queries[i:i + 1] for i in range(len(queries))])  # (1, E) each
+    k_eff = min(int(k), index.ntotal)
+    return measure(lambda: index.search(next(singles), k_eff), warmup=warmup, repeats=repeats)
+
+
+DEFAULT_TRADEOFF_CONFIGS: tuple[tuple[str, dict], ...] = (
+    ("flat", {}),
+    ("ivf", {"nprobe": 2}), ("ivf", {"nprobe": 8}), ("ivf", {"nprobe": 32}),
+    ("hnsw", {"ef_search": 16}), ("hnsw", {"ef_search": 64}), ("hnsw", {"ef_search": 256}),
+)
+
+
+def index_tradeoff(gallery, queries, k: int = 10,
+                   configs: Sequence[tuple[str, dict]] = DEFAULT_TRADEOFF_CONFIGS, *,
+                   repeats: int = 50, warmup: int = 5) -> list[dict]:
+    """Recall against exact search vs latency of one query, for each (kind, params) setting.
+
+    Each setting gets its own build_index(gallery, kind, **params). Rows, in the order of configs:
+    {"kind", "params" (all of them, defaults and clamping applied), "recall_at_k" (recall_vs_exact
+    over all queries), "ms_per_query" (median over `repeats` single-query searches, cycling
+    through the queries; FAISS only, without input checks), "build_s" (train + add, one run)}.
+    """
+    if not isinstance(k, (int, np.integer)) or k < 1:
+        raise ValueError(f"k must be an integer >= 1, got {k!r}")
+    exact = build_index(gallery, "flat")
+    q = as_float32_matrix(queries, "queries")  # (Q, E)
+    if len(q) == 0:
+        raise ValueError("index_tradeoff needs at least one query (got 0 rows)")
+    rows = []
+    for config in configs:
+        if not (isinstance(config, (tuple, list)) and len(config) == 2
+                and isinstance(config[1], dict)):
+            raise ValueError(f"each config must be a (kind, params dict) pair such as "
+                             f"('ivf', {{'nprobe': 4}}), got {config!r}")
+        kind, params = config
+        built = {}
+        build = measure(lambda: built.update(index=build_index(gallery, kind, **params)),
+                          warmup=0, repeats=1)
+        index = built["index"]
+        latency = time_single_queries(index, q, k, warmup=warmup, repeats=repeats)
+        rows.append({"kind": kind, "params": current_params(index),
+                     "recall_at_k": recall_vs_exact(index, exact, q, k),
+                     "ms_per_query": latency.median_ms, "build_s": build.median_ms / 1e3})
+    return rows
+
+
+def embedding_bytes(n_items: int, dim: int, dtype=np.float32) -> int:
+    """Bytes to store n_items vectors of dim numbers of dtype (numpy or torch dtype).
+
+    embedding_bytes(1, 768) = 3,072 (one LightningDOT image vector) vs embedding_bytes(36, 2048)
+    = 294,912 (its 36 region features): 96 x smaller, before any compression.
+    """
+    if n_items < 0 or dim < 0:
+        raise ValueError(f"n_items and dim must be >= 0, got {n_items} and {dim}")
+    itemsize = dtype.itemsize if isinstance(dtype, torch.dtype) else np.dtype(dtype).itemsize
+    return int(n_items) * int(dim) * itemsize
+
+
+__all__ = ["topk_recall", "recall_vs_exact", "time_single_queries", "DEFAULT_TRADEOFF_CONFIGS",
+           "index_tradeoff", "embedding_bytes"]
