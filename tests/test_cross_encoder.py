@@ -24,6 +24,9 @@ from course_lib.methods.cross_encoder.itm import (GridCollate, grid_pairs, itc_h
 from course_lib.core.losses import listwise_loss
 from course_lib.core.metrics import retrieval_metrics
 from course_lib.methods.vsepp import VsePPConfig, VsePPMethod
+from course_lib.methods.scan.method import SCANMethod
+from course_lib.methods.scan.model import SCANConfig, build_scan
+from course_lib.shipping import own_models
 
 TOL = 1e-5
 # the `bench` fixture (tests/conftest.py, with `tok` over its train captions): SyntheticConfig.smoke sizes
@@ -32,11 +35,22 @@ BENCH_SIZES = dict(n_train=300, n_val=20, n_test=20, n_pretrain=2, n_composition
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: one torch thread
 
 
+def untrained_towers(split, tok, seed: int = 0):
+    """A SCAN model with random weights: what `towers="scan"` reads, for tests of the plumbing."""
+    torch.manual_seed(seed)
+    return build_scan(SCANConfig.smoke(), split, tok)
+
+
+def smoke_method(config, **kwargs) -> CrossEncoderMethod:
+    """A CrossEncoderMethod whose SCAN towers train for 3 steps (the default would train SCAN's own size)."""
+    return CrossEncoderMethod(config, towers=SCANMethod(SCANConfig.smoke(max_steps=3), progress=False), **kwargs)
+
+
 @pytest.fixture(scope="module")
 def model(bench, tok):
     torch.manual_seed(0)
     return CrossEncoder(bench["train"].regions.shape[-1], len(tok), CrossEncoderConfig.smoke(),
-                        pad_token_id=tok.pad_token_id).eval()
+                        pad_token_id=tok.pad_token_id, towers=untrained_towers(bench["train"], tok, seed=1)).eval()
 
 
 def pairs(split, tok, image_rows, text_rows):
@@ -54,7 +68,7 @@ def test_shapes_and_config(bench, tok, model):
     with pytest.raises(ValueError, match="max_text_length"):
         model(images, {k: v.repeat(1, 20) for k, v in texts.items()})
     assert isinstance(model.transformer, Transformer) and isinstance(model.region, RegionEmbedding)
-    other = CrossEncoder(8, 20, CrossEncoderConfig.smoke(), pad_token_id=3)  # the tokenizer's id
+    other = CrossEncoder(8, 20, CrossEncoderConfig.smoke(towers="none"), pad_token_id=3)  # the tokenizer's id
     assert other.word.padding_idx == 3 and not other.word.weight[3].any()
 
 
@@ -203,10 +217,11 @@ def test_short_training_beats_the_untrained_model(loss):
     # listwise: 8 captions x their images = 64 pairs a step; binary: 16 x 3 = 48
     config = CrossEncoderConfig.smoke(max_steps=300, batch_size=8 if loss == "listwise" else 16,
                                       loss=loss)
+    towers = untrained_towers(bench["train"], tok)  # random, frozen: the fusion layers must learn by themselves
     torch.manual_seed(config.seed)
     untrained = CrossEncoder(bench["train"].regions.shape[-1], len(tok), config,
-                             pad_token_id=tok.pad_token_id)
-    model, history = train_cross_encoder(bench, tok, config, progress=False, device="cpu")
+                             pad_token_id=tok.pad_token_id, towers=towers)
+    model, history = train_cross_encoder(bench, tok, config, towers=towers, progress=False, device="cpu")
     val = bench["val"]
     before = retrieval_metrics(score_matrix(untrained, val, tok, progress=False), val.txt2img)
     after = retrieval_metrics(score_matrix(model, val, tok, progress=False), val.txt2img)
@@ -225,21 +240,21 @@ def test_method_caches_its_checkpoint_and_calls_the_miner_only_to_train(bench, t
         return torch.rand(bench["train"].n_images, bench["train"].n_texts)
 
     config = CrossEncoderConfig.smoke(max_steps=3, hard_negative_fraction=0.5, loss="binary")
-    first = CrossEncoderMethod(config, miner=miner).fit(bench, tok, cache_dir=tmp_path)
+    first = smoke_method(config, miner=miner).fit(bench, tok, cache_dir=tmp_path)
     assert first.checkpoint_path.exists() and first.checkpoint_path.name.startswith("cross_encoder-")
     assert len(calls) == 1
     # with no hard negatives to draw, the miner is not called (the listwise loss draws none)
-    CrossEncoderMethod(CrossEncoderConfig.smoke(max_steps=3, hard_negative_fraction=0.0, loss="binary"),
-                       miner=miner).fit(bench, tok, cache_dir=tmp_path)
-    CrossEncoderMethod(CrossEncoderConfig.smoke(max_steps=3, hard_negative_fraction=0.5),
-                       miner=miner).fit(bench, tok, cache_dir=tmp_path)
+    smoke_method(CrossEncoderConfig.smoke(max_steps=3, hard_negative_fraction=0.0, loss="binary"),
+                 miner=miner).fit(bench, tok, cache_dir=tmp_path)
+    smoke_method(CrossEncoderConfig.smoke(max_steps=3, hard_negative_fraction=0.5),
+                 miner=miner).fit(bench, tok, cache_dir=tmp_path)
     assert len(calls) == 1
 
     def no_training(self, batches):
         raise AssertionError("the second fit trained instead of loading the checkpoint")
 
     monkeypatch.setattr(train_module.Trainer, "_train_step", no_training)
-    second = CrossEncoderMethod(config, miner=miner).fit(bench, tok, cache_dir=tmp_path)
+    second = smoke_method(config, miner=miner).fit(bench, tok, cache_dir=tmp_path)
     assert len(calls) == 1 and second.checkpoint_path == first.checkpoint_path
     split = bench["test"]
     sims = second.similarity(split)
@@ -247,7 +262,7 @@ def test_method_caches_its_checkpoint_and_calls_the_miner_only_to_train(bench, t
     top = second.query_fn(split, top_k=5)()
     assert top.tolist() == torch.topk(sims[:, 0], 5).indices.tolist()
     # another config is another checkpoint
-    other = CrossEncoderMethod(CrossEncoderConfig.smoke(max_steps=3, seed=1))
+    other = smoke_method(CrossEncoderConfig.smoke(max_steps=3, seed=1))
     with pytest.raises(AssertionError, match="second fit trained"):
         other.fit(bench, tok, cache_dir=tmp_path)
 
@@ -258,11 +273,11 @@ def test_the_checkpoint_name_follows_the_miner_only_when_it_mines(bench, tok):
     trained on mined negatives must follow its miner."""
     def named(config, steps):
         miner = dual_encoder_miner(VsePPMethod(VsePPConfig.smoke(max_steps=steps), progress=False))
-        return CrossEncoderMethod(config, miner=miner).checkpoint_file(bench, tok)
+        return smoke_method(config, miner=miner).checkpoint_file(bench, tok)
 
     listwise = CrossEncoderConfig.smoke(max_steps=3)
     assert listwise.loss == "listwise"
-    assert named(listwise, 2) == named(listwise, 5) == CrossEncoderMethod(listwise).checkpoint_file(bench, tok)
+    assert named(listwise, 2) == named(listwise, 5) == smoke_method(listwise).checkpoint_file(bench, tok)
     mining = CrossEncoderConfig.smoke(max_steps=3, hard_negative_fraction=0.5, loss="binary")
     assert named(mining, 2) != named(mining, 5)
 
@@ -423,9 +438,9 @@ def test_itc_hard_grid_draws_clusters_of_look_alike_images():
 def test_itc_itm_loss_scores_the_chosen_grid_and_the_unimodal_features(bench, tok):
     split = bench["train"]
     torch.manual_seed(0)
-    model = CrossEncoder(split.regions.shape[-1], len(tok), CrossEncoderConfig.smoke(itc_weight=0.5),
+    model = CrossEncoder(split.regions.shape[-1], len(tok), CrossEncoderConfig.smoke(itc_weight=0.5, towers="none"),
                          pad_token_id=tok.pad_token_id).eval()
-    assert not hasattr(CrossEncoder(4, 9, CrossEncoderConfig.smoke()), "itc_image")  # ITC off: no heads
+    assert not hasattr(CrossEncoder(4, 9, CrossEncoderConfig.smoke(towers="none")), "itc_image")  # ITC off: no heads
     texts = list(range(0, 60, 3)) + [1]  # caption 1 shares caption 0's image
     batch = GridCollate(split, tok, 40)([{"index": t} for t in texts])
     torch.manual_seed(5)
@@ -440,3 +455,90 @@ def test_itc_itm_loss_scores_the_chosen_grid_and_the_unimodal_features(bench, to
     grid = grid_by_loop(model, split, tok, batch["img_index"][images].tolist(), chosen)
     assert torch.allclose(out["itm"], listwise_loss(grid, text_image), atol=TOL)
     assert torch.allclose(out["loss"], out["itm"] + 0.5 * out["itc"], atol=TOL)
+
+
+# ----------------------------------------------------------------------------- SCAN's towers
+
+def test_towers_add_scans_encoding_of_each_word_and_region(bench, tok, model):
+    """towers="scan": each word token gets word_from_towers(SCAN's encoding of that word), each region
+    token region_from_towers(SCAN's encoding of it), on top of UNITER's embeddings; [CLS], [SEP] and
+    padding get nothing. Checked caption by caption against SCAN run on that caption alone."""
+    from course_lib.core.blocks import JointEmbedding
+
+    images, texts = pairs(bench["test"], tok, [0, 1, 2], [0, 5, 14])
+    texts = {k: torch.cat([v, torch.full((3, 3), tok.pad_token_id if k == "input_ids" else 0)], 1)
+             for k, v in texts.items()}  # three padded columns more
+    with torch.no_grad():
+        got = model.embed_text(texts)  # (3, T, H)
+        base = JointEmbedding.embed_text(model, texts)
+        for b in range(3):
+            n = int(texts["attention_mask"][b].sum())  # [CLS] w1 .. w(n-2) [SEP]
+            one = {k: v[b:b + 1, :n] for k, v in texts.items()}
+            words, _ = model.towers.encode_texts(one)  # (1, n - 2, E)
+            expected = base[b].clone()
+            expected[1:n - 1] += model.word_from_towers(words[0])
+            assert torch.allclose(got[b], expected, atol=TOL)
+        got_images = model.embed_image(images)  # (3, R, H)
+        regions, real = model.towers.encode_images(images)
+        expected = JointEmbedding.embed_image(model, images) + model.region_from_towers(regions) * real[..., None]
+        assert torch.allclose(got_images, expected, atol=TOL)
+
+
+def test_towers_are_frozen_copied_and_stay_in_eval_mode(bench, tok):
+    split = bench["train"]
+    scan = untrained_towers(split, tok)
+    model, _ = train_cross_encoder(bench, tok, CrossEncoderConfig.smoke(max_steps=2), towers=scan,
+                                   progress=False, device="cpu")
+    assert model.towers is not scan and all(p.requires_grad for p in scan.parameters())  # a copy
+    assert all(torch.equal(a, b) for a, b in zip(model.towers.state_dict().values(), scan.state_dict().values()))
+    assert not any(p.requires_grad for p in model.towers.parameters())
+    assert model.train().towers.training is False and model.word_from_towers.training
+    images, texts = pairs(split, tok, [0, 1], [0, 5])
+    model(images, texts).sum().backward()
+    assert all(p.grad is None for p in model.towers.parameters())
+    assert model.word_from_towers[0].weight.grad is not None
+
+
+def test_towers_config_is_checked(bench, tok):
+    split = bench["train"]
+    D, V = split.regions.shape[-1], len(tok)
+    with pytest.raises(ValueError, match="needs the trained SCAN model"):
+        CrossEncoder(D, V, CrossEncoderConfig.smoke())
+    with pytest.raises(ValueError, match="needs the trained SCAN model"):
+        CrossEncoder(D, V, CrossEncoderConfig.smoke(towers="none"), towers=untrained_towers(split, tok))
+    with pytest.raises(ValueError, match="towers='bert'"):
+        CrossEncoder(D, V, CrossEncoderConfig.smoke(towers="bert"))
+    assert CrossEncoder(D, V, CrossEncoderConfig.smoke(towers="none")).towers is None
+
+
+def test_the_method_follows_its_scan_checkpoint_and_ships_with_it(bench, tok, tmp_path):
+    """The cross-encoder is trained on SCAN's towers, so another SCAN is another cross-encoder file; the
+    training planner sees SCAN as a model it needs; a shipped-style load rebuilds the towers untrained
+    and takes their weights from the cross-encoder's own state."""
+    config = CrossEncoderConfig.smoke(max_steps=3)
+    a, b = smoke_method(config), smoke_method(config)
+    assert a.checkpoint_file(bench, tok) == b.checkpoint_file(bench, tok)
+    other_scan = CrossEncoderMethod(config, towers=SCANMethod(SCANConfig.smoke(max_steps=4), progress=False))
+    assert other_scan.checkpoint_file(bench, tok) != a.checkpoint_file(bench, tok)
+    assert a.checkpoint_extra(bench, tok) == (a.towers.checkpoint_file(bench, tok),)
+    assert a.towers in own_models([a])
+    scratch = CrossEncoderMethod(CrossEncoderConfig.smoke(max_steps=3, towers="none"))
+    assert scratch.towers is None and scratch.checkpoint_extra(bench, tok) == () and own_models([scratch]) == [scratch]
+    a.fit(bench, tok, cache_dir=tmp_path)
+    assert (tmp_path / a.towers.checkpoint_file(bench, tok)).exists()  # SCAN trained first, cached
+    rebuilt = a.build_model(bench, tok)
+    rebuilt.load_state_dict(a.model.state_dict())
+    split = bench["test"]
+    assert torch.allclose(score_matrix(rebuilt.eval(), split, tok, progress=False), a.similarity(split), atol=TOL)
+
+
+def test_towers_read_a_repeated_caption_once_with_the_same_result(bench, tok, model, monkeypatch):
+    images, texts = pairs(bench["test"], tok, [0, 1, 2, 3, 4, 5], [0, 5, 0, 14, 5, 0])
+    expected = torch.stack([model(*pairs(bench["test"], tok, [i], [t]))[0] for i, t in
+                            zip([0, 1, 2, 3, 4, 5], [0, 5, 0, 14, 5, 0])])
+    seen = []
+    encode = model.towers.encode_texts
+    monkeypatch.setattr(model.towers, "encode_texts", lambda t: seen.append(len(t["input_ids"])) or encode(t))
+    with torch.no_grad():
+        assert torch.allclose(model(images, texts), expected, atol=TOL)
+    assert seen == [3]  # three distinct captions among the six pairs

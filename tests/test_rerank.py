@@ -81,7 +81,7 @@ def test_cross_encoder_pair_scorer_matches_its_score_matrix():
     tokenizer = build_word_tokenizer(bench["train"].captions + split.captions)
     torch.manual_seed(0)
     model = CrossEncoder(split.regions.shape[-1], len(tokenizer),
-                         CrossEncoderConfig(hidden=16, layers=1, heads=2)).eval()
+                         CrossEncoderConfig(hidden=16, layers=1, heads=2, towers="none")).eval()
     full = score_matrix(model, split, tokenizer, progress=False)  # (N, T)
     images = torch.tensor([0, 5, 2, 2, 3])
     texts = torch.tensor([7, 7, 0, 29, 12])

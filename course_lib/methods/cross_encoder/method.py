@@ -72,7 +72,7 @@ from course_lib.data.datasets import (
     image_fields,
     text_fields,
 )
-from course_lib.methods.base import PairwiseMethod
+from course_lib.methods.base import Method, PairwiseMethod
 from course_lib.methods.cross_encoder.itm import (
     GridCollate,
     itc_itm_loss,
@@ -87,6 +87,8 @@ from course_lib.methods.cross_encoder.model import (
 )
 from course_lib.methods.registry import register_method
 from course_lib.methods.cross_encoder.mining import MinedNegatives, dual_encoder_miner, mine_negatives
+from course_lib.methods.scan.method import SCANMethod
+from course_lib.methods.scan.model import SCANConfig
 
 
 class ITMCollate:
@@ -205,21 +207,24 @@ def itm_loss(model: CrossEncoder, batch: dict, step: int = 0, balance_classes: b
     return {"loss": loss, "accuracy": accuracy}
 
 
-def build_cross_encoder(config: CrossEncoderConfig, split, tokenizer) -> CrossEncoder:
-    """A fresh CrossEncoder sized for the split's region features and the tokenizer's vocabulary."""
-    return CrossEncoder(split.regions.shape[-1], len(tokenizer), config, pad_token_id=tokenizer.pad_token_id)
+def build_cross_encoder(config: CrossEncoderConfig, split, tokenizer, towers=None) -> CrossEncoder:
+    """A fresh CrossEncoder sized for the split's region features and the tokenizer's vocabulary.
+    towers: the trained SCAN model config.towers="scan" reads; the cross-encoder keeps a copy."""
+    return CrossEncoder(split.regions.shape[-1], len(tokenizer), config, pad_token_id=tokenizer.pad_token_id,
+                        towers=towers)
 
 
-def train_cross_encoder(bench, tokenizer, config: CrossEncoderConfig | None = None, *,
+def train_cross_encoder(bench, tokenizer, config: CrossEncoderConfig | None = None, *, towers=None,
                         negatives_similarity=None, checkpoint_path=None, progress: bool = True,
                         device: str | None = None) -> tuple[CrossEncoder, History]:
-    """Train on bench["train"] with ITM. negatives_similarity (n_images, n_texts): a dual
-    encoder's train-split scores to mine hard negatives from; None = all negatives random.
+    """Train on bench["train"] with ITM. towers: the trained SCAN model that config.towers="scan"
+    reads (copied, frozen). negatives_similarity (n_images, n_texts): a dual encoder's train-split
+    scores to mine hard negatives from; None = all negatives random.
     A finished checkpoint at checkpoint_path is loaded instead of training (Trainer's cache)."""
     cfg = config or CrossEncoderConfig()
     split = bench["train"]
     torch.manual_seed(cfg.seed)  # the initial weights
-    model = build_cross_encoder(cfg, split, tokenizer)
+    model = build_cross_encoder(cfg, split, tokenizer, towers)
     trainer = None  # the collate reads trainer.step (the resumed one after a restart)
     if cfg.loss == "listwise":
         collate = GridCollate(split, tokenizer, cfg.max_text_length)
@@ -247,6 +252,9 @@ def train_cross_encoder(bench, tokenizer, config: CrossEncoderConfig | None = No
 class CrossEncoderMethod(PairwiseMethod):
     """The cross-encoder as a benchmark method: it scores every (image, caption) pair.
 
+    towers: the SCANMethod whose trained encoders config.towers="scan" reads (fitted when the
+    cross-encoder must train); None = a SCANMethod of SCANConfig.for_course(seed=config.seed). The
+    benchmark passes its own "scan", so SCAN trains once.
     miner: optional `(bench, tokenizer, cache_dir) -> train similarity` for hard negatives, e.g.
     `dual_encoder_miner(VsePPMethod())`, which trains (or loads from
     cache_dir) VSE++ and returns its train-split embeddings; it is called only when a model must
@@ -262,14 +270,18 @@ class CrossEncoderMethod(PairwiseMethod):
     timed_sizes = ((1_000, 2_500, 5_000), (25, 50, 100))
 
     def __init__(self, config: CrossEncoderConfig | None = None, name: str = "cross_encoder",
-                 miner: Callable | None = None, progress: bool = True):
+                 miner: Callable | None = None, progress: bool = True, towers: Method | None = None):
         super().__init__(config, name, progress)
         self.miner = miner
         cfg = self.config
+        if cfg.towers == "scan" and towers is None:
+            towers = SCANMethod(SCANConfig.for_course(seed=cfg.seed), progress=progress)
+        self.towers = towers if cfg.towers == "scan" else None
         negatives = ("hard negatives mined by a dual encoder" if self._mines()
                      else "in-batch negatives (listwise)" if cfg.loss == "listwise"
                      else "random negatives")
-        self.notes = (f"single-stream cross-encoder ({cfg.layers} layers, d={cfg.hidden}), ITM with "
+        inputs = ", over SCAN's frozen word and region encoders" if self.towers is not None else ""
+        self.notes = (f"single-stream cross-encoder ({cfg.layers} layers, d={cfg.hidden}{inputs}), ITM with "
                       f"{negatives}; scores every pair, so cost grows with the gallery")
 
     def _mines(self) -> bool:
@@ -278,22 +290,29 @@ class CrossEncoderMethod(PairwiseMethod):
         return self.miner is not None and cfg.loss == "binary" and cfg.hard_negative_fraction > 0
 
     def checkpoint_extra(self, bench, tokenizer) -> tuple:
-        """The miner, and the checkpoint of the dual encoder it mines with, when it mines: a model
-        trained without mined negatives does not depend on the miner, so its name does not either."""
+        """The SCAN checkpoint its towers come from; the miner, and the checkpoint of the dual encoder
+        it mines with, when it mines: a model trained without mined negatives does not depend on the
+        miner, so its name does not either."""
+        towers = (self.towers.checkpoint_file(bench, tokenizer),) if self.towers is not None else ()
         if not self._mines():
-            return ()
+            return towers
         source = getattr(self.miner, "method", None)
         mined_by = (source.checkpoint_file(bench, tokenizer),) if hasattr(source, "checkpoint_file") else ()
-        return (getattr(self.miner, "__qualname__", None), *mined_by)
+        return (*towers, getattr(self.miner, "__qualname__", None), *mined_by)
 
     def build_model(self, bench, tokenizer) -> CrossEncoder:
-        return build_cross_encoder(self.config, bench["train"], tokenizer)
+        towers = self.towers.build_model(bench, tokenizer) if self.towers is not None else None
+        return build_cross_encoder(self.config, bench["train"], tokenizer, towers)
 
     def train(self, bench, tokenizer, checkpoint_path, cache_dir):
-        sims = None
-        if self._mines() and not finished_checkpoint(checkpoint_path, self.config.max_steps):
+        sims, towers = None, None
+        finished = finished_checkpoint(checkpoint_path, self.config.max_steps)
+        if self._mines() and not finished:
             sims = self.miner(bench, tokenizer, cache_dir)  # only needed to train (or resume)
-        return train_cross_encoder(bench, tokenizer, self.config, negatives_similarity=sims,
+        if self.towers is not None:  # trained SCAN to start from; a finished checkpoint holds its copy
+            towers = (self.towers.build_model(bench, tokenizer) if finished
+                      else self.towers.fit(bench, tokenizer, cache_dir).model)
+        return train_cross_encoder(bench, tokenizer, self.config, towers=towers, negatives_similarity=sims,
                                    checkpoint_path=checkpoint_path, progress=self.progress)
 
     def score_block(self, split, image_indices, text_indices) -> torch.Tensor:
@@ -328,4 +347,5 @@ class CrossEncoderMethod(PairwiseMethod):
 
 @register_method("cross_encoder", order=2.5)
 def _cross_encoder(build) -> CrossEncoderMethod:
-    return CrossEncoderMethod(build.config(CrossEncoderConfig), miner=dual_encoder_miner(build.method("vsepp")))
+    return CrossEncoderMethod(build.config(CrossEncoderConfig), miner=dual_encoder_miner(build.method("vsepp")),
+                              towers=build.method("scan"))

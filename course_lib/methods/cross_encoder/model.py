@@ -5,10 +5,22 @@ with it (`rerank_scores`), and `score_matrix` scores every pair, which costs O(n
 forward passes instead of a dual encoder's O(n_images + n_texts).
 
     text  [CLS] w1 .. wT [SEP]  ->  word + position + type(0) embeddings, LayerNorm
+                                    + LN(Linear(SCAN's encoding of each word))       (towers="scan")
     image r1 .. rR              ->  RegionEmbedding: LN(Linear(feature)) + LN(Linear(box)),
                                     + type(1), LayerNorm
+                                    + LN(Linear(SCAN's encoding of each region))     (towers="scan")
     [text ; image]              ->  one pre-LN `blocks.Transformer`, one padding mask
     [CLS] output                ->  Linear  ->  one matching logit per pair
+
+Towers. UNITER does not learn its inputs from nothing: BERT's word embeddings and a Faster R-CNN
+trained on Visual Genome come with it, and ALBEF (REFERENCE_NOTES) fuses the outputs of two unimodal
+encoders pre-trained for alignment. Ours from scratch had to discover which word goes with which region
+from one matching bit per pair, and three trainings of four stopped about 13 points of t2i R@1 short of
+the fourth (docs/tuning_notes.md). So by default (`towers="scan"`) every word and region token also
+carries what the course's trained SCAN encoders (lesson 02: a bi-GRU over the words, a Linear over each
+region and its box) make of it, aligned word to region by SCAN's training; the towers stay frozen, as in
+LiT ("locked" image towers), because fine-tuning them with the fusion layers' learning rate undid SCAN's
+alignment in our runs. Which towers to start from is our choice: the papers' own are BERT and a detector.
 
 The blocks are the course's shared ones (`course_lib.core.blocks`, the same computation as torch's
 `nn.TransformerEncoderLayer(norm_first=True)`). The logit is the ranking score. By default it is
@@ -22,6 +34,7 @@ contrastive (ITC) loss. Training, and `CrossEncoderMethod` (the benchmark's meth
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 from typing import Callable, ClassVar
@@ -33,6 +46,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from course_lib.core.blocks import JointEmbedding, Transformer, masked_mean
+from course_lib.core.encoders import word_mask
 from course_lib.core.checkpoints import inference
 from course_lib.core.settings import CourseConfig
 from course_lib.core.train import move_to_device
@@ -53,6 +67,10 @@ class CrossEncoderConfig(CourseConfig):
     heads: int = 4  # attention heads per block
     dropout: float = 0.0  # on the embeddings and inside the blocks; 0.1 (BERT's) delayed learning
     #                       in our runs, and fresh negatives every step leave little to overfit
+    # "scan": every word and region token also carries SCAN's trained encoding of it (frozen towers,
+    # ALBEF-style; the model's docstring); "none": all embeddings learned from scratch, UNITER's layout
+    # without its pre-trained inputs. Measured against each other in docs/tuning_notes.md
+    towers: str = "scan"
     # "listwise": every caption of a batch against every image of it, softmax cross-entropy both
     # ways (course_lib.methods.cross_encoder.itm); "binary": ITM's per-pair BCE with the negatives below. Listwise
     # matched binary in less CPU time and scored higher on the whole test split (docs/tuning_notes.md)
@@ -103,15 +121,29 @@ class CrossEncoder(JointEmbedding):
     Built from the course's shared blocks (`course_lib.core.blocks`): `RegionEmbedding` for the regions,
     `Transformer` (pre-LN blocks and a final LayerNorm) over the joint sequence.
     pad_token_id: the tokenizer's padding id (`tokenizer.pad_token_id`), whose embedding is zero.
+    towers: with config.towers="scan", a trained `SCANModel` (its `encode_texts` / `encode_images`);
+    a copy of it is kept, frozen and in eval mode, as the submodule `towers` (its weights are in the
+    state dict).
     With config.itc_weight > 0 it also has ALBEF's contrastive heads: `unimodal(images, texts)`.
     """
 
     def __init__(self, region_dim: int, vocab_size: int, config: CrossEncoderConfig | None = None,
-                 box_dim: int = 7, pad_token_id: int = 0):
+                 box_dim: int = 7, pad_token_id: int = 0, towers: nn.Module | None = None):
         cfg = config or CrossEncoderConfig()
         H = cfg.hidden
         super().__init__(region_dim, vocab_size, H, cfg.max_text_length, box_dim, pad_token_id)
         self.config = cfg
+        if cfg.towers not in ("scan", "none"):
+            raise ValueError(f"towers={cfg.towers!r}: 'scan' (SCAN's trained encoders) or 'none' (from scratch)")
+        if (cfg.towers == "scan") != (towers is not None):
+            raise ValueError("config.towers='scan' needs the trained SCAN model, CrossEncoder(..., towers=scan_model) "
+                             "(CrossEncoderMethod passes its SCAN method's); config.towers='none' takes none")
+        self.towers = copy.deepcopy(towers)  # its own copy: freezing it leaves the caller's SCAN as it was
+        if towers is not None:
+            self.towers.requires_grad_(False).eval()  # frozen: SCAN's alignment is what it brings
+            E = towers.config.embed_dim
+            self.word_from_towers = nn.Sequential(nn.Linear(E, H), nn.LayerNorm(H))
+            self.region_from_towers = nn.Sequential(nn.Linear(E, H), nn.LayerNorm(H))
         self.dropout = nn.Dropout(cfg.dropout)
         self.transformer = Transformer(H, cfg.layers, cfg.heads, cfg.dropout)  # ends in a LayerNorm
         self.head = nn.Linear(H, 1)  # s(T, I) = FC([CLS] output), U-BERT eq. 5
@@ -119,6 +151,36 @@ class CrossEncoder(JointEmbedding):
             self.itc_image, self.itc_text = nn.Linear(H, H), nn.Linear(H, H)
             self.itc_log_scale = nn.Parameter(torch.tensor(math.log(1 / 0.07)))  # ALBEF's temperature
         self._init_tables()
+
+    def train(self, mode: bool = True) -> "CrossEncoder":
+        super().train(mode)
+        if self.towers is not None:
+            self.towers.eval()  # frozen towers score as they were trained, in training as in evaluation
+        return self
+
+    def embed_text(self, texts: dict) -> torch.Tensor:
+        """JointEmbedding's (B, T, H), plus at each word SCAN's encoding of it (towers="scan")."""
+        x = super().embed_text(texts)  # (B, T, H)
+        if self.towers is None:
+            return x
+        # a grid or a query repeats each caption over many images: SCAN reads each distinct one once
+        distinct, rows = torch.unique(texts["input_ids"], dim=0, return_inverse=True)  # (U, T), (B,)
+        first = torch.full((len(distinct),), len(rows), device=rows.device).scatter_reduce(
+            0, rows, torch.arange(len(rows), device=rows.device), "amin")  # (U,) a row holding each
+        words, real = self.towers.encode_texts({k: v[first] for k, v in texts.items()})  # (U, L, E), (U, L)
+        words, real = words[rows], real[rows]  # (B, L, E), (B, L): the words only, in order
+        is_word = word_mask(texts["input_ids"], texts["attention_mask"], self.towers.special)  # (B, T)
+        tower = x.new_zeros(*is_word.shape, words.shape[-1])  # (B, T, E): nothing at [CLS], [SEP], [PAD]
+        tower[is_word] = words[real].to(x.dtype)  # row-major on both sides: word j of a caption to its slot
+        return x + self.word_from_towers(tower) * is_word.unsqueeze(-1)
+
+    def embed_image(self, images: dict) -> torch.Tensor:
+        """JointEmbedding's (B, R, H), plus SCAN's encoding of each region (towers="scan")."""
+        x = super().embed_image(images)  # (B, R, H)
+        if self.towers is None:
+            return x
+        regions, real = self.towers.encode_images(images)  # (B, R, E), (B, R)
+        return x + self.region_from_towers(regions.to(x.dtype)) * real.unsqueeze(-1)
 
     def forward(self, images: dict, texts: dict) -> torch.Tensor:
         text_mask = texts["attention_mask"].bool()  # (B, T)
