@@ -542,3 +542,22 @@ def test_towers_read_a_repeated_caption_once_with_the_same_result(bench, tok, mo
     with torch.no_grad():
         assert torch.allclose(model(images, texts), expected, atol=TOL)
     assert seen == [3]  # three distinct captions among the six pairs
+
+
+def test_the_method_records_a_learning_curve_on_small_galleries(bench, tok, tmp_path):
+    """CURVE_POINTS evaluations of val[:n] and train[:n] (n = CURVE_IMAGES, or the split's size), the
+    last one equal to scoring every pair of those galleries with the trained model."""
+    from course_lib.methods.base import CURVE_POINTS
+    from course_lib.methods.cross_encoder.method import CURVE_IMAGES
+
+    method = smoke_method(CrossEncoderConfig.smoke(max_steps=8)).fit(bench, tok, cache_dir=tmp_path)
+    rows = method.history.rows(eval=True)
+    every = max(1, 8 // CURVE_POINTS)
+    assert [r["step"] for r in rows] == list(range(every, 9, every))  # the last at the end of training
+    n = min(CURVE_IMAGES, bench["val"].n_images)
+    for name, split in (("val", bench["val"]), ("train", bench["train"])):
+        sub = split.subset(range(n))
+        expected = retrieval_metrics(score_matrix(method.model, sub, tok, progress=False), sub.txt2img)
+        assert rows[-1][f"{name}_t2i_r1"] == pytest.approx(expected["t2i_r1"])
+        assert rows[-1][f"{name}_i2t_r5"] == pytest.approx(expected["i2t_r5"])
+    assert rows[-1]["cpu_seconds"] >= rows[0]["cpu_seconds"] > 0

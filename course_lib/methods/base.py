@@ -215,11 +215,12 @@ class Method(ABC):
         name, expected = self.shipping_entry(bench, tokenizer)
         return shipped.find_shipped(folder, name, expected)
 
-    def learning_curve(self, bench: dict, steps: int) -> dict:
+    def learning_curve(self, bench: dict, steps: int, n_images: int = 1000) -> dict:
         """Training kwargs that record the model's learning curve in its history: retrieval on val and
-        on train[:1000] (learning_curve_splits), CURVE_POINTS times over `steps`. A dual encoder's
-        Method passes them, so every trained (and shipped) model carries the curve its notebook shows."""
-        return dict(evaluate_on=learning_curve_splits(bench), eval_every=max(1, steps // CURVE_POINTS))
+        on train[:n_images] (learning_curve_splits), CURVE_POINTS times over `steps`. Every dual encoder's
+        Method passes them, and the cross-encoder's with smaller galleries (it scores every pair), so the
+        trained (and shipped) model carries the curve its notebook shows."""
+        return dict(evaluate_on=learning_curve_splits(bench, n_images), eval_every=max(1, steps // CURVE_POINTS))
 
     @abstractmethod
     def train(self, bench: dict, tokenizer, checkpoint_path, cache_dir):

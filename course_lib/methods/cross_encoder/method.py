@@ -78,7 +78,7 @@ from course_lib.data.datasets import (
     image_fields,
     text_fields,
 )
-from course_lib.methods.base import Method, PairwiseMethod
+from course_lib.methods.base import Method, PairwiseMethod, retrieval_evaluator
 from course_lib.methods.cross_encoder.itm import (
     GridCollate,
     itc_itm_loss,
@@ -95,6 +95,10 @@ from course_lib.methods.registry import register_method
 from course_lib.methods.cross_encoder.mining import MinedNegatives, dual_encoder_miner, mine_negatives
 from course_lib.methods.scan.method import SCANMethod
 from course_lib.methods.scan.model import SCANConfig
+
+# the learning curve's galleries: val[:100] and train[:100] with their 500 captions each. Every pair costs
+# a forward pass, so 50k pairs a split (about 6 CPU-s), where the dual encoders' 1,000 images would be 5M
+CURVE_IMAGES = 100
 
 
 class ITMCollate:
@@ -221,11 +225,13 @@ def build_cross_encoder(config: CrossEncoderConfig, split, tokenizer, towers=Non
 
 
 def train_cross_encoder(bench, tokenizer, config: CrossEncoderConfig | None = None, *, towers=None,
-                        negatives_similarity=None, checkpoint_path=None, progress: bool = True,
+                        negatives_similarity=None, checkpoint_path=None, evaluate_on=None,
+                        eval_every: int | None = None, progress: bool = True,
                         device: str | None = None) -> tuple[CrossEncoder, History]:
     """Train on bench["train"] with ITM. towers: the trained SCAN model that config.towers="scan"
     reads (copied, frozen). negatives_similarity (n_images, n_texts): a dual encoder's train-split
-    scores to mine hard negatives from; None = all negatives random.
+    scores to mine hard negatives from; None = all negatives random. evaluate_on: a split (or
+    learning_curve_splits' dict) whose every pair is scored every eval_every steps and at the end.
     A finished checkpoint at checkpoint_path is loaded instead of training (Trainer's cache)."""
     cfg = config or CrossEncoderConfig()
     split = bench["train"]
@@ -247,8 +253,9 @@ def train_cross_encoder(bench, tokenizer, config: CrossEncoderConfig | None = No
     else:
         raise ValueError(f"loss={cfg.loss!r}: 'listwise' or 'binary'")
     train = train_config(cfg, log_every=max(1, cfg.max_steps // 100), progress=progress,
-                         device=device, checkpoint_path=checkpoint_path)
-    trainer = Trainer(model, loss_fn, CaptionDataset(split), train, collate_fn=collate)
+                         device=device, checkpoint_path=checkpoint_path, eval_every=eval_every)
+    evaluate = retrieval_evaluator(evaluate_on, lambda m, one: score_matrix(m, one, tokenizer, progress=False))
+    trainer = Trainer(model, loss_fn, CaptionDataset(split), train, collate_fn=collate, evaluate=evaluate)
     history = trainer.fit()
     return model.eval(), history
 
@@ -319,7 +326,8 @@ class CrossEncoderMethod(PairwiseMethod):
             towers = (self.towers.build_model(bench, tokenizer) if finished
                       else self.towers.fit(bench, tokenizer, cache_dir).model)
         return train_cross_encoder(bench, tokenizer, self.config, towers=towers, negatives_similarity=sims,
-                                   checkpoint_path=checkpoint_path, progress=self.progress)
+                                   checkpoint_path=checkpoint_path, progress=self.progress,
+                                   **self.learning_curve(bench, self.config.max_steps, n_images=CURVE_IMAGES))
 
     def score_block(self, split, image_indices, text_indices) -> torch.Tensor:
         """(n, m) logits of the chosen images against the chosen captions: n * m forward passes."""
