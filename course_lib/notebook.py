@@ -229,12 +229,14 @@ __all__ = ["check_verdict", "setup", "tile_gallery", "plot_latency", "recall_tab
 DUAL_ENCODER_TARGET = 25.0
 
 
-def curve_summary(label: str, history, metric: str = "t2i_r1", target: float | None = None) -> str:
+def curve_summary(label: str, history, metric: str = "t2i_r1", target: float | None = None,
+                  n_queries: int = 1000) -> str:
     """One line on a learning curve (a History with val_/train_ evaluations and cpu_seconds, as every
     dual encoder's Method records): where it ended, train[:n] against val, and whether val was still
     rising over the last interval (beyond twice its binomial standard error), i.e. whether more training would pay.
     target: the recall the course asks of this model (README, the issue's table); the line says whether val
-    meets it."""
+    meets it. n_queries: the fewer queries of the curve's two directions (the images of its galleries), which
+    sets the noise."""
     rows = [r for r in history.rows(eval=True) if f"val_{metric}" in r]
     if not rows:
         raise ValueError(f"{label}: its history has no val_{metric} evaluations; train it through its "
@@ -245,7 +247,7 @@ def curve_summary(label: str, history, metric: str = "t2i_r1", target: float | N
             f"val {val:.1f}, train[:n] {train:.1f}")
     if len(rows) >= 2:
         before = rows[-2][f"val_{metric}"]
-        rising = val - before > recall_noise(max(val, before), 1000)  # 1,000: the smaller query count (i2t)
+        rising = val - before > recall_noise(max(val, before), n_queries)
         line += (f"; val {before:.1f} -> {val:.1f} over the last interval: "
                  + ("still rising, more training would pay" if rising else "flat within noise"))
     if target is not None:

@@ -163,6 +163,9 @@ def test_curve_summary_reads_the_last_points_and_says_whether_val_still_rises():
     assert "after 200 steps (20 CPU-s of training) t2i R@1 val 20.0, train[:n] 25.0" in rising
     assert "still rising" in rising
     assert "flat within noise" in curve_summary("b", history(20.0, 20.5))  # 0.5 points: within the noise
+    # 5 points: beyond the noise of 1,000 queries (about 2.5), within that of 100 (about 8)
+    assert "still rising" in curve_summary("g", history(20.0, 25.0))
+    assert "flat within noise" in curve_summary("g", history(20.0, 25.0), n_queries=100)
     assert "rising" not in curve_summary("c", history(20.0))  # one point: no trend to read
     assert curve_summary("e", history(5.0, 20.0), target=25).endswith("; the target 25: missed by 5.0")
     assert curve_summary("f", history(20.0), target=20).endswith("; the target 20: met")
