@@ -14,7 +14,7 @@ from course_lib.data.datasets import PairCollate, PairDataset
 from course_lib.methods.hivlp.cost import CostModel, cascade_cost, encoder_multiply_adds, query_multiply_adds
 from course_lib.methods.hivlp.model import HiVLPConfig, build_hivlp, grid_boxes, hrl_loss, level_layers
 from course_lib.methods.hivlp.method import HiVLPCascade, HiVLPMethod, compute_states
-from course_lib.methods.hivlp.search import coarse_to_fine, rescore, select_top_k
+from course_lib.methods.hivlp.search import coarse_to_fine, coarse_to_fine_one, rescore, select_top_k
 from course_lib.core.losses import VMLM
 
 TOL = 1e-5
@@ -175,6 +175,26 @@ def test_nothing_pruned_is_flat_search():
     torch.testing.assert_close(scores, flat.values, atol=TOL, rtol=0)
     with pytest.raises(ValueError, match="survivor"):
         coarse_to_fine(gallery, query, survivors=(10,), top_k=5)
+
+
+@pytest.mark.parametrize("survivors", [(20, 6), (60, 6), (20, 20), (60, 60)])
+def test_the_online_search_of_one_query_equals_coarse_to_fine(survivors):
+    """coarse_to_fine_one (numpy, one query: the online path) against coarse_to_fine and the naive loop,
+    with levels that prune and levels that keep all (skipped); one level alone is a flat search."""
+    torch.manual_seed(4)
+    widths, G, Q = (2, 4, 8), 60, 6
+    gallery = [torch.randn(G, w) for w in widths]
+    query = [torch.randn(Q, w) for w in widths]
+    batched = coarse_to_fine(gallery, query, survivors=survivors, top_k=4)[0]
+    assert batched.tolist() == _naive_cascade(gallery, query, survivors, 4)
+    as_numpy = [g.numpy() for g in gallery]
+    for q in range(Q):
+        one = coarse_to_fine_one(as_numpy, [x[q].numpy() for x in query], survivors, top_k=4)
+        assert one.tolist() == batched[q].tolist()
+    alone = coarse_to_fine_one(as_numpy[2:], [query[2][0].numpy()], (), top_k=5)
+    assert alone.tolist() == torch.topk(gallery[2] @ query[2][0], 5).indices.tolist()
+    with pytest.raises(ValueError, match="survivor"):
+        coarse_to_fine_one(as_numpy, [x[0].numpy() for x in query], (10,), top_k=5)
 
 
 def test_rescore_against_a_loop_one_query_and_many():

@@ -41,7 +41,7 @@ from course_lib.methods.base import (
 )
 from course_lib.methods.hivlp.model import HiVLP, HiVLPConfig, build_hivlp
 from course_lib.methods.pixel_stem import load_stem_backbone, stem_checkpoint_file, stem_checkpoint_path, stem_config
-from course_lib.methods.hivlp.search import SURVIVORS, coarse_to_fine
+from course_lib.methods.hivlp.search import SURVIVORS, coarse_to_fine_one
 from course_lib.methods.registry import register_method
 from course_lib.methods.rerank import Cascade
 
@@ -189,21 +189,20 @@ class HiVLPMethod(DualEncoderMethod):
 
     def online_query_fn(self, split, caption_index: int = 0, top_k: int = 10, levels=None, survivors=SURVIVORS):
         """A zero-argument callable answering one caption: the text tower once (every level at
-        once, on the lean query path of course_lib.core.serving), then coarse_to_fine over the
+        once, on the lean query path of course_lib.core.serving), then coarse_to_fine_one over the
         split's stored image level matrices (offline work, done here) at `levels` (default all)
         keeping `survivors`. Returns (top_k,) image indices."""
         model = self._fitted().eval()
         states = self.states(split)
         levels = list(range(model.config.n_levels)) if levels is None else list(levels)
-        gallery = [states.image[l] for l in levels]
+        gallery = [np.ascontiguousarray(states.image[l].float().cpu().numpy()) for l in levels]  # [(G, d_l)]
         caption = split.captions[caption_index]
         tokenizer, encoder = self.query_side(caption, max_length=model.config.max_text_length,
                                              encode_name="text_levels")
 
         def answer() -> np.ndarray:
             query = encoder(*tokenizer(caption))  # every level's (1, d_l), float32 numpy
-            query = [torch.from_numpy(query[l]) for l in levels]  # [(1, d_l)], no copies
-            return coarse_to_fine(gallery, query, survivors, top_k)[0][0].numpy()
+            return coarse_to_fine_one(gallery, [query[l][0] for l in levels], survivors, top_k)
 
         return answer
 

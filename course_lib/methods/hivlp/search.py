@@ -12,6 +12,7 @@ runs the text tower once and
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 SURVIVORS = (1000, 100)  # N2, N3: the paper's defaults for every evaluation set but COCO-full
@@ -61,12 +62,8 @@ def rescore(gallery: torch.Tensor, query: torch.Tensor, indices: torch.Tensor) -
     return torch.bmm(rows, query[:, :, None])[..., 0]  # (Q, M)
 
 
-def coarse_to_fine(gallery_levels, query_levels, survivors=SURVIVORS, top_k: int = 10):
-    """§3.4 for a batch of queries: level 1 scores the whole gallery and keeps survivors[0], each
-    later level re-scores the previous survivors and keeps the next count; the last level orders
-    what is left; a level that would keep all it scores is skipped (it filters nothing).
-    gallery_levels[l] (G, d_l), query_levels[l] (Q, d_l) ->
-    (indices (Q, k), scores (Q, k)) by the last level's score, k = min(top_k, last survivors)."""
+def _level_plan(gallery_levels, query_levels, survivors, top_k: int) -> tuple[list[int], int]:
+    """(what each level keeps, the first level that scores): both searches below follow it."""
     if len(gallery_levels) != len(query_levels) or len(survivors) != len(gallery_levels) - 1:
         raise ValueError(f"{len(gallery_levels)} gallery levels, {len(query_levels)} query levels and "
                          f"{len(survivors)} survivor counts: need L, L and L - 1")
@@ -74,6 +71,16 @@ def coarse_to_fine(gallery_levels, query_levels, survivors=SURVIVORS, top_k: int
     # A level that would keep every candidate it scores filters nothing (the paper's N2 = 1,000 on a
     # 1k gallery): skip it and let the next level score them. Same answer, without sorting them all.
     first = next(l for l, keep in enumerate(counts) if keep < len(gallery_levels[0]) or l == len(counts) - 1)
+    return counts, first
+
+
+def coarse_to_fine(gallery_levels, query_levels, survivors=SURVIVORS, top_k: int = 10):
+    """§3.4 for a batch of queries: level 1 scores the whole gallery and keeps survivors[0], each
+    later level re-scores the previous survivors and keeps the next count; the last level orders
+    what is left; a level that would keep all it scores is skipped (it filters nothing).
+    gallery_levels[l] (G, d_l), query_levels[l] (Q, d_l) ->
+    (indices (Q, k), scores (Q, k)) by the last level's score, k = min(top_k, last survivors)."""
+    counts, first = _level_plan(gallery_levels, query_levels, survivors, top_k)
     indices, values = flat_search(gallery_levels[first], query_levels[first], counts[first])  # (Q, N) at d_first
     for l in range(first + 1, len(counts)):
         if counts[l] >= indices.shape[1] and l < len(counts) - 1:
@@ -84,4 +91,24 @@ def coarse_to_fine(gallery_levels, query_levels, survivors=SURVIVORS, top_k: int
     return indices, values
 
 
-__all__ = ["SURVIVORS", "coarse_to_fine", "rescore", "select_top_k", "flat_search"]
+def coarse_to_fine_one(gallery_levels, query_levels, survivors=SURVIVORS, top_k: int = 10) -> np.ndarray:
+    """`coarse_to_fine` for one online query, in numpy: gallery_levels[l] (G, d_l) and query_levels[l]
+    (d_l,) float32 arrays -> the top k gallery indices (k,), best first, k = min(top_k, last survivors).
+    The same levels, survivors and skipped levels (tested against it). One query is a handful of small
+    operations, and each costs a few microseconds in numpy against about ten in torch: on a 1k gallery
+    the torch search took 0.33 ms per query with the text tower, this one 0.22 (HiVLP's docs/tuning_notes)."""
+    counts, first = _level_plan(gallery_levels, query_levels, survivors, top_k)
+    candidates = None  # (M,) gallery rows still in the race, best first; None = all of them
+    for l in range(first, len(counts)):
+        if candidates is not None and counts[l] >= len(candidates) and l < len(counts) - 1:
+            continue  # keeps every survivor: nothing to filter
+        rows = gallery_levels[l] if candidates is None else gallery_levels[l][candidates]  # (M, d_l)
+        scores = rows @ query_levels[l]  # (M,)
+        k = min(counts[l], len(scores))
+        keep = np.argpartition(-scores, k - 1)[:k] if k < len(scores) else np.arange(len(scores))
+        keep = keep[np.argsort(-scores[keep], kind="stable")]  # (k,) best first
+        candidates = keep if candidates is None else candidates[keep]
+    return candidates
+
+
+__all__ = ["SURVIVORS", "coarse_to_fine", "coarse_to_fine_one", "rescore", "select_top_k", "flat_search"]
