@@ -11,10 +11,10 @@ caption on every scene from the ground truth, with per-scene bitmasks of objects
 
 Two ceilings (expected R@K in percent, random tie-breaking):
 - `oracle_ceiling` (course_lib.data.oracle): the upper bound. The Bayes-optimal ranking under the generator's own caption
-  likelihood P(caption | scene) (course_lib.data.oracle): t2i ranks images by it, i2t ranks
+  likelihood P(caption | scene) (course_lib.data.likelihood): t2i ranks images by it, i2t ranks
   captions by the posterior that they came from the image. No model that sees only the captions
   and images can beat it in expectation (t2i exactly; i2t up to the weak dependence between the
-  origins of different captions, see oracle.py).
+  origins of different captions, see likelihood.py).
 - `truth_ceiling`: the truth-only ranker (every caption/image that satisfies the query first, all
   tied). Didactic: it shows how ambiguous partial descriptions are, but it is not an upper bound
   (a model that learns how specific a caption is beats it, most of all on i2t).
