@@ -52,10 +52,16 @@ from course_lib.core import shipped
 from course_lib.core.checkpoints import checkpoint_fingerprint, checkpoint_name, model_device, source_version
 from course_lib.core.settings import get_device
 from course_lib.core.split_cache import CACHED_SPLITS, SplitCache  # noqa: F401 (re-exported)
-from course_lib.core.metrics import checked_queries
 from course_lib.core.retrieval import build_index, search
 from course_lib.core.serving import QueryEncoder, QuerySide, QueryTokenizer, Searcher, TextQueryPath
 from course_lib.core.train import History, Trainer, train_config
+from course_lib.methods.queries import (  # noqa: F401 (re-exported: every method imports them from here)
+    DIRECTIONS,
+    check_direction,
+    ground_truth,
+    query_indices,
+    top_k_of,
+)
 from course_lib.data.datasets import ImageDataset, PairCollate, PairDataset, TextCollate
 from course_lib.methods.encoding import (  # re-exported: every method imports them from here
     encode_captions,
@@ -68,7 +74,6 @@ from course_lib.methods.encoding import (  # re-exported: every method imports t
 
 # tokens of one text query, [CLS] and [SEP] included (TextCollate's default, as every query path used)
 QUERY_MAX_LENGTH = 40
-DIRECTIONS = ("t2i", "i2t")
 # evaluations of a dual encoder's learning curve over one training run (Method.learning_curve)
 CURVE_POINTS = 8
 # pairs a PairwiseMethod scores per score_block call while ranking (memory, not the result)
@@ -93,38 +98,6 @@ def own_modules(cls) -> tuple[str, ...]:
     if package == "course_lib.methods":
         return (module,)
     return tuple(f"{package}.{info.name}" for info in pkgutil.iter_modules(importlib.import_module(package).__path__))
-
-
-def check_direction(direction: str) -> str:
-    if direction not in DIRECTIONS:
-        raise ValueError(f"direction must be one of {DIRECTIONS} (t2i: captions query images; i2t: "
-                         f"images query captions), got {direction!r}")
-    return direction
-
-
-def query_indices(split, direction: str, queries=None) -> np.ndarray:
-    """The query indices of a direction: `queries` if given (checked), else the split's own
-    (split.text_queries for t2i, split.image_queries for i2t)."""
-    check_direction(direction)
-    if queries is None:
-        return split.text_queries if direction == "t2i" else split.image_queries
-    return checked_queries(queries, split.n_texts if direction == "t2i" else split.n_images,
-                           f"{direction} queries")
-
-
-def ground_truth(split, direction: str, queries, indices) -> torch.Tensor:
-    """(Q, k) bool: which listed items (indices (Q, k) from rank) are a ground truth of each query."""
-    txt2img = torch.from_numpy(split.txt2img)
-    queries, indices = torch.as_tensor(np.asarray(queries)), torch.as_tensor(np.asarray(indices))
-    if direction == "t2i":
-        return indices == txt2img[queries][:, None]
-    return txt2img[indices] == queries[:, None]
-
-
-def top_k_of(scores: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(indices, scores) of each row's top_k, best first; top_k capped at the row length."""
-    top = torch.topk(scores.float(), min(top_k, scores.shape[1]), dim=1)
-    return top.indices, top.values
 
 
 class Method(ABC):

@@ -1,0 +1,46 @@
+"""A ranking's queries and answers, the same for every Method: the two directions, the query indices of
+a split, which listed items are ground truth, and each row's top k. `course_lib.methods.base` re-exports them."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from course_lib.core.metrics import checked_queries
+
+DIRECTIONS = ("t2i", "i2t")
+
+
+def check_direction(direction: str) -> str:
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction must be one of {DIRECTIONS} (t2i: captions query images; i2t: "
+                         f"images query captions), got {direction!r}")
+    return direction
+
+
+def query_indices(split, direction: str, queries=None) -> np.ndarray:
+    """The query indices of a direction: `queries` if given (checked), else the split's own
+    (split.text_queries for t2i, split.image_queries for i2t)."""
+    check_direction(direction)
+    if queries is None:
+        return split.text_queries if direction == "t2i" else split.image_queries
+    return checked_queries(queries, split.n_texts if direction == "t2i" else split.n_images,
+                           f"{direction} queries")
+
+
+def ground_truth(split, direction: str, queries, indices) -> torch.Tensor:
+    """(Q, k) bool: which listed items (indices (Q, k) from rank) are a ground truth of each query."""
+    txt2img = torch.from_numpy(split.txt2img)
+    queries, indices = torch.as_tensor(np.asarray(queries)), torch.as_tensor(np.asarray(indices))
+    if direction == "t2i":
+        return indices == txt2img[queries][:, None]
+    return txt2img[indices] == queries[:, None]
+
+
+def top_k_of(scores: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(indices, scores) of each row's top_k, best first; top_k capped at the row length."""
+    top = torch.topk(scores.float(), min(top_k, scores.shape[1]), dim=1)
+    return top.indices, top.values
+
+
+__all__ = ["DIRECTIONS", "check_direction", "query_indices", "ground_truth", "top_k_of"]
