@@ -9,8 +9,8 @@ share the checkpoint folder:
     models   = own_models(methods), those that would train (no current shipped model)
     needs[i] = the models model i is built from (trained first, by whichever worker), and the first
                model of the order that trains a pixel stem model i starts from too
-    order    = longest path first: the CPU-seconds its shipped model's learning curve recorded (0 if
-               none) plus the longest chain of models that wait for it, so neither a long training
+    order    = longest path first: the CPU-seconds its shipped model's learning curve recorded (the
+               mean of the others' if none) plus the longest chain of models that wait for it, so neither a long training
                nor one that others wait for starts last and leaves a core idle at the end
     worker   = its own benchmark, methods and torch threads (cores // jobs); fits the model it is
                handed, writing <checkpoints>/<name>.pt as a sequential run would
@@ -102,6 +102,11 @@ def plan(models, bench, tokenizer, checkpoints=None) -> tuple[list[int], dict[in
     needs = {i: {position[id(d)] for d in own_models([models[i]]) if d is not models[i]} & set(to_train)
              for i in to_train}
     cost = {i: recorded_cpu_seconds(models[i], bench, tokenizer) for i in to_train}
+    # a model whose shipped file records no learning curve (SCAN, Slow) is not free: it costs what a
+    # typical one does. Counted as 0, Slow (and the distilled Fast that waits for it) started last and
+    # left a core idle for 7 of the 80 minutes of --retrain's training (2026-11-27)
+    known = [c for c in cost.values() if c > 0]
+    cost = {i: c if c > 0 else (sum(known) / len(known) if known else 0.0) for i, c in cost.items()}
     first_with_stem = {}
     for i in sorted(to_train, key=lambda i: (-cost[i], i)):  # the longest of them trains the stem
         stem_file = getattr(models[i], "stem_checkpoint_file", None)

@@ -26,7 +26,8 @@ Ranking, not a dense (n_images, n_texts) matrix, is the protocol (the full setti
                         on the lean path of course_lib.core.serving
     PairwiseMethod      + what every cross-attention scorer shares (SCAN, the cross-encoder): it
                         implements score_block(split, images, texts) and inherits rank, similarity
-                        and score_pairs (the re-ranker API of course_lib.methods.rerank.Cascade)
+                        and score_pairs (the re-ranker API of course_lib.methods.rerank.Cascade);
+                        in course_lib.methods.pairwise, re-exported here
 
 `fit_pairs` is the one training recipe (a split's (image, caption) pairs through the Trainer);
 `Method.cached_states` keeps a gallery's offline states (U-BERT's, HiVLP's, Slow's) per split and model.
@@ -46,7 +47,6 @@ from typing import ClassVar
 import numpy as np
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from course_lib.core import shipped
 from course_lib.core.checkpoints import checkpoint_fingerprint, checkpoint_name, model_device, source_version
@@ -76,11 +76,6 @@ from course_lib.methods.encoding import (  # re-exported: every method imports t
 QUERY_MAX_LENGTH = 40
 # evaluations of a dual encoder's learning curve over one training run (Method.learning_curve)
 CURVE_POINTS = 8
-# pairs a PairwiseMethod scores per score_block call while ranking (memory, not the result)
-_PAIRS_PER_BLOCK = 1 << 20
-# a PairwiseMethod ranking every query of a split this small scores every pair once and keeps the
-# (N, T) matrix (80 MB at most), so the other direction reuses it instead of scoring it again
-_DENSE_PAIRS = 20_000_000
 # the modules whose code builds, feeds and trains every model; a method's code version adds its own
 # package. Not this module (fit_pairs is a few stable lines beside much serving code): a change
 # elsewhere that alters what training produces bumps checkpoints.MODEL_FORMAT, which every name covers
@@ -336,70 +331,13 @@ class DualEncoderMethod(Method):
         return answer
 
 
-class PairwiseMethod(Method):
-    """A Method that scores (image, caption) pairs jointly: every query meets every gallery item.
-
-    A subclass implements score_block(split, image_indices (n,), text_indices (m,)) -> (n, m)
-    scores; rank, similarity and score_pairs follow. score_pairs is the re-ranker API
-    (course_lib.methods.rerank.Cascade); a subclass with a cheaper pair scorer overrides it.
-    """
-
-    @abstractmethod
-    def score_block(self, split, image_indices, text_indices) -> torch.Tensor:
-        """(n, m) scores of the images image_indices (n,) against the captions text_indices (m,)."""
-
-    def pairs_per_query(self, split, direction: str) -> int:
-        return split.n_images if check_direction(direction) == "t2i" else split.n_texts
-
-    def similarity(self, split) -> torch.Tensor:
-        """(N, T) scores of every pair: small splits only, O(N * T) work."""
-        return self.score_block(split, np.arange(split.n_images), np.arange(split.n_texts))
-
-    _dense: tuple = (None, None, None)  # (split, model, (N, T) scores): see _DENSE_PAIRS
-
-    def rank(self, split, direction: str, top_k: int, queries=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Queries a chunk at a time against the whole gallery, keeping each one's top_k. A small
-        split queried in full is scored once for both directions (_DENSE_PAIRS)."""
-        queries = query_indices(split, direction, queries)
-        everything = np.array_equal(queries, query_indices(split, direction))
-        if self._dense[0] is split and self._dense[1] is self.model:
-            scores = self._dense[2]  # (N, T)
-        elif everything and split.n_images * split.n_texts <= _DENSE_PAIRS:
-            scores = self.similarity(split)  # (N, T), every pair once
-            self._dense = (split, self.model, scores)
-        else:
-            scores = None
-        if scores is not None:
-            q = torch.from_numpy(queries)
-            return top_k_of(scores.T[q] if direction == "t2i" else scores[q], top_k)
-        gallery = np.arange(split.n_images if direction == "t2i" else split.n_texts)
-        per_chunk = max(1, _PAIRS_PER_BLOCK // max(len(gallery), 1))
-        indices, scores = [], []
-        for start in tqdm(range(0, len(queries), per_chunk), desc=f"{self.name} {direction}",
-                          disable=not self.progress or len(queries) <= per_chunk, leave=False):
-            chunk = queries[start:start + per_chunk]
-            block = (self.score_block(split, gallery, chunk).T if direction == "t2i"
-                     else self.score_block(split, chunk, gallery))  # (c, G)
-            i, v = top_k_of(block, top_k)
-            indices.append(i)
-            scores.append(v)
-        return torch.cat(indices), torch.cat(scores)  # (Q, k) each
-
-    def score_pairs(self, split, image_indices, text_indices) -> torch.Tensor:
-        """(P,) scores of the pairs (image_indices[p], text_indices[p]): one score_block per
-        distinct caption, over the images paired with it."""
-        images = torch.as_tensor(np.asarray(image_indices), dtype=torch.long)  # (P,)
-        texts = torch.as_tensor(np.asarray(text_indices), dtype=torch.long)  # (P,)
-        out = torch.empty(len(images))
-        for text in torch.unique(texts).tolist():
-            where = torch.nonzero(texts == text).squeeze(1)
-            out[where] = self.score_block(split, images[where].numpy(), np.array([text]))[:, 0].float()
-        return out
-
-    def pair_scorer(self, split):
-        """score_pairs bound to a split: (image_indices (P,), text_indices (P,)) -> (P,)."""
-        return lambda images, texts: self.score_pairs(split, images, texts)
-
+def __getattr__(name: str):
+    """PairwiseMethod lives in course_lib.methods.pairwise and subclasses Method, so that module
+    imports this one; it is re-exported here on first use (PEP 562), not by a circular import."""
+    if name == "PairwiseMethod":
+        from course_lib.methods.pairwise import PairwiseMethod
+        return PairwiseMethod
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = ["fit_pairs", "Method", "DualEncoderMethod", "PairwiseMethod", "encode_gallery", "encode_captions",
            "encode_split", "similarity", "retrieval_evaluator", "learning_curve_splits", "query_indices", "ground_truth", "top_k_of", "DIRECTIONS",

@@ -1,0 +1,89 @@
+"""PairwiseMethod: what every cross-attention scorer shares (SCAN, the cross-encoder, Slow).
+
+A subclass implements score_block(split, image_indices, text_indices) -> (n, m) scores and inherits
+rank (a chunk of queries at a time against the whole gallery, keeping each one's top k), similarity
+and score_pairs (the re-ranker API of course_lib.methods.rerank.Cascade). Re-exported by
+course_lib.methods.base, where the other Method kinds live.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from course_lib.methods.base import Method
+from course_lib.methods.queries import check_direction, query_indices, top_k_of
+
+# pairs a PairwiseMethod scores per score_block call while ranking (memory, not the result)
+_PAIRS_PER_BLOCK = 1 << 20
+# a PairwiseMethod ranking every query of a split this small scores every pair once and keeps the
+# (N, T) matrix (80 MB at most), so the other direction reuses it instead of scoring it again
+_DENSE_PAIRS = 20_000_000
+
+
+class PairwiseMethod(Method):
+    """A Method that scores (image, caption) pairs jointly: every query meets every gallery item.
+
+    A subclass implements score_block(split, image_indices (n,), text_indices (m,)) -> (n, m)
+    scores; rank, similarity and score_pairs follow. score_pairs is the re-ranker API
+    (course_lib.methods.rerank.Cascade); a subclass with a cheaper pair scorer overrides it.
+    """
+
+    @abstractmethod
+    def score_block(self, split, image_indices, text_indices) -> torch.Tensor:
+        """(n, m) scores of the images image_indices (n,) against the captions text_indices (m,)."""
+
+    def pairs_per_query(self, split, direction: str) -> int:
+        return split.n_images if check_direction(direction) == "t2i" else split.n_texts
+
+    def similarity(self, split) -> torch.Tensor:
+        """(N, T) scores of every pair: small splits only, O(N * T) work."""
+        return self.score_block(split, np.arange(split.n_images), np.arange(split.n_texts))
+
+    _dense: tuple = (None, None, None)  # (split, model, (N, T) scores): see _DENSE_PAIRS
+
+    def rank(self, split, direction: str, top_k: int, queries=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Queries a chunk at a time against the whole gallery, keeping each one's top_k. A small
+        split queried in full is scored once for both directions (_DENSE_PAIRS)."""
+        queries = query_indices(split, direction, queries)
+        everything = np.array_equal(queries, query_indices(split, direction))
+        if self._dense[0] is split and self._dense[1] is self.model:
+            scores = self._dense[2]  # (N, T)
+        elif everything and split.n_images * split.n_texts <= _DENSE_PAIRS:
+            scores = self.similarity(split)  # (N, T), every pair once
+            self._dense = (split, self.model, scores)
+        else:
+            scores = None
+        if scores is not None:
+            q = torch.from_numpy(queries)
+            return top_k_of(scores.T[q] if direction == "t2i" else scores[q], top_k)
+        gallery = np.arange(split.n_images if direction == "t2i" else split.n_texts)
+        per_chunk = max(1, _PAIRS_PER_BLOCK // max(len(gallery), 1))
+        indices, scores = [], []
+        for start in tqdm(range(0, len(queries), per_chunk), desc=f"{self.name} {direction}",
+                          disable=not self.progress or len(queries) <= per_chunk, leave=False):
+            chunk = queries[start:start + per_chunk]
+            block = (self.score_block(split, gallery, chunk).T if direction == "t2i"
+                     else self.score_block(split, chunk, gallery))  # (c, G)
+            i, v = top_k_of(block, top_k)
+            indices.append(i)
+            scores.append(v)
+        return torch.cat(indices), torch.cat(scores)  # (Q, k) each
+
+    def score_pairs(self, split, image_indices, text_indices) -> torch.Tensor:
+        """(P,) scores of the pairs (image_indices[p], text_indices[p]): one score_block per
+        distinct caption, over the images paired with it."""
+        images = torch.as_tensor(np.asarray(image_indices), dtype=torch.long)  # (P,)
+        texts = torch.as_tensor(np.asarray(text_indices), dtype=torch.long)  # (P,)
+        out = torch.empty(len(images))
+        for text in torch.unique(texts).tolist():
+            where = torch.nonzero(texts == text).squeeze(1)
+            out[where] = self.score_block(split, images[where].numpy(), np.array([text]))[:, 0].float()
+        return out
+
+    def pair_scorer(self, split):
+        """score_pairs bound to a split: (image_indices (P,), text_indices (P,)) -> (P,)."""
+        return lambda images, texts: self.score_pairs(split, images, texts)
