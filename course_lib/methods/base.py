@@ -26,8 +26,8 @@ Ranking, not a dense (n_images, n_texts) matrix, is the protocol (the full setti
                         on the lean path of course_lib.core.serving
     PairwiseMethod      + what every cross-attention scorer shares (SCAN, the cross-encoder): it
                         implements score_block(split, images, texts) and inherits rank, similarity
-                        and score_pairs (the re-ranker API of course_lib.methods.rerank.Cascade);
-                        in course_lib.methods.pairwise, re-exported here
+                        and score_pairs (the re-ranker API of course_lib.methods.rerank.Cascade)
+                        from course_lib.methods.pairwise's PairwiseRanking
 
 `fit_pairs` is the one training recipe (a split's (image, caption) pairs through the Trainer);
 `Method.cached_states` keeps a gallery's offline states (U-BERT's, HiVLP's, Slow's) per split and model.
@@ -55,6 +55,7 @@ from course_lib.core.split_cache import CACHED_SPLITS, SplitCache  # noqa: F401 
 from course_lib.core.retrieval import build_index, search
 from course_lib.core.serving import QueryEncoder, QuerySide, QueryTokenizer, Searcher, TextQueryPath
 from course_lib.core.train import History, Trainer, train_config
+from course_lib.methods.pairwise import PairwiseRanking
 from course_lib.methods.queries import (  # noqa: F401 (re-exported: every method imports them from here)
     DIRECTIONS,
     check_direction,
@@ -331,13 +332,11 @@ class DualEncoderMethod(Method):
         return answer
 
 
-def __getattr__(name: str):
-    """PairwiseMethod lives in course_lib.methods.pairwise and subclasses Method, so that module
-    imports this one; it is re-exported here on first use (PEP 562), not by a circular import."""
-    if name == "PairwiseMethod":
-        from course_lib.methods.pairwise import PairwiseMethod
-        return PairwiseMethod
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+class PairwiseMethod(PairwiseRanking, Method):
+    """A Method that scores (image, caption) pairs jointly (SCAN, the cross-encoder, Slow): a subclass
+    implements score_block(split, image_indices (n,), text_indices (m,)) -> (n, m) scores and inherits
+    rank, similarity and score_pairs (course_lib.methods.pairwise)."""
+
 
 __all__ = ["fit_pairs", "Method", "DualEncoderMethod", "PairwiseMethod", "encode_gallery", "encode_captions",
            "encode_split", "similarity", "retrieval_evaluator", "learning_curve_splits", "query_indices", "ground_truth", "top_k_of", "DIRECTIONS",

@@ -1,31 +1,32 @@
-"""PairwiseMethod: what every cross-attention scorer shares (SCAN, the cross-encoder, Slow).
+"""PairwiseRanking: what every cross-attention scorer shares (SCAN, the cross-encoder, Slow).
 
-A subclass implements score_block(split, image_indices, text_indices) -> (n, m) scores and inherits
+A class implements score_block(split, image_indices, text_indices) -> (n, m) scores and inherits
 rank (a chunk of queries at a time against the whole gallery, keeping each one's top k), similarity
-and score_pairs (the re-ranker API of course_lib.methods.rerank.Cascade). Re-exported by
-course_lib.methods.base, where the other Method kinds live.
+and score_pairs (the re-ranker API of course_lib.methods.rerank.Cascade). It is mixed into
+course_lib.methods.base.PairwiseMethod (a Method: its model, name and progress are used here); kept
+apart so base.py stays one idea long, and importing nothing of base so neither imports the other.
 """
 
 from __future__ import annotations
 
-from abc import abstractmethod
+from abc import ABC, abstractmethod
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from course_lib.methods.base import Method
 from course_lib.methods.queries import check_direction, query_indices, top_k_of
 
-# pairs a PairwiseMethod scores per score_block call while ranking (memory, not the result)
+# pairs scored per score_block call while ranking (memory, not the result)
 _PAIRS_PER_BLOCK = 1 << 20
-# a PairwiseMethod ranking every query of a split this small scores every pair once and keeps the
+# a method ranking every query of a split this small scores every pair once and keeps the
 # (N, T) matrix (80 MB at most), so the other direction reuses it instead of scoring it again
 _DENSE_PAIRS = 20_000_000
 
 
-class PairwiseMethod(Method):
-    """A Method that scores (image, caption) pairs jointly: every query meets every gallery item.
+class PairwiseRanking(ABC):
+    """Ranking for a Method that scores (image, caption) pairs jointly: every query meets every
+    gallery item.
 
     A subclass implements score_block(split, image_indices (n,), text_indices (m,)) -> (n, m)
     scores; rank, similarity and score_pairs follow. score_pairs is the re-ranker API
