@@ -10,8 +10,9 @@ share the checkpoint folder:
     needs[i] = the models model i is built from (trained first, by whichever worker), and the first
                model of the order that trains a pixel stem model i starts from too
     order    = longest path first: the CPU-seconds its shipped model's learning curve recorded (the
-               mean of the others' if none) plus the longest chain of models that wait for it, so neither a long training
-               nor one that others wait for starts last and leaves a core idle at the end
+               mean of the others' if none) plus the longest chain of models that wait for it, so
+               neither a long training nor one that others wait for starts last and leaves a core
+               idle at the end
     worker   = its own benchmark, methods and torch threads (cores // jobs); fits the model it is
                handed, writing <checkpoints>/<name>.pt as a sequential run would
 
