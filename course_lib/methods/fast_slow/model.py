@@ -44,7 +44,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from course_lib.core.encoders import BagOfWordsEncoder, TransformerTextEncoder
+from course_lib.core.encoders import BagOfWordsEncoder, BiGRUEncoder, TransformerTextEncoder
 from course_lib.core.settings import CourseConfig
 from course_lib.core.tokens import WORD_SPECIAL_TOKENS, SpecialTokens
 from course_lib.methods.fast_slow.decoder import (  # re-exported: the decoders live in decoder.py
@@ -59,7 +59,7 @@ from course_lib.methods.pixel_stem import HEAD_POOLS, ConvBackbone, StemBackbone
 
 FUSION_EPS = 1e-4  # BiFPN's epsilon in the normalised fusion (the paper's App. D)
 IMAGE_POOLS = ("mean", "flatten")  # FastConfig.image_pool
-TEXT_TOWERS = ("bow", "transformer")  # FastConfig.text_tower
+TEXT_TOWERS = ("bow", "transformer", "gru")  # FastConfig.text_tower
 IMAGE_INITS = ("pixel_stem", "scratch")  # FastConfig.image_init
 DISTILL_CANDIDATES = ("batch", "mined")  # FastConfig.distill_candidates
 # the FastConfig fields that only distillation reads: a plain Fast model's checkpoint name leaves them out
@@ -305,6 +305,19 @@ class SlowModel(nn.Module):
 
 # ----------------------------------------------------------------------------- the Fast model
 
+def fast_text_tower(vocab_size: int, config: FastConfig, special: SpecialTokens = WORD_SPECIAL_TOKENS):
+    """g(y)'s two parts: the text tower of config.text_tower (pooled (B, hidden)) and the MLP to the joint
+    space (B, embed_dim). -> (tower, projection)"""
+    c = config
+    if c.text_tower == "bow":
+        tower = BagOfWordsEncoder(vocab_size, c.hidden, special)
+    elif c.text_tower == "gru":
+        tower = BiGRUEncoder(vocab_size, c.hidden, c.hidden, c.text_layers, special=special)
+    else:
+        tower = TransformerTextEncoder(vocab_size, c.hidden, c.text_layers, heads=4, special=special)
+    return tower, nn.Sequential(nn.Linear(c.hidden, c.hidden), nn.ReLU(), nn.Linear(c.hidden, c.embed_dim))
+
+
 class FastModel(StemBackboneModule):
     """The Fast dual encoder: encode_images(batch) -> f(x) (B, E) = Linear(the CNN's 4x4 map, mean
     pooled or flattened: config.image_pool); encode_texts(batch) -> g(y) (B, E) = MLP(the text
@@ -321,9 +334,7 @@ class FastModel(StemBackboneModule):
         self.freeze_backbone()
         cells = 1 if c.image_pool == "mean" else 16  # the 4x4 map of 32-pixel images
         self.image_proj = nn.Linear(c.channels[2] * cells, c.embed_dim)
-        self.text = (BagOfWordsEncoder(vocab_size, c.hidden, special) if c.text_tower == "bow" else
-                     TransformerTextEncoder(vocab_size, c.hidden, c.text_layers, heads=4, special=special))
-        self.text_proj = nn.Sequential(nn.Linear(c.hidden, c.hidden), nn.ReLU(), nn.Linear(c.hidden, c.embed_dim))
+        self.text, self.text_proj = fast_text_tower(vocab_size, c, special)
 
     @property
     def frozen_backbone(self) -> bool:
@@ -344,4 +355,4 @@ class FastModel(StemBackboneModule):
 
 __all__ = ["SlowConfig", "FastConfig", "ConvBackbone", "WeightedFusion", "VisualTokens", "CausalSelfAttention",
            "CrossAttention", "DecoderBlock", "Decoder", "reverse_words", "summed_log_likelihood", "SlowModel",
-           "FastModel", "FUSION_EPS", "IMAGE_POOLS", "TEXT_TOWERS", "IMAGE_INITS", "DISTILL_CANDIDATES", "DISTILL_FIELDS"]
+           "FastModel", "fast_text_tower", "FUSION_EPS", "IMAGE_POOLS", "TEXT_TOWERS", "IMAGE_INITS", "DISTILL_CANDIDATES", "DISTILL_FIELDS"]
