@@ -155,6 +155,8 @@ def _fresh(name, bench, tok):
         "fast": lambda: (FastMethod(FastConfig()), lambda m: FastModel(len(tok), m.config, SpecialTokens.of(tok))),
         "fast-transformer": lambda: (FastMethod(FastConfig(text_tower="transformer")),
                                      lambda m: FastModel(len(tok), m.config, SpecialTokens.of(tok))),
+        "fast-bow": lambda: (FastMethod(FastConfig(text_tower="bow")),
+                             lambda m: FastModel(len(tok), m.config, SpecialTokens.of(tok))),
         "hivlp": lambda: (HiVLPMethod(HiVLPConfig()), lambda m: build_hivlp(m.config, train, tok)),
     }
     method, build = builds[name]()
@@ -163,7 +165,7 @@ def _fresh(name, bench, tok):
     return method
 
 
-DUAL_ENCODERS = ["vsepp", "vsepp-bow", "lightningdot", "ubert-embed", "fast", "fast-transformer", "hivlp"]
+DUAL_ENCODERS = ["vsepp", "vsepp-bow", "lightningdot", "ubert-embed", "fast", "fast-transformer", "fast-bow", "hivlp"]
 
 
 @pytest.mark.parametrize("name", DUAL_ENCODERS)

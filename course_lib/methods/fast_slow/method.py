@@ -273,7 +273,8 @@ class FastMethod(DualEncoderMethod):
         how = (f"{start} {c.distill_steps} steps distilled from Slow over {over} (tau {c.tau:g}, alpha "
                f"{c.alpha:g}, B={c.distill_batch_size})" if c.distill else "eq. 4 NCE")
         image = "mean-pooled" if c.image_pool == "mean" else "flattened 4x4"
-        text = "bag of words" if c.text_tower == "bow" else f"{c.text_layers}-layer transformer"
+        text = {"bow": "bag of words", "gru": f"{c.text_layers}-layer bi-GRU",
+                "transformer": f"{c.text_layers}-layer transformer"}[c.text_tower]
         return f"Fast: {image} CNN / {text}, dot product, {how}, FAISS IndexFlatIP"
 
     def stem_checkpoint_file(self, bench: dict) -> str | None:
