@@ -52,6 +52,8 @@ def test_level_layers_are_evenly_spaced_and_end_at_the_top():
 def test_config_checks():
     with pytest.raises(ValueError, match="non-decreasing"):
         HiVLPConfig(eol_widths=(64, 32, 16))
+    with pytest.raises(ValueError, match="pool"):
+        HiVLPConfig(pool="max")
     with pytest.raises(ValueError, match="image_input"):
         HiVLPConfig(image_input="grid")
     with pytest.raises(ValueError, match="train_levels"):
@@ -63,21 +65,41 @@ def test_config_checks():
     HiVLPConfig(backbone="vit_base_patch16_224", stem="patch")
 
 
+def naive_pool(states: torch.Tensor, real: torch.Tensor, pool: str) -> torch.Tensor:
+    """A row-by-row loop: the global token (position 0), or the plain mean of the real positions."""
+    if pool == "cls":
+        return states[:, 0]
+    return torch.stack([states[b][real[b].bool()].mean(0) for b in range(states.shape[0])])
+
+
+@pytest.mark.parametrize("pool", ["mean", "cls"])
 @pytest.mark.parametrize("image_input", ["pixels", "regions"])
-def test_eol_widths_grow_and_read_the_right_blocks(bench, tok, image_input):
+def test_eol_widths_grow_and_read_the_right_blocks(bench, tok, image_input, pool):
     torch.manual_seed(0)
-    config = small_config(image_input=image_input, image_layers=6)
+    config = small_config(image_input=image_input, image_layers=6, pool=pool)
     model = build_hivlp(config, bench["train"], tok).eval()
     batch = pair_batch(bench["train"], tok, range(5), image_input)
     images, texts = model(batch)
     assert [tuple(x.shape) for x in images] == [(5, 4), (5, 8), (5, 16)]
     assert [tuple(x.shape) for x in texts] == [(5, 4), (5, 8), (5, 16)]
     assert model.image_at == [2, 4, 6] and model.text_at == [1, 2, 3]
-    # level l is EOL_l of block image_at[l]'s global token (position 0), recomputed by hand
+    # level l is EOL_l of block image_at[l]'s global token (position 0) or token mean, recomputed by hand
     states = model.image_tower(batch)
     assert len(states) == 6
+    n_tokens = states[0].shape[1]
+    if image_input == "regions":  # [IMG] and the unpadded regions; some images here have padded slots
+        real = torch.cat([torch.ones(5, 1), batch["region_mask"].float()], 1)
+        assert not real.bool().all()
+    else:
+        real = torch.ones(5, n_tokens)
     for l, block in enumerate(model.image_at):
-        torch.testing.assert_close(images[l], model.image_eols[l](states[block - 1][:, 0]), atol=TOL, rtol=0)
+        torch.testing.assert_close(images[l], model.image_eols[l](naive_pool(states[block - 1], real, pool)),
+                                   atol=TOL, rtol=0)
+    text_states = model.text_tower(batch, return_layers=True).layers
+    for l, block in enumerate(model.text_at):
+        torch.testing.assert_close(texts[l], model.text_eols[l](naive_pool(text_states[block - 1],
+                                                                           batch["attention_mask"], pool)),
+                                   atol=TOL, rtol=0)
     torch.testing.assert_close(model.encode_images(batch), images[-1], atol=TOL, rtol=0)
     torch.testing.assert_close(model.encode_texts(batch), texts[-1], atol=TOL, rtol=0)
 
