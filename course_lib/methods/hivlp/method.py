@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from course_lib.core.checkpoints import inference
+from course_lib.core.checkpoints import finished_checkpoint, inference
 from course_lib.core.retrieval import build_index, search
 from course_lib.core.settings import seed_everything
 from course_lib.data.datasets import (
@@ -31,6 +31,8 @@ from course_lib.data.datasets import (
     ImageDataset,
     make_loader,
 )
+from course_lib.data.split import RetrievalSplit
+from course_lib.data.synthetic import with_fresh_scenes
 from course_lib.methods.base import (
     DualEncoderMethod,
     Method,
@@ -39,7 +41,7 @@ from course_lib.methods.base import (
     query_indices,
     retrieval_evaluator,
 )
-from course_lib.methods.hivlp.model import HiVLP, HiVLPConfig, build_hivlp
+from course_lib.methods.hivlp.model import HiVLP, HiVLPConfig, StemGridTower, build_hivlp, grid_boxes
 from course_lib.methods.pixel_stem import load_stem_backbone, stem_checkpoint_file, stem_checkpoint_path, stem_config
 from course_lib.methods.hivlp.search import SURVIVORS, coarse_to_fine_one
 from course_lib.methods.registry import register_method
@@ -98,6 +100,24 @@ def uses_pixel_stem(config: HiVLPConfig) -> bool:
     return config.image_input == "pixels" and config.stem == "pixel_stem"
 
 
+def with_stem_grid(split, tower: StemGridTower, batch_size: int = 512, progress: bool = False,
+                   device: str | None = None) -> RetrievalSplit:
+    """A copy of `split` whose region features are the frozen pixel stem's grid tokens (N, 16, C), with
+    each cell's box and a full mask: "grid features", computed once per image. Training over pixels with
+    a frozen stem reads them (modality "regions") instead of running the stem at every step; the
+    numbers are the same, since a frozen stem in eval mode is a fixed function."""
+    loader = make_loader(ImageDataset(split, modality="pixels"), batch_size)
+    parts = []
+    with inference(tower.backbone, device) as on:
+        for batch in tqdm(loader, desc="stem grid", disable=not progress, leave=False):
+            parts.append(tower.grid_tokens(batch["pixels"].to(on)).float().cpu())  # (b, 16, C)
+    tokens = torch.cat(parts).numpy()  # (N, 16, C)
+    boxes = np.tile(grid_boxes(tower.side).numpy().astype(np.float32), (len(tokens), 1, 1))  # (N, 16, 7)
+    return RetrievalSplit(name=f"{split.name}:stem-grid", captions=split.captions, txt2img=split.txt2img,
+                          image_ids=split.image_ids, regions=tokens, boxes=boxes,
+                          region_mask=np.ones(tokens.shape[:2], dtype=bool), info=dict(split.info))
+
+
 def train_hivlp(bench: dict, tokenizer, config: HiVLPConfig | None = None, *, checkpoint_path=None,
                 stem_checkpoint=None, evaluate_on=None, eval_every: int | None = None, progress: bool = True,
                 device: str | None = None) -> tuple[HiVLP, object]:
@@ -113,7 +133,12 @@ def train_hivlp(bench: dict, tokenizer, config: HiVLPConfig | None = None, *, ch
         load_stem_backbone(model.image_tower.backbone, bench, c, checkpoint_path=stem_checkpoint, progress=progress,
                            device=device)
     evaluate = retrieval_evaluator(evaluate_on, lambda m, split: last_level_scores(m, split, tokenizer))
-    history = fit_pairs(model, hivlp_loss, bench["train"], tokenizer, c, modality=c.image_input,
+    train, modality = bench["train"], c.image_input
+    if not finished_checkpoint(checkpoint_path, c.max_steps):  # (a finished one is loaded: no data needed)
+        train = with_fresh_scenes(train, c.fresh_scenes)  # the training split, then fresh scenes
+        if uses_pixel_stem(c) and c.freeze_stem:  # the frozen stem run once per image, not once per step
+            train, modality = with_stem_grid(train, model.image_tower, progress=progress, device=device), "regions"
+    history = fit_pairs(model, hivlp_loss, train, tokenizer, c, modality=modality,
                         image_size=c.image_size, max_text_length=c.max_text_length, evaluate=evaluate,
                         eval_every=eval_every, log_every=max(1, c.max_steps // 100), progress=progress, device=device,
                         checkpoint_path=checkpoint_path)
@@ -298,4 +323,4 @@ def _hivlp_regions(build) -> HiVLPCascade:
     return HiVLPCascade(flat, name="hivlp-regions")
 
 
-__all__ = ["SURVIVORS", "RERANK_TOP_M", "hivlp_loss", "HiVLPStates", "compute_states", "uses_pixel_stem", "train_hivlp", "HiVLPMethod", "HiVLPLevel", "HiVLPCascade"]
+__all__ = ["SURVIVORS", "RERANK_TOP_M", "hivlp_loss", "HiVLPStates", "compute_states", "uses_pixel_stem", "with_stem_grid", "train_hivlp", "HiVLPMethod", "HiVLPLevel", "HiVLPCascade"]
