@@ -328,7 +328,8 @@ def with_fresh_scenes(train: RetrievalSplit, n: int, draw: int = 0) -> Retrieval
     info = train.info
     if "config" not in info or "seed" not in info:
         raise ValueError(f"split {train.name!r} was not made by make_benchmark (no config and seed in its info): "
-                         "fresh scenes need the generator's settings")
+                         "fresh scenes need the generator's settings. On other data (Flickr30k, COCO) set the "
+                         "model config's fresh_scenes=0")
     fresh = fresh_scenes(SyntheticConfig(**info["config"]), n, info["seed"], draw)
     return concatenate([train, fresh], f"{train.name}+{n}fresh")
 
