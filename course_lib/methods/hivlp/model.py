@@ -16,35 +16,28 @@ Retrieval (§3.4, course_lib.methods.hivlp.method): level 1 scores every candida
 level 2 re-scores those at d_2 and keeps N3, the last level orders the N3. Its cost (the
 paper's time model and a multiply-add count of ours) is in course_lib.methods.hivlp.cost.
 
-Where the paper is silent, our choices (the notebook says them too):
+Where the paper is silent, our choices (the notebook says them too; HiVLPConfig's comments give the measurements,
+docs/tuning_notes.md the runs):
 - Sizes: hidden 128 (LightningDOT's), a 2-block image tower over the 16 grid tokens (or a 6-block ViT over
   8x8-pixel patches with stem="patch"), a 1-block text tower (half of LightningDOT's two, as the paper's 6 is half
   of 12); EOL widths 32/64/128 (the paper's 128/300/768 ratio, roughly), after evenly spaced blocks (`level_layers`:
   the paper's 4/8/12 and 2/4/6).
 - Where we depart from the paper: each EOL reads the mean of its block's real tokens, the global token included
-  (`pool="mean"`, the default), not the global token alone (`pool="cls"`, the paper's h_V0^l / h_T0^l). The issue
-  behind these sizes lets pooling be chosen by learning curve: over regions, after 4,000 steps, val t2i R@1 21.9
-  with the mean against 12.6 with the global token (docs/tuning_notes.md, HiVLP).
+  (`pool="mean"`, the default), not the global token alone (`pool="cls"`, the paper's h_V0^l / h_T0^l), as the
+  learning curves chose.
 - The EOL MLP: Linear(hidden, hidden), GELU, Linear(hidden, d_l) (depth not given), nothing after it
-  (`eol_layernorm=True` adds a LayerNorm, so that S^l starts at the scale of LayerNorm'd states; over regions
-  it ended 1.2 points of val t2i R@1 lower after 4,000 steps: docs/tuning_notes.md).
+  (`eol_layernorm=True` adds a LayerNorm).
 - The image tower over pixels starts from a pre-trained backbone, as the paper's ViT does: ours is the course's
   pixel stem (course_lib.methods.pixel_stem, pre-trained on the pre-training split's scenes against what sits in
-  each cell, its heads reading each cell where it is on the map: `stem_head_pool="cells"`), kept frozen, whose
-  4x4 map becomes 16 grid tokens (each with its cell's box, as a region has) read by LightningDOT's 2-block region
-  transformer (`stem="pixel_stem"`, the default; "grid features"). The paper's ViT from
-  random weights (`stem="patch"`, 6 blocks over 8x8 patches; `stem="conv"` with a convolutional stem) learned
-  to see too slowly here: val t2i R@1 3.0 after 4,000 steps and 45 CPU-minutes, against 12.0 from the stem in
-  24 (6.0 from a stem whose heads read the whole map at once; docs/tuning_notes.md).
-- LRM's image term h_V0 is the last image block's [IMG] state (eq. 4 writes h_V0^l with no l).
-- LRM is added to L_HRL with weight `lrm_weight` (the paper gives no weights). It is 0 by default: in
-  our calibration runs it slowed the alignment and made each step slower (docs/tuning_notes.md says
-  what we measured); `lrm_weight=1.0` is L_HRL + L_LRM, two of the paper's three objectives, and notebook
-  05 trains both. The cross-modal encoder and its VLM loss (eq. 9), the third, are not trained here: "+CM" re-ranking uses the course's
-  cross-encoder of lesson 02 instead (`hivlp+rerank@20`).
-- No pre-training corpus for HiVLP itself: the model trains on the training split and 40,000 fresh scenes from the
-  same generator (`fresh_scenes`; on the split alone train[:1000] ran 8-12 points of t2i R@1 above val), its pixel
-  stem on the pre-training split's scenes (above).
+  each cell), kept frozen, whose 4x4 map becomes 16 grid tokens (each with its cell's box, as a region has) read
+  by LightningDOT's 2-block region transformer (`stem="pixel_stem"`, "grid features"). The paper's ViT from random
+  weights (`stem="patch"`; `stem="conv"` with a convolutional stem) learned to see too slowly here.
+- LRM's image term h_V0 is the last image block's [IMG] state (eq. 4 writes h_V0^l with no l). It is added to
+  L_HRL with weight `lrm_weight` (the paper gives none), 0 by default; 1.0 is L_HRL + L_LRM, two of the paper's
+  three objectives. The cross-modal encoder and its VLM loss (eq. 9), the third, are not trained here: "+CM"
+  re-ranking uses lesson 02's cross-encoder instead (`hivlp+rerank@20`).
+- No pre-training corpus for HiVLP itself: it trains on the training split and 40,000 fresh scenes from the same
+  generator (`fresh_scenes`), its pixel stem on the pre-training split's scenes.
 """
 
 from __future__ import annotations
@@ -81,22 +74,16 @@ class HiVLPConfig(CourseConfig):
     image_input: str = "pixels"  # "pixels": a ViT over the rendered image (the paper); "regions": the detector tower
     hidden: int = 128  # width of both towers (the paper: 768); LightningDOT's, as in the paper
     image_layers: int = 2  # image blocks (the paper's ViT: 12; LightningDOT's region tower: 2, as ours)
-    # text blocks: half of LightningDOT's, as in the paper (6 against LightningDOT's 12), on which its
-    # speed claim rests: a query runs the text tower alone
-    text_layers: int = 1
+    text_layers: int = 1  # half of LightningDOT's, as the paper's 6 of 12: its speed claim rests on it (queries run it)
     heads: int = 4  # attention heads per block
     patch_size: int = 8  # ViT patch side in pixels: a 32x32 image is 4x4 patches + [IMG]
-    # how pixels become tokens: "pixel_stem" (the pre-trained pixel stem's 4x4 map as 16 grid tokens, module
-    # docstring), "patch" (the paper's ViT: linear patch embedding, random weights; use image_layers=6), "conv" (the
-    # ViT with stride-2 3x3 convolutions down to the patches)
+    # how pixels become tokens: "pixel_stem" (the pre-trained stem's 4x4 map as 16 grid tokens), "patch" (the paper's
+    # ViT from random weights, use image_layers=6: val t2i R@1 3.0 after 4,000 steps), "conv" (a convolutional stem)
     stem: str = "pixel_stem"
-    # keep the pre-trained stem as it is (stem="pixel_stem"). Fine-tuned at the towers' rate it did worse: val t2i R@1
-    # 2.2 against 5.3 after 4,000 steps, at 28% more CPU time (the "flatten" stem; docs/tuning_notes.md, HiVLP)
-    freeze_stem: bool = True
+    freeze_stem: bool = True  # keep the stem as it is: fine-tuned at the towers' rate it did worse (tuning notes)
     stem_steps: int = 400  # the pixel stem's pre-training steps (PixelStemConfig.max_steps; cached, paid once)
-    # how the stem's heads read its map in pre-training (PixelStemConfig.head_pool). "cells" (each cell read in
-    # place) makes each grid token carry its own cell: val t2i R@1 11.8 against 6.0 with "flatten" after 4,000 steps
-    # (docs/tuning_notes.md, HiVLP)
+    # how the stem's heads read its map (PixelStemConfig.head_pool): "cells" makes each grid token carry its own cell,
+    # val t2i R@1 11.8 against 6.0 with "flatten" after 4,000 steps (docs/tuning_notes.md, HiVLP)
     stem_head_pool: str = "cells"
     backbone: str | None = None  # a timm ViT name for real data (e.g. "vit_base_patch16_224"); None = the course's
     pretrained: bool = False  # load the timm backbone's pretrained weights (needs internet or a cache)
@@ -105,14 +92,12 @@ class HiVLPConfig(CourseConfig):
     # end each EOL with a LayerNorm (level vectors start at norm sqrt(d_l), not near 0). Over regions the bare
     # MLP ended higher: val t2i R@1 12.6 against 11.4 after 4,000 steps (docs/tuning_notes.md)
     eol_layernorm: bool = False
-    # what a level's EOL reads from its block: "mean" = the mean of the block's real tokens, its global token
-    # included (as U-BERT pools, eq. 7); "cls" = the global token alone ([IMG] / [TXT]: the paper's h_V0^l, h_T0^l).
-    # Over regions "mean" reached val t2i R@1 21.9 against 12.6 after 4,000 steps (docs/tuning_notes.md, HiVLP)
+    # what a level's EOL reads: "mean" of its block's real tokens, global token included (U-BERT's eq. 7); "cls" the
+    # global token alone (the paper's h_V0^l). Over regions val t2i R@1 21.9 against 12.6 after 4,000 steps (notes)
     pool: str = "mean"
     train_levels: str = "all"  # "all": L_HRL over every level (eq. 8); "last": the last level only (ablation)
-    # weight of L_LRM (eq. 4) beside L_HRL. The paper trains with it; here it slowed alignment and made each
-    # step slower (docs/tuning_notes.md), so the default is 0 and notebook 05 measures it; 1.0 = the paper's
-    # L_HRL + L_LRM
+    # weight of L_LRM (eq. 4) beside L_HRL (1.0: the paper's L_HRL + L_LRM). Here it slowed alignment and each step
+    # (docs/tuning_notes.md), so the default is 0 and notebook 05 measures it
     lrm_weight: float = 0.0
     mask_prob: float = 0.15  # share of words LRM masks (BERT)
     dropout: float = 0.1  # dropout in both towers
@@ -122,9 +107,8 @@ class HiVLPConfig(CourseConfig):
     # optimizer steps (about 9 epochs of the 250k pairs of the training split and its fresh scenes). After 6,000 steps
     # val t2i R@1 still rose 0.7-1.0 points per 750 steps, over pixels and over regions (docs/tuning_notes.md, HiVLP)
     max_steps: int = 9000
-    # scenes drawn fresh from the generator (data.synthetic.with_fresh_scenes) beside the training split's 10,000:
-    # after 6,000 steps of the split alone train[:1000] ran 12 (pixels) and 8 (regions) points of t2i R@1 above val
-    # (docs/tuning_notes.md, HiVLP). A frozen pixel stem's grid is computed once per image (method.with_stem_grid)
+    # scenes drawn fresh from the generator (data.synthetic.with_fresh_scenes) beside the training split's 10,000: on
+    # the split alone train[:1000] ran 8-12 points of t2i R@1 above val after 6,000 steps (docs/tuning_notes.md, HiVLP)
     fresh_scenes: int = 40_000
     warmup_fraction: float = 0.1  # linear warm-up over 10% of steps, then linear decay (§4.1)
     grad_clip: float = 2.0  # max gradient norm
