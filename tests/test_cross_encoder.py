@@ -282,6 +282,18 @@ def test_the_checkpoint_name_follows_the_miner_only_when_it_mines(bench, tok):
     assert named(mining, 2) != named(mining, 5)
 
 
+def test_a_miner_is_kept_only_where_it_mines(bench, tok):
+    """The benchmark hands the cross-encoder a VSE++ miner whatever its loss. Trained listwise it draws no
+    mined negatives, so VSE++ is not among the models it is built from: --retrain and --refresh-shipped do not
+    train VSE++ before it (or at all, for --methods cross_encoder). Binary ITM with hard negatives keeps it."""
+    vsepp = VsePPMethod(VsePPConfig.smoke(max_steps=2), progress=False)
+    listwise = smoke_method(CrossEncoderConfig.smoke(max_steps=3), miner=dual_encoder_miner(vsepp))
+    assert listwise.miner is None and vsepp not in own_models([listwise])
+    mining = smoke_method(CrossEncoderConfig.smoke(max_steps=3, hard_negative_fraction=0.5, loss="binary"),
+                          miner=dual_encoder_miner(vsepp))
+    assert mining.miner is not None and vsepp in own_models([mining])
+
+
 def test_mining_from_embeddings_equals_mining_from_their_matrix(monkeypatch):
     gen = torch.Generator().manual_seed(0)
     image_emb, text_emb = torch.randn(40, 8, generator=gen), torch.randn(130, 8, generator=gen)

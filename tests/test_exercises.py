@@ -352,7 +352,7 @@ def ubert_pair():
     from course_lib.methods.ubert.model import UBERT, UBERTConfig
 
     torch.manual_seed(0)
-    config = UBERTConfig(hidden=16, tower_layers=1, cross_layers=2, heads=2, dropout=0.3)
+    config = UBERTConfig(hidden=16, tower_layers=1, cross_layers=2, heads=2, dropout=0.3, cross_towers="none")
     model = UBERT(region_dim=8, vocab_size=30, config=config).train()
     K, M, L, H = 7, 5, 6, config.hidden
     g = torch.Generator().manual_seed(1)

@@ -139,6 +139,7 @@ def _fresh(name, bench, tok):
     from course_lib.methods.hivlp.model import HiVLPConfig, build_hivlp
     from course_lib.methods.lightningdot.method import LightningDOTMethod, build_lightningdot
     from course_lib.methods.lightningdot.model import LightningDOTConfig
+    from course_lib.methods.scan.model import SCANConfig, build_scan
     from course_lib.methods.ubert.method import UBERTMethod
     from course_lib.methods.ubert.model import UBERTConfig, build_ubert
     from course_lib.methods.vsepp import VsePPConfig, VsePPMethod, build_dual_encoder
@@ -151,7 +152,8 @@ def _fresh(name, bench, tok):
                               lambda m: build_dual_encoder(m.config, train, tok)),
         "lightningdot": lambda: (LightningDOTMethod(LightningDOTConfig()),
                                  lambda m: build_lightningdot(m.config, train, tok)),
-        "ubert-embed": lambda: (UBERTMethod(UBERTConfig()), lambda m: build_ubert(m.config, train, tok)),
+        "ubert-embed": lambda: (UBERTMethod(UBERTConfig()), lambda m: build_ubert(m.config, train, tok,
+                                                                                  build_scan(SCANConfig(), train, tok))),
         "fast": lambda: (FastMethod(FastConfig()), lambda m: FastModel(len(tok), m.config, SpecialTokens.of(tok))),
         "fast-transformer": lambda: (FastMethod(FastConfig(text_tower="transformer")),
                                      lambda m: FastModel(len(tok), m.config, SpecialTokens.of(tok))),

@@ -22,6 +22,8 @@ from course_lib.data.tokenizer import build_word_tokenizer
 from course_lib.methods.lightningdot.method import LightningDOTMethod
 from course_lib.methods.lightningdot.model import LightningDOTConfig
 from course_lib.methods.registry import available_methods
+from course_lib.methods.scan.method import SCANMethod
+from course_lib.methods.scan.model import SCANConfig
 from course_lib.methods.ubert.method import UBERTMethod
 from course_lib.methods.ubert.model import UBERTConfig
 from course_lib.methods.vsepp import VsePPConfig, VsePPMethod
@@ -34,7 +36,8 @@ TINY = {  # a few steps each: what is tested is where the weights come from, not
     "lightningdot": lambda: LightningDOTMethod(LightningDOTConfig.smoke(pretrain_steps=2, finetune_steps=2,
                                                                         batch_size=16), progress=False),
     "ubert-embed": lambda: UBERTMethod(UBERTConfig.smoke(max_steps=2, cross_steps=2, sum_warmup_steps=0,
-                                                         batch_size=16, cross_batch_size=8), progress=False),
+                                                         batch_size=16, cross_batch_size=8), progress=False,
+                                       scan=SCANMethod(SCANConfig.smoke(max_steps=2), progress=False)),
 }
 
 
@@ -67,7 +70,7 @@ def shipped_tiny(data, tmp_path_factory):
     methods = [make() for make in TINY.values()]
     manifest = shipping.refresh(root / "shipped", checkpoints=root / "cache", methods=methods, bench=bench,
                                 tokenizer=tokenizer, progress=False)
-    return root, {m.name: m for m in methods}, manifest
+    return root, {m.name: m for m in shipping.own_models(methods)}, manifest  # U-BERT's SCAN ships too
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
-"""U-BERT: pooling and masks, eq. 15 by hand, the L1/L2 matrices against loops, the freeze of step 2,
-the cached-state path against the uncached one, the K invariant of the cascade, and caching."""
+"""U-BERT: pooling and masks, eq. 15 by hand, the L1/L2 matrices against loops, SCAN's reading of each
+token in BERT_cross's inputs, the freeze of step 2, the cached-state path against the uncached one, the K
+invariant of the cascade, and caching."""
 
 from __future__ import annotations
 
@@ -14,8 +15,11 @@ from course_lib.data.datasets import PairCollate, PairDataset
 from course_lib.core.losses import hinge_triplet_loss
 from course_lib.core.metrics import ranks_from_top_k, recall_at_k
 from course_lib.methods.base import ground_truth
-from course_lib.methods.ubert.model import (UBERTConfig, build_ubert, compute_states, enhanced_similarity,
-                              rescore_candidates, score_cached_pairs)
+from course_lib.methods.scan.method import SCANMethod
+from course_lib.methods.scan.model import SCANConfig, build_scan
+from course_lib.methods.ubert.model import (STEP_TWO_PARTS, UBERTConfig, build_ubert, compute_states,
+                                            enhanced_similarity, rescore_candidates, score_cached_pairs)
+from course_lib.shipping import own_models
 from course_lib.methods.ubert.method import (TOP_K, UBERTCascade, UBERTMethod, cross_loss, tower_config,
                                     train_ubert)
 
@@ -30,20 +34,41 @@ def small_config(**kw) -> UBERTConfig:
                           "dropout": 0.0, **kw})
 
 
+def untrained_scan(split, tok):
+    """A SCAN model with random weights: what cross_towers="scan" reads, for tests of the plumbing."""
+    torch.manual_seed(0)
+    return build_scan(SCANConfig.smoke(), split, tok)
+
+
+def smoke_method(config: UBERTConfig, **kwargs) -> UBERTMethod:
+    """A UBERTMethod whose SCAN trains for 3 steps (the default would train SCAN's own size)."""
+    return UBERTMethod(config, progress=False, scan=SCANMethod(SCANConfig.smoke(max_steps=3), progress=False), **kwargs)
+
+
+def is_tower_key(name: str) -> bool:
+    """A state_dict key of step 1's model: not BERT_cross, its SCAN inputs or the SCAN copy."""
+    return not name.startswith((*STEP_TWO_PARTS, "scan."))
+
+
 def pair_batch(split, tokenizer, rows):
     return PairCollate(tokenizer)([PairDataset(split)[t] for t in rows])
 
 
 @pytest.fixture(scope="module")
-def model(bench, tok):
+def scan(bench, tok):
+    return untrained_scan(bench["train"], tok)
+
+
+@pytest.fixture(scope="module")
+def model(bench, tok, scan):
     torch.manual_seed(0)
-    return build_ubert(small_config(cross_layers=2), bench["train"], tok).eval()
+    return build_ubert(small_config(cross_layers=2), bench["train"], tok, scan).eval()
 
 
 @pytest.fixture(scope="module")
 def fitted(bench, tok, tmp_path_factory):
     cache = tmp_path_factory.mktemp("ubert")
-    return UBERTMethod(small_config(), progress=False).fit(bench, tok, cache_dir=cache), cache
+    return smoke_method(small_config()).fit(bench, tok, cache_dir=cache), cache
 
 
 # ----------------------------------------------------------------------------- the model
@@ -77,7 +102,7 @@ def test_states_are_unit_means_of_the_towers_and_ignore_padding(model, bench, to
     expected = torch.stack([attended[b][mask[b]].mean(0) for b in range(6)])
     assert torch.allclose(intra, expected / expected.norm(dim=-1, keepdim=True), atol=TOL)
     assert torch.allclose(intra.norm(dim=-1), torch.ones(6), atol=TOL)
-    assert torch.allclose(tokens, model.embed_image(batch), atol=TOL)  # eq. 10 reads the inputs
+    assert torch.allclose(model._image_tower(batch)[0], model.embed_image(batch), atol=TOL)  # eq. 10 reads the inputs
     # padded regions and padded tokens change nothing anywhere
     noisy = dict(batch)
     noisy["regions"] = batch["regions"].masked_fill(~batch["region_mask"].bool()[..., None], 7.0)
@@ -105,7 +130,7 @@ def test_inter_is_mean_over_each_side_of_the_joint_sequence(model, bench, tok):
 
 def test_tower_input_variant_feeds_the_tower_outputs(bench, tok):
     torch.manual_seed(0)
-    m = build_ubert(small_config(cross_input="towers"), bench["train"], tok).eval()
+    m = build_ubert(small_config(cross_input="towers", cross_towers="none"), bench["train"], tok).eval()
     batch = pair_batch(bench["train"], tok, range(3))
     tokens, mask, _ = m.text_states(batch)
     assert torch.allclose(tokens, m.text_tower(m.embed_text(batch), mask), atol=TOL)
@@ -130,11 +155,69 @@ def test_pair_scores_and_l2_against_loops(model, bench, tok):
         hinge_triplet_loss(scores, cfg.margin, max_violation=True).item(), abs=1e-5)
 
 
-def test_config_checks():
+def test_config_checks(bench, tok, scan):
     with pytest.raises(ValueError, match="cross_input"):
         UBERTConfig(cross_input="regions")
     with pytest.raises(ValueError, match="training"):
         UBERTConfig(training="both")
+    with pytest.raises(ValueError, match="cross_towers"):
+        UBERTConfig(cross_towers="bert")
+    with pytest.raises(ValueError, match="needs the trained SCAN model"):
+        build_ubert(small_config(), bench["train"], tok)
+    with pytest.raises(ValueError, match="needs the trained SCAN model"):
+        build_ubert(small_config(cross_towers="none"), bench["train"], tok, scan)
+    assert build_ubert(small_config(cross_towers="none"), bench["train"], tok).scan is None
+
+
+# ----------------------------------------------------------------------------- SCAN's reading in BERT_cross
+
+def test_cross_tokens_carry_scans_reading_of_each_word_and_region(model, bench, tok):
+    """cross_towers="scan": each word token BERT_cross reads gets cross_inputs["word"](SCAN's encoding of that
+    word), each region token cross_inputs["region"](SCAN's encoding of it); [CLS], [SEP] and padding get
+    nothing; the intra vectors (stage 1) do not change. Checked caption by caption against SCAN run on that
+    caption alone."""
+    batch = pair_batch(bench["test"], tok, [0, 5, 14])
+    batch = {k: torch.cat([v, torch.full((3, 3), tok.pad_token_id if k == "input_ids" else 0)], 1)
+             if k in ("input_ids", "attention_mask") else v for k, v in batch.items()}  # three padded columns more
+    with torch.no_grad():
+        tokens, mask, intra = model.text_states(batch)  # (3, T, H)
+        base, _, base_intra = model._text_tower(batch)
+        assert torch.allclose(intra, base_intra, atol=TOL) and torch.allclose(model.encode_texts(batch), intra, atol=TOL)
+        for b in range(3):
+            n = int(batch["attention_mask"][b].sum())  # [CLS] w1 .. w(n-2) [SEP]
+            words, _ = model.scan.encode_texts({k: batch[k][b:b + 1, :n] for k in ("input_ids", "attention_mask")})
+            expected = base[b].clone()
+            expected[1:n - 1] += model.cross_inputs["word"](words[0])
+            assert torch.allclose(tokens[b], expected, atol=TOL)
+        regions, real = model.scan.encode_images(batch)  # (3, M, E), (3, M)
+        expected = model._image_tower(batch)[0] + model.cross_inputs["region"](regions) * real[..., None]
+        assert torch.allclose(model.image_states(batch)[0], expected, atol=TOL)
+
+
+def test_scan_copy_is_frozen_and_step_two_trains_only_bert_cross_and_its_inputs(bench, tok, scan):
+    m = build_ubert(small_config(), bench["train"], tok, scan)
+    assert m.scan is not scan and all(torch.equal(a, b) for a, b in zip(m.scan.state_dict().values(),
+                                                                        scan.state_dict().values()))
+    assert not any(p.requires_grad for p in m.scan.parameters())  # frozen from the start, joint training too
+    m.freeze_towers().train()
+    assert not m.scan.training and m.cross_inputs.training
+    trained = {n.split(".")[0] for n, p in m.named_parameters() if p.requires_grad}
+    assert trained == {"cross", "cross_inputs"}
+    batch = pair_batch(bench["train"], tok, range(4))
+    m.pair_scores(m.image_states(batch), m.text_states(batch)).sum().backward()
+    assert m.cross_inputs["word"][0].weight.grad is not None and m.cross_inputs["region"][0].weight.grad is not None
+
+
+def test_scan_inputs_leave_the_towers_and_bert_cross_initial_weights_as_they_were(bench, tok, scan):
+    """They are built last: with the same seed, a model with SCAN inputs starts from the same towers and
+    BERT_cross as one without, so step 1 (built without them) and earlier runs are unchanged."""
+    torch.manual_seed(3)
+    with_scan = build_ubert(small_config(), bench["train"], tok, scan).state_dict()
+    torch.manual_seed(3)
+    without = build_ubert(small_config(cross_towers="none"), bench["train"], tok).state_dict()
+    assert set(without) < set(with_scan)
+    assert all(torch.equal(without[k], with_scan[k]) for k in without)
+    assert tower_config(small_config()).cross_towers == "none"
 
 
 # ----------------------------------------------------------------------------- training
@@ -142,13 +225,17 @@ def test_config_checks():
 def test_step_two_freezes_the_towers_bit_for_bit(bench, tok, tmp_path):
     cfg = small_config()
     towers_ckpt, ckpt = tmp_path / "towers.pt", tmp_path / "cross.pt"
+    scan = untrained_scan(bench["train"], tok)
     model, histories = train_ubert(bench, tok, cfg, towers_checkpoint=towers_ckpt, checkpoint_path=ckpt,
-                                   progress=False)
+                                   scan=scan, progress=False)
     assert set(histories) == {"towers", "cross"}
     towers = torch.load(towers_ckpt, map_location="cpu", weights_only=True)["model"]
+    assert not any(k.startswith(("cross_inputs.", "scan.")) for k in towers)  # step 1 has no SCAN inputs
     final = model.state_dict()
-    fresh_cross = build_ubert(cfg, bench["train"], tok).state_dict()
-    tower_keys = [k for k in final if not k.startswith("cross.")]
+    fresh_cross = build_ubert(cfg, bench["train"], tok, scan).state_dict()
+    assert all(torch.equal(final[k], v) for k, v in scan.state_dict().items() for k in [f"scan.{k}"])
+    assert any(not torch.equal(final[k], fresh_cross[k]) for k in final if k.startswith("cross_inputs."))
+    tower_keys = [k for k in final if is_tower_key(k)]
     assert tower_keys and all(torch.equal(final[k], towers[k]) for k in tower_keys)
     assert any(not torch.equal(final[k], fresh_cross[k]) for k in final if k.startswith("cross."))
     # the towers of step 1 do not depend on the cross fields
@@ -156,32 +243,34 @@ def test_step_two_freezes_the_towers_bit_for_bit(bench, tok, tmp_path):
 
 
 def test_joint_training_moves_every_part(bench, tok):
-    cfg = small_config(training="joint")
-    torch.manual_seed(cfg.seed)
     from course_lib.core.settings import seed_everything
 
-    seed_everything(cfg.seed)
-    before = build_ubert(cfg, bench["train"], tok).state_dict()
-    model, histories = train_ubert(bench, tok, cfg, progress=False)
+    cfg = small_config(training="joint")
+    scan = untrained_scan(bench["train"], tok)
+    seed_everything(cfg.seed)  # as train_ubert does before building the joint model
+    before = build_ubert(cfg, bench["train"], tok, scan).state_dict()
+    model, histories = train_ubert(bench, tok, cfg, scan=scan, progress=False)
     assert set(histories) == {"joint"} and {"l1", "l2"} <= set(histories["joint"][-1])
     after = model.state_dict()
-    for part in ("image_tower.", "text_tower.", "cross.", "word."):
+    for part in ("image_tower.", "text_tower.", "cross.", "word.", "cross_inputs."):
         assert any(not torch.equal(after[k], before[k]) for k in after if k.startswith(part)), part
+    assert all(torch.equal(after[k], before[k]) for k in after if k.startswith("scan."))  # SCAN stays frozen
 
 
 def test_method_caches_towers_and_cross_separately(fitted, bench, tok):
     method, cache = fitted
-    names = sorted(p.name for p in cache.iterdir())
-    assert len(names) == 2 and names[0].startswith("ubert-") and names[1].startswith("ubert-towers-")
+    names = sorted(p.name for p in cache.iterdir())  # SCAN trained first, cached beside the two steps
+    assert len(names) == 3 and names[0].startswith("scan-") and names[1].startswith("ubert-")
+    assert names[2].startswith("ubert-towers-")
     # another L_c re-uses the towers: only a new cross checkpoint appears, with the same tower weights
-    towers_file = cache / names[1]
+    towers_file = cache / names[2]
     stamp = towers_file.stat().st_mtime_ns
-    deeper = UBERTMethod(small_config(cross_layers=2), progress=False).fit(bench, tok, cache_dir=cache)
+    deeper = smoke_method(small_config(cross_layers=2)).fit(bench, tok, cache_dir=cache)
     assert towers_file.stat().st_mtime_ns == stamp  # loaded, not trained and saved again
-    assert len(list(cache.iterdir())) == 3
+    assert len(list(cache.iterdir())) == 4
     assert torch.equal(deeper.model.image_tower.blocks[0].attn.qkv.weight,
                        method.model.image_tower.blocks[0].attn.qkv.weight)
-    again = UBERTMethod(small_config(), progress=False).fit(bench, tok, cache_dir=cache)  # loads both
+    again = smoke_method(small_config()).fit(bench, tok, cache_dir=cache)  # loads all three
     assert all(torch.equal(a, b) for a, b in zip(again.model.state_dict().values(),
                                                  method.model.state_dict().values()))
 
@@ -189,24 +278,45 @@ def test_method_caches_towers_and_cross_separately(fitted, bench, tok):
 def test_towers_from_another_model_skip_step_one(fitted, bench, tok, tmp_path):
     method, _ = fitted
     # an empty cache: without towers_from this would train step 1 and save its checkpoint
-    deeper = UBERTMethod(small_config(cross_layers=2), progress=False, towers_from=method)
+    deeper = smoke_method(small_config(cross_layers=2), towers_from=method)
     deeper.fit(bench, tok, cache_dir=tmp_path)
-    assert [p.name for p in tmp_path.iterdir()] == [deeper.checkpoint_path.name]  # no ubert-towers-* file
+    ubert_files = [p.name for p in tmp_path.iterdir() if p.name.startswith("ubert")]  # and its SCAN's
+    assert ubert_files == [deeper.checkpoint_path.name]  # no ubert-towers-* file
     mine, theirs = deeper.model.state_dict(), method.model.state_dict()
-    tower_keys = [k for k in theirs if not k.startswith("cross.")]
+    tower_keys = [k for k in theirs if is_tower_key(k)]
     assert tower_keys and all(torch.equal(mine[k], theirs[k]) for k in tower_keys)
     assert deeper.history["towers"] is method.history["towers"] and len(deeper.history["cross"])
-    assert all(not p.requires_grad for n, p in deeper.model.named_parameters() if not n.startswith("cross."))
+    assert all(not p.requires_grad for n, p in deeper.model.named_parameters() if not n.startswith(STEP_TWO_PARTS))
 
 
 def test_towers_from_refuses_other_towers_and_an_unfitted_model(fitted, bench, tok, tmp_path):
     method, _ = fitted
     with pytest.raises(ValueError, match=r"lr \(0\.01 vs 0\.001\)"):
-        UBERTMethod(small_config(lr=0.01), progress=False, towers_from=method).fit(bench, tok, cache_dir=tmp_path)
+        smoke_method(small_config(lr=0.01), towers_from=method).fit(bench, tok, cache_dir=tmp_path)
     with pytest.raises(ValueError, match="two-step"):
-        UBERTMethod(small_config(training="joint"), progress=False, towers_from=method).fit(bench, tok)
+        smoke_method(small_config(training="joint"), towers_from=method).fit(bench, tok)
     with pytest.raises(RuntimeError, match="not fitted"):
-        UBERTMethod(small_config(), progress=False, towers_from=UBERTMethod(small_config())).fit(bench, tok)
+        smoke_method(small_config(), towers_from=smoke_method(small_config())).fit(bench, tok)
+
+
+def test_the_method_follows_its_scan_checkpoint_and_ships_with_it(fitted, bench, tok):
+    """BERT_cross is trained on SCAN's reading, so another SCAN is another U-BERT file; the training planner
+    sees SCAN as a model it needs; a shipped-style load rebuilds the SCAN copy untrained and takes its weights
+    from U-BERT's own state."""
+    method, _ = fitted
+    assert method.checkpoint_extra(bench, tok) == (method.towers_checkpoint_file(bench, tok),
+                                                   method.scan.checkpoint_file(bench, tok))
+    assert method.scan in own_models([method]) and method.scan in own_models([UBERTCascade(method)])
+    other = UBERTMethod(small_config(), scan=SCANMethod(SCANConfig.smoke(max_steps=4), progress=False))
+    assert other.checkpoint_file(bench, tok) != method.checkpoint_file(bench, tok)
+    none = UBERTMethod(small_config(cross_towers="none"))
+    assert none.scan is None and none.checkpoint_extra(bench, tok) == (none.towers_checkpoint_file(bench, tok),)
+    rebuilt = method.build_model(bench, tok)
+    rebuilt.load_state_dict(method.model.state_dict())
+    split = bench["test"]
+    images, texts = torch.arange(12) % split.n_images, torch.arange(12) * 7 % split.n_texts
+    assert torch.allclose(score_cached_pairs(rebuilt.eval(), compute_states(rebuilt, split, tok), images, texts),
+                          method.score_pairs(split, images, texts), atol=1e-5)
 
 
 # ----------------------------------------------------------------------------- retrieval

@@ -285,8 +285,10 @@ class CrossEncoderMethod(PairwiseMethod):
     def __init__(self, config: CrossEncoderConfig | None = None, name: str = "cross_encoder",
                  miner: Callable | None = None, progress: bool = True, towers: Method | None = None):
         super().__init__(config, name, progress)
-        self.miner = miner
         cfg = self.config
+        # only the binary loss with hard negatives draws from a miner: otherwise nothing (the model, its file,
+        # the models a --retrain trains before it) depends on one, so it is not kept
+        self.miner = miner if cfg.loss == "binary" and cfg.hard_negative_fraction > 0 else None
         if cfg.towers == "scan" and towers is None:
             towers = SCANMethod(SCANConfig.for_course(seed=cfg.seed), progress=progress)
         self.towers = towers if cfg.towers == "scan" else None

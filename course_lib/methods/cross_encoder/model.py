@@ -46,7 +46,6 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from course_lib.core.blocks import JointEmbedding, Transformer, masked_mean
-from course_lib.core.encoders import word_mask
 from course_lib.core.checkpoints import inference
 from course_lib.core.settings import CourseConfig
 from course_lib.core.train import move_to_device
@@ -163,16 +162,8 @@ class CrossEncoder(JointEmbedding):
         x = super().embed_text(texts)  # (B, T, H)
         if self.towers is None:
             return x
-        # a grid or a query repeats each caption over many images: SCAN reads each distinct one once
-        distinct, rows = torch.unique(texts["input_ids"], dim=0, return_inverse=True)  # (U, T), (B,)
-        first = torch.full((len(distinct),), len(rows), device=rows.device).scatter_reduce(
-            0, rows, torch.arange(len(rows), device=rows.device), "amin")  # (U,) a row holding each
-        words, real = self.towers.encode_texts({k: v[first] for k, v in texts.items()})  # (U, L, E), (U, L)
-        words, real = words[rows], real[rows]  # (B, L, E), (B, L): the words only, in order
-        is_word = word_mask(texts["input_ids"], texts["attention_mask"], self.towers.special)  # (B, T)
-        tower = x.new_zeros(*is_word.shape, words.shape[-1])  # (B, T, E): nothing at [CLS], [SEP], [PAD]
-        tower[is_word] = words[real].to(x.dtype)  # row-major on both sides: word j of a caption to its slot
-        return x + self.word_from_towers(tower) * is_word.unsqueeze(-1)
+        tower, is_word = self.towers.encode_words_in_place(texts)  # (B, T, E), (B, T)
+        return x + self.word_from_towers(tower.to(x.dtype)) * is_word.unsqueeze(-1)
 
     def embed_image(self, images: dict) -> torch.Tensor:
         """JointEmbedding's (B, R, H), plus SCAN's encoding of each region (towers="scan")."""

@@ -126,6 +126,21 @@ class SCANModel(nn.Module):
         tokens = self.text_encoder({"input_ids": ids, "attention_mask": mask}).tokens  # (B, L, E)
         return normalize_real(tokens, mask), mask
 
+    def encode_words_in_place(self, texts: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """encode_texts' word vectors put back at each word's own slot of the tokenised captions, for
+        models that read SCAN's encodings beside their own tokens (the cross-encoder, U-BERT's BERT_cross):
+        (tokens (B, T, E), zero at [CLS], [SEP] and [PAD]; is_word (B, T)). A caption repeated in the
+        batch (a grid, a query against many images) is encoded once."""
+        distinct, rows = torch.unique(texts["input_ids"], dim=0, return_inverse=True)  # (U, T), (B,)
+        first = torch.full((len(distinct),), len(rows), device=rows.device).scatter_reduce(
+            0, rows, torch.arange(len(rows), device=rows.device), "amin")  # (U,) a row holding each
+        words, real = self.encode_texts({k: texts[k][first] for k in ("input_ids", "attention_mask")})  # (U, L, E)
+        words, real = words[rows], real[rows]  # (B, L, E), (B, L): the words only, in order
+        is_word = word_mask(texts["input_ids"], texts["attention_mask"], self.special)  # (B, T)
+        tokens = words.new_zeros(*is_word.shape, words.shape[-1])  # (B, T, E)
+        tokens[is_word] = words[real]  # row-major on both sides: word j of a caption to its slot
+        return tokens, is_word
+
     def score(self, regions, region_mask, words, word_mask) -> torch.Tensor:
         """scan_similarity with this model's attention settings -> (n_images, n_texts)."""
         c = self.config

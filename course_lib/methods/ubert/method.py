@@ -9,8 +9,8 @@
 
 Step 1's checkpoint is named by the fields that shape the towers alone (`TOWER_FIELDS`), so every
 BERT_cross variant (L_c, the cross input, its steps) re-uses one set of towers, as the two-step
-recipe allows. Its model is built with the default cross fields, so its initial weights do not
-depend on them either.
+recipe allows. Its model is built with the default cross fields (and no SCAN inputs: the towers
+never read them), so its initial weights do not depend on them either.
 
     model, histories = train_ubert(bench, tokenizer, UBERTConfig(), towers_checkpoint=..., checkpoint_path=...)
 
@@ -43,7 +43,10 @@ from course_lib.methods.base import (
 )
 from course_lib.methods.registry import register_method
 from course_lib.methods.rerank import Cascade, TwoStageMethod, two_stage_scores
+from course_lib.methods.scan.method import SCANMethod
+from course_lib.methods.scan.model import SCANConfig
 from course_lib.methods.ubert.model import (
+    STEP_TWO_PARTS,
     UBERT,
     UBERTConfig,
     UBERTStates,
@@ -89,8 +92,9 @@ def cross_loss(config: UBERTConfig, with_l1: bool = False):
 
 
 def tower_config(config: UBERTConfig) -> UBERTConfig:
-    """The config step 1 builds its model with: the tower fields, the cross fields at defaults."""
-    defaults = UBERTConfig()
+    """The config step 1 builds its model with: the tower fields, the cross fields at defaults, no SCAN
+    inputs (only BERT_cross reads them)."""
+    defaults = UBERTConfig(cross_towers="none")
     return dataclasses.replace(defaults, **{f: getattr(config, f) for f in TOWER_FIELDS})
 
 
@@ -113,21 +117,22 @@ def ubert_evaluator(split, tokenizer):
 
 
 def train_ubert(bench: dict, tokenizer, config: UBERTConfig | None = None, *, towers_checkpoint=None,
-                checkpoint_path=None, towers: tuple[UBERT, object] | None = None, evaluate_on=None,
+                checkpoint_path=None, towers: tuple[UBERT, object] | None = None, scan=None, evaluate_on=None,
                 eval_every: int | None = None, evaluate_cross: bool = True, progress: bool = True,
                 device: str | None = None) -> tuple[UBERT, dict]:
     """Train U-BERT on bench["train"]; returns (model, histories by stage: "towers" and "cross",
     or "joint"). towers_checkpoint / checkpoint_path: where each stage saves, and a finished
     checkpoint there is loaded instead of training. towers: (a trained U-BERT, its step-1 history)
     whose towers and input embeddings stand for step 1 (two-step only; the caller checks that they
-    were trained with this config's TOWER_FIELDS). evaluate_on: a split (or a dict of splits,
+    were trained with this config's TOWER_FIELDS). scan: the trained SCANModel that
+    config.cross_towers="scan" feeds BERT_cross (UBERT's docstring). evaluate_on: a split (or a dict of splits,
     base.learning_curve_splits) scored every eval_every steps and at the end of each stage (stage 1
     by s1 alone, stage 2 by the two-stage ranking, ubert_scores; evaluate_cross=False: stage 1 only)."""
     c = config or UBERTConfig()
     train = bench["train"]
     if c.training == "joint":
         seed_everything(c.seed)
-        model = build_ubert(c, train, tokenizer)
+        model = build_ubert(c, train, tokenizer, scan)
         history = fit_pairs(model, cross_loss(c, with_l1=True), train, tokenizer, c,
                             evaluate=ubert_evaluator(evaluate_on, tokenizer), log_every=25, progress=progress,
                             checkpoint_path=checkpoint_path, device=device, max_steps=c.max_steps + c.cross_steps,
@@ -136,7 +141,7 @@ def train_ubert(bench: dict, tokenizer, config: UBERTConfig | None = None, *, to
     histories = {}
     finished = finished_checkpoint(checkpoint_path, c.cross_steps)
     seed_everything(c.seed + 1)  # BERT_cross's initial weights, whatever step 1 did
-    model = build_ubert(c, train, tokenizer)
+    model = build_ubert(c, train, tokenizer, scan)
     if towers is not None:  # step 1 is another U-BERT's: nothing of it to train
         towers, histories["towers"] = towers
     elif not finished or finished_checkpoint(towers_checkpoint, c.max_steps):  # a finished run needs no step 1
@@ -147,8 +152,8 @@ def train_ubert(bench: dict, tokenizer, config: UBERTConfig | None = None, *, to
                                         eval_every=eval_every, log_every=25, progress=progress, checkpoint_path=towers_checkpoint,
                                         device=device)
     if towers is not None:
-        state = {k: v.cpu() for k, v in towers.state_dict().items() if not k.startswith("cross.")}
-        model.load_state_dict(state, strict=False)  # the towers and embeddings; BERT_cross stays fresh
+        state = {k: v.cpu() for k, v in towers.state_dict().items() if not k.startswith((*STEP_TWO_PARTS, "scan."))}
+        model.load_state_dict(state, strict=False)  # the towers and embeddings; BERT_cross and its inputs stay fresh
     model.freeze_towers()
     histories["cross"] = fit_pairs(model, cross_loss(c), train, tokenizer, c,
                                    evaluate=ubert_evaluator(evaluate_on if evaluate_cross else None, tokenizer),
@@ -169,12 +174,17 @@ class UBERTMethod(DualEncoderMethod):
     config_class = UBERTConfig
 
     def __init__(self, config: UBERTConfig | None = None, name: str = "ubert-embed", progress: bool = True,
-                 towers_from: "UBERTMethod | None" = None):
+                 towers_from: "UBERTMethod | None" = None, scan: "SCANMethod | None" = None):
         """towers_from: a fitted two-step U-BERT whose step 1 this one shares (the same TOWER_FIELDS,
         data and vocabulary): its towers stand for step 1, so only BERT_cross trains. Its step-1
-        cache need not exist (a shipped model holds the towers; float16 there, the only difference)."""
+        cache need not exist (a shipped model holds the towers; float16 there, the only difference).
+        scan: the SCAN method whose trained encoders config.cross_towers="scan" reads (fitted when the
+        benchmark passes its own "scan", so SCAN trains once; default the course's SCAN)."""
         super().__init__(config, name, progress)
         self.towers_checkpoint, self.towers_from = None, towers_from
+        if self.config.cross_towers == "scan" and scan is None:
+            scan = SCANMethod(SCANConfig.for_course(seed=self.config.seed), progress=progress)
+        self.scan = scan if self.config.cross_towers == "scan" else None
 
     @property
     def notes(self) -> str:
@@ -187,19 +197,28 @@ class UBERTMethod(DualEncoderMethod):
         return checkpoint_name("ubert-towers", fields, bench["train"], tokenizer, code=self.code_version())
 
     def checkpoint_extra(self, bench: dict, tokenizer) -> tuple:
-        return (self.towers_checkpoint_file(bench, tokenizer),)
+        """Step 1's checkpoint, and the SCAN checkpoint BERT_cross's inputs come from."""
+        scan = (self.scan.checkpoint_file(bench, tokenizer),) if self.scan is not None else ()
+        return (self.towers_checkpoint_file(bench, tokenizer), *scan)
 
     def build_model(self, bench: dict, tokenizer) -> UBERT:
-        model = build_ubert(self.config, bench["train"], tokenizer)
+        scan = self.scan.build_model(bench, tokenizer) if self.scan is not None else None  # the checkpoint holds its copy
+        model = build_ubert(self.config, bench["train"], tokenizer, scan)
         return model.freeze_towers() if self.config.training == "two_step" else model  # as train_ubert leaves it
 
     def train(self, bench: dict, tokenizer, checkpoint_path, cache_dir):
         self.towers_checkpoint = None
         if cache_dir is not None and self.config.training == "two_step":
             self.towers_checkpoint = Path(cache_dir) / self.towers_checkpoint_file(bench, tokenizer)
+        scan = None
+        if self.scan is not None:  # trained SCAN for BERT_cross's inputs; a finished checkpoint holds its copy
+            c = self.config
+            steps = c.max_steps + c.cross_steps if c.training == "joint" else c.cross_steps
+            scan = (self.scan.build_model(bench, tokenizer) if finished_checkpoint(checkpoint_path, steps)
+                    else self.scan.fit(bench, tokenizer, cache_dir).model)
         # stage 1's curve only: scoring the two stages on two galleries costs a cross pass per candidate
         return train_ubert(bench, tokenizer, self.config, towers_checkpoint=self.towers_checkpoint,
-                           checkpoint_path=checkpoint_path, towers=self.shared_towers(bench, tokenizer),
+                           checkpoint_path=checkpoint_path, towers=self.shared_towers(bench, tokenizer), scan=scan,
                            progress=self.progress, evaluate_cross=False,
                            **self.learning_curve(bench, self.config.max_steps))
 
@@ -246,15 +265,16 @@ class UBERTMethod(DualEncoderMethod):
 class UBERTCascade(Cascade):
     """U-BERT's retrieval (§4.2): s1 keeps the top K, s2 alone re-orders them. K = top_k (per
     caption) and top_k_i2t (per image). query_fn is the online path of one caption: one text-tower
-    pass (its input embeddings and T_intra at once), a FAISS search of the gallery's I_intra, and
+    pass (the tokens BERT_cross reads and T_intra at once), a FAISS search of the gallery's I_intra, and
     BERT_cross on the K candidates with their cached states; image_query_fn the same for an image."""
 
     def __init__(self, ubert: UBERTMethod, top_k: int = TOP_K["t2i"], top_k_i2t: int = TOP_K["i2t"],
                  name: str | None = None):
+        reading = " with SCAN's reading of each token" if ubert.config.cross_towers == "scan" else ""
         super().__init__([ubert, ubert], [top_k], top_ms_i2t=[top_k_i2t], name=name or f"ubert@{top_k}",
                          notes=(f"U-BERT: s1 keeps the top {top_k} images per caption ({top_k_i2t} captions "
                                 f"per image), s2 re-orders them (BERT_cross, {ubert.config.cross_layers} "
-                                f"layer(s), on cached states)"))
+                                f"layer(s), on cached states{reading})"))
         self.ubert = ubert
 
     def _online(self, split, direction: str, query_batch, top_k: int):
@@ -298,7 +318,7 @@ class UBERTCascade(Cascade):
 
 @register_method("ubert-embed", order=4.0)
 def _ubert_embed(build) -> UBERTMethod:
-    return UBERTMethod(build.config(UBERTConfig))
+    return UBERTMethod(build.config(UBERTConfig), scan=build.method("scan"))
 
 
 @register_method(f"ubert@{TOP_K['t2i']}", order=4.1)

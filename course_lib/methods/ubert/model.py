@@ -17,6 +17,14 @@ Where the paper is silent, our choices (notebook 04 says the same):
 - The input embeddings r_i, t_i are one table shared by the towers and BERT_cross (eq. 2 defines
   them once and eq. 6 and eq. 10 both read them); they belong to the towers, so step 2 freezes
   them too. `cross_input="towers"` is the variant that feeds the tower outputs r̂, t̂ instead.
+- What BERT_cross's tokens know (`cross_towers="scan"`, the default): the paper's input embeddings
+  are pre-trained (BERT's word pieces, a detector trained on Visual Genome), so its BERT_cross starts
+  from tokens that already say which word goes with which region. Ours are learned in step 1 through
+  a mean over each side, which never asks for that, and BERT_cross over them ranked no better than
+  stage 1 (docs/tuning_notes.md). So each token BERT_cross reads also carries, through a learned
+  LN(Linear(.)), what the course's trained SCAN encoders (lesson 02) make of that word or region:
+  frozen, as the cross-encoder reads them, and cached with the states like the rest. The towers and
+  s1 do not read them; "none" is eq. 10 over step 1's tables alone.
 - "Mean over the N tokens" counts every real token of the BERT input, [CLS] and [SEP] included;
   padded regions and tokens are masked out of every mean and of attention.
 - Sizes are ours (the paper's towers are BERT-base, 12 x 768; `UBERTConfig` says what we use).
@@ -27,6 +35,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import ClassVar
+
+import copy
 
 import numpy as np
 import torch
@@ -39,6 +49,8 @@ from course_lib.core.settings import CourseConfig
 from course_lib.data.datasets import image_fields, text_fields
 
 CROSS_INPUTS = ("embeddings", "towers")
+CROSS_TOWERS = ("scan", "none")
+STEP_TWO_PARTS = ("cross.", "cross_inputs.")  # parameter names step 2 trains: BERT_cross and what feeds it SCAN
 TRAININGS = ("two_step", "joint")
 
 
@@ -54,6 +66,10 @@ class UBERTConfig(CourseConfig):
     # BERT_cross reads the input "embeddings" (eq. 10) or the "towers"' outputs; the embeddings
     # scored higher in our runs (docs/tuning_notes.md)
     cross_input: str = "embeddings"
+    # "scan": BERT_cross's tokens also carry the trained SCAN encoders' reading of each word and region
+    # (frozen; the module docstring). U-BERT@20 test t2i R@1 48.1 against "none"'s 34.4, where stage 1
+    # alone scores 35.5 (docs/tuning_notes.md). "none": eq. 10 over step 1's input embeddings alone
+    cross_towers: str = "scan"
     training: str = "two_step"  # "two_step" (§4.3: towers with L1, then BERT_cross with L2) or "joint" (L1 + L2)
     dropout: float = 0.1  # on the embeddings and inside every block (the paper's 0.1)
     # hinge margin of L1 and L2 (not stated in the paper; VSE++'s is 0.2). 0.1, with the step-1 batch, rate
@@ -89,6 +105,8 @@ class UBERTConfig(CourseConfig):
             raise ValueError(f"cross_input must be one of {CROSS_INPUTS}, got {self.cross_input!r}")
         if self.training not in TRAININGS:
             raise ValueError(f"training must be one of {TRAININGS}, got {self.training!r}")
+        if self.cross_towers not in CROSS_TOWERS:
+            raise ValueError(f"cross_towers must be one of {CROSS_TOWERS}, got {self.cross_towers!r}")
 
 
 def enhanced_similarity(image_intra, text_intra, image_inter, text_inter, alpha: float = 0.5):
@@ -105,14 +123,18 @@ class UBERT(JointEmbedding):
     course's dual-encoder machinery indexes them); image_states / text_states add the tokens
     BERT_cross reads; inter(image_tokens, region_mask, text_tokens, text_mask) -> (I_inter, T_inter)
     for aligned pairs; forward(batch) -> (I_intra, T_intra) for L1; pair_scores(image_states, text_states)
-    -> (B, B) s2 of every image of a batch with every caption, for L2.
+    -> (B, B) s2 of every image of a batch with every caption, for L2. scan: the trained `SCANModel`
+    that config.cross_towers="scan" reads (a frozen copy is kept as the submodule `scan`).
     """
 
     modality = "regions"
 
     def __init__(self, region_dim: int, vocab_size: int, config: UBERTConfig | None = None,
-                 box_dim: int = 7, pad_token_id: int = 0):
+                 box_dim: int = 7, pad_token_id: int = 0, scan: nn.Module | None = None):
         cfg = config or UBERTConfig()
+        if (cfg.cross_towers == "scan") != (scan is not None):
+            raise ValueError("config.cross_towers='scan' needs the trained SCAN model, UBERT(..., scan=scan_model) "
+                             "(UBERTMethod passes its SCAN method's); cross_towers='none' takes none")
         H = cfg.hidden
         super().__init__(region_dim, vocab_size, H, cfg.max_text_length, box_dim, pad_token_id)
         self.config = cfg
@@ -122,11 +144,18 @@ class UBERT(JointEmbedding):
         self.cross = Transformer(H, cfg.cross_layers, cfg.heads, cfg.dropout)  # BERT_cross, L_c blocks
         self._init_tables()
         self.towers_frozen = False
+        self.scan = None
+        if scan is not None:  # built last, so the towers' and BERT_cross's initial weights do not depend on it
+            self.scan = copy.deepcopy(scan).requires_grad_(False).eval()  # its own frozen copy
+            E = scan.config.embed_dim
+            self.cross_inputs = nn.ModuleDict({side: nn.Sequential(nn.Linear(E, H), nn.LayerNorm(H))
+                                               for side in ("word", "region")})
 
     # ---- step 2 freezes everything but BERT_cross -------------------------------------------
     def tower_parameters(self):
-        """Everything stage 1 trains: the embedding tables and both towers (not BERT_cross)."""
-        return [p for name, p in self.named_parameters() if not name.startswith("cross.")]
+        """Everything stage 1 trains: the embedding tables and both towers (not BERT_cross and its
+        SCAN inputs; the SCAN copy is frozen from the start)."""
+        return [p for name, p in self.named_parameters() if not name.startswith(STEP_TWO_PARTS)]
 
     def freeze_towers(self) -> "UBERT":
         """Step 2 of §4.3: towers (and their embeddings) fixed, in eval mode even while training."""
@@ -140,30 +169,48 @@ class UBERT(JointEmbedding):
         if self.towers_frozen:  # frozen parts run as at inference: no dropout
             for module in (self.image_tower, self.text_tower, self.region, self.dropout):
                 module.eval()
+        if self.scan is not None:
+            self.scan.eval()
         return self
 
     # ---- stage 1: the towers -----------------------------------------------------------------
-    def image_states(self, images: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(tokens BERT_cross reads (B, M, H), region_mask (B, M) bool, I_intra (B, H) unit)."""
+    def _image_tower(self, images: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(tokens of cross_input (B, M, H), region_mask (B, M) bool, I_intra (B, H) unit)."""
         mask = images["region_mask"].bool()  # (B, M)
         embedded = self.dropout(self.embed_image(images))  # (B, M, H) r_i, eq. 2
         attended = self.image_tower(embedded, mask)  # (B, M, H) r̂_i, eq. 6
         intra = F.normalize(masked_mean(attended, mask), dim=-1, eps=1e-8)  # eq. 7
         return (embedded if self.config.cross_input == "embeddings" else attended), mask, intra
 
-    def text_states(self, texts: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(tokens BERT_cross reads (B, N, H), attention_mask (B, N) bool, T_intra (B, H) unit)."""
+    def _text_tower(self, texts: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(tokens of cross_input (B, N, H), attention_mask (B, N) bool, T_intra (B, H) unit)."""
         mask = texts["attention_mask"].bool()  # (B, N)
         embedded = self.dropout(self.embed_text(texts))  # (B, N, H) t_i
         attended = self.text_tower(embedded, mask)  # (B, N, H) t̂_i, eq. 8
         intra = F.normalize(masked_mean(attended, mask), dim=-1, eps=1e-8)  # eq. 9
         return (embedded if self.config.cross_input == "embeddings" else attended), mask, intra
 
+    def image_states(self, images: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(tokens BERT_cross reads (B, M, H), region_mask (B, M) bool, I_intra (B, H) unit)."""
+        tokens, mask, intra = self._image_tower(images)
+        if self.scan is not None:  # + SCAN's reading of each region (cross_towers="scan")
+            regions, real = self.scan.encode_images(images)  # (B, M, E), (B, M)
+            tokens = tokens + self.cross_inputs["region"](regions.to(tokens.dtype)) * real.unsqueeze(-1)
+        return tokens, mask, intra
+
+    def text_states(self, texts: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(tokens BERT_cross reads (B, N, H), attention_mask (B, N) bool, T_intra (B, H) unit)."""
+        tokens, mask, intra = self._text_tower(texts)
+        if self.scan is not None:  # + SCAN's reading of each word (cross_towers="scan")
+            words, is_word = self.scan.encode_words_in_place(texts)  # (B, N, E), (B, N)
+            tokens = tokens + self.cross_inputs["word"](words.to(tokens.dtype)) * is_word.unsqueeze(-1)
+        return tokens, mask, intra
+
     def encode_images(self, batch: dict) -> torch.Tensor:
-        return self.image_states(batch)[2]  # (B, H)
+        return self._image_tower(batch)[2]  # (B, H): stage 1 needs no SCAN pass
 
     def encode_texts(self, batch: dict) -> torch.Tensor:
-        return self.text_states(batch)[2]  # (B, H)
+        return self._text_tower(batch)[2]  # (B, H)
 
     def forward(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """(I_intra (B, H), T_intra (B, H)) of a pair batch: losses.batch_scores gives s1 (B, B)."""
@@ -264,13 +311,15 @@ def rescore_candidates(model: UBERT, query: tuple, gallery: tuple, direction: st
     return model.s2(gallery, expanded) if direction == "t2i" else model.s2(expanded, gallery)
 
 
-def build_ubert(config: UBERTConfig, split, tokenizer) -> UBERT:
-    """A fresh UBERT sized for a split's region features and a tokenizer's vocabulary and [PAD]."""
+def build_ubert(config: UBERTConfig, split, tokenizer, scan=None) -> UBERT:
+    """A fresh UBERT sized for a split's region features and a tokenizer's vocabulary and [PAD].
+    scan: the trained SCANModel that config.cross_towers="scan" reads."""
     if not split.has_regions:
         raise ValueError("U-BERT reads detector regions (eq. 2); this split has none. Use a split "
                          "with regions, boxes and region_mask (the synthetic benchmark has them)")
-    return UBERT(split.regions.shape[-1], len(tokenizer), config, pad_token_id=tokenizer.pad_token_id)
+    return UBERT(split.regions.shape[-1], len(tokenizer), config, pad_token_id=tokenizer.pad_token_id, scan=scan)
 
 
 __all__ = ["UBERTConfig", "UBERT", "UBERTStates", "enhanced_similarity", "compute_states",
-           "score_cached_pairs", "rescore_candidates", "build_ubert", "CROSS_INPUTS", "TRAININGS"]
+           "score_cached_pairs", "rescore_candidates", "build_ubert", "CROSS_INPUTS", "CROSS_TOWERS", "TRAININGS",
+           "STEP_TWO_PARTS"]
