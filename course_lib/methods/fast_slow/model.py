@@ -123,7 +123,7 @@ class FastConfig(CourseConfig):
     # perfect image side (the hand-built bag-of-objects vector, course_lib.studies.text_ceiling) it
     # reaches test t2i R@1 11.8, the transformer 11.7 and the bi-GRU 33.8 (4,000 steps each). On pixels
     # at these defaults the bi-GRU reaches test t2i R@1 28.5 against the BoW's 13.6, at about 2x the
-    # CPU time (docs/tuning_notes.md). The paper's text towers (BoW, BERT) are kept as options
+    # CPU time (docs/tuning_notes.md). The paper's BoW and a small transformer in BERT's place stay options
     text_tower: str = "gru"
     text_layers: int = 1  # transformer or gru text tower: blocks / GRU layers (transformer heads: 4)
     # where the image CNN starts: "pixel_stem" (ConvBackbone pre-trained on bench["pretrain"]'s scene
