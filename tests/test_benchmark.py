@@ -470,12 +470,15 @@ def test_an_interrupted_run_keeps_finished_methods_and_continues(tmp_path, monke
     monkeypatch.setattr(benchmark, "evaluate", evaluate)
     methods = lambda: [RandomProjectionBaseline(), VsePPMethod(VsePPConfig.smoke(max_steps=3), progress=False)]  # noqa: E731
     monkeypatch.setattr(benchmark, "available_methods", lambda seed, smoke, names=None: methods())
+    # --jobs 1: the two methods above train in this process. With more jobs the training processes
+    # build every registered method, which this test does not patch: 90 s of smoke training it never used
+    args = ["--smoke", "--out", str(tmp_path), "--checkpoints", str(tmp_path / "ckpt"), "--jobs", "1"]
     with pytest.raises(SystemExit) as stop:
-        benchmark.main(["--smoke", "--out", str(tmp_path), "--checkpoints", str(tmp_path / "ckpt")])
+        benchmark.main(args)
     err = capsys.readouterr().err
     assert stop.value.code == 130 and "interrupted. 1 method(s) finished (random_projection)" in err
     assert "Traceback" not in err and not (tmp_path / "results.json").exists()
-    results = benchmark.main(["--smoke", "--out", str(tmp_path), "--checkpoints", str(tmp_path / "ckpt")])
+    results = benchmark.main(args)
     assert calls.count("random_projection") == 3  # not evaluated again: its rows were kept
     assert {r["method"] for r in results["rows"]} == {*results_io.REFERENCES, "random_projection", "vsepp"}
     assert not (tmp_path / results_io.PARTIAL).exists()  # a complete run leaves no partial rows behind
