@@ -205,8 +205,44 @@ def test_check_score_one_caption_accepts_the_answer_and_names_mistakes(capsys):
             check_score_one_caption(wrong)
 
 
+def test_perfect_teacher_loss_against_a_loop_over_captions(bench, tok):
+    """Each caption's target is uniform over the batch images it is true of (its own among them), the
+    student's softmax over the batch's images at tau 1, H(p, q) averaged over captions, + alpha * eq. 4:
+    checked caption by caption against the generator's ground truth, with two captions of one image."""
+    from course_lib.core.losses import joint_nce_loss
+    from course_lib.data.captions import satisfies
+    from course_lib.studies.fast_slow import perfect_teacher_loss
+
+    split = bench["train"]
+    config = FastConfig(**FAST_SMALL, alpha=0.5)
+    generator = torch.Generator().manual_seed(0)
+    embeddings = (3 * torch.randn(6, 4, generator=generator), 3 * torch.randn(6, 4, generator=generator))
+    model = lambda batch: embeddings  # noqa: E731  (f, g) far apart: scores that tell the targets apart
+    pairs = PairDataset(split, modality="pixels")
+    truth = satisfies(split.meanings, split.scenes)  # (T, N)
+    txt2img = np.asarray(split.txt2img)
+    first = int(np.flatnonzero(txt2img == txt2img[0])[1])  # a second caption of image 0
+    # a caption true of another image, beside a caption of that image not true of the first one's:
+    # the targets are not symmetric, so a transposed target matrix would fail
+    t, n = next((t, n) for t, n in zip(*np.nonzero(truth)) if n != txt2img[t] and txt2img[t] != 0 and n != 0
+                and not truth[np.flatnonzero(txt2img == n)[0], txt2img[t]])
+    batch = PairCollate(tok, 40)([pairs[i] for i in (0, first, int(t), int(np.flatnonzero(txt2img == n)[0]), 41, 66)])
+    out = perfect_teacher_loss(split, config)(model, batch)
+    scores = batch_scores(*embeddings)  # (B images, B captions)
+    texts, images = batch["txt_index"].tolist(), batch["img_index"].tolist()
+    terms = []
+    for j, t in enumerate(texts):
+        true = [i for i, n in enumerate(images) if truth[t, n] or i == j]
+        assert j in true and (j > 1 or {0, 1} <= set(true))  # both captions of image 0 count both its rows
+        log_q = scores[:, j] - torch.logsumexp(scores[:, j], dim=0)
+        terms.append(-sum(float(log_q[i]) for i in true) / len(true))
+    expected = float(np.mean(terms)) + 0.5 * float(joint_nce_loss(scores))
+    assert math.isclose(float(out["loss"]), expected, rel_tol=1e-5)
+    assert math.isclose(float(out["distill"]), float(np.mean(terms)), rel_tol=1e-5)
+
+
 def test_mined_students_are_the_recipe_and_its_two_controls(slow, bench, tok):
-    """Three students from one trained model, each as its own loss would train it with fit_pairs: the
+    """Four students from one trained model, each as its own loss would train it with fit_pairs: the
     "eq. 4 alone" control equals a hand-run of nce_loss (same seed, steps, batch, rate), the start is
     left untouched, and the teacher's student differs from the hard-negative control's."""
     import copy
@@ -229,7 +265,8 @@ def test_mined_students_are_the_recipe_and_its_two_controls(slow, bench, tok):
               batch_size=config.batch_size, max_steps=3, lr=config.distill_lr)
     for key, value in by_hand.state_dict().items():
         assert torch.equal(students["eq. 4 alone"].state_dict()[key], value), key
-    differs = [not torch.equal(a, b) for a, b in zip(students["teacher"].state_dict().values(),
-                                                     students["own image"].state_dict().values())
-               if a.is_floating_point()]
-    assert any(differs)
+    for one, other in (("teacher", "own image"), ("perfect teacher", "eq. 4 alone")):
+        differs = [not torch.equal(a, b) for a, b in zip(students[one].state_dict().values(),
+                                                         students[other].state_dict().values())
+                   if a.is_floating_point()]
+        assert any(differs), (one, other)

@@ -15,8 +15,11 @@ apart so that one expensive pass serves many questions.
     softmax_entropy         how flat the per-caption teacher targets softmax(h / tau) are
     kl_to_teacher           how far a student's softmax(f.g / tau) sits from those targets on held-out
                             batches: did distillation teach the student the teacher's preferences?
-    mined_students          the library's distillation over mined candidates beside its two controls
-                            (the candidates without the teacher; eq. 4 alone), from one trained Fast model
+    mined_students          the library's distillation over mined candidates beside a perfect teacher
+                            and two controls (the candidates without the teacher; eq. 4 alone), from one
+                            trained Fast model
+    perfect_teacher_loss    eq. 5-7 over the batch with exactly right targets, from the generator's
+                            ground truth: what no teacher can beat
 
 The pool trades data for time: its students see n_batches x B training pairs again and again,
 where `fast-distilled` draws fresh batches (and pays the teacher) every step; the notebook says so.
@@ -35,6 +38,7 @@ from course_lib.core.encoders import word_mask
 from course_lib.core.losses import batch_scores, distillation_loss, joint_nce_loss
 from course_lib.core.settings import seed_everything
 from course_lib.core.train import Trainer, move_to_device, train_config
+from course_lib.data.captions import satisfies
 from course_lib.data.datasets import PairCollate, PairDataset
 from course_lib.methods.base import fit_pairs
 from course_lib.methods.fast_slow.distill import mine_candidates, mined_distill_loss
@@ -152,19 +156,44 @@ def distill_from_cache(init: FastModel, batches: list[dict], config: FastConfig,
     return model.eval(), history
 
 
-MINED_RUNS = ("teacher", "own image", "eq. 4 alone")  # mined_students' three students
+def perfect_teacher_loss(split, config: FastConfig):
+    """Eq. 8 with a perfect teacher in Slow's place, over the batch's images: each caption's target is
+    spread evenly over the batch images it is true of (the generator's ground truth,
+    `data.captions.satisfies`; its own image always among them), at tau 1, + config.alpha * eq. 4.
+    Soft targets over a batch can teach one thing eq. 4 does not: which in-batch "negatives" are
+    right answers. These targets are exactly right about that, so a real teacher cannot do better
+    through them. `split`: the split whose caption and image rows the batches index."""
+    truth = torch.from_numpy(satisfies(split.meanings, split.scenes))  # (T, N) bool: caption t true of image n
+
+    def loss_fn(model: FastModel, batch: dict, step: int = 0) -> dict:
+        student = batch_scores(*model(batch))  # (B, B) rows images, columns captions
+        nce = joint_nce_loss(student)
+        texts, images = batch["txt_index"].cpu(), batch["img_index"].cpu()  # (B,) rows of split
+        true = truth[texts][:, images].T.clone()  # (B images, B captions)
+        true.fill_diagonal_(True)  # its own image, whatever the generator says of a noisy caption
+        target = torch.zeros(true.shape).masked_fill(~true, float("-inf")).to(student.device)  # uniform over true
+        distill = distillation_loss(student, target, tau=1.0)
+        return {"loss": distill + config.alpha * nce, "distill": distill, "nce": nce}
+
+    return loss_fn
+
+
+# mined_students' four students
+MINED_RUNS = ("teacher", "perfect teacher", "own image", "eq. 4 alone")
 
 
 def mined_students(init: FastModel, teacher: SlowModel, split, tokenizer, config: FastConfig, *, steps: int,
                    progress: bool = False, device=None) -> dict:
-    """Three copies of the trained Fast model `init`, each `steps` more steps on `split` (config's batch
+    """Four copies of the trained Fast model `init`, each `steps` more steps on `split` (config's batch
     size, seed and distill_lr): "teacher", eq. 8 over mined candidates (`distill.mined_distill_loss`,
-    the library's fast-distilled recipe); "own image", the same candidates with the caption's own
-    image as the only target (hard negatives, no teacher); "eq. 4 alone", eq. 4 over the batch, the
-    same steps without candidates or teacher. The candidates are mined once, from init.
-    -> {name: model in eval mode}"""
+    the library's fast-distilled recipe); "perfect teacher", eq. 8 over the batch's images with the
+    generator's ground truth as the targets (`perfect_teacher_loss`); "own image", the mined candidates
+    with the caption's own image as the only target (hard negatives, no teacher); "eq. 4 alone", eq. 4
+    over the batch, the same steps without candidates or teacher. The candidates are mined once, from
+    init. -> {name: model in eval mode}"""
     candidates = mine_candidates(init, split, tokenizer, config.distill_top_k)  # (T, K)
     losses = {"teacher": mined_distill_loss(teacher.eval(), config, candidates, split),
+              "perfect teacher": perfect_teacher_loss(split, config),
               "own image": mined_distill_loss(None, config, candidates, split), "eq. 4 alone": nce_loss}
     students = {}
     for name in MINED_RUNS:
@@ -176,5 +205,5 @@ def mined_students(init: FastModel, teacher: SlowModel, split, tokenizer, config
     return students
 
 
-__all__ = ["MINED_RUNS", "mined_students", "direction_log_likelihoods", "slow_direction_scores", "cascade_ranks", "softmax_entropy",
+__all__ = ["MINED_RUNS", "mined_students", "perfect_teacher_loss", "direction_log_likelihoods", "slow_direction_scores", "cascade_ranks", "softmax_entropy",
            "kl_to_teacher", "teacher_batches", "cached_distill_loss", "distill_from_cache"]
