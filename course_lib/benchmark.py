@@ -34,7 +34,7 @@ from course_lib.core.shipped import MANIFEST, SHIPPED_MODELS
 from course_lib.core.metrics import ranks_from_top_k, recall_at_k
 from course_lib.core.timing import latency_vs_gallery
 from course_lib.data.oracle import oracle_ceiling
-from course_lib.methods.base import ground_truth
+from course_lib.methods.queries import ground_truth
 from course_lib.methods.registry import available_methods, registered_names
 from course_lib.shipping import SEED, benchmark_data, own_models, refresh
 from course_lib.training_lanes import train_in_parallel, usable_cores

@@ -5,39 +5,57 @@ The models that ship are those of the default benchmark (seed 0, default sizes):
 registered in course_lib.methods that owns a model, and the models they are built from (a cascade's
 stages, a distilled model's teacher, hivlp-regions' flat model), found by walking the methods
 (`own_models`), so a new method ships without touching this module.
+
+A shipped model is named by what it was trained from (Method.fingerprint) and checked by what it
+computes: the manifest keeps each model's `probe`, its scores on a fixed batch of the validation split
+(the first PROBE_IMAGES images and their captions) and the recall those scores give. `output_problems`
+loads every shipped file and recomputes both; tests/test_shipped_models.py fails on any difference,
+naming the refresh command. So an edit that changes no number (a rename, a split file, a faster
+search) keeps every model, and one that does change a number cannot go unnoticed.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 from pathlib import Path
+
+import torch
 
 from course_lib.core import settings
 from course_lib.core.checkpoints import CHECKPOINTS
-from course_lib.core.shipped import (SHIPPED_MODELS, check_shipped, file_problems, read_manifest, stale_reasons,
-                                     write_shipped)
+from course_lib.core.files import write_atomically
+from course_lib.core.metrics import retrieval_metrics
+from course_lib.core.shipped import (MANIFEST, REFRESH_COMMAND, SHIPPED_MODELS, check_shipped, file_problems,
+                                     load_shipped, read_manifest, shipped_weights, stale_reasons, write_shipped)
 from course_lib.data.synthetic import SyntheticConfig, make_benchmark
 from course_lib.data.tokenizer import build_word_tokenizer
-from course_lib.methods.base import Method
+from course_lib.methods.base import Method, Ranker
 from course_lib.methods.registry import available_methods
 
 SEED = 0  # the shipped models are the default benchmark's, of seed 0
+PROBE_IMAGES = 32  # the probe batch: the first validation images, with their captions (5 each)
+PROBE_KEPT = (40, 8)  # scores kept in the manifest: the first captions x images of the probe's matrix
+# an output may move by this much, relative to the largest kept score, before it counts as changed: far
+# above float32 rounding and thread-count reorderings (~1e-6), far below any change of weights or code
+PROBE_TOLERANCE = 1e-4
 
 
 def own_models(methods) -> list[Method]:
-    """Every Method reachable from `methods` (their attributes, lists of stages, a miner's method)
-    that owns a model it can ship (Method.ships), each once, in the order first met."""
+    """Every Method reachable from `methods` (their attributes, lists of stages, a miner's method):
+    each owns a model it can ship; each once, in the order first met. Cascades are Rankers, not Methods."""
     found, seen = [], set()
 
     def visit(obj) -> None:
         if id(obj) in seen:
             return
         seen.add(id(obj))
-        if isinstance(obj, Method) and obj.ships:
+        if isinstance(obj, Method):
             found.append(obj)
         for value in vars(obj).values() if hasattr(obj, "__dict__") else ():
             miner_method = getattr(value, "method", None) if callable(value) else None  # a cross-encoder's miner
             for item in value if isinstance(value, (list, tuple)) else (value, miner_method):
-                if isinstance(item, Method):
+                if isinstance(item, Ranker):
                     visit(item)
 
     for method in methods:
@@ -62,6 +80,80 @@ def expected_entries(bench=None, tokenizer=None, methods=None) -> dict:
         bench, tokenizer = default_benchmark()
     methods = available_methods(SEED, smoke=False) if methods is None else methods
     return dict(method.shipping_entry(bench, tokenizer) for method in own_models(methods))
+
+
+def probe_split(bench):
+    """The fixed probe batch: the validation split's first PROBE_IMAGES images and their captions (a
+    new split object each time, so no method's cache of another split answers for it)."""
+    val = bench["val"]
+    return val.subset(range(min(PROBE_IMAGES, val.n_images)), name="probe")
+
+
+@contextlib.contextmanager
+def as_shipped(method: Method):
+    """The method's model with its weights as a shipped file gives them back (float16-rounded, and
+    computed in float32 again), restored afterwards: a probe recorded before shipping is then what
+    the shipped file computes."""
+    model = method.model
+    original = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    model.load_state_dict({k: v.to(original[k].dtype) for k, v in shipped_weights(model).items()})
+    try:
+        yield method
+    finally:
+        model.load_state_dict(original)
+
+
+def probe(method: Method, bench) -> dict:
+    """What a fitted method computes on the probe batch: {"scores": the kept (captions x images) corner
+    of its (T, N) text-to-image scores, a line of numbers per caption, "recall": t2i and i2t R@1 / R@5 of the whole (T, N) matrix,
+    computed from those scores}. Every shipped method ranks through `rank`, so this is the same for all."""
+    split = probe_split(bench)
+    with torch.no_grad():
+        indices, scores = method.rank(split, "t2i", split.n_images)  # (T, N) each, best first
+    dense = torch.zeros(split.n_texts, split.n_images).scatter_(1, indices, scores.float())  # (T, N)
+    metrics = retrieval_metrics(dense.T, split.txt2img, ks=(1, 5))
+    captions, images = PROBE_KEPT
+    return {"scores": [" ".join(f"{x:.6g}" for x in row) for row in dense[:captions, :images].tolist()],
+            "recall": {k: round(float(metrics[k]), 2) for k in ("t2i_r1", "t2i_r5", "i2t_r1", "i2t_r5")}}
+
+
+def probe_differences(recorded: dict | None, now: dict) -> list[str]:
+    """Why `now` (a probe) is not `recorded` ([] when it is, within PROBE_TOLERANCE)."""
+    if not recorded:
+        return ["the manifest records no probe for it"]
+    old, new = (torch.tensor([[float(x) for x in row.split()] for row in p["scores"]]) for p in (recorded, now))
+    if old.shape != new.shape:
+        return [f"probe scores of shape {tuple(new.shape)}, recorded {tuple(old.shape)}"]
+    problems = []
+    moved = (new - old).abs().max().item()
+    if moved > PROBE_TOLERANCE * max(1.0, old.abs().max().item()):
+        problems.append(f"its probe scores moved by up to {moved:.3g}")
+    changed = {k: (v, now["recall"].get(k)) for k, v in recorded["recall"].items() if now["recall"].get(k) != v}
+    if changed:
+        problems.append("its probe recall moved: " + ", ".join(f"{k} {a} -> {b}" for k, (a, b) in changed.items()))
+    return problems
+
+
+def output_problems(folder=SHIPPED_MODELS, methods=None, bench=None, tokenizer=None) -> list[str]:
+    """Load every shipped model of `folder` (nothing trains: a model that would train is a problem)
+    and recompute its probe against the manifest's. [] when every model computes what it did."""
+    if bench is None:
+        bench, tokenizer = default_benchmark()
+    methods = available_methods(SEED, smoke=False) if methods is None else methods
+    files = read_manifest(folder)["files"]
+    problems = []
+    with settings.shipped_models_from(folder):
+        for method in own_models(methods):
+            name, _ = method.shipping_entry(bench, tokenizer)
+            if name not in files:
+                continue  # check_shipped names what is missing or stale
+            method.fit(bench, tokenizer, cache_dir=None)
+            if not method.from_shipped:
+                problems.append(f"{method.name}: {name} was not loaded from {folder}")
+                continue
+            problems += [f"{method.name} ({name}): {p}" for p in probe_differences(files[name].get("probe"),
+                                                                                  probe(method, bench))]
+    return problems
 
 
 def stale_problems(folder=SHIPPED_MODELS) -> list[str]:
@@ -105,8 +197,47 @@ def refresh(folder=SHIPPED_MODELS, checkpoints=CHECKPOINTS, methods=None, bench=
     written = {}
     for method in models:
         name, entry = method.shipping_entry(bench, tokenizer)
-        written.setdefault(name, (name, entry, method.model, method.history))  # one file per distinct model
+        if name not in written:  # one file per distinct model
+            with as_shipped(method):
+                entry = {**entry, "probe": probe(method, bench)}
+            written[name] = (name, entry, method.model, method.history)
     return write_shipped(folder, list(written.values()), not_shipped=not_shipped, keep=keep)
 
 
-__all__ = ["own_models", "benchmark_data", "default_benchmark", "expected_entries", "stale_problems", "refresh", "SEED"]
+def relabel(folder=SHIPPED_MODELS, methods=None, bench=None, tokenizer=None) -> dict:
+    """Rewrite the manifest of `folder` under today's names and entries without training anything:
+    each method's shipped file (found by method name, whatever its old name) is renamed to today's
+    name, byte for byte, and gets today's entry and a probe recorded from the file itself. For a change
+    of the naming rule, never of what a model computes: a model whose config, data or format changed
+    must be retrained (`refresh`)."""
+    if bench is None:
+        bench, tokenizer = default_benchmark()
+    methods = available_methods(SEED, smoke=False) if methods is None else methods
+    folder = Path(folder)
+    old = read_manifest(folder)
+    by_method = {entry["method"]: (name, entry) for name, entry in old["files"].items()}
+    moved, files = {}, {}
+    for method in own_models(methods):
+        name, entry = method.shipping_entry(bench, tokenizer)
+        old_name, old_entry = by_method[method.name]
+        for field in ("config", "data", "format"):
+            if json.loads(json.dumps(entry[field])) != old_entry[field]:
+                raise ValueError(f"{method.name}: its {field} changed since {old_name} was trained; retrain it "
+                                 f"with {REFRESH_COMMAND}")
+        model = method.build_model(bench, tokenizer)
+        method.history = load_shipped(folder / old_name, model)
+        method.model, method.tokenizer, method.from_shipped = model.eval(), tokenizer, True
+        moved[old_name] = name
+        files[name] = {**entry, "probe": probe(method, bench), "sha256": old_entry["sha256"],
+                       "bytes": old_entry["bytes"]}
+    for old_name, name in moved.items():
+        if old_name != name:
+            (folder / old_name).rename(folder / name)
+    manifest = {**old, "files": files}
+    text = json.dumps(manifest, indent=1, sort_keys=True) + "\n"
+    write_atomically(folder / MANIFEST, lambda temporary: temporary.write_text(text, encoding="utf-8"))
+    return manifest
+
+
+__all__ = ["own_models", "benchmark_data", "default_benchmark", "expected_entries", "probe_split", "as_shipped", "probe",
+           "probe_differences", "output_problems", "stale_problems", "refresh", "relabel", "SEED", "PROBE_IMAGES"]

@@ -35,11 +35,12 @@ from course_lib.core.distributed import (
 )
 from course_lib.core.losses import contrastive_loss, hinge_triplet_loss
 from course_lib.core.settings import seed_everything, smoke_mode
-from course_lib.core.train import Trainer, train_config
+from course_lib.core.train import Trainer
+from course_lib.core.train_config import train_config
 from course_lib.data.datasets import PairCollate, PairDataset
 from course_lib.data.synthetic import SyntheticConfig, make_benchmark
 from course_lib.data.tokenizer import build_word_tokenizer
-from course_lib.methods.base import retrieval_evaluator, similarity
+from course_lib.methods.encoding import retrieval_evaluator, similarity
 from course_lib.methods.lightningdot.method import build_lightningdot
 from course_lib.methods.lightningdot.model import LightningDOTConfig
 from course_lib.methods.vsepp import VsePPConfig, build_dual_encoder

@@ -178,7 +178,7 @@ class _Dummy(Method):
         return torch.from_numpy(np.random.default_rng(split.n_images).random((split.n_images, split.n_texts)))
 
     def rank(self, split, direction, top_k, queries=None):
-        from course_lib.methods.base import query_indices, top_k_of
+        from course_lib.methods.queries import query_indices, top_k_of
 
         q = torch.from_numpy(query_indices(split, direction, queries))
         sims = self._scores(split)
@@ -584,7 +584,7 @@ def test_a_dual_encoder_embeds_a_gallery_once_for_ranking_and_timing(monkeypatch
 
 
 def test_split_cache_keeps_the_splits_used_last_per_model():
-    from course_lib.methods.base import CACHED_SPLITS, SplitCache
+    from course_lib.core.split_cache import CACHED_SPLITS, SplitCache
 
     cache, computed = SplitCache(), []
     splits = [object() for _ in range(CACHED_SPLITS + 1)]

@@ -1,13 +1,12 @@
 """Checkpoint names change with anything that changes what training produces, and only then."""
 
-import ast
 import dataclasses
 
 import numpy as np
 import pytest
 import torch
 
-from course_lib.core.checkpoints import _canonical, checkpoint_name, code_hash, data_digest, model_device, source_version
+from course_lib.core.checkpoints import checkpoint_name, data_digest, model_device
 from course_lib.data.synthetic import SyntheticConfig, make_benchmark
 from course_lib.data.tokenizer import build_word_tokenizer
 from course_lib.methods.lightningdot.model import LightningDOTConfig
@@ -118,48 +117,43 @@ def test_method_checkpoint_file_is_the_name_fit_uses(data, tmp_path, monkeypatch
     method.fit(bench, tokenizer, cache_dir=tmp_path)
     assert method.checkpoint_path == tmp_path / method.checkpoint_file(bench, tokenizer)
     assert method.checkpoint_file(bench, tokenizer) == checkpoint_name(
-        "vsepp", method.config.to_dict(), bench["train"], tokenizer, code=method.code_version())
+        "vsepp", method.config.to_dict(), bench["train"], tokenizer, version=method.format_version)
 
 
-CODE = '''"""A module."""
-import math
-
-def scale(x, factor=2.0):
-    """Twice x."""
-    return x * factor  # a comment
-'''
-
-
-def test_code_hash_ignores_comments_docstrings_and_layout_only():
-    same = CODE.replace('"""Twice x."""', '"""x, doubled."""').replace("# a comment", "").replace(
-        "def scale", "\n\ndef scale")
-    assert code_hash(same) == code_hash(CODE)
-    for change in (("2.0", "3.0"), ("x * factor", "factor * x"), ("import math", "import cmath")):
-        assert code_hash(CODE.replace(*change)) != code_hash(CODE), change
-
-
-def test_code_hash_reads_the_same_tree_the_same_on_every_python():
-    # checked by hand on Python 3.10 to 3.13: every course_lib module hashes the same. Here, what their
-    # trees differ in: 3.12 appends "" to a nested f-string's format spec
-    plain, newer = ast.parse('f"{x:>{width}}"'), ast.parse('f"{x:>{width}}"')
-    newer.body[0].value.values[0].format_spec.values.append(ast.Constant(value=""))
-    assert _canonical(newer) == _canonical(plain)
-    newer.body[0].value.values[0].format_spec.values.append(ast.Constant(value="!"))  # a real change counts
-    assert _canonical(newer) != _canonical(plain)
-
-
-def test_code_version_enters_the_method_checkpoint_name(data, monkeypatch):
+def test_a_name_hashes_what_the_model_is_trained_from_not_its_code(data, monkeypatch):
+    """The name covers config, data, vocabulary, extra files and the declared format version; the
+    source text of the code that trains it plays no part (an edit that changes no number keeps it)."""
     bench, tokenizer = data
     method = VsePPMethod(VsePPConfig.smoke())
-    assert method.code_version() == source_version(
-        ("course_lib.core.blocks", "course_lib.core.encoders", "course_lib.core.losses", "course_lib.core.tokens",
-         "course_lib.core.train", "course_lib.data.datasets", "course_lib.methods.vsepp"))
     name = method.checkpoint_file(bench, tokenizer)
-    monkeypatch.setattr(VsePPMethod, "code_version", lambda self: "edited")
+    assert name == checkpoint_name("vsepp", method.config.to_dict(), bench["train"], tokenizer, version=1)
+    assert set(method.fingerprint(bench, tokenizer)) == {"format", "version", "config", "vocab", "data", "extra"}
+    monkeypatch.setattr(VsePPMethod, "format_version", 2)  # a deliberate change of layout or recipe
     assert method.checkpoint_file(bench, tokenizer) != name
-    # a name made without a code version is what it always was (the notebooks' own demo caches)
-    assert checkpoint_name("m", {}, bench["train"], tokenizer) != checkpoint_name("m", {}, bench["train"], tokenizer,
-                                                                                  code="x")
+    monkeypatch.setattr(VsePPMethod, "format_version", 1)
+    monkeypatch.setattr(VsePPMethod, "checkpoint_extra", lambda self, bench, tok: ("other-stage.pt",))
+    assert method.checkpoint_file(bench, tokenizer) != name
+    monkeypatch.undo()
+    assert method.checkpoint_file(bench, tokenizer) == name
+
+
+def test_a_later_stage_field_leaves_an_earlier_stage_name_alone(data):
+    """LightningDOT's fine-tuning fields do not enter its pre-training checkpoint's name; every other
+    field does, so a field added without a stage tag can only retrain, never serve a stale stage."""
+    bench, tokenizer = data
+    base = LightningDOTConfig.smoke()
+    first = LightningDOTMethod(base).pretrain_checkpoint_file(bench, tokenizer)
+    finetune_only = {"finetune_steps": 7, "finetune_lr": 0.5}
+    for field, value in finetune_only.items():
+        other = LightningDOTMethod(dataclasses.replace(base, **{field: value}))
+        assert other.pretrain_checkpoint_file(bench, tokenizer) == first, field
+        assert other.checkpoint_file(bench, tokenizer) != LightningDOTMethod(base).checkpoint_file(bench, tokenizer)
+    shared = [f.name for f in dataclasses.fields(base) if f.name not in finetune_only]
+    assert set(base.to_dict(without_stages=("finetune",))) == set(shared)
+    for field in ("hidden", "mask_prob", "pretrain_lr", "seed"):
+        value = getattr(base, field) * 2 if field != "seed" else 5
+        other = LightningDOTMethod(dataclasses.replace(base, **{field: value}))
+        assert other.pretrain_checkpoint_file(bench, tokenizer) != first, field
 
 
 def test_model_device():

@@ -28,10 +28,10 @@ from course_lib.methods.fast_slow.method import (
     distill_loss,
     initial_fast_model,
     score_cached_pairs,
-    stem_config,
-    teacher_scores,
     undistilled,
 )
+from course_lib.methods.pixel_stem import stem_config
+from course_lib.methods.fast_slow.distill import teacher_scores
 from course_lib.methods.pixel_stem import load_stem_backbone, stem_checkpoint_file, train_pixel_stem
 
 TOL = 1e-4

@@ -33,8 +33,8 @@ from course_lib.methods.fast_slow.method import (
     distill_loss,
     nce_loss,
     score_cached_pairs,
-    teacher_scores,
 )
+from course_lib.methods.fast_slow.distill import teacher_scores
 from course_lib.core.losses import batch_scores
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -152,7 +152,7 @@ def test_check_verdict_refuses_chance_level_zero_and_extrapolated_evidence():
 
 
 def test_curve_summary_reads_the_last_points_and_says_whether_val_still_rises():
-    from course_lib.core.train import History
+    from course_lib.core.history import History
     from course_lib.notebook import curve_summary
 
     def history(*vals):

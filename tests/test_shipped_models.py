@@ -1,7 +1,10 @@
 """The shipped models (shipped_models/, course_lib.core.shipped): current with their config, data and
-code; loaded instead of trained; never loaded in smoke mode nor with --retrain / COURSE_RETRAIN.
+format; computing what they computed when shipped (their probe outputs and recall); loaded instead of
+trained; never loaded in smoke mode nor with --retrain / COURSE_RETRAIN.
 
-Everything but the first test works on tiny models the tests train themselves in a temporary folder."""
+Everything but the first three tests works on tiny models the tests train themselves in a temporary
+folder. Retraining from scratch reproduces the shipped recalls within 0.3 points: a slow check, by
+hand (`python -m course_lib.benchmark --retrain`, README), not one of these."""
 
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ from course_lib.core.settings import CourseNote, retraining, retrain_mode
 from course_lib.core.shipped import MANIFEST, REFRESH_COMMAND, SHIPPED_MODELS, check_shipped, read_manifest
 from course_lib.data.synthetic import SyntheticConfig, make_benchmark
 from course_lib.data.tokenizer import build_word_tokenizer
+from course_lib.methods.base import Method, Ranker
 from course_lib.methods.lightningdot.method import LightningDOTMethod
 from course_lib.methods.lightningdot.model import LightningDOTConfig
 from course_lib.methods.registry import available_methods
@@ -44,14 +48,45 @@ TINY = {  # a few steps each: what is tested is where the weights come from, not
 def assert_current(folder, expected: dict) -> None:
     """The staleness check every test here relies on: fails naming what is stale and the refresh command."""
     problems = check_shipped(folder, expected)
-    assert not problems, ("the shipped models no longer match their config, data or code:\n  "
-                          + "\n  ".join(problems) + f"\nRefresh them (about an hour on a laptop CPU) with: "
+    assert not problems, ("the shipped models no longer match their config, data or format:\n  "
+                          + "\n  ".join(problems) + f"\nRefresh them (about two hours on a laptop CPU) with: "
                           f"{REFRESH_COMMAND}")
 
 
+def assert_computing_as_shipped(problems: list[str]) -> None:
+    """The behaviour check: fails naming what a shipped model now computes differently, and the refresh command."""
+    assert not problems, ("the shipped models no longer compute what they did when shipped:\n  "
+                          + "\n  ".join(problems) + "\nIf the change is meant, refresh them (about two hours on a "
+                          f"laptop CPU) with: {REFRESH_COMMAND}")
+
+
 def test_shipped_models_are_current():
-    """shipped_models/ holds every default model, each matching today's config, data and code."""
+    """shipped_models/ holds every default model, each matching today's config, data and format."""
     assert_current(SHIPPED_MODELS, shipping.expected_entries())
+
+
+@pytest.fixture(scope="module")
+def default_benchmark():
+    return shipping.default_benchmark()
+
+
+def test_shipped_models_compute_what_they_did(default_benchmark):
+    """Every shipped file loads (nothing trains) and scores the probe batch as recorded, with the same recall."""
+    bench, tokenizer = default_benchmark
+    assert_computing_as_shipped(shipping.output_problems(bench=bench, tokenizer=tokenizer))
+
+
+def test_a_model_that_computes_otherwise_fails_the_check(default_benchmark, monkeypatch):
+    """Every nn.Linear nudged (y + 0.05 tanh y): each shipped model's probe moves, and the check says so,
+    naming the refresh command."""
+    bench, tokenizer = default_benchmark
+    linear = torch.nn.Linear.forward
+    monkeypatch.setattr(torch.nn.Linear, "forward", lambda self, x: (lambda y: y + 0.05 * torch.tanh(y))(linear(self, x)))
+    problems = shipping.output_problems(bench=bench, tokenizer=tokenizer)
+    with pytest.raises(AssertionError, match=f"refresh them .* with: {REFRESH_COMMAND}"):
+        assert_computing_as_shipped(problems)
+    moved = {p.split(" ")[0] for p in problems if "probe scores moved" in p}
+    assert moved == {m.name for m in shipping.own_models(available_methods(0, smoke=False))}
 
 
 # ----------------------------------------------------------------------------- tiny shipped models
@@ -106,7 +141,8 @@ def test_manifest_round_trip(shipped_tiny, data):
         method = trained[entry["method"]]
         assert name == method.checkpoint_file(bench, tokenizer)
         assert entry["config"] == json.loads(json.dumps(method.config.to_dict()))
-        assert entry["code"] == method.code_version() and entry["prefix"] == method.checkpoint_prefix
+        assert entry["version"] == method.format_version and entry["prefix"] == method.checkpoint_prefix
+        assert set(entry["probe"]) == {"scores", "recall"}
         assert entry["sha256"] == shipped.file_sha256(folder / name) and entry["bytes"] == (folder / name).stat().st_size
         saved = torch.load(folder / name, weights_only=True)
         assert set(saved) == {"format", "model", "history"}  # weights only: no optimizer, no RNG states
@@ -210,7 +246,7 @@ def test_refresh_refuses_smoke_and_other_seeds(monkeypatch, capsys):
         assert "--refresh-shipped makes the default models" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("change", ["config", "code", "data", "file bytes", "file deleted", "unlisted file",
+@pytest.mark.parametrize("change", ["config", "version", "data", "file bytes", "file deleted", "unlisted file",
                                     "model removed"])
 def test_the_staleness_check_fails_on_a_planted_change(change, shipped_tiny, data, tmp_path, monkeypatch):
     bench, tokenizer = data
@@ -220,8 +256,8 @@ def test_the_staleness_check_fails_on_a_planted_change(change, shipped_tiny, dat
     vsepp_file = next(name for name, entry in manifest["files"].items() if entry["method"] == "vsepp")
     if change == "config":
         manifest["files"][vsepp_file]["config"]["max_steps"] += 1
-    elif change == "code":
-        monkeypatch.setattr(VsePPMethod, "code_version", lambda self: "edited")
+    elif change == "version":
+        monkeypatch.setattr(VsePPMethod, "format_version", VsePPMethod.format_version + 1)
     elif change == "data":
         bench = make_benchmark(SyntheticConfig.smoke(**SIZES), seed=1)
     elif change == "file bytes":
@@ -302,7 +338,7 @@ def test_refresh_command_writes_the_folder(monkeypatch, tmp_path, capsys):
 def test_a_config_with_a_tuple_is_current_after_the_manifest_round_trip():
     """JSON writes a tuple as a list: a config field like HiVLP's eol_widths must not read as changed."""
     expected = shipped.manifest_entry("hivlp-flat", "hivlp", {"config": {"eol_widths": (32, 64, 128)}, "data": "d",
-                                                              "vocab": "v", "extra": [], "code": "c", "format": 1})
+                                                              "vocab": "v", "extra": [], "version": 1, "format": 1})
     written = json.loads(json.dumps(expected))
     assert written["config"]["eol_widths"] == [32, 64, 128]
     assert shipped.stale_reasons(expected, written) == []
@@ -351,7 +387,7 @@ def test_a_partial_refresh_keeps_the_other_current_models(shipped_tiny, data, tm
     # a model whose shipped file no longer matches is not kept: it is declared, and trained on first use
     stale = read_manifest(folder)
     other = next(name for name, e in stale["files"].items() if e["method"] != "vsepp")
-    stale["files"][other]["code"] = "old"
+    stale["files"][other]["version"] = 0
     (folder / MANIFEST).write_text(json.dumps(stale))
     manifest = shipping.refresh(folder, checkpoints=None, methods=list(trained.values()), bench=bench,
                                 tokenizer=tokenizer, progress=False, only=["vsepp"])
@@ -375,10 +411,56 @@ def test_every_model_the_benchmark_uses_ships_and_nothing_else():
                      "hivlp-regions-flat", "slow", "fast", "fast-distilled"]
 
 
-def test_a_method_without_a_model_of_its_own_does_not_ship(data):
-    """A cascade's stages ship; the cascade has no model to build, and says so."""
-    bench, tokenizer = data
+def test_a_method_without_a_model_of_its_own_does_not_ship():
+    """A cascade's stages ship; the cascade is a Ranker, not a Method: it has no model to build or train."""
     [cascade] = available_methods(0, smoke=True, names=["lightningdot+rerank@20"])
-    assert not cascade.ships
-    with pytest.raises(TypeError, match="no model of its own"):
-        cascade.build_model(bench, tokenizer)
+    assert isinstance(cascade, Ranker) and not isinstance(cascade, Method)
+    assert not hasattr(cascade, "build_model") and not hasattr(cascade, "train")
+    assert [m.name for m in shipping.own_models([cascade])] == ["lightningdot", "cross_encoder", "scan"]
+
+
+def test_probe_differences_read_float_rounding_as_the_same_and_any_change_as_a_change():
+    recorded = {"scores": ["1 -2.5", "0.25 3"], "recall": {"t2i_r1": 50.0}}
+    assert shipping.probe_differences(recorded, {"scores": ["1.00000001 -2.5", "0.25 3"],
+                                                 "recall": {"t2i_r1": 50.0}}) == []
+    moved = shipping.probe_differences(recorded, {"scores": ["1.01 -2.5", "0.25 3"], "recall": {"t2i_r1": 50.0}})
+    assert len(moved) == 1 and "moved by up to 0.01" in moved[0]
+    recall = shipping.probe_differences(recorded, {"scores": ["1 -2.5", "0.25 3"], "recall": {"t2i_r1": 25.0}})
+    assert recall == ["its probe recall moved: t2i_r1 50.0 -> 25.0"]
+    assert shipping.probe_differences(None, recorded) == ["the manifest records no probe for it"]
+
+
+def test_the_probe_is_what_the_shipped_file_computes(shipped_tiny, data, course_env, monkeypatch, tmp_path):
+    """refresh records each probe from the weights as shipped (float16), so the loaded model matches it;
+    and a probe is the method's own scores: the kept corner equals its score matrix on the probe batch."""
+    bench, tokenizer = data
+    assert shipping.output_problems(course_env, methods=[make() for make in TINY.values()], bench=bench,
+                                    tokenizer=tokenizer) == []
+    vsepp = refusing_to_train(monkeypatch, TINY["vsepp"]()).fit(bench, tokenizer, cache_dir=tmp_path)
+    split = shipping.probe_split(bench)
+    scores = vsepp.similarity(split).T  # (T, N)
+    recorded = read_manifest(course_env)["files"][vsepp.checkpoint_path.name]["probe"]
+    kept = torch.tensor([[float(x) for x in row.split()] for row in recorded["scores"]])
+    torch.testing.assert_close(kept, scores[:kept.shape[0], :kept.shape[1]], rtol=1e-5, atol=1e-5)
+
+
+def test_relabel_renames_without_retraining(shipped_tiny, data, tmp_path, monkeypatch):
+    """A change of the naming rule: relabel moves each file to today's name byte for byte and records its
+    probe, training nothing; a model whose config changed is refused."""
+    bench, tokenizer = data
+    folder = shutil.copytree(shipped_tiny[0] / "shipped", tmp_path / "shipped")
+    manifest = read_manifest(folder)
+    before = {entry["method"]: (folder / name).read_bytes() for name, entry in manifest["files"].items()}
+    renamed = {f"old-{name}": entry for name, entry in manifest["files"].items()}  # as an older rule named them
+    for name in manifest["files"]:
+        (folder / name).rename(folder / f"old-{name}")
+    (folder / MANIFEST).write_text(json.dumps({**manifest, "files": renamed}))
+    methods = [refusing_to_train(monkeypatch, make()) for make in TINY.values()]
+    relabelled = shipping.relabel(folder, methods=methods, bench=bench, tokenizer=tokenizer)
+    assert relabelled["files"] == manifest["files"]
+    assert {e["method"]: (folder / name).read_bytes() for name, e in relabelled["files"].items()} == before
+    assert not list(folder.glob("old-*"))
+    changed = [make() for make in TINY.values()]
+    changed[0].config = VsePPConfig.smoke(max_steps=4, batch_size=16)
+    with pytest.raises(ValueError, match="vsepp: its config changed .* retrain it"):
+        shipping.relabel(folder, methods=changed, bench=bench, tokenizer=tokenizer)

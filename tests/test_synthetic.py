@@ -13,9 +13,17 @@ from course_lib.data.captions import truth_ceiling
 from course_lib.data.oracle import oracle_ceiling
 from course_lib.data.render import detect_regions, geometry, render_pixels
 from course_lib.data.split import RetrievalSplit
-from course_lib.data.synthetic import (FAMILIES, Meanings, Scenes, SyntheticConfig, caption_vocabulary,
-                                       fresh_scenes, make_benchmark, satisfies, satisfies_rows,
-                                       with_fresh_scenes)
+from course_lib.data.scenes import FAMILIES
+from course_lib.data.synthetic import (
+    Meanings,
+    Scenes,
+    SyntheticConfig,
+    fresh_scenes,
+    make_benchmark,
+    satisfies_rows,
+    with_fresh_scenes,
+)
+from course_lib.data.captions import caption_vocabulary, satisfies
 
 SMALL = dict(n_train=60, n_val=20, n_test=30, n_pretrain=80, n_compositional=12)
 SPLIT_NAMES = ("train", "val", "test", "pretrain", "compositional", "full")

@@ -11,7 +11,10 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from course_lib.core.checkpoints import load_model_weights
-from course_lib.core.train import History, Trainer, TrainConfig, move_to_device, param_groups, warmup_linear_decay
+from course_lib.core.history import History
+from course_lib.core.train import Trainer, move_to_device
+from course_lib.core.train_config import TrainConfig
+from course_lib.core.optimizer import param_groups, warmup_linear_decay
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: one torch thread
@@ -308,7 +311,7 @@ def test_train_config_takes_the_method_configs_training_fields_and_runtime_on_to
     from dataclasses import dataclass
 
     from course_lib.core.settings import CourseConfig
-    from course_lib.core.train import TRAIN_FIELDS, TrainConfig, train_config
+    from course_lib.core.train_config import TRAIN_FIELDS, TrainConfig, train_config
 
     @dataclass
     class Toy(CourseConfig):
@@ -329,7 +332,7 @@ def test_an_interrupted_run_resumes_from_its_last_periodic_save(tmp_path):
     from dataclasses import dataclass
 
     from course_lib.core.settings import CourseConfig
-    from course_lib.core.train import train_config
+    from course_lib.core.train_config import train_config
 
     @dataclass
     class Toy(CourseConfig):

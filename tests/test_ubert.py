@@ -14,7 +14,7 @@ from course_lib.core.blocks import masked_mean
 from course_lib.data.datasets import PairCollate, PairDataset
 from course_lib.core.losses import hinge_triplet_loss
 from course_lib.core.metrics import ranks_from_top_k, recall_at_k
-from course_lib.methods.base import ground_truth
+from course_lib.methods.queries import ground_truth
 from course_lib.methods.scan.method import SCANMethod
 from course_lib.methods.scan.model import SCANConfig, build_scan
 from course_lib.methods.ubert.model import (STEP_TWO_PARTS, UBERTConfig, build_ubert, compute_states,

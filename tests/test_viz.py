@@ -191,7 +191,7 @@ def test_pareto_labels_never_overlap_and_sit_nearest_their_own_marker():
 
 
 def test_learning_curve_draws_val_and_train_against_cpu_seconds():
-    from course_lib.core.train import History
+    from course_lib.core.history import History
 
     history = History([{"step": 10, "loss": 1.0},
                        {"step": 10, "eval": True, "cpu_seconds": 5.0, "val_t2i_r1": 3.0, "train_t2i_r1": 4.0},

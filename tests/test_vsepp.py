@@ -16,10 +16,17 @@ from course_lib.core.metrics import retrieval_metrics
 from course_lib.core.retrieval import build_index, search
 from course_lib.core.train import Trainer
 from course_lib.core.checkpoints import checkpoint_name
-from course_lib.methods.vsepp import (DualEncoder, VsePPConfig, VsePPMethod, build_dual_encoder,
-                              encode_split, similarity, train_dual_encoder,
-                              vsepp_loss)
-from course_lib.methods.base import learning_curve_splits, retrieval_evaluator
+from course_lib.methods.vsepp import (
+    DualEncoder,
+    VsePPConfig,
+    VsePPMethod,
+    build_dual_encoder,
+    similarity,
+    train_dual_encoder,
+    vsepp_loss,
+)
+from course_lib.methods.encoding import encode_split
+from course_lib.methods.encoding import learning_curve_splits, retrieval_evaluator
 
 # small enough for a few seconds of CPU training, large enough to learn something
 TINY = dict(hidden=32, embed_dim=32, layers=1, batch_size=32, lr=1e-3, max_violation=False)
@@ -163,7 +170,7 @@ def test_method_caches_its_checkpoint(bench, tokenizer, tmp_path, monkeypatch):
     first = VsePPMethod(config, progress=False).fit(bench, tokenizer, cache_dir=tmp_path)
     assert first.checkpoint_path.exists()
     assert first.checkpoint_path.name == checkpoint_name("vsepp", config.to_dict(), bench["train"], tokenizer,
-                                                         code=first.code_version())
+                                                         version=first.format_version)
     other = VsePPMethod(VsePPConfig(**{**TINY, "margin": 0.3}, max_steps=4), progress=False)
     other.fit(bench, tokenizer, cache_dir=tmp_path)
     assert other.checkpoint_path != first.checkpoint_path

@@ -1,15 +1,12 @@
 """Cached checkpoints of trained methods: one naming rule, so a cache folder never hands back a model
-trained on other data, with another config or by other code, and one way to find where a model lives."""
+trained on other data, with another config or format, and one way to find where a model lives."""
 
 from __future__ import annotations
 
-import ast
 import hashlib
-import importlib.util
 import json
 import zlib
 from contextlib import contextmanager
-from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -51,21 +48,21 @@ def data_digest(split) -> dict:
     return digest
 
 
-def checkpoint_fingerprint(config: dict, train_split, tokenizer, *extra, code: str | None = None) -> dict:
-    """Everything a trained model depends on: the config (a dict), the training data (data_digest:
+def checkpoint_fingerprint(config: dict, train_split, tokenizer, *extra, version: int = 1) -> dict:
+    """What a trained model is trained from: the config (a dict), the training data (data_digest:
     its captions, pairs, pixels, regions, boxes, masks and image paths), the tokenizer's vocabulary,
-    anything in `extra` (e.g. another stage's checkpoint name) and, when given, the code version
-    (`source_version` of the modules that build and train the model)."""
-    fingerprint = {
+    anything in `extra` (e.g. another stage's checkpoint name) and the format version its method
+    declares (bumped when the parameter layout or the training recipe changes on purpose). Not the
+    source code: an edit that changes no number keeps every model (the shipped models' output
+    fingerprints, course_lib.shipping, check that it changed none)."""
+    return {
         "format": MODEL_FORMAT,
+        "version": version,
         "config": config,
         "vocab": sorted(tokenizer.get_vocab().items()),
         "data": data_digest(train_split),
         "extra": list(extra),
     }
-    if code is not None:  # absent, not None: names made without a code version stay what they were
-        fingerprint["code"] = code
-    return fingerprint
 
 
 def fingerprint_hash(value) -> str:
@@ -73,60 +70,22 @@ def fingerprint_hash(value) -> str:
     return hashlib.sha1(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def checkpoint_name(prefix: str, config: dict, train_split, tokenizer, *extra, code: str | None = None) -> str:
-    """"<prefix>-<hash>.pt": the hash covers checkpoint_fingerprint(config, train_split, tokenizer,
-    *extra, code=code), so a cache folder never hands back a model trained on other data, with
-    another config or (with `code`) by other code."""
-    return f"{prefix}-{fingerprint_hash(checkpoint_fingerprint(config, train_split, tokenizer, *extra, code=code))[:10]}.pt"
+def fingerprint_file_name(prefix: str, fingerprint: dict) -> str:
+    """"<prefix>-<hash>.pt": the file name of the model a checkpoint_fingerprint describes."""
+    return f"{prefix}-{fingerprint_hash(fingerprint)[:10]}.pt"
 
 
-def _canonical(node):
-    """An AST as nested lists, the same on every Python version: empty and None fields are left
-    out (3.12 added type_params=[], 3.13's ast.dump hides empty fields), and so are the empty
-    strings 3.12 puts into nested f-string format specs; constants by repr."""
-    if isinstance(node, ast.AST):
-        fields = []
-        for name in node._fields:
-            value = getattr(node, name, None)
-            if isinstance(node, ast.JoinedStr) and name == "values":
-                value = [v for v in value if not (isinstance(v, ast.Constant) and v.value == "")]
-            if value is not None and value != []:
-                fields.append([name, _canonical(value)])
-        return [type(node).__name__, *fields]
-    if isinstance(node, list):
-        return [_canonical(item) for item in node]
-    return repr(node)
+def checkpoint_name(prefix: str, config: dict, train_split, tokenizer, *extra, version: int = 1) -> str:
+    """"<prefix>-<hash>.pt" of checkpoint_fingerprint(config, train_split, tokenizer, *extra,
+    version=version): a cache folder never hands back a model trained on other data or with another
+    config, format or starting point."""
+    return fingerprint_file_name(prefix, checkpoint_fingerprint(config, train_split, tokenizer, *extra,
+                                                                version=version))
 
 
-def _without_docstrings(tree: ast.AST) -> ast.AST:
-    for node in ast.walk(tree):
-        body = getattr(node, "body", None)
-        if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body
-                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
-                and isinstance(body[0].value.value, str)):
-            node.body = body[1:] or [ast.Pass()]
-    return tree
-
-
-def code_hash(source: str) -> str:
-    """A hash of Python code: its syntax tree without docstrings, so comments, docstrings and
-    layout do not count, and any change to what the code does does."""
-    return fingerprint_hash(_canonical(_without_docstrings(ast.parse(source))))
-
-
-@lru_cache(maxsize=None)
-def module_version(module: str) -> str:
-    """code_hash of a module's source file, by module name (read once per process)."""
-    return code_hash(Path(importlib.util.find_spec(module).origin).read_text(encoding="utf-8"))
-
-
-def source_version(modules) -> str:
-    """The code version of a model: one hash over module_version of each module (names, sorted)."""
-    return fingerprint_hash({name: module_version(name) for name in sorted(modules)})[:12]
-
-
-# Bump when a model's modules change shape or names (e.g. encoders moved onto course_lib.core.blocks), so
-# that an old cache never hands a checkpoint to a model that cannot load it.
+# Bump when every model's modules change shape or names (e.g. encoders moved onto course_lib.core.blocks),
+# so that an old cache never hands a checkpoint to a model that cannot load it; one method's own
+# changes bump its Method.format_version instead.
 MODEL_FORMAT = 2
 
 

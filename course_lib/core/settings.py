@@ -47,6 +47,26 @@ def retraining(on: bool = True):
             os.environ["COURSE_RETRAIN"] = before
 
 
+@contextmanager
+def shipped_models_from(folder):
+    """Within the block, Method.fit loads the shipped models of `folder` wherever they match, as at
+    default size (COURSE_SHIPPED_MODELS set, COURSE_SMOKE and COURSE_RETRAIN removed), then as before:
+    how the shipped models are checked, even from a smoke-mode test run."""
+    names = ("COURSE_SHIPPED_MODELS", "COURSE_SMOKE", "COURSE_RETRAIN")
+    before = {name: os.environ.get(name) for name in names}
+    os.environ["COURSE_SHIPPED_MODELS"] = str(folder)
+    os.environ.pop("COURSE_SMOKE", None)
+    os.environ.pop("COURSE_RETRAIN", None)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 def hub_offline() -> bool:
     """True when HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE forbid downloads from the Hugging Face hub.
 
@@ -98,8 +118,26 @@ class CourseConfig:
         """smoke() when COURSE_SMOKE is set, else the defaults."""
         return cls.smoke(**overrides) if smoke_mode() else cls(**overrides)
 
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+    def to_dict(self, without_stages=()) -> dict:
+        """The fields as a dict (checkpoint names, manifests); without_stages: leave out the fields
+        that only those later training stages read (`later_stage`), for an earlier stage's name."""
+        return {f.name: value for f, value in zip(dataclasses.fields(self), dataclasses.astuple(self))
+                if f.metadata.get("stage") not in without_stages}
+
+    def with_stage_defaults(self, stage: str):
+        """A copy whose `stage` fields are at their defaults: how an earlier stage builds its model,
+        so that its initial weights do not depend on a later stage's settings."""
+        defaults = {f.name: (f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default)
+                    for f in dataclasses.fields(self) if f.metadata.get("stage") == stage}
+        return dataclasses.replace(self, **defaults)
+
+
+def later_stage(stage: str, default=dataclasses.MISSING, *, default_factory=dataclasses.MISSING):
+    """A config field that only the later training stage `stage` reads (e.g. LightningDOT's
+    fine-tuning rate). Every other field shapes the earlier stages too, so an earlier stage's cached
+    checkpoint is named by all fields but these (CourseConfig.to_dict(without_stages=...)): a field
+    added without the tag retrains the earlier stage when it changes, never reuses it stale."""
+    return dataclasses.field(default=default, default_factory=default_factory, metadata={"stage": stage})
 
 
 class CourseNote(UserWarning):

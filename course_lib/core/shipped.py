@@ -3,14 +3,16 @@ benchmark trains in over an hour.
 
     shipped_models/               beside course_lib/, tracked in git
       manifest.json               per file: method, checkpoint prefix, config, data fingerprint,
-                                  extra (the files of the stages it starts from), code version,
-                                  MODEL_FORMAT, sha256, bytes
+                                  extra (the files of the stages it starts from), the method's format
+                                  version, MODEL_FORMAT, sha256, bytes, and `probe`: what the model
+                                  computes on a fixed batch of the validation split (course_lib.shipping)
       vsepp-<hash>.pt ...         weights (float16) and training history only (no optimizer state)
 
-A shipped file is named exactly as the cache names the model (`checkpoints.checkpoint_name`, whose
-hash covers the config, the training data, the vocabulary, the stages it starts from and the code
-version), so `Method.fit` loads it only when all of these match, and its sha256 matches the
-manifest's. Otherwise it trains (or loads its cache) as before, with a one-line note saying why when
+A shipped file is named exactly as the cache names the model (`Method.fingerprint`, whose hash covers
+what the model is trained from: the config, the training data, the vocabulary, the stages it starts
+from and the method's format version, never its source code), so `Method.fit` loads it only when all
+of these match, and its sha256 matches the manifest's. That the code still computes what it did is
+checked by behaviour instead: the probe (tests/test_shipped_models.py). Otherwise it trains (or loads its cache) as before, with a one-line note saying why when
 the folder ships a model of that method name that does not match, or has no manifest. Smoke mode and COURSE_RETRAIN=1 never
 load shipped models (`shipped_folder`): CI exercises the training path, and `--retrain` reproduces
 the shipped models with the same code.
@@ -34,7 +36,8 @@ from torch import nn
 
 from course_lib.core.checkpoints import SHIPPED_FORMAT, check_model_state, fingerprint_hash
 from course_lib.core.settings import CourseNote, retrain_mode, smoke_mode
-from course_lib.core.train import History
+from course_lib.core.files import write_atomically
+from course_lib.core.history import History
 
 SHIPPED_MODELS = Path(__file__).resolve().parents[2] / "shipped_models"
 MANIFEST = "manifest.json"
@@ -55,7 +58,7 @@ def manifest_entry(method: str, prefix: str, fingerprint: dict) -> dict:
     and the vocabulary as one short hash (the digest itself is long and says nothing to a reader)."""
     return {"method": method, "prefix": prefix, "config": fingerprint["config"],
             "data": fingerprint_hash([fingerprint["data"], fingerprint["vocab"]])[:16],
-            "extra": list(fingerprint["extra"]), "code": fingerprint.get("code"), "format": fingerprint["format"]}
+            "extra": list(fingerprint["extra"]), "version": fingerprint["version"], "format": fingerprint["format"]}
 
 
 def read_manifest(folder) -> dict:
@@ -132,8 +135,8 @@ def stale_reasons(expected: dict, entry: dict | None) -> list[str]:
         reasons.append("its training data or vocabulary changed")
     if entry.get("extra") != expected["extra"]:
         reasons.append(f"a model it starts from changed (shipped {entry.get('extra')}, now {expected['extra']})")
-    if entry.get("code") != expected["code"]:
-        reasons.append(f"its code changed (code version {entry.get('code')}, now {expected['code']})")
+    if entry.get("version") != expected["version"]:
+        reasons.append(f"its format version changed ({entry.get('version')}, now {expected['version']})")
     if entry.get("format") != expected["format"]:
         reasons.append(f"MODEL_FORMAT changed ({entry.get('format')}, now {expected['format']})")
     return reasons
@@ -195,16 +198,15 @@ def write_shipped(folder, models, not_shipped=(), keep=None) -> dict:
     folder.mkdir(parents=True, exist_ok=True)
     files = {name: entry for name, entry in keep.items() if name not in payloads}
     for name, (entry, data) in sorted(payloads.items()):
-        (folder / (name + ".tmp")).write_bytes(data)
-        os.replace(folder / (name + ".tmp"), folder / name)  # never a half-written model
+        write_atomically(folder / name, lambda temporary: temporary.write_bytes(data))  # never half a model
         files[name] = {**entry, "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
     for old in folder.glob("*.pt"):
         if old.name not in files:
             old.unlink()
     manifest = {"format": SHIPPED_FORMAT, "refresh": REFRESH_COMMAND, "torch": torch.__version__, "files": files,
                 "not_shipped": sorted(not_shipped)}
-    (folder / (MANIFEST + ".tmp")).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(folder / (MANIFEST + ".tmp"), folder / MANIFEST)
+    text = json.dumps(manifest, indent=1, sort_keys=True) + "\n"
+    write_atomically(folder / MANIFEST, lambda temporary: temporary.write_text(text, encoding="utf-8"))
     return manifest
 
 

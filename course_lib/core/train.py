@@ -24,10 +24,8 @@ import contextlib
 import dataclasses
 import math
 import os
-import random
 import time
 import warnings
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -44,71 +42,16 @@ from course_lib.core.distributed import (
     get_world_size,
     mean_over_ranks,
 )
+from course_lib.core.files import training_lock, write_atomically
+from course_lib.core.history import History
+from course_lib.core.optimizer import param_groups, warmup_linear_decay
+from course_lib.core.rng_state import capture_rng_state, restore_rng_state
 from course_lib.core.settings import CourseNote, get_device, seed_everything
+from course_lib.core.train_config import TrainConfig
 
 # Config fields that change the numbers a run produces: a resume with other values warns.
 _RESULT_FIELDS = ("batch_size", "lr", "weight_decay", "betas", "eps", "warmup_fraction",
                   "grad_clip", "grad_accum_steps", "amp", "seed", "shuffle", "drop_last")
-
-
-@dataclass
-class TrainConfig:
-    max_steps: int = 1000  # optimizer steps (a step = grad_accum_steps micro-batches)
-    batch_size: int = 32  # samples per micro-batch (of each process, when distributed)
-    lr: float = 1e-4  # peak learning rate, reached at the end of warm-up
-    weight_decay: float = 0.01  # AdamW decoupled decay, on 2-D+ tensors only
-    betas: tuple[float, float] = (0.9, 0.98)  # AdamW betas (LightningDOT / UNITER)
-    eps: float = 1e-6  # AdamW epsilon (BERT / UNITER value)
-    warmup_fraction: float = 0.1  # share of max_steps spent warming up linearly from 0
-    grad_clip: float | None = 2.0  # max global gradient norm; None = no clipping (VSE++ uses 2.0)
-    grad_accum_steps: int = 1  # micro-batches per optimizer step (loss divided accordingly)
-    amp: bool = False  # mixed precision on CUDA only; ignored on CPU / MPS
-    eval_every: int | None = None  # call evaluate every this many steps; None = only at the end
-    log_every: int = 10  # steps averaged into one history row
-    checkpoint_path: str | None = None  # where to save / resume; None = no checkpoints
-    checkpoint_every: int | None = None  # steps between saves; None = only at the end or stop
-    seed: int = 0  # seeds python/numpy/torch on a fresh start, and the data order
-    num_workers: int = 0  # DataLoader worker processes (0 = exact resume, see module docstring)
-    shuffle: bool = True  # reshuffle every epoch (from seed and epoch)
-    drop_last: bool = True  # drop the last incomplete batch of each epoch
-    progress: bool = True  # show a tqdm progress bar
-    device: str | None = None  # e.g. "cpu", "cuda"; None = settings.get_device()
-
-
-# the training knobs a method config declares (with its own defaults and reasons) and hands to TrainConfig
-TRAIN_FIELDS = ("max_steps", "batch_size", "lr", "warmup_fraction", "grad_clip", "seed")
-CHECKPOINT_EVERY_AT_LEAST = 50  # steps between train_config's periodic saves, at the fewest
-
-
-def train_config(config, **runtime) -> TrainConfig:
-    """The one training recipe's TrainConfig from a method config's training fields (max_steps,
-    batch_size, lr, warmup_fraction, grad_clip, seed: whichever it has), with `runtime`
-    (checkpoint_path, progress, device, log_every, eval_every, or a field) on top. Every method
-    trains through this, so a training knob means the same thing everywhere."""
-    shared = {f: getattr(config, f) for f in TRAIN_FIELDS if hasattr(config, f)}
-    if runtime.get("checkpoint_path") is not None:
-        runtime["checkpoint_path"] = str(runtime["checkpoint_path"])
-        # saved every tenth of the run: an interrupted run resumes there (exactly: the same result),
-        # not from step 0
-        steps = {**shared, **runtime}.get("max_steps", TrainConfig.max_steps)
-        runtime.setdefault("checkpoint_every", max(CHECKPOINT_EVERY_AT_LEAST, steps // 10))
-    return TrainConfig(**{**shared, **runtime})
-
-
-def warmup_linear_decay(step: int, total_steps: int, warmup_steps: int) -> float:
-    """LR multiplier: 0 -> 1 linearly over `warmup_steps`, then linearly to 0 at `total_steps`."""
-    if step < warmup_steps:
-        return step / warmup_steps
-    return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
-
-
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """Two AdamW groups: 2-D+ tensors decayed, 1-D tensors (biases, norm weights) not."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    if not params:
-        raise ValueError("the model has no trainable parameters (all have requires_grad=False)")
-    return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
 
 
 def move_to_device(batch: Any, device: torch.device) -> Any:
@@ -122,29 +65,6 @@ def move_to_device(batch: Any, device: torch.device) -> Any:
     if isinstance(batch, (list, tuple)):
         return type(batch)(move_to_device(v, device) for v in batch)
     return batch
-
-
-class History(list):
-    """Logged rows, one dict each; a plain list, so `pandas.DataFrame(history)` works too.
-
-    Training rows: {"step", "epoch", "lr", "loss", other scalars of loss_fn, "grad_norm"}, the
-    values averaged over the `log_every` steps up to "step" (lr is the one last used). Evaluation
-    rows: {"step", "eval": True, "cpu_seconds", **metrics}, cpu_seconds = the process's CPU time
-    spent in training steps so far (evaluations excluded, resumed runs included): the x-axis of a
-    learning curve that compares models by what they cost to train.
-    """
-
-    def rows(self, eval: bool | None = None) -> list[dict]:
-        """All rows, or only evaluation rows (eval=True) or only training rows (eval=False)."""
-        return [r for r in self if eval is None or bool(r.get("eval", False)) == eval]
-
-    def column(self, name: str, eval: bool | None = None) -> list[float]:
-        """The values of `name` in the rows that have it, in order (for plotting)."""
-        return [r[name] for r in self.rows(eval) if name in r]
-
-    def steps(self, name: str, eval: bool | None = None) -> list[int]:
-        """The steps that go with `column(name, eval)`: the x-axis of the same plot."""
-        return [r["step"] for r in self.rows(eval) if name in r]
 
 
 def _scalar(value: Any) -> float | None:
@@ -170,24 +90,6 @@ def _checked_loss(out: Any) -> torch.Tensor:
         raise ValueError("the loss does not require grad: was it computed under torch.no_grad()"
                          " or from detached tensors?")
     return out.reshape(())
-
-
-def _rng_state() -> dict:
-    # numpy's state is stored as plain lists so the file loads with torch.load(weights_only=True).
-    name, keys, pos, has_gauss, gauss = np.random.get_state()
-    return {"python": random.getstate(), "numpy": [name, keys.tolist(), int(pos), int(has_gauss),
-            float(gauss)], "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
-
-
-def _set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    name, keys, pos, has_gauss, gauss = state["numpy"]
-    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, gauss))
-    torch.set_rng_state(state["torch"])
-    cuda = state["cuda"]
-    if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
-        torch.cuda.set_rng_state_all(cuda)
 
 
 class Trainer:
@@ -281,6 +183,14 @@ class Trainer:
         stop_after: stop after this many optimizer steps of this call, saving a checkpoint
             (simulates an interruption; a later `fit()` continues).
         """
+        # one process trains into a checkpoint file at a time: another one that wants it waits, then
+        # finds it finished (or resumes a run that stopped). In a distributed group rank 0 holds the
+        # lock for all: the others start once it has it
+        with training_lock(self.config.checkpoint_path) if self.rank == 0 else contextlib.nullcontext():
+            barrier()
+            return self._fit(resume, stop_after)
+
+    def _fit(self, resume: bool, stop_after: int | None) -> History:
         cfg, path = self.config, self.config.checkpoint_path
         if resume and path and os.path.exists(path):
             self.load_checkpoint(path)
@@ -398,19 +308,18 @@ class Trainer:
                 "scaler": self.scaler.state_dict(), "step": self.step, "epoch": self.epoch,
                 "batch_in_epoch": self.batch_in_epoch, "cpu_seconds": self.cpu_seconds,
                 "history": list(self.history),
-                "window": self._window, "rng": _rng_state(), "config": config}
+                "window": self._window, "rng": capture_rng_state(), "config": config}
 
     def save_checkpoint(self, path: str | None = None) -> None:
-        """Write the trainer state atomically (temporary file, then os.replace), on rank 0 only (the
+        """Write the trainer state atomically (a temporary file of this process, then os.replace), on rank 0 only (the
         RNG states are rank 0's: other ranks' dropout masks do not resume bit-exactly)."""
         path = path or self.config.checkpoint_path
         if not path:
             raise ValueError("no path given and config.checkpoint_path is None")
         if self.rank != 0:
             return
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        torch.save(self.state_dict(), path + ".tmp")
-        os.replace(path + ".tmp", path)  # a crash mid-write never leaves a truncated checkpoint
+        state = self.state_dict()
+        write_atomically(path, lambda temporary: torch.save(state, temporary))  # never half a file
 
     def load_checkpoint(self, path: str) -> None:
         """Restore the trainer state saved by `save_checkpoint` (then `fit()` continues)."""
@@ -432,4 +341,4 @@ class Trainer:
         self.batch_in_epoch = ckpt["batch_in_epoch"]
         self.cpu_seconds = ckpt.get("cpu_seconds", 0.0)  # absent in checkpoints saved before it existed
         self.history, self._window = History(ckpt["history"]), ckpt["window"]
-        _set_rng_state(ckpt["rng"])  # last, so nothing above consumes random numbers after it
+        restore_rng_state(ckpt["rng"])  # last, so nothing above consumes random numbers after it

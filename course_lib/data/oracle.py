@@ -31,16 +31,7 @@ import numpy as np
 
 from course_lib.core.metrics import hit_probability
 
-from .likelihood import (  # noqa: F401 (SCALE and the likelihoods re-exported: tests, notebooks)
-    SCALE,
-    _iter_sparse,
-    _snap,
-    caption_likelihood,
-    compositional_likelihood,
-    dropout_factor,
-    iter_caption_likelihood,
-    scene_free_factor,
-)
+from .likelihood import _iter_sparse, _snap, compositional_likelihood
 
 
 # ---- the oracle --------------------------------------------------------------------------------
@@ -126,6 +117,4 @@ def oracle_ceiling(split, ks=(1, 5, 10)) -> dict[str, float]:
     return bayes_ceiling(split, ks)
 
 
-__all__ = ["oracle_ceiling", "caption_likelihood", "iter_caption_likelihood", "compositional_likelihood", "scene_free_factor",
-           "dropout_factor",
-           "split_likelihood", "bayes_recall", "bayes_ceiling", "SCALE"]
+__all__ = ["oracle_ceiling", "compositional_likelihood", "split_likelihood", "bayes_recall", "bayes_ceiling"]

@@ -31,27 +31,14 @@ from .captions import (
     PAIR,
     PLACE,
     RELATION,
-    caption_vocabulary,
-    iter_satisfies,
     meanings_of,
-    satisfies,
     satisfies_rows,
     terse_meanings,
     two_objects,
     word_captions,
 )
 from .render import detect_regions, render_pixels, sample_offsets
-from .scenes import (
-    COLORS,
-    FAMILIES,
-    GRID,
-    RELATIONS,
-    SHAPES,
-    SIZES,
-    Meanings,
-    Scenes,
-    sample_scenes,
-)
+from .scenes import GRID, Meanings, Scenes, sample_scenes
 from .split import RetrievalSplit, concatenate
 
 SPLITS = ("train", "val", "test", "pretrain", "compositional")  # order fixes each split's stream
@@ -359,5 +346,4 @@ def make_benchmark(cfg: SyntheticConfig | None = None, seed: int = 0,
 
 
 __all__ = ["SyntheticConfig", "make_benchmark", "fresh_scenes", "with_fresh_scenes", "Scenes", "Meanings",
-           "satisfies", "satisfies_rows", "iter_satisfies", "caption_vocabulary", "SHAPES", "COLORS", "SIZES",
-           "RELATIONS", "FAMILIES"]
+           "satisfies_rows"]

@@ -17,10 +17,12 @@ then rank.
 Ranking, not a dense (n_images, n_texts) matrix, is the protocol (the full setting's would take
 2.9 GB); recalls need only each query's top K (`metrics.ranks_from_top_k`).
 
-    Method              fit-and-cache: the checkpoint is named by checkpoint_name(...), so a cache
-                        folder never hands back a model trained on other data, with another config
-                        or by other code (code_version); fit loads the shipped model instead when
-                        one matches (course_lib.core.shipped)
+    Ranker              what the benchmark runs (fit, rank, query_fn, budgets); a cascade
+                        (course_lib.methods.rerank) is a Ranker over fitted Methods
+    Method              + a trained model of its own, cached under a name that hashes what it is
+                        trained from (Method.fingerprint: config, data, vocabulary, the models it
+                        starts from, format_version), never its source code; fit loads the shipped
+                        model instead when one matches (course_lib.core.shipped)
     DualEncoderMethod   + what every dot-product model shares (VSE++, LightningDOT): the gallery is
                         embedded once into a FAISS index, a query costs one encoding and a top-k,
                         on the lean path of course_lib.core.serving
@@ -31,15 +33,10 @@ Ranking, not a dense (n_images, n_texts) matrix, is the protocol (the full setti
 
 `fit_pairs` is the one training recipe (a split's (image, caption) pairs through the Trainer);
 `Method.cached_states` keeps a gallery's offline states (U-BERT's, HiVLP's, Slow's) per split and model.
-
-The encode_* helpers (course_lib.methods.encoding, re-exported here) serve any model with
-`encode_images(batch)` / `encode_texts(batch)` -> (B, E) and a `modality` attribute.
 """
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import ClassVar
@@ -49,62 +46,30 @@ import torch
 from torch import nn
 
 from course_lib.core import shipped
-from course_lib.core.checkpoints import checkpoint_fingerprint, checkpoint_name, model_device, source_version
+from course_lib.core.checkpoints import checkpoint_fingerprint, fingerprint_file_name, model_device
 from course_lib.core.settings import get_device
-from course_lib.core.split_cache import CACHED_SPLITS, SplitCache  # noqa: F401 (re-exported)
+from course_lib.core.split_cache import SplitCache
 from course_lib.core.retrieval import build_index, search
 from course_lib.core.serving import QueryEncoder, QuerySide, QueryTokenizer, Searcher, TextQueryPath
-from course_lib.core.train import History, Trainer, train_config
+from course_lib.core.history import History
+from course_lib.core.train import Trainer
+from course_lib.core.train_config import train_config
 from course_lib.methods.pairwise import PairwiseRanking
-from course_lib.methods.queries import (  # noqa: F401 (re-exported: every method imports them from here)
-    DIRECTIONS,
-    check_direction,
-    ground_truth,
-    query_indices,
-    top_k_of,
-)
+from course_lib.methods.queries import query_indices
 from course_lib.data.datasets import ImageDataset, PairCollate, PairDataset, TextCollate
-from course_lib.methods.encoding import (  # re-exported: every method imports them from here
-    encode_captions,
-    encode_gallery,
-    encode_split,
-    learning_curve_splits,
-    retrieval_evaluator,
-    similarity,
-)
+from course_lib.methods.encoding import encode_captions, encode_gallery, learning_curve_splits, similarity
 
 # tokens of one text query, [CLS] and [SEP] included (TextCollate's default, as every query path used)
 QUERY_MAX_LENGTH = 40
 # evaluations of a dual encoder's learning curve over one training run (Method.learning_curve)
 CURVE_POINTS = 8
-# the modules whose code builds, feeds and trains every model; a method's code version adds its own
-# package. Not this module (fit_pairs is a few stable lines beside much serving code): a change
-# elsewhere that alters what training produces bumps checkpoints.MODEL_FORMAT, which every name covers
-TRAINING_MODULES = ("course_lib.core.blocks", "course_lib.core.encoders", "course_lib.core.losses",
-                    "course_lib.core.tokens", "course_lib.core.train", "course_lib.data.datasets")
 
 
-def own_modules(cls) -> tuple[str, ...]:
-    """The course_lib modules that define a method class: every module of its package (a method
-    package's model.py, method.py, ...), or its one module (vsepp.py)."""
-    module = cls.__module__
-    if not module.startswith("course_lib."):
-        return ()  # a method defined outside the course (a test's): its own code is not versioned
-    package = module.rpartition(".")[0]
-    if package == "course_lib.methods":
-        return (module,)
-    return tuple(f"{package}.{info.name}" for info in pkgutil.iter_modules(importlib.import_module(package).__path__))
+class Ranker(ABC):
+    """What the benchmark runs: `fit`, then `rank` and `query_fn`, within its budgets. A Method
+    trains and caches a model of its own; a cascade (course_lib.methods.rerank) only ranks with
+    fitted Methods."""
 
-
-class Method(ABC):
-    """Base of the benchmark methods. A subclass sets `checkpoint_prefix` (also its default name)
-    and `config_class` (its default config), and implements `train(bench, tokenizer,
-    checkpoint_path, cache_dir) -> (model, history)`, which loads a finished checkpoint at
-    checkpoint_path instead of training (course_lib.core.train.Trainer does), and
-    `build_model(bench, tokenizer)`, the untrained model a shipped model's weights load into."""
-
-    checkpoint_prefix: ClassVar[str] = "method"
-    config_class: ClassVar[type]
     # benchmark budgets, (default run, smoke run). eval_pairs: pairs it may score per setting and
     # direction (None = every query); beyond it, a fixed random sample of queries is ranked.
     # timed_sizes: the galleries one query is timed on (None = up to each setting's gallery);
@@ -114,98 +79,11 @@ class Method(ABC):
     # beyond it the method stays on its eval_pairs sample (a model that costs ~an hour per setting)
     every_pair_limit: ClassVar[int | None] = None
     timed_sizes: ClassVar[tuple] = (None, None)
-    # modules besides TRAINING_MODULES and its own package whose code shapes the trained model
-    code_modules: ClassVar[tuple] = ()
     notes: str = ""
 
-    def __init__(self, config=None, name: str | None = None, progress: bool = True):
-        self.config = config if config is not None else self.config_class()
-        self.name, self.progress = name or self.checkpoint_prefix, progress
-        self.model = self.tokenizer = self.history = self.checkpoint_path = None
-        self.from_shipped = False  # fit loaded a shipped model (course_lib.core.shipped)
-
-    def code_version(self) -> str:
-        """A hash of the code that builds and trains the model (checkpoints.source_version)."""
-        return source_version(TRAINING_MODULES + own_modules(type(self)) + tuple(self.code_modules))
-
-    def checkpoint_extra(self, bench: dict, tokenizer) -> tuple:
-        """Anything besides config, data, vocabulary and code that changes the trained model (the
-        checkpoint file names of the stages or models it starts from)."""
-        return ()
-
-    def checkpoint_key(self, bench: dict, tokenizer) -> tuple[tuple, dict]:
-        """The arguments of checkpoint_name and checkpoint_fingerprint that identify the trained
-        model, after its prefix: (config dict, bench["train"], tokenizer, *extra), {"code": ...}."""
-        return ((self.config.to_dict(), bench["train"], tokenizer, *self.checkpoint_extra(bench, tokenizer)),
-                {"code": self.code_version()})
-
-    def checkpoint_file(self, bench: dict, tokenizer) -> str:
-        """The trained model's file name in cache_dir (and in the shipped folder)."""
-        args, kwargs = self.checkpoint_key(bench, tokenizer)
-        return checkpoint_name(self.checkpoint_prefix, *args, **kwargs)
-
-    def shipping_entry(self, bench: dict, tokenizer) -> tuple[str, dict]:
-        """(file name, manifest entry) of this model in the shipped folder (core.shipped)."""
-        args, kwargs = self.checkpoint_key(bench, tokenizer)
-        return (checkpoint_name(self.checkpoint_prefix, *args, **kwargs),
-                shipped.manifest_entry(self.name, self.checkpoint_prefix, checkpoint_fingerprint(*args, **kwargs)))
-
-    @property
-    def ships(self) -> bool:
-        """Whether a shipped file can stand for its training: it can build its untrained model."""
-        return type(self).build_model is not Method.build_model
-
-    def build_model(self, bench: dict, tokenizer) -> nn.Module:
-        """The untrained model a shipped model's weights load into. A method that ships overrides it;
-        the others (cascades, whose stages ship) have no model of their own to build: `ships` is False."""
-        raise TypeError(f"{type(self).__name__} has no model of its own to build (Method.ships is False)")
-
-    def fit(self, bench: dict, tokenizer, cache_dir=None) -> "Method":
-        """Load the shipped model when one matches (shipped.shipped_folder: not in smoke mode, nor with
-        COURSE_RETRAIN=1); else train on bench["train"], or load cache_dir / "<prefix>-<hash>.pt" if
-        it is there."""
-        self.tokenizer, self.checkpoint_path, self.from_shipped = tokenizer, None, False
-        path = self.shipped_file(bench, tokenizer)
-        if path is not None:  # no training, nor any earlier stage's
-            model = self.build_model(bench, tokenizer)
-            self.history = shipped.load_shipped(path, model)
-            self.model, self.checkpoint_path, self.from_shipped = model.to(get_device()).eval(), path, True
-            return self
-        if cache_dir is not None:
-            self.checkpoint_path = Path(cache_dir) / self.checkpoint_file(bench, tokenizer)
-        self.model, self.history = self.train(bench, tokenizer, self.checkpoint_path, cache_dir)
-        return self
-
-    def shipped_file(self, bench: dict, tokenizer):
-        """The shipped model `fit` would load (a Path), or None: none matches, or retraining / smoke."""
-        folder = shipped.shipped_folder()
-        if folder is None or not self.ships:
-            return None
-        name, expected = self.shipping_entry(bench, tokenizer)
-        return shipped.find_shipped(folder, name, expected)
-
-    def learning_curve(self, bench: dict, steps: int, n_images: int = 1000) -> dict:
-        """Training kwargs that record the model's learning curve in its history: retrieval on val and
-        on train[:n_images] (learning_curve_splits), CURVE_POINTS times over `steps`. Every dual encoder's
-        Method passes them, and the cross-encoder's with smaller galleries (it scores every pair), so the
-        trained (and shipped) model carries the curve its notebook shows."""
-        return dict(evaluate_on=learning_curve_splits(bench, n_images), eval_every=max(1, steps // CURVE_POINTS))
-
     @abstractmethod
-    def train(self, bench: dict, tokenizer, checkpoint_path, cache_dir):
-        """Train on bench["train"] (or load a finished checkpoint_path); return (model, history)."""
-
-    def _fitted(self) -> nn.Module:
-        if self.model is None:
-            raise RuntimeError(f"{self.name}: call fit(bench, tokenizer, cache_dir) first")
-        return self.model
-
-    def cached_states(self, split, compute_states):
-        """compute_states(model, split, tokenizer): a gallery's offline states, computed once per split
-        and fitted model (for the CACHED_SPLITS splits used last, SplitCache)."""
-        if getattr(self, "_states", None) is None:
-            self._states = SplitCache()
-        return self._states.get(split, self.model, lambda: compute_states(self._fitted(), split, self.tokenizer))
+    def fit(self, bench: dict, tokenizer, cache_dir=None) -> "Ranker":
+        """Make it ready to rank: train (or load) what it needs on bench["train"]."""
 
     @abstractmethod
     def rank(self, split, direction: str, top_k: int, queries=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -219,6 +97,109 @@ class Method(ABC):
     def pairs_per_query(self, split, direction: str) -> int:
         """Cross-attention pairs one query scores (0: a dot-product search)."""
         return 0
+
+
+class Method(Ranker):
+    """A Ranker with a trained model of its own. A subclass sets `checkpoint_prefix` (also its default
+    name) and `config_class` (its default config), and implements `build_model(bench, tokenizer)`, the
+    untrained model a shipped model's weights load into, and `train(bench, tokenizer, checkpoint_path,
+    cache_dir) -> (model, history)`, which loads a finished checkpoint at checkpoint_path instead of
+    training (course_lib.core.train.Trainer does).
+
+    A model is known by what it is trained from (`fingerprint`): its config, the training data, the
+    vocabulary, the files of the models it starts from (`checkpoint_extra`) and `format_version`."""
+
+    checkpoint_prefix: ClassVar[str] = "method"
+    config_class: ClassVar[type]
+    # bump when the parameter layout or the training recipe changes on purpose: every cached and
+    # shipped model of the method is then trained again
+    format_version: ClassVar[int] = 1
+
+    def __init__(self, config=None, name: str | None = None, progress: bool = True):
+        self.config = config if config is not None else self.config_class()
+        self.name, self.progress = name or self.checkpoint_prefix, progress
+        self.model = self.tokenizer = self.history = self.checkpoint_path = None
+        self.from_shipped = False  # fit loaded a shipped model (course_lib.core.shipped)
+
+    def identity_config(self) -> dict:
+        """The config as the model's identity reads it (a method whose later stages have fields of their
+        own leaves those out where they do not apply)."""
+        return self.config.to_dict()
+
+    def checkpoint_extra(self, bench: dict, tokenizer) -> tuple:
+        """Anything besides config, data, vocabulary and format that changes the trained model (the
+        checkpoint file names of the stages or models it starts from)."""
+        return ()
+
+    def fingerprint(self, bench: dict, tokenizer) -> dict:
+        """checkpoints.checkpoint_fingerprint of the trained model: what it is trained from."""
+        return checkpoint_fingerprint(self.identity_config(), bench["train"], tokenizer,
+                                      *self.checkpoint_extra(bench, tokenizer), version=self.format_version)
+
+    def checkpoint_file(self, bench: dict, tokenizer, fingerprint: dict | None = None) -> str:
+        """The trained model's file name in cache_dir (and in the shipped folder)."""
+        return fingerprint_file_name(self.checkpoint_prefix, fingerprint or self.fingerprint(bench, tokenizer))
+
+    def shipping_entry(self, bench: dict, tokenizer, fingerprint: dict | None = None) -> tuple[str, dict]:
+        """(file name, manifest entry) of this model in the shipped folder (core.shipped)."""
+        fingerprint = fingerprint or self.fingerprint(bench, tokenizer)
+        return (self.checkpoint_file(bench, tokenizer, fingerprint),
+                shipped.manifest_entry(self.name, self.checkpoint_prefix, fingerprint))
+
+    @abstractmethod
+    def build_model(self, bench: dict, tokenizer) -> nn.Module:
+        """The untrained model a shipped model's weights load into."""
+
+    @abstractmethod
+    def train(self, bench: dict, tokenizer, checkpoint_path, cache_dir):
+        """Train on bench["train"] (or load a finished checkpoint_path); return (model, history)."""
+
+    def fit(self, bench: dict, tokenizer, cache_dir=None) -> "Method":
+        """Load the shipped model when one matches (shipped.shipped_folder: not in smoke mode, nor with
+        COURSE_RETRAIN=1); else train on bench["train"], or load cache_dir / "<prefix>-<hash>.pt" if
+        it is there (a process training the same file into the same folder is waited for)."""
+        self.tokenizer, self.checkpoint_path, self.from_shipped = tokenizer, None, False
+        name, entry = self.shipping_entry(bench, tokenizer)  # the model's identity, computed once
+        path = shipped.find_shipped(shipped.shipped_folder(), name, entry)
+        if path is not None:  # no training, nor any earlier stage's
+            model = self.build_model(bench, tokenizer)
+            self.history = shipped.load_shipped(path, model)
+            self.model, self.checkpoint_path, self.from_shipped = model.to(get_device()).eval(), path, True
+            return self
+        if cache_dir is not None:
+            self.checkpoint_path = Path(cache_dir) / name
+        self.model, self.history = self.train(bench, tokenizer, self.checkpoint_path, cache_dir)
+        return self
+
+    def shipped_file(self, bench: dict, tokenizer):
+        """The shipped model `fit` would load (a Path), or None: none matches, or retraining / smoke."""
+        folder = shipped.shipped_folder()
+        return None if folder is None else shipped.find_shipped(folder, *self.shipping_entry(bench, tokenizer))
+
+    def learning_curve(self, bench: dict, steps: int, n_images: int = 1000) -> dict:
+        """Training kwargs that record the model's learning curve in its history: retrieval on val and
+        on train[:n_images] (learning_curve_splits), CURVE_POINTS times over `steps`. Every dual encoder's
+        Method passes them, and the cross-encoder's with smaller galleries (it scores every pair), so the
+        trained (and shipped) model carries the curve its notebook shows."""
+        return dict(evaluate_on=learning_curve_splits(bench, n_images), eval_every=max(1, steps // CURVE_POINTS))
+
+    def _fitted(self) -> nn.Module:
+        if self.model is None:
+            raise RuntimeError(f"{self.name}: call fit(bench, tokenizer, cache_dir) first")
+        return self.model
+
+    def cached_states(self, split, compute_states):
+        """compute_states(model, split, tokenizer): a gallery's offline states, computed once per split
+        and fitted model (for the CACHED_SPLITS splits used last, SplitCache)."""
+        if getattr(self, "_states", None) is None:
+            self._states = SplitCache()
+        return self._states.get(split, self.model, lambda: compute_states(self._fitted(), split, self.tokenizer))
+
+    def trained_model_of(self, other: "Method", bench: dict, tokenizer, cache_dir, *, needed: bool) -> nn.Module:
+        """The model of `other`, a model this one starts from or reads: fitted (trained, or loaded
+        from the cache or the shipped folder) when needed, else only built, because a finished
+        checkpoint of this model holds its copy of it."""
+        return other.fit(bench, tokenizer, cache_dir).model if needed else other.build_model(bench, tokenizer)
 
 
 # ----------------------------------------------------------------------------- training
@@ -338,6 +319,4 @@ class PairwiseMethod(PairwiseRanking, Method):
     rank, similarity and score_pairs (course_lib.methods.pairwise)."""
 
 
-__all__ = ["fit_pairs", "Method", "DualEncoderMethod", "PairwiseMethod", "encode_gallery", "encode_captions",
-           "encode_split", "similarity", "retrieval_evaluator", "learning_curve_splits", "query_indices", "ground_truth", "top_k_of", "DIRECTIONS",
-           "check_direction"]
+__all__ = ["QUERY_MAX_LENGTH", "CURVE_POINTS", "Ranker", "Method", "fit_pairs", "DualEncoderMethod", "PairwiseMethod"]

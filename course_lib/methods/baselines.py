@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from course_lib.methods.base import query_indices, top_k_of
+from course_lib.methods.queries import query_indices, top_k_of
 
 
 class RandomProjectionBaseline:

@@ -21,7 +21,8 @@ read-out of the 4x4 map, and so is a bag of the scene's objects, the vector a do
 here), so with the same channels the stem's backbone weights load straight into
 FastModel.backbone or VisualTokens.backbone; the heads are dropped. It trains with the course's
 Trainer and is cached as checkpoint_name("pixel_stem", ...) over its config, the pretrain split and
-this module's code version (`stem_checkpoint_file`): a code change retrains it.
+STEM_FORMAT_VERSION (`stem_checkpoint_file`); `StartsFromPixelStem` names it among the files of the
+models that start from it.
 
     stem, history = train_pixel_stem(bench, PixelStemConfig(), checkpoint_path=cache / name)
 """
@@ -38,17 +39,18 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
-from course_lib.core.checkpoints import checkpoint_name, inference, source_version
+from course_lib.core.checkpoints import checkpoint_name, inference
 from course_lib.core.settings import CourseConfig, seed_everything
-from course_lib.core.train import Trainer, train_config
+from course_lib.core.train import Trainer
+from course_lib.core.train_config import train_config
 from course_lib.data.datasets import ImageDataset
 from course_lib.data.scenes import COLORS, GRID, N_CLASSES, SIZES
-from course_lib.methods.base import TRAINING_MODULES
 
 CELLS = GRID * GRID  # 9 cells, cell = row * GRID + col
 HEADS = {"object": 1 + N_CLASSES, "size": len(SIZES)}  # logits per cell and head
 HEAD_POOLS = ("flatten", "cells")  # PixelStemConfig.head_pool
-STEM_MODULES = TRAINING_MODULES + ("course_lib.methods.pixel_stem",)  # the stem's code version
+# bump when the stem's layout or pre-training recipe changes on purpose: its cache is then trained again
+STEM_FORMAT_VERSION = 1
 
 
 @dataclass
@@ -216,9 +218,26 @@ def stem_config(config) -> PixelStemConfig:
 
 
 def stem_checkpoint_file(bench: dict, config: PixelStemConfig) -> str:
-    """The stem's file name in a cache folder: its config, bench["pretrain"] and its code version."""
+    """The stem's file name in a cache folder: its config, bench["pretrain"] and STEM_FORMAT_VERSION."""
     return checkpoint_name("pixel_stem", config.to_dict(), bench["pretrain"], _NoVocabulary(),
-                           code=source_version(STEM_MODULES))
+                           version=STEM_FORMAT_VERSION)
+
+
+class StartsFromPixelStem:
+    """For a Method whose image tower may start from the pixel stem (HiVLP, Slow, Fast): it says
+    whether it does (`starts_from_stem`), and the stem's file is then one of the files its own
+    checkpoint name covers, so a new stem (or pre-training corpus) retrains it."""
+
+    def starts_from_stem(self) -> bool:
+        raise NotImplementedError
+
+    def stem_checkpoint_file(self, bench: dict) -> str | None:
+        """The pixel stem's file name in cache_dir (None when the model does not start from it)."""
+        return stem_checkpoint_file(bench, stem_config(self.config)) if self.starts_from_stem() else None
+
+    def checkpoint_extra(self, bench: dict, tokenizer) -> tuple:
+        stem = self.stem_checkpoint_file(bench)
+        return () if stem is None else (stem,)
 
 
 def stem_checkpoint_path(cache_dir, file_name: str | None) -> Path | None:
@@ -270,6 +289,8 @@ __all__ = [
     "conv_bn_relu",
     "load_stem_backbone",
     "stem_checkpoint_file",
+    "StartsFromPixelStem",
+    "STEM_FORMAT_VERSION",
     "stem_checkpoint_path",
     "stem_config",
     "train_pixel_stem",

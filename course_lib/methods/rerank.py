@@ -38,10 +38,10 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from course_lib.methods.base import Method, check_direction, query_indices
+from course_lib.methods.base import Ranker
+from course_lib.methods.queries import DIRECTIONS, check_direction, query_indices
 
 PairScorer = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-DIRECTIONS = ("t2i", "i2t")
 
 
 def top_m_candidates(first_scores: torch.Tensor, top_m: int, direction: str = "t2i") -> torch.Tensor:
@@ -124,15 +124,15 @@ def weighted_sum(weights: Sequence[float]) -> Combine:
     return combine
 
 
-class Cascade(Method):
+class Cascade(Ranker):
     """stages[0] ranks the gallery and keeps top_ms[0]; stage j re-scores the survivors and keeps
     top_ms[j] (the last stage keeps them all), each time in the order combine(scores so far) gives.
 
     stages[0]: a Method (rank); stages[1:]: anything with score_pairs(split, images, texts) -> (P,)
     (a PairwiseMethod, or a method that exposes a light scorer). top_ms: len(stages) - 1 survivor
     counts, non-increasing; top_ms_i2t: other counts for image queries, when they differ (U-BERT
-    re-ranks K = 20 images per caption but K = 100 captions per image). A Method itself: fit fits
-    the stages that are not fitted yet.
+    re-ranks K = 20 images per caption but K = 100 captions per image). It has no model of its own
+    to train or ship: fit fits the stages that are not fitted yet.
     """
 
     def __init__(self, stages: Sequence, top_ms: Sequence[int], combine: Combine = last_stage,
@@ -161,11 +161,6 @@ class Cascade(Method):
             if getattr(stage, "model", None) is None:
                 stage.fit(bench, tokenizer, cache_dir=cache_dir)
         return self
-
-    def train(self, bench, tokenizer, checkpoint_path, cache_dir):
-        """Nothing of a cascade's own is trained: each stage trains (or loads) itself in fit."""
-        self.fit(bench, tokenizer, cache_dir)
-        return None, {stage.name: getattr(stage, "history", None) for stage in self.stages}
 
     def survivors(self, direction: str) -> list[int]:
         """The top_ms of a direction: top_ms for text queries, top_ms_i2t for image queries."""

@@ -47,16 +47,9 @@ from course_lib.core.encoders import (
 from course_lib.core.losses import batch_scores, hinge_name, hinge_triplet_loss
 from course_lib.core.settings import CourseConfig, seed_everything
 from course_lib.core.tokens import WORD_SPECIAL_TOKENS, SpecialTokens
-from course_lib.core.train import History
-from course_lib.methods.base import (
-    DualEncoderMethod,
-    encode_captions,
-    encode_gallery,
-    encode_split,
-    fit_pairs,
-    retrieval_evaluator,
-    similarity,
-)
+from course_lib.core.history import History
+from course_lib.methods.base import DualEncoderMethod, fit_pairs
+from course_lib.methods.encoding import retrieval_evaluator, similarity
 from course_lib.methods.registry import register_method
 
 _TEXT_NAMES = {"gru": "bi-GRU", "bow": "bag-of-words", "transformer": "transformer",
@@ -214,5 +207,4 @@ def _vsepp(build) -> VsePPMethod:
 
 
 __all__ = ["VsePPConfig", "DualEncoder", "vsepp_loss", "build_dual_encoder", "train_dual_encoder",
-           "encode_gallery", "encode_captions", "encode_split", "similarity",
-           "VsePPMethod"]
+           "similarity", "VsePPMethod"]

@@ -37,12 +37,14 @@ from course_lib.core.checkpoints import inference
 from course_lib.core.encoders import word_mask
 from course_lib.core.losses import batch_scores, distillation_loss, joint_nce_loss
 from course_lib.core.settings import seed_everything
-from course_lib.core.train import Trainer, move_to_device, train_config
+from course_lib.core.train import Trainer, move_to_device
+from course_lib.core.train_config import train_config
 from course_lib.data.captions import satisfies
 from course_lib.data.datasets import PairCollate, PairDataset
 from course_lib.methods.base import fit_pairs
 from course_lib.methods.fast_slow.distill import mine_candidates, mined_distill_loss
-from course_lib.methods.fast_slow.method import SlowStates, nce_loss, teacher_scores
+from course_lib.methods.fast_slow.method import SlowStates, nce_loss
+from course_lib.methods.fast_slow.distill import teacher_scores
 from course_lib.methods.fast_slow.model import FastConfig, FastModel, SlowModel
 
 

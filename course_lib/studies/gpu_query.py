@@ -27,7 +27,7 @@ from course_lib.core.checkpoints import model_device
 from course_lib.core.retrieval import build_index
 from course_lib.core.serving import Searcher, TextQueryPath
 from course_lib.core.timing import measure, profile_stages
-from course_lib.methods.base import encode_gallery
+from course_lib.methods.encoding import encode_gallery
 
 BACKENDS = {"cpu": ("reference", "eager", "jit", "onnx"), "cuda": ("reference", "eager", "jit", "cuda_graph")}
 

@@ -52,7 +52,7 @@ from course_lib.core.tiling import tile_rows
 from course_lib.core.timing import measure
 from course_lib.data.synthetic import SyntheticConfig, make_benchmark
 from course_lib.data.tokenizer import build_word_tokenizer
-from course_lib.methods.base import encode_captions, encode_gallery
+from course_lib.methods.encoding import encode_captions, encode_gallery
 from course_lib.methods.lightningdot.method import build_lightningdot
 from course_lib.methods.registry import available_methods
 from course_lib.studies.index_scale_report import results_markdown

@@ -70,7 +70,9 @@ import torch
 import torch.nn.functional as F
 
 from course_lib.core.checkpoints import finished_checkpoint
-from course_lib.core.train import History, Trainer, train_config
+from course_lib.core.history import History
+from course_lib.core.train import Trainer
+from course_lib.core.train_config import train_config
 from course_lib.data.datasets import (
     IMAGE_KEYS,
     CaptionDataset,
@@ -78,7 +80,8 @@ from course_lib.data.datasets import (
     image_fields,
     text_fields,
 )
-from course_lib.methods.base import Method, PairwiseMethod, retrieval_evaluator
+from course_lib.methods.base import Method, PairwiseMethod
+from course_lib.methods.encoding import retrieval_evaluator
 from course_lib.methods.cross_encoder.itm import (
     GridCollate,
     itc_itm_loss,
@@ -324,9 +327,8 @@ class CrossEncoderMethod(PairwiseMethod):
         finished = finished_checkpoint(checkpoint_path, self.config.max_steps)
         if self._mines() and not finished:
             sims = self.miner(bench, tokenizer, cache_dir)  # only needed to train (or resume)
-        if self.towers is not None:  # trained SCAN to start from; a finished checkpoint holds its copy
-            towers = (self.towers.build_model(bench, tokenizer) if finished
-                      else self.towers.fit(bench, tokenizer, cache_dir).model)
+        if self.towers is not None:  # trained SCAN to start from
+            towers = self.trained_model_of(self.towers, bench, tokenizer, cache_dir, needed=not finished)
         return train_cross_encoder(bench, tokenizer, self.config, towers=towers, negatives_similarity=sims,
                                    checkpoint_path=checkpoint_path, progress=self.progress,
                                    **self.learning_curve(bench, self.config.max_steps, n_images=CURVE_IMAGES))

@@ -111,7 +111,8 @@ def dual_encoder_miner(dual_method) -> Callable:
     (`DualEmbeddings`, same ranking, 15 MB instead of the 2 GB matrix); any other method its
     `similarity(bench["train"])`.
     """
-    from course_lib.methods.vsepp import DualEncoder, encode_split
+    from course_lib.methods.vsepp import DualEncoder
+    from course_lib.methods.encoding import encode_split
 
     def miner(bench, tokenizer, cache_dir=None):
         dual_method.fit(bench, tokenizer, cache_dir)

@@ -38,38 +38,17 @@ from course_lib.core.serving import QueryTokenizer
 from course_lib.core.settings import seed_everything
 from course_lib.core.tokens import SpecialTokens
 from course_lib.data.synthetic import with_fresh_scenes
-from course_lib.methods.base import (
-    DualEncoderMethod,
-    PairwiseMethod,
-    fit_pairs,
-    retrieval_evaluator,
-    similarity,
-)
-from course_lib.methods.fast_slow.distill import (  # teacher_scores, distill_loss: re-exported
-    distill_loss,
-    mine_candidates,
-    mined_distill_loss,
-    teacher_scores,
-)
+from course_lib.methods.base import DualEncoderMethod, PairwiseMethod, fit_pairs
+from course_lib.methods.encoding import retrieval_evaluator, similarity
+from course_lib.methods.fast_slow.distill import distill_loss, mine_candidates, mined_distill_loss
 from course_lib.methods.fast_slow.model import (
-    DISTILL_FIELDS,
     FastConfig,
     FastModel,
     SlowConfig,
     SlowModel,
 )
-from course_lib.methods.fast_slow.scoring import (  # re-exported: the cached gallery lives in scoring.py
-    SlowStates,
-    checked_pairs,
-    compute_states,
-    score_cached_pairs,
-)
-from course_lib.methods.pixel_stem import (  # stem_config re-exported: notebook 06 reads it here
-    load_stem_backbone,
-    stem_checkpoint_file,
-    stem_checkpoint_path,
-    stem_config,
-)
+from course_lib.methods.fast_slow.scoring import SlowStates, compute_states, score_cached_pairs
+from course_lib.methods.pixel_stem import StartsFromPixelStem, load_stem_backbone, stem_checkpoint_path
 from course_lib.methods.registry import register_method
 from course_lib.methods.rerank import Cascade, weighted_sum
 
@@ -177,13 +156,12 @@ def train_fast(bench: dict, tokenizer, config: FastConfig | None = None, *, teac
 
 # ----------------------------------------------------------------------------- methods
 
-class SlowMethod(PairwiseMethod):
+class SlowMethod(StartsFromPixelStem, PairwiseMethod):
     """The Slow model as a method: every (image, caption) pair scored by h(x, y), from the split's
     cached keys / values (`states`), so a pair costs the two decoders on its caption."""
 
     checkpoint_prefix = "slow"
     config_class = SlowConfig
-    code_modules = ("course_lib.methods.pixel_stem",)  # its ConvBackbone and the stem it starts from
     # one t2i query of the 1k test gallery = 1k pairs, 0.23 CPU-s on one thread (fast_slow@10:
     # 4.8 CPU-ms); 250 t2i queries of test took 60 CPU-s. Beyond the budget the benchmark ranks a
     # fixed sample of the queries
@@ -201,14 +179,8 @@ class SlowMethod(PairwiseMethod):
     def build_model(self, bench, tokenizer) -> SlowModel:
         return SlowModel(len(tokenizer), self.config, SpecialTokens.of(tokenizer))
 
-    def stem_checkpoint_file(self, bench: dict) -> str | None:
-        """The pixel stem's file name in cache_dir (None when the model does not start from it)."""
-        return stem_checkpoint_file(bench, stem_config(self.config)) if self.config.image_init == "pixel_stem" else None
-
-    def checkpoint_extra(self, bench: dict, tokenizer) -> tuple:
-        """The pixel stem's file, when the model starts from it (a new pre-training corpus retrains it)."""
-        stem = self.stem_checkpoint_file(bench)
-        return () if stem is None else (stem,)
+    def starts_from_stem(self) -> bool:
+        return self.config.image_init == "pixel_stem"
 
     def train(self, bench, tokenizer, checkpoint_path, cache_dir):
         return train_slow(bench, tokenizer, self.config, checkpoint_path=checkpoint_path,
@@ -243,16 +215,13 @@ class SlowMethod(PairwiseMethod):
         return answer
 
 
-class FastMethod(DualEncoderMethod):
+class FastMethod(StartsFromPixelStem, DualEncoderMethod):
     """The Fast dual encoder (`fast`), or its distilled version (`fast-distilled`, config.distill):
     `init`, the plain FastMethod it starts from, and `teacher`, a SlowMethod, are fitted (or
     loaded) first."""
 
     checkpoint_prefix = "fast"
     config_class = FastConfig
-    # its ConvBackbone and the stem it starts from; the miner and the encoders of mined distillation
-    code_modules = ("course_lib.methods.pixel_stem", "course_lib.methods.cross_encoder.mining",
-                    "course_lib.methods.encoding")
 
     def __init__(self, config: FastConfig | None = None, name: str = "fast", teacher: SlowMethod | None = None,
                  init: "FastMethod | None" = None, progress: bool = True):
@@ -277,26 +246,20 @@ class FastMethod(DualEncoderMethod):
                 "transformer": f"{c.text_layers}-layer transformer"}[c.text_tower]
         return f"Fast: {image} CNN / {text}, dot product, {how}, FAISS IndexFlatIP"
 
-    def stem_checkpoint_file(self, bench: dict) -> str | None:
-        """The pixel stem's file name in cache_dir (None when the model does not start from it)."""
+    def starts_from_stem(self) -> bool:
+        """From the stem, unless it is distilled from the plain model (which started from it)."""
         c = self.config
-        if c.image_init != "pixel_stem" or (c.distill and c.distill_start == "fast"):
-            return None
-        return stem_checkpoint_file(bench, stem_config(c))
+        return c.image_init == "pixel_stem" and not (c.distill and c.distill_start == "fast")
 
     def checkpoint_extra(self, bench: dict, tokenizer) -> tuple:
-        """The files of the teacher and of the model distillation starts from, and of the pixel stem
-        (so a new pre-training corpus is never served stale weights)."""
+        """The files of the teacher and of the model distillation starts from, and of the pixel stem."""
         return (*(m.checkpoint_file(bench, tokenizer) for m in (self.teacher, self.init) if m is not None),
-                self.stem_checkpoint_file(bench))
+                *super().checkpoint_extra(bench, tokenizer))
 
-    def checkpoint_key(self, bench: dict, tokenizer) -> tuple[tuple, dict]:
-        """Method.checkpoint_key, where a plain (undistilled) model's config leaves out the fields
-        that only distillation reads: a new distillation setting never retrains the plain model."""
-        (config, *rest), code = super().checkpoint_key(bench, tokenizer)
-        if not self.config.distill:
-            config = {k: v for k, v in config.items() if k not in DISTILL_FIELDS}
-        return (config, *rest), code
+    def identity_config(self) -> dict:
+        """The config, where a plain (undistilled) model's leaves out the fields that only distillation
+        reads: a new distillation setting never retrains the plain model."""
+        return self.config.to_dict(without_stages=() if self.config.distill else ("distill",))
 
     def build_model(self, bench, tokenizer) -> FastModel:
         return FastModel(len(tokenizer), self.config, SpecialTokens.of(tokenizer))
@@ -358,5 +321,6 @@ def _fast_slow_50(build) -> FastSlowCascade:
     return FastSlowCascade(build.method("fast-distilled"), build.method("slow"), TOP_KS[1])
 
 
-__all__ = ["BETA", "TOP_KS", "SlowStates", "compute_states", "score_cached_pairs", "checked_pairs", "caption_loss", "nce_loss", "teacher_scores", "distill_loss", "train_slow",
-           "undistilled", "stem_config", "initial_fast_model", "train_fast", "SlowMethod", "FastMethod", "FastSlowCascade"]
+__all__ = ["BETA", "TOP_KS", "SlowStates", "compute_states", "score_cached_pairs", "caption_loss",
+           "nce_loss", "distill_loss", "train_slow", "undistilled", "initial_fast_model", "train_fast",
+           "SlowMethod", "FastMethod", "FastSlowCascade"]

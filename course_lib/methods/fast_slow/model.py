@@ -50,16 +50,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from course_lib.core.encoders import BagOfWordsEncoder, BiGRUEncoder, TransformerTextEncoder
-from course_lib.core.settings import CourseConfig
+from course_lib.core.settings import CourseConfig, later_stage
 from course_lib.core.tokens import WORD_SPECIAL_TOKENS, SpecialTokens
-from course_lib.methods.fast_slow.decoder import (  # re-exported: the decoders live in decoder.py
-    CausalSelfAttention,
-    CrossAttention,
-    Decoder,
-    DecoderBlock,
-    reverse_words,
-    summed_log_likelihood,
-)
+from course_lib.methods.fast_slow.decoder import Decoder, reverse_words, summed_log_likelihood
 from course_lib.methods.pixel_stem import HEAD_POOLS, ConvBackbone, StemBackboneModule, conv_bn_relu
 
 FUSION_EPS = 1e-4  # BiFPN's epsilon in the normalised fusion (the paper's App. D)
@@ -67,9 +60,6 @@ IMAGE_POOLS = ("mean", "flatten")  # FastConfig.image_pool
 TEXT_TOWERS = ("bow", "transformer", "gru")  # FastConfig.text_tower
 IMAGE_INITS = ("pixel_stem", "scratch")  # FastConfig.image_init
 DISTILL_CANDIDATES = ("batch", "mined")  # FastConfig.distill_candidates
-# the FastConfig fields that only distillation reads: a plain Fast model's checkpoint name leaves them out
-DISTILL_FIELDS = ("distill_batch_size", "distill_steps", "distill_lr", "distill_start", "distill_candidates",
-                  "distill_top_k", "tau", "alpha")
 
 
 @dataclass
@@ -150,28 +140,28 @@ class FastConfig(CourseConfig):
     distill: bool = False
     # eq. 5-6 temperature of both softmaxes (App. B: 10). At 10 our teacher's softmax over a batch
     # was nearly flat (docs/tuning_notes.md)
-    tau: float = 10.0
+    tau: float = later_stage("distill", 10.0)
     # weight of L_DE in eq. 8. App. B adapts alpha to tau and uses alpha / tau^2 = 0.001 at tau = 10 (alpha
     # 0.1) for eq. 8 on one batch; with distill_candidates="mined", eq. 4 runs over the full batch of 256
     # beside 16 distilled captions, and 1.0 keeps eq. 4's own weight (Table 8's grid is over alpha / tau^2).
     # Weighting the teacher more cost test R@1 there: alpha 0.1 28.2, 0.01 22.6, against 28.8 (docs/tuning_notes.md)
-    alpha: float = 1.0
+    alpha: float = later_stage("distill", 1.0)
     batch_size: int = 256  # pairs per step (eq. 4's in-batch negatives; the other dual encoders' 256)
     # captions per step the teacher scores: "batch", the whole batch (its B^2 pairs: 256 decoder passes at
     # 16, 1024 at 32); "mined", the first 16 of eq. 4's batch, each against its distill_top_k candidates
-    distill_batch_size: int = 16
+    distill_batch_size: int = later_stage("distill", 16)
     # optimizer steps of eq. 8 after the eq. 4 steps. Over the batch's images (B = 16) they cost R@1; over
     # mined candidates beside eq. 4's full batch they match the no-teacher control (docs/tuning_notes.md)
-    distill_steps: int = 500
-    distill_lr: float = 5e-4  # peak AdamW rate of the distillation steps
-    distill_start: str = "fast"  # eq. 8 starts from "fast" (the plain model) or "scratch" (the paper's)
+    distill_steps: int = later_stage("distill", 500)
+    distill_lr: float = later_stage("distill", 5e-4)  # peak AdamW rate of the distillation steps
+    distill_start: str = later_stage("distill", "fast")  # eq. 8 starts from "fast" (the plain model) or "scratch" (the paper's)
     # which images each caption's two softmaxes of eq. 5-6 run over: "batch" (the paper's: the B images of
     # the batch) or "mined" (its own image and the plain Fast model's top distill_top_k - 1 others of the
     # training split, mined once: course_lib.methods.fast_slow.distill). Measured from the default Fast
     # model (val t2i R@1 12.7): batch 9.6; mined, eq. 4 over B = 16 10.2 (its hard-negative control 4.9);
     # mined beside eq. 4's full batch 12.3 (eq. 4 alone, the same steps: 12.3) (docs/tuning_notes.md)
-    distill_candidates: str = "mined"
-    distill_top_k: int = 16  # "mined" only: candidate images per caption, its own included
+    distill_candidates: str = later_stage("distill", "mined")
+    distill_top_k: int = later_stage("distill", 16)  # "mined" only: candidate images per caption, its own included
     lr: float = 1e-3  # peak AdamW learning rate (the other dual encoders'; at batch 128 and 64 wide, 2e-3)
     # optimizer steps of eq. 4 (684 CPU-s). From the pixel stem at these sizes val t2i R@1 was 7.8 at
     # 2000 steps and 8.1 at 4000 (test 8.5), train[:1000] 26 and 44: more steps now fit the training
@@ -361,6 +351,6 @@ class FastModel(StemBackboneModule):
         return self.encode_images(batch), self.encode_texts(batch)
 
 
-__all__ = ["SlowConfig", "FastConfig", "ConvBackbone", "WeightedFusion", "VisualTokens", "CausalSelfAttention",
-           "CrossAttention", "DecoderBlock", "Decoder", "reverse_words", "summed_log_likelihood", "SlowModel",
-           "FastModel", "fast_text_tower", "FUSION_EPS", "IMAGE_POOLS", "TEXT_TOWERS", "IMAGE_INITS", "DISTILL_CANDIDATES", "DISTILL_FIELDS"]
+__all__ = ["SlowConfig", "FastConfig", "ConvBackbone", "WeightedFusion", "VisualTokens", "Decoder",
+           "reverse_words", "summed_log_likelihood", "SlowModel", "FastModel", "fast_text_tower",
+           "FUSION_EPS", "IMAGE_POOLS", "TEXT_TOWERS", "IMAGE_INITS", "DISTILL_CANDIDATES"]

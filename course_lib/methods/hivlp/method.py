@@ -33,16 +33,11 @@ from course_lib.data.datasets import (
 )
 from course_lib.data.split import RetrievalSplit
 from course_lib.data.synthetic import with_fresh_scenes
-from course_lib.methods.base import (
-    DualEncoderMethod,
-    Method,
-    check_direction,
-    fit_pairs,
-    query_indices,
-    retrieval_evaluator,
-)
+from course_lib.methods.base import DualEncoderMethod, Ranker, fit_pairs
+from course_lib.methods.queries import check_direction, query_indices
+from course_lib.methods.encoding import retrieval_evaluator
 from course_lib.methods.hivlp.model import HiVLP, HiVLPConfig, StemGridTower, build_hivlp, grid_boxes
-from course_lib.methods.pixel_stem import load_stem_backbone, stem_checkpoint_file, stem_checkpoint_path, stem_config
+from course_lib.methods.pixel_stem import StartsFromPixelStem, load_stem_backbone, stem_checkpoint_path
 from course_lib.methods.hivlp.search import SURVIVORS, coarse_to_fine_one
 from course_lib.methods.registry import register_method
 from course_lib.methods.rerank import Cascade
@@ -147,14 +142,13 @@ def train_hivlp(bench: dict, tokenizer, config: HiVLPConfig | None = None, *, ch
 
 # ----------------------------------------------------------------------------- methods
 
-class HiVLPMethod(DualEncoderMethod):
+class HiVLPMethod(StartsFromPixelStem, DualEncoderMethod):
     """A trained HiVLP as the flat method (`hivlp-flat`: the last level over every candidate,
     through a FAISS index of the cached last-level vectors). `level(l)` gives one level as a
     cascade stage; `states(split)` caches the split's level vectors (offline work)."""
 
     checkpoint_prefix = "hivlp"
     config_class = HiVLPConfig
-    code_modules = ("course_lib.methods.pixel_stem",)  # its ConvBackbone and the stem it starts from
 
     def __init__(self, config: HiVLPConfig | None = None, name: str = "hivlp-flat", progress: bool = True):
         super().__init__(config, name, progress)
@@ -176,14 +170,8 @@ class HiVLPMethod(DualEncoderMethod):
     def build_model(self, bench: dict, tokenizer) -> HiVLP:
         return build_hivlp(self.config, bench["train"], tokenizer)
 
-    def stem_checkpoint_file(self, bench: dict) -> str | None:
-        """The pixel stem's file name in cache_dir (None when the model does not start from it)."""
-        return stem_checkpoint_file(bench, stem_config(self.config)) if uses_pixel_stem(self.config) else None
-
-    def checkpoint_extra(self, bench: dict, tokenizer) -> tuple:
-        """The pixel stem's file, when the model starts from it (a new pre-training corpus retrains it)."""
-        stem = self.stem_checkpoint_file(bench)
-        return () if stem is None else (stem,)
+    def starts_from_stem(self) -> bool:
+        return uses_pixel_stem(self.config)
 
     def train(self, bench: dict, tokenizer, checkpoint_path, cache_dir):
         return train_hivlp(bench, tokenizer, self.config, checkpoint_path=checkpoint_path,
@@ -235,7 +223,7 @@ class HiVLPMethod(DualEncoderMethod):
         return HiVLPLevel(self, level)
 
 
-class HiVLPLevel(Method):
+class HiVLPLevel(Ranker):
     """One level of a fitted (or to-be-fitted) HiVLPMethod as a cascade stage: rank by S^l over the
     whole gallery (the first stage) or score_pairs by S^l (a later stage). 0-based `level`."""
 
@@ -253,14 +241,10 @@ class HiVLPLevel(Method):
     tokenizer = property(lambda self: self.parent.tokenizer)
 
     def fit(self, bench, tokenizer, cache_dir=None):
-        self.train(bench, tokenizer, None, cache_dir)
-        return self
-
-    def train(self, bench, tokenizer, checkpoint_path, cache_dir):
         """A level is a view of its parent: the parent's model, trained (or loaded) if it is not yet."""
         if self.parent.model is None:
             self.parent.fit(bench, tokenizer, cache_dir)
-        return self.parent.model, self.parent.history
+        return self
 
     def rank(self, split, direction: str, top_k: int, queries=None):
         return self.parent.rank_level(split, direction, top_k, self.level_index, queries)

@@ -24,12 +24,8 @@ import torch
 from course_lib.core.checkpoints import checkpoint_name, finished_checkpoint
 from course_lib.core.settings import seed_everything
 from course_lib.core.tokens import SpecialTokens
-from course_lib.methods.base import (
-    DualEncoderMethod,
-    fit_pairs,
-    retrieval_evaluator,
-    similarity,
-)
+from course_lib.methods.base import DualEncoderMethod, fit_pairs
+from course_lib.methods.encoding import retrieval_evaluator, similarity
 from course_lib.methods.lightningdot.model import (
     OBJECTIVES,
     LightningDOT,
@@ -37,11 +33,6 @@ from course_lib.methods.lightningdot.model import (
 )
 from course_lib.methods.registry import register_method
 from course_lib.methods.rerank import TwoStageMethod
-
-# the fields that change a pre-trained model (fine-tuning fields do not)
-PRETRAIN_FIELDS = ("hidden", "layers", "heads", "max_text_length", "fuse", "mask_prob", "pretrain_tasks",
-                   "pretrain_steps", "pretrain_lr", "batch_size", "warmup_fraction", "grad_clip", "seed")
-
 
 def task_schedule(tasks: dict, steps: int, seed: int = 0) -> list[str]:
     """The objective of each pre-training step: drawn i.i.d. with probabilities tasks / sum(tasks),
@@ -135,11 +126,12 @@ class LightningDOTMethod(DualEncoderMethod):
 
     def pretrain_checkpoint_file(self, bench: dict, tokenizer) -> str | None:
         """The pre-trained model's file name in cache_dir (None without pre-training): it covers
-        the PRETRAIN_FIELDS of the config, bench["pretrain"] (captions and data) and the vocabulary."""
+        every field of the config but the fine-tuning ones, bench["pretrain"] (captions and data) and
+        the vocabulary."""
         if self.config.pretrain_steps <= 0:
             return None
-        fields = {k: getattr(self.config, k) for k in PRETRAIN_FIELDS}
-        return checkpoint_name("lightningdot-pretrain", fields, bench["pretrain"], tokenizer, code=self.code_version())
+        return checkpoint_name("lightningdot-pretrain", self.config.to_dict(without_stages=("finetune",)),
+                               bench["pretrain"], tokenizer, version=self.format_version)
 
     def checkpoint_extra(self, bench: dict, tokenizer) -> tuple:
         """The pre-training the fine-tuned model starts from (its file name), so a new pre-training
@@ -172,4 +164,4 @@ for _m in RERANK_TOP_M:
 
 
 __all__ = ["task_schedule", "pretrain_loss", "cmr_loss", "build_lightningdot", "train_lightningdot",
-           "LightningDOTMethod", "PRETRAIN_FIELDS", "RERANK_TOP_M"]
+           "LightningDOTMethod", "RERANK_TOP_M"]

@@ -43,7 +43,7 @@ from course_lib.core.losses import (
     mask_tokens,
     prediction_head,
 )
-from course_lib.core.settings import CourseConfig
+from course_lib.core.settings import CourseConfig, later_stage
 from course_lib.core.tokens import WORD_SPECIAL_TOKENS, SpecialTokens
 
 OBJECTIVES = ("cmr", "vmlm", "smrfr", "smrc_kl")
@@ -68,8 +68,8 @@ class LightningDOTConfig(CourseConfig):
     pretrain_tasks: dict = field(default_factory=lambda: {"cmr": 2, "vmlm": 2, "smrfr": 1, "smrc_kl": 1})
     pretrain_steps: int = 2000  # optimizer steps on the pre-training corpus; 0 = no pre-training
     pretrain_lr: float = 1e-3  # peak AdamW rate while pre-training (the paper's 5e-5 is for BERT-base)
-    finetune_steps: int = 4000  # CMR steps on the training split (about 20 epochs of 50k pairs)
-    finetune_lr: float = 1e-3  # peak AdamW rate while fine-tuning
+    finetune_steps: int = later_stage("finetune", 4000)  # CMR steps on the training split (about 20 epochs of 50k pairs)
+    finetune_lr: float = later_stage("finetune", 1e-3)  # peak AdamW rate while fine-tuning
     batch_size: int = 256  # (image, caption) pairs per batch: the in-batch negatives of CMR
     warmup_fraction: float = 0.1  # linear warm-up over the first 10% of steps, then linear decay (A.1)
     grad_clip: float = 2.0  # max gradient norm

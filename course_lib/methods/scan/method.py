@@ -13,9 +13,10 @@ import torch
 from course_lib.core.checkpoints import model_device
 from course_lib.core.losses import hinge_name
 from course_lib.core.settings import seed_everything
-from course_lib.core.train import History
+from course_lib.core.history import History
 from course_lib.data.datasets import TextCollate
-from course_lib.methods.base import PairwiseMethod, fit_pairs, retrieval_evaluator
+from course_lib.methods.base import PairwiseMethod, fit_pairs
+from course_lib.methods.encoding import retrieval_evaluator
 from course_lib.methods.registry import register_method
 from course_lib.methods.scan.model import (
     SCANConfig,

@@ -7,10 +7,11 @@
               step 2: the towers frozen (weights and dropout), BERT_cross with L2 only
     joint     L1 + L2 on every weight at once ("not as competitive", the paper says, without numbers)
 
-Step 1's checkpoint is named by the fields that shape the towers alone (`TOWER_FIELDS`), so every
-BERT_cross variant (L_c, the cross input, its steps) re-uses one set of towers, as the two-step
-recipe allows. Its model is built with the default cross fields (and no SCAN inputs: the towers
-never read them), so its initial weights do not depend on them either.
+Step 1's checkpoint is named by the fields that shape the towers (every field but those of step 2,
+`later_stage("cross")` in UBERTConfig), so every BERT_cross variant (L_c, the cross input, its steps)
+re-uses one set of towers, as the two-step recipe allows. Its model is built with the step-2 fields
+at their defaults (and no SCAN inputs: the towers never read them), so its initial weights do not
+depend on them either.
 
     model, histories = train_ubert(bench, tokenizer, UBERTConfig(), towers_checkpoint=..., checkpoint_path=...)
 
@@ -34,13 +35,9 @@ from course_lib.core.retrieval import build_index, search
 from course_lib.core.serving import QueryTokenizer, Searcher
 from course_lib.core.settings import seed_everything
 from course_lib.data.datasets import ImageDataset
-from course_lib.methods.base import (
-    DualEncoderMethod,
-    fit_pairs,
-    query_indices,
-    retrieval_evaluator,
-    similarity,
-)
+from course_lib.methods.base import DualEncoderMethod, fit_pairs
+from course_lib.methods.queries import query_indices
+from course_lib.methods.encoding import retrieval_evaluator, similarity
 from course_lib.methods.registry import register_method
 from course_lib.methods.rerank import Cascade, TwoStageMethod, two_stage_scores
 from course_lib.methods.scan.method import SCANMethod
@@ -56,9 +53,6 @@ from course_lib.methods.ubert.model import (
     score_cached_pairs,
 )
 
-# the fields that shape step 1's towers; the cross fields (cross_layers, cross_input, cross_*) do not
-TOWER_FIELDS = ("hidden", "tower_layers", "heads", "dropout", "margin", "max_violation", "sum_warmup_steps",
-                "max_text_length", "batch_size", "lr", "max_steps", "warmup_fraction", "grad_clip", "seed")
 TOP_K = {"t2i": 20, "i2t": 100}  # the paper's K: images re-scored per caption, captions per image
 
 
@@ -92,10 +86,9 @@ def cross_loss(config: UBERTConfig, with_l1: bool = False):
 
 
 def tower_config(config: UBERTConfig) -> UBERTConfig:
-    """The config step 1 builds its model with: the tower fields, the cross fields at defaults, no SCAN
-    inputs (only BERT_cross reads them)."""
-    defaults = UBERTConfig(cross_towers="none")
-    return dataclasses.replace(defaults, **{f: getattr(config, f) for f in TOWER_FIELDS})
+    """The config step 1 builds its model with: the step-2 fields at their defaults, no SCAN inputs
+    (only BERT_cross reads them)."""
+    return dataclasses.replace(config.with_stage_defaults("cross"), cross_towers="none")
 
 
 def ubert_scores(model: UBERT, split, tokenizer, top_k: dict | None = None,
@@ -124,7 +117,7 @@ def train_ubert(bench: dict, tokenizer, config: UBERTConfig | None = None, *, to
     or "joint"). towers_checkpoint / checkpoint_path: where each stage saves, and a finished
     checkpoint there is loaded instead of training. towers: (a trained U-BERT, its step-1 history)
     whose towers and input embeddings stand for step 1 (two-step only; the caller checks that they
-    were trained with this config's TOWER_FIELDS). scan: the trained SCANModel that
+    were trained with this config's step-1 fields). scan: the trained SCANModel that
     config.cross_towers="scan" feeds BERT_cross (UBERT's docstring). evaluate_on: a split (or a dict of splits,
     base.learning_curve_splits) scored every eval_every steps and at the end of each stage (stage 1
     by s1 alone, stage 2 by the two-stage ranking, ubert_scores; evaluate_cross=False: stage 1 only)."""
@@ -175,7 +168,7 @@ class UBERTMethod(DualEncoderMethod):
 
     def __init__(self, config: UBERTConfig | None = None, name: str = "ubert-embed", progress: bool = True,
                  towers_from: "UBERTMethod | None" = None, scan: "SCANMethod | None" = None):
-        """towers_from: a fitted two-step U-BERT whose step 1 this one shares (the same TOWER_FIELDS,
+        """towers_from: a fitted two-step U-BERT whose step 1 this one shares (the same step-1 fields,
         data and vocabulary): its towers stand for step 1, so only BERT_cross trains. Its step-1
         cache need not exist (a shipped model holds the towers; float16 there, the only difference).
         scan: the SCAN method whose trained encoders config.cross_towers="scan" reads (fitted when the
@@ -193,8 +186,9 @@ class UBERTMethod(DualEncoderMethod):
                 f"d={c.hidden}), FAISS IndexFlatIP")
 
     def towers_checkpoint_file(self, bench: dict, tokenizer) -> str:
-        fields = {f: getattr(self.config, f) for f in TOWER_FIELDS}
-        return checkpoint_name("ubert-towers", fields, bench["train"], tokenizer, code=self.code_version())
+        """Step 1's file name in cache_dir: every field but the step-2 ones, the data, the vocabulary."""
+        return checkpoint_name("ubert-towers", self.config.to_dict(without_stages=("cross",)), bench["train"],
+                               tokenizer, version=self.format_version)
 
     def checkpoint_extra(self, bench: dict, tokenizer) -> tuple:
         """Step 1's checkpoint, and the SCAN checkpoint BERT_cross's inputs come from."""
@@ -211,11 +205,11 @@ class UBERTMethod(DualEncoderMethod):
         if cache_dir is not None and self.config.training == "two_step":
             self.towers_checkpoint = Path(cache_dir) / self.towers_checkpoint_file(bench, tokenizer)
         scan = None
-        if self.scan is not None:  # trained SCAN for BERT_cross's inputs; a finished checkpoint holds its copy
+        if self.scan is not None:  # trained SCAN for BERT_cross's inputs
             c = self.config
             steps = c.max_steps + c.cross_steps if c.training == "joint" else c.cross_steps
-            scan = (self.scan.build_model(bench, tokenizer) if finished_checkpoint(checkpoint_path, steps)
-                    else self.scan.fit(bench, tokenizer, cache_dir).model)
+            scan = self.trained_model_of(self.scan, bench, tokenizer, cache_dir,
+                                         needed=not finished_checkpoint(checkpoint_path, steps))
         # stage 1's curve only: scoring the two stages on two galleries costs a cross pass per candidate
         return train_ubert(bench, tokenizer, self.config, towers_checkpoint=self.towers_checkpoint,
                            checkpoint_path=checkpoint_path, towers=self.shared_towers(bench, tokenizer), scan=scan,
@@ -235,11 +229,12 @@ class UBERTMethod(DualEncoderMethod):
                              f"{self.config.training!r} here, {other.config.training!r} in {other.name!r})")
         mine, theirs = self.towers_checkpoint_file(bench, tokenizer), other.towers_checkpoint_file(bench, other.tokenizer)
         if mine != theirs:
-            differ = [f"{f} ({getattr(self.config, f)!r} vs {getattr(other.config, f)!r})" for f in TOWER_FIELDS
-                      if getattr(self.config, f) != getattr(other.config, f)]
+            mine_fields, theirs_fields = (m.config.to_dict(without_stages=("cross",)) for m in (self, other))
+            differ = [f"{f} ({mine_fields[f]!r} vs {theirs_fields[f]!r})" for f in mine_fields
+                      if mine_fields[f] != theirs_fields[f]]
             raise ValueError(f"{self.name}: towers_from={other.name!r} trained other towers: "
                              + (", ".join(differ) if differ else "other data or vocabulary")
-                             + ". Give both the same TOWER_FIELDS, or leave towers_from out to train step 1")
+                             + ". Give both the same step-1 fields, or leave towers_from out to train step 1")
         return other.model, (other.history or {}).get("towers")
 
     def states(self, split) -> UBERTStates:
@@ -332,5 +327,5 @@ def _ubert_two_stage(build) -> TwoStageMethod:
                           name=f"ubert-embed+cross_encoder@{TOP_K['t2i']}", top_m_i2t=TOP_K["i2t"])
 
 
-__all__ = ["TOWER_FIELDS", "TOP_K", "hinge", "tower_loss", "cross_loss", "tower_config", "ubert_scores",
+__all__ = ["TOP_K", "hinge", "tower_loss", "cross_loss", "tower_config", "ubert_scores",
            "ubert_evaluator", "train_ubert", "UBERTMethod", "UBERTCascade"]

@@ -45,7 +45,7 @@ import torch.nn.functional as F
 
 from course_lib.core.blocks import JointEmbedding, Transformer, masked_mean
 from course_lib.core.checkpoints import inference
-from course_lib.core.settings import CourseConfig
+from course_lib.core.settings import CourseConfig, later_stage
 from course_lib.data.datasets import image_fields, text_fields
 
 CROSS_INPUTS = ("embeddings", "towers")
@@ -60,17 +60,17 @@ class UBERTConfig(CourseConfig):
     tower_layers: int = 2  # blocks in each intra-modal tower, BERT_img and BERT_txt (paper: 12)
     # blocks in BERT_cross, L_c (paper: 3 of the cross baseline's 12). Ours: 1 of the course
     # cross-encoder's 3, the same 1/4 to 1/3 of the full depth; notebook 04 sweeps 1..3
-    cross_layers: int = 1
+    cross_layers: int = later_stage("cross", 1)
     heads: int = 4  # attention heads per block
-    alpha: float = 0.5  # weight of the intra part in eq. 15 (the paper's default, "without cherry-picking")
+    alpha: float = later_stage("cross", 0.5)  # weight of the intra part in eq. 15 (the paper's default, "without cherry-picking")
     # BERT_cross reads the input "embeddings" (eq. 10) or the "towers"' outputs; the embeddings
     # scored higher in our runs (docs/tuning_notes.md)
-    cross_input: str = "embeddings"
+    cross_input: str = later_stage("cross", "embeddings")
     # "scan": BERT_cross's tokens also carry the trained SCAN encoders' reading of each word and region
     # (frozen; the module docstring). U-BERT@20 test t2i R@1 48.1 against "none"'s 34.4; stage 1 alone scores
     # 35.6, the two-stage baseline 46.8 (README, docs/tuning_notes.md). "none": eq. 10 over step 1's tables alone
-    cross_towers: str = "scan"
-    training: str = "two_step"  # "two_step" (§4.3: towers with L1, then BERT_cross with L2) or "joint" (L1 + L2)
+    cross_towers: str = later_stage("cross", "scan")
+    training: str = later_stage("cross", "two_step")  # "two_step" (§4.3: towers with L1, then BERT_cross with L2) or "joint" (L1 + L2)
     dropout: float = 0.1  # on the embeddings and inside every block (the paper's 0.1)
     # hinge margin of L1 and L2 (not stated in the paper; VSE++'s is 0.2). 0.1, with the step-1 batch, rate
     # and steps below, is what fitted our VSE++ and stage 1 by learning curve (docs/tuning_notes.md)
@@ -88,12 +88,12 @@ class UBERTConfig(CourseConfig):
     # step 2: BERT_cross with L2, which scores every image of the batch with every caption: B^2
     # cross passes a step. 16 (256 pairs) beat 32 (1024 pairs) for the CPU time in our runs
     # (docs/tuning_notes.md)
-    cross_batch_size: int = 16
-    cross_lr: float = 4e-3  # peak AdamW rate of step 2 and of joint training: 4e-3 beat 2e-3 (docs/tuning_notes.md)
+    cross_batch_size: int = later_stage("cross", 16)
+    cross_lr: float = later_stage("cross", 4e-3)  # peak AdamW rate of step 2 and of joint training: 4e-3 beat 2e-3 (docs/tuning_notes.md)
     # optimizer steps of step 2 (joint: max_steps + cross_steps steps, about the CPU time of the two
     # steps together). 5000 beat 3000 and came close to the two-stage baseline (the same K re-scored
     # by the cross-encoder); L_c = 2 matched it in about the same CPU time (docs/tuning_notes.md)
-    cross_steps: int = 5000
+    cross_steps: int = later_stage("cross", 5000)
     warmup_fraction: float = 0.05  # share of each stage's steps warming up; then linear decay to 0
     grad_clip: float = 2.0  # max gradient norm (VSE++)
     seed: int = 0  # model initialisation and data order

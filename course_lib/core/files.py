@@ -1,0 +1,50 @@
+"""Files that several processes may write at once (two notebooks, or a notebook beside the benchmark,
+sharing one checkpoint folder): every write goes to a temporary name unique to the process and thread,
+then os.replace, so a reader never sees half a file; and `training_lock` lets one process train a
+model while another that wants the same file waits, then loads it."""
+
+from __future__ import annotations
+
+import os
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable
+
+from filelock import FileLock
+
+
+def temporary_name(path) -> Path:
+    """A sibling of `path` no other process or thread writes: ".<name>.<pid>-<thread>.tmp"."""
+    path = Path(path)
+    return path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
+
+
+def write_atomically(path, write: Callable[[Path], None]) -> None:
+    """write(temporary path), then rename it onto `path` (atomic on one file system); the temporary
+    file is removed if writing fails."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = temporary_name(path)
+    try:
+        write(temporary)
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+@contextmanager
+def training_lock(checkpoint_path):
+    """Held while a model trains into `checkpoint_path` (a lock file beside it, ".<name>.lock"): a
+    second process asking for the same checkpoint waits here until the first has finished, then finds
+    the finished file. None: no lock (nothing is saved, so nothing is shared)."""
+    if checkpoint_path is None:
+        yield
+        return
+    path = Path(checkpoint_path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(path.with_name(f".{path.name}.lock"))):
+        yield
+
+
+__all__ = ["temporary_name", "write_atomically", "training_lock"]
