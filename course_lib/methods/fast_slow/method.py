@@ -73,12 +73,8 @@ from course_lib.methods.pixel_stem import (  # stem_config re-exported: notebook
 from course_lib.methods.registry import register_method
 from course_lib.methods.rerank import Cascade, weighted_sum
 
-# eq. 9's weight of the Fast score in the re-ranking (paper: > 0, value not given). Measured with the
-# default (flatten, 2000-step) models, seed 0, t2i R@1 on the Slow model's 250 sampled test queries
-# (Slow alone: 32.8), beta 0 / 0.1 / 1 for three distilled students (tau, alpha = 10, 0.1 / 10, 1 /
-# 1, 0.1): fast_slow@10 18.8 / 18.0 / 16.8, 20.0 / 20.0 / 20.0, 19.2 / 19.6 / 18.4; fast_slow@50
-# 30.4 / 28.4 / 27.2, 30.4 / 29.6 / 32.0, 31.2 / 31.2 / 30.4. No beta wins beyond the noise (+-3):
-# plain re-ranking (0) by default. fast_slow@10 is capped by the Fast model's R@10 (~28)
+# eq. 9's weight of the Fast score in the re-ranking (paper: > 0, value not given). No beta won beyond
+# the noise, so plain re-ranking (0) by default (docs/tuning_notes.md, "Fast & Slow, re-ranking with beta")
 BETA = 0.0
 TOP_KS = (10, 50)  # the paper's K (Table 4)
 
@@ -184,9 +180,8 @@ class SlowMethod(PairwiseMethod):
     checkpoint_prefix = "slow"
     config_class = SlowConfig
     code_modules = ("course_lib.methods.pixel_stem",)  # its ConvBackbone and the stem it starts from
-    # one t2i query of the 1k test gallery = 1k pairs, 0.23 CPU-s on one thread (fast_slow@10:
-    # 4.8 CPU-ms); 250 t2i queries of test took 60 CPU-s. Beyond the budget the benchmark ranks a
-    # fixed sample of the queries
+    # pairs the benchmark scores per direction: one t2i query of the 1k test gallery = 1k pairs (their cost:
+    # docs/tuning_notes.md, "Fast & Slow, Slow"). Beyond the budget it ranks a fixed sample of the queries
     eval_pairs = (250_000, 20_000)
     # every test pair would be 5M per direction, ~20 CPU-min each: `--every-pair` keeps the sample
     every_pair_limit = 250_000
