@@ -26,8 +26,7 @@ caption names, and only a negative like that asks the model to look at it.
 Two more knobs, both off by default unless CrossEncoderConfig says otherwise:
 - hard_negative_after: a first share of the steps with random negatives only. A model from
   scratch first has to learn that words and regions should agree at all; random negatives teach
-  that in ~250 steps, mined ones from the start delayed it past step 500 (or past 1500 at 50%
-  hard) in our runs.
+  that sooner than mined ones from the start (docs/tuning_notes.md, "Cross-encoder").
 - online_candidates: draw c negatives per slot and train on the one the current model scores
   highest (`keep_hardest`), the model's own hard-negative mining, at the price of scoring c times
   as many negative pairs (without gradient).

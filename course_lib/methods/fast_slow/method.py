@@ -16,9 +16,9 @@
 The Slow model's offline work for a gallery (`scoring.compute_states`: every image's cross-attention
 keys / values) makes a pair cost the two decoders on its caption alone (`scoring.score_cached_pairs`).
 
-The teacher's decoder passes are distillation's cost (the paper does not say how it paid it): one
-Slow pair costs ~0.3 ms of one CPU thread, so the paper's B^2 pairs at B = 32 cost ~0.3 s of teacher
-a step, against ~0.07 s for a whole eq. 4 step of B = 128. Our choice, stated in every note: the
+The teacher's decoder passes are distillation's cost (the paper does not say how it paid it): the
+paper's B^2 pairs at B = 32 cost several times a whole eq. 4 step in teacher passes (docs/tuning_notes.md,
+"Fast & Slow, distillation"). Our choice, stated in every note: the
 distilled student starts from the trained `fast` model (same config, `undistilled`) and takes
 distill_steps more steps of eq. 8 in which the teacher scores 256 pairs (16 captions x 16 mined
 candidates, or a batch of 16 x 16); the paper trains its student with eq. 8 from the start
