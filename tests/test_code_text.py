@@ -88,3 +88,12 @@ def test_course_lib_has_no_dates_run_tables_or_process_words():
     found = [p for path in sorted(ROOT.rglob("*.py"))
              for p in problems(path.read_text(), str(path.relative_to(ROOT.parent)))]
     assert not found, "\n".join(found)
+
+
+def test_pointers_into_the_tuning_notes_name_a_section():
+    headings = [line for line in (ROOT.parent / "docs" / "tuning_notes.md").read_text().splitlines()
+                if line.startswith("#")]
+    missing = [f"{path.relative_to(ROOT.parent)}: {name!r}" for path in sorted(ROOT.rglob("*.py"))
+               for name in re.findall(r'tuning_notes\.md,\s*(?:#\s*)?"([^"]+)"', path.read_text())
+               if not any(name in heading for heading in headings)]
+    assert not missing, "no such section in docs/tuning_notes.md:\n" + "\n".join(missing)
