@@ -4,9 +4,9 @@ that does not have to be there (notebook 03, section 10, measures every step).
 The arithmetic of a dot-product query is microseconds: LightningDOT's 2-layer, 64-wide encoder over 13
 tokens is 2.6 MFLOP, an exact search of 1,000 64-d vectors 0.13 MFLOP. The eager path around it (the
 course's query_fn, `backend="reference"`) costs many times that (notebook 03 measures it;
-docs/tuning_notes.md, "The online query path"): the Hugging Face tokenizer's Python front end re-deciding padding, truncation and
-tensor types on every call, a dict of tensors, dozens of PyTorch operator dispatches with autograd
-bookkeeping, and `retrieval.search`'s input checks.
+docs/tuning_notes.md, "The online query path"): the Hugging Face tokenizer's Python front end
+re-deciding padding, truncation and tensor types on every call, a dict of tensors, dozens of PyTorch
+operator dispatches with autograd bookkeeping, and `retrieval.search`'s input checks.
 Here each of those is paid once, when the path is built:
 
     QueryTokenizer  a private copy of the tokenizer's Rust backend with truncation set once: caption ->
@@ -20,8 +20,9 @@ Here each of those is paid once, when the path is built:
                     path.stages(caption) is what course_lib.core.timing.profile_stages times
 
 "auto" keeps what is fastest on the course's CPU (ONNX Runtime, then TorchScript, then eager; torch.compile
-was no faster than TorchScript: docs/tuning_notes.md, "The online query path"). Every backend is checked against eager at build; one that fails or disagrees is
-skipped with a CourseNote, so the path never changes an answer.
+was no faster than TorchScript: docs/tuning_notes.md, "The online query path"). Every backend is
+checked against eager at build; one that fails or disagrees is skipped with a CourseNote, so the path
+never changes an answer.
 """
 
 from __future__ import annotations

@@ -152,7 +152,8 @@ class FastConfig(CourseConfig):
     distill_start: str = "fast"  # eq. 8 starts from "fast" (the plain model) or "scratch" (the paper's)
     # which images each caption's two softmaxes of eq. 5-6 run over: "batch" (the paper's: the B images of
     # the batch) or "mined" (its own image and the plain Fast model's top distill_top_k - 1 others of the
-    # training split, mined once: course_lib.methods.fast_slow.distill; docs/tuning_notes.md, "Fast & Slow, distillation")
+    # training split, mined once: course_lib.methods.fast_slow.distill; docs/tuning_notes.md,
+    # "Fast & Slow, distillation")
     distill_candidates: str = "mined"
     distill_top_k: int = 16  # "mined" only: candidate images per caption, its own included
     lr: float = 1e-3  # peak AdamW learning rate (the other dual encoders')

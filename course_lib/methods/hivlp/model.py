@@ -80,7 +80,7 @@ class HiVLPConfig(CourseConfig):
     # how pixels become tokens: "pixel_stem" (the pre-trained stem's 4x4 map as 16 grid tokens), "patch" (the paper's
     # ViT from random weights, use image_layers=6; docs/tuning_notes.md, "HiVLP"), "conv" (a convolutional stem)
     stem: str = "pixel_stem"
-    freeze_stem: bool = True  # keep the stem as it is: fine-tuned at the towers' rate it did worse (docs/tuning_notes.md)
+    freeze_stem: bool = True  # keep the stem as it is: fine-tuned at the towers' rate it did worse (tuning notes)
     stem_steps: int = 400  # the pixel stem's pre-training steps (PixelStemConfig.max_steps; cached, paid once)
     # how the stem's heads read its map (PixelStemConfig.head_pool): "cells" makes each grid token carry its own cell
     # (docs/tuning_notes.md, "HiVLP")
@@ -93,7 +93,8 @@ class HiVLPConfig(CourseConfig):
     # MLP ended higher (docs/tuning_notes.md, "HiVLP")
     eol_layernorm: bool = False
     # what a level's EOL reads: "mean" of its block's real tokens, global token included (U-BERT's eq. 7); "cls" the
-    # global token alone (the paper's h_V0^l); see docs/tuning_notes.md, "The levels read the mean of their block's tokens"
+    # global token alone (the paper's h_V0^l); docs/tuning_notes.md, "The levels read the mean of their
+    # block's tokens"
     pool: str = "mean"
     train_levels: str = "all"  # "all": L_HRL over every level (eq. 8); "last": the last level only (ablation)
     # weight of L_LRM (eq. 4) beside L_HRL (1.0: the paper's L_HRL + L_LRM). Here it slowed alignment and each step
@@ -104,8 +105,8 @@ class HiVLPConfig(CourseConfig):
     max_text_length: int = 40  # tokens per caption, [CLS] and [SEP] included
     batch_size: int = 256  # pairs per batch: the in-batch negatives of every level's loss (as LightningDOT's)
     lr: float = 1e-3  # peak AdamW rate (the paper's 1e-4 is for a pre-trained 768-wide model)
-    # optimizer steps (about 9 epochs of the 250k pairs of the training split and its fresh scenes; docs/tuning_notes.md,
-    # "Fresh scenes and 9,000 steps, the stem's grid computed once")
+    # optimizer steps (about 9 epochs of the 250k pairs of the training split and its fresh scenes;
+    # docs/tuning_notes.md, "Fresh scenes and 9,000 steps, the stem's grid computed once")
     max_steps: int = 9000
     # scenes drawn fresh from the generator (data.synthetic.with_fresh_scenes) beside the training split's 10,000: on
     # the split alone the model fits its training images ahead of val (docs/tuning_notes.md, "HiVLP")
