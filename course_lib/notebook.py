@@ -234,7 +234,7 @@ def curve_summary(label: str, history, metric: str = "t2i_r1", target: float | N
     """One line on a learning curve (a History with val_/train_ evaluations and cpu_seconds, as every
     dual encoder's Method records): where it ended, train[:n] against val, and whether val was still
     rising over the last interval (beyond twice its binomial standard error), i.e. whether more training would pay.
-    target: the recall the course asks of this model (README, the issue's table); the line says whether val
+    target: the recall the course asks of this model (README's table); the line says whether val
     meets it. n_queries: the fewer queries of the curve's two directions (the images of its galleries), which
     sets the noise."""
     rows = [r for r in history.rows(eval=True) if f"val_{metric}" in r]

@@ -104,8 +104,8 @@ def plan(models, bench, tokenizer, checkpoints=None) -> tuple[list[int], dict[in
              for i in to_train}
     cost = {i: recorded_cpu_seconds(models[i], bench, tokenizer) for i in to_train}
     # a model whose shipped file records no learning curve (SCAN, Slow) is not free: it costs what a
-    # typical one does. Counted as 0, Slow (and the distilled Fast that waits for it) started last and
-    # left a core idle for 7 of the 80 minutes of --retrain's training (2026-11-27)
+    # typical one does (counted as 0, it would start last and leave a core idle; docs/tuning_notes.md,
+    # "Training cost and reproduction in two processes")
     known = [c for c in cost.values() if c > 0]
     cost = {i: c if c > 0 else (sum(known) / len(known) if known else 0.0) for i, c in cost.items()}
     first_with_stem = {}

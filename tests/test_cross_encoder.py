@@ -572,4 +572,5 @@ def test_the_method_records_a_learning_curve_on_small_galleries(bench, tok, tmp_
         expected = retrieval_metrics(score_matrix(method.model, sub, tok, progress=False), sub.txt2img)
         assert rows[-1][f"{name}_t2i_r1"] == pytest.approx(expected["t2i_r1"])
         assert rows[-1][f"{name}_i2t_r5"] == pytest.approx(expected["i2t_r5"])
-    assert rows[-1]["cpu_seconds"] >= rows[0]["cpu_seconds"] > 0
+    cpu = [r["cpu_seconds"] for r in rows]  # training CPU time so far: may round to 0.0 on a fast machine
+    assert cpu == sorted(cpu) and all(isinstance(c, float) and c >= 0 for c in cpu)

@@ -428,7 +428,7 @@ def test_tiled_levels_and_similarity_times():
     query = [torch.randn(1, w) for w in (2, 4, 8)]
     times = similarity_times(tiled, query, survivors=(100, 100), top_k=5, repeats=2, warmup=0)
     assert times["overlap"] == 1.0  # nothing pruned: the cascade is flat search
-    assert times["flat_ms"] > 0 and times["cascade_ms"] > 0 and times["n"] == 100
+    assert times["flat_ms"] >= 0 and times["cascade_ms"] >= 0 and times["n"] == 100
 
 
 def test_conv_stem_gives_one_token_per_patch_and_learns(bench, tok):

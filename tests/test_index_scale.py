@@ -147,7 +147,7 @@ def test_measure_kind_against_independent_searches():
     recalls = [p["recall_at_k"] for p in points]
     assert recalls == sorted(recalls) and recalls[0] < recalls[-1]  # probing more never loses
     for r in [row, *points]:
-        assert r["ms_single"] > 0 and r["ms_batched"] > 0 and r["single_repeats"] >= 5
+        assert r["ms_single"] >= 0 and r["ms_batched"] >= 0 and r["single_repeats"] >= 5
 
 
 def fake_embeddings(smoke, checkpoints, seed, n_queries, progress):
@@ -158,7 +158,7 @@ def fake_embeddings(smoke, checkpoints, seed, n_queries, progress):
 def test_run_skips_a_kind_whose_build_would_take_too_long(monkeypatch, tmp_path):
     monkeypatch.setattr(index_scale, "load_embeddings", fake_embeddings)
     results = index_scale.run([4000, 8000], kinds=["hnsw", "ivf"], n_queries=20, repeats=5,
-                              max_build_s=1e-9, out=tmp_path, progress=False)
+                              max_build_s=-1.0, out=tmp_path, progress=False)  # < any build time, 0 s included
     assert [(r["kind"], r["n"]) for r in results["indexes"]] == [("flat", 4000), ("ivf", 4000),
                                                                 ("hnsw", 4000), ("flat", 8000)]
     assert [(s["kind"], s["n"]) for s in results["skipped"]] == [("ivf", 8000), ("hnsw", 8000)]
@@ -188,13 +188,13 @@ def test_smoke_study_end_to_end(tmp_path):
     assert rows["ivfpq"]["code_bytes"] == rows["hnswpq"]["code_bytes"] == 16
     assert rows["ivfpq"]["bytes_per_item"] < 32 and rows["hnsw"]["bytes_per_item"] > 4 * width
     for r in results["indexes"] + results["sweep"]:
-        assert 0.0 <= r["recall_at_k"] <= 1.0 and r["ms_single"] > 0 and r["ms_batched"] > 0
+        assert 0.0 <= r["recall_at_k"] <= 1.0 and r["ms_single"] >= 0 and r["ms_batched"] >= 0
     assert {(p["kind"], p["knob"]) for p in results["sweep"]} == {
         ("ivf", "nprobe"), ("ivfpq", "nprobe"), ("hnsw", "ef_search"), ("hnswpq", "ef_search")}
     (exact,) = results["exact_vs_mm"]
     assert exact["gflop"] == pytest.approx(2 * 100 * 100_000 * width / 1e9)
     assert exact["fraction"] == pytest.approx(exact["faiss_gflops"] / exact["mm_gflops"])
-    assert exact["default_ms"] > 0 and 0 < exact["fraction"]
+    assert exact["default_ms"] >= 0 and 0 < exact["fraction"]
     saved = json.loads((tmp_path / "results.json").read_text())
     assert saved["meta"]["sizes"] == [100_000]
     markdown = (tmp_path / "results.md").read_text()

@@ -312,7 +312,7 @@ def test_index_tradeoff_rows():
     assert {kind for kind, _ in configs} == {"flat", "ivf", "hnsw"}
     for row in rows:
         assert set(row) == {"kind", "params", "recall_at_k", "ms_per_query", "build_s"}
-        assert 0.0 <= row["recall_at_k"] <= 1.0 and row["ms_per_query"] > 0 and row["build_s"] > 0
+        assert 0.0 <= row["recall_at_k"] <= 1.0 and row["ms_per_query"] >= 0 and row["build_s"] >= 0
     assert rows[0]["params"] == {} and rows[0]["recall_at_k"] == 1.0
     nlist = 500 // 39
     ivf_rows = [row for row in rows if row["kind"] == "ivf"]

@@ -267,7 +267,7 @@ def test_the_device_report_times_every_path_and_checks_its_top_10(bench, tok):
         assert set(found) == set(BACKENDS[device]) | {"profile"}
         timed = {b: row for b, row in found.items() if b != "profile" and "median_ms" in row}
         assert {"reference", "eager"} <= set(timed)
-        assert all(row["same_top10"] and row["median_ms"] > 0 for row in timed.values())
+        assert all(row["same_top10"] and row["median_ms"] >= 0 for row in timed.values())
         assert [row["stage"] for row in found["profile"]["stages"]][:len(STAGES)] == list(STAGES)
         assert next(method.model.parameters()).device.type == "cpu"  # moved back
         fastest = min(row["median_ms"] for row in timed.values())

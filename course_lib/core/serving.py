@@ -2,11 +2,11 @@
 that does not have to be there (notebook 03, section 10, measures every step).
 
 The arithmetic of a dot-product query is microseconds: LightningDOT's 2-layer, 64-wide encoder over 13
-tokens is 2.6 MFLOP, an exact search of 1,000 64-d vectors 0.13 MFLOP (26 and 1 us at one core's matmul
-rate). The eager path around it (the course's query_fn before this module) took about 25 times as long
-(0.67 ms, notebook 03): the Hugging Face tokenizer's Python front end re-deciding padding, truncation and
-tensor types on every call, a dict of tensors, dozens of PyTorch operator dispatches with autograd
-bookkeeping, and `retrieval.search`'s input checks.
+tokens is 2.6 MFLOP, an exact search of 1,000 64-d vectors 0.13 MFLOP. The eager path around it (the
+course's query_fn, `backend="reference"`) costs many times that (notebook 03 measures it;
+docs/tuning_notes.md, "The online query path"): the Hugging Face tokenizer's Python front end
+re-deciding padding, truncation and tensor types on every call, a dict of tensors, dozens of PyTorch
+operator dispatches with autograd bookkeeping, and `retrieval.search`'s input checks.
 Here each of those is paid once, when the path is built:
 
     QueryTokenizer  a private copy of the tokenizer's Rust backend with truncation set once: caption ->
@@ -19,10 +19,10 @@ Here each of those is paid once, when the path is built:
     TextQueryPath   the three as named stages: path(caption) -> (scores (k,), indices (k,));
                     path.stages(caption) is what course_lib.core.timing.profile_stages times
 
-"auto" keeps what measured fastest on the course's CPU (notebook 03's table: ONNX Runtime about half of
-TorchScript's time, TorchScript about two thirds of eager's; torch.compile no faster than TorchScript,
-after a compile of 5 to 25 s). Every backend is checked against eager at build; one that fails or disagrees is
-skipped with a CourseNote, so the path never changes an answer.
+"auto" keeps what is fastest on the course's CPU (ONNX Runtime, then TorchScript, then eager; torch.compile
+was no faster than TorchScript: docs/tuning_notes.md, "The online query path"). Every backend is
+checked against eager at build; one that fails or disagrees is skipped with a CourseNote, so the path
+never changes an answer.
 """
 
 from __future__ import annotations

@@ -58,13 +58,12 @@ class PixelStemConfig(CourseConfig):
     channels: tuple = (24, 48, 96)  # ConvBackbone widths; equal to the model that loads it (FastConfig.channels)
     # how the heads read the 4x4 map: "cells" (pooled to the 3x3 grid, one Linear shared by the cells, so each
     # cell's object is written where the cell is) or "flatten" (one Linear over all 16 positions). The models
-    # that start from the stem learned more from "cells": HiVLP's grid val t2i R@1 11.8 against 6.0, Fast 13.4
-    # against 12.7 (docs/tuning_notes.md, Pixel stem)
+    # that start from the stem learned more from "cells" (docs/tuning_notes.md, "Pixel stem")
     head_pool: str = "cells"
     batch_size: int = 128  # scenes per step
-    lr: float = 2e-3  # peak AdamW rate (Fast's old rate; not varied: the task was learned at 400 steps)
-    # optimizer steps on bench["pretrain"] (20k scenes: 2.6 epochs at 128): per-cell accuracy 95-100% on
-    # held-out scenes at 400, 32-35 CPU-s (docs/tuning_notes.md, Pixel stem)
+    lr: float = 2e-3  # peak AdamW rate (not varied: the task is learned within max_steps)
+    # optimizer steps on bench["pretrain"] (20k scenes: 2.6 epochs at 128): enough to learn the per-cell
+    # task on held-out scenes (docs/tuning_notes.md, "Pixel stem")
     max_steps: int = 400
     warmup_fraction: float = 0.05  # share of steps warming up; then linear decay to 0
     grad_clip: float = 2.0  # max gradient norm

@@ -61,10 +61,8 @@ _IMAGE_NAMES = {"regions": "region transformer", "pixels": "tiny ViT on pixels"}
 class VsePPConfig(CourseConfig):
     image_encoder: str = "regions"  # "regions" (detector features, as VSE++/SCAN) or "pixels" (tiny ViT)
     text_encoder: str = "gru"  # "gru" (VSE++'s), "bow" (mean of word vectors) or "bert" (random init)
-    # The sizes and schedule below come from measured learning curves (docs/tuning_notes.md, the
-    # sweep of 2026-11-26): with VSE++'s own margin, batch and learning rate the model did not even
-    # fit its training images, whatever its width, depth or length; the smaller margin with a bigger
-    # batch and a higher rate did, and tripled validation R@1.
+    # The sizes and schedule below come from learning curves (docs/tuning_notes.md, "VSE++"): with
+    # VSE++'s own margin, batch and learning rate the model did not fit even its training images.
     hidden: int = 128  # width inside both encoders
     embed_dim: int = 256  # size of the joint space both projections map to
     layers: int = 2  # depth of both encoders: transformer blocks, or stacked GRU layers
@@ -75,8 +73,8 @@ class VsePPConfig(CourseConfig):
     max_violation: bool = False
     batch_size: int = 256  # (image, caption) pairs per batch; the in-batch negatives (VSE++: 128)
     lr: float = 1e-3  # peak AdamW learning rate (VSE++'s Adam: 2e-4, for fine-tuning a pretrained CNN)
-    # ~25 epochs of the 10k-scene train split (50k pairs): at 4,000 val was still rising and test t2i R@1
-    # ended at 24.9 (docs/tuning_notes.md); curve: notebook 01
+    # ~25 epochs of the 10k-scene train split (50k pairs): val still rises at 4,000 (docs/tuning_notes.md,
+    # "5,000 steps"); curve: notebook 01
     max_steps: int = 5000
     warmup_fraction: float = 0.05  # share of steps warming up; then linear decay to 0
     grad_clip: float = 2.0  # max gradient norm (VSE++)

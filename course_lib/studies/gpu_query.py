@@ -1,7 +1,7 @@
 """One text query on every device this machine has: the check that the GPU path of notebook 03
 (section 10) is real, runnable where a notebook is not (a GPU box without Jupyter).
 
-For LightningDOT over a 1k gallery it times each query path (`backend="reference"`, the old eager
+For LightningDOT over a 1k gallery it times each query path (`backend="reference"`, the plain eager
 path; "eager", "jit", and "onnx" on the CPU or "cuda_graph" on CUDA: course_lib.core.serving), checks
 that each returns the reference path's top 10, profiles the default path stage by stage
 (course_lib.core.timing.profile_stages, CUDA events on a GPU), and times the cross-encoder's

@@ -10,9 +10,8 @@ over the U images and per image over the B captions (captions of the same image 
 other's negatives). One grid gives every caption U - 1 negative images and every image about
 B - 1 negative captions, so the same U * B forward passes serve both directions: B = 16 scores
 256 pairs a step, with 15 negatives a side, where binary ITM with one negative a side scores 192
-pairs for 64 positives. Measured on our benchmark (method.py's docstring): val[:300]
-t2i R@1 43.6 against binary ITM's 43 in less CPU time, whole test 20.0 against 18.6; the
-ITC-picked grid (`itc_itm_loss`) did not help (40.8, 39.2).
+pairs for 64 positives. How it compares with binary ITM and the ITC-picked grid (`itc_itm_loss`):
+docs/tuning_notes.md, "Cross-encoder".
 
     collate = GridCollate(bench["train"], tokenizer, max_length=40)
     batch = collate([{"index": t} for t in caption_rows])     # B captions, their U images

@@ -9,31 +9,9 @@ Two ITM losses (CrossEncoderConfig.loss):
 - "binary" (below): one logit per pair thresholded by binary cross-entropy, with random or mined
   negatives.
 
-What each gave, t2i R@1 on val[:300] (300 images, 1500 captions; SCAN 65.2 on the same gallery),
-d=64, 3 layers, one CPU thread. The default since 2026-11-27 reads SCAN's frozen towers
-(CrossEncoderConfig.towers, the model's docstring); every run below it trained from scratch:
-    listwise over SCAN's frozen towers (the default), 3000 steps, seeds 0 / 1    319 / 298 CPU-s  66.0 / 67.5
-    first probe of the towers (added inside the embedding LayerNorm), seeds 0-2  ~310 CPU-s  66.5-67.9
-    the same probe with SCAN's towers fine-tuned at the fusion layers' lr        398 CPU-s  57.2
-From scratch (towers="none"):
-    binary, 1 random negative caption + 1 image per positive, B=64, 3000 steps  ~380 CPU-s   43
-    listwise, grid of 16 captions x their images, 3000 steps                     330 CPU-s  43.6
-    listwise, the same with seed 1                                               318 CPU-s  43.1
-    listwise, the same, 8000 steps                                               844 CPU-s  35.5
-    listwise + ITC (weight 1), grid of 16 from a batch of 64 in 2 clusters        352 CPU-s  40.8
-    listwise + ITC, grid of 16 from a batch of 256                               402 CPU-s  39.2
-    listwise, grid of 16, d=96, 3000 steps                                       538 CPU-s  18.3
-    listwise + a SCAN-style score on the outputs (LSE over words of the cosine
-      of each word with its attended region) added to the [CLS] logit            353 CPU-s  21.9
-On the whole test split (1000 images, 5000 captions) the listwise model from scratch reached t2i
-R@1 20.0, i2t 24.3 (binary: 18.6 t2i; SCAN 47.2 t2i, 63.0 i2t; oracle ceiling 55.4), and one training
-in four 34.2 (docs/tuning_notes.md): listwise is kept for being a little better and cheaper, but no
-route from scratch came near SCAN; SCAN's towers did (docs/tuning_notes.md, Cross-encoder). Per caption
-family (val[:300]) the cross-encoder trails on the families that name objects (pair 60 vs 73,
-relation 58 vs 87, place 11 vs 37): it checks that a scene holds both named objects less
-reliably than SCAN's word-region attention. More steps raised R@5 (83 -> 88) but not R@1;
-ITC-picked hard grids, a wider model and a SCAN-style readout lowered it. Still untried: SCAN's
-bias at the input (L2-normalised word/region embeddings, a word-region cosine feature per word).
+Which loss and which towers, and what each gave: docs/tuning_notes.md, "Cross-encoder". The default
+(CrossEncoderConfig.towers) reads SCAN's frozen towers, which a cross-encoder trained from scratch
+on one matching bit per pair does not come near.
 
 Binary ITM: every positive (image, caption) pair of a batch brings negatives (ALBEF's scheme): a
 negative caption for its image and a negative image for its caption, each labelled 0 (positives 1). A
@@ -48,8 +26,7 @@ caption names, and only a negative like that asks the model to look at it.
 Two more knobs, both off by default unless CrossEncoderConfig says otherwise:
 - hard_negative_after: a first share of the steps with random negatives only. A model from
   scratch first has to learn that words and regions should agree at all; random negatives teach
-  that in ~250 steps, mined ones from the start delayed it past step 500 (or past 1500 at 50%
-  hard) in our runs.
+  that sooner than mined ones from the start (docs/tuning_notes.md, "Cross-encoder").
 - online_candidates: draw c negatives per slot and train on the one the current model scores
   highest (`keep_hardest`), the model's own hard-negative mining, at the price of scoring c times
   as many negative pairs (without gradient).
@@ -100,7 +77,7 @@ from course_lib.methods.scan.method import SCANMethod
 from course_lib.methods.scan.model import SCANConfig
 
 # the learning curve's galleries: val[:100] and train[:100] with their 500 captions each. Every pair costs
-# a forward pass, so 50k pairs a split (about 6 CPU-s), where the dual encoders' 1,000 images would be 5M
+# a forward pass, so 50k pairs a split, where the dual encoders' 1,000 images would be 5M
 CURVE_IMAGES = 100
 
 

@@ -15,8 +15,8 @@ forward passes instead of a dual encoder's O(n_images + n_texts).
 Towers. UNITER does not learn its inputs from nothing: BERT's word embeddings and a Faster R-CNN
 trained on Visual Genome come with it, and ALBEF (REFERENCE_NOTES) fuses the outputs of two unimodal
 encoders pre-trained for alignment. Ours from scratch had to discover which word goes with which region
-from one matching bit per pair, and three trainings of four stopped about 13 points of t2i R@1 short of
-the fourth (docs/tuning_notes.md). So by default (`towers="scan"`) every word and region token also
+from one matching bit per pair, and most trainings stalled far short of the best (docs/tuning_notes.md,
+"Four trainings of the default config"). So by default (`towers="scan"`) every word and region token also
 carries what the course's trained SCAN encoders (lesson 02: a bi-GRU over the words, a Linear over each
 region and its box) make of it, aligned word to region by SCAN's training; the towers stay frozen, as in
 LiT ("locked" image towers), because fine-tuning them with the fusion layers' learning rate undid SCAN's
@@ -52,8 +52,8 @@ from course_lib.core.train import move_to_device
 from course_lib.data.datasets import IMAGE_KEYS, image_fields, text_fields
 
 TEXT_KEYS = ("input_ids", "attention_mask")  # the text fields the model reads
-# Pairs scored per forward pass. 256 pairs (~5k tokens) keep a block's activations in cache: on
-# the course's 2-core CPU (1 thread) 9.5k pairs/s, against 7k at 1024; on a GPU pass 4096 or more.
+# Pairs scored per forward pass: 256 pairs (~5k tokens) keep a block's activations in cache on a CPU
+# (docs/tuning_notes.md, "Cross-encoder"); on a GPU pass 4096 or more.
 BLOCK_PAIRS = 256
 
 
@@ -84,9 +84,9 @@ class CrossEncoderConfig(CourseConfig):
     # the rest are for loss="binary" (mined negatives need it: the listwise grid has no miner)
     negatives_per_positive: int = 1  # per positive: this many negative captions for its image
     #                                  and as many negative images for its caption (ALBEF: 1 each)
-    # chance a negative comes from the miner's top-k, else random. 0 (was 0.5): negatives mined
-    # from VSE++ HURT in every run on the default benchmark (docs/tuning_notes.md); set it > 0
-    # with a miner to show that lesson (cross_encoder_train's docstring)
+    # chance a negative comes from the miner's top-k, else random. 0: negatives mined from VSE++ hurt
+    # on the default benchmark (docs/tuning_notes.md, "Cross-encoder"); set it > 0 with a miner to show
+    # that lesson (cross_encoder_train's docstring)
     hard_negative_fraction: float = 0.0
     hard_negative_k: int = 16  # a hard negative is drawn from the dual encoder's top-k non-matches
     hard_negative_after: float = 0.0  # share of max_steps with random negatives only, then the

@@ -16,9 +16,9 @@
 The Slow model's offline work for a gallery (`scoring.compute_states`: every image's cross-attention
 keys / values) makes a pair cost the two decoders on its caption alone (`scoring.score_cached_pairs`).
 
-The teacher's decoder passes are distillation's cost (the paper does not say how it paid it): one
-Slow pair costs ~0.3 ms of one CPU thread, so the paper's B^2 pairs at B = 32 cost ~0.3 s of teacher
-a step, against ~0.07 s for a whole eq. 4 step of B = 128. Our choice, stated in every note: the
+The teacher's decoder passes are distillation's cost (the paper does not say how it paid it): the
+paper's B^2 pairs at B = 32 cost several times a whole eq. 4 step in teacher passes (docs/tuning_notes.md,
+"Fast & Slow, distillation"). Our choice, stated in every note: the
 distilled student starts from the trained `fast` model (same config, `undistilled`) and takes
 distill_steps more steps of eq. 8 in which the teacher scores 256 pairs (16 captions x 16 mined
 candidates, or a batch of 16 x 16); the paper trains its student with eq. 8 from the start
@@ -52,12 +52,8 @@ from course_lib.methods.pixel_stem import StartsFromPixelStem, load_stem_backbon
 from course_lib.methods.registry import register_method
 from course_lib.methods.rerank import Cascade, weighted_sum
 
-# eq. 9's weight of the Fast score in the re-ranking (paper: > 0, value not given). Measured with the
-# default (flatten, 2000-step) models, seed 0, t2i R@1 on the Slow model's 250 sampled test queries
-# (Slow alone: 32.8), beta 0 / 0.1 / 1 for three distilled students (tau, alpha = 10, 0.1 / 10, 1 /
-# 1, 0.1): fast_slow@10 18.8 / 18.0 / 16.8, 20.0 / 20.0 / 20.0, 19.2 / 19.6 / 18.4; fast_slow@50
-# 30.4 / 28.4 / 27.2, 30.4 / 29.6 / 32.0, 31.2 / 31.2 / 30.4. No beta wins beyond the noise (+-3):
-# plain re-ranking (0) by default. fast_slow@10 is capped by the Fast model's R@10 (~28)
+# eq. 9's weight of the Fast score in the re-ranking (paper: > 0, value not given). No beta won beyond
+# the noise, so plain re-ranking (0) by default (docs/tuning_notes.md, "Fast & Slow, re-ranking with beta")
 BETA = 0.0
 TOP_KS = (10, 50)  # the paper's K (Table 4)
 
@@ -162,9 +158,8 @@ class SlowMethod(StartsFromPixelStem, PairwiseMethod):
 
     checkpoint_prefix = "slow"
     config_class = SlowConfig
-    # one t2i query of the 1k test gallery = 1k pairs, 0.23 CPU-s on one thread (fast_slow@10:
-    # 4.8 CPU-ms); 250 t2i queries of test took 60 CPU-s. Beyond the budget the benchmark ranks a
-    # fixed sample of the queries
+    # pairs the benchmark scores per direction: one t2i query of the 1k test gallery = 1k pairs (their cost:
+    # docs/tuning_notes.md, "Fast & Slow, Slow"). Beyond the budget it ranks a fixed sample of the queries
     eval_pairs = (250_000, 20_000)
     # every test pair would be 5M per direction, ~20 CPU-min each: `--every-pair` keeps the sample
     every_pair_limit = 250_000

@@ -29,12 +29,12 @@ Where the paper is silent (or is about 224-pixel photos), our choices:
   reads [CLS] wL .. w1 [SEP] (`reverse_words`).
 - The Fast image tower has its own CNN (same stages, no upsampling): the two models share nothing.
   Its 4x4 map is flattened into the projection instead of mean-pooled: the paper pools ResNet's
-  conv5 of photos, our captions are about where two small objects are (flattening scored higher
-  in our runs; docs/tuning_notes.md lists what was measured).
+  conv5 of photos, our captions are about where two small objects are (docs/tuning_notes.md,
+  "Fast & Slow, Fast").
 - Fast's text tower is a bi-GRU, not the paper's BoW: our captions bind colour to shape by word order
-  ("a red circle left of a blue square"), which a bag of words cannot see. With a perfect image side
-  the BoW tops out at test t2i R@1 11.8 and the bi-GRU reaches 33.8 (course_lib.studies.text_ceiling,
-  docs/tuning_notes.md). The paper's BoW stays available as text_tower="bow".
+  ("a red circle left of a blue square"), which a bag of words cannot see (course_lib.studies.text_ceiling;
+  docs/tuning_notes.md, "The text tower's ceiling with a perfect image side"). The paper's BoW stays
+  available as text_tower="bow".
 - Sizes are ours (the paper's decoders are 3 x 512 with 8 heads); configs say what we use.
 The decoders: `course_lib.methods.fast_slow.decoder`. Training (captioning, Eq. 4 NCE, distillation) and the benchmark
 methods: `course_lib.methods.fast_slow.method`; the cached gallery scoring: `course_lib.methods.fast_slow.scoring`.
@@ -73,16 +73,14 @@ class SlowConfig(CourseConfig):
     max_text_length: int = 40  # token positions of the decoders ([CLS] and [SEP] included)
     batch_size: int = 64  # (image, caption) positive pairs per step: the loss needs no negatives
     lr: float = 2e-3  # peak AdamW rate (paper: Adam 4e-4 on far bigger models)
-    # optimizer steps. 2000 rather than 1000: retrieval rose sharply with the extra steps, as
-    # grounding sets in after the language model (docs/tuning_notes.md)
+    # optimizer steps: grounding sets in after the language model, so retrieval needs the longer run
+    # (docs/tuning_notes.md, "Fast & Slow, Slow")
     max_steps: int = 2000
     warmup_fraction: float = 0.05  # share of steps warming up; then linear decay to 0
     grad_clip: float = 2.0  # max gradient norm (paper: 100)
     seed: int = 0  # model initialisation and data order
-    # where phi(x)'s CNN starts: "pixel_stem" (the cached pixel stem, as Fast's and HiVLP's, trained on with the
-    # decoders) or "scratch" (the paper's ResNet-50 starts from scratch, on millions of images). From the stem: test t2i R@1 / R@5 38.0 / 72.0 on
-    # the benchmark's 250 sampled queries against 32.0 / 69.6 from scratch, summed training loss 22.3 against 23.9
-    # nats at 2000 steps (302 CPU-s; docs/tuning_notes.md, Fast & Slow, Slow)
+    # where phi(x)'s CNN starts: "pixel_stem" (the cached pixel stem, trained on with the decoders) or
+    # "scratch" (as the paper's ResNet-50, which has millions of images); see docs/tuning_notes.md, "Fast & Slow, Slow"
     image_init: str = "pixel_stem"
     stem_steps: int = 400  # the pixel stem's pre-training steps (PixelStemConfig.max_steps; cached, shared)
     stem_head_pool: str = "cells"  # how the stem's heads read its map in pre-training (PixelStemConfig.head_pool)
@@ -104,32 +102,22 @@ class SlowConfig(CourseConfig):
 class FastConfig(CourseConfig):
     channels: tuple = (24, 48, 96)  # CNN widths of the image tower's three stages
     # f(x) reads the CNN's 4x4 map by "mean" (the paper's global pool) or "flatten" (Linear over all 16
-    # cells: our captions name left / right / top / bottom). Flatten scored higher in our runs
-    # (docs/tuning_notes.md); a position embedding before a mean pool adds a constant
+    # cells: our captions name left / right / top / bottom; see docs/tuning_notes.md, "Fast & Slow, Fast")
     image_pool: str = "flatten"
-    # g(y): "bow" (the paper's NCE BoW, mean of word embeddings), "transformer" (Table 7; its [CLS]) or
-    # "gru" (ours: a bi-GRU, mean-pooled), then an MLP. The paper's BoW cannot tell "red circle left of
-    # blue square" from "blue circle left of red square", and it caps Fast here: trained against a
-    # perfect image side (the hand-built bag-of-objects vector, course_lib.studies.text_ceiling) it
-    # reaches test t2i R@1 11.8, the transformer 11.7 and the bi-GRU 33.8 (4,000 steps each). On pixels
-    # at these defaults the bi-GRU reaches test t2i R@1 28.5 against the BoW's 13.6, at about 2x the
-    # CPU time (docs/tuning_notes.md). The paper's BoW and a small transformer in BERT's place stay options
+    # g(y): "bow" (the paper's NCE BoW), "transformer" (Table 7; its [CLS]) or "gru" (ours: a bi-GRU,
+    # mean-pooled), then an MLP. A bag of words cannot tell "red circle left of blue square" from "blue
+    # circle left of red square" (docs/tuning_notes.md, "The text tower's ceiling with a perfect image side")
     text_tower: str = "gru"
     text_layers: int = 1  # transformer or gru text tower: blocks / GRU layers (transformer heads: 4)
     # where the image CNN starts: "pixel_stem" (ConvBackbone pre-trained on bench["pretrain"]'s scene
-    # ground truth, course_lib.methods.pixel_stem, cached) or "scratch" (random weights). At the old
-    # defaults (64 wide, 2000 steps) the stem raised val t2i R@1 from 5.9 to 7.6 at the same CPU time:
-    # real, but far from what one vector can do; train[:1000] ran ahead of val (docs/tuning_notes.md)
+    # ground truth, course_lib.methods.pixel_stem, cached) or "scratch" (random weights)
     image_init: str = "pixel_stem"
     stem_steps: int = 400  # pixel_stem pre-training steps (PixelStemConfig.max_steps)
-    # how the stem's heads read its 4x4 map in pre-training (PixelStemConfig.head_pool). "cells": val t2i / i2t
-    # R@1 13.4 / 16.7 after the 4,000 steps (test 13.6 / 18.6) against 12.7 with "flatten" (test 12.0)
-    # (docs/tuning_notes.md, Fast & Slow)
+    # how the stem's heads read its 4x4 map in pre-training (PixelStemConfig.head_pool; see
+    # docs/tuning_notes.md, "A stem read cell by cell")
     stem_head_pool: str = "cells"
     # image_init="pixel_stem" only: True keeps the stem's CNN as it is (weights and BatchNorm statistics)
-    # and trains the rest; False fine-tunes it too. Frozen cost 40% of the CPU time but scored lower
-    # (val t2i R@1 6.2 against 7.8 at 2000 steps): the flattened projection memorised the training
-    # images either way (docs/tuning_notes.md)
+    # and trains the rest; False fine-tunes it too (docs/tuning_notes.md, "Fast & Slow, Fast")
     freeze_stem: bool = False
     # word-embedding width of the text tower, and the joint space of f(x) and g(y): the other dual
     # encoders' 128 / 256 (one vector needs ~128 numbers or more here: README, "What one vector can do")
@@ -138,39 +126,31 @@ class FastConfig(CourseConfig):
     # distillation (eq. 5-8): False = eq. 4 alone. True = then distill_steps steps of eq. 8 (or only
     # those, distill_start="scratch"; the docstring of course_lib.methods.fast_slow.method)
     distill: bool = False
-    # eq. 5-6 temperature of both softmaxes (App. B: 10). At 10 our teacher's softmax over a batch
-    # was nearly flat (docs/tuning_notes.md)
+    # eq. 5-6 temperature of both softmaxes (App. B: 10; docs/tuning_notes.md, "Fast & Slow, distillation")
     tau: float = later_stage("distill", 10.0)
-    # weight of L_DE in eq. 8. App. B adapts alpha to tau and uses alpha / tau^2 = 0.001 at tau = 10 (alpha
-    # 0.1) for eq. 8 on one batch; with distill_candidates="mined", eq. 4 runs over the full batch of 256
-    # beside 16 distilled captions, and 1.0 keeps eq. 4's own weight (Table 8's grid is over alpha / tau^2).
-    # Weighting the teacher more cost test R@1 there: alpha 0.1 28.2, 0.01 22.6, against 28.8 (docs/tuning_notes.md)
+    # weight of L_DE in eq. 8 (App. B: alpha / tau^2 = 0.001 at tau = 10 on one batch). With
+    # distill_candidates="mined", eq. 4 runs over the full batch beside the distilled captions, and 1.0
+    # keeps eq. 4's own weight (docs/tuning_notes.md, "More weight on the teacher, and a perfect teacher")
     alpha: float = later_stage("distill", 1.0)
     batch_size: int = 256  # pairs per step (eq. 4's in-batch negatives; the other dual encoders' 256)
     # captions per step the teacher scores: "batch", the whole batch (its B^2 pairs: 256 decoder passes at
     # 16, 1024 at 32); "mined", the first 16 of eq. 4's batch, each against its distill_top_k candidates
     distill_batch_size: int = later_stage("distill", 16)
-    # optimizer steps of eq. 8 after the eq. 4 steps. Over the batch's images (B = 16) they cost R@1; over
-    # mined candidates beside eq. 4's full batch they match the no-teacher control (docs/tuning_notes.md)
+    # optimizer steps of eq. 8 after the eq. 4 steps (docs/tuning_notes.md, "Fast & Slow, distillation")
     distill_steps: int = later_stage("distill", 500)
     distill_lr: float = later_stage("distill", 5e-4)  # peak AdamW rate of the distillation steps
     distill_start: str = later_stage("distill", "fast")  # eq. 8 starts from "fast" (the plain model) or "scratch" (the paper's)
     # which images each caption's two softmaxes of eq. 5-6 run over: "batch" (the paper's: the B images of
     # the batch) or "mined" (its own image and the plain Fast model's top distill_top_k - 1 others of the
-    # training split, mined once: course_lib.methods.fast_slow.distill). Measured from the default Fast
-    # model (val t2i R@1 12.7): batch 9.6; mined, eq. 4 over B = 16 10.2 (its hard-negative control 4.9);
-    # mined beside eq. 4's full batch 12.3 (eq. 4 alone, the same steps: 12.3) (docs/tuning_notes.md)
+    # training split, mined once: course_lib.methods.fast_slow.distill; docs/tuning_notes.md,
+    # "Fast & Slow, distillation")
     distill_candidates: str = later_stage("distill", "mined")
     distill_top_k: int = later_stage("distill", 16)  # "mined" only: candidate images per caption, its own included
-    lr: float = 1e-3  # peak AdamW learning rate (the other dual encoders'; at batch 128 and 64 wide, 2e-3)
-    # optimizer steps of eq. 4 (684 CPU-s). From the pixel stem at these sizes val t2i R@1 was 7.8 at
-    # 2000 steps and 8.1 at 4000 (test 8.5), train[:1000] 26 and 44: more steps now fit the training
-    # images, not val (docs/tuning_notes.md)
-    max_steps: int = 4000
+    lr: float = 1e-3  # peak AdamW learning rate (the other dual encoders')
+    max_steps: int = 4000  # optimizer steps of eq. 4 (docs/tuning_notes.md, "Fast & Slow, Fast")
     # scenes drawn fresh from the generator (data.synthetic.with_fresh_scenes) beside the training split's, for
-    # eq. 4 and eq. 8 alike: on the 10k training scenes alone Fast memorised them (train[:1000] 44 against val 8);
-    # with 40,000 more, val t2i R@1 rose from 8.1 to 12.7 at 4,000 steps and train[:1000] stayed within 3 points
-    # (docs/tuning_notes.md). The issue's advice: the generator is free data
+    # eq. 4 and eq. 8 alike: the generator is free data, and the training scenes alone get memorised
+    # (docs/tuning_notes.md, "Fresh scenes instead of more epochs")
     fresh_scenes: int = 40_000
     warmup_fraction: float = 0.05
     grad_clip: float = 2.0

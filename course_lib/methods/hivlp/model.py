@@ -16,8 +16,8 @@ Retrieval (§3.4, course_lib.methods.hivlp.method): level 1 scores every candida
 level 2 re-scores those at d_2 and keeps N3, the last level orders the N3. Its cost (the
 paper's time model and a multiply-add count of ours) is in course_lib.methods.hivlp.cost.
 
-Where the paper is silent, our choices (the notebook says them too; HiVLPConfig's comments give the measurements,
-docs/tuning_notes.md the runs):
+Where the paper is silent, our choices (the notebook says them too; HiVLPConfig's comments give the reasons,
+docs/tuning_notes.md, "HiVLP", the runs):
 - Sizes: hidden 128 (LightningDOT's), a 2-block image tower over the 16 grid tokens (or a 6-block ViT over
   8x8-pixel patches with stem="patch"), a 1-block text tower (half of LightningDOT's two, as the paper's 6 is half
   of 12); EOL widths 32/64/128 (the paper's 128/300/768 ratio, roughly), after evenly spaced blocks (`level_layers`:
@@ -78,22 +78,23 @@ class HiVLPConfig(CourseConfig):
     heads: int = 4  # attention heads per block
     patch_size: int = 8  # ViT patch side in pixels: a 32x32 image is 4x4 patches + [IMG]
     # how pixels become tokens: "pixel_stem" (the pre-trained stem's 4x4 map as 16 grid tokens), "patch" (the paper's
-    # ViT from random weights, use image_layers=6: val t2i R@1 3.0 after 4,000 steps), "conv" (a convolutional stem)
+    # ViT from random weights, use image_layers=6; docs/tuning_notes.md, "HiVLP"), "conv" (a convolutional stem)
     stem: str = "pixel_stem"
     freeze_stem: bool = True  # keep the stem as it is: fine-tuned at the towers' rate it did worse (tuning notes)
     stem_steps: int = 400  # the pixel stem's pre-training steps (PixelStemConfig.max_steps; cached, paid once)
-    # how the stem's heads read its map (PixelStemConfig.head_pool): "cells" makes each grid token carry its own cell,
-    # val t2i R@1 11.8 against 6.0 with "flatten" after 4,000 steps (docs/tuning_notes.md, HiVLP)
+    # how the stem's heads read its map (PixelStemConfig.head_pool): "cells" makes each grid token carry its own cell
+    # (docs/tuning_notes.md, "HiVLP")
     stem_head_pool: str = "cells"
     backbone: str | None = None  # a timm ViT name for real data (e.g. "vit_base_patch16_224"); None = the course's
     pretrained: bool = False  # load the timm backbone's pretrained weights (needs internet or a cache)
     image_size: int | None = None  # resize pixels to this side (real images: e.g. 224); None = as stored (32)
     eol_widths: tuple = (32, 64, 128)  # d_l of each level, growing with depth to the width (the paper: 128/300/768)
-    # end each EOL with a LayerNorm (level vectors start at norm sqrt(d_l), not near 0). Over regions the bare
-    # MLP ended higher: val t2i R@1 12.6 against 11.4 after 4,000 steps (docs/tuning_notes.md)
+    # end each EOL with a LayerNorm (level vectors start at norm sqrt(d_l), not near 0); over regions the bare
+    # MLP ended higher (docs/tuning_notes.md, "HiVLP")
     eol_layernorm: bool = False
     # what a level's EOL reads: "mean" of its block's real tokens, global token included (U-BERT's eq. 7); "cls" the
-    # global token alone (the paper's h_V0^l). Over regions val t2i R@1 21.9 against 12.6 after 4,000 steps (notes)
+    # global token alone (the paper's h_V0^l); docs/tuning_notes.md, "The levels read the mean of their
+    # block's tokens"
     pool: str = "mean"
     train_levels: str = "all"  # "all": L_HRL over every level (eq. 8); "last": the last level only (ablation)
     # weight of L_LRM (eq. 4) beside L_HRL (1.0: the paper's L_HRL + L_LRM). Here it slowed alignment and each step
@@ -104,11 +105,11 @@ class HiVLPConfig(CourseConfig):
     max_text_length: int = 40  # tokens per caption, [CLS] and [SEP] included
     batch_size: int = 256  # pairs per batch: the in-batch negatives of every level's loss (as LightningDOT's)
     lr: float = 1e-3  # peak AdamW rate (the paper's 1e-4 is for a pre-trained 768-wide model)
-    # optimizer steps (about 9 epochs of the 250k pairs of the training split and its fresh scenes). After 6,000 steps
-    # val t2i R@1 still rose 0.7-1.0 points per 750 steps, over pixels and over regions (docs/tuning_notes.md, HiVLP)
+    # optimizer steps (about 9 epochs of the 250k pairs of the training split and its fresh scenes;
+    # docs/tuning_notes.md, "Fresh scenes and 9,000 steps, the stem's grid computed once")
     max_steps: int = 9000
     # scenes drawn fresh from the generator (data.synthetic.with_fresh_scenes) beside the training split's 10,000: on
-    # the split alone train[:1000] ran 8-12 points of t2i R@1 above val after 6,000 steps (docs/tuning_notes.md, HiVLP)
+    # the split alone the model fits its training images ahead of val (docs/tuning_notes.md, "HiVLP")
     fresh_scenes: int = 40_000
     warmup_fraction: float = 0.1  # linear warm-up over 10% of steps, then linear decay (§4.1)
     grad_clip: float = 2.0  # max gradient norm

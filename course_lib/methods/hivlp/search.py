@@ -95,8 +95,8 @@ def coarse_to_fine_one(gallery_levels, query_levels, survivors=SURVIVORS, top_k:
     """`coarse_to_fine` for one online query, in numpy: gallery_levels[l] (G, d_l) and query_levels[l]
     (d_l,) float32 arrays -> the top k gallery indices (k,), best first, k = min(top_k, last survivors).
     The same levels, survivors and skipped levels (tested against it). One query is a handful of small
-    operations, and each costs a few microseconds in numpy against about ten in torch: on a 1k gallery
-    the torch search took 0.33 ms per query with the text tower, this one 0.22 (HiVLP's docs/tuning_notes)."""
+    operations, and each costs a few microseconds in numpy against about ten in torch (docs/tuning_notes.md,
+    "The online cascade's search in numpy")."""
     counts, first = _level_plan(gallery_levels, query_levels, survivors, top_k)
     candidates = None  # (M,) gallery rows still in the race, best first; None = all of them
     for l in range(first, len(counts)):

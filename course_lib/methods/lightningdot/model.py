@@ -51,9 +51,8 @@ OBJECTIVES = ("cmr", "vmlm", "smrfr", "smrc_kl")
 
 @dataclass
 class LightningDOTConfig(CourseConfig):
-    # width of both encoders; h0 and z0 live in this space (no projection, no L2). 128 with the batch, rate
-    # and steps below: chosen by learning curve (docs/tuning_notes.md), the old 64 / 128 / 5e-4 / 1,500
-    # steps left the model near VSE++'s old 7 with train[:1000] no higher
+    # width of both encoders; h0 and z0 live in this space (no projection, no L2). Chosen with the batch,
+    # rate and steps below by learning curve (docs/tuning_notes.md, "LightningDOT")
     hidden: int = 128
     layers: int = 2  # transformer blocks per encoder (the paper: 12)
     heads: int = 4  # attention heads per block

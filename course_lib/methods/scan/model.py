@@ -14,8 +14,8 @@ encoders are deliberately simple, as in the reference code:
 Boxes. SCAN's Faster R-CNN features carry some position of their own; our synthetic region
 features describe only shape, colour and size, and where a region is lives in its 7-d box alone.
 Without the box every "left of" / "in the top right corner" caption is unanswerable, so the image
-side adds `Linear(box)` to `Linear(feature)`; `use_boxes=False` gives pure SCAN, measured 5 points
-lower t2i R@1 on the test split and 9 lower on the compositional one.
+side adds `Linear(box)` to `Linear(feature)`; `use_boxes=False` gives pure SCAN, which scores lower
+(docs/tuning_notes.md, "SCAN").
 
 Cost. Nothing about an image can be pre-combined with the caption: every (image, caption) pair
 runs its own attention, so one text query costs O(gallery size) cross attention, against one dot

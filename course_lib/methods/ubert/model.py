@@ -67,8 +67,8 @@ class UBERTConfig(CourseConfig):
     # scored higher in our runs (docs/tuning_notes.md)
     cross_input: str = later_stage("cross", "embeddings")
     # "scan": BERT_cross's tokens also carry the trained SCAN encoders' reading of each word and region
-    # (frozen; the module docstring). U-BERT@20 test t2i R@1 48.1 against "none"'s 34.4; stage 1 alone scores
-    # 35.6, the two-stage baseline 46.8 (README, docs/tuning_notes.md). "none": eq. 10 over step 1's tables alone
+    # (frozen; the module docstring; docs/tuning_notes.md, "BERT_cross reads SCAN's reading of each token").
+    # "none": eq. 10 over step 1's tables alone
     cross_towers: str = later_stage("cross", "scan")
     training: str = later_stage("cross", "two_step")  # "two_step" (§4.3: towers with L1, then BERT_cross with L2) or "joint" (L1 + L2)
     dropout: float = 0.1  # on the embeddings and inside every block (the paper's 0.1)
