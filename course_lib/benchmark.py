@@ -1,8 +1,9 @@
 """The headless main job: `python -m course_lib.benchmark [--smoke] [--out DIR] [--retrain]`.
 
 Builds the synthetic benchmark, fits every registered method (course_lib.methods.registry), evaluates it
-on the test, full and compositional settings (README, "Data" and "Results"), times one text query against each
-gallery, and writes DIR/results.json, DIR/results.md (the README's table) and DIR/pareto.png.
+on the test, full and compositional settings (docs/data.md, docs/results.md), times one text query against each
+gallery, and writes DIR/results.json, DIR/results.md (every table) and DIR/pareto.png; --readme README.md also
+writes the test table into the README and the rest into docs/results.md.
 Each setting also gets two reference rows: `oracle`, the expected recall of the Bayes-optimal ranking
 under the generator's own caption likelihood, the best any model can reach (course_lib.data.oracle),
 and `bag-of-objects`, what one hand-built vector per image reaches with perfect perception
@@ -272,7 +273,8 @@ def main(argv=None) -> dict:
                         help="keep the rows of an earlier results.json for every method this run does not run "
                              "(e.g. --methods of new methods only, --merge outputs/benchmark/results.json)")
     parser.add_argument("--readme", default=None,
-                        help="also write the table into this README's results block (README.md)")
+                        help="also write the test table into this README's results block (README.md), the other "
+                             "tables into docs/results.md beside it and the accuracy-latency picture to docs/pareto.png")
     parser.add_argument("--replace", action="store_true",
                         help="overwrite --out's results.json even if it holds methods this run drops, or "
                              "another mode or seed (without it, such a run stops before any work)")

@@ -1,6 +1,6 @@
 """The benchmark's results on disk: results.json read and checked, merged with an earlier run, written
-all or nothing (with results.md, the README's table, and pareto.png), the rows an interrupted run
-keeps, and the plain note when its timings contradict themselves. course_lib.benchmark produces
+all or nothing (with results.md and pareto.png), the README's test table and docs/results.md's other
+tables, the rows an interrupted run keeps, and the plain note when its timings contradict themselves. course_lib.benchmark produces
 the results; this module is everything done with them."""
 
 from __future__ import annotations
@@ -164,8 +164,10 @@ def merge_results(new: dict, old: dict) -> dict:
             "latency": sorted(latency, key=lambda p: (order.get(p["method"], len(order)), p["n"]))}
 
 
-def results_markdown(results: dict) -> str:
-    """The results table as Markdown: one table per setting, columns from the rows' own keys."""
+def results_markdown(results: dict, settings=SETTINGS, extras: bool = True) -> str:
+    """The results as Markdown: the run's line, one table per setting (columns from the rows' own keys),
+    the marks' legend for the rows shown; extras: also the latency table and each method's notes.
+    The defaults give the whole of DIR/results.md; the README and docs/results.md each take a part."""
     meta = results["meta"]
     lines = [f"Mode `{meta['mode']}`, seed {meta['seed']}, device `{meta['device']}`, torch {meta['torch']}, "
              f"{meta['seconds']} s in all.", ""]
@@ -174,8 +176,9 @@ def results_markdown(results: dict) -> str:
                                     f"from an earlier run of the same mode and seed ({meta['merged']['seconds']} s).")
     if meta.get("shipped_models"):  # the seconds above did not include their training
         lines[0] += f" Loaded from shipped_models/, not trained: {', '.join(meta['shipped_models'])}."
-    for setting in SETTINGS:
-        rows = [r for r in results["rows"] if r["setting"] == setting]
+    shown = [r for r in results["rows"] if r["setting"] in settings]
+    for setting in settings:
+        rows = [r for r in shown if r["setting"] == setting]
         if not rows:
             continue
         recall_keys = [k for k in rows[0] if k.startswith(("i2t_r", "t2i_r"))]
@@ -197,7 +200,7 @@ def results_markdown(results: dict) -> str:
             sampled = "sampled" in r["notes"]
             lines.append("| " + " | ".join([r["method"] + (SAMPLED if sampled else "")] + cells) + " |")
         lines.append("")
-    if results.get("latency"):
+    if extras and results.get("latency"):
         sizes = sorted({p["n"] for p in results["latency"]})
         lines += [f"**ms per text query vs gallery size** ({EXTRAPOLATED} = extrapolated linearly from smaller galleries)",
                   "", "| method | " + " | ".join(f"{n:,} images" for n in sizes) + " |",
@@ -208,21 +211,22 @@ def results_markdown(results: dict) -> str:
                 f"{points[n]['ms_per_query']:.3g}{'' if points[n]['measured'] else EXTRAPOLATED}" if n in points else "–"
                 for n in sizes) + " |")
         lines.append("")
-    if any("sampled" in r["notes"] for r in results["rows"]):
+    if any("sampled" in r["notes"] for r in shown):
         lines.append(f"{SAMPLED} too slow to score every query's pairs on this device: recalls of a fixed random "
                      "sample of the queries, each against the whole gallery (counts in results.json).")
-    if any("not measured" in r["notes"] for r in results["rows"]):
+    if any("not measured" in r["notes"] for r in shown):
         lines.append("– not measured: the method's pair budget allows too few sampled queries in that direction "
                      "for a recall worth comparing (its notes in results.json give the count).")
-    if any(r.get("ms_p25") is not None for r in results["rows"]):
+    if any(r.get("ms_p25") is not None for r in shown):
         lines.append("ms/query: the median of the timed calls, with their interquartile range (25th–75th "
                      "percentile) in brackets.")
     if meta.get("timing_note"):
         lines.append(f"**Note:** {meta['timing_note']}")
-    if any(not r.get("ms_measured", True) for r in results["rows"]):
+    if any(not r.get("ms_measured", True) for r in shown):
         lines.append(f"{EXTRAPOLATED} ms/query extrapolated linearly from the largest galleries timed "
                      "(the method's timed_sizes), not measured.")
-    lines += ["", "Methods:"] + [f"- `{name}`: {note}" for name, note in results.get("methods", {}).items()]
+    if extras:
+        lines += ["", "Methods:"] + [f"- `{name}`: {note}" for name, note in results.get("methods", {}).items()]
     return "\n".join(lines) + "\n"
 
 
@@ -231,26 +235,62 @@ def _cell(value, spec: str) -> str:
 
 
 README_START, README_END = "<!-- results:start -->", "<!-- results:end -->"
+README_SETTINGS = ("test",)  # the README shows the test setting; the rest goes to docs/results.md
+RESULTS_DOC = Path("docs") / "results.md"  # beside the README: the other settings, latency, the methods' notes
+PICTURE = Path("docs") / "pareto.png"  # beside the README: the accuracy-latency picture the README shows
+
+
+def readme_markdown(results: dict) -> str:
+    """The README's results block: the test setting's table, where the rest is, and the frontier picture
+    (links relative to the README's folder)."""
+    doc, picture = RESULTS_DOC.as_posix(), PICTURE.as_posix()
+    return (results_markdown(results, settings=README_SETTINGS, extras=False)
+            + f"\nThe full and compositional settings, ms per query against 1k and 5k images and each method's "
+              f"notes: [`{doc}`]({doc}). The accuracy–latency picture (t2i R@1 on test, t2i R@5 on full, against ms "
+              f"per text query, log axis; the Pareto front as a step line, the oracle dotted, hollow markers where "
+              f"the time is extrapolated):\n\n![every method's recall against its ms per query]({picture})\n")
+
+
+def docs_markdown(results: dict) -> str:
+    """docs/results.md's results block: every setting but the README's, the latency table, the notes."""
+    return results_markdown(results, settings=tuple(s for s in SETTINGS if s not in README_SETTINGS))
+
+
+def _blocks(path: Path) -> tuple[str, str]:
+    """The text before and after a file's results block; ValueError if the file or the block is missing."""
+    try:
+        text = path.read_text()
+    except OSError as error:
+        raise ValueError(f"cannot read {path}: {error.strerror or error}") from None
+    if README_START not in text or README_END not in text:
+        raise ValueError(f"{path} has no results block; add the lines {README_START} and {README_END} "
+                         "where the table should go")
+    head, rest = text.split(README_START, 1)
+    return head, rest.split(README_END, 1)[1]
 
 
 def update_readme(results: dict | None, readme: str | Path, check_only: bool = False) -> None:
-    """Replace the README's results block (between the two markers) with this run's table;
-    check_only: only check that the README is there and has the block (before a run)."""
+    """Write this run into the README's results block (the test table and the picture's link), the
+    rest of its tables into docs/results.md's block beside it, and the picture to docs/pareto.png;
+    check_only: only check that both files are there and have the block (before a run). The three
+    files are replaced only once all are written."""
     readme = Path(readme)
-    try:
-        text = readme.read_text()
-    except OSError as error:
-        raise ValueError(f"cannot read the README {readme}: {error.strerror or error}") from None
-    if README_START not in text or README_END not in text:
-        raise ValueError(f"{readme} has no results block; add the lines {README_START} and {README_END} "
-                         "where the table should go")
+    doc, picture = readme.parent / RESULTS_DOC, readme.parent / PICTURE
+    parts = {readme: _blocks(readme), doc: _blocks(doc)}
     if check_only:
         return
-    head, rest = text.split(README_START, 1)
-    _, tail = rest.split(README_END, 1)
-    temporary = readme.with_name(f".{readme.name}.tmp")
-    temporary.write_text(f"{head}{README_START}\n{results_markdown(results)}{README_END}{tail}")
-    os.replace(temporary, readme)
+    body = {readme: readme_markdown(results), doc: docs_markdown(results)}
+    staged = {path: path.with_name(f".{path.name}.tmp") for path in (readme, doc)}
+    staged[picture] = picture.with_name(".pareto.tmp.png")
+    try:
+        for path, (head, tail) in parts.items():
+            staged[path].write_text(f"{head}{README_START}\n{body[path]}{README_END}{tail}")
+        _save_pareto(results["rows"], staged[picture])
+        for final, temporary in staged.items():
+            os.replace(temporary, final)
+    finally:
+        for temporary in staged.values():
+            temporary.unlink(missing_ok=True)
 
 
 def _save_pareto(rows, path: Path) -> None:

@@ -240,13 +240,17 @@ def test_baseline_scores_match_an_explicit_computation():
 
 
 def test_readme_block_is_replaced_and_the_rest_kept(tmp_path, smoke_results):
+    # a real run's results through --readme's writer (tests/test_results_blocks.py: the split in detail)
     _, results = smoke_results
-    readme = tmp_path / "README.md"
+    readme, doc = tmp_path / "README.md", tmp_path / "docs" / "results.md"
+    doc.parent.mkdir()
     readme.write_text("intro\n<!-- results:start -->\nold table\n<!-- results:end -->\noutro\n")
+    doc.write_text("docs\n<!-- results:start -->\nold tables\n<!-- results:end -->\n")
     results_io.update_readme(results, readme)
     text = readme.read_text()
     assert text.startswith("intro\n<!-- results:start -->\n") and text.endswith("<!-- results:end -->\noutro\n")
-    assert "old table" not in text and results_io.results_markdown(results) in text
+    assert "old table" not in text and results_io.readme_markdown(results) in text
+    assert results_io.docs_markdown(results) in doc.read_text()
     readme.write_text("no markers here")
     with pytest.raises(ValueError, match="results block"):
         results_io.update_readme(results, readme)
@@ -431,6 +435,10 @@ def test_a_missing_readme_block_stops_before_any_work(tmp_path, no_run, capsys):
     with pytest.raises(SystemExit):
         benchmark.main(["--smoke", "--out", str(tmp_path / "out"), "--readme", str(readme)])
     assert "no results block" in capsys.readouterr().err
+    readme.write_text("<!-- results:start -->\n<!-- results:end -->\n")  # the README's block, no docs/results.md
+    with pytest.raises(SystemExit):
+        benchmark.main(["--smoke", "--out", str(tmp_path / "out"), "--readme", str(readme)])
+    assert "docs/results.md: No such file" in capsys.readouterr().err
 
 
 def test_a_cascade_faster_than_its_first_stage_is_flagged_in_plain_words():
