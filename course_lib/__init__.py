@@ -1,6 +1,6 @@
 """course_lib: tested components for the course on fast image-text retrieval.
 
-One module per idea (README, "Layout"): `settings` (smoke switch, device, seeding), `data`
+One module per idea (docs/layout.md): `settings` (smoke switch, device, seeding), `data`
 (synthetic benchmark, Karpathy-split loader, tokenizer, datasets), `metrics`, `losses`,
 `timing`, `train`, `viz` and the headless `benchmark` job. Notebooks import from here.
 """

@@ -51,7 +51,7 @@ KS = {"test": (1, 5, 10), "full": (5, 10, 20), "compositional": (1, 5, 10)}
 MIN_SAMPLED_QUERIES = (100, 10)
 # the most training processes by default: each holds its own copy of the benchmark's data
 MAX_JOBS = 4
-LATENCY_SIZES = (1_000, 5_000)  # gallery sizes of the latency table (README: ms/query at 1k and 5k)
+LATENCY_SIZES = (1_000, 5_000)  # gallery sizes of the latency table (docs/results.md: ms/query at 1k and 5k)
 
 
 ORACLE_NOTE = ("Bayes-optimal ranking under the generator's own caption likelihood: the best expected "

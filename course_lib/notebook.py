@@ -225,7 +225,8 @@ __all__ = ["check_verdict", "setup", "tile_gallery", "plot_latency", "recall_tab
 
 
 # test t2i R@1 the course asks of every dual encoder (VSE++, LightningDOT, U-BERT's stage 1, HiVLP over regions,
-# Fast): what a 40-line dual encoder reached here (README, "Dual encoders trained to what one vector can do")
+# Fast): what a 40-line dual encoder reached here (docs/findings.md, "Dual encoders trained to what one vector
+# can do")
 DUAL_ENCODER_TARGET = 25.0
 
 

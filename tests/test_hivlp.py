@@ -448,7 +448,7 @@ def test_conv_stem_gives_one_token_per_patch_and_learns(bench, tok):
 
 
 def test_cascade_notes_name_the_towers():
-    # the README's methods list reads these notes: hivlp and hivlp-regions must not read the same
+    # docs/results.md's methods list reads these notes: hivlp and hivlp-regions must not read the same
     pixels = HiVLPCascade(HiVLPMethod(small_config(), progress=False))
     regions = HiVLPCascade(HiVLPMethod(small_config(image_input="regions"), progress=False), name="hivlp-regions")
     assert "pixel stem" in pixels.notes and "region tower" in regions.notes and pixels.notes != regions.notes

@@ -244,7 +244,7 @@ def test_block_shape_respects_the_memory_budget():
 
 
 def test_test_split_shape_scale():
-    # The real shape of our test split, at a fifth of the size (1k x 5k takes a few s, see README).
+    # The real shape of our test split, at a fifth of the size (1k x 5k takes a few s).
     regions, region_mask, n_regions, words, word_mask, n_words = make_inputs(
         200, 1000, 6, 12, 64, seed=7, dtype=torch.float32)
     start = time.perf_counter()

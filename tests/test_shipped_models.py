@@ -4,7 +4,7 @@ trained; never loaded in smoke mode nor with --retrain / COURSE_RETRAIN.
 
 Everything but the first three tests works on tiny models the tests train themselves in a temporary
 folder. Retraining from scratch reproduces the shipped recalls within 0.3 points: a slow check, by
-hand (`python -m course_lib.benchmark --retrain`, README), not one of these."""
+hand (`python -m course_lib.benchmark --retrain`, docs/shipped_models.md), not one of these."""
 
 from __future__ import annotations
 

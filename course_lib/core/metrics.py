@@ -13,7 +13,7 @@ pair the same score ranks every truth last and gets R@K of 0, not 100. (An argso
 ties by position instead; every rule agrees whenever scores are distinct, as a trained model's are.)
 
 Queries: by default every text is a t2i query and every image an i2t query. The full setting
-(LightningDOT §4.3; README, "Data") keeps the test split's queries against a gallery of every split:
+(LightningDOT §4.3; docs/data.md) keeps the test split's queries against a gallery of every split:
 pass `query_texts` / `query_images` (indices into the columns / rows) and only those are ranked,
 against every image / every caption.
 

@@ -36,7 +36,7 @@ def load_feature_bench(features_dir, *, captions_per_image=5, regions_dtype=np.f
     "full" (test queries against train + val + test, LightningDOT §4.3) when all three are there;
     "pretrain" = "train" (no separate pre-training corpus: LightningDOT pre-trains in-domain).
     The regions are read once (in the file's order: no copy), every split's arrays are views into
-    them; regions_dtype=np.float16 halves the memory (COCO: see the README). image_root (the
+    them; regions_dtype=np.float16 halves the memory (COCO: see docs/data.md). image_root (the
     --images folder) adds image_paths, for the methods that read pixels; karpathy_json overrides
     the Karpathy file that features.json names (data moved elsewhere).
     """

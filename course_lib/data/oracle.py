@@ -109,7 +109,7 @@ def bayes_ceiling(split, ks=(1, 5, 10)) -> dict[str, float]:
 
 
 def oracle_ceiling(split, ks=(1, 5, 10)) -> dict[str, float]:
-    """The best expected R@K (percent) any model could reach on a synthetic split (README, "Data"):
+    """The best expected R@K (percent) any model could reach on a synthetic split (docs/data.md):
     the Bayes-optimal ranking under the generator's own caption likelihood, ties broken at random.
     t2i ranks images by P(caption | image); i2t ranks captions by P(caption came from this image |
     caption). See this module's docstring for the likelihood and what is exact (test, full) and

@@ -1,4 +1,4 @@
-"""The synthetic image-caption benchmark (README, "Data"): configuration and public entry points.
+"""The synthetic image-caption benchmark (docs/data.md): configuration and public entry points.
 
     cfg = SyntheticConfig.for_course()          # smoke sizes under COURSE_SMOKE=1, else defaults
     bench = make_benchmark(cfg, seed=0)         # {"train", "val", "test", "pretrain", "compositional", "full"}
@@ -60,7 +60,7 @@ class SyntheticConfig:
     - `attribute_dropout=0.02`: a little under-specification, like real captions; more of it lowers
       the ceiling quickly.
     The measured result (every method next to the Bayes-optimal oracle of course_lib.data.oracle)
-    is what `python -m course_lib.benchmark` prints and the README's table shows.
+    is what `python -m course_lib.benchmark` prints and the README's table shows (docs/results.md: every setting).
     """
 
     n_train: int = 10_000

@@ -15,7 +15,7 @@ the retrieval splits), against what sits in each cell of the 3x3 grid (data.scen
 
 One class per (shape, colour), not a head each: then "a red circle sits in cell k" is a linear
 read-out of the 4x4 map, and so is a bag of the scene's objects, the vector a dot product needs
-(README, "What one vector can do"); separate heads leave that conjunction to whatever reads the map.
+(docs/findings.md, "What one vector can do"); separate heads leave that conjunction to whatever reads the map.
 
 `ConvBackbone` is Fast's image CNN and Slow's (course_lib.methods.fast_slow.model imports it from
 here), so with the same channels the stem's backbone weights load straight into

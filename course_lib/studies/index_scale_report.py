@@ -1,5 +1,5 @@
 """The index-of-millions study's report: `course_lib.studies.index_scale`'s results as the Markdown tables that
-its results.md and the README show (build, storage, recall vs latency, exact search vs matrix multiply)."""
+its results.md and docs/index_scale.md show (build, storage, recall vs latency, exact search vs matrix multiply)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ def _table(header: list[str], rows: list[list], numeric_from: int = 0) -> list[s
 
 
 def results_markdown(results: dict) -> str:
-    """The study's tables as Markdown, ready for the README."""
+    """The study's tables as Markdown, ready for docs/index_scale.md."""
     meta, q = results["meta"], results["meta"]["queries"]
     sizes = ", ".join(f"{n:,}" for n in meta["sizes"])
     load = meta["load_average_start_end"]

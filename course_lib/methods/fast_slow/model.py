@@ -120,7 +120,7 @@ class FastConfig(CourseConfig):
     # and trains the rest; False fine-tunes it too (docs/tuning_notes.md, "Fast & Slow, Fast")
     freeze_stem: bool = False
     # word-embedding width of the text tower, and the joint space of f(x) and g(y): the other dual
-    # encoders' 128 / 256 (one vector needs ~128 numbers or more here: README, "What one vector can do")
+    # encoders' 128 / 256 (one vector needs ~128 numbers or more here: docs/findings.md, "What one vector can do")
     hidden: int = 128
     embed_dim: int = 256
     # distillation (eq. 5-8): False = eq. 4 alone. True = then distill_steps steps of eq. 8 (or only
