@@ -171,8 +171,11 @@ class _Dummy(Method):
         def to_dict(self):
             return {}
 
+    def build_model(self, bench, tokenizer):
+        return torch.nn.Linear(1, 1)
+
     def train(self, bench, tokenizer, checkpoint_path, cache_dir):
-        return torch.nn.Linear(1, 1), None
+        return self.build_model(bench, tokenizer), None
 
     def _scores(self, split):
         return torch.from_numpy(np.random.default_rng(split.n_images).random((split.n_images, split.n_texts)))
@@ -285,6 +288,9 @@ def test_pairwise_methods_score_a_small_split_once_for_both_directions():
     class Counting(PairwiseMethod):
         config_class = None
         calls = 0
+
+        def build_model(self, *args):
+            return None
 
         def train(self, *args):
             return None, None
