@@ -2,6 +2,8 @@
 
 import re
 
+import pytest
+
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10: pytest brings tomli
@@ -56,7 +58,7 @@ def test_license_and_citation_match_pyproject():
     license_text = (ROOT / "LICENSE").read_text()
     assert project["license"]["text"] == "MIT" and license_text.startswith("MIT License")
     assert "Copyright (c) the course authors" in license_text
-    yaml = __import__("pytest").importorskip("yaml")
+    yaml = pytest.importorskip("yaml")
     citation = yaml.safe_load((ROOT / "CITATION.cff").read_text())
     assert citation["cff-version"] == "1.2.0"  # validated with cffconvert --validate against CFF 1.2.0's schema
     assert {"message", "title", "authors"} <= set(citation) and citation["authors"]
