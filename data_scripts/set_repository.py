@@ -17,6 +17,7 @@ An instructor with a fork runs, from the repository root,
 
 and after adding a notebook, `python data_scripts/set_repository.py` (no address) writes its front
 matter from pyproject's address; `--check` only says whether every notebook is current (exit 1 if not).
+Needs nbformat (the dev extra).
 """
 
 from __future__ import annotations
