@@ -216,7 +216,9 @@ def run(smoke: bool = False, out: str | Path = "outputs/benchmark", seed: int = 
                              f"{how}; ms: one text query, median of {repeats}, {timed}",
                              ms_measured=query["measured"], ms_spread=(query["p25_ms"], query["p75_ms"])))
             steps.update()
-        kept[method.name] = {"rows": rows[first_row:], "latency": latency[first_point:]}
+        # the models it loaded from shipped_models/ are kept with its rows: a continued run names them too
+        shipped = [m.name for m in own_models([method]) if m.from_shipped]
+        kept[method.name] = {"rows": rows[first_row:], "latency": latency[first_point:], "shipped": shipped}
         save_partial(partial, key, kept)
     steps.close()
     env = settings.describe_environment()
@@ -228,7 +230,8 @@ def run(smoke: bool = False, out: str | Path = "outputs/benchmark", seed: int = 
                  "seconds": round(time.perf_counter() - start, 1), "seed": seed,
                  "sizes": {name: [s.n_images, s.n_texts] for name, s in bench.items()},
                  "timing_note": noisy, "jobs": jobs, "trained_in_parallel": training,
-                 "shipped_models": [m.name for m in own_models(methods) if m.from_shipped]},
+                 "shipped_models": list(dict.fromkeys(name for m in methods
+                                                      for name in kept[m.name].get("shipped", [])))},
         "methods": {"oracle": ORACLE_NOTE, single_vector.NAME: single_vector.NOTE} | {m.name: m.notes for m in methods},
         "rows": rows,
         "latency": latency,

@@ -498,6 +498,41 @@ def test_an_interrupted_run_keeps_finished_methods_and_continues(tmp_path, monke
     assert not (tmp_path / results_io.PARTIAL).exists()  # a complete run leaves no partial rows behind
 
 
+def test_a_continued_run_names_the_shipped_models_of_both_parts(tmp_path, monkeypatch):
+    # the continued part used to name only the models it loaded itself, not those of the methods it kept
+    def loaded_as_shipped(name):
+        method = VsePPMethod(VsePPConfig.smoke(max_steps=3), progress=False)
+        method.name = name
+        real_fit = method.fit
+
+        def fit(*args, **kwargs):
+            real_fit(*args, **kwargs)
+            method.from_shipped = True  # as if fit had found its model in shipped_models/
+            return method
+        method.fit = fit
+        return method
+
+    calls = []
+    real_evaluate = benchmark.evaluate
+
+    def evaluate(method, *args, **kwargs):
+        calls.append(method.name)
+        if calls == ["first", "first", "first", "second"]:
+            raise KeyboardInterrupt  # while the second method is being evaluated
+        return real_evaluate(method, *args, **kwargs)
+
+    monkeypatch.setattr(benchmark, "evaluate", evaluate)
+    monkeypatch.setattr(benchmark, "available_methods",
+                        lambda seed, smoke, names=None: [loaded_as_shipped("first"), loaded_as_shipped("second")])
+    args = ["--smoke", "--out", str(tmp_path), "--checkpoints", str(tmp_path / "ckpt"), "--jobs", "1"]
+    with pytest.raises(SystemExit):
+        benchmark.main(args)
+    results = benchmark.main(args)
+    assert calls.count("first") == 3  # the first method's rows were kept, not measured again
+    assert results["meta"]["shipped_models"] == ["first", "second"]
+    assert "Loaded from shipped_models/, not trained: first, second." in (tmp_path / "results.md").read_text()
+
+
 def test_a_cascade_keeping_fewer_candidates_but_slower_is_flagged():
     # in one smoke run lightningdot+rerank@20 took 356 ms against 49.6 ms for @50
     class Stage:

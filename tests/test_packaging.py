@@ -2,6 +2,8 @@
 
 import re
 
+import pytest
+
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10: pytest brings tomli
@@ -49,3 +51,15 @@ def test_dependencies_are_lower_bounded_not_pinned():
     for needed in ("torch", "torchvision", "timm", "transformers", "tokenizers", "faiss-cpu", "numpy",
                    "matplotlib", "pillow", "tqdm"):
         assert needed in names
+
+
+def test_license_and_citation_match_pyproject():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    license_text = (ROOT / "LICENSE").read_text()
+    assert project["license"]["text"] == "MIT" and license_text.startswith("MIT License")
+    assert "Copyright (c) the course authors" in license_text
+    yaml = pytest.importorskip("yaml")
+    citation = yaml.safe_load((ROOT / "CITATION.cff").read_text())
+    assert citation["cff-version"] == "1.2.0"  # validated with cffconvert --validate against CFF 1.2.0's schema
+    assert {"message", "title", "authors"} <= set(citation) and citation["authors"]
+    assert str(citation["version"]) == project["version"] and citation["license"] == "MIT"

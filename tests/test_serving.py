@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from course_lib.core.retrieval import build_index, search
-from course_lib.core.serving import QueryEncoder, QueryTokenizer, Searcher, TextQueryPath, probe_captions
+from course_lib.core.serving import AUTO, QueryEncoder, QueryTokenizer, Searcher, TextQueryPath, probe_captions
 from course_lib.core.settings import CourseNote, seed_everything
 from course_lib.core.tokens import SpecialTokens
 from course_lib.data.datasets import TextCollate
@@ -84,6 +84,53 @@ def test_a_backend_that_bakes_in_one_length_is_skipped_with_a_note():
     assert encoder.backend == "eager"
     ids, mask = _probes((7,))[0]
     assert np.allclose(encoder(ids, mask)[0], 2 * model.embed(torch.from_numpy(ids)).mean(1).detach().numpy())
+
+
+class _GRUText(nn.Module):
+    """A bi-GRU text tower over packed sequences, the kind whose ONNX export fails with its IR graph dumped."""
+
+    def __init__(self):
+        super().__init__()
+        from course_lib.core.encoders import BiGRUEncoder
+
+        torch.manual_seed(0)
+        self.tower = BiGRUEncoder(50, 16, 16)
+
+    def encode(self, batch):
+        return self.tower(batch).pooled
+
+
+def test_building_a_gru_query_encoder_writes_nothing_but_its_notes(capfd):
+    # a failed ONNX export used to print ~95 lines of Torch IR graph from C++ before the one-line note
+    with warnings.catch_warnings(record=True) as notes:
+        warnings.simplefilter("always")
+        encoder = QueryEncoder(_GRUText().eval().encode, _probes(), backend="auto")
+    out, err = capfd.readouterr()
+    assert (out, err) == ("", "")  # capfd reads file descriptors 1 and 2: C++ writes count too
+    skipped = [str(n.message) for n in notes]
+    assert all(issubclass(n.category, CourseNote) and "\n" not in str(n.message) for n in notes), skipped
+    tried = [b for b in AUTO["cpu"] if b != "onnx" or HAS_ORT]  # without onnxruntime: no note, a choice
+    assert [n.split("'")[1] for n in skipped] == tried[:tried.index(encoder.backend)]  # one note per skip
+
+
+def test_quiet_swallows_python_and_c_level_writes_and_restores_them(capfd):
+    import logging
+    import os
+    import sys
+
+    from course_lib.core.serving import _quiet
+
+    with _quiet():
+        print("python stdout")
+        print("python stderr", file=sys.stderr)
+        os.write(1, b"fd 1\n")
+        os.write(2, b"fd 2\n")
+        warnings.warn("a warning")
+        logging.getLogger("torch.onnx").error("a log record")
+    assert capfd.readouterr() == ("", "")
+    print("after")
+    os.write(2, b"after fd 2\n")
+    assert capfd.readouterr() == ("after\n", "after fd 2\n")
 
 
 def test_a_refused_backend_asked_for_by_name_raises():

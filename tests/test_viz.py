@@ -204,3 +204,46 @@ def test_learning_curve_draws_val_and_train_against_cpu_seconds():
     with pytest.raises(ValueError, match="learning_curve_splits"):
         viz.plot_learning_curve({"untracked": History([{"step": 1, "eval": True, "t2i_r1": 2.0}])})
     plt.close("all")
+
+
+@pytest.mark.parametrize("name", sorted(viz.DIAGRAMS))
+def test_each_method_diagram_draws_its_labelled_boxes_and_arrows_and_renders(name):
+    import io
+
+    from matplotlib.patches import FancyBboxPatch
+
+    spec = viz.DIAGRAMS[name]
+    ax = viz.draw_method(name)
+    boxes = {p.get_gid()[4:]: p for p in ax.patches if isinstance(p, FancyBboxPatch) and p.get_gid()}
+    assert set(boxes) == set(spec["boxes"])
+    labels = {t.get_gid()[6:]: t.get_text() for t in ax.texts if (t.get_gid() or "").startswith("label:")}
+    assert labels == {key: label for key, (label, *_) in spec["boxes"].items()}
+    arrows = {t.get_gid(): t for t in ax.texts if (t.get_gid() or "").startswith("arrow:")}
+    assert set(arrows) == {f"arrow:{a}->{b}" for a, b, _ in spec["arrows"]}
+    for a, b, _ in spec["arrows"]:  # each arrow runs from its source box's centre to its target's
+        (_, x0, y0, _), (_, x1, y1, _) = spec["boxes"][a], spec["boxes"][b]
+        arrow = arrows[f"arrow:{a}->{b}"]
+        assert arrow.xy == (x1, y1) and arrow.xyann == (x0, y0)
+        assert boxes[a].contains_point(ax.transData.transform((x0, y0)))
+    png = io.BytesIO()
+    ax.figure.savefig(png, format="png")
+    assert png.getvalue().startswith(b"\x89PNG\r\n\x1a\n") and len(png.getvalue()) > 5_000
+    plt.close(ax.figure)
+
+
+@pytest.mark.parametrize("name", sorted(viz.DIAGRAMS))
+def test_no_arrow_of_a_diagram_runs_through_another_box(name):
+    spec = viz.DIAGRAMS[name]
+    half_w, half_h = viz._BOX_W / 2 + 0.05, viz._BOX_H / 2 + 0.05
+    for a, b, _ in spec["arrows"]:
+        (_, x0, y0, _), (_, x1, y1, _) = spec["boxes"][a], spec["boxes"][b]
+        t = np.linspace(0, 1, 500)
+        xs, ys = x0 + t * (x1 - x0), y0 + t * (y1 - y0)
+        for key, (_, x, y, _) in spec["boxes"].items():
+            if key not in (a, b):
+                assert not ((abs(xs - x) <= half_w) & (abs(ys - y) <= half_h)).any(), f"{a}->{b} crosses {key}"
+
+
+def test_an_unknown_diagram_names_the_known_ones():
+    with pytest.raises(KeyError, match="dual_encoder"):
+        viz.draw_method("clip")

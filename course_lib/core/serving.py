@@ -27,7 +27,12 @@ never changes an answer.
 
 from __future__ import annotations
 
+import contextlib
 import io
+import logging
+import os
+import sys
+import tempfile
 import warnings
 from typing import Callable
 
@@ -159,8 +164,7 @@ class QueryEncoder:
         import onnxruntime  # noqa: F401  (absent: fall back before paying for the export)
 
         graph = io.BytesIO()
-        with torch.inference_mode(False), torch.no_grad(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        with torch.inference_mode(False), torch.no_grad(), _quiet():
             ids, mask = (torch.from_numpy(a) for a in self.probes[0])
             n_out = len(self.module.cpu()(ids, mask))
             names = [f"out{i}" for i in range(n_out)]
@@ -171,7 +175,8 @@ class QueryEncoder:
         # one query's operators are too small to split: threads would only wait for each other
         options.intra_op_num_threads = options.inter_op_num_threads = 1
         options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
-        session = onnxruntime.InferenceSession(graph.getvalue(), options, providers=["CPUExecutionProvider"])
+        with _quiet():
+            session = onnxruntime.InferenceSession(graph.getvalue(), options, providers=["CPUExecutionProvider"])
 
         def feed(ids, mask):
             return {"input_ids": ids, "attention_mask": mask}
@@ -215,6 +220,43 @@ class QueryEncoder:
             return outputs
 
         return feed, run, self._torch_host
+
+
+@contextlib.contextmanager
+def _quiet():
+    """Nothing the exporter says reaches the console: Python warnings, logging, sys.stdout / sys.stderr,
+    and the C++ side's writes to file descriptors 1 and 2 (a failed ONNX export of a GRU prints its
+    whole Torch IR graph there, about a hundred lines). A backend that fails is still reported, in
+    one line, by the CourseNote that skips it."""
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    saved, disabled = [os.dup(fd) for fd in (1, 2)], logging.root.manager.disable
+    try:
+        with tempfile.TemporaryFile() as sink, warnings.catch_warnings(), \
+                contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            warnings.simplefilter("ignore")
+            logging.disable(logging.CRITICAL)
+            for fd in (1, 2):
+                os.dup2(sink.fileno(), fd)
+            try:
+                yield
+            finally:
+                logging.disable(disabled)
+                _flush_c_streams()
+    finally:
+        for fd, copy in zip((1, 2), saved):
+            os.dup2(copy, fd)
+            os.close(copy)
+
+
+def _flush_c_streams() -> None:
+    """fflush(NULL): C stdio's buffered writes land in the sink, not after the descriptors are back."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).fflush(None)
+    except (OSError, AttributeError, TypeError):  # no C library by that name (Windows): nothing buffered to lose
+        pass
 
 
 def _same(got, expected) -> bool:

@@ -1,0 +1,184 @@
+"""Point the course at its repository: pyproject's address, and from it every notebook's front matter.
+
+The repository's address is written once, in pyproject.toml's `[project.urls]` (`Repository = ...`).
+Everything else that names it is generated from there by this script, in every `notebooks/NN_*.ipynb`:
+
+- the "Open in Colab" badge, the first line of the notebook's first (markdown) cell;
+- the learners' note, the last paragraph of that cell: where the answers are, how to get exercise-only
+  copies (data_scripts/make_student_copies.py), the glossary, and where to ask for help (the
+  repository's GitHub issues);
+- the install cell, the first code cell (INSTALL_CELL): on Colab it clones the repository when the
+  notebook was opened on its own, then installs the package with Colab's torch and torchvision
+  pinned; elsewhere it does nothing.
+
+An instructor with a fork runs, from the repository root,
+
+    python data_scripts/set_repository.py OWNER/NAME    # pyproject, badges, notes and install cells
+
+and after adding a notebook, `python data_scripts/set_repository.py` (no address) writes its front
+matter from pyproject's address; `--check` only says whether every notebook is current (exit 1 if not).
+Needs nbformat (the dev extra).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+import nbformat
+
+REPO = Path(__file__).resolve().parent.parent
+GITHUB = "https://github.com/"
+BRANCH = "main"  # the branch the badges open
+URL_LINE = re.compile(r'^Repository\s*=\s*"([^"]*)"\s*$', re.MULTILINE)
+BADGE_LINE = re.compile(r"\A\[!\[Open In Colab\]\([^)]*\)\]\([^)]*\)\n*")
+NOTE_START = "**Exercises, answers and help.**"
+INSTALL_FIRST_LINE = "# Colab only:"
+INSTALL_CELL_ID = "colab-install"
+
+# The install cell, the same in every notebook but for its address. It runs before course_lib is
+# importable, so it holds everything it needs. pip leaves a requirement that is already satisfied
+# alone (`torch>=2.2` against Colab's torch: nothing installed), and the constraints make sure no
+# other requirement can swap Colab's CUDA builds of torch and torchvision for other ones.
+INSTALL_CELL = '''\
+# Colab only: install the course package, cloning the course first when this notebook was opened on
+# its own; Colab's torch stays. Does nothing elsewhere. (Written by data_scripts/set_repository.py.)
+import importlib.metadata, importlib.util, os, subprocess, sys, tempfile
+REPOSITORY = "{url}"
+if "google.colab" in sys.modules and importlib.util.find_spec("course_lib") is None:
+    root = next((os.path.abspath(p) for p in ("..", ".") if os.path.isdir(os.path.join(p, "course_lib"))), None)
+    if root is None:  # opened on its own: fetch the course, and work from its notebooks/ as the lessons do
+        root = os.path.abspath(REPOSITORY.rstrip("/").split("/")[-1].removesuffix(".git"))
+        if not os.path.isdir(root):
+            subprocess.run(["git", "clone", "-q", "--depth", "1", REPOSITORY, root], check=True)
+        os.chdir(os.path.join(root, "notebooks"))
+    pins = []
+    for name in ("torch", "torchvision"):
+        try:
+            pins.append(f"{{name}}=={{importlib.metadata.version(name)}}")
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    constraints = os.path.join(tempfile.gettempdir(), "course-constraints.txt")
+    with open(constraints, "w") as file:
+        file.write("\\n".join(pins) + "\\n")
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-c", constraints, "-e", root], check=True)
+    sys.path.insert(0, root)  # importable now, without restarting the runtime'''
+
+
+def slug(address: str) -> str:
+    """OWNER/NAME from "OWNER/NAME" or a GitHub URL; a ValueError for anything else."""
+    text = address.strip().removeprefix(GITHUB).removesuffix(".git").strip("/")
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+", text):
+        raise ValueError(f"expected OWNER/NAME or {GITHUB}OWNER/NAME, got {address!r}")
+    return text
+
+
+def read_repository(pyproject: Path) -> str:
+    """The repository URL of pyproject's [project.urls] `Repository`."""
+    found = URL_LINE.search(pyproject.read_text(encoding="utf-8"))
+    if found is None:
+        raise ValueError(f"{pyproject}: no `Repository = \"...\"` line under [project.urls]")
+    return found.group(1)
+
+
+def write_repository(pyproject: Path, url: str) -> None:
+    """Set pyproject's `Repository` to url (the line must exist)."""
+    text = pyproject.read_text(encoding="utf-8")
+    read_repository(pyproject)  # the line is there
+    pyproject.write_text(URL_LINE.sub(f'Repository = "{url}"', text, count=1), encoding="utf-8")
+
+
+def badge(url: str, notebook: str) -> str:
+    """The "Open in Colab" badge of notebooks/<notebook> on GitHub."""
+    target = f"https://colab.research.google.com/github/{slug(url)}/blob/{BRANCH}/notebooks/{notebook}"
+    return f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]({target})"
+
+
+def learners_note(url: str) -> str:
+    """The paragraph every notebook's first cell ends with."""
+    return (f"{NOTE_START} In the course's notebooks the cell under each exercise, tagged `solution`, is its "
+            "answer; `python data_scripts/make_student_copies.py --out student/` (from the repository root) "
+            "writes copies in which those cells are stubs for you to fill in. Abbreviations are explained in "
+            f"the [glossary](../docs/glossary.md). Stuck, or found a mistake? Ask in the course's "
+            f"[GitHub issues]({url.rstrip('/')}/issues).")
+
+
+def install_cell(url: str) -> str:
+    """The source of every notebook's install cell, for the repository at url."""
+    return INSTALL_CELL.format(url=url)
+
+
+def front_matter(nb, name: str, url: str):
+    """The notebook with its badge, learners' note and install cell made current (in place); returns it."""
+    first = nb.cells[0]
+    if first.cell_type != "markdown":
+        raise ValueError(f"{name}: its first cell must be the markdown title cell")
+    body = BADGE_LINE.sub("", first.source)
+    body = body.split(f"\n\n{NOTE_START}")[0].rstrip("\n")
+    first.source = f"{badge(url, name)}\n\n{body}\n\n{learners_note(url)}"
+    cell = next((c for c in nb.cells if c.cell_type == "code"), None)
+    if cell is not None and cell.source.startswith(INSTALL_FIRST_LINE):
+        cell.source = install_cell(url)
+    else:
+        nb.cells.insert(1, nbformat.v4.new_code_cell(install_cell(url), id=INSTALL_CELL_ID))
+    return nb
+
+
+def notebooks(root: Path) -> list[Path]:
+    return sorted((root / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+
+
+def stale(root: Path) -> list[str]:
+    """The notebooks whose front matter differs from what pyproject's address gives."""
+    url, out = read_repository(root / "pyproject.toml"), []
+    for path in notebooks(root):
+        nb = nbformat.read(path, as_version=4)
+        before = [c.source for c in nb.cells]
+        if [c.source for c in front_matter(nb, path.name, url).cells] != before:
+            out.append(path.name)
+    return out
+
+
+def apply(root: Path, address: str | None = None) -> list[str]:
+    """Write the address (if given) into pyproject, then every notebook's front matter; returns the
+    notebooks rewritten."""
+    pyproject = root / "pyproject.toml"
+    if address is not None:
+        write_repository(pyproject, GITHUB + slug(address))
+    url = read_repository(pyproject)
+    changed = []
+    for path in notebooks(root):
+        nb = nbformat.read(path, as_version=4)
+        before = [c.source for c in nb.cells]
+        if [c.source for c in front_matter(nb, path.name, url).cells] != before:
+            nbformat.write(nb, path)
+            changed.append(path.name)
+    return changed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("address", nargs="?", help="OWNER/NAME (or its GitHub URL); omitted: pyproject's")
+    parser.add_argument("--root", type=Path, default=REPO, help="the repository's root (default: %(default)s)")
+    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if a notebook is not current")
+    args = parser.parse_args(argv)
+    try:
+        if args.check:
+            if args.address is not None:
+                parser.error("--check compares with pyproject's address: give no address")
+            behind = stale(args.root)
+            print(f"not current: {', '.join(behind)} (run python data_scripts/set_repository.py)" if behind
+                  else "every notebook's front matter is current")
+            return 1 if behind else 0
+        changed = apply(args.root, args.address)
+    except ValueError as error:
+        parser.error(str(error))
+    print(f"repository {read_repository(args.root / 'pyproject.toml')}; rewrote {len(changed)} notebook(s)"
+          + (f": {', '.join(changed)}" if changed else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
