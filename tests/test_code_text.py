@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1] / "course_lib"
 
 DATE = re.compile(r"\b20\d\d-\d\d-\d\d\b")  # an ISO date, anywhere in the file
-PROCESS = re.compile(r"\b(stop|issue|round) #?\d+\b|\blent (GPU|H\d+|A\d+|machine)\b|\bborrowed\b",
+PROCESS = re.compile(r"\b(stops?|issue|round) #?\d+\b|\blent (GPU|H\d+|A\d+|machine)\b|\bborrowed\b",
                      re.IGNORECASE)  # working rounds, tracker numbers, loaned machines
 # A markdown table row: the stripped text starts with "| " (or "|-", "|:") and has two more "|";
 # not a norm such as "||x|| < eps" or "|a|^2".
