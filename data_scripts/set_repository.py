@@ -15,7 +15,8 @@ An instructor with a fork runs, from the repository root,
 
     python data_scripts/set_repository.py OWNER/NAME    # pyproject, badges, notes and install cells
 
-and after adding a notebook, `python data_scripts/set_repository.py` (no address) writes its front
+It also rewrites README.md's links that name the repository (each lesson's Colab link in the syllabus,
+the issues link). After adding a notebook, `python data_scripts/set_repository.py` (no address) writes its front
 matter from pyproject's address; `--check` only says whether every notebook is current (exit 1 if not).
 Needs nbformat (the dev extra).
 """
@@ -126,24 +127,37 @@ def front_matter(nb, name: str, url: str):
     return nb
 
 
+# README.md's links that name a repository: a notebook opened on Colab, and the issues page
+README_LINKS = re.compile(r"(https://colab\.research\.google\.com/github/|https://github\.com/)"
+                          r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+(/blob/|/issues)")
+
+
+def readme_text(text: str, url: str) -> str:
+    """README.md's text with every link that names a repository pointing at `url`'s."""
+    return README_LINKS.sub(lambda m: f"{m.group(1)}{slug(url)}{m.group(2)}", text)
+
+
 def notebooks(root: Path) -> list[Path]:
     return sorted((root / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
 
 def stale(root: Path) -> list[str]:
-    """The notebooks whose front matter differs from what pyproject's address gives."""
+    """The notebooks whose front matter (and README.md, whose links) differ from what pyproject's address gives."""
     url, out = read_repository(root / "pyproject.toml"), []
     for path in notebooks(root):
         nb = nbformat.read(path, as_version=4)
         before = [c.source for c in nb.cells]
         if [c.source for c in front_matter(nb, path.name, url).cells] != before:
             out.append(path.name)
+    readme = root / "README.md"
+    if readme.exists() and readme_text(readme.read_text(encoding="utf-8"), url) != readme.read_text(encoding="utf-8"):
+        out.append(readme.name)
     return out
 
 
 def apply(root: Path, address: str | None = None) -> list[str]:
-    """Write the address (if given) into pyproject, then every notebook's front matter; returns the
-    notebooks rewritten."""
+    """Write the address (if given) into pyproject, then every notebook's front matter and README.md's
+    links; returns the files rewritten."""
     pyproject = root / "pyproject.toml"
     if address is not None:
         write_repository(pyproject, GITHUB + slug(address))
@@ -155,6 +169,12 @@ def apply(root: Path, address: str | None = None) -> list[str]:
         if [c.source for c in front_matter(nb, path.name, url).cells] != before:
             nbformat.write(nb, path)
             changed.append(path.name)
+    readme = root / "README.md"
+    if readme.exists():
+        text = readme.read_text(encoding="utf-8")
+        if readme_text(text, url) != text:
+            readme.write_text(readme_text(text, url), encoding="utf-8")
+            changed.append(readme.name)
     return changed
 
 
@@ -175,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         changed = apply(args.root, args.address)
     except ValueError as error:
         parser.error(str(error))
-    print(f"repository {read_repository(args.root / 'pyproject.toml')}; rewrote {len(changed)} notebook(s)"
+    print(f"repository {read_repository(args.root / 'pyproject.toml')}; rewrote {len(changed)} file(s)"
           + (f": {', '.join(changed)}" if changed else ""))
     return 0
 

@@ -27,6 +27,7 @@ def _copy_of_the_course(tmp_path) -> Path:
     copy = tmp_path / "course"
     (copy / "notebooks").mkdir(parents=True)
     shutil.copy(ROOT / "pyproject.toml", copy / "pyproject.toml")
+    shutil.copy(ROOT / "README.md", copy / "README.md")
     for path in script.notebooks(ROOT):
         shutil.copy(path, copy / "notebooks" / path.name)
     return copy
@@ -64,8 +65,13 @@ def test_a_fork_is_written_into_pyproject_badges_notes_and_install_cells(tmp_pat
         assert len(nb.cells) == len(old.cells)
         assert [c.source for c in nb.cells[2:]] == [c.source for c in old.cells[2:]]
         assert old.cells[0].source.split("\n\n", 1)[1].split("\n\n**Exercises")[0] in title
+    readme = (course / "README.md").read_text(encoding="utf-8")
+    assert DEFAULT not in readme  # the syllabus's Colab links and the issues link follow the fork
+    assert all(f"colab.research.google.com/github/alice/retrieval-lab/blob/main/notebooks/{p.name}" in readme
+               for p in script.notebooks(course))
+    assert "https://github.com/alice/retrieval-lab/issues" in readme
     assert script.main(["--root", str(course)]) == 0  # a second run changes nothing
-    assert "rewrote 0 notebook(s)" in capsys.readouterr().out
+    assert "rewrote 0 file(s)" in capsys.readouterr().out
     assert script.main(["--check", "--root", str(course)]) == 0
     with pytest.raises(SystemExit):
         script.main(["not an address", "--root", str(course)])
