@@ -196,8 +196,9 @@ def test_a_method_registered_in_a_test_runs_through_the_smoke_benchmark(tmp_path
     register_method("dummy", order=99)(lambda build: _Dummy(name="dummy", progress=False))
     try:
         assert registered_names()[-1] == "dummy"
+        # --jobs 1: a method registered only in this process cannot be built in a training worker
         results = benchmark.main(["--smoke", "--out", str(tmp_path), "--methods", "dummy",
-                                  "--checkpoints", str(tmp_path / "ckpt")])
+                                  "--checkpoints", str(tmp_path / "ckpt"), "--jobs", "1"])
         rows = [r for r in results["rows"] if r["method"] == "dummy"]
         assert {r["setting"] for r in rows} == set(benchmark.SETTINGS)
         full = next(r for r in rows if r["setting"] == "full")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from course_lib.core.files import temporary_name, training_lock, write_atomically
+from course_lib.core.files import lock_file, temporary_name, training_lock, write_atomically
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -65,7 +65,7 @@ def test_two_processes_training_one_model_train_it_once(tmp_path):
     assert sorted(r["trained_steps"] for r in runs) == [0, 40]  # one trained all of it, the other none
     assert runs[0]["file"] == runs[1]["file"] and runs[0]["weights"] == runs[1]["weights"]
     assert seen <= {runs[0]["file"]}
-    assert [p.name for p in cache.iterdir() if p.suffix == ".tmp"] == []
+    assert [p.name for p in cache.iterdir()] == [runs[0]["file"]]  # the model, whole, and nothing else
 
 
 def test_a_failed_write_leaves_neither_the_file_nor_a_temporary(tmp_path):
@@ -90,8 +90,10 @@ def test_temporary_names_differ_per_process(tmp_path):
     assert mine.parent == tmp_path and mine.name.startswith(".a.pt.") and str(mine) != other.stdout.strip()
 
 
-def test_the_lock_is_taken_beside_the_checkpoint_and_none_needs_none(tmp_path):
+def test_the_lock_leaves_the_checkpoint_folder_to_the_models(tmp_path):
+    (tmp_path / "sub").mkdir()
     with training_lock(tmp_path / "sub" / "m.pt"):
-        assert (tmp_path / "sub" / ".m.pt.lock").exists()
+        assert lock_file(tmp_path / "sub" / "m.pt").exists() and list((tmp_path / "sub").iterdir()) == []
+    assert lock_file(tmp_path / "sub" / "m.pt") != lock_file(tmp_path / "other" / "m.pt")
     with training_lock(None):
         pass

@@ -5,7 +5,9 @@ model while another that wants the same file waits, then loads it."""
 
 from __future__ import annotations
 
+import hashlib
 import os
+import tempfile
 import threading
 from contextlib import contextmanager
 from pathlib import Path
@@ -33,18 +35,27 @@ def write_atomically(path, write: Callable[[Path], None]) -> None:
         temporary.unlink(missing_ok=True)
 
 
+# the lock files: one per checkpoint path, outside the checkpoint folder, so that the folder holds models only
+LOCKS = Path(tempfile.gettempdir()) / "course_lib-locks"
+
+
+def lock_file(checkpoint_path) -> Path:
+    """The lock file of a checkpoint path: named by a hash of its absolute path, in LOCKS."""
+    key = hashlib.sha1(str(Path(checkpoint_path).resolve()).encode()).hexdigest()[:16]
+    return LOCKS / f"{Path(checkpoint_path).name}-{key}.lock"
+
+
 @contextmanager
 def training_lock(checkpoint_path):
-    """Held while a model trains into `checkpoint_path` (a lock file beside it, ".<name>.lock"): a
-    second process asking for the same checkpoint waits here until the first has finished, then finds
-    the finished file. None: no lock (nothing is saved, so nothing is shared)."""
+    """Held while a model trains into `checkpoint_path`: a second process on this machine asking for the
+    same checkpoint waits here until the first has finished, then finds the finished file. None: no
+    lock (nothing is saved, so nothing is shared)."""
     if checkpoint_path is None:
         yield
         return
-    path = Path(checkpoint_path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(path.with_name(f".{path.name}.lock"))):
+    LOCKS.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(lock_file(checkpoint_path))):
         yield
 
 
-__all__ = ["temporary_name", "write_atomically", "training_lock"]
+__all__ = ["temporary_name", "write_atomically", "LOCKS", "lock_file", "training_lock"]
