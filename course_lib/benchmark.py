@@ -1,5 +1,8 @@
 """The headless main job: `python -m course_lib.benchmark [--smoke] [--out DIR] [--retrain]`.
 
+With `--features DIR` it runs on real photographs instead (course_lib.real_benchmark): the methods
+train on the frozen features of DIR, and the synthetic benchmark and its shipped models are not touched.
+
 Builds the synthetic benchmark, fits every registered method (course_lib.methods.registry), evaluates it
 on the test, full and compositional settings (README, "Data" and "Results"), times one text query against each
 gallery, and writes DIR/results.json, DIR/results.md (the README's table) and DIR/pareto.png.
@@ -276,7 +279,30 @@ def main(argv=None) -> dict:
     parser.add_argument("--replace", action="store_true",
                         help="overwrite --out's results.json even if it holds methods this run drops, or "
                              "another mode or seed (without it, such a run stops before any work)")
+    parser.add_argument("--features", default=None, metavar="DIR",
+                        help="instead of the synthetic benchmark: real photographs, a feature folder written by "
+                             "data_scripts/extract_features.py (course_lib.real_benchmark; default --out "
+                             "outputs/benchmark-real); the synthetic shipped models are not touched")
+    parser.add_argument("--text-encoder", default=None, metavar="NAME_OR_FOLDER",
+                        help="with --features: the pretrained text encoder the text side starts from (default: "
+                             "the offline all-MiniLM-L6-v2; on Colab e.g. bert-base-uncased)")
     args = parser.parse_args(argv)
+    if args.text_encoder and not args.features:
+        parser.error("--text-encoder goes with --features (the synthetic benchmark's text sides train from scratch)")
+    if args.features:
+        from course_lib.core.offline_weights import MINILM_NAME
+        from course_lib.real_benchmark import run_features
+
+        smoke = args.smoke or settings.smoke_mode()
+        out = Path(args.out or "outputs/benchmark-real" + ("-smoke" if smoke else ""))
+        try:
+            results = run_features(args.features, out, args.text_encoder or MINILM_NAME, smoke=smoke,
+                                   seed=args.seed, checkpoints=args.checkpoints)
+        except (OSError, ValueError) as error:  # a missing or unfinished feature folder, missing weights
+            parser.error(str(error))
+        print(results_markdown(results))
+        print(f"wrote {out / 'results.json'}, results.md and pareto.png")
+        return results
     if args.jobs < 1:
         parser.error(f"--jobs must be at least 1, got {args.jobs}")
     settings.plain_course_notes()  # a noisy timing reads "note: ...", not a UserWarning with a file path

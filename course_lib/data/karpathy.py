@@ -161,6 +161,24 @@ def read_karpathy(json_path, image_root=None, split="test", *, captions_per_imag
                  regions_dtype=regions_dtype, skip=skip)[0]
 
 
+def karpathy_subset(json_path, out_path, sizes: dict) -> Path:
+    """Write a Karpathy file of the first sizes[split] image entries of each split (all of a split that
+    sizes leaves out, or maps to None): smaller runs of the same commands on the same photos."""
+    data = _load_json(Path(json_path))
+    taken: dict = {}
+    kept = []
+    for img in data["images"]:
+        split = img.get("split")
+        limit = sizes.get(split)
+        if limit is None or taken.get(split, 0) < limit:
+            taken[split] = taken.get(split, 0) + 1
+            kept.append(img)
+    out = Path(out_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({**data, "images": kept}), encoding="utf-8")
+    return out
+
+
 def split_names(json_path) -> list[str]:
     """The splits a Karpathy file holds: train, restval, val, test (those present), then any others."""
     names = {str(img.get("split")) for img in _load_json(Path(json_path))["images"]}
@@ -390,5 +408,5 @@ def _attach_ground_truth(result: RetrievalSplit, path: Path, split: str) -> None
             result.meanings = Meanings.from_arrays(arrays["meanings"])
 
 
-__all__ = ["read_karpathy", "entry_path", "write_karpathy", "load_synthetic", "split_names", "png_bytes", "disk_size",
+__all__ = ["read_karpathy", "entry_path", "karpathy_subset", "write_karpathy", "load_synthetic", "split_names", "png_bytes", "disk_size",
            "IMAGE_DIR"]

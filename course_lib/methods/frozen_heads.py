@@ -6,7 +6,8 @@ of data_scripts/extract_features.py), the text side's last hidden states of a pr
 offline MiniLM by default; `text_tower="scratch"` learns word embeddings from nothing instead). What
 trains is small:
 
-    TokenHead      tokens (B, L, D) -> (B, E): "mean" (a linear map of the masked mean: the linear
+    TokenHead      tokens (B, L, D) -> (B, E): "identity" (the masked mean itself: MiniLM's own
+                   sentence vector, the text side locked), "mean" (a linear map of the masked mean: the linear
                    probe, VSE++'s one pooled vector), "mlp" (the same through a 2-layer MLP, with the
                    linear map as a residual) or "attention" (a transformer with [CLS] over the tokens,
                    grid boxes added on the image side: LightningDOT's encoders, shallow)
@@ -42,6 +43,7 @@ from course_lib.core.losses import contrastive_loss, hinge_triplet_loss
 from course_lib.core.metrics import ranks_from_top_k, recall_at_k
 from course_lib.core.offline_weights import MINILM_NAME, pretrained_text_path
 from course_lib.core.settings import CourseConfig, from_hub
+from course_lib.data.render import uniter_boxes
 from course_lib.methods.queries import ground_truth, query_indices, top_k_of
 
 MAX_TEXT_TOKENS = 48  # wordpieces of one caption, [CLS] and [SEP] included (Flickr captions: ~15)
@@ -102,15 +104,17 @@ class TextStates:
 
 def image_tokens(split, grid: int | None = None):
     """(regions (N, R, D) float16, boxes (R, 7) float32) of a split's frozen grid features; grid pools
-    them to grid x grid cells (boxes of the pooled cells: the mean of their cells' corners)."""
+    them to grid x grid cells (each pooled cell's box: the smallest box holding its cells)."""
     regions = torch.from_numpy(np.asarray(split.regions, dtype=np.float16))  # (N, R, D)
     boxes = torch.from_numpy(np.asarray(split.boxes[0], dtype=np.float32))  # (R, 7): the same grid for all
     if grid is not None:
         side = round(regions.shape[1] ** 0.5)
         cells = regions.float().view(-1, side, side, regions.shape[2]).permute(0, 3, 1, 2)
         regions = F.adaptive_avg_pool2d(cells, grid).flatten(2).transpose(1, 2).half()  # (N, g*g, D)
-        corners = F.adaptive_avg_pool2d(boxes.view(side, side, 7).permute(2, 0, 1), grid)  # (7, g, g)
-        boxes = corners.flatten(1).T.contiguous()  # (g*g, 7)
+        xyxy = boxes.view(side, side, 7)[..., :4].permute(2, 0, 1)  # (4, side, side)
+        low = -F.adaptive_max_pool2d(-xyxy[:2], grid)  # (2, g, g): each pooled cell's smallest x1, y1
+        high = F.adaptive_max_pool2d(xyxy[2:], grid)  # (2, g, g): its largest x2, y2
+        boxes = torch.from_numpy(uniter_boxes(torch.cat([low, high]).flatten(1).T.numpy())).float()  # (g*g, 7)
     return regions, boxes
 
 
@@ -134,6 +138,10 @@ class HeadsConfig(CourseConfig):
     lr: float = 1e-3
     weight_decay: float = 0.01
     margin: float = 0.2  # the hinge loss's
+    # augmentation while training: each grid cell / word is kept with this probability (the rest are
+    # left out of the head's mean and attention: a random crop of the image, a caption with words dropped)
+    region_keep: float = 1.0
+    word_keep: float = 1.0
     seed: int = 0
 
     SMOKE: ClassVar[dict] = {"steps": 30, "batch_size": 32}
@@ -145,8 +153,10 @@ class TokenHead(nn.Module):
     def __init__(self, kind: str, in_dim: int, hidden: int, out_dim: int, layers: int = 1, dropout: float = 0.1,
                  boxes: bool = False):
         super().__init__()
-        if kind not in ("mean", "mlp", "attention"):
-            raise ValueError(f"unknown head {kind!r}: use 'mean', 'mlp' or 'attention'")
+        if kind not in ("identity", "mean", "mlp", "attention"):
+            raise ValueError(f"unknown head {kind!r}: use 'identity', 'mean', 'mlp' or 'attention'")
+        if kind == "identity" and in_dim != out_dim:
+            raise ValueError(f"an identity head keeps its {in_dim}-d input: set embed_dim={in_dim}")
         self.kind = kind
         self.linear = nn.Linear(in_dim, out_dim)
         if kind == "mlp":
@@ -162,6 +172,8 @@ class TokenHead(nn.Module):
     def forward(self, tokens, mask, boxes=None):
         tokens = tokens.float()
         mean = masked_mean(tokens, mask)  # (B, D)
+        if self.kind == "identity":  # the pretrained encoder's own sentence vector, left as it is
+            return mean
         if self.kind == "mean":
             return self.linear(mean)
         if self.kind == "mlp":
@@ -172,6 +184,16 @@ class TokenHead(nn.Module):
         x = torch.cat([self.cls.expand(len(x), -1, -1), x], 1)  # (B, 1 + L, H)
         full = torch.cat([mask.new_ones(len(x), 1), mask], 1)
         return self.linear(mean) + self.out(self.transformer(x, full)[:, 0])  # (B, E)
+
+
+def _keep(mask, p: float):
+    """mask (B, L) with each True kept with probability p (at least one kept per row)."""
+    if p >= 1.0:
+        return mask
+    kept = mask & (torch.rand(mask.shape, device=mask.device) < p)
+    first = mask.float().argmax(1)  # a real position of each row, kept if the draw dropped them all
+    kept[torch.arange(len(mask)), first] |= ~kept.any(1)
+    return kept
 
 
 class HeadsDual(nn.Module):
@@ -189,12 +211,13 @@ class HeadsDual(nn.Module):
         self.log_scale = nn.Parameter(torch.tensor(math.log(1 / 0.07)))
 
     def encode_images(self, regions, boxes):  # (B, R, D), (R, 7) -> (B, E)
-        mask = torch.ones(regions.shape[:2], dtype=torch.bool, device=regions.device)
+        mask = _keep(torch.ones(regions.shape[:2], dtype=torch.bool, device=regions.device),
+                     self.config.region_keep if self.training else 1.0)
         return F.normalize(self.image(regions, mask, boxes), dim=-1)
 
     def encode_texts(self, states, mask):  # (B, L, D) states, or (B, L) ids for the scratch tower -> (B, E)
         tokens = self.words(states) if self.words is not None else states
-        return F.normalize(self.text(tokens, mask), dim=-1)
+        return F.normalize(self.text(tokens, _keep(mask, self.config.word_keep if self.training else 1.0)), dim=-1)
 
     def loss(self, image_emb, text_emb):
         scores = image_emb @ text_emb.T  # (B, B) rows images, positives on the diagonal
@@ -262,6 +285,7 @@ class Curve:
     val_r1: list = field(default_factory=list)
     train_r1: list = field(default_factory=list)
     seconds: float = 0.0
+    best_step: int = 0  # the step whose weights were kept (the best val point: early stopping on val)
 
 
 def _optimizer(model, config):
@@ -348,7 +372,8 @@ class DualHeadsMethod(_FrozenMethod):
         optimizer, schedule = _optimizer(self.model, c)
         generator = torch.Generator().manual_seed(c.seed)
         by_image = [torch.from_numpy(np.flatnonzero(train.txt2img == i)) for i in range(train.n_images)]
-        self.curve, every, start = Curve(), max(1, c.steps // 10), time.perf_counter()
+        self.curve, every, start = Curve(), max(1, c.steps // 20), time.perf_counter()
+        best = (-1.0, None)  # (val t2i R@1, weights): the model kept is the one of the best val point
         for step in tqdm(range(c.steps), desc=self.name, disable=not self.progress, mininterval=1.0):
             self.model.train()
             # one caption per image of a batch of distinct images: no false negatives in the batch
@@ -364,9 +389,13 @@ class DualHeadsMethod(_FrozenMethod):
             schedule.step()
             if (step + 1) % every == 0 or step + 1 == c.steps:
                 self.curve.step.append(step + 1)
-                self.curve.loss.append(float(loss))
+                self.curve.loss.append(float(loss.detach()))
                 self.curve.val_r1.append(t2i_r1(*self.embed(val), val.txt2img))
                 self.curve.train_r1.append(t2i_r1(*self.embed(probe), probe.txt2img))
+                if self.curve.val_r1[-1] > best[0]:
+                    best = (self.curve.val_r1[-1], {k: v.clone() for k, v in self.model.state_dict().items()})
+        self.model.load_state_dict(best[1])
+        self.curve.best_step = self.curve.step[self.curve.val_r1.index(best[0])]
         self.curve.seconds = time.perf_counter() - start
         self._save(path)
         return self
@@ -474,7 +503,7 @@ class CrossHeadsMethod(_FrozenMethod):
             schedule.step()
             if (step + 1) % every == 0 or step + 1 == c.steps:
                 self.curve.step.append(step + 1)
-                self.curve.loss.append(float(loss))
+                self.curve.loss.append(float(loss.detach()))
                 ranks = self._ranks(probe)
                 self.curve.val_r1.append(100.0 * float(np.mean(ranks == 0)))
         self.curve.seconds = time.perf_counter() - start
@@ -592,17 +621,6 @@ class RerankMethod(_FrozenMethod):
         return rerank_query(self.dual, self.cross, split, caption_index, top_k, self.survivors, self.beta)
 
 
-def chance_metrics(split, ks=(1, 5, 10)) -> dict:
-    """Expected recall of a random ranking: t2i K / N; i2t 1 - C(T - c, K) / C(T, K) for an image's c captions."""
-    out = {f"t2i_r{k}": 100.0 * min(1.0, k / split.n_images) for k in ks}
-    counts = np.bincount(split.txt2img, minlength=split.n_images)[np.asarray(split.image_queries)]
-    T = split.n_texts
-    for k in ks:
-        miss = [math.comb(T - int(c), k) / math.comb(T, k) for c in counts]
-        out[f"i2t_r{k}"] = 100.0 * (1 - float(np.mean(miss)))
-    return out
-
-
 def recalls(method, split, ks=(1, 5, 10)) -> dict:
     """Every query's recalls (no sampling), for choosing settings on val."""
     out = {}
@@ -616,4 +634,4 @@ def recalls(method, split, ks=(1, 5, 10)) -> dict:
 
 __all__ = ["TextStates", "image_tokens", "HeadsConfig", "TokenHead", "HeadsDual", "CrossConfig", "CrossScorer",
            "Curve", "t2i_r1", "DualHeadsMethod", "CrossHeadsMethod", "RerankMethod", "rerank_query",
-           "chance_metrics", "recalls", "MAX_TEXT_TOKENS"]
+           "recalls", "MAX_TEXT_TOKENS"]
