@@ -1,4 +1,4 @@
-"""The benchmark on real photographs: `python -m course_lib.benchmark --features DIR --out OUT`.
+"""The methods of the benchmark on real photographs (`python -m course_lib.benchmark --features DIR --out OUT`).
 
 DIR is a feature folder of data_scripts/extract_features.py (EfficientNet-Lite0's 7x7 grid of a
 Karpathy-format dataset: flickr8k_800 offline, Flickr30k / COCO on Colab). Every method here is light
@@ -7,9 +7,9 @@ on test and on the full setting (test queries against every split's images); not
 data, and the synthetic shipped models are never touched. There is no oracle row, because real data
 has no generator: chance and a linear probe frame the learned rows instead.
 
-`real_methods(...)` builds the methods in the order they train; `run_features(...)` fits, evaluates
-and times them (with the synthetic benchmark's own `evaluate` and latency code) and writes the same
-results.json, results.md and pareto.png.
+`real_methods(...)` builds the methods in the order they train, `fit_all(...)` fits them;
+course_lib.benchmark's `run_features` evaluates and times them with the synthetic benchmark's own
+`evaluate` and latency code (`evaluate_real`) and writes the same results.json, results.md and pareto.png.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import numpy as np
 from course_lib.core import settings
 from course_lib.core.checkpoints import CHECKPOINTS
 from course_lib.core.offline_weights import MINILM_NAME
-from course_lib.data.features import load_feature_bench
 from course_lib.methods.frozen_heads import (CrossConfig, CrossHeadsMethod, DualHeadsMethod, HeadsConfig,
                                              RerankMethod, TextStates, recalls)
 from course_lib.notebook import chance_recall
@@ -94,73 +93,5 @@ def chance_metrics(split, ks=(1, 5, 10)) -> dict:
     return out | {f"i2t_r{k}": float(np.mean([chance_recall(split.n_texts, k, int(c)) for c in per_image])) for k in ks}
 
 
-def reference_rows(split, setting: str) -> list[dict]:
-    """The untrained row of a setting: chance."""
-    from course_lib.benchmark import _row
-
-    return [_row("chance", setting, split, chance_metrics(split, KS[setting]), KS[setting], None,
-                 "expected recall of a random ranking; not trained")]
-
-
-def evaluate_all(methods, bench: dict, smoke: bool = False, seed: int = 0, progress: bool = True) -> list[dict]:
-    """The results rows: chance, then every method on every setting, its recalls (course_lib.benchmark's
-    evaluate: a fixed sample of queries where a method's pair budget runs out) and ms per text query."""
-    from tqdm.auto import tqdm
-
-    from course_lib.benchmark import _latency, _row, evaluate  # the synthetic benchmark's own evaluation
-
-    repeats = 5 if smoke else 20
-    rows = [row for setting in SETTINGS for row in reference_rows(bench[setting], setting)]
-    for method in tqdm(methods, desc="evaluating", disable=not progress):
-        for setting in SETTINGS:
-            split = bench[setting]
-            metrics, how = evaluate(method, split, KS[setting], smoke, seed)
-            query = _latency(method, split, (split.n_images,), smoke, repeats)[-1]
-            rows.append(_row(method.name, setting, split, metrics, KS[setting], query["ms_per_query"],
-                             f"{how}; ms: one text query (its text encoder included), median of {repeats}",
-                             ms_measured=query["measured"], ms_spread=(query["p25_ms"], query["p75_ms"])))
-    return rows
-
-
-def run_features(features_dir, out="outputs/benchmark-real", text_encoder: str = MINILM_NAME, smoke: bool = False,
-                 seed: int = 0, checkpoints=CHECKPOINTS, progress: bool = True) -> dict:
-    """Fit, evaluate and time every real-data method on a feature folder; write OUT's three files."""
-    from course_lib.results import write_outputs
-
-    start = time.perf_counter()
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    bench = load_feature_bench(features_dir)
-    missing = [s for s in ("train", "val", "test") if s not in bench]
-    if missing:
-        raise ValueError(f"{features_dir} has no {', '.join(missing)} split: extract every split (train, val and "
-                         "test: drop --splits) to train, choose and report")
-    if smoke:  # a few dozen photos: the same code path
-        bench = {name: bench[name].subset(range(min(n, bench[name].n_images)), name=name)
-                 for name, n in (("train", 48), ("val", 16), ("test", 16))}
-        from course_lib.data.split import concatenate
-
-        bench["full"] = concatenate([bench["train"], bench["val"], bench["test"]], "full", queries_from=bench["test"])
-    methods, fitted = fit_all(bench, text_encoder, smoke, seed, checkpoints, progress)
-    rows = evaluate_all(methods, bench, smoke, seed, progress)
-    env = settings.describe_environment()
-    features = bench["test"].info.get("features", {})
-    results = {
-        "meta": {"device": env["device"], "torch": env["torch"], "mode": "smoke" if smoke else "default",
-                 "seconds": round(time.perf_counter() - start, 1), "seed": seed, "data": "real",
-                 "features": str(features_dir), "backbone": features, "text_encoder": text_encoder,
-                 "sizes": {name: [s.n_images, s.n_texts] for name, s in bench.items()}, **fitted,
-                 "betas": {str(k): v for k, v in fitted["betas"].items()}, "shipped_models": []},
-        "methods": {"oracle": NO_ORACLE, "chance": "a random ranking's expected recall"}
-                   | {m.name: m.notes for m in methods},
-        "rows": rows,
-        "latency": [],
-        "curves": {m.name: {"step": m.curve.step, "loss": m.curve.loss, "val_r1": m.curve.val_r1,
-                            "train_r1": m.curve.train_r1} for m in methods if getattr(m, "curve", None)},
-    }
-    write_outputs(results, out)
-    return results
-
-
-__all__ = ["run_features", "evaluate_all", "chance_metrics", "fit_all", "real_methods", "choose_beta", "reference_rows", "SETTINGS", "KS",
+__all__ = ["chance_metrics", "fit_all", "real_methods", "choose_beta", "SETTINGS", "KS",
            "SURVIVORS", "BETAS", "DUALS", "NO_ORACLE"]

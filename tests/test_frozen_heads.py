@@ -99,6 +99,11 @@ def test_reranker_equals_scoring_its_candidates_one_by_one(fitted):
         want = sorted(fused, key=fused.get, reverse=True)
         assert indices[row].tolist() == want
         np.testing.assert_allclose(scores[row].numpy(), [fused[i] for i in want], rtol=1e-4, atol=1e-4)
+    # beyond the survivors: the first stage's own order, below every survivor
+    longer, longer_scores = rerank.rank(test, "t2i", 5, [0])
+    assert longer[0, :3].tolist() == indices[0].tolist()
+    assert longer[0, 3:].tolist() == torch.topk(logits[:, 0], 5).indices[3:].tolist()
+    assert (longer_scores[0, 3:] < longer_scores[0, :3].min()).all()
     # every photo a survivor and beta 0: the cross-encoder's own ranking
     everything = RerankMethod("all", dual, cross, survivors=test.n_images)
     assert torch.equal(everything.rank(test, "t2i", 4, [3])[0], cross.rank(test, "t2i", 4, [3])[0])

@@ -643,10 +643,22 @@ class RerankMethod(_FrozenMethod):
 
     @torch.no_grad()
     def rank(self, split, direction: str, top_k: int, queries=None):
+        """The survivors re-ordered by the fused score, then (for top_k > M) the first stage's next items in
+        its own order, each scored below every survivor: the two-stage pipeline's whole ranking."""
         queries = query_indices(split, direction, queries)
         candidates, logits, prior = self.scored_candidates(split, direction, queries)
-        order = top_k_of(logits + self.beta * prior, top_k)[0]
-        return candidates.gather(1, order), (logits + self.beta * prior).gather(1, order)
+        fused = logits + self.beta * prior  # (Q, M)
+        order = top_k_of(fused, top_k)[0]
+        indices, scores = candidates.gather(1, order), fused.gather(1, order)
+        extra = top_k - indices.shape[1]
+        size = split.n_images if direction == "t2i" else split.n_texts
+        if extra > 0 and indices.shape[1] < size:
+            sims = self.dual.similarity(split)  # (N, T)
+            first = top_k_of(sims.T[queries] if direction == "t2i" else sims[queries], indices.shape[1] + extra)[0]
+            rest = first[:, indices.shape[1]:]  # (Q, extra) the first stage's ranks M+1, M+2, ...
+            below = scores.min(1, keepdim=True).values - 1 - torch.arange(rest.shape[1])  # strictly lower
+            indices, scores = torch.cat([indices, rest], 1), torch.cat([scores, below], 1)
+        return indices, scores
 
     def query_fn(self, split, caption_index: int = 0, top_k: int = 10):
         return rerank_query(self.dual, self.cross, split, caption_index, top_k, self.survivors, self.beta)
