@@ -459,6 +459,7 @@ class CrossHeadsMethod(_FrozenMethod):
 
     prefix = "frozen-cross"
     eval_pairs = (12_000, 2_000)
+    CURVE_GALLERY = 20  # val photos of its learning curve's gallery: it scores every pair
 
     def __init__(self, name: str, config: CrossConfig, dual: DualHeadsMethod, progress: bool = True):
         super().__init__(name, config, progress)
@@ -494,7 +495,7 @@ class CrossHeadsMethod(_FrozenMethod):
         txt2img = torch.from_numpy(train.txt2img)
         optimizer, schedule = _optimizer(self.model, c)
         generator = torch.Generator().manual_seed(c.seed)
-        probe = val.subset(range(min(20, val.n_images)))  # a small gallery: the cross-encoder scores every pair
+        probe = val.subset(range(min(self.CURVE_GALLERY, val.n_images)))
         self.curve, every, start = Curve(), max(1, c.steps // 5), time.perf_counter()
         for step in tqdm(range(c.steps), desc=self.name, disable=not self.progress, mininterval=1.0):
             self.model.train()
