@@ -92,7 +92,7 @@ def test_reranker_equals_scoring_its_candidates_one_by_one(fitted):
     test = bench["test"]
     rerank = RerankMethod("r", dual, cross, survivors=3, beta=0.5)
     indices, scores = rerank.rank(test, "t2i", 3, [0, 7])
-    logits = dual.similarity(test) * dual.model.log_scale.exp()  # (N, T)
+    logits = (dual.similarity(test) * dual.model.log_scale.exp()).detach()  # (N, T)
     for row, q in enumerate([0, 7]):
         candidates = torch.topk(logits[:, q], 3).indices
         fused = {int(i): float(cross.score_pairs(test, [int(i)], [q])[0] + 0.5 * logits[i, q]) for i in candidates}

@@ -193,3 +193,25 @@ def test_an_image_folder_that_is_not_the_jsons_stops_before_writing(tmp_path, ca
     err = capsys.readouterr().err
     assert "8 of the 8 images" in err and "not this JSON file's image folder" in err and "nothing was written" in err
     assert not (tmp_path / "features").exists()
+
+
+def test_benchmark_on_real_features_writes_its_results_without_touching_shipped_models(tmp_path, capsys):
+    from course_lib.benchmark import main
+    from course_lib.core.shipped import SHIPPED_MODELS
+
+    before = {p.name: p.stat().st_mtime_ns for p in SHIPPED_MODELS.iterdir()}
+    json_path = copy_photos(tmp_path, (12, 4, 4))
+    assert run(json_path, tmp_path / "images", tmp_path / "features") == 0
+    results = main(["--features", str(tmp_path / "features"), "--out", str(tmp_path / "out"), "--smoke",
+                    "--checkpoints", str(tmp_path / "checkpoints")])
+    assert {p.name for p in (tmp_path / "out").iterdir()} >= {"results.json", "results.md", "pareto.png"}
+    names = {r["method"] for r in results["rows"]}
+    assert {"chance", "linear-probe", "lightningdot", "cross_encoder", "lightningdot+rerank@10"} <= names
+    assert "oracle" not in names and "no oracle row" in (tmp_path / "out" / "results.md").read_text()
+    chance = next(r for r in results["rows"] if r["method"] == "chance" and r["setting"] == "test")
+    assert chance["t2i_r1"] == pytest.approx(100 / 4)  # 4 test photos
+    assert all(r["ms_per_query"] > 0 for r in results["rows"] if r["method"] != "chance")
+    assert {p.name: p.stat().st_mtime_ns for p in SHIPPED_MODELS.iterdir()} == before
+    with pytest.raises(SystemExit):  # --text-encoder goes with --features only
+        main(["--text-encoder", MINILM_NAME, "--out", str(tmp_path / "x")])
+    assert "--text-encoder goes with --features" in capsys.readouterr().err
