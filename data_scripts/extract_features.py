@@ -21,6 +21,11 @@ every method's fit reads), `read_karpathy(..., regions_file=OUT/regions.npz)`, `
     OUT/features.json  the settings, the Karpathy file, the splits and sizes; "complete" once merged
     OUT/shards/        while running: shard_00000.npz, ... of --shard-size images each
 
+Bad input costs nothing: before any compute, every entry and image file is checked
+(course_lib.data.photo_check). A truncated or unreadable image, a caption whose image is missing and an
+entry with no sentences are skipped, each named on stderr and recorded in features.json ("skipped"), which
+the loaders leave out; an image folder that is not the JSON file's stops the run before anything is written.
+
 Resumable: images are processed in a fixed order, one shard at a time, and each finished shard is
 written atomically; run the same command again after an interruption and it computes only the
 missing shards (a different setting on the same OUT is refused), then merges them into regions.npz
