@@ -1,5 +1,9 @@
 """The headless main job: `python -m course_lib.benchmark [--smoke] [--out DIR] [--retrain]`.
 
+With `--features DIR` it runs on real photographs instead (`run_features`, the methods of
+course_lib.real_benchmark): they train on the frozen features of DIR, and the synthetic benchmark and its
+shipped models are not touched.
+
 Builds the synthetic benchmark, fits every registered method (course_lib.methods.registry), evaluates it
 on the test, full and compositional settings (docs/data.md, docs/results.md), times one text query against each
 gallery, and writes DIR/results.json, DIR/results.md (every table) and DIR/pareto.png; --readme README.md also
@@ -34,7 +38,10 @@ from course_lib.core.checkpoints import CHECKPOINTS
 from course_lib.core.shipped import MANIFEST, SHIPPED_MODELS
 from course_lib.core.metrics import ranks_from_top_k, recall_at_k
 from course_lib.core.timing import latency_vs_gallery
+from course_lib.core.offline_weights import MINILM_NAME
+from course_lib.data.features import load_feature_bench
 from course_lib.data.oracle import oracle_ceiling
+from course_lib.real_benchmark import KS as REAL_KS, NO_ORACLE, SETTINGS as REAL_SETTINGS, chance_metrics, fit_all
 from course_lib.methods.queries import ground_truth
 from course_lib.methods.registry import available_methods, registered_names
 from course_lib.shipping import SEED, benchmark_data, own_models, refresh
@@ -244,6 +251,70 @@ def run(smoke: bool = False, out: str | Path = "outputs/benchmark", seed: int = 
 
 
 
+def real_reference_rows(split, setting: str) -> list[dict]:
+    """The untrained row of a real-data setting: chance (real data has no oracle)."""
+    ks = REAL_KS[setting]
+    return [_row("chance", setting, split, chance_metrics(split, ks), ks, None,
+                 "expected recall of a random ranking; not trained")]
+
+
+def evaluate_real(methods, bench: dict, smoke: bool = False, seed: int = 0, progress: bool = True) -> list[dict]:
+    """The results rows: chance, then every method on every setting, its recalls (course_lib.benchmark's
+    evaluate: a fixed sample of queries where a method's pair budget runs out) and ms per text query."""
+    from tqdm.auto import tqdm
+
+    repeats = 5 if smoke else 20
+    rows = [row for setting in REAL_SETTINGS for row in real_reference_rows(bench[setting], setting)]
+    for method in tqdm(methods, desc="evaluating", disable=not progress):
+        for setting in REAL_SETTINGS:
+            split = bench[setting]
+            metrics, how = evaluate(method, split, REAL_KS[setting], smoke, seed)
+            query = _latency(method, split, (split.n_images,), smoke, repeats)[-1]
+            rows.append(_row(method.name, setting, split, metrics, REAL_KS[setting], query["ms_per_query"],
+                             f"{how}; ms: one text query (its text encoder included), median of {repeats}",
+                             ms_measured=query["measured"], ms_spread=(query["p25_ms"], query["p75_ms"])))
+    return rows
+
+
+def run_features(features_dir, out="outputs/benchmark-real", text_encoder: str = MINILM_NAME, smoke: bool = False,
+                 seed: int = 0, checkpoints=CHECKPOINTS, progress: bool = True) -> dict:
+    """`--features DIR`: fit (course_lib.real_benchmark.fit_all), evaluate and time every real-data method on a
+    feature folder of data_scripts/extract_features.py; write OUT's results.json, results.md and pareto.png."""
+    start = time.perf_counter()
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    bench = load_feature_bench(features_dir)
+    missing = [s for s in ("train", "val", "test") if s not in bench]
+    if missing:
+        raise ValueError(f"{features_dir} has no {', '.join(missing)} split: extract every split (train, val and "
+                         "test: drop --splits) to train, choose and report")
+    if smoke:  # a few dozen photos: the same code path
+        bench = {name: bench[name].subset(range(min(n, bench[name].n_images)), name=name)
+                 for name, n in (("train", 48), ("val", 16), ("test", 16))}
+        from course_lib.data.split import concatenate
+
+        bench["full"] = concatenate([bench["train"], bench["val"], bench["test"]], "full", queries_from=bench["test"])
+    methods, fitted = fit_all(bench, text_encoder, smoke, seed, checkpoints, progress)
+    rows = evaluate_real(methods, bench, smoke, seed, progress)
+    env = settings.describe_environment()
+    features = bench["test"].info.get("features", {})
+    results = {
+        "meta": {"device": env["device"], "torch": env["torch"], "mode": "smoke" if smoke else "default",
+                 "seconds": round(time.perf_counter() - start, 1), "seed": seed, "data": "real",
+                 "features": str(features_dir), "backbone": features, "text_encoder": text_encoder,
+                 "sizes": {name: [s.n_images, s.n_texts] for name, s in bench.items()}, **fitted,
+                 "betas": {str(k): v for k, v in fitted["betas"].items()}, "shipped_models": []},
+        "methods": {"oracle": NO_ORACLE, "chance": "a random ranking's expected recall"}
+                   | {m.name: m.notes for m in methods},
+        "rows": rows,
+        "latency": [],
+        "curves": {m.name: {"step": m.curve.step, "loss": m.curve.loss, "val_r1": m.curve.val_r1,
+                            "train_r1": m.curve.train_r1} for m in methods if getattr(m, "curve", None)},
+    }
+    write_outputs(results, out)
+    return results
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true",
@@ -281,7 +352,27 @@ def main(argv=None) -> dict:
     parser.add_argument("--replace", action="store_true",
                         help="overwrite --out's results.json even if it holds methods this run drops, or "
                              "another mode or seed (without it, such a run stops before any work)")
+    parser.add_argument("--features", default=None, metavar="DIR",
+                        help="instead of the synthetic benchmark: real photographs, a feature folder written by "
+                             "data_scripts/extract_features.py (course_lib.real_benchmark; default --out "
+                             "outputs/benchmark-real); the synthetic shipped models are not touched")
+    parser.add_argument("--text-encoder", default=None, metavar="NAME_OR_FOLDER",
+                        help="with --features: the pretrained text encoder the text side starts from (default: "
+                             "the offline all-MiniLM-L6-v2; on Colab e.g. bert-base-uncased)")
     args = parser.parse_args(argv)
+    if args.text_encoder and not args.features:
+        parser.error("--text-encoder goes with --features (the synthetic benchmark's text sides train from scratch)")
+    if args.features:
+        smoke = args.smoke or settings.smoke_mode()
+        out = Path(args.out or "outputs/benchmark-real" + ("-smoke" if smoke else ""))
+        try:
+            results = run_features(args.features, out, args.text_encoder or MINILM_NAME, smoke=smoke,
+                                   seed=args.seed, checkpoints=args.checkpoints)
+        except (OSError, ValueError) as error:  # a missing or unfinished feature folder, missing weights
+            parser.error(str(error))
+        print(results_markdown(results))
+        print(f"wrote {out / 'results.json'}, results.md and pareto.png")
+        return results
     if args.jobs < 1:
         parser.error(f"--jobs must be at least 1, got {args.jobs}")
     settings.plain_course_notes()  # a noisy timing reads "note: ...", not a UserWarning with a file path

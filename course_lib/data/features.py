@@ -52,7 +52,8 @@ def load_feature_bench(features_dir, *, captions_per_image=5, regions_dtype=np.f
     names, splits = [], []
     for name, group in groups.items():  # one Karpathy split at a time: the order extract_features wrote
         parts = [read_karpathy(karpathy_json or manifest["karpathy_json"], image_root, split=s,
-                               captions_per_image=captions_per_image) for s in group if s in manifest["splits"]]
+                               captions_per_image=captions_per_image, skip=manifest.get("skipped", {}))
+                 for s in group if s in manifest["splits"]]
         if parts:
             names.append(name)
             splits.append(parts[0] if len(parts) == 1 else concatenate(parts, name))

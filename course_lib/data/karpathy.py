@@ -67,10 +67,17 @@ def _caption(sentence: dict) -> str:
     return " ".join(tokens).lower()
 
 
+def entry_path(img: dict) -> str:
+    """An image entry's file, relative to the image root: filepath / filename (as a posix string)."""
+    return (Path(img.get("filepath", "")) / img["filename"]).as_posix()
+
+
 def _read(json_path, image_root=None, split="test", *, captions_per_image=5, regions_file=None,
-          load_pixels=False, image_size=None, regions_dtype=np.float32) -> tuple[RetrievalSplit, np.ndarray]:
+          load_pixels=False, image_size=None, regions_dtype=np.float32,
+          skip=frozenset()) -> tuple[RetrievalSplit, np.ndarray]:
     """read_karpathy, also returning the sentid of every caption (T,) (load_synthetic reorders by it)."""
     json_path = Path(json_path)
+    skip = frozenset(skip)
     data = _load_json(json_path)
     wanted = (split,) if isinstance(split, str) else tuple(split)
     bad = next((i for i, img in enumerate(data["images"])
@@ -87,7 +94,7 @@ def _read(json_path, image_root=None, split="test", *, captions_per_image=5, reg
         )
     captions, txt2img, sentids, image_ids, rel_paths = [], [], [], [], []
     for index, img in enumerate(data["images"]):
-        if img["split"] not in wanted:
+        if img["split"] not in wanted or ("filename" in img and entry_path(img) in skip):
             continue
         for key in ("filename", "sentences"):
             if key not in img:
@@ -105,7 +112,7 @@ def _read(json_path, image_root=None, split="test", *, captions_per_image=5, reg
             txt2img.append(len(image_ids))
             sentids.append(sentence.get("sentid", -1))
         image_ids.append(str(img.get("image_id", Path(img["filename"]).stem)))
-        rel_paths.append(Path(img.get("filepath", "")) / img["filename"])
+        rel_paths.append(Path(entry_path(img)))
 
     image_paths = None
     if image_root is not None:
@@ -137,7 +144,7 @@ def _read(json_path, image_root=None, split="test", *, captions_per_image=5, reg
 
 def read_karpathy(json_path, image_root=None, split="test", *, captions_per_image=5,
                   regions_file=None, load_pixels=False, image_size=None,
-                  regions_dtype=np.float32) -> RetrievalSplit:
+                  regions_dtype=np.float32, skip=()) -> RetrievalSplit:
     """One split (or several pooled, e.g. ("train", "restval")) of a Karpathy file as a RetrievalSplit.
 
     Captions are the lower-cased `tokens` joined by spaces, the first `captions_per_image` of each
@@ -146,10 +153,30 @@ def read_karpathy(json_path, image_root=None, split="test", *, captions_per_imag
     `image_size` if given. `regions_file` (.npz with image_ids, regions, boxes, region_mask and
     optionally region_classes) fills the region fields, aligned by image id; `regions` comes back
     as regions_dtype (np.float16 halves the memory of big real-data files; datasets cast per item).
+    `skip`: image files (entry_path: filepath/filename) left out, with their captions: the ones
+    course_lib.data.photo_check found unusable and extract_features.py recorded.
     """
     return _read(json_path, image_root, split, captions_per_image=captions_per_image,
                  regions_file=regions_file, load_pixels=load_pixels, image_size=image_size,
-                 regions_dtype=regions_dtype)[0]
+                 regions_dtype=regions_dtype, skip=skip)[0]
+
+
+def karpathy_subset(json_path, out_path, sizes: dict) -> Path:
+    """Write a Karpathy file of the first sizes[split] image entries of each split (all of a split that
+    sizes leaves out, or maps to None): smaller runs of the same commands on the same photos."""
+    data = _load_json(Path(json_path))
+    taken: dict = {}
+    kept = []
+    for img in data["images"]:
+        split = img.get("split")
+        limit = sizes.get(split)
+        if limit is None or taken.get(split, 0) < limit:
+            taken[split] = taken.get(split, 0) + 1
+            kept.append(img)
+    out = Path(out_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({**data, "images": kept}), encoding="utf-8")
+    return out
 
 
 def split_names(json_path) -> list[str]:
@@ -381,5 +408,5 @@ def _attach_ground_truth(result: RetrievalSplit, path: Path, split: str) -> None
             result.meanings = Meanings.from_arrays(arrays["meanings"])
 
 
-__all__ = ["read_karpathy", "write_karpathy", "load_synthetic", "split_names", "png_bytes", "disk_size",
+__all__ = ["read_karpathy", "entry_path", "karpathy_subset", "write_karpathy", "load_synthetic", "split_names", "png_bytes", "disk_size",
            "IMAGE_DIR"]

@@ -1,0 +1,96 @@
+"""Check a Karpathy file against its image folder before any feature is computed: bad input costs nothing.
+
+`screen_karpathy(json_path, image_root, splits)` reads every image entry of the splits and decodes every
+image file (at reduced scale for JPEGs, which still reads every byte of the file). An entry is left out,
+with a line naming its file and why, when
+
+    its image file is missing          (a caption whose image is missing)
+    it has no sentences                (an empty or absent `sentences` list)
+    its file is truncated              (PIL: "image file is truncated")
+    its file is not an image           (PIL cannot identify it)
+
+and the whole check fails, before anything is written, when most of the images are missing: the image
+folder is then not the one of that JSON file. extract_features.py records the skipped files in
+features.json, and `read_karpathy(..., skip=...)` / `load_feature_bench` leave them out.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from course_lib.data.karpathy import _load_json, entry_path
+
+# more than this share of an image folder's files missing: it is not the JSON file's folder
+MOST_MISSING = 0.5
+_THREADS = min(8, os.cpu_count() or 2)
+
+
+@dataclass
+class Screening:
+    """What screen_karpathy found: the files left out, each with its reason, and how many it looked at."""
+
+    skipped: dict = field(default_factory=dict)  # entry_path -> reason
+    n_entries: int = 0
+
+    def report(self, json_path) -> str:
+        """One line per skipped file, for the terminal."""
+        if not self.skipped:
+            return ""
+        lines = [f"skipped {len(self.skipped)} of {self.n_entries} images of {json_path} (and their captions):"]
+        return "\n".join(lines + [f"  {path}: {reason}" for path, reason in self.skipped.items()])
+
+
+def decode_problem(path) -> str | None:
+    """None if the image file decodes whole; else why not, in words."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as image:
+            image.draft("RGB", (64, 64))  # JPEG: decode at 1/8 scale; every byte is still read
+            image.load()
+    except UnidentifiedImageError:
+        return "not an image (PIL cannot identify the file); replace it or delete its entry"
+    except (OSError, SyntaxError, ValueError) as e:  # "image file is truncated", broken headers
+        return f"cannot be decoded ({e}); the file is truncated or damaged: re-download it"
+    return None
+
+
+def screen_karpathy(json_path, image_root, splits, progress: bool = True) -> Screening:
+    """Check the image entries of `splits` of a Karpathy file and their files under image_root."""
+    from tqdm.auto import tqdm
+
+    json_path, root = Path(json_path), Path(image_root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"image folder {root} not found; pass the folder that holds the images of "
+                                f"{json_path.name} (--images)")
+    entries = [img for img in _load_json(json_path)["images"]
+               if isinstance(img, dict) and img.get("split") in set(splits) and "filename" in img]
+    screening = Screening(n_entries=len(entries))
+    missing, present = [], []
+    for img in entries:
+        path = entry_path(img)
+        if not (root / path).is_file():
+            missing.append(path)
+            screening.skipped[path] = f"its image {root / path} is missing; its captions are skipped"
+        elif not img.get("sentences"):
+            screening.skipped[path] = "its entry has no sentences; the image is skipped"
+        else:
+            present.append(path)
+    if entries and len(missing) > MOST_MISSING * len(entries):
+        raise FileNotFoundError(
+            f"{len(missing)} of the {len(entries)} images that {json_path} lists are not in {root} (e.g. "
+            f"{missing[0]}): that folder is not this JSON file's image folder. Pass the right --images "
+            "(Flickr30k: flickr30k-images; COCO: the folder holding train2014/ and val2014/); nothing was written")
+    with ThreadPoolExecutor(_THREADS) as pool:  # decoding frees the GIL
+        problems = list(tqdm(pool.map(lambda p: decode_problem(root / p), present), total=len(present),
+                             desc="checking images", unit="img", disable=not progress, mininterval=1.0))
+    for path, problem in zip(present, problems):
+        if problem is not None:
+            screening.skipped[path] = problem
+    return screening
+
+
+__all__ = ["Screening", "screen_karpathy", "decode_problem", "MOST_MISSING"]

