@@ -540,3 +540,19 @@ def test_timing_checker_accepts_latency_vs_gallery_and_names_what_is_wrong(capsy
     with pytest.raises(ExerciseError, match="the top 10 are"):
         check_top_k(torch.arange(10), torch.topk(scores, 10).indices)
     assert capsys.readouterr().out.count("in the right shape") == 1
+
+
+def test_chance_checker_accepts_the_library_and_names_the_usual_mistakes(capsys):
+    from math import comb
+
+    from course_lib.exercises import check_chance_recall
+    from course_lib.notebook import chance_recall
+
+    check_chance_recall(chance_recall)  # the library's product over picks against the checker's count of sets
+    assert "correct" in capsys.readouterr().out
+    for wrong, message in ((lambda n, k, r=1: min(k * r, n) / n * 100, "at least one"),
+                           (lambda n, k, r=1: 1 - comb(n - r, min(k, n)) / comb(n, min(k, n)), "in percent"),
+                           (lambda n, k, r=1: 100 * (1 - comb(n - r, k) / comb(n, k)) if k <= n else 100 * k / n,
+                            "more than the 20 candidates")):
+        with pytest.raises(ExerciseError, match=message):
+            check_chance_recall(wrong)
