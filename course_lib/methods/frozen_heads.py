@@ -313,6 +313,15 @@ def _optimizer(model, config):
     return optimizer, schedule
 
 
+def _step(model, loss, optimizer, schedule) -> None:
+    """One optimizer step on `loss`: gradients clipped to norm 2 (VSE++'s), then the schedule."""
+    optimizer.zero_grad()
+    loss.backward()
+    nn.utils.clip_grad_norm_(model.parameters(), 2.0)
+    optimizer.step()
+    schedule.step()
+
+
 def t2i_r1(image_emb, text_emb, txt2img) -> float:
     """Text-to-image R@1 (percent) of embeddings, by exact dot product."""
     best = (text_emb @ image_emb.T).argmax(1)  # (T,)
@@ -399,11 +408,7 @@ class DualHeadsMethod(_FrozenMethod):
                                     for i in images.tolist()])
             loss = self.model.loss(self.model.encode_images(regions[images], boxes),
                                    self.model.encode_texts(states[captions], mask[captions]))
-            optimizer.zero_grad()
-            loss.backward()
-            nn.utils.clip_grad_norm_(self.model.parameters(), 2.0)
-            optimizer.step()
-            schedule.step()
+            _step(self.model, loss, optimizer, schedule)
             if (step + 1) % every == 0 or step + 1 == c.steps:
                 self.curve.step.append(step + 1)
                 self.curve.loss.append(float(loss.detach()))
@@ -516,11 +521,7 @@ class CrossHeadsMethod(_FrozenMethod):
                                       self.model.project_images(regions[pair_images], boxes)).view(-1, g)
             logits = logits + c.prior_weight * prior[pair_images, pair_texts].view(-1, g)
             loss = F.cross_entropy(logits, torch.zeros(len(logits), dtype=torch.long))  # the true item is first
-            optimizer.zero_grad()
-            loss.backward()
-            nn.utils.clip_grad_norm_(self.model.parameters(), 2.0)
-            optimizer.step()
-            schedule.step()
+            _step(self.model, loss, optimizer, schedule)
             if (step + 1) % every == 0 or step + 1 == c.steps:
                 self.curve.step.append(step + 1)
                 self.curve.loss.append(float(loss.detach()))

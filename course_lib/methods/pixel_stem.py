@@ -29,6 +29,7 @@ models that start from it.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -222,13 +223,14 @@ def stem_checkpoint_file(bench: dict, config: PixelStemConfig) -> str:
                            version=STEM_FORMAT_VERSION)
 
 
-class StartsFromPixelStem:
+class StartsFromPixelStem(ABC):
     """For a Method whose image tower may start from the pixel stem (HiVLP, Slow, Fast): it says
     whether it does (`starts_from_stem`), and the stem's file is then one of the files its own
     checkpoint name covers, so a new stem (or pre-training corpus) retrains it."""
 
+    @abstractmethod
     def starts_from_stem(self) -> bool:
-        raise NotImplementedError
+        """Whether the model's image tower starts from the pixel stem."""
 
     def stem_checkpoint_file(self, bench: dict) -> str | None:
         """The pixel stem's file name in cache_dir (None when the model does not start from it)."""
