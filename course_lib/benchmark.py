@@ -294,6 +294,7 @@ def run_features(features_dir, out="outputs/benchmark-real", text_encoder: str =
         from course_lib.data.split import concatenate
 
         bench["full"] = concatenate([bench["train"], bench["val"], bench["test"]], "full", queries_from=bench["test"])
+        bench["pretrain"] = bench["train"]  # as load_feature_bench's
     methods, fitted = fit_all(bench, text_encoder, smoke, seed, checkpoints, progress)
     rows = evaluate_real(methods, bench, smoke, seed, progress)
     env = settings.describe_environment()
@@ -303,7 +304,8 @@ def run_features(features_dir, out="outputs/benchmark-real", text_encoder: str =
                  "seconds": round(time.perf_counter() - start, 1), "seed": seed, "data": "real",
                  "features": str(features_dir), "backbone": features, "text_encoder": text_encoder,
                  "sizes": {name: [s.n_images, s.n_texts] for name, s in bench.items()}, **fitted,
-                 "betas": {str(k): v for k, v in fitted["betas"].items()}, "shipped_models": []},
+                 "betas": {name: {str(k): v for k, v in on_val.items()} for name, on_val in fitted["betas"].items()},
+                 "shipped_models": []},
         "methods": {"oracle": NO_ORACLE, "chance": "a random ranking's expected recall"}
                    | {m.name: m.notes for m in methods},
         "rows": rows,

@@ -1,13 +1,21 @@
 """The methods of the benchmark on real photographs (`python -m course_lib.benchmark --features DIR --out OUT`).
 
 DIR is a feature folder of data_scripts/extract_features.py (EfficientNet-Lite0's 7x7 grid of a
-Karpathy-format dataset: flickr8k_800 offline, Flickr30k / COCO on Colab). Every method here is light
-heads on frozen features (course_lib.methods.frozen_heads), trained on train, chosen on val, reported
-on test and on the full setting (test queries against every split's images); nothing ships for real
-data, and the synthetic shipped models are never touched. There is no oracle row, because real data
-has no generator: chance and a linear probe frame the learned rows instead.
+Karpathy-format dataset: flickr8k_800 offline, Flickr30k / COCO on Colab). Two groups of methods,
+trained on train, reported on test and on the full setting (test queries against every split's images):
 
-`real_methods(...)` builds the methods in the order they train, `fit_all(...)` fits them;
+- light heads on frozen features (course_lib.methods.frozen_heads), each kept at its best val point:
+  the linear probe, VSE++'s and LightningDOT's losses, a text side from scratch, a re-ranker;
+- the course's own methods that read regions (COURSE_METHODS, from the registry: lessons 01-05's
+  VSE++, SCAN, the cross-encoder, LightningDOT and its re-ranker, U-BERT, HiVLP over regions), the grid
+  cells as their regions, tokenised with the pretrained text encoder's WordPiece vocabulary, at sizes
+  for 600 training photos (course_sizes). LightningDOT's language encoder starts from that encoder, as
+  the paper's from BERT-base; the others learn their word embeddings from nothing, as on the synthetic data.
+
+Nothing ships for real data, and the synthetic shipped models are never looked at. There is no oracle
+row, because real data has no generator: chance and a linear probe frame the learned rows instead.
+
+`real_methods(...)` builds the heads in the order they train, `fit_all(...)` fits both groups;
 course_lib.benchmark's `run_features` evaluates and times them with the synthetic benchmark's own
 `evaluate` and latency code (`evaluate_real`) and writes the same results.json, results.md and pareto.png.
 """
@@ -21,15 +29,22 @@ import numpy as np
 
 from course_lib.core import settings
 from course_lib.core.checkpoints import CHECKPOINTS
-from course_lib.core.offline_weights import MINILM_NAME
-from course_lib.methods.frozen_heads import (CrossConfig, CrossHeadsMethod, DualHeadsMethod, HeadsConfig,
-                                             RerankMethod, TextStates, recalls)
+from course_lib.core.offline_weights import MINILM_NAME, pretrained_text_path
+from course_lib.core.shipped import without_shipped_models
+from course_lib.data.tokenizer import tokenizer_for
+from course_lib.methods.registry import available_methods
+from course_lib.methods.frozen_heads.cross import CrossConfig, CrossHeadsMethod
+from course_lib.methods.frozen_heads.dual import DualHeadsMethod, HeadsConfig
+from course_lib.methods.frozen_heads.features import TextStates
+from course_lib.methods.frozen_heads.rerank import RerankMethod
+from course_lib.methods.frozen_heads.scan import SCANHeadsConfig, SCANHeadsMethod
+from course_lib.methods.frozen_heads.training import recalls
 from course_lib.notebook import chance_recall
 
 SETTINGS = ("test", "full")
 KS = {"test": (1, 5, 10), "full": (5, 10, 20)}
-SURVIVORS = 10  # the dual encoder's top M that the cross-encoder re-scores
-BETAS = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0)  # weights of the dual logit beside the cross logit, chosen on val
+SURVIVORS = 10  # the dual encoder's top M that a re-ranker re-scores
+BETAS = (0.0, 0.125, 0.25, 0.5, 1.0, 2.0, 4.0)  # weights of the dual logit beside the re-ranker's logit, chosen on val
 NO_ORACLE = ("no oracle row: real data has no generator whose likelihood would give the best possible "
              "ranking; chance (a random ranking's expected recall) and the linear probe frame the learned rows")
 
@@ -37,25 +52,69 @@ NO_ORACLE = ("no oracle row: real data has no generator whose likelihood would g
 # (every run keeps the weights of its best val point: each fits its 600 training photos within ~50 steps)
 DUALS = {
     "linear-probe": dict(image_head="mean", text_head="mean", steps=200),
-    "vsepp": dict(image_head="mlp", text_head="mlp", loss="hinge", steps=200),
-    "lightningdot": dict(image_head="mlp", text_head="mlp", steps=200, weight_decay=0.1, dropout=0.3),
-    "lightningdot-scratch-text": dict(image_head="mlp", text_head="mlp", text_tower="scratch", steps=300,
+    "vsepp-heads": dict(image_head="mlp", text_head="mlp", loss="hinge", steps=200),
+    "lightningdot-heads": dict(image_head="mlp", text_head="mlp", steps=200, weight_decay=0.1, dropout=0.3),
+    "lightningdot-heads-scratch-text": dict(image_head="mlp", text_head="mlp", text_tower="scratch", steps=300,
                                       weight_decay=0.1, dropout=0.3),
 }
 
 
-def real_methods(smoke: bool = False, seed: int = 0, progress: bool = True) -> tuple[list, DualHeadsMethod]:
-    """(every method in training order, the dual encoder that the re-rankers start from)."""
+# the registry's methods that read region features (the pixel-reading HiVLP and Fast & Slow need photos
+# at training time, not a feature folder); the cascades bring the methods they start from
+COURSE_METHODS = ("vsepp", "scan", "cross_encoder", "lightningdot", "lightningdot+rerank@20", "ubert-embed",
+                  "ubert@20", "hivlp-regions")
+
+
+def course_sizes(text_encoder: str = MINILM_NAME, smoke: bool = False) -> dict:
+    """registry.Build.sizes for COURSE_METHODS on real features. The synthetic defaults train thousands of
+    steps on 10k scenes; 600 photos (3,000 captions: about 24 batches of 128 an epoch) get about six epochs
+    of each training stage. The switches (LightningDOT's pretrained text side and its width, no fresh
+    synthetic scenes for HiVLP, no in-domain pre-training on the same 600 photos) hold in smoke mode too:
+    smoke shrinks only the steps."""
+    from transformers import AutoConfig
+
+    width = AutoConfig.from_pretrained(pretrained_text_path(text_encoder)).hidden_size
+    switches = {
+        # the paper's text side: a pretrained BERT, [CLS] as z0; its width is h0's and z0's. BERT's own
+        # pre-training stands in for VMLM: 600 photos are the fine-tuning data, not a pre-training corpus
+        "LightningDOTConfig": dict(text_encoder=text_encoder, hidden=width, heads=max(1, width // 64), layers=1,
+                                   pretrain_steps=0),
+        "HiVLPConfig": dict(fresh_scenes=0),  # no generator behind real photos
+    }
+    if smoke:
+        return switches
+    steps = {
+        "VsePPConfig": dict(max_steps=150, batch_size=128),
+        "SCANConfig": dict(max_steps=150),
+        "CrossEncoderConfig": dict(max_steps=300),
+        # a pretrained BERT fine-tunes at BERT's rates (the paper: 5e-5), in smaller batches on a CPU
+        "LightningDOTConfig": dict(finetune_steps=150, finetune_lr=5e-5, batch_size=64),
+        "UBERTConfig": dict(max_steps=150, cross_steps=300, batch_size=128),
+        "HiVLPConfig": dict(max_steps=150, batch_size=128),
+    }
+    return {name: {**switches.get(name, {}), **steps.get(name, {})} for name in switches | steps}
+
+
+def course_methods(text_encoder: str = MINILM_NAME, smoke: bool = False, seed: int = 0) -> list:
+    """COURSE_METHODS built for real features (course_sizes), in course order."""
+    return available_methods(seed, smoke, COURSE_METHODS, sizes=course_sizes(text_encoder, smoke))
+
+
+def real_methods(smoke: bool = False, seed: int = 0, progress: bool = True) -> tuple[list, list]:
+    """(every head method in training order, the re-rankers: the dual encoder's top SURVIVORS re-scored by
+    the cross-encoder and by SCAN, each then fused with the dual's logit at a beta chosen on val)."""
     pick = (lambda cls, **kw: cls.smoke(seed=seed, **kw)) if smoke else (lambda cls, **kw: cls(seed=seed, **kw))
     duals = {name: DualHeadsMethod(name, pick(HeadsConfig, **kw), progress) for name, kw in DUALS.items()}
-    first = duals["lightningdot"]
-    cross = CrossHeadsMethod("cross_encoder", pick(CrossConfig), first, progress)
-    rerank = RerankMethod(f"lightningdot+rerank@{SURVIVORS}", first, cross, SURVIVORS)
-    return [*duals.values(), cross, rerank], first
+    first = duals["lightningdot-heads"]
+    scorers = [CrossHeadsMethod("cross-heads", pick(CrossConfig), first, progress),
+               SCANHeadsMethod("scan-heads", pick(SCANHeadsConfig), progress)]
+    rerankers = [RerankMethod(f"{first.name}+{'rerank' if s.name == 'cross-heads' else s.name}@{SURVIVORS}", first,
+                              s, SURVIVORS) for s in scorers]
+    return [*duals.values(), *scorers], rerankers
 
 
 def choose_beta(rerank: RerankMethod, val) -> tuple[float, dict]:
-    """The dual logit's weight beside the cross logit with the best val t2i R@1 (ties: the smaller beta)."""
+    """The dual logit's weight beside the re-ranker's logit with the best val t2i R@1 (ties: the smaller beta)."""
     scores = {}
     for beta in BETAS:
         rerank.beta = beta
@@ -65,24 +124,34 @@ def choose_beta(rerank: RerankMethod, val) -> tuple[float, dict]:
 
 
 def fit_all(bench: dict, text_encoder: str = MINILM_NAME, smoke: bool = False, seed: int = 0,
-            checkpoints=CHECKPOINTS, progress: bool = True) -> tuple[list, dict]:
+            checkpoints=CHECKPOINTS, progress: bool = True, course: bool = True) -> tuple[list, dict]:
     """Fit every method on bench["train"] (or load it from `checkpoints`), the fused re-ranker's beta
-    chosen on val. Returns (methods, {"train_seconds": {name: s}, "betas": {beta: val R@1}})."""
+    chosen on val; course=False: the heads only (lesson 08). Returns (methods, {"train_seconds": {name: s},
+    "betas": {fused re-ranker: {beta: val t2i R@1}}, "beta": {fused re-ranker: the beta chosen}})."""
     settings.seed_everything(seed)
     text = TextStates(text_encoder)
     scratch = TextStates(scratch=True, train_captions=bench["train"].captions)
-    methods, first = real_methods(smoke, seed, progress)
+    methods, rerankers = real_methods(smoke, seed, progress)
     seconds = {}
     for method in methods:
         start = time.perf_counter()
         uses = scratch if getattr(method.config, "text_tower", "pretrained") == "scratch" else text
         method.fit(bench, uses, cache_dir=checkpoints)
         seconds[method.name] = round(method.curve.seconds if method.curve else time.perf_counter() - start, 1)
-    rerank = methods[-1]
-    fused = RerankMethod(f"{rerank.name}+fused", rerank.dual, rerank.cross, SURVIVORS)
-    beta, on_val = choose_beta(fused, bench["val"])
-    methods.append(fused.fit(bench, text))
-    return methods, {"train_seconds": seconds, "betas": on_val, "beta": beta}
+    on_val, chosen = {}, {}
+    for rerank in rerankers:
+        fused = RerankMethod(f"{rerank.name}+fused", rerank.dual, rerank.cross, SURVIVORS)
+        chosen[fused.name], on_val[fused.name] = choose_beta(fused, bench["val"])
+        methods += [rerank.fit(bench, text), fused.fit(bench, text)]
+    if course:
+        wordpieces = tokenizer_for(bench["train"], name=pretrained_text_path(text_encoder))
+        with without_shipped_models():
+            for method in course_methods(text_encoder, smoke, seed):
+                start = time.perf_counter()
+                method.fit(bench, wordpieces, cache_dir=checkpoints)
+                seconds[method.name] = round(time.perf_counter() - start, 1)
+                methods.append(method)
+    return methods, {"train_seconds": seconds, "betas": on_val, "beta": chosen}
 
 
 def chance_metrics(split, ks=(1, 5, 10)) -> dict:
@@ -93,5 +162,5 @@ def chance_metrics(split, ks=(1, 5, 10)) -> dict:
     return out | {f"i2t_r{k}": float(np.mean([chance_recall(split.n_texts, k, int(c)) for c in per_image])) for k in ks}
 
 
-__all__ = ["chance_metrics", "fit_all", "real_methods", "choose_beta", "SETTINGS", "KS",
-           "SURVIVORS", "BETAS", "DUALS", "NO_ORACLE"]
+__all__ = ["chance_metrics", "fit_all", "real_methods", "course_methods", "course_sizes", "COURSE_METHODS",
+           "choose_beta", "SETTINGS", "KS", "SURVIVORS", "BETAS", "DUALS", "NO_ORACLE"]

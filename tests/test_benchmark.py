@@ -669,3 +669,16 @@ def test_the_benchmark_settings_reuse_a_first_stages_states_in_its_cascades(monk
                   checkpoints=tmp_path / "checkpoints")
     whole = [(name, id(split)) for name, split, some in encoded if not some]
     assert len(whole) == len(set(whole)) >= 2 * len(benchmark.SETTINGS)  # each split's images and captions once
+
+
+def test_a_runs_sizes_reach_every_config_of_their_class_and_no_other():
+    from course_lib.methods.cross_encoder.model import CrossEncoderConfig
+    from course_lib.methods.lightningdot.model import LightningDOTConfig
+    from course_lib.methods.registry import available_methods
+
+    dual, rerank = available_methods(0, True, ["lightningdot", "lightningdot+rerank@20"],
+                                     sizes={"LightningDOTConfig": {"finetune_steps": 7, "hidden": 32}})
+    assert dual.config == LightningDOTConfig.smoke(finetune_steps=7, hidden=32)
+    assert rerank.first is dual  # one model serves the cascade
+    plain = available_methods(0, True, ["cross_encoder"])[0]
+    assert isinstance(plain.config, CrossEncoderConfig) and rerank.reranker.config == plain.config  # another class

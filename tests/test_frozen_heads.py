@@ -14,8 +14,12 @@ import torch
 from test_data_scripts import load_script
 
 from course_lib.data.split import RetrievalSplit, concatenate
-from course_lib.methods.frozen_heads import (CrossConfig, CrossHeadsMethod, DualHeadsMethod, HeadsConfig,
-                                             RerankMethod, TextStates, _keep, image_tokens, recalls)
+from course_lib.methods.frozen_heads.cross import CrossConfig, CrossHeadsMethod
+from course_lib.methods.frozen_heads.dual import DualHeadsMethod, HeadsConfig, _keep
+from course_lib.methods.frozen_heads.features import TextStates, image_tokens
+from course_lib.methods.frozen_heads.rerank import RerankMethod
+from course_lib.methods.frozen_heads.scan import SCANHeadsConfig, SCANHeadsMethod, SCANScorer
+from course_lib.methods.frozen_heads.training import recalls
 from course_lib.real_benchmark import chance_metrics
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -125,3 +129,45 @@ def test_scratch_text_tower_learns_its_own_words(fitted):
     ids, _ = scratch.of(bench["test"])
     assert ids.dtype == torch.long and method.model.words.num_embeddings == len(scratch.tokenizer)
     assert method.query_fn(bench["test"], 0, 2)().tolist() == method.rank(bench["test"], "t2i", 2, [0])[0][0].tolist()
+
+
+@pytest.fixture(scope="module")
+def scan_heads(fitted):
+    bench, text, _, _, cache = fitted
+    config = SCANHeadsConfig(steps=4, batch_size=6, embed_dim=16)
+    return SCANHeadsMethod("scan", config, progress=False).fit(bench, text, cache)
+
+
+def test_scan_pair_scores_equal_the_all_pairs_matrix(fitted, scan_heads):
+    # two computations of SCAN's score: pair by pair through the attended vectors (func_attention), and every
+    # image against every caption through the Gram-matrix shortcut of scan_similarity
+    bench, text, _, _, _ = fitted
+    test, model = bench["test"], scan_heads.model
+    regions, boxes = image_tokens(test)
+    states, mask = text.of(test)
+    with torch.no_grad():
+        cells, words = model.project_images(regions, boxes), model.project_texts(states, mask)
+        matrix = model.similarity(words, mask, cells)  # (N, T)
+        n, t = torch.meshgrid(torch.arange(test.n_images), torch.arange(test.n_texts), indexing="ij")
+        pairs = model.score(words[t.flatten()], mask[t.flatten()], cells[n.flatten()]).view(matrix.shape)
+    torch.testing.assert_close(pairs, matrix, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(scan_heads.score_pairs(test, n.flatten(), t.flatten()).view(matrix.shape), matrix,
+                               rtol=1e-4, atol=1e-4)
+
+
+def test_scan_heads_rank_rerank_and_answer_online_as_offline(fitted, scan_heads):
+    bench, text, dual, _, cache = fitted
+    test = bench["test"]
+    again = SCANHeadsMethod("scan", scan_heads.config, progress=False).fit(bench, text, cache)  # from its checkpoint
+    assert again.curve.step == scan_heads.curve.step and again.curve.best_step == scan_heads.curve.best_step
+    assert scan_heads.curve.val_r1[scan_heads.curve.step.index(scan_heads.curve.best_step)] == max(scan_heads.curve.val_r1)
+    with torch.no_grad():
+        regions, boxes = image_tokens(test)
+        states, mask = text.of(test)
+        model = scan_heads.model
+        matrix = model.similarity(model.project_texts(states, mask), mask, model.project_images(regions, boxes))
+    indices, _ = scan_heads.rank(test, "t2i", 3)
+    assert torch.equal(indices, torch.topk(matrix.T, 3, dim=1).indices)
+    for method in (scan_heads, RerankMethod("r", dual, scan_heads, survivors=4, beta=1.0)):
+        offline = method.rank(test, "t2i", 3, [2])[0][0]
+        assert method.query_fn(test, caption_index=2, top_k=3)().tolist() == offline.tolist(), method.name

