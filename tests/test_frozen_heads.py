@@ -171,3 +171,21 @@ def test_scan_heads_rank_rerank_and_answer_online_as_offline(fitted, scan_heads)
     for method in (scan_heads, RerankMethod("r", dual, scan_heads, survivors=4, beta=1.0)):
         offline = method.rank(test, "t2i", 3, [2])[0][0]
         assert method.query_fn(test, caption_index=2, top_k=3)().tolist() == offline.tolist(), method.name
+
+
+def test_course_methods_on_real_features_get_the_switches_in_every_mode_and_sizes_by_default():
+    from course_lib.core.offline_weights import MINILM_NAME
+    from course_lib.methods.lightningdot.model import LightningDOTConfig
+    from course_lib.real_benchmark import COURSE_METHODS, course_methods, course_sizes
+
+    smoke, default = course_sizes(MINILM_NAME, smoke=True), course_sizes(MINILM_NAME)
+    assert smoke["LightningDOTConfig"] == dict(text_encoder=MINILM_NAME, hidden=384, heads=6, layers=1, pretrain_steps=0)
+    assert smoke["HiVLPConfig"] == {"fresh_scenes": 0}  # no generator behind photos
+    for name, fields in smoke.items():  # smoke shrinks only the sizes: every switch holds in both modes
+        assert default[name].items() >= fields.items()
+    assert default["LightningDOTConfig"]["finetune_steps"] < LightningDOTConfig().finetune_steps
+    methods = course_methods(MINILM_NAME, smoke=True)
+    assert [m.name for m in methods] == list(COURSE_METHODS)
+    dual = next(m for m in methods if m.name == "lightningdot")
+    assert dual.config == LightningDOTConfig.smoke(**smoke["LightningDOTConfig"])
+    assert next(m for m in methods if m.name == "lightningdot+rerank@20").first is dual
