@@ -94,7 +94,7 @@ def test_packaged_efficientnet_is_timms_efficientnet_lite0_with_imagenet_weights
         load_offline_backbone(wrong, "efficientnet_lite0")
 
 
-def test_offline_minilm_loads_and_reads_like_a_sentence_encoder(tmp_path, monkeypatch):
+def test_offline_minilm_loads_and_reads_like_a_sentence_encoder(tmp_path, monkeypatch, capfd):
     from transformers import AutoModel, AutoTokenizer
 
     from course_lib.core.encoders import BertTextEncoder
@@ -112,8 +112,12 @@ def test_offline_minilm_loads_and_reads_like_a_sentence_encoder(tmp_path, monkey
     mean = torch.nn.functional.normalize((states * batch["attention_mask"][..., None]).sum(1)
                                          / batch["attention_mask"].sum(1, keepdim=True), dim=-1)
     assert mean[0] @ mean[1] > mean[0] @ mean[2] + 0.2  # pretrained: paraphrases closer than another scene
+    capfd.readouterr()
     encoder = BertTextEncoder(None, pretrained_name=folder)  # the course's BERT encoder takes the folder
     assert encoder.out_dim == 384
+    torch.testing.assert_close(encoder.bert.embeddings.word_embeddings.weight, model.embeddings.word_embeddings.weight)
+    shown = capfd.readouterr()
+    assert "LOAD REPORT" not in shown.err + shown.out and "pooler" not in shown.err + shown.out  # left out on purpose
 
 
 # ----------------------------------------------------------------------------- extraction on real photos

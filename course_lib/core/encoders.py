@@ -31,7 +31,7 @@ import torch.nn as nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from course_lib.core.blocks import RegionEmbedding, Transformer
-from course_lib.core.settings import from_hub, hub_error
+from course_lib.core.settings import CourseNote, from_hub, hub_error
 from course_lib.core.tokens import WORD_SPECIAL_TOKENS, SpecialTokens
 
 # the course's ViT for the synthetic 32x32 images: 8x8 patches of 4 pixels, 2 blocks of width 64
@@ -259,6 +259,27 @@ class TransformerTextEncoder(nn.Module):
         return _transformer_output(self.transformer, self.dropout(x), mask, return_layers)  # (B, T, H)
 
 
+def _bert_without_pooler(name: str, **kwargs):
+    """BertModel.from_pretrained without the pooler (LightningDOT reads [CLS]'s last state). transformers
+    reports the checkpoint's pooler weights as unexpected in a table on the console; leaving them out is the
+    point, so the table is held back, and a CourseNote names any weight the checkpoint lacks instead."""
+    import warnings
+
+    from transformers import BertModel
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        bert, info = BertModel.from_pretrained(name, add_pooling_layer=False, output_loading_info=True, **kwargs)
+    finally:
+        hf_logging.set_verbosity(level)
+    if info.get("missing_keys"):
+        warnings.warn(f"the pretrained BERT {name!r} lacks {sorted(info['missing_keys'])}: they start from random "
+                      "weights", CourseNote, stacklevel=3)
+    return bert
+
+
 class BertTextEncoder(nn.Module):
     """A BERT encoder (transformers' BertModel, no pooler); pooled = the [CLS] last hidden state.
 
@@ -286,10 +307,9 @@ class BertTextEncoder(nn.Module):
                                 attention_probs_dropout_prob=dropout, pad_token_id=special.pad)
             self.bert = BertModel(config, add_pooling_layer=False)
         else:
-            self.bert = from_hub(
-                lambda **kw: BertModel.from_pretrained(pretrained_name, add_pooling_layer=False, **kw),
-                f"the pretrained BERT {pretrained_name!r}",
-                "Offline, use random weights: BertTextEncoder(len(tokenizer)) (pretrained_name=None).")
+            self.bert = from_hub(lambda **kw: _bert_without_pooler(pretrained_name, **kw),
+                                 f"the pretrained BERT {pretrained_name!r}",
+                                 "Offline, use random weights: BertTextEncoder(len(tokenizer)) (pretrained_name=None).")
             if vocab_size is not None and vocab_size != self.bert.config.vocab_size:
                 raise ValueError(
                     f"vocab_size {vocab_size} does not match {pretrained_name!r}'s vocabulary of "
