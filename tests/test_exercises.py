@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from course_lib.exercises import ExerciseError, check_i2t_ranks, check_t2i_ranks
+from course_lib.exercises.errors import ExerciseError
+from course_lib.exercises.ranking import check_i2t_ranks, check_t2i_ranks
 
 
 def t2i_loop(sims, txt2img):
@@ -71,7 +72,7 @@ def _hinge_loop(scores, margin, max_violation):
 
 
 def test_hinge_checker_accepts_a_loop_and_names_mistakes(capsys):
-    from course_lib.exercises import check_hinge_loss
+    from course_lib.exercises.ranking import check_hinge_loss
 
     check_hinge_loss(_hinge_loop)
     assert "correct" in capsys.readouterr().out
@@ -111,7 +112,7 @@ def _attention_loop(query, context, lam):
 def test_attention_checker_accepts_a_loop_and_names_mistakes(capsys):
     import torch
 
-    from course_lib.exercises import check_func_attention
+    from course_lib.exercises.attention import check_func_attention
 
     check_func_attention(_attention_loop)
     assert "correct" in capsys.readouterr().out
@@ -132,7 +133,7 @@ def test_attention_checker_accepts_a_loop_and_names_mistakes(capsys):
 def test_attention_checker_names_the_softmax_axis_and_the_missing_clip():
     import torch
 
-    from course_lib.exercises import check_func_attention
+    from course_lib.exercises.attention import check_func_attention
 
     def no_clip(q, c, lam):
         attn = torch.bmm(c, q.transpose(1, 2))
@@ -163,7 +164,7 @@ def _cmr_loop(scores):
 
 
 def test_cmr_checker_accepts_the_library_and_a_loop(capsys):
-    from course_lib.exercises import check_cmr_loss
+    from course_lib.exercises.pretraining import check_cmr_loss
     from course_lib.core.losses import contrastive_loss
 
     check_cmr_loss(contrastive_loss)
@@ -175,7 +176,7 @@ def test_cmr_checker_names_the_usual_mistakes():
     import torch
     import torch.nn.functional as F
 
-    from course_lib.exercises import check_cmr_loss
+    from course_lib.exercises.pretraining import check_cmr_loss
 
     def rows_only(s):
         return F.cross_entropy(s, torch.arange(len(s)))
@@ -230,7 +231,7 @@ def _mask_loop(input_ids, attention_mask, vocab_size, mask_prob, generator):
 
 
 def test_mask_checker_accepts_the_library_and_a_loop(capsys):
-    from course_lib.exercises import check_mask_tokens
+    from course_lib.exercises.pretraining import check_mask_tokens
     from course_lib.core.losses import mask_tokens
 
     check_mask_tokens(mask_tokens)
@@ -278,7 +279,7 @@ def _variant(*, specials=False, all_mask=False, labels_everywhere=False, force_o
     ("random_from_all", "special tokens"),
 ])
 def test_mask_checker_names_the_usual_mistakes(switch, message):
-    from course_lib.exercises import check_mask_tokens
+    from course_lib.exercises.pretraining import check_mask_tokens
 
     kwargs = {switch: switch != "force_one"} if switch != "force_one" else {"force_one": False}
     with pytest.raises(ExerciseError, match=message):
@@ -300,7 +301,7 @@ def _eq15_loop(image_intra, text_intra, image_inter, text_inter, alpha=0.5):
 
 
 def test_eq15_checker_accepts_the_library_and_a_loop(capsys):
-    from course_lib.exercises import check_enhanced_similarity
+    from course_lib.exercises.ubert import check_enhanced_similarity
     from course_lib.methods.ubert.model import enhanced_similarity
 
     check_enhanced_similarity(enhanced_similarity)
@@ -312,7 +313,7 @@ def test_eq15_checker_names_the_usual_mistakes():
     import torch
     import torch.nn.functional as F
 
-    from course_lib.exercises import check_enhanced_similarity
+    from course_lib.exercises.ubert import check_enhanced_similarity
 
     def dot(ii, ti, ie, te, alpha=0.5):
         return ((alpha * ii + ie) * (alpha * ti + te)).sum(-1)
@@ -380,7 +381,7 @@ def _one_by_one(model, query, gallery):
 
 
 def test_rerank_checker_accepts_a_loop_and_the_batched_scorer(ubert_pair, capsys):
-    from course_lib.exercises import check_rerank_one_by_one
+    from course_lib.exercises.ubert import check_rerank_one_by_one
     from course_lib.methods.ubert.model import rescore_candidates
 
     model, query, gallery = ubert_pair
@@ -393,7 +394,7 @@ def test_rerank_checker_accepts_a_loop_and_the_batched_scorer(ubert_pair, capsys
 def test_rerank_checker_names_the_usual_mistakes(ubert_pair):
     import torch
 
-    from course_lib.exercises import check_rerank_one_by_one
+    from course_lib.exercises.ubert import check_rerank_one_by_one
 
     model, query, gallery = ubert_pair
     cases = [
@@ -428,7 +429,7 @@ def _h_loop(forward_logits, backward_logits, input_ids, reversed_ids, attention_
 
 
 def test_log_likelihood_checker_accepts_the_library_and_a_loop(capsys):
-    from course_lib.exercises import check_summed_log_likelihood
+    from course_lib.exercises.fast_slow import check_summed_log_likelihood
     from course_lib.methods.fast_slow.model import summed_log_likelihood
 
     check_summed_log_likelihood(summed_log_likelihood)
@@ -439,7 +440,7 @@ def test_log_likelihood_checker_accepts_the_library_and_a_loop(capsys):
 def test_log_likelihood_checker_names_the_usual_mistakes():
     import torch
 
-    from course_lib.exercises import check_summed_log_likelihood
+    from course_lib.exercises.fast_slow import check_summed_log_likelihood
 
     def one_direction(logits, ids, words, shift=True):
         log_p = torch.log_softmax(logits, dim=-1)
@@ -488,7 +489,8 @@ def test_log_likelihood_checker_names_the_usual_mistakes():
 def test_loss_checkers_accept_a_plain_number_and_say_it_cannot_train(capsys):
     # a Python float used to be refused ("expected one number (a 0-d tensor), got float")
     from course_lib.core.losses import contrastive_loss
-    from course_lib.exercises import check_cmr_loss, check_hrl_loss
+    from course_lib.exercises.pretraining import check_cmr_loss
+    from course_lib.exercises.hivlp import check_hrl_loss
     from course_lib.methods.hivlp.model import hrl_loss
 
     check_cmr_loss(lambda s: float(contrastive_loss(s)))
@@ -502,7 +504,7 @@ def test_hrl_checker_names_one_direction_only():
     import torch
     import torch.nn.functional as F
 
-    from course_lib.exercises import check_hrl_loss
+    from course_lib.exercises.hivlp import check_hrl_loss
 
     def images_as_queries(images, texts):
         return sum(F.cross_entropy(i @ t.T, torch.arange(len(i))) for i, t in zip(images, texts))
@@ -520,7 +522,7 @@ def test_timing_checker_accepts_latency_vs_gallery_and_names_what_is_wrong(capsy
     import torch
 
     from course_lib.core.timing import latency_vs_gallery
-    from course_lib.exercises import check_latency_rows, check_top_k
+    from course_lib.exercises.timing import check_latency_rows, check_top_k
 
     rows = latency_vs_gallery(lambda n: (lambda: sum(range(n))), [100, 200, 400, 800], warmup=1, repeats=3,
                               max_measured=400)
@@ -545,7 +547,7 @@ def test_timing_checker_accepts_latency_vs_gallery_and_names_what_is_wrong(capsy
 def test_chance_checker_accepts_the_library_and_names_the_usual_mistakes(capsys):
     from math import comb
 
-    from course_lib.exercises import check_chance_recall
+    from course_lib.exercises.real_photos import check_chance_recall
     from course_lib.notebook import chance_recall
 
     check_chance_recall(chance_recall)  # the library's product over picks against the checker's count of sets

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from course_lib.data.datasets import PairCollate, PairDataset
-from course_lib.exercises import ExerciseError, check_score_one_caption
+from course_lib.exercises.errors import ExerciseError
+from course_lib.exercises.fast_slow import check_score_one_caption
 from course_lib.methods.fast_slow.model import FastConfig, FastModel, SlowConfig, SlowModel
 from course_lib.studies.fast_slow import (
     cascade_ranks,

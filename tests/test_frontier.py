@@ -6,7 +6,7 @@ import itertools
 import numpy as np
 import pytest
 
-from course_lib.exercises import check_pareto_front
+from course_lib.exercises.frontier import check_pareto_front
 from course_lib.studies import frontier
 
 
