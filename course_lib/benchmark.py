@@ -58,6 +58,11 @@ KS = {"test": (1, 5, 10), "full": (5, 10, 20), "compositional": (1, 5, 10)}
 MIN_SAMPLED_QUERIES = (100, 10)
 # the most training processes by default: each holds its own copy of the benchmark's data
 MAX_JOBS = 4
+# pairs a pairwise scorer may score per setting and direction on real features: the course's cross-encoder
+# reads about 1,700 pairs a second on two CPU cores, so its budget for the synthetic benchmark (600k) would
+# take it six minutes a direction; 100k keeps every query of the 100-photo test split and samples the full
+# setting's (course_lib.real_benchmark's methods)
+REAL_PAIR_CAP = 100_000
 LATENCY_SIZES = (1_000, 5_000)  # gallery sizes of the latency table (docs/results.md: ms/query at 1k and 5k)
 
 
@@ -65,10 +70,12 @@ ORACLE_NOTE = ("Bayes-optimal ranking under the generator's own caption likeliho
                "recall any model can reach (course_lib.data.oracle)")
 
 
-def evaluate(method, split, ks, smoke: bool = False, seed: int = 0, every_pair: bool = False) -> tuple[dict, str]:
+def evaluate(method, split, ks, smoke: bool = False, seed: int = 0, every_pair: bool = False,
+             pair_cap: int | None = None) -> tuple[dict, str]:
     """Recalls of a method on a split from its rankings, per direction: every query of the split,
     or a fixed random sample of them when pairs_per_query x queries exceeds the method's
-    eval_pairs budget (every_pair=True lifts the budget, up to the method's every_pair_limit). A
+    eval_pairs budget (every_pair=True lifts the budget, up to the method's every_pair_limit; pair_cap
+    lowers it to at most that many pairs). A
     direction whose budget allows fewer than MIN_SAMPLED_QUERIES is not ranked: its recalls are None.
     Returns (metrics, how it was measured)."""
     metrics, how = {}, []
@@ -79,6 +86,8 @@ def evaluate(method, split, ks, smoke: bool = False, seed: int = 0, every_pair: 
         limit = getattr(method, "every_pair_limit", None)
         if every_pair and (limit is None or per_query * len(queries) <= limit):
             budget = None
+        if pair_cap is not None:
+            budget = pair_cap if budget is None else min(budget, pair_cap)
         if budget is not None and per_query * len(queries) > budget:
             n = max(1, budget // max(per_query, 1))
             fewest = MIN_SAMPLED_QUERIES[1 if smoke else 0]
@@ -268,7 +277,7 @@ def evaluate_real(methods, bench: dict, smoke: bool = False, seed: int = 0, prog
     for method in tqdm(methods, desc="evaluating", disable=not progress):
         for setting in REAL_SETTINGS:
             split = bench[setting]
-            metrics, how = evaluate(method, split, REAL_KS[setting], smoke, seed)
+            metrics, how = evaluate(method, split, REAL_KS[setting], smoke, seed, pair_cap=REAL_PAIR_CAP)
             query = _latency(method, split, (split.n_images,), smoke, repeats)[-1]
             rows.append(_row(method.name, setting, split, metrics, REAL_KS[setting], query["ms_per_query"],
                              f"{how}; ms: one text query (its text encoder included), median of {repeats}",

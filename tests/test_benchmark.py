@@ -104,6 +104,11 @@ def test_slow_methods_are_scored_on_sampled_queries(monkeypatch):
     monkeypatch.setattr(method, "every_pair_limit", 30 * split.n_texts)  # every pair fits: lifted
     exhaustive, how = benchmark.evaluate(method, split, (1, 5, 10), smoke=True, seed=0, every_pair=True)
     assert "sampled" not in how
+    capped, how = benchmark.evaluate(method, split, (1, 5, 10), smoke=True, seed=0, pair_cap=30 * 12)
+    assert "t2i on 12 sampled queries" in how and capped == metrics  # a cap samples as a budget does
+    monkeypatch.setattr(method, "eval_pairs", (None, None))
+    capped, how = benchmark.evaluate(method, split, (1, 5, 10), smoke=True, seed=0, pair_cap=30 * 12)
+    assert "t2i on 12 sampled queries" in how and capped == metrics  # and binds where no budget did
     full = retrieval_metrics(method.similarity(split), split.txt2img)
     assert all(exhaustive[k] == pytest.approx(full[k]) for k in exhaustive)
     sims = method.similarity(split).numpy()
