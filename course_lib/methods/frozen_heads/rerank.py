@@ -3,17 +3,11 @@ pairwise scorer (the cross-encoder or SCAN's attention), fused with the dual's l
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 import torch
 
 from course_lib.methods.frozen_heads.training import FrozenMethod
 from course_lib.methods.queries import query_indices, top_k_of
-
-if TYPE_CHECKING:  # hints only: the scorers import rerank_query from here
-    from course_lib.methods.frozen_heads.cross import CrossHeadsMethod
-    from course_lib.methods.frozen_heads.dual import DualHeadsMethod
 
 def rerank_query(dual, cross, split, caption_index, top_k, survivors, beta):
     """A zero-argument callable answering one text query: dual top-`survivors` (every image without a
@@ -46,7 +40,8 @@ class RerankMethod(FrozenMethod):
     """Two stages (LightningDOT's re-ranking): the dual encoder's top M, re-scored by the cross-encoder;
     score = cross logit + beta x the dual's logit (beta = 0: LightningDOT's, the cross score alone)."""
 
-    def __init__(self, name: str, dual: DualHeadsMethod, cross: CrossHeadsMethod, survivors: int, beta: float = 0.0):
+    def __init__(self, name: str, dual, cross, survivors: int, beta: float = 0.0):
+        """dual: a fitted DualHeadsMethod; cross: a fitted pairwise scorer (CrossHeadsMethod, SCANHeadsMethod)."""
         super().__init__(name, None, dual.progress)
         self.dual, self.cross, self.survivors, self.beta = dual, cross, survivors, beta
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -14,11 +14,8 @@ import torch.nn as nn
 
 from course_lib.core.checkpoints import checkpoint_name
 from course_lib.core.metrics import ranks_from_top_k, recall_at_k
-from course_lib.methods.frozen_heads.features import image_tokens
+from course_lib.methods.frozen_heads.features import TextStates, image_tokens
 from course_lib.methods.queries import ground_truth
-
-if TYPE_CHECKING:
-    from course_lib.methods.frozen_heads.features import TextStates
 
 @dataclass
 class Curve:
