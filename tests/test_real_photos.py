@@ -213,7 +213,7 @@ def test_benchmark_on_real_features_writes_its_results_without_touching_shipped_
     from course_lib.core.shipped import SHIPPED_MODELS
 
     before = {p.name: p.stat().st_mtime_ns for p in SHIPPED_MODELS.iterdir()}
-    json_path = copy_photos(tmp_path, (16, 4, 4))  # 80 training captions: one smoke batch of 64
+    json_path = copy_photos(tmp_path, (26, 4, 4))  # 130 training captions: a smoke batch of 128 (SCAN)
     assert run(json_path, tmp_path / "images", tmp_path / "features") == 0
     results = main(["--features", str(tmp_path / "features"), "--out", str(tmp_path / "out"), "--smoke",
                     "--checkpoints", str(tmp_path / "checkpoints")])
