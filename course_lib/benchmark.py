@@ -41,7 +41,8 @@ from course_lib.core.timing import latency_vs_gallery
 from course_lib.core.offline_weights import MINILM_NAME
 from course_lib.data.features import load_feature_bench
 from course_lib.data.oracle import oracle_ceiling
-from course_lib.real_benchmark import KS as REAL_KS, NO_ORACLE, SETTINGS as REAL_SETTINGS, chance_metrics, fit_all
+from course_lib.real_benchmark import (KS as REAL_KS, NO_ORACLE, SETTINGS as REAL_SETTINGS, chance_metrics, fit_all,
+                                      training_curves)
 from course_lib.methods.queries import ground_truth
 from course_lib.methods.registry import available_methods, registered_names
 from course_lib.shipping import SEED, benchmark_data, own_models, refresh
@@ -319,8 +320,7 @@ def run_features(features_dir, out="outputs/benchmark-real", text_encoder: str =
                    | {m.name: m.notes for m in methods},
         "rows": rows,
         "latency": [],
-        "curves": {m.name: {"step": m.curve.step, "loss": m.curve.loss, "val_r1": m.curve.val_r1,
-                            "train_r1": m.curve.train_r1} for m in methods if getattr(m, "curve", None)},
+        "curves": training_curves(methods),
     }
     write_outputs(results, out)
     return results

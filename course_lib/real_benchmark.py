@@ -9,8 +9,9 @@ trained on train, reported on test and on the full setting (test queries against
 - the course's own methods that read regions (COURSE_METHODS, from the registry: lessons 01-05's
   VSE++, SCAN, the cross-encoder, LightningDOT and its re-ranker, U-BERT, HiVLP over regions), the grid
   cells as their regions, tokenised with the pretrained text encoder's WordPiece vocabulary, at sizes
-  for 600 training photos (course_sizes). LightningDOT's language encoder starts from that encoder, as
-  the paper's from BERT-base; the others learn their word embeddings from nothing, as on the synthetic data.
+  for 600 training photos (course_sizes). LightningDOT's language encoder and U-BERT's BERT_txt start from
+  that encoder, as the papers' from BERT-base; the others learn their word embeddings from nothing, as on
+  the synthetic data.
 
 Nothing ships for real data, and the synthetic shipped models are never looked at. There is no oracle
 row, because real data has no generator: chance and a linear probe frame the learned rows instead.
@@ -68,7 +69,7 @@ COURSE_METHODS = ("vsepp", "scan", "cross_encoder", "lightningdot", "lightningdo
 def course_sizes(text_encoder: str = MINILM_NAME, smoke: bool = False) -> dict:
     """registry.Build.sizes for COURSE_METHODS on real features. The synthetic defaults train thousands of
     steps on 10k scenes; 600 photos (3,000 captions: about 24 batches of 128 an epoch) get about six epochs
-    of each training stage. The switches (LightningDOT's pretrained text side and its width, no fresh
+    of each training stage. The switches (LightningDOT's and U-BERT's pretrained text side and its width, no fresh
     synthetic scenes for HiVLP, no in-domain pre-training on the same 600 photos) hold in smoke mode too:
     smoke shrinks only the steps."""
     from transformers import AutoConfig
@@ -79,6 +80,8 @@ def course_sizes(text_encoder: str = MINILM_NAME, smoke: bool = False) -> dict:
         # pre-training stands in for VMLM: 600 photos are the fine-tuning data, not a pre-training corpus
         "LightningDOTConfig": dict(text_encoder=text_encoder, hidden=width, heads=max(1, width // 64), layers=1,
                                    pretrain_steps=0),
+        # U-BERT's BERT_txt from the same BERT (the paper's towers start from BERT-base), BERT_img one block
+        "UBERTConfig": dict(text_encoder=text_encoder, hidden=width, heads=max(1, width // 64), tower_layers=1),
         "HiVLPConfig": dict(fresh_scenes=0),  # no generator behind real photos
     }
     if smoke:
@@ -90,7 +93,9 @@ def course_sizes(text_encoder: str = MINILM_NAME, smoke: bool = False) -> dict:
         # one rate for MiniLM and the region tower trained from nothing: BERT's 5e-5 (the paper's) left the
         # tower barely trained (val t2i R@1 6.6), 1e-4 gave 11.8, 3e-4 14.8 (docs/tuning_notes.md)
         "LightningDOTConfig": dict(finetune_steps=150, finetune_lr=3e-4, batch_size=64),
-        "UBERTConfig": dict(max_steps=150, cross_steps=300, batch_size=128),
+        # BERT_txt from MiniLM at the course's step-1 rate: val t2i R@1 flat at 19-20 from step ~70 of 150 (3e-4:
+        # 16.2); step 2 at width 384 costs ~2 s a step on one thread, so 150 of them (docs/tuning_notes.md)
+        "UBERTConfig": dict(max_steps=150, cross_steps=150, batch_size=128),
         "HiVLPConfig": dict(max_steps=150, batch_size=128),
     }
     return {name: {**switches.get(name, {}), **steps.get(name, {})} for name in switches | steps}
@@ -155,6 +160,27 @@ def fit_all(bench: dict, text_encoder: str = MINILM_NAME, smoke: bool = False, s
     return methods, {"train_seconds": seconds, "betas": on_val, "beta": chosen}
 
 
+def training_curves(methods) -> dict:
+    """{name: {"step", "val_r1", "train_r1"}}: t2i R@1 on val and train[:n] along training, of every model
+    that trained (a head's Curve; a course method's evaluation rows, one entry per training stage, e.g.
+    "lightningdot (finetune)"). The re-rankers and cascades train nothing of their own and have none."""
+    curves = {}
+    for method in methods:
+        curve = getattr(method, "curve", None)
+        if curve is not None and curve.step:
+            curves[method.name] = {"step": curve.step, "val_r1": curve.val_r1, "train_r1": curve.train_r1}
+            continue
+        history = getattr(method, "history", None)
+        stages = history.items() if isinstance(history, dict) else [(None, history)]
+        for stage, one in stages:
+            rows = [r for r in one.rows(eval=True) if "val_t2i_r1" in r] if one is not None else []
+            if rows:
+                curves[method.name if stage is None else f"{method.name} ({stage})"] = {
+                    "step": [r["step"] for r in rows], "val_r1": [r["val_t2i_r1"] for r in rows],
+                    "train_r1": [r.get("train_t2i_r1") for r in rows]}
+    return curves
+
+
 def chance_metrics(split, ks=(1, 5, 10)) -> dict:
     """A random ranking's expected recalls: t2i one true image among the gallery's; i2t an image's captions
     (5 here) among every caption."""
@@ -163,5 +189,5 @@ def chance_metrics(split, ks=(1, 5, 10)) -> dict:
     return out | {f"i2t_r{k}": float(np.mean([chance_recall(split.n_texts, k, int(c)) for c in per_image])) for k in ks}
 
 
-__all__ = ["chance_metrics", "fit_all", "real_methods", "course_methods", "course_sizes", "COURSE_METHODS",
+__all__ = ["chance_metrics", "training_curves", "fit_all", "real_methods", "course_methods", "course_sizes", "COURSE_METHODS",
            "choose_beta", "SETTINGS", "KS", "SURVIVORS", "BETAS", "DUALS", "NO_ORACLE"]

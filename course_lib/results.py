@@ -80,16 +80,20 @@ def cascade_timing_problems(methods, rows) -> str | None:
 
 
 def write_outputs(results: dict, out: Path) -> None:
-    """results.json, results.md and pareto.png into `out`, all or nothing: each is written to a
-    temporary file first and renamed over the old one only once all three are written, so a run
-    that fails or is interrupted while writing leaves the previous outputs whole."""
+    """results.json, results.md and pareto.png (and curves.png where results has "curves") into `out`, all
+    or nothing: each is written to a temporary file first and renamed over the old one only once all are
+    written, so a run that fails or is interrupted while writing leaves the previous outputs whole."""
     out = Path(out)
     staged = {out / "results.json": out / ".results.json.tmp", out / "results.md": out / ".results.md.tmp",
               out / "pareto.png": out / ".pareto.tmp.png"}
+    if results.get("curves"):  # a real-data run: its learning curves too
+        staged[out / "curves.png"] = out / ".curves.tmp.png"
     try:
         staged[out / "results.json"].write_text(json.dumps(results, indent=2))
         staged[out / "results.md"].write_text(results_markdown(results))
         _save_pareto(results["rows"], staged[out / "pareto.png"])
+        if out / "curves.png" in staged:
+            _save_curves(results["curves"], staged[out / "curves.png"])
         for final, temporary in staged.items():
             os.replace(temporary, final)  # atomic on one file system
     finally:
@@ -291,6 +295,13 @@ def update_readme(results: dict | None, readme: str | Path, check_only: bool = F
     finally:
         for temporary in staged.values():
             temporary.unlink(missing_ok=True)
+
+
+def _save_curves(curves: dict, path: Path) -> None:
+    """Every trained model's learning curve, a panel each (viz.plot_training_curves)."""
+    from course_lib.viz import plot_training_curves
+
+    plot_training_curves(curves).savefig(path, dpi=110)
 
 
 def _save_pareto(rows, path: Path) -> None:

@@ -142,6 +142,39 @@ def plot_learning_curve(histories: dict, *, metric: str = "t2i_r1", ax=None, tit
     return ax
 
 
+def plot_training_curves(curves: dict, fig=None, *, cols: int = 4):
+    """One panel per trained model of a results.json's "curves" ({name: {"step", "val_r1", "train_r1"}}):
+    t2i R@1 on val (solid) and on train[:n] (dashed) against the training step, the best val point
+    ringed. What the sizes of a real-data run are read from: a val curve that peaks and sinks while
+    train[:n] climbs is overfitting (keep the peak), one still rising at its last point wants more steps."""
+    from matplotlib.figure import Figure
+
+    names = list(curves)
+    if not names:
+        raise ValueError("no curves to draw: the results hold no model with a learning curve")
+    rows = -(-len(names) // cols)
+    fig = fig or Figure(figsize=(3.4 * cols, 2.6 * rows))
+    axes = fig.subplots(rows, cols, squeeze=False).ravel()
+    for ax, name in zip(axes, names):
+        c = curves[name]
+        ax.plot(c["step"], c["val_r1"], "o-", ms=3, label="val")
+        if any(v is not None for v in c.get("train_r1", [])):
+            ax.plot(c["step"], c["train_r1"], "s--", ms=3, alpha=0.6, label="train[:n]")
+        best = max(range(len(c["val_r1"])), key=lambda i: c["val_r1"][i])
+        ax.plot([c["step"][best]], [c["val_r1"][best]], "o", ms=9, mfc="none", color="k")
+        ax.set_title(name, fontsize=8)
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.tick_params(labelsize=7)
+    for ax in axes[len(names):]:
+        ax.set_visible(False)
+    axes[0].legend(fontsize=7)
+    fig.supxlabel("training step", fontsize=9)
+    fig.supylabel("t2i R@1 (%)", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
 def plot_timings(results: dict, *, ax=None, title="per-call time"):
     """Box plot of the per-call times (ms) of several TimingResults, keyed by label, on a linear axis
     from 0 (so that one box twice as high took twice as long), each median written beside its box."""

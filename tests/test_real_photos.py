@@ -217,7 +217,10 @@ def test_benchmark_on_real_features_writes_its_results_without_touching_shipped_
     assert run(json_path, tmp_path / "images", tmp_path / "features") == 0
     results = main(["--features", str(tmp_path / "features"), "--out", str(tmp_path / "out"), "--smoke",
                     "--checkpoints", str(tmp_path / "checkpoints")])
-    assert {p.name for p in (tmp_path / "out").iterdir()} >= {"results.json", "results.md", "pareto.png"}
+    assert {p.name for p in (tmp_path / "out").iterdir()} >= {"results.json", "results.md", "pareto.png", "curves.png"}
+    curves = results["curves"]  # both groups' learning curves: the heads' and each course stage's
+    assert {"linear-probe", "scan-heads", "vsepp", "lightningdot (finetune)", "ubert-embed (towers)"} <= set(curves)
+    assert all(len(c["step"]) == len(c["val_r1"]) > 0 for c in curves.values())
     names = {r["method"] for r in results["rows"]}
     assert {"chance", "linear-probe", "lightningdot-heads", "cross-heads", "lightningdot-heads+rerank@10"} | set(COURSE_METHODS) <= names
     assert "oracle" not in names and "no oracle row" in (tmp_path / "out" / "results.md").read_text()

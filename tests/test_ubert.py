@@ -13,6 +13,7 @@ import torch
 from course_lib.core.blocks import masked_mean
 from course_lib.data.datasets import PairCollate, PairDataset
 from course_lib.core.losses import hinge_triplet_loss
+from course_lib.data.tokenizer import build_word_tokenizer
 from course_lib.core.metrics import ranks_from_top_k, recall_at_k
 from course_lib.methods.queries import ground_truth
 from course_lib.methods.scan.method import SCANMethod
@@ -21,7 +22,7 @@ from course_lib.methods.ubert.model import (STEP_TWO_PARTS, UBERTConfig, build_u
                                             enhanced_similarity, rescore_candidates, score_cached_pairs)
 from course_lib.shipping import own_models
 from course_lib.methods.ubert.method import (TOP_K, UBERTCascade, UBERTMethod, cross_loss, tower_config,
-                                    train_ubert)
+                                    tower_loss, train_ubert)
 
 TOL = 1e-5
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -240,6 +241,40 @@ def test_step_two_freezes_the_towers_bit_for_bit(bench, tok, tmp_path):
     assert any(not torch.equal(final[k], fresh_cross[k]) for k in final if k.startswith("cross."))
     # the towers of step 1 do not depend on the cross fields
     assert tower_config(dataclasses.replace(cfg, cross_layers=3, cross_input="towers")) == tower_config(cfg)
+
+
+def test_bert_txt_can_start_from_a_pretrained_bert(bench, minilm_folder):
+    """text_encoder=MiniLM: t_i are BERT's embedding output, T_intra the unit mean of its last layer;
+    step 1 trains it, step 2 freezes it with the other tower."""
+    from transformers import AutoModel
+
+    from course_lib.data.tokenizer import tokenizer_for
+
+    name, folder = minilm_folder
+    wordpieces = tokenizer_for(bench["train"], name=folder)
+    config = small_config(text_encoder=name, hidden=384, heads=6, cross_towers="none")
+    torch.manual_seed(0)
+    model = build_ubert(config, bench["train"], wordpieces).eval()
+    reference = AutoModel.from_pretrained(folder).eval()  # the same weights, loaded on their own
+    texts = dict(wordpieces(bench["val"].captions[:4], padding=True, return_tensors="pt"))
+    with torch.no_grad():
+        tokens, mask, intra = model.text_states(texts)
+        out = reference(**texts, output_hidden_states=True)
+    expected = torch.nn.functional.normalize(masked_mean(out.last_hidden_state, mask), dim=-1)
+    assert torch.allclose(tokens, out.hidden_states[0], atol=1e-5) and torch.allclose(intra, expected, atol=1e-5)
+
+    model.train()
+    loss = tower_loss(config)(model, pair_batch(bench["train"], wordpieces, range(8)))
+    loss.backward()
+    assert model.text_tower.bert.encoder.layer[0].attention.self.query.weight.grad.abs().sum() > 0
+    model.freeze_towers().train()
+    assert not model.text_tower.training and not any(p.requires_grad for p in model.text_tower.parameters())
+
+    with pytest.raises(ValueError, match=r"hidden=16.*UBERTConfig\(hidden=384\)"):
+        build_ubert(small_config(text_encoder=name, cross_towers="none"), bench["train"], wordpieces)
+    with pytest.raises(ValueError, match="tokenizer_for"):  # the word tokenizer's ids do not fit BERT's table
+        build_ubert(config, bench["train"], build_word_tokenizer(bench["train"].captions))
+    assert "text_encoder" not in small_config().to_dict() and config.to_dict()["text_encoder"] == name
 
 
 def test_joint_training_moves_every_part(bench, tok):

@@ -190,6 +190,21 @@ def test_pareto_labels_never_overlap_and_sit_nearest_their_own_marker():
             assert distance(centres[nearest]) == pytest.approx(distance(own)), f"{label!r} sits nearer another marker"
 
 
+def test_training_curves_one_panel_per_model_with_its_best_val_point_ringed():
+    curves = {"a": {"step": [10, 20, 30], "val_r1": [4.0, 9.0, 6.0], "train_r1": [5.0, 12.0, 20.0]},
+              "b": {"step": [100], "val_r1": [2.0], "train_r1": [None]},  # a stage without a train curve
+              "c": {"step": [1, 2], "val_r1": [1.0, 3.0], "train_r1": [1.0, 4.0]}}
+    fig = viz.plot_training_curves(curves, cols=2)
+    visible = [ax for ax in fig.axes if ax.get_visible()]
+    assert [ax.get_title() for ax in visible] == ["a", "b", "c"] and len(fig.axes) == 4
+    val, train, best = visible[0].get_lines()
+    assert list(val.get_ydata()) == [4.0, 9.0, 6.0] and list(train.get_ydata()) == [5.0, 12.0, 20.0]
+    assert (list(best.get_xdata()), list(best.get_ydata())) == ([20], [9.0])
+    assert len(visible[1].get_lines()) == 2  # val and its best point only
+    with pytest.raises(ValueError, match="no curves"):
+        viz.plot_training_curves({})
+
+
 def test_learning_curve_draws_val_and_train_against_cpu_seconds():
     from course_lib.core.history import History
 

@@ -1,5 +1,6 @@
 """Dual encoders of light heads on frozen features: a TokenHead per side (the linear probe, VSE++'s pooled
-vector through an MLP, LightningDOT's encoders made shallow), cosine scores at a learned temperature,
+vector through an MLP, an MLP on every grid cell and word before the mean, LightningDOT's encoders made
+shallow), cosine scores at a learned temperature,
 InfoNCE (LightningDOT's CMR) or VSE++'s hinge; DualHeadsMethod trains one and keeps its best val point."""
 
 from __future__ import annotations
@@ -26,7 +27,10 @@ from course_lib.methods.queries import query_indices, top_k_of
 class HeadsConfig(CourseConfig):
     """A dual encoder of light heads on frozen features (sizes from the learning curves of lesson 08)."""
 
-    image_head: str = "mlp"  # "mean" | "mlp" | "attention"
+    # "mean": a linear map of the mean of the tokens (grid cells / words); "mlp": + an MLP of that mean;
+    # "token-mlp": + the mean of an MLP of every token (pooled after the non-linearity); "attention":
+    # + a transformer's [CLS] over the tokens
+    image_head: str = "mlp"
     text_head: str = "mlp"
     text_tower: str = "pretrained"  # "pretrained" (frozen states) or "scratch" (word embeddings learned here)
     loss: str = "infonce"  # "infonce" (CMR) or "hinge" (VSE++'s max of hinges)
@@ -49,19 +53,22 @@ class HeadsConfig(CourseConfig):
     SMOKE: ClassVar[dict] = {"steps": 30, "batch_size": 32}
 
 
+HEADS = ("identity", "mean", "mlp", "token-mlp", "attention")
+
+
 class TokenHead(nn.Module):
     """tokens (B, L, D), mask (B, L) bool [, boxes (L, 7)] -> (B, E) (see the module docstring)."""
 
     def __init__(self, kind: str, in_dim: int, hidden: int, out_dim: int, layers: int = 1, dropout: float = 0.1,
                  boxes: bool = False):
         super().__init__()
-        if kind not in ("identity", "mean", "mlp", "attention"):
-            raise ValueError(f"unknown head {kind!r}: use 'identity', 'mean', 'mlp' or 'attention'")
+        if kind not in HEADS:
+            raise ValueError(f"unknown head {kind!r}: use one of {', '.join(map(repr, HEADS))}")
         if kind == "identity" and in_dim != out_dim:
             raise ValueError(f"an identity head keeps its {in_dim}-d input: set embed_dim={in_dim}")
         self.kind = kind
         self.linear = nn.Linear(in_dim, out_dim)
-        if kind == "mlp":
+        if kind in ("mlp", "token-mlp"):
             self.mlp = nn.Sequential(nn.LayerNorm(in_dim), nn.Linear(in_dim, hidden), nn.GELU(), nn.Dropout(dropout),
                                      nn.Linear(hidden, out_dim))
         if kind == "attention":
@@ -80,6 +87,8 @@ class TokenHead(nn.Module):
             return self.linear(mean)
         if self.kind == "mlp":
             return self.linear(mean) + self.mlp(mean)
+        if self.kind == "token-mlp":  # each cell / word through the MLP on its own, then the mean
+            return self.linear(mean) + masked_mean(self.mlp(tokens), mask)  # (B, E)
         x = self.proj(tokens)  # (B, L, H)
         if self.box is not None and boxes is not None:
             x = x + self.box(boxes)  # the grid cell's place: the only position information
@@ -210,4 +219,4 @@ class DualHeadsMethod(FrozenMethod):
         return query
 
 
-__all__ = ["HeadsConfig", "TokenHead", "HeadsDual", "DualHeadsMethod"]
+__all__ = ["HEADS", "HeadsConfig", "TokenHead", "HeadsDual", "DualHeadsMethod"]

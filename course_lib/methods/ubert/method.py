@@ -182,8 +182,9 @@ class UBERTMethod(DualEncoderMethod):
     @property
     def notes(self) -> str:
         c = self.config
-        return (f"U-BERT stage 1: cosine of intra-modal vectors (2 towers x {c.tower_layers} layers, "
-                f"d={c.hidden}), FAISS IndexFlatIP")
+        towers = (f"2 towers x {c.tower_layers} layers" if c.text_encoder is None else
+                  f"BERT_img {c.tower_layers} layers, BERT_txt {Path(c.text_encoder).name}")
+        return f"U-BERT stage 1: cosine of intra-modal vectors ({towers}, d={c.hidden}), FAISS IndexFlatIP"
 
     def towers_checkpoint_file(self, bench: dict, tokenizer) -> str:
         """Step 1's file name in cache_dir: every field but the step-2 ones, the data, the vocabulary."""

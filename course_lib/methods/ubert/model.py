@@ -28,6 +28,10 @@ Where the paper is silent, our choices (notebook 04 says the same):
 - "Mean over the N tokens" counts every real token of the BERT input, [CLS] and [SEP] included;
   padded regions and tokens are masked out of every mean and of attention.
 - Sizes are ours (the paper's towers are BERT-base, 12 x 768; `UBERTConfig` says what we use).
+- `text_encoder` (a BERT name or folder): BERT_txt is that pretrained BERT, as the paper's starts from
+  BERT-base; t_i are then its embedding layer's output (word + position + type, LayerNorm: eq. 2's form),
+  which BERT_cross reads in place of the course's tables. BERT_img and BERT_cross still start from random
+  weights (the paper's start from BERT too; a BERT over 7x7 grid cells has no pre-training to give).
 Training (two steps, or joint) is in `course_lib.methods.ubert.method`, with the benchmark methods.
 """
 
@@ -45,7 +49,9 @@ import torch.nn.functional as F
 
 from course_lib.core.blocks import JointEmbedding, Transformer, masked_mean
 from course_lib.core.checkpoints import inference
-from course_lib.core.settings import CourseConfig, later_stage
+from course_lib.core.encoders import BertTextEncoder
+from course_lib.core.offline_weights import pretrained_text_path
+from course_lib.core.settings import CourseConfig, later_stage, switch
 from course_lib.data.datasets import image_fields, text_fields
 
 CROSS_INPUTS = ("embeddings", "towers")
@@ -81,6 +87,10 @@ class UBERTConfig(CourseConfig):
     max_violation: bool = False
     sum_warmup_steps: int = 200  # with max_violation: every hinge summed for these first steps of each stage
     max_text_length: int = 40  # token positions (the paper: up to 44 tokens)
+    # None: BERT_txt is the course's transformer from random weights. A BERT name or folder
+    # (offline_weights.MINILM_NAME, "bert-base-uncased" on Colab): BERT_txt starts from that pretrained
+    # BERT (the module docstring); `hidden` must be its width, the tokenizer its own (tokenizer_for(split, name=...))
+    text_encoder: str | None = switch(None)
     # step 1: the towers with L1, like any dual encoder (the paper's batch is 216)
     batch_size: int = 256  # pairs per step: B in-batch negatives, B scores per query
     lr: float = 1e-3  # peak AdamW learning rate of step 1
@@ -136,11 +146,19 @@ class UBERT(JointEmbedding):
             raise ValueError("config.cross_towers='scan' needs the trained SCAN model, UBERT(..., scan=scan_model) "
                              "(UBERTMethod passes its SCAN method's); cross_towers='none' takes none")
         H = cfg.hidden
-        super().__init__(region_dim, vocab_size, H, cfg.max_text_length, box_dim, pad_token_id)
+        # a pretrained BERT_txt brings its own word table (t_i); the course's goes unused, so it is one row
+        super().__init__(region_dim, 1 if cfg.text_encoder else vocab_size, H, cfg.max_text_length, box_dim,
+                         0 if cfg.text_encoder else pad_token_id)
         self.config = cfg
         self.dropout = nn.Dropout(cfg.dropout)
         self.image_tower = Transformer(H, cfg.tower_layers, cfg.heads, cfg.dropout)  # BERT_img
-        self.text_tower = Transformer(H, cfg.tower_layers, cfg.heads, cfg.dropout)  # BERT_txt
+        if cfg.text_encoder is None:
+            self.text_tower = Transformer(H, cfg.tower_layers, cfg.heads, cfg.dropout)  # BERT_txt
+        else:
+            self.text_tower = BertTextEncoder(vocab_size, pretrained_name=pretrained_text_path(cfg.text_encoder))
+            if self.text_tower.out_dim != H:
+                raise ValueError(f"{cfg.text_encoder!r} is {self.text_tower.out_dim} wide but hidden={H}: set "
+                                 f"UBERTConfig(hidden={self.text_tower.out_dim}), the width BERT_cross reads")
         self.cross = Transformer(H, cfg.cross_layers, cfg.heads, cfg.dropout)  # BERT_cross, L_c blocks
         self._init_tables()
         self.towers_frozen = False
@@ -185,8 +203,13 @@ class UBERT(JointEmbedding):
     def _text_tower(self, texts: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(tokens of cross_input (B, N, H), attention_mask (B, N) bool, T_intra (B, H) unit)."""
         mask = texts["attention_mask"].bool()  # (B, N)
-        embedded = self.dropout(self.embed_text(texts))  # (B, N, H) t_i
-        attended = self.text_tower(embedded, mask)  # (B, N, H) t̂_i, eq. 8
+        if self.config.text_encoder is None:
+            embedded = self.dropout(self.embed_text(texts))  # (B, N, H) t_i
+            attended = self.text_tower(embedded, mask)  # (B, N, H) t̂_i, eq. 8
+        else:  # BERT's embedding layer gives t_i (its own dropout included), its last layer t̂_i
+            out = self.text_tower.bert(input_ids=texts["input_ids"], attention_mask=texts["attention_mask"],
+                                       output_hidden_states=True)
+            embedded, attended = out.hidden_states[0], out.last_hidden_state  # (B, N, H) each
         intra = F.normalize(masked_mean(attended, mask), dim=-1, eps=1e-8)  # eq. 9
         return (embedded if self.config.cross_input == "embeddings" else attended), mask, intra
 
