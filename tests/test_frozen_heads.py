@@ -176,9 +176,12 @@ def test_scan_heads_rank_rerank_and_answer_online_as_offline(fitted, scan_heads)
 def test_course_methods_on_real_features_get_the_switches_in_every_mode_and_sizes_by_default():
     from course_lib.core.offline_weights import MINILM_NAME
     from course_lib.methods.lightningdot.model import LightningDOTConfig
-    from course_lib.real_benchmark import COURSE_METHODS, course_methods, course_sizes
+    from course_lib.real_benchmark import COURSE_METHODS, SMOKE_STEPS, course_methods, course_sizes
 
     smoke, default = course_sizes(MINILM_NAME, smoke=True), course_sizes(MINILM_NAME)
+    for name, steps in SMOKE_STEPS.items():  # fewer steps in smoke mode, never a switch
+        assert smoke[name].items() >= steps.items() and all(k.endswith(("steps", "batch_size")) for k in steps)
+        smoke[name] = {k: v for k, v in smoke[name].items() if k not in steps}
     assert smoke["LightningDOTConfig"] == dict(text_encoder=MINILM_NAME, hidden=384, heads=6, layers=1, pretrain_steps=0)
     assert smoke["UBERTConfig"] == dict(text_encoder=MINILM_NAME, hidden=384, heads=6, tower_layers=1)
     assert smoke["HiVLPConfig"] == {"fresh_scenes": 0}  # no generator behind photos
