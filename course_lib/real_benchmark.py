@@ -101,7 +101,7 @@ def course_sizes(text_encoder: str = MINILM_NAME, smoke: bool = False) -> dict:
         # 300 steps: 20.2, flat from ~220 (docs/tuning_notes.md)
         "LightningDOTConfig": dict(finetune_steps=300, finetune_lr=3e-4, batch_size=64),
         # BERT_txt from MiniLM at the course's step-1 rate: val t2i R@1 flat at 19-20 from step ~70 of 150 (3e-4:
-        # 16.2); step 2 at width 384 costs ~2 s a step on one thread, so 150 of them (docs/tuning_notes.md)
+        # 16.2); step 2 at width 384 costs ~3 s a step on one thread, so 150 of them (docs/tuning_notes.md)
         "UBERTConfig": dict(max_steps=150, cross_steps=150, batch_size=128),
         "HiVLPConfig": dict(max_steps=150, batch_size=128),
     }
@@ -196,5 +196,5 @@ def chance_metrics(split, ks=(1, 5, 10)) -> dict:
     return out | {f"i2t_r{k}": float(np.mean([chance_recall(split.n_texts, k, int(c)) for c in per_image])) for k in ks}
 
 
-__all__ = ["chance_metrics", "training_curves", "fit_all", "real_methods", "course_methods", "course_sizes", "COURSE_METHODS",
-           "choose_beta", "SMOKE_STEPS", "SETTINGS", "KS", "SURVIVORS", "BETAS", "DUALS", "NO_ORACLE"]
+__all__ = ["chance_metrics", "training_curves", "fit_all", "real_methods", "course_methods", "course_sizes",
+           "COURSE_METHODS", "choose_beta", "SMOKE_STEPS", "SETTINGS", "KS", "SURVIVORS", "BETAS", "DUALS", "NO_ORACLE"]
