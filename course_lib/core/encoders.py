@@ -31,6 +31,7 @@ import torch.nn as nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from course_lib.core.blocks import RegionEmbedding, Transformer
+from course_lib.core.offline_weights import pretrained_text_path
 from course_lib.core.settings import CourseNote, from_hub, hub_error
 from course_lib.core.tokens import WORD_SPECIAL_TOKENS, SpecialTokens
 
@@ -330,6 +331,17 @@ class BertTextEncoder(nn.Module):
         return EncoderOutput(tokens=tokens, mask=mask, pooled=tokens[:, 0])  # h0 = [CLS]
 
 
+def pretrained_bert(name: str, vocab_size: int, hidden: int, config: str, why: str,
+                    special: SpecialTokens = WORD_SPECIAL_TOKENS) -> BertTextEncoder:
+    """BertTextEncoder of a pretrained BERT name or folder (offline_weights.pretrained_text_path) for a model
+    whose width `hidden` must be the BERT's: otherwise a ValueError names `config`'s fix and `why`."""
+    encoder = BertTextEncoder(vocab_size, pretrained_name=pretrained_text_path(name), special=special)
+    if encoder.out_dim != hidden:
+        raise ValueError(f"{name!r} is {encoder.out_dim} wide but hidden={hidden}: set {config}(hidden="
+                         f"{encoder.out_dim}), {why}")
+    return encoder
+
+
 # ----------------------------------------------------------------------------- factories
 
 IMAGE_ENCODERS = {"regions": RegionTransformerEncoder, "pixels": PixelEncoder}
@@ -353,6 +365,6 @@ def build_text_encoder(kind: str, vocab_size: int, **kwargs) -> nn.Module:
 
 
 __all__ = ["EncoderOutput", "RegionTransformerEncoder", "PixelEncoder", "BagOfWordsEncoder",
-           "BiGRUEncoder", "TransformerTextEncoder", "BertTextEncoder", "build_image_encoder", "build_text_encoder",
+           "BiGRUEncoder", "TransformerTextEncoder", "BertTextEncoder", "pretrained_bert", "build_image_encoder", "build_text_encoder",
            "l2_normalize", "count_parameters", "word_mask", "IMAGE_ENCODERS", "TEXT_ENCODERS",
            "TINY_VIT_NAME", "TINY_VIT_KWARGS"]

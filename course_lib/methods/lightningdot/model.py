@@ -34,8 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from course_lib.core.encoders import BertTextEncoder, RegionTransformerEncoder, TransformerTextEncoder
-from course_lib.core.offline_weights import pretrained_text_path
+from course_lib.core.encoders import RegionTransformerEncoder, TransformerTextEncoder, pretrained_bert
 from course_lib.core.losses import (
     VMLM,
     batch_scores,
@@ -159,12 +158,9 @@ class LightningDOT(nn.Module):
             self.text_encoder = TransformerTextEncoder(vocab_size, c.hidden, c.layers, c.heads,
                                                        max_length=max(64, c.max_text_length), special=special)
         else:
-            self.text_encoder = BertTextEncoder(vocab_size, pretrained_name=pretrained_text_path(c.text_encoder),
-                                                special=special)
-            if self.text_encoder.out_dim != c.hidden:
-                raise ValueError(f"{c.text_encoder!r} is {self.text_encoder.out_dim} wide but hidden={c.hidden}: "
-                                 f"set LightningDOTConfig(hidden={self.text_encoder.out_dim}), the width of "
-                                 "h0 and z0 (LightningDOT scores them by a plain dot product)")
+            self.text_encoder = pretrained_bert(c.text_encoder, vocab_size, c.hidden, "LightningDOTConfig",
+                                                "the width of h0 and z0 (LightningDOT scores them by a plain dot "
+                                                "product)", special)
         self.vmlm = VMLM(c.hidden, vocab_size, c.fuse)
         self.smrfr = SMRFR(c.hidden, region_dim, c.fuse)
         self.smrc_kl = SMRCKL(c.hidden, n_classes, c.fuse)

@@ -49,8 +49,7 @@ import torch.nn.functional as F
 
 from course_lib.core.blocks import JointEmbedding, Transformer, masked_mean
 from course_lib.core.checkpoints import inference
-from course_lib.core.encoders import BertTextEncoder
-from course_lib.core.offline_weights import pretrained_text_path
+from course_lib.core.encoders import pretrained_bert
 from course_lib.core.settings import CourseConfig, later_stage, switch
 from course_lib.data.datasets import image_fields, text_fields
 
@@ -155,10 +154,7 @@ class UBERT(JointEmbedding):
         if cfg.text_encoder is None:
             self.text_tower = Transformer(H, cfg.tower_layers, cfg.heads, cfg.dropout)  # BERT_txt
         else:
-            self.text_tower = BertTextEncoder(vocab_size, pretrained_name=pretrained_text_path(cfg.text_encoder))
-            if self.text_tower.out_dim != H:
-                raise ValueError(f"{cfg.text_encoder!r} is {self.text_tower.out_dim} wide but hidden={H}: set "
-                                 f"UBERTConfig(hidden={self.text_tower.out_dim}), the width BERT_cross reads")
+            self.text_tower = pretrained_bert(cfg.text_encoder, vocab_size, H, "UBERTConfig", "the width BERT_cross reads")
         self.cross = Transformer(H, cfg.cross_layers, cfg.heads, cfg.dropout)  # BERT_cross, L_c blocks
         self._init_tables()
         self.towers_frozen = False
