@@ -1,8 +1,8 @@
 """The headless main job: `python -m course_lib.benchmark [--smoke] [--out DIR] [--retrain]`.
 
-With `--features DIR` it runs on real photographs instead (`run_features`, the methods of
-course_lib.real_benchmark): they train on the frozen features of DIR, and the synthetic benchmark and its
-shipped models are not touched.
+With `--features DIR` it runs on real photographs instead (`run_features`: the course's own methods,
+course_lib.real_benchmark, trained on the grid features of DIR); the synthetic benchmark and its shipped
+models are not touched.
 
 Builds the synthetic benchmark, fits every registered method (course_lib.methods.registry), evaluates it
 on the test, full and compositional settings (docs/data.md, docs/results.md), times one text query against each
@@ -41,8 +41,8 @@ from course_lib.core.timing import latency_vs_gallery
 from course_lib.core.offline_weights import MINILM_NAME
 from course_lib.data.features import load_feature_bench
 from course_lib.data.oracle import oracle_ceiling
-from course_lib.real_benchmark import (KS as REAL_KS, NO_ORACLE, SETTINGS as REAL_SETTINGS, chance_metrics, fit_all,
-                                      training_curves)
+from course_lib.real_benchmark import (KS as REAL_KS, NO_ORACLE, SETTINGS as REAL_SETTINGS, chance_metrics,
+                                      fit_real_methods, training_curves)
 from course_lib.methods.queries import ground_truth
 from course_lib.methods.registry import available_methods, registered_names
 from course_lib.shipping import SEED, benchmark_data, own_models, refresh
@@ -61,8 +61,7 @@ MIN_SAMPLED_QUERIES = (100, 10)
 MAX_JOBS = 4
 # pairs a pairwise scorer may score per setting and direction on real features: the course's cross-encoder
 # reads about 1,700 pairs a second on two CPU cores, so its budget for the synthetic benchmark (600k) would
-# take it six minutes a direction; 100k keeps every query of the 100-photo test split and samples the full
-# setting's (course_lib.real_benchmark's methods)
+# take it six minutes a direction; 100k samples 200 of the 500-photo test split's 2,500 caption queries
 REAL_PAIR_CAP = 100_000
 LATENCY_SIZES = (1_000, 5_000)  # gallery sizes of the latency table (docs/results.md: ms/query at 1k and 5k)
 
@@ -268,15 +267,16 @@ def real_reference_rows(split, setting: str) -> list[dict]:
                  "expected recall of a random ranking; not trained")]
 
 
-def evaluate_real(methods, bench: dict, smoke: bool = False, seed: int = 0, progress: bool = True) -> list[dict]:
+def evaluate_real(methods, bench: dict, smoke: bool = False, seed: int = 0, progress: bool = True,
+                  setting_names=REAL_SETTINGS) -> list[dict]:
     """The results rows: chance, then every method on every setting, its recalls (course_lib.benchmark's
     evaluate: a fixed sample of queries where a method's pair budget runs out) and ms per text query."""
     from tqdm.auto import tqdm
 
     repeats = 5 if smoke else 20
-    rows = [row for setting in REAL_SETTINGS for row in real_reference_rows(bench[setting], setting)]
+    rows = [row for setting in setting_names for row in real_reference_rows(bench[setting], setting)]
     for method in tqdm(methods, desc="evaluating", disable=not progress):
-        for setting in REAL_SETTINGS:
+        for setting in setting_names:
             split = bench[setting]
             metrics, how = evaluate(method, split, REAL_KS[setting], smoke, seed, pair_cap=REAL_PAIR_CAP)
             query = _latency(method, split, (split.n_images,), smoke, repeats)[-1]
@@ -286,36 +286,45 @@ def evaluate_real(methods, bench: dict, smoke: bool = False, seed: int = 0, prog
     return rows
 
 
+# photos of each split in smoke mode: a few dozen, the same code path
+SMOKE_PHOTOS = {"train": 48, "val": 16, "test": 16}
+
+
+def smoke_bench(bench: dict) -> dict:
+    """The first few photos of each split (SMOKE_PHOTOS), and their full setting."""
+    from course_lib.data.split import concatenate
+
+    small = {name: bench[name].subset(range(min(n, bench[name].n_images)), name=name)
+             for name, n in SMOKE_PHOTOS.items()}
+    small["full"] = concatenate([small["train"], small["val"], small["test"]], "full", queries_from=small["test"])
+    small["pretrain"] = small["train"]  # as load_feature_bench's
+    return small
+
+
 def run_features(features_dir, out="outputs/benchmark-real", text_encoder: str = MINILM_NAME, smoke: bool = False,
                  seed: int = 0, checkpoints=CHECKPOINTS, progress: bool = True) -> dict:
-    """`--features DIR`: fit (course_lib.real_benchmark.fit_all), evaluate and time every real-data method on a
-    feature folder of data_scripts/extract_features.py; write OUT's results.json, results.md and pareto.png."""
+    """`--features DIR`: fit (course_lib.real_benchmark.fit_real_methods), evaluate and time every method on a
+    feature folder of data_scripts/extract_features.py; write OUT's results.json, results.md, pareto.png and
+    curves.png."""
     start = time.perf_counter()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    bench = load_feature_bench(features_dir)
+    bench = load_feature_bench(features_dir, regions_dtype=np.float16)  # half the memory; batches are float32
     missing = [s for s in ("train", "val", "test") if s not in bench]
     if missing:
         raise ValueError(f"{features_dir} has no {', '.join(missing)} split: extract every split (train, val and "
                          "test: drop --splits) to train, choose and report")
-    if smoke:  # a few dozen photos: the same code path
-        bench = {name: bench[name].subset(range(min(n, bench[name].n_images)), name=name)
-                 for name, n in (("train", 48), ("val", 16), ("test", 16))}
-        from course_lib.data.split import concatenate
-
-        bench["full"] = concatenate([bench["train"], bench["val"], bench["test"]], "full", queries_from=bench["test"])
-        bench["pretrain"] = bench["train"]  # as load_feature_bench's
-    methods, fitted = fit_all(bench, text_encoder, smoke, seed, checkpoints, progress)
+    if smoke:
+        bench = smoke_bench(bench)
+    methods, train_seconds = fit_real_methods(bench, text_encoder, smoke, seed, checkpoints)
     rows = evaluate_real(methods, bench, smoke, seed, progress)
     env = settings.describe_environment()
-    features = bench["test"].info.get("features", {})
     results = {
         "meta": {"device": env["device"], "torch": env["torch"], "mode": "smoke" if smoke else "default",
                  "seconds": round(time.perf_counter() - start, 1), "seed": seed, "data": "real",
-                 "features": str(features_dir), "backbone": features, "text_encoder": text_encoder,
-                 "sizes": {name: [s.n_images, s.n_texts] for name, s in bench.items()}, **fitted,
-                 "betas": {name: {str(k): v for k, v in on_val.items()} for name, on_val in fitted["betas"].items()},
-                 "shipped_models": []},
+                 "features": str(features_dir), "backbone": bench["test"].info.get("features", {}),
+                 "text_encoder": text_encoder, "sizes": {name: [s.n_images, s.n_texts] for name, s in bench.items()},
+                 "train_seconds": train_seconds, "shipped_models": []},
         "methods": {"oracle": NO_ORACLE, "chance": "a random ranking's expected recall"}
                    | {m.name: m.notes for m in methods},
         "rows": rows,

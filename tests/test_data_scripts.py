@@ -2,7 +2,8 @@
 
 The fixture is written here: a Flickr30k-style file (no filepath) and a COCO-style one (filepath
 train2014 / val2014, a restval split, an image with 6 sentences), with small generated JPEGs.
-Downloads use file:// URLs of zips made here; nothing touches the network.
+Downloads use file:// URLs of zips made here (Flickr8k's shaped as its official ones and Karpathy's);
+nothing touches the network.
 """
 
 import importlib.util
@@ -301,3 +302,113 @@ def test_download_resumes_a_partial_file(tmp_path, monkeypatch):
     (tmp_path / "big.zip.part").write_bytes(payload[:1000])
     script.download("https://example.invalid/big.zip", dest, progress=False)
     assert seen == ["bytes=1000-"] and dest.read_bytes() == payload
+
+
+F8K_SPLITS = {"train": ["1001_aa.jpg", "1003_cc.jpg"], "val": ["1002_bb.jpg"], "test": ["1000_dd.jpg"]}
+F8K_COLOURS = ["red", "blue", "green", "black", "white"]
+
+
+def _f8k_caption(i, k):
+    """Caption k of photo i in Flickr8k.token.txt, and its tokens written out by hand."""
+    colour = F8K_COLOURS[k]
+    raw = f"A {colour.upper()} dog's ball, number {i}{k} ."
+    return raw, ["a", colour, "dog", "s", "ball", "number", f"{i}{k}"]
+
+
+@pytest.fixture
+def flickr8k_mirror(tmp_path, monkeypatch):
+    """The download script pointed at file:// zips shaped as Flickr8k's official ones and Karpathy's."""
+    script = load_script("download_data")
+    web, src = tmp_path / "web8k", tmp_path / "src8k"
+    web.mkdir()
+    order = ["1003_cc.jpg", "1001_aa.jpg", "1002_bb.jpg", "1000_dd.jpg"]  # token-file order, not sorted
+    photos = {}
+    for i, name in enumerate(order):
+        _jpeg(src / "Flicker8k_Dataset" / name, (24, 32), 20 + i)
+        photos[f"Flicker8k_Dataset/{name}"] = src / "Flicker8k_Dataset" / name
+    (src / "fork").write_bytes(b"\0\5\26\7 resource fork")
+    photos["__MACOSX/Flicker8k_Dataset/._1000_dd.jpg"] = src / "fork"  # as in the published zip
+    lines = [f"{name}#{k}\t{_f8k_caption(i, k)[0]}" for i, name in enumerate(order) for k in range(5)]
+    lines.insert(7, "1001_aa.jpg.1#0\tA stray entry in no split list .")
+    (src / "Flickr8k.token.txt").write_text("\n".join(lines) + "\n")
+    text = {"Flickr8k.token.txt": src / "Flickr8k.token.txt"}
+    for split, name in (("train", "trainImages"), ("val", "devImages"), ("test", "testImages")):
+        (src / f"Flickr_8k.{name}.txt").write_text("\n".join(F8K_SPLITS[split]) + "\n")
+        text[f"Flickr_8k.{name}.txt"] = src / f"Flickr_8k.{name}.txt"
+    entries = [("train", "1001_aa.jpg"), ("train", "1003_cc.jpg"), ("val", "1002_bb.jpg"),
+               ("test", "1000_dd.jpg")]  # Karpathy's own order
+    karpathy = {"dataset": "flickr8k",
+                "images": [_entry(i, split, name, 5) for i, (split, name) in enumerate(entries)]}
+    (src / "dataset_flickr8k.json").write_text(json.dumps(karpathy))
+    monkeypatch.setattr(script, "KARPATHY_SPLITS_URL", _zip(web / "caption_datasets.zip", {
+        "dataset_flickr8k.json": src / "dataset_flickr8k.json"}))
+    monkeypatch.setattr(script, "FLICKR8K_IMAGES_URL", _zip(web / "Flickr8k_Dataset.zip", photos))
+    monkeypatch.setattr(script, "FLICKR8K_TEXT_URL", _zip(web / "Flickr8k_text.zip", text))
+    return script, {"karpathy": karpathy, "order": order}
+
+
+def test_download_flickr8k_with_karpathys_split_file(flickr8k_mirror, tmp_path, capsys):
+    script, want = flickr8k_mirror
+    out = tmp_path / "data" / "flickr8k"
+    assert script.main(["flickr8k", "--out", str(out), "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert "Karpathy's, from caption_datasets.zip" in printed and "flickr8k is complete" in printed
+    assert f"image_root={str(out / 'images')!r}" in printed
+    assert json.loads((out / "dataset_flickr8k.json").read_text()) == want["karpathy"]
+    assert sorted(p.name for p in (out / "images").iterdir()) == sorted(want["order"])
+    assert sorted(p.name for p in out.iterdir()) == [".images.done", "dataset_flickr8k.json", "images"]
+    split = read_karpathy(out / "dataset_flickr8k.json", out / "images", split="train", load_pixels=True)
+    assert split.image_ids == ["1001_aa", "1003_cc"] and split.n_texts == 10
+    assert split.images.shape == (2, 24, 32, 3)
+    assert script.main(["flickr8k", "--out", str(out), "--check"]) == 0
+    assert script.main(["flickr8k", "--out", str(out), "--quiet"]) == 0  # nothing left to fetch
+    assert "already in" in capsys.readouterr().out
+
+
+def test_download_flickr8k_builds_the_split_file_from_the_official_text(flickr8k_mirror, tmp_path, capsys):
+    script, want = flickr8k_mirror
+    script.KARPATHY_SPLITS_URL = (tmp_path / "missing.zip").as_uri()
+    out = tmp_path / "f8k"
+    assert script.main(["flickr8k", "--out", str(out), "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert "built from the official Flickr8k_text.zip" in printed and "could not download" in printed
+    data = json.loads((out / "dataset_flickr8k.json").read_text())
+    assert data["dataset"] == "flickr8k" and [img["filename"] for img in data["images"]] == want["order"]
+    split_of = {name: split for split, names in F8K_SPLITS.items() for name in names}
+    for imgid, img in enumerate(data["images"]):
+        i = want["order"].index(img["filename"])
+        assert img["split"] == split_of[img["filename"]] and img["filepath"] == ""
+        assert img["imgid"] == imgid and img["sentids"] == list(range(5 * imgid, 5 * imgid + 5))
+        assert len(img["sentences"]) == 5
+        for k, sentence in enumerate(img["sentences"]):
+            raw, tokens = _f8k_caption(i, k)
+            assert sentence == {"raw": raw, "tokens": tokens, "imgid": imgid, "sentid": 5 * imgid + k}
+    assert sorted(p.name for p in out.iterdir()) == [".images.done", "dataset_flickr8k.json", "images"]
+    train = read_karpathy(out / "dataset_flickr8k.json", out / "images", split="train")
+    assert train.image_ids == ["1003_cc", "1001_aa"] and train.n_texts == 10
+    assert train.captions[0] == "a red dog s ball number 00"
+    assert read_karpathy(out / "dataset_flickr8k.json", out / "images", split="val").image_ids == ["1002_bb"]
+
+
+def test_download_flickr8k_check_names_a_missing_image(flickr8k_mirror, tmp_path, capsys):
+    script, _ = flickr8k_mirror
+    out = tmp_path / "f8k"
+    assert script.main(["flickr8k", "--out", str(out), "--splits-only", "--quiet"]) == 0
+    assert not (out / "images").exists()
+    assert script.main(["flickr8k", "--out", str(out), "--quiet"]) == 0
+    (out / "images" / "1002_bb.jpg").unlink()
+    capsys.readouterr()
+    assert script.main(["flickr8k", "--out", str(out), "--check"]) == 1
+    err = capsys.readouterr().err
+    assert "1 of 4 images are missing" in err and str(out / "images" / "1002_bb.jpg") in err
+    assert "Flickr8k_Dataset.zip" in err
+
+
+def test_download_flickr8k_offline_says_what_to_do(flickr8k_mirror, tmp_path, capsys):
+    script, _ = flickr8k_mirror
+    script.KARPATHY_SPLITS_URL = (tmp_path / "missing.zip").as_uri()
+    script.FLICKR8K_TEXT_URL = (tmp_path / "missing_text.zip").as_uri()
+    assert script.main(["flickr8k", "--out", str(tmp_path / "f"), "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert "could not download" in err and "Offline?" in err and "make_synthetic.py" in err
+    assert "Flickr8k_text.zip" in err

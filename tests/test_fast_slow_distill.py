@@ -90,7 +90,7 @@ def test_teacher_pair_scores_gather_each_image_once(models, bench, tok):
     slow, _ = models
     batch = pair_batch(bench["train"], tok, [1, 2, 3])
     image_rows, text_rows = torch.tensor([2, 0, 2, 1]), torch.tensor([0, 0, 2, 1])
-    got = teacher_pair_scores(slow, batch["pixels"], image_rows, batch, text_rows)
+    got = teacher_pair_scores(slow, {"pixels": batch["pixels"]}, image_rows, batch, text_rows)
     with torch.no_grad():
         texts = {k: batch[k][text_rows] for k in ("input_ids", "attention_mask")}
         want = slow.score({"pixels": batch["pixels"][image_rows]}, texts)

@@ -1,7 +1,8 @@
 """Real photographs: offline pretrained weights, feature extraction on copies of real photos, bad input.
 
-The photos are ../shared/data/flickr8k_800 (800 Flickr8k photographs, never committed here); where they
-are absent (a learner's clone) the tests that need them skip, saying how to get real data. The weights
+The photos are Flickr8k's, found by course_lib.data.photos.find_photos (../shared/data/flickr8k beside the
+clone, never committed here); where they are absent (a learner's clone) the tests that need them skip,
+saying how to get them. The weights
 come from the two packages pyproject's dev extra pins (course_lib.core.offline_weights).
 """
 
@@ -19,22 +20,20 @@ from course_lib.core import offline_weights
 from course_lib.core.offline_weights import (EFFICIENTNET_LITE0, MINILM, MINILM_NAME, MissingWeights,
                                              load_offline_backbone, package_file, pretrained_text_path)
 from course_lib.data.features import load_feature_bench
-from course_lib.real_benchmark import COURSE_METHODS
+from course_lib.data.photos import find_photos, no_photos_message, split_file
+from course_lib.real_benchmark import REAL_METHODS
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 extract = load_script("extract_features")
 ROOT = Path(__file__).resolve().parents[1]
-PHOTOS = ROOT.parent / "shared" / "data" / "flickr8k_800"
-NO_PHOTOS = (f"no real photos at {PHOTOS}: they are not part of the course. To run these tests, put a "
-             "Karpathy-format dataset there (dataset_flickr8k_800.json + images/), or see docs/real_data.md for "
-             "downloading Flickr8k / Flickr30k / COCO with data_scripts/download_data.py")
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".gif", ".bmp", ".webp", ".tif", ".tiff")
 
 
 def photos() -> Path:
-    if not (PHOTOS / "dataset_flickr8k_800.json").is_file():
-        pytest.skip(NO_PHOTOS)
-    return PHOTOS
+    folder = find_photos()
+    if folder is None:
+        pytest.skip(no_photos_message())
+    return folder
 
 
 # the one picture the course tracks: its own accuracy-latency plot, drawn by `benchmark --readme` for the README
@@ -124,7 +123,7 @@ def test_offline_minilm_loads_and_reads_like_a_sentence_encoder(tmp_path, monkey
 
 def copy_photos(root: Path, n_per_split=(4, 2, 2)) -> Path:
     """A Karpathy file of the first few photos of each split, with copies of their JPEGs in root/images."""
-    data = json.loads((photos() / "dataset_flickr8k_800.json").read_text())
+    data = json.loads(split_file(photos()).read_text())
     keep = []
     for split, n in zip(("train", "val", "test"), n_per_split):
         keep += [img for img in data["images"] if img["split"] == split][:n]
@@ -218,11 +217,14 @@ def test_benchmark_on_real_features_writes_its_results_without_touching_shipped_
     results = main(["--features", str(tmp_path / "features"), "--out", str(tmp_path / "out"), "--smoke",
                     "--checkpoints", str(tmp_path / "checkpoints")])
     assert {p.name for p in (tmp_path / "out").iterdir()} >= {"results.json", "results.md", "pareto.png", "curves.png"}
-    curves = results["curves"]  # both groups' learning curves: the heads' and each course stage's
-    assert {"linear-probe", "scan-heads", "vsepp", "lightningdot (finetune)", "ubert-embed (towers)"} <= set(curves)
+    curves = results["curves"]  # every trained stage's learning curve
+    assert {"linear-probe", "vsepp", "lightningdot (finetune)", "ubert-embed (towers)", "fast"} <= set(curves)
     assert all(len(c["step"]) == len(c["val_r1"]) > 0 for c in curves.values())
     names = {r["method"] for r in results["rows"]}
-    assert {"chance", "linear-probe", "lightningdot-heads", "cross-heads", "lightningdot-heads+rerank@10"} | set(COURSE_METHODS) <= names
+    expected = {"chance", "linear-probe", "hivlp-regions-flat"} | set(REAL_METHODS)
+    for setting in ("test", "full"):  # every method, on both settings
+        assert {r["method"] for r in results["rows"] if r["setting"] == setting} == expected
+    assert names == expected
     assert "oracle" not in names and "no oracle row" in (tmp_path / "out" / "results.md").read_text()
     chance = next(r for r in results["rows"] if r["method"] == "chance" and r["setting"] == "test")
     assert chance["t2i_r1"] == pytest.approx(100 / 4)  # 4 test photos

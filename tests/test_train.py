@@ -376,3 +376,52 @@ def test_an_interrupted_run_resumes_from_its_last_periodic_save(tmp_path):
     assert calls["n"] == 180 and resumed.step == 200
     for p, q in zip(uninterrupted.model.parameters(), resumed.model.parameters()):
         assert torch.equal(p, q)
+
+
+# ----------------------------------------------------------------------------- keep_best
+
+def _scripted_evaluate(values, seen):
+    """An evaluate hook that reports `values` in turn and records the weights it saw at each call."""
+    calls = iter(values)
+
+    def evaluate(model):
+        seen.append({k: v.detach().clone() for k, v in model.state_dict().items()})
+        return {"val_t2i_r1": next(calls)}
+
+    return evaluate
+
+
+def test_keep_best_ends_with_the_weights_of_the_best_evaluation(tmp_path):
+    seen = []
+    path = str(tmp_path / "best.pt")
+    config = make_config(max_steps=12, eval_every=4, keep_best="val_t2i_r1", checkpoint_path=path)
+    trainer = Trainer(build(), mse, make_dataset(), config, evaluate=_scripted_evaluate([1.0, 3.0, 3.0], seen))
+    history = trainer.fit()
+    assert len(seen) == 3  # steps 4, 8, 12: the best (3.0) first at step 8, kept over its equal at 12
+    for name, value in trainer.model.state_dict().items():
+        assert torch.equal(value, seen[1][name]), name
+    assert not torch.equal(seen[1]["body.0.weight"], seen[2]["body.0.weight"])  # the last step's differ
+    assert history[-1] == {"step": 12, "kept_step": 8, "kept_val_t2i_r1": 3.0}
+    # the finished checkpoint holds the kept weights: loading it gives them back
+    again = Trainer(build(seed=5), mse, make_dataset(), config, evaluate=_scripted_evaluate([], []))
+    again.fit()
+    for name, value in again.model.state_dict().items():
+        assert torch.equal(value, seen[1][name]), name
+
+
+def test_keep_best_across_an_interruption(tmp_path):
+    seen = []
+    kwargs = dict(max_steps=12, eval_every=4, keep_best="val_t2i_r1", checkpoint_every=4)
+    values = [5.0, 1.0, 2.0]  # the best is the first: it must survive the stop at step 6
+    resumed, _ = _fit_interrupted(tmp_path, kwargs, 6, _scripted_evaluate(values, seen))
+    for name, value in resumed.model.state_dict().items():
+        assert torch.equal(value, seen[0][name]), name
+
+
+def test_keep_best_needs_an_evaluate_that_reports_it():
+    with pytest.raises(ValueError, match="no evaluate was given"):
+        Trainer(build(), mse, make_dataset(), make_config(keep_best="val_t2i_r1"))
+    trainer = Trainer(build(), mse, make_dataset(), make_config(max_steps=2, keep_best="val_t2i_r1"),
+                      evaluate=lambda model: {"val_mse": 1.0})
+    with pytest.raises(KeyError, match="not a metric of evaluate"):
+        trainer.fit()

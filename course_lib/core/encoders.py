@@ -318,6 +318,28 @@ class BertTextEncoder(nn.Module):
                     f"name={pretrained_name!r}), not the word tokenizer"
                 )
         self.out_dim = self.bert.config.hidden_size
+        self.frozen: list[nn.Module] = []  # parts kept as loaded (freeze)
+
+    def freeze(self, trainable_layers: int = 0) -> "BertTextEncoder":
+        """Keep the embeddings and all but the last `trainable_layers` blocks as loaded: no gradient,
+        and in eval mode whatever train() says (no dropout). 0 = the whole encoder frozen (a linear
+        probe's text side); the BERT's number of layers = nothing frozen."""
+        layers = self.bert.encoder.layer
+        if not 0 <= trainable_layers <= len(layers):
+            raise ValueError(f"trainable_layers must be in [0, {len(layers)}] (this BERT's layers), "
+                             f"got {trainable_layers}")
+        for module in self.frozen:
+            module.requires_grad_(True)
+        self.frozen = [self.bert.embeddings, *layers[:len(layers) - trainable_layers]]
+        for module in self.frozen:
+            module.requires_grad_(False)
+        return self.train(self.training)
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        for module in self.frozen:
+            module.eval()
+        return self
 
     def forward(self, batch: dict) -> EncoderOutput:
         input_ids, attention_mask = batch["input_ids"], batch["attention_mask"]  # (B, T)

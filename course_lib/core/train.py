@@ -12,6 +12,8 @@ clipping, periodic evaluation, logging into a `History`, and checkpoints that re
   resumes from `checkpoint_path` bit-for-bit (CPU or CUDA, `num_workers=0`).
 - A finished run's checkpoint makes `fit()` return at once with the stored history: this is how
   notebooks cache trained models (delete the file or call `fit(resume=False)` to retrain).
+- `keep_best="val_t2i_r1"` (a metric of `evaluate`): a finished run ends with the weights of its best
+  evaluation, not its last step's (early stopping on val); the history's last row names that step.
 - In a torch.distributed group of N processes (course_lib.core.distributed), batch_size is per process:
   a step's global batch of N * batch_size is split in rank order and DDP averages the gradients, so
   the run equals one process of batch N * batch_size. loss_fn still gets the plain model; logged
@@ -114,6 +116,9 @@ class Trainer:
             raise ValueError(f"the dataset has {n} samples, fewer than one batch (batch_size="
                              f"{cfg.batch_size} x {self.world_size} processes) and drop_last=True "
                              "leaves no batch: lower batch_size or set drop_last=False")
+        if cfg.keep_best is not None and evaluate is None:
+            raise ValueError(f"keep_best={cfg.keep_best!r} keeps the best evaluation's weights, but no evaluate "
+                             "was given: pass evaluate= (and eval_every) or set keep_best=None")
         self.dataset, self.loss_fn, self.collate_fn = dataset, loss_fn, collate_fn
         self.evaluate = evaluate
         self.device = torch.device(cfg.device) if cfg.device else get_device()
@@ -142,6 +147,7 @@ class Trainer:
         self.cpu_seconds = 0.0  # process CPU time inside training steps (all threads)
         self.history = History()
         self._window: dict = {"n": 0, "sums": {}, "counts": {}, "lr": 0.0}  # steps not yet logged
+        self.best: dict | None = None  # keep_best: {"step", "value", "model": CPU copy of the weights}
 
     # ---- data -------------------------------------------------------------------------------
     def _epoch_batches(self, epoch: int) -> list[list[int]]:
@@ -230,10 +236,19 @@ class Trainer:
         finally:
             bar.close()
             batches.close()  # shuts down DataLoader workers now, not at garbage collection
+        if self.step == cfg.max_steps and self.best is not None:
+            self._restore_best()
         if path:
             self.save_checkpoint(path)
             barrier()  # no process reads the checkpoint before rank 0 has written it
         return self.history
+
+    def _restore_best(self) -> None:
+        """keep_best at the end of a run: the best evaluation's weights replace the last step's."""
+        self.model.load_state_dict(self.best["model"])
+        self.history.append({"step": self.step, "kept_step": self.best["step"],
+                             f"kept_{self.config.keep_best}": self.best["value"]})
+        self.best = None  # the model holds them now: a finished checkpoint needs no second copy
 
     def _train_step(self, batches) -> None:
         cfg, sums = self.config, {}
@@ -297,6 +312,13 @@ class Trainer:
         row = {"step": self.step, "eval": True, "cpu_seconds": round(self.cpu_seconds, 2)}
         row.update({k: _scalar(v) for k, v in metrics.items() if _scalar(v) is not None})
         self.history.append(row)
+        key = self.config.keep_best
+        if key is not None:
+            if row.get(key) is None:
+                raise KeyError(f"keep_best={key!r} is not a metric of evaluate (it returned {sorted(metrics)})")
+            if self.best is None or row[key] > self.best["value"]:  # the first of equal values is kept
+                weights = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+                self.best = {"step": self.step, "value": row[key], "model": weights}
 
     # ---- checkpoints ------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -307,7 +329,7 @@ class Trainer:
                 "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
                 "scaler": self.scaler.state_dict(), "step": self.step, "epoch": self.epoch,
                 "batch_in_epoch": self.batch_in_epoch, "cpu_seconds": self.cpu_seconds,
-                "history": list(self.history),
+                "history": list(self.history), "best": self.best,
                 "window": self._window, "rng": capture_rng_state(), "config": config}
 
     def save_checkpoint(self, path: str | None = None) -> None:
@@ -341,4 +363,5 @@ class Trainer:
         self.batch_in_epoch = ckpt["batch_in_epoch"]
         self.cpu_seconds = ckpt.get("cpu_seconds", 0.0)  # absent in checkpoints saved before it existed
         self.history, self._window = History(ckpt["history"]), ckpt["window"]
+        self.best = ckpt.get("best")  # keep_best's best evaluation so far (absent in older checkpoints)
         restore_rng_state(ckpt["rng"])  # last, so nothing above consumes random numbers after it

@@ -29,16 +29,19 @@ class TrainConfig:
     drop_last: bool = True  # drop the last incomplete batch of each epoch
     progress: bool = True  # show a tqdm progress bar
     device: str | None = None  # e.g. "cpu", "cuda"; None = settings.get_device()
+    # an evaluate metric (e.g. "val_t2i_r1"): the run ends with the weights of its best evaluation
+    # (early stopping on val, higher is better); None = the last step's weights
+    keep_best: str | None = None
 
 
 # the training knobs a method config declares (with its own defaults and reasons) and hands to TrainConfig
-TRAIN_FIELDS = ("max_steps", "batch_size", "lr", "warmup_fraction", "grad_clip", "seed")
+TRAIN_FIELDS = ("max_steps", "batch_size", "lr", "warmup_fraction", "grad_clip", "seed", "keep_best")
 CHECKPOINT_EVERY_AT_LEAST = 50  # steps between train_config's periodic saves, at the fewest
 
 
 def train_config(config, **runtime) -> TrainConfig:
     """The one training recipe's TrainConfig from a method config's training fields (max_steps,
-    batch_size, lr, warmup_fraction, grad_clip, seed: whichever it has), with `runtime`
+    batch_size, lr, warmup_fraction, grad_clip, seed, keep_best: whichever it has), with `runtime`
     (checkpoint_path, progress, device, log_every, eval_every, or a field) on top. Every method
     trains through this, so a training knob means the same thing everywhere."""
     shared = {f: getattr(config, f) for f in TRAIN_FIELDS if hasattr(config, f)}

@@ -115,8 +115,9 @@ def summed_log_likelihood(forward_logits: torch.Tensor, backward_logits: torch.T
     words = word_mask(input_ids, attention_mask, special)[:, 1:].float()  # (B, T-1) targets that are words
     total = 0.0
     for logits, ids in ((forward_logits, input_ids), (backward_logits, reversed_ids)):
-        log_p = torch.log_softmax(logits[:, :-1].float(), dim=-1)  # (B, T-1, V)
-        target = log_p.gather(2, ids[:, 1:, None]).squeeze(2)  # (B, T-1) log p of the next token
+        logits = logits[:, :-1].float()  # (B, T-1, V)
+        # log p of the next token, without a second (B, T-1, V) tensor of log-probabilities
+        target = logits.gather(2, ids[:, 1:, None]).squeeze(2) - torch.logsumexp(logits, dim=-1)  # (B, T-1)
         total = total + (target * words).sum(1)
     return total
 

@@ -27,19 +27,20 @@ import torch
 
 from course_lib.core.checkpoints import inference
 from course_lib.core.losses import batch_scores, distillation_loss, joint_nce_loss
-from course_lib.data.datasets import ImageDataset
+from course_lib.data.datasets import ImageDataset, collate_images
 from course_lib.methods.cross_encoder.mining import mine_negatives_from_embeddings
 from course_lib.methods.encoding import encode_split
-from course_lib.methods.fast_slow.model import FastConfig, FastModel, SlowModel
+from course_lib.core.train import move_to_device
+from course_lib.methods.fast_slow.model import FastConfig, FastModel, SlowModel, image_inputs
 
 
-def teacher_pair_scores(teacher: SlowModel, pixels: torch.Tensor, image_rows: torch.Tensor,
+def teacher_pair_scores(teacher: SlowModel, images: dict, image_rows: torch.Tensor,
                         texts: dict, text_rows: torch.Tensor) -> torch.Tensor:
-    """h (P,) of the pairs (pixels[image_rows[p]], texts row text_rows[p]): the CNN and the keys /
-    values run once per image of `pixels` (U, 3, H, W), the two decoders once per pair. No gradient,
-    the teacher in eval mode."""
+    """h (P,) of the pairs (image image_rows[p] of `images`, texts row text_rows[p]): the visual tokens
+    and the keys / values run once per image of `images` (U images: pixels (U, 3, H, W) or regions
+    (U, R, D) with their boxes), the two decoders once per pair. No gradient, the teacher in eval mode."""
     with inference(teacher) as device:
-        kvs = teacher.keys_values(teacher.visual_tokens({"pixels": pixels.to(device)}))  # per image
+        kvs = teacher.keys_values(teacher.visual_tokens(move_to_device(images, device)))  # per image
         image_rows, text_rows = image_rows.to(device), text_rows.to(device)
         pairs = {d: [kv[:, image_rows] for kv in layers] for d, layers in kvs.items()}  # (2, P, h, M, d)
         words = {k: texts[k].to(device)[text_rows] for k in ("input_ids", "attention_mask")}  # (P, T)
@@ -49,10 +50,10 @@ def teacher_pair_scores(teacher: SlowModel, pixels: torch.Tensor, image_rows: to
 def teacher_scores(teacher: SlowModel, batch: dict) -> torch.Tensor:
     """h of every image of the batch with every caption: (B, B), rows images, columns captions;
     B^2 decoder passes."""
-    B = batch["pixels"].shape[0]
+    B = batch["input_ids"].shape[0]
     rows = torch.arange(B).repeat_interleave(B)  # (B*B,) image of each pair
     cols = torch.arange(B).repeat(B)  # (B*B,) caption of each pair
-    return teacher_pair_scores(teacher, batch["pixels"], rows, batch, cols).view(B, B)
+    return teacher_pair_scores(teacher, image_inputs(teacher, batch), rows, batch, cols).view(B, B)
 
 
 def distill_loss(teacher: SlowModel, config: FastConfig):
@@ -86,9 +87,11 @@ def mined_distill_loss(teacher: SlowModel | None, config: FastConfig, candidates
     student's f.g / tau against the teacher's h / tau: S * K teacher pairs a step. loss = distillation
     + alpha * eq. 4. teacher None: the hard-negative control, whose target is the caption's own image
     (candidate 0) alone."""
-    images = ImageDataset(split, modality="pixels")
+    images = None  # the split's images, as the student reads them (built at the first step)
 
     def loss_fn(model: FastModel, batch: dict, step: int = 0) -> dict:
+        nonlocal images
+        images = images or ImageDataset(split, modality=model.modality)
         image_all, text_all = model(batch)  # (B, E) each
         nce = joint_nce_loss(batch_scores(image_all, text_all))  # eq. 4 over the whole batch
         S = min(config.distill_batch_size, len(text_all))
@@ -96,15 +99,16 @@ def mined_distill_loss(teacher: SlowModel | None, config: FastConfig, candidates
         K = rows.shape[1]
         unique, inverse = torch.unique(rows, return_inverse=True)  # (U,), (S, K)
         device = text_all.device
-        pixels = torch.stack([images[int(i)]["pixels"] for i in unique]).to(device)  # (U, 3, H, W)
-        image_emb = model.encode_images({"pixels": pixels})  # (U, E)
+        picked = image_inputs(model, collate_images([images[int(i)] for i in unique]))
+        picked = move_to_device(picked, device)  # (U, 3, H, W) pixels or (U, R, D) regions and boxes
+        image_emb = model.encode_images(picked)  # (U, E)
         inverse = inverse.to(device)
         student = (image_emb[inverse] * text_all[:S, None]).sum(-1)  # (S, K) f.g per candidate
         if teacher is None:
             target = torch.full((S, K), float("-inf"), device=device)
             target[:, 0] = 0.0  # all the probability on the caption's own image
         else:
-            target = teacher_pair_scores(teacher, pixels, inverse.flatten(), batch,
+            target = teacher_pair_scores(teacher, picked, inverse.flatten(), batch,
                                          torch.arange(S).repeat_interleave(K)).view(S, K)  # (S, K)
         distill = distillation_loss(student.T, target.T, tau=config.tau)  # softmax over the K images
         return {"loss": distill + config.alpha * nce, "distill": distill, "nce": nce}

@@ -78,14 +78,24 @@ def train_slow(bench: dict, tokenizer, config: SlowConfig | None = None, *, chec
     image_init="pixel_stem" (cached at stem_checkpoint when given); -> (model in eval mode, history)."""
     c = config or SlowConfig()
     seed_everything(c.seed)
-    model = SlowModel(len(tokenizer), c, SpecialTokens.of(tokenizer))
+    model = SlowModel(len(tokenizer), c, SpecialTokens.of(tokenizer), region_dim(bench, c))
     if c.image_init == "pixel_stem":
         load_stem_backbone(model.visual.backbone, bench, c, checkpoint_path=stem_checkpoint, progress=progress,
                            device=device)
-    history = fit_pairs(model, caption_loss, bench["train"], tokenizer, c, modality="pixels",
+    history = fit_pairs(model, caption_loss, bench["train"], tokenizer, c, modality=c.image_input,
                         max_text_length=c.max_text_length, log_every=25, progress=progress,
                         checkpoint_path=checkpoint_path, device=device)
     return model.eval(), history
+
+
+def region_dim(bench: dict, config) -> int | None:
+    """The training split's region feature size where the model reads grid cells (image_input="regions")."""
+    if config.image_input != "regions":
+        return None
+    if not bench["train"].has_regions:
+        raise ValueError("image_input='regions' needs region features: load a feature folder "
+                         "(course_lib.data.features.load_feature_bench)")
+    return bench["train"].regions.shape[-1]
 
 
 def undistilled(config: FastConfig) -> FastConfig:
@@ -99,7 +109,7 @@ def initial_fast_model(bench: dict, tokenizer, config: FastConfig, *, stem_check
     the backbone of the pixel stem (trained on bench["pretrain"], or loaded from a finished
     stem_checkpoint). with_stem=False: no stem (a model whose weights are loaded next)."""
     seed_everything(config.seed)
-    model = FastModel(len(tokenizer), config, SpecialTokens.of(tokenizer))
+    model = FastModel(len(tokenizer), config, SpecialTokens.of(tokenizer), region_dim(bench, config))
     if with_stem and config.image_init == "pixel_stem":
         load_stem_backbone(model.backbone, bench, config, checkpoint_path=stem_checkpoint, progress=progress,
                            device=device)
@@ -126,7 +136,7 @@ def train_fast(bench: dict, tokenizer, config: FastConfig | None = None, *, teac
     evaluate = retrieval_evaluator(evaluate_on, lambda m, split: similarity(m, split, tokenizer))
     train = with_fresh_scenes(bench["train"], c.fresh_scenes)  # the training split, then fresh scenes
     if not c.distill:
-        history = fit_pairs(model, nce_loss, train, tokenizer, c, modality="pixels",
+        history = fit_pairs(model, nce_loss, train, tokenizer, c, modality=c.image_input,
                             evaluate=evaluate, eval_every=eval_every, log_every=25, progress=progress,
                             checkpoint_path=checkpoint_path, device=device)
         return model.eval(), history
@@ -143,7 +153,7 @@ def train_fast(bench: dict, tokenizer, config: FastConfig | None = None, *, teac
         loss_fn, batch_size = mined_distill_loss(teacher.eval(), c, candidates, train), c.batch_size
     else:
         loss_fn, batch_size = distill_loss(teacher.eval(), c), c.distill_batch_size
-    history = fit_pairs(model, loss_fn, train, tokenizer, c, modality="pixels",
+    history = fit_pairs(model, loss_fn, train, tokenizer, c, modality=c.image_input,
                         evaluate=evaluate, eval_every=eval_every, log_every=25, progress=progress,
                         checkpoint_path=checkpoint_path, device=device, batch_size=batch_size,
                         max_steps=c.distill_steps, lr=c.distill_lr)
@@ -168,11 +178,13 @@ class SlowMethod(StartsFromPixelStem, PairwiseMethod):
     @property
     def notes(self) -> str:
         c = self.config
-        return (f"Slow: CNN + weighted-fusion upsampling to {c.visual_size}x{c.visual_size} tokens, forward + "
+        tokens = ("grid cells with their boxes as tokens" if c.image_input == "regions" else
+                  f"CNN + weighted-fusion upsampling to {c.visual_size}x{c.visual_size} tokens")
+        return (f"Slow: {tokens}, forward + "
                 f"backward captioning decoders ({c.layers} x {c.hidden}); h = summed log-likelihood, every pair")
 
     def build_model(self, bench, tokenizer) -> SlowModel:
-        return SlowModel(len(tokenizer), self.config, SpecialTokens.of(tokenizer))
+        return SlowModel(len(tokenizer), self.config, SpecialTokens.of(tokenizer), region_dim(bench, self.config))
 
     def starts_from_stem(self) -> bool:
         return self.config.image_init == "pixel_stem"
@@ -236,7 +248,8 @@ class FastMethod(StartsFromPixelStem, DualEncoderMethod):
                 else "the batch's images")
         how = (f"{start} {c.distill_steps} steps distilled from Slow over {over} (tau {c.tau:g}, alpha "
                f"{c.alpha:g}, B={c.distill_batch_size})" if c.distill else "eq. 4 NCE")
-        image = "mean-pooled" if c.image_pool == "mean" else "flattened 4x4"
+        image = {"pixels": "mean-pooled" if c.image_pool == "mean" else "flattened 4x4",
+                 "regions": "mean-pooled grid cells,"}[c.image_input]
         text = {"bow": "bag of words", "gru": f"{c.text_layers}-layer bi-GRU",
                 "transformer": f"{c.text_layers}-layer transformer"}[c.text_tower]
         return f"Fast: {image} CNN / {text}, dot product, {how}, FAISS IndexFlatIP"
@@ -257,7 +270,7 @@ class FastMethod(StartsFromPixelStem, DualEncoderMethod):
         return self.config.to_dict(without_stages=() if self.config.distill else ("distill",))
 
     def build_model(self, bench, tokenizer) -> FastModel:
-        return FastModel(len(tokenizer), self.config, SpecialTokens.of(tokenizer))
+        return FastModel(len(tokenizer), self.config, SpecialTokens.of(tokenizer), region_dim(bench, self.config))
 
     def train(self, bench, tokenizer, checkpoint_path, cache_dir):
         teacher = init = None

@@ -49,9 +49,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from course_lib.core.blocks import RegionEmbedding
 from course_lib.core.encoders import BagOfWordsEncoder, BiGRUEncoder, TransformerTextEncoder
-from course_lib.core.settings import CourseConfig, later_stage
+from course_lib.core.settings import CourseConfig, later_stage, switch
 from course_lib.core.tokens import WORD_SPECIAL_TOKENS, SpecialTokens
+from course_lib.data.datasets import IMAGE_KEYS
 from course_lib.methods.fast_slow.decoder import Decoder, reverse_words, summed_log_likelihood
 from course_lib.methods.pixel_stem import HEAD_POOLS, ConvBackbone, StemBackboneModule, conv_bn_relu
 
@@ -59,6 +61,9 @@ FUSION_EPS = 1e-4  # BiFPN's epsilon in the normalised fusion (the paper's App. 
 IMAGE_POOLS = ("mean", "flatten")  # FastConfig.image_pool
 TEXT_TOWERS = ("bow", "transformer", "gru")  # FastConfig.text_tower
 IMAGE_INITS = ("pixel_stem", "scratch")  # FastConfig.image_init
+# what phi(x) and f(x) read: the rendered "pixels" through the course's CNN, or "regions", the grid cells
+# of a pretrained CNN's last feature map (data_scripts/extract_features.py: the paper's ResNet feature map)
+IMAGE_INPUTS = ("pixels", "regions")
 DISTILL_CANDIDATES = ("batch", "mined")  # FastConfig.distill_candidates
 
 
@@ -84,6 +89,7 @@ class SlowConfig(CourseConfig):
     image_init: str = "pixel_stem"
     stem_steps: int = 400  # the pixel stem's pre-training steps (PixelStemConfig.max_steps; cached, shared)
     stem_head_pool: str = "cells"  # how the stem's heads read its map in pre-training (PixelStemConfig.head_pool)
+    image_input: str = switch("pixels")  # "pixels" (the CNN above) or "regions" (grid cells: IMAGE_INPUTS)
 
     SMOKE: ClassVar[dict] = {"max_steps": 30, "batch_size": 16, "hidden": 32, "channels": (8, 16, 32),
                              "stem_steps": 20}
@@ -96,6 +102,7 @@ class SlowConfig(CourseConfig):
         if self.image_init not in IMAGE_INITS or self.stem_head_pool not in HEAD_POOLS:
             raise ValueError(f"image_init must be one of {IMAGE_INITS} and stem_head_pool one of {HEAD_POOLS}, got "
                              f"{self.image_init!r} and {self.stem_head_pool!r}")
+        check_image_input(self)
 
 
 @dataclass
@@ -155,6 +162,8 @@ class FastConfig(CourseConfig):
     warmup_fraction: float = 0.05
     grad_clip: float = 2.0
     seed: int = 0
+    # "pixels" (the CNN above) or "regions" (grid cells, mean-pooled as the paper pools conv5: IMAGE_INPUTS)
+    image_input: str = switch("pixels")
 
     SMOKE: ClassVar[dict] = {"max_steps": 30, "batch_size": 16, "distill_batch_size": 8, "distill_steps": 20,
                              "hidden": 32, "embed_dim": 32, "channels": (8, 16, 32), "stem_steps": 20,
@@ -168,6 +177,7 @@ class FastConfig(CourseConfig):
         if self.image_init not in IMAGE_INITS or self.stem_head_pool not in HEAD_POOLS:
             raise ValueError(f"image_init must be one of {IMAGE_INITS} and stem_head_pool one of {HEAD_POOLS}, got "
                              f"{self.image_init!r} and {self.stem_head_pool!r}")
+        check_image_input(self)
         if self.distill_candidates not in DISTILL_CANDIDATES or self.distill_top_k < 2:
             raise ValueError(f"distill_candidates must be one of {DISTILL_CANDIDATES} and distill_top_k >= 2, got "
                              f"{self.distill_candidates!r} and {self.distill_top_k}")
@@ -177,6 +187,18 @@ class FastConfig(CourseConfig):
             raise ValueError(f"fresh_scenes must be >= 0 (0: the training split alone), got {self.fresh_scenes}")
         if not self.tau > 0 or self.alpha < 0:
             raise ValueError(f"tau must be > 0 and alpha >= 0, got tau={self.tau}, alpha={self.alpha}")
+
+
+def check_image_input(config) -> None:
+    """Grid cells come from a pretrained CNN already: no pixel stem, and f(x) pools them (the paper's pool)."""
+    if config.image_input not in IMAGE_INPUTS:
+        raise ValueError(f"image_input must be one of {IMAGE_INPUTS}, got {config.image_input!r}")
+    if config.image_input == "regions" and config.image_init != "scratch":
+        raise ValueError("image_input='regions' reads a pretrained CNN's grid cells, so no pixel stem: set "
+                         "image_init='scratch'")
+    if config.image_input == "regions" and getattr(config, "image_pool", "mean") != "mean":
+        raise ValueError("image_input='regions' mean-pools the grid cells (the paper's global pool): set "
+                         "image_pool='mean'")
 
 
 # ----------------------------------------------------------------------------- visual encoders
@@ -222,19 +244,46 @@ class VisualTokens(nn.Module):
         return self.norm(tokens + self.position)
 
 
+class RegionTokens(nn.Module):
+    """phi(x) over grid cells: every cell of a pretrained CNN's last map (the paper's ResNet feature map,
+    extracted once) embedded with its box as UNITER embeds a region -> (B, R, H). The decoders'
+    cross-attention reads every cell: a grid has no padding."""
+
+    def __init__(self, region_dim: int, hidden: int):
+        super().__init__()
+        self.embed = RegionEmbedding(region_dim, hidden)
+
+    def forward(self, regions: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
+        return self.embed(regions, boxes)  # (B, R, H)
+
+
+def image_inputs(model: nn.Module, batch: dict) -> dict:
+    """The fields of `batch` that the model's image side reads (its `modality`'s)."""
+    keys = ("pixels",) if model.modality == "pixels" else IMAGE_KEYS
+    return {k: batch[k] for k in keys}
+
+
+def checked_region_dim(config, region_dim: int | None) -> int | None:
+    if config.image_input == "regions" and region_dim is None:
+        raise ValueError("image_input='regions' needs region_dim, the split's region feature size "
+                         "(split.regions.shape[-1])")
+    return region_dim
+
+
 class SlowModel(nn.Module):
     """The Slow scorer: visual_tokens(pixels) -> (B, M, H); keys_values(tokens) -> {"fwd", "bwd"}:
     per decoder a list of (2, B, h, M, d); log_likelihood(kvs, texts) -> h (B,) of aligned pairs;
     score(images, texts) the uncached h; caption_loss(batch) -> L_CA's mean over the batch."""
 
-    modality = "pixels"
-
     def __init__(self, vocab_size: int, config: SlowConfig | None = None,
-                 special: SpecialTokens = WORD_SPECIAL_TOKENS):
+                 special: SpecialTokens = WORD_SPECIAL_TOKENS, region_dim: int | None = None):
         super().__init__()
         c = self.config = config or SlowConfig()
-        self.special = special
-        self.visual = VisualTokens(c.channels, c.hidden, c.visual_size)
+        self.special, self.modality = special, c.image_input
+        if c.image_input == "pixels":
+            self.visual = VisualTokens(c.channels, c.hidden, c.visual_size)
+        else:
+            self.visual = RegionTokens(checked_region_dim(c, region_dim), c.hidden)
         # shared by both directions (VirTex): the word and position tables and the output layer
         self.word = nn.Embedding(vocab_size, c.hidden, padding_idx=special.pad)
         self.position = nn.Embedding(c.max_text_length, c.hidden)
@@ -248,7 +297,9 @@ class SlowModel(nn.Module):
             self.word.weight[special.pad].zero_()
 
     def visual_tokens(self, images: dict) -> torch.Tensor:
-        return self.visual(images["pixels"])  # (B, M, H)
+        if self.modality == "pixels":
+            return self.visual(images["pixels"])  # (B, M, H)
+        return self.visual(images["regions"], images["boxes"])  # (B, R, H)
 
     def keys_values(self, tokens: torch.Tensor) -> dict:
         return {"fwd": self.forward_decoder.keys_values(tokens), "bwd": self.backward_decoder.keys_values(tokens)}
@@ -302,16 +353,18 @@ class FastModel(StemBackboneModule):
     tower's pooled vector: mean of word embeddings, or a transformer's [CLS]); no normalisation
     (scores must span tens of nats at tau = 10). forward(batch) -> (f, g)."""
 
-    modality = "pixels"
-
     def __init__(self, vocab_size: int, config: FastConfig | None = None,
-                 special: SpecialTokens = WORD_SPECIAL_TOKENS):
+                 special: SpecialTokens = WORD_SPECIAL_TOKENS, region_dim: int | None = None):
         super().__init__()
         c = self.config = config or FastConfig()
-        self.backbone = ConvBackbone(c.channels)
-        self.freeze_backbone()
-        cells = 1 if c.image_pool == "mean" else 16  # the 4x4 map of 32-pixel images
-        self.image_proj = nn.Linear(c.channels[2] * cells, c.embed_dim)
+        self.modality = c.image_input
+        if c.image_input == "pixels":
+            self.backbone = ConvBackbone(c.channels)
+            self.freeze_backbone()
+            cells = 1 if c.image_pool == "mean" else 16  # the 4x4 map of 32-pixel images
+            self.image_proj = nn.Linear(c.channels[2] * cells, c.embed_dim)
+        else:  # the grid's mean, as the paper pools conv5
+            self.image_proj = nn.Linear(checked_region_dim(c, region_dim), c.embed_dim)
         self.text, self.text_proj = fast_text_tower(vocab_size, c, special)
 
     @property
@@ -320,6 +373,10 @@ class FastModel(StemBackboneModule):
         return self.config.image_init == "pixel_stem" and self.config.freeze_stem
 
     def encode_images(self, batch: dict) -> torch.Tensor:
+        if self.modality == "regions":
+            mask = batch["region_mask"].unsqueeze(-1).float()  # (B, R, 1)
+            pooled = (batch["regions"] * mask).sum(1) / mask.sum(1).clamp(min=1.0)  # (B, D)
+            return self.image_proj(pooled)  # (B, E)
         grid = self.backbone(batch["pixels"])[2]  # (B, C, 4, 4)
         pooled = grid.mean((2, 3)) if self.config.image_pool == "mean" else grid.flatten(1)  # (B, C) or (B, 16C)
         return self.image_proj(pooled)  # (B, E)
@@ -333,4 +390,5 @@ class FastModel(StemBackboneModule):
 
 __all__ = ["SlowConfig", "FastConfig", "ConvBackbone", "WeightedFusion", "VisualTokens", "Decoder",
            "reverse_words", "summed_log_likelihood", "SlowModel", "FastModel", "fast_text_tower",
-           "FUSION_EPS", "IMAGE_POOLS", "TEXT_TOWERS", "IMAGE_INITS", "DISTILL_CANDIDATES"]
+           "FUSION_EPS", "IMAGE_POOLS", "TEXT_TOWERS", "IMAGE_INITS", "DISTILL_CANDIDATES", "IMAGE_INPUTS",
+           "RegionTokens", "image_inputs", "check_image_input"]

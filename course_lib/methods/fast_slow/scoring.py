@@ -18,8 +18,12 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from course_lib.core.checkpoints import inference, model_device
+from course_lib.core.train import move_to_device
 from course_lib.data.datasets import ImageDataset, collate_images, text_fields
-from course_lib.methods.fast_slow.model import SlowModel
+from course_lib.methods.fast_slow.model import SlowModel, image_inputs
+
+
+LOGITS_PER_BLOCK = 1 << 24  # logits a direction per block of pairs (64 MB): memory, not the result
 
 
 @dataclass
@@ -45,13 +49,13 @@ class SlowStates:
 def compute_states(model: SlowModel, split, tokenizer, *, batch_size: int = 256, device=None,
                    progress: bool = False) -> SlowStates:
     """Run the CNN and the K/V projections once over a split's images; tokenise its captions."""
-    dataset = ImageDataset(split, modality="pixels")
+    dataset = ImageDataset(split, modality=model.modality)
     parts = {"fwd": [], "bwd": []}
     with inference(model, device) as device:
         for start in tqdm(range(0, len(dataset), batch_size), desc="slow gallery", disable=not progress,
                           leave=False):
             block = collate_images([dataset[i] for i in range(start, min(start + batch_size, len(dataset)))])
-            kvs = model.keys_values(model.visual_tokens({"pixels": block["pixels"].to(device)}))
+            kvs = model.keys_values(model.visual_tokens(move_to_device(image_inputs(model, block), device)))
             for d in parts:
                 parts[d].append([kv.cpu() for kv in kvs[d]])  # (2, b, h, M, d) each
     kvs = {d: [torch.cat(layer, dim=1) for layer in zip(*blocks)] for d, blocks in parts.items()}
@@ -65,6 +69,9 @@ def score_cached_pairs(model: SlowModel, states: SlowStates, image_indices, text
     decoders run on each pair's caption."""
     images, texts = checked_pairs(image_indices, text_indices)
     out = torch.empty(len(images))
+    # each pair's logits are (T, V) a direction: a WordPiece vocabulary of 30k makes that 2.4 MB a pair
+    vocab, length = model.output.out_features, states.input_ids.shape[1]
+    batch_size = max(1, min(batch_size, LOGITS_PER_BLOCK // (vocab * length)))
     with _scoring(model, device) as device:
         for start in range(0, len(images), batch_size):
             rows = slice(start, start + batch_size)

@@ -1,0 +1,48 @@
+"""Where the course finds real photographs: one Karpathy-format folder, its `images/` and its split file
+(`dataset_*.json`), looked for in one order by lesson 08, the tests and CI alike:
+
+    COURSE_PHOTOS              a folder a learner names (Flickr30k or COCO on Colab, say)
+    data/flickr8k              in the repository: `python data_scripts/download_data.py flickr8k --out data/flickr8k`
+    ../shared/data/flickr8k    beside the clone, where the course's own machines keep Flickr8k
+
+The photos are never part of the course (their owners' rights; docs/real_data.md), so where none is found
+a lesson or test says how to get them and does nothing else.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+REPOSITORY = Path(__file__).resolve().parents[2]
+PLACES = (REPOSITORY / "data" / "flickr8k", REPOSITORY.parent / "shared" / "data" / "flickr8k")
+
+
+def split_file(folder) -> Path | None:
+    """The Karpathy split file of a photo folder (`dataset_*.json`), or None."""
+    folder = Path(folder)
+    return next(iter(sorted(folder.glob("dataset_*.json"))), None) if folder.is_dir() else None
+
+
+def find_photos(environ=None) -> Path | None:
+    """The photo folder (COURSE_PHOTOS, else the first of PLACES) holding images/ and a split file, or None."""
+    environ = os.environ if environ is None else environ
+    named = environ.get("COURSE_PHOTOS")
+    for folder in [Path(named)] if named else PLACES:
+        if split_file(folder) is not None and (folder / "images").is_dir():
+            return folder.resolve()
+    return None
+
+
+def no_photos_message(environ=None) -> str:
+    """What to do when find_photos finds nothing: where it looked and how to get Flickr8k."""
+    environ = os.environ if environ is None else environ
+    named = environ.get("COURSE_PHOTOS")
+    looked = (f"COURSE_PHOTOS={named} holds no images/ folder and dataset_*.json file" if named else
+              "no photos in " + " or ".join(str(p) for p in PLACES))
+    return (f"{looked}. Real photographs are not part of the course: get Flickr8k with `python "
+            "data_scripts/download_data.py flickr8k --out data/flickr8k` (about 1 GB), or set COURSE_PHOTOS to "
+            "a Karpathy-format folder (images/ and its dataset_*.json); docs/real_data.md says more.")
+
+
+__all__ = ["PLACES", "split_file", "find_photos", "no_photos_message"]
