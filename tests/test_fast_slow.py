@@ -384,3 +384,54 @@ def test_fast_trains_on_the_training_split_then_fresh_scenes(bench, tok, monkeyp
     assert seen[0] is train
     with pytest.raises(ValueError, match="fresh_scenes"):
         FastConfig(fresh_scenes=-1)
+
+
+# ----------------------------------------------------------------------------- grid cells (real photos)
+
+def region_batch(split, tokenizer, rows):
+    return PairCollate(tokenizer)([PairDataset(split, modality="regions")[t] for t in rows])
+
+
+def test_slow_over_grid_cells_cached_and_uncached_agree(bench, tok):
+    torch.manual_seed(0)
+    split = bench["test"]
+    config = SlowConfig(**SMALL, image_input="regions", image_init="scratch")
+    model = SlowModel(len(tok), config, region_dim=split.regions.shape[-1]).eval()
+    states = compute_states(model, split, tok, batch_size=5)
+    regions = split.regions.shape[1]
+    assert states.kvs["fwd"][0].shape[:2] == (2, split.n_images) and states.kvs["fwd"][0].shape[3] == regions
+    g = np.random.default_rng(1)
+    images, texts = g.integers(0, split.n_images, 12), g.integers(0, split.n_texts, 12)
+    cached = score_cached_pairs(model, states, images, texts, batch_size=5)
+    picked = [ImageDataset(split, modality="regions")[int(i)] for i in images]
+    fields = {k: torch.stack([p[k] for p in picked]) for k in ("regions", "boxes", "region_mask")}
+    with torch.no_grad():
+        uncached = model.score(fields, region_batch(split, tok, texts.tolist()))
+    assert torch.allclose(cached, uncached, atol=TOL)
+
+
+def test_fast_over_grid_cells_is_a_linear_map_of_their_mean(bench, tok):
+    torch.manual_seed(0)
+    split = bench["test"]
+    config = FastConfig(hidden=8, embed_dim=6, image_input="regions", image_init="scratch", image_pool="mean")
+    model = FastModel(len(tok), config, region_dim=split.regions.shape[-1]).eval()
+    assert not hasattr(model, "backbone")  # the pretrained CNN ran once, at extraction
+    batch = region_batch(split, tok, [0, 5, 9])
+    cells = batch["region_mask"][..., None].float()
+    mean = (batch["regions"] * cells).sum(1) / cells.sum(1)  # (B, D)
+    with torch.no_grad():
+        expected = mean @ model.image_proj.weight.T + model.image_proj.bias
+        torch.testing.assert_close(model.encode_images(batch), expected)
+
+
+def test_grid_cells_config_errors_say_what_to_set():
+    with pytest.raises(ValueError, match="image_init='scratch'"):
+        SlowConfig(image_input="regions")
+    with pytest.raises(ValueError, match="image_pool='mean'"):
+        FastConfig(image_input="regions", image_init="scratch")
+    with pytest.raises(ValueError, match="image_input must be one of"):
+        FastConfig(image_input="photos")
+    with pytest.raises(ValueError, match="needs region_dim"):
+        SlowModel(10, SlowConfig(image_input="regions", image_init="scratch"))
+    # a switch: at its default it leaves every earlier model's name alone
+    assert "image_input" not in SlowConfig().to_dict() and "image_input" not in FastConfig().to_dict()

@@ -110,3 +110,16 @@ def test_the_checker_sees_imports_of_every_kind(tmp_path):
         assert layer_of("course_lib.methods.b") > layer_of("course_lib.core.a")
     finally:
         PACKAGE = saved
+
+
+def test_only_the_core_calls_backward():
+    """One training loop: every gradient step is the Trainer's (core.train) or a core primitive's, so no
+    method, study or script has a loop of its own (`.backward()` outside course_lib/core)."""
+    outside = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.relative_to(PACKAGE).parts[0] == "core":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "backward":
+                outside.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}")
+    assert outside == [], f".backward() outside course_lib/core: {outside}"

@@ -165,7 +165,7 @@ def test_pretrained_features_of_real_photos_match_the_classifier(tmp_path):
     row = ids.index(str(Path(data[0]["filename"]).stem))
     ours = torch.from_numpy(pooled[row]) @ source["_fc.weight"].T + source["_fc.bias"]
     torch.testing.assert_close(ours, logits, rtol=1e-3, atol=1e-3)
-    assert logits.softmax(-1).max() > 0.05  # ImageNet weights: far from the uniform 0.001 of random ones
+    assert logits.softmax(-1).max() > 0.01  # ImageNet weights: ten times the uniform 0.001 or more
 
 
 def test_bad_input_is_skipped_and_named(tmp_path, capsys):
