@@ -39,7 +39,7 @@ from course_lib.core.shipped import MANIFEST, SHIPPED_MODELS
 from course_lib.core.metrics import ranks_from_top_k, recall_at_k
 from course_lib.core.timing import latency_vs_gallery
 from course_lib.core.offline_weights import MINILM_NAME
-from course_lib.data.features import load_feature_bench
+from course_lib.data.features import extracted_images, load_feature_bench
 from course_lib.data.oracle import oracle_ceiling
 from course_lib.real_benchmark import (KS as REAL_KS, NO_ORACLE, SETTINGS as REAL_SETTINGS, chance_metrics,
                                       fit_real_methods, training_curves)
@@ -310,7 +310,9 @@ def run_features(features_dir, out="outputs/benchmark-real", text_encoder: str =
     start = time.perf_counter()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    bench = load_feature_bench(features_dir, regions_dtype=np.float16)  # half the memory; batches are float32
+    # float16: half the memory (batches are float32); the photos' paths, as lesson 08 loads them: the same
+    # training data, so the same checkpoint names
+    bench = load_feature_bench(features_dir, regions_dtype=np.float16, image_root=extracted_images(features_dir))
     missing = [s for s in ("train", "val", "test") if s not in bench]
     if missing:
         raise ValueError(f"{features_dir} has no {', '.join(missing)} split: extract every split (train, val and "

@@ -238,3 +238,18 @@ def test_clear_errors(resnet, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(timm, "create_model", offline)
     assert run(json_path, tmp_path / "o", "--backbone", "resnet18", "--pretrained", "--workers", "0") == 1
     assert "could not load timm model 'resnet18' with pretrained weights" in capsys.readouterr().err
+
+
+def test_the_benchmark_and_lesson_08_load_the_same_training_data(resnet):
+    """A model's name hashes its training data, image paths included: the benchmark (which reads the photo folder
+    from features.json) and lesson 08 (which names it) must load the same bench, so that one trains what the other
+    loads."""
+    from course_lib.core.checkpoints import data_digest
+    from course_lib.data.features import extracted_images
+
+    json_path, out = resnet
+    assert extracted_images(out) == json_path.parent.resolve()
+    benchmark = load_feature_bench(out, regions_dtype=np.float16, image_root=extracted_images(out))
+    lesson = load_feature_bench(out, regions_dtype=np.float16, image_root=json_path.parent.resolve())
+    assert data_digest(benchmark["train"]) == data_digest(lesson["train"])
+    assert data_digest(benchmark["train"]) != data_digest(load_feature_bench(out)["train"])  # paths count

@@ -75,7 +75,16 @@ def load_feature_bench(features_dir, *, captions_per_image=5, regions_dtype=np.f
     return bench
 
 
+def extracted_images(features_dir) -> Path | None:
+    """The photo folder a feature folder was extracted from (features.json's "images"), where it still exists:
+    the image_root that gives a bench the same image paths, and so the same trained-model names, whether the
+    benchmark or lesson 08 loads it."""
+    manifest = json.loads((Path(features_dir) / "features.json").read_text(encoding="utf-8"))
+    images = Path(manifest.get("images", ""))
+    return images if manifest.get("images") and images.is_dir() else None
+
+
 # ----------------------------------------------------------------------------- writing
 
 
-__all__ = ["load_feature_bench", "read_pooled"]
+__all__ = ["load_feature_bench", "read_pooled", "extracted_images"]
