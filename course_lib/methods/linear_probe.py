@@ -19,6 +19,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
+from course_lib.core.blocks import masked_mean
 from course_lib.core.encoders import BertTextEncoder, l2_normalize
 from course_lib.core.history import History
 from course_lib.core.losses import contrastive_loss
@@ -62,13 +63,12 @@ class LinearProbe(nn.Module):
         self.logit_scale = nn.Parameter(torch.tensor(math.log(1 / INITIAL_TEMPERATURE)))
 
     def encode_images(self, batch: dict) -> torch.Tensor:
-        mask = batch["region_mask"].unsqueeze(-1).float()  # (B, R, 1)
-        pooled = (batch["regions"] * mask).sum(1) / mask.sum(1).clamp(min=1.0)  # (B, D)
+        pooled = masked_mean(batch["regions"], batch["region_mask"])  # (B, D)
         return l2_normalize(self.image_proj(pooled))  # (B, E)
 
     def encode_texts(self, batch: dict) -> torch.Tensor:
         out = self.text_encoder(batch)  # tokens (B, T, H), zero at padding
-        mean = out.tokens.sum(1) / out.mask.sum(1, keepdim=True).clamp(min=1)  # (B, H)
+        mean = masked_mean(out.tokens, out.mask)  # (B, H)
         return l2_normalize(self.text_proj(mean))  # (B, E)
 
     def forward(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:

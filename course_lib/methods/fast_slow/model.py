@@ -49,7 +49,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from course_lib.core.blocks import RegionEmbedding
+from course_lib.core.blocks import RegionEmbedding, masked_mean
 from course_lib.core.encoders import BagOfWordsEncoder, BiGRUEncoder, TransformerTextEncoder
 from course_lib.core.settings import CourseConfig, later_stage, switch
 from course_lib.core.tokens import WORD_SPECIAL_TOKENS, SpecialTokens
@@ -374,9 +374,7 @@ class FastModel(StemBackboneModule):
 
     def encode_images(self, batch: dict) -> torch.Tensor:
         if self.modality == "regions":
-            mask = batch["region_mask"].unsqueeze(-1).float()  # (B, R, 1)
-            pooled = (batch["regions"] * mask).sum(1) / mask.sum(1).clamp(min=1.0)  # (B, D)
-            return self.image_proj(pooled)  # (B, E)
+            return self.image_proj(masked_mean(batch["regions"], batch["region_mask"]))  # (B, E)
         grid = self.backbone(batch["pixels"])[2]  # (B, C, 4, 4)
         pooled = grid.mean((2, 3)) if self.config.image_pool == "mean" else grid.flatten(1)  # (B, C) or (B, 16C)
         return self.image_proj(pooled)  # (B, E)
