@@ -43,6 +43,7 @@ from course_lib.data.features import extracted_images, load_feature_bench
 from course_lib.data.oracle import oracle_ceiling
 from course_lib.real_benchmark import (KS as REAL_KS, NO_ORACLE, SETTINGS as REAL_SETTINGS, chance_metrics,
                                       fit_real_methods, training_curves)
+from course_lib.published import published_rows
 from course_lib.methods.queries import ground_truth
 from course_lib.methods.registry import available_methods, registered_names
 from course_lib.shipping import SEED, benchmark_data, own_models, refresh
@@ -333,6 +334,7 @@ def run_features(features_dir, out="outputs/benchmark-real", text_encoder: str =
         "rows": rows,
         "latency": [],
         "curves": training_curves(methods),
+        "published": published_rows(bench["test"].info.get("dataset")),  # the papers' rows, on their own gallery
     }
     write_outputs(results, out)
     return results

@@ -9,8 +9,8 @@ import json
 import os
 from pathlib import Path
 
-
 from course_lib.methods.registry import registered_names
+from course_lib.published import published_markdown
 from course_lib.studies import single_vector
 
 SETTINGS = ("test", "full", "compositional")
@@ -91,7 +91,7 @@ def write_outputs(results: dict, out: Path) -> None:
     try:
         staged[out / "results.json"].write_text(json.dumps(results, indent=2))
         staged[out / "results.md"].write_text(results_markdown(results))
-        _save_pareto(results["rows"], staged[out / "pareto.png"])
+        _save_pareto(results["rows"], staged[out / "pareto.png"], results.get("published"))
         if out / "curves.png" in staged:
             _save_curves(results["curves"], staged[out / "curves.png"])
         for final, temporary in staged.items():
@@ -229,6 +229,10 @@ def results_markdown(results: dict, settings=SETTINGS, extras: bool = True) -> s
     if any(not r.get("ms_measured", True) for r in shown):
         lines.append(f"{EXTRAPOLATED} ms/query extrapolated linearly from the largest galleries timed "
                      "(the method's timed_sizes), not measured.")
+    if results.get("published") and "test" in settings:
+        test = next((r for r in shown if r["setting"] == "test"), None)
+        if test is not None:
+            lines += ["", published_markdown(results["published"], test["n_images"])]
     if extras:
         lines += ["", "Methods:"] + [f"- `{name}`: {note}" for name, note in results.get("methods", {}).items()]
     return "\n".join(lines) + "\n"
@@ -289,7 +293,7 @@ def update_readme(results: dict | None, readme: str | Path, check_only: bool = F
     try:
         for path, (head, tail) in parts.items():
             staged[path].write_text(f"{head}{README_START}\n{body[path]}{README_END}{tail}")
-        _save_pareto(results["rows"], staged[picture])
+        _save_pareto(results["rows"], staged[picture], results.get("published"))
         for final, temporary in staged.items():
             os.replace(temporary, final)
     finally:
@@ -304,13 +308,14 @@ def _save_curves(curves: dict, path: Path) -> None:
     plot_training_curves(curves).savefig(path, dpi=110)
 
 
-def _save_pareto(rows, path: Path) -> None:
-    """Every method on t2i R@1 vs ms per query, test and full settings side by side (viz)."""
+def _save_pareto(rows, path: Path, published: dict | None = None) -> None:
+    """Every method on t2i R@1 vs ms per query, test and full settings side by side (viz); published
+    rows (course_lib.published.published_rows) marked on the test panel."""
     # a bare Figure needs no GUI backend, so this works headless and leaves notebooks' backend alone
     from matplotlib.figure import Figure
 
     from course_lib.viz import plot_pareto_settings
 
-    fig = plot_pareto_settings(rows, Figure(figsize=(13, 5.5)), settings=("test", "full"))
+    fig = plot_pareto_settings(rows, Figure(figsize=(13, 5.5)), settings=("test", "full"), published=published)
     fig.savefig(path, dpi=120)
 

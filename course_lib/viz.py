@@ -1,5 +1,5 @@
 """Plots the course draws again and again: scene grids with captions, detector boxes,
-counterfactual twins, the ranked images of one query, timing distributions, learning curves, the
+counterfactual twins, the ranked images of one query or of several, timing distributions, learning curves, the
 accuracy-latency (Pareto) plot, and one boxes-and-arrows diagram per family of methods (draw_method)."""
 
 from __future__ import annotations
@@ -87,16 +87,11 @@ def show_twins(split, pairs, *, n_captions: int = 2, width: float = 3.0):
     return fig
 
 
-def show_retrieval(split, query_text: str, ranked_image_indices, true_image=None, *, cols: int = 5,
-                   width: float = 2.0):
-    """The top-ranked images of one text query in rank order, the true image framed in red
-    (LightningDOT Fig. 4). ranked_image_indices: the split's image indices, best first."""
-    ranked = [int(i) for i in np.asarray(ranked_image_indices).reshape(-1)]
-    rows = max(1, (len(ranked) + cols - 1) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(cols * width, rows * (width + 0.35) + 0.5), squeeze=False)
-    for ax in axes.flat:
+def _draw_ranked(axes, split, ranked, true_image=None) -> None:
+    """One ranking into a row of axes, in rank order, the true image framed in red (LightningDOT Fig. 4)."""
+    for ax in axes:
         ax.axis("off")
-    for rank, (ax, i) in enumerate(zip(axes.flat, ranked), start=1):
+    for rank, (ax, i) in enumerate(zip(axes, ranked), start=1):
         ax.axis("on")
         ax.imshow(_image(split, i), interpolation="nearest")
         ax.set_xticks([])
@@ -107,9 +102,38 @@ def show_retrieval(split, query_text: str, ranked_image_indices, true_image=None
             spine.set_linewidth(4 if hit else 0.5)
         ax.set_title(f"{rank}. {split.image_ids[i]}" + (" (true)" if hit else ""), fontsize=8,
                      color="red" if hit else "black")
+
+
+def show_retrieval(split, query_text: str, ranked_image_indices, true_image=None, *, cols: int = 5,
+                   width: float = 2.0):
+    """The top-ranked images of one text query in rank order, the true image framed in red
+    (LightningDOT Fig. 4). ranked_image_indices: the split's image indices, best first."""
+    ranked = [int(i) for i in np.asarray(ranked_image_indices).reshape(-1)]
+    rows = max(1, (len(ranked) + cols - 1) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(cols * width, rows * (width + 0.35) + 0.5), squeeze=False)
+    _draw_ranked(list(axes.flat), split, ranked, true_image)
     missing = true_image is not None and int(true_image) not in ranked
     fig.suptitle(textwrap.fill(f'"{query_text}"', 90) + ("\n(true image not in this list)" if missing else ""),
                  fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def show_rankings(split, rankings, *, width: float = 2.0, title=None):
+    """Several rankings of the split's images, one row each (queries, or methods answering one query).
+    rankings: (row title, ranked image indices best first, true image index or None) per row; a row
+    whose true image is not in its list says so."""
+    rankings = [(label, [int(i) for i in np.asarray(ranked).reshape(-1)], true) for label, ranked, true in rankings]
+    cols = max(len(ranked) for _, ranked, _ in rankings)
+    fig, axes = plt.subplots(len(rankings), cols, figsize=(cols * width, len(rankings) * (width + 0.7) + 0.4),
+                             squeeze=False)
+    for row, (label, ranked, true_image) in zip(axes, rankings):
+        _draw_ranked(row, split, ranked, true_image)
+        missing = true_image is not None and int(true_image) not in ranked
+        row[0].text(0.0, 1.22, textwrap.shorten(label, 110) + (" (true image not in this list)" if missing else ""),
+                    transform=row[0].transAxes, fontsize=9, va="bottom")
+    if title:
+        fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return fig
 
@@ -312,7 +336,7 @@ def place_labels(ax, points, labels, *, fontsize: float = 7, marker_px: float = 
     return texts
 
 
-def _draw_pareto(rows, *, setting: str, metric: str, ax, title, colors, front: bool):
+def _draw_pareto(rows, *, setting: str, metric: str, ax, title, colors, front: bool, published=None):
     """plot_pareto without its labels: returns the (point, label) pairs still to place."""
     from course_lib.studies.frontier import pareto_front
 
@@ -327,14 +351,15 @@ def _draw_pareto(rows, *, setting: str, metric: str, ax, title, colors, front: b
         on_front = [timed[i] for i in pareto_front([r["ms_per_query"] for r in timed], [r[metric] for r in timed])]
         ax.step([r["ms_per_query"] for r in on_front], [r[metric] for r in on_front], where="post", color="black",
                 linewidth=1, alpha=0.6, zorder=2, label="Pareto front")
-    if timed:  # the axes fit the methods; a reference beyond them is marked at the edge
+    papers = [r for r in (published or {}).get("rows", []) if r.get(metric) is not None]
+    if timed:  # the axes fit the methods and the published rows; a reference beyond them is marked at the edge
         ax.set_xscale("log")
-        values = [r[metric] for r in timed]
+        values = [r[metric] for r in timed] + [r[metric] for r in papers]
         low, high = min(values), max(values)
         pad = max(2.0, 0.12 * (high - low))
         ax.set_ylim(max(low - pad, -pad / 2), high + pad)  # room below a method at 0 for its label
         ms = [r["ms_per_query"] for r in timed]
-        ax.set_xlim(min(ms) / 2.5, max(ms) * 4)
+        ax.set_xlim(min(ms) / 2.5, max(ms) * (400 if papers else 4))  # published rows: a column of their own
     for r in rows:
         if r.get("ms_per_query"):
             continue
@@ -347,17 +372,36 @@ def _draw_pareto(rows, *, setting: str, metric: str, ax, title, colors, front: b
             ax.axhline(r[metric], color="grey", linestyle=":", linewidth=1, label=f"{r['method']} ({kind})")
             ax.text(ax.get_xlim()[0] if timed else 0, r[metric], f" {r['method']}", va="bottom",
                     fontsize=8, color="grey")
+    _draw_published(ax, papers, metric, published)
     ax.set_xlabel("ms per text query (median; hollow = extrapolated)")
     ax.set_ylabel(f"{metric} (%) on {setting}")
     ax.set_title(title or f"accuracy vs latency ({setting})")
     ax.grid(alpha=0.3, which="both")
-    if front and timed:
-        ax.legend(fontsize=7, loc="lower right")
+    if front and timed:  # with published rows the lower right holds their column's lowest labels
+        ax.legend(fontsize=7, loc="upper left" if papers else "lower right")
     return [((r["ms_per_query"], r[metric]), r["method"]) for r in timed]
 
 
+def _draw_published(ax, papers, metric: str, published) -> None:
+    """Published rows (untimed, on their own gallery): a dashed level each, labelled at the right edge,
+    in the column the x-axis leaves free for them; of two levels too close for two lines of text, the
+    lower is labelled under its line."""
+    low, high = ax.get_ylim()
+    previous = None
+    for i, r in enumerate(sorted(papers, key=lambda r: r[metric])):
+        ax.axhline(r[metric], color="tab:brown", linestyle="--", linewidth=0.8, alpha=0.6,
+                   label=f"published ({published['gallery']:,}-photo gallery)" if i == 0 else None)
+        close = previous is not None and (r[metric] - previous[0]) / (high - low) < 0.045
+        if close and previous[1].get_va() == "bottom":  # the lower label goes under its line
+            previous[1].set_va("top")
+        text = ax.text(0.995, r[metric], f"{r['paper']} ({r['image_features']}) {r[metric]:.1f}",
+                       transform=ax.get_yaxis_transform(), ha="right", va="bottom", fontsize=6.5,
+                       color="tab:brown")
+        previous = (r[metric], text)
+
+
 def plot_pareto(rows, *, setting: str = "test", metric: str = "t2i_r1", ax=None, title=None,
-                colors: dict | None = None, front: bool = True):
+                colors: dict | None = None, front: bool = True, published=None):
     """Accuracy against per-query latency, one labelled point per method (log time axis).
 
     `rows` are benchmark result rows (dicts with method, setting, ms_per_query and the metric); a
@@ -366,28 +410,32 @@ def plot_pareto(rows, *, setting: str = "test", metric: str = "t2i_r1", ax=None,
     (course_lib.studies.frontier.pareto_front). The axes fit the methods; an untimed reference row
     (the oracle ceiling, the bag of objects) is a dotted line, or an arrow at the top edge when it
     lies above every method. Labels never overlap (place_labels).
-    colors: method -> colour, to keep one colour per method across panels."""
+    colors: method -> colour, to keep one colour per method across panels. published: a dataset's
+    published rows (course_lib.published.published_rows), untimed, marked at the right edge."""
     if ax is None:
         _, ax = plt.subplots(figsize=(6.5, 4.5))
-    pending = _draw_pareto(rows, setting=setting, metric=metric, ax=ax, title=title, colors=colors, front=front)
+    pending = _draw_pareto(rows, setting=setting, metric=metric, ax=ax, title=title, colors=colors, front=front,
+                           published=published)
     place_labels(ax, [p for p, _ in pending], [label for _, label in pending])
     return ax
 
 
-def plot_pareto_settings(rows, fig=None, *, settings=("test", "full"), direction: str = "t2i"):
+def plot_pareto_settings(rows, fig=None, *, settings=("test", "full"), direction: str = "t2i", published=None):
     """plot_pareto for several settings side by side, one colour per method in every panel, each
     panel on its setting's smallest recall cut-off (the benchmark's test has R@1, full starts at R@5).
-    fig: a matplotlib Figure to draw on (a headless Figure for files); None = a new pyplot one."""
+    fig: a matplotlib Figure to draw on (a headless Figure for files); None = a new pyplot one.
+    published: course_lib.published.published_rows, marked on the test panel (R@1, its own gallery)."""
     panels = []
     for setting in settings:
         keys = {k for r in rows if r["setting"] == setting for k in r if k.startswith(f"{direction}_r")}
         metric = min(keys, key=lambda k: int(k.rsplit("_r", 1)[1]), default=f"{direction}_r1")
-        panels.append({"rows": rows, "setting": setting, "metric": metric})
+        panels.append({"rows": rows, "setting": setting, "metric": metric,
+                       "published": published if setting == "test" else None})
     return plot_pareto_panels(panels, fig)
 
 
 def plot_pareto_panels(panels: list[dict], fig=None):
-    """Pareto panels side by side: each a dict of rows, setting, metric and an optional title; one
+    """Pareto panels side by side: each a dict of rows, setting, metric, an optional title and published rows; one
     colour per method in every panel; labels placed once the layout is final.
     fig: a matplotlib Figure to draw on (a headless Figure for files); None = a new pyplot one."""
     methods = list(dict.fromkeys(r["method"] for p in panels for r in p["rows"] if r.get("ms_per_query")))
@@ -396,7 +444,7 @@ def plot_pareto_panels(panels: list[dict], fig=None):
         fig = plt.figure(figsize=(6.5 * len(panels), 5))
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
     pending = [_draw_pareto(p["rows"], setting=p["setting"], metric=p["metric"], ax=ax, title=p.get("title"),
-                            colors=colors, front=True) for ax, p in zip(axes, panels)]
+                            colors=colors, front=True, published=p.get("published")) for ax, p in zip(axes, panels)]
     fig.tight_layout()  # the layout first: labels are placed in display space
     for ax, items in zip(axes, pending):
         place_labels(ax, [p for p, _ in items], [label for _, label in items])
