@@ -574,3 +574,26 @@ def test_the_method_records_a_learning_curve_on_small_galleries(bench, tok, tmp_
         assert rows[-1][f"{name}_i2t_r5"] == pytest.approx(expected["i2t_r5"])
     cpu = [r["cpu_seconds"] for r in rows]  # training CPU time so far: may round to 0.0 on a fast machine
     assert cpu == sorted(cpu) and all(isinstance(c, float) and c >= 0 for c in cpu)
+
+
+def test_float16_regions_are_converted_per_batch_not_a_whole_gallery_per_call(bench, tok, model):
+    # real features load as float16; re-ranking a query converted every region of the gallery to float32,
+    # so one re-ranked query on Flickr8k's full setting cost 2 s and 1.8 GB however few its pairs
+    import dataclasses
+
+    from course_lib.data.datasets import image_batch
+    from course_lib.methods.cross_encoder.model import score_index_pairs
+
+    split = bench["test"]
+    half = dataclasses.replace(split, regions=split.regions.astype(np.float16))
+    fields = image_fields(half)
+    assert fields["regions"].dtype == torch.float16
+    assert fields["regions"].data_ptr() == half.regions.__array_interface__["data"][0]  # a view, no copy
+    rows = torch.tensor([2, 0, 2])
+    batch = image_batch(fields, rows)
+    assert batch["regions"].dtype == torch.float32 and batch["region_mask"].dtype == torch.bool
+    assert torch.equal(batch["regions"], torch.from_numpy(half.regions[[2, 0, 2]].astype(np.float32)))
+    widened = dataclasses.replace(split, regions=half.regions.astype(np.float32))  # the same values in float32
+    images, texts = [0, 3, 7], [1, 5, 5]
+    assert torch.allclose(score_index_pairs(model, half, tok, images, texts),
+                          score_index_pairs(model, widened, tok, images, texts), atol=TOL)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from course_lib.core.losses import listwise_loss
-from course_lib.data.datasets import IMAGE_KEYS, TextCollate, image_fields
+from course_lib.data.datasets import IMAGE_KEYS, TextCollate, image_batch, image_fields
 
 
 class GridCollate:
@@ -43,7 +43,7 @@ class GridCollate:
     def __call__(self, items: list[dict]) -> dict:
         texts = torch.tensor([item["index"] for item in items], dtype=torch.long)  # (B,)
         images, text_image = torch.unique(self.txt2img[texts], return_inverse=True)  # (U,), (B,)
-        return {"images": {k: self.images[k][images] for k in IMAGE_KEYS},  # (U, ...)
+        return {"images": image_batch({k: self.images[k] for k in IMAGE_KEYS}, images),  # (U, ...)
                 "texts": self.text_collate.encode([self.captions[t] for t in texts.tolist()]),
                 "text_image": text_image, "img_index": images, "txt_index": texts}
 

@@ -54,6 +54,7 @@ from course_lib.data.datasets import (
     IMAGE_KEYS,
     CaptionDataset,
     TextCollate,
+    image_batch,
     image_fields,
     text_fields,
 )
@@ -148,7 +149,7 @@ class ITMCollate:
         text_rows = torch.cat([texts, self.negative_texts(repeated_images), repeated_texts])
         labels = torch.zeros(len(image_rows))
         labels[:len(texts)] = 1.0
-        return {"images": {k: self.images[k][image_rows] for k in IMAGE_KEYS},
+        return {"images": image_batch({k: self.images[k] for k in IMAGE_KEYS}, image_rows),
                 "texts": self.text_collate.encode([self.captions[t] for t in text_rows.tolist()]),
                 "labels": labels, "img_index": image_rows, "txt_index": text_rows,
                 "candidates": self.candidates}

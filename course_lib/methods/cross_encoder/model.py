@@ -49,7 +49,7 @@ from course_lib.core.blocks import JointEmbedding, Transformer, masked_mean
 from course_lib.core.checkpoints import inference
 from course_lib.core.settings import CourseConfig
 from course_lib.core.train import move_to_device
-from course_lib.data.datasets import IMAGE_KEYS, image_fields, text_fields
+from course_lib.data.datasets import IMAGE_KEYS, image_batch, image_fields, text_fields
 
 TEXT_KEYS = ("input_ids", "attention_mask")  # the text fields the model reads
 # Pairs scored per forward pass: 256 pairs (~5k tokens) keep a block's activations in cache on a CPU
@@ -210,7 +210,7 @@ def _score_indexed(model: CrossEncoder, images: dict, texts: dict, n_pairs: int,
         for start in range(0, n_pairs, batch_size):
             stop = min(start + batch_size, n_pairs)
             image_rows, text_rows = pair_rows(start, stop)  # (b,), (b,)
-            block_images = {k: images[k][image_rows] for k in IMAGE_KEYS}
+            block_images = image_batch({k: images[k] for k in IMAGE_KEYS}, image_rows)
             block_texts = _trim({k: texts[k][text_rows] for k in TEXT_KEYS})
             logits = model(move_to_device(block_images, device), move_to_device(block_texts, device))
             scores[start:stop] = logits.float().cpu()

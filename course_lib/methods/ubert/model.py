@@ -51,7 +51,7 @@ from course_lib.core.blocks import JointEmbedding, Transformer, masked_mean
 from course_lib.core.checkpoints import inference
 from course_lib.core.encoders import pretrained_bert
 from course_lib.core.settings import CourseConfig, later_stage, switch
-from course_lib.data.datasets import image_fields, text_fields
+from course_lib.data.datasets import image_batch, image_fields, text_fields
 
 CROSS_INPUTS = ("embeddings", "towers")
 CROSS_TOWERS = ("scan", "none")
@@ -292,7 +292,7 @@ def compute_states(model: UBERT, split, tokenizer, *, batch_size: int = 512, dev
     parts: dict = {"image": [], "text": []}
     with inference(model, device) as device:
         for start in range(0, split.n_images, batch_size):
-            block = {k: v[start:start + batch_size].to(device) for k, v in images.items()}
+            block = {k: v.to(device) for k, v in image_batch(images, slice(start, start + batch_size)).items()}
             parts["image"].append([s.cpu() for s in model.image_states(block)])
         for start in range(0, split.n_texts, batch_size):
             block = {k: v[start:start + batch_size].to(device) for k, v in texts.items()}
