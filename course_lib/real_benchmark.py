@@ -69,10 +69,11 @@ def real_sizes(text_encoder: str = MINILM_NAME, smoke: bool = False) -> dict:
     width = AutoConfig.from_pretrained(pretrained_text_path(text_encoder)).hidden_size
     grid = dict(image_input="regions", image_init="scratch")  # a pretrained CNN's cells: no pixel stem
     switches = {
-        # the paper's text side: a pretrained BERT, [CLS] as z0; its width is h0's and z0's. BERT's own
-        # pre-training stands in for VMLM on the training captions
+        # the paper's text side: a pretrained BERT, [CLS] as z0; its width is h0's and z0's, fine-tuned at a
+        # tenth of the rate of the layers trained from nothing. BERT's own pre-training stands in for VMLM on
+        # the training captions
         "LightningDOTConfig": dict(text_encoder=text_encoder, hidden=width, heads=max(1, width // 64), layers=1,
-                                   pretrain_steps=0),
+                                   pretrain_steps=0, text_encoder_lr_scale=0.1),
         # U-BERT's BERT_txt from the same BERT (the paper's towers start from BERT-base), BERT_img one block
         "UBERTConfig": dict(text_encoder=text_encoder, hidden=width, heads=max(1, width // 64), tower_layers=1),
         "HiVLPConfig": dict(fresh_scenes=0),  # no generator behind real photos
@@ -85,7 +86,7 @@ def real_sizes(text_encoder: str = MINILM_NAME, smoke: bool = False) -> dict:
         "VsePPConfig": dict(max_steps=150, batch_size=128),
         "SCANConfig": dict(max_steps=150),
         "CrossEncoderConfig": dict(max_steps=300),
-        "LightningDOTConfig": dict(finetune_steps=300, finetune_lr=3e-4, batch_size=64),
+        "LightningDOTConfig": dict(finetune_steps=450, finetune_lr=3e-4, batch_size=128),
         "UBERTConfig": dict(max_steps=150, cross_steps=150, batch_size=128),
         "HiVLPConfig": dict(max_steps=150, batch_size=128),
         "SlowConfig": dict(max_steps=300, batch_size=64),

@@ -87,8 +87,9 @@ def show_twins(split, pairs, *, n_captions: int = 2, width: float = 3.0):
     return fig
 
 
-def _draw_ranked(axes, split, ranked, true_image=None) -> None:
-    """One ranking into a row of axes, in rank order, the true image framed in red (LightningDOT Fig. 4)."""
+def _draw_ranked(axes, split, ranked, true_image=None, ids: bool = True) -> None:
+    """One ranking into a row of axes, in rank order, the true image framed in red (LightningDOT Fig. 4).
+    ids: title each image with its id after its rank (else the rank alone)."""
     for ax in axes:
         ax.axis("off")
     for rank, (ax, i) in enumerate(zip(axes, ranked), start=1):
@@ -100,8 +101,8 @@ def _draw_ranked(axes, split, ranked, true_image=None) -> None:
         for spine in ax.spines.values():  # the ground truth in a red rectangle, as the paper draws it
             spine.set_edgecolor("red" if hit else "lightgrey")
             spine.set_linewidth(4 if hit else 0.5)
-        ax.set_title(f"{rank}. {split.image_ids[i]}" + (" (true)" if hit else ""), fontsize=8,
-                     color="red" if hit else "black")
+        ax.set_title(f"{rank}." + (f" {split.image_ids[i]}" if ids else "") + (" (true)" if hit else ""),
+                     fontsize=8, color="red" if hit else "black")
 
 
 def show_retrieval(split, query_text: str, ranked_image_indices, true_image=None, *, cols: int = 5,
@@ -122,19 +123,23 @@ def show_retrieval(split, query_text: str, ranked_image_indices, true_image=None
 def show_rankings(split, rankings, *, width: float = 2.0, title=None):
     """Several rankings of the split's images, one row each (queries, or methods answering one query).
     rankings: (row title, ranked image indices best first, true image index or None) per row; a row
-    whose true image is not in its list says so."""
+    whose true image is not in its list says so. Each image is titled with its rank alone."""
     rankings = [(label, [int(i) for i in np.asarray(ranked).reshape(-1)], true) for label, ranked, true in rankings]
     cols = max(len(ranked) for _, ranked, _ in rankings)
-    fig, axes = plt.subplots(len(rankings), cols, figsize=(cols * width, len(rankings) * (width + 0.7) + 0.4),
-                             squeeze=False)
+    row_height = width + 0.6  # an image, its rank above it and the row's title above that (inches)
+    height = len(rankings) * row_height + (0.5 if title else 0.1)
+    fig, axes = plt.subplots(len(rankings), cols, figsize=(cols * width, height), squeeze=False)
     for row, (label, ranked, true_image) in zip(axes, rankings):
-        _draw_ranked(row, split, ranked, true_image)
+        _draw_ranked(row, split, ranked, true_image, ids=False)
         missing = true_image is not None and int(true_image) not in ranked
-        row[0].text(0.0, 1.22, textwrap.shorten(label, 110) + (" (true image not in this list)" if missing else ""),
-                    transform=row[0].transAxes, fontsize=9, va="bottom")
+        row[0].annotate(textwrap.shorten(label, 12 * cols * width) + (" (true image not in this list)" if missing else ""),
+                        xy=(0, 1), xycoords="axes fraction", xytext=(0, 15), textcoords="offset points",
+                        fontsize=9, va="bottom", annotation_clip=False)
     if title:
-        fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
+        fig.suptitle(title, fontsize=10, y=1 - 0.15 / height)
+    # fixed margins, not tight_layout: a row title runs over the row's other images
+    fig.subplots_adjust(left=0.01, right=0.99, bottom=0.01, top=1 - ((0.5 if title else 0.1) + 0.55) / height,
+                        wspace=0.05, hspace=0.55 / width)
     return fig
 
 

@@ -261,3 +261,26 @@ def test_the_language_encoder_can_start_from_a_pretrained_bert(bench, minilm_fol
     with pytest.raises(ValueError, match="tokenizer_for"):  # the word tokenizer's ids do not fit BERT's table
         LightningDOT(config, 300, 16, 8)
     assert "text_encoder" not in small_config().to_dict() and config.to_dict()["text_encoder"] == name
+
+
+def test_a_pretrained_text_encoder_can_learn_at_a_fraction_of_the_rate(bench, minilm_folder):
+    from transformers import AutoModel
+
+    from course_lib.core.optimizer import param_groups
+    from course_lib.core.tokens import SpecialTokens
+    from course_lib.data.tokenizer import tokenizer_for
+
+    name, folder = minilm_folder
+    wordpieces = tokenizer_for(bench["train"], name=folder)
+    config = small_config(text_encoder=name, hidden=384, heads=6, text_encoder_lr_scale=0.1)
+    model = LightningDOT(config, len(wordpieces), bench["train"].regions.shape[-1], 8, SpecialTokens.of(wordpieces))
+    groups = param_groups(model, 0.01, 1e-3, config.lr_scales())
+    slow = [p for g in groups if g.get("lr") == pytest.approx(1e-4) for p in g["params"]]
+    # the scaled groups hold exactly MiniLM's weights (counted on their own; its pooler is not used)
+    minilm = AutoModel.from_pretrained(folder).named_parameters()
+    assert sum(p.numel() for p in slow) == sum(p.numel() for n, p in minilm if not n.startswith("pooler."))
+    assert {id(p) for p in slow} == {id(p) for p in model.text_encoder.parameters()}
+    assert small_config(text_encoder=name, hidden=384, heads=6).lr_scales() is None
+    assert "text_encoder_lr_scale" not in small_config().to_dict()  # a switch: no model trained before is renamed
+    with pytest.raises(ValueError, match=r"LightningDOTConfig\(text_encoder_lr_scale=0.1\).*set text_encoder"):
+        small_config(text_encoder_lr_scale=0.1)

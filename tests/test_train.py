@@ -206,6 +206,28 @@ def test_weight_decay_groups():
     assert len(param_groups(model, 0.1)[0]["params"]) + 4 == len(list(model.parameters()))
 
 
+def test_lr_scales_move_a_prefixs_parameters_at_their_own_rate():
+    # Adam's first step moves every weight by about lr (m / sqrt(v) = sign(g)): the identity checked here,
+    # with no weight decay and no warm-up, layer 0 of `body` at a tenth of the rate of the rest
+    model = build(dropout=0.0)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    config = make_config(max_steps=1, lr=1e-2, warmup_fraction=0.0, weight_decay=0.0, grad_clip=None,
+                         lr_scales={"body.0.": 0.1})
+    trainer = Trainer(model, mse, make_dataset(), config)
+    assert [g["lr"] for g in trainer.optimizer.param_groups] == pytest.approx([1e-2, 1e-2, 1e-3, 1e-3])
+    trainer.fit()
+    for name, p in model.named_parameters():
+        moved = (p.detach() - before[name]).abs()
+        rate = 1e-3 if name.startswith("body.0.") else 1e-2
+        assert moved.max() == pytest.approx(rate, rel=1e-3), name
+    groups = param_groups(model, 0.01, 1.0, {"body.": 0.5, "body.4.": 0.25})  # the longest prefix wins
+    assert [(g["lr"], len(g["params"])) for g in groups] == [(0.25, 1), (0.25, 1), (0.5, 1), (0.5, 3)]
+    with pytest.raises(ValueError, match="start no trainable parameter"):
+        param_groups(model, 0.01, 1.0, {"text_encoder.": 0.1})
+    with pytest.raises(ValueError, match="pass lr"):
+        param_groups(model, 0.01, None, {"body.0.": 0.1})
+
+
 @pytest.mark.parametrize("eval_every, expected", [(3, [3, 6, 7]), (None, [7])])
 def test_evaluate_hook(eval_every, expected):
     seen = []

@@ -277,6 +277,22 @@ def test_bert_txt_can_start_from_a_pretrained_bert(bench, minilm_folder):
     assert "text_encoder" not in small_config().to_dict() and config.to_dict()["text_encoder"] == name
 
 
+def test_bert_txt_can_learn_at_a_fraction_of_the_rate(bench, minilm_folder):
+    from course_lib.core.optimizer import param_groups
+    from course_lib.data.tokenizer import tokenizer_for
+
+    name, folder = minilm_folder
+    wordpieces = tokenizer_for(bench["train"], name=folder)
+    config = small_config(text_encoder=name, hidden=384, heads=6, cross_towers="none", text_encoder_lr_scale=0.1)
+    model = build_ubert(config, bench["train"], wordpieces)
+    groups = param_groups(model, 0.01, 1e-3, config.lr_scales())
+    slow = {id(p) for g in groups if g.get("lr") == pytest.approx(1e-4) for p in g["params"]}
+    assert slow == {id(p) for p in model.text_tower.parameters()}  # BERT_txt alone, every weight of it
+    assert "text_encoder_lr_scale" not in small_config().to_dict()  # a switch: no model trained before is renamed
+    with pytest.raises(ValueError, match=r"UBERTConfig\(text_encoder_lr_scale=0.1\).*set text_encoder"):
+        small_config(text_encoder_lr_scale=0.1)
+
+
 def test_joint_training_moves_every_part(bench, tok):
     from course_lib.core.settings import seed_everything
 

@@ -13,13 +13,46 @@ def warmup_linear_decay(step: int, total_steps: int, warmup_steps: int) -> float
     return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """Two AdamW groups: 2-D+ tensors decayed, 1-D tensors (biases, norm weights) not."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    if not params:
+def param_groups(model: nn.Module, weight_decay: float, lr: float | None = None,
+                 lr_scales: dict | None = None) -> list[dict]:
+    """AdamW groups: 2-D+ tensors decayed, 1-D tensors (biases, norm weights) not. lr_scales maps a
+    parameter-name prefix to a multiplier of `lr` (e.g. {"text_encoder.": 0.1}: a pretrained part
+    fine-tuned at a tenth of the rate of the layers trained from nothing, as BERT fine-tuning wants);
+    those parameters get groups of their own, with "lr" set. The unscaled groups come first."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    if not named:
         raise ValueError("the model has no trainable parameters (all have requires_grad=False)")
-    return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    scales = dict(lr_scales or {})
+    if scales and lr is None:
+        raise ValueError("lr_scales multiply lr: pass lr as well")
+    unknown = [prefix for prefix in scales if not any(n.startswith(prefix) for n, _ in named)]
+    if unknown:
+        raise ValueError(f"lr_scales names {unknown}, which start no trainable parameter's name (e.g. "
+                         f"{named[0][0]!r}); give prefixes of model.named_parameters()")
+
+    def scale_of(name: str) -> float:  # the longest matching prefix wins
+        matches = [prefix for prefix in scales if name.startswith(prefix)]
+        return scales[max(matches, key=len)] if matches else 1.0
+
+    groups = []
+    for scale in [1.0] + sorted(set(scales.values()) - {1.0}):
+        params = [(n, p) for n, p in named if scale_of(n) == scale]
+        extra = {} if scale == 1.0 else {"lr": lr * scale}
+        groups += [{"params": [p for _, p in params if p.dim() >= 2], "weight_decay": weight_decay, **extra},
+                   {"params": [p for _, p in params if p.dim() < 2], "weight_decay": 0.0, **extra}]
+    return [g for g in groups if g["params"]] if scales else groups
 
 
-__all__ = ["warmup_linear_decay", "param_groups"]
+def pretrained_lr_scales(prefix: str, scale: float | None, text_encoder: str | None, config: str) -> dict | None:
+    """TrainConfig.lr_scales of a pretrained text encoder (the parameters under `prefix`) at `scale` times
+    the stage's rate, or None (one rate) when scale is None. A scale needs a pretrained encoder
+    (`text_encoder` set): otherwise a ValueError names `config`'s fields."""
+    if scale is None:
+        return None
+    if text_encoder is None or scale <= 0:
+        raise ValueError(f"{config}(text_encoder_lr_scale={scale}) scales a pretrained text encoder's rate: set "
+                         "text_encoder (e.g. offline_weights.MINILM_NAME) and a scale > 0, or leave it None")
+    return {prefix: scale}
+
+
+__all__ = ["warmup_linear_decay", "param_groups", "pretrained_lr_scales"]

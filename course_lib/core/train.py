@@ -52,7 +52,7 @@ from course_lib.core.settings import CourseNote, get_device, seed_everything
 from course_lib.core.train_config import TrainConfig
 
 # Config fields that change the numbers a run produces: a resume with other values warns.
-_RESULT_FIELDS = ("batch_size", "lr", "weight_decay", "betas", "eps", "warmup_fraction",
+_RESULT_FIELDS = ("batch_size", "lr", "lr_scales", "weight_decay", "betas", "eps", "warmup_fraction",
                   "grad_clip", "grad_accum_steps", "amp", "seed", "shuffle", "drop_last")
 
 
@@ -132,7 +132,7 @@ class Trainer:
 
     def _build_optimizer(self) -> None:
         cfg = self.config
-        self.optimizer = torch.optim.AdamW(param_groups(self.model, cfg.weight_decay), lr=cfg.lr,
+        self.optimizer = torch.optim.AdamW(param_groups(self.model, cfg.weight_decay, cfg.lr, cfg.lr_scales), lr=cfg.lr,
                                            betas=tuple(cfg.betas), eps=cfg.eps)
         warmup = round(cfg.warmup_fraction * cfg.max_steps)
         # LambdaLR's step counter = optimizer steps taken, so step 0 runs at lr 0 (as in HF).

@@ -12,6 +12,9 @@ class TrainConfig:
     max_steps: int = 1000  # optimizer steps (a step = grad_accum_steps micro-batches)
     batch_size: int = 32  # samples per micro-batch (of each process, when distributed)
     lr: float = 1e-4  # peak learning rate, reached at the end of warm-up
+    # parameter-name prefix -> multiplier of lr (e.g. {"text_encoder.": 0.1} for a pretrained part);
+    # None = one rate for every parameter (core.optimizer.param_groups)
+    lr_scales: dict | None = None
     weight_decay: float = 0.01  # AdamW decoupled decay, on 2-D+ tensors only
     betas: tuple[float, float] = (0.9, 0.98)  # AdamW betas (LightningDOT / UNITER)
     eps: float = 1e-6  # AdamW epsilon (BERT / UNITER value)

@@ -92,13 +92,15 @@ def train_lightningdot(bench: dict, tokenizer, config: LightningDOTConfig | None
         schedule = task_schedule(c.pretrain_tasks, c.pretrain_steps, c.seed)
         histories["pretrain"] = fit_pairs(
             model, pretrain_loss(schedule), bench["pretrain"], tokenizer, c, max_text_length=c.max_text_length,
-            max_steps=c.pretrain_steps, lr=c.pretrain_lr, log_every=max(1, c.pretrain_steps // 100),
+            max_steps=c.pretrain_steps, lr=c.pretrain_lr, lr_scales=c.lr_scales(),
+            log_every=max(1, c.pretrain_steps // 100),
             progress=progress, device=device, checkpoint_path=pretrain_checkpoint)
     evaluate = retrieval_evaluator(evaluate_on, lambda m, split: similarity(m, split, tokenizer))
     if c.finetune_steps > 0:
         histories["finetune"] = fit_pairs(
             model, cmr_loss, bench["train"], tokenizer, c, max_text_length=c.max_text_length, evaluate=evaluate,
-            eval_every=eval_every, max_steps=c.finetune_steps, lr=c.finetune_lr, log_every=max(1, c.finetune_steps // 100),
+            eval_every=eval_every, max_steps=c.finetune_steps, lr=c.finetune_lr, lr_scales=c.lr_scales(),
+            log_every=max(1, c.finetune_steps // 100),
             progress=progress, device=device, checkpoint_path=checkpoint_path)
     return model.eval(), histories
 

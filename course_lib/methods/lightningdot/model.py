@@ -43,6 +43,7 @@ from course_lib.core.losses import (
     mask_tokens,
     prediction_head,
 )
+from course_lib.core.optimizer import pretrained_lr_scales
 from course_lib.core.settings import CourseConfig, later_stage, switch
 from course_lib.core.tokens import WORD_SPECIAL_TOKENS, SpecialTokens
 
@@ -62,6 +63,10 @@ class LightningDOTConfig(CourseConfig):
     # pretrained BERT, as the paper's starts from BERT-base; `hidden` must then be its width and the
     # tokenizer its own (tokenizer_for(split, name=...))
     text_encoder: str | None = switch(None)
+    # the pretrained text encoder's rate as a multiple of each stage's (e.g. 0.1: BERT fine-tuned 10x
+    # slower than the layers trained from nothing, which a pretrained BERT needs: docs/tuning_notes.md,
+    # "LightningDOT on Flickr8k"); None = one rate. Only with a pretrained text_encoder
+    text_encoder_lr_scale: float | None = switch(None)
     fuse: bool = True  # VMLM / SMRM add the other modality's [CLS]; False = plain MLM / MRM (Table 4)
     mask_prob: float = 0.15  # share of words / regions masked (BERT, UNITER)
     # objective -> share of pre-training batches (one task per batch, UNITER's scheme, A.1). Our
@@ -82,10 +87,15 @@ class LightningDOTConfig(CourseConfig):
     SMOKE: ClassVar[dict] = {"pretrain_steps": 30, "finetune_steps": 30, "batch_size": 64}
 
     def __post_init__(self):
+        self.lr_scales()  # a scale without a pretrained text encoder is refused here
         unknown = set(self.pretrain_tasks) - set(OBJECTIVES)
         if unknown or not self.pretrain_tasks or min(self.pretrain_tasks.values()) < 0:
             raise ValueError(f"pretrain_tasks must map some of {OBJECTIVES} to non-negative ratios, "
                              f"got {self.pretrain_tasks}")
+
+    def lr_scales(self) -> dict | None:
+        """TrainConfig.lr_scales of every stage: the pretrained text encoder at text_encoder_lr_scale."""
+        return pretrained_lr_scales("text_encoder.", self.text_encoder_lr_scale, self.text_encoder, "LightningDOTConfig")
 
 
 # ----------------------------------------------------------------------------- masking

@@ -129,7 +129,7 @@ def train_ubert(bench: dict, tokenizer, config: UBERTConfig | None = None, *, to
         history = fit_pairs(model, cross_loss(c, with_l1=True), train, tokenizer, c,
                             evaluate=ubert_evaluator(evaluate_on, tokenizer), log_every=25, progress=progress,
                             checkpoint_path=checkpoint_path, device=device, max_steps=c.max_steps + c.cross_steps,
-                            batch_size=c.cross_batch_size, lr=c.cross_lr)
+                            batch_size=c.cross_batch_size, lr=c.cross_lr, lr_scales=c.lr_scales())
         return model.eval(), {"joint": history}
     histories = {}
     finished = finished_checkpoint(checkpoint_path, c.cross_steps)
@@ -143,7 +143,7 @@ def train_ubert(bench: dict, tokenizer, config: UBERTConfig | None = None, *, to
         stage1 = retrieval_evaluator(evaluate_on, lambda m, split: similarity(m, split, tokenizer))
         histories["towers"] = fit_pairs(towers, tower_loss(c), train, tokenizer, c, evaluate=stage1,
                                         eval_every=eval_every, log_every=25, progress=progress, checkpoint_path=towers_checkpoint,
-                                        device=device)
+                                        device=device, lr_scales=c.lr_scales())
     if towers is not None:
         state = {k: v.cpu() for k, v in towers.state_dict().items() if not k.startswith((*STEP_TWO_PARTS, "scan."))}
         model.load_state_dict(state, strict=False)  # the towers and embeddings; BERT_cross and its inputs stay fresh

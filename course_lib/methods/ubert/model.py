@@ -50,6 +50,7 @@ import torch.nn.functional as F
 from course_lib.core.blocks import JointEmbedding, Transformer, masked_mean
 from course_lib.core.checkpoints import inference
 from course_lib.core.encoders import pretrained_bert
+from course_lib.core.optimizer import pretrained_lr_scales
 from course_lib.core.settings import CourseConfig, later_stage, switch
 from course_lib.data.datasets import image_batch, image_fields, text_fields
 
@@ -90,6 +91,9 @@ class UBERTConfig(CourseConfig):
     # (offline_weights.MINILM_NAME, "bert-base-uncased" on Colab): BERT_txt starts from that pretrained
     # BERT (the module docstring); `hidden` must be its width, the tokenizer its own (tokenizer_for(split, name=...))
     text_encoder: str | None = switch(None)
+    # BERT_txt's rate as a multiple of lr while it trains (step 1, or joint training), e.g. 0.1: a pretrained
+    # BERT fine-tuned 10x slower than the layers trained from nothing; None = one rate. Only with text_encoder
+    text_encoder_lr_scale: float | None = switch(None)
     # step 1: the towers with L1, like any dual encoder (the paper's batch is 216)
     batch_size: int = 256  # pairs per step: B in-batch negatives, B scores per query
     lr: float = 1e-3  # peak AdamW learning rate of step 1
@@ -110,12 +114,17 @@ class UBERTConfig(CourseConfig):
     SMOKE: ClassVar[dict] = {"max_steps": 40, "cross_steps": 40, "sum_warmup_steps": 10, "batch_size": 64}
 
     def __post_init__(self):
+        self.lr_scales()  # a scale without a pretrained text encoder is refused here
         if self.cross_input not in CROSS_INPUTS:
             raise ValueError(f"cross_input must be one of {CROSS_INPUTS}, got {self.cross_input!r}")
         if self.training not in TRAININGS:
             raise ValueError(f"training must be one of {TRAININGS}, got {self.training!r}")
         if self.cross_towers not in CROSS_TOWERS:
             raise ValueError(f"cross_towers must be one of {CROSS_TOWERS}, got {self.cross_towers!r}")
+
+    def lr_scales(self) -> dict | None:
+        """TrainConfig.lr_scales while BERT_txt trains: the pretrained BERT at text_encoder_lr_scale."""
+        return pretrained_lr_scales("text_tower.", self.text_encoder_lr_scale, self.text_encoder, "UBERTConfig")
 
 
 def enhanced_similarity(image_intra, text_intra, image_inter, text_inter, alpha: float = 0.5):
