@@ -74,8 +74,10 @@ def real_sizes(text_encoder: str = MINILM_NAME, smoke: bool = False) -> dict:
         # the training captions
         "LightningDOTConfig": dict(text_encoder=text_encoder, hidden=width, heads=max(1, width // 64), layers=1,
                                    pretrain_steps=0, text_encoder_lr_scale=0.1),
-        # U-BERT's BERT_txt from the same BERT (the paper's towers start from BERT-base), BERT_img one block
-        "UBERTConfig": dict(text_encoder=text_encoder, hidden=width, heads=max(1, width // 64), tower_layers=1),
+        # U-BERT's BERT_txt from the same BERT (the paper's towers start from BERT-base), fine-tuned at a tenth
+        # of step 1's rate; BERT_img one block
+        "UBERTConfig": dict(text_encoder=text_encoder, hidden=width, heads=max(1, width // 64), tower_layers=1,
+                            text_encoder_lr_scale=0.1),
         "HiVLPConfig": dict(fresh_scenes=0),  # no generator behind real photos
         "SlowConfig": grid,
         "FastConfig": dict(grid, image_pool="mean", fresh_scenes=0),
@@ -87,7 +89,7 @@ def real_sizes(text_encoder: str = MINILM_NAME, smoke: bool = False) -> dict:
         "SCANConfig": dict(max_steps=150),
         "CrossEncoderConfig": dict(max_steps=300),
         "LightningDOTConfig": dict(finetune_steps=450, finetune_lr=3e-4, batch_size=128),
-        "UBERTConfig": dict(max_steps=150, cross_steps=150, batch_size=128),
+        "UBERTConfig": dict(max_steps=300, cross_steps=150, batch_size=128),
         "HiVLPConfig": dict(max_steps=150, batch_size=128),
         "SlowConfig": dict(max_steps=300, batch_size=64),
         "FastConfig": dict(max_steps=300, batch_size=128, distill_steps=150),
