@@ -430,7 +430,7 @@ def test_outputs_are_replaced_all_or_nothing(tmp_path, smoke_results, monkeypatc
     path = saved_results(tmp_path / "X", smoke_results)
     before = {name: (path.parent / name).read_bytes() for name in ("results.json", "results.md", "pareto.png")}
 
-    def broken_plot(rows, target):
+    def broken_plot(rows, target, published=None):
         raise RuntimeError("the plot failed")
 
     monkeypatch.setattr(results_io, "_save_pareto", broken_plot)

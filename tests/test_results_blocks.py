@@ -115,7 +115,7 @@ def test_a_failed_picture_leaves_both_files_as_they_were(course, results, monkey
     readme, doc = course
     before = readme.read_text(), doc.read_text()
 
-    def broken(rows, path):
+    def broken(rows, path, published=None):
         raise RuntimeError("the plot failed")
     monkeypatch.setattr(results_io, "_save_pareto", broken)
     with pytest.raises(RuntimeError, match="the plot failed"):
