@@ -123,8 +123,9 @@ class LightningDOTMethod(DualEncoderMethod):
         c = self.config
         tasks = "+".join(k for k, v in c.pretrain_tasks.items() if v > 0) if c.pretrain_steps else "none"
         fusion = "fused [CLS]" if c.fuse else "no fusion (MLM/MRM)"
+        rate = "" if c.text_encoder_lr_scale is None else f", the text encoder at {c.text_encoder_lr_scale:g}x the rate"
         return (f"two {c.layers}-layer transformers (d={c.hidden}), S = <z0, h0>; pre-training {tasks} "
-                f"({c.pretrain_steps} steps, {fusion}), CMR fine-tuning; FAISS IndexFlatIP")
+                f"({c.pretrain_steps} steps, {fusion}), CMR fine-tuning{rate}; FAISS IndexFlatIP")
 
     def pretrain_checkpoint_file(self, bench: dict, tokenizer) -> str | None:
         """The pre-trained model's file name in cache_dir (None without pre-training): it covers

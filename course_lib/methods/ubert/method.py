@@ -183,7 +183,8 @@ class UBERTMethod(DualEncoderMethod):
     def notes(self) -> str:
         c = self.config
         towers = (f"2 towers x {c.tower_layers} layers" if c.text_encoder is None else
-                  f"BERT_img {c.tower_layers} layers, BERT_txt {Path(c.text_encoder).name}")
+                  f"BERT_img {c.tower_layers} layers, BERT_txt {Path(c.text_encoder).name}"
+                  + ("" if c.text_encoder_lr_scale is None else f" at {c.text_encoder_lr_scale:g}x the rate"))
         return f"U-BERT stage 1: cosine of intra-modal vectors ({towers}, d={c.hidden}), FAISS IndexFlatIP"
 
     def towers_checkpoint_file(self, bench: dict, tokenizer) -> str:
