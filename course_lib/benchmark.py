@@ -373,7 +373,8 @@ def main(argv=None) -> dict:
                              "(e.g. --methods of new methods only, --merge outputs/benchmark/results.json)")
     parser.add_argument("--readme", default=None,
                         help="also write the test table into this README's results block (README.md), the other "
-                             "tables into docs/results.md beside it and the accuracy-latency picture to docs/pareto.png")
+                             "tables into docs/results.md beside it and the accuracy-latency picture to docs/pareto.png "
+                             "(with --features: their real-results blocks and docs/pareto-real.png)")
     parser.add_argument("--replace", action="store_true",
                         help="overwrite --out's results.json even if it holds methods this run drops, or "
                              "another mode or seed (without it, such a run stops before any work)")
@@ -391,10 +392,14 @@ def main(argv=None) -> dict:
         smoke = args.smoke or settings.smoke_mode()
         out = Path(args.out or "outputs/benchmark-real" + ("-smoke" if smoke else ""))
         try:
+            if args.readme:
+                update_readme(None, args.readme, check_only=True, real=True)
             results = run_features(args.features, out, args.text_encoder or MINILM_NAME, smoke=smoke,
                                    seed=args.seed, checkpoints=args.checkpoints)
         except (OSError, ValueError) as error:  # a missing or unfinished feature folder, missing weights
             parser.error(str(error))
+        if args.readme:
+            update_readme(results, args.readme)
         print(results_markdown(results))
         print(f"wrote {out / 'results.json'}, results.md and pareto.png")
         return results

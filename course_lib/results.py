@@ -246,13 +246,31 @@ README_START, README_END = "<!-- results:start -->", "<!-- results:end -->"
 README_SETTINGS = ("test",)  # the README shows the test setting; the rest goes to docs/results.md
 RESULTS_DOC = Path("docs") / "results.md"  # beside the README: the other settings, latency, the methods' notes
 PICTURE = Path("docs") / "pareto.png"  # beside the README: the accuracy-latency picture the README shows
+# the real-photo run (`--features DIR`) has blocks of its own in both files, and its own picture
+REAL_START, REAL_END = "<!-- real-results:start -->", "<!-- real-results:end -->"
+REAL_PICTURE = Path("docs") / "pareto-real.png"
+
+
+def is_real(results: dict) -> bool:
+    """Whether results come from real photographs (`benchmark --features`), not the synthetic benchmark."""
+    return results["meta"].get("data") == "real"
+
+
+def _markers(real: bool) -> tuple[str, str, Path]:
+    return (REAL_START, REAL_END, REAL_PICTURE) if real else (README_START, README_END, PICTURE)
 
 
 def readme_markdown(results: dict) -> str:
     """The README's results block: the test setting's table, where the rest is, and the frontier picture
     (links relative to the README's folder)."""
-    doc, picture = RESULTS_DOC.as_posix(), PICTURE.as_posix()
-    return (results_markdown(results, settings=README_SETTINGS, extras=False)
+    doc, picture = RESULTS_DOC.as_posix(), _markers(is_real(results))[2].as_posix()
+    table = results_markdown(results, settings=README_SETTINGS, extras=False)
+    if is_real(results):
+        return (table + f"\nThe full setting (every split's photos as the gallery), ms per query and each method's "
+                f"notes: [`{doc}`]({doc}). The frontier (t2i R@1 against ms per text query, log axis; the published "
+                f"rows as dashed levels, measured on their 1,000-photo gallery):\n\n"
+                f"![every method's recall on real photos against its ms per query]({picture})\n")
+    return (table
             + f"\nThe full and compositional settings, ms per query against 1k and 5k images and each method's "
               f"notes: [`{doc}`]({doc}). The accuracy–latency picture (t2i R@1 on test, t2i R@5 on full, against ms "
               f"per text query, log axis; the Pareto front as a step line, the oracle dotted, hollow markers where "
@@ -264,35 +282,38 @@ def docs_markdown(results: dict) -> str:
     return results_markdown(results, settings=tuple(s for s in SETTINGS if s not in README_SETTINGS))
 
 
-def _blocks(path: Path) -> tuple[str, str]:
+def _blocks(path: Path, start: str = README_START, end: str = README_END) -> tuple[str, str]:
     """The text before and after a file's results block; ValueError if the file or the block is missing."""
     try:
         text = path.read_text()
     except OSError as error:
         raise ValueError(f"cannot read {path}: {error.strerror or error}") from None
-    if README_START not in text or README_END not in text:
-        raise ValueError(f"{path} has no results block; add the lines {README_START} and {README_END} "
+    if start not in text or end not in text:
+        raise ValueError(f"{path} has no results block; add the lines {start} and {end} "
                          "where the table should go")
-    head, rest = text.split(README_START, 1)
-    return head, rest.split(README_END, 1)[1]
+    head, rest = text.split(start, 1)
+    return head, rest.split(end, 1)[1]
 
 
-def update_readme(results: dict | None, readme: str | Path, check_only: bool = False) -> None:
+def update_readme(results: dict | None, readme: str | Path, check_only: bool = False, real: bool | None = None) -> None:
     """Write this run into the README's results block (the test table and the picture's link), the
     rest of its tables into docs/results.md's block beside it, and the picture to docs/pareto.png;
+    a real-photo run (or real=True) goes to the real-results blocks and docs/pareto-real.png.
     check_only: only check that both files are there and have the block (before a run). The three
     files are replaced only once all are written."""
+    real = (results is not None and is_real(results)) if real is None else real
+    start, end, picture = _markers(real)
     readme = Path(readme)
-    doc, picture = readme.parent / RESULTS_DOC, readme.parent / PICTURE
-    parts = {readme: _blocks(readme), doc: _blocks(doc)}
+    doc, picture = readme.parent / RESULTS_DOC, readme.parent / picture
+    parts = {readme: _blocks(readme, start, end), doc: _blocks(doc, start, end)}
     if check_only:
         return
     body = {readme: readme_markdown(results), doc: docs_markdown(results)}
     staged = {path: path.with_name(f".{path.name}.tmp") for path in (readme, doc)}
-    staged[picture] = picture.with_name(".pareto.tmp.png")
+    staged[picture] = picture.with_name(f".{picture.stem}.tmp.png")
     try:
         for path, (head, tail) in parts.items():
-            staged[path].write_text(f"{head}{README_START}\n{body[path]}{README_END}{tail}")
+            staged[path].write_text(f"{head}{start}\n{body[path]}{end}{tail}")
         _save_pareto(results["rows"], staged[picture], results.get("published"))
         for final, temporary in staged.items():
             os.replace(temporary, final)

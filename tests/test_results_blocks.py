@@ -123,3 +123,30 @@ def test_a_failed_picture_leaves_both_files_as_they_were(course, results, monkey
     assert (readme.read_text(), doc.read_text()) == before
     assert sorted(p.name for p in readme.parent.iterdir()) == ["README.md", "docs"]
     assert sorted(p.name for p in (readme.parent / "docs").iterdir()) == ["results.md"]
+
+
+def test_a_real_photo_run_fills_its_own_blocks_and_leaves_the_synthetic_ones(course, results, tmp_path):
+    readme, doc = course
+    real_start, real_end = results_io.REAL_START, results_io.REAL_END
+    for path in (readme, doc):
+        path.write_text(path.read_text() + f"real\n{real_start}\nold real\n{real_end}\nend\n")
+    synthetic = (readme.read_text(), doc.read_text())
+    real = {**results, "meta": {**results["meta"], "data": "real"}, "latency": [],
+            "rows": [r for r in results["rows"] if r["setting"] in ("test", "full") and r["method"] != "oracle"]}
+    results_io.update_readme(real, readme)
+    for path, before in zip((readme, doc), synthetic):
+        text = path.read_text()
+        assert text.split(real_start)[0] == before.split(real_start)[0]  # the synthetic block is untouched
+        inside = text.split(real_start + "\n", 1)[1].split(real_end, 1)[0]
+        assert "old real" not in inside and text.endswith(f"{real_end}\nend\n")
+    front = readme.read_text().split(real_start, 1)[1]
+    assert "**test**" in front and "**full**" not in front and "pareto-real.png" in front
+    assert "**full**" in doc.read_text().split(real_start, 1)[1]
+    assert (tmp_path / "docs" / "pareto-real.png").stat().st_size > 0
+    assert not (tmp_path / "docs" / "pareto.png").exists()  # the synthetic picture is not redrawn
+
+
+def test_a_real_photo_run_without_its_block_stops_before_any_work(course):
+    readme, _ = course
+    with pytest.raises(ValueError, match="real-results:start"):
+        results_io.update_readme(None, readme, check_only=True, real=True)
