@@ -62,8 +62,8 @@ SMOKE_STEPS = {"UBERTConfig": dict(max_steps=10, cross_steps=10, cross_batch_siz
 def real_sizes(text_encoder: str = MINILM_NAME, smoke: bool = False) -> dict:
     """registry.Build.sizes for REAL_METHODS on real features: the switches real data needs (a pretrained
     text side where the paper starts from BERT, grid cells where a model read pixels, no generator behind
-    the photos), which hold in smoke mode too, and the training steps of a default run (smoke shrinks
-    only the steps: the configs' SMOKE, and SMOKE_STEPS). The choices: docs/tuning_notes.md."""
+    the photos), which hold in smoke mode too. A default run's steps and rates are each config's
+    REAL_PHOTOS preset (Build.real_photos); smoke shrinks the steps: the configs' SMOKE, and SMOKE_STEPS."""
     from transformers import AutoConfig
 
     width = AutoConfig.from_pretrained(pretrained_text_path(text_encoder)).hidden_size
@@ -82,19 +82,7 @@ def real_sizes(text_encoder: str = MINILM_NAME, smoke: bool = False) -> dict:
         "SlowConfig": grid,
         "FastConfig": dict(grid, image_pool="mean", fresh_scenes=0),
     }
-    if smoke:
-        return {name: {**fields, **SMOKE_STEPS.get(name, {})} for name, fields in switches.items()}
-    steps = {
-        "VsePPConfig": dict(max_steps=150, batch_size=128),
-        "SCANConfig": dict(max_steps=150),
-        "CrossEncoderConfig": dict(max_steps=300),
-        "LightningDOTConfig": dict(finetune_steps=450, finetune_lr=3e-4, batch_size=128),
-        "UBERTConfig": dict(max_steps=300, cross_steps=150, batch_size=128),
-        "HiVLPConfig": dict(max_steps=150, batch_size=128),
-        "SlowConfig": dict(max_steps=300, batch_size=64),
-        "FastConfig": dict(max_steps=300, batch_size=128, distill_steps=150),
-    }
-    return {name: {**switches.get(name, {}), **steps.get(name, {})} for name in switches | steps}
+    return {name: {**fields, **SMOKE_STEPS.get(name, {})} for name, fields in switches.items()} if smoke else switches
 
 
 def real_methods(text_encoder: str = MINILM_NAME, smoke: bool = False, seed: int = 0, names=REAL_METHODS) -> list:
@@ -103,7 +91,8 @@ def real_methods(text_encoder: str = MINILM_NAME, smoke: bool = False, seed: int
     probe_config = LinearProbeConfig(text_encoder=text_encoder, seed=seed)
     probe = LinearProbeMethod(LinearProbeConfig.smoke(text_encoder=text_encoder, seed=seed) if smoke else probe_config)
     methods = [probe]
-    for method in available_methods(seed, smoke, names, sizes=real_sizes(text_encoder, smoke)):
+    sizes = real_sizes(text_encoder, smoke)
+    for method in available_methods(seed, smoke, names, sizes=sizes, real_photos=True):
         flat = getattr(method, "hivlp", None)  # HiVLP's cascade: its flat model first
         methods += [flat, method] if flat is not None else [method]
     return methods

@@ -233,3 +233,31 @@ def test_benchmark_on_real_features_writes_its_results_without_touching_shipped_
     with pytest.raises(SystemExit):  # --text-encoder goes with --features only
         main(["--text-encoder", MINILM_NAME, "--out", str(tmp_path / "x")])
     assert "--text-encoder goes with --features" in capsys.readouterr().err
+
+
+def test_every_real_photo_preset_names_real_fields_and_applies_only_outside_smoke():
+    from course_lib.methods.registry import Build
+    from course_lib.methods.vsepp import VsePPConfig
+
+    presets = {cls: cls.REAL_PHOTOS for cls in _config_classes() if cls.REAL_PHOTOS}
+    assert len(presets) >= 8, sorted(c.__name__ for c in presets)  # one per real method's config
+    for cls, preset in presets.items():
+        config = Build(real_photos=True).config(cls)  # an unknown field would raise here
+        assert {k: getattr(config, k) for k in preset} == preset, cls.__name__
+    assert Build(smoke=True, real_photos=True).config(VsePPConfig).max_steps == VsePPConfig.SMOKE["max_steps"]
+    assert Build(real_photos=False).config(VsePPConfig).max_steps == VsePPConfig().max_steps
+    sized = Build(real_photos=True, sizes={"VsePPConfig": {"max_steps": 7}}).config(VsePPConfig)
+    assert sized.max_steps == 7 and sized.batch_size == VsePPConfig.REAL_PHOTOS["batch_size"]  # sizes win
+
+
+def _config_classes():
+    from course_lib.core.settings import CourseConfig
+    from course_lib.methods.registry import registered_names  # imports every method module
+
+    registered_names()
+    found, todo = set(), [CourseConfig]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            found.add(sub)
+            todo.append(sub)
+    return found

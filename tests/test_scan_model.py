@@ -154,3 +154,49 @@ def test_method_caches_its_checkpoint_and_queries_its_own_matrix(bench, tok, tmp
     other = SCANMethod(SCANConfig.smoke(max_steps=3, batch_size=32, use_boxes=False), progress=False)
     with pytest.raises(AssertionError, match="second fit trained"):  # another config, another file
         other.fit(bench, tok, cache_dir=tmp_path)
+
+
+@pytest.fixture(scope="module")
+def wordpieces(bench, minilm_folder):
+    from course_lib.data.tokenizer import tokenizer_for
+
+    return tokenizer_for(bench["train"], name=minilm_folder[1])
+
+
+def bert_scan(bench, wordpieces, folder, **overrides):
+    from course_lib.core.tokens import SpecialTokens
+
+    torch.manual_seed(0)
+    config = SCANConfig.smoke(text_encoder=folder, **overrides)
+    return SCANModel(bench["train"].regions.shape[-1], len(wordpieces), config, SpecialTokens.of(wordpieces))
+
+
+@torch.no_grad()
+def test_a_pretrained_text_side_gives_its_states_at_the_words_under_one_linear_map(bench, wordpieces, minilm_folder):
+    from transformers import AutoModel
+
+    model = bert_scan(bench, wordpieces, minilm_folder[1]).eval()
+    captions = [0, 1, 7]
+    words, mask = model.encode_texts(pair_batch(bench["train"], wordpieces, captions))  # (3, L, E), (3, L)
+    minilm = AutoModel.from_pretrained(minilm_folder[1]).eval()
+    for row, caption in enumerate(captions):
+        ids = torch.tensor([wordpieces(bench["train"].captions[caption])["input_ids"]])  # [CLS] w.. [SEP]
+        states = minilm(input_ids=ids).last_hidden_state[0, 1:-1]  # (n, H): read in context, words kept
+        want = F.normalize(model.word_proj(states), dim=-1)  # (n, E)
+        n = len(want)
+        assert int(mask[row].sum()) == n and not words[row, n:].any()  # padding exactly zero
+        torch.testing.assert_close(words[row, :n], want, atol=1e-5, rtol=1e-4)
+
+
+def test_the_pretrained_text_side_learns_only_its_last_layers_and_the_defaults_keep_their_names(
+        bench, wordpieces, minilm_folder):
+    frozen = bert_scan(bench, wordpieces, minilm_folder[1])
+    assert not any(p.requires_grad for p in frozen.text_encoder.parameters())
+    assert frozen.word_proj.weight.requires_grad
+    top = bert_scan(bench, wordpieces, minilm_folder[1], text_trainable_layers=1)
+    learning = {n.split(".")[3] for n, p in top.text_encoder.named_parameters()
+                if p.requires_grad and n.startswith("bert.encoder.layer.")}
+    assert learning == {"5"}  # MiniLM's last of 6
+    assert "text_encoder" not in SCANConfig().to_dict()  # a synthetic SCAN keeps its checkpoint name
+    with pytest.raises(ValueError, match="text_encoder='all-MiniLM-L6-v2'"):
+        SCANConfig(text_trainable_layers=2)

@@ -107,6 +107,9 @@ class CourseConfig:
     `for_course()` picks smoke or default from COURSE_SMOKE, `to_dict()` for checkpoint names."""
 
     SMOKE: ClassVar[dict] = {}  # the fields a smoke run shrinks (only sizes, never the code path)
+    # the real-photo preset (Flickr8k-sized training on a frozen CNN's grid): steps and rates chosen on
+    # val (docs/tuning_notes.md); course_lib.real_benchmark.real_sizes adds the switches real data needs
+    REAL_PHOTOS: ClassVar[dict] = {}
 
     @classmethod
     def smoke(cls, **overrides):

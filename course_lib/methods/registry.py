@@ -66,10 +66,13 @@ class Build:
     # config class name -> fields set in every config of that class this run builds, over the
     # factory's own (e.g. the real-data sizes of course_lib.real_benchmark)
     sizes: dict = field(default_factory=dict)
+    real_photos: bool = False  # outside smoke mode, every config takes its class's REAL_PHOTOS preset
 
     def config(self, config_class, **overrides):
-        """config_class in this run's mode: .smoke(seed=...) or (seed=...), with overrides, then the run's sizes."""
-        overrides = {"seed": self.seed, **overrides, **self.sizes.get(config_class.__name__, {})}
+        """config_class in this run's mode: .smoke(seed=...) or (seed=...), with overrides, then the
+        class's REAL_PHOTOS preset (a real-photo run at default size), then the run's sizes."""
+        preset = config_class.REAL_PHOTOS if self.real_photos and not self.smoke else {}
+        overrides = {"seed": self.seed, **overrides, **preset, **self.sizes.get(config_class.__name__, {})}
         return config_class.smoke(**overrides) if self.smoke else config_class(**overrides)
 
     def method(self, name: str):
@@ -91,15 +94,15 @@ def registered_names() -> list[str]:
     return [r.name for r in sorted(_REGISTRY.values(), key=lambda r: (r.order, r.name))]
 
 
-def available_methods(seed: int = 0, smoke: bool = False, names=None, sizes=None) -> list:
+def available_methods(seed: int = 0, smoke: bool = False, names=None, sizes=None, real_photos: bool = False) -> list:
     """The registered methods (all, or those in `names`), built for this seed and mode, in
-    course order; methods they depend on are built once and shared. sizes: Build.sizes."""
+    course order; methods they depend on are built once and shared. sizes, real_photos: Build's."""
     everything = registered_names()
     if names is not None:
         unknown = sorted(set(names) - set(everything))
         if unknown:
             raise KeyError(f"unknown method(s) {unknown}; choose from {everything}")
-    build = Build(seed, smoke, sizes=dict(sizes or {}))
+    build = Build(seed, smoke, sizes=dict(sizes or {}), real_photos=real_photos)
     wanted = everything if names is None else [n for n in everything if n in set(names)]
     return [build.method(name) for name in wanted]
 

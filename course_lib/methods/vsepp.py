@@ -82,6 +82,8 @@ class VsePPConfig(CourseConfig):
     seed: int = 0  # model initialisation and data order
 
     SMOKE: ClassVar[dict] = {"max_steps": 40, "batch_size": 64}  # smoke(): tiny training, same code path
+    # the real-photo preset (CourseConfig.REAL_PHOTOS), chosen on Flickr8k's val
+    REAL_PHOTOS: ClassVar[dict] = {"max_steps": 150, "batch_size": 128}
 
 
 class DualEncoder(nn.Module):

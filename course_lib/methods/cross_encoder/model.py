@@ -109,6 +109,8 @@ class CrossEncoderConfig(CourseConfig):
 
     # smoke(): tiny training, same code path
     SMOKE: ClassVar[dict] = dict(hidden=32, layers=2, batch_size=12, max_steps=60)
+    # the real-photo preset (CourseConfig.REAL_PHOTOS), chosen on Flickr8k's val
+    REAL_PHOTOS: ClassVar[dict] = {"max_steps": 300}
 
 
 class CrossEncoder(JointEmbedding):

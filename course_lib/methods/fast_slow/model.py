@@ -93,6 +93,8 @@ class SlowConfig(CourseConfig):
 
     SMOKE: ClassVar[dict] = {"max_steps": 30, "batch_size": 16, "hidden": 32, "channels": (8, 16, 32),
                              "stem_steps": 20}
+    # the real-photo preset (CourseConfig.REAL_PHOTOS), chosen on Flickr8k's val
+    REAL_PHOTOS: ClassVar[dict] = {"max_steps": 300, "batch_size": 64}
 
     def __post_init__(self):
         self.channels = tuple(int(c) for c in self.channels)
@@ -168,6 +170,9 @@ class FastConfig(CourseConfig):
     SMOKE: ClassVar[dict] = {"max_steps": 30, "batch_size": 16, "distill_batch_size": 8, "distill_steps": 20,
                              "hidden": 32, "embed_dim": 32, "channels": (8, 16, 32), "stem_steps": 20,
                              "fresh_scenes": 100}
+    # CourseConfig's
+    # the real-photo preset (CourseConfig.REAL_PHOTOS), chosen on Flickr8k's val
+    REAL_PHOTOS: ClassVar[dict] = {"max_steps": 300, "batch_size": 128, "distill_steps": 150}
 
     def __post_init__(self):
         self.channels = tuple(int(c) for c in self.channels)

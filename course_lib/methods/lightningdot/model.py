@@ -85,6 +85,8 @@ class LightningDOTConfig(CourseConfig):
     seed: int = 0  # weights, masking and data order
 
     SMOKE: ClassVar[dict] = {"pretrain_steps": 30, "finetune_steps": 30, "batch_size": 64}
+    # the real-photo preset (CourseConfig.REAL_PHOTOS), chosen on Flickr8k's val
+    REAL_PHOTOS: ClassVar[dict] = {"finetune_steps": 450, "finetune_lr": 3e-4, "batch_size": 128}
 
     def __post_init__(self):
         self.lr_scales()  # a scale without a pretrained text encoder is refused here

@@ -83,7 +83,10 @@ class SCANMethod(PairwiseMethod):
         image = "Linear(region) + Linear(box)" if c.use_boxes else "Linear(region)"
         agg = f"lse {c.lambda_lse:g}" if c.agg == "lse" else c.agg
         loss = hinge_name(c.max_violation)
-        return (f"SCAN {c.direction} stacked cross attention ({image} / bi-GRU words, lambda_softmax "
+        words = "bi-GRU words" if c.text_encoder is None else (
+            f"Linear({c.text_encoder}'s word states), its last {c.text_trainable_layers} layers fine-tuned"
+            if c.text_trainable_layers else f"Linear(frozen {c.text_encoder}'s word states)")
+        return (f"SCAN {c.direction} stacked cross attention ({image} / {words}, lambda_softmax "
                 f"{c.lambda_softmax:g}, {agg}), {loss}; attends over every gallery image per query")
 
     def build_model(self, bench: dict, tokenizer) -> SCANModel:

@@ -9,7 +9,9 @@ encoders are deliberately simple, as in the reference code:
   Linear layer of the region's box (see below), then L2-normalised per region;
 - text: word embeddings -> bi-GRU with its two directions averaged (`encoders.BiGRUEncoder`),
   L2-normalised per word. SCAN has no [CLS]/[SEP]: they are removed before the GRU reads the
-  caption, so they are neither words nor context.
+  caption, so they are neither words nor context. On real photos (`text_encoder`), a pretrained
+  BERT's token states stand where the GRU's were, under one Linear layer: the BERT reads the whole
+  caption, [CLS] and [SEP] included, and only its states at the words are kept.
 
 Boxes. SCAN's Faster R-CNN features carry some position of their own; our synthetic region
 features describe only shape, colour and size, and where a region is lives in its 7-d box alone.
@@ -33,9 +35,10 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from course_lib.core.checkpoints import inference, model_device
-from course_lib.core.encoders import BiGRUEncoder, l2_normalize, word_mask
+from course_lib.core.encoders import BertTextEncoder, BiGRUEncoder, l2_normalize, word_mask
 from course_lib.core.losses import hinge_triplet_loss
-from course_lib.core.settings import CourseConfig
+from course_lib.core.offline_weights import pretrained_text_path
+from course_lib.core.settings import CourseConfig, switch
 from course_lib.core.tokens import WORD_SPECIAL_TOKENS, SpecialTokens
 from course_lib.data.datasets import CaptionDataset, ImageDataset, make_loader
 from course_lib.methods.scan.attention import scan_similarity
@@ -61,8 +64,19 @@ class SCANConfig(CourseConfig):
     warmup_fraction: float = 0.05  # share of steps warming up; then linear decay to 0
     grad_clip: float = 2.0  # max gradient norm (VSE++ / SCAN)
     seed: int = 0  # model initialisation and data order
+    # None: the bi-GRU over word embeddings learned from nothing (SCAN's); a pretrained BERT (name or
+    # folder): its token states under Linear(hidden, embed_dim), its last text_trainable_layers learning
+    text_encoder: str | None = switch(None)
+    text_trainable_layers: int = switch(0)
 
     SMOKE: ClassVar[dict] = {"max_steps": 40}  # smoke(): tiny training, same code path
+    # the real-photo preset (CourseConfig.REAL_PHOTOS), chosen on Flickr8k's val
+    REAL_PHOTOS: ClassVar[dict] = {"max_steps": 150}
+
+    def __post_init__(self):
+        if self.text_trainable_layers and self.text_encoder is None:
+            raise ValueError(f"SCANConfig(text_trainable_layers={self.text_trainable_layers}) fine-tunes a pretrained "
+                             "BERT's last layers: name it too, e.g. text_encoder='all-MiniLM-L6-v2'")
 
 
 def normalize_real(items: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -79,12 +93,17 @@ def words_only(input_ids: torch.Tensor, attention_mask: torch.Tensor,
     """`[CLS] w1 .. wn [SEP] [PAD] ..` -> `(ids (B, L), mask (B, L))` of `w1 .. wn [PAD] ..`,
     L = the most words in the batch: SCAN's captions are words only. `special`: the ids of the
     tokenizer that made input_ids (SpecialTokens.of(tokenizer); default the word tokenizer's)."""
-    keep = word_mask(input_ids, attention_mask, special)  # (B, T)
-    order = torch.argsort((~keep).int(), dim=1, stable=True)  # words first, in their order
+    order, mask = words_first(word_mask(input_ids, attention_mask, special))  # (B, L) each
+    return input_ids.gather(1, order).masked_fill(~mask, special.pad), mask
+
+
+def words_first(keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """keep (B, T) True at the words -> (order (B, L), mask (B, L)): gathering a caption's slots by
+    `order` puts its words first, in their order; L = the most words in the batch."""
+    order = torch.argsort((~keep).int(), dim=1, stable=True)  # (B, T) words first
     mask = keep.gather(1, order)  # (B, T)
-    ids = input_ids.gather(1, order).masked_fill(~mask, special.pad)
     length = int(mask.sum(1).max()) if len(mask) else 0
-    return ids[:, :length], mask[:, :length]
+    return order[:, :length], mask[:, :length]
 
 
 class SCANModel(nn.Module):
@@ -106,10 +125,16 @@ class SCANModel(nn.Module):
         self.special = special  # a plain attribute: not in the state_dict
         self.region_proj = nn.Linear(region_dim, c.embed_dim)
         self.box_proj = nn.Linear(BOX_DIM, c.embed_dim) if c.use_boxes else None
-        self.text_encoder = BiGRUEncoder(vocab_size, embed_dim=c.word_dim, hidden=c.embed_dim,
-                                         special=special)
+        self.word_proj = None
+        if c.text_encoder is None:
+            self.text_encoder = BiGRUEncoder(vocab_size, embed_dim=c.word_dim, hidden=c.embed_dim,
+                                             special=special)
+        else:
+            self.text_encoder = BertTextEncoder(vocab_size, pretrained_name=pretrained_text_path(c.text_encoder),
+                                                special=special).freeze(c.text_trainable_layers)
+            self.word_proj = nn.Linear(self.text_encoder.out_dim, c.embed_dim)
         # SCAN's initialisation of its fc layer: Xavier uniform, zero bias.
-        for layer in (self.region_proj, self.box_proj):
+        for layer in (self.region_proj, self.box_proj, self.word_proj):
             if layer is not None:
                 nn.init.xavier_uniform_(layer.weight)
                 nn.init.zeros_(layer.bias)
@@ -122,9 +147,15 @@ class SCANModel(nn.Module):
         return normalize_real(regions, mask), mask
 
     def encode_texts(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        ids, mask = words_only(batch["input_ids"], batch["attention_mask"], self.special)  # (B, L)
-        tokens = self.text_encoder({"input_ids": ids, "attention_mask": mask}).tokens  # (B, L, E)
-        return normalize_real(tokens, mask), mask
+        ids, mask = batch["input_ids"], batch["attention_mask"]  # (B, T)
+        if self.word_proj is None:  # the GRU reads the words alone
+            ids, mask = words_only(ids, mask, self.special)  # (B, L)
+            tokens = self.text_encoder({"input_ids": ids, "attention_mask": mask}).tokens  # (B, L, E)
+            return normalize_real(tokens, mask), mask
+        states = self.text_encoder({"input_ids": ids, "attention_mask": mask}).tokens  # (B, T, H)
+        order, words = words_first(word_mask(ids, mask, self.special))  # (B, L)
+        states = states.gather(1, order.unsqueeze(-1).expand(-1, -1, states.shape[-1]))  # (B, L, H)
+        return normalize_real(self.word_proj(states), words), words  # (B, L, E)
 
     def encode_words_in_place(self, texts: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """encode_texts' word vectors put back at each word's own slot of the tokenised captions, for
