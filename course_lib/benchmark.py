@@ -388,6 +388,10 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     if args.text_encoder and not args.features:
         parser.error("--text-encoder goes with --features (the synthetic benchmark's text sides train from scratch)")
+    if args.features and (args.methods is not None or args.merge or args.every_pair is not None
+                          or args.refresh_shipped):
+        parser.error("--methods, --merge, --every-pair and --refresh-shipped go with the synthetic benchmark; "
+                     "--features runs every real-photo method (each trained model is loaded from --checkpoints)")
     if args.features:
         smoke = args.smoke or settings.smoke_mode()
         out = Path(args.out or "outputs/benchmark-real" + ("-smoke" if smoke else ""))

@@ -214,8 +214,15 @@ def test_benchmark_on_real_features_writes_its_results_without_touching_shipped_
     before = {p.name: p.stat().st_mtime_ns for p in SHIPPED_MODELS.iterdir()}
     json_path = copy_photos(tmp_path, (26, 4, 4))  # 130 training captions: a smoke batch of 128 (SCAN)
     assert run(json_path, tmp_path / "images", tmp_path / "features") == 0
+    from course_lib.results import REAL_END, REAL_START
+
+    readme = tmp_path / "course" / "README.md"  # a course whose README has the real-photo block
+    (readme.parent / "docs").mkdir(parents=True)
+    for path in (readme, readme.parent / "docs" / "results.md"):
+        path.write_text(f"{REAL_START}\n{REAL_END}\n")
     results = main(["--features", str(tmp_path / "features"), "--out", str(tmp_path / "out"), "--smoke",
-                    "--checkpoints", str(tmp_path / "checkpoints")])
+                    "--checkpoints", str(tmp_path / "checkpoints"), "--readme", str(readme)])
+    assert "| linear-probe |" in readme.read_text() and (readme.parent / "docs" / "pareto-real.png").is_file()
     assert {p.name for p in (tmp_path / "out").iterdir()} >= {"results.json", "results.md", "pareto.png", "curves.png"}
     curves = results["curves"]  # every trained stage's learning curve
     assert {"linear-probe", "vsepp", "lightningdot (finetune)", "ubert-embed (towers)", "fast"} <= set(curves)
@@ -233,6 +240,9 @@ def test_benchmark_on_real_features_writes_its_results_without_touching_shipped_
     with pytest.raises(SystemExit):  # --text-encoder goes with --features only
         main(["--text-encoder", MINILM_NAME, "--out", str(tmp_path / "x")])
     assert "--text-encoder goes with --features" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # --features runs every method: a subset is refused, not ignored
+        main(["--features", str(tmp_path / "features"), "--methods", "vsepp", "--out", str(tmp_path / "x")])
+    assert "--methods, --merge" in capsys.readouterr().err
 
 
 def test_every_real_photo_preset_names_real_fields_and_applies_only_outside_smoke():
