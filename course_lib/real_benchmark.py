@@ -6,7 +6,8 @@ the course's own, the same classes lessons 01-06 teach, from the registry (REAL_
 train through the one Trainer, with the grid cells as their regions and captions in the pretrained text
 encoder's WordPiece vocabulary:
 
-    vsepp, scan, cross_encoder                   lessons 01-02, word embeddings learned from nothing
+    vsepp, cross_encoder                         lessons 01-02, word embeddings learned from nothing
+    scan                                         lesson 02, over the pretrained BERT's frozen word states
     lightningdot, lightningdot+rerank@20         lesson 03, its language encoder from the pretrained BERT
     ubert-embed, ubert@20, ...+cross_encoder@20  lesson 04, BERT_txt from the same BERT; its two-stage baseline
     hivlp-regions (and its flat levels)          lesson 05, over the grid cells
@@ -78,6 +79,9 @@ def real_sizes(text_encoder: str = MINILM_NAME, smoke: bool = False) -> dict:
         # of step 1's rate; BERT_img one block
         "UBERTConfig": dict(text_encoder=text_encoder, hidden=width, heads=max(1, width // 64), tower_layers=1,
                             text_encoder_lr_scale=0.1),
+        # SCAN's text side: the same BERT's token states, frozen, where the bi-GRU learned from nothing sat at
+        # chance on real captions
+        "SCANConfig": dict(text_encoder=text_encoder),
         "HiVLPConfig": dict(fresh_scenes=0),  # no generator behind real photos
         "SlowConfig": grid,
         "FastConfig": dict(grid, image_pool="mean", fresh_scenes=0),

@@ -71,7 +71,7 @@ class SCANConfig(CourseConfig):
 
     SMOKE: ClassVar[dict] = {"max_steps": 40}  # smoke(): tiny training, same code path
     # the real-photo preset (CourseConfig.REAL_PHOTOS), chosen on Flickr8k's val
-    REAL_PHOTOS: ClassVar[dict] = {"max_steps": 150}
+    REAL_PHOTOS: ClassVar[dict] = {"max_steps": 600, "embed_dim": 256}
 
     def __post_init__(self):
         if self.text_trainable_layers and self.text_encoder is None:
