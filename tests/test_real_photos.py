@@ -237,6 +237,7 @@ def test_benchmark_on_real_features_writes_its_results_without_touching_shipped_
     chance = next(r for r in results["rows"] if r["method"] == "chance" and r["setting"] == "test")
     assert chance["t2i_r1"] == pytest.approx(100 / 4)  # 4 test photos
     assert all(r["ms_per_query"] > 0 for r in results["rows"] if r["method"] != "chance")
+    assert all(r["eval_s"] >= 0 for r in results["rows"] if r["method"] != "chance")  # the evaluation's cost
     assert {p.name: p.stat().st_mtime_ns for p in SHIPPED_MODELS.iterdir()} == before
     with pytest.raises(SystemExit):  # --text-encoder goes with --features only
         main(["--text-encoder", MINILM_NAME, "--out", str(tmp_path / "x")])
