@@ -9,6 +9,7 @@ encoder's WordPiece vocabulary:
     vsepp, cross_encoder                         lessons 01-02, word embeddings learned from nothing
     scan                                         lesson 02, over the pretrained BERT's frozen word states
     lightningdot, lightningdot+rerank@20         lesson 03, its language encoder from the pretrained BERT
+    lightningdot+scan@10                         lesson 03's top 10 re-scored by lesson 02's SCAN, scores fused
     ubert-embed, ubert@20, ...+cross_encoder@20  lesson 04, BERT_txt from the same BERT; its two-stage baseline
     hivlp-regions (and its flat levels)          lesson 05, over the grid cells
     slow, fast, fast-distilled, fast_slow@K      lesson 06, Slow's decoders attending to the grid cells,
@@ -36,6 +37,7 @@ from course_lib.core.shipped import without_shipped_models
 from course_lib.data.tokenizer import tokenizer_for
 from course_lib.methods.linear_probe import LinearProbeConfig, LinearProbeMethod
 from course_lib.methods.registry import available_methods
+from course_lib.methods.rerank import Cascade, weighted_sum
 from course_lib.notebook import chance_recall
 
 SETTINGS = ("test", "full")
@@ -47,6 +49,14 @@ NO_ORACLE = ("no oracle row: real data has no generator whose likelihood would g
 REAL_METHODS = ("vsepp", "scan", "cross_encoder", "lightningdot", "lightningdot+rerank@20", "ubert-embed",
                 "ubert@20", "ubert-embed+cross_encoder@20", "hivlp-regions", "slow", "fast", "fast-distilled",
                 "fast_slow@10", "fast_slow@50")
+
+# the fused re-ranked pipeline, real photos only: LightningDOT's top FUSED_TOP_M re-scored by SCAN and ordered
+# by FUSED_WEIGHT * LightningDOT + SCAN, Fast & Slow's eq. 9 fusion on lesson 03's and lesson 02's models (the
+# cross-encoder over SCAN's towers re-ranks worse than its first stage here). FUSED_WEIGHT brings LightningDOT's
+# unnormalised dot products to SCAN's scale; both numbers chosen on val (docs/tuning_notes.md)
+FUSED = "lightningdot+scan@10"
+FUSED_TOP_M = 10
+FUSED_WEIGHT = 0.01
 
 # methods whose captions are words seen at least WORD_MIN_FREQ times in train, not wordpieces: Slow's output
 # layer is a softmax over its vocabulary at every word of every pair it scores, so its cost is the
@@ -91,7 +101,8 @@ def real_sizes(text_encoder: str = MINILM_NAME, smoke: bool = False) -> dict:
 
 def real_methods(text_encoder: str = MINILM_NAME, smoke: bool = False, seed: int = 0, names=REAL_METHODS) -> list:
     """The linear probe, then `names` of the registry built with real_sizes, in course order; a cascade's
-    first stages come before it (HiVLP's flat model is a row of its own, as on the synthetic benchmark)."""
+    first stages come before it (HiVLP's flat model is a row of its own, as on the synthetic benchmark);
+    last, FUSED where lightningdot and scan are both built."""
     probe_config = LinearProbeConfig(text_encoder=text_encoder, seed=seed)
     probe = LinearProbeMethod(LinearProbeConfig.smoke(text_encoder=text_encoder, seed=seed) if smoke else probe_config)
     methods = [probe]
@@ -99,6 +110,14 @@ def real_methods(text_encoder: str = MINILM_NAME, smoke: bool = False, seed: int
     for method in available_methods(seed, smoke, names, sizes=sizes, real_photos=True):
         flat = getattr(method, "hivlp", None)  # HiVLP's cascade: its flat model first
         methods += [flat, method] if flat is not None else [method]
+    names = [m.name for m in methods]
+    if {"lightningdot", "scan"} <= set(names):  # FUSED, after lesson 03's other rows
+        fused = Cascade([methods[names.index("lightningdot")], methods[names.index("scan")]], [FUSED_TOP_M],
+                        combine=weighted_sum([FUSED_WEIGHT, 1.0]), name=FUSED,
+                        notes=f"lightningdot keeps the top {FUSED_TOP_M}, scan re-scores them; ordered by "
+                              f"{FUSED_WEIGHT:g} x lightningdot + scan (fused, Fast & Slow eq. 9)")
+        after = max(names.index(n) for n in ("lightningdot", "lightningdot+rerank@20") if n in names)
+        methods.insert(after + 1, fused)
     return methods
 
 
@@ -143,5 +162,5 @@ def chance_metrics(split, ks=(1, 5, 10)) -> dict:
     return out | {f"i2t_r{k}": float(np.mean([chance_recall(split.n_texts, k, int(c)) for c in per_image])) for k in ks}
 
 
-__all__ = ["chance_metrics", "training_curves", "fit_real_methods", "real_methods", "real_sizes", "REAL_METHODS",
+__all__ = ["FUSED", "FUSED_TOP_M", "FUSED_WEIGHT", "chance_metrics", "training_curves", "fit_real_methods", "real_methods", "real_sizes", "REAL_METHODS",
            "SMOKE_STEPS", "WORD_METHODS", "WORD_MIN_FREQ", "SETTINGS", "KS", "NO_ORACLE"]

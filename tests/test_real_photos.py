@@ -21,7 +21,7 @@ from course_lib.core.offline_weights import (EFFICIENTNET_LITE0, MINILM, MINILM_
                                              load_offline_backbone, package_file, pretrained_text_path)
 from course_lib.data.features import load_feature_bench
 from course_lib.data.photos import find_photos, no_photos_message, split_file
-from course_lib.real_benchmark import REAL_METHODS
+from course_lib.real_benchmark import FUSED, REAL_METHODS
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 extract = load_script("extract_features")
@@ -229,7 +229,7 @@ def test_benchmark_on_real_features_writes_its_results_without_touching_shipped_
     assert {"linear-probe", "vsepp", "lightningdot (finetune)", "ubert-embed (towers)", "fast"} <= set(curves)
     assert all(len(c["step"]) == len(c["val_r1"]) > 0 for c in curves.values())
     names = {r["method"] for r in results["rows"]}
-    expected = {"chance", "linear-probe", "hivlp-regions-flat"} | set(REAL_METHODS)
+    expected = {"chance", "linear-probe", "hivlp-regions-flat", FUSED} | set(REAL_METHODS)
     for setting in ("test", "full"):  # every method, on both settings
         assert {r["method"] for r in results["rows"] if r["setting"] == setting} == expected
     assert names == expected
@@ -273,3 +273,21 @@ def _config_classes():
             found.add(sub)
             todo.append(sub)
     return found
+
+
+def test_the_fused_pipeline_orders_the_first_stage_top_m_by_the_weighted_sum_of_both_scores():
+    """FUSED re-ranks with the very models of the lightningdot and scan rows, after lesson 03's rows, and its
+    order is w * lightningdot + scan over lightningdot's top M (computed here by hand on made-up scores)."""
+    from course_lib.real_benchmark import FUSED_TOP_M, FUSED_WEIGHT, real_methods
+
+    methods = real_methods(smoke=True, names=("scan", "lightningdot", "lightningdot+rerank@20", "hivlp-regions"))
+    names = [m.name for m in methods]
+    fused = methods[names.index(FUSED)]
+    assert names.index(FUSED) == names.index("lightningdot+rerank@20") + 1
+    assert fused.stages == [methods[names.index("lightningdot")], methods[names.index("scan")]]
+    assert fused.top_ms == [FUSED_TOP_M]
+    first = torch.tensor([[30.0, 20.0, 10.0]])  # one query, three candidates, best first by lightningdot
+    second = torch.tensor([[0.1, 0.3, 0.5]])  # scan prefers the last
+    by_hand = [FUSED_WEIGHT * f + s for f, s in zip(first[0].tolist(), second[0].tolist())]
+    assert fused.combine([first, second])[0].tolist() == pytest.approx(by_hand)
+    assert FUSED not in [m.name for m in real_methods(smoke=True, names=("lightningdot",))]  # needs both
