@@ -123,3 +123,17 @@ def test_only_the_core_calls_backward():
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "backward":
                 outside.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}")
     assert outside == [], f".backward() outside course_lib/core: {outside}"
+
+
+def test_every_name_a_module_exports_exists():
+    """`from module import *` must work: every name in a module's __all__ is defined there."""
+    import importlib
+    import pkgutil
+
+    import course_lib
+
+    missing = []
+    for info in pkgutil.walk_packages(course_lib.__path__, prefix="course_lib."):
+        module = importlib.import_module(info.name)
+        missing += [f"{info.name}.{name}" for name in getattr(module, "__all__", ()) if not hasattr(module, name)]
+    assert not missing, f"__all__ names what the module does not define: {missing}"

@@ -278,7 +278,6 @@ __all__ = [
     "CELLS",
     "HEADS",
     "HEAD_POOLS",
-    "STEM_MODULES",
     "CellDataset",
     "ConvBackbone",
     "PixelStem",
