@@ -51,9 +51,9 @@ REAL_METHODS = ("vsepp", "scan", "cross_encoder", "lightningdot", "lightningdot+
                 "fast_slow@10", "fast_slow@50")
 
 # the fused re-ranked pipeline, real photos only: LightningDOT's top FUSED_TOP_M re-scored by SCAN and ordered
-# by FUSED_WEIGHT * LightningDOT + SCAN, Fast & Slow's eq. 9 fusion on lesson 03's and lesson 02's models (the
-# cross-encoder over SCAN's towers re-ranks worse than its first stage here). FUSED_WEIGHT brings LightningDOT's
-# unnormalised dot products to SCAN's scale; both numbers chosen on val (docs/tuning_notes.md)
+# by FUSED_WEIGHT * LightningDOT + SCAN, Fast & Slow's eq. 9 fusion on lesson 03's and lesson 02's models.
+# FUSED_WEIGHT brings LightningDOT's unnormalised dot products to SCAN's scale; both numbers, and SCAN rather
+# than the cross-encoder, chosen on val (docs/tuning_notes.md)
 FUSED = "lightningdot+scan@10"
 FUSED_TOP_M = 10
 FUSED_WEIGHT = 0.01
@@ -102,7 +102,7 @@ def real_sizes(text_encoder: str = MINILM_NAME, smoke: bool = False) -> dict:
 def real_methods(text_encoder: str = MINILM_NAME, smoke: bool = False, seed: int = 0, names=REAL_METHODS) -> list:
     """The linear probe, then `names` of the registry built with real_sizes, in course order; a cascade's
     first stages come before it (HiVLP's flat model is a row of its own, as on the synthetic benchmark);
-    last, FUSED where lightningdot and scan are both built."""
+    FUSED after lesson 03's rows where lightningdot and scan are both built."""
     probe_config = LinearProbeConfig(text_encoder=text_encoder, seed=seed)
     probe = LinearProbeMethod(LinearProbeConfig.smoke(text_encoder=text_encoder, seed=seed) if smoke else probe_config)
     methods = [probe]
@@ -110,13 +110,13 @@ def real_methods(text_encoder: str = MINILM_NAME, smoke: bool = False, seed: int
     for method in available_methods(seed, smoke, names, sizes=sizes, real_photos=True):
         flat = getattr(method, "hivlp", None)  # HiVLP's cascade: its flat model first
         methods += [flat, method] if flat is not None else [method]
-    names = [m.name for m in methods]
-    if {"lightningdot", "scan"} <= set(names):  # FUSED, after lesson 03's other rows
-        fused = Cascade([methods[names.index("lightningdot")], methods[names.index("scan")]], [FUSED_TOP_M],
+    built = [m.name for m in methods]
+    if {"lightningdot", "scan"} <= set(built):
+        fused = Cascade([methods[built.index("lightningdot")], methods[built.index("scan")]], [FUSED_TOP_M],
                         combine=weighted_sum([FUSED_WEIGHT, 1.0]), name=FUSED,
                         notes=f"lightningdot keeps the top {FUSED_TOP_M}, scan re-scores them; ordered by "
                               f"{FUSED_WEIGHT:g} x lightningdot + scan (fused, Fast & Slow eq. 9)")
-        after = max(names.index(n) for n in ("lightningdot", "lightningdot+rerank@20") if n in names)
+        after = max(built.index(n) for n in ("lightningdot", "lightningdot+rerank@20") if n in built)
         methods.insert(after + 1, fused)
     return methods
 
@@ -162,5 +162,6 @@ def chance_metrics(split, ks=(1, 5, 10)) -> dict:
     return out | {f"i2t_r{k}": float(np.mean([chance_recall(split.n_texts, k, int(c)) for c in per_image])) for k in ks}
 
 
-__all__ = ["FUSED", "FUSED_TOP_M", "FUSED_WEIGHT", "chance_metrics", "training_curves", "fit_real_methods", "real_methods", "real_sizes", "REAL_METHODS",
-           "SMOKE_STEPS", "WORD_METHODS", "WORD_MIN_FREQ", "SETTINGS", "KS", "NO_ORACLE"]
+__all__ = ["chance_metrics", "training_curves", "fit_real_methods", "real_methods", "real_sizes", "REAL_METHODS",
+           "FUSED", "FUSED_TOP_M", "FUSED_WEIGHT", "SMOKE_STEPS", "WORD_METHODS", "WORD_MIN_FREQ", "SETTINGS", "KS",
+           "NO_ORACLE"]
