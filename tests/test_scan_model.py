@@ -156,6 +156,29 @@ def test_method_caches_its_checkpoint_and_queries_its_own_matrix(bench, tok, tmp
         other.fit(bench, tok, cache_dir=tmp_path)
 
 
+def test_the_method_scores_blocks_and_pairs_as_the_matrix_encoding_only_the_captions_it_meets(
+        bench, tok, monkeypatch):
+    from course_lib.methods.scan import method as scan_method
+
+    torch.manual_seed(0)
+    method = SCANMethod(SCANConfig.smoke(), progress=False)
+    method.model, method.tokenizer = make_model(bench, tok), tok
+    split = bench["test"]
+    want = scan_matrix(method.model, split, tok, progress=False)  # (N, T): every caption at once
+    encoded = []
+    real_encode = scan_method.encode_words
+    monkeypatch.setattr(scan_method, "encode_words",
+                        lambda *a, texts, **k: encoded.extend(texts) or real_encode(*a, texts=texts, **k))
+    images, captions = [3, 0, 7], [12, 5, 40, 5]
+    block = method.score_block(split, images, captions)  # (3, 4)
+    torch.testing.assert_close(block, want[images][:, captions], atol=TOL, rtol=TOL)
+    assert sorted(encoded) == [5, 12, 40]  # each caption once, none that was not asked for
+    pairs_i, pairs_t = [1, 9, 2, 4], [40, 77, 77, 3]
+    torch.testing.assert_close(method.score_pairs(split, pairs_i, pairs_t), want[pairs_i, pairs_t],
+                               atol=TOL, rtol=TOL)
+    assert sorted(encoded) == [3, 5, 12, 40, 77]  # the new ones in one batch, the known ones reused
+
+
 @pytest.fixture(scope="module")
 def wordpieces(bench, minilm_folder):
     from course_lib.data.tokenizer import tokenizer_for

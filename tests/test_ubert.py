@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from course_lib.core.blocks import masked_mean
-from course_lib.data.datasets import PairCollate, PairDataset
+from course_lib.data.datasets import PairCollate, PairDataset, text_fields
 from course_lib.core.losses import hinge_triplet_loss
 from course_lib.data.tokenizer import build_word_tokenizer
 from course_lib.core.metrics import ranks_from_top_k, recall_at_k
@@ -392,6 +392,21 @@ def test_cached_states_equal_the_uncached_path(fitted, bench, tok):
         k_scores = rescore_candidates(model, query, states.image(images[:10]))
     assert torch.allclose(k_scores, score_cached_pairs(model, states, images[:10], texts[:1].repeat(10)), atol=1e-5)
 
+
+
+@torch.no_grad()
+def test_cached_caption_states_equal_each_caption_encoded_alone(fitted, bench, tok):
+    model, split = fitted[0].model, bench["test"]
+    states = compute_states(model, split, tok, batch_size=7)  # batches of like lengths, re-ordered
+    lengths = text_fields(split.captions, tok, model.config.max_text_length)["attention_mask"].sum(1)
+    assert lengths.min() < lengths.max()  # captions of several lengths, so the order is tested
+    for t in {int(lengths.argmin()), int(lengths.argmax()), 0, 5, split.n_texts - 1}:
+        alone = text_fields([split.captions[t]], tok, model.config.max_text_length)  # (1, n): no padding
+        tokens, mask, intra = model.eval().text_states(alone)  # (1, n, H), (1, n), (1, H)
+        n = tokens.shape[1]
+        assert states.text_mask[t].tolist() == [True] * n + [False] * (states.text_mask.shape[1] - n)
+        torch.testing.assert_close(states.text_tokens[t, :n], tokens[0], atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(states.text_intra[t], intra[0], atol=1e-5, rtol=1e-4)
 
 def _recalls(method, split, direction, ks):
     queries = split.text_queries if direction == "t2i" else split.image_queries

@@ -25,7 +25,7 @@ from course_lib.methods.vsepp import (
     train_dual_encoder,
     vsepp_loss,
 )
-from course_lib.methods.encoding import encode_split
+from course_lib.methods.encoding import encode_captions, encode_split
 from course_lib.methods.encoding import learning_curve_splits, retrieval_evaluator
 
 # small enough for a few seconds of CPU training, large enough to learn something
@@ -205,6 +205,9 @@ def test_encode_split_matches_batch_by_batch_encoding(trained, bench, tokenizer)
     torch.testing.assert_close(image_emb, images, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(text_emb, texts, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(similarity(model, split, tokenizer), image_emb @ text_emb.T)
+    some = [17, 3, 3, 40, 0]  # any captions, in any order, repeats allowed
+    torch.testing.assert_close(encode_captions(model, split, tokenizer, indices=some), texts[some],
+                               atol=1e-5, rtol=1e-4)
 
 
 def test_faiss_top1_is_the_argmax_of_each_similarity_column(trained, bench, tokenizer):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import numpy as np
 import torch
 from torch import nn
 from torch.utils.data import Subset
@@ -48,9 +49,13 @@ def encode_captions(model: nn.Module, split, tokenizer, *, batch_size: int = 256
                     progress: bool | None = None, indices=None) -> torch.Tensor:
     """(T, E) caption embeddings of a split (or of its captions at `indices`), on the CPU.
     progress None = a bar for big splits."""
-    loader = make_loader(_some(CaptionDataset(split), indices), batch_size, tokenizer=tokenizer)
+    chosen = np.arange(split.n_texts) if indices is None else np.asarray(indices, dtype=np.int64)  # (T,)
+    # batches of like lengths, longest first: a batch pads to its longest caption, and real captions
+    # vary threefold in length
+    order = np.argsort([-len(split.captions[t]) for t in chosen], kind="stable")  # (T,)
+    loader = make_loader(_some(CaptionDataset(split), chosen[order]), batch_size, tokenizer=tokenizer)
     progress = split.n_texts > _PROGRESS_ITEMS if progress is None else progress
-    return _encode(model, loader, "encode_texts", device, progress)
+    return _encode(model, loader, "encode_texts", device, progress)[torch.from_numpy(np.argsort(order))]
 
 
 def encode_split(model: nn.Module, split, tokenizer, *, batch_size: int = 256, device=None,

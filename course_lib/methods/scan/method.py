@@ -8,7 +8,9 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
+import torch.nn.functional as F
 
 from course_lib.core.checkpoints import model_device
 from course_lib.core.losses import hinge_name
@@ -56,26 +58,43 @@ class SCANMethod(PairwiseMethod):
     checkpoint_prefix = "scan"
     config_class = SCANConfig
     eval_pairs = (8_000_000, 400_000)  # ~1 s per 100k pairs on a CPU thread: test t2i in full
-    _encoded: tuple = (None, None, None)  # (split, model, (regions, region_mask, words, word_mask))
+    _encoded: tuple = (None, None, None)  # (split, model, (regions, region_mask, {caption: words}))
 
-    def _encodings(self, split):
+    def _encodings(self, split, text_indices) -> tuple:
+        """(regions (N, R, E), region_mask (N, R), words (m, L, E), word_mask (m, L)) for the captions
+        text_indices (m,). Every image is encoded with the split; a caption when it is first scored,
+        so a re-ranker pays only for the captions it meets (a few thousand of the full setting's 35,000)."""
         model = self._fitted()
         if self._encoded[0] is not split or self._encoded[1] is not model:
-            self._encoded = (split, model, (*encode_regions(model, split, progress=self.progress and split.n_images > 20_000),
-                                     *encode_words(model, split, self.tokenizer,
-                                                   progress=self.progress and split.n_texts > 20_000)))
-        return self._encoded[2]
+            regions = encode_regions(model, split, progress=self.progress and split.n_images > 20_000)
+            self._encoded = (split, model, (*regions, {}))  # {caption index: its words (L_t, E)}
+        regions, region_mask, words = self._encoded[2]
+        texts = [int(t) for t in text_indices]
+        new = [t for t in dict.fromkeys(texts) if t not in words]
+        if new:
+            encoded, real = encode_words(model, split, self.tokenizer, texts=new,
+                                         progress=self.progress and len(new) > 20_000)  # (n, L, E), (n, L)
+            words.update((t, w[m]) for t, w, m in zip(new, encoded, real))  # words come first: a prefix
+        chosen = [words[t] for t in texts]
+        length = max(max(len(w) for w in chosen), 1)
+        padded = torch.stack([F.pad(w, (0, 0, 0, length - len(w))) for w in chosen])  # (m, L, E)
+        mask = torch.arange(length) < torch.tensor([len(w) for w in chosen]).unsqueeze(1)  # (m, L)
+        return regions, region_mask, padded, mask
 
     @torch.no_grad()
     def score_block(self, split, image_indices, text_indices) -> torch.Tensor:
         """(n, m) SCAN scores of the chosen images against the chosen captions, on the CPU."""
         model = self._fitted().eval()
         device = model_device(model)
-        regions, region_mask, words, word_mask_ = self._encodings(split)
+        regions, region_mask, words, word_mask_ = self._encodings(split, text_indices)
         img = torch.as_tensor(image_indices, dtype=torch.long)
-        txt = torch.as_tensor(text_indices, dtype=torch.long)
-        return model.score(regions[img].to(device), region_mask[img].to(device), words[txt].to(device),
-                           word_mask_[txt].to(device)).cpu()  # (n, m)
+        return model.score(regions[img].to(device), region_mask[img].to(device), words.to(device),
+                           word_mask_.to(device)).cpu()  # (n, m)
+
+    def score_pairs(self, split, image_indices, text_indices) -> torch.Tensor:
+        """PairwiseRanking.score_pairs, the pairs' captions encoded first in batches, not one by one."""
+        self._encodings(split, np.unique(np.asarray(text_indices)))
+        return super().score_pairs(split, image_indices, text_indices)
 
     @property
     def notes(self) -> str:

@@ -32,6 +32,7 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.data import Subset
 from tqdm.auto import tqdm
 
 from course_lib.core.checkpoints import inference, model_device
@@ -221,11 +222,14 @@ def encode_regions(model: SCANModel, split, *, batch_size: int = 512, device=Non
     return _encode_sets(model, loader, model.encode_images, "encode regions", progress, device)
 
 
-def encode_words(model: SCANModel, split, tokenizer, *, batch_size: int = 512, device=None,
+def encode_words(model: SCANModel, split, tokenizer, *, texts=None, batch_size: int = 512, device=None,
                  progress: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """(words (T, L, E), word_mask (T, L)) of a split's captions, on the CPU; L = most words."""
+    """(words (T, L, E), word_mask (T, L)) of a split's captions, or of those at `texts` (T,) in that
+    order, on the CPU; L = most words."""
     device = model_device(model, device)
-    loader = make_loader(CaptionDataset(split), batch_size, tokenizer=tokenizer)
+    captions = CaptionDataset(split)
+    captions = captions if texts is None else Subset(captions, [int(t) for t in texts])
+    loader = make_loader(captions, batch_size, tokenizer=tokenizer)
     return _encode_sets(model, loader, model.encode_texts, "encode words", progress, device)
 
 

@@ -300,15 +300,23 @@ def compute_states(model: UBERT, split, tokenizer, *, batch_size: int = 512, dev
     """Run the towers once over every image and caption of a split (the offline work of stage 2)."""
     images = image_fields(split)
     texts = text_fields(split.captions, tokenizer, model.config.max_text_length)  # (T, L)
+    lengths = texts["attention_mask"].sum(1)  # (T,) real tokens, padding on the right
+    # captions in batches of like lengths, each cut to its longest: real captions vary threefold in
+    # length, and the tower's work follows the padded length
+    order = torch.argsort(lengths, descending=True, stable=True)  # (T,)
     parts: dict = {"image": [], "text": []}
     with inference(model, device) as device:
         for start in range(0, split.n_images, batch_size):
             block = {k: v.to(device) for k, v in image_batch(images, slice(start, start + batch_size)).items()}
             parts["image"].append([s.cpu() for s in model.image_states(block)])
         for start in range(0, split.n_texts, batch_size):
-            block = {k: v[start:start + batch_size].to(device) for k, v in texts.items()}
-            parts["text"].append([s.cpu() for s in model.text_states(block)])
-    image, text = ([torch.cat(column) for column in zip(*parts[side])] for side in ("image", "text"))
+            rows = order[start:start + batch_size]
+            block = {k: v[rows, :int(lengths[rows].max())].to(device) for k, v in texts.items()}
+            tokens, mask, intra = (s.cpu() for s in model.text_states(block))  # (b, l, H), (b, l), (b, H)
+            width = texts["input_ids"].shape[1] - tokens.shape[1]  # back to the split's longest: zeros
+            parts["text"].append([F.pad(tokens, (0, 0, 0, width)), F.pad(mask, (0, width)), intra])
+    image = [torch.cat(column) for column in zip(*parts["image"])]
+    text = [torch.cat(column)[torch.argsort(order)] for column in zip(*parts["text"])]  # caption order
     return UBERTStates(*image, *text)
 
 
