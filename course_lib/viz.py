@@ -503,16 +503,26 @@ DIAGRAMS = {
     },
     "ubert": {
         "title": "U-BERT: an intra-modal part to index, plus an inter-modal residual to re-rank",
-        "boxes": {"image": ("image regions", 0, 2, "image"),
-                  "caption": ("caption", 0, 0.25, "text"),
-                  "img_tower": ("image tower\n(intra-modal)", 2.8, 2, "model"),
-                  "txt_tower": ("text tower\n(intra-modal)", 2.8, 1, "model"),
-                  "cross": ("light cross encoder:\nL_c layers (inter-modal)", 2.8, -0.5, "model"),
-                  "s1": ("stage 1: s1 = cos(intra),\nindexed: all N → top K", 6.2, 1.5, "index"),
-                  "s2": ("stage 2 re-scores the K:\ns2 = cos(α·intra + inter)", 9.4, 0.25, "score")},
-        "arrows": [("image", "img_tower", ""), ("caption", "txt_tower", ""), ("image", "cross", ""),
-                   ("caption", "cross", ""), ("img_tower", "s1", ""), ("txt_tower", "s1", ""),
-                   ("s1", "s2", "top K"), ("cross", "s2", "")],
+        # BERT_cross reads the token states the tower pass caches (UBERTStates), not the raw
+        # inputs: the gallery's are computed offline, so stage 2 runs only L_c layers a candidate
+        "boxes": {"image": ("gallery: image regions", 0, 2.4, "image"),
+                  "img_tower": ("BERT_img (intra-modal):\noffline, once per image", 2.8, 2.4,
+                                "model"),
+                  "img_states": ("cached per image: I_intra\n+ tokens for BERT_cross", 5.6, 2.4,
+                                 "image"),
+                  "caption": ("query caption", 0, 0, "text"),
+                  "txt_tower": ("BERT_txt (intra-modal):\nonline, once per query", 2.8, 0, "model"),
+                  "txt_states": ("the query's T_intra\n+ tokens for BERT_cross", 5.6, 0, "text"),
+                  "s1": ("stage 1, indexed:\ns1 = cos(I_intra, T_intra),\nall N → top K", 5.6, 1.2,
+                         "index"),
+                  "cross": ("light BERT_cross (L_c layers)\nreads the K pairs' cached\ntokens → "
+                            "I_inter, T_inter", 8.4, 1.2, "model"),
+                  "s2": ("stage 2 re-orders the K by\ns2 = cos(α·I_intra + I_inter,\n"
+                         "α·T_intra + T_inter)", 11.2, 1.2, "score")},
+        "arrows": [("image", "img_tower", ""), ("img_tower", "img_states", ""),
+                   ("caption", "txt_tower", ""), ("txt_tower", "txt_states", ""),
+                   ("img_states", "s1", ""), ("txt_states", "s1", ""), ("s1", "cross", "top K"),
+                   ("img_states", "cross", ""), ("txt_states", "cross", ""), ("cross", "s2", "")],
     },
     "hivlp": {
         "title": "HiVLP: early outputs of growing width, searched coarse to fine",
