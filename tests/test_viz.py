@@ -283,3 +283,12 @@ def test_ubert_cross_encoder_reads_the_cached_tower_states_not_the_raw_inputs():
     assert inputs["img_tower"] == {"image"} and inputs["txt_tower"] == {"caption"}
     assert inputs["s1"] == {"img_states", "txt_states"} and inputs["s2"] == {"cross"}
     assert "offline" in spec["boxes"]["img_tower"][0] and "online" in spec["boxes"]["txt_tower"][0]
+
+
+def test_hivlp_levels_read_their_tower_and_the_cascade_runs_coarse_to_fine():
+    # one tower pass gives every level (HiVLP.image_levels): no level is computed from another
+    inputs = _inputs(viz.DIAGRAMS["hivlp"])
+    for level in (1, 2, 3):
+        assert inputs[f"v{level}"] == {"image"} and inputs[f"t{level}"] == {"text"}
+    assert inputs["c1"] == {"v1", "t1"}
+    assert inputs["c2"] == {"v2", "t2", "c1"} and inputs["c3"] == {"v3", "t3", "c2"}
