@@ -491,13 +491,17 @@ DIAGRAMS = {
     },
     "retrieve_rerank": {
         "title": "Retrieve, then re-rank (LightningDOT): an index narrows N images to M, a cross-encoder orders them",
+        # the re-ranker reads each candidate pair itself; its score alone orders the M
+        # (TwoStageMethod: the two scores are not fused)
         "boxes": {"gallery": ("gallery: N images", 0, 1, "image"),
                   "vectors": ("image vectors\n(offline)", 2.8, 1, "image"),
                   "query": ("query caption", 0, 0, "text"),
                   "encoder": ("text encoder\n([CLS] vector)", 2.8, 0, "model"),
                   "index": ("FAISS index search:\ntop M of N", 5.6, 0.5, "index"),
-                  "rerank": ("cross-encoder\nre-scores M pairs", 8.4, 0.5, "model"),
-                  "ranking": ("final ranking", 11.2, 0.5, "score")},
+                  "rerank": ("cross-encoder re-scores\nthe M pairs (caption +\n"
+                             "regions), one pass each", 8.4, 0.5, "model"),
+                  "ranking": ("final ranking: the M\nby the cross-encoder's\nscore alone", 11.2,
+                              0.5, "score")},
         "arrows": [("gallery", "vectors", ""), ("vectors", "index", ""), ("query", "encoder", ""),
                    ("encoder", "index", ""), ("index", "rerank", ""), ("rerank", "ranking", "")],
     },
