@@ -552,11 +552,15 @@ DIAGRAMS = {
     },
     "fast_slow": {
         "title": "Thinking Fast and Slow: a captioning likelihood teaches a dual encoder, then re-ranks its top K",
-        "boxes": {"slow": ("Slow: h(x, y), the likelihood\nof the caption given the image", 2.8, 1.4, "model"),
-                  "fast": ("Fast: dual encoder\nf(x) · g(y)", 2.8, 0, "model"),
+        # h is a summed log-likelihood (forward + backward decoders): eq. 9 adds β·f·g to it
+        "boxes": {"slow": ("Slow: h(x, y), the caption's\nlog-likelihood given the image\n"
+                           "(forward + backward)", 2.8, 1.4, "model"),
+                  "fast": ("Fast: dual encoder f(x) · g(y),\nthe gallery's f(x) offline", 2.8, 0,
+                           "model"),
                   "query": ("query caption", 0, 0, "text"),
                   "top": ("Fast's top K\nof N images", 5.6, 0, "index"),
-                  "rescore": ("Slow re-scores the K:\nh(x, y) + β · f(x) · g(y)", 8.7, 0, "score")},
+                  "rescore": ("Slow re-scores the K from\ncached image keys / values:\n"
+                              "h(x, y) + β · f(x) · g(y)", 8.7, 0, "score")},
         "arrows": [("slow", "fast", "distillation\n(training)"), ("query", "fast", ""), ("fast", "top", ""),
                    ("top", "rescore", ""), ("slow", "rescore", "")],
     },
