@@ -475,7 +475,7 @@ DIAGRAMS = {
                   "caption": ("caption", 0, 0, "text"),
                   "g": ("text encoder g", 2.8, 0, "model"),
                   "u": ("text vector g(y)\n(one per query)", 5.6, 0, "text"),
-                  "score": ("score = f(x) · g(y)", 8.4, 0.5, "score")},
+                  "score": ("score = f(x) · g(y):\nunit vectors, a cosine", 8.4, 0.5, "score")},
         "arrows": [("image", "f", ""), ("f", "v", ""), ("caption", "g", ""), ("g", "u", ""),
                    ("v", "score", ""), ("u", "score", "")],
     },
