@@ -262,3 +262,33 @@ def test_no_arrow_of_a_diagram_runs_through_another_box(name):
 def test_an_unknown_diagram_names_the_known_ones():
     with pytest.raises(KeyError, match="dual_encoder"):
         viz.draw_method("clip")
+
+
+def _inputs(spec: dict) -> dict:
+    """{box: the boxes with an arrow into it} of a diagram spec."""
+    inputs = {key: set() for key in spec["boxes"]}
+    for start, end, _ in spec["arrows"]:
+        inputs[end].add(start)
+    return inputs
+
+
+def test_ubert_cross_encoder_reads_the_cached_tower_states_not_the_raw_inputs():
+    # UBERTStates: one tower pass caches each side's intra vector and the tokens BERT_cross reads
+    spec = viz.DIAGRAMS["ubert"]
+    inputs = _inputs(spec)
+    raw = {key for key, feeding in inputs.items() if not feeding}
+    assert raw == {"image", "caption"}
+    assert inputs["cross"] == {"img_states", "txt_states", "s1"}  # the states of stage 1's top K
+    assert inputs["img_states"] == {"img_tower"} and inputs["txt_states"] == {"txt_tower"}
+    assert inputs["img_tower"] == {"image"} and inputs["txt_tower"] == {"caption"}
+    assert inputs["s1"] == {"img_states", "txt_states"} and inputs["s2"] == {"cross"}
+    assert "offline" in spec["boxes"]["img_tower"][0] and "online" in spec["boxes"]["txt_tower"][0]
+
+
+def test_hivlp_levels_read_their_tower_and_the_cascade_runs_coarse_to_fine():
+    # one tower pass gives every level (HiVLP.image_levels): no level is computed from another
+    inputs = _inputs(viz.DIAGRAMS["hivlp"])
+    for level in (1, 2, 3):
+        assert inputs[f"v{level}"] == {"image"} and inputs[f"t{level}"] == {"text"}
+    assert inputs["c1"] == {"v1", "t1"}
+    assert inputs["c2"] == {"v2", "t2", "c1"} and inputs["c3"] == {"v3", "t3", "c2"}
