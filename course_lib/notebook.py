@@ -15,16 +15,21 @@ from __future__ import annotations
 
 import math
 import re
+from pathlib import Path
 
 import numpy as np
 import torch
 
+from course_lib.colab import use_course_files
 from course_lib.core.settings import describe_environment, get_device, plain_course_notes, seed_everything
 
 
 def setup(seed: int = 0, cpu_threads: int | None = None, show: bool = True) -> torch.device:
     """The versions-and-device cell: print what every result is measured with, seed everything, and
-    (cpu_threads) cap torch's and FAISS's CPU threads. Returns the device models should use."""
+    (cpu_threads) cap torch's and FAISS's CPU threads. Returns the device models should use. On
+    Colab it first finds or fetches the course's files the notebook's paths lead to
+    (course_lib.colab)."""
+    course = use_course_files()
     if cpu_threads:
         import faiss
 
@@ -34,6 +39,8 @@ def setup(seed: int = 0, cpu_threads: int | None = None, show: bool = True) -> t
     if show:
         for key, value in describe_environment().items():
             print(f"{key:>13}: {value}")
+        if course is not None:
+            print(f"{'course files':>13}: {course} (working in {Path.cwd()})")
     seed_everything(seed)
     return get_device()
 

@@ -7,9 +7,9 @@ Everything else that names it is generated from there by this script, in every `
 - the learners' note, the last paragraph of that cell: where the answers are, how to get exercise-only
   copies (data_scripts/make_student_copies.py), the glossary, and where to ask for help (the
   repository's GitHub issues);
-- the install cell, the first code cell (INSTALL_CELL): on Colab it clones the repository when the
-  notebook was opened on its own, then installs the package with Colab's torch and torchvision
-  pinned; elsewhere it does nothing.
+- the install cell, the first code cell (INSTALL_CELL): on Colab it installs the package from the
+  repository with pip, Colab's torch pinned as it is; elsewhere it does nothing. The next cell's
+  `setup()` finds or fetches the repository's other files the notebook needs (course_lib.colab).
 
 An instructor with a fork runs, from the repository root,
 
@@ -39,33 +39,19 @@ NOTE_START = "**Exercises, answers and help.**"
 INSTALL_FIRST_LINE = "# Colab only:"
 INSTALL_CELL_ID = "colab-install"
 
-# The install cell, the same in every notebook but for its address. It runs before course_lib is
-# importable, so it holds everything it needs. pip leaves a requirement that is already satisfied
-# alone (`torch>=2.2` against Colab's torch: nothing installed), and the constraints make sure no
-# other requirement can swap Colab's CUDA builds of torch and torchvision for other ones.
+# The install cell, the same in every notebook but for its address: at most 6 lines, and nothing
+# that needs course_lib, which it installs. pip leaves a requirement that is already satisfied alone
+# (`torch>=2.2` against Colab's torch: nothing installed); the pin stops any other requirement from
+# swapping Colab's CUDA build of torch for another, and so its torchvision too (each torchvision
+# requires one torch). IPython expands {...} in the %pip line; the runtime needs no restart, since
+# a plain (not editable) install is importable at once.
 INSTALL_CELL = '''\
-# Colab only: install the course package, cloning the course first when this notebook was opened on
-# its own; Colab's torch stays. Does nothing elsewhere. (Written by data_scripts/set_repository.py.)
-import importlib.metadata, importlib.util, os, subprocess, sys, tempfile
-REPOSITORY = "{url}"
-if "google.colab" in sys.modules and importlib.util.find_spec("course_lib") is None:
-    root = next((os.path.abspath(p) for p in ("..", ".") if os.path.isdir(os.path.join(p, "course_lib"))), None)
-    if root is None:  # opened on its own: fetch the course, and work from its notebooks/ as the lessons do
-        root = os.path.abspath(REPOSITORY.rstrip("/").split("/")[-1].removesuffix(".git"))
-        if not os.path.isdir(root):
-            subprocess.run(["git", "clone", "-q", "--depth", "1", REPOSITORY, root], check=True)
-        os.chdir(os.path.join(root, "notebooks"))
-    pins = []
-    for name in ("torch", "torchvision"):
-        try:
-            pins.append(f"{{name}}=={{importlib.metadata.version(name)}}")
-        except importlib.metadata.PackageNotFoundError:
-            pass
-    constraints = os.path.join(tempfile.gettempdir(), "course-constraints.txt")
-    with open(constraints, "w") as file:
-        file.write("\\n".join(pins) + "\\n")
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-c", constraints, "-e", root], check=True)
-    sys.path.insert(0, root)  # importable now, without restarting the runtime'''
+# Colab only: install the course package from its repository, Colab's torch pinned as it is (which
+# keeps its torchvision); setup() below fetches the rest. Written by data_scripts/set_repository.py
+import sys, importlib.metadata
+COURSE_PACKAGE = "git+{url}"
+if "google.colab" in sys.modules:
+    %pip install -q {{COURSE_PACKAGE}} torch=={{importlib.metadata.version("torch")}}'''
 
 
 def slug(address: str) -> str:

@@ -12,6 +12,7 @@ from pathlib import Path
 import faiss
 import pytest
 import torch
+from IPython.core.inputtransformer2 import TransformerManager
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 NAMES = sorted(path.name for path in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
@@ -43,7 +44,9 @@ def test_config_cell_runs_at_both_sizes(name, smoke, monkeypatch, capsys):
     threads, faiss_threads = torch.get_num_threads(), faiss.omp_get_max_threads()
     try:
         for source in cells:
-            exec(compile(source, f"{name} cell", "exec"), namespace)
+            # as IPython reads a cell: the install cell's %pip line (Colab only) becomes Python
+            code = TransformerManager().transform_cell(source)
+            exec(compile(code, f"{name} cell", "exec"), namespace)
     finally:                                                       # setup(cpu_threads=1) must not leak into other tests
         torch.set_num_threads(threads)
         faiss.omp_set_num_threads(faiss_threads)

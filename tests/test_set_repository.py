@@ -1,12 +1,15 @@
-"""data_scripts/set_repository.py: the repository's address lives in pyproject alone, every notebook's
-badge, learners' note and install cell are generated from it, and the install cell, run as on Colab
-(google.colab faked), clones the course from that address and installs it with torch pinned.
+"""data_scripts/set_repository.py: the repository's address lives in pyproject alone, and every
+notebook's badge, learners' note and install cell are generated from it.
 
-The cell is run for real against a local bare git repository; only pip is faked (its command recorded)."""
+The install cell is run as IPython runs it (its %pip line through IPython's transformer, its {...}
+through IPython's expansion), with the shell faked so that nothing is installed: off Colab it does
+nothing; with google.colab faked it installs the package from that address, Colab's torch pinned.
+Fetching the course's other files is course_lib.colab's (tests/test_colab.py)."""
 
+import ast
 import importlib.metadata
 import importlib.util
-import json
+import os
 import shutil
 import subprocess
 import sys
@@ -15,6 +18,8 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from IPython.core.inputtransformer2 import TransformerManager
+from IPython.utils.text import DollarFormatter
 
 ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("set_repository", ROOT / "data_scripts" / "set_repository.py")
@@ -60,7 +65,7 @@ def test_a_fork_is_written_into_pyproject_badges_notes_and_install_cells(tmp_pat
             f"google.com/github/alice/retrieval-lab/blob/main/notebooks/{path.name})")
         assert "[GitHub issues](https://github.com/alice/retrieval-lab/issues)" in title
         assert "make_student_copies.py --out student/" in title
-        assert 'REPOSITORY = "https://github.com/alice/retrieval-lab"' in nb.cells[1].source
+        assert 'COURSE_PACKAGE = "git+https://github.com/alice/retrieval-lab"' in nb.cells[1].source
         # nothing else changed: the same cells, the title's own text kept
         assert len(nb.cells) == len(old.cells)
         assert [c.source for c in nb.cells[2:]] == [c.source for c in old.cells[2:]]
@@ -91,86 +96,80 @@ def test_a_new_notebook_gets_its_front_matter_and_check_says_so_until_then(tmp_p
     assert script.main(["--check", "--root", str(course)]) == 0
 
 
-def _git(*args, cwd):
-    subprocess.run(["git", "-c", "user.name=course", "-c", "user.email=course@example.org", *args], cwd=cwd,
-                   check=True, capture_output=True)
+MAX_LINES = 6
 
 
-@pytest.fixture
-def bare_course(tmp_path):
-    """A local bare git repository holding a minimal course (course_lib/, notebooks/, pyproject.toml)."""
-    if shutil.which("git") is None:
-        pytest.skip("git is not installed")
-    source = tmp_path / "source"
-    (source / "course_lib").mkdir(parents=True)
-    (source / "notebooks").mkdir()
-    (source / "course_lib" / "__init__.py").write_text("")
-    (source / "notebooks" / "00_x.ipynb").write_text(json.dumps(nbformat.v4.new_notebook()))
-    (source / "pyproject.toml").write_text('[project]\nname = "course_lib"\n')
-    _git("init", "-q", "-b", "main", cwd=source)
-    _git("add", ".", cwd=source)
-    _git("commit", "-q", "-m", "course", cwd=source)
-    _git("clone", "-q", "--bare", str(source), str(tmp_path / "retrieval-lab.git"), cwd=tmp_path)
-    return source, tmp_path / "retrieval-lab.git"
+def _install_cells() -> dict[str, str]:
+    """Every committed notebook's install cell: its first code cell."""
+    cells = {path.name: nbformat.read(path, as_version=4).cells for path in script.notebooks(ROOT)}
+    return {name: next(c.source for c in nb if c.cell_type == "code") for name, nb in cells.items()}
 
 
-def _run_cell_as_on_colab(monkeypatch, source: str, cwd: Path, *, colab: bool = True):
-    """Execute an install cell in `cwd` with google.colab faked (or absent) and course_lib not importable;
-    git runs, pip is recorded. Returns the recorded pip commands."""
+class _Shell:
+    """What the cell reaches of IPython: run_line_magic, which expands {...} in the line as
+    InteractiveShell.var_expand does (its DollarFormatter, over the user namespace) and records
+    the magic instead of running it."""
+
+    def __init__(self, namespace: dict):
+        self.namespace, self.magics = namespace, []
+
+    def run_line_magic(self, name: str, line: str):
+        self.magics.append((name, DollarFormatter().vformat(line, args=[], kwargs=self.namespace)))
+
+
+def _run_install_cell(monkeypatch, source: str, *, colab: bool) -> tuple[list, list]:
+    """Execute an install cell as IPython would, google.colab present (faked) or absent, with
+    course_lib unimportable. Returns (the magics it ran, expanded; every process it started)."""
     if colab:
         monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
     else:
         monkeypatch.delitem(sys.modules, "google.colab", raising=False)
-    real_find_spec, real_run = importlib.util.find_spec, subprocess.run
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "course_lib" else real_find_spec(name, *a))
-    pip = []
+    monkeypatch.setitem(sys.modules, "course_lib", None)  # not installed yet: an import of it fails
+    started = []
 
-    def run(command, *args, **kwargs):
-        if command[0] == "git":
-            return real_run(command, *args, **kwargs)
-        pip.append(list(command))
-        return subprocess.CompletedProcess(command, 0)
+    def record(*args, **kwargs):
+        started.append(args)
+        return subprocess.CompletedProcess(args, 0)
 
-    monkeypatch.setattr(subprocess, "run", run)
-    monkeypatch.setattr(sys, "path", list(sys.path))
-    monkeypatch.chdir(cwd)
-    exec(compile(source, "install cell", "exec"), {})
-    return pip
-
-
-def _pins(command) -> str:
-    return Path(command[command.index("-c") + 1]).read_text()
+    for name in ("run", "call", "check_call", "check_output", "Popen"):
+        monkeypatch.setattr(subprocess, name, record)
+    monkeypatch.setattr(os, "system", record)
+    namespace = {"__name__": "__main__"}
+    shell = _Shell(namespace)
+    namespace["get_ipython"] = lambda: shell
+    exec(compile(TransformerManager().transform_cell(source), "install cell", "exec"), namespace)
+    return shell.magics, started
 
 
-def test_the_install_cell_clones_the_course_when_opened_on_its_own(tmp_path, monkeypatch, bare_course):
-    _, bare = bare_course
-    content = tmp_path / "content"  # Colab's working folder: no course on disk
-    content.mkdir()
-    pip = _run_cell_as_on_colab(monkeypatch, script.install_cell(bare.as_uri()), content)
-    clone = content / "retrieval-lab"
-    assert (clone / "course_lib" / "__init__.py").exists() and (clone / ".git").is_dir()
-    assert Path.cwd() == clone / "notebooks"  # where the lessons read ../outputs/
-    assert len(pip) == 1 and pip[0][:4] == [sys.executable, "-m", "pip", "install"]
-    assert pip[0][-2:] == ["-e", str(clone)] and "--upgrade" not in pip[0] and "-U" not in pip[0]
-    pins = _pins(pip[0]).split()
-    assert f"torch=={importlib.metadata.version('torch')}" in pins  # Colab's torch is kept, never replaced
-    assert f"torchvision=={importlib.metadata.version('torchvision')}" in pins
-    assert sys.path[0] == str(clone)
-    # run again (the learner re-runs the cell): the clone is reused, not fetched twice
-    monkeypatch.chdir(content)
-    pip = _run_cell_as_on_colab(monkeypatch, script.install_cell(bare.as_uri()), content)
-    assert pip[0][-2:] == ["-e", str(clone)]
+def test_every_notebooks_install_cell_is_short_and_imports_no_course_lib():
+    for name, source in _install_cells().items():
+        lines = source.splitlines()
+        assert len(lines) <= MAX_LINES, f"{name}: {len(lines)} lines, at most {MAX_LINES}"
+        assert all(len(line) <= 100 for line in lines), name
+        tree = ast.parse(TransformerManager().transform_cell(source))
+        imported = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        imported += [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+        assert not [m for m in imported if m.split(".")[0] == "course_lib"], name
 
 
-def test_the_install_cell_inside_the_course_installs_it_without_cloning(tmp_path, monkeypatch, bare_course):
-    source, bare = bare_course
-    pip = _run_cell_as_on_colab(monkeypatch, script.install_cell(bare.as_uri()), source / "notebooks")
-    assert [command[-2:] for command in pip] == [["-e", str(source)]]
-    assert not (source / "notebooks" / "retrieval-lab").exists() and Path.cwd() == source / "notebooks"
+@pytest.mark.parametrize("name", sorted(_install_cells()))
+def test_the_install_cell_does_nothing_off_colab(name, monkeypatch):
+    magics, started = _run_install_cell(monkeypatch, _install_cells()[name], colab=False)
+    assert magics == [] and started == []  # no pip, no process: local Jupyter, nbmake and CI alike
 
 
-def test_the_install_cell_does_nothing_off_colab(tmp_path, monkeypatch, bare_course):
-    _, bare = bare_course
-    pip = _run_cell_as_on_colab(monkeypatch, script.install_cell(bare.as_uri()), tmp_path, colab=False)
-    assert pip == [] and not (tmp_path / "retrieval-lab").exists()
+@pytest.mark.parametrize("name", sorted(_install_cells()))
+def test_the_install_cell_on_colab_installs_the_package_with_colabs_torch_pinned(name, monkeypatch):
+    url = script.read_repository(ROOT / "pyproject.toml")
+    magics, started = _run_install_cell(monkeypatch, _install_cells()[name], colab=True)
+    assert started == []  # everything goes through %pip, in the kernel's own environment
+    assert magics == [("pip", f"install -q git+{url} torch=={importlib.metadata.version('torch')}")]
+    # a plain install: not editable, no upgrade of what Colab has, importable without a restart
+    options = set(magics[0][1].split())
+    assert not {"-e", "--editable", "-U", "--upgrade", "--force-reinstall"} & options
+
+
+def test_the_install_cell_of_a_fork_installs_the_fork(monkeypatch):
+    fork = "https://github.com/alice/retrieval-lab"
+    magics, _ = _run_install_cell(monkeypatch, script.install_cell(fork), colab=True)
+    assert magics[0][1].split()[2] == f"git+{fork}"

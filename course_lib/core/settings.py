@@ -11,6 +11,7 @@ import dataclasses
 import os
 import random
 from contextlib import contextmanager
+from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
@@ -65,6 +66,14 @@ def shipped_models_from(folder):
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+def course_repository() -> Path:
+    """The copy of the course whose files the package reads (shipped_models/, data/):
+    COURSE_REPOSITORY, else the folder above course_lib. setup() sets it on Colab, where the package
+    is installed from git without the repository beside it (course_lib.colab)."""
+    named = os.environ.get("COURSE_REPOSITORY")
+    return Path(named).resolve() if named else Path(__file__).resolve().parents[2]
 
 
 def hub_offline() -> bool:

@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from course_lib.core.checkpoints import SHIPPED_FORMAT, check_model_state, fingerprint_hash
-from course_lib.core.settings import CourseNote, retrain_mode, smoke_mode
+from course_lib.core.settings import CourseNote, course_repository, retrain_mode, smoke_mode
 from course_lib.core.files import write_atomically
 from course_lib.core.history import History
 
@@ -63,12 +63,14 @@ def without_shipped_models():
 
 
 def shipped_folder() -> Path | None:
-    """The folder Method.fit loads shipped models from: COURSE_SHIPPED_MODELS, else shipped_models/
-    beside course_lib. None in smoke mode (its tiny models always train), with COURSE_RETRAIN=1 and
-    inside without_shipped_models()."""
+    """The folder Method.fit loads shipped models from: COURSE_SHIPPED_MODELS, else
+    shipped_models/ of the course's copy (settings.course_repository: beside course_lib, or on
+    Colab the copy setup() fetched). None in smoke mode (its tiny models always train), with
+    COURSE_RETRAIN=1 and inside without_shipped_models()."""
     if smoke_mode() or retrain_mode() or _OFF:
         return None
-    return Path(os.environ.get("COURSE_SHIPPED_MODELS") or SHIPPED_MODELS)
+    named = os.environ.get("COURSE_SHIPPED_MODELS")
+    return Path(named) if named else course_repository() / SHIPPED_MODELS.name
 
 
 def manifest_entry(method: str, prefix: str, fingerprint: dict) -> dict:

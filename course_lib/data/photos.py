@@ -5,6 +5,9 @@
     data/flickr8k              in the repository: `python data_scripts/download_data.py flickr8k --out data/flickr8k`
     ../shared/data/flickr8k    beside the clone, where the course's own machines keep Flickr8k
 
+The repository is the course's copy (course_lib.core.settings.course_repository): the folder above
+course_lib, or on Colab the copy that setup() fetched beside a package installed from git.
+
 The photos are never part of the course (their owners' rights; docs/real_data.md), so where none is found
 a lesson or test says how to get them and does nothing else.
 """
@@ -14,8 +17,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-REPOSITORY = Path(__file__).resolve().parents[2]
-PLACES = (REPOSITORY / "data" / "flickr8k", REPOSITORY.parent / "shared" / "data" / "flickr8k")
+from course_lib.core.settings import course_repository
+
+
+def places() -> tuple[Path, Path]:
+    """Where photos are looked for when COURSE_PHOTOS names none, in this order."""
+    repository = course_repository()
+    return repository / "data" / "flickr8k", repository.parent / "shared" / "data" / "flickr8k"
 
 
 def split_file(folder) -> Path | None:
@@ -25,10 +33,11 @@ def split_file(folder) -> Path | None:
 
 
 def find_photos(environ=None) -> Path | None:
-    """The photo folder (COURSE_PHOTOS, else the first of PLACES) holding images/ and a split file, or None."""
+    """The photo folder (COURSE_PHOTOS, else the first of places()) holding images/ and a split
+    file, or None."""
     environ = os.environ if environ is None else environ
     named = environ.get("COURSE_PHOTOS")
-    for folder in [Path(named)] if named else PLACES:
+    for folder in [Path(named)] if named else places():
         if split_file(folder) is not None and (folder / "images").is_dir():
             return folder.resolve()
     return None
@@ -39,10 +48,10 @@ def no_photos_message(environ=None) -> str:
     environ = os.environ if environ is None else environ
     named = environ.get("COURSE_PHOTOS")
     looked = (f"COURSE_PHOTOS={named} holds no images/ folder and dataset_*.json file" if named else
-              "no photos in " + " or ".join(str(p) for p in PLACES))
+              "no photos in " + " or ".join(str(p) for p in places()))
     return (f"{looked}. Real photographs are not part of the course: get Flickr8k with `python "
             "data_scripts/download_data.py flickr8k --out data/flickr8k` (about 1 GB), or set COURSE_PHOTOS to "
             "a Karpathy-format folder (images/ and its dataset_*.json); docs/real_data.md says more.")
 
 
-__all__ = ["PLACES", "split_file", "find_photos", "no_photos_message"]
+__all__ = ["places", "split_file", "find_photos", "no_photos_message"]
