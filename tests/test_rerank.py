@@ -140,6 +140,11 @@ def naive_cascade(stage_scores, top_ms, combine, query, direction):
     return survivors + [i for group in dropped for i in group]
 
 
+def naive_weighted_sum(weights):
+    """The combine of weighted_sum(weights), spelled out: sum of w * score over the stages."""
+    return lambda v: sum(w * x for w, x in zip(weights, v))
+
+
 def test_two_stage_method_combines_first_stage_and_reranker():
     g = torch.Generator().manual_seed(4)
     first, full = torch.randn(8, 16, generator=g), torch.randn(8, 16, generator=g)
@@ -164,10 +169,9 @@ def test_cascade_matches_a_naive_loop_with_three_stages_and_a_weighted_combine(d
     for top_ms, weights in (([6, 3], None), ([5, 5], [0.5, 1.0, 2.0])):
         cascade = Cascade(stages, top_ms, **({"combine": weighted_sum(weights)} if weights else {}))
         indices, scores = cascade.rank(split, direction, top_k=n_gallery)
+        combine = naive_weighted_sum(weights) if weights else (lambda v: v[-1])
         for q in range(len(indices)):
-            reference = naive_cascade(mats, top_ms, (lambda v: sum(w * x for w, x in zip(weights, v)))
-                                      if weights else (lambda v: v[-1]), q, direction)
-            assert indices[q].tolist() == reference
+            assert indices[q].tolist() == naive_cascade(mats, top_ms, combine, q, direction)
         assert (scores[:, :-1] >= scores[:, 1:]).all()  # best first, strictly below past the survivors
     cascade = Cascade(stages[:2], [4], combine=weighted_sum([0.3, 1.0]))
     top = cascade.query_fn(split, caption_index=5, top_k=3)()

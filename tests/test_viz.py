@@ -165,6 +165,13 @@ def _label_boxes(fig, names):
     return panels
 
 
+def _distance(box, point):
+    """Distance from a point to the nearest edge of a box (0 inside it)."""
+    dx = max(box.x0 - point[0], 0, point[0] - box.x1)
+    dy = max(box.y0 - point[1], 0, point[1] - box.y1)
+    return np.hypot(dx, dy)
+
+
 def test_pareto_labels_never_overlap_and_sit_nearest_their_own_marker():
     # the 18 methods of a real smoke run, in tight clusters (two markers 7 px apart): labels used to
     # collide and sit on the wrong dot ("ubert@20" on lightningdot+rerank@20's)
@@ -181,13 +188,8 @@ def test_pareto_labels_never_overlap_and_sit_nearest_their_own_marker():
         for i, (label, box, own, centres) in enumerate(panel):
             for other_label, other, _, _ in panel[i + 1:]:
                 assert not box.overlaps(other), f"{label!r} overlaps {other_label!r}"
-
-            def distance(point):
-                dx = max(box.x0 - point[0], 0, point[0] - box.x1)
-                dy = max(box.y0 - point[1], 0, point[1] - box.y1)
-                return np.hypot(dx, dy)
-            nearest = min(range(len(centres)), key=lambda k: distance(centres[k]))
-            assert distance(centres[nearest]) == pytest.approx(distance(own)), f"{label!r} sits nearer another marker"
+            to_nearest, to_own = min(_distance(box, c) for c in centres), _distance(box, own)
+            assert to_nearest == pytest.approx(to_own), f"{label!r} sits nearer another marker"
 
 
 def test_training_curves_one_panel_per_model_with_its_best_val_point_ringed():

@@ -65,6 +65,14 @@ DEFAULT_TRADEOFF_CONFIGS: tuple[tuple[str, dict], ...] = (
 )
 
 
+def _timed_build(gallery, kind: str, params: dict):
+    """build_index(gallery, kind, **params) and the TimingResult of that one build."""
+    built = {}  # measure keeps only the time: the index comes out through this
+    timing = measure(lambda: built.update(index=build_index(gallery, kind, **params)),
+                     warmup=0, repeats=1)
+    return built["index"], timing
+
+
 def index_tradeoff(gallery, queries, k: int = 10,
                    configs: Sequence[tuple[str, dict]] = DEFAULT_TRADEOFF_CONFIGS, *,
                    repeats: int = 50, warmup: int = 5) -> list[dict]:
@@ -88,10 +96,7 @@ def index_tradeoff(gallery, queries, k: int = 10,
             raise ValueError(f"each config must be a (kind, params dict) pair such as "
                              f"('ivf', {{'nprobe': 4}}), got {config!r}")
         kind, params = config
-        built = {}
-        build = measure(lambda: built.update(index=build_index(gallery, kind, **params)),
-                          warmup=0, repeats=1)
-        index = built["index"]
+        index, build = _timed_build(gallery, kind, params)
         latency = time_single_queries(index, q, k, warmup=warmup, repeats=repeats)
         rows.append({"kind": kind, "params": current_params(index),
                      "recall_at_k": recall_vs_exact(index, exact, q, k),

@@ -218,7 +218,8 @@ def write_shipped(folder, models, not_shipped=(), keep=None) -> dict:
     folder.mkdir(parents=True, exist_ok=True)
     files = {name: entry for name, entry in keep.items() if name not in payloads}
     for name, (entry, data) in sorted(payloads.items()):
-        write_atomically(folder / name, lambda temporary: temporary.write_bytes(data))  # never half a model
+        # atomically: a reader never finds half a model
+        write_atomically(folder / name, lambda temporary, data=data: temporary.write_bytes(data))
         files[name] = {**entry, "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
     for old in folder.glob("*.pt"):
         if old.name not in files:

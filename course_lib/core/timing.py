@@ -21,6 +21,7 @@ from __future__ import annotations
 import time
 import warnings
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Callable, Sequence
 
 import numpy as np
@@ -212,7 +213,7 @@ def profile_stages(stages, *, query_fn: Callable[[], object] | None = None, warm
             clock.last = None
             for times, (_, fn) in zip(per_stage, stages):
                 x = clock.last
-                times.append(clock(lambda: fn(x)))
+                times.append(clock(partial(fn, x)))
             whole.append(clock(query_fn))
     rows = []
     for (name, _), times in zip(stages, per_stage):

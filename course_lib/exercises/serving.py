@@ -6,6 +6,8 @@ timed in alternation on the same captions, and what counts is their ratio, not a
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
 from course_lib.core.timing import measure
@@ -57,7 +59,8 @@ def check_faster_query(my_query, eager_query, captions, *, rounds: int = ROUNDS,
     for r in range(rounds):  # alternate, so that a machine slowing down mid-run slows both alike
         caption = captions[r % len(captions)]
         for name, fn in (("eager", eager_query), ("mine", my_query)):
-            times[name].append(measure(lambda: fn(caption), warmup=1 if r == 0 else 0, repeats=1).median_ms)
+            times[name].append(measure(partial(fn, caption), warmup=1 if r == 0 else 0,
+                                       repeats=1).median_ms)
     eager_ms, mine_ms = (float(np.median(times[name])) for name in ("eager", "mine"))
     gain = eager_ms / mine_ms
     if gain < 1:

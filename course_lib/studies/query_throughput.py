@@ -20,6 +20,7 @@ measures the indexes that one builds, at the batch sizes it does not.
 from __future__ import annotations
 
 import itertools
+from functools import partial
 from typing import Callable, Sequence
 
 import numpy as np
@@ -49,6 +50,11 @@ def _repeats(ms_once: float, budget_ms: float = 1_000.0) -> int:
     return int(min(50, max(1, budget_ms // max(ms_once, 1e-3))))
 
 
+def _next_batch_search(index, batches, k: int) -> Callable[[], object]:
+    """A call of no arguments, index.search(next(batches), k): batches is an iterator of (B, E)."""
+    return lambda: index.search(next(batches), k)
+
+
 def throughput(images, queries, sizes: Sequence[int], batches: Sequence[int] = BATCHES, *,
                kinds: Sequence[str] = KINDS, k: int = 10, noise: float = 0.25, seed: int = 0,
                progress: bool = True) -> list[dict]:
@@ -69,8 +75,9 @@ def throughput(images, queries, sizes: Sequence[int], batches: Sequence[int] = B
                 for batch in batches:
                     asked = itertools.cycle(_batches(queries, batch, seed=seed))  # (B, E) each
                     k_eff = min(k, n)
-                    once = measure(lambda: index.search(next(asked), k_eff), warmup=1, repeats=1).median_ms
-                    ms = measure(lambda: index.search(next(asked), k_eff), warmup=0,
+                    once = measure(_next_batch_search(index, asked, k_eff), warmup=1,
+                                   repeats=1).median_ms
+                    ms = measure(_next_batch_search(index, asked, k_eff), warmup=0,
                                  repeats=_repeats(once)).median_ms
                     gemm = None
                     if kind == "flat":
@@ -93,8 +100,8 @@ def encode_throughput(encode_batch: Callable[[list], object], captions: Sequence
     rows = []
     for batch in batches:
         texts = (captions * (batch // max(len(captions), 1) + 1))[:batch]
-        once = measure(lambda: encode_batch(texts), warmup=1, repeats=1).median_ms
-        ms = measure(lambda: encode_batch(texts), warmup=1, repeats=_repeats(once)).median_ms
+        once = measure(partial(encode_batch, texts), warmup=1, repeats=1).median_ms
+        ms = measure(partial(encode_batch, texts), warmup=1, repeats=_repeats(once)).median_ms
         rows.append({"batch": batch, "ms_per_batch": ms, "qps": batch / ms * 1e3})
     return rows
 
