@@ -15,8 +15,8 @@ and `bag-of-objects`, what one hand-built vector per image reaches with perfect 
 
 A method follows course_lib.methods.base.Method: `fit`, `rank(split, direction, top_k, queries)`,
 `query_fn(split, caption_index, top_k)`, `pairs_per_query`, and its own budgets `eval_pairs` and
-`timed_sizes`. Recalls come from each query's top-K list (metrics.ranks_from_top_k), so no dense
-matrix is formed, and the full setting's queries are the test split's (split.text_queries).
+`timed_sizes`. Each is measured by course_lib.evaluation, and the full setting's queries are the
+test split's (split.text_queries).
 
 Trained models: the shipped ones (shipped_models/, course_lib.core.shipped) where they match, else
 the cache folder's (--checkpoints), else trained there. --retrain never loads a shipped model (nor
@@ -36,15 +36,13 @@ import numpy as np
 from course_lib.core import settings
 from course_lib.core.checkpoints import CHECKPOINTS
 from course_lib.core.shipped import MANIFEST, SHIPPED_MODELS
-from course_lib.core.metrics import ranks_from_top_k, recall_at_k
-from course_lib.core.timing import latency_vs_gallery
 from course_lib.core.offline_weights import MINILM_NAME
 from course_lib.data.features import extracted_images, load_feature_bench
 from course_lib.data.oracle import oracle_ceiling
+from course_lib.evaluation import Galleries, evaluate, query_latency, results_row
 from course_lib.real_benchmark import (KS as REAL_KS, NO_ORACLE, SETTINGS as REAL_SETTINGS, chance_metrics,
                                       fit_real_methods, training_curves)
 from course_lib.published import published_rows
-from course_lib.methods.queries import ground_truth
 from course_lib.methods.registry import available_methods, registered_names
 from course_lib.shipping import SEED, benchmark_data, own_models, refresh
 from course_lib.training_lanes import train_in_parallel, usable_cores
@@ -54,10 +52,6 @@ from course_lib.results import (PARTIAL, SETTINGS, cascade_timing_problems, chec
                                 update_readme, write_outputs)
 
 KS = {"test": (1, 5, 10), "full": (5, 10, 20), "compositional": (1, 5, 10)}
-# (default, smoke): the fewest sampled queries a direction's recalls are reported from. Below it a
-# recall's standard error passes 4 points (R@1 near 50, 100 queries: 5), too wide to compare methods,
-# so the direction is left out (its cells read "–") rather than reported from a handful of queries
-MIN_SAMPLED_QUERIES = (100, 10)
 # the most training processes by default: each holds its own copy of the benchmark's data
 MAX_JOBS = 4
 # pairs a pairwise scorer may score per setting and direction on real features: the course's cross-encoder
@@ -70,94 +64,6 @@ LATENCY_SIZES = (1_000, 5_000)  # gallery sizes of the latency table (docs/resul
 
 ORACLE_NOTE = ("Bayes-optimal ranking under the generator's own caption likelihood: the best expected "
                "recall any model can reach (course_lib.data.oracle)")
-
-
-def evaluate(method, split, ks, smoke: bool = False, seed: int = 0, every_pair: bool = False,
-             pair_cap: int | None = None) -> tuple[dict, str]:
-    """Recalls of a method on a split from its rankings, per direction: every query of the split,
-    or a fixed random sample of them when pairs_per_query x queries exceeds the method's
-    eval_pairs budget (every_pair=True lifts the budget, up to the method's every_pair_limit; pair_cap
-    lowers it to at most that many pairs). A
-    direction whose budget allows fewer than MIN_SAMPLED_QUERIES is not ranked: its recalls are None.
-    Returns (metrics, how it was measured)."""
-    metrics, how = {}, []
-    for direction in ("t2i", "i2t"):
-        queries = split.text_queries if direction == "t2i" else split.image_queries
-        per_query = method.pairs_per_query(split, direction)
-        budget = method.eval_pairs[1 if smoke else 0]
-        limit = getattr(method, "every_pair_limit", None)
-        if every_pair and (limit is None or per_query * len(queries) <= limit):
-            budget = None
-        if pair_cap is not None:
-            budget = pair_cap if budget is None else min(budget, pair_cap)
-        if budget is not None and per_query * len(queries) > budget:
-            n = max(1, budget // max(per_query, 1))
-            fewest = MIN_SAMPLED_QUERIES[1 if smoke else 0]
-            if n < fewest:
-                metrics |= {f"{direction}_r{k}": None for k in ks}
-                how.append(f"{direction} not measured: its budget allows {n} sampled queries, fewer than {fewest}")
-                continue
-            rng = np.random.default_rng([seed, 0 if direction == "t2i" else 1])
-            queries = np.sort(rng.choice(queries, size=n, replace=False))
-            how.append(f"{direction} on {n} sampled queries ({n * per_query:,} pairs)")
-        else:
-            how.append(f"{direction} on all {len(queries)} queries")
-        indices, scores = method.rank(split, direction, max(ks), queries)  # (Q, K) each
-        ranks = ranks_from_top_k(scores, ground_truth(split, direction, queries, indices))
-        metrics |= {f"{direction}_r{k}": v for k, v in recall_at_k(ranks, ks).items()}
-    return metrics, "; ".join(how)
-
-
-class Galleries:
-    """The first n images of a split, made once per (split, n) for the whole run: every method is timed
-    on the same gallery objects, so a cascade finds its first stage's states for them cached."""
-
-    def __init__(self):
-        self.made = {}  # (id(split), n) -> (split, the subset)
-
-    def __call__(self, split, n: int):
-        if n >= split.n_images:
-            return split
-        key = (id(split), n)
-        if key not in self.made:  # the split is held in the entry, so its id is not reused
-            self.made[key] = (split, split.subset(range(n)))
-        return self.made[key][1]
-
-
-def _latency(method, gallery, sizes, smoke: bool, repeats: int, galleries=None) -> list[dict]:
-    """ms per text query against galleries of the given sizes (the first n images of `gallery`).
-    Only the sizes asked for are timed when the method may time them all; the method's timed_sizes
-    (or a quarter, half and all of the largest it may time) only when a bigger one is extrapolated.
-    The whole gallery is timed as `gallery` itself, so the offline states its evaluation just built
-    (Method.cached_states, a dual encoder's gallery embeddings) serve the timing too; the smaller
-    ones come from `galleries` (Galleries), one object per size for every method of a run."""
-    galleries = galleries or Galleries()
-    measured = method.timed_sizes[1 if smoke else 0]
-    most = min(gallery.n_images, max(sizes) if measured is None else max(measured))
-    if max(sizes) <= most:  # every size is timed: nothing to fit a line to
-        points = sorted(set(sizes))
-    else:
-        measured = measured or (max(1, most // 4), max(2, most // 2), most)  # enough points for a linear fit
-        points = sorted({n for n in measured if n <= most} | set(sizes))
-    return latency_vs_gallery(lambda n: method.query_fn(galleries(gallery, n)), points, warmup=2, repeats=repeats,
-                              max_measured=most)
-
-
-def _row(method, setting, split, metrics, ks, ms_per_query, notes, ms_measured=True, ms_spread=(None, None)):
-    row = {"method": method, "setting": setting, "n_images": split.n_images, "n_texts": split.n_texts,
-           "n_text_queries": split.n_text_queries, "n_image_queries": split.n_image_queries}
-    for direction in ("i2t", "t2i"):
-        for k in ks:
-            value = metrics[f"{direction}_r{k}"]
-            row[f"{direction}_r{k}"] = None if value is None else round(float(value), 2)
-    recalls = [row[f"{d}_r{k}"] for d in ("i2t", "t2i") for k in ks]
-    row["ar"] = None if None in recalls else round(float(np.mean(recalls)), 2)
-    row["ms_per_query"] = None if ms_per_query is None else round(float(ms_per_query), 4)
-    # the interquartile range of the timed calls: a median is only as good as its spread
-    row["ms_p25"], row["ms_p75"] = (None if v is None else round(float(v), 4) for v in ms_spread)
-    row["ms_measured"] = bool(ms_measured)
-    row["notes"] = notes
-    return row
 
 
 def run(smoke: bool = False, out: str | Path = "outputs/benchmark", seed: int = 0, progress: bool = True,
@@ -193,10 +99,12 @@ def run(smoke: bool = False, out: str | Path = "outputs/benchmark", seed: int = 
     rows, latency = [], []
     for setting in SETTINGS:
         split = bench[setting]
-        rows.append(_row("oracle", setting, split, oracle_ceiling(split, KS[setting]), KS[setting], None,
-                         "expected recall, computed from the generator's ground truth"))
-        rows.append(_row(single_vector.NAME, setting, split, single_vector.reference_metrics(split, KS[setting]),
-                         KS[setting], None, "expected recall, ties broken at random; not trained"))
+        ks = KS[setting]
+        rows.append(results_row("oracle", setting, split, oracle_ceiling(split, ks), ks, None,
+                                "expected recall, computed from the generator's ground truth"))
+        rows.append(results_row(single_vector.NAME, setting, split,
+                                single_vector.reference_metrics(split, ks), ks, None,
+                                "expected recall, ties broken at random; not trained"))
     # each finished method's rows are kept as the run goes: an interrupted run, started again with the
     # same mode, seed and settings, continues where it stopped
     partial, key = out / PARTIAL, partial_key(smoke, seed, every_pair)
@@ -217,7 +125,7 @@ def run(smoke: bool = False, out: str | Path = "outputs/benchmark", seed: int = 
         # the latency table's galleries first: the settings after them leave the method's cached states
         # on test, full and compositional (base.CACHED_SPLITS), the splits the cascades built on it use first
         steps.set_postfix(method=method.name, step="latency")
-        for point in _latency(method, bench["full"], LATENCY_SIZES, smoke, repeats, galleries):
+        for point in query_latency(method, bench["full"], LATENCY_SIZES, smoke, repeats, galleries):
             if point["n"] in LATENCY_SIZES:
                 latency.append({"method": method.name, "n": point["n"],
                                 "ms_per_query": round(point["ms_per_query"], 4), "measured": point["measured"]})
@@ -228,11 +136,13 @@ def run(smoke: bool = False, out: str | Path = "outputs/benchmark", seed: int = 
             metrics, how = evaluate(method, split, KS[setting], smoke, seed,
                                     every_pair=setting in (("test", "compositional") if every_pair is True
                                                            else every_pair))
-            query = _latency(method, split, (split.n_images,), smoke, repeats, galleries)[-1]
+            query = query_latency(method, split, (split.n_images,), smoke, repeats, galleries)[-1]
             timed = "measured" if query["measured"] else "extrapolated linearly from smaller galleries"
-            rows.append(_row(method.name, setting, split, metrics, KS[setting], query["ms_per_query"],
-                             f"{how}; ms: one text query, median of {repeats}, {timed}",
-                             ms_measured=query["measured"], ms_spread=(query["p25_ms"], query["p75_ms"])))
+            rows.append(results_row(method.name, setting, split, metrics, KS[setting],
+                                    query["ms_per_query"],
+                                    f"{how}; ms: one text query, median of {repeats}, {timed}",
+                                    ms_measured=query["measured"],
+                                    ms_spread=(query["p25_ms"], query["p75_ms"])))
             steps.update()
         # the models it loaded from shipped_models/ are kept with its rows: a continued run names them too
         shipped = [m.name for m in own_models([method]) if m.from_shipped]
@@ -265,14 +175,15 @@ def run(smoke: bool = False, out: str | Path = "outputs/benchmark", seed: int = 
 def real_reference_rows(split, setting: str) -> list[dict]:
     """The untrained row of a real-data setting: chance (real data has no oracle)."""
     ks = REAL_KS[setting]
-    return [_row("chance", setting, split, chance_metrics(split, ks), ks, None,
-                 "expected recall of a random ranking; not trained")]
+    return [results_row("chance", setting, split, chance_metrics(split, ks), ks, None,
+                        "expected recall of a random ranking; not trained")]
 
 
 def evaluate_real(methods, bench: dict, smoke: bool = False, seed: int = 0, progress: bool = True,
                   setting_names=REAL_SETTINGS) -> list[dict]:
-    """The results rows: chance, then every method on every setting, its recalls (course_lib.benchmark's
-    evaluate: a fixed sample of queries where a method's pair budget runs out) and ms per text query."""
+    """The results rows: chance, then every method on every setting, its recalls
+    (evaluation.evaluate: a fixed sample of queries where a method's pair budget runs out) and ms
+    per text query."""
     from tqdm.auto import tqdm
 
     repeats = 5 if smoke else 20
@@ -281,10 +192,11 @@ def evaluate_real(methods, bench: dict, smoke: bool = False, seed: int = 0, prog
         for setting in setting_names:
             split, start = bench[setting], time.perf_counter()
             metrics, how = evaluate(method, split, REAL_KS[setting], smoke, seed, pair_cap=REAL_PAIR_CAP)
-            query = _latency(method, split, (split.n_images,), smoke, repeats)[-1]
-            rows.append(_row(method.name, setting, split, metrics, REAL_KS[setting], query["ms_per_query"],
-                             f"{how}; ms: one text query (its text encoder included), median of {repeats}",
-                             ms_measured=query["measured"], ms_spread=(query["p25_ms"], query["p75_ms"])))
+            query = query_latency(method, split, (split.n_images,), smoke, repeats)[-1]
+            notes = f"{how}; ms: one text query (its text encoder included), median of {repeats}"
+            rows.append(results_row(method.name, setting, split, metrics, REAL_KS[setting],
+                                    query["ms_per_query"], notes, ms_measured=query["measured"],
+                                    ms_spread=(query["p25_ms"], query["p75_ms"])))
             rows[-1]["eval_s"] = round(time.perf_counter() - start, 1)  # recalls and timing: the budget's parts
     return rows
 
