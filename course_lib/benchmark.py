@@ -40,16 +40,18 @@ from course_lib.core.offline_weights import MINILM_NAME
 from course_lib.data.features import extracted_images, load_feature_bench
 from course_lib.data.oracle import oracle_ceiling
 from course_lib.evaluation import Galleries, evaluate, query_latency, results_row
-from course_lib.real_benchmark import (KS as REAL_KS, NO_ORACLE, SETTINGS as REAL_SETTINGS, chance_metrics,
-                                      fit_real_methods, training_curves)
+from course_lib.real_benchmark import (KS as REAL_KS, REFERENCE_NOTES as REAL_REFERENCE_NOTES,
+                                      SETTINGS as REAL_SETTINGS, chance_metrics, fit_real_methods,
+                                      training_curves)
 from course_lib.published import published_rows
 from course_lib.methods.registry import available_methods, registered_names
 from course_lib.shipping import SEED, benchmark_data, own_models, refresh
 from course_lib.training_lanes import train_in_parallel, usable_cores
 from course_lib.studies import single_vector
 from course_lib.results import (PARTIAL, SETTINGS, cascade_timing_problems, check_outputs, merge_results,
-                                partial_key, read_partial, read_results, results_markdown, save_partial,
-                                update_readme, write_outputs)
+                                partial_key, read_partial, read_results, results_dict,
+                                results_markdown, run_mode, save_partial, update_readme,
+                                write_outputs)
 
 KS = {"test": (1, 5, 10), "full": (5, 10, 20), "compositional": (1, 5, 10)}
 # the most training processes by default: each holds its own copy of the benchmark's data
@@ -64,6 +66,7 @@ LATENCY_SIZES = (1_000, 5_000)  # gallery sizes of the latency table (docs/resul
 
 ORACLE_NOTE = ("Bayes-optimal ranking under the generator's own caption likelihood: the best expected "
                "recall any model can reach (course_lib.data.oracle)")
+REFERENCE_NOTES = {"oracle": ORACLE_NOTE, single_vector.NAME: single_vector.NOTE}
 
 
 def run(smoke: bool = False, out: str | Path = "outputs/benchmark", seed: int = 0, progress: bool = True,
@@ -149,21 +152,17 @@ def run(smoke: bool = False, out: str | Path = "outputs/benchmark", seed: int = 
         kept[method.name] = {"rows": rows[first_row:], "latency": latency[first_point:], "shipped": shipped}
         save_partial(partial, key, kept)
     steps.close()
-    env = settings.describe_environment()
     noisy = cascade_timing_problems(methods, rows)
     if noisy:
         print(f"note: {noisy}", file=sys.stderr)
-    results = {
-        "meta": {"device": env["device"], "torch": env["torch"], "mode": "smoke" if smoke else "default",
-                 "seconds": round(time.perf_counter() - start, 1), "seed": seed,
-                 "sizes": {name: [s.n_images, s.n_texts] for name, s in bench.items()},
-                 "timing_note": noisy, "jobs": jobs, "trained_in_parallel": training,
-                 "shipped_models": list(dict.fromkeys(name for m in methods
-                                                      for name in kept[m.name].get("shipped", [])))},
-        "methods": {"oracle": ORACLE_NOTE, single_vector.NAME: single_vector.NOTE} | {m.name: m.notes for m in methods},
-        "rows": rows,
-        "latency": latency,
-    }
+    # the models loaded from shipped_models/, each once, in the order the methods met them
+    shipped_models = dict.fromkeys(n for m in methods for n in kept[m.name].get("shipped", []))
+    results = results_dict(rows, methods, smoke=smoke, seed=seed,
+                           seconds=time.perf_counter() - start, references=REFERENCE_NOTES,
+                           sizes={name: [s.n_images, s.n_texts] for name, s in bench.items()},
+                           timing_note=noisy, jobs=jobs, trained_in_parallel=training,
+                           shipped_models=list(shipped_models))
+    results["latency"] = latency
     if write:
         write_outputs(results, out)
     partial.unlink(missing_ok=True)  # the run is complete
@@ -235,20 +234,16 @@ def run_features(features_dir, out="outputs/benchmark-real", text_encoder: str =
         bench = smoke_bench(bench)
     methods, train_seconds = fit_real_methods(bench, text_encoder, smoke, seed, checkpoints)
     rows = evaluate_real(methods, bench, smoke, seed, progress)
-    env = settings.describe_environment()
-    results = {
-        "meta": {"device": env["device"], "torch": env["torch"], "mode": "smoke" if smoke else "default",
-                 "seconds": round(time.perf_counter() - start, 1), "seed": seed, "data": "real",
-                 "features": str(features_dir), "backbone": bench["test"].info.get("features", {}),
-                 "text_encoder": text_encoder, "sizes": {name: [s.n_images, s.n_texts] for name, s in bench.items()},
-                 "train_seconds": train_seconds, "shipped_models": []},
-        "methods": {"oracle": NO_ORACLE, "chance": "a random ranking's expected recall"}
-                   | {m.name: m.notes for m in methods},
-        "rows": rows,
-        "latency": [],
-        "curves": training_curves(methods),
-        "published": published_rows(bench["test"].info.get("dataset")),  # the papers' rows, on their own gallery
-    }
+    info = bench["test"].info
+    results = results_dict(rows, methods, smoke=smoke, seed=seed,
+                           seconds=time.perf_counter() - start, references=REAL_REFERENCE_NOTES,
+                           data="real", features=str(features_dir),
+                           backbone=info.get("features", {}), text_encoder=text_encoder,
+                           sizes={name: [s.n_images, s.n_texts] for name, s in bench.items()},
+                           train_seconds=train_seconds, shipped_models=[])
+    results |= {"latency": [], "curves": training_curves(methods),
+                # the papers' rows, on their own gallery
+                "published": published_rows(info.get("dataset"))}
     write_outputs(results, out)
     return results
 
@@ -337,7 +332,7 @@ def main(argv=None) -> dict:
               + (f"; not shipped (trained on first use): {', '.join(manifest['not_shipped'])}"
                  if manifest["not_shipped"] else ""))
         return manifest
-    mode = "smoke" if smoke else "default"
+    mode = run_mode(smoke)
     out = Path(args.out or ("outputs/benchmark-smoke" if smoke else "outputs/benchmark"))
     methods = None
     if args.methods is not None:

@@ -44,6 +44,7 @@ SETTINGS = ("test", "full")
 KS = {"test": (1, 5, 10), "full": (5, 10, 20)}
 NO_ORACLE = ("no oracle row: real data has no generator whose likelihood would give the best possible "
              "ranking; chance (a random ranking's expected recall) and the linear probe frame the learned rows")
+REFERENCE_NOTES = {"oracle": NO_ORACLE, "chance": "a random ranking's expected recall"}
 
 # the registry's methods on real features, in course order; the cascades bring the methods they start from
 REAL_METHODS = ("vsepp", "scan", "cross_encoder", "lightningdot", "lightningdot+rerank@20", "ubert-embed",
@@ -164,4 +165,4 @@ def chance_metrics(split, ks=(1, 5, 10)) -> dict:
 
 __all__ = ["chance_metrics", "training_curves", "fit_real_methods", "real_methods", "real_sizes", "REAL_METHODS",
            "FUSED", "FUSED_TOP_M", "FUSED_WEIGHT", "SMOKE_STEPS", "WORD_METHODS", "WORD_MIN_FREQ", "SETTINGS", "KS",
-           "NO_ORACLE"]
+           "NO_ORACLE", "REFERENCE_NOTES"]

@@ -280,6 +280,21 @@ def test_methods_option_selects_a_subset_and_rejects_unknown_names(tmp_path):
         benchmark.main(["--smoke", "--out", str(tmp_path), "--every-pair", "nowhere"])
 
 
+def test_the_results_dict_fills_meta_then_the_extras_and_the_notes():
+    class Named:
+        name, notes = "vsepp", "a dual encoder"
+
+    results = results_io.results_dict([{"method": "vsepp"}], [Named()], smoke=True, seed=3,
+                                      seconds=1.26, references={"chance": "a random ranking"},
+                                      data="real")
+    assert list(results) == ["meta", "methods", "rows"]
+    assert list(results["meta"]) == ["device", "torch", "mode", "seconds", "seed", "data"]
+    assert results["meta"]["mode"] == "smoke" and results["meta"]["seconds"] == 1.3
+    assert results["methods"] == {"chance": "a random ranking", "vsepp": "a dual encoder"}
+    assert list(results["methods"]) == ["chance", "vsepp"]
+    assert results["rows"] == [{"method": "vsepp"}]
+
+
 def test_extrapolated_times_are_starred_in_every_table():
     row = {"method": "slow", "setting": "test", "n_images": 10, "n_texts": 50, "n_text_queries": 50,
            "n_image_queries": 10, "ar": 1.0, "ms_per_query": 12.5, "ms_measured": False, "notes": "x",
