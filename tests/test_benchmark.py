@@ -280,6 +280,29 @@ def test_methods_option_selects_a_subset_and_rejects_unknown_names(tmp_path):
         benchmark.main(["--smoke", "--out", str(tmp_path), "--every-pair", "nowhere"])
 
 
+def test_a_bare_every_pair_names_test_and_compositional(monkeypatch, tmp_path):
+    seen = {}
+    monkeypatch.setattr(benchmark, "run", lambda **kwargs: seen.update(kwargs) or {"rows": []})
+    monkeypatch.setattr(benchmark, "results_markdown", lambda results: "")
+    for flags, settings in (([], ()), (["--every-pair"], ("test", "compositional")),
+                            (["--every-pair", "test"], ("test",))):
+        benchmark.main(["--methods", "", "--out", str(tmp_path), "--replace", *flags])
+        assert seen["every_pair"] == settings  # one type: a tuple of setting names
+
+
+def test_the_other_commands_options_name_the_command_to_type(tmp_path, capsys):
+    from course_lib.core.shipped import REFRESH_COMMAND
+
+    real = "python -m course_lib.real_benchmark --features DIR"
+    for argv, command in ((["--features", str(tmp_path)], real),
+                          (["--text-encoder", "bert-base-uncased"], real),
+                          (["--refresh-shipped", "--methods", "vsepp"], REFRESH_COMMAND)):
+        with pytest.raises(SystemExit):
+            benchmark.main([*argv, "--out", str(tmp_path)])
+        assert f"{argv[0]} belongs to another command: {command}" in capsys.readouterr().err
+    assert not (tmp_path / "results.json").exists()
+
+
 def test_the_results_dict_fills_meta_then_the_extras_and_the_notes():
     class Named:
         name, notes = "vsepp", "a dual encoder"
@@ -689,7 +712,7 @@ def test_the_benchmark_settings_reuse_a_first_stages_states_in_its_cascades(monk
         original = getattr(base, name)
         monkeypatch.setattr(base, name, lambda *a, _original=original, _name=name, **k: encoded.append(
             (_name, a[1], "indices" in k)) or _original(*a, **k))  # the split itself: no id reused
-    benchmark.run(smoke=True, out=tmp_path, methods=[first, cascade], progress=False, write=False,
+    benchmark.run(smoke=True, out=tmp_path, methods=[first, cascade], progress=False,
                   checkpoints=tmp_path / "checkpoints")
     whole = [(name, id(split)) for name, split, some in encoded if not some]
     assert len(whole) == len(set(whole)) >= 2 * len(benchmark.SETTINGS)  # each split's images and captions once
