@@ -1,13 +1,10 @@
-"""The headless main job: `python -m course_lib.benchmark [--smoke] [--out DIR] [--retrain]`.
+"""The synthetic benchmark: `python -m course_lib.benchmark [--smoke] [--out DIR] [--retrain]`.
 
-With `--features DIR` it runs on real photographs instead (`run_features`: the course's own methods,
-course_lib.real_benchmark, trained on the grid features of DIR); the synthetic benchmark and its shipped
-models are not touched.
-
-Builds the synthetic benchmark, fits every registered method (course_lib.methods.registry), evaluates it
-on the test, full and compositional settings (docs/data.md, docs/results.md), times one text query against each
-gallery, and writes DIR/results.json, DIR/results.md (every table) and DIR/pareto.png; --readme README.md also
-writes the test table into the README and the rest into docs/results.md.
+Builds the synthetic benchmark, fits every registered method (course_lib.methods.registry),
+evaluates it (course_lib.evaluation) on the test, full and compositional settings (docs/data.md,
+docs/results.md), times one text query against each gallery, and writes DIR/results.json,
+DIR/results.md (every table) and DIR/pareto.png; --readme README.md also writes the test table
+into the README and the rest into docs/results.md.
 Each setting also gets two reference rows: `oracle`, the expected recall of the Bayes-optimal ranking
 under the generator's own caption likelihood, the best any model can reach (course_lib.data.oracle),
 and `bag-of-objects`, what one hand-built vector per image reaches with perfect perception
@@ -15,13 +12,14 @@ and `bag-of-objects`, what one hand-built vector per image reaches with perfect 
 
 A method follows course_lib.methods.base.Method: `fit`, `rank(split, direction, top_k, queries)`,
 `query_fn(split, caption_index, top_k)`, `pairs_per_query`, and its own budgets `eval_pairs` and
-`timed_sizes`. Recalls come from each query's top-K list (metrics.ranks_from_top_k), so no dense
-matrix is formed, and the full setting's queries are the test split's (split.text_queries).
+`timed_sizes`. The full setting's queries are the test split's (split.text_queries).
 
 Trained models: the shipped ones (shipped_models/, course_lib.core.shipped) where they match, else
 the cache folder's (--checkpoints), else trained there. --retrain never loads a shipped model (nor
-does --smoke: its tiny models always train); --refresh-shipped rewrites shipped_models/ instead of
-running the benchmark.
+does --smoke: its tiny models always train).
+
+The two other commands: the benchmark on real photographs, `python -m course_lib.real_benchmark
+--features DIR`, and the refresh of the shipped models, `python -m course_lib.refresh_shipped`.
 """
 
 from __future__ import annotations
@@ -31,151 +29,52 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 from course_lib.core import settings
 from course_lib.core.checkpoints import CHECKPOINTS
-from course_lib.core.shipped import MANIFEST, SHIPPED_MODELS
-from course_lib.core.metrics import ranks_from_top_k, recall_at_k
-from course_lib.core.timing import latency_vs_gallery
-from course_lib.core.offline_weights import MINILM_NAME
-from course_lib.data.features import extracted_images, load_feature_bench
+from course_lib.core.shipped import REFRESH_COMMAND
 from course_lib.data.oracle import oracle_ceiling
-from course_lib.real_benchmark import (KS as REAL_KS, NO_ORACLE, SETTINGS as REAL_SETTINGS, chance_metrics,
-                                      fit_real_methods, training_curves)
-from course_lib.published import published_rows
-from course_lib.methods.queries import ground_truth
+from course_lib.evaluation import Galleries, evaluate, query_latency, results_row
 from course_lib.methods.registry import available_methods, registered_names
-from course_lib.shipping import SEED, benchmark_data, own_models, refresh
-from course_lib.training_lanes import train_in_parallel, usable_cores
-from course_lib.studies import single_vector
 from course_lib.results import (PARTIAL, SETTINGS, cascade_timing_problems, check_outputs, merge_results,
-                                partial_key, read_partial, read_results, results_markdown, save_partial,
-                                update_readme, write_outputs)
+                                partial_key, read_partial, read_results, results_dict,
+                                results_markdown, run_mode, save_partial, update_readme,
+                                write_outputs)
+from course_lib.shipping import benchmark_data, own_models
+from course_lib.studies import single_vector
+from course_lib.training_lanes import add_jobs_option, train_in_parallel
 
 KS = {"test": (1, 5, 10), "full": (5, 10, 20), "compositional": (1, 5, 10)}
-# (default, smoke): the fewest sampled queries a direction's recalls are reported from. Below it a
-# recall's standard error passes 4 points (R@1 near 50, 100 queries: 5), too wide to compare methods,
-# so the direction is left out (its cells read "–") rather than reported from a handful of queries
-MIN_SAMPLED_QUERIES = (100, 10)
-# the most training processes by default: each holds its own copy of the benchmark's data
-MAX_JOBS = 4
-# pairs a pairwise scorer may score per setting and direction on real features: the course's cross-encoder
-# reads about 1,700 pairs a second on two CPU cores, so its budget for the synthetic benchmark (600k) would
-# take it six minutes a direction; 100k samples 200 of the 500-photo test split's 2,500 caption queries, and
-# leaves a direction with fewer than MIN_SAMPLED_QUERIES (i2t's 2,500 captions, the full 7,000 photos) unmeasured
-REAL_PAIR_CAP = 100_000
 LATENCY_SIZES = (1_000, 5_000)  # gallery sizes of the latency table (docs/results.md: ms/query at 1k and 5k)
+# the settings a bare --every-pair ranks every query of: the full setting's 60M cross-encoder pairs
+# per direction would take hours on a CPU, so it is never ranked whole unless named
+EVERY_PAIR_SETTINGS = ("test", "compositional")
+REAL_COMMAND = "python -m course_lib.real_benchmark --features DIR"
+# options of the two other commands: a command line that gives one here is told what to type instead
+OTHER_COMMANDS = {"--features": REAL_COMMAND, "--text-encoder": REAL_COMMAND,
+                  "--refresh-shipped": REFRESH_COMMAND}
 
 
 ORACLE_NOTE = ("Bayes-optimal ranking under the generator's own caption likelihood: the best expected "
                "recall any model can reach (course_lib.data.oracle)")
+REFERENCE_NOTES = {"oracle": ORACLE_NOTE, single_vector.NAME: single_vector.NOTE}
 
 
-def evaluate(method, split, ks, smoke: bool = False, seed: int = 0, every_pair: bool = False,
-             pair_cap: int | None = None) -> tuple[dict, str]:
-    """Recalls of a method on a split from its rankings, per direction: every query of the split,
-    or a fixed random sample of them when pairs_per_query x queries exceeds the method's
-    eval_pairs budget (every_pair=True lifts the budget, up to the method's every_pair_limit; pair_cap
-    lowers it to at most that many pairs). A
-    direction whose budget allows fewer than MIN_SAMPLED_QUERIES is not ranked: its recalls are None.
-    Returns (metrics, how it was measured)."""
-    metrics, how = {}, []
-    for direction in ("t2i", "i2t"):
-        queries = split.text_queries if direction == "t2i" else split.image_queries
-        per_query = method.pairs_per_query(split, direction)
-        budget = method.eval_pairs[1 if smoke else 0]
-        limit = getattr(method, "every_pair_limit", None)
-        if every_pair and (limit is None or per_query * len(queries) <= limit):
-            budget = None
-        if pair_cap is not None:
-            budget = pair_cap if budget is None else min(budget, pair_cap)
-        if budget is not None and per_query * len(queries) > budget:
-            n = max(1, budget // max(per_query, 1))
-            fewest = MIN_SAMPLED_QUERIES[1 if smoke else 0]
-            if n < fewest:
-                metrics |= {f"{direction}_r{k}": None for k in ks}
-                how.append(f"{direction} not measured: its budget allows {n} sampled queries, fewer than {fewest}")
-                continue
-            rng = np.random.default_rng([seed, 0 if direction == "t2i" else 1])
-            queries = np.sort(rng.choice(queries, size=n, replace=False))
-            how.append(f"{direction} on {n} sampled queries ({n * per_query:,} pairs)")
-        else:
-            how.append(f"{direction} on all {len(queries)} queries")
-        indices, scores = method.rank(split, direction, max(ks), queries)  # (Q, K) each
-        ranks = ranks_from_top_k(scores, ground_truth(split, direction, queries, indices))
-        metrics |= {f"{direction}_r{k}": v for k, v in recall_at_k(ranks, ks).items()}
-    return metrics, "; ".join(how)
-
-
-class Galleries:
-    """The first n images of a split, made once per (split, n) for the whole run: every method is timed
-    on the same gallery objects, so a cascade finds its first stage's states for them cached."""
-
-    def __init__(self):
-        self.made = {}  # (id(split), n) -> (split, the subset)
-
-    def __call__(self, split, n: int):
-        if n >= split.n_images:
-            return split
-        key = (id(split), n)
-        if key not in self.made:  # the split is held in the entry, so its id is not reused
-            self.made[key] = (split, split.subset(range(n)))
-        return self.made[key][1]
-
-
-def _latency(method, gallery, sizes, smoke: bool, repeats: int, galleries=None) -> list[dict]:
-    """ms per text query against galleries of the given sizes (the first n images of `gallery`).
-    Only the sizes asked for are timed when the method may time them all; the method's timed_sizes
-    (or a quarter, half and all of the largest it may time) only when a bigger one is extrapolated.
-    The whole gallery is timed as `gallery` itself, so the offline states its evaluation just built
-    (Method.cached_states, a dual encoder's gallery embeddings) serve the timing too; the smaller
-    ones come from `galleries` (Galleries), one object per size for every method of a run."""
-    galleries = galleries or Galleries()
-    measured = method.timed_sizes[1 if smoke else 0]
-    most = min(gallery.n_images, max(sizes) if measured is None else max(measured))
-    if max(sizes) <= most:  # every size is timed: nothing to fit a line to
-        points = sorted(set(sizes))
-    else:
-        measured = measured or (max(1, most // 4), max(2, most // 2), most)  # enough points for a linear fit
-        points = sorted({n for n in measured if n <= most} | set(sizes))
-    return latency_vs_gallery(lambda n: method.query_fn(galleries(gallery, n)), points, warmup=2, repeats=repeats,
-                              max_measured=most)
-
-
-def _row(method, setting, split, metrics, ks, ms_per_query, notes, ms_measured=True, ms_spread=(None, None)):
-    row = {"method": method, "setting": setting, "n_images": split.n_images, "n_texts": split.n_texts,
-           "n_text_queries": split.n_text_queries, "n_image_queries": split.n_image_queries}
-    for direction in ("i2t", "t2i"):
-        for k in ks:
-            value = metrics[f"{direction}_r{k}"]
-            row[f"{direction}_r{k}"] = None if value is None else round(float(value), 2)
-    recalls = [row[f"{d}_r{k}"] for d in ("i2t", "t2i") for k in ks]
-    row["ar"] = None if None in recalls else round(float(np.mean(recalls)), 2)
-    row["ms_per_query"] = None if ms_per_query is None else round(float(ms_per_query), 4)
-    # the interquartile range of the timed calls: a median is only as good as its spread
-    row["ms_p25"], row["ms_p75"] = (None if v is None else round(float(v), 4) for v in ms_spread)
-    row["ms_measured"] = bool(ms_measured)
-    row["notes"] = notes
-    return row
-
-
-def run(smoke: bool = False, out: str | Path = "outputs/benchmark", seed: int = 0, progress: bool = True,
-        methods=None, checkpoints: str | Path = CHECKPOINTS, every_pair=(), write: bool = True,
-        retrain: bool = False, jobs: int = 1) -> dict:
+def run(*, smoke: bool = False, seed: int = 0, methods=None, out: str | Path = "outputs/benchmark",
+        checkpoints: str | Path = CHECKPOINTS, retrain: bool = False, jobs: int = 1,
+        every_pair: tuple[str, ...] = (), merge: dict | None = None, progress: bool = True) -> dict:
     """Run the whole benchmark and write its three outputs; returns the results dict.
 
-    checkpoints: the folder of trained models, shared with the notebooks (their `.fit(...,
-    cache_dir="../outputs/checkpoints")`): a checkpoint's name hashes its config, data and
-    vocabulary, so one folder serves every size and seed, and a model trained once is reused.
-    methods: method names (course_lib.methods.registry), Method objects, or None for every registered one.
-    every_pair: the settings (e.g. ("test",)) where every method ranks every query, whatever its
-    budget; True = test and compositional (the full setting's 60M cross-encoder pairs per direction
-    would take hours on a CPU, so it is never the default). write=False: return the results without
-    writing them (the caller merges them with an earlier run first). retrain: train (or load from
-    `checkpoints`) every model instead of loading the shipped ones; smoke always does. jobs > 1: the
-    models that must train are trained first in that many processes (course_lib.training_lanes), and
-    each method's fit then loads its finished checkpoint (with method names only, not Method objects)."""
+    methods: method names (course_lib.methods.registry; None for every registered one), or Method
+    objects built by the caller. checkpoints: the folder of trained models, shared with the
+    notebooks (their `.fit(..., cache_dir="../outputs/checkpoints")`): a checkpoint's name hashes
+    its config, data and vocabulary, so one folder serves every size and seed, and a model trained
+    once is reused. retrain: train (or load from `checkpoints`) every model instead of loading the
+    shipped ones; smoke always does. jobs > 1: the models that must train are trained first in that
+    many processes (course_lib.training_lanes), and each method's fit then loads its finished
+    checkpoint (with method names only, not Method objects). every_pair: the settings (e.g.
+    ("test",)) where every method ranks every query, whatever its budget. merge: an earlier
+    results.json of the same mode and seed, whose rows of the methods this run does not run are
+    kept (results.merge_results)."""
     from tqdm.auto import tqdm
 
     start = time.perf_counter()
@@ -193,10 +92,12 @@ def run(smoke: bool = False, out: str | Path = "outputs/benchmark", seed: int = 
     rows, latency = [], []
     for setting in SETTINGS:
         split = bench[setting]
-        rows.append(_row("oracle", setting, split, oracle_ceiling(split, KS[setting]), KS[setting], None,
-                         "expected recall, computed from the generator's ground truth"))
-        rows.append(_row(single_vector.NAME, setting, split, single_vector.reference_metrics(split, KS[setting]),
-                         KS[setting], None, "expected recall, ties broken at random; not trained"))
+        ks = KS[setting]
+        rows.append(results_row("oracle", setting, split, oracle_ceiling(split, ks), ks, None,
+                                "expected recall, computed from the generator's ground truth"))
+        rows.append(results_row(single_vector.NAME, setting, split,
+                                single_vector.reference_metrics(split, ks), ks, None,
+                                "expected recall, ties broken at random; not trained"))
     # each finished method's rows are kept as the run goes: an interrupted run, started again with the
     # same mode, seed and settings, continues where it stopped
     partial, key = out / PARTIAL, partial_key(smoke, seed, every_pair)
@@ -217,7 +118,7 @@ def run(smoke: bool = False, out: str | Path = "outputs/benchmark", seed: int = 
         # the latency table's galleries first: the settings after them leave the method's cached states
         # on test, full and compositional (base.CACHED_SPLITS), the splits the cascades built on it use first
         steps.set_postfix(method=method.name, step="latency")
-        for point in _latency(method, bench["full"], LATENCY_SIZES, smoke, repeats, galleries):
+        for point in query_latency(method, bench["full"], LATENCY_SIZES, smoke, repeats, galleries):
             if point["n"] in LATENCY_SIZES:
                 latency.append({"method": method.name, "n": point["n"],
                                 "ms_per_query": round(point["ms_per_query"], 4), "measured": point["measured"]})
@@ -226,118 +127,35 @@ def run(smoke: bool = False, out: str | Path = "outputs/benchmark", seed: int = 
             split = bench[setting]
             steps.set_postfix(method=method.name, step=setting)
             metrics, how = evaluate(method, split, KS[setting], smoke, seed,
-                                    every_pair=setting in (("test", "compositional") if every_pair is True
-                                                           else every_pair))
-            query = _latency(method, split, (split.n_images,), smoke, repeats, galleries)[-1]
+                                    every_pair=setting in every_pair)
+            query = query_latency(method, split, (split.n_images,), smoke, repeats, galleries)[-1]
             timed = "measured" if query["measured"] else "extrapolated linearly from smaller galleries"
-            rows.append(_row(method.name, setting, split, metrics, KS[setting], query["ms_per_query"],
-                             f"{how}; ms: one text query, median of {repeats}, {timed}",
-                             ms_measured=query["measured"], ms_spread=(query["p25_ms"], query["p75_ms"])))
+            rows.append(results_row(method.name, setting, split, metrics, KS[setting],
+                                    query["ms_per_query"],
+                                    f"{how}; ms: one text query, median of {repeats}, {timed}",
+                                    ms_measured=query["measured"],
+                                    ms_spread=(query["p25_ms"], query["p75_ms"])))
             steps.update()
         # the models it loaded from shipped_models/ are kept with its rows: a continued run names them too
         shipped = [m.name for m in own_models([method]) if m.from_shipped]
         kept[method.name] = {"rows": rows[first_row:], "latency": latency[first_point:], "shipped": shipped}
         save_partial(partial, key, kept)
     steps.close()
-    env = settings.describe_environment()
     noisy = cascade_timing_problems(methods, rows)
     if noisy:
         print(f"note: {noisy}", file=sys.stderr)
-    results = {
-        "meta": {"device": env["device"], "torch": env["torch"], "mode": "smoke" if smoke else "default",
-                 "seconds": round(time.perf_counter() - start, 1), "seed": seed,
-                 "sizes": {name: [s.n_images, s.n_texts] for name, s in bench.items()},
-                 "timing_note": noisy, "jobs": jobs, "trained_in_parallel": training,
-                 "shipped_models": list(dict.fromkeys(name for m in methods
-                                                      for name in kept[m.name].get("shipped", [])))},
-        "methods": {"oracle": ORACLE_NOTE, single_vector.NAME: single_vector.NOTE} | {m.name: m.notes for m in methods},
-        "rows": rows,
-        "latency": latency,
-    }
-    if write:
-        write_outputs(results, out)
-    partial.unlink(missing_ok=True)  # the run is complete
-    return results
-
-
-
-
-def real_reference_rows(split, setting: str) -> list[dict]:
-    """The untrained row of a real-data setting: chance (real data has no oracle)."""
-    ks = REAL_KS[setting]
-    return [_row("chance", setting, split, chance_metrics(split, ks), ks, None,
-                 "expected recall of a random ranking; not trained")]
-
-
-def evaluate_real(methods, bench: dict, smoke: bool = False, seed: int = 0, progress: bool = True,
-                  setting_names=REAL_SETTINGS) -> list[dict]:
-    """The results rows: chance, then every method on every setting, its recalls (course_lib.benchmark's
-    evaluate: a fixed sample of queries where a method's pair budget runs out) and ms per text query."""
-    from tqdm.auto import tqdm
-
-    repeats = 5 if smoke else 20
-    rows = [row for setting in setting_names for row in real_reference_rows(bench[setting], setting)]
-    for method in tqdm(methods, desc="evaluating", disable=not progress):
-        for setting in setting_names:
-            split, start = bench[setting], time.perf_counter()
-            metrics, how = evaluate(method, split, REAL_KS[setting], smoke, seed, pair_cap=REAL_PAIR_CAP)
-            query = _latency(method, split, (split.n_images,), smoke, repeats)[-1]
-            rows.append(_row(method.name, setting, split, metrics, REAL_KS[setting], query["ms_per_query"],
-                             f"{how}; ms: one text query (its text encoder included), median of {repeats}",
-                             ms_measured=query["measured"], ms_spread=(query["p25_ms"], query["p75_ms"])))
-            rows[-1]["eval_s"] = round(time.perf_counter() - start, 1)  # recalls and timing: the budget's parts
-    return rows
-
-
-# photos of each split in smoke mode: a few dozen, the same code path
-SMOKE_PHOTOS = {"train": 48, "val": 16, "test": 16}
-
-
-def smoke_bench(bench: dict) -> dict:
-    """The first few photos of each split (SMOKE_PHOTOS), and their full setting."""
-    from course_lib.data.split import concatenate
-
-    small = {name: bench[name].subset(range(min(n, bench[name].n_images)), name=name)
-             for name, n in SMOKE_PHOTOS.items()}
-    small["full"] = concatenate([small["train"], small["val"], small["test"]], "full", queries_from=small["test"])
-    small["pretrain"] = small["train"]  # as load_feature_bench's
-    return small
-
-
-def run_features(features_dir, out="outputs/benchmark-real", text_encoder: str = MINILM_NAME, smoke: bool = False,
-                 seed: int = 0, checkpoints=CHECKPOINTS, progress: bool = True) -> dict:
-    """`--features DIR`: fit (course_lib.real_benchmark.fit_real_methods), evaluate and time every method on a
-    feature folder of data_scripts/extract_features.py; write OUT's results.json, results.md, pareto.png and
-    curves.png."""
-    start = time.perf_counter()
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    # float16: half the memory (batches are float32); the photos' paths, as lesson 08 loads them: the same
-    # training data, so the same checkpoint names
-    bench = load_feature_bench(features_dir, regions_dtype=np.float16, image_root=extracted_images(features_dir))
-    missing = [s for s in ("train", "val", "test") if s not in bench]
-    if missing:
-        raise ValueError(f"{features_dir} has no {', '.join(missing)} split: extract every split (train, val and "
-                         "test: drop --splits) to train, choose and report")
-    if smoke:
-        bench = smoke_bench(bench)
-    methods, train_seconds = fit_real_methods(bench, text_encoder, smoke, seed, checkpoints)
-    rows = evaluate_real(methods, bench, smoke, seed, progress)
-    env = settings.describe_environment()
-    results = {
-        "meta": {"device": env["device"], "torch": env["torch"], "mode": "smoke" if smoke else "default",
-                 "seconds": round(time.perf_counter() - start, 1), "seed": seed, "data": "real",
-                 "features": str(features_dir), "backbone": bench["test"].info.get("features", {}),
-                 "text_encoder": text_encoder, "sizes": {name: [s.n_images, s.n_texts] for name, s in bench.items()},
-                 "train_seconds": train_seconds, "shipped_models": []},
-        "methods": {"oracle": NO_ORACLE, "chance": "a random ranking's expected recall"}
-                   | {m.name: m.notes for m in methods},
-        "rows": rows,
-        "latency": [],
-        "curves": training_curves(methods),
-        "published": published_rows(bench["test"].info.get("dataset")),  # the papers' rows, on their own gallery
-    }
+    # the models loaded from shipped_models/, each once, in the order the methods met them
+    shipped_models = dict.fromkeys(n for m in methods for n in kept[m.name].get("shipped", []))
+    results = results_dict(rows, methods, smoke=smoke, seed=seed,
+                           seconds=time.perf_counter() - start, references=REFERENCE_NOTES,
+                           sizes={name: [s.n_images, s.n_texts] for name, s in bench.items()},
+                           timing_note=noisy, jobs=jobs, trained_in_parallel=training,
+                           shipped_models=list(shipped_models))
+    results["latency"] = latency
+    if merge is not None:
+        results = merge_results(results, merge)
     write_outputs(results, out)
+    partial.unlink(missing_ok=True)  # the run is complete
     return results
 
 
@@ -353,79 +171,37 @@ def main(argv=None) -> dict:
     parser.add_argument("--retrain", action="store_true",
                         help="train every model (or load it from --checkpoints) instead of loading the shipped "
                              "models of shipped_models/ (also on when COURSE_RETRAIN=1)")
-    parser.add_argument("--refresh-shipped", action="store_true",
-                        help="instead of the benchmark: train the default models (or load them from --checkpoints) "
-                             f"and rewrite {SHIPPED_MODELS.name}/ with their weights and manifest; with --methods, only "
-                             "those methods' models are refreshed and the other shipped models that are still "
-                             "current stay")
     parser.add_argument("--seed", type=int, default=0, help="seed of the data and of every method")
-    parser.add_argument("--jobs", type=int, default=min(usable_cores(), MAX_JOBS),
-                        help="processes that train the models that must train, side by side (course_lib."
-                             f"training_lanes; default: this machine's usable cores, at most {MAX_JOBS}, here "
-                             "%(default)s); 1 = one after another in this process")
+    add_jobs_option(parser)
     parser.add_argument("--methods", default=None,
                         help="comma-separated subset of the methods to run, e.g. 'vsepp,scan' "
                              "('' = only the reference rows); default: every method")
     parser.add_argument("--every-pair", nargs="*", choices=SETTINGS, default=None, metavar="SETTING",
-                        help="rank every query of these settings, whatever a method's budget (no names: test "
-                             "and compositional; the cross-encoder on test: about 8 min on one CPU thread)")
+                        help="rank every query of these settings, whatever a method's budget "
+                             f"(no names: {' and '.join(EVERY_PAIR_SETTINGS)}; the cross-encoder "
+                             "on test: about 8 min on one CPU thread)")
     parser.add_argument("--merge", default=None, metavar="RESULTS_JSON",
                         help="keep the rows of an earlier results.json for every method this run does not run "
                              "(e.g. --methods of new methods only, --merge outputs/benchmark/results.json)")
     parser.add_argument("--readme", default=None,
                         help="also write the test table into this README's results block (README.md), the other "
-                             "tables into docs/results.md beside it and the accuracy-latency picture to docs/pareto.png "
-                             "(with --features: their real-results blocks and docs/pareto-real.png)")
+                             "tables into docs/results.md beside it and the accuracy-latency "
+                             "picture to docs/pareto.png")
     parser.add_argument("--replace", action="store_true",
                         help="overwrite --out's results.json even if it holds methods this run drops, or "
                              "another mode or seed (without it, such a run stops before any work)")
-    parser.add_argument("--features", default=None, metavar="DIR",
-                        help="instead of the synthetic benchmark: real photographs, a feature folder written by "
-                             "data_scripts/extract_features.py (course_lib.real_benchmark; default --out "
-                             "outputs/benchmark-real); the synthetic shipped models are not touched")
-    parser.add_argument("--text-encoder", default=None, metavar="NAME_OR_FOLDER",
-                        help="with --features: the pretrained text encoder the text side starts from (default: "
-                             "the offline all-MiniLM-L6-v2; on Colab e.g. bert-base-uncased)")
+    for option in OTHER_COMMANDS:  # accepted only to say which command they belong to
+        parser.add_argument(option, nargs="?", const="", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.text_encoder and not args.features:
-        parser.error("--text-encoder goes with --features (the synthetic benchmark's text sides train from scratch)")
-    if args.features and (args.methods is not None or args.merge or args.every_pair is not None
-                          or args.refresh_shipped):
-        parser.error("--methods, --merge, --every-pair and --refresh-shipped go with the synthetic benchmark; "
-                     "--features runs every real-photo method (each trained model is loaded from --checkpoints)")
-    if args.features:
-        smoke = args.smoke or settings.smoke_mode()
-        out = Path(args.out or "outputs/benchmark-real" + ("-smoke" if smoke else ""))
-        try:
-            if args.readme:
-                update_readme(None, args.readme, check_only=True, real=True)
-            results = run_features(args.features, out, args.text_encoder or MINILM_NAME, smoke=smoke,
-                                   seed=args.seed, checkpoints=args.checkpoints)
-        except (OSError, ValueError) as error:  # a missing or unfinished feature folder, missing weights
-            parser.error(str(error))
-        if args.readme:
-            update_readme(results, args.readme)
-        print(results_markdown(results))
-        print(f"wrote {out / 'results.json'}, results.md and pareto.png")
-        return results
+    for option, command in OTHER_COMMANDS.items():
+        if getattr(args, option[2:].replace("-", "_")) is not None:
+            parser.error(f"{option} belongs to another command: {command} (its --help lists "
+                         "its options)")
     if args.jobs < 1:
         parser.error(f"--jobs must be at least 1, got {args.jobs}")
     settings.plain_course_notes()  # a noisy timing reads "note: ...", not a UserWarning with a file path
     smoke = args.smoke or settings.smoke_mode()
-    if args.refresh_shipped:
-        if smoke or args.seed != SEED:
-            parser.error(f"--refresh-shipped makes the default models of seed {SEED}: drop --smoke "
-                         "(and COURSE_SMOKE) and --seed")
-        only = None if args.methods is None else [name for name in args.methods.split(",") if name]
-        if args.jobs > 1:
-            train_in_parallel(only, seed=SEED, checkpoints=args.checkpoints, jobs=args.jobs, retrain=True)
-        manifest = refresh(SHIPPED_MODELS, checkpoints=args.checkpoints, only=only)
-        total = sum(entry["bytes"] for entry in manifest["files"].values())
-        print(f"wrote {len(manifest['files'])} models ({total / 1e6:.1f} MB) and {MANIFEST} to {SHIPPED_MODELS}"
-              + (f"; not shipped (trained on first use): {', '.join(manifest['not_shipped'])}"
-                 if manifest["not_shipped"] else ""))
-        return manifest
-    mode = "smoke" if smoke else "default"
+    mode = run_mode(smoke)
     out = Path(args.out or ("outputs/benchmark-smoke" if smoke else "outputs/benchmark"))
     methods = None
     if args.methods is not None:
@@ -448,10 +224,11 @@ def main(argv=None) -> dict:
             check_outputs(out, mode, args.seed, methods if methods is not None else registered_names(), old)
     except ValueError as error:
         parser.error(str(error))
-    every_pair = () if args.every_pair is None else (args.every_pair or True)
+    every_pair = () if args.every_pair is None else tuple(args.every_pair or EVERY_PAIR_SETTINGS)
     try:
-        results = run(smoke=smoke, out=out, seed=args.seed, methods=methods, checkpoints=args.checkpoints,
-                      every_pair=every_pair, write=old is None, retrain=args.retrain, jobs=args.jobs)
+        results = run(smoke=smoke, seed=args.seed, methods=methods, out=out,
+                      checkpoints=args.checkpoints, retrain=args.retrain, jobs=args.jobs,
+                      every_pair=every_pair, merge=old)
     except KeyboardInterrupt:
         done = read_partial(out / PARTIAL, partial_key(smoke, args.seed, every_pair))
         print(f"\ninterrupted. {len(done)} method(s) finished ({', '.join(done) or 'none'}): their rows are kept in "
@@ -459,9 +236,6 @@ def main(argv=None) -> dict:
               f"{args.checkpoints}. Run the same command again to continue where it stopped; "
               f"{out / 'results.json'} was not touched.", file=sys.stderr)
         raise SystemExit(130) from None
-    if old is not None:
-        results = merge_results(results, old)
-        write_outputs(results, out)
     if args.readme:
         update_readme(results, args.readme)
     print(results_markdown(results))

@@ -1,4 +1,4 @@
-"""The methods of the benchmark on real photographs (`python -m course_lib.benchmark --features DIR`).
+"""The benchmark on real photographs: `python -m course_lib.real_benchmark --features DIR`.
 
 DIR is a feature folder of data_scripts/extract_features.py: a pretrained CNN's grid of a Karpathy-format
 dataset (EfficientNet-Lite0's 7 x 7 cells of Flickr8k offline; Flickr30k / COCO on Colab). The methods are
@@ -20,13 +20,18 @@ There is no oracle row: real data has no generator. Nothing ships for real data,
 shipped models are never looked at.
 
 `real_sizes` holds the switches and sizes real features need, `fit_real_methods` fits every method (or
-loads it from the checkpoint folder), and course_lib.benchmark's `run_features` evaluates and times them
-with the synthetic benchmark's own `evaluate` and latency code.
+loads it from the checkpoint folder), `evaluate_real` measures and times them with the synthetic
+benchmark's own code (course_lib.evaluation), and `run_features` does all three on a feature folder
+and writes OUT's results.json, results.md, pareto.png and curves.png (default OUT:
+outputs/benchmark-real); --readme README.md also fills the README's and docs/results.md's
+real-results blocks.
 """
 
 from __future__ import annotations
 
+import argparse
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -34,16 +39,30 @@ from course_lib.core import settings
 from course_lib.core.checkpoints import CHECKPOINTS
 from course_lib.core.offline_weights import MINILM_NAME, pretrained_text_path
 from course_lib.core.shipped import without_shipped_models
+from course_lib.data.features import extracted_images, load_feature_bench
+from course_lib.data.split import concatenate
 from course_lib.data.tokenizer import tokenizer_for
+from course_lib.evaluation import evaluate, query_latency, results_row
 from course_lib.methods.linear_probe import LinearProbeConfig, LinearProbeMethod
 from course_lib.methods.registry import available_methods
 from course_lib.methods.rerank import Cascade, weighted_sum
 from course_lib.notebook import chance_recall
+from course_lib.published import published_rows
+from course_lib.results import results_dict, results_markdown, update_readme, write_outputs
 
 SETTINGS = ("test", "full")
 KS = {"test": (1, 5, 10), "full": (5, 10, 20)}
 NO_ORACLE = ("no oracle row: real data has no generator whose likelihood would give the best possible "
              "ranking; chance (a random ranking's expected recall) and the linear probe frame the learned rows")
+REFERENCE_NOTES = {"oracle": NO_ORACLE, "chance": "a random ranking's expected recall"}
+# pairs a pairwise scorer may score per setting and direction: the course's cross-encoder reads
+# about 1,700 pairs a second on two CPU cores, so its budget for the synthetic benchmark (600k)
+# would take it six minutes a direction; 100k samples 200 of the 500-photo test split's 2,500
+# caption queries, and leaves a direction with fewer than evaluation.MIN_SAMPLED_QUERIES (i2t's
+# 2,500 captions, the full 7,000 photos) unmeasured
+REAL_PAIR_CAP = 100_000
+# photos of each split in smoke mode: a few dozen, the same code path
+SMOKE_PHOTOS = {"train": 48, "val": 16, "test": 16}
 
 # the registry's methods on real features, in course order; the cascades bring the methods they start from
 REAL_METHODS = ("vsepp", "scan", "cross_encoder", "lightningdot", "lightningdot+rerank@20", "ubert-embed",
@@ -162,6 +181,129 @@ def chance_metrics(split, ks=(1, 5, 10)) -> dict:
     return out | {f"i2t_r{k}": float(np.mean([chance_recall(split.n_texts, k, int(c)) for c in per_image])) for k in ks}
 
 
-__all__ = ["chance_metrics", "training_curves", "fit_real_methods", "real_methods", "real_sizes", "REAL_METHODS",
-           "FUSED", "FUSED_TOP_M", "FUSED_WEIGHT", "SMOKE_STEPS", "WORD_METHODS", "WORD_MIN_FREQ", "SETTINGS", "KS",
-           "NO_ORACLE"]
+def real_reference_rows(split, setting: str) -> list[dict]:
+    """The untrained row of a real-data setting: chance (real data has no oracle)."""
+    ks = KS[setting]
+    return [results_row("chance", setting, split, chance_metrics(split, ks), ks, None,
+                        "expected recall of a random ranking; not trained")]
+
+
+def evaluate_real(methods, bench: dict, smoke: bool = False, seed: int = 0, progress: bool = True,
+                  setting_names=SETTINGS) -> list[dict]:
+    """The results rows: chance, then every method on every setting, its recalls
+    (evaluation.evaluate: a fixed sample of queries where a method's pair budget, at most
+    REAL_PAIR_CAP, runs out) and ms per text query."""
+    from tqdm.auto import tqdm
+
+    repeats = 5 if smoke else 20
+    rows = [row for setting in setting_names
+            for row in real_reference_rows(bench[setting], setting)]
+    for method in tqdm(methods, desc="evaluating", disable=not progress):
+        for setting in setting_names:
+            split, ks, start = bench[setting], KS[setting], time.perf_counter()
+            metrics, how = evaluate(method, split, ks, smoke, seed, pair_cap=REAL_PAIR_CAP)
+            query = query_latency(method, split, (split.n_images,), smoke, repeats)[-1]
+            notes = f"{how}; ms: one text query (its text encoder included), median of {repeats}"
+            rows.append(results_row(method.name, setting, split, metrics, ks, query["ms_per_query"],
+                                    notes, ms_measured=query["measured"],
+                                    ms_spread=(query["p25_ms"], query["p75_ms"])))
+            # recalls and timing: the budget's parts
+            rows[-1]["eval_s"] = round(time.perf_counter() - start, 1)
+    return rows
+
+
+def smoke_bench(bench: dict) -> dict:
+    """The first few photos of each split (SMOKE_PHOTOS), and their full setting."""
+    small = {name: bench[name].subset(range(min(n, bench[name].n_images)), name=name)
+             for name, n in SMOKE_PHOTOS.items()}
+    small["full"] = concatenate([small["train"], small["val"], small["test"]], "full",
+                                queries_from=small["test"])
+    small["pretrain"] = small["train"]  # as load_feature_bench's
+    return small
+
+
+def run_features(features_dir, out="outputs/benchmark-real", text_encoder: str = MINILM_NAME,
+                 smoke: bool = False, seed: int = 0, checkpoints=CHECKPOINTS,
+                 progress: bool = True) -> dict:
+    """Fit (fit_real_methods), evaluate and time every method on a feature folder of
+    data_scripts/extract_features.py; write OUT's results.json, results.md, pareto.png and
+    curves.png."""
+    start = time.perf_counter()
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    # float16: half the memory (batches are float32); the photos' paths, as lesson 08 loads them:
+    # the same training data, so the same checkpoint names
+    bench = load_feature_bench(features_dir, regions_dtype=np.float16,
+                               image_root=extracted_images(features_dir))
+    missing = [s for s in ("train", "val", "test") if s not in bench]
+    if missing:
+        raise ValueError(f"{features_dir} has no {', '.join(missing)} split: extract every split "
+                         "(train, val and test: drop --splits) to train, choose and report")
+    if smoke:
+        bench = smoke_bench(bench)
+    methods, train_seconds = fit_real_methods(bench, text_encoder, smoke, seed, checkpoints)
+    rows = evaluate_real(methods, bench, smoke, seed, progress)
+    info = bench["test"].info
+    results = results_dict(rows, methods, smoke=smoke, seed=seed,
+                           seconds=time.perf_counter() - start, references=REFERENCE_NOTES,
+                           data="real", features=str(features_dir),
+                           backbone=info.get("features", {}), text_encoder=text_encoder,
+                           sizes={name: [s.n_images, s.n_texts] for name, s in bench.items()},
+                           train_seconds=train_seconds, shipped_models=[])
+    results |= {"latency": [], "curves": training_curves(methods),
+                # the papers' rows, on their own gallery
+                "published": published_rows(info.get("dataset"))}
+    write_outputs(results, out)
+    return results
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--features", required=True, metavar="DIR",
+                        help="a feature folder written by data_scripts/extract_features.py, "
+                             "every split of it (train, val and test)")
+    parser.add_argument("--out", default=None,
+                        help="folder for results.json/.md, pareto.png and curves.png (default: "
+                             "outputs/benchmark-real, or outputs/benchmark-real-smoke with "
+                             "--smoke)")
+    parser.add_argument("--checkpoints", default=CHECKPOINTS,
+                        help="folder of cached trained models, shared with lesson 08 "
+                             "(default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of every method and of the sampled queries")
+    parser.add_argument("--smoke", action="store_true",
+                        help="the first few photos of each split and tiny models (also on when "
+                             "COURSE_SMOKE=1): the same code path in minutes")
+    parser.add_argument("--text-encoder", default=MINILM_NAME, metavar="NAME_OR_FOLDER",
+                        help="the pretrained text encoder the text side starts from (default: "
+                             "the offline %(default)s; on Colab e.g. bert-base-uncased)")
+    parser.add_argument("--readme", default=None,
+                        help="also write the test table into this README's real-results block, "
+                             "the full setting into docs/results.md's beside it and the frontier "
+                             "picture to docs/pareto-real.png")
+    args = parser.parse_args(argv)
+    smoke = args.smoke or settings.smoke_mode()
+    out = Path(args.out or "outputs/benchmark-real" + ("-smoke" if smoke else ""))
+    try:
+        if args.readme:
+            update_readme(None, args.readme, check_only=True, real=True)
+        results = run_features(args.features, out, args.text_encoder, smoke=smoke, seed=args.seed,
+                               checkpoints=args.checkpoints)
+    except (OSError, ValueError) as error:  # an unfinished feature folder, missing weights
+        parser.error(str(error))
+    if args.readme:
+        update_readme(results, args.readme)
+    print(results_markdown(results))
+    print(f"wrote {out / 'results.json'}, results.md, pareto.png and curves.png")
+    return results
+
+
+__all__ = ["chance_metrics", "training_curves", "fit_real_methods", "real_methods", "real_sizes",
+           "real_reference_rows", "evaluate_real", "smoke_bench", "run_features", "main",
+           "REAL_METHODS", "FUSED", "FUSED_TOP_M", "FUSED_WEIGHT", "SMOKE_STEPS", "WORD_METHODS",
+           "WORD_MIN_FREQ", "SETTINGS", "KS", "NO_ORACLE", "REFERENCE_NOTES", "REAL_PAIR_CAP",
+           "SMOKE_PHOTOS"]
+
+
+if __name__ == "__main__":
+    main()

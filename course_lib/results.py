@@ -1,7 +1,8 @@
-"""The benchmark's results on disk: results.json read and checked, merged with an earlier run, written
-all or nothing (with results.md and pareto.png), the README's test table and docs/results.md's other
-tables, the rows an interrupted run keeps, and the plain note when its timings contradict themselves. course_lib.benchmark produces
-the results; this module is everything done with them."""
+"""The benchmark's results: the results dict every run builds (`results_dict`), results.json read
+and checked, merged with an earlier run, written all or nothing (with results.md and pareto.png),
+the README's test table and docs/results.md's other tables, the rows an interrupted run keeps, and
+the plain note when its timings contradict themselves. course_lib.benchmark and
+course_lib.real_benchmark measure the rows; this module is everything done with them."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import json
 import os
 from pathlib import Path
 
+from course_lib.core.settings import describe_environment
 from course_lib.methods.registry import registered_names
 from course_lib.published import published_markdown
 from course_lib.studies import single_vector
@@ -23,10 +25,27 @@ REFERENCES = ("oracle", single_vector.NAME)  # untrained rows every run writes, 
 PARTIAL = ".partial.json"  # in --out: the rows of the methods an unfinished run completed
 
 
-def partial_key(smoke: bool, seed: int, every_pair) -> dict:
+def run_mode(smoke: bool) -> str:
+    """A run's mode, as meta["mode"] names it: "smoke" (tiny sizes) or "default"."""
+    return "smoke" if smoke else "default"
+
+
+def results_dict(rows: list[dict], methods, *, smoke: bool, seed: int, seconds: float,
+                 references: dict | None = None, **meta) -> dict:
+    """A run's results, as results.json holds them: {"meta": {"device", "torch", "mode", "seconds",
+    "seed", then `meta`'s extras}, "methods": each reference row's note (`references`: name ->
+    note), then each method's notes, "rows": rows}. A run adds its other keys ("latency", ...)
+    after these."""
+    env = describe_environment()
+    return {"meta": {"device": env["device"], "torch": env["torch"], "mode": run_mode(smoke),
+                     "seconds": round(seconds, 1), "seed": seed, **meta},
+            "methods": {**(references or {}), **{method.name: method.notes for method in methods}},
+            "rows": rows}
+
+
+def partial_key(smoke: bool, seed: int, every_pair: tuple[str, ...]) -> dict:
     """What must match for an interrupted run's rows to be reused (methods are matched by name)."""
-    return {"mode": "smoke" if smoke else "default", "seed": seed,
-            "every_pair": every_pair if every_pair is True else sorted(every_pair)}
+    return {"mode": run_mode(smoke), "seed": seed, "every_pair": sorted(every_pair)}
 
 
 def save_partial(path: Path, key: dict, finished: dict) -> None:
@@ -246,13 +265,15 @@ README_START, README_END = "<!-- results:start -->", "<!-- results:end -->"
 README_SETTINGS = ("test",)  # the README shows the test setting; the rest goes to docs/results.md
 RESULTS_DOC = Path("docs") / "results.md"  # beside the README: the other settings, latency, the methods' notes
 PICTURE = Path("docs") / "pareto.png"  # beside the README: the accuracy-latency picture the README shows
-# the real-photo run (`--features DIR`) has blocks of its own in both files, and its own picture
+# the real-photo run (course_lib.real_benchmark) has blocks of its own in both files, and its own
+# picture
 REAL_START, REAL_END = "<!-- real-results:start -->", "<!-- real-results:end -->"
 REAL_PICTURE = Path("docs") / "pareto-real.png"
 
 
 def is_real(results: dict) -> bool:
-    """Whether results come from real photographs (`benchmark --features`), not the synthetic benchmark."""
+    """Whether results come from real photographs (course_lib.real_benchmark), not the synthetic
+    benchmark."""
     return results["meta"].get("data") == "real"
 
 

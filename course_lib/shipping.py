@@ -1,5 +1,5 @@
-"""Which trained models ship with the course, and their refresh: `python -m course_lib.benchmark
---refresh-shipped` (course_lib.core.shipped holds the folder's format, loading and checks).
+"""Which trained models ship with the course, and their refresh (`refresh`, the command `python -m
+course_lib.refresh_shipped`; course_lib.core.shipped holds the folder's format, loading and checks).
 
 The models that ship are those of the default benchmark (seed 0, default sizes): every method
 registered in course_lib.methods that owns a model, and the models they are built from (a cascade's

@@ -38,6 +38,9 @@ from course_lib.core import settings, shipped
 from course_lib.methods.registry import available_methods
 from course_lib.shipping import benchmark_data, own_models
 
+# the most training processes by default: each holds its own copy of the benchmark's data
+MAX_JOBS = 4
+
 
 @dataclass(frozen=True)
 class LaneSpec:
@@ -57,6 +60,16 @@ def usable_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # macOS, Windows
         return os.cpu_count() or 1
+
+
+def add_jobs_option(parser) -> None:
+    """--jobs, of the commands that train the default models (the benchmark, the refresh of the
+    shipped models): how many processes train the models that must train."""
+    parser.add_argument("--jobs", type=int, default=min(usable_cores(), MAX_JOBS),
+                        help="processes that train the models that must train, side by side "
+                             "(course_lib.training_lanes; default: this machine's usable "
+                             f"cores, at most {MAX_JOBS}, here %(default)s); 1 = one after "
+                             "another in this process")
 
 
 def _models(spec: LaneSpec, data=None):

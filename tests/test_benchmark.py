@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from course_lib import benchmark
+from course_lib import benchmark, evaluation
 from course_lib import results as results_io
 from course_lib.methods.baselines import RandomProjectionBaseline
 from course_lib.data.synthetic import SyntheticConfig, make_benchmark
@@ -96,18 +96,22 @@ def test_slow_methods_are_scored_on_sampled_queries(monkeypatch):
     split = bench["test"]
     monkeypatch.setattr(method, "pairs_per_query", lambda split, direction: 30)
     monkeypatch.setattr(method, "eval_pairs", (None, 30 * 12))
-    metrics, how = benchmark.evaluate(method, split, (1, 5, 10), smoke=True, seed=0)
+    metrics, how = evaluation.evaluate(method, split, (1, 5, 10), smoke=True, seed=0)
     assert "t2i on 12 sampled queries" in how and "i2t on 12 sampled queries" in how
     monkeypatch.setattr(method, "every_pair_limit", 30 * 12, raising=False)  # too small: stays sampled
-    limited, how = benchmark.evaluate(method, split, (1, 5, 10), smoke=True, seed=0, every_pair=True)
+    limited, how = evaluation.evaluate(method, split, (1, 5, 10), smoke=True, seed=0,
+                                       every_pair=True)
     assert "t2i on 12 sampled queries" in how and limited == metrics
     monkeypatch.setattr(method, "every_pair_limit", 30 * split.n_texts)  # every pair fits: lifted
-    exhaustive, how = benchmark.evaluate(method, split, (1, 5, 10), smoke=True, seed=0, every_pair=True)
+    exhaustive, how = evaluation.evaluate(method, split, (1, 5, 10), smoke=True, seed=0,
+                                          every_pair=True)
     assert "sampled" not in how
-    capped, how = benchmark.evaluate(method, split, (1, 5, 10), smoke=True, seed=0, pair_cap=30 * 12)
+    capped, how = evaluation.evaluate(method, split, (1, 5, 10), smoke=True, seed=0,
+                                      pair_cap=30 * 12)
     assert "t2i on 12 sampled queries" in how and capped == metrics  # a cap samples as a budget does
     monkeypatch.setattr(method, "eval_pairs", (None, None))
-    capped, how = benchmark.evaluate(method, split, (1, 5, 10), smoke=True, seed=0, pair_cap=30 * 12)
+    capped, how = evaluation.evaluate(method, split, (1, 5, 10), smoke=True, seed=0,
+                                      pair_cap=30 * 12)
     assert "t2i on 12 sampled queries" in how and capped == metrics  # and binds where no budget did
     full = retrieval_metrics(method.similarity(split), split.txt2img)
     assert all(exhaustive[k] == pytest.approx(full[k]) for k in exhaustive)
@@ -125,7 +129,7 @@ def test_full_setting_is_ranked_for_the_test_queries_only():
     tokenizer = build_word_tokenizer(bench["train"].captions)
     method = RandomProjectionBaseline(dim=8, seed=1).fit(bench, tokenizer)
     full = bench["full"]
-    metrics, how = benchmark.evaluate(method, full, (5, 10, 20))
+    metrics, how = evaluation.evaluate(method, full, (5, 10, 20))
     assert f"t2i on all {bench['test'].n_texts} queries" in how
     assert f"i2t on all {bench['test'].n_images} queries" in how
     expected = retrieval_metrics(method.similarity(full), full.txt2img, ks=(5, 10, 20),
@@ -149,14 +153,14 @@ def test_two_stage_methods_are_scored_per_direction_and_sampled_by_top_m(monkeyp
     second = _Reranker(dim=8, seed=2).fit(bench, tokenizer)
     method = TwoStageMethod(first, second, top_m=4)
     split = bench["test"]
-    metrics, how = benchmark.evaluate(method, split, (1, 5, 10), smoke=True, seed=0)
+    metrics, how = evaluation.evaluate(method, split, (1, 5, 10), smoke=True, seed=0)
     i2t, t2i = method.similarity(split)
     assert "sampled" not in how
     dense = retrieval_metrics(i2t, split.txt2img, t2i_sims=t2i)
     assert all(metrics[k] == pytest.approx(dense[k]) for k in metrics)
     # a budget of 10 queries' worth of re-ranked pairs: each direction on 10 sampled queries
     monkeypatch.setattr(second, "eval_pairs", (None, 10 * 4))
-    metrics, how = benchmark.evaluate(method, split, (1, 5, 10), smoke=True, seed=0)
+    metrics, how = evaluation.evaluate(method, split, (1, 5, 10), smoke=True, seed=0)
     assert "t2i on 10 sampled queries (40 pairs)" in how
     picked = np.sort(np.random.default_rng([0, 0]).choice(split.n_texts, size=10, replace=False))
     ranks = _pessimistic_ranks(t2i.numpy(), picked, split.txt2img, "t2i")  # same queries, dense matrix
@@ -276,6 +280,44 @@ def test_methods_option_selects_a_subset_and_rejects_unknown_names(tmp_path):
         benchmark.main(["--smoke", "--out", str(tmp_path), "--every-pair", "nowhere"])
 
 
+def test_a_bare_every_pair_names_test_and_compositional(monkeypatch, tmp_path):
+    seen = {}
+    monkeypatch.setattr(benchmark, "run", lambda **kwargs: seen.update(kwargs) or {"rows": []})
+    monkeypatch.setattr(benchmark, "results_markdown", lambda results: "")
+    for flags, settings in (([], ()), (["--every-pair"], ("test", "compositional")),
+                            (["--every-pair", "test"], ("test",))):
+        benchmark.main(["--methods", "", "--out", str(tmp_path), "--replace", *flags])
+        assert seen["every_pair"] == settings  # one type: a tuple of setting names
+
+
+def test_the_other_commands_options_name_the_command_to_type(tmp_path, capsys):
+    from course_lib.core.shipped import REFRESH_COMMAND
+
+    real = "python -m course_lib.real_benchmark --features DIR"
+    for argv, command in ((["--features", str(tmp_path)], real),
+                          (["--text-encoder", "bert-base-uncased"], real),
+                          (["--refresh-shipped", "--methods", "vsepp"], REFRESH_COMMAND)):
+        with pytest.raises(SystemExit):
+            benchmark.main([*argv, "--out", str(tmp_path)])
+        assert f"{argv[0]} belongs to another command: {command}" in capsys.readouterr().err
+    assert not (tmp_path / "results.json").exists()
+
+
+def test_the_results_dict_fills_meta_then_the_extras_and_the_notes():
+    class Named:
+        name, notes = "vsepp", "a dual encoder"
+
+    results = results_io.results_dict([{"method": "vsepp"}], [Named()], smoke=True, seed=3,
+                                      seconds=1.26, references={"chance": "a random ranking"},
+                                      data="real")
+    assert list(results) == ["meta", "methods", "rows"]
+    assert list(results["meta"]) == ["device", "torch", "mode", "seconds", "seed", "data"]
+    assert results["meta"]["mode"] == "smoke" and results["meta"]["seconds"] == 1.3
+    assert results["methods"] == {"chance": "a random ranking", "vsepp": "a dual encoder"}
+    assert list(results["methods"]) == ["chance", "vsepp"]
+    assert results["rows"] == [{"method": "vsepp"}]
+
+
 def test_extrapolated_times_are_starred_in_every_table():
     row = {"method": "slow", "setting": "test", "n_images": 10, "n_texts": 50, "n_text_queries": 50,
            "n_image_queries": 10, "ar": 1.0, "ms_per_query": 12.5, "ms_measured": False, "notes": "x",
@@ -313,7 +355,7 @@ def test_pairwise_methods_score_a_small_split_once_for_both_directions():
     split = bench["test"]
     method = Counting(config=object(), name="counting", progress=False)
     method.model = torch.nn.Linear(1, 1)
-    metrics, _ = benchmark.evaluate(method, split, (1, 5))
+    metrics, _ = evaluation.evaluate(method, split, (1, 5))
     assert Counting.calls == split.n_images * split.n_texts  # once, not once per direction
     dense = retrieval_metrics(method.similarity(split), split.txt2img, ks=(1, 5))
     assert all(metrics[k] == pytest.approx(dense[k]) for k in metrics)
@@ -479,7 +521,7 @@ def test_a_cascade_faster_than_its_first_stage_is_flagged_in_plain_words():
 def test_an_interrupted_run_keeps_finished_methods_and_continues(tmp_path, monkeypatch, capsys):
     # Ctrl-C used to give a raw KeyboardInterrupt traceback, an empty --out, and a re-run from scratch
     calls = []
-    real_evaluate = benchmark.evaluate
+    real_evaluate = evaluation.evaluate
 
     def evaluate(method, *args, **kwargs):
         calls.append(method.name)
@@ -519,7 +561,7 @@ def test_a_continued_run_names_the_shipped_models_of_both_parts(tmp_path, monkey
         return method
 
     calls = []
-    real_evaluate = benchmark.evaluate
+    real_evaluate = evaluation.evaluate
 
     def evaluate(method, *args, **kwargs):
         calls.append(method.name)
@@ -567,7 +609,7 @@ def test_a_direction_with_too_few_sampled_queries_is_left_out(monkeypatch):
     tokenizer = build_word_tokenizer(bench["train"].captions)
     method = RandomProjectionBaseline(dim=8, seed=1).fit(bench, tokenizer)
     split = bench["test"]
-    fewest = benchmark.MIN_SAMPLED_QUERIES[1]
+    fewest = evaluation.MIN_SAMPLED_QUERIES[1]
     monkeypatch.setattr(method, "pairs_per_query", lambda split, direction: split.n_images if direction == "t2i"
                         else split.n_texts)
     # t2i: exactly the fewest queries fit the budget; i2t (5 captions per image): one fewer than that
@@ -575,13 +617,13 @@ def test_a_direction_with_too_few_sampled_queries_is_left_out(monkeypatch):
     ranked = []
     original = method.rank
     monkeypatch.setattr(method, "rank", lambda *a, **k: ranked.append(a[1]) or original(*a, **k))
-    metrics, how = benchmark.evaluate(method, split, (1, 5, 10), smoke=True, seed=0)
+    metrics, how = evaluation.evaluate(method, split, (1, 5, 10), smoke=True, seed=0)
     assert ranked == ["t2i"]
     assert f"t2i on {fewest} sampled queries" in how
     assert f"i2t not measured: its budget allows {fewest * split.n_images // split.n_texts} sampled queries" in how
     assert all(metrics[f"i2t_r{k}"] is None for k in (1, 5, 10))
     assert all(metrics[f"t2i_r{k}"] is not None for k in (1, 5, 10))
-    row = benchmark._row("random_projection", "test", split, metrics, (1, 5, 10), 1.0, how)
+    row = evaluation.results_row("random_projection", "test", split, metrics, (1, 5, 10), 1.0, how)
     assert row["ar"] is None and row["i2t_r1"] is None and row["t2i_r1"] == round(metrics["t2i_r1"], 2)
     table = results_io.results_markdown({"meta": {"mode": "smoke", "seed": 0, "device": "cpu", "torch": "-",
                                                   "seconds": 1}, "rows": [row], "methods": {}})
@@ -607,13 +649,13 @@ def test_latency_times_only_the_sizes_asked_and_the_whole_gallery_as_itself():
     split = _small_bench()["test"]
     n = split.n_images
     method = _SizeRecorder((None, None))
-    rows = benchmark._latency(method, split, (n,), smoke=True, repeats=1)
+    rows = evaluation.query_latency(method, split, (n,), smoke=True, repeats=1)
     assert [r["n"] for r in rows] == [n] and method.galleries == [split]
     method = _SizeRecorder((None, None))
-    benchmark._latency(method, split, (10, n), smoke=True, repeats=1)
+    evaluation.query_latency(method, split, (10, n), smoke=True, repeats=1)
     assert [g.n_images for g in method.galleries] == [10, n] and method.galleries[1] is split
     method = _SizeRecorder(((4, 8), (4, 8)))  # may time 8 at most: 4 and 8 are timed to reach n
-    rows = benchmark._latency(method, split, (n,), smoke=True, repeats=1)
+    rows = evaluation.query_latency(method, split, (n,), smoke=True, repeats=1)
     assert [g.n_images for g in method.galleries] == [4, 8] and [r["measured"] for r in rows] == [True, True, False]
 
 
@@ -670,7 +712,7 @@ def test_the_benchmark_settings_reuse_a_first_stages_states_in_its_cascades(monk
         original = getattr(base, name)
         monkeypatch.setattr(base, name, lambda *a, _original=original, _name=name, **k: encoded.append(
             (_name, a[1], "indices" in k)) or _original(*a, **k))  # the split itself: no id reused
-    benchmark.run(smoke=True, out=tmp_path, methods=[first, cascade], progress=False, write=False,
+    benchmark.run(smoke=True, out=tmp_path, methods=[first, cascade], progress=False,
                   checkpoints=tmp_path / "checkpoints")
     whole = [(name, id(split)) for name, split, some in encoded if not some]
     assert len(whole) == len(set(whole)) >= 2 * len(benchmark.SETTINGS)  # each split's images and captions once

@@ -284,8 +284,9 @@ def test_the_checkpoint_name_follows_the_miner_only_when_it_mines(bench, tok):
 
 def test_a_miner_is_kept_only_where_it_mines(bench, tok):
     """The benchmark hands the cross-encoder a VSE++ miner whatever its loss. Trained listwise it draws no
-    mined negatives, so VSE++ is not among the models it is built from: --retrain and --refresh-shipped do not
-    train VSE++ before it (or at all, for --methods cross_encoder). Binary ITM with hard negatives keeps it."""
+    mined negatives, so VSE++ is not among the models it is built from: the benchmark's --retrain
+    and the refresh of the shipped models (course_lib.refresh_shipped) do not train VSE++ before it
+    (or at all, for --methods cross_encoder). Binary ITM with hard negatives keeps it."""
     vsepp = VsePPMethod(VsePPConfig.smoke(max_steps=2), progress=False)
     listwise = smoke_method(CrossEncoderConfig.smoke(max_steps=3), miner=dual_encoder_miner(vsepp))
     assert listwise.miner is None and vsepp not in own_models([listwise])

@@ -182,7 +182,7 @@ def test_vit_patch_tokens_pooled_to_a_grid(resnet, tmp_path):
 def test_methods_fit_and_rank_on_the_features_unchanged(resnet, tmp_path):
     from transformers import BertTokenizerFast
 
-    from course_lib.benchmark import evaluate
+    from course_lib.evaluation import evaluate
     from course_lib.methods.lightningdot.model import LightningDOTConfig
     from course_lib.methods.lightningdot.method import LightningDOTMethod
     from course_lib.methods.vsepp import VsePPConfig, VsePPMethod

@@ -209,8 +209,8 @@ def test_an_image_folder_that_is_not_the_jsons_stops_before_writing(tmp_path, ca
 
 
 def test_benchmark_on_real_features_writes_its_results_without_touching_shipped_models(tmp_path, capsys):
-    from course_lib.benchmark import main
     from course_lib.core.shipped import SHIPPED_MODELS
+    from course_lib.real_benchmark import main
 
     before = {p.name: p.stat().st_mtime_ns for p in SHIPPED_MODELS.iterdir()}
     json_path = copy_photos(tmp_path, (26, 4, 4))  # 130 training captions: a smoke batch of 128 (SCAN)
@@ -239,12 +239,13 @@ def test_benchmark_on_real_features_writes_its_results_without_touching_shipped_
     assert all(r["ms_per_query"] > 0 for r in results["rows"] if r["method"] != "chance")
     assert all(r["eval_s"] >= 0 for r in results["rows"] if r["method"] != "chance")  # the evaluation's cost
     assert {p.name: p.stat().st_mtime_ns for p in SHIPPED_MODELS.iterdir()} == before
-    with pytest.raises(SystemExit):  # --text-encoder goes with --features only
+    with pytest.raises(SystemExit):  # every real-photo method runs: a subset is refused
+        main(["--features", str(tmp_path / "features"), "--methods", "vsepp",
+              "--out", str(tmp_path / "x")])
+    assert "unrecognized arguments: --methods vsepp" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # the features are what this command runs on
         main(["--text-encoder", MINILM_NAME, "--out", str(tmp_path / "x")])
-    assert "--text-encoder goes with --features" in capsys.readouterr().err
-    with pytest.raises(SystemExit):  # --features runs every method: a subset is refused, not ignored
-        main(["--features", str(tmp_path / "features"), "--methods", "vsepp", "--out", str(tmp_path / "x")])
-    assert "--methods, --merge" in capsys.readouterr().err
+    assert "the following arguments are required: --features" in capsys.readouterr().err
 
 
 def test_every_real_photo_preset_names_real_fields_and_applies_only_outside_smoke():

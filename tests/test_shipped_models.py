@@ -15,7 +15,7 @@ import warnings
 import pytest
 import torch
 
-from course_lib import benchmark, shipping
+from course_lib import benchmark, refresh_shipped, shipping
 from course_lib.core import shipped
 from course_lib.core.checkpoints import load_model_weights
 from course_lib.core.settings import CourseNote, retraining, retrain_mode
@@ -253,11 +253,19 @@ def test_the_retrain_flag_reaches_the_run(monkeypatch, tmp_path):
 
 
 def test_refresh_refuses_smoke_and_other_seeds(monkeypatch, capsys):
-    monkeypatch.setattr(benchmark, "refresh", lambda *a, **k: pytest.fail("refreshed"))
-    for argv in (["--refresh-shipped", "--smoke"], ["--refresh-shipped", "--seed", "1"]):
+    monkeypatch.setattr(refresh_shipped, "refresh", lambda *a, **k: pytest.fail("refreshed"))
+    for argv in (["--smoke"], ["--seed", "1"]):  # the shipped models are the default ones of seed 0
         with pytest.raises(SystemExit):
-            benchmark.main(argv)
-        assert "--refresh-shipped makes the default models" in capsys.readouterr().err
+            refresh_shipped.main(argv)
+        assert f"unrecognized arguments: {argv[0]}" in capsys.readouterr().err
+    monkeypatch.setenv("COURSE_SMOKE", "1")
+    with pytest.raises(SystemExit):
+        refresh_shipped.main([])
+    assert "the default models of seed 0: unset COURSE_SMOKE" in capsys.readouterr().err
+    monkeypatch.delenv("COURSE_SMOKE")
+    with pytest.raises(SystemExit):
+        refresh_shipped.main(["--methods", "vsepp,nonsense", "--jobs", "1"])
+    assert "unknown method(s) ['nonsense']" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("change", ["config", "version", "data", "file bytes", "file deleted", "unlisted file",
@@ -285,7 +293,7 @@ def test_the_staleness_check_fails_on_a_planted_change(change, shipped_tiny, dat
         del manifest["files"][vsepp_file]
     (folder / MANIFEST).write_text(json.dumps(manifest))
     expected = shipping.expected_entries(bench, tokenizer, methods)
-    with pytest.raises(AssertionError, match="Refresh them .* with: python -m course_lib.benchmark --refresh-shipped"):
+    with pytest.raises(AssertionError, match=f"Refresh them .* with: {REFRESH_COMMAND}"):
         assert_current(folder, expected)
     if change == "config":
         assert any("config differs in max_steps" in p for p in check_shipped(folder, expected))
@@ -333,18 +341,20 @@ def test_refresh_command_writes_the_folder(monkeypatch, tmp_path, capsys):
     monkeypatch.delenv("COURSE_SMOKE", raising=False)
     seen = {}
     manifest = {"files": {"vsepp-x.pt": {"bytes": 2_000_000}, "scan-y.pt": {"bytes": 500_000}}, "not_shipped": []}
-    monkeypatch.setattr(benchmark, "refresh", lambda folder, checkpoints, only: seen.update(
+    monkeypatch.setattr(refresh_shipped, "refresh", lambda folder, checkpoints, only: seen.update(
         folder=folder, checkpoints=checkpoints, only=only) or manifest)
     lanes = []  # the models are trained side by side first (course_lib.training_lanes), then refresh loads them
-    monkeypatch.setattr(benchmark, "train_in_parallel", lambda names, **kwargs: lanes.append((names, kwargs)))
-    benchmark.main(["--refresh-shipped", "--checkpoints", str(tmp_path), "--jobs", "2"])
+    monkeypatch.setattr(refresh_shipped, "train_in_parallel",
+                        lambda names, **kwargs: lanes.append((names, kwargs)))
+    refresh_shipped.main(["--checkpoints", str(tmp_path), "--jobs", "2"])
     assert seen == {"folder": SHIPPED_MODELS, "checkpoints": str(tmp_path), "only": None}
     assert lanes == [(None, dict(seed=0, checkpoints=str(tmp_path), jobs=2, retrain=True))]
-    benchmark.main(["--refresh-shipped", "--checkpoints", str(tmp_path), "--jobs", "1"])
+    refresh_shipped.main(["--checkpoints", str(tmp_path), "--jobs", "1"])
     assert len(lanes) == 1  # one process: refresh trains them itself
     assert "wrote 2 models (2.5 MB)" in capsys.readouterr().out
     manifest["not_shipped"] = ["scan"]
-    benchmark.main(["--refresh-shipped", "--checkpoints", str(tmp_path), "--methods", "vsepp,cross_encoder", "--jobs", "1"])
+    refresh_shipped.main(["--checkpoints", str(tmp_path), "--methods", "vsepp,cross_encoder",
+                          "--jobs", "1"])
     assert seen["only"] == ["vsepp", "cross_encoder"]
     assert "not shipped (trained on first use): scan" in capsys.readouterr().out
 

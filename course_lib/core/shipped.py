@@ -17,7 +17,7 @@ the folder ships a model of that method name that does not match, or has no mani
 load shipped models (`shipped_folder`): CI exercises the training path, and `--retrain` reproduces
 the shipped models with the same code.
 
-`python -m course_lib.benchmark --refresh-shipped` (REFRESH_COMMAND) trains the default models (or
+`python -m course_lib.refresh_shipped` (REFRESH_COMMAND) trains the default models (or
 loads their cache) and rewrites the folder (`write_shipped`); `check_shipped` lists what is stale,
 and tests/test_shipped_models.py fails on it, naming that command.
 """
@@ -43,7 +43,7 @@ from course_lib.core.history import History
 
 SHIPPED_MODELS = Path(__file__).resolve().parents[2] / "shipped_models"
 MANIFEST = "manifest.json"
-REFRESH_COMMAND = "python -m course_lib.benchmark --refresh-shipped"
+REFRESH_COMMAND = "python -m course_lib.refresh_shipped"
 MAX_BYTES = 25_000_000  # every shipped file together: a clone stays small
 
 

@@ -1,0 +1,114 @@
+"""Evaluating one method on one split, as both benchmarks do (course_lib.benchmark on the synthetic
+scenes, course_lib.real_benchmark on real photographs): its recalls from its rankings (`evaluate`,
+on a fixed sample of the queries where its pair budget runs out), its ms per text query
+(`query_latency`), and the results row that holds both (`results_row`).
+
+Recalls come from each query's top-K list (metrics.ranks_from_top_k), so no dense matrix is formed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from course_lib.core.metrics import ranks_from_top_k, recall_at_k
+from course_lib.core.timing import latency_vs_gallery
+from course_lib.methods.queries import ground_truth
+
+# (default, smoke): the fewest sampled queries a direction's recalls are reported from. Below it a
+# recall's standard error passes 4 points (R@1 near 50, 100 queries: 5), too wide to compare
+# methods, so the direction is left out (its cells read "–") rather than reported from a handful of
+# queries
+MIN_SAMPLED_QUERIES = (100, 10)
+
+
+def evaluate(method, split, ks, smoke: bool = False, seed: int = 0, every_pair: bool = False,
+             pair_cap: int | None = None) -> tuple[dict, str]:
+    """Recalls of a method on a split from its rankings, per direction: every query of the split,
+    or a fixed random sample of them when pairs_per_query x queries exceeds the method's
+    eval_pairs budget (every_pair=True lifts the budget, up to the method's every_pair_limit;
+    pair_cap lowers it to at most that many pairs). A direction whose budget allows fewer than
+    MIN_SAMPLED_QUERIES is not ranked: its recalls are None.
+    Returns (metrics, how it was measured)."""
+    metrics, how = {}, []
+    for direction in ("t2i", "i2t"):
+        queries = split.text_queries if direction == "t2i" else split.image_queries
+        per_query = method.pairs_per_query(split, direction)
+        budget = method.eval_pairs[1 if smoke else 0]
+        limit = getattr(method, "every_pair_limit", None)
+        if every_pair and (limit is None or per_query * len(queries) <= limit):
+            budget = None
+        if pair_cap is not None:
+            budget = pair_cap if budget is None else min(budget, pair_cap)
+        if budget is not None and per_query * len(queries) > budget:
+            n = max(1, budget // max(per_query, 1))
+            fewest = MIN_SAMPLED_QUERIES[1 if smoke else 0]
+            if n < fewest:
+                metrics |= {f"{direction}_r{k}": None for k in ks}
+                how.append(f"{direction} not measured: its budget allows {n} sampled queries, "
+                           f"fewer than {fewest}")
+                continue
+            rng = np.random.default_rng([seed, 0 if direction == "t2i" else 1])
+            queries = np.sort(rng.choice(queries, size=n, replace=False))
+            how.append(f"{direction} on {n} sampled queries ({n * per_query:,} pairs)")
+        else:
+            how.append(f"{direction} on all {len(queries)} queries")
+        indices, scores = method.rank(split, direction, max(ks), queries)  # (Q, K) each
+        ranks = ranks_from_top_k(scores, ground_truth(split, direction, queries, indices))
+        metrics |= {f"{direction}_r{k}": v for k, v in recall_at_k(ranks, ks).items()}
+    return metrics, "; ".join(how)
+
+
+class Galleries:
+    """The first n images of a split, made once per (split, n) for the whole run: every method is
+    timed on the same gallery objects, so a cascade finds its first stage's states for them
+    cached."""
+
+    def __init__(self):
+        self.made = {}  # (id(split), n) -> (split, the subset)
+
+    def __call__(self, split, n: int):
+        if n >= split.n_images:
+            return split
+        key = (id(split), n)
+        if key not in self.made:  # the split is held in the entry, so its id is not reused
+            self.made[key] = (split, split.subset(range(n)))
+        return self.made[key][1]
+
+
+def query_latency(method, gallery, sizes, smoke: bool, repeats: int, galleries=None) -> list[dict]:
+    """ms per text query against galleries of the given sizes (the first n images of `gallery`).
+    Only the sizes asked for are timed when the method may time them all; the method's timed_sizes
+    (or a quarter, half and all of the largest it may time) only when a bigger one is extrapolated.
+    The whole gallery is timed as `gallery` itself, so the offline states its evaluation just built
+    (Method.cached_states, a dual encoder's gallery embeddings) serve the timing too; the smaller
+    ones come from `galleries` (Galleries), one object per size for every method of a run."""
+    galleries = galleries or Galleries()
+    measured = method.timed_sizes[1 if smoke else 0]
+    most = min(gallery.n_images, max(sizes) if measured is None else max(measured))
+    if max(sizes) <= most:  # every size is timed: nothing to fit a line to
+        points = sorted(set(sizes))
+    else:  # enough points for a linear fit
+        measured = measured or (max(1, most // 4), max(2, most // 2), most)
+        points = sorted({n for n in measured if n <= most} | set(sizes))
+    return latency_vs_gallery(lambda n: method.query_fn(galleries(gallery, n)), points, warmup=2,
+                              repeats=repeats, max_measured=most)
+
+
+def results_row(name, setting, split, metrics, ks, ms_per_query, notes, ms_measured=True,
+                ms_spread=(None, None)) -> dict:
+    """One row of results.json: the method's name, the setting and its sizes, the recalls in both
+    directions at `ks` and their mean (AR), the ms per text query and the timed calls' spread."""
+    row = {"method": name, "setting": setting, "n_images": split.n_images, "n_texts": split.n_texts,
+           "n_text_queries": split.n_text_queries, "n_image_queries": split.n_image_queries}
+    for direction in ("i2t", "t2i"):
+        for k in ks:
+            value = metrics[f"{direction}_r{k}"]
+            row[f"{direction}_r{k}"] = None if value is None else round(float(value), 2)
+    recalls = [row[f"{d}_r{k}"] for d in ("i2t", "t2i") for k in ks]
+    row["ar"] = None if None in recalls else round(float(np.mean(recalls)), 2)
+    row["ms_per_query"] = None if ms_per_query is None else round(float(ms_per_query), 4)
+    # the interquartile range of the timed calls: a median is only as good as its spread
+    row["ms_p25"], row["ms_p75"] = (None if v is None else round(float(v), 4) for v in ms_spread)
+    row["ms_measured"] = bool(ms_measured)
+    row["notes"] = notes
+    return row

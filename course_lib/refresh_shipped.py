@@ -1,0 +1,57 @@
+"""The refresh of the shipped models: `python -m course_lib.refresh_shipped [--methods A,B]`.
+
+Trains the default models (seed 0, default sizes; or loads them from --checkpoints) and rewrites
+shipped_models/ with their weights and manifest (course_lib.shipping.refresh). With --jobs > 1 the
+models that must train are trained side by side first (course_lib.training_lanes). A module of
+its own rather than a main in course_lib.shipping: training_lanes imports shipping, so the command
+that uses both sits above them (tests/test_layers.py forbids the cycle).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from course_lib.core import settings
+from course_lib.core.checkpoints import CHECKPOINTS
+from course_lib.core.shipped import MANIFEST, SHIPPED_MODELS
+from course_lib.methods.registry import registered_names
+from course_lib.shipping import SEED, refresh
+from course_lib.training_lanes import add_jobs_option, train_in_parallel
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--methods", default=None,
+                        help="comma-separated methods whose models are refreshed, e.g. "
+                             "'vsepp,scan'; the other shipped models that are still current stay, "
+                             "the rest are listed as not shipped (default: every method)")
+    parser.add_argument("--checkpoints", default=CHECKPOINTS,
+                        help="folder of cached trained models, shared with the benchmark and the "
+                             "notebooks: a finished model there is loaded, not trained "
+                             "(default: %(default)s)")
+    add_jobs_option(parser)
+    args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error(f"--jobs must be at least 1, got {args.jobs}")
+    if settings.smoke_mode():
+        parser.error(f"the shipped models are the default models of seed {SEED}: "
+                     "unset COURSE_SMOKE")
+    only = None if args.methods is None else [name for name in args.methods.split(",") if name]
+    unknown = sorted(set(only or ()) - set(registered_names()))
+    if unknown:
+        parser.error(f"unknown method(s) {unknown}; choose from {registered_names()}")
+    settings.plain_course_notes()
+    if args.jobs > 1:
+        train_in_parallel(only, seed=SEED, checkpoints=args.checkpoints, jobs=args.jobs,
+                          retrain=True)
+    manifest = refresh(SHIPPED_MODELS, checkpoints=args.checkpoints, only=only)
+    total = sum(entry["bytes"] for entry in manifest["files"].values())
+    not_shipped = manifest["not_shipped"]
+    print(f"wrote {len(manifest['files'])} models ({total / 1e6:.1f} MB) and {MANIFEST} to "
+          f"{SHIPPED_MODELS}" + (f"; not shipped (trained on first use): {', '.join(not_shipped)}"
+                                 if not_shipped else ""))
+    return manifest
+
+
+if __name__ == "__main__":
+    main()
