@@ -82,7 +82,7 @@ def test_every_relative_link_resolves(path):
 def test_the_readme_keeps_the_commands_ci_runs():
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
     readme = README.read_text(encoding="utf-8")
-    for command in ('pip install -e ".[dev]"', "pytest"):
+    for command in ('pip install -e ".[dev]"', "ruff check", "pytest"):
         assert command in ci and command in readme
     assert "python3 -m venv .venv" in ci and "python3 -m venv .venv" in readme
 
