@@ -8,11 +8,11 @@ import torch
 
 from course_lib import benchmark, evaluation
 from course_lib import results as results_io
-from course_lib.methods.baselines import RandomProjectionBaseline
+from course_lib.core.metrics import retrieval_metrics
 from course_lib.data.synthetic import SyntheticConfig, make_benchmark
 from course_lib.data.tokenizer import build_word_tokenizer
 from course_lib.methods.base import Method
-from course_lib.core.metrics import retrieval_metrics
+from course_lib.methods.baselines import RandomProjectionBaseline
 from course_lib.methods.registry import register_method, registered_names, unregister_method
 from course_lib.methods.rerank import TwoStageMethod
 from course_lib.methods.vsepp import VsePPConfig, VsePPMethod

@@ -9,8 +9,8 @@ import torch
 from course_lib.core.checkpoints import checkpoint_name, data_digest, model_device
 from course_lib.data.synthetic import SyntheticConfig, make_benchmark
 from course_lib.data.tokenizer import build_word_tokenizer
-from course_lib.methods.lightningdot.model import LightningDOTConfig
 from course_lib.methods.lightningdot.method import LightningDOTMethod
+from course_lib.methods.lightningdot.model import LightningDOTConfig
 from course_lib.methods.vsepp import VsePPConfig, VsePPMethod
 
 SIZES = dict(n_train=30, n_val=10, n_test=10, n_pretrain=10, n_compositional=2)

@@ -9,23 +9,43 @@ import numpy as np
 import pytest
 import torch
 
-from course_lib.methods.cross_encoder import mining
 from course_lib.core import train as train_module
 from course_lib.core.blocks import RegionEmbedding, Transformer
-from course_lib.methods.cross_encoder.model import CrossEncoder, CrossEncoderConfig, rerank_scores, score_matrix, score_pairs
-from course_lib.methods.cross_encoder.method import CrossEncoderMethod
-from course_lib.data.datasets import IMAGE_KEYS, image_fields, text_fields
-from course_lib.methods.cross_encoder.method import ITMCollate, keep_hardest, train_cross_encoder
-from course_lib.methods.cross_encoder.mining import DualEmbeddings, dual_encoder_miner, mine_negatives, mine_negatives_from_embeddings
-from course_lib.data.synthetic import SyntheticConfig, make_benchmark
-from course_lib.data.tokenizer import build_word_tokenizer
-from course_lib.methods.cross_encoder.itm import (GridCollate, grid_pairs, itc_hard_grid, itc_itm_loss,
-                            listwise_itm_loss)
 from course_lib.core.losses import listwise_loss
 from course_lib.core.metrics import retrieval_metrics
-from course_lib.methods.vsepp import VsePPConfig, VsePPMethod
+from course_lib.data.datasets import IMAGE_KEYS, image_fields, text_fields
+from course_lib.data.synthetic import SyntheticConfig, make_benchmark
+from course_lib.data.tokenizer import build_word_tokenizer
+from course_lib.methods.cross_encoder import mining
+from course_lib.methods.cross_encoder.itm import (
+    GridCollate,
+    grid_pairs,
+    itc_hard_grid,
+    itc_itm_loss,
+    listwise_itm_loss,
+)
+from course_lib.methods.cross_encoder.method import (
+    CrossEncoderMethod,
+    ITMCollate,
+    keep_hardest,
+    train_cross_encoder,
+)
+from course_lib.methods.cross_encoder.mining import (
+    DualEmbeddings,
+    dual_encoder_miner,
+    mine_negatives,
+    mine_negatives_from_embeddings,
+)
+from course_lib.methods.cross_encoder.model import (
+    CrossEncoder,
+    CrossEncoderConfig,
+    rerank_scores,
+    score_matrix,
+    score_pairs,
+)
 from course_lib.methods.scan.method import SCANMethod
 from course_lib.methods.scan.model import SCANConfig, build_scan
+from course_lib.methods.vsepp import VsePPConfig, VsePPMethod
 from course_lib.shipping import own_models
 
 TOL = 1e-5

@@ -6,8 +6,16 @@ import torch
 from PIL import Image
 
 from course_lib.data.datasets import (
-    IMAGENET_MEAN, IMAGENET_STD, CaptionDataset, ImageDataset, PairCollate, PairDataset, TextCollate,
-    collate_images, make_loader, pixels_to_tensor,
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    CaptionDataset,
+    ImageDataset,
+    PairCollate,
+    PairDataset,
+    TextCollate,
+    collate_images,
+    make_loader,
+    pixels_to_tensor,
 )
 from course_lib.data.split import RetrievalSplit
 from course_lib.data.tokenizer import build_word_tokenizer

@@ -25,12 +25,12 @@ from torch import nn
 
 from course_lib.core import distributed
 from course_lib.core.blocks import SelfAttention
-from course_lib.data.datasets import PairCollate, PairDataset
-from course_lib.data.synthetic import SyntheticConfig, make_benchmark
-from course_lib.data.tokenizer import build_word_tokenizer
 from course_lib.core.losses import contrastive_loss, hinge_triplet_loss
 from course_lib.core.train import Trainer
 from course_lib.core.train_config import TrainConfig
+from course_lib.data.datasets import PairCollate, PairDataset
+from course_lib.data.synthetic import SyntheticConfig, make_benchmark
+from course_lib.data.tokenizer import build_word_tokenizer
 from course_lib.methods.vsepp import VsePPConfig, build_dual_encoder
 
 B = 4  # pairs per process; the one-process reference trains on 2 * B

@@ -6,14 +6,22 @@ import timm
 import torch
 import torch.nn as nn
 
+from course_lib.core.encoders import (
+    BagOfWordsEncoder,
+    BertTextEncoder,
+    BiGRUEncoder,
+    EncoderOutput,
+    PixelEncoder,
+    RegionTransformerEncoder,
+    build_image_encoder,
+    build_text_encoder,
+    count_parameters,
+    l2_normalize,
+    word_mask,
+)
 from course_lib.data.datasets import CaptionDataset, ImageDataset, make_loader
 from course_lib.data.synthetic import SyntheticConfig, make_benchmark
 from course_lib.data.tokenizer import build_word_tokenizer
-from course_lib.core.encoders import (
-    BagOfWordsEncoder, BertTextEncoder, BiGRUEncoder, EncoderOutput, PixelEncoder,
-    RegionTransformerEncoder, build_image_encoder, build_text_encoder, count_parameters,
-    l2_normalize, word_mask,
-)
 
 B = 6
 

@@ -164,8 +164,8 @@ def _cmr_loop(scores):
 
 
 def test_cmr_checker_accepts_the_library_and_a_loop(capsys):
-    from course_lib.exercises.pretraining import check_cmr_loss
     from course_lib.core.losses import contrastive_loss
+    from course_lib.exercises.pretraining import check_cmr_loss
 
     check_cmr_loss(contrastive_loss)
     check_cmr_loss(_cmr_loop)
@@ -231,8 +231,8 @@ def _mask_loop(input_ids, attention_mask, vocab_size, mask_prob, generator):
 
 
 def test_mask_checker_accepts_the_library_and_a_loop(capsys):
-    from course_lib.exercises.pretraining import check_mask_tokens
     from course_lib.core.losses import mask_tokens
+    from course_lib.exercises.pretraining import check_mask_tokens
 
     check_mask_tokens(mask_tokens)
     check_mask_tokens(_mask_loop)
@@ -489,8 +489,8 @@ def test_log_likelihood_checker_names_the_usual_mistakes():
 def test_loss_checkers_accept_a_plain_number_and_say_it_cannot_train(capsys):
     # a Python float used to be refused ("expected one number (a 0-d tensor), got float")
     from course_lib.core.losses import contrastive_loss
-    from course_lib.exercises.pretraining import check_cmr_loss
     from course_lib.exercises.hivlp import check_hrl_loss
+    from course_lib.exercises.pretraining import check_cmr_loss
     from course_lib.methods.hivlp.model import hrl_loss
 
     check_cmr_loss(lambda s: float(contrastive_loss(s)))

@@ -14,13 +14,13 @@ import pytest
 import torch
 from test_data_scripts import load_script
 
+from course_lib.core.encoders import PixelEncoder
+from course_lib.core.settings import seed_everything
 from course_lib.data.datasets import pixels_to_tensor, read_image
 from course_lib.data.features import load_feature_bench, read_pooled
 from course_lib.data.karpathy import read_karpathy, write_karpathy
 from course_lib.data.split import RetrievalSplit
 from course_lib.data.tokenizer import tokenizer_for
-from course_lib.core.encoders import PixelEncoder
-from course_lib.core.settings import seed_everything
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 extract = load_script("extract_features")
@@ -183,8 +183,8 @@ def test_methods_fit_and_rank_on_the_features_unchanged(resnet, tmp_path):
     from transformers import BertTokenizerFast
 
     from course_lib.evaluation import evaluate
-    from course_lib.methods.lightningdot.model import LightningDOTConfig
     from course_lib.methods.lightningdot.method import LightningDOTMethod
+    from course_lib.methods.lightningdot.model import LightningDOTConfig
     from course_lib.methods.vsepp import VsePPConfig, VsePPMethod
 
     bench = load_feature_bench(resnet[1])

@@ -10,16 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from course_lib.data.datasets import ImageDataset, PairCollate, PairDataset
 from course_lib.core.tokens import WORD_SPECIAL_TOKENS
-from course_lib.methods.fast_slow.model import (
-    FastConfig,
-    FastModel,
-    SlowConfig,
-    SlowModel,
-    WeightedFusion,
-    reverse_words,
-)
+from course_lib.data.datasets import ImageDataset, PairCollate, PairDataset
+from course_lib.methods.fast_slow.distill import teacher_scores
 from course_lib.methods.fast_slow.method import (
     FastMethod,
     FastSlowCascade,
@@ -30,9 +23,20 @@ from course_lib.methods.fast_slow.method import (
     score_cached_pairs,
     undistilled,
 )
-from course_lib.methods.pixel_stem import stem_config
-from course_lib.methods.fast_slow.distill import teacher_scores
-from course_lib.methods.pixel_stem import load_stem_backbone, stem_checkpoint_file, train_pixel_stem
+from course_lib.methods.fast_slow.model import (
+    FastConfig,
+    FastModel,
+    SlowConfig,
+    SlowModel,
+    WeightedFusion,
+    reverse_words,
+)
+from course_lib.methods.pixel_stem import (
+    load_stem_backbone,
+    stem_checkpoint_file,
+    stem_config,
+    train_pixel_stem,
+)
 
 TOL = 1e-4
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -12,20 +12,11 @@ import numpy as np
 import pytest
 import torch
 
+from course_lib.core.losses import batch_scores
 from course_lib.data.datasets import PairCollate, PairDataset
 from course_lib.exercises.errors import ExerciseError
 from course_lib.exercises.fast_slow import check_score_one_caption
-from course_lib.methods.fast_slow.model import FastConfig, FastModel, SlowConfig, SlowModel
-from course_lib.studies.fast_slow import (
-    cascade_ranks,
-    cached_distill_loss,
-    direction_log_likelihoods,
-    distill_from_cache,
-    kl_to_teacher,
-    slow_direction_scores,
-    softmax_entropy,
-    teacher_batches,
-)
+from course_lib.methods.fast_slow.distill import teacher_scores
 from course_lib.methods.fast_slow.method import (
     FastMethod,
     FastSlowCascade,
@@ -35,8 +26,17 @@ from course_lib.methods.fast_slow.method import (
     nce_loss,
     score_cached_pairs,
 )
-from course_lib.methods.fast_slow.distill import teacher_scores
-from course_lib.core.losses import batch_scores
+from course_lib.methods.fast_slow.model import FastConfig, FastModel, SlowConfig, SlowModel
+from course_lib.studies.fast_slow import (
+    cached_distill_loss,
+    cascade_ranks,
+    direction_log_likelihoods,
+    distill_from_cache,
+    kl_to_teacher,
+    slow_direction_scores,
+    softmax_entropy,
+    teacher_batches,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 BENCH_SIZES = dict(n_train=80, n_val=10, n_test=16, n_pretrain=10, n_compositional=1)

@@ -15,11 +15,11 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
+from course_lib.core.train import Trainer
+from course_lib.core.train_config import TrainConfig
 from course_lib.data.synthetic import SyntheticConfig, make_benchmark
 from course_lib.data.tokenizer import build_word_tokenizer
 from course_lib.methods.encoding import encode_captions, encode_gallery
-from course_lib.core.train import Trainer
-from course_lib.core.train_config import TrainConfig
 from course_lib.methods.vsepp import VsePPConfig, build_dual_encoder
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

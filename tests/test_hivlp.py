@@ -10,12 +10,28 @@ import numpy as np
 import pytest
 import torch
 
-from course_lib.data.datasets import PairCollate, PairDataset
-from course_lib.methods.hivlp.cost import CostModel, cascade_cost, encoder_multiply_adds, query_multiply_adds
-from course_lib.methods.hivlp.model import HiVLPConfig, build_hivlp, grid_boxes, hrl_loss, level_layers
-from course_lib.methods.hivlp.method import HiVLPCascade, HiVLPMethod, compute_states
-from course_lib.methods.hivlp.search import coarse_to_fine, coarse_to_fine_one, rescore, select_top_k
 from course_lib.core.losses import VMLM
+from course_lib.data.datasets import PairCollate, PairDataset
+from course_lib.methods.hivlp.cost import (
+    CostModel,
+    cascade_cost,
+    encoder_multiply_adds,
+    query_multiply_adds,
+)
+from course_lib.methods.hivlp.method import HiVLPCascade, HiVLPMethod, compute_states
+from course_lib.methods.hivlp.model import (
+    HiVLPConfig,
+    build_hivlp,
+    grid_boxes,
+    hrl_loss,
+    level_layers,
+)
+from course_lib.methods.hivlp.search import (
+    coarse_to_fine,
+    coarse_to_fine_one,
+    rescore,
+    select_top_k,
+)
 
 TOL = 1e-5
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -379,9 +395,9 @@ def _loop_hrl(images, texts):
 def test_hrl_checker_passes_a_correct_answer_and_names_mistakes():
     import torch.nn.functional as F
 
+    from course_lib.core.losses import contrastive_loss
     from course_lib.exercises.errors import ExerciseError
     from course_lib.exercises.hivlp import check_hrl_loss
-    from course_lib.core.losses import contrastive_loss
 
     check_hrl_loss(hrl_loss)
     check_hrl_loss(_loop_hrl)
@@ -537,7 +553,12 @@ def test_hivlp_stem_reads_each_cell_in_place_by_default():
 
 def test_training_starts_from_the_cached_pixel_stem_and_keeps_it_frozen(bench, tok, tmp_path):
     from course_lib.methods.hivlp.method import train_hivlp
-    from course_lib.methods.pixel_stem import stem_checkpoint_file, stem_checkpoint_path, stem_config, train_pixel_stem
+    from course_lib.methods.pixel_stem import (
+        stem_checkpoint_file,
+        stem_checkpoint_path,
+        stem_config,
+        train_pixel_stem,
+    )
 
     config = small_config(stem_steps=3, max_steps=3)  # its own stem file, not the fixture's
     method = HiVLPMethod(config, progress=False)

@@ -10,13 +10,22 @@ import pytest
 import torch
 from torch import nn
 
+from course_lib.core.losses import IGNORE, VMLM, batch_scores, contrastive_loss, mask_tokens
 from course_lib.core.tokens import CLS_ID, MASK_ID, PAD_ID, SEP_ID, SPECIAL_TOKENS
-from course_lib.data.tokenizer import build_word_tokenizer
 from course_lib.data.datasets import PairCollate, PairDataset
-from course_lib.methods.lightningdot.model import SMRCKL, SMRFR, LightningDOT, LightningDOTConfig, mask_regions
-from course_lib.core.losses import IGNORE, VMLM, mask_tokens
-from course_lib.methods.lightningdot.method import LightningDOTMethod, task_schedule, train_lightningdot
-from course_lib.core.losses import batch_scores, contrastive_loss
+from course_lib.data.tokenizer import build_word_tokenizer
+from course_lib.methods.lightningdot.method import (
+    LightningDOTMethod,
+    task_schedule,
+    train_lightningdot,
+)
+from course_lib.methods.lightningdot.model import (
+    SMRCKL,
+    SMRFR,
+    LightningDOT,
+    LightningDOTConfig,
+    mask_regions,
+)
 
 TOL = 1e-5
 

@@ -12,7 +12,12 @@ import torch.nn.functional as F
 from course_lib.core.encoders import BertTextEncoder
 from course_lib.data.datasets import PairCollate, PairDataset
 from course_lib.data.tokenizer import tokenizer_for
-from course_lib.methods.linear_probe import LinearProbeConfig, LinearProbeMethod, build_linear_probe, probe_loss
+from course_lib.methods.linear_probe import (
+    LinearProbeConfig,
+    LinearProbeMethod,
+    build_linear_probe,
+    probe_loss,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 BENCH_SIZES = dict(n_train=40, n_val=12, n_test=12, n_pretrain=10, n_compositional=1)

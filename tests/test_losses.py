@@ -219,8 +219,8 @@ def test_distillation_errors():
 
 def test_hinge_name_names_both_variants_in_method_notes():
     from course_lib.core.losses import hinge_name
-    from course_lib.methods.scan.model import SCANConfig
     from course_lib.methods.scan.method import SCANMethod
+    from course_lib.methods.scan.model import SCANConfig
     from course_lib.methods.vsepp import VsePPConfig, VsePPMethod
 
     assert (hinge_name(True), hinge_name(False)) == ("max-violation hinge", "sum of hinges")

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
+from course_lib.core.tiling import tile_rows
 from course_lib.data.synthetic import SyntheticConfig, make_benchmark
 from course_lib.notebook import plot_latency, recall_table, setup, tile_gallery
-from course_lib.core.tiling import tile_rows
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ import re
 from pathlib import Path
 
 import pytest
-
 from test_code_text import DATE, PROCESS
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,9 +10,20 @@ import pytest
 import torch
 from torch import nn
 
-from course_lib.core.roofline import count_flops, count_operators, gflops, matmul_gflops, roofline_ms
+from course_lib.core.roofline import (
+    count_flops,
+    count_operators,
+    gflops,
+    matmul_gflops,
+    roofline_ms,
+)
 from course_lib.core.timing import profile_stages
-from course_lib.studies.query_throughput import encode_throughput, end_to_end, format_throughput, throughput
+from course_lib.studies.query_throughput import (
+    encode_throughput,
+    end_to_end,
+    format_throughput,
+    throughput,
+)
 
 
 def _sleep(ms: float, value):

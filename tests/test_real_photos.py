@@ -17,8 +17,15 @@ import torch
 from test_data_scripts import load_script
 
 from course_lib.core import offline_weights
-from course_lib.core.offline_weights import (EFFICIENTNET_LITE0, MINILM, MINILM_NAME, MissingWeights,
-                                             load_offline_backbone, package_file, pretrained_text_path)
+from course_lib.core.offline_weights import (
+    EFFICIENTNET_LITE0,
+    MINILM,
+    MINILM_NAME,
+    MissingWeights,
+    load_offline_backbone,
+    package_file,
+    pretrained_text_path,
+)
 from course_lib.data.features import load_feature_bench
 from course_lib.data.photos import find_photos, no_photos_message, split_file
 from course_lib.real_benchmark import FUSED, REAL_METHODS

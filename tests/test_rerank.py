@@ -8,10 +8,15 @@ import numpy as np
 import pytest
 import torch
 
-from course_lib.methods.cross_encoder.model import CrossEncoder, CrossEncoderConfig, score_index_pairs, score_matrix
+from course_lib.core.metrics import retrieval_metrics
 from course_lib.data.synthetic import SyntheticConfig, make_benchmark
 from course_lib.data.tokenizer import build_word_tokenizer
-from course_lib.core.metrics import retrieval_metrics
+from course_lib.methods.cross_encoder.model import (
+    CrossEncoder,
+    CrossEncoderConfig,
+    score_index_pairs,
+    score_matrix,
+)
 from course_lib.methods.rerank import TwoStageMethod, top_m_candidates, two_stage_scores
 
 

@@ -16,10 +16,23 @@ import torch
 
 import course_lib.core.index_eval as index_eval
 import course_lib.core.retrieval as retrieval
-from course_lib.core.index_eval import (embedding_bytes, index_tradeoff, recall_vs_exact,
-                                   time_single_queries, topk_recall)
-from course_lib.core.retrieval import (INDEX_KINDS, as_float32_matrix, brute_force_topk, build_index,
-                                  current_params, index_params, search, set_search_params)
+from course_lib.core.index_eval import (
+    embedding_bytes,
+    index_tradeoff,
+    recall_vs_exact,
+    time_single_queries,
+    topk_recall,
+)
+from course_lib.core.retrieval import (
+    INDEX_KINDS,
+    as_float32_matrix,
+    brute_force_topk,
+    build_index,
+    current_params,
+    index_params,
+    search,
+    set_search_params,
+)
 from course_lib.core.timing import TimingResult
 
 

@@ -11,7 +11,12 @@ import torch
 from torch import nn
 
 from course_lib.core.losses import hinge_triplet_loss
-from course_lib.methods.scan.attention import _BLOCK_ELEMENTS, _block_shape, func_attention, scan_similarity
+from course_lib.methods.scan.attention import (
+    _BLOCK_ELEMENTS,
+    _block_shape,
+    func_attention,
+    scan_similarity,
+)
 
 
 # ----------------------------------------------------------------------------- reference

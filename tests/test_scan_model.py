@@ -9,14 +9,19 @@ import torch
 import torch.nn.functional as F
 
 from course_lib.core import train as train_module
-from course_lib.data.datasets import (ImageDataset, PairCollate, PairDataset, TextCollate,
-                                      collate_images)
-from course_lib.core.tokens import CLS_ID, PAD_ID, SEP_ID
 from course_lib.core.losses import hinge_triplet_loss
 from course_lib.core.metrics import retrieval_metrics
+from course_lib.core.tokens import CLS_ID, PAD_ID, SEP_ID
+from course_lib.data.datasets import (
+    ImageDataset,
+    PairCollate,
+    PairDataset,
+    TextCollate,
+    collate_images,
+)
 from course_lib.methods.scan.attention import scan_similarity
-from course_lib.methods.scan.model import SCANConfig, SCANModel, scan_loss, scan_matrix, words_only
 from course_lib.methods.scan.method import SCANMethod, train_scan
+from course_lib.methods.scan.model import SCANConfig, SCANModel, scan_loss, scan_matrix, words_only
 
 TOL = 1e-5
 # the `bench` fixture (tests/conftest.py, with `tok` over its train captions): SyntheticConfig.smoke

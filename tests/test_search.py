@@ -2,7 +2,6 @@
 the same Rankers' own ranking of a caption the split already holds."""
 
 import matplotlib
-import numpy as np
 import pytest
 
 matplotlib.use("Agg")

@@ -13,7 +13,14 @@ import torch
 from torch import nn
 
 from course_lib.core.retrieval import build_index, search
-from course_lib.core.serving import AUTO, QueryEncoder, QueryTokenizer, Searcher, TextQueryPath, probe_captions
+from course_lib.core.serving import (
+    AUTO,
+    QueryEncoder,
+    QueryTokenizer,
+    Searcher,
+    TextQueryPath,
+    probe_captions,
+)
 from course_lib.core.settings import CourseNote, seed_everything
 from course_lib.core.tokens import SpecialTokens
 from course_lib.data.datasets import TextCollate

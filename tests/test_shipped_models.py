@@ -18,8 +18,14 @@ import torch
 from course_lib import benchmark, refresh_shipped, shipping
 from course_lib.core import shipped
 from course_lib.core.checkpoints import load_model_weights
-from course_lib.core.settings import CourseNote, retraining, retrain_mode
-from course_lib.core.shipped import MANIFEST, REFRESH_COMMAND, SHIPPED_MODELS, check_shipped, read_manifest
+from course_lib.core.settings import CourseNote, retrain_mode, retraining
+from course_lib.core.shipped import (
+    MANIFEST,
+    REFRESH_COMMAND,
+    SHIPPED_MODELS,
+    check_shipped,
+    read_manifest,
+)
 from course_lib.data.synthetic import SyntheticConfig, make_benchmark
 from course_lib.data.tokenizer import build_word_tokenizer
 from course_lib.methods.base import Method, Ranker

@@ -5,7 +5,14 @@ import numpy as np
 import pytest
 
 from course_lib.core.metrics import expected_hits, hit_probability
-from course_lib.data.bag_of_objects import N_CELLS, N_KINDS, image_vectors, kind_of, random_projection, text_vectors
+from course_lib.data.bag_of_objects import (
+    N_CELLS,
+    N_KINDS,
+    image_vectors,
+    kind_of,
+    random_projection,
+    text_vectors,
+)
 from course_lib.data.captions import COUNT, PAIR, PLACE, RELATION
 from course_lib.data.oracle import oracle_ceiling
 from course_lib.data.scenes import Meanings, Scenes

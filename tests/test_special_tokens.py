@@ -15,14 +15,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+from course_lib.core.encoders import word_mask
+from course_lib.core.losses import IGNORE, mask_tokens
+from course_lib.core.tokens import WORD_SPECIAL_TOKENS, SpecialTokens
 from course_lib.data.captions import caption_vocabulary
 from course_lib.data.datasets import PairCollate, PairDataset
-from course_lib.core.tokens import SpecialTokens, WORD_SPECIAL_TOKENS
 from course_lib.data.tokenizer import build_word_tokenizer
-from course_lib.core.encoders import word_mask
-from course_lib.methods.lightningdot.model import LightningDOTConfig
-from course_lib.core.losses import IGNORE, mask_tokens
 from course_lib.methods.lightningdot.method import build_lightningdot
+from course_lib.methods.lightningdot.model import LightningDOTConfig
 from course_lib.methods.scan.model import SCANConfig, build_scan, words_only
 from course_lib.methods.vsepp import VsePPConfig, build_dual_encoder
 

@@ -9,11 +9,11 @@ from math import comb
 import numpy as np
 import pytest
 
-from course_lib.data.captions import truth_ceiling
+from course_lib.data.captions import caption_vocabulary, satisfies, truth_ceiling
 from course_lib.data.oracle import oracle_ceiling
 from course_lib.data.render import detect_regions, geometry, render_pixels
-from course_lib.data.split import RetrievalSplit
 from course_lib.data.scenes import FAMILIES
+from course_lib.data.split import RetrievalSplit
 from course_lib.data.synthetic import (
     Meanings,
     Scenes,
@@ -23,7 +23,6 @@ from course_lib.data.synthetic import (
     satisfies_rows,
     with_fresh_scenes,
 )
-from course_lib.data.captions import caption_vocabulary, satisfies
 
 SMALL = dict(n_train=60, n_val=20, n_test=30, n_pretrain=80, n_compositional=12)
 SPLIT_NAMES = ("train", "val", "test", "pretrain", "compositional", "full")

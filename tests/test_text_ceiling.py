@@ -9,15 +9,19 @@ import numpy as np
 import pytest
 import torch
 
+from course_lib.core.encoders import BagOfWordsEncoder, BiGRUEncoder, TransformerTextEncoder
 from course_lib.core.settings import seed_everything
 from course_lib.core.tokens import SpecialTokens
-from course_lib.data.datasets import PairCollate, PairDataset
-from course_lib.core.encoders import BagOfWordsEncoder, BiGRUEncoder, TransformerTextEncoder
 from course_lib.data.bag_of_objects import image_vectors
+from course_lib.data.datasets import PairCollate, PairDataset
 from course_lib.methods.encoding import similarity
 from course_lib.methods.fast_slow.method import nce_loss
 from course_lib.methods.fast_slow.model import FastConfig
-from course_lib.studies.text_ceiling import BagOfObjectsDualEncoder, train_text_ceiling, with_bag_of_objects
+from course_lib.studies.text_ceiling import (
+    BagOfObjectsDualEncoder,
+    train_text_ceiling,
+    with_bag_of_objects,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 BENCH_SIZES = dict(n_train=80, n_val=10, n_test=16, n_pretrain=20, n_compositional=1)

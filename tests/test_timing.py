@@ -10,11 +10,11 @@ import torch
 
 from course_lib.core.timing import (
     TimingResult,
-    measure,
     extrapolate,
     fit_linear_cost,
     format_speedup_table,
     latency_vs_gallery,
+    measure,
     speedup_table,
 )
 

@@ -12,10 +12,9 @@ from torch.utils.data import TensorDataset
 
 from course_lib.core.checkpoints import load_model_weights
 from course_lib.core.history import History
+from course_lib.core.optimizer import param_groups, warmup_linear_decay
 from course_lib.core.train import Trainer, move_to_device
 from course_lib.core.train_config import TrainConfig
-from course_lib.core.optimizer import param_groups, warmup_linear_decay
-
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: one torch thread
 

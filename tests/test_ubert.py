@@ -11,18 +11,32 @@ import pytest
 import torch
 
 from course_lib.core.blocks import masked_mean
-from course_lib.data.datasets import PairCollate, PairDataset, text_fields
 from course_lib.core.losses import hinge_triplet_loss
-from course_lib.data.tokenizer import build_word_tokenizer
 from course_lib.core.metrics import ranks_from_top_k, recall_at_k
+from course_lib.data.datasets import PairCollate, PairDataset, text_fields
+from course_lib.data.tokenizer import build_word_tokenizer
 from course_lib.methods.queries import ground_truth
 from course_lib.methods.scan.method import SCANMethod
 from course_lib.methods.scan.model import SCANConfig, build_scan
-from course_lib.methods.ubert.model import (STEP_TWO_PARTS, UBERTConfig, build_ubert, compute_states,
-                                            enhanced_similarity, rescore_candidates, score_cached_pairs)
+from course_lib.methods.ubert.method import (
+    TOP_K,
+    UBERTCascade,
+    UBERTMethod,
+    cross_loss,
+    tower_config,
+    tower_loss,
+    train_ubert,
+)
+from course_lib.methods.ubert.model import (
+    STEP_TWO_PARTS,
+    UBERTConfig,
+    build_ubert,
+    compute_states,
+    enhanced_similarity,
+    rescore_candidates,
+    score_cached_pairs,
+)
 from course_lib.shipping import own_models
-from course_lib.methods.ubert.method import (TOP_K, UBERTCascade, UBERTMethod, cross_loss, tower_config,
-                                    tower_loss, train_ubert)
 
 TOL = 1e-5
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -12,8 +12,8 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from course_lib import viz  # noqa: E402
-from course_lib.data.synthetic import SyntheticConfig, make_benchmark  # noqa: E402
 from course_lib.core.timing import TimingResult  # noqa: E402
+from course_lib.data.synthetic import SyntheticConfig, make_benchmark  # noqa: E402
 
 
 @pytest.fixture(scope="module")

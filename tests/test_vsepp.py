@@ -8,14 +8,25 @@ import numpy as np
 import pytest
 import torch
 
-from course_lib.data.datasets import (CaptionDataset, ImageDataset, PairCollate, PairDataset,
-                                      make_loader)
-from course_lib.data.tokenizer import build_word_tokenizer
+from course_lib.core.checkpoints import checkpoint_name
 from course_lib.core.losses import batch_scores, hinge_triplet_loss
 from course_lib.core.metrics import retrieval_metrics
 from course_lib.core.retrieval import build_index, search
 from course_lib.core.train import Trainer
-from course_lib.core.checkpoints import checkpoint_name
+from course_lib.data.datasets import (
+    CaptionDataset,
+    ImageDataset,
+    PairCollate,
+    PairDataset,
+    make_loader,
+)
+from course_lib.data.tokenizer import build_word_tokenizer
+from course_lib.methods.encoding import (
+    encode_captions,
+    encode_split,
+    learning_curve_splits,
+    retrieval_evaluator,
+)
 from course_lib.methods.vsepp import (
     DualEncoder,
     VsePPConfig,
@@ -25,8 +36,6 @@ from course_lib.methods.vsepp import (
     train_dual_encoder,
     vsepp_loss,
 )
-from course_lib.methods.encoding import encode_captions, encode_split
-from course_lib.methods.encoding import learning_curve_splits, retrieval_evaluator
 
 # small enough for a few seconds of CPU training, large enough to learn something
 TINY = dict(hidden=32, embed_dim=32, layers=1, batch_size=32, lr=1e-3, max_violation=False)
