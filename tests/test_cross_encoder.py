@@ -122,7 +122,7 @@ def test_score_pairs_equals_one_pair_at_a_time(bench, tok, model):
     scores = score_pairs(model, images, texts, batch_size=3)
     with torch.no_grad():
         one_by_one = [model(*pairs(bench["test"], tok, [i], [t]))[0]
-                      for i, t in zip(image_rows, text_rows)]
+                      for i, t in zip(image_rows, text_rows, strict=True)]
     assert scores.shape == (7,)
     assert torch.allclose(scores, torch.stack(one_by_one), atol=TOL)
 
@@ -198,9 +198,9 @@ def collate_fractions(split, tok, fraction, mined, n=2, batches=30):
         anchor_txt, neg_img = txt[B + n * B:], img[B + n * B:]  # the positives' texts, new images
         assert (anchor_img == img[:B].repeat(n)).all() and (anchor_txt == txt[:B].repeat(n)).all()
         in_lists["texts"] += [int(t) in mined.texts_for_image[i].tolist()
-                              for i, t in zip(anchor_img, neg_txt)]
+                              for i, t in zip(anchor_img, neg_txt, strict=True)]
         in_lists["images"] += [int(i) in mined.images_for_text[t].tolist()
-                               for t, i in zip(anchor_txt, neg_img)]
+                               for t, i in zip(anchor_txt, neg_img, strict=True)]
     return {k: float(np.mean(v)) for k, v in in_lists.items()}
 
 
@@ -411,7 +411,7 @@ def test_hard_negatives_start_after_the_random_phase(bench, tok):
                          step=lambda: step[0])
     texts = torch.arange(200)
     in_mined = lambda images: np.mean([int(i) in mined.images_for_text[t].tolist()  # noqa: E731
-                                       for t, i in zip(texts, images)])
+                                       for t, i in zip(texts, images, strict=True)])
     step[0] = 4
     assert collate.current_hard_fraction() == 0.0 and in_mined(collate.negative_images(texts)) < 0.05
     step[0] = 5
@@ -523,7 +523,7 @@ def test_towers_are_frozen_copied_and_stay_in_eval_mode(bench, tok):
     model, _ = train_cross_encoder(bench, tok, CrossEncoderConfig.smoke(max_steps=2), towers=scan,
                                    progress=False, device="cpu")
     assert model.towers is not scan and all(p.requires_grad for p in scan.parameters())  # a copy
-    assert all(torch.equal(a, b) for a, b in zip(model.towers.state_dict().values(), scan.state_dict().values()))
+    assert all(torch.equal(a, b) for a, b in zip(model.towers.state_dict().values(), scan.state_dict().values(), strict=True))
     assert not any(p.requires_grad for p in model.towers.parameters())
     assert model.train().towers.training is False and model.word_from_towers.training
     images, texts = pairs(split, tok, [0, 1], [0, 5])
@@ -568,7 +568,7 @@ def test_the_method_follows_its_scan_checkpoint_and_ships_with_it(bench, tok, tm
 def test_towers_read_a_repeated_caption_once_with_the_same_result(bench, tok, model, monkeypatch):
     images, texts = pairs(bench["test"], tok, [0, 1, 2, 3, 4, 5], [0, 5, 0, 14, 5, 0])
     expected = torch.stack([model(*pairs(bench["test"], tok, [i], [t]))[0] for i, t in
-                            zip([0, 1, 2, 3, 4, 5], [0, 5, 0, 14, 5, 0])])
+                            zip([0, 1, 2, 3, 4, 5], [0, 5, 0, 14, 5, 0], strict=True)])
     seen = []
     encode = model.towers.encode_texts
     monkeypatch.setattr(model.towers, "encode_texts", lambda t: seen.append(len(t["input_ids"])) or encode(t))

@@ -154,7 +154,7 @@ def test_two_processes_of_b_train_like_one_of_2b(two_processes, scenario):
         assert got["loss"] == pytest.approx(reference["loss"], **APPROX)
         assert got["grad_norm"] == pytest.approx(reference["grad_norm"], **APPROX)
         assert len(got["grads"]) == len(reference["grads"]) == 2  # both steps
-        for step_got, step_ref in zip(got["grads"], reference["grads"]):
+        for step_got, step_ref in zip(got["grads"], reference["grads"], strict=True):
             assert step_got.keys() == step_ref.keys() == dict(_model().named_parameters()).keys()
             for name in step_ref:
                 torch.testing.assert_close(step_got[name], step_ref[name], **TOLERANCE, msg=name)
@@ -169,7 +169,7 @@ def test_without_the_factor_the_gradients_are_averaged_over_processes(two_proces
     reference = train("hinge", PROCESSES * B)
     for got in (rank["open_clip"] for rank in ranks):
         assert got["loss"] == pytest.approx(reference["loss"], **APPROX)
-        for step_got, step_ref in zip(got["grads"], reference["grads"]):
+        for step_got, step_ref in zip(got["grads"], reference["grads"], strict=True):
             for name, grad in step_ref.items():
                 torch.testing.assert_close(step_got[name], grad / PROCESSES, **TOLERANCE, msg=name)
 
@@ -206,7 +206,7 @@ def test_helpers_without_a_process_group(monkeypatch):
     assert (distributed.get_rank(), distributed.get_world_size()) == (0, 1)
     assert distributed.is_main_process() and not distributed.is_distributed()
     image, text = torch.randn(3, 4), torch.randn(3, 4)
-    assert all(a is b for a, b in zip(distributed.gather_features(image, text), (image, text)))
+    assert all(a is b for a, b in zip(distributed.gather_features(image, text), (image, text), strict=True))
     assert distributed.data_parallel_loss(nn.Linear(2, 2)) is None
     assert distributed.mean_over_ranks({"loss": 1.5}, torch.device("cpu")) == {"loss": 1.5}
     distributed.barrier()  # returns at once

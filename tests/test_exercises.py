@@ -507,10 +507,10 @@ def test_hrl_checker_names_one_direction_only():
     from course_lib.exercises.hivlp import check_hrl_loss
 
     def images_as_queries(images, texts):
-        return sum(F.cross_entropy(i @ t.T, torch.arange(len(i))) for i, t in zip(images, texts))
+        return sum(F.cross_entropy(i @ t.T, torch.arange(len(i))) for i, t in zip(images, texts, strict=True))
 
     def texts_as_queries_halved(images, texts):
-        return sum(F.cross_entropy(t @ i.T, torch.arange(len(i))) / 2 for i, t in zip(images, texts))
+        return sum(F.cross_entropy(t @ i.T, torch.arange(len(i))) / 2 for i, t in zip(images, texts, strict=True))
 
     for answer in (images_as_queries, texts_as_queries_halved):
         with pytest.raises(ExerciseError, match="only one direction"):

@@ -67,9 +67,9 @@ def _loop_log_likelihood(model: SlowModel, kvs: dict, words: list[int]) -> float
     (no padding, no [SEP]), read the last position's log-softmax at the next word."""
     total = 0.0
     for decoder, sequence, key in ((model.forward_decoder, words, "fwd"), (model.backward_decoder, words[::-1], "bwd")):
-        for l, target in enumerate(sequence):
-            prefix = torch.tensor([[WORD_SPECIAL_TOKENS.cls] + sequence[:l]])  # (1, l + 1)
-            hidden = decoder(model._embed(prefix), kvs[key])  # (1, l + 1, H)
+        for step, target in enumerate(sequence):
+            prefix = torch.tensor([[WORD_SPECIAL_TOKENS.cls] + sequence[:step]])  # (1, step + 1)
+            hidden = decoder(model._embed(prefix), kvs[key])  # (1, step + 1, H)
             total += torch.log_softmax(model.output(hidden[0, -1]), dim=-1)[target].item()
     return total
 
@@ -217,7 +217,7 @@ class _Stub:
         self.h, self.name, self.eval_pairs = h, name, (None, None)
 
     def score_pairs(self, split, images, texts):
-        return torch.tensor([self.h[(int(i), int(t))] for i, t in zip(images, texts)])
+        return torch.tensor([self.h[(int(i), int(t))] for i, t in zip(images, texts, strict=True)])
 
 
 def test_beta_combine_by_hand():
@@ -342,7 +342,7 @@ def test_distillation_from_scratch_needs_no_init(fitted, bench, tok, tmp_path):
                                                                  scratch.stem_checkpoint_file(bench)])
     torch.manual_seed(config.seed)
     fresh = FastModel(len(tok), config)  # train_fast's seed, so its starting weights
-    moved = [not torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), scratch.model.state_dict().values())
+    moved = [not torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), scratch.model.state_dict().values(), strict=True)
              if a.is_floating_point()]
     assert any(moved)
     with pytest.raises(ValueError, match="teacher"):

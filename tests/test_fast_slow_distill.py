@@ -105,7 +105,7 @@ def test_mined_distillation_trains_the_student_and_names_its_checkpoint(models, 
     plain, _ = train_fast(bench, tok, dataclasses.replace(config, distill=False), progress=False)
     student, history = train_fast(bench, tok, config, teacher=slow, init=plain, progress=False)
     assert len(history) > 0 and all(np.isfinite(r["loss"]) for r in history if "loss" in r)
-    moved = [not torch.equal(a, b) for a, b in zip(plain.state_dict().values(), student.state_dict().values())
+    moved = [not torch.equal(a, b) for a, b in zip(plain.state_dict().values(), student.state_dict().values(), strict=True)
              if a.is_floating_point()]
     assert any(moved)
     with pytest.raises(ValueError, match="distill_candidates"):

@@ -225,7 +225,7 @@ def test_perfect_teacher_loss_against_a_loop_over_captions(bench, tok):
     first = int(np.flatnonzero(txt2img == txt2img[0])[1])  # a second caption of image 0
     # a caption true of another image, beside a caption of that image not true of the first one's:
     # the targets are not symmetric, so a transposed target matrix would fail
-    t, n = next((t, n) for t, n in zip(*np.nonzero(truth)) if n != txt2img[t] and txt2img[t] != 0 and n != 0
+    t, n = next((t, n) for t, n in zip(*np.nonzero(truth), strict=True) if n != txt2img[t] and txt2img[t] != 0 and n != 0
                 and not truth[np.flatnonzero(txt2img == n)[0], txt2img[t]])
     batch = PairCollate(tok, 40)([pairs[i] for i in (0, first, int(t), int(np.flatnonzero(txt2img == n)[0]), 41, 66)])
     out = perfect_teacher_loss(split, config)(model, batch)
@@ -268,6 +268,6 @@ def test_mined_students_are_the_recipe_and_its_two_controls(slow, bench, tok):
         assert torch.equal(students["eq. 4 alone"].state_dict()[key], value), key
     for one, other in (("teacher", "own image"), ("perfect teacher", "eq. 4 alone")):
         differs = [not torch.equal(a, b) for a, b in zip(students[one].state_dict().values(),
-                                                         students[other].state_dict().values())
+                                                         students[other].state_dict().values(), strict=True)
                    if a.is_floating_point()]
         assert any(differs), (one, other)

@@ -59,7 +59,7 @@ def test_two_processes_training_one_model_train_it_once(tmp_path):
             seen.add(path.name)
         time.sleep(0.05)
     outputs = [p.communicate() for p in procs]
-    for p, (out, err) in zip(procs, outputs):
+    for p, (_out, err) in zip(procs, outputs, strict=True):
         assert p.returncode == 0, err[-2000:]
     runs = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
     assert sorted(r["trained_steps"] for r in runs) == [0, 40]  # one trained all of it, the other none

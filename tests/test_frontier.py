@@ -21,7 +21,7 @@ def naive_front(ms, recall) -> set[int]:
 
 def test_pareto_front_equals_the_naive_dominance_loop():
     rng = np.random.default_rng(0)
-    for trial in range(300):
+    for _ in range(300):
         n = int(rng.integers(1, 12))
         # few distinct values, so ties in time, in recall and exact duplicates all occur
         ms = rng.integers(1, 5, size=n).astype(float)

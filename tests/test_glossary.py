@@ -20,7 +20,7 @@ REQUIRED = ["CMR", "t2i", "i2t", "VMLM", "SMRM", "EOL", "AR", "ITM", "LRM", "R@K
 def _entries():
     """term -> its definition's text, read from the `### TERM` headings."""
     parts = re.split(r"^### (.+)$", GLOSSARY.read_text(encoding="utf-8"), flags=re.MULTILINE)
-    return {term.strip(): body.split("\n## ")[0].strip() for term, body in zip(parts[1::2], parts[2::2])}
+    return {term.strip(): body.split("\n## ")[0].strip() for term, body in zip(parts[1::2], parts[2::2], strict=True)}
 
 
 def test_every_required_abbreviation_is_defined_briefly_with_its_source():

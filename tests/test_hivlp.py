@@ -111,14 +111,13 @@ def test_eol_widths_grow_and_read_the_right_blocks(bench, tok, image_input, pool
         assert not real.bool().all()
     else:
         real = torch.ones(5, n_tokens)
-    for l, block in enumerate(model.image_at):
-        torch.testing.assert_close(images[l], model.image_eols[l](naive_pool(states[block - 1], real, pool)),
-                                   atol=TOL, rtol=0)
+    for level, block in enumerate(model.image_at):
+        pooled = naive_pool(states[block - 1], real, pool)
+        torch.testing.assert_close(images[level], model.image_eols[level](pooled), atol=TOL, rtol=0)
     text_states = model.text_tower(batch, return_layers=True).layers
-    for l, block in enumerate(model.text_at):
-        torch.testing.assert_close(texts[l], model.text_eols[l](naive_pool(text_states[block - 1],
-                                                                           batch["attention_mask"], pool)),
-                                   atol=TOL, rtol=0)
+    for level, block in enumerate(model.text_at):
+        pooled = naive_pool(text_states[block - 1], batch["attention_mask"], pool)
+        torch.testing.assert_close(texts[level], model.text_eols[level](pooled), atol=TOL, rtol=0)
     torch.testing.assert_close(model.encode_images(batch), images[-1], atol=TOL, rtol=0)
     torch.testing.assert_close(model.encode_texts(batch), texts[-1], atol=TOL, rtol=0)
 
@@ -129,7 +128,7 @@ def test_hrl_against_a_loop_over_levels():
     images = [torch.randn(B, w) for w in widths]
     texts = [torch.randn(B, w) for w in widths]
     expected = 0.0
-    for i_l, t_l in zip(images, texts):  # eq. 6-7 per level by hand, eq. 8 sums them
+    for i_l, t_l in zip(images, texts, strict=True):  # eq. 6-7 per level by hand, eq. 8 sums them
         s = [[float(i_l[i] @ t_l[j]) for j in range(B)] for i in range(B)]  # S[i][j], image i, text j
         t2v = -sum(s[j][j] - math.log(sum(math.exp(s[k][j]) for k in range(B))) for j in range(B)) / B
         v2t = -sum(s[i][i] - math.log(sum(math.exp(s[i][k]) for k in range(B))) for i in range(B)) / B
@@ -180,12 +179,12 @@ def test_gradient_reaches_every_level_and_only_trained_ones(bench, tok):
 # ----------------------------------------------------------------------------- coarse to fine
 
 def _naive_cascade(gallery, query, survivors, top_k):
-    """One query at a time with Python sorts: keep survivors[l] by level l, then order by the last."""
+    """One query at a time with Python sorts: keep survivors[level] by that level, then order by the last."""
     out = []
     for q in range(len(query[0])):
         kept = list(range(len(gallery[0])))
-        for l, keep in enumerate(list(survivors) + [top_k]):
-            scores = {g: float(gallery[l][g] @ query[l][q]) for g in kept}
+        for level, keep in enumerate(list(survivors) + [top_k]):
+            scores = {g: float(gallery[level][g] @ query[level][q]) for g in kept}
             kept = sorted(kept, key=lambda g: -scores[g])[:keep]
         out.append(kept)
     return out
@@ -317,7 +316,7 @@ def test_levels_count_no_cross_attention_pairs(fitted, bench):
     test = bench["test"]
     assert HiVLPCascade(fitted, survivors=(30, 10)).pairs_per_query(test, "t2i") == 0
     reranker = fitted.level(2)  # any stage without dot_product counts its survivors: here a stand-in
-    levels = [fitted.level(l) for l in range(3)]
+    levels = [fitted.level(k) for k in range(3)]
     plain = type("Pairwise", (), {"name": "pairwise", "score_pairs": reranker.score_pairs})()
     assert Cascade(levels + [plain], [30, 10, 5]).pairs_per_query(test, "t2i") == 5
 
@@ -326,7 +325,7 @@ def test_cached_states_equal_a_fresh_pass(fitted, bench, tok):
     test = bench["test"]
     states = compute_states(fitted.model, test, tok, batch_size=7)  # other batch boundaries
     cached = fitted.states(test)
-    for fresh, kept in zip(states.image + states.text, cached.image + cached.text):
+    for fresh, kept in zip(states.image + states.text, cached.image + cached.text, strict=True):
         torch.testing.assert_close(fresh, kept, atol=TOL, rtol=0)
     flat, _ = fitted.rank(test, "t2i", 5)
     expected = torch.topk(cached.text[-1][torch.as_tensor(test.text_queries)] @ cached.image[-1].T, 5).indices
@@ -345,7 +344,7 @@ def test_checkpoint_is_loaded_not_retrained(fitted, bench, tok):
     again = HiVLPMethod(small_config(), progress=False).fit(bench, tok, cache_dir=cache)
     assert fitted.checkpoint_path.stat().st_mtime_ns == stamp
     assert all(torch.equal(a, b) for a, b in zip(again.model.state_dict().values(),
-                                                 fitted.model.state_dict().values()))
+                                                 fitted.model.state_dict().values(), strict=True))
 
 
 # ----------------------------------------------------------------------------- cost model
@@ -383,7 +382,7 @@ def test_multiply_adds_by_hand():
 def _loop_hrl(images, texts):
     """L_HRL written with per-level Python loops over the batch (an independent reference)."""
     total = 0.0
-    for i_l, t_l in zip(images, texts):
+    for i_l, t_l in zip(images, texts, strict=True):
         s = i_l @ t_l.T  # (B, B)
         B = len(s)
         t2v = sum(-torch.log_softmax(s[:, j], 0)[j] for j in range(B)) / B
@@ -402,11 +401,11 @@ def test_hrl_checker_passes_a_correct_answer_and_names_mistakes():
     check_hrl_loss(hrl_loss)
     check_hrl_loss(_loop_hrl)
     wrong = {
-        "averaged": lambda im, tx: sum(contrastive_loss(i @ t.T) for i, t in zip(im, tx)) / len(im),
+        "averaged": lambda im, tx: sum(contrastive_loss(i @ t.T) for i, t in zip(im, tx, strict=True)) / len(im),
         "last level": lambda im, tx: contrastive_loss(im[-1] @ tx[-1].T),
-        "text-to-image": lambda im, tx: sum(F.cross_entropy((i @ t.T).T, torch.arange(len(i))) for i, t in zip(im, tx)),
+        "text-to-image": lambda im, tx: sum(F.cross_entropy((i @ t.T).T, torch.arange(len(i))) for i, t in zip(im, tx, strict=True)),
         "normalised": lambda im, tx: sum(contrastive_loss(F.normalize(i, dim=-1) @ F.normalize(t, dim=-1).T)
-                                         for i, t in zip(im, tx)),
+                                         for i, t in zip(im, tx, strict=True)),
         "gradient": lambda im, tx: hrl_loss(im, tx).detach(),
     }
     for expected, fn in wrong.items():
@@ -438,7 +437,7 @@ def test_tiled_levels_and_similarity_times():
     levels = [torch.randn(30, w) for w in (2, 4, 8)]
     tiled = [tile_rows(level, 100, noise=0.1, seed=i) for i, level in enumerate(levels)]
     assert [tuple(t.shape) for t in tiled] == [(100, 2), (100, 4), (100, 8)]
-    for level, big in zip(levels, tiled):
+    for level, big in zip(levels, tiled, strict=True):
         assert torch.equal(big[:30], level)  # the originals first, untouched
         moved = (big[30:60] - level).abs()
         assert 0 < moved.max() < 1.0  # copies moved a little
@@ -494,7 +493,7 @@ def test_stem_grid_tower_reads_the_stem_map_as_grid_regions(bench, tok):
     expected = tower.encoder(regions, return_layers=True).layers
     states = tower(batch)
     assert len(states) == 3 and tuple(states[-1].shape) == (3, 1 + 16, 16)
-    for got, want in zip(states, expected):
+    for got, want in zip(states, expected, strict=True):
         torch.testing.assert_close(got, want, atol=TOL, rtol=0)
     model.train()
     assert not tower.backbone.training and tower.encoder.training  # BatchNorm keeps the stem's statistics

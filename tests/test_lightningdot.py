@@ -162,7 +162,7 @@ def test_smrc_kl_equals_hand_kl_divergence():
     for b, r in [(0, 1), (1, 0), (1, 1)]:
         logits = (states[b, r] + text_cls[b]).tolist()
         log_z = math.log(sum(math.exp(x) for x in logits))
-        expected.append(sum(p * (math.log(p) - (x - log_z)) for p, x in zip(soft[b, r].tolist(), logits) if p > 0))
+        expected.append(sum(p * (math.log(p) - (x - log_z)) for p, x in zip(soft[b, r].tolist(), logits, strict=True) if p > 0))
     assert abs(loss(states, text_cls, soft, masked).item() - sum(expected) / 3) < TOL
 
 
@@ -230,7 +230,7 @@ def test_pretrain_then_finetune_logs_each_task_and_reuses_checkpoints(bench, ld_
     assert {"cmr_loss", "vmlm_loss", "smrfr_loss", "smrc_kl_loss"} <= logged
     assert all(math.isfinite(row["loss"]) for row in histories["finetune"])
     again, _ = train_lightningdot(bench, ld_tokenizer, config, progress=False, **paths)
-    for a, b in zip(model.state_dict().values(), again.state_dict().values()):
+    for a, b in zip(model.state_dict().values(), again.state_dict().values(), strict=True):
         assert torch.equal(a, b)
 
 

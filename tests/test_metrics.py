@@ -169,7 +169,7 @@ def test_chunked_equals_unchunked(chunk_size):
     txt2img = np.repeat(np.arange(20), 5)
     whole = retrieval_ranks(sims, txt2img)
     chunked = retrieval_ranks(sims, txt2img, chunk_size=chunk_size)
-    assert all((a == b).all() for a, b in zip(whole, chunked))
+    assert all((a == b).all() for a, b in zip(whole, chunked, strict=True))
     assert retrieval_metrics(sims, txt2img, chunk_size=chunk_size) == retrieval_metrics(sims, txt2img)
 
 

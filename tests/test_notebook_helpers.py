@@ -27,7 +27,7 @@ def test_tile_gallery_sizes_and_originals_last(test_split):
     assert big.image_ids[-12:] == test_split.image_ids  # originals last, in order
     assert big.image_ids[:18] == [test_split.image_ids[i % 12] for i in range(18)]  # the copies
     assert big.captions == test_split.captions  # every caption kept, each with its original image
-    assert all(big.image_ids[i] == test_split.image_ids[j] for i, j in zip(big.txt2img, test_split.txt2img))
+    assert all(big.image_ids[i] == test_split.image_ids[j] for i, j in zip(big.txt2img, test_split.txt2img, strict=True))
     with pytest.raises(ValueError, match="at least one image"):
         tile_gallery(test_split, 0)
 

@@ -38,8 +38,8 @@ i8 = lambda x: np.array(x, dtype=np.int8)  # noqa: E731
 
 def _scenes(rows: list[list[tuple]]) -> Scenes:
     """Scenes from lists of (shape, colour, size, cell) objects, padded to the longest."""
-    O = max(len(r) for r in rows)
-    pad = lambda k: [[o[k] for o in r] + [-1] * (O - len(r)) for r in rows]  # noqa: E731
+    n_slots = max(len(r) for r in rows)
+    pad = lambda k: [[o[k] for o in r] + [-1] * (n_slots - len(r)) for r in rows]  # noqa: E731
     return Scenes(shape=i8(pad(0)), color=i8(pad(1)), size=i8(pad(2)), cell=i8(pad(3)),
                   n_objects=i8([len(r) for r in rows]))
 

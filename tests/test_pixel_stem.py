@@ -78,7 +78,7 @@ def test_the_cache_loads_and_its_name_covers_config_data_and_code(trained, bench
 
     monkeypatch.setattr(Trainer, "_train_step", no_training)
     again, again_history = train_pixel_stem(bench, config, checkpoint_path=path, progress=False)
-    for a, b in zip(stem.state_dict().values(), again.state_dict().values()):
+    for a, b in zip(stem.state_dict().values(), again.state_dict().values(), strict=True):
         assert torch.equal(a, b)
     assert again_history == history
     name = path.name

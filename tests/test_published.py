@@ -29,7 +29,7 @@ def test_the_flickr8k_rows_are_the_data_readmes_numbers():
     t2i_numbers = [float(x) for x in re.findall(r"\d+\.\d", t2i[0])]
     i2t_numbers = [float(x) for x in re.findall(r"\d+\.\d", t2i[1])]
     named = re.findall(r"(Kiros|Karpathy|Klein|Ma) et al\.|(Karpathy) & Fei-Fei", t2i[0])
-    by_author = {a or b: (t, i) for (a, b), t, i in zip(named, t2i_numbers, i2t_numbers)}
+    by_author = {a or b: (t, i) for (a, b), t, i in zip(named, t2i_numbers, i2t_numbers, strict=True)}
     ours = {r.paper.split()[0]: (r.t2i_r1, r.i2t_r1) for r in PUBLISHED["flickr8k"]["rows"]}
     assert len(by_author) == 4
     for author, numbers in by_author.items():

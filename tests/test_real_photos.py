@@ -89,7 +89,7 @@ def test_packaged_efficientnet_is_timms_efficientnet_lite0_with_imagenet_weights
     load_offline_backbone(headless, "efficientnet_lite0")
     # an independent mapping: the classifier-bearing model, key by key from the file's names
     whole = timm.create_model("efficientnet_lite0", pretrained=False).eval()
-    whole.load_state_dict(dict(zip(whole.state_dict(), source.values())))
+    whole.load_state_dict(dict(zip(whole.state_dict(), source.values(), strict=True)))
     torch.testing.assert_close(headless.conv_stem.weight, source["_conv_stem.weight"])
     x = torch.randn(2, 3, 224, 224)
     with torch.no_grad():
@@ -133,7 +133,7 @@ def copy_photos(root: Path, n_per_split=(4, 2, 2)) -> Path:
     """A Karpathy file of the first few photos of each split, with copies of their JPEGs in root/images."""
     data = json.loads(split_file(photos()).read_text())
     keep = []
-    for split, n in zip(("train", "val", "test"), n_per_split):
+    for split, n in zip(("train", "val", "test"), n_per_split, strict=True):
         keep += [img for img in data["images"] if img["split"] == split][:n]
     (root / "images").mkdir(parents=True)
     for img in keep:
@@ -164,7 +164,7 @@ def test_pretrained_features_of_real_photos_match_the_classifier(tmp_path):
     # independently: the packaged classifier on the same photo, normalised by hand
     source = torch.load(package_file(EFFICIENTNET_LITE0), map_location="cpu", weights_only=True)
     whole = timm.create_model("efficientnet_lite0", pretrained=False).eval()
-    whole.load_state_dict(dict(zip(whole.state_dict(), source.values())))
+    whole.load_state_dict(dict(zip(whole.state_dict(), source.values(), strict=True)))
     data = json.loads(json_path.read_text())["images"]
     pixels = np.asarray(read_image(tmp_path / "images" / data[0]["filename"], 224), dtype=np.float32) / 255
     x = torch.from_numpy((pixels - [0.485, 0.456, 0.406]) / [0.229, 0.224, 0.225]).permute(2, 0, 1)[None].float()
@@ -296,6 +296,6 @@ def test_the_fused_pipeline_orders_the_first_stage_top_m_by_the_weighted_sum_of_
     assert fused.top_ms == [FUSED_TOP_M]
     first = torch.tensor([[30.0, 20.0, 10.0]])  # one query, three candidates, best first by lightningdot
     second = torch.tensor([[0.1, 0.3, 0.5]])  # scan prefers the last
-    by_hand = [FUSED_WEIGHT * f + s for f, s in zip(first[0].tolist(), second[0].tolist())]
+    by_hand = [FUSED_WEIGHT * f + s for f, s in zip(first[0].tolist(), second[0].tolist(), strict=True)]
     assert fused.combine([first, second])[0].tolist() == pytest.approx(by_hand)
     assert FUSED not in [m.name for m in real_methods(smoke=True, names=("lightningdot",))]  # needs both

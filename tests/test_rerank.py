@@ -147,7 +147,7 @@ def naive_cascade(stage_scores, top_ms, combine, query, direction):
 
 def naive_weighted_sum(weights):
     """The combine of weighted_sum(weights), spelled out: sum of w * score over the stages."""
-    return lambda v: sum(w * x for w, x in zip(weights, v))
+    return lambda v: sum(w * x for w, x in zip(weights, v, strict=True))
 
 
 def test_two_stage_method_combines_first_stage_and_reranker():
@@ -244,7 +244,7 @@ class _CountingStub(_Stub):
         self.asked = []
 
     def score_pairs(self, split, images, texts):
-        self.asked += list(zip(images.tolist(), texts.tolist()))
+        self.asked += list(zip(images.tolist(), texts.tolist(), strict=True))
         return super().score_pairs(split, images, texts)
 
 

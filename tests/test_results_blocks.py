@@ -134,7 +134,7 @@ def test_a_real_photo_run_fills_its_own_blocks_and_leaves_the_synthetic_ones(cou
     real = {**results, "meta": {**results["meta"], "data": "real"}, "latency": [],
             "rows": [r for r in results["rows"] if r["setting"] in ("test", "full") and r["method"] != "oracle"]}
     results_io.update_readme(real, readme)
-    for path, before in zip((readme, doc), synthetic):
+    for path, before in zip((readme, doc), synthetic, strict=True):
         text = path.read_text()
         assert text.split(real_start)[0] == before.split(real_start)[0]  # the synthetic block is untouched
         inside = text.split(real_start + "\n", 1)[1].split(real_end, 1)[0]

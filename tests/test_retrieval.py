@@ -157,7 +157,7 @@ def test_errors_are_clear():
 def brute_force_recall(result_idx, gallery, queries, k):
     """k-recall@k computed with python sets against torch's exact top-k."""
     exact = brute_force_topk(gallery, queries, k)[1].numpy()  # (Q, k)
-    return np.mean([len(set(a) & set(e)) / len(e) for a, e in zip(result_idx, exact)])
+    return np.mean([len(set(a) & set(e)) / len(e) for a, e in zip(result_idx, exact, strict=True)])
 
 
 @pytest.fixture(scope="module")

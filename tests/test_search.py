@@ -35,7 +35,7 @@ def test_a_typed_caption_gets_the_photos_its_caption_in_the_split_gets(bench, ra
     for q in (0, 7, test.n_texts - 1):
         found = search.search_photos(rankers, test, test.captions[q], top_k=5, repeats=2)
         assert [r.method for r in found] == [r.name for r in rankers]
-        for ranker, result in zip(rankers, found):
+        for ranker, result in zip(rankers, found, strict=True):
             expected, _ = ranker.rank(test, "t2i", 5, [q])  # (1, 5): the split's own query path
             assert result.indices.tolist() == expected[0].tolist(), ranker.name
             assert 0 < result.ms_p25 <= result.ms <= result.ms_p75
@@ -57,7 +57,7 @@ def test_show_search_draws_one_row_per_method_titled_with_its_ms(bench, rankers)
     fig = search.show_search(rankers, bench["test"], "a small blue sphere", top_k=4)
     rows = [t.get_text() for ax in fig.axes for t in ax.texts]
     assert len(fig.axes) == 2 * 4 and len(rows) == 2
-    assert all(text.startswith(name + ":") and " ms (IQR " in text for text, name in zip(rows, ["vsepp", rankers[1].name]))
+    assert all(text.startswith(name + ":") and " ms (IQR " in text for text, name in zip(rows, ["vsepp", rankers[1].name], strict=True))
     plt.close(fig)
 
 

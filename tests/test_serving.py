@@ -78,7 +78,7 @@ def test_each_backend_matches_eager_on_every_length(backend):
                                                          "attention_mask": torch.from_numpy(mask)})]
         got = encoder(ids, mask)
         assert [g.shape for g in got] == [(1, 8), (1, 4)] and all(g.dtype == np.float32 for g in got)
-        for g, e in zip(got, expected):
+        for g, e in zip(got, expected, strict=True):
             np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
 
 
@@ -132,7 +132,7 @@ def test_quiet_swallows_python_and_c_level_writes_and_restores_them(capfd):
         print("python stderr", file=sys.stderr)
         os.write(1, b"fd 1\n")
         os.write(2, b"fd 2\n")
-        warnings.warn("a warning")
+        warnings.warn("a warning", stacklevel=1)
         logging.getLogger("torch.onnx").error("a log record")
     assert capfd.readouterr() == ("", "")
     print("after")

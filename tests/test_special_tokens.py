@@ -164,7 +164,7 @@ def test_scan_reads_words_only_with_the_tokenizers_ids(bench, bert_tok):
     special = SpecialTokens.of(bert_tok)
     ids, mask = words_only(enc["input_ids"], enc["attention_mask"], special)  # (B, L)
     words = _words(bert_tok, captions)
-    assert [row[m].tolist() for row, m in zip(ids, mask)] == words
+    assert [row[m].tolist() for row, m in zip(ids, mask, strict=True)] == words
     assert (ids[~mask] == bert_tok.pad_token_id).all()
     torch.manual_seed(0)
     model = build_scan(SCANConfig.smoke(), bench["train"], bert_tok).eval()  # as train_scan builds it
@@ -178,7 +178,7 @@ def test_encoders_word_mask_and_padding_use_the_tokenizers_ids(bench, bert_tok, 
     captions = bench["train"].captions[:6]
     enc = bert_tok(captions, padding="longest", return_tensors="pt")
     keep = word_mask(enc["input_ids"], enc["attention_mask"], SpecialTokens.of(bert_tok))  # (B, T)
-    assert [row[k].tolist() for row, k in zip(enc["input_ids"], keep)] == _words(bert_tok, captions)
+    assert [row[k].tolist() for row, k in zip(enc["input_ids"], keep, strict=True)] == _words(bert_tok, captions)
     torch.manual_seed(0)
     model = build_dual_encoder(VsePPConfig(text_encoder=text_encoder, hidden=16, embed_dim=16, layers=1),
                                bench["train"], bert_tok).eval()

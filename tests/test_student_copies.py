@@ -73,7 +73,7 @@ def test_tiny_notebook(tmp_path, capsys):
     copied = json.loads((tmp_path / "out" / "00_tiny.ipynb").read_text(encoding="utf-8"))
 
     assert len(copied["cells"]) == len(cells) and copied["metadata"] == nb["metadata"]
-    for before, after in zip(cells, copied["cells"]):
+    for before, after in zip(cells, copied["cells"], strict=True):
         assert after.get("outputs", []) == [] and after.get("execution_count") is None   # outputs cleared
         if "solution" not in before["metadata"].get("tags", []):
             unchanged = {k: v for k, v in before.items() if k not in ("outputs", "execution_count")}
@@ -133,7 +133,7 @@ def test_student_copy_stops_at_first_exercise_and_its_answer_passes(name, copies
     solutions = solution_cells(original)
     assert solutions, f"{name} has no exercise"
     first = solutions[0]
-    stubbed = [i for i, (a, b) in enumerate(zip(original.cells, student.cells)) if a.source != b.source]
+    stubbed = [i for i, (a, b) in enumerate(zip(original.cells, student.cells, strict=True)) if a.source != b.source]
     assert len(student.cells) == len(original.cells) and stubbed == solutions   # checkers and the rest kept
     pasted = copy.deepcopy(student)
     for i in solutions:

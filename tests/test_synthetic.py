@@ -151,7 +151,7 @@ def _slow_true(m: Meanings, t: int, sc: Scenes, n: int) -> bool:
     objs = [(sc.shape[n, o], sc.color[n, o], sc.size[n, o], sc.cell[n, o]) for o in range(sc.n_objects[n])]
 
     def match(obj, shape, color, size):
-        return all(want < 0 or have == want for have, want in zip(obj[:3], (shape, color, size)))
+        return all(want < 0 or have == want for have, want in zip(obj[:3], (shape, color, size), strict=True))
 
     if m.count[t] >= 0 and m.count[t] != len(objs):
         return False
@@ -258,7 +258,7 @@ def test_truth_ceiling_matches_simulation(bench):
     m = sat.sum(1)
     assert oracle["t2i_r1"] == pytest.approx(100 * np.mean(1 / m))
     s_i, g_i = sat.sum(0), np.bincount(s.txt2img, minlength=s.n_images)
-    expect = np.mean([1 - comb(a - g, 2) / comb(a, 2) for a, g in zip(s_i, g_i)])
+    expect = np.mean([1 - comb(a - g, 2) / comb(a, 2) for a, g in zip(s_i, g_i, strict=True)])
     assert oracle["i2t_r2"] == pytest.approx(100 * expect)
 
 

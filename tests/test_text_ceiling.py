@@ -51,7 +51,7 @@ def test_similarity_is_linear_image_times_text(bench, tok, tower, kind):
     with torch.no_grad():
         f = torch.from_numpy(split.regions[:, 0]) @ model.image_proj.weight.T + model.image_proj.bias  # (N, E)
         texts = [model.encode_texts(dict(zip(("input_ids", "attention_mask"),
-                                             (torch.tensor(a) for a in tok([c], padding=True).values()))))[0]
+                                             (torch.tensor(a) for a in tok([c], padding=True).values()), strict=True)))[0]
                  for c in split.captions[:3]]
     assert torch.allclose(sims[:, :3], f @ torch.stack(texts).T, atol=1e-4)
 

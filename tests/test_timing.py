@@ -122,7 +122,7 @@ def test_latency_vs_gallery_measures_and_extrapolates():
                               repeats=5, per=2, max_measured=5000)
     assert [r["n"] for r in rows] == [1000, 3000, 5000, 50000]
     assert [r["measured"] for r in rows] == [True, True, True, False]
-    for row, expected in zip(rows[:3], [1.0, 3.0, 5.0]):
+    for row, expected in zip(rows[:3], [1.0, 3.0, 5.0], strict=True):
         assert expected <= row["ms_per_query"] <= expected + 3
         assert row["p10_ms"] <= row["ms_per_query"] <= row["p90_ms"]
     assert rows[3]["p10_ms"] is None and rows[3]["p90_ms"] is None

@@ -124,7 +124,7 @@ def test_resume_is_exact(tmp_path, capsys, fake_cpu_clock, accum, stop_after):
     resumed, history = _fit_interrupted(tmp_path, kwargs, stop_after, evaluate)
     assert f"at step {stop_after}/20" in capsys.readouterr().out
     assert resumed.epoch == reference.epoch and resumed.batch_in_epoch == reference.batch_in_epoch
-    for p, q in zip(reference.model.parameters(), resumed.model.parameters()):
+    for p, q in zip(reference.model.parameters(), resumed.model.parameters(), strict=True):
         assert torch.equal(p, q)
     # With the fake clock the CPU time is 1 s a step, so the rows match, cpu_seconds included:
     # the measurement is carried over the interruption, never reset.
@@ -168,11 +168,11 @@ def test_grad_accumulation_matches_bigger_batch():
     small, small_hist, small_grads = _recorded_grads(4, 2)
     big, big_hist, big_grads = _recorded_grads(8, 1)
     assert len(small_grads) == len(big_grads) == 12
-    for gs, gb in zip(small_grads, big_grads):
-        for a, b in zip(gs, gb):  # without dividing the loss by accum these would be 2x
+    for gs, gb in zip(small_grads, big_grads, strict=True):
+        for a, b in zip(gs, gb, strict=True):  # without dividing the loss by accum these would be 2x
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
     assert small_hist.column("loss") == pytest.approx(big_hist.column("loss"), rel=1e-5)
-    for p, q in zip(small.model.parameters(), big.model.parameters()):
+    for p, q in zip(small.model.parameters(), big.model.parameters(), strict=True):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
     # The check has power: one micro-batch of 4 alone gives a different gradient.
     _, _, single = _recorded_grads(4, 1, max_steps=1)
@@ -316,7 +316,7 @@ def test_finished_checkpoint_returns_without_training(tmp_path, capsys):
     again = Trainer(build(seed=9), counting, make_dataset(), make_config(checkpoint_path=path))
     assert again.fit() == expected and calls == []
     assert "finished" in capsys.readouterr().out
-    for p, q in zip(first.model.parameters(), again.model.parameters()):
+    for p, q in zip(first.model.parameters(), again.model.parameters(), strict=True):
         assert torch.equal(p, q)
     again.fit(resume=False)  # forces a fresh run
     assert len(calls) == 20 and again.step == 20
@@ -330,7 +330,7 @@ def test_move_to_device_and_dict_batches():
     assert isinstance(moved["items"][2], tuple) and moved["items"][2][1].b is None
 
     def collate(samples):  # dict batches with a non-tensor entry pass through the trainer
-        x, y = (torch.stack(column) for column in zip(*samples))
+        x, y = (torch.stack(column) for column in zip(*samples, strict=True))
         return {"x": x, "y": y, "ids": ["id"] * len(samples)}
 
     def loss_fn(model, b, step):
@@ -395,7 +395,7 @@ def test_an_interrupted_run_resumes_from_its_last_periodic_save(tmp_path):
     uninterrupted = Trainer(build(), mse, make_dataset(), dataclasses.replace(config, checkpoint_path=None))
     uninterrupted.fit()
     assert calls["n"] == 180 and resumed.step == 200
-    for p, q in zip(uninterrupted.model.parameters(), resumed.model.parameters()):
+    for p, q in zip(uninterrupted.model.parameters(), resumed.model.parameters(), strict=True):
         assert torch.equal(p, q)
 
 

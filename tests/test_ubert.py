@@ -212,7 +212,7 @@ def test_cross_tokens_carry_scans_reading_of_each_word_and_region(model, bench, 
 def test_scan_copy_is_frozen_and_step_two_trains_only_bert_cross_and_its_inputs(bench, tok, scan):
     m = build_ubert(small_config(), bench["train"], tok, scan)
     assert m.scan is not scan and all(torch.equal(a, b) for a, b in zip(m.scan.state_dict().values(),
-                                                                        scan.state_dict().values()))
+                                                                        scan.state_dict().values(), strict=True))
     assert not any(p.requires_grad for p in m.scan.parameters())  # frozen from the start, joint training too
     m.freeze_towers().train()
     assert not m.scan.training and m.cross_inputs.training
@@ -337,7 +337,7 @@ def test_method_caches_towers_and_cross_separately(fitted, bench, tok):
                        method.model.image_tower.blocks[0].attn.qkv.weight)
     again = smoke_method(small_config()).fit(bench, tok, cache_dir=cache)  # loads all three
     assert all(torch.equal(a, b) for a, b in zip(again.model.state_dict().values(),
-                                                 method.model.state_dict().values()))
+                                                 method.model.state_dict().values(), strict=True))
 
 
 def test_towers_from_another_model_skip_step_one(fitted, bench, tok, tmp_path):
@@ -395,7 +395,7 @@ def test_cached_states_equal_the_uncached_path(fitted, bench, tok):
     images = torch.randint(0, split.n_images, (30,), generator=g)
     cached = score_cached_pairs(model, states, images, texts, batch_size=8)
     batch = PairCollate(tok)([{**PairDataset(split)[int(t)], **PairDataset(split).images.image_fields(int(i))}
-                              for i, t in zip(images, texts)])
+                              for i, t in zip(images, texts, strict=True)])
     with torch.no_grad():
         direct = model.s2(model.image_states(batch), model.text_states(batch))
     assert torch.allclose(cached, direct, atol=1e-5)
