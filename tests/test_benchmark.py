@@ -98,7 +98,8 @@ def test_slow_methods_are_scored_on_sampled_queries(monkeypatch):
     monkeypatch.setattr(method, "eval_pairs", (None, 30 * 12))
     metrics, how = evaluation.evaluate(method, split, (1, 5, 10), smoke=True, seed=0)
     assert "t2i on 12 sampled queries" in how and "i2t on 12 sampled queries" in how
-    monkeypatch.setattr(method, "every_pair_limit", 30 * 12, raising=False)  # too small: stays sampled
+    # too small: stays sampled
+    monkeypatch.setattr(method, "every_pair_limit", 30 * 12, raising=False)
     limited, how = evaluation.evaluate(method, split, (1, 5, 10), smoke=True, seed=0,
                                        every_pair=True)
     assert "t2i on 12 sampled queries" in how and limited == metrics
@@ -108,7 +109,8 @@ def test_slow_methods_are_scored_on_sampled_queries(monkeypatch):
     assert "sampled" not in how
     capped, how = evaluation.evaluate(method, split, (1, 5, 10), smoke=True, seed=0,
                                       pair_cap=30 * 12)
-    assert "t2i on 12 sampled queries" in how and capped == metrics  # a cap samples as a budget does
+    # a cap samples as a budget does
+    assert "t2i on 12 sampled queries" in how and capped == metrics
     monkeypatch.setattr(method, "eval_pairs", (None, None))
     capped, how = evaluation.evaluate(method, split, (1, 5, 10), smoke=True, seed=0,
                                       pair_cap=30 * 12)
@@ -163,7 +165,8 @@ def test_two_stage_methods_are_scored_per_direction_and_sampled_by_top_m(monkeyp
     metrics, how = evaluation.evaluate(method, split, (1, 5, 10), smoke=True, seed=0)
     assert "t2i on 10 sampled queries (40 pairs)" in how
     picked = np.sort(np.random.default_rng([0, 0]).choice(split.n_texts, size=10, replace=False))
-    ranks = _pessimistic_ranks(t2i.numpy(), picked, split.txt2img, "t2i")  # same queries, dense matrix
+    # same queries, dense matrix
+    ranks = _pessimistic_ranks(t2i.numpy(), picked, split.txt2img, "t2i")
     for k in (1, 5, 10):
         assert metrics[f"t2i_r{k}"] == pytest.approx(100 * np.mean(ranks < k))
 
@@ -219,7 +222,8 @@ def test_a_method_registered_in_a_test_runs_through_the_smoke_benchmark(tmp_path
 
 
 def test_the_course_methods_are_registered_in_teaching_order():
-    # the benchmark loops over the registry; a new lesson's method appears without touching this test
+    # the benchmark loops over the registry; a new lesson's method appears
+    # without touching this test
     methods = benchmark.available_methods(smoke=True)
     names = [m.name for m in methods]
     assert names == registered_names() and len(set(names)) == len(names)
@@ -253,7 +257,8 @@ def test_baseline_scores_match_an_explicit_computation():
 
 
 def test_readme_block_is_replaced_and_the_rest_kept(tmp_path, smoke_results):
-    # a real run's results through --readme's writer (tests/test_results_blocks.py: the split in detail)
+    # a real run's results through --readme's writer
+    # (tests/test_results_blocks.py: the split in detail)
     _, results = smoke_results
     readme, doc = tmp_path / "README.md", tmp_path / "docs" / "results.md"
     doc.parent.mkdir()
@@ -377,8 +382,10 @@ def test_merge_keeps_old_rows_only_for_methods_not_rerun(smoke_results):
     merged = results_io.merge_results(new, old)
     for setting in ("test", "full"):
         methods = [r["method"] for r in merged["rows"] if r["setting"] == setting]
-        assert methods == [*results_io.REFERENCES, "vsepp", baseline]  # course order: registered, then the rest
-    assert all(r["t2i_r1"] == -1.0 for r in merged["rows"] if r["method"] == "vsepp")  # the old rows, untouched
+        # course order: registered, then the rest
+        assert methods == [*results_io.REFERENCES, "vsepp", baseline]
+    # the old rows, untouched
+    assert all(r["t2i_r1"] == -1.0 for r in merged["rows"] if r["method"] == "vsepp")
     assert merged["meta"]["merged"] == {"methods": ["vsepp"], "seconds": 12.5}
     assert [p["method"] for p in merged["latency"]][0] == "vsepp"
     assert "from an earlier run" in results_io.results_markdown(merged)
@@ -404,13 +411,14 @@ def test_pareto_png_labels_every_timed_method_on_test_and_full(tmp_path, monkeyp
     assert [ax.get_title() for ax in fig.axes] == ["accuracy vs latency (test)", "accuracy vs latency (full)"]
     for ax in fig.axes:
         labels = [t.get_text() for t in ax.texts]
-        # the oracle (90) lies above every method (0-10): marked at the top edge, the axes fit the methods
+        # the oracle (90) lies above every method (0-10): marked at the top
+        # edge, the axes fit the methods
         assert sorted(labels) == sorted(names + ["oracle 90.0 (ceiling) \u2191"])
         assert any(line.get_label() == "Pareto front" for line in ax.lines)
     assert [ax.get_ylabel() for ax in fig.axes] == ["t2i_r1 (%) on test", "t2i_r5 (%) on full"]
 
 
-# ----------------------------------------------------------------------------- inputs checked before any work
+# ------------------------------------------------------------------- inputs checked before any work
 @pytest.fixture
 def no_run(monkeypatch):
     """benchmark.run replaced by a failure: a command that must stop first never reaches it."""
@@ -457,7 +465,8 @@ def test_a_run_that_would_drop_methods_or_change_mode_stops_unless_asked(tmp_pat
     with pytest.raises(SystemExit):  # only the oracle rows would be left
         benchmark.main(["--smoke", "--methods", "", "--out", str(path.parent)])
     assert "random_projection, vsepp" in capsys.readouterr().err
-    with pytest.raises(AssertionError, match="the benchmark ran"):  # merging keeps them: the run may go ahead
+    # merging keeps them: the run may go ahead
+    with pytest.raises(AssertionError, match="the benchmark ran"):
         benchmark.main(["--smoke", "--methods", "", "--out", str(path.parent), "--merge", str(path)])
     with pytest.raises(AssertionError, match="the benchmark ran"):  # asked for
         benchmark.main(["--smoke", "--methods", "", "--out", str(path.parent), "--replace"])
@@ -489,14 +498,16 @@ def test_a_missing_readme_block_stops_before_any_work(tmp_path, no_run, capsys):
     with pytest.raises(SystemExit):
         benchmark.main(["--smoke", "--out", str(tmp_path / "out"), "--readme", str(readme)])
     assert "no results block" in capsys.readouterr().err
-    readme.write_text("<!-- results:start -->\n<!-- results:end -->\n")  # the README's block, no docs/results.md
+    # the README's block, no docs/results.md
+    readme.write_text("<!-- results:start -->\n<!-- results:end -->\n")
     with pytest.raises(SystemExit):
         benchmark.main(["--smoke", "--out", str(tmp_path / "out"), "--readme", str(readme)])
     assert "docs/results.md: No such file" in capsys.readouterr().err
 
 
 def test_a_cascade_faster_than_its_first_stage_is_flagged_in_plain_words():
-    # in one smoke run ubert-embed took 144 ms while ubert-embed+cross_encoder@20, which contains it, took 18.9 ms
+    # in one smoke run ubert-embed took 144 ms while ubert-embed+cross_encoder@20, which
+    # contains it, took 18.9 ms
     class Stage:
         name = "first"
 
@@ -519,7 +530,8 @@ def test_a_cascade_faster_than_its_first_stage_is_flagged_in_plain_words():
 
 
 def test_an_interrupted_run_keeps_finished_methods_and_continues(tmp_path, monkeypatch, capsys):
-    # Ctrl-C used to give a raw KeyboardInterrupt traceback, an empty --out, and a re-run from scratch
+    # Ctrl-C used to give a raw KeyboardInterrupt traceback, an empty --out,
+    # and a re-run from scratch
     calls = []
     real_evaluate = evaluation.evaluate
 
@@ -533,7 +545,8 @@ def test_an_interrupted_run_keeps_finished_methods_and_continues(tmp_path, monke
     methods = lambda: [RandomProjectionBaseline(), VsePPMethod(VsePPConfig.smoke(max_steps=3), progress=False)]  # noqa: E731
     monkeypatch.setattr(benchmark, "available_methods", lambda seed, smoke, names=None: methods())
     # --jobs 1: the two methods above train in this process. With more jobs the training processes
-    # build every registered method, which this test does not patch: 90 s of smoke training it never used
+    # build every registered method, which this test does not patch: 90 s of
+    # smoke training it never used
     args = ["--smoke", "--out", str(tmp_path), "--checkpoints", str(tmp_path / "ckpt"), "--jobs", "1"]
     with pytest.raises(SystemExit) as stop:
         benchmark.main(args)
@@ -543,11 +556,13 @@ def test_an_interrupted_run_keeps_finished_methods_and_continues(tmp_path, monke
     results = benchmark.main(args)
     assert calls.count("random_projection") == 3  # not evaluated again: its rows were kept
     assert {r["method"] for r in results["rows"]} == {*results_io.REFERENCES, "random_projection", "vsepp"}
-    assert not (tmp_path / results_io.PARTIAL).exists()  # a complete run leaves no partial rows behind
+    # a complete run leaves no partial rows behind
+    assert not (tmp_path / results_io.PARTIAL).exists()
 
 
 def test_a_continued_run_names_the_shipped_models_of_both_parts(tmp_path, monkeypatch):
-    # the continued part used to name only the models it loaded itself, not those of the methods it kept
+    # the continued part used to name only the models it loaded itself, not
+    # those of the methods it kept
     def loaded_as_shipped(name):
         method = VsePPMethod(VsePPConfig.smoke(max_steps=3), progress=False)
         method.name = name
@@ -612,7 +627,8 @@ def test_a_direction_with_too_few_sampled_queries_is_left_out(monkeypatch):
     fewest = evaluation.MIN_SAMPLED_QUERIES[1]
     monkeypatch.setattr(method, "pairs_per_query", lambda split, direction: split.n_images if direction == "t2i"
                         else split.n_texts)
-    # t2i: exactly the fewest queries fit the budget; i2t (5 captions per image): one fewer than that
+    # t2i: exactly the fewest queries fit the budget; i2t (5 captions per
+    # image): one fewer than that
     monkeypatch.setattr(method, "eval_pairs", (None, fewest * split.n_images))
     ranked = []
     original = method.rank
@@ -715,7 +731,8 @@ def test_the_benchmark_settings_reuse_a_first_stages_states_in_its_cascades(monk
     benchmark.run(smoke=True, out=tmp_path, methods=[first, cascade], progress=False,
                   checkpoints=tmp_path / "checkpoints")
     whole = [(name, id(split)) for name, split, some in encoded if not some]
-    assert len(whole) == len(set(whole)) >= 2 * len(benchmark.SETTINGS)  # each split's images and captions once
+    # each split's images and captions once
+    assert len(whole) == len(set(whole)) >= 2 * len(benchmark.SETTINGS)
 
 
 def test_a_runs_sizes_reach_every_config_of_their_class_and_no_other():
@@ -728,4 +745,5 @@ def test_a_runs_sizes_reach_every_config_of_their_class_and_no_other():
     assert dual.config == LightningDOTConfig.smoke(finetune_steps=7, hidden=32)
     assert rerank.first is dual  # one model serves the cascade
     plain = available_methods(0, True, ["cross_encoder"])[0]
-    assert isinstance(plain.config, CrossEncoderConfig) and rerank.reranker.config == plain.config  # another class
+    # another class
+    assert isinstance(plain.config, CrossEncoderConfig) and rerank.reranker.config == plain.config

@@ -42,7 +42,8 @@ def test_name_tracks_config_data_vocabulary_and_extra(data):
 @pytest.mark.parametrize("knob", [{"region_noise": 0.3}, {"clutter": 2.0}, {"pixel_noise": 0.1}])
 def test_name_tracks_the_data_itself_not_only_its_captions_and_shapes(data, knob):
     bench, tokenizer = data
-    other = make_bench(**knob)  # same captions, vocabulary, sizes and shapes; other pixels / regions
+    # same captions, vocabulary, sizes and shapes; other pixels / regions
+    other = make_bench(**knob)
     assert other["train"].captions == bench["train"].captions
     assert other["train"].regions.shape == bench["train"].regions.shape
     config = {"lr": 1e-3}
@@ -74,7 +75,8 @@ def test_name_tracks_one_changed_value_of_every_array(data, field):
         flat[middle] += 1
     changed = dataclasses.replace(split, **{field: value})
     assert checkpoint_name("m", {}, changed, tokenizer) != name
-    assert checkpoint_name("m", {}, dataclasses.replace(split), tokenizer) == name  # a copy: same name
+    # a copy: same name
+    assert checkpoint_name("m", {}, dataclasses.replace(split), tokenizer) == name
 
 
 def test_data_digest_is_cheap(data):

@@ -49,7 +49,8 @@ from course_lib.methods.vsepp import VsePPConfig, VsePPMethod
 from course_lib.shipping import own_models
 
 TOL = 1e-5
-# the `bench` fixture (tests/conftest.py, with `tok` over its train captions): SyntheticConfig.smoke sizes
+# the `bench` fixture (tests/conftest.py, with `tok` over its train captions):
+# SyntheticConfig.smoke sizes
 BENCH_SIZES = dict(n_train=300, n_val=20, n_test=20, n_pretrain=2, n_compositional=1)
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: one torch thread
@@ -88,7 +89,8 @@ def test_shapes_and_config(bench, tok, model):
     with pytest.raises(ValueError, match="max_text_length"):
         model(images, {k: v.repeat(1, 20) for k, v in texts.items()})
     assert isinstance(model.transformer, Transformer) and isinstance(model.region, RegionEmbedding)
-    other = CrossEncoder(8, 20, CrossEncoderConfig.smoke(towers="none"), pad_token_id=3)  # the tokenizer's id
+    # the tokenizer's id
+    other = CrossEncoder(8, 20, CrossEncoderConfig.smoke(towers="none"), pad_token_id=3)
     assert other.word.padding_idx == 3 and not other.word.weight[3].any()
 
 
@@ -99,7 +101,8 @@ def test_padding_changes_nothing(bench, tok, model):
     padded_texts = {"input_ids": extra(texts["input_ids"], torch.full((3, 4), tok.pad_token_id)),
                     "attention_mask": extra(texts["attention_mask"], torch.zeros(3, 4, dtype=torch.long))}
     D = images["regions"].shape[-1]
-    padded_images = {"regions": extra(images["regions"], 5 * torch.randn(3, 2, D)),  # garbage, masked
+    # garbage, masked
+    padded_images = {"regions": extra(images["regions"], 5 * torch.randn(3, 2, D)),
                      "boxes": extra(images["boxes"], torch.rand(3, 2, 7)),
                      "region_mask": extra(images["region_mask"], torch.zeros(3, 2, dtype=torch.bool))}
     assert torch.allclose(model(images, padded_texts), reference, atol=TOL)
@@ -237,7 +240,8 @@ def test_short_training_beats_the_untrained_model(loss):
     # listwise: 8 captions x their images = 64 pairs a step; binary: 16 x 3 = 48
     config = CrossEncoderConfig.smoke(max_steps=300, batch_size=8 if loss == "listwise" else 16,
                                       loss=loss)
-    towers = untrained_towers(bench["train"], tok)  # random, frozen: the fusion layers must learn by themselves
+    # random, frozen: the fusion layers must learn by themselves
+    towers = untrained_towers(bench["train"], tok)
     torch.manual_seed(config.seed)
     untrained = CrossEncoder(bench["train"].regions.shape[-1], len(tok), config,
                              pad_token_id=tok.pad_token_id, towers=towers)
@@ -473,7 +477,8 @@ def test_itc_itm_loss_scores_the_chosen_grid_and_the_unimodal_features(bench, to
     torch.manual_seed(0)
     model = CrossEncoder(split.regions.shape[-1], len(tok), CrossEncoderConfig.smoke(itc_weight=0.5, towers="none"),
                          pad_token_id=tok.pad_token_id).eval()
-    assert not hasattr(CrossEncoder(4, 9, CrossEncoderConfig.smoke(towers="none")), "itc_image")  # ITC off: no heads
+    # ITC off: no heads
+    assert not hasattr(CrossEncoder(4, 9, CrossEncoderConfig.smoke(towers="none")), "itc_image")
     texts = list(range(0, 60, 3)) + [1]  # caption 1 shares caption 0's image
     batch = GridCollate(split, tok, 40)([{"index": t} for t in texts])
     torch.manual_seed(5)
@@ -490,7 +495,7 @@ def test_itc_itm_loss_scores_the_chosen_grid_and_the_unimodal_features(bench, to
     assert torch.allclose(out["loss"], out["itm"] + 0.5 * out["itc"], atol=TOL)
 
 
-# ----------------------------------------------------------------------------- SCAN's towers
+# ------------------------------------------------------------------------------------ SCAN's towers
 
 def test_towers_add_scans_encoding_of_each_word_and_region(bench, tok, model):
     """towers="scan": each word token gets word_from_towers(SCAN's encoding of that word), each region
@@ -586,20 +591,23 @@ def test_the_method_records_a_learning_curve_on_small_galleries(bench, tok, tmp_
     method = smoke_method(CrossEncoderConfig.smoke(max_steps=8)).fit(bench, tok, cache_dir=tmp_path)
     rows = method.history.rows(eval=True)
     every = max(1, 8 // CURVE_POINTS)
-    assert [r["step"] for r in rows] == list(range(every, 9, every))  # the last at the end of training
+    # the last at the end of training
+    assert [r["step"] for r in rows] == list(range(every, 9, every))
     n = min(CURVE_IMAGES, bench["val"].n_images)
     for name, split in (("val", bench["val"]), ("train", bench["train"])):
         sub = split.subset(range(n))
         expected = retrieval_metrics(score_matrix(method.model, sub, tok, progress=False), sub.txt2img)
         assert rows[-1][f"{name}_t2i_r1"] == pytest.approx(expected["t2i_r1"])
         assert rows[-1][f"{name}_i2t_r5"] == pytest.approx(expected["i2t_r5"])
-    cpu = [r["cpu_seconds"] for r in rows]  # training CPU time so far: may round to 0.0 on a fast machine
+    # training CPU time so far: may round to 0.0 on a fast machine
+    cpu = [r["cpu_seconds"] for r in rows]
     assert cpu == sorted(cpu) and all(isinstance(c, float) and c >= 0 for c in cpu)
 
 
 def test_float16_regions_are_converted_per_batch_not_a_whole_gallery_per_call(bench, tok, model):
-    # real features load as float16; re-ranking a query converted every region of the gallery to float32,
-    # so one re-ranked query on Flickr8k's full setting cost 2 s and 1.8 GB however few its pairs
+    # real features load as float16; re-ranking a query converted every region of the
+    # gallery to float32, so one re-ranked query on Flickr8k's full setting cost 2 s and
+    # 1.8 GB however few its pairs
     import dataclasses
 
     from course_lib.data.datasets import image_batch
@@ -609,12 +617,14 @@ def test_float16_regions_are_converted_per_batch_not_a_whole_gallery_per_call(be
     half = dataclasses.replace(split, regions=split.regions.astype(np.float16))
     fields = image_fields(half)
     assert fields["regions"].dtype == torch.float16
-    assert fields["regions"].data_ptr() == half.regions.__array_interface__["data"][0]  # a view, no copy
+    # a view, no copy
+    assert fields["regions"].data_ptr() == half.regions.__array_interface__["data"][0]
     rows = torch.tensor([2, 0, 2])
     batch = image_batch(fields, rows)
     assert batch["regions"].dtype == torch.float32 and batch["region_mask"].dtype == torch.bool
     assert torch.equal(batch["regions"], torch.from_numpy(half.regions[[2, 0, 2]].astype(np.float32)))
-    widened = dataclasses.replace(split, regions=half.regions.astype(np.float32))  # the same values in float32
+    # the same values in float32
+    widened = dataclasses.replace(split, regions=half.regions.astype(np.float32))
     images, texts = [0, 3, 7], [1, 5, 5]
     assert torch.allclose(score_index_pairs(model, half, tok, images, texts),
                           score_index_pairs(model, widened, tok, images, texts), atol=TOL)

@@ -76,7 +76,7 @@ def fixture(tmp_path):
     return write_fixture(tmp_path)
 
 
-# ------------------------------------------------------------------ read_karpathy on the fixture
+# --------------------------------------------------------------------- read_karpathy on the fixture
 
 
 def test_flickr_test_split(fixture):
@@ -166,10 +166,11 @@ def test_error_missing_image_names_path_and_root(fixture):
     assert "1 of 2 images" in message and str(root / "105.jpg") in message
     assert f"image_root='{root}'" in message and "--check" in message
     with pytest.raises(FileNotFoundError, match="image_root"):
-        read_karpathy(fixture["flickr"], fixture["flickr"].parent, "train")  # root one level too high
+        # root one level too high
+        read_karpathy(fixture["flickr"], fixture["flickr"].parent, "train")
 
 
-# ------------------------------------------------------------------ make_synthetic.py
+# -------------------------------------------------------------------------------- make_synthetic.py
 
 
 def test_make_synthetic_writes_what_load_synthetic_reads(tmp_path, capsys):
@@ -210,7 +211,7 @@ def test_make_synthetic_bad_out(tmp_path, capsys, make_bad, expect):
     assert "at least 12" in capsys.readouterr().err
 
 
-# ------------------------------------------------------------------ download_data.py
+# --------------------------------------------------------------------------------- download_data.py
 
 
 def _zip(path: Path, files: dict[str, Path]) -> str:
@@ -321,7 +322,8 @@ def flickr8k_mirror(tmp_path, monkeypatch):
     script = load_script("download_data")
     web, src = tmp_path / "web8k", tmp_path / "src8k"
     web.mkdir()
-    order = ["1003_cc.jpg", "1001_aa.jpg", "1002_bb.jpg", "1000_dd.jpg"]  # token-file order, not sorted
+    # token-file order, not sorted
+    order = ["1003_cc.jpg", "1001_aa.jpg", "1002_bb.jpg", "1000_dd.jpg"]
     photos = {}
     for i, name in enumerate(order):
         _jpeg(src / "Flicker8k_Dataset" / name, (24, 32), 20 + i)

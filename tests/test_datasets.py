@@ -167,6 +167,7 @@ def test_synthetic_split_through_a_loader():
     r, d = split.regions.shape[1:]
     assert batch["regions"].shape == (8, r, d) and batch["boxes"].shape == (8, r, 7)
     assert batch["img_index"].tolist() == split.txt2img[:8].tolist()
-    assert (batch["input_ids"] != tok.unk_token_id).all()  # test captions use the training vocabulary
+    # test captions use the training vocabulary
+    assert (batch["input_ids"] != tok.unk_token_id).all()
     pixels = next(iter(make_loader(ImageDataset(split, "pixels"), 4)))["pixels"]
     assert pixels.shape == (4, 3, *split.images.shape[1:3])

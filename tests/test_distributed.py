@@ -234,7 +234,8 @@ if __name__ == "__main__":
 
 
 def test_a_bad_option_is_reported_by_rank_zero_only(monkeypatch, capsys):
-    # under torchrun, `--method nosuch` printed its error once per process, buried in torchrun's output
+    # under torchrun, `--method nosuch` printed its error once per process,
+    # buried in torchrun's output
     from course_lib import train_distributed
 
     monkeypatch.setenv("RANK", "1")
@@ -248,8 +249,8 @@ def test_a_bad_option_is_reported_by_rank_zero_only(monkeypatch, capsys):
 
 
 def test_the_command_line_trains_once():
-    # main() ran twice (two `if __name__ == "__main__"` blocks): one process printed its summary twice,
-    # and under torchrun the second run's rendezvous hung until notebook 07's 300 s timeout
+    # main() ran twice (two `if __name__ == "__main__"` blocks): one process printed its summary
+    # twice, and under torchrun the second run's rendezvous hung until notebook 07's 300 s timeout
     import subprocess
     import sys
 

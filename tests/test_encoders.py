@@ -81,7 +81,7 @@ def missing_grads(model, out):
     return [name for name, p in model.named_parameters() if p.requires_grad and p.grad is None]
 
 
-# ----------------------------------------------------------------------------- helpers
+# ------------------------------------------------------------------------------------------ helpers
 
 def test_l2_normalize_and_count_parameters():
     x = torch.tensor([[3.0, 4.0], [0.0, 0.0]])
@@ -102,7 +102,7 @@ def test_factories(bench, tok):
         build_text_encoder("lstm", len(tok))
 
 
-# ----------------------------------------------------------------------------- regions
+# ------------------------------------------------------------------------------------------ regions
 
 @pytest.fixture(scope="module")
 def region_model(bench):
@@ -147,7 +147,7 @@ def test_region_encoder_gradients(region_model, region_batch):
         region_model.eval()
 
 
-# ----------------------------------------------------------------------------- pixels
+# ------------------------------------------------------------------------------------------- pixels
 
 def test_tiny_vit_on_32px(pixel_batch):
     torch.manual_seed(0)
@@ -187,7 +187,7 @@ def test_pixel_encoder_errors(monkeypatch):
     assert isinstance(info.value.__cause__, OSError)
 
 
-# ----------------------------------------------------------------------------- texts
+# -------------------------------------------------------------------------------------------- texts
 
 def test_text_encoder_shapes_and_gradients(text_models, text_batch):
     T = text_batch["input_ids"].shape[1]
@@ -284,7 +284,8 @@ def test_l2_normalize_has_finite_gradients_at_zero_vectors():
 
 
 def test_transformer_encoders_share_the_course_block_and_return_every_layer():
-    # the region and text encoders are built from course_lib.core.blocks, and hand back each block's states
+    # the region and text encoders are built from course_lib.core.blocks, and
+    # hand back each block's states
     from course_lib.core.blocks import Transformer
     from course_lib.core.encoders import TransformerTextEncoder
 

@@ -151,7 +151,7 @@ def test_attention_checker_names_the_softmax_axis_and_the_missing_clip():
         check_func_attention(softmax_over_queries)
 
 
-# ----------------------------------------------------------------------------- lesson 03: CMR
+# ----------------------------------------------------------------------------------- lesson 03: CMR
 
 def _cmr_loop(scores):
     # independent answer: per image a softmax over the texts, per text one over the images
@@ -205,7 +205,7 @@ def test_cmr_checker_names_the_usual_mistakes():
         check_cmr_loss(without_positive)
 
 
-# ----------------------------------------------------------------------------- lesson 03: masking
+# ------------------------------------------------------------------------------- lesson 03: masking
 
 def _mask_loop(input_ids, attention_mask, vocab_size, mask_prob, generator):
     # independent answer: caption by caption, word by word, one uniform draw per decision
@@ -286,7 +286,7 @@ def test_mask_checker_names_the_usual_mistakes(switch, message):
         check_mask_tokens(_variant(**kwargs))
 
 
-# ----------------------------------------------------------------------------- lesson 04: eq. 15
+# -------------------------------------------------------------------------------- lesson 04: eq. 15
 
 def _eq15_loop(image_intra, text_intra, image_inter, text_inter, alpha=0.5):
     # independent answer: pair by pair, the cosine written out
@@ -342,7 +342,7 @@ def test_eq15_checker_names_the_usual_mistakes():
     assert torch.is_tensor(_eq15_loop(*(torch.ones(2, 3),) * 4))
 
 
-# ----------------------------------------------------------------------------- lesson 04: stage 2
+# ------------------------------------------------------------------------------- lesson 04: stage 2
 
 @pytest.fixture(scope="module")
 def ubert_pair():
@@ -411,7 +411,7 @@ def test_rerank_checker_names_the_usual_mistakes(ubert_pair):
             check_rerank_one_by_one(fn, model, query, gallery)
 
 
-# ----------------------------------------------------------------------------- lesson 06: h(x, y)
+# ------------------------------------------------------------------------------- lesson 06: h(x, y)
 def _h_loop(forward_logits, backward_logits, input_ids, reversed_ids, attention_mask):
     """h one caption and one position at a time: log p of each word given the tokens before it,
     forward over input_ids and backward over reversed_ids; [CLS] (2), [SEP] (3), [PAD] (0) skipped."""
@@ -500,7 +500,8 @@ def test_loss_checkers_accept_a_plain_number_and_say_it_cannot_train(capsys):
 
 
 def test_hrl_checker_names_one_direction_only():
-    # lesson 05 promises that this answer is named; it used to get the generic "expected ..., got ..."
+    # lesson 05 promises that this answer is named; it used to get the
+    # generic "expected ..., got ..."
     import torch
     import torch.nn.functional as F
 
@@ -550,7 +551,8 @@ def test_chance_checker_accepts_the_library_and_names_the_usual_mistakes(capsys)
     from course_lib.exercises.real_photos import check_chance_recall
     from course_lib.notebook import chance_recall
 
-    check_chance_recall(chance_recall)  # the library's product over picks against the checker's count of sets
+    # the library's product over picks against the checker's count of sets
+    check_chance_recall(chance_recall)
     assert "correct" in capsys.readouterr().out
     for wrong, message in ((lambda n, k, r=1: min(k * r, n) / n * 100, "at least one"),
                            (lambda n, k, r=1: 1 - comb(n - r, min(k, n)) / comb(n, min(k, n)), "in percent"),

@@ -122,7 +122,8 @@ def test_loaders_read_the_features_back(resnet):
     assert np.shares_memory(bench["val"].regions, full.regions)  # read once, views per split
     np.testing.assert_array_equal(bench["val"].regions, regions[[row["val0"], row["val1"]]].astype(np.float16))
     assert bench["test"].info["features"]["backbone"] == "resnet18" and bench["test"].image_paths is None
-    with_pixels = load_feature_bench(out, image_root=json_path.parent)  # for the methods that read pixels
+    # for the methods that read pixels
+    with_pixels = load_feature_bench(out, image_root=json_path.parent)
     assert with_pixels["test"].image_paths[2].endswith("images/test2.png")
 
 
@@ -172,9 +173,11 @@ def test_vit_patch_tokens_pooled_to_a_grid(resnet, tmp_path):
                           for i in range(3)]).permute(0, 3, 1, 2).float() / 255 * 2 - 1  # ViT's mean = std = 0.5
     with torch.no_grad():
         want = encoder({"pixels": pixels})
-    patches = want.tokens[:, 1:].view(3, 2, 2, 2, 2, 32)  # [CLS] dropped; (B, 2 rows, 2, 2 cols, 2, C)
+    # [CLS] dropped; (B, 2 rows, 2, 2 cols, 2, C)
+    patches = want.tokens[:, 1:].view(3, 2, 2, 2, 2, 32)
     cells = patches.mean((2, 4)).reshape(3, 4, 32)  # each cell: the mean of its 2 x 2 patches
-    torch.testing.assert_close(torch.from_numpy(regions), cells, rtol=1e-2, atol=2e-3)  # float16 storage
+    # float16 storage
+    torch.testing.assert_close(torch.from_numpy(regions), cells, rtol=1e-2, atol=2e-3)
     torch.testing.assert_close(torch.from_numpy(pooled), want.pooled, rtol=1e-2, atol=2e-3)  # [CLS]
     assert set(load_feature_bench(out)) == {"test"}
 
@@ -194,11 +197,13 @@ def test_methods_fit_and_rank_on_the_features_unchanged(resnet, tmp_path):
     (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n")
     BertTokenizerFast(str(tmp_path / "vocab.txt")).save_pretrained(tmp_path / "bert-tok")
     wordpiece = tokenizer_for(bench["train"], name=str(tmp_path / "bert-tok"))
-    assert wordpiece("red circle")["input_ids"][0] == 2 and len(wordpiece) == len(vocab)  # [CLS] first
+    # [CLS] first
+    assert wordpiece("red circle")["input_ids"][0] == 2 and len(wordpiece) == len(vocab)
     method = VsePPMethod(VsePPConfig.smoke(max_steps=3, batch_size=6), progress=False)
     method.fit(bench, wordpiece, cache_dir=tmp_path / "checkpoints")
     metrics, how = evaluate(method, bench["test"], (1, 5, 10))
-    assert how == "t2i on all 15 queries; i2t on all 3 queries" and metrics["t2i_r5"] == 100.0  # 3 images
+    # 3 images
+    assert how == "t2i on all 15 queries; i2t on all 3 queries" and metrics["t2i_r5"] == 100.0
     assert 0 <= metrics["i2t_r1"] <= 100
     indices, scores = method.rank(bench["full"], "t2i", 5)
     assert indices.shape == (15, 5) and torch.isfinite(scores).all()
@@ -218,7 +223,8 @@ def test_clear_errors(resnet, tmp_path, monkeypatch, capsys):
     assert "no split 'restval'; its splits are ['test', 'train', 'val']" in capsys.readouterr().err
     assert extract.main(["--karpathy-json", str(json_path), "--images", str(tmp_path), "--out",
                          str(tmp_path / "o"), *RESNET]) == 1
-    assert "11 of the 11 images" in capsys.readouterr().err  # every split's, before anything is written
+    # every split's, before anything is written
+    assert "11 of the 11 images" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
     (tmp_path / "file").write_text("")
     assert run(json_path, tmp_path / "file", *RESNET) == 1
@@ -252,4 +258,5 @@ def test_the_benchmark_and_lesson_08_load_the_same_training_data(resnet):
     benchmark = load_feature_bench(out, regions_dtype=np.float16, image_root=extracted_images(out))
     lesson = load_feature_bench(out, regions_dtype=np.float16, image_root=json_path.parent.resolve())
     assert data_digest(benchmark["train"]) == data_digest(lesson["train"])
-    assert data_digest(benchmark["train"]) != data_digest(load_feature_bench(out)["train"])  # paths count
+    # paths count
+    assert data_digest(benchmark["train"]) != data_digest(load_feature_bench(out)["train"])

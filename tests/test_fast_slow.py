@@ -40,7 +40,8 @@ from course_lib.methods.pixel_stem import (
 
 TOL = 1e-4
 pytestmark = pytest.mark.usefixtures("one_thread")
-BENCH_SIZES = dict(n_train=80, n_val=10, n_test=16, n_pretrain=130, n_compositional=1)  # the pixel stem: a batch of 128
+# the pixel stem: a batch of 128
+BENCH_SIZES = dict(n_train=80, n_val=10, n_test=16, n_pretrain=130, n_compositional=1)
 SMALL = dict(hidden=16, heads=2, layers=2, channels=(4, 8, 8), dropout=0.0)
 
 
@@ -54,7 +55,7 @@ def slow(bench, tok):
     return SlowModel(len(tok), SlowConfig(**SMALL)).eval()
 
 
-# ----------------------------------------------------------------------------- the Slow model
+# ----------------------------------------------------------------------------------- the Slow model
 
 def test_reverse_words_by_hand():
     ids = torch.tensor([[2, 7, 8, 9, 3, 0], [2, 5, 3, 0, 0, 0], [2, 6, 7, 8, 9, 3]])
@@ -91,7 +92,8 @@ def test_backward_decoder_reads_the_reversed_caption(slow, bench, tok):
     with torch.no_grad():
         kvs = slow.keys_values(slow.visual_tokens(batch))
         _, backward, reversed_ids = slow.logits(kvs, batch)
-        words = batch["input_ids"][0][batch["input_ids"][0] > 4].tolist()  # the first caption's words
+        # the first caption's words
+        words = batch["input_ids"][0][batch["input_ids"][0] > 4].tolist()
         by_hand = torch.tensor([[2] + words[::-1] + [3]])  # (1, n) [CLS] reversed words [SEP]
         n = by_hand.shape[1]
         assert torch.equal(reversed_ids[0, :n], by_hand[0])
@@ -161,7 +163,7 @@ def test_distillation_gradients_reach_only_the_student(slow, bench, tok):
     assert out["loss"].item() == pytest.approx(out["distill"].item() + 1.0 * out["nce"].item(), rel=1e-5)  # alpha 1
 
 
-# ----------------------------------------------------------------------------- the Fast model's towers
+# -------------------------------------------------------------------------- the Fast model's towers
 
 def test_fast_image_pools_by_hand(bench, tok):
     """f(x) = b + W . (the 4x4 map's mean) or b + sum over channels and cells of W[:, c, cell] * map,
@@ -194,7 +196,8 @@ def test_fast_text_towers_and_word_order(bench, tok):
     torch.manual_seed(0)
     captions = ["a red circle left of a blue square", "a blue circle left of a red square", "a red circle"]
     texts = PairCollate(tok).encode(captions)
-    assert not torch.equal(texts["input_ids"][0], texts["input_ids"][1])  # the words are in the vocabulary
+    # the words are in the vocabulary
+    assert not torch.equal(texts["input_ids"][0], texts["input_ids"][1])
     alone = [PairCollate(tok).encode([c]) for c in captions]
     for tower, same in (("bow", True), ("transformer", False), ("gru", False)):
         model = FastModel(len(tok), FastConfig(hidden=8, embed_dim=8, channels=(4, 8, 8), text_tower=tower,
@@ -208,7 +211,7 @@ def test_fast_text_towers_and_word_order(bench, tok):
         FastConfig(text_tower="lstm")
 
 
-# ----------------------------------------------------------------------------- eq. 9 and the methods
+# ---------------------------------------------------------------------------- eq. 9 and the methods
 
 class _Stub:
     """A slow stage whose score_pairs returns fixed h per (image, caption)."""
@@ -227,7 +230,8 @@ def test_beta_combine_by_hand():
     for beta, order, scores in ((0.0, [7, 1, 4], [-7.5, -8.0, -10.0]),  # h alone
                                 (0.5, [4, 1, 7], [-5.5, -5.5, -7.0]),  # -10 + 4.5, -8 + 2.5, -7.5 + 0.5 (stable tie)
                                 (0.25, [1, 7, 4], [-6.75, -7.25, -7.75])):
-        cascade = FastSlowCascade(_Stub({}, "fast"), _Stub(h), 3, beta=beta)  # combine = weighted_sum([beta, 1])
+        # combine = weighted_sum([beta, 1])
+        cascade = FastSlowCascade(_Stub({}, "fast"), _Stub(h), 3, beta=beta)
         indices, got = cascade.rescore(None, "t2i", [0], candidates, first)
         assert indices[0].tolist() == order
         assert got[0].tolist() == pytest.approx(scores)
@@ -270,13 +274,14 @@ def test_fast_starts_from_the_cached_pixel_stem(fitted, bench, tok):
     assert start.backbone.state_dict().keys() == stem_state.keys()
     for name, value in start.backbone.state_dict().items():
         assert torch.equal(value, stem_state[name]), name
-    # fine-tuned (the default), eq. 4 moved the CNN; frozen, its steps leave it (BatchNorm statistics
-    # included) as the stem made it, and the stem's file is shared: not trained again
+    # fine-tuned (the default), eq. 4 moved the CNN; frozen, its steps leave it (BatchNorm
+    # statistics included) as the stem made it, and the stem's file is shared: not trained again
     assert not all(torch.equal(v.cpu(), stem_state[k]) for k, v in fast.model.backbone.state_dict().items())
     frozen = FastMethod(dataclasses.replace(fast.config, freeze_stem=True), progress=False).fit(bench, tok, cache)
     assert frozen.checkpoint_path.name != fast.checkpoint_path.name
     assert frozen.stem_checkpoint_file(bench) == stem_file
-    assert not frozen.model.train().backbone.training and frozen.model.text.training  # BatchNorm stays the stem's
+    # BatchNorm stays the stem's
+    assert not frozen.model.train().backbone.training and frozen.model.text.training
     frozen.model.eval()
     assert not any(p.requires_grad for p in frozen.model.backbone.parameters())
     for name, value in frozen.model.backbone.state_dict().items():
@@ -284,7 +289,8 @@ def test_fast_starts_from_the_cached_pixel_stem(fitted, bench, tok):
     scratch_config = dataclasses.replace(fast.config, image_init="scratch")
     scratch = initial_fast_model(bench, tok, scratch_config)
     assert not torch.equal(scratch.backbone.stages[0][0][0].weight, stem.backbone.stages[0][0][0].weight)
-    for key in ("image_proj.weight", "text.embed.weight"):  # the rest starts from the same seeded weights
+    # the rest starts from the same seeded weights
+    for key in ("image_proj.weight", "text.embed.weight"):
         assert torch.equal(scratch.state_dict()[key], start.state_dict()[key])
     scratch_method = FastMethod(scratch_config)
     assert scratch_method.stem_checkpoint_file(bench) is None
@@ -308,7 +314,8 @@ def test_slow_starts_from_the_stem_fast_trained(fitted, bench, tok):
     for name, value in stem.backbone.state_dict().items():
         assert torch.equal(untrained.visual.backbone.state_dict()[name], value), name
     trained = slow.model.visual.backbone.state_dict()
-    assert not all(torch.equal(v.cpu(), stem.backbone.state_dict()[k]) for k, v in trained.items())  # fine-tuned
+    # fine-tuned
+    assert not all(torch.equal(v.cpu(), stem.backbone.state_dict()[k]) for k, v in trained.items())
     scratch = SlowMethod(dataclasses.replace(slow.config, image_init="scratch"))
     assert scratch.stem_checkpoint_file(bench) is None and scratch.checkpoint_extra(bench, tok) == ()
     assert scratch.checkpoint_file(bench, tok) != slow.checkpoint_path.name
@@ -390,7 +397,7 @@ def test_fast_trains_on_the_training_split_then_fresh_scenes(bench, tok, monkeyp
         FastConfig(fresh_scenes=-1)
 
 
-# ----------------------------------------------------------------------------- grid cells (real photos)
+# ------------------------------------------------------------------------- grid cells (real photos)
 
 def region_batch(split, tokenizer, rows):
     return PairCollate(tokenizer)([PairDataset(split, modality="regions")[t] for t in rows])

@@ -70,7 +70,8 @@ def test_directions_against_a_loop_and_their_sum_is_h(slow, bench, tok):
         fwd, bwd = direction_log_likelihoods(slow, kvs, batch)
         assert torch.allclose(fwd + bwd, slow.log_likelihood(kvs, batch), atol=1e-4)
         for b in range(3):
-            ids = batch["input_ids"][b][batch["attention_mask"][b].bool()].tolist()[1:-1]  # the words
+            # the words
+            ids = batch["input_ids"][b][batch["attention_mask"][b].bool()].tolist()[1:-1]
             one = {d: [kv[:, b:b + 1] for kv in layers] for d, layers in kvs.items()}
             assert fwd[b].item() == pytest.approx(_loop_direction(slow, one, ids, "fwd"), abs=1e-4)
             assert bwd[b].item() == pytest.approx(_loop_direction(slow, one, ids, "bwd"), abs=1e-4)
@@ -81,7 +82,8 @@ def test_slow_direction_scores_match_cached_pairs(slow, bench, tok):
     split = bench["test"]
     states = compute_states(slow, split, tok)
     queries = np.array([0, 5, 11])
-    fwd, bwd = slow_direction_scores(slow, states, queries, batch_size=7)  # chunks cross query boundaries
+    # chunks cross query boundaries
+    fwd, bwd = slow_direction_scores(slow, states, queries, batch_size=7)
     N = split.n_images
     assert fwd.shape == bwd.shape == (3, N)
     images, texts = np.tile(np.arange(N), 3), np.repeat(queries, N)
@@ -90,9 +92,11 @@ def test_slow_direction_scores_match_cached_pairs(slow, bench, tok):
 
 def test_cascade_ranks_by_hand():
     first = torch.tensor([[3.0, 2.0, 1.0, 0.0]])  # the first stage ranks 0, 1, 2, 3
-    second = torch.tensor([[1.0, 1.5, 9.0, 0.0]])  # image 2 is the best by h, but the first stage drops it at K = 2
+    # image 2 is the best by h, but the first stage drops it at K = 2
+    second = torch.tensor([[1.0, 1.5, 9.0, 0.0]])
     ranks = {t: cascade_ranks(first, second, [t], top_k=2)[0] for t in range(4)}
-    assert ranks == {1: 0, 0: 1, 2: 2, 3: 3}  # top 2 re-ordered by h; beyond K the first stage's order
+    # top 2 re-ordered by h; beyond K the first stage's order
+    assert ranks == {1: 0, 0: 1, 2: 2, 3: 3}
     ranks = {t: cascade_ranks(first, second, [t], top_k=2, beta=1.0)[0] for t in range(2)}
     assert ranks == {0: 0, 1: 1}  # h + f.g: 1 + 3 = 4 beats 1.5 + 2 = 3.5
     assert cascade_ranks(first, second, [2], top_k=4)[0] == 0  # K = N: h alone
@@ -138,7 +142,8 @@ def test_teacher_batches_and_the_cached_loss(fitted, bench, tok):
     batches = teacher_batches(slow.model, bench["train"], tok, n_batches=3, batch_size=4, seed=1)
     assert len(batches) == 3 and all(b["teacher"].shape == (4, 4) for b in batches)
     captions = [c for b in batches for c in b["input_ids"].tolist()]
-    assert len({tuple(c) for c in captions}) >= 11  # distinct pairs across the pool (12 drawn without replacement)
+    # distinct pairs across the pool (12 drawn without replacement)
+    assert len({tuple(c) for c in captions}) >= 11
     batch = batches[1]
     assert torch.allclose(batch["teacher"], teacher_scores(slow.model, batch), atol=1e-5)
     with torch.no_grad():  # the (1, 2) pair by hand: image 1, caption 2
@@ -163,8 +168,10 @@ def test_distill_from_cache_trains_a_copy(fitted, bench, tok):
     config = dataclasses.replace(fast.config, distill=True)
     student, history = distill_from_cache(fast.model, batches, config, steps=3, lr=1e-2, device="cpu")
     assert isinstance(student, FastModel) and student is not fast.model and not student.training
-    assert all(torch.equal(v, fast.model.state_dict()[k]) for k, v in before.items())  # init untouched
-    assert any(not torch.equal(v, student.state_dict()[k]) for k, v in before.items())  # the copy moved
+    # init untouched
+    assert all(torch.equal(v, fast.model.state_dict()[k]) for k, v in before.items())
+    # the copy moved
+    assert any(not torch.equal(v, student.state_dict()[k]) for k, v in before.items())
     assert len(history.column("distill", eval=False)) >= 1  # eq. 8 logged its distillation term
 
 
@@ -176,13 +183,15 @@ def test_kl_to_teacher_against_a_loop_over_captions(fitted, bench, tok):
     for batch in batches:
         with torch.no_grad():
             image, text = model(batch)
-        for t in range(text.shape[0]):  # caption t: softmaxes over the batch's images, KL by its definition
+        # caption t: softmaxes over the batch's images, KL by its definition
+        for t in range(text.shape[0]):
             p = torch.softmax(batch["teacher"][:, t].double() / 10.0, dim=0)
             q = torch.softmax((image @ text[t]).double() / 10.0, dim=0)
             expected += float((p * (p.log() - q.log())).sum())
             captions += 1
     assert kl_to_teacher(model, batches, tau=10.0) == pytest.approx(expected / captions, rel=1e-4, abs=1e-6)
-    same = [{**b, "teacher": batch_scores(*model(b)).detach()} for b in batches]  # a teacher equal to the student
+    # a teacher equal to the student
+    same = [{**b, "teacher": batch_scores(*model(b)).detach()} for b in batches]
     assert kl_to_teacher(model, same, tau=1.0) == pytest.approx(0.0, abs=1e-5)
 
 
@@ -234,7 +243,8 @@ def test_perfect_teacher_loss_against_a_loop_over_captions(bench, tok):
     terms = []
     for j, t in enumerate(texts):
         true = [i for i, n in enumerate(images) if truth[t, n] or i == j]
-        assert j in true and (j > 1 or {0, 1} <= set(true))  # both captions of image 0 count both its rows
+        # both captions of image 0 count both its rows
+        assert j in true and (j > 1 or {0, 1} <= set(true))
         log_q = scores[:, j] - torch.logsumexp(scores[:, j], dim=0)
         terms.append(-sum(float(log_q[i]) for i in true) / len(true))
     expected = float(np.mean(terms)) + 0.5 * float(joint_nce_loss(scores))

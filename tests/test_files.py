@@ -62,10 +62,12 @@ def test_two_processes_training_one_model_train_it_once(tmp_path):
     for p, (_out, err) in zip(procs, outputs, strict=True):
         assert p.returncode == 0, err[-2000:]
     runs = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
-    assert sorted(r["trained_steps"] for r in runs) == [0, 40]  # one trained all of it, the other none
+    # one trained all of it, the other none
+    assert sorted(r["trained_steps"] for r in runs) == [0, 40]
     assert runs[0]["file"] == runs[1]["file"] and runs[0]["weights"] == runs[1]["weights"]
     assert seen <= {runs[0]["file"]}
-    assert [p.name for p in cache.iterdir()] == [runs[0]["file"]]  # the model, whole, and nothing else
+    # the model, whole, and nothing else
+    assert [p.name for p in cache.iterdir()] == [runs[0]["file"]]
 
 
 def test_a_failed_write_leaves_neither_the_file_nor_a_temporary(tmp_path):

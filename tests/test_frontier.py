@@ -42,7 +42,8 @@ def test_pareto_front_hand_worked():
 
 
 def test_extend_latency_hand_worked():
-    # measured 2 ms at 1k and 4 ms at 3k: a = 1 ms, b = 1 ms per 1k items; the 5k estimate is kept, not fitted to
+    # measured 2 ms at 1k and 4 ms at 3k: a = 1 ms, b = 1 ms per 1k items; the 5k
+    # estimate is kept, not fitted to
     points = [{"n": 1000, "ms_per_query": 2.0, "measured": True},
               {"n": 3000, "ms_per_query": 4.0, "measured": True},
               {"n": 5000, "ms_per_query": 99.0, "measured": False}]
@@ -51,7 +52,8 @@ def test_extend_latency_hand_worked():
     assert [r["measured"] for r in rows] == [True, True, False, False, False]
     assert rows[3]["ms_per_query"] == pytest.approx(11.0)
     assert rows[4]["ms_per_query"] == pytest.approx(1001.0)
-    # one measured size: the benchmark's extrapolated points join the fit (10 ms at 100, 100 ms at 1k: 0.1 ms/item)
+    # one measured size: the benchmark's extrapolated points join the fit (10 ms at 100,
+    # 100 ms at 1k: 0.1 ms/item)
     few = [{"n": 100, "ms_per_query": 10.0, "measured": True}, {"n": 1000, "ms_per_query": 100.0, "measured": False}]
     assert frontier.extend_latency(few, [10_000])[-1]["ms_per_query"] == pytest.approx(1000.0)
     # a falling fit is floored at the largest measured time
@@ -73,8 +75,10 @@ def test_paper_speedups_name_their_source_and_match_the_tables():
         assert len(p.ours) == 2
     by = {(p.paper.split(" (")[0], p.fast, p.n_images): p.speedup for p in frontier.PAPER_SPEEDUPS}
     assert by[("LightningDOT", "LightningDOT", 1000)] == 639  # Table 3, as printed
-    assert by[("U-BERT", "U-BERT (K=20, 3 cross layers)", 1000)] == pytest.approx(155.9, abs=0.1)  # 4832 s / 31 s
-    assert by[("Fast & Slow", "Fast & Slow K=10", 5000)] == pytest.approx(158.3, abs=0.1)  # 19 s / 0.12 s
+    # 4832 s / 31 s
+    assert by[("U-BERT", "U-BERT (K=20, 3 cross layers)", 1000)] == pytest.approx(155.9, abs=0.1)
+    # 19 s / 0.12 s
+    assert by[("Fast & Slow", "Fast & Slow K=10", 5000)] == pytest.approx(158.3, abs=0.1)
 
 
 def test_speedup_rows_from_results_json_latency():
@@ -87,7 +91,8 @@ def test_speedup_rows_from_results_json_latency():
                                   ("lightningdot", "cross_encoder"))
     missing = frontier.PaperSpeedup("X", "Table 1", "Y", 1000, "a", "b", 2.0, ("hivlp", "cross_encoder"))
     rows = frontier.speedup_rows(results, [paper, missing])
-    assert rows[0]["ours_speedup"] == pytest.approx(500.0 / 2.5)  # the cross-encoder extended: 0 + 0.1 * 5000
+    # the cross-encoder extended: 0 + 0.1 * 5000
+    assert rows[0]["ours_speedup"] == pytest.approx(500.0 / 2.5)
     assert rows[0]["ours_estimated"] is True
     assert rows[1]["ours_speedup"] is None
     table = frontier.speedup_markdown(rows)
@@ -95,7 +100,8 @@ def test_speedup_rows_from_results_json_latency():
 
 
 def test_compose_latency_hand_worked():
-    # measured 3 ms at 1k and 4 ms at 5k; the search costs 0.5 ms at 5k and 20.5 ms at 1M: 4 + 20 = 24 ms
+    # measured 3 ms at 1k and 4 ms at 5k; the search costs 0.5 ms at 5k and
+    # 20.5 ms at 1M: 4 + 20 = 24 ms
     points = [{"n": 1000, "ms_per_query": 3.0, "measured": True}, {"n": 5000, "ms_per_query": 4.0, "measured": True}]
     search = [{"n": 1000, "ms_per_query": 0.1}, {"n": 5000, "ms_per_query": 0.5},
               {"n": 1_000_000, "ms_per_query": 20.5}]
@@ -112,7 +118,8 @@ def test_check_pareto_front_passes_the_naive_loop_and_catches_a_wrong_answer(cap
     assert "pass" in capsys.readouterr().out
     from course_lib.exercises.errors import ExerciseError
 
-    with pytest.raises(ExerciseError, match="expected the front"):  # forgets that a tie in time is beaten
+    # forgets that a tie in time is beaten
+    with pytest.raises(ExerciseError, match="expected the front"):
         check_pareto_front(lambda ms, recall: [i for i in range(len(ms))
                                                         if not any(ms[j] < ms[i] and recall[j] >= recall[i]
                                                                    for j in range(len(ms)))])

@@ -53,7 +53,8 @@ def test_the_first_occurrence_in_running_text_is_linked_and_nothing_else():
     assert nb.cells[0].source == (
         "## CMR in a heading\n\nThe `CMR` loss, $L_{CMR}$, a [CMR link](x), U-BERT, a bi-[GRU](../docs/glossary.md#gru), "
         "then [CMR](../docs/glossary.md#cmr) in prose and CMR again; [BERT](../docs/glossary.md#bert).")
-    assert script.link_notebook(nb, {"CMR": "cmr", "BERT": "bert", "GRU": "gru"}) == []  # once linked, left alone
+    # once linked, left alone
+    assert script.link_notebook(nb, {"CMR": "cmr", "BERT": "bert", "GRU": "gru"}) == []
 
 
 @pytest.mark.parametrize("term, anchor", [("R@K", "rk"), ("VSE++", "vse"), ("MRC-kl", "mrc-kl"), ("t2i", "t2i")])

@@ -35,7 +35,8 @@ def _regression():
 def test_trainer_amp_step_on_cuda(bf16, monkeypatch):
     if bf16 and not torch.cuda.is_bf16_supported():
         pytest.skip("this GPU has no bfloat16")
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: bf16)  # pick the path under test
+    # pick the path under test
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: bf16)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
     seen = []
@@ -46,8 +47,9 @@ def test_trainer_amp_step_on_cuda(bf16, monkeypatch):
         seen.append((pred.dtype, x.device.type))
         return ((pred.float() - y) ** 2).mean()
 
-    # float16: GradScaler starts at a scale of 2**16 and skips each step whose scaled gradients overflow,
-    # halving the scale, so the first steps may not move the weights: give it room to back off
+    # float16: GradScaler starts at a scale of 2**16 and skips each step whose scaled
+    # gradients overflow, halving the scale, so the first steps may not move the
+    # weights: give it room to back off
     steps = 2 if bf16 else 12
     config = TrainConfig(max_steps=steps, batch_size=16, lr=1e-2, warmup_fraction=0.0, log_every=1, progress=False,
                          device="cuda", amp=True)
@@ -58,9 +60,11 @@ def test_trainer_amp_step_on_cuda(bf16, monkeypatch):
     history = trainer.fit()
     losses = history.column("loss", eval=False)
     assert len(losses) == steps and all(math.isfinite(v) for v in losses)
-    assert seen and all(s == (trainer.amp_dtype, "cuda") for s in seen)  # the forward ran under autocast
+    # the forward ran under autocast
+    assert seen and all(s == (trainer.amp_dtype, "cuda") for s in seen)
     after = trainer.model.state_dict()
-    assert all(after[k].device.type == "cuda" and after[k].dtype == torch.float32 for k in after)  # master weights
+    # master weights
+    assert all(after[k].device.type == "cuda" and after[k].dtype == torch.float32 for k in after)
     assert any(not torch.equal(after[k], before[k]) for k in before)  # the optimizer stepped
     if not bf16:
         assert 0 < trainer.scaler.get_scale() <= 2.0 ** 16

@@ -35,7 +35,8 @@ from course_lib.methods.hivlp.search import (
 
 TOL = 1e-5
 pytestmark = pytest.mark.usefixtures("one_thread")
-BENCH_SIZES = dict(n_train=120, n_val=20, n_test=24, n_pretrain=128, n_compositional=1)  # a pixel stem batch
+# a pixel stem batch
+BENCH_SIZES = dict(n_train=120, n_val=20, n_test=24, n_pretrain=128, n_compositional=1)
 
 
 def small_config(**kw) -> HiVLPConfig:
@@ -53,7 +54,7 @@ def fitted(bench, tok, tmp_path_factory):
     return HiVLPMethod(small_config(), progress=False).fit(bench, tok, cache_dir=tmp_path_factory.mktemp("hivlp"))
 
 
-# ----------------------------------------------------------------------------- the model
+# ---------------------------------------------------------------------------------------- the model
 
 def test_level_layers_are_evenly_spaced_and_end_at_the_top():
     assert level_layers(12, 3) == [4, 8, 12]  # the paper's ViT
@@ -80,7 +81,8 @@ def test_config_checks():
     with pytest.raises(ValueError, match="at least one block"):
         HiVLPConfig(text_layers=0)
     with pytest.raises(ValueError, match="stem='patch'"):
-        HiVLPConfig(backbone="vit_base_patch16_224")  # a timm backbone brings its own patch embedding
+        # a timm backbone brings its own patch embedding
+        HiVLPConfig(backbone="vit_base_patch16_224")
     HiVLPConfig(backbone="vit_base_patch16_224", stem="patch")
 
 
@@ -102,11 +104,13 @@ def test_eol_widths_grow_and_read_the_right_blocks(bench, tok, image_input, pool
     assert [tuple(x.shape) for x in images] == [(5, 4), (5, 8), (5, 16)]
     assert [tuple(x.shape) for x in texts] == [(5, 4), (5, 8), (5, 16)]
     assert model.image_at == [2, 4, 6] and model.text_at == [1, 2, 3]
-    # level l is EOL_l of block image_at[l]'s global token (position 0) or token mean, recomputed by hand
+    # level l is EOL_l of block image_at[l]'s global token (position 0) or
+    # token mean, recomputed by hand
     states = model.image_tower(batch)
     assert len(states) == 6
     n_tokens = states[0].shape[1]
-    if image_input == "regions":  # [IMG] and the unpadded regions; some images here have padded slots
+    # [IMG] and the unpadded regions; some images here have padded slots
+    if image_input == "regions":
         real = torch.cat([torch.ones(5, 1), batch["region_mask"].float()], 1)
         assert not real.bool().all()
     else:
@@ -129,7 +133,8 @@ def test_hrl_against_a_loop_over_levels():
     texts = [torch.randn(B, w) for w in widths]
     expected = 0.0
     for i_l, t_l in zip(images, texts, strict=True):  # eq. 6-7 per level by hand, eq. 8 sums them
-        s = [[float(i_l[i] @ t_l[j]) for j in range(B)] for i in range(B)]  # S[i][j], image i, text j
+        # S[i][j], image i, text j
+        s = [[float(i_l[i] @ t_l[j]) for j in range(B)] for i in range(B)]
         t2v = -sum(s[j][j] - math.log(sum(math.exp(s[k][j]) for k in range(B))) for j in range(B)) / B
         v2t = -sum(s[i][i] - math.log(sum(math.exp(s[i][k]) for k in range(B))) for i in range(B)) / B
         expected += (t2v + v2t) / 2
@@ -138,7 +143,8 @@ def test_hrl_against_a_loop_over_levels():
 
 def test_model_loss_is_hrl_plus_lrm_and_logs_every_level(bench, tok):
     torch.manual_seed(0)
-    model = build_hivlp(small_config(lrm_weight=1.0), bench["train"], tok).eval()  # eval: no dropout
+    # eval: no dropout
+    model = build_hivlp(small_config(lrm_weight=1.0), bench["train"], tok).eval()
     batch = pair_batch(bench["train"], tok, range(8))
     out = model.loss(batch)
     torch.testing.assert_close(out["hrl"], hrl_loss(*model(batch)), atol=TOL, rtol=0)
@@ -163,9 +169,11 @@ def test_gradient_reaches_every_level_and_only_trained_ones(bench, tok):
     for eols in (model.image_eols, model.text_eols):
         for eol in eols:
             assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in eol.parameters())
-    tower = model.image_tower  # the default: the frozen pixel stem's grid under the region transformer
+    # the default: the frozen pixel stem's grid under the region transformer
+    tower = model.image_tower
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in tower.encoder.transformer.parameters())
-    assert all(p.grad is None for p in tower.backbone.parameters())  # frozen: no gradient, no update
+    # frozen: no gradient, no update
+    assert all(p.grad is None for p in tower.backbone.parameters())
     torch.manual_seed(0)
     vit = _grads(build_hivlp(small_config(stem="patch", lrm_weight=0.0), bench["train"], tok), batch)
     assert vit.image_tower.vit.blocks[0].attn.qkv.weight.grad.abs().sum() > 0
@@ -176,7 +184,7 @@ def test_gradient_reaches_every_level_and_only_trained_ones(bench, tok):
         assert all(p.grad.abs().sum() > 0 for p in eols[-1].parameters())
 
 
-# ----------------------------------------------------------------------------- coarse to fine
+# ----------------------------------------------------------------------------------- coarse to fine
 
 def _naive_cascade(gallery, query, survivors, top_k):
     """One query at a time with Python sorts: keep survivors[level] by that level, then order by the last."""
@@ -315,7 +323,8 @@ def test_levels_count_no_cross_attention_pairs(fitted, bench):
 
     test = bench["test"]
     assert HiVLPCascade(fitted, survivors=(30, 10)).pairs_per_query(test, "t2i") == 0
-    reranker = fitted.level(2)  # any stage without dot_product counts its survivors: here a stand-in
+    # any stage without dot_product counts its survivors: here a stand-in
+    reranker = fitted.level(2)
     levels = [fitted.level(k) for k in range(3)]
     plain = type("Pairwise", (), {"name": "pairwise", "score_pairs": reranker.score_pairs})()
     assert Cascade(levels + [plain], [30, 10, 5]).pairs_per_query(test, "t2i") == 5
@@ -332,7 +341,8 @@ def test_cached_states_equal_a_fresh_pass(fitted, bench, tok):
     assert torch.equal(flat, expected)
     level1 = fitted.level(0)
     before = fitted.model
-    assert level1.fit(bench, tok, fitted.checkpoint_path.parent) is level1  # the parent's model, as it is
+    # the parent's model, as it is
+    assert level1.fit(bench, tok, fitted.checkpoint_path.parent) is level1
     assert level1.model is before and fitted.model is before and not hasattr(level1, "train")
     pairs = level1.score_pairs(test, np.array([0, 1, 2]), np.array([4, 4, 0]))
     torch.testing.assert_close(pairs, (cached.image[0][[0, 1, 2]] * cached.text[0][[4, 4, 0]]).sum(-1))
@@ -347,7 +357,7 @@ def test_checkpoint_is_loaded_not_retrained(fitted, bench, tok):
                                                  fitted.model.state_dict().values(), strict=True))
 
 
-# ----------------------------------------------------------------------------- cost model
+# --------------------------------------------------------------------------------------- cost model
 
 def test_cost_model_reproduces_the_papers_worked_example():
     """§3.4: N = 10^9, N2 = 10^5, N3 = 100, d = 768 / 128 / 300, t_e = 10^3: the paper says "about
@@ -464,14 +474,15 @@ def test_conv_stem_gives_one_token_per_patch_and_learns(bench, tok):
 
 
 def test_cascade_notes_name_the_towers():
-    # docs/results.md's methods list reads these notes: hivlp and hivlp-regions must not read the same
+    # docs/results.md's methods list reads these notes: hivlp and
+    # hivlp-regions must not read the same
     pixels = HiVLPCascade(HiVLPMethod(small_config(), progress=False))
     regions = HiVLPCascade(HiVLPMethod(small_config(image_input="regions"), progress=False), name="hivlp-regions")
     assert "pixel stem" in pixels.notes and "region tower" in regions.notes and pixels.notes != regions.notes
     assert "ViT" in HiVLPCascade(HiVLPMethod(small_config(stem="patch"), progress=False)).notes
 
 
-# ----------------------------------------------------------------------------- the pixel stem's grid
+# ---------------------------------------------------------------------------- the pixel stem's grid
 
 def test_grid_boxes_by_hand():
     boxes = grid_boxes(2).numpy()  # (x1, y1, x2, y2, w, h, area), row by row
@@ -487,7 +498,8 @@ def test_stem_grid_tower_reads_the_stem_map_as_grid_regions(bench, tok):
     tower = model.image_tower
     batch = pair_batch(bench["train"], tok, range(3))
     grid = tower.backbone(batch["pixels"])[-1]  # (3, C, 4, 4)
-    tokens = torch.stack([grid[:, :, r, c] for r in range(4) for c in range(4)], dim=1)  # cell by cell, by hand
+    # cell by cell, by hand
+    tokens = torch.stack([grid[:, :, r, c] for r in range(4) for c in range(4)], dim=1)
     regions = {"regions": tokens, "boxes": grid_boxes(4).expand(3, -1, -1),
                "region_mask": torch.ones(3, 16, dtype=torch.bool)}
     expected = tower.encoder(regions, return_layers=True).layers
@@ -496,7 +508,8 @@ def test_stem_grid_tower_reads_the_stem_map_as_grid_regions(bench, tok):
     for got, want in zip(states, expected, strict=True):
         torch.testing.assert_close(got, want, atol=TOL, rtol=0)
     model.train()
-    assert not tower.backbone.training and tower.encoder.training  # BatchNorm keeps the stem's statistics
+    # BatchNorm keeps the stem's statistics
+    assert not tower.backbone.training and tower.encoder.training
 
 
 def test_training_on_the_stem_grid_computed_once_equals_training_on_pixels(bench, tok):
@@ -531,7 +544,8 @@ def test_training_on_the_stem_grid_computed_once_equals_training_on_pixels(bench
 def test_grid_boxes_are_built_once_and_never_saved(bench, tok):
     tower = build_hivlp(small_config(), bench["train"], tok).image_tower
     torch.testing.assert_close(tower.boxes, grid_boxes(4).float(), atol=0, rtol=0)
-    assert "boxes" in dict(tower.named_buffers()) and "boxes" not in tower.state_dict()  # shipped files unchanged
+    # shipped files unchanged
+    assert "boxes" in dict(tower.named_buffers()) and "boxes" not in tower.state_dict()
 
 
 def test_hivlp_stem_reads_each_cell_in_place_by_default():
@@ -539,7 +553,8 @@ def test_hivlp_stem_reads_each_cell_in_place_by_default():
     from course_lib.methods.pixel_stem import PixelStemConfig, stem_config
 
     assert stem_config(HiVLPConfig()) == PixelStemConfig(head_pool="cells", max_steps=400, seed=0)
-    assert stem_config(FastConfig()) == stem_config(HiVLPConfig())  # one stem file for both, trained once
+    # one stem file for both, trained once
+    assert stem_config(FastConfig()) == stem_config(HiVLPConfig())
     flat = stem_config(HiVLPConfig(stem_head_pool="flatten", stem_steps=7, seed=3))
     assert (flat.head_pool, flat.max_steps, flat.seed, flat.channels) == ("flatten", 7, 3, PixelStemConfig().channels)
     fast = FastConfig(channels=(8, 16, 32), stem_head_pool="cells")
@@ -569,7 +584,8 @@ def test_training_starts_from_the_cached_pixel_stem_and_keeps_it_frozen(bench, t
     method.fit(bench, tok, cache_dir=tmp_path)
     assert (tmp_path / stem_file).exists()  # trained once, cached beside the model
     stem, _ = train_pixel_stem(bench, stem_config(config), checkpoint_path=tmp_path / stem_file, progress=False)
-    for name, value in stem.backbone.state_dict().items():  # weights and BatchNorm statistics unchanged
+    # weights and BatchNorm statistics unchanged
+    for name, value in stem.backbone.state_dict().items():
         torch.testing.assert_close(method.model.image_tower.backbone.state_dict()[name], value, atol=0, rtol=0)
     # the same model whether the stem was trained inside or loaded from the cache
     again, _ = train_hivlp(bench, tok, config, stem_checkpoint=tmp_path / stem_file, progress=False)

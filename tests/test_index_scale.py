@@ -189,10 +189,12 @@ def test_smoke_study_end_to_end(tmp_path):
     meta = results["meta"]
     assert meta["sizes"] == [100_000] and meta["queries"] == 100 and meta["mode"] == "smoke"
     assert meta["torch_threads"] == meta["faiss_threads"] == 1
-    assert meta["embeddings"].startswith("random-weight LightningDOT (smoke config")  # no checkpoint
+    # no checkpoint
+    assert meta["embeddings"].startswith("random-weight LightningDOT (smoke config")
     assert [r["kind"] for r in results["indexes"]] == list(KINDS)
     rows = {r["kind"]: r for r in results["indexes"]}
-    width = LightningDOTConfig.smoke().hidden  # the embedding's dimension E: float32 codes of 4 E bytes
+    # the embedding's dimension E: float32 codes of 4 E bytes
+    width = LightningDOTConfig.smoke().hidden
     assert rows["flat"]["recall_at_k"] == 1.0 and rows["flat"]["code_bytes"] == 4 * width
     assert rows["ivfpq"]["code_bytes"] == rows["hnswpq"]["code_bytes"] == 16
     assert rows["ivfpq"]["bytes_per_item"] < 32 and rows["hnsw"]["bytes_per_item"] > 4 * width

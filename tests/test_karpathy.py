@@ -125,7 +125,8 @@ def test_synthetic_round_trip_is_identical(synthetic_bench, tmp_path):
         assert back.info["seed"] == split.info["seed"] and back.info["config"] == split.info["config"]
     comp, want = load_synthetic(tmp_path, "compositional", load_pixels=False), synthetic_bench["compositional"]
     for key, value in want.info.items():
-        if isinstance(value, np.ndarray):  # array-valued info (twin_of, is_twin) comes back as arrays
+        # array-valued info (twin_of, is_twin) comes back as arrays
+        if isinstance(value, np.ndarray):
             assert comp.info[key].dtype == value.dtype
             np.testing.assert_array_equal(comp.info[key], value)
 

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "course_lib"
-LAYERS = ("core", "data", "methods", "studies", "exercises")  # lowest first; anything else is the top
+# lowest first; anything else is the top
+LAYERS = ("core", "data", "methods", "studies", "exercises")
 TOP = len(LAYERS)
 
 

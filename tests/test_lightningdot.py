@@ -50,7 +50,7 @@ def pair_batch(split, tokenizer, n=8):
     return collate([PairDataset(split)[t] for t in range(n)])
 
 
-# ----------------------------------------------------------------------------- masking
+# ------------------------------------------------------------------------------------------ masking
 
 def _random_captions(g, B: int, T: int, V: int):
     """(ids, attention) of B captions [CLS] words [SEP] [PAD].. of 1 to T - 2 random words."""
@@ -117,7 +117,7 @@ def test_mask_regions_statistics():
     assert abs(picked.sum().item() / (n * 0.15 + 0.85 ** n).sum().item() - 1) < 0.03
 
 
-# ----------------------------------------------------------------------------- objectives by hand
+# ------------------------------------------------------------------------------- objectives by hand
 
 def test_vmlm_equals_hand_cross_entropy_and_fuses_image_cls():
     torch.manual_seed(0)
@@ -166,7 +166,7 @@ def test_smrc_kl_equals_hand_kl_divergence():
     assert abs(loss(states, text_cls, soft, masked).item() - sum(expected) / 3) < TOL
 
 
-# ----------------------------------------------------------------------------- the model
+# ---------------------------------------------------------------------------------------- the model
 
 def test_scores_are_dot_products_of_independent_encodings(bench, ld_tokenizer):
     torch.manual_seed(0)
@@ -267,7 +267,8 @@ def test_the_language_encoder_can_start_from_a_pretrained_bert(bench, minilm_fol
     assert z0.shape == (4, 384) and torch.allclose(z0, expected, atol=1e-5)
     with pytest.raises(ValueError, match=r"hidden=64.*LightningDOTConfig\(hidden=384\)"):
         LightningDOT(small_config(text_encoder=name, hidden=64), len(wordpieces), 16, 8, SpecialTokens.of(wordpieces))
-    with pytest.raises(ValueError, match="tokenizer_for"):  # the word tokenizer's ids do not fit BERT's table
+    # the word tokenizer's ids do not fit BERT's table
+    with pytest.raises(ValueError, match="tokenizer_for"):
         LightningDOT(config, 300, 16, 8)
     assert "text_encoder" not in small_config().to_dict() and config.to_dict()["text_encoder"] == name
 
@@ -290,6 +291,7 @@ def test_a_pretrained_text_encoder_can_learn_at_a_fraction_of_the_rate(bench, mi
     assert sum(p.numel() for p in slow) == sum(p.numel() for n, p in minilm if not n.startswith("pooler."))
     assert {id(p) for p in slow} == {id(p) for p in model.text_encoder.parameters()}
     assert small_config(text_encoder=name, hidden=384, heads=6).lr_scales() is None
-    assert "text_encoder_lr_scale" not in small_config().to_dict()  # a switch: no model trained before is renamed
+    # a switch: no model trained before is renamed
+    assert "text_encoder_lr_scale" not in small_config().to_dict()
     with pytest.raises(ValueError, match=r"LightningDOTConfig\(text_encoder_lr_scale=0.1\).*set text_encoder"):
         small_config(text_encoder_lr_scale=0.1)

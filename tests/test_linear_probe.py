@@ -72,7 +72,8 @@ def test_a_training_step_leaves_the_text_encoder_as_loaded(bench, wordpieces, mi
     before = {k: v.clone() for k, v in model.state_dict().items()}
     model.train()
     dropouts = [m for m in model.text_encoder.modules() if isinstance(m, torch.nn.Dropout)]
-    assert dropouts and not any(m.training for m in dropouts)  # frozen parts stay in eval mode: no dropout
+    # frozen parts stay in eval mode: no dropout
+    assert dropouts and not any(m.training for m in dropouts)
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5)
     probe_loss(model, batch_of(bench, wordpieces, range(8)))["loss"].backward()
     optimizer.step()

@@ -19,7 +19,7 @@ from course_lib.core.losses import (
 )
 
 
-# ----------------------------------------------------------------------------- references
+# --------------------------------------------------------------------------------------- references
 def loop_hinge(S: list[list[float]], margin: float, max_violation: bool) -> float:
     """VSE++ hinge with one Python loop per query, directly from the paper's formula."""
     B = len(S)
@@ -60,7 +60,7 @@ def random_scores(*shape, seed=0):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
 
 
-# ----------------------------------------------------------------------------- hinge
+# -------------------------------------------------------------------------------------------- hinge
 def test_hinge_hand_worked_3x3():
     S = torch.tensor([[0.9, 0.5, 0.8],
                       [0.6, 0.4, 0.1],
@@ -96,7 +96,7 @@ def test_hinge_gradients_flow():
     assert (S.grad.diagonal() <= 0).all()
 
 
-# ----------------------------------------------------------------------------- contrastive
+# -------------------------------------------------------------------------------------- contrastive
 def test_contrastive_hand_worked_2x2():
     S = torch.tensor([[2.0, 0.0],
                       [1.0, 1.0]])
@@ -137,7 +137,7 @@ def test_contrastive_module_scale():
         ContrastiveLoss(logit_scale=0.0)
 
 
-# ----------------------------------------------------------------------------- distillation
+# ------------------------------------------------------------------------------------- distillation
 def test_distillation_hand_worked():
     # 2 images x 1 text. Teacher (0, 0) -> p = (1/2, 1/2); student (log 3, 0) -> q = (3/4, 1/4).
     # H(p, q) = -(1/2 log 3/4 + 1/2 log 1/4) = (0.287682 + 1.386294) / 2 = 0.836988
@@ -190,7 +190,7 @@ def test_distillation_rectangular_and_sum_is_n_texts_times_mean():
     assert total.item() == pytest.approx(7 * mean.item())
 
 
-# ----------------------------------------------------------------------------- modules, errors
+# ---------------------------------------------------------------------------------- modules, errors
 def test_modules_equal_functions():
     S, T = random_scores(5, 5, seed=10), random_scores(5, 5, seed=11)
     assert HingeTripletLoss(0.3, False)(S).item() == pytest.approx(hinge_triplet_loss(S, 0.3, False).item())
@@ -228,7 +228,7 @@ def test_hinge_name_names_both_variants_in_method_notes():
     assert "max-violation hinge" in SCANMethod(SCANConfig(max_violation=True)).notes
 
 
-# ----------------------------------------------------------------------------- listwise_loss
+# ------------------------------------------------------------------------------------ listwise_loss
 def loop_listwise(S: list[list[float]], text_image: list[int]) -> float:
     """listwise_loss with Python loops: per text a softmax over every image, per (image, own text)
     a softmax over that text and the texts of other images."""
@@ -279,7 +279,7 @@ def test_batch_scores_is_the_feature_product_and_checks_shapes():
         batch_scores(image, text[:3])
 
 
-# ----------------------------------------------------------------------------- Fast & Slow eq. 4
+# -------------------------------------------------------------------------------- Fast & Slow eq. 4
 def loop_joint_nce(S: list[list[float]]) -> float:
     """Eq. 4 written out: per pair i, e^{S_ii} over itself plus every pair sharing image i or text i."""
     B, total = len(S), 0.0

@@ -22,7 +22,7 @@ from course_lib.core.metrics import (
 )
 
 
-# ----------------------------------------------------------------------------- references
+# --------------------------------------------------------------------------------------- references
 def naive_ranks(sims: np.ndarray, txt2img) -> tuple[list[int], list[int]]:
     """Ranks with plain Python loops: rank = number of wrong candidates scoring at least as high
     (for i2t, as the image's best caption: the best over its captions of that count)."""
@@ -83,7 +83,7 @@ def assert_same_metrics(got: dict, expected: dict):
         assert got[key] == pytest.approx(value, abs=1e-9), key
 
 
-# ----------------------------------------------------------------------------- hand-worked
+# -------------------------------------------------------------------------------------- hand-worked
 def test_hand_worked_two_images_four_captions():
     # Captions 0, 1 describe image 0; captions 2, 3 describe image 1.
     sims = np.array([[0.9, 0.1, 0.8, 0.3],
@@ -138,7 +138,7 @@ def test_k_larger_than_gallery_gives_full_recall():
     assert m["i2t_r50"] == 100.0 and m["t2i_r50"] == 100.0
 
 
-# ----------------------------------------------------------------------------- references
+# --------------------------------------------------------------------------------------- references
 @pytest.mark.parametrize("n_images,ks", [(12, (1, 5, 10)), (40, (5, 10, 20)), (1, (1,))])
 def test_five_captions_matches_naive_and_vsepp(n_images, ks):
     rng = np.random.default_rng(n_images)
@@ -203,7 +203,7 @@ def test_metrics_from_ranks_keys_and_sums():
     assert m["i2t_medr"] == 4.0 and m["t2i_medr"] == 1.0  # medians 3 and 0.5
 
 
-# ----------------------------------------------------------------------------- COCO 1K
+# ------------------------------------------------------------------------------------------ COCO 1K
 def test_coco_1k_is_the_mean_over_sequential_folds():
     rng = np.random.default_rng(7)
     n_images, n_folds = 50, 5
@@ -231,7 +231,7 @@ def test_coco_1k_rejects_uneven_folds():
         coco_1k_metrics(np.zeros((7, 7)), np.arange(7), n_folds=5)
 
 
-# ----------------------------------------------------------------------------- errors
+# ------------------------------------------------------------------------------------------- errors
 @pytest.mark.parametrize("sims,txt2img,ks,message", [
     (np.zeros(5), [0] * 5, (1,), "must be 2-D"),
     (np.zeros((2, 3, 4)), [0, 1, 1], (1,), "must be 2-D"),
@@ -263,7 +263,7 @@ def test_format_metrics_one_line():
     assert line == "i2t R@1/5 100.0/100.0 medr 1 | t2i R@1/5 100.0/100.0 medr 1 | rsum 400.0 AR 100.0"
 
 
-# ----------------------------------------------------------------------------- scale
+# -------------------------------------------------------------------------------------------- scale
 _SCALE_SCRIPT = textwrap.dedent("""
     import json, resource, time
     import numpy as np

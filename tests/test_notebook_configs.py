@@ -39,7 +39,8 @@ def test_config_cell_runs_at_both_sizes(name, smoke, monkeypatch, capsys):
     if cells is None:
         pytest.skip(f"{name} has no config cell calling pick(")
     monkeypatch.setenv("COURSE_SMOKE", smoke)
-    monkeypatch.chdir(NOTEBOOKS)                                   # the notebooks' paths are relative to it
+    # the notebooks' paths are relative to it
+    monkeypatch.chdir(NOTEBOOKS)
     namespace = {"__name__": "__main__"}
     threads, faiss_threads = torch.get_num_threads(), faiss.omp_get_max_threads()
     try:
@@ -47,7 +48,8 @@ def test_config_cell_runs_at_both_sizes(name, smoke, monkeypatch, capsys):
             # as IPython reads a cell: the install cell's %pip line (Colab only) becomes Python
             code = TransformerManager().transform_cell(source)
             exec(compile(code, f"{name} cell", "exec"), namespace)
-    finally:                                                       # setup(cpu_threads=1) must not leak into other tests
+    # setup(cpu_threads=1) must not leak into other tests
+    finally:
         torch.set_num_threads(threads)
         faiss.omp_set_num_threads(faiss_threads)
     assert namespace["pick"]("default", "smoke") == ("smoke" if smoke == "1" else "default")
@@ -63,8 +65,8 @@ def _code_and_text(notebook):
 
 
 def test_notebooks_that_say_one_cpu_thread_set_it():
-    # 05 and 06 said "One CPU thread" but called setup() without cpu_threads: torch and FAISS took every
-    # core, and their smoke runs slowed many times over beside another busy process
+    # 05 and 06 said "One CPU thread" but called setup() without cpu_threads: torch and FAISS took
+    # every core, and their smoke runs slowed many times over beside another busy process
     said = 0
     for notebook in sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb")):
         code, text = _code_and_text(notebook)

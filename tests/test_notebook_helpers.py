@@ -92,7 +92,8 @@ def test_compare_recalls_says_too_small_to_tell_at_chance():
 def test_recovery_verdict_refuses_a_share_of_chance():
     from course_lib.notebook import recovery_verdict
 
-    # issue 13: three models at chance (1 in 40) over 40 captions; "recovers 100%" must not be claimed
+    # issue 13: three models at chance (1 in 40) over 40 captions; "recovers
+    # 100%" must not be claimed
     line, reached = recovery_verdict("rerank@1", 2.5, "cross-encoder", 2.5, n=40, target=95, chance=2.5)
     assert reached is None and "too small to tell" in line and "at least" not in line
     line, reached = recovery_verdict("rerank@1", 0.0, "cross-encoder", 0.0, n=40, target=95, chance=2.5)
@@ -140,12 +141,15 @@ def test_compare_ar_says_too_small_to_tell_at_chance():
 
 
 def test_check_verdict_refuses_chance_level_zero_and_extrapolated_evidence():
-    # lessons 05-07 printed "met" for 0.4 vs 0.8 at chance, 0.0 vs 0.0 - 1, and extrapolated speed-ups
+    # lessons 05-07 printed "met" for 0.4 vs 0.8 at chance, 0.0 vs 0.0 - 1,
+    # and extrapolated speed-ups
     from course_lib.notebook import chance_recall, check_verdict
 
     chance = chance_recall(200, k=5)  # a smoke gallery's R@5 of a random ranking: 2.5
-    assert check_verdict(True, (0.4, 0.8), n=500, chance=chance).startswith("too small to tell")  # 05 (a)
-    assert check_verdict(True, (0.0, 0.0), n=50, chance=1.0).startswith("too small to tell")  # 06 (a)
+    # 05 (a)
+    assert check_verdict(True, (0.4, 0.8), n=500, chance=chance).startswith("too small to tell")
+    # 06 (a)
+    assert check_verdict(True, (0.0, 0.0), n=50, chance=1.0).startswith("too small to tell")
     assert check_verdict(True, measured=False).startswith("too small to tell")  # 07, extrapolated
     assert check_verdict(True, (40.0, 41.0), n=5000, chance=0.1) == "met"
     assert check_verdict(False, (20.0, 41.0), n=5000, chance=0.1) == "not met"
@@ -159,10 +163,12 @@ def test_curve_summary_reads_the_last_points_and_says_whether_val_still_rises():
         return History([{"step": 100 * (i + 1), "eval": True, "cpu_seconds": 10.0 * (i + 1),
                          "val_t2i_r1": v, "train_t2i_r1": v + 5} for i, v in enumerate(vals)])
 
-    rising = curve_summary("a", history(5.0, 20.0))  # 15 points over 1,000 queries: far beyond the noise
+    # 15 points over 1,000 queries: far beyond the noise
+    rising = curve_summary("a", history(5.0, 20.0))
     assert "after 200 steps (20 CPU-s of training) t2i R@1 val 20.0, train[:n] 25.0" in rising
     assert "still rising" in rising
-    assert "flat within noise" in curve_summary("b", history(20.0, 20.5))  # 0.5 points: within the noise
+    # 0.5 points: within the noise
+    assert "flat within noise" in curve_summary("b", history(20.0, 20.5))
     # 5 points: beyond the noise of 1,000 queries (about 2.5), within that of 100 (about 8)
     assert "still rising" in curve_summary("g", history(20.0, 25.0))
     assert "flat within noise" in curve_summary("g", history(20.0, 25.0), n_queries=100)

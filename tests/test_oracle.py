@@ -44,9 +44,9 @@ def _scenes(rows: list[list[tuple]]) -> Scenes:
                   n_objects=i8([len(r) for r in rows]))
 
 
-# 4 objects: two identical small red circles (one shares a row with the square), a diagonal triangle;
-# 5 objects: every pair geometry, two squares that differ only in size; 1 object: a pair or relation
-# draw becomes a place caption
+# 4 objects: two identical small red circles (one shares a row with the square), a diagonal
+# triangle; 5 objects: every pair geometry, two squares that differ only in size; 1 object: a pair
+# or relation draw becomes a place caption
 FIXED = _scenes([
     [(0, 0, 0, 0), (1, 2, 1, 1), (0, 0, 0, 5), (2, 3, 1, 6)],
     [(0, 0, 0, 0), (1, 2, 1, 4), (1, 2, 0, 2), (0, 0, 1, 8), (2, 3, 0, 3)],
@@ -123,7 +123,8 @@ def test_likelihood_matches_the_generators_frequencies(family, count_objects, sc
     prob = caption_likelihood(m, FIXED, cfg)[:, scene] * scene_free_factor(m, cfg) / SCALE
     z, mass = _compare_frequencies(m, prob)
     assert z < 4 and 0.98 < mass <= 1 + 1e-9, (z, mass)
-    if family == RELATION and scene < 2:  # the check can fail: without the 1 / #true-relations factor it does
+    # the check can fail: without the 1 / #true-relations factor it does
+    if family == RELATION and scene < 2:
         wrong = np.array([_slow_likelihood(m, t, FIXED, scene, cfg, relation_weight=False) for t in range(len(m))])
         wrong = wrong * scene_free_factor(m, cfg)
         z_wrong, _ = _compare_frequencies(m, wrong / wrong[np.unique(_meaning_keys(m), axis=0,
@@ -150,10 +151,12 @@ def test_likelihood_matches_a_slow_loop(cfg):
 
 def test_likelihood_hand_worked():
     # scene A, 4 objects: small red circle top left, big blue square top middle (same row), 2 others
-    # scene B, 5 objects: small red circle top left, big blue square in the middle (diagonal), 3 others
+    # scene B, 5 objects: small red circle top left, big blue square in the
+    # middle (diagonal), 3 others
     others = [(2, 3, 1, 6), (3, 4, 0, 8), (4, 5, 0, 2)]
     scenes = _scenes([[(0, 0, 0, 0), (1, 2, 1, 1)] + others[:2], [(0, 0, 0, 0), (1, 2, 1, 4)] + others])
-    captions = Meanings(  # relation "left of", pair, place top left, count "four ... a small red circle"
+    # relation "left of", pair, place top left, count "four ... a small red circle"
+    captions = Meanings(
         family=i8([RELATION, PAIR, PLACE, COUNT]), a_shape=i8([0] * 4), a_color=i8([0] * 4), a_size=i8([0] * 4),
         b_shape=i8([1, 1, -1, -1]), b_color=i8([2, 2, -1, -1]), b_size=i8([1, 1, -1, -1]),
         relation=i8([0, -1, -1, -1]), place=i8([-1, -1, 0, -1]), count=i8([-1, -1, -1, 4]),
@@ -218,7 +221,8 @@ def test_bayes_oracle_matches_simulation():
         L = (compositional_likelihood(split.meanings, split.scenes, split.info["twin_of"],
                                       np.repeat(split.info["swapped_objects"], 2, axis=0), split.info["config"])
              if split is comp else caption_likelihood(split.meanings, split.scenes, split.info["config"]))
-        if split is comp:  # said of an image only if false of its twin, and then also true of the image
+        # said of an image only if false of its twin, and then also true of the image
+        if split is comp:
             sat = satisfies(split.meanings, split.scenes)
             assert ((L > 0) <= (sat & ~sat[:, split.info["twin_of"]])).all()
         oracle = oracle_ceiling(split, ks=(1, 2, 5))
@@ -237,7 +241,8 @@ def test_bayes_recall_closed_form():
     assert o["t2i_r1"] == pytest.approx(100 * (1 / 2 + 1 + 1 / 3 + 1 / 2) / 4)
     assert o["t2i_r2"] == pytest.approx(100 * (1 + 1 + 2 / 3 + 1) / 4)
     # i2t posteriors: c0 and c3 (.4, .4, .2), c1 (.25, .75, 0), c2 (0, 0, 0). image 0: own c0 tied
-    # with c3 (1/2, 1); image 1: own c1 first; image 2: c0, c3 (.2) first, then c1 and own c2 tied at 0
+    # with c3 (1/2, 1); image 1: own c1 first; image 2: c0, c3 (.2) first,
+    # then c1 and own c2 tied at 0
     assert o["i2t_r1"] == pytest.approx(100 * (1 / 2 + 1 + 0) / 3)
     assert o["i2t_r2"] == pytest.approx(100 * 2 / 3)
     assert o["i2t_r3"] == pytest.approx(100 * (1 + 1 + 1 / 2) / 3)
@@ -275,7 +280,8 @@ def test_bayes_oracle_sanity(smoke_bench):
         for key in truth:
             assert bayes[key] <= 100.0 + 1e-9
             assert bayes[key] >= truth[key] - 1.0, (name, key, bayes[key], truth[key])
-        assert bayes["i2t_r" + str(ks[0])] > truth["i2t_r" + str(ks[0])] + 5  # caption specificity pays
+        # caption specificity pays
+        assert bayes["i2t_r" + str(ks[0])] > truth["i2t_r" + str(ks[0])] + 5
 
 
 def test_compositional_likelihood_matches_the_generator(monkeypatch):

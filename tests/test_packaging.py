@@ -38,7 +38,8 @@ def test_environment_yml_installs_what_pyproject_declares():
 
 
 def test_notebook_progress_bars_have_their_widgets():
-    # tqdm.auto in Jupyter needs ipywidgets, else every first progress bar warns "IProgress not found"
+    # tqdm.auto in Jupyter needs ipywidgets, else every first progress bar
+    # warns "IProgress not found"
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert any(req.startswith("ipywidgets") for req in project["optional-dependencies"]["dev"])
 
@@ -65,6 +66,7 @@ def test_license_and_citation_match_pyproject():
     assert "Copyright (c) the course authors" in license_text
     yaml = pytest.importorskip("yaml")
     citation = yaml.safe_load((ROOT / "CITATION.cff").read_text())
-    assert citation["cff-version"] == "1.2.0"  # validated with cffconvert --validate against CFF 1.2.0's schema
+    # validated with cffconvert --validate against CFF 1.2.0's schema
+    assert citation["cff-version"] == "1.2.0"
     assert {"message", "title", "authors"} <= set(citation) and citation["authors"]
     assert str(citation["version"]) == project["version"] and citation["license"] == "MIT"

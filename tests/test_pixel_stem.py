@@ -33,7 +33,8 @@ def test_cell_targets_by_hand():
                     n_objects=np.array([2, 1], np.int8))
     _ = -1
     got = cell_targets(scenes)
-    # 0 empty, else 1 + shape * 8 + colour: triangle green 1 + 2 * 8 + 1, circle cyan 1 + 0 + 7, ring yellow 1 + 40 + 3
+    # 0 empty, else 1 + shape * 8 + colour: triangle green 1 + 2 * 8 + 1, circle cyan 1 + 0 +
+    # 7, ring yellow 1 + 40 + 3
     assert got["object"].tolist() == [[0, 0, 0, 0, 18, 0, 0, 0, 8], [44, 0, 0, 0, 0, 0, 0, 0, 0]]
     assert got["size"].tolist() == [[_, _, _, _, 1, _, _, _, 0], [0, _, _, _, _, _, _, _, _]]
     assert cell_targets(scenes, rows=[1])["object"].tolist() == got["object"][1:].tolist()
@@ -62,7 +63,8 @@ def test_stem_learns_above_chance(trained, bench):
     torch.manual_seed(config.seed)
     before = cell_accuracy(PixelStem(config), bench["val"])
     after = cell_accuracy(stem, bench["val"])
-    assert history.rows(eval=True)[-1]["color"] == pytest.approx(after["color"])  # evaluated on val at the end
+    # evaluated on val at the end
+    assert history.rows(eval=True)[-1]["color"] == pytest.approx(after["color"])
     losses = history.column("loss", eval=False)
     assert losses[-1] < 0.5 * losses[0]
     assert after["occupancy"] > 58  # a constant guess: ~50 (4-5 objects in 9 cells)

@@ -15,7 +15,8 @@ from test_code_text import DATE, PROCESS
 ROOT = Path(__file__).resolve().parents[1]
 # the words test_code_text keeps out of course_lib, and in prose a working "session" too
 PROCESS_WORDS = re.compile(PROCESS.pattern + r"|\bworking round|\bsessions?\b", re.IGNORECASE)
-DATED_RECORDS = ("docs/tuning_notes.md", "docs/measurements.md")  # the lab log and the record of runs
+# the lab log and the record of runs
+DATED_RECORDS = ("docs/tuning_notes.md", "docs/measurements.md")
 
 
 def _files():

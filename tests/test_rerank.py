@@ -177,7 +177,8 @@ def test_cascade_matches_a_naive_loop_with_three_stages_and_a_weighted_combine(d
         combine = naive_weighted_sum(weights) if weights else (lambda v: v[-1])
         for q in range(len(indices)):
             assert indices[q].tolist() == naive_cascade(mats, top_ms, combine, q, direction)
-        assert (scores[:, :-1] >= scores[:, 1:]).all()  # best first, strictly below past the survivors
+        # best first, strictly below past the survivors
+        assert (scores[:, :-1] >= scores[:, 1:]).all()
     cascade = Cascade(stages[:2], [4], combine=weighted_sum([0.3, 1.0]))
     top = cascade.query_fn(split, caption_index=5, top_k=3)()
     assert top.tolist() == naive_cascade(mats[:2], [4], lambda v: 0.3 * v[0] + v[1], 5, "t2i")[:3]
@@ -230,7 +231,8 @@ def test_cascade_fit_fits_only_unfitted_stages():
     fresh = Fittable("fresh", torch.zeros(2, 4))
     fresh.model = None
     cascade = Cascade([_Stub("done", torch.zeros(2, 4)), fresh], [2])
-    assert cascade.fit({}, None) is cascade and not hasattr(cascade, "train")  # it trains nothing of its own
+    # it trains nothing of its own
+    assert cascade.fit({}, None) is cascade and not hasattr(cascade, "train")
     assert Fittable.fits == 1 and fresh.model == "fitted"
     cascade.fit({}, None)
     assert Fittable.fits == 1  # a fitted stage is not fitted again

@@ -136,7 +136,8 @@ def test_a_real_photo_run_fills_its_own_blocks_and_leaves_the_synthetic_ones(cou
     results_io.update_readme(real, readme)
     for path, before in zip((readme, doc), synthetic, strict=True):
         text = path.read_text()
-        assert text.split(real_start)[0] == before.split(real_start)[0]  # the synthetic block is untouched
+        # the synthetic block is untouched
+        assert text.split(real_start)[0] == before.split(real_start)[0]
         inside = text.split(real_start + "\n", 1)[1].split(real_end, 1)[0]
         assert "old real" not in inside and text.endswith(f"{real_end}\nend\n")
     front = readme.read_text().split(real_start, 1)[1]

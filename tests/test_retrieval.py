@@ -408,7 +408,8 @@ def test_pq_index_has_high_recall_at_generous_params(kind, params):
     # build_index's fix of its code-to-code table, HNSW-PQ reached 0.44 with M=16, 0.58 with M=32.)
     gallery, queries = random_embeddings(5000, 16, seed=32), random_embeddings(50, 16, seed=33)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # 5000 < 39 * 256 training vectors: warned, tested elsewhere
+        # 5000 < 39 * 256 training vectors: warned, tested elsewhere
+        warnings.simplefilter("ignore")
         index = build_index(gallery, kind, m=16, nbits=8, **params)
     assert index.ntotal == 5000
     scores, idx = search(index, queries, k=10)

@@ -19,7 +19,7 @@ from course_lib.methods.scan.attention import (
 )
 
 
-# ----------------------------------------------------------------------------- reference
+# ---------------------------------------------------------------------------------------- reference
 # Written from kuanghuei/SCAN's model.py structure: l2norm, func_attention (clipped_l2norm),
 # cosine_similarity, xattn_score_t2i / xattn_score_i2t. Variable lengths by slicing, never masks.
 def ref_l2norm(X, dim, eps=1e-8):
@@ -90,7 +90,7 @@ def make_inputs(n_images, n_texts, R, L, D, seed=0, dtype=torch.float64, garbage
     return regions, region_mask, n_regions.tolist(), words, word_mask, n_words.tolist()
 
 
-# ----------------------------------------------------------------------------- reference match
+# ---------------------------------------------------------------------------------- reference match
 @pytest.mark.parametrize("direction,agg,lambda_softmax,lambda_lse", [
     ("t2i", "lse", 9.0, 6.0), ("t2i", "mean", 9.0, 6.0), ("t2i", "lse", 1.0, 20.0),
     ("i2t", "lse", 4.0, 5.0), ("i2t", "mean", 4.0, 6.0), ("i2t", "lse", 20.0, 20.0),
@@ -131,7 +131,7 @@ def test_nan_in_padding_and_no_masks():
                                ref_scan(full_r, [4] * 3, full_w, [5] * 4, "i2t", 9.0, "mean", 6.0))
 
 
-# ----------------------------------------------------------------------------- hand-worked values
+# ------------------------------------------------------------------------------- hand-worked values
 def test_one_region_two_words():
     e = torch.eye(3, dtype=torch.float64)
     regions = e[None, :1]  # one image, one region: e1
@@ -164,7 +164,7 @@ def test_two_by_two_orthogonal():
                            lambda_lse=6.0).item() == pytest.approx(cos + math.log(2) / 6.0)
 
 
-# ----------------------------------------------------------------------------- func_attention
+# ----------------------------------------------------------------------------------- func_attention
 def test_func_attention_matches_reference_batched_formula():
     g = torch.Generator().manual_seed(3)
     query = torch.randn(4, 5, 8, generator=g, dtype=torch.float64)
@@ -194,7 +194,7 @@ def test_func_attention_masks_equal_slicing():
         assert (attended[p, n_words[p]:] == 0).all()
 
 
-# ----------------------------------------------------------------------------- gradients, dtypes
+# -------------------------------------------------------------------------------- gradients, dtypes
 @pytest.mark.parametrize("direction", ["t2i", "i2t"])
 def test_gradients_match_reference_and_reach_both_inputs(direction):
     regions, region_mask, n_regions, words, word_mask, n_words = make_inputs(4, 4, 5, 6, 8, seed=5)
@@ -235,7 +235,7 @@ def test_gpu_matches_cpu():
         torch.testing.assert_close(gpu.cpu(), cpu, rtol=1e-4, atol=1e-5)
 
 
-# ----------------------------------------------------------------------------- scale
+# -------------------------------------------------------------------------------------------- scale
 def test_block_shape_respects_the_memory_budget():
     budget = _BLOCK_ELEMENTS["cpu"]
     for n_images, n_texts, per_pair in [(1000, 5000, 72), (1000, 5000, 36 * 32), (1, 5000, 72),
@@ -264,7 +264,7 @@ def test_test_split_shape_scale():
         assert sims[i, t].item() == pytest.approx(expected.item(), abs=1e-5)
 
 
-# ----------------------------------------------------------------------------- errors
+# ------------------------------------------------------------------------------------------- errors
 def _ok():
     regions, region_mask, _, words, word_mask, _ = make_inputs(2, 3, 4, 5, 8, dtype=torch.float32)
     return dict(regions=regions, region_mask=region_mask, words=words, word_mask=word_mask)

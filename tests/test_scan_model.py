@@ -208,7 +208,8 @@ def test_a_pretrained_text_side_gives_its_states_at_the_words_under_one_linear_m
     words, mask = model.encode_texts(pair_batch(bench["train"], wordpieces, captions))  # (3, L, E), (3, L)
     minilm = AutoModel.from_pretrained(minilm_folder[1]).eval()
     for row, caption in enumerate(captions):
-        ids = torch.tensor([wordpieces(bench["train"].captions[caption])["input_ids"]])  # [CLS] w.. [SEP]
+        # [CLS] w.. [SEP]
+        ids = torch.tensor([wordpieces(bench["train"].captions[caption])["input_ids"]])
         states = minilm(input_ids=ids).last_hidden_state[0, 1:-1]  # (n, H): read in context, words kept
         want = F.normalize(model.word_proj(states), dim=-1)  # (n, E)
         n = len(want)
@@ -225,6 +226,7 @@ def test_the_pretrained_text_side_learns_only_its_last_layers_and_the_defaults_k
     learning = {n.split(".")[3] for n, p in top.text_encoder.named_parameters()
                 if p.requires_grad and n.startswith("bert.encoder.layer.")}
     assert learning == {"5"}  # MiniLM's last of 6
-    assert "text_encoder" not in SCANConfig().to_dict()  # a synthetic SCAN keeps its checkpoint name
+    # a synthetic SCAN keeps its checkpoint name
+    assert "text_encoder" not in SCANConfig().to_dict()
     with pytest.raises(ValueError, match="text_encoder='all-MiniLM-L6-v2'"):
         SCANConfig(text_trainable_layers=2)

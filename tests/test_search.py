@@ -45,7 +45,8 @@ def test_the_search_split_shares_the_photos_and_holds_only_the_caption(bench):
     test = bench["test"]
     split = search.caption_split(test, "  a red cube left of a ball ")
     assert split.captions == ["a red cube left of a ball"] and split.n_images == test.n_images
-    assert split.regions is test.regions and split.region_mask is test.region_mask  # shared, not copied
+    # shared, not copied
+    assert split.regions is test.regions and split.region_mask is test.region_mask
     for empty in ("", "   ", None):
         with pytest.raises(ValueError, match="type a caption"):
             search.caption_split(test, empty)

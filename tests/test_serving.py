@@ -108,7 +108,8 @@ class _GRUText(nn.Module):
 
 
 def test_building_a_gru_query_encoder_writes_nothing_but_its_notes(capfd):
-    # a failed ONNX export used to print ~95 lines of Torch IR graph from C++ before the one-line note
+    # a failed ONNX export used to print ~95 lines of Torch IR graph from
+    # C++ before the one-line note
     with warnings.catch_warnings(record=True) as notes:
         warnings.simplefilter("always")
         encoder = QueryEncoder(_GRUText().eval().encode, _probes(), backend="auto")
@@ -116,8 +117,10 @@ def test_building_a_gru_query_encoder_writes_nothing_but_its_notes(capfd):
     assert (out, err) == ("", "")  # capfd reads file descriptors 1 and 2: C++ writes count too
     skipped = [str(n.message) for n in notes]
     assert all(issubclass(n.category, CourseNote) and "\n" not in str(n.message) for n in notes), skipped
-    tried = [b for b in AUTO["cpu"] if b != "onnx" or HAS_ORT]  # without onnxruntime: no note, a choice
-    assert [n.split("'")[1] for n in skipped] == tried[:tried.index(encoder.backend)]  # one note per skip
+    # without onnxruntime: no note, a choice
+    tried = [b for b in AUTO["cpu"] if b != "onnx" or HAS_ORT]
+    # one note per skip
+    assert [n.split("'")[1] for n in skipped] == tried[:tried.index(encoder.backend)]
 
 
 def test_quiet_swallows_python_and_c_level_writes_and_restores_them(capfd):
@@ -163,7 +166,8 @@ def test_searcher_matches_search_and_its_answers_are_not_overwritten():
         np.testing.assert_array_equal(indices, expected_indices[0])
         np.testing.assert_allclose(scores, expected_scores[0], rtol=1e-6)
     np.testing.assert_array_equal(first[1], search(index, queries[:1], 10)[1][0])  # a copy, kept
-    assert len(Searcher(build_index(gallery[:4]), k=10)(queries[:1])[1]) == 4  # k capped at the gallery
+    # k capped at the gallery
+    assert len(Searcher(build_index(gallery[:4]), k=10)(queries[:1])[1]) == 4
 
 
 def test_path_stages_chain_to_the_whole_query(bench, tok):
@@ -180,10 +184,11 @@ def test_path_stages_chain_to_the_whole_query(bench, tok):
         names.append(name)
     assert names == ["tokenise", "tensors + transfer", "encoder forward", "normalise + to host", "search"]
     np.testing.assert_array_equal(x[1], path(caption)[1])
-    assert [p[0].shape[1] for p in probe_captions(queries, caption)][1:] == [3, 40]  # [CLS] word [SEP]; full
+    # [CLS] word [SEP]; full
+    assert [p[0].shape[1] for p in probe_captions(queries, caption)][1:] == [3, 40]
 
 
-# ----------------------------------------------------------------------------- every dual encoder
+# ------------------------------------------------------------------------------- every dual encoder
 
 def _fresh(name, bench, tok):
     """A Method of `name` holding a fresh (untrained) model: rankings are as checkable untrained."""

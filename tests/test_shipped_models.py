@@ -95,7 +95,7 @@ def test_a_model_that_computes_otherwise_fails_the_check(default_benchmark, monk
     assert moved == {m.name for m in shipping.own_models(available_methods(0, smoke=False))}
 
 
-# ----------------------------------------------------------------------------- tiny shipped models
+# ------------------------------------------------------------------------------ tiny shipped models
 
 @pytest.fixture(scope="module")
 def data():
@@ -111,7 +111,8 @@ def shipped_tiny(data, tmp_path_factory):
     methods = [make() for make in TINY.values()]
     manifest = shipping.refresh(root / "shipped", checkpoints=root / "cache", methods=methods, bench=bench,
                                 tokenizer=tokenizer, progress=False)
-    return root, {m.name: m for m in shipping.own_models(methods)}, manifest  # U-BERT's SCAN ships too
+    # U-BERT's SCAN ships too
+    return root, {m.name: m for m in shipping.own_models(methods)}, manifest
 
 
 @pytest.fixture
@@ -151,10 +152,12 @@ def test_manifest_round_trip(shipped_tiny, data):
         assert set(entry["probe"]) == {"scores", "recall"}
         assert entry["sha256"] == shipped.file_sha256(folder / name) and entry["bytes"] == (folder / name).stat().st_size
         saved = torch.load(folder / name, weights_only=True)
-        assert set(saved) == {"format", "model", "history"}  # weights only: no optimizer, no RNG states
+        # weights only: no optimizer, no RNG states
+        assert set(saved) == {"format", "model", "history"}
         assert (folder / name).stat().st_size < (root / "cache" / name).stat().st_size
     assert_current(folder, shipping.expected_entries(bench, tokenizer, [make() for make in TINY.values()]))
-    vsepp = trained["vsepp"]  # load_model_weights reads a shipped file as it reads a Trainer checkpoint
+    # load_model_weights reads a shipped file as it reads a Trainer checkpoint
+    vsepp = trained["vsepp"]
     for path, want in ((folder / vsepp.checkpoint_path.name, rounded(vsepp.model.state_dict())),
                        (root / "cache" / vsepp.checkpoint_path.name, vsepp.model.state_dict())):
         model = load_model_weights(vsepp.build_model(bench, tokenizer), str(path))
@@ -237,7 +240,8 @@ def test_smoke_mode_always_trains(course_env, data, monkeypatch, tmp_path):
 
 def test_the_benchmark_loads_shipped_models_unless_told_to_retrain(course_env, data, monkeypatch, tmp_path):
     bench, _ = data
-    monkeypatch.setattr(benchmark, "benchmark_data", lambda smoke, seed: data)  # the tiny data, default mode
+    # the tiny data, default mode
+    monkeypatch.setattr(benchmark, "benchmark_data", lambda smoke, seed: data)
     for retrain in (False, True):
         method = TINY["vsepp"]()
         calls = recording_training(monkeypatch, method)
@@ -307,7 +311,8 @@ def test_the_staleness_check_fails_on_a_planted_change(change, shipped_tiny, dat
 
 def test_a_stale_shipped_model_is_trained_with_a_note_saying_why(course_env, data, monkeypatch, tmp_path):
     bench, tokenizer = data
-    method = VsePPMethod(VsePPConfig.smoke(max_steps=4, batch_size=16), progress=False)  # one step more
+    # one step more
+    method = VsePPMethod(VsePPConfig.smoke(max_steps=4, batch_size=16), progress=False)
     calls = recording_training(monkeypatch, method)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -323,7 +328,8 @@ def test_an_altered_shipped_file_is_not_loaded(course_env, data, monkeypatch, tm
     folder = shutil.copytree(course_env, tmp_path / "shipped")
     monkeypatch.setenv("COURSE_SHIPPED_MODELS", str(folder))
     name = TINY["vsepp"]().checkpoint_file(bench, tokenizer)
-    (folder / name).write_bytes((folder / name).read_bytes()[:-10])  # truncated, as a failed download
+    # truncated, as a failed download
+    (folder / name).write_bytes((folder / name).read_bytes()[:-10])
     assert_vsepp_trains_with_note(data, monkeypatch, tmp_path, "does not match the sha256")
 
 
@@ -349,7 +355,8 @@ def test_refresh_command_writes_the_folder(monkeypatch, tmp_path, capsys):
     manifest = {"files": {"vsepp-x.pt": {"bytes": 2_000_000}, "scan-y.pt": {"bytes": 500_000}}, "not_shipped": []}
     monkeypatch.setattr(refresh_shipped, "refresh", lambda folder, checkpoints, only: seen.update(
         folder=folder, checkpoints=checkpoints, only=only) or manifest)
-    lanes = []  # the models are trained side by side first (course_lib.training_lanes), then refresh loads them
+    # the models are trained side by side first (course_lib.training_lanes), then refresh loads them
+    lanes = []
     monkeypatch.setattr(refresh_shipped, "train_in_parallel",
                         lambda names, **kwargs: lanes.append((names, kwargs)))
     refresh_shipped.main(["--checkpoints", str(tmp_path), "--jobs", "2"])
@@ -414,7 +421,8 @@ def test_a_partial_refresh_keeps_the_other_current_models(shipped_tiny, data, tm
     assert manifest["files"] == full["files"] and manifest["not_shipped"] == []
     assert {p.name: p.read_bytes() for p in folder.glob("*.pt")} == before
     assert check_shipped(folder, shipping.expected_entries(bench, tokenizer, list(trained.values()))) == []
-    # a model whose shipped file no longer matches is not kept: it is declared, and trained on first use
+    # a model whose shipped file no longer matches is not kept: it is
+    # declared, and trained on first use
     stale = read_manifest(folder)
     other = next(name for name, e in stale["files"].items() if e["method"] != "vsepp")
     stale["files"][other]["version"] = 0
@@ -481,7 +489,8 @@ def test_relabel_renames_without_retraining(shipped_tiny, data, tmp_path, monkey
     folder = shutil.copytree(shipped_tiny[0] / "shipped", tmp_path / "shipped")
     manifest = read_manifest(folder)
     before = {entry["method"]: (folder / name).read_bytes() for name, entry in manifest["files"].items()}
-    renamed = {f"old-{name}": entry for name, entry in manifest["files"].items()}  # as an older rule named them
+    # as an older rule named them
+    renamed = {f"old-{name}": entry for name, entry in manifest["files"].items()}
     for name in manifest["files"]:
         (folder / name).rename(folder / f"old-{name}")
     (folder / MANIFEST).write_text(json.dumps({**manifest, "files": renamed}))

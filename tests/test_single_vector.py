@@ -40,19 +40,22 @@ def meanings(*rows):
 
 
 def test_vectors_of_a_hand_worked_scene_and_captions():
-    # scene 0: a small red circle (shape 0, colour 0, size 0) in cell 4 and a big blue square in cell 0
+    # scene 0: a small red circle (shape 0, colour 0, size 0) in cell 4 and a
+    # big blue square in cell 0
     images = image_vectors(scenes([(0, 0, 0, 4), (1, 2, 1, 0)], [(0, 0, 1, 4)]))
     circle, square = kind_of(0, 0, 0), kind_of(1, 2, 1)
     assert images[0, [circle, square]].tolist() == [1, 1] and images[0, :N_KINDS].sum() == 2
     assert images[0, N_KINDS + circle * N_CELLS + 4] == 1 and images[0, N_KINDS:N_KINDS * (1 + N_CELLS)].sum() == 2
     assert images[0, N_KINDS * (1 + N_CELLS) + 2] == 1 and images[1, N_KINDS * (1 + N_CELLS) + 1] == 1
-    texts = text_vectors(meanings({"family": PAIR, "a_shape": 0, "a_color": 0},  # "a red circle" of any size
+    # "a red circle" of any size
+    texts = text_vectors(meanings({"family": PAIR, "a_shape": 0, "a_color": 0},
                                   {"family": PLACE, "a_shape": 0, "a_color": 0, "a_size": 0, "place": 4},
                                   {"family": RELATION, "a_shape": 0, "b_shape": 1, "b_color": 2, "b_size": 1,
                                    "a_color": 0, "a_size": 0, "relation": 0},
                                   {"family": COUNT, "a_shape": 1, "a_color": 2, "a_size": 1, "count": 2}), 3)
     scores = images @ texts.T  # (2 scenes, 4 captions)
-    assert scores[:, 0].tolist() == [0.5, 0.5]  # half of the weight on each size: both scenes hold half
+    # half of the weight on each size: both scenes hold half
+    assert scores[:, 0].tolist() == [0.5, 0.5]
     assert scores[:, 1].tolist() == [1.0, 0.0]  # the small red circle in the centre: scene 0 only
     assert scores[:, 2].tolist() == [2.0, 0.0]  # both objects; the relation adds nothing
     assert scores[:, 3].tolist() == [2.0, 0.0]  # the square and the count of two
@@ -107,4 +110,5 @@ def test_family_table_and_projection(bench):
     images, texts = image_vectors(bench["test"].scenes), text_vectors(bench["test"].meanings, bench["test"].scenes.max_objects)
     pi, pt = random_projection(images, texts, 4096, seed=1)
     exact, projected = images @ texts[:50].T, pi @ pt[:50].T
-    assert np.corrcoef(exact.ravel(), projected.ravel())[0, 1] > 0.9  # dot products kept in expectation
+    # dot products kept in expectation
+    assert np.corrcoef(exact.ravel(), projected.ravel())[0, 1] > 0.9

@@ -27,7 +27,8 @@ from course_lib.methods.scan.model import SCANConfig, build_scan, words_only
 from course_lib.methods.vsepp import VsePPConfig, build_dual_encoder
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: one torch thread
-BENCH_SIZES = dict(n_train=40, n_val=4, n_test=4, n_pretrain=4, n_compositional=1)  # the `bench` fixture
+# the `bench` fixture
+BENCH_SIZES = dict(n_train=40, n_val=4, n_test=4, n_pretrain=4, n_compositional=1)
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 WORDS = caption_vocabulary()  # every word a synthetic caption can hold
 
@@ -40,7 +41,8 @@ def _bert_tokenizer(folder, layout: str):
     else:
         lines = WORDS + SPECIALS
     (folder / "vocab.txt").write_text("\n".join(lines) + "\n")
-    # from the folder: transformers 5 ignores BertTokenizerFast(vocab_file=...) (5 special tokens only)
+    # from the folder: transformers 5 ignores
+    # BertTokenizerFast(vocab_file=...) (5 special tokens only)
     return BertTokenizerFast.from_pretrained(str(folder), local_files_only=True, do_lower_case=True,
                                              model_max_length=40)
 
@@ -144,7 +146,8 @@ def test_lightningdot_vmlm_masks_with_the_tokenizers_ids(bench, bert_tok, monkey
     model = build_lightningdot(config, bench["train"], bert_tok)  # the path the method trains
     assert model.text_encoder.word.padding_idx == bert_tok.pad_token_id
     batch = PairCollate(bert_tok)([PairDataset(bench["train"])[t] for t in range(64)])
-    assert not (batch["input_ids"] == bert_tok.unk_token_id).any()  # the vocabulary covers the captions
+    # the vocabulary covers the captions
+    assert not (batch["input_ids"] == bert_tok.unk_token_id).any()
     for _ in range(4):
         assert torch.isfinite(model.objective("vmlm", batch))
     masked = torch.cat([m for m, _ in calls])
@@ -167,7 +170,8 @@ def test_scan_reads_words_only_with_the_tokenizers_ids(bench, bert_tok):
     assert [row[m].tolist() for row, m in zip(ids, mask, strict=True)] == words
     assert (ids[~mask] == bert_tok.pad_token_id).all()
     torch.manual_seed(0)
-    model = build_scan(SCANConfig.smoke(), bench["train"], bert_tok).eval()  # as train_scan builds it
+    # as train_scan builds it
+    model = build_scan(SCANConfig.smoke(), bench["train"], bert_tok).eval()
     assert model.text_encoder.embed.padding_idx == bert_tok.pad_token_id
     _, word_mask_ = model.encode_texts(dict(enc))
     assert word_mask_.sum(1).tolist() == [len(w) for w in words]
@@ -189,7 +193,8 @@ def test_encoders_word_mask_and_padding_use_the_tokenizers_ids(bench, bert_tok, 
         return
     assert encoder.embed.padding_idx == bert_tok.pad_token_id
     assert torch.all(encoder.embed.weight[bert_tok.pad_token_id] == 0)
-    if text_encoder == "bow":  # pooled = mean over the words: [CLS] / [SEP] embeddings change nothing
+    # pooled = mean over the words: [CLS] / [SEP] embeddings change nothing
+    if text_encoder == "bow":
         with torch.no_grad():
             before = encoder(dict(enc)).pooled
             encoder.embed.weight[[bert_tok.cls_token_id, bert_tok.sep_token_id]] += 5.0

@@ -22,8 +22,9 @@ from course_lib.data.photos import find_photos, no_photos_message
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
 NAMES = sorted(path.name for path in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
-# lessons that run on real photographs: where none are found they skip every cell after their config,
-# so their student copy has no exercise to stop at and is skipped here, saying how to get the photos
+# lessons that run on real photographs: where none are found they skip every cell after
+# their config, so their student copy has no exercise to stop at and is skipped here,
+# saying how to get the photos
 NEEDS_PHOTOS = {"08_real_photographs.ipynb"}
 
 spec = importlib.util.spec_from_file_location("make_student_copies", ROOT / "data_scripts" / "make_student_copies.py")
@@ -74,7 +75,8 @@ def test_tiny_notebook(tmp_path, capsys):
 
     assert len(copied["cells"]) == len(cells) and copied["metadata"] == nb["metadata"]
     for before, after in zip(cells, copied["cells"], strict=True):
-        assert after.get("outputs", []) == [] and after.get("execution_count") is None   # outputs cleared
+        # outputs cleared
+        assert after.get("outputs", []) == [] and after.get("execution_count") is None
         if "solution" not in before["metadata"].get("tags", []):
             unchanged = {k: v for k, v in before.items() if k not in ("outputs", "execution_count")}
             assert json.dumps({k: after[k] for k in unchanged}) == json.dumps(unchanged)
@@ -86,7 +88,8 @@ def test_tiny_notebook(tmp_path, capsys):
     assert "the answer" not in stub and "print" not in stub
     namespace = {}
     with pytest.raises(NotImplementedError, match="^Exercise: write double"):
-        exec(stub, namespace)                                    # the top-level print became a raise
+        # the top-level print became a raise
+        exec(stub, namespace)
     assert inspect.signature(namespace["double"]) == inspect.signature(lambda x, *, scale=2: None)
     assert namespace["double"].__doc__ == "x (n,) -> (n,): every entry times `scale`."
     with pytest.raises(NotImplementedError) as raised:
@@ -134,7 +137,8 @@ def test_student_copy_stops_at_first_exercise_and_its_answer_passes(name, copies
     assert solutions, f"{name} has no exercise"
     first = solutions[0]
     stubbed = [i for i, (a, b) in enumerate(zip(original.cells, student.cells, strict=True)) if a.source != b.source]
-    assert len(student.cells) == len(original.cells) and stubbed == solutions   # checkers and the rest kept
+    # checkers and the rest kept
+    assert len(student.cells) == len(original.cells) and stubbed == solutions
     pasted = copy.deepcopy(student)
     for i in solutions:
         pasted.cells[i].source = original.cells[i].source
@@ -162,8 +166,10 @@ def test_student_copy_stops_at_first_exercise_and_its_answer_passes(name, copies
         index, error = failed
         assert (index, error.ename, error.evalue) == (expected, "NotImplementedError", message), str(error)
 
-        client.nb = pasted                                       # the learner pastes the answer and runs it
-        for i in range(first, expected + 1):                     # the exercise's cell, then its checker
+        # the learner pastes the answer and runs it
+        client.nb = pasted
+        # the exercise's cell, then its checker
+        for i in range(first, expected + 1):
             if pasted.cells[i].cell_type == "code":
                 client.execute_cell(pasted.cells[i], i)
 

@@ -71,7 +71,8 @@ def test_fresh_scenes_are_new_training_scenes(bench):
     assert fresh.images.shape[1:] == bench["train"].images.shape[1:]
     assert fresh.regions.shape[1:] == bench["train"].regions.shape[1:]
     truth = satisfies(fresh.meanings, fresh.scenes)  # (T, N)
-    assert truth[np.arange(fresh.n_texts), fresh.txt2img].all()  # every caption true of its own scene
+    # every caption true of its own scene
+    assert truth[np.arange(fresh.n_texts), fresh.txt2img].all()
     for name in SPLIT_NAMES:
         assert not np.array_equal(fresh.images[:10], bench[name].images[:10]), name
     other = fresh_scenes(cfg, 40, seed=3, draw=1)
@@ -104,7 +105,8 @@ def test_shapes_dtypes_ranges(bench):
         per = 1 if name == "pretrain" else 5
         assert s.n_texts == per * n and np.array_equal(np.bincount(s.txt2img, minlength=n), np.full(n, per))
         assert len(s.scenes) == n and len(s.meanings) == s.n_texts
-        assert np.array_equal(s.region_mask.sum(1), s.scenes.n_objects)  # no clutter regions by default
+        # no clutter regions by default
+        assert np.array_equal(s.region_mask.sum(1), s.scenes.n_objects)
         assert s.region_mask[:, :4].all()  # real regions first, padding last
         valid, pad = s.region_mask, ~s.region_mask
         b = s.boxes[valid]
@@ -138,7 +140,8 @@ def test_detector_classes_and_shuffle():
     np.testing.assert_array_equal(det["boxes"][img, slot], boxes[img, obj])
     first = det["region_object"][:, 0]
     assert len(np.unique(first)) > 3  # the first slot is not always the same object or clutter
-    # the features are a function of the attributes: the same (shape, colour, size) is close, others far
+    # the features are a function of the attributes: the same (shape, colour,
+    # size) is close, others far
     f = det["regions"][img, slot]
     key = true_class * 2 + scenes.size[img, obj]
     same = key[:, None] == key[None, :]
@@ -383,7 +386,8 @@ def test_full_setting_queries_are_the_test_split():
     assert [full.image_ids[i] for i in full.image_queries] == test.image_ids
     assert np.array_equal(full.txt2img[full.text_queries], full.image_queries[test.txt2img])
     assert full.n_images == sum(bench[k].n_images for k in ("train", "val", "test"))
-    # a bigger gallery can only make the ceiling lower: the oracle stays a ceiling of the same queries
+    # a bigger gallery can only make the ceiling lower: the oracle stays a
+    # ceiling of the same queries
     ks = (5, 10, 20)
     full_oracle, test_oracle = oracle_ceiling(full, ks), oracle_ceiling(test, ks)
     assert all(full_oracle[k] <= test_oracle[k] + 1e-9 for k in full_oracle)

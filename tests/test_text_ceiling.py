@@ -60,7 +60,8 @@ def test_train_text_ceiling_learns(bench, tok):
     """After 150 steps eq. 4 on a fixed batch of training pairs is lower than at the seeded start."""
     config = FastConfig(**SMALL, text_tower="bow", max_steps=150, lr=1e-2)
     train = with_bag_of_objects(bench["train"])
-    batch = PairCollate(tok)([PairDataset(train, modality="regions")[t] for t in range(0, 80, 5)])  # 16 images
+    # 16 images
+    batch = PairCollate(tok)([PairDataset(train, modality="regions")[t] for t in range(0, 80, 5)])
     seed_everything(config.seed)  # the start train_text_ceiling builds
     start = BagOfObjectsDualEncoder(len(tok), train.regions.shape[-1], config, SpecialTokens.of(tok)).eval()
     model, history = train_text_ceiling(bench, tok, config, eval_every=75, progress=False)

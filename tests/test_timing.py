@@ -19,7 +19,7 @@ from course_lib.core.timing import (
 )
 
 
-# ----------------------------------------------------------------------------- measure
+# ------------------------------------------------------------------------------------------ measure
 def test_measure_of_a_sleep():
     result = measure(lambda: time.sleep(0.01), warmup=1, repeats=5)
     assert 9 <= result.median_ms <= 30
@@ -91,7 +91,7 @@ def test_measure_cuda_events():
     assert 9 <= sleepy.median_ms <= 30  # CPU time inside fn is counted too
 
 
-# ----------------------------------------------------------------------------- linear cost
+# -------------------------------------------------------------------------------------- linear cost
 def test_fit_linear_cost_recovers_known_line():
     ns = [10, 100, 1000, 5000, 123456]
     ms = [0.5 + 0.002 * n for n in ns]
@@ -151,7 +151,7 @@ def test_latency_vs_gallery_warns_when_cost_falls():
     assert rows[-1]["ms_per_query"] == rows[1]["ms_per_query"] > 0
 
 
-# ----------------------------------------------------------------------------- speedup tables
+# ----------------------------------------------------------------------------------- speedup tables
 def _rows(*entries):
     return [{"n": n, "ms_per_query": ms, "measured": measured,
              "p10_ms": ms if measured else None, "p90_ms": ms if measured else None}
@@ -198,7 +198,8 @@ def test_quartiles_and_latency_rows_carry_the_spread():
     assert (result.p25_ms, result.median_ms, result.p75_ms) == (2.0, 3.0, 4.0)
     rows = latency_vs_gallery(lambda n: (lambda: None), [10, 20, 40], warmup=0, repeats=5, max_measured=20)
     assert all(r["p25_ms"] <= r["ms_per_query"] <= r["p75_ms"] for r in rows if r["measured"])
-    assert rows[-1]["p25_ms"] is None and rows[-1]["p75_ms"] is None  # extrapolated: no spread to report
+    # extrapolated: no spread to report
+    assert rows[-1]["p25_ms"] is None and rows[-1]["p75_ms"] is None
 
 
 def test_course_notes_read_as_one_plain_line(monkeypatch, capsys):
@@ -207,11 +208,13 @@ def test_course_notes_read_as_one_plain_line(monkeypatch, capsys):
     from course_lib.core.settings import CourseNote, plain_course_notes
 
     passed_on = []
-    monkeypatch.setattr(warnings, "showwarning", lambda *args: passed_on.append(args[1]))  # Python's display
+    # Python's display
+    monkeypatch.setattr(warnings, "showwarning", lambda *args: passed_on.append(args[1]))
     plain_course_notes()
     for _ in range(2):  # what warnings.warn hands to the display, as a notebook shows it
         warnings.showwarning(CourseNote("the timings are noisy"), CourseNote, "/x/course_lib/core/timing.py", 191)
     warnings.showwarning(RuntimeWarning("something else"), RuntimeWarning, "/x/elsewhere.py", 7)
     err = capsys.readouterr().err
-    assert err.count("note: the timings are noisy") == 1 and "timing.py" not in err  # once, no file path
+    # once, no file path
+    assert err.count("note: the timings are noisy") == 1 and "timing.py" not in err
     assert passed_on == [RuntimeWarning]  # other warnings keep Python's own display

@@ -169,7 +169,8 @@ def test_grad_accumulation_matches_bigger_batch():
     big, big_hist, big_grads = _recorded_grads(8, 1)
     assert len(small_grads) == len(big_grads) == 12
     for gs, gb in zip(small_grads, big_grads, strict=True):
-        for a, b in zip(gs, gb, strict=True):  # without dividing the loss by accum these would be 2x
+        # without dividing the loss by accum these would be 2x
+        for a, b in zip(gs, gb, strict=True):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
     assert small_hist.column("loss") == pytest.approx(big_hist.column("loss"), rel=1e-5)
     for p, q in zip(small.model.parameters(), big.model.parameters(), strict=True):
@@ -206,8 +207,9 @@ def test_weight_decay_groups():
 
 
 def test_lr_scales_move_a_prefixs_parameters_at_their_own_rate():
-    # Adam's first step moves every weight by about lr (m / sqrt(v) = sign(g)): the identity checked here,
-    # with no weight decay and no warm-up, layer 0 of `body` at a tenth of the rate of the rest
+    # Adam's first step moves every weight by about lr (m / sqrt(v) = sign(g)): the
+    # identity checked here, with no weight decay and no warm-up, layer 0 of `body` at a
+    # tenth of the rate of the rest
     model = build(dropout=0.0)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     config = make_config(max_steps=1, lr=1e-2, warmup_fraction=0.0, weight_decay=0.0, grad_clip=None,
@@ -219,7 +221,8 @@ def test_lr_scales_move_a_prefixs_parameters_at_their_own_rate():
         moved = (p.detach() - before[name]).abs()
         rate = 1e-3 if name.startswith("body.0.") else 1e-2
         assert moved.max() == pytest.approx(rate, rel=1e-3), name
-    groups = param_groups(model, 0.01, 1.0, {"body.": 0.5, "body.4.": 0.25})  # the longest prefix wins
+    # the longest prefix wins
+    groups = param_groups(model, 0.01, 1.0, {"body.": 0.5, "body.4.": 0.25})
     assert [(g["lr"], len(g["params"])) for g in groups] == [(0.25, 1), (0.25, 1), (0.5, 1), (0.5, 3)]
     with pytest.raises(ValueError, match="start no trainable parameter"):
         param_groups(model, 0.01, 1.0, {"text_encoder.": 0.1})
@@ -243,7 +246,8 @@ def test_evaluate_hook(eval_every, expected):
     assert history.column("score", eval=True) == [float(s) for s in expected]
     assert history.steps("score") == expected and len(history.rows(eval=False)) == 7
     # Training CPU time so far, one per evaluation, never decreasing. On the real clock a 7-step
-    # toy may take under 5 ms (0.0 at two decimals): the amounts are checked with a fake clock below.
+    # toy may take under 5 ms (0.0 at two decimals): the amounts are
+    # checked with a fake clock below.
     cpu = history.column("cpu_seconds", eval=True)
     assert len(cpu) == len(expected) and cpu == sorted(cpu)
     assert all(isinstance(c, float) and c >= 0 for c in cpu)
@@ -362,7 +366,8 @@ def test_train_config_takes_the_method_configs_training_fields_and_runtime_on_to
 
 
 def test_an_interrupted_run_resumes_from_its_last_periodic_save(tmp_path):
-    # before, a method's run saved only at the end: Ctrl-C after 90% of the steps restarted from step 0
+    # before, a method's run saved only at the end: Ctrl-C after 90% of the
+    # steps restarted from step 0
     import dataclasses
     from dataclasses import dataclass
 
@@ -399,7 +404,7 @@ def test_an_interrupted_run_resumes_from_its_last_periodic_save(tmp_path):
         assert torch.equal(p, q)
 
 
-# ----------------------------------------------------------------------------- keep_best
+# ---------------------------------------------------------------------------------------- keep_best
 
 def _scripted_evaluate(values, seen):
     """An evaluate hook that reports `values` in turn and records the weights it saw at each call."""
@@ -418,10 +423,12 @@ def test_keep_best_ends_with_the_weights_of_the_best_evaluation(tmp_path):
     config = make_config(max_steps=12, eval_every=4, keep_best="val_t2i_r1", checkpoint_path=path)
     trainer = Trainer(build(), mse, make_dataset(), config, evaluate=_scripted_evaluate([1.0, 3.0, 3.0], seen))
     history = trainer.fit()
-    assert len(seen) == 3  # steps 4, 8, 12: the best (3.0) first at step 8, kept over its equal at 12
+    # steps 4, 8, 12: the best (3.0) first at step 8, kept over its equal at 12
+    assert len(seen) == 3
     for name, value in trainer.model.state_dict().items():
         assert torch.equal(value, seen[1][name]), name
-    assert not torch.equal(seen[1]["body.0.weight"], seen[2]["body.0.weight"])  # the last step's differ
+    # the last step's differ
+    assert not torch.equal(seen[1]["body.0.weight"], seen[2]["body.0.weight"])
     assert history[-1] == {"step": 12, "kept_step": 8, "kept_val_t2i_r1": 3.0}
     # the finished checkpoint holds the kept weights: loading it gives them back
     again = Trainer(build(seed=5), mse, make_dataset(), config, evaluate=_scripted_evaluate([], []))

@@ -47,9 +47,11 @@ def test_models_sharing_a_pixel_stem_wait_for_the_first_until_it_is_cached(smoke
         order, needs = training_lanes.plan(models, bench, tokenizer, checkpoints=tmp_path)
         names = [m.name for m in models]
         assert [names[i] for i in order] == ["hivlp-flat", "vsepp", "fast"]
-        assert {names[i] for i in needs[names.index("fast")]} == {"hivlp-flat"}  # the stem's first trainer
+        # the stem's first trainer
+        assert {names[i] for i in needs[names.index("fast")]} == {"hivlp-flat"}
         assert needs[names.index("hivlp-flat")] == set() and needs[names.index("vsepp")] == set()
-        (tmp_path / "pixel_stem-shared.pt").write_bytes(b"")  # cached: nobody writes it, nobody waits
+        # cached: nobody writes it, nobody waits
+        (tmp_path / "pixel_stem-shared.pt").write_bytes(b"")
         _, needs = training_lanes.plan(models, bench, tokenizer, checkpoints=tmp_path)
     assert all(not n for n in needs.values())
 
@@ -63,16 +65,19 @@ def test_the_longest_recorded_training_starts_first(smoke_data, monkeypatch):
         order, needs = training_lanes.plan(models, bench, tokenizer)
     names = [m.name for m in models]
     assert [names[i] for i in order] == ["scan", "cross_encoder", "vsepp"]
-    # the listwise cross-encoder waits for SCAN (its towers), not for VSE++ (a miner it does not use)
+    # the listwise cross-encoder waits for SCAN (its towers), not for VSE++
+    # (a miner it does not use)
     assert {names[i] for i in needs[names.index("cross_encoder")]} == {"scan"}
 
 
 @pytest.mark.parametrize("cost, expected", [
-    # the distilled Fast (500 s) waits for Fast (20) and Slow (10): their paths are 520 and 510, above VSE++'s 100,
-    # so they start first and the distilled model does not start last (longest-first alone: distilled, vsepp, ...)
+    # the distilled Fast (500 s) waits for Fast (20) and Slow (10): their paths are 520 and 510,
+    # above VSE++'s 100, so they start first and the distilled model does not start last
+    # (longest-first alone: distilled, vsepp, ...)
     ({"fast-distilled": 500.0, "vsepp": 100.0, "fast": 20.0, "slow": 10.0}, ["fast", "slow", "fast-distilled", "vsepp"]),
-    # Slow's shipped file records no learning curve. Counted as free, it and the distilled Fast that waits for it
-    # started last (vsepp, fast, fast-distilled, slow); as the mean of the others (200 s) its path is 400, the longest
+    # Slow's shipped file records no learning curve. Counted as free, it and the distilled Fast that
+    # waits for it started last (vsepp, fast, fast-distilled, slow); as the mean of the others (200
+    # s) its path is 400, the longest
     ({"fast-distilled": 200.0, "vsepp": 300.0, "fast": 100.0, "slow": 0.0}, ["slow", "vsepp", "fast", "fast-distilled"]),
 ], ids=["waited-for-first", "no-recorded-cost-is-typical"])
 def test_a_model_others_wait_for_starts_before_a_longer_one(smoke_data, monkeypatch, cost, expected):

@@ -86,7 +86,7 @@ def fitted(bench, tok, tmp_path_factory):
     return smoke_method(small_config()).fit(bench, tok, cache_dir=cache), cache
 
 
-# ----------------------------------------------------------------------------- the model
+# ---------------------------------------------------------------------------------------- the model
 
 def test_masked_mean_against_a_loop():
     g = torch.Generator().manual_seed(0)
@@ -117,7 +117,8 @@ def test_states_are_unit_means_of_the_towers_and_ignore_padding(model, bench, to
     expected = torch.stack([attended[b][mask[b]].mean(0) for b in range(6)])
     assert torch.allclose(intra, expected / expected.norm(dim=-1, keepdim=True), atol=TOL)
     assert torch.allclose(intra.norm(dim=-1), torch.ones(6), atol=TOL)
-    assert torch.allclose(model._image_tower(batch)[0], model.embed_image(batch), atol=TOL)  # eq. 10 reads the inputs
+    # eq. 10 reads the inputs
+    assert torch.allclose(model._image_tower(batch)[0], model.embed_image(batch), atol=TOL)
     # padded regions and padded tokens change nothing anywhere
     noisy = dict(batch)
     noisy["regions"] = batch["regions"].masked_fill(~batch["region_mask"].bool()[..., None], 7.0)
@@ -184,7 +185,7 @@ def test_config_checks(bench, tok, scan):
     assert build_ubert(small_config(cross_towers="none"), bench["train"], tok).scan is None
 
 
-# ----------------------------------------------------------------------------- SCAN's reading in BERT_cross
+# --------------------------------------------------------------------- SCAN's reading in BERT_cross
 
 def test_cross_tokens_carry_scans_reading_of_each_word_and_region(model, bench, tok):
     """cross_towers="scan": each word token BERT_cross reads gets cross_inputs["word"](SCAN's encoding of that
@@ -213,7 +214,8 @@ def test_scan_copy_is_frozen_and_step_two_trains_only_bert_cross_and_its_inputs(
     m = build_ubert(small_config(), bench["train"], tok, scan)
     assert m.scan is not scan and all(torch.equal(a, b) for a, b in zip(m.scan.state_dict().values(),
                                                                         scan.state_dict().values(), strict=True))
-    assert not any(p.requires_grad for p in m.scan.parameters())  # frozen from the start, joint training too
+    # frozen from the start, joint training too
+    assert not any(p.requires_grad for p in m.scan.parameters())
     m.freeze_towers().train()
     assert not m.scan.training and m.cross_inputs.training
     trained = {n.split(".")[0] for n, p in m.named_parameters() if p.requires_grad}
@@ -235,7 +237,7 @@ def test_scan_inputs_leave_the_towers_and_bert_cross_initial_weights_as_they_wer
     assert tower_config(small_config()).cross_towers == "none"
 
 
-# ----------------------------------------------------------------------------- training
+# ----------------------------------------------------------------------------------------- training
 
 def test_step_two_freezes_the_towers_bit_for_bit(bench, tok, tmp_path):
     cfg = small_config()
@@ -245,7 +247,8 @@ def test_step_two_freezes_the_towers_bit_for_bit(bench, tok, tmp_path):
                                    scan=scan, progress=False)
     assert set(histories) == {"towers", "cross"}
     towers = torch.load(towers_ckpt, map_location="cpu", weights_only=True)["model"]
-    assert not any(k.startswith(("cross_inputs.", "scan.")) for k in towers)  # step 1 has no SCAN inputs
+    # step 1 has no SCAN inputs
+    assert not any(k.startswith(("cross_inputs.", "scan.")) for k in towers)
     final = model.state_dict()
     fresh_cross = build_ubert(cfg, bench["train"], tok, scan).state_dict()
     assert all(torch.equal(final[k], v) for k, v in scan.state_dict().items() for k in [f"scan.{k}"])
@@ -286,7 +289,8 @@ def test_bert_txt_can_start_from_a_pretrained_bert(bench, minilm_folder):
 
     with pytest.raises(ValueError, match=r"hidden=16.*UBERTConfig\(hidden=384\)"):
         build_ubert(small_config(text_encoder=name, cross_towers="none"), bench["train"], wordpieces)
-    with pytest.raises(ValueError, match="tokenizer_for"):  # the word tokenizer's ids do not fit BERT's table
+    # the word tokenizer's ids do not fit BERT's table
+    with pytest.raises(ValueError, match="tokenizer_for"):
         build_ubert(config, bench["train"], build_word_tokenizer(bench["train"].captions))
     assert "text_encoder" not in small_config().to_dict() and config.to_dict()["text_encoder"] == name
 
@@ -301,8 +305,10 @@ def test_bert_txt_can_learn_at_a_fraction_of_the_rate(bench, minilm_folder):
     model = build_ubert(config, bench["train"], wordpieces)
     groups = param_groups(model, 0.01, 1e-3, config.lr_scales())
     slow = {id(p) for g in groups if g.get("lr") == pytest.approx(1e-4) for p in g["params"]}
-    assert slow == {id(p) for p in model.text_tower.parameters()}  # BERT_txt alone, every weight of it
-    assert "text_encoder_lr_scale" not in small_config().to_dict()  # a switch: no model trained before is renamed
+    # BERT_txt alone, every weight of it
+    assert slow == {id(p) for p in model.text_tower.parameters()}
+    # a switch: no model trained before is renamed
+    assert "text_encoder_lr_scale" not in small_config().to_dict()
     with pytest.raises(ValueError, match=r"UBERTConfig\(text_encoder_lr_scale=0.1\).*set text_encoder"):
         small_config(text_encoder_lr_scale=0.1)
 
@@ -319,15 +325,18 @@ def test_joint_training_moves_every_part(bench, tok):
     after = model.state_dict()
     for part in ("image_tower.", "text_tower.", "cross.", "word.", "cross_inputs."):
         assert any(not torch.equal(after[k], before[k]) for k in after if k.startswith(part)), part
-    assert all(torch.equal(after[k], before[k]) for k in after if k.startswith("scan."))  # SCAN stays frozen
+    # SCAN stays frozen
+    assert all(torch.equal(after[k], before[k]) for k in after if k.startswith("scan."))
 
 
 def test_method_caches_towers_and_cross_separately(fitted, bench, tok):
     method, cache = fitted
-    names = sorted(p.name for p in cache.iterdir())  # SCAN trained first, cached beside the two steps
+    # SCAN trained first, cached beside the two steps
+    names = sorted(p.name for p in cache.iterdir())
     assert len(names) == 3 and names[0].startswith("scan-") and names[1].startswith("ubert-")
     assert names[2].startswith("ubert-towers-")
-    # another L_c re-uses the towers: only a new cross checkpoint appears, with the same tower weights
+    # another L_c re-uses the towers: only a new cross checkpoint appears,
+    # with the same tower weights
     towers_file = cache / names[2]
     stamp = towers_file.stat().st_mtime_ns
     deeper = smoke_method(small_config(cross_layers=2)).fit(bench, tok, cache_dir=cache)
@@ -345,7 +354,8 @@ def test_towers_from_another_model_skip_step_one(fitted, bench, tok, tmp_path):
     # an empty cache: without towers_from this would train step 1 and save its checkpoint
     deeper = smoke_method(small_config(cross_layers=2), towers_from=method)
     deeper.fit(bench, tok, cache_dir=tmp_path)
-    ubert_files = [p.name for p in tmp_path.iterdir() if p.name.startswith("ubert")]  # and its SCAN's
+    # and its SCAN's
+    ubert_files = [p.name for p in tmp_path.iterdir() if p.name.startswith("ubert")]
     assert ubert_files == [deeper.checkpoint_path.name]  # no ubert-towers-* file
     mine, theirs = deeper.model.state_dict(), method.model.state_dict()
     tower_keys = [k for k in theirs if is_tower_key(k)]
@@ -384,7 +394,7 @@ def test_the_method_follows_its_scan_checkpoint_and_ships_with_it(fitted, bench,
                           method.score_pairs(split, images, texts), atol=1e-5)
 
 
-# ----------------------------------------------------------------------------- retrieval
+# ---------------------------------------------------------------------------------------- retrieval
 
 def test_cached_states_equal_the_uncached_path(fitted, bench, tok):
     method, _ = fitted
@@ -438,7 +448,8 @@ def test_cascade_reorders_only_the_top_k(fitted, bench):
         both, scores = cascade.rank(split, direction, 20)
         assert torch.equal(both[:, K:], first[:, K:])  # below K: stage 1's order
         assert torch.equal(both[:, :K].sort(1).values, first[:, :K].sort(1).values)  # same K items
-        ks = tuple(k for k in (1, 5, 10, 20) if k >= K)  # the invariant R@k = stage-1 R@k for k >= K
+        # the invariant R@k = stage-1 R@k for k >= K
+        ks = tuple(k for k in (1, 5, 10, 20) if k >= K)
         assert _recalls(cascade, split, direction, ks) == _recalls(method, split, direction, ks)
         # inside the top K the order is s2's
         queries = split.text_queries if direction == "t2i" else split.image_queries
@@ -468,7 +479,8 @@ def test_image_query_fn_matches_rank(fitted, bench):
 
 
 def test_sum_of_hinges_by_default(model, bench, tok):
-    # max_violation=False (the default, module docstring of UBERTConfig): every step sums every hinge
+    # max_violation=False (the default, module docstring of UBERTConfig):
+    # every step sums every hinge
     batch = pair_batch(bench["train"], tok, range(5))
     cfg = small_config(max_violation=False)
     with torch.no_grad():
@@ -484,5 +496,6 @@ def test_stage_one_rank_from_cached_states_equals_the_towers(fitted, bench):
     split = bench["test"]
     for direction in ("t2i", "i2t"):
         cached, cached_scores = method.rank(split, direction, 10)
-        encoded, encoded_scores = DualEncoderMethod.rank(method, split, direction, 10)  # a fresh tower pass
+        # a fresh tower pass
+        encoded, encoded_scores = DualEncoderMethod.rank(method, split, direction, 10)
         assert torch.equal(cached, encoded) and torch.allclose(cached_scores, encoded_scores, atol=1e-5)

@@ -59,12 +59,14 @@ def test_pareto_plots_timed_methods_and_a_line_for_the_oracle():
     assert sorted(points[:, 0].tolist()) == [0.1, 30.0]
     filled = [len(c.get_facecolors()) > 0 and c.get_facecolors()[0][3] > 0 for c in ax.collections]
     assert filled == [True, False]  # fast measured: filled; slow extrapolated: hollow
-    # the axes fit the methods: the oracle, far above them, is marked at the top edge, not drawn as a line
+    # the axes fit the methods: the oracle, far above them, is marked at the top
+    # edge, not drawn as a line
     assert ax.get_ylim()[1] < 90 and any(t.get_text().startswith("oracle 90.0") for t in ax.texts)
     assert not any(np.allclose(line.get_ydata(), 90.0) for line in ax.lines)
     assert ax.get_xscale() == "log"
     plt.close(ax.figure)
-    within = [{**rows[0], "method": "bag-of-objects", "t2i_r1": 40.0}] + rows[1:]  # between the methods: a line
+    # between the methods: a line
+    within = [{**rows[0], "method": "bag-of-objects", "t2i_r1": 40.0}] + rows[1:]
     ax = viz.plot_pareto(within, setting="test")
     assert any(np.allclose(line.get_ydata(), 40.0) and "reference" in line.get_label() for line in ax.lines)
     plt.close(ax.figure)
@@ -75,7 +77,8 @@ def test_plot_timings_one_box_per_result():
                "b": TimingResult.from_times([10.0, 11.0], "cpu")}
     ax = viz.plot_timings(results)
     assert [t.get_text() for t in ax.get_xticklabels()] == ["a", "b"]
-    # issue 13: a linear axis from 0, so a cold call 10x a warm one looks 10x as high, not 1.1x on a log axis
+    # issue 13: a linear axis from 0, so a cold call 10x a warm one looks 10x as
+    # high, not 1.1x on a log axis
     assert ax.get_yscale() == "linear" and ax.get_ylim()[0] == 0 and ax.get_ylim()[1] >= 11.0
     assert [t.get_text() for t in ax.texts] == ["2 ms", "10.5 ms"]
     plt.close(ax.figure)
@@ -135,7 +138,8 @@ def test_pareto_draws_the_front_of_the_naive_dominance_loop():
     assert list(front.get_xdata()) == [r["ms_per_query"] for r in naive] == [1.0, 5.0, 100.0]
     assert list(front.get_ydata()) == [r["t2i_r1"] for r in naive]
     assert sorted(t.get_text() for t in ax.texts if not t.get_text().startswith("oracle")) == ["a", "b", "c", "d", "e"]
-    assert ax.get_ylim()[1] < 80 and any("oracle 80.0 (ceiling)" in t.get_text() for t in ax.texts)  # at the edge
+    # at the edge
+    assert ax.get_ylim()[1] < 80 and any("oracle 80.0 (ceiling)" in t.get_text() for t in ax.texts)
     plt.close(ax.figure)
 
 

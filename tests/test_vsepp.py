@@ -85,7 +85,7 @@ def reference_hinge(scores, margin, max_violation):
     return total
 
 
-# ----------------------------------------------------------------------------- the model
+# ---------------------------------------------------------------------------------------- the model
 def test_scores_are_cosines_with_positives_on_the_diagonal(bench, tokenizer):
     torch.manual_seed(0)
     model = build_dual_encoder(VsePPConfig(**TINY), bench["train"], tokenizer).eval()
@@ -108,7 +108,8 @@ def test_scores_are_cosines_with_positives_on_the_diagonal(bench, tokenizer):
                 image = model.encode_images(pair_batch(bench["train"], tokenizer, [indices[i]]))
                 text = model.encode_texts(pair_batch(bench["train"], tokenizer, [indices[j]]))
             assert abs(float(image @ text.T) - float(scores[i, j])) < 1e-5
-    # two captions of image 1 (positions 1 and 4): identical image rows, VSE++ leaves them as negatives
+    # two captions of image 1 (positions 1 and 4): identical image rows,
+    # VSE++ leaves them as negatives
     torch.testing.assert_close(scores[1], scores[4])
 
 
@@ -133,7 +134,7 @@ def test_unknown_encoder_kinds_list_the_valid_ones(bench, tokenizer):
         DualEncoder(VsePPConfig(), vocab_size=10)
 
 
-# ----------------------------------------------------------------------------- the loss
+# ----------------------------------------------------------------------------------------- the loss
 @pytest.mark.parametrize("max_violation", [True, False])
 def test_loss_fn_is_the_vsepp_hinge_on_the_batch_scores(bench, tokenizer, max_violation):
     torch.manual_seed(1)
@@ -158,7 +159,7 @@ def test_sum_warmup_switches_to_max_violation_at_the_step(bench, tokenizer):
     torch.testing.assert_close(loss_fn(model, batch, 3).detach(), hinge_triplet_loss(scores, 0.2, True))
 
 
-# ----------------------------------------------------------------------------- training
+# ----------------------------------------------------------------------------------------- training
 def test_training_lowers_the_loss_and_beats_the_untrained_model(trained, bench, tokenizer):
     model, history, before = trained
     losses = history.column("loss", eval=False)
