@@ -133,7 +133,8 @@ def test_latency_by_method_merges_the_latency_table_and_the_rows():
                         {"method": "oracle", "setting": "test", "n_images": 1000, "ms_per_query": None}]}
     assert frontier.latency_by_method(results) == {"a": [
         {"n": 800, "ms_per_query": 0.9, "measured": True},
-        {"n": 1000, "ms_per_query": 1.0, "measured": True},  # the row's measured time beats the estimate
+        # the row's measured time beats the estimate
+        {"n": 1000, "ms_per_query": 1.0, "measured": True},
         {"n": 5000, "ms_per_query": 3.0, "measured": False}]}
 
 

@@ -167,7 +167,8 @@ def fake_embeddings(smoke, checkpoints, seed, n_queries, progress):
 def test_run_skips_a_kind_whose_build_would_take_too_long(monkeypatch, tmp_path):
     monkeypatch.setattr(index_scale, "load_embeddings", fake_embeddings)
     results = index_scale.run([4000, 8000], kinds=["hnsw", "ivf"], n_queries=20, repeats=5,
-                              max_build_s=-1.0, out=tmp_path, progress=False)  # < any build time, 0 s included
+                              # < any build time, 0 s included
+                              max_build_s=-1.0, out=tmp_path, progress=False)
     assert [(r["kind"], r["n"]) for r in results["indexes"]] == [("flat", 4000), ("ivf", 4000),
                                                                 ("hnsw", 4000), ("flat", 8000)]
     assert [(s["kind"], s["n"]) for s in results["skipped"]] == [("ivf", 8000), ("hnsw", 8000)]

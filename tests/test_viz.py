@@ -126,9 +126,11 @@ def test_show_retrieval_frames_only_the_true_image_in_red(bench):
 def test_pareto_draws_the_front_of_the_naive_dominance_loop():
     rows = [{"method": "oracle", "setting": "full", "t2i_r1": 80.0, "ms_per_query": None},
             {"method": "a", "setting": "full", "t2i_r1": 10.0, "ms_per_query": 1.0},
-            {"method": "b", "setting": "full", "t2i_r1": 8.0, "ms_per_query": 2.0},  # dominated by a
+            # dominated by a
+            {"method": "b", "setting": "full", "t2i_r1": 8.0, "ms_per_query": 2.0},
             {"method": "c", "setting": "full", "t2i_r1": 30.0, "ms_per_query": 5.0},
-            {"method": "d", "setting": "full", "t2i_r1": 30.0, "ms_per_query": 50.0},  # dominated by c
+            # dominated by c
+            {"method": "d", "setting": "full", "t2i_r1": 30.0, "ms_per_query": 50.0},
             {"method": "e", "setting": "full", "t2i_r1": 40.0, "ms_per_query": 100.0}]
     ax = viz.plot_pareto(rows, setting="full")
     timed = [r for r in rows if r["ms_per_query"]]
@@ -198,7 +200,8 @@ def test_pareto_labels_never_overlap_and_sit_nearest_their_own_marker():
 
 def test_training_curves_one_panel_per_model_with_its_best_val_point_ringed():
     curves = {"a": {"step": [10, 20, 30], "val_r1": [4.0, 9.0, 6.0], "train_r1": [5.0, 12.0, 20.0]},
-              "b": {"step": [100], "val_r1": [2.0], "train_r1": [None]},  # a stage without a train curve
+              # a stage without a train curve
+              "b": {"step": [100], "val_r1": [2.0], "train_r1": [None]},
               "c": {"step": [1, 2], "val_r1": [1.0, 3.0], "train_r1": [1.0, 4.0]}}
     fig = viz.plot_training_curves(curves, cols=2)
     visible = [ax for ax in fig.axes if ax.get_visible()]
