@@ -240,7 +240,8 @@ def test_bigru_matches_unpacked_single_sequences(text_models, text_batch):
         H = model.hidden
         for b in range(B):
             n = int(text_batch["attention_mask"][b].sum())
-            x = model.embed(text_batch["input_ids"][b, :n]).unsqueeze(0)  # (1, n, E) no padding at all
+            # (1, n, E) no padding at all
+            x = model.embed(text_batch["input_ids"][b, :n]).unsqueeze(0)
             seq, h_n = model.gru(x)  # (1, n, 2H), (2, 1, H)
             torch.testing.assert_close(out.tokens[b, :n], (seq[0, :, :H] + seq[0, :, H:]) / 2)
             # final states: forward after the last word, backward after the first

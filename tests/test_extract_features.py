@@ -165,7 +165,8 @@ def test_vit_patch_tokens_pooled_to_a_grid(resnet, tmp_path):
     assert manifest["native_grid"] == [4, 4] and manifest["image_size"] == [32, 32]
     with np.load(out / "regions.npz") as z:
         assert list(z["image_ids"]) == ["test0", "test1", "test2"] and z["regions"].dtype == np.float16
-        regions, pooled = z["regions"].astype(np.float32), z["pooled"].astype(np.float32)  # (3, 4, 32), (3, 32)
+        # (3, 4, 32), (3, 32)
+        regions, pooled = z["regions"].astype(np.float32), z["pooled"].astype(np.float32)
         np.testing.assert_array_equal(z["boxes"][0, 1], np.float32([0.5, 0, 1, 0.5, 0.5, 0.5, 0.25]))
     seed_everything(0)
     encoder = PixelEncoder("vit_tiny_patch16_224", pretrained=False, **VIT_KWARGS).eval()

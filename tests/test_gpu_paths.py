@@ -90,7 +90,8 @@ def test_encoders_on_cuda_match_the_cpu():
     split, tokenizer = bench["test"], build_word_tokenizer(bench["train"].captions)
     torch.manual_seed(0)
     model = build_dual_encoder(VsePPConfig(hidden=16, embed_dim=16, layers=1), bench["train"], tokenizer).eval()
-    cpu_images, cpu_texts = encode_gallery(model, split), encode_captions(model, split, tokenizer)  # (N, E), (T, E)
+    # (N, E), (T, E)
+    cpu_images, cpu_texts = encode_gallery(model, split), encode_captions(model, split, tokenizer)
     gpu_images = encode_gallery(model, split, device="cuda")
     gpu_texts = encode_captions(model.cuda(), split, tokenizer)  # None = the model's device
     assert gpu_images.device.type == gpu_texts.device.type == "cpu"  # results come back to the CPU

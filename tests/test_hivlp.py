@@ -291,7 +291,8 @@ def assert_same_ranking(indices, scores, expected, expected_scores):
     two paths summing the same dot product in another order may swap a near-tie (a smoke-trained model
     scores many candidates alike)."""
     torch.testing.assert_close(scores.float(), expected_scores.float(), atol=TOL, rtol=0)
-    gaps = (expected_scores[:, 1:] - expected_scores[:, :-1]).abs() < TOL  # (Q, k - 1) a tie with the next item
+    # (Q, k - 1) a tie with the next item
+    gaps = (expected_scores[:, 1:] - expected_scores[:, :-1]).abs() < TOL
     tied = torch.zeros_like(indices, dtype=torch.bool)
     tied[:, 1:] |= gaps
     tied[:, :-1] |= gaps
@@ -517,7 +518,8 @@ def test_training_on_the_stem_grid_computed_once_equals_training_on_pixels(bench
     from course_lib.methods.hivlp.method import with_stem_grid
 
     torch.manual_seed(0)
-    model = build_hivlp(small_config(), bench["train"], tok).train()  # (dropout 0: two passes agree)
+    # (dropout 0: two passes agree)
+    model = build_hivlp(small_config(), bench["train"], tok).train()
     tower = model.image_tower
     split = with_fresh_scenes(bench["train"], 5)
     cached = with_stem_grid(split, tower, batch_size=7)  # batches that do not divide the split

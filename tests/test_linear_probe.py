@@ -47,7 +47,8 @@ def test_encoders_are_linear_maps_of_the_frozen_means(probe, bench, wordpieces, 
         states = minilm(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
         mask = batch["attention_mask"][..., None].float()
         text_mean = (states * mask).sum(1) / mask.sum(1)  # (B, 384): MiniLM's sentence vector
-        cells = batch["region_mask"][..., None].float()  # (B, R, 1): the synthetic scenes pad their regions
+        # (B, R, 1): the synthetic scenes pad their regions
+        cells = batch["region_mask"][..., None].float()
         image_mean = (batch["regions"] * cells).sum(1) / cells.sum(1)  # (B, D)
         expected_text = F.normalize(text_mean @ probe.text_proj.weight.T + probe.text_proj.bias, dim=-1)
         expected_image = F.normalize(image_mean @ probe.image_proj.weight.T + probe.image_proj.bias, dim=-1)

@@ -205,12 +205,14 @@ def test_a_pretrained_text_side_gives_its_states_at_the_words_under_one_linear_m
 
     model = bert_scan(bench, wordpieces, minilm_folder[1]).eval()
     captions = [0, 1, 7]
-    words, mask = model.encode_texts(pair_batch(bench["train"], wordpieces, captions))  # (3, L, E), (3, L)
+    # (3, L, E), (3, L)
+    words, mask = model.encode_texts(pair_batch(bench["train"], wordpieces, captions))
     minilm = AutoModel.from_pretrained(minilm_folder[1]).eval()
     for row, caption in enumerate(captions):
         # [CLS] w.. [SEP]
         ids = torch.tensor([wordpieces(bench["train"].captions[caption])["input_ids"]])
-        states = minilm(input_ids=ids).last_hidden_state[0, 1:-1]  # (n, H): read in context, words kept
+        # (n, H): read in context, words kept
+        states = minilm(input_ids=ids).last_hidden_state[0, 1:-1]
         want = F.normalize(model.word_proj(states), dim=-1)  # (n, E)
         n = len(want)
         assert int(mask[row].sum()) == n and not words[row, n:].any()  # padding exactly zero

@@ -86,7 +86,8 @@ def test_a_backend_that_bakes_in_one_length_is_skipped_with_a_note():
     """Tracing records one side of a Python branch on the length; the probes catch it, and auto
     falls back to the next backend (eager) instead of answering wrongly."""
     model = _Tiny(length_branch=True).eval()
-    with pytest.warns(CourseNote, match="'jit' skipped .*differ"):  # (and 'onnx', exported by tracing)
+    # (and 'onnx', exported by tracing)
+    with pytest.warns(CourseNote, match="'jit' skipped .*differ"):
         encoder = QueryEncoder(model.encode, _probes(), backend="auto")
     assert encoder.backend == "eager"
     ids, mask = _probes((7,))[0]

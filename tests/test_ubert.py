@@ -425,7 +425,8 @@ def test_cached_caption_states_equal_each_caption_encoded_alone(fitted, bench, t
     lengths = text_fields(split.captions, tok, model.config.max_text_length)["attention_mask"].sum(1)
     assert lengths.min() < lengths.max()  # captions of several lengths, so the order is tested
     for t in {int(lengths.argmin()), int(lengths.argmax()), 0, 5, split.n_texts - 1}:
-        alone = text_fields([split.captions[t]], tok, model.config.max_text_length)  # (1, n): no padding
+        # (1, n): no padding
+        alone = text_fields([split.captions[t]], tok, model.config.max_text_length)
         tokens, mask, intra = model.eval().text_states(alone)  # (1, n, H), (1, n), (1, H)
         n = tokens.shape[1]
         assert states.text_mask[t].tolist() == [True] * n + [False] * (states.text_mask.shape[1] - n)
