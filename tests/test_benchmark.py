@@ -17,8 +17,8 @@ from course_lib.methods.registry import register_method, registered_names, unreg
 from course_lib.methods.rerank import TwoStageMethod
 from course_lib.methods.vsepp import VsePPConfig, VsePPMethod
 
-ROW_KEYS = {"method", "setting", "n_images", "n_texts", "n_text_queries", "n_image_queries", "ar", "ms_p25", "ms_p75",
-            "ms_per_query", "ms_measured", "notes"}
+ROW_KEYS = {"method", "setting", "n_images", "n_texts", "n_text_queries", "n_image_queries", "ar",
+            "ms_p25", "ms_p75", "ms_per_query", "ms_measured", "notes"}
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +48,8 @@ def test_outputs_and_schema(smoke_results):
         assert row["ar"] == pytest.approx(np.mean([row[k] for k in recall_keys]), abs=0.01)
         assert (row["ms_per_query"] is None) == (row["method"] in results_io.REFERENCES)
     sizes = {(p["method"], p["n"]) for p in on_disk["latency"]}
-    assert sizes == {(m, n) for m in ("random_projection", "vsepp") for n in benchmark.LATENCY_SIZES}
+    assert sizes == {(m, n) for m in ("random_projection", "vsepp")
+                     for n in benchmark.LATENCY_SIZES}
 
 
 def test_markdown_shows_the_json_numbers(smoke_results):
@@ -227,7 +228,8 @@ def test_the_course_methods_are_registered_in_teaching_order():
     methods = benchmark.available_methods(smoke=True)
     names = [m.name for m in methods]
     assert names == registered_names() and len(set(names)) == len(names)
-    lessons = ["vsepp", "scan", "cross_encoder", "lightningdot", "lightningdot+rerank@20", "lightningdot+rerank@50"]
+    lessons = ["vsepp", "scan", "cross_encoder", "lightningdot", "lightningdot+rerank@20",
+               "lightningdot+rerank@50"]
     assert [n for n in names if n in lessons] == lessons
     by_name = {m.name: m for m in methods}  # a method built from others shares their one instance
     assert by_name["lightningdot+rerank@20"].stages[1] is by_name["cross_encoder"]
@@ -249,7 +251,8 @@ def test_baseline_scores_match_an_explicit_computation():
             bag[vocab.get(w, vocab["[UNK]"])] += 1
         mask = split.region_mask[i]
         pooled = split.regions[i][mask].mean(0)
-        expected = (bag @ method.text_projection.numpy()) @ (pooled @ method.image_projection.numpy())
+        expected = ((bag @ method.text_projection.numpy())
+                    @ (pooled @ method.image_projection.numpy()))
         assert sims[i, t] == pytest.approx(expected, rel=1e-4, abs=1e-4)
     top = method.query_fn(split, top_k=5)()
     assert np.array_equal(top, torch.topk(torch.from_numpy(sims[:, 0]), 5).indices.numpy())
@@ -266,7 +269,8 @@ def test_readme_block_is_replaced_and_the_rest_kept(tmp_path, smoke_results):
     doc.write_text("docs\n<!-- results:start -->\nold tables\n<!-- results:end -->\n")
     results_io.update_readme(results, readme)
     text = readme.read_text()
-    assert text.startswith("intro\n<!-- results:start -->\n") and text.endswith("<!-- results:end -->\noutro\n")
+    assert (text.startswith("intro\n<!-- results:start -->\n")
+            and text.endswith("<!-- results:end -->\noutro\n"))
     assert "old table" not in text and results_io.readme_markdown(results) in text
     assert results_io.docs_markdown(results) in doc.read_text()
     readme.write_text("no markers here")
@@ -279,7 +283,8 @@ def test_methods_option_selects_a_subset_and_rejects_unknown_names(tmp_path):
     assert {r["method"] for r in results["rows"]} == set(results_io.REFERENCES)
     with pytest.raises(SystemExit):
         benchmark.main(["--smoke", "--out", str(tmp_path), "--methods", "vsepp,nonsense"])
-    results = benchmark.main(["--smoke", "--out", str(tmp_path), "--methods", "", "--every-pair", "test"])
+    results = benchmark.main(["--smoke", "--out", str(tmp_path), "--methods", "",
+                              "--every-pair", "test"])
     assert {r["method"] for r in results["rows"]} == set(results_io.REFERENCES)
     with pytest.raises(SystemExit):
         benchmark.main(["--smoke", "--out", str(tmp_path), "--every-pair", "nowhere"])
@@ -325,8 +330,8 @@ def test_the_results_dict_fills_meta_then_the_extras_and_the_notes():
 
 def test_extrapolated_times_are_starred_in_every_table():
     row = {"method": "slow", "setting": "test", "n_images": 10, "n_texts": 50, "n_text_queries": 50,
-           "n_image_queries": 10, "ar": 1.0, "ms_per_query": 12.5, "ms_measured": False, "notes": "x",
-           **{f"{d}_r{k}": 1.0 for d in ("i2t", "t2i") for k in (1, 5, 10)}}
+           "n_image_queries": 10, "ar": 1.0, "ms_per_query": 12.5, "ms_measured": False,
+           "notes": "x", **{f"{d}_r{k}": 1.0 for d in ("i2t", "t2i") for k in (1, 5, 10)}}
     results = {"meta": {"mode": "smoke", "seed": 0, "device": "cpu", "torch": "x", "seconds": 1},
                "rows": [row, {**row, "method": "fast", "ms_measured": True}], "latency": []}
     table = results_io.results_markdown(results)
@@ -371,7 +376,8 @@ def test_pairwise_methods_score_a_small_split_once_for_both_directions():
 
 def test_merge_keeps_old_rows_only_for_methods_not_rerun(smoke_results):
     _, results = smoke_results
-    baseline = next(r["method"] for r in results["rows"] if r["method"] not in (*results_io.REFERENCES, "vsepp"))
+    baseline = next(r["method"] for r in results["rows"]
+                    if r["method"] not in (*results_io.REFERENCES, "vsepp"))
     old = json.loads(json.dumps(results))  # an earlier run of vsepp, with a marked recall
     old["rows"] = [{**r, "t2i_r1": -1.0} for r in old["rows"] if r["method"] == "vsepp"]
     old["latency"] = [p for p in old["latency"] if p["method"] == "vsepp"]
@@ -397,18 +403,21 @@ def test_merge_keeps_old_rows_only_for_methods_not_rerun(smoke_results):
 def test_pareto_png_labels_every_timed_method_on_test_and_full(tmp_path, monkeypatch):
     from matplotlib.figure import Figure
 
-    names = ["vsepp", "scan", "cross_encoder", "lightningdot", "lightningdot+rerank@20", "ubert@20", "hivlp",
-             "fast", "slow", "fast_slow@10", "fast_slow@50"]
+    names = ["vsepp", "scan", "cross_encoder", "lightningdot", "lightningdot+rerank@20", "ubert@20",
+             "hivlp", "fast", "slow", "fast_slow@10", "fast_slow@50"]
     # the benchmark's full setting has R@5, 10, 20: its panel plots t2i R@5
-    rows = [{"method": "oracle", "setting": s, "t2i_r1" if s == "test" else "t2i_r5": 90.0, "ms_per_query": None}
+    rows = [{"method": "oracle", "setting": s, "t2i_r1" if s == "test" else "t2i_r5": 90.0,
+             "ms_per_query": None}
             for s in ("test", "full")]
     rows += [{"method": m, "setting": s, "t2i_r1" if s == "test" else "t2i_r5": float(i),
-              "ms_per_query": 10.0 ** (i % 4), "ms_measured": True} for s in ("test", "full") for i, m in enumerate(names)]
+              "ms_per_query": 10.0 ** (i % 4), "ms_measured": True} for s in ("test", "full")
+             for i, m in enumerate(names)]
     drawn = []
     monkeypatch.setattr(Figure, "savefig", lambda fig, path, **kw: drawn.append(fig))
     results_io._save_pareto(rows, tmp_path / "pareto.png")
     (fig,) = drawn
-    assert [ax.get_title() for ax in fig.axes] == ["accuracy vs latency (test)", "accuracy vs latency (full)"]
+    assert ([ax.get_title() for ax in fig.axes]
+            == ["accuracy vs latency (test)", "accuracy vs latency (full)"])
     for ax in fig.axes:
         labels = [t.get_text() for t in ax.texts]
         # the oracle (90) lies above every method (0-10): marked at the top
@@ -448,7 +457,8 @@ def test_merging_a_smoke_run_into_a_default_run_stops_before_any_work(tmp_path, 
 
 
 @pytest.mark.parametrize("content, message", [('{"rows": []}', 'no a "meta" object'),
-                                              ('{"meta": {"mode": "smoke", "seed": 0}, "ro', "not complete JSON"),
+                                              ('{"meta": {"mode": "smoke", "seed": 0}, "ro',
+                                               "not complete JSON"),
                                               (None, "cannot read")])
 def test_a_bad_merge_file_is_named_in_plain_words(tmp_path, content, message, no_run, capsys):
     path = tmp_path / "old.json"
@@ -467,7 +477,8 @@ def test_a_run_that_would_drop_methods_or_change_mode_stops_unless_asked(tmp_pat
     assert "random_projection, vsepp" in capsys.readouterr().err
     # merging keeps them: the run may go ahead
     with pytest.raises(AssertionError, match="the benchmark ran"):
-        benchmark.main(["--smoke", "--methods", "", "--out", str(path.parent), "--merge", str(path)])
+        benchmark.main(["--smoke", "--methods", "", "--out", str(path.parent),
+                        "--merge", str(path)])
     with pytest.raises(AssertionError, match="the benchmark ran"):  # asked for
         benchmark.main(["--smoke", "--methods", "", "--out", str(path.parent), "--replace"])
     default_run = saved_results(tmp_path / "Y", smoke_results, mode="default")
@@ -479,7 +490,8 @@ def test_a_run_that_would_drop_methods_or_change_mode_stops_unless_asked(tmp_pat
 
 def test_outputs_are_replaced_all_or_nothing(tmp_path, smoke_results, monkeypatch):
     path = saved_results(tmp_path / "X", smoke_results)
-    before = {name: (path.parent / name).read_bytes() for name in ("results.json", "results.md", "pareto.png")}
+    before = {name: (path.parent / name).read_bytes()
+              for name in ("results.json", "results.md", "pareto.png")}
 
     def broken_plot(rows, target, published=None):
         raise RuntimeError("the plot failed")
@@ -489,7 +501,8 @@ def test_outputs_are_replaced_all_or_nothing(tmp_path, smoke_results, monkeypatc
     with pytest.raises(RuntimeError, match="the plot failed"):
         results_io.write_outputs({**results, "rows": results["rows"][:3]}, path.parent)
     assert {name: (path.parent / name).read_bytes() for name in before} == before
-    assert sorted(p.name for p in path.parent.iterdir()) == ["pareto.png", "results.json", "results.md"]
+    assert (sorted(p.name for p in path.parent.iterdir())
+            == ["pareto.png", "results.json", "results.md"])
 
 
 def test_a_missing_readme_block_stops_before_any_work(tmp_path, no_run, capsys):
@@ -515,14 +528,19 @@ def test_a_cascade_faster_than_its_first_stage_is_flagged_in_plain_words():
         name, stages = "first+rerank", [Stage()]
 
     def rows(first_ms, chain_ms):
-        return [{"method": "first", "setting": "test", "ms_per_query": first_ms, "ms_measured": True},
-                {"method": "first+rerank", "setting": "test", "ms_per_query": chain_ms, "ms_measured": True}]
+        return [{"method": "first", "setting": "test", "ms_per_query": first_ms,
+                 "ms_measured": True},
+                {"method": "first+rerank", "setting": "test", "ms_per_query": chain_ms,
+                 "ms_measured": True}]
 
     assert results_io.cascade_timing_problems([Stage(), Chain()], rows(1.0, 3.0)) is None
     note = results_io.cascade_timing_problems([Stage(), Chain()], rows(144.0, 18.9))
-    assert "too noisy to trust" in note and "first+rerank 18.9 ms against its first stage first 144 ms" in note
-    results = {"meta": {"mode": "smoke", "seed": 0, "device": "cpu", "torch": "x", "seconds": 1, "timing_note": note},
-               "rows": [{**r, "n_images": 10, "n_texts": 50, "t2i_r1": 1.0, "i2t_r1": 1.0, "ar": 1.0, "notes": "",
+    assert ("too noisy to trust" in note
+            and "first+rerank 18.9 ms against its first stage first 144 ms" in note)
+    results = {"meta": {"mode": "smoke", "seed": 0, "device": "cpu", "torch": "x", "seconds": 1,
+                        "timing_note": note},
+               "rows": [{**r, "n_images": 10, "n_texts": 50, "t2i_r1": 1.0, "i2t_r1": 1.0,
+                         "ar": 1.0, "notes": "",
                          "ms_p25": r["ms_per_query"] * 0.9, "ms_p75": r["ms_per_query"] * 1.2}
                         for r in rows(144.0, 18.9)]}
     table = results_io.results_markdown(results)
@@ -547,7 +565,8 @@ def test_an_interrupted_run_keeps_finished_methods_and_continues(tmp_path, monke
     # --jobs 1: the two methods above train in this process. With more jobs the training processes
     # build every registered method, which this test does not patch: 90 s of
     # smoke training it never used
-    args = ["--smoke", "--out", str(tmp_path), "--checkpoints", str(tmp_path / "ckpt"), "--jobs", "1"]
+    args = ["--smoke", "--out", str(tmp_path), "--checkpoints", str(tmp_path / "ckpt"),
+            "--jobs", "1"]
     with pytest.raises(SystemExit) as stop:
         benchmark.main(args)
     err = capsys.readouterr().err
@@ -555,7 +574,8 @@ def test_an_interrupted_run_keeps_finished_methods_and_continues(tmp_path, monke
     assert "Traceback" not in err and not (tmp_path / "results.json").exists()
     results = benchmark.main(args)
     assert calls.count("random_projection") == 3  # not evaluated again: its rows were kept
-    assert {r["method"] for r in results["rows"]} == {*results_io.REFERENCES, "random_projection", "vsepp"}
+    assert ({r["method"] for r in results["rows"]}
+            == {*results_io.REFERENCES, "random_projection", "vsepp"})
     # a complete run leaves no partial rows behind
     assert not (tmp_path / results_io.PARTIAL).exists()
 
@@ -586,8 +606,10 @@ def test_a_continued_run_names_the_shipped_models_of_both_parts(tmp_path, monkey
 
     monkeypatch.setattr(benchmark, "evaluate", evaluate)
     monkeypatch.setattr(benchmark, "available_methods",
-                        lambda seed, smoke, names=None: [loaded_as_shipped("first"), loaded_as_shipped("second")])
-    args = ["--smoke", "--out", str(tmp_path), "--checkpoints", str(tmp_path / "ckpt"), "--jobs", "1"]
+                        lambda seed, smoke, names=None: [loaded_as_shipped("first"),
+                                                         loaded_as_shipped("second")])
+    args = ["--smoke", "--out", str(tmp_path), "--checkpoints", str(tmp_path / "ckpt"),
+            "--jobs", "1"]
     with pytest.raises(SystemExit):
         benchmark.main(args)
     results = benchmark.main(args)
@@ -609,7 +631,8 @@ def test_a_cascade_keeping_fewer_candidates_but_slower_is_flagged():
             self.name, self.stages, self.top_ms = f"lightningdot+rerank@{m}", [first, second], [m]
 
     rows = [{"method": name, "setting": "test", "ms_per_query": ms, "ms_measured": True}
-            for name, ms in (("lightningdot", 1.0), ("lightningdot+rerank@20", 356.0), ("lightningdot+rerank@50", 49.6))]
+            for name, ms in (("lightningdot", 1.0), ("lightningdot+rerank@20", 356.0),
+                             ("lightningdot+rerank@50", 49.6))]
     note = results_io.cascade_timing_problems([first, Chain(20), Chain(50)], rows)
     assert "lightningdot+rerank@20 356 ms against lightningdot+rerank@50 49.6 ms, which keeps more candidates" in note
     rows[1]["ms_per_query"] = 20.0
@@ -625,7 +648,8 @@ def test_a_direction_with_too_few_sampled_queries_is_left_out(monkeypatch):
     method = RandomProjectionBaseline(dim=8, seed=1).fit(bench, tokenizer)
     split = bench["test"]
     fewest = evaluation.MIN_SAMPLED_QUERIES[1]
-    monkeypatch.setattr(method, "pairs_per_query", lambda split, direction: split.n_images if direction == "t2i"
+    monkeypatch.setattr(method, "pairs_per_query",
+                        lambda split, direction: split.n_images if direction == "t2i"
                         else split.n_texts)
     # t2i: exactly the fewest queries fit the budget; i2t (5 captions per
     # image): one fewer than that
@@ -640,8 +664,10 @@ def test_a_direction_with_too_few_sampled_queries_is_left_out(monkeypatch):
     assert all(metrics[f"i2t_r{k}"] is None for k in (1, 5, 10))
     assert all(metrics[f"t2i_r{k}"] is not None for k in (1, 5, 10))
     row = evaluation.results_row("random_projection", "test", split, metrics, (1, 5, 10), 1.0, how)
-    assert row["ar"] is None and row["i2t_r1"] is None and row["t2i_r1"] == round(metrics["t2i_r1"], 2)
-    table = results_io.results_markdown({"meta": {"mode": "smoke", "seed": 0, "device": "cpu", "torch": "-",
+    assert (row["ar"] is None and row["i2t_r1"] is None
+            and row["t2i_r1"] == round(metrics["t2i_r1"], 2))
+    table = results_io.results_markdown({"meta": {"mode": "smoke", "seed": 0, "device": "cpu",
+                                                  "torch": "-",
                                                   "seconds": 1}, "rows": [row], "methods": {}})
     assert "| random_projection† | – | – | – |" in table and "– not measured" in table
 
@@ -672,7 +698,8 @@ def test_latency_times_only_the_sizes_asked_and_the_whole_gallery_as_itself():
     assert [g.n_images for g in method.galleries] == [10, n] and method.galleries[1] is split
     method = _SizeRecorder(((4, 8), (4, 8)))  # may time 8 at most: 4 and 8 are timed to reach n
     rows = evaluation.query_latency(method, split, (n,), smoke=True, repeats=1)
-    assert [g.n_images for g in method.galleries] == [4, 8] and [r["measured"] for r in rows] == [True, True, False]
+    assert ([g.n_images for g in method.galleries] == [4, 8]
+            and [r["measured"] for r in rows] == [True, True, False])
 
 
 def test_a_dual_encoder_embeds_a_gallery_once_for_ranking_and_timing(monkeypatch):
@@ -704,7 +731,8 @@ def test_split_cache_keeps_the_splits_used_last_per_model():
     model, other = object(), object()
     value = lambda split, m: cache.get(split, m, lambda: computed.append(split) or len(computed))  # noqa: E731
     firsts = [value(s, model) for s in splits[:CACHED_SPLITS]]
-    assert [value(s, model) for s in splits[:CACHED_SPLITS]] == firsts and len(computed) == CACHED_SPLITS
+    assert ([value(s, model) for s in splits[:CACHED_SPLITS]] == firsts
+            and len(computed) == CACHED_SPLITS)
     value(splits[0], model)  # used last: splits[1] is now the oldest
     value(splits[-1], model)  # one split too many: the oldest goes
     assert len(computed) == CACHED_SPLITS + 1
@@ -726,7 +754,8 @@ def test_the_benchmark_settings_reuse_a_first_stages_states_in_its_cascades(monk
     encoded = []
     for name in ("encode_gallery", "encode_captions"):
         original = getattr(base, name)
-        monkeypatch.setattr(base, name, lambda *a, _original=original, _name=name, **k: encoded.append(
+        monkeypatch.setattr(base, name,
+                            lambda *a, _original=original, _name=name, **k: encoded.append(
             (_name, a[1], "indices" in k)) or _original(*a, **k))  # the split itself: no id reused
     benchmark.run(smoke=True, out=tmp_path, methods=[first, cascade], progress=False,
                   checkpoints=tmp_path / "checkpoints")

@@ -128,12 +128,15 @@ def test_a_name_hashes_what_the_model_is_trained_from_not_its_code(data, monkeyp
     bench, tokenizer = data
     method = VsePPMethod(VsePPConfig.smoke())
     name = method.checkpoint_file(bench, tokenizer)
-    assert name == checkpoint_name("vsepp", method.config.to_dict(), bench["train"], tokenizer, version=1)
-    assert set(method.fingerprint(bench, tokenizer)) == {"format", "version", "config", "vocab", "data", "extra"}
+    assert name == checkpoint_name("vsepp", method.config.to_dict(), bench["train"],
+                                   tokenizer, version=1)
+    assert (set(method.fingerprint(bench, tokenizer))
+            == {"format", "version", "config", "vocab", "data", "extra"})
     monkeypatch.setattr(VsePPMethod, "format_version", 2)  # a deliberate change of layout or recipe
     assert method.checkpoint_file(bench, tokenizer) != name
     monkeypatch.setattr(VsePPMethod, "format_version", 1)
-    monkeypatch.setattr(VsePPMethod, "checkpoint_extra", lambda self, bench, tok: ("other-stage.pt",))
+    monkeypatch.setattr(VsePPMethod, "checkpoint_extra",
+                        lambda self, bench, tok: ("other-stage.pt",))
     assert method.checkpoint_file(bench, tokenizer) != name
     monkeypatch.undo()
     assert method.checkpoint_file(bench, tokenizer) == name
@@ -149,8 +152,10 @@ def test_a_later_stage_field_leaves_an_earlier_stage_name_alone(data):
     for field, value in finetune_only.items():
         other = LightningDOTMethod(dataclasses.replace(base, **{field: value}))
         assert other.pretrain_checkpoint_file(bench, tokenizer) == first, field
-        assert other.checkpoint_file(bench, tokenizer) != LightningDOTMethod(base).checkpoint_file(bench, tokenizer)
-    shared = [f.name for f in dataclasses.fields(base) if f.name not in finetune_only and not f.metadata.get("switch")]
+        assert (other.checkpoint_file(bench, tokenizer)
+                != LightningDOTMethod(base).checkpoint_file(bench, tokenizer))
+    shared = [f.name for f in dataclasses.fields(base)
+              if f.name not in finetune_only and not f.metadata.get("switch")]
     assert set(base.to_dict(without_stages=("finetune",))) == set(shared)
     for field in ("hidden", "mask_prob", "pretrain_lr", "seed"):
         value = getattr(base, field) * 2 if field != "seed" else 5

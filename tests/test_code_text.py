@@ -41,7 +41,8 @@ def problems(source: str, name: str = "<string>") -> list[str]:
     row in its comments and docstrings."""
     found = []
     for number, line in enumerate(source.splitlines(), 1):
-        for pattern, what in ((DATE, "a date"), (PROCESS, "words about how the project is worked on")):
+        for pattern, what in ((DATE, "a date"),
+                              (PROCESS, "words about how the project is worked on")):
             match = pattern.search(line)
             if match:
                 found.append(f"{name}:{number}: {what} ({match.group(0)!r}): move it to docs/tuning_notes.md")
@@ -67,9 +68,11 @@ def f(x):
     assert [p.split(":", 2)[1:] for p in problems(planted)] == [
         ["3", " a table row in a comment or docstring: move it to docs/tuning_notes.md"],
         ["5", " a date ('2026-11-26'): move it to docs/tuning_notes.md"],
-        ["5", " words about how the project is worked on ('lent GPU'): move it to docs/tuning_notes.md"],
+        ["5",
+         " words about how the project is worked on ('lent GPU'): move it to docs/tuning_notes.md"],
         ["9", " a table row in a comment or docstring: move it to docs/tuning_notes.md"],
-        ["10", " words about how the project is worked on ('issue 12'): move it to docs/tuning_notes.md"],
+        ["10",
+         " words about how the project is worked on ('issue 12'): move it to docs/tuning_notes.md"],
     ]
 
 
@@ -95,6 +98,7 @@ def test_pointers_into_the_tuning_notes_name_a_section():
                 if line.startswith("#")]
     missing = [f"{path.relative_to(ROOT.parent)}: {name!r}" for path in sorted(ROOT.rglob("*.py"))
                for quoted in re.findall(r'tuning_notes\.md,\s*(?:#\s*)?"([^"]+)"', path.read_text())
-               for name in [re.sub(r"\s*\n\s*(?:#\s*)?", " ", quoted)]  # a name wrapped over comment lines
+               for name in [re.sub(r"\s*\n\s*(?:#\s*)?",
+                                   " ", quoted)]  # a name wrapped over comment lines
                if not any(name in heading for heading in headings)]
     assert not missing, "no such section in docs/tuning_notes.md:\n" + "\n".join(missing)

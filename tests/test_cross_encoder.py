@@ -64,7 +64,8 @@ def untrained_towers(split, tok, seed: int = 0):
 
 def smoke_method(config, **kwargs) -> CrossEncoderMethod:
     """A CrossEncoderMethod whose SCAN towers train for 3 steps (the default would train SCAN's own size)."""
-    return CrossEncoderMethod(config, towers=SCANMethod(SCANConfig.smoke(max_steps=3), progress=False), **kwargs)
+    return CrossEncoderMethod(config, towers=SCANMethod(SCANConfig.smoke(max_steps=3),
+                                                        progress=False), **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -99,12 +100,14 @@ def test_padding_changes_nothing(bench, tok, model):
     reference = model(images, texts)
     extra = lambda x, fill: torch.cat([x, fill], 1)  # noqa: E731
     padded_texts = {"input_ids": extra(texts["input_ids"], torch.full((3, 4), tok.pad_token_id)),
-                    "attention_mask": extra(texts["attention_mask"], torch.zeros(3, 4, dtype=torch.long))}
+                    "attention_mask": extra(texts["attention_mask"],
+                                            torch.zeros(3, 4, dtype=torch.long))}
     D = images["regions"].shape[-1]
     # garbage, masked
     padded_images = {"regions": extra(images["regions"], 5 * torch.randn(3, 2, D)),
                      "boxes": extra(images["boxes"], torch.rand(3, 2, 7)),
-                     "region_mask": extra(images["region_mask"], torch.zeros(3, 2, dtype=torch.bool))}
+                     "region_mask": extra(images["region_mask"],
+                                          torch.zeros(3, 2, dtype=torch.bool))}
     assert torch.allclose(model(images, padded_texts), reference, atol=TOL)
     assert torch.allclose(model(padded_images, padded_texts), reference, atol=TOL)
 
@@ -134,13 +137,15 @@ def test_score_matrix_equals_a_double_loop_and_ignores_batch_size(bench, tok, mo
     split = bench["test"]
     image_rows, text_rows = [5, 0, 3], [7, 1, 22, 40]
     matrix = score_matrix(model, split, tok, image_rows, text_rows, batch_size=5, progress=False)
-    loop = torch.tensor([[float(score_pairs(model, *pairs(split, tok, [i], [t]))[0]) for t in text_rows]
+    loop = torch.tensor([[float(score_pairs(model, *pairs(split, tok, [i], [t]))[0])
+                          for t in text_rows]
                          for i in image_rows])
     assert matrix.shape == (3, 4)
     assert torch.allclose(matrix, loop, atol=TOL)
     full = score_matrix(model, split, tok, progress=False)
     assert full.shape == (split.n_images, split.n_texts)
-    assert torch.allclose(full, score_matrix(model, split, tok, batch_size=7, progress=False), atol=TOL)
+    assert torch.allclose(full,
+                          score_matrix(model, split, tok, batch_size=7, progress=False), atol=TOL)
     assert torch.allclose(full[image_rows][:, text_rows], matrix, atol=TOL)
 
 
@@ -185,7 +190,8 @@ def test_mine_negatives_on_a_hand_made_matrix():
 
 def collate_fractions(split, tok, fraction, mined, n=2, batches=30):
     """Run ITMCollate; return the share of negative images / texts found in the mined lists."""
-    collate = ITMCollate(split, tok, 40, negatives_per_positive=n, hard_fraction=fraction, mined=mined)
+    collate = ITMCollate(split, tok, 40, negatives_per_positive=n, hard_fraction=fraction,
+                         mined=mined)
     in_lists = {"images": [], "texts": []}
     for b in range(batches):
         items = [{"index": t} for t in range(b * 16, b * 16 + 16)]
@@ -193,7 +199,8 @@ def collate_fractions(split, tok, fraction, mined, n=2, batches=30):
         B, P = 16, 16 * (1 + 2 * n)
         img, txt, labels = batch["img_index"], batch["txt_index"], batch["labels"]
         assert img.shape == txt.shape == labels.shape == (P,)
-        assert batch["texts"]["input_ids"].shape[0] == P and batch["images"]["regions"].shape[0] == P
+        assert (batch["texts"]["input_ids"].shape[0] == P
+                and batch["images"]["regions"].shape[0] == P)
         assert labels[:B].eq(1).all() and labels[B:].eq(0).all()
         true_image = torch.from_numpy(split.txt2img)[txt]
         assert (true_image[:B] == img[:B]).all() and (true_image[B:] != img[B:]).all()
@@ -210,7 +217,8 @@ def collate_fractions(split, tok, fraction, mined, n=2, batches=30):
 def test_itm_batches_labels_counts_and_hard_fraction(bench, tok):
     split = bench["train"]
     gen = torch.Generator().manual_seed(0)
-    mined = mine_negatives(torch.rand(split.n_images, split.n_texts, generator=gen), split.txt2img, k=3)
+    mined = mine_negatives(torch.rand(split.n_images, split.n_texts, generator=gen),
+                           split.txt2img, k=3)
     torch.manual_seed(0)
     assert collate_fractions(split, tok, 1.0, mined) == {"images": 1.0, "texts": 1.0}
     assert max(collate_fractions(split, tok, 0.0, mined).values()) < 0.05  # chance 3/300
@@ -245,7 +253,8 @@ def test_short_training_beats_the_untrained_model(loss):
     torch.manual_seed(config.seed)
     untrained = CrossEncoder(bench["train"].regions.shape[-1], len(tok), config,
                              pad_token_id=tok.pad_token_id, towers=towers)
-    model, history = train_cross_encoder(bench, tok, config, towers=towers, progress=False, device="cpu")
+    model, history = train_cross_encoder(bench, tok, config, towers=towers, progress=False,
+                                         device="cpu")
     val = bench["val"]
     before = retrieval_metrics(score_matrix(untrained, val, tok, progress=False), val.txt2img)
     after = retrieval_metrics(score_matrix(model, val, tok, progress=False), val.txt2img)
@@ -265,7 +274,8 @@ def test_method_caches_its_checkpoint_and_calls_the_miner_only_to_train(bench, t
 
     config = CrossEncoderConfig.smoke(max_steps=3, hard_negative_fraction=0.5, loss="binary")
     first = smoke_method(config, miner=miner).fit(bench, tok, cache_dir=tmp_path)
-    assert first.checkpoint_path.exists() and first.checkpoint_path.name.startswith("cross_encoder-")
+    assert (first.checkpoint_path.exists()
+            and first.checkpoint_path.name.startswith("cross_encoder-"))
     assert len(calls) == 1
     # with no hard negatives to draw, the miner is not called (the listwise loss draws none)
     smoke_method(CrossEncoderConfig.smoke(max_steps=3, hard_negative_fraction=0.0, loss="binary"),
@@ -301,7 +311,8 @@ def test_the_checkpoint_name_follows_the_miner_only_when_it_mines(bench, tok):
 
     listwise = CrossEncoderConfig.smoke(max_steps=3)
     assert listwise.loss == "listwise"
-    assert named(listwise, 2) == named(listwise, 5) == smoke_method(listwise).checkpoint_file(bench, tok)
+    assert (named(listwise, 2) == named(listwise, 5)
+            == smoke_method(listwise).checkpoint_file(bench, tok))
     mining = CrossEncoderConfig.smoke(max_steps=3, hard_negative_fraction=0.5, loss="binary")
     assert named(mining, 2) != named(mining, 5)
 
@@ -314,7 +325,8 @@ def test_a_miner_is_kept_only_where_it_mines(bench, tok):
     vsepp = VsePPMethod(VsePPConfig.smoke(max_steps=2), progress=False)
     listwise = smoke_method(CrossEncoderConfig.smoke(max_steps=3), miner=dual_encoder_miner(vsepp))
     assert listwise.miner is None and vsepp not in own_models([listwise])
-    mining = smoke_method(CrossEncoderConfig.smoke(max_steps=3, hard_negative_fraction=0.5, loss="binary"),
+    mining = smoke_method(CrossEncoderConfig.smoke(max_steps=3, hard_negative_fraction=0.5,
+                                                   loss="binary"),
                           miner=dual_encoder_miner(vsepp))
     assert mining.miner is not None and vsepp in own_models([mining])
 
@@ -362,7 +374,8 @@ def test_dual_encoder_miner_fits_the_method_and_returns_its_train_similarity(ben
     # a VSE++ model gives its two embedding matrices: the same negatives as its full matrix
     vsepp = VsePPMethod(VsePPConfig.smoke(max_steps=2), progress=False)
     factored = dual_encoder_miner(vsepp)(bench, tok, None)
-    assert isinstance(factored, DualEmbeddings) and factored.shape == (split.n_images, split.n_texts)
+    assert (isinstance(factored, DualEmbeddings)
+            and factored.shape == (split.n_images, split.n_texts))
     sims = vsepp.similarity(split)  # (N, T)
     full = mine_negatives(sims, split.txt2img, k=4)
     mined = mine_negatives(factored, split.txt2img, k=4)
@@ -417,9 +430,11 @@ def test_hard_negatives_start_after_the_random_phase(bench, tok):
     in_mined = lambda images: np.mean([int(i) in mined.images_for_text[t].tolist()  # noqa: E731
                                        for t, i in zip(texts, images, strict=True)])
     step[0] = 4
-    assert collate.current_hard_fraction() == 0.0 and in_mined(collate.negative_images(texts)) < 0.05
+    assert (collate.current_hard_fraction() == 0.0
+            and in_mined(collate.negative_images(texts)) < 0.05)
     step[0] = 5
-    assert collate.current_hard_fraction() == 1.0 and in_mined(collate.negative_images(texts)) == 1.0
+    assert (collate.current_hard_fraction() == 1.0
+            and in_mined(collate.negative_images(texts)) == 1.0)
 
 
 def test_grid_collate_pairs_every_caption_with_every_distinct_image(bench, tok):
@@ -475,7 +490,8 @@ def test_itc_hard_grid_draws_clusters_of_look_alike_images():
 def test_itc_itm_loss_scores_the_chosen_grid_and_the_unimodal_features(bench, tok):
     split = bench["train"]
     torch.manual_seed(0)
-    model = CrossEncoder(split.regions.shape[-1], len(tok), CrossEncoderConfig.smoke(itc_weight=0.5, towers="none"),
+    model = CrossEncoder(split.regions.shape[-1], len(tok),
+                         CrossEncoderConfig.smoke(itc_weight=0.5, towers="none"),
                          pad_token_id=tok.pad_token_id).eval()
     # ITC off: no heads
     assert not hasattr(CrossEncoder(4, 9, CrossEncoderConfig.smoke(towers="none")), "itc_image")
@@ -518,7 +534,8 @@ def test_towers_add_scans_encoding_of_each_word_and_region(bench, tok, model):
             assert torch.allclose(got[b], expected, atol=TOL)
         got_images = model.embed_image(images)  # (3, R, H)
         regions, real = model.towers.encode_images(images)
-        expected = JointEmbedding.embed_image(model, images) + model.region_from_towers(regions) * real[..., None]
+        expected = (JointEmbedding.embed_image(model, images)
+                    + model.region_from_towers(regions) * real[..., None])
         assert torch.allclose(got_images, expected, atol=TOL)
 
 
@@ -528,7 +545,8 @@ def test_towers_are_frozen_copied_and_stay_in_eval_mode(bench, tok):
     model, _ = train_cross_encoder(bench, tok, CrossEncoderConfig.smoke(max_steps=2), towers=scan,
                                    progress=False, device="cpu")
     assert model.towers is not scan and all(p.requires_grad for p in scan.parameters())  # a copy
-    assert all(torch.equal(a, b) for a, b in zip(model.towers.state_dict().values(), scan.state_dict().values(), strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(model.towers.state_dict().values(),
+                                                 scan.state_dict().values(), strict=True))
     assert not any(p.requires_grad for p in model.towers.parameters())
     assert model.train().towers.training is False and model.word_from_towers.training
     images, texts = pairs(split, tok, [0, 1], [0, 5])
@@ -543,7 +561,8 @@ def test_towers_config_is_checked(bench, tok):
     with pytest.raises(ValueError, match="needs the trained SCAN model"):
         CrossEncoder(D, V, CrossEncoderConfig.smoke())
     with pytest.raises(ValueError, match="needs the trained SCAN model"):
-        CrossEncoder(D, V, CrossEncoderConfig.smoke(towers="none"), towers=untrained_towers(split, tok))
+        CrossEncoder(D, V, CrossEncoderConfig.smoke(towers="none"),
+                     towers=untrained_towers(split, tok))
     with pytest.raises(ValueError, match="towers='bert'"):
         CrossEncoder(D, V, CrossEncoderConfig.smoke(towers="bert"))
     assert CrossEncoder(D, V, CrossEncoderConfig.smoke(towers="none")).towers is None
@@ -556,18 +575,22 @@ def test_the_method_follows_its_scan_checkpoint_and_ships_with_it(bench, tok, tm
     config = CrossEncoderConfig.smoke(max_steps=3)
     a, b = smoke_method(config), smoke_method(config)
     assert a.checkpoint_file(bench, tok) == b.checkpoint_file(bench, tok)
-    other_scan = CrossEncoderMethod(config, towers=SCANMethod(SCANConfig.smoke(max_steps=4), progress=False))
+    other_scan = CrossEncoderMethod(config,
+                                    towers=SCANMethod(SCANConfig.smoke(max_steps=4),
+                                                      progress=False))
     assert other_scan.checkpoint_file(bench, tok) != a.checkpoint_file(bench, tok)
     assert a.checkpoint_extra(bench, tok) == (a.towers.checkpoint_file(bench, tok),)
     assert a.towers in own_models([a])
     scratch = CrossEncoderMethod(CrossEncoderConfig.smoke(max_steps=3, towers="none"))
-    assert scratch.towers is None and scratch.checkpoint_extra(bench, tok) == () and own_models([scratch]) == [scratch]
+    assert (scratch.towers is None and scratch.checkpoint_extra(bench, tok) == ()
+            and own_models([scratch]) == [scratch])
     a.fit(bench, tok, cache_dir=tmp_path)
     assert (tmp_path / a.towers.checkpoint_file(bench, tok)).exists()  # SCAN trained first, cached
     rebuilt = a.build_model(bench, tok)
     rebuilt.load_state_dict(a.model.state_dict())
     split = bench["test"]
-    assert torch.allclose(score_matrix(rebuilt.eval(), split, tok, progress=False), a.similarity(split), atol=TOL)
+    assert torch.allclose(score_matrix(rebuilt.eval(), split, tok, progress=False),
+                          a.similarity(split), atol=TOL)
 
 
 def test_towers_read_a_repeated_caption_once_with_the_same_result(bench, tok, model, monkeypatch):
@@ -576,7 +599,8 @@ def test_towers_read_a_repeated_caption_once_with_the_same_result(bench, tok, mo
                             zip([0, 1, 2, 3, 4, 5], [0, 5, 0, 14, 5, 0], strict=True)])
     seen = []
     encode = model.towers.encode_texts
-    monkeypatch.setattr(model.towers, "encode_texts", lambda t: seen.append(len(t["input_ids"])) or encode(t))
+    monkeypatch.setattr(model.towers, "encode_texts",
+                        lambda t: seen.append(len(t["input_ids"])) or encode(t))
     with torch.no_grad():
         assert torch.allclose(model(images, texts), expected, atol=TOL)
     assert seen == [3]  # three distinct captions among the six pairs
@@ -596,7 +620,8 @@ def test_the_method_records_a_learning_curve_on_small_galleries(bench, tok, tmp_
     n = min(CURVE_IMAGES, bench["val"].n_images)
     for name, split in (("val", bench["val"]), ("train", bench["train"])):
         sub = split.subset(range(n))
-        expected = retrieval_metrics(score_matrix(method.model, sub, tok, progress=False), sub.txt2img)
+        expected = retrieval_metrics(score_matrix(method.model, sub, tok, progress=False),
+                                     sub.txt2img)
         assert rows[-1][f"{name}_t2i_r1"] == pytest.approx(expected["t2i_r1"])
         assert rows[-1][f"{name}_i2t_r5"] == pytest.approx(expected["i2t_r5"])
     # training CPU time so far: may round to 0.0 on a fast machine
@@ -622,7 +647,8 @@ def test_float16_regions_are_converted_per_batch_not_a_whole_gallery_per_call(be
     rows = torch.tensor([2, 0, 2])
     batch = image_batch(fields, rows)
     assert batch["regions"].dtype == torch.float32 and batch["region_mask"].dtype == torch.bool
-    assert torch.equal(batch["regions"], torch.from_numpy(half.regions[[2, 0, 2]].astype(np.float32)))
+    assert torch.equal(batch["regions"],
+                       torch.from_numpy(half.regions[[2, 0, 2]].astype(np.float32)))
     # the same values in float32
     widened = dataclasses.replace(split, regions=half.regions.astype(np.float32))
     images, texts = [0, 3, 7], [1, 5, 5]

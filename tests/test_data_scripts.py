@@ -29,7 +29,8 @@ def load_script(name):
 
 
 def _sentence(words, imgid, sentid):
-    return {"tokens": words.split(), "raw": words.capitalize() + " .", "imgid": imgid, "sentid": sentid}
+    return {"tokens": words.split(), "raw": words.capitalize() + " .", "imgid": imgid,
+            "sentid": sentid}
 
 
 def _entry(imgid, split, filename, n_sentences, filepath=None):
@@ -38,7 +39,8 @@ def _entry(imgid, split, filename, n_sentences, filepath=None):
     first = imgid * 10
     entry = {"split": split, "filename": filename, "imgid": imgid,
              "sentids": list(range(first, first + n_sentences)),
-             "sentences": [_sentence(f"{words[k]} {imgid}", imgid, first + k) for k in range(n_sentences)]}
+             "sentences": [_sentence(f"{words[k]} {imgid}", imgid, first + k)
+                           for k in range(n_sentences)]}
     if filepath:
         entry["filepath"] = filepath
         entry["cocoid"] = 1000 + imgid
@@ -65,7 +67,8 @@ def write_fixture(root: Path) -> dict:
         _jpeg(root / "flickr" / "flickr30k-images" / img["filename"], (24, 32), i)
     for i, img in enumerate(coco):
         _jpeg(root / "coco" / img["filepath"] / img["filename"], (20 + 4 * (i % 2), 30), 10 + i)
-    paths = {"flickr": root / "flickr" / "dataset_flickr30k.json", "coco": root / "coco" / "dataset_coco.json"}
+    paths = {"flickr": root / "flickr" / "dataset_flickr30k.json",
+             "coco": root / "coco" / "dataset_coco.json"}
     paths["flickr"].write_text(json.dumps({"images": flickr, "dataset": "flickr30k"}))
     paths["coco"].write_text(json.dumps({"images": coco, "dataset": "coco"}))
     return paths
@@ -103,7 +106,8 @@ def test_coco_train_restval_filepath_and_caption_count(fixture):
     assert read_karpathy(fixture["coco"], split="restval", captions_per_image=None).n_texts == 11
     with pytest.raises(ValueError, match="different sizes.*image_size"):
         read_karpathy(fixture["coco"], root, ("train", "restval"), load_pixels=True)
-    resized = read_karpathy(fixture["coco"], root, ("train", "restval"), load_pixels=True, image_size=16)
+    resized = read_karpathy(fixture["coco"], root, ("train", "restval"), load_pixels=True,
+                            image_size=16)
     assert resized.images.shape == (3, 16, 16, 3)
 
 
@@ -189,7 +193,8 @@ def test_make_synthetic_writes_what_load_synthetic_reads(tmp_path, capsys):
     with pytest.raises(SystemExit):
         script.main(["--smoke", "--out", str(tmp_path / "syn"), "--quiet"])
     assert "--overwrite" in capsys.readouterr().err
-    script.main(["--smoke", "--no-pretrain", "--seed", "4", "--out", str(tmp_path / "syn"), "--overwrite", "--quiet"])
+    script.main(["--smoke", "--no-pretrain", "--seed", "4", "--out", str(tmp_path / "syn"),
+                 "--overwrite", "--quiet"])
     with pytest.raises(ValueError, match="no split 'pretrain'"):
         load_synthetic(tmp_path / "syn", "pretrain")
     n_files = len(list((tmp_path / "syn" / "images").glob("*.png")))
@@ -232,7 +237,8 @@ def mirror(fixture, tmp_path, monkeypatch):
     coco = fixture["coco"].parent
     urls = {}
     for name in ("train2014", "val2014"):
-        urls[name] = _zip(web / f"{name}.zip", {f"{name}/{p.name}": p for p in (coco / name).glob("*.jpg")})
+        urls[name] = _zip(web / f"{name}.zip",
+                          {f"{name}/{p.name}": p for p in (coco / name).glob("*.jpg")})
     monkeypatch.setattr(script, "COCO_IMAGE_URLS", urls)
     return script, fixture
 
@@ -245,7 +251,8 @@ def test_download_coco_from_file_urls(mirror, tmp_path, capsys):
     assert script.main(["coco", "--out", str(out), "--quiet"]) == 0
     assert "coco is complete" in capsys.readouterr().out
     assert not list(out.glob("*.zip")) and not list(out.glob("*.part"))
-    split = read_karpathy(out / "dataset_coco.json", out, ("train", "restval"), load_pixels=True, image_size=8)
+    split = read_karpathy(out / "dataset_coco.json", out, ("train", "restval"), load_pixels=True,
+                          image_size=8)
     assert split.images.shape == (3, 8, 8, 3)
     assert script.main(["coco", "--out", str(out), "--check"]) == 0
     assert script.main(["coco", "--out", str(out), "--quiet"]) == 0  # nothing left to fetch
@@ -256,7 +263,8 @@ def test_download_flickr30k_prints_form_instructions_and_checks(mirror, tmp_path
     out = tmp_path / "f30k"
     assert script.main(["flickr30k", "--out", str(out), "--quiet"]) == 0
     printed = capsys.readouterr().out
-    assert script.FLICKR30K_FORM_URL in printed and "flickr30k-images" in printed and "--check" in printed
+    assert (script.FLICKR30K_FORM_URL in printed and "flickr30k-images" in printed
+            and "--check" in printed)
     assert (out / "dataset_flickr30k.json").is_file()
     assert script.main(["flickr30k", "--out", str(out), "--check"]) == 1
     err = capsys.readouterr().err
@@ -305,7 +313,8 @@ def test_download_resumes_a_partial_file(tmp_path, monkeypatch):
     assert seen == ["bytes=1000-"] and dest.read_bytes() == payload
 
 
-F8K_SPLITS = {"train": ["1001_aa.jpg", "1003_cc.jpg"], "val": ["1002_bb.jpg"], "test": ["1000_dd.jpg"]}
+F8K_SPLITS = {"train": ["1001_aa.jpg", "1003_cc.jpg"], "val": ["1002_bb.jpg"],
+              "test": ["1000_dd.jpg"]}
 F8K_COLOURS = ["red", "blue", "green", "black", "white"]
 
 
@@ -330,7 +339,8 @@ def flickr8k_mirror(tmp_path, monkeypatch):
         photos[f"Flicker8k_Dataset/{name}"] = src / "Flicker8k_Dataset" / name
     (src / "fork").write_bytes(b"\0\5\26\7 resource fork")
     photos["__MACOSX/Flicker8k_Dataset/._1000_dd.jpg"] = src / "fork"  # as in the published zip
-    lines = [f"{name}#{k}\t{_f8k_caption(i, k)[0]}" for i, name in enumerate(order) for k in range(5)]
+    lines = [f"{name}#{k}\t{_f8k_caption(i, k)[0]}" for i, name in enumerate(order)
+             for k in range(5)]
     lines.insert(7, "1001_aa.jpg.1#0\tA stray entry in no split list .")
     (src / "Flickr8k.token.txt").write_text("\n".join(lines) + "\n")
     text = {"Flickr8k.token.txt": src / "Flickr8k.token.txt"}
@@ -358,8 +368,10 @@ def test_download_flickr8k_with_karpathys_split_file(flickr8k_mirror, tmp_path, 
     assert f"image_root={str(out / 'images')!r}" in printed
     assert json.loads((out / "dataset_flickr8k.json").read_text()) == want["karpathy"]
     assert sorted(p.name for p in (out / "images").iterdir()) == sorted(want["order"])
-    assert sorted(p.name for p in out.iterdir()) == [".images.done", "dataset_flickr8k.json", "images"]
-    split = read_karpathy(out / "dataset_flickr8k.json", out / "images", split="train", load_pixels=True)
+    assert (sorted(p.name for p in out.iterdir())
+            == [".images.done", "dataset_flickr8k.json", "images"])
+    split = read_karpathy(out / "dataset_flickr8k.json", out / "images", split="train",
+                          load_pixels=True)
     assert split.image_ids == ["1001_aa", "1003_cc"] and split.n_texts == 10
     assert split.images.shape == (2, 24, 32, 3)
     assert script.main(["flickr8k", "--out", str(out), "--check"]) == 0
@@ -373,9 +385,11 @@ def test_download_flickr8k_builds_the_split_file_from_the_official_text(flickr8k
     out = tmp_path / "f8k"
     assert script.main(["flickr8k", "--out", str(out), "--quiet"]) == 0
     printed = capsys.readouterr().out
-    assert "built from the official Flickr8k_text.zip" in printed and "could not download" in printed
+    assert ("built from the official Flickr8k_text.zip" in printed
+            and "could not download" in printed)
     data = json.loads((out / "dataset_flickr8k.json").read_text())
-    assert data["dataset"] == "flickr8k" and [img["filename"] for img in data["images"]] == want["order"]
+    assert (data["dataset"] == "flickr8k"
+            and [img["filename"] for img in data["images"]] == want["order"])
     split_of = {name: split for split, names in F8K_SPLITS.items() for name in names}
     for imgid, img in enumerate(data["images"]):
         i = want["order"].index(img["filename"])
@@ -384,12 +398,15 @@ def test_download_flickr8k_builds_the_split_file_from_the_official_text(flickr8k
         assert len(img["sentences"]) == 5
         for k, sentence in enumerate(img["sentences"]):
             raw, tokens = _f8k_caption(i, k)
-            assert sentence == {"raw": raw, "tokens": tokens, "imgid": imgid, "sentid": 5 * imgid + k}
-    assert sorted(p.name for p in out.iterdir()) == [".images.done", "dataset_flickr8k.json", "images"]
+            assert sentence == {"raw": raw, "tokens": tokens, "imgid": imgid,
+                                "sentid": 5 * imgid + k}
+    assert (sorted(p.name for p in out.iterdir())
+            == [".images.done", "dataset_flickr8k.json", "images"])
     train = read_karpathy(out / "dataset_flickr8k.json", out / "images", split="train")
     assert train.image_ids == ["1003_cc", "1001_aa"] and train.n_texts == 10
     assert train.captions[0] == "a red dog s ball number 00"
-    assert read_karpathy(out / "dataset_flickr8k.json", out / "images", split="val").image_ids == ["1002_bb"]
+    assert (read_karpathy(out / "dataset_flickr8k.json", out / "images", split="val").image_ids
+            == ["1002_bb"])
 
 
 def test_download_flickr8k_check_names_a_missing_image(flickr8k_mirror, tmp_path, capsys):

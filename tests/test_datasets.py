@@ -84,7 +84,8 @@ def test_pixels_normalisation_of_a_known_image(toy):
     # a random image: normalisation is exactly (x - mean) / std per channel
     x = pixels_to_tensor(toy.images[1], normalize=False)
     y = pixels_to_tensor(toy.images[1])
-    np.testing.assert_allclose(y[1].numpy(), ((x[1] - IMAGENET_MEAN[1]) / IMAGENET_STD[1]).numpy(), atol=1e-6)
+    np.testing.assert_allclose(y[1].numpy(),
+                               ((x[1] - IMAGENET_MEAN[1]) / IMAGENET_STD[1]).numpy(), atol=1e-6)
 
 
 def test_lazy_pixels_equal_in_memory_pixels(toy, tmp_path):
@@ -130,8 +131,8 @@ def test_pairs_point_at_their_image(toy, tok):
     assert batch["txt_index"].tolist() == list(range(6))
     assert batch["regions"].shape == (6, 3, 8) and batch["input_ids"].shape[0] == 6
     pix = PairDataset(toy, "pixels", normalize=False)[7]
-    np.testing.assert_allclose(pix["pixels"].permute(1, 2, 0).numpy() * 255, toy.images[toy.txt2img[7]],
-                               atol=1e-3)
+    np.testing.assert_allclose(pix["pixels"].permute(1, 2, 0).numpy() * 255,
+                               toy.images[toy.txt2img[7]], atol=1e-3)
 
 
 def test_make_loader_picks_the_collate(toy, tok):

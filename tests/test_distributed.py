@@ -92,14 +92,16 @@ def train(scenario: str, batch_size: int, checkpoint_path=None) -> dict:
     config = TrainConfig(max_steps=2, batch_size=batch_size, lr=1e-2, warmup_fraction=0.5,
                          grad_clip=1e9, grad_accum_steps=accum, log_every=1, progress=False,
                          device="cpu", checkpoint_path=checkpoint_path)
-    trainer = Trainer(_model(), loss_fn, PairDataset(split), config, collate_fn=PairCollate(tokenizer),
-                      evaluate=evaluate)
+    trainer = Trainer(_model(), loss_fn, PairDataset(split), config,
+                      collate_fn=PairCollate(tokenizer), evaluate=evaluate)
     grads = []
     trainer.optimizer.register_step_pre_hook(lambda *_: grads.append(
-        {name: p.grad.clone() for name, p in trainer.model.named_parameters() if p.grad is not None}))
+        {name: p.grad.clone() for name, p in trainer.model.named_parameters()
+         if p.grad is not None}))
     history = trainer.fit()
     return {"loss": history.column("loss", eval=False), "grad_norm": history.column("grad_norm"),
-            "grads": grads, "weights": {k: v.clone() for k, v in trainer.model.state_dict().items()},
+            "grads": grads,
+            "weights": {k: v.clone() for k, v in trainer.model.state_dict().items()},
             "eval_rows": history.rows(eval=True), "loss_fn_models": sorted(seen["loss_fn_models"]),
             "evaluated_on_ranks": seen["evaluated_on_ranks"]}
 
@@ -110,14 +112,16 @@ def worker(out_dir: str) -> None:
     assert distributed.init_distributed(timeout_s=60)  # a stuck collective fails, never hangs
     try:
         rank = distributed.get_rank()
-        results = {name: train(name, B, os.path.join(out_dir, "hinge.pt") if name == "hinge" else None)
+        results = {name: train(name, B,
+                               os.path.join(out_dir, "hinge.pt") if name == "hinge" else None)
                    for name in SCENARIOS}
         x = (torch.arange(6.0).view(3, 2) + 10 * rank).requires_grad_()  # (3, 2), rank-dependent
         (gathered,) = distributed.gather_features(x)  # (6, 2)
         (gathered * torch.arange(12.0).view(6, 2)).sum().backward()
         results["gather"] = {"values": gathered.detach(), "grad": x.grad}
         try:
-            Trainer(_model(), lambda m, b, s: None, PairDataset(_data()[0]), TrainConfig(drop_last=False))
+            Trainer(_model(), lambda m, b, s: None, PairDataset(_data()[0]),
+                    TrainConfig(drop_last=False))
             results["drop_last_error"] = None
         except ValueError as error:
             results["drop_last_error"] = str(error)
@@ -207,7 +211,8 @@ def test_helpers_without_a_process_group(monkeypatch):
     assert (distributed.get_rank(), distributed.get_world_size()) == (0, 1)
     assert distributed.is_main_process() and not distributed.is_distributed()
     image, text = torch.randn(3, 4), torch.randn(3, 4)
-    assert all(a is b for a, b in zip(distributed.gather_features(image, text), (image, text), strict=True))
+    assert all(a is b for a, b in zip(distributed.gather_features(image, text), (image, text),
+                                      strict=True))
     assert distributed.data_parallel_loss(nn.Linear(2, 2)) is None
     assert distributed.mean_over_ranks({"loss": 1.5}, torch.device("cpu")) == {"loss": 1.5}
     distributed.barrier()  # returns at once
@@ -255,8 +260,9 @@ def test_the_command_line_trains_once():
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-m", "course_lib.train_distributed", "--method", "vsepp", "--steps", "2",
-                           "--global-batch", "8", "--smoke"], capture_output=True, text=True, timeout=300,
+    done = subprocess.run([sys.executable, "-m", "course_lib.train_distributed", "--method",
+                           "vsepp", "--steps", "2", "--global-batch", "8", "--smoke"],
+                          capture_output=True, text=True, timeout=300,
                           env={**os.environ, "OMP_NUM_THREADS": "1", "COURSE_DEVICE": "cpu"})
     assert done.returncode == 0, done.stderr[-2000:]
     assert sum(line.startswith("{") for line in done.stdout.splitlines()) == 1

@@ -94,7 +94,8 @@ def test_l2_normalize_and_count_parameters():
 
 def test_factories(bench, tok):
     D = bench["train"].regions.shape[-1]
-    assert isinstance(build_image_encoder("regions", region_dim=D, hidden=16, heads=2), RegionTransformerEncoder)
+    assert isinstance(build_image_encoder("regions", region_dim=D, hidden=16, heads=2),
+                      RegionTransformerEncoder)
     assert isinstance(build_text_encoder("gru", len(tok), hidden=8), BiGRUEncoder)
     with pytest.raises(ValueError, match="pixels.*regions|regions.*pixels"):
         build_image_encoder("resnet")
@@ -120,19 +121,23 @@ def test_region_encoder_shapes_and_mask(region_model, region_batch):
 
 
 def test_region_encoder_permutation_invariant(region_model, region_batch):
-    perm = torch.randperm(region_batch["regions"].shape[1], generator=torch.Generator().manual_seed(1))
+    perm = torch.randperm(region_batch["regions"].shape[1],
+                          generator=torch.Generator().manual_seed(1))
     shuffled = {k: region_batch[k][:, perm] for k in ("regions", "boxes", "region_mask")}
     with torch.no_grad():
         out, out_perm = region_model(region_batch), region_model(shuffled)
     torch.testing.assert_close(out_perm.pooled, out.pooled, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(out_perm.tokens[:, 1:], out.tokens[:, 1:][:, perm], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out_perm.tokens[:, 1:], out.tokens[:, 1:][:, perm],
+                               atol=1e-5, rtol=1e-5)
 
 
 def test_region_encoder_ignores_padded_content(region_model, region_batch):
     pad = ~region_batch["region_mask"]  # (B, R)
     noisy = dict(region_batch)
-    noisy["regions"] = region_batch["regions"].masked_fill(pad.unsqueeze(-1), 0.0) + 100 * pad.unsqueeze(-1)
-    noisy["boxes"] = torch.where(pad.unsqueeze(-1), torch.rand_like(region_batch["boxes"]), region_batch["boxes"])
+    noisy["regions"] = (region_batch["regions"].masked_fill(pad.unsqueeze(-1), 0.0)
+                        + 100 * pad.unsqueeze(-1))
+    noisy["boxes"] = torch.where(pad.unsqueeze(-1), torch.rand_like(region_batch["boxes"]),
+                                 region_batch["boxes"])
     with torch.no_grad():
         out, out_noisy = region_model(region_batch), region_model(noisy)
     torch.testing.assert_close(out_noisy.pooled, out.pooled, atol=1e-5, rtol=1e-5)
@@ -205,7 +210,8 @@ def pad_with_longer(batch, extra=5):
     B, T = ids.shape
     longer = torch.tensor([[2] + [7] * (T + extra - 2) + [3]])  # [CLS] word ... word [SEP]
     ids2 = torch.cat([torch.cat([ids, torch.zeros(B, extra, dtype=ids.dtype)], 1), longer])
-    am2 = torch.cat([torch.cat([am, torch.zeros(B, extra, dtype=am.dtype)], 1), torch.ones(1, T + extra, dtype=am.dtype)])
+    am2 = torch.cat([torch.cat([am, torch.zeros(B, extra, dtype=am.dtype)], 1),
+                     torch.ones(1, T + extra, dtype=am.dtype)])
     return {"input_ids": ids2, "attention_mask": am2}
 
 
@@ -216,8 +222,10 @@ def test_text_encoders_padding_invariant(text_models, text_batch):
         model.eval()
         with torch.no_grad():
             out, out_padded = model(text_batch), model(padded)
-        torch.testing.assert_close(out_padded.pooled[:B], out.pooled, atol=1e-5, rtol=1e-5, msg=name)
-        torch.testing.assert_close(out_padded.tokens[:B, :T], out.tokens, atol=1e-5, rtol=1e-5, msg=name)
+        torch.testing.assert_close(out_padded.pooled[:B], out.pooled, atol=1e-5,
+                                   rtol=1e-5, msg=name)
+        torch.testing.assert_close(out_padded.tokens[:B, :T], out.tokens, atol=1e-5,
+                                   rtol=1e-5, msg=name)
         assert (out_padded.tokens[:B, T:] == 0).all(), name
 
 
@@ -256,10 +264,12 @@ def test_bert_pooled_is_cls_last_hidden_state(text_models, text_batch, tok):
     assert model.bert.config.vocab_size == len(tok)
     with torch.no_grad():
         out = model(text_batch)
-        raw = model.bert(input_ids=text_batch["input_ids"], attention_mask=text_batch["attention_mask"])
+        raw = model.bert(input_ids=text_batch["input_ids"],
+                         attention_mask=text_batch["attention_mask"])
     torch.testing.assert_close(out.pooled, raw.last_hidden_state[:, 0])
     with pytest.raises(ValueError, match="positions"):
-        model({"input_ids": torch.full((1, 60), 5), "attention_mask": torch.ones(1, 60, dtype=torch.long)})
+        model({"input_ids": torch.full((1, 60), 5),
+               "attention_mask": torch.ones(1, 60, dtype=torch.long)})
 
 
 def test_bert_pretrained_error_offline(monkeypatch):
@@ -279,7 +289,8 @@ def test_l2_normalize_has_finite_gradients_at_zero_vectors():
 
     x = torch.tensor([[3.0, 4.0], [0.0, 0.0]], requires_grad=True)
     y = l2_normalize(x)
-    assert torch.allclose(y[0], torch.tensor([0.6, 0.8]), atol=1e-6) and torch.equal(y[1], torch.zeros(2))
+    assert (torch.allclose(y[0], torch.tensor([0.6, 0.8]), atol=1e-6)
+            and torch.equal(y[1], torch.zeros(2)))
     y.sum().backward()
     assert torch.isfinite(x.grad).all()
 
@@ -293,7 +304,8 @@ def test_transformer_encoders_share_the_course_block_and_return_every_layer():
     torch.manual_seed(0)
     text = TransformerTextEncoder(vocab_size=30, hidden=16, layers=3, heads=2).eval()
     regions = RegionTransformerEncoder(region_dim=8, hidden=16, layers=2, heads=2).eval()
-    assert isinstance(text.transformer, Transformer) and isinstance(regions.transformer, Transformer)
+    assert (isinstance(text.transformer, Transformer)
+            and isinstance(regions.transformer, Transformer))
     batch = {"input_ids": torch.tensor([[2, 7, 9, 3, 0], [2, 5, 3, 0, 0]]),
              "attention_mask": torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 0, 0]])}
     out = text(batch, return_layers=True)

@@ -9,7 +9,8 @@ from course_lib.exercises.ranking import check_i2t_ranks, check_t2i_ranks
 
 def t2i_loop(sims, txt2img):
     # independent answer: one text at a time, count the other images scoring at least as high
-    return np.array([sum(sims[i, t] >= sims[txt2img[t], t] for i in range(sims.shape[0]) if i != txt2img[t])
+    return np.array([sum(sims[i, t] >= sims[txt2img[t], t] for i in range(sims.shape[0])
+                         if i != txt2img[t])
                      for t in range(sims.shape[1])])
 
 
@@ -17,7 +18,8 @@ def i2t_loop(sims, txt2img):
     ranks = []
     for i in range(sims.shape[0]):
         own = [t for t in range(sims.shape[1]) if txt2img[t] == i]
-        ranks.append(min(sum(sims[i, u] >= sims[i, t] for u in range(sims.shape[1]) if txt2img[u] != i)
+        ranks.append(min(sum(sims[i, u] >= sims[i, t] for u in range(sims.shape[1])
+                             if txt2img[u] != i)
                          for t in own))
     return np.array(ranks)
 
@@ -62,8 +64,10 @@ def _hinge_loop(scores, margin, max_violation):
     B = scores.shape[0]
     total = 0.0
     for i in range(B):
-        text_costs = [max(0.0, margin + float(scores[i, j]) - float(scores[i, i])) for j in range(B) if j != i]
-        image_costs = [max(0.0, margin + float(scores[j, i]) - float(scores[i, i])) for j in range(B) if j != i]
+        text_costs = [max(0.0, margin + float(scores[i, j]) - float(scores[i, i]))
+                      for j in range(B) if j != i]
+        image_costs = [max(0.0, margin + float(scores[j, i]) - float(scores[i, i]))
+                       for j in range(B) if j != i]
         if max_violation:
             total += max(text_costs) + max(image_costs)
         else:
@@ -87,7 +91,8 @@ def test_hinge_checker_accepts_a_loop_and_names_mistakes(capsys):
 
     def rows_only(s, m, mv):
         B = s.shape[0]
-        costs = [[max(0.0, m + float(s[i, j]) - float(s[i, i])) for j in range(B) if j != i] for i in range(B)]
+        costs = [[max(0.0, m + float(s[i, j]) - float(s[i, i])) for j in range(B) if j != i]
+                 for i in range(B)]
         return sum(max(c) if mv else sum(c) for c in costs)
 
     with pytest.raises(ExerciseError, match="one direction"):
@@ -199,7 +204,8 @@ def test_cmr_checker_names_the_usual_mistakes():
 
     def without_positive(s):
         negatives = s.masked_fill(torch.eye(len(s), dtype=torch.bool), float("-inf"))
-        return (-s.diagonal() + (torch.logsumexp(negatives, 1) + torch.logsumexp(negatives, 0)) / 2).mean()
+        return (-s.diagonal() + (torch.logsumexp(negatives, 1)
+                                 + torch.logsumexp(negatives, 0)) / 2).mean()
 
     with pytest.raises(ExerciseError, match="denominator"):
         check_cmr_loss(without_positive)
@@ -239,8 +245,8 @@ def test_mask_checker_accepts_the_library_and_a_loop(capsys):
     assert capsys.readouterr().out.count("correct") == 2
 
 
-def _variant(*, specials=False, all_mask=False, labels_everywhere=False, force_one=True, own_rng=False,
-             in_place=False, random_from_all=False):
+def _variant(*, specials=False, all_mask=False, labels_everywhere=False, force_one=True,
+             own_rng=False, in_place=False, random_from_all=False):
     """The library's masking with one thing done wrong, as a learner might."""
     import torch
 
@@ -353,7 +359,8 @@ def ubert_pair():
     from course_lib.methods.ubert.model import UBERT, UBERTConfig
 
     torch.manual_seed(0)
-    config = UBERTConfig(hidden=16, tower_layers=1, cross_layers=2, heads=2, dropout=0.3, cross_towers="none")
+    config = UBERTConfig(hidden=16, tower_layers=1, cross_layers=2, heads=2, dropout=0.3,
+                         cross_towers="none")
     model = UBERT(region_dim=8, vocab_size=30, config=config).train()
     K, M, L, H = 7, 5, 6, config.hidden
     g = torch.Generator().manual_seed(1)
@@ -376,7 +383,8 @@ def _one_by_one(model, query, gallery):
     for k in range(gallery[2].shape[0]):
         candidate = [s[k:k + 1] for s in gallery]
         image_inter, text_inter = model.inter(candidate[0], candidate[1], query[0], query[1])
-        scores.append(enhanced_similarity(candidate[2], query[2], image_inter, text_inter, model.config.alpha))
+        scores.append(enhanced_similarity(candidate[2], query[2], image_inter, text_inter,
+                                          model.config.alpha))
     return torch.cat(scores)
 
 
@@ -399,11 +407,13 @@ def test_rerank_checker_names_the_usual_mistakes(ubert_pair):
     model, query, gallery = ubert_pair
     cases = [
         (lambda m, q, g: _one_by_one(m, q, g).sort(descending=True).values, "another order"),
-        (lambda m, q, g: torch.cat([m.s2([s[0:1] for s in g], q)] * g[2].shape[0]), "candidate 0's"),
+        (lambda m, q, g: torch.cat([m.s2([s[0:1] for s in g], q)] * g[2].shape[0]),
+         "candidate 0's"),
         (lambda m, q, g: g[2] @ q[2][0], "stage-1 scores s1"),
         (lambda m, q, g: list(_one_by_one(m, q, g)), "torch.cat"),
         (lambda m, q, g: _one_by_one(m, q, g)[:, None], r"expected shape \(7,\)"),
-        (lambda m, q, g: torch.cat([m.s2([s[k] for s in g], q) for k in range(g[2].shape[0])]), "a batch of one"),
+        (lambda m, q, g: torch.cat([m.s2([s[k] for s in g], q) for k in range(g[2].shape[0])]),
+         "a batch of one"),
         (lambda m, q, g: _one_by_one(m, q, g) + 1e-3, "differ from rescore_candidates"),
     ]
     for fn, message in cases:
@@ -420,7 +430,8 @@ def _h_loop(forward_logits, backward_logits, input_ids, reversed_ids, attention_
     out = []
     for b in range(input_ids.shape[0]):
         total = 0.0
-        for logits, ids in ((forward_logits[b], input_ids[b]), (backward_logits[b], reversed_ids[b])):
+        for logits, ids in ((forward_logits[b], input_ids[b]),
+                            (backward_logits[b], reversed_ids[b])):
             for t in range(1, ids.shape[0]):
                 if int(ids[t]) > 4 and attention_mask[b, t]:
                     total += torch.log_softmax(logits[t - 1], dim=-1)[ids[t]].item()
@@ -452,7 +463,8 @@ def test_log_likelihood_checker_names_the_usual_mistakes():
         return ((ids > 4) & mask.bool()).double()
 
     def no_shift(f, b, ids, rev, mask):
-        return one_direction(f, ids, words_of(ids, mask), False) + one_direction(b, rev, words_of(rev, mask), False)
+        return (one_direction(f, ids, words_of(ids, mask), False)
+                + one_direction(b, rev, words_of(rev, mask), False))
 
     def with_padding(f, b, ids, rev, mask):
         ones = torch.ones_like(ids, dtype=torch.float64)
@@ -468,7 +480,8 @@ def test_log_likelihood_checker_names_the_usual_mistakes():
         return one_direction(f, ids, words_of(ids, mask))
 
     def backward_on_forward_ids(f, b, ids, rev, mask):
-        return one_direction(f, ids, words_of(ids, mask)) + one_direction(b, ids, words_of(ids, mask))
+        return (one_direction(f, ids, words_of(ids, mask))
+                + one_direction(b, ids, words_of(ids, mask)))
 
     cases = [
         (no_shift, "not shifted"),
@@ -508,10 +521,12 @@ def test_hrl_checker_names_one_direction_only():
     from course_lib.exercises.hivlp import check_hrl_loss
 
     def images_as_queries(images, texts):
-        return sum(F.cross_entropy(i @ t.T, torch.arange(len(i))) for i, t in zip(images, texts, strict=True))
+        return sum(F.cross_entropy(i @ t.T, torch.arange(len(i)))
+                   for i, t in zip(images, texts, strict=True))
 
     def texts_as_queries_halved(images, texts):
-        return sum(F.cross_entropy(t @ i.T, torch.arange(len(i))) / 2 for i, t in zip(images, texts, strict=True))
+        return sum(F.cross_entropy(t @ i.T, torch.arange(len(i))) / 2
+                   for i, t in zip(images, texts, strict=True))
 
     for answer in (images_as_queries, texts_as_queries_halved):
         with pytest.raises(ExerciseError, match="only one direction"):
@@ -525,15 +540,17 @@ def test_timing_checker_accepts_latency_vs_gallery_and_names_what_is_wrong(capsy
     from course_lib.core.timing import latency_vs_gallery
     from course_lib.exercises.timing import check_latency_rows, check_top_k
 
-    rows = latency_vs_gallery(lambda n: (lambda: sum(range(n))), [100, 200, 400, 800], warmup=1, repeats=3,
-                              max_measured=400)
+    rows = latency_vs_gallery(lambda n: (lambda: sum(range(n))), [100, 200, 400, 800], warmup=1,
+                              repeats=3, max_measured=400)
     check_latency_rows(rows, [100, 200, 400, 800], measured_up_to=400)
     with pytest.raises(ExerciseError, match="one row per gallery size"):
         check_latency_rows(rows[:3], [100, 200, 400, 800], measured_up_to=400)
     with pytest.raises(ExerciseError, match="pass max_measured"):
-        check_latency_rows([{**r, "measured": True} for r in rows], [100, 200, 400, 800], measured_up_to=400)
+        check_latency_rows([{**r, "measured": True} for r in rows], [100, 200, 400, 800],
+                           measured_up_to=400)
     with pytest.raises(ExerciseError, match="positive number"):
-        check_latency_rows([{**r, "ms_per_query": 0.0} for r in rows], [100, 200, 400, 800], measured_up_to=400)
+        check_latency_rows([{**r, "ms_per_query": 0.0} for r in rows], [100, 200, 400, 800],
+                           measured_up_to=400)
     cheap = [dict(r) for r in rows]
     cheap[-1]["ms_per_query"] = cheap[-2]["ms_per_query"] / 10
     with pytest.raises(ExerciseError, match="cannot be cheaper"):

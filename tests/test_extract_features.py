@@ -27,10 +27,11 @@ extract = load_script("extract_features")
 
 SIZES = {"train": 6, "val": 2, "test": 3}
 WORDS = ["red", "blue", "green", "circle", "square", "left", "right", "big", "small"]
-RESNET = ["--backbone", "resnet18", "--no-pretrained", "--image-size", "96", "--workers", "0", "--quiet"]
+RESNET = ["--backbone", "resnet18", "--no-pretrained", "--image-size", "96", "--workers",
+          "0", "--quiet"]
 VIT_KWARGS = {"img_size": 32, "patch_size": 8, "embed_dim": 32, "depth": 1, "num_heads": 2}
-VIT = ["--backbone", "vit_tiny_patch16_224", "--no-pretrained", "--model-kwargs", json.dumps(VIT_KWARGS),
-       "--workers", "0", "--quiet"]
+VIT = ["--backbone", "vit_tiny_patch16_224", "--no-pretrained", "--model-kwargs",
+       json.dumps(VIT_KWARGS), "--workers", "0", "--quiet"]
 
 
 def write_fixture(root):
@@ -68,8 +69,8 @@ def test_grid_boxes_and_pooling_by_hand():
     np.testing.assert_allclose(boxes[2], [0, 0.5, 0.5, 1, 0.5, 0.5, 0.25])
     # 3 cells into 2 bins: adaptive pooling's overlapping [0, 2) and [1, 3)
     assert extract.cell_bins(3, 2) == [(0, 2), (1, 3)]
-    np.testing.assert_allclose(extract.grid_boxes(3, 3, grid=2)[3], [1 / 3, 1 / 3, 1, 1, 2 / 3, 2 / 3, 4 / 9],
-                               rtol=1e-6)
+    np.testing.assert_allclose(extract.grid_boxes(3, 3, grid=2)[3],
+                               [1 / 3, 1 / 3, 1, 1, 2 / 3, 2 / 3, 4 / 9], rtol=1e-6)
     tokens = torch.randn(2, 3 * 5, 4)  # (B, h*w, C) for h=3, w=5
     pooled = extract.pool_grid(tokens, 3, 5, 2)  # (B, 4, C)
     grid = tokens.view(2, 3, 5, 4)
@@ -86,9 +87,11 @@ def test_cnn_grid_features_match_the_backbone(resnet):
     assert manifest["split_sizes"] == SIZES and not (out / "shards").exists()
     with np.load(out / "regions.npz") as z:
         ids, regions, pooled = list(z["image_ids"]), z["regions"], z["pooled"]
-        assert regions.shape == (11, 9, 512) and regions.dtype == np.float32 and pooled.shape == (11, 512)
+        assert (regions.shape == (11, 9, 512) and regions.dtype == np.float32
+                and pooled.shape == (11, 512))
         assert z["region_mask"].all() and z["region_mask"].shape == (11, 9)
-        np.testing.assert_array_equal(z["boxes"], np.broadcast_to(extract.grid_boxes(3, 3), (11, 9, 7)))
+        np.testing.assert_array_equal(z["boxes"],
+                                      np.broadcast_to(extract.grid_boxes(3, 3), (11, 9, 7)))
     assert ids[:2] == ["train0", "train1"] and ids[-1] == "test2"
     # resnet's pooling is the mean over its grid
     np.testing.assert_allclose(pooled, regions.mean(1), rtol=1e-4, atol=1e-5)
@@ -112,16 +115,20 @@ def test_loaders_read_the_features_back(resnet):
     test = read_karpathy(json_path, split="test", regions_file=out / "regions.npz")
     assert test.regions.shape == (3, 9, 512) and test.boxes.shape == (3, 9, 7)
     np.testing.assert_array_equal(test.regions, regions[[row[i] for i in test.image_ids]])
-    np.testing.assert_array_equal(read_pooled(out / "regions.npz", test), pooled[[row[i] for i in test.image_ids]])
+    np.testing.assert_array_equal(read_pooled(out / "regions.npz", test),
+                                  pooled[[row[i] for i in test.image_ids]])
     bench = load_feature_bench(out, regions_dtype=np.float16)
-    assert set(bench) == {"train", "val", "test", "full", "pretrain"} and bench["pretrain"] is bench["train"]
+    assert (set(bench) == {"train", "val", "test", "full", "pretrain"}
+            and bench["pretrain"] is bench["train"])
     assert bench["train"].name == "train" and bench["train"].regions.dtype == np.float16
     full = bench["full"]
     assert full.n_images == 11 and full.n_text_queries == 15 and full.n_image_queries == 3
     assert full.image_ids[full.query_images[0]] == "test0"
     assert np.shares_memory(bench["val"].regions, full.regions)  # read once, views per split
-    np.testing.assert_array_equal(bench["val"].regions, regions[[row["val0"], row["val1"]]].astype(np.float16))
-    assert bench["test"].info["features"]["backbone"] == "resnet18" and bench["test"].image_paths is None
+    np.testing.assert_array_equal(bench["val"].regions,
+                                  regions[[row["val0"], row["val1"]]].astype(np.float16))
+    assert (bench["test"].info["features"]["backbone"] == "resnet18"
+            and bench["test"].image_paths is None)
     # for the methods that read pixels
     with_pixels = load_feature_bench(out, image_root=json_path.parent)
     assert with_pixels["test"].image_paths[2].endswith("images/test2.png")
@@ -153,7 +160,8 @@ def test_resume_after_an_interruption_gives_identical_files(resnet, tmp_path, mo
         assert (out / name).read_bytes() == (whole / name).read_bytes(), name
     assert run(json_path, out, *options) == 0  # a finished folder: nothing to do
     assert "already complete" in capsys.readouterr().out
-    assert run(json_path, out, *RESNET, "--dtype", "float32", "--shard-size", "4", "--grid", "2") == 1
+    assert run(json_path, out, *RESNET, "--dtype", "float32", "--shard-size", "4",
+               "--grid", "2") == 1
     assert "other settings (grid: None there, 2 now)" in capsys.readouterr().err
 
 
@@ -164,10 +172,12 @@ def test_vit_patch_tokens_pooled_to_a_grid(resnet, tmp_path):
     manifest = json.loads((out / "features.json").read_text())
     assert manifest["native_grid"] == [4, 4] and manifest["image_size"] == [32, 32]
     with np.load(out / "regions.npz") as z:
-        assert list(z["image_ids"]) == ["test0", "test1", "test2"] and z["regions"].dtype == np.float16
+        assert (list(z["image_ids"]) == ["test0", "test1", "test2"]
+                and z["regions"].dtype == np.float16)
         # (3, 4, 32), (3, 32)
         regions, pooled = z["regions"].astype(np.float32), z["pooled"].astype(np.float32)
-        np.testing.assert_array_equal(z["boxes"][0, 1], np.float32([0.5, 0, 1, 0.5, 0.5, 0.5, 0.25]))
+        np.testing.assert_array_equal(z["boxes"][0, 1],
+                                      np.float32([0.5, 0, 1, 0.5, 0.5, 0.5, 0.25]))
     seed_everything(0)
     encoder = PixelEncoder("vit_tiny_patch16_224", pretrained=False, **VIT_KWARGS).eval()
     pixels = torch.stack([torch.from_numpy(np.array(read_image(json_path.parent / "images" / f"test{i}.png", 32)))
@@ -193,7 +203,8 @@ def test_methods_fit_and_rank_on_the_features_unchanged(resnet, tmp_path):
 
     bench = load_feature_bench(resnet[1])
     # a BERT WordPiece tokenizer saved to a folder: the pretrained-tokenizer path, offline
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *sorted({w for c in bench["train"].captions
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]",
+             *sorted({w for c in bench["train"].captions
                                                                      for w in c.split()})]
     (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n")
     BertTokenizerFast(str(tmp_path / "vocab.txt")).save_pretrained(tmp_path / "bert-tok")
@@ -209,8 +220,8 @@ def test_methods_fit_and_rank_on_the_features_unchanged(resnet, tmp_path):
     indices, scores = method.rank(bench["full"], "t2i", 5)
     assert indices.shape == (15, 5) and torch.isfinite(scores).all()
     # LightningDOT: grid cells have no detector classes, so its pre-training drops SMRC-kl
-    config = LightningDOTConfig.smoke(pretrain_tasks={"cmr": 1, "vmlm": 1, "smrfr": 1}, pretrain_steps=2,
-                                      finetune_steps=2, batch_size=6)
+    config = LightningDOTConfig.smoke(pretrain_tasks={"cmr": 1, "vmlm": 1, "smrfr": 1},
+                                      pretrain_steps=2, finetune_steps=2, batch_size=6)
     dot = LightningDOTMethod(config, progress=False).fit(bench, tokenizer_for(bench["train"]))
     indices, scores = dot.rank(bench["test"], "i2t", 5)
     assert indices.shape == (3, 5) and torch.isfinite(scores).all()
@@ -243,7 +254,8 @@ def test_clear_errors(resnet, tmp_path, monkeypatch, capsys):
         raise OSError("We couldn't connect to 'https://huggingface.co'")
 
     monkeypatch.setattr(timm, "create_model", offline)
-    assert run(json_path, tmp_path / "o", "--backbone", "resnet18", "--pretrained", "--workers", "0") == 1
+    assert run(json_path, tmp_path / "o", "--backbone", "resnet18", "--pretrained",
+               "--workers", "0") == 1
     assert "could not load timm model 'resnet18' with pretrained weights" in capsys.readouterr().err
 
 
@@ -257,7 +269,8 @@ def test_the_benchmark_and_lesson_08_load_the_same_training_data(resnet):
     json_path, out = resnet
     assert extracted_images(out) == json_path.parent.resolve()
     benchmark = load_feature_bench(out, regions_dtype=np.float16, image_root=extracted_images(out))
-    lesson = load_feature_bench(out, regions_dtype=np.float16, image_root=json_path.parent.resolve())
+    lesson = load_feature_bench(out, regions_dtype=np.float16,
+                                image_root=json_path.parent.resolve())
     assert data_digest(benchmark["train"]) == data_digest(lesson["train"])
     # paths count
     assert data_digest(benchmark["train"]) != data_digest(load_feature_bench(out)["train"])

@@ -67,7 +67,8 @@ def _loop_log_likelihood(model: SlowModel, kvs: dict, words: list[int]) -> float
     """h of one caption, one token at a time: for each direction, feed [CLS] and the words so far
     (no padding, no [SEP]), read the last position's log-softmax at the next word."""
     total = 0.0
-    for decoder, sequence, key in ((model.forward_decoder, words, "fwd"), (model.backward_decoder, words[::-1], "bwd")):
+    for decoder, sequence, key in ((model.forward_decoder, words, "fwd"),
+                                   (model.backward_decoder, words[::-1], "bwd")):
         for step, target in enumerate(sequence):
             prefix = torch.tensor([[WORD_SPECIAL_TOKENS.cls] + sequence[:step]])  # (1, step + 1)
             hidden = decoder(model._embed(prefix), kvs[key])  # (1, step + 1, H)
@@ -97,7 +98,8 @@ def test_backward_decoder_reads_the_reversed_caption(slow, bench, tok):
         by_hand = torch.tensor([[2] + words[::-1] + [3]])  # (1, n) [CLS] reversed words [SEP]
         n = by_hand.shape[1]
         assert torch.equal(reversed_ids[0, :n], by_hand[0])
-        alone = slow.output(slow.backward_decoder(slow._embed(by_hand), [kv[:, :1] for kv in kvs["bwd"]]))
+        alone = slow.output(slow.backward_decoder(slow._embed(by_hand),
+                                                  [kv[:, :1] for kv in kvs["bwd"]]))
         assert torch.allclose(backward[0, :n], alone[0], atol=TOL)
 
 
@@ -155,12 +157,14 @@ def test_distillation_gradients_reach_only_the_student(slow, bench, tok):
     for p in slow.parameters():
         p.requires_grad_(True)
         p.grad = None
-    out = distill_loss(slow, FastConfig(distill=True))(student, pair_batch(bench["train"], tok, range(6)))
+    out = distill_loss(slow, FastConfig(distill=True))(student,
+                                                       pair_batch(bench["train"], tok, range(6)))
     out["loss"].backward()
     assert all(p.grad is None for p in slow.parameters())
     grads = [p.grad for p in student.parameters()]
     assert all(g is not None for g in grads) and sum(g.abs().sum() for g in grads) > 0
-    assert out["loss"].item() == pytest.approx(out["distill"].item() + 1.0 * out["nce"].item(), rel=1e-5)  # alpha 1
+    assert (out["loss"].item()
+            == pytest.approx(out["distill"].item() + 1.0 * out["nce"].item(), rel=1e-5))  # alpha 1
 
 
 # -------------------------------------------------------------------------- the Fast model's towers
@@ -171,7 +175,8 @@ def test_fast_image_pools_by_hand(bench, tok):
     torch.manual_seed(0)
     pixels = pair_batch(bench["test"], tok, [0, 1])["pixels"]
     for pool in ("mean", "flatten"):
-        model = FastModel(len(tok), FastConfig(hidden=8, embed_dim=5, channels=(4, 8, 6), image_pool=pool)).eval()
+        model = FastModel(len(tok), FastConfig(hidden=8, embed_dim=5, channels=(4, 8, 6),
+                                               image_pool=pool)).eval()
         with torch.no_grad():
             grid = model.backbone(pixels)[2]  # (2, 6, 4, 4)
             W, b = model.image_proj.weight, model.image_proj.bias  # (5, 6) or (5, 96)
@@ -194,14 +199,15 @@ def test_fast_text_towers_and_word_order(bench, tok):
     """The BoW cannot tell "red circle left of blue square" from "blue circle left of red square";
     the bi-GRU and transformer towers can, and their g(y) does not depend on the padding of the batch."""
     torch.manual_seed(0)
-    captions = ["a red circle left of a blue square", "a blue circle left of a red square", "a red circle"]
+    captions = ["a red circle left of a blue square", "a blue circle left of a red square",
+                "a red circle"]
     texts = PairCollate(tok).encode(captions)
     # the words are in the vocabulary
     assert not torch.equal(texts["input_ids"][0], texts["input_ids"][1])
     alone = [PairCollate(tok).encode([c]) for c in captions]
     for tower, same in (("bow", True), ("transformer", False), ("gru", False)):
-        model = FastModel(len(tok), FastConfig(hidden=8, embed_dim=8, channels=(4, 8, 8), text_tower=tower,
-                                               text_layers=1)).eval()
+        model = FastModel(len(tok), FastConfig(hidden=8, embed_dim=8, channels=(4, 8, 8),
+                                               text_tower=tower, text_layers=1)).eval()
         with torch.no_grad():
             g = model.encode_texts(texts)  # (3, E), padded to the longest caption
             assert torch.allclose(g[0], g[1], atol=1e-6) == same
@@ -245,7 +251,8 @@ def fitted(bench, tok, tmp_path_factory):
     fast_config = FastConfig(hidden=8, embed_dim=8, channels=(4, 8, 8), max_steps=4, batch_size=8,
                              distill_steps=3, distill_batch_size=4, stem_steps=3)
     fast = FastMethod(fast_config, progress=False).fit(bench, tok, cache)
-    distilled = FastMethod(dataclasses.replace(fast_config, distill=True), name="fast-distilled", teacher=slow,
+    distilled = FastMethod(dataclasses.replace(fast_config, distill=True),
+                           name="fast-distilled", teacher=slow,
                            init=fast, progress=False).fit(bench, tok, cache)
     return slow, fast, distilled, cache
 
@@ -269,15 +276,18 @@ def test_fast_starts_from_the_cached_pixel_stem(fitted, bench, tok):
     stem_file = stem_checkpoint_file(bench, stem_config(fast.config))
     assert (cache / stem_file).exists() and fast.stem_checkpoint_file(bench) == stem_file
     assert distilled.stem_checkpoint_file(bench) is None  # it starts from the plain model's weights
-    stem, _ = train_pixel_stem(bench, stem_config(fast.config), checkpoint_path=cache / stem_file, progress=False)
-    start = initial_fast_model(bench, tok, fast.config, stem_checkpoint=cache / stem_file, progress=False)
+    stem, _ = train_pixel_stem(bench, stem_config(fast.config), checkpoint_path=cache / stem_file,
+                               progress=False)
+    start = initial_fast_model(bench, tok, fast.config, stem_checkpoint=cache / stem_file,
+                               progress=False)
     stem_state = stem.backbone.state_dict()
     assert start.backbone.state_dict().keys() == stem_state.keys()
     for name, value in start.backbone.state_dict().items():
         assert torch.equal(value, stem_state[name]), name
     # fine-tuned (the default), eq. 4 moved the CNN; frozen, its steps leave it (BatchNorm
     # statistics included) as the stem made it, and the stem's file is shared: not trained again
-    assert not all(torch.equal(v.cpu(), stem_state[k]) for k, v in fast.model.backbone.state_dict().items())
+    assert not all(torch.equal(v.cpu(), stem_state[k])
+                   for k, v in fast.model.backbone.state_dict().items())
     frozen = FastMethod(dataclasses.replace(fast.config, freeze_stem=True), progress=False).fit(bench, tok, cache)
     assert frozen.checkpoint_path.name != fast.checkpoint_path.name
     assert frozen.stem_checkpoint_file(bench) == stem_file
@@ -289,7 +299,8 @@ def test_fast_starts_from_the_cached_pixel_stem(fitted, bench, tok):
         assert torch.equal(value.cpu(), stem_state[name]), name
     scratch_config = dataclasses.replace(fast.config, image_init="scratch")
     scratch = initial_fast_model(bench, tok, scratch_config)
-    assert not torch.equal(scratch.backbone.stages[0][0][0].weight, stem.backbone.stages[0][0][0].weight)
+    assert not torch.equal(scratch.backbone.stages[0][0][0].weight,
+                           stem.backbone.stages[0][0][0].weight)
     # the rest starts from the same seeded weights
     for key in ("image_proj.weight", "text.embed.weight"):
         assert torch.equal(scratch.state_dict()[key], start.state_dict()[key])
@@ -307,18 +318,22 @@ def test_slow_starts_from_the_stem_fast_trained(fitted, bench, tok):
     decoders train it on), and image_init="scratch" names another checkpoint and needs no stem."""
     slow, fast, _, cache = fitted
     stem_file = fast.stem_checkpoint_file(bench)
-    assert slow.stem_checkpoint_file(bench) == stem_file and slow.checkpoint_extra(bench, tok) == (stem_file,)
-    stem, _ = train_pixel_stem(bench, stem_config(slow.config), checkpoint_path=cache / stem_file, progress=False)
+    assert (slow.stem_checkpoint_file(bench) == stem_file
+            and slow.checkpoint_extra(bench, tok) == (stem_file,))
+    stem, _ = train_pixel_stem(bench, stem_config(slow.config), checkpoint_path=cache / stem_file,
+                               progress=False)
     torch.manual_seed(0)
     untrained = SlowModel(len(tok), dataclasses.replace(slow.config, max_steps=0))
-    load_stem_backbone(untrained.visual.backbone, bench, slow.config, checkpoint_path=cache / stem_file)
+    load_stem_backbone(untrained.visual.backbone, bench, slow.config,
+                       checkpoint_path=cache / stem_file)
     for name, value in stem.backbone.state_dict().items():
         assert torch.equal(untrained.visual.backbone.state_dict()[name], value), name
     trained = slow.model.visual.backbone.state_dict()
     # fine-tuned
     assert not all(torch.equal(v.cpu(), stem.backbone.state_dict()[k]) for k, v in trained.items())
     scratch = SlowMethod(dataclasses.replace(slow.config, image_init="scratch"))
-    assert scratch.stem_checkpoint_file(bench) is None and scratch.checkpoint_extra(bench, tok) == ()
+    assert (scratch.stem_checkpoint_file(bench) is None
+            and scratch.checkpoint_extra(bench, tok) == ())
     assert scratch.checkpoint_file(bench, tok) != slow.checkpoint_path.name
     with pytest.raises(ValueError, match="stem_head_pool"):
         SlowConfig(stem_head_pool="max")
@@ -330,10 +345,12 @@ def test_a_stem_trained_for_any_model_records_its_accuracy(bench, tok, tmp_path)
     from course_lib.methods.hivlp.method import HiVLPMethod
     from course_lib.methods.hivlp.model import HiVLPConfig
 
-    hivlp = HiVLPMethod(HiVLPConfig(hidden=16, heads=2, eol_widths=(4, 8), max_steps=2, batch_size=8, stem_steps=3),
+    hivlp = HiVLPMethod(HiVLPConfig(hidden=16, heads=2, eol_widths=(4, 8), max_steps=2,
+                                    batch_size=8, stem_steps=3),
                         progress=False).fit(bench, tok, tmp_path)
     path = tmp_path / hivlp.stem_checkpoint_file(bench)
-    _, history = train_pixel_stem(bench, stem_config(hivlp.config), checkpoint_path=path, progress=False)
+    _, history = train_pixel_stem(bench, stem_config(hivlp.config), checkpoint_path=path,
+                                  progress=False)
     assert history.rows(eval=True) and "object" in history.rows(eval=True)[-1]
 
 
@@ -343,14 +360,16 @@ def test_distillation_from_scratch_needs_no_init(fitted, bench, tok, tmp_path):
     slow, fast, distilled, _ = fitted
     config = dataclasses.replace(distilled.config, distill_start="scratch")
     scratch = FastMethod(config, name="fast-distilled", teacher=slow, progress=False)
-    assert scratch.init is None and scratch.checkpoint_file(bench, tok) != distilled.checkpoint_path.name
+    assert (scratch.init is None
+            and scratch.checkpoint_file(bench, tok) != distilled.checkpoint_path.name)
     scratch.fit(bench, tok, tmp_path)
     # the student and the pixel stem it starts from; no plain Fast model
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([scratch.checkpoint_path.name,
                                                                  scratch.stem_checkpoint_file(bench)])
     torch.manual_seed(config.seed)
     fresh = FastModel(len(tok), config)  # train_fast's seed, so its starting weights
-    moved = [not torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), scratch.model.state_dict().values(), strict=True)
+    moved = [not torch.equal(a, b) for a, b in zip(fresh.state_dict().values(),
+                                                   scratch.model.state_dict().values(), strict=True)
              if a.is_floating_point()]
     assert any(moved)
     with pytest.raises(ValueError, match="teacher"):
@@ -384,7 +403,8 @@ def test_fast_trains_on_the_training_split_then_fresh_scenes(bench, tok, monkeyp
     import course_lib.methods.fast_slow.method as fast_method
 
     seen = []
-    monkeypatch.setattr(fast_method, "fit_pairs", lambda model, loss, split, *a, **k: seen.append(split))
+    monkeypatch.setattr(fast_method, "fit_pairs",
+                        lambda model, loss, split, *a, **k: seen.append(split))
     train = bench["train"]
     for n in (0, 24):
         config = FastConfig.smoke(image_init="scratch", fresh_scenes=n)
@@ -411,7 +431,8 @@ def test_slow_over_grid_cells_cached_and_uncached_agree(bench, tok):
     model = SlowModel(len(tok), config, region_dim=split.regions.shape[-1]).eval()
     states = compute_states(model, split, tok, batch_size=5)
     regions = split.regions.shape[1]
-    assert states.kvs["fwd"][0].shape[:2] == (2, split.n_images) and states.kvs["fwd"][0].shape[3] == regions
+    assert (states.kvs["fwd"][0].shape[:2] == (2, split.n_images)
+            and states.kvs["fwd"][0].shape[3] == regions)
     g = np.random.default_rng(1)
     images, texts = g.integers(0, split.n_images, 12), g.integers(0, split.n_texts, 12)
     cached = score_cached_pairs(model, states, images, texts, batch_size=5)
@@ -425,7 +446,8 @@ def test_slow_over_grid_cells_cached_and_uncached_agree(bench, tok):
 def test_fast_over_grid_cells_is_a_linear_map_of_their_mean(bench, tok):
     torch.manual_seed(0)
     split = bench["test"]
-    config = FastConfig(hidden=8, embed_dim=6, image_input="regions", image_init="scratch", image_pool="mean")
+    config = FastConfig(hidden=8, embed_dim=6, image_input="regions", image_init="scratch",
+                        image_pool="mean")
     model = FastModel(len(tok), config, region_dim=split.regions.shape[-1]).eval()
     assert not hasattr(model, "backbone")  # the pretrained CNN ran once, at extraction
     batch = region_batch(split, tok, [0, 5, 9])
@@ -446,4 +468,5 @@ def test_grid_cells_config_errors_say_what_to_set():
     with pytest.raises(ValueError, match="needs region_dim"):
         SlowModel(10, SlowConfig(image_input="regions", image_init="scratch"))
     # a switch: at its default it leaves every earlier model's name alone
-    assert "image_input" not in SlowConfig().to_dict() and "image_input" not in FastConfig().to_dict()
+    assert ("image_input" not in SlowConfig().to_dict()
+            and "image_input" not in FastConfig().to_dict())

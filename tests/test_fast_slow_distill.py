@@ -30,7 +30,8 @@ TINY_FAST = dict(hidden=8, embed_dim=8, channels=(4, 8, 8))
 @pytest.fixture(scope="module")
 def models(tok):
     torch.manual_seed(0)
-    slow = SlowModel(len(tok), SlowConfig(hidden=16, heads=2, layers=2, channels=(4, 8, 8), dropout=0.0)).eval()
+    slow = SlowModel(len(tok), SlowConfig(hidden=16, heads=2, layers=2, channels=(4, 8, 8),
+                                          dropout=0.0)).eval()
     fast = FastModel(len(tok), FastConfig(**TINY_FAST)).eval()
     return slow, fast
 
@@ -59,7 +60,8 @@ def test_mined_distillation_loss_against_a_caption_by_caption_loop(models, bench
     alone by Slow) against log_softmax of f.g / tau, cross-entropy, mean over the S; + alpha * eq. 4 over
     the whole batch; the control's target is the caption's own image."""
     slow, fast = models
-    split, config = bench["train"], FastConfig(**TINY_FAST, distill=True, tau=2.0, alpha=0.3, distill_batch_size=3,
+    split, config = bench["train"], FastConfig(**TINY_FAST, distill=True, tau=2.0, alpha=0.3,
+                                               distill_batch_size=3,
                                                distill_candidates="mined", distill_top_k=4)
     candidates = mine_candidates(fast, split, tok, config.distill_top_k)
     rows = [0, 6, 13, 21, 30]  # the teacher scores the first 3
@@ -73,7 +75,8 @@ def test_mined_distillation_loss_against_a_caption_by_caption_loop(models, bench
         expected, expected_control = 0.0, 0.0
         for b, t in enumerate(rows[:3]):
             pixels = torch.stack([images[int(i)]["pixels"] for i in candidates[t]])  # (K, 3, H, W)
-            texts = {k: batch[k][b:b + 1].expand(len(pixels), -1) for k in ("input_ids", "attention_mask")}
+            texts = {k: batch[k][b:b + 1].expand(len(pixels), -1)
+                     for k in ("input_ids", "attention_mask")}
             h = slow.score({"pixels": pixels}, texts)  # (K,) pair by pair
             student = fast.encode_images({"pixels": pixels}) @ text_emb[b]  # (K,)
             log_q = torch.log_softmax(student / config.tau, 0)
@@ -105,7 +108,8 @@ def test_mined_distillation_trains_the_student_and_names_its_checkpoint(models, 
     plain, _ = train_fast(bench, tok, dataclasses.replace(config, distill=False), progress=False)
     student, history = train_fast(bench, tok, config, teacher=slow, init=plain, progress=False)
     assert len(history) > 0 and all(np.isfinite(r["loss"]) for r in history if "loss" in r)
-    moved = [not torch.equal(a, b) for a, b in zip(plain.state_dict().values(), student.state_dict().values(), strict=True)
+    moved = [not torch.equal(a, b) for a, b in zip(plain.state_dict().values(),
+                                                   student.state_dict().values(), strict=True)
              if a.is_floating_point()]
     assert any(moved)
     with pytest.raises(ValueError, match="distill_candidates"):
@@ -121,9 +125,11 @@ def test_a_plain_fast_models_name_ignores_the_distillation_fields(bench, tok):
     assert FastMethod(dataclasses.replace(plain.config, lr=0.5)).checkpoint_file(bench, tok) != \
         plain.checkpoint_file(bench, tok)
     teacher = SlowMethod(SlowConfig.smoke())
-    distilled = [FastMethod(dataclasses.replace(c, distill=True), name="fast-distilled", teacher=teacher, init=plain)
+    distilled = [FastMethod(dataclasses.replace(c, distill=True), name="fast-distilled",
+                            teacher=teacher, init=plain)
                  for c in (plain.config, other)]
     assert distilled[0].checkpoint_file(bench, tok) != distilled[1].checkpoint_file(bench, tok)
-    distill_only = set(plain.config.to_dict()) - set(plain.config.to_dict(without_stages=("distill",)))
-    assert distill_only == {"distill_batch_size", "distill_steps", "distill_lr", "distill_start", "distill_candidates",
-                            "distill_top_k", "tau", "alpha"}
+    distill_only = (set(plain.config.to_dict())
+                    - set(plain.config.to_dict(without_stages=("distill",))))
+    assert distill_only == {"distill_batch_size", "distill_steps", "distill_lr", "distill_start",
+                            "distill_candidates", "distill_top_k", "tau", "alpha"}

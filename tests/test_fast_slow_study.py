@@ -41,7 +41,8 @@ from course_lib.studies.fast_slow import (
 pytestmark = pytest.mark.usefixtures("one_thread")
 BENCH_SIZES = dict(n_train=80, n_val=10, n_test=16, n_pretrain=10, n_compositional=1)
 SMALL = dict(hidden=16, heads=2, layers=2, channels=(4, 8, 8), dropout=0.0)
-FAST_SMALL = dict(hidden=8, embed_dim=8, channels=(4, 8, 8), max_steps=4, batch_size=8, image_init="scratch")
+FAST_SMALL = dict(hidden=8, embed_dim=8, channels=(4, 8, 8), max_steps=4, batch_size=8,
+                  image_init="scratch")
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +88,8 @@ def test_slow_direction_scores_match_cached_pairs(slow, bench, tok):
     N = split.n_images
     assert fwd.shape == bwd.shape == (3, N)
     images, texts = np.tile(np.arange(N), 3), np.repeat(queries, N)
-    assert torch.allclose((fwd + bwd).reshape(-1), score_cached_pairs(slow, states, images, texts), atol=1e-4)
+    assert torch.allclose((fwd + bwd).reshape(-1),
+                          score_cached_pairs(slow, states, images, texts), atol=1e-4)
 
 
 def test_cascade_ranks_by_hand():
@@ -149,7 +151,8 @@ def test_teacher_batches_and_the_cached_loss(fitted, bench, tok):
     with torch.no_grad():  # the (1, 2) pair by hand: image 1, caption 2
         kvs = slow.model.keys_values(slow.model.visual_tokens({"pixels": batch["pixels"][1:2]}))
         text = {k: batch[k][2:3] for k in ("input_ids", "attention_mask")}
-        assert batch["teacher"][1, 2].item() == pytest.approx(slow.model.log_likelihood(kvs, text).item(), abs=1e-4)
+        assert (batch["teacher"][1, 2].item()
+                == pytest.approx(slow.model.log_likelihood(kvs, text).item(), abs=1e-4))
     config = dataclasses.replace(fast.config, distill=True, tau=10.0, alpha=0.5)
     model = fast.model.eval()
     with torch.no_grad():
@@ -166,7 +169,8 @@ def test_distill_from_cache_trains_a_copy(fitted, bench, tok):
     batches = teacher_batches(slow.model, bench["train"], tok, n_batches=2, batch_size=4)
     before = {k: v.clone() for k, v in fast.model.state_dict().items()}
     config = dataclasses.replace(fast.config, distill=True)
-    student, history = distill_from_cache(fast.model, batches, config, steps=3, lr=1e-2, device="cpu")
+    student, history = distill_from_cache(fast.model, batches, config, steps=3, lr=1e-2,
+                                          device="cpu")
     assert isinstance(student, FastModel) and student is not fast.model and not student.training
     # init untouched
     assert all(torch.equal(v, fast.model.state_dict()[k]) for k, v in before.items())
@@ -189,7 +193,8 @@ def test_kl_to_teacher_against_a_loop_over_captions(fitted, bench, tok):
             q = torch.softmax((image @ text[t]).double() / 10.0, dim=0)
             expected += float((p * (p.log() - q.log())).sum())
             captions += 1
-    assert kl_to_teacher(model, batches, tau=10.0) == pytest.approx(expected / captions, rel=1e-4, abs=1e-6)
+    assert (kl_to_teacher(model, batches, tau=10.0)
+            == pytest.approx(expected / captions, rel=1e-4, abs=1e-6))
     # a teacher equal to the student
     same = [{**b, "teacher": batch_scores(*model(b)).detach()} for b in batches]
     assert kl_to_teacher(model, same, tau=1.0) == pytest.approx(0.0, abs=1e-5)
@@ -207,7 +212,8 @@ def test_check_score_one_caption_accepts_the_answer_and_names_mistakes(capsys):
         (lambda m, kvs, text: _reference(m, kvs, text).sum(), "one number"),
         (lambda m, kvs, text: -_reference(m, kvs, text), "sign"),
         (lambda m, kvs, text: _reference(m, kvs, text)[:3], "shape"),
-        (lambda m, kvs, text: _reference(m, {d: [kv.flip(1) for kv in layers] for d, layers in kvs.items()}, text),
+        (lambda m, kvs, text: _reference(m, {d: [kv.flip(1) for kv in layers]
+                                             for d, layers in kvs.items()}, text),
          "differs"),
     ]
     for wrong, words in mistakes:
@@ -226,7 +232,8 @@ def test_perfect_teacher_loss_against_a_loop_over_captions(bench, tok):
     split = bench["train"]
     config = FastConfig(**FAST_SMALL, alpha=0.5)
     generator = torch.Generator().manual_seed(0)
-    embeddings = (3 * torch.randn(6, 4, generator=generator), 3 * torch.randn(6, 4, generator=generator))
+    embeddings = (3 * torch.randn(6, 4, generator=generator),
+                  3 * torch.randn(6, 4, generator=generator))
     model = lambda batch: embeddings  # noqa: E731  (f, g) far apart: scores that tell the targets apart
     pairs = PairDataset(split, modality="pixels")
     truth = satisfies(split.meanings, split.scenes)  # (T, N)
@@ -234,9 +241,11 @@ def test_perfect_teacher_loss_against_a_loop_over_captions(bench, tok):
     first = int(np.flatnonzero(txt2img == txt2img[0])[1])  # a second caption of image 0
     # a caption true of another image, beside a caption of that image not true of the first one's:
     # the targets are not symmetric, so a transposed target matrix would fail
-    t, n = next((t, n) for t, n in zip(*np.nonzero(truth), strict=True) if n != txt2img[t] and txt2img[t] != 0 and n != 0
+    t, n = next((t, n) for t, n in zip(*np.nonzero(truth), strict=True)
+                if n != txt2img[t] and txt2img[t] != 0 and n != 0
                 and not truth[np.flatnonzero(txt2img == n)[0], txt2img[t]])
-    batch = PairCollate(tok, 40)([pairs[i] for i in (0, first, int(t), int(np.flatnonzero(txt2img == n)[0]), 41, 66)])
+    batch = PairCollate(tok, 40)([pairs[i] for i in (0, first, int(t),
+                                                     int(np.flatnonzero(txt2img == n)[0]), 41, 66)])
     out = perfect_teacher_loss(split, config)(model, batch)
     scores = batch_scores(*embeddings)  # (B images, B captions)
     texts, images = batch["txt_index"].tolist(), batch["img_index"].tolist()
@@ -262,7 +271,8 @@ def test_mined_students_are_the_recipe_and_its_two_controls(slow, bench, tok):
     from course_lib.methods.base import fit_pairs
     from course_lib.studies.fast_slow import MINED_RUNS, mined_students
 
-    config = FastConfig(**FAST_SMALL, distill=True, distill_candidates="mined", distill_top_k=3, distill_batch_size=4)
+    config = FastConfig(**FAST_SMALL, distill=True, distill_candidates="mined", distill_top_k=3,
+                        distill_batch_size=4)
     torch.manual_seed(0)
     init = FastModel(len(tok), config).eval()
     before = copy.deepcopy(init.state_dict())
@@ -278,6 +288,7 @@ def test_mined_students_are_the_recipe_and_its_two_controls(slow, bench, tok):
         assert torch.equal(students["eq. 4 alone"].state_dict()[key], value), key
     for one, other in (("teacher", "own image"), ("perfect teacher", "eq. 4 alone")):
         differs = [not torch.equal(a, b) for a, b in zip(students[one].state_dict().values(),
-                                                         students[other].state_dict().values(), strict=True)
+                                                         students[other].state_dict().values(),
+                                                         strict=True)
                    if a.is_floating_point()]
         assert any(differs), (one, other)

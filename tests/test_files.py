@@ -85,17 +85,21 @@ def test_a_failed_write_leaves_neither_the_file_nor_a_temporary(tmp_path):
 
 
 def test_temporary_names_differ_per_process(tmp_path):
-    other = subprocess.run([sys.executable, "-c", "import sys; from course_lib.core.files import temporary_name; "
+    other = subprocess.run([sys.executable, "-c",
+                            "import sys; from course_lib.core.files import temporary_name; "
                             "print(temporary_name(sys.argv[1]))", str(tmp_path / "a.pt")],
-                           capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True)
+                           capture_output=True, text=True,
+                           env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True)
     mine = temporary_name(tmp_path / "a.pt")
-    assert mine.parent == tmp_path and mine.name.startswith(".a.pt.") and str(mine) != other.stdout.strip()
+    assert (mine.parent == tmp_path and mine.name.startswith(".a.pt.")
+            and str(mine) != other.stdout.strip())
 
 
 def test_the_lock_leaves_the_checkpoint_folder_to_the_models(tmp_path):
     (tmp_path / "sub").mkdir()
     with training_lock(tmp_path / "sub" / "m.pt"):
-        assert lock_file(tmp_path / "sub" / "m.pt").exists() and list((tmp_path / "sub").iterdir()) == []
+        assert (lock_file(tmp_path / "sub" / "m.pt").exists()
+                and list((tmp_path / "sub").iterdir()) == [])
     assert lock_file(tmp_path / "sub" / "m.pt") != lock_file(tmp_path / "other" / "m.pt")
     with training_lock(None):
         pass

@@ -54,10 +54,12 @@ def test_extend_latency_hand_worked():
     assert rows[4]["ms_per_query"] == pytest.approx(1001.0)
     # one measured size: the benchmark's extrapolated points join the fit (10 ms at 100,
     # 100 ms at 1k: 0.1 ms/item)
-    few = [{"n": 100, "ms_per_query": 10.0, "measured": True}, {"n": 1000, "ms_per_query": 100.0, "measured": False}]
+    few = [{"n": 100, "ms_per_query": 10.0, "measured": True},
+           {"n": 1000, "ms_per_query": 100.0, "measured": False}]
     assert frontier.extend_latency(few, [10_000])[-1]["ms_per_query"] == pytest.approx(1000.0)
     # a falling fit is floored at the largest measured time
-    falling = [{"n": 1000, "ms_per_query": 3.0, "measured": True}, {"n": 2000, "ms_per_query": 2.0, "measured": True}]
+    falling = [{"n": 1000, "ms_per_query": 3.0, "measured": True},
+               {"n": 2000, "ms_per_query": 2.0, "measured": True}]
     assert frontier.extend_latency(falling, [10_000])[-1]["ms_per_query"] == 2.0
     # one measured point: flat, and marked as an estimate
     one = frontier.extend_latency([{"n": 100, "ms_per_query": 0.5, "measured": True}], [1e6])
@@ -89,7 +91,8 @@ def test_speedup_rows_from_results_json_latency():
         {"method": "lightningdot", "n": 5000, "ms_per_query": 2.5, "measured": True}]}
     paper = frontier.PaperSpeedup("LightningDOT", "Table 3", "COCO", 5000, "LD", "UNITER", 1927.0,
                                   ("lightningdot", "cross_encoder"))
-    missing = frontier.PaperSpeedup("X", "Table 1", "Y", 1000, "a", "b", 2.0, ("hivlp", "cross_encoder"))
+    missing = frontier.PaperSpeedup("X", "Table 1", "Y", 1000, "a", "b", 2.0,
+                                    ("hivlp", "cross_encoder"))
     rows = frontier.speedup_rows(results, [paper, missing])
     # the cross-encoder extended: 0 + 0.1 * 5000
     assert rows[0]["ours_speedup"] == pytest.approx(500.0 / 2.5)
@@ -102,7 +105,8 @@ def test_speedup_rows_from_results_json_latency():
 def test_compose_latency_hand_worked():
     # measured 3 ms at 1k and 4 ms at 5k; the search costs 0.5 ms at 5k and
     # 20.5 ms at 1M: 4 + 20 = 24 ms
-    points = [{"n": 1000, "ms_per_query": 3.0, "measured": True}, {"n": 5000, "ms_per_query": 4.0, "measured": True}]
+    points = [{"n": 1000, "ms_per_query": 3.0, "measured": True},
+              {"n": 5000, "ms_per_query": 4.0, "measured": True}]
     search = [{"n": 1000, "ms_per_query": 0.1}, {"n": 5000, "ms_per_query": 0.5},
               {"n": 1_000_000, "ms_per_query": 20.5}]
     rows = frontier.compose_latency(points, search, [1000, 1_000_000])
@@ -128,9 +132,12 @@ def test_check_pareto_front_passes_the_naive_loop_and_catches_a_wrong_answer(cap
 def test_latency_by_method_merges_the_latency_table_and_the_rows():
     results = {"latency": [{"method": "a", "n": 1000, "ms_per_query": 1.5, "measured": False},
                            {"method": "a", "n": 5000, "ms_per_query": 3.0, "measured": False}],
-               "rows": [{"method": "a", "setting": "test", "n_images": 1000, "ms_per_query": 1.0, "ms_measured": True},
-                        {"method": "a", "setting": "full", "n_images": 800, "ms_per_query": 0.9, "ms_measured": True},
-                        {"method": "oracle", "setting": "test", "n_images": 1000, "ms_per_query": None}]}
+               "rows": [{"method": "a", "setting": "test", "n_images": 1000, "ms_per_query": 1.0,
+                         "ms_measured": True},
+                        {"method": "a", "setting": "full", "n_images": 800, "ms_per_query": 0.9,
+                         "ms_measured": True},
+                        {"method": "oracle", "setting": "test", "n_images": 1000,
+                         "ms_per_query": None}]}
     assert frontier.latency_by_method(results) == {"a": [
         {"n": 800, "ms_per_query": 0.9, "measured": True},
         # the row's measured time beats the estimate
@@ -139,11 +146,14 @@ def test_latency_by_method_merges_the_latency_table_and_the_rows():
 
 
 def test_rows_at_gallery_pair_full_recalls_with_times_at_that_size():
-    results = {"rows": [{"method": "oracle", "setting": "full", "t2i_r5": 70.0, "ms_per_query": None},
+    results = {"rows": [{"method": "oracle", "setting": "full", "t2i_r5": 70.0,
+                         "ms_per_query": None},
                         {"method": "dot", "setting": "full", "t2i_r5": 20.0, "ms_per_query": 1.0},
-                        {"method": "pairs", "setting": "full", "t2i_r5": 30.0, "ms_per_query": 50.0},
+                        {"method": "pairs", "setting": "full", "t2i_r5": 30.0,
+                         "ms_per_query": 50.0},
                         {"method": "dot", "setting": "test", "t2i_r1": 9.0, "ms_per_query": 0.9},
-                        {"method": "untimed-here", "setting": "full", "t2i_r5": 5.0, "ms_per_query": 2.0}]}
+                        {"method": "untimed-here", "setting": "full", "t2i_r5": 5.0,
+                         "ms_per_query": 2.0}]}
     latency = {"dot": [{"n": 10**6, "ms_per_query": 4.0, "measured": True}],
                "pairs": [{"n": 10**6, "ms_per_query": 4000.0, "measured": False}]}
     rows = frontier.rows_at_gallery(results, latency, 10**6)

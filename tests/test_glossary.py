@@ -9,18 +9,20 @@ import nbformat
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("link_glossary", ROOT / "data_scripts" / "link_glossary.py")
+spec = importlib.util.spec_from_file_location("link_glossary",
+                                              ROOT / "data_scripts" / "link_glossary.py")
 script = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(script)
 GLOSSARY = ROOT / "docs" / "glossary.md"
-REQUIRED = ["CMR", "t2i", "i2t", "VMLM", "SMRM", "EOL", "AR", "ITM", "LRM", "R@K", "rsum", "MRC-kl", "FAISS", "ANN",
-            "VSE++", "SCAN", "UNITER", "ViT", "CLS", "BERT", "LSE", "AMP"]
+REQUIRED = ["CMR", "t2i", "i2t", "VMLM", "SMRM", "EOL", "AR", "ITM", "LRM", "R@K", "rsum", "MRC-kl",
+            "FAISS", "ANN", "VSE++", "SCAN", "UNITER", "ViT", "CLS", "BERT", "LSE", "AMP"]
 
 
 def _entries():
     """term -> its definition's text, read from the `### TERM` headings."""
     parts = re.split(r"^### (.+)$", GLOSSARY.read_text(encoding="utf-8"), flags=re.MULTILINE)
-    return {term.strip(): body.split("\n## ")[0].strip() for term, body in zip(parts[1::2], parts[2::2], strict=True)}
+    return {term.strip(): body.split("\n## ")[0].strip()
+            for term, body in zip(parts[1::2], parts[2::2], strict=True)}
 
 
 def test_every_required_abbreviation_is_defined_briefly_with_its_source():
@@ -57,6 +59,7 @@ def test_the_first_occurrence_in_running_text_is_linked_and_nothing_else():
     assert script.link_notebook(nb, {"CMR": "cmr", "BERT": "bert", "GRU": "gru"}) == []
 
 
-@pytest.mark.parametrize("term, anchor", [("R@K", "rk"), ("VSE++", "vse"), ("MRC-kl", "mrc-kl"), ("t2i", "t2i")])
+@pytest.mark.parametrize("term, anchor",
+                         [("R@K", "rk"), ("VSE++", "vse"), ("MRC-kl", "mrc-kl"), ("t2i", "t2i")])
 def test_anchors_follow_githubs_rule(term, anchor):
     assert script.terms(GLOSSARY)[term] == anchor

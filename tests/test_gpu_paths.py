@@ -51,8 +51,8 @@ def test_trainer_amp_step_on_cuda(bf16, monkeypatch):
     # gradients overflow, halving the scale, so the first steps may not move the
     # weights: give it room to back off
     steps = 2 if bf16 else 12
-    config = TrainConfig(max_steps=steps, batch_size=16, lr=1e-2, warmup_fraction=0.0, log_every=1, progress=False,
-                         device="cuda", amp=True)
+    config = TrainConfig(max_steps=steps, batch_size=16, lr=1e-2, warmup_fraction=0.0, log_every=1,
+                         progress=False, device="cuda", amp=True)
     trainer = Trainer(model, loss_fn, _regression(), config)
     before = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
     assert trainer.use_amp and trainer.amp_dtype == (torch.bfloat16 if bf16 else torch.float16)
@@ -79,13 +79,15 @@ def test_trainer_without_amp_on_cuda_stays_float32():
         return ((pred - batch[1]) ** 2).mean()
 
     trainer = Trainer(nn.Linear(16, 1), loss_fn, _regression(),
-                      TrainConfig(max_steps=1, batch_size=16, progress=False, device="cuda", amp=False))
+                      TrainConfig(max_steps=1, batch_size=16, progress=False,
+                                  device="cuda", amp=False))
     trainer.fit()
     assert not trainer.use_amp and seen == [torch.float32]
 
 
 def test_encoders_on_cuda_match_the_cpu():
-    bench = make_benchmark(SyntheticConfig.smoke(n_train=12, n_val=2, n_test=6, n_pretrain=0, n_compositional=1),
+    bench = make_benchmark(SyntheticConfig.smoke(n_train=12, n_val=2, n_test=6, n_pretrain=0,
+                                                 n_compositional=1),
                            seed=0)
     split, tokenizer = bench["test"], build_word_tokenizer(bench["train"].captions)
     torch.manual_seed(0)

@@ -40,9 +40,9 @@ BENCH_SIZES = dict(n_train=120, n_val=20, n_test=24, n_pretrain=128, n_compositi
 
 
 def small_config(**kw) -> HiVLPConfig:
-    return HiVLPConfig(**{"hidden": 16, "image_layers": 3, "text_layers": 3, "heads": 2, "eol_widths": (4, 8, 16),
-                          "batch_size": 16, "max_steps": 4, "stem_steps": 2, "dropout": 0.0, "fresh_scenes": 8,
-                          **kw})
+    return HiVLPConfig(**{"hidden": 16, "image_layers": 3, "text_layers": 3, "heads": 2,
+                          "eol_widths": (4, 8, 16), "batch_size": 16, "max_steps": 4,
+                          "stem_steps": 2, "dropout": 0.0, "fresh_scenes": 8, **kw})
 
 
 def pair_batch(split, tokenizer, rows, modality="pixels"):
@@ -135,8 +135,10 @@ def test_hrl_against_a_loop_over_levels():
     for i_l, t_l in zip(images, texts, strict=True):  # eq. 6-7 per level by hand, eq. 8 sums them
         # S[i][j], image i, text j
         s = [[float(i_l[i] @ t_l[j]) for j in range(B)] for i in range(B)]
-        t2v = -sum(s[j][j] - math.log(sum(math.exp(s[k][j]) for k in range(B))) for j in range(B)) / B
-        v2t = -sum(s[i][i] - math.log(sum(math.exp(s[i][k]) for k in range(B))) for i in range(B)) / B
+        t2v = -sum(s[j][j] - math.log(sum(math.exp(s[k][j]) for k in range(B)))
+                   for j in range(B)) / B
+        v2t = -sum(s[i][i] - math.log(sum(math.exp(s[i][k]) for k in range(B)))
+                   for i in range(B)) / B
         expected += (t2v + v2t) / 2
     assert abs(float(hrl_loss(images, texts)) - expected) < 1e-4
 
@@ -171,14 +173,17 @@ def test_gradient_reaches_every_level_and_only_trained_ones(bench, tok):
             assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in eol.parameters())
     # the default: the frozen pixel stem's grid under the region transformer
     tower = model.image_tower
-    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in tower.encoder.transformer.parameters())
+    assert all(p.grad is not None and p.grad.abs().sum() > 0
+               for p in tower.encoder.transformer.parameters())
     # frozen: no gradient, no update
     assert all(p.grad is None for p in tower.backbone.parameters())
     torch.manual_seed(0)
-    vit = _grads(build_hivlp(small_config(stem="patch", lrm_weight=0.0), bench["train"], tok), batch)
+    vit = _grads(build_hivlp(small_config(stem="patch", lrm_weight=0.0),
+                             bench["train"], tok), batch)
     assert vit.image_tower.vit.blocks[0].attn.qkv.weight.grad.abs().sum() > 0
     torch.manual_seed(0)
-    last = _grads(build_hivlp(small_config(lrm_weight=0.0, train_levels="last"), bench["train"], tok), batch)
+    last = _grads(build_hivlp(small_config(lrm_weight=0.0, train_levels="last"),
+                              bench["train"], tok), batch)
     for eols in (last.image_eols, last.text_eols):  # the ablation: only the last EOL learns
         assert all(p.grad is None for eol in eols[:-1] for p in eol.parameters())
         assert all(p.grad.abs().sum() > 0 for p in eols[-1].parameters())
@@ -250,7 +255,8 @@ def test_rescore_against_a_loop_one_query_and_many():
     gallery = torch.randn(40, 8)
     for Q in (1, 3):
         query, indices = torch.randn(Q, 8), torch.randint(0, 40, (Q, 12))
-        expected = torch.tensor([[float(gallery[indices[q, m]] @ query[q]) for m in range(12)] for q in range(Q)])
+        expected = torch.tensor([[float(gallery[indices[q, m]] @ query[q]) for m in range(12)]
+                                 for q in range(Q)])
         torch.testing.assert_close(rescore(gallery, query, indices), expected, atol=TOL, rtol=0)
 
 
@@ -276,13 +282,16 @@ def test_levels_that_keep_everything_are_skipped_with_the_same_answer():
     query = [torch.randn(Q, w) for w in widths]
     # level 1 keeps all 50 (the paper's N2 = 1,000 on a 1k gallery): never scored, answer unchanged
     expected = _naive_cascade(gallery, query, (G, 6), 4)
-    indices, scores = coarse_to_fine([_NeverScored(G)] + gallery[1:], query, survivors=(G, 6), top_k=4)
+    indices, scores = coarse_to_fine([_NeverScored(G)] + gallery[1:], query,
+                                     survivors=(G, 6), top_k=4)
     assert indices.tolist() == expected
-    torch.testing.assert_close(scores, torch.stack([gallery[2][indices[q]] @ query[2][q] for q in range(Q)]),
+    torch.testing.assert_close(scores, torch.stack([gallery[2][indices[q]] @ query[2][q]
+                                                    for q in range(Q)]),
                                atol=TOL, rtol=0)
     # a middle level that keeps all the survivors of the one before: skipped too
     expected = _naive_cascade(gallery, query, (20, 20), 4)
-    indices, _ = coarse_to_fine([gallery[0], _NeverScored(G), gallery[2]], query, survivors=(20, 20), top_k=4)
+    indices, _ = coarse_to_fine([gallery[0], _NeverScored(G), gallery[2]], query,
+                                survivors=(20, 20), top_k=4)
     assert indices.tolist() == expected
 
 
@@ -305,7 +314,8 @@ def test_cascade_method_matches_coarse_to_fine_and_query_fn(fitted, bench, tok):
     states = fitted.states(test)
     indices, scores = cascade.rank(test, "t2i", 10)  # through the generic Cascade (Method API)
     queries = torch.as_tensor(test.text_queries, dtype=torch.long)
-    expected, expected_scores = coarse_to_fine(states.image, [t[queries] for t in states.text], (30, 10), 10)
+    expected, expected_scores = coarse_to_fine(states.image,
+                                               [t[queries] for t in states.text], (30, 10), 10)
     assert_same_ranking(indices, scores, expected, expected_scores)
     for row, caption in enumerate(test.text_queries[:3]):  # the online path gives the same list
         online = torch.as_tensor(cascade.query_fn(test, int(caption), top_k=5)())
@@ -346,7 +356,8 @@ def test_cached_states_equal_a_fresh_pass(fitted, bench, tok):
     assert level1.fit(bench, tok, fitted.checkpoint_path.parent) is level1
     assert level1.model is before and fitted.model is before and not hasattr(level1, "train")
     pairs = level1.score_pairs(test, np.array([0, 1, 2]), np.array([4, 4, 0]))
-    torch.testing.assert_close(pairs, (cached.image[0][[0, 1, 2]] * cached.text[0][[4, 4, 0]]).sum(-1))
+    torch.testing.assert_close(pairs,
+                               (cached.image[0][[0, 1, 2]] * cached.text[0][[4, 4, 0]]).sum(-1))
 
 
 def test_checkpoint_is_loaded_not_retrained(fitted, bench, tok):
@@ -412,10 +423,13 @@ def test_hrl_checker_passes_a_correct_answer_and_names_mistakes():
     check_hrl_loss(hrl_loss)
     check_hrl_loss(_loop_hrl)
     wrong = {
-        "averaged": lambda im, tx: sum(contrastive_loss(i @ t.T) for i, t in zip(im, tx, strict=True)) / len(im),
+        "averaged": lambda im, tx: sum(contrastive_loss(i @ t.T)
+                                       for i, t in zip(im, tx, strict=True)) / len(im),
         "last level": lambda im, tx: contrastive_loss(im[-1] @ tx[-1].T),
-        "text-to-image": lambda im, tx: sum(F.cross_entropy((i @ t.T).T, torch.arange(len(i))) for i, t in zip(im, tx, strict=True)),
-        "normalised": lambda im, tx: sum(contrastive_loss(F.normalize(i, dim=-1) @ F.normalize(t, dim=-1).T)
+        "text-to-image": lambda im, tx: sum(F.cross_entropy((i @ t.T).T, torch.arange(len(i)))
+                                            for i, t in zip(im, tx, strict=True)),
+        "normalised": lambda im, tx: sum(contrastive_loss(F.normalize(i, dim=-1)
+                                                          @ F.normalize(t, dim=-1).T)
                                          for i, t in zip(im, tx, strict=True)),
         "gradient": lambda im, tx: hrl_loss(im, tx).detach(),
     }
@@ -462,7 +476,8 @@ def test_conv_stem_gives_one_token_per_patch_and_learns(bench, tok):
     from course_lib.methods.hivlp.model import conv_stem
 
     torch.manual_seed(0)
-    model = build_hivlp(small_config(stem="conv", patch_size=8, lrm_weight=0.0), bench["train"], tok)
+    model = build_hivlp(small_config(stem="conv", patch_size=8, lrm_weight=0.0),
+                        bench["train"], tok)
     batch = pair_batch(bench["train"], tok, range(4))
     states = model.image_tower(batch)
     assert tuple(states[0].shape) == (4, 1 + 16, 16)  # [IMG] + a 4x4 grid of 8x8-pixel patches
@@ -478,8 +493,10 @@ def test_cascade_notes_name_the_towers():
     # docs/results.md's methods list reads these notes: hivlp and
     # hivlp-regions must not read the same
     pixels = HiVLPCascade(HiVLPMethod(small_config(), progress=False))
-    regions = HiVLPCascade(HiVLPMethod(small_config(image_input="regions"), progress=False), name="hivlp-regions")
-    assert "pixel stem" in pixels.notes and "region tower" in regions.notes and pixels.notes != regions.notes
+    regions = HiVLPCascade(HiVLPMethod(small_config(image_input="regions"), progress=False),
+                           name="hivlp-regions")
+    assert ("pixel stem" in pixels.notes and "region tower" in regions.notes
+            and pixels.notes != regions.notes)
     assert "ViT" in HiVLPCascade(HiVLPMethod(small_config(stem="patch"), progress=False)).notes
 
 
@@ -487,8 +504,8 @@ def test_cascade_notes_name_the_towers():
 
 def test_grid_boxes_by_hand():
     boxes = grid_boxes(2).numpy()  # (x1, y1, x2, y2, w, h, area), row by row
-    expected = [[0, 0, .5, .5, .5, .5, .25], [.5, 0, 1, .5, .5, .5, .25], [0, .5, .5, 1, .5, .5, .25],
-                [.5, .5, 1, 1, .5, .5, .25]]
+    expected = [[0, 0, .5, .5, .5, .5, .25], [.5, 0, 1, .5, .5, .5, .25],
+                [0, .5, .5, 1, .5, .5, .25], [.5, .5, 1, 1, .5, .5, .25]]
     np.testing.assert_allclose(boxes, expected, atol=1e-7)
     assert grid_boxes(4).shape == (16, 7)
 
@@ -531,8 +548,8 @@ def test_training_on_the_stem_grid_computed_once_equals_training_on_pixels(bench
     by_hand = torch.stack([grid[:, :, r, c] for r in range(4) for c in range(4)], dim=1)
     images = split.txt2img[rows]
     torch.testing.assert_close(torch.from_numpy(cached.regions[images]), by_hand, atol=TOL, rtol=0)
-    torch.testing.assert_close(torch.from_numpy(np.asarray(cached.boxes[images])), grid_boxes(4).float().expand(3, -1, -1),
-                               atol=0, rtol=0)
+    torch.testing.assert_close(torch.from_numpy(np.asarray(cached.boxes[images])),
+                               grid_boxes(4).float().expand(3, -1, -1), atol=0, rtol=0)
     assert cached.region_mask.all()
     model.train()  # the frozen stem stays in eval mode: its tokens are the cached ones
     from_pixels = model.loss(pixels)
@@ -558,7 +575,8 @@ def test_hivlp_stem_reads_each_cell_in_place_by_default():
     # one stem file for both, trained once
     assert stem_config(FastConfig()) == stem_config(HiVLPConfig())
     flat = stem_config(HiVLPConfig(stem_head_pool="flatten", stem_steps=7, seed=3))
-    assert (flat.head_pool, flat.max_steps, flat.seed, flat.channels) == ("flatten", 7, 3, PixelStemConfig().channels)
+    assert ((flat.head_pool, flat.max_steps, flat.seed, flat.channels)
+            == ("flatten", 7, 3, PixelStemConfig().channels))
     fast = FastConfig(channels=(8, 16, 32), stem_head_pool="cells")
     assert stem_config(fast).channels == (8, 16, 32) and stem_config(fast).head_pool == "cells"
     with pytest.raises(ValueError, match="stem_head_pool"):
@@ -582,13 +600,16 @@ def test_training_starts_from_the_cached_pixel_stem_and_keeps_it_frozen(bench, t
     assert method.stem_checkpoint_file(bench) == stem_file
     assert method.checkpoint_extra(bench, tok) == (stem_file,)  # a new stem retrains the model
     assert stem_checkpoint_path(tmp_path, stem_file) == tmp_path / stem_file
-    assert stem_checkpoint_path(None, stem_file) is None and stem_checkpoint_path(tmp_path, None) is None
+    assert (stem_checkpoint_path(None, stem_file) is None
+            and stem_checkpoint_path(tmp_path, None) is None)
     method.fit(bench, tok, cache_dir=tmp_path)
     assert (tmp_path / stem_file).exists()  # trained once, cached beside the model
-    stem, _ = train_pixel_stem(bench, stem_config(config), checkpoint_path=tmp_path / stem_file, progress=False)
+    stem, _ = train_pixel_stem(bench, stem_config(config), checkpoint_path=tmp_path / stem_file,
+                               progress=False)
     # weights and BatchNorm statistics unchanged
     for name, value in stem.backbone.state_dict().items():
-        torch.testing.assert_close(method.model.image_tower.backbone.state_dict()[name], value, atol=0, rtol=0)
+        torch.testing.assert_close(method.model.image_tower.backbone.state_dict()[name], value,
+                                   atol=0, rtol=0)
     # the same model whether the stem was trained inside or loaded from the cache
     again, _ = train_hivlp(bench, tok, config, stem_checkpoint=tmp_path / stem_file, progress=False)
     for name, value in method.model.state_dict().items():

@@ -50,7 +50,8 @@ def test_tiled_gallery_keeps_the_real_rows_and_adds_scaled_noise():
     np.testing.assert_allclose(noise.mean(axis=0), 0.0, atol=0.01)
     np.testing.assert_array_equal(tile_rows(base, 1000, noise=0.0)[300:600], base)  # exact tiles
     np.testing.assert_array_equal(tile_rows(base, 100), base[:100])  # fewer rows than N0
-    np.testing.assert_array_equal(tile_rows(base, 5000, noise=0.25, seed=1), tile_rows(base, 5000, noise=0.25, seed=1))
+    np.testing.assert_array_equal(tile_rows(base, 5000, noise=0.25, seed=1),
+                                  tile_rows(base, 5000, noise=0.25, seed=1))
 
 
 def test_gaussian_gallery_matches_the_fitted_moments():
@@ -126,7 +127,8 @@ def test_storage_sizes():
 
 def test_study_config():
     assert study_config("ivf", 100_000)[0]["nlist"] == 316  # sqrt(n) ...
-    assert study_config("ivfpq", 10**6) == ({"nlist": 1000, "nprobe": 16, "m": 16, "nbits": 8}, 50_000)
+    assert (study_config("ivfpq", 10**6)
+            == ({"nlist": 1000, "nprobe": 16, "m": 16, "nbits": 8}, 50_000))
     assert study_config("ivf", 10**7)[0]["nlist"] == index_scale.NLIST_CAP  # ... capped
     assert study_config("ivf", 1000)[0]["nlist"] == 25  # never above n // 39
     assert study_config("flat", 10) == ({}, None)
@@ -180,12 +182,14 @@ def test_run_skips_a_kind_whose_build_would_take_too_long(monkeypatch, tmp_path)
     saved = json.loads((tmp_path / "results.json").read_text())
     assert saved["skipped"] == results["skipped"]
     assert "skipped: its build would take" in (tmp_path / "results.md").read_text()
-    assert faiss.cvar.distance_compute_blas_threshold == results["meta"]["blas_threshold"]["faiss_default"]
+    assert (faiss.cvar.distance_compute_blas_threshold
+            == results["meta"]["blas_threshold"]["faiss_default"])
 
 
 def test_smoke_study_end_to_end(tmp_path):
     start = time.perf_counter()
-    results = index_scale.main(["--smoke", "--out", str(tmp_path), "--checkpoints", str(tmp_path / "none")])
+    results = index_scale.main(["--smoke", "--out", str(tmp_path), "--checkpoints",
+                                str(tmp_path / "none")])
     seconds = time.perf_counter() - start
     meta = results["meta"]
     assert meta["sizes"] == [100_000] and meta["queries"] == 100 and meta["mode"] == "smoke"

@@ -53,7 +53,8 @@ def test_toy_round_trip_and_file_format(toy_splits, tmp_path):
     sentids = [s["sentid"] for img in data["images"] for s in img["sentences"]]
     assert sorted(sentids) == list(range(39))
     first = data["images"][0]
-    assert first["split"] == "train" and first["filepath"] == "images" and first["filename"] == "train_0000.png"
+    assert (first["split"] == "train" and first["filepath"] == "images"
+            and first["filename"] == "train_0000.png")
     assert first["sentids"] == [s["sentid"] for s in first["sentences"]]
     assert all(s["imgid"] == 0 and s["tokens"] == s["raw"].split() for s in first["sentences"])
     assert (tmp_path / "images" / "test_0003.png").is_file()
@@ -122,7 +123,8 @@ def test_synthetic_round_trip_is_identical(synthetic_bench, tmp_path):
         assert back.n_images == split.n_images and back.name == split.name
         assert_same_split(back, split)
         assert back.info.keys() == split.info.keys()
-        assert back.info["seed"] == split.info["seed"] and back.info["config"] == split.info["config"]
+        assert (back.info["seed"] == split.info["seed"]
+                and back.info["config"] == split.info["config"])
     comp, want = load_synthetic(tmp_path, "compositional", load_pixels=False), synthetic_bench["compositional"]
     for key, value in want.info.items():
         # array-valued info (twin_of, is_twin) comes back as arrays

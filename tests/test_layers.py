@@ -50,7 +50,8 @@ def imports_of(path: Path, modules: set[str]) -> list[tuple[str, int]]:
             for alias in node.names:
                 child = f"{source}.{alias.name}"
                 found.append((child if child in modules else source, node.lineno))
-    return [(name, line) for name, line in found if name == "course_lib" or name.startswith("course_lib.")]
+    return [(name, line) for name, line in found
+            if name == "course_lib" or name.startswith("course_lib.")]
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +73,8 @@ def test_no_import_reaches_a_higher_layer(graph):
 
 
 def test_no_import_cycle(graph):
-    edges = {m: sorted({t for t, _ in targets if t in graph and t != m}) for m, targets in graph.items()}
+    edges = {m: sorted({t for t, _ in targets if t in graph and t != m})
+             for m, targets in graph.items()}
     # a package's __init__ is imported with each of its modules: an edge into the package is not a
     # cycle by itself, so only module-to-module edges count (course_lib itself imports nothing)
     state, cycles = {}, []
@@ -136,5 +138,6 @@ def test_every_name_a_module_exports_exists():
     missing = []
     for info in pkgutil.walk_packages(course_lib.__path__, prefix="course_lib."):
         module = importlib.import_module(info.name)
-        missing += [f"{info.name}.{name}" for name in getattr(module, "__all__", ()) if not hasattr(module, name)]
+        missing += [f"{info.name}.{name}" for name in getattr(module, "__all__", ())
+                    if not hasattr(module, name)]
     assert not missing, f"__all__ names what the module does not define: {missing}"

@@ -134,8 +134,10 @@ def test_vmlm_equals_hand_cross_entropy_and_fuses_image_cls():
     assert abs(loss(words, image_cls, labels).item() - sum(expected) / 3) < TOL
     plain = VMLM(V, V, fuse=False)
     plain.head = nn.Identity()
-    assert abs(plain(words, image_cls, labels).item() - plain(words, torch.zeros(B, V), labels).item()) < TOL
-    assert abs(loss(words, image_cls, labels).item() - plain(words, image_cls, labels).item()) > 1e-3
+    assert abs(plain(words, image_cls, labels).item()
+               - plain(words, torch.zeros(B, V), labels).item()) < TOL
+    assert abs(loss(words, image_cls, labels).item()
+               - plain(words, image_cls, labels).item()) > 1e-3
 
 
 def test_smrfr_equals_hand_squared_distance():
@@ -145,7 +147,8 @@ def test_smrfr_equals_hand_squared_distance():
     masked = torch.tensor([[True, False, False], [False, True, True]])
     loss = SMRFR(D, D, fuse=True)
     loss.head = nn.Identity()
-    expected = [sum((states[b, r, d] + text_cls[b, d] - features[b, r, d]).item() ** 2 for d in range(D))
+    expected = [sum((states[b, r, d] + text_cls[b, d] - features[b, r, d]).item() ** 2
+                    for d in range(D))
                 for b, r in [(0, 0), (1, 1), (1, 2)]]
     assert abs(loss(states, text_cls, features, masked).item() - sum(expected) / 3) < TOL
 
@@ -162,7 +165,8 @@ def test_smrc_kl_equals_hand_kl_divergence():
     for b, r in [(0, 1), (1, 0), (1, 1)]:
         logits = (states[b, r] + text_cls[b]).tolist()
         log_z = math.log(sum(math.exp(x) for x in logits))
-        expected.append(sum(p * (math.log(p) - (x - log_z)) for p, x in zip(soft[b, r].tolist(), logits, strict=True) if p > 0))
+        expected.append(sum(p * (math.log(p) - (x - log_z))
+                            for p, x in zip(soft[b, r].tolist(), logits, strict=True) if p > 0))
     assert abs(loss(states, text_cls, soft, masked).item() - sum(expected) / 3) < TOL
 
 
@@ -257,7 +261,8 @@ def test_the_language_encoder_can_start_from_a_pretrained_bert(bench, minilm_fol
     name, folder = minilm_folder
     wordpieces = tokenizer_for(bench["train"], name=folder)
     config = small_config(text_encoder=name, hidden=384, heads=6)
-    model = LightningDOT(config, len(wordpieces), bench["train"].regions.shape[-1], 8, SpecialTokens.of(wordpieces))
+    model = LightningDOT(config, len(wordpieces), bench["train"].regions.shape[-1], 8,
+                         SpecialTokens.of(wordpieces))
     reference = AutoModel.from_pretrained(folder).eval()  # the same weights, loaded on their own
     texts = wordpieces(bench["val"].captions[:4], padding=True, return_tensors="pt")
     model.eval()
@@ -266,11 +271,13 @@ def test_the_language_encoder_can_start_from_a_pretrained_bert(bench, minilm_fol
         expected = reference(**texts).last_hidden_state[:, 0]  # BERT's [CLS] state
     assert z0.shape == (4, 384) and torch.allclose(z0, expected, atol=1e-5)
     with pytest.raises(ValueError, match=r"hidden=64.*LightningDOTConfig\(hidden=384\)"):
-        LightningDOT(small_config(text_encoder=name, hidden=64), len(wordpieces), 16, 8, SpecialTokens.of(wordpieces))
+        LightningDOT(small_config(text_encoder=name, hidden=64), len(wordpieces), 16, 8,
+                     SpecialTokens.of(wordpieces))
     # the word tokenizer's ids do not fit BERT's table
     with pytest.raises(ValueError, match="tokenizer_for"):
         LightningDOT(config, 300, 16, 8)
-    assert "text_encoder" not in small_config().to_dict() and config.to_dict()["text_encoder"] == name
+    assert ("text_encoder" not in small_config().to_dict()
+            and config.to_dict()["text_encoder"] == name)
 
 
 def test_a_pretrained_text_encoder_can_learn_at_a_fraction_of_the_rate(bench, minilm_folder):
@@ -283,15 +290,18 @@ def test_a_pretrained_text_encoder_can_learn_at_a_fraction_of_the_rate(bench, mi
     name, folder = minilm_folder
     wordpieces = tokenizer_for(bench["train"], name=folder)
     config = small_config(text_encoder=name, hidden=384, heads=6, text_encoder_lr_scale=0.1)
-    model = LightningDOT(config, len(wordpieces), bench["train"].regions.shape[-1], 8, SpecialTokens.of(wordpieces))
+    model = LightningDOT(config, len(wordpieces), bench["train"].regions.shape[-1], 8,
+                         SpecialTokens.of(wordpieces))
     groups = param_groups(model, 0.01, 1e-3, config.lr_scales())
     slow = [p for g in groups if g.get("lr") == pytest.approx(1e-4) for p in g["params"]]
     # the scaled groups hold exactly MiniLM's weights (counted on their own; its pooler is not used)
     minilm = AutoModel.from_pretrained(folder).named_parameters()
-    assert sum(p.numel() for p in slow) == sum(p.numel() for n, p in minilm if not n.startswith("pooler."))
+    assert (sum(p.numel() for p in slow)
+            == sum(p.numel() for n, p in minilm if not n.startswith("pooler.")))
     assert {id(p) for p in slow} == {id(p) for p in model.text_encoder.parameters()}
     assert small_config(text_encoder=name, hidden=384, heads=6).lr_scales() is None
     # a switch: no model trained before is renamed
     assert "text_encoder_lr_scale" not in small_config().to_dict()
-    with pytest.raises(ValueError, match=r"LightningDOTConfig\(text_encoder_lr_scale=0.1\).*set text_encoder"):
+    with pytest.raises(ValueError,
+                       match=r"LightningDOTConfig\(text_encoder_lr_scale=0.1\).*set text_encoder"):
         small_config(text_encoder_lr_scale=0.1)

@@ -31,7 +31,8 @@ def wordpieces(bench, minilm_folder):
 @pytest.fixture(scope="module")
 def probe(bench, wordpieces, minilm_folder):
     torch.manual_seed(0)
-    return build_linear_probe(LinearProbeConfig.smoke(text_encoder=minilm_folder[1]), bench["train"], wordpieces)
+    return build_linear_probe(LinearProbeConfig.smoke(text_encoder=minilm_folder[1]),
+                              bench["train"], wordpieces)
 
 
 def batch_of(bench, wordpieces, rows):
@@ -50,8 +51,10 @@ def test_encoders_are_linear_maps_of_the_frozen_means(probe, bench, wordpieces, 
         # (B, R, 1): the synthetic scenes pad their regions
         cells = batch["region_mask"][..., None].float()
         image_mean = (batch["regions"] * cells).sum(1) / cells.sum(1)  # (B, D)
-        expected_text = F.normalize(text_mean @ probe.text_proj.weight.T + probe.text_proj.bias, dim=-1)
-        expected_image = F.normalize(image_mean @ probe.image_proj.weight.T + probe.image_proj.bias, dim=-1)
+        expected_text = F.normalize(text_mean @ probe.text_proj.weight.T
+                                    + probe.text_proj.bias, dim=-1)
+        expected_image = F.normalize(image_mean @ probe.image_proj.weight.T
+                                     + probe.image_proj.bias, dim=-1)
         probe.eval()
         torch.testing.assert_close(probe.encode_texts(batch), expected_text, rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(probe.encode_images(batch), expected_image, rtol=1e-4, atol=1e-4)
@@ -69,7 +72,8 @@ def test_loss_is_the_mean_of_both_cross_entropies(probe, bench, wordpieces):
 
 def test_a_training_step_leaves_the_text_encoder_as_loaded(bench, wordpieces, minilm_folder):
     torch.manual_seed(0)
-    model = build_linear_probe(LinearProbeConfig.smoke(text_encoder=minilm_folder[1]), bench["train"], wordpieces)
+    model = build_linear_probe(LinearProbeConfig.smoke(text_encoder=minilm_folder[1]),
+                               bench["train"], wordpieces)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     model.train()
     dropouts = [m for m in model.text_encoder.modules() if isinstance(m, torch.nn.Dropout)]
@@ -80,7 +84,8 @@ def test_a_training_step_leaves_the_text_encoder_as_loaded(bench, wordpieces, mi
     optimizer.step()
     after = model.state_dict()
     changed = {k for k in before if not torch.equal(before[k], after[k])}
-    assert changed == {"image_proj.weight", "image_proj.bias", "text_proj.weight", "text_proj.bias", "logit_scale"}
+    assert changed == {"image_proj.weight", "image_proj.bias", "text_proj.weight", "text_proj.bias",
+                       "logit_scale"}
 
 
 def test_freeze_keeps_all_but_the_last_layers(minilm_folder):

@@ -151,7 +151,8 @@ def test_distillation_hand_worked():
 def test_distillation_matches_loops(tau, reduction):
     student, teacher = random_scores(5, 8, seed=3), 4 * random_scores(5, 8, seed=4)
     got = distillation_loss(student, teacher, tau=tau, reduction=reduction).item()
-    assert got == pytest.approx(loop_distillation(student.tolist(), teacher.tolist(), tau, reduction))
+    assert got == pytest.approx(loop_distillation(student.tolist(), teacher.tolist(),
+                                                  tau, reduction))
 
 
 def test_distillation_equals_teacher_entropy_when_student_is_teacher():
@@ -193,7 +194,8 @@ def test_distillation_rectangular_and_sum_is_n_texts_times_mean():
 # ---------------------------------------------------------------------------------- modules, errors
 def test_modules_equal_functions():
     S, T = random_scores(5, 5, seed=10), random_scores(5, 5, seed=11)
-    assert HingeTripletLoss(0.3, False)(S).item() == pytest.approx(hinge_triplet_loss(S, 0.3, False).item())
+    assert (HingeTripletLoss(0.3, False)(S).item()
+            == pytest.approx(hinge_triplet_loss(S, 0.3, False).item()))
     assert DistillationLoss(2.0, "sum")(S, T).item() == pytest.approx(
         distillation_loss(S, T, 2.0, "sum").item())
     assert "margin=0.3" in repr(HingeTripletLoss(0.3)) and "tau=2.0" in repr(DistillationLoss(2.0))
@@ -233,7 +235,8 @@ def loop_listwise(S: list[list[float]], text_image: list[int]) -> float:
     """listwise_loss with Python loops: per text a softmax over every image, per (image, own text)
     a softmax over that text and the texts of other images."""
     N, T = len(S), len(S[0])
-    t2i = [-(S[text_image[j]][j] - math.log(sum(math.exp(S[i][j]) for i in range(N)))) for j in range(T)]
+    t2i = [-(S[text_image[j]][j] - math.log(sum(math.exp(S[i][j]) for i in range(N))))
+           for j in range(T)]
     i2t = []
     for j in range(T):
         i = text_image[j]
@@ -272,7 +275,8 @@ def test_batch_scores_is_the_feature_product_and_checks_shapes():
 
     g = torch.Generator().manual_seed(0)
     image, text = torch.randn(4, 3, generator=g), torch.randn(4, 3, generator=g)
-    expected = torch.tensor([[float(sum(image[i, e] * text[j, e] for e in range(3))) for j in range(4)]
+    expected = torch.tensor([[float(sum(image[i, e] * text[j, e] for e in range(3)))
+                              for j in range(4)]
                              for i in range(4)])
     torch.testing.assert_close(batch_scores(image, text), expected)
     with pytest.raises(ValueError, match="both be"):
@@ -324,6 +328,7 @@ def test_joint_nce_large_scores_stay_finite_and_gradients_match_a_loop():
             up, down = small.detach().clone(), small.detach().clone()
             up[i, j] += eps
             down[i, j] -= eps
-            numeric[i, j] = (loop_joint_nce(up.tolist()) - loop_joint_nce(down.tolist())) / (2 * eps)
+            numeric[i, j] = (loop_joint_nce(up.tolist())
+                             - loop_joint_nce(down.tolist())) / (2 * eps)
     assert torch.allclose(small.grad, numeric, atol=1e-6)
 

@@ -170,7 +170,8 @@ def test_chunked_equals_unchunked(chunk_size):
     whole = retrieval_ranks(sims, txt2img)
     chunked = retrieval_ranks(sims, txt2img, chunk_size=chunk_size)
     assert all((a == b).all() for a, b in zip(whole, chunked, strict=True))
-    assert retrieval_metrics(sims, txt2img, chunk_size=chunk_size) == retrieval_metrics(sims, txt2img)
+    assert (retrieval_metrics(sims, txt2img, chunk_size=chunk_size)
+            == retrieval_metrics(sims, txt2img))
 
 
 def test_torch_and_numpy_agree_across_dtypes_and_layouts():
@@ -315,7 +316,8 @@ def test_t2i_ranks_of_sampled_queries_match_the_full_evaluation():
     sample = rng.choice(200, size=30, replace=False)
     assert np.array_equal(t2i_ranks(sims[:, sample], txt2img[sample]), full[sample])
     # independent loop
-    loop = [sum(sims[i, t] >= sims[txt2img[t], t] for i in range(40) if i != txt2img[t]) for t in sample]
+    loop = [sum(sims[i, t] >= sims[txt2img[t], t] for i in range(40) if i != txt2img[t])
+            for t in sample]
     assert np.array_equal(t2i_ranks(sims[:, sample], txt2img[sample], chunk_size=7), loop)
     assert recall_at_k([0, 3, 12], (1, 5)) == {1: pytest.approx(100 / 3), 5: pytest.approx(200 / 3)}
 
@@ -327,7 +329,8 @@ def test_query_subsets_rank_those_queries_against_the_whole_gallery():
     txt2img = np.repeat(np.arange(30), 5)
     i2t, t2i = retrieval_ranks(sims, txt2img)
     q_txt, q_img = np.arange(100, 150), np.arange(20, 30)
-    sub_i2t, sub_t2i = retrieval_ranks(sims, txt2img, query_texts=q_txt, query_images=q_img, chunk_size=4)
+    sub_i2t, sub_t2i = retrieval_ranks(sims, txt2img, query_texts=q_txt, query_images=q_img,
+                                       chunk_size=4)
     assert np.array_equal(sub_t2i, t2i[q_txt]) and np.array_equal(sub_i2t, i2t[q_img])
     m = retrieval_metrics(sims, txt2img, query_texts=q_txt, query_images=q_img)
     assert m == metrics_from_ranks(i2t[q_img], t2i[q_txt])
@@ -351,7 +354,8 @@ def test_ranks_from_top_k_match_the_dense_ranks():
     assert np.array_equal(got[clean & (t2i < k)], t2i[clean & (t2i < k)])
     assert (got[clean & (t2i >= k)] == k).all() and clean.mean() > 0.5
     top = torch.topk(sims, k, dim=1)  # i2t lists (N, k)
-    got = ranks_from_top_k(top.values, torch.from_numpy(txt2img)[top.indices] == torch.arange(25)[:, None])
+    got = ranks_from_top_k(top.values,
+                           torch.from_numpy(txt2img)[top.indices] == torch.arange(25)[:, None])
     boundary_tie = (sims >= top.values[:, -1:]).sum(1) > k
     clean = ~boundary_tie.numpy()
     assert np.array_equal(got[clean & (i2t < k)], i2t[clean & (i2t < k)])

@@ -27,7 +27,8 @@ def test_tile_gallery_sizes_and_originals_last(test_split):
     assert big.image_ids[-12:] == test_split.image_ids  # originals last, in order
     assert big.image_ids[:18] == [test_split.image_ids[i % 12] for i in range(18)]  # the copies
     assert big.captions == test_split.captions  # every caption kept, each with its original image
-    assert all(big.image_ids[i] == test_split.image_ids[j] for i, j in zip(big.txt2img, test_split.txt2img, strict=True))
+    assert all(big.image_ids[i] == test_split.image_ids[j]
+               for i, j in zip(big.txt2img, test_split.txt2img, strict=True))
     with pytest.raises(ValueError, match="at least one image"):
         tile_gallery(test_split, 0)
 
@@ -42,15 +43,18 @@ def test_recall_table_shows_each_number_and_missing_ones():
                           "B": {"i2t_r1": None, "t2i_r1": 7.25}})
     lines = table.splitlines()
     assert "i2t R@1" in lines[0] and "AR" in lines[0]
-    assert lines[1].split() == ["A", "12.3", "5.0", "8.7"] and lines[2].split() == ["B", "–", "7.2", "–"]
+    assert (lines[1].split() == ["A", "12.3", "5.0", "8.7"]
+            and lines[2].split() == ["B", "–", "7.2", "–"])
 
 
 def test_plot_latency_draws_extrapolated_points_hollow():
-    rows = [{"n": 10, "ms_per_query": 1.0, "measured": True}, {"n": 100, "ms_per_query": 9.0, "measured": True},
+    rows = [{"n": 10, "ms_per_query": 1.0, "measured": True},
+            {"n": 100, "ms_per_query": 9.0, "measured": True},
             {"n": 1000, "ms_per_query": 90.0, "measured": False}]
     ax = plot_latency({"slow": rows})
     lines = ax.get_lines()
-    assert len(lines) == 2 and list(lines[1].get_xdata()) == [1000] and lines[1].get_markerfacecolor() == "none"
+    assert (len(lines) == 2 and list(lines[1].get_xdata()) == [1000]
+            and lines[1].get_markerfacecolor() == "none")
 
 
 def test_setup_seeds_and_returns_a_device(capsys):
@@ -94,19 +98,25 @@ def test_recovery_verdict_refuses_a_share_of_chance():
 
     # issue 13: three models at chance (1 in 40) over 40 captions; "recovers
     # 100%" must not be claimed
-    line, reached = recovery_verdict("rerank@1", 2.5, "cross-encoder", 2.5, n=40, target=95, chance=2.5)
+    line, reached = recovery_verdict("rerank@1", 2.5, "cross-encoder", 2.5, n=40,
+                                     target=95, chance=2.5)
     assert reached is None and "too small to tell" in line and "at least" not in line
-    line, reached = recovery_verdict("rerank@1", 0.0, "cross-encoder", 0.0, n=40, target=95, chance=2.5)
+    line, reached = recovery_verdict("rerank@1", 0.0, "cross-encoder", 0.0, n=40,
+                                     target=95, chance=2.5)
     assert reached is None and "too small to tell" in line
     # a smoke run: 5.5 over 200 captions against chance 2.5 is within the noise of 5.5 itself
-    line, reached = recovery_verdict("rerank@40", 5.5, "cross-encoder", 5.5, n=200, target=95, chance=2.5)
+    line, reached = recovery_verdict("rerank@40", 5.5, "cross-encoder", 5.5, n=200,
+                                     target=95, chance=2.5)
     assert reached is None and "too small to tell" in line
     # clear numbers: 5,000 queries, a cross-encoder at 20% against chance 0.1%
-    line, reached = recovery_verdict("rerank@20", 19.5, "cross-encoder", 20.0, n=5000, target=95, chance=0.1)
+    line, reached = recovery_verdict("rerank@20", 19.5, "cross-encoder", 20.0, n=5000,
+                                     target=95, chance=0.1)
     assert reached is True and "98%" in line and "at least the 95% target" in line
-    line, reached = recovery_verdict("rerank@5", 18.8, "cross-encoder", 20.0, n=5000, target=95, chance=0.1)
+    line, reached = recovery_verdict("rerank@5", 18.8, "cross-encoder", 20.0, n=5000,
+                                     target=95, chance=0.1)
     assert reached is False and "within noise" in line
-    line, reached = recovery_verdict("rerank@1", 10.0, "cross-encoder", 20.0, n=5000, target=95, chance=0.1)
+    line, reached = recovery_verdict("rerank@1", 10.0, "cross-encoder", 20.0, n=5000,
+                                     target=95, chance=0.1)
     assert reached is False and "clearly short" in line and "50%" in line
 
 

@@ -107,7 +107,8 @@ def _compare_frequencies(m: Meanings, prob: np.ndarray) -> tuple[float, float]:
     return float(z), float(prob[first].sum())
 
 
-@pytest.mark.parametrize("family,count_objects", [(PAIR, 1), (RELATION, 1), (PLACE, 1), (COUNT, 1), (COUNT, 2)])
+@pytest.mark.parametrize("family,count_objects",
+                         [(PAIR, 1), (RELATION, 1), (PLACE, 1), (COUNT, 1), (COUNT, 2)])
 @pytest.mark.parametrize("scene", [0, 1, 2])
 def test_likelihood_matches_the_generators_frequencies(family, count_objects, scene):
     """Sample meanings of one scene with the generator's own functions (_objects_for, meanings_of:
@@ -118,14 +119,16 @@ def test_likelihood_matches_the_generators_frequencies(family, count_objects, sc
     rng, n_samples = np.random.default_rng(10 * family + scene + count_objects), 20_000
     idx = np.full(n_samples, scene)
     two = (PAIR, RELATION, COUNT) if count_objects == 2 else (PAIR, RELATION)
-    fam, a, b = synthetic._objects_for(rng, FIXED, idx, np.full(n_samples, family), two_families=two)
+    fam, a, b = synthetic._objects_for(rng, FIXED, idx, np.full(n_samples, family),
+                                       two_families=two)
     m = meanings_of(rng, FIXED, idx, fam, a, b, cfg.attribute_dropout)
     prob = caption_likelihood(m, FIXED, cfg)[:, scene] * scene_free_factor(m, cfg) / SCALE
     z, mass = _compare_frequencies(m, prob)
     assert z < 4 and 0.98 < mass <= 1 + 1e-9, (z, mass)
     # the check can fail: without the 1 / #true-relations factor it does
     if family == RELATION and scene < 2:
-        wrong = np.array([_slow_likelihood(m, t, FIXED, scene, cfg, relation_weight=False) for t in range(len(m))])
+        wrong = np.array([_slow_likelihood(m, t, FIXED, scene, cfg, relation_weight=False)
+                          for t in range(len(m))])
         wrong = wrong * scene_free_factor(m, cfg)
         z_wrong, _ = _compare_frequencies(m, wrong / wrong[np.unique(_meaning_keys(m), axis=0,
                                                                      return_index=True)[1]].sum())
@@ -133,7 +136,8 @@ def test_likelihood_matches_the_generators_frequencies(family, count_objects, sc
 
 
 @pytest.mark.parametrize("cfg", [SyntheticConfig(**SMALL),
-                                 SyntheticConfig(**SMALL, min_objects=1, count_objects=2, attribute_dropout=0.3)])
+                                 SyntheticConfig(**SMALL, min_objects=1, count_objects=2,
+                                                 attribute_dropout=0.3)])
 def test_likelihood_matches_a_slow_loop(cfg):
     bench = make_benchmark(cfg, seed=5)
     s = bench["test"].subset(np.arange(12))
@@ -141,11 +145,14 @@ def test_likelihood_matches_a_slow_loop(cfg):
     m = Meanings.concatenate([s.meanings, other.meanings])
     L = caption_likelihood(m, s.scenes, cfg)
     for c in (cfg, SyntheticConfig(**{**cfg.to_dict(), "count_objects": 3 - cfg.count_objects})):
-        slow = np.array([[_slow_likelihood(m, t, s.scenes, i, c) for i in range(s.n_images)] for t in range(len(m))])
-        np.testing.assert_allclose(caption_likelihood(m, s.scenes, c) / SCALE, slow, rtol=1e-12, atol=0)
+        slow = np.array([[_slow_likelihood(m, t, s.scenes, i, c) for i in range(s.n_images)]
+                         for t in range(len(m))])
+        np.testing.assert_allclose(caption_likelihood(m, s.scenes, c) / SCALE, slow,
+                                   rtol=1e-12, atol=0)
     own = L[np.arange(len(s.meanings)), s.txt2img]
     assert (own > 0).all() and ((L > 0) <= satisfies(m, s.scenes)).all()
-    blocks = np.concatenate([block for _, block in iter_caption_likelihood(m, s.scenes, cfg, chunk=7)])
+    blocks = np.concatenate([block
+                             for _, block in iter_caption_likelihood(m, s.scenes, cfg, chunk=7)])
     np.testing.assert_array_equal(blocks, L)
 
 
@@ -154,10 +161,12 @@ def test_likelihood_hand_worked():
     # scene B, 5 objects: small red circle top left, big blue square in the
     # middle (diagonal), 3 others
     others = [(2, 3, 1, 6), (3, 4, 0, 8), (4, 5, 0, 2)]
-    scenes = _scenes([[(0, 0, 0, 0), (1, 2, 1, 1)] + others[:2], [(0, 0, 0, 0), (1, 2, 1, 4)] + others])
+    scenes = _scenes([[(0, 0, 0, 0), (1, 2, 1, 1)] + others[:2],
+                      [(0, 0, 0, 0), (1, 2, 1, 4)] + others])
     # relation "left of", pair, place top left, count "four ... a small red circle"
     captions = Meanings(
-        family=i8([RELATION, PAIR, PLACE, COUNT]), a_shape=i8([0] * 4), a_color=i8([0] * 4), a_size=i8([0] * 4),
+        family=i8([RELATION, PAIR, PLACE, COUNT]), a_shape=i8([0] * 4), a_color=i8([0] * 4),
+        a_size=i8([0] * 4),
         b_shape=i8([1, 1, -1, -1]), b_color=i8([2, 2, -1, -1]), b_size=i8([1, 1, -1, -1]),
         relation=i8([0, -1, -1, -1]), place=i8([-1, -1, 0, -1]), count=i8([-1, -1, -1, 4]),
         noisy=np.zeros(4, dtype=bool))
@@ -174,7 +183,8 @@ def test_likelihood_hand_worked():
     # A without captions of its own) ties with A everywhere
     gallery = Scenes.concatenate([scenes, scenes.take([0])])
     split = RetrievalSplit(name="hand", captions=["c0", "c1", "c2"], txt2img=[0, 1, 1],
-                           image_ids=["A", "B", "C"], scenes=gallery, meanings=captions.take([0, 1, 2]))
+                           image_ids=["A", "B", "C"], scenes=gallery,
+                           meanings=captions.take([0, 1, 2]))
     o = oracle_ceiling(split, ks=(1, 2, 3))
     # t2i: c0 (A, C tied first): 1/2, 1, 1; c1 (B third): 0, 0, 1; c2 (B third): 0, 0, 1
     assert [o[f"t2i_r{k}"] for k in (1, 2, 3)] == pytest.approx([100 / 6, 100 / 3, 100])
@@ -183,7 +193,8 @@ def test_likelihood_hand_worked():
     # (3/13 = .23) and c0 (3/23 = .13): rank 1. C has no captions of its own: skipped.
     assert o["i2t_r1"] == pytest.approx(100.0)
     t = truth_ceiling(split, ks=(1,))  # every caption is true of every image: ties everywhere
-    assert t["t2i_r1"] == pytest.approx(100 / 3) and t["i2t_r1"] == pytest.approx(100 * (1 / 3 + 2 / 3) / 2)
+    assert (t["t2i_r1"] == pytest.approx(100 / 3)
+            and t["i2t_r1"] == pytest.approx(100 * (1 / 3 + 2 / 3) / 2))
 
 
 def _simulated(values_t2i: np.ndarray, txt2img: np.ndarray, ks, reps: int, rng) -> dict:
@@ -196,7 +207,8 @@ def _simulated(values_t2i: np.ndarray, txt2img: np.ndarray, ks, reps: int, rng) 
     for _ in range(reps):
         u = rng.random((T, N))
         own_v, own_u = values_t2i[np.arange(T), txt2img], u[np.arange(T), txt2img]
-        rank_t = ((values_t2i > own_v[:, None]) | ((values_t2i == own_v[:, None]) & (u > own_u[:, None]))).sum(1)
+        rank_t = ((values_t2i > own_v[:, None]) | ((values_t2i == own_v[:, None])
+                                                   & (u > own_u[:, None]))).sum(1)
         rank_i = np.full(N, T)
         for t in range(T):
             i = txt2img[t]
@@ -214,13 +226,16 @@ def test_bayes_oracle_matches_simulation():
     # a gallery with exact ties: six scenes, each twice (the copy keeps no captions of its own)
     s = bench["test"].subset(np.arange(6))
     scenes = Scenes.concatenate([s.scenes, s.scenes])
-    dup = RetrievalSplit(name="dup", captions=s.captions, txt2img=s.txt2img, image_ids=[str(i) for i in range(12)],
+    dup = RetrievalSplit(name="dup", captions=s.captions, txt2img=s.txt2img,
+                         image_ids=[str(i) for i in range(12)],
                          scenes=scenes, meanings=s.meanings, info=s.info)
     comp = bench["compositional"]
     for split in (bench["test"].subset(np.arange(12)), dup, comp):
         L = (compositional_likelihood(split.meanings, split.scenes, split.info["twin_of"],
-                                      np.repeat(split.info["swapped_objects"], 2, axis=0), split.info["config"])
-             if split is comp else caption_likelihood(split.meanings, split.scenes, split.info["config"]))
+                                      np.repeat(split.info["swapped_objects"], 2, axis=0),
+                                      split.info["config"])
+             if split is comp else caption_likelihood(split.meanings, split.scenes,
+                                                      split.info["config"]))
         # said of an image only if false of its twin, and then also true of the image
         if split is comp:
             sat = satisfies(split.meanings, split.scenes)
@@ -289,11 +304,12 @@ def test_compositional_likelihood_matches_the_generator(monkeypatch):
     (_make_compositional, with unique stand-in words so that no caption is redrawn for repeating
     words): frequencies and total mass (the per-image acceptance normalisation) match."""
     counter = itertools.count()
-    monkeypatch.setattr(synthetic, "word_captions", lambda m, rng: [f"c{next(counter)}" for _ in range(len(m))])
+    monkeypatch.setattr(synthetic, "word_captions",
+                        lambda m, rng: [f"c{next(counter)}" for _ in range(len(m))])
     kinds = set()
     for seed in range(6):
-        cfg = SyntheticConfig(**{**SMALL, "n_compositional": 1}, captions_per_image=3000, image_size=18,
-                              attribute_dropout=0.2)
+        cfg = SyntheticConfig(**{**SMALL, "n_compositional": 1}, captions_per_image=3000,
+                              image_size=18, attribute_dropout=0.2)
         comp = synthetic._make_compositional(cfg, seed)
         kind = comp.info["swap_kind"][0]
         if kind in kinds:
@@ -329,8 +345,8 @@ def test_compositional_caption_true_of_the_twin_is_never_said():
     for family, relation in ((PAIR, none), (RELATION, rel.astype(np.int8))):
         m = Meanings(family=np.full(len(images), family, dtype=np.int8), a_shape=pick("shape", p),
                      a_color=pick("color", p), a_size=pick("size", p), b_shape=pick("shape", q),
-                     b_color=pick("color", q), b_size=pick("size", q), relation=relation, place=none,
-                     count=none, noisy=np.zeros(len(images), dtype=bool))
+                     b_color=pick("color", q), b_size=pick("size", q), relation=relation,
+                     place=none, count=none, noisy=np.zeros(len(images), dtype=bool))
         L = compositional_likelihood(m, sc, comp.info["twin_of"], pairs, comp.info["config"])
         own = L[np.arange(len(images)), images]
         assert (own == 0).all() if family == PAIR else (own > 0).all()

@@ -54,8 +54,8 @@ def test_dependencies_are_lower_bounded_not_pinned():
             continue
         assert ">=" in req and "==" not in req, f"{req}: give a lower bound, do not pin"
     names = _requirement_names(project["dependencies"])
-    for needed in ("torch", "torchvision", "timm", "transformers", "tokenizers", "faiss-cpu", "numpy",
-                   "matplotlib", "pillow", "tqdm"):
+    for needed in ("torch", "torchvision", "timm", "transformers", "tokenizers", "faiss-cpu",
+                   "numpy", "matplotlib", "pillow", "tqdm"):
         assert needed in names
 
 

@@ -28,8 +28,10 @@ TINY = {"channels": (8, 16, 16), "batch_size": 32, "lr": 3e-3}
 def test_cell_targets_by_hand():
     """Scene 0: a big green triangle in the centre (cell 4) and a small cyan circle bottom right
     (cell 8), slot 2 empty; scene 1: a small yellow ring top left (cell 0)."""
-    scenes = Scenes(shape=np.array([[2, 0, -1], [5, -1, -1]], np.int8), color=np.array([[1, 7, -1], [3, -1, -1]], np.int8),
-                    size=np.array([[1, 0, -1], [0, -1, -1]], np.int8), cell=np.array([[4, 8, -1], [0, -1, -1]], np.int8),
+    scenes = Scenes(shape=np.array([[2, 0, -1], [5, -1, -1]], np.int8),
+                    color=np.array([[1, 7, -1], [3, -1, -1]], np.int8),
+                    size=np.array([[1, 0, -1], [0, -1, -1]], np.int8),
+                    cell=np.array([[4, 8, -1], [0, -1, -1]], np.int8),
                     n_objects=np.array([2, 1], np.int8))
     _ = -1
     got = cell_targets(scenes)
@@ -47,7 +49,8 @@ def test_dataset_matches_the_ground_truth_and_heads_have_their_shapes(bench):
     assert int((item["object"] > 0).sum()) == int(bench["pretrain"].scenes.n_objects[3])
     for pool in ("flatten", "cells"):
         out = PixelStem(PixelStemConfig(**TINY, head_pool=pool))(torch.stack([data[i]["pixels"] for i in range(5)]))
-        assert {k: tuple(v.shape) for k, v in out.items()} == {"object": (5, 9, 49), "size": (5, 9, 2)}
+        assert ({k: tuple(v.shape) for k, v in out.items()}
+                == {"object": (5, 9, 49), "size": (5, 9, 2)})
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +87,8 @@ def test_the_cache_loads_and_its_name_covers_config_data_and_code(trained, bench
         assert torch.equal(a, b)
     assert again_history == history
     name = path.name
-    assert stem_checkpoint_file(bench, PixelStemConfig(**{**TINY, "lr": 1e-3}, max_steps=300)) != name
+    assert stem_checkpoint_file(bench,
+                                PixelStemConfig(**{**TINY, "lr": 1e-3}, max_steps=300)) != name
     assert stem_checkpoint_file(bench, PixelStemConfig(**TINY, max_steps=301)) != name
     assert stem_checkpoint_file({"pretrain": bench["val"]}, config) != name
     monkeypatch.setattr(pixel_stem, "STEM_FORMAT_VERSION", pixel_stem.STEM_FORMAT_VERSION + 1)

@@ -28,7 +28,8 @@ def _files():
 def _text(path: Path) -> str:
     """A notebook's cell sources (outputs are not committed), or a file's text."""
     if path.suffix == ".ipynb":
-        return "\n".join("".join(cell["source"]) for cell in json.loads(path.read_text(encoding="utf-8"))["cells"])
+        return "\n".join("".join(cell["source"])
+                         for cell in json.loads(path.read_text(encoding="utf-8"))["cells"])
     return path.read_text(encoding="utf-8")
 
 
@@ -47,9 +48,9 @@ def test_no_process_words(name):
 
 
 def test_the_scan_catches_what_it_is_for():
-    words = ["after stop 4 we", "stops 3", "issue 22", "in round 2", "this working round", "a lent GPU",
-             "on a lent H100", "a borrowed machine", "in the fifth session"]
+    words = ["after stop 4 we", "stops 3", "issue 22", "in round 2", "this working round",
+             "a lent GPU", "on a lent H100", "a borrowed machine", "in the fifth session"]
     assert all(PROCESS_WORDS.search(w) for w in words)
-    assert not any(PROCESS_WORDS.search(w) for w in ["stop growing", "the issue is", "round trip", "lentil",
-                                                       "an InferenceSession"])
+    assert not any(PROCESS_WORDS.search(w) for w in ["stop growing", "the issue is", "round trip",
+                                                     "lentil", "an InferenceSession"])
     assert DATE.search("run of 2026-11-29.") and not DATE.search("version 2026.9")

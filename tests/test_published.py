@@ -29,7 +29,8 @@ def test_the_flickr8k_rows_are_the_data_readmes_numbers():
     t2i_numbers = [float(x) for x in re.findall(r"\d+\.\d", t2i[0])]
     i2t_numbers = [float(x) for x in re.findall(r"\d+\.\d", t2i[1])]
     named = re.findall(r"(Kiros|Karpathy|Klein|Ma) et al\.|(Karpathy) & Fei-Fei", t2i[0])
-    by_author = {a or b: (t, i) for (a, b), t, i in zip(named, t2i_numbers, i2t_numbers, strict=True)}
+    by_author = {a or b: (t, i)
+                 for (a, b), t, i in zip(named, t2i_numbers, i2t_numbers, strict=True)}
     ours = {r.paper.split()[0]: (r.t2i_r1, r.i2t_r1) for r in PUBLISHED["flickr8k"]["rows"]}
     assert len(by_author) == 4
     for author, numbers in by_author.items():
@@ -48,9 +49,10 @@ def test_the_markdown_names_the_gallery_difference():
     assert "| Klein et al. 2015 | VGG | Fisher vectors + CCA | 31.0 | 21.2 |" in table
     # what we do not have is a dash, not a guess
     assert "| NAA 2019 | ResNet | – | – | 27.7 |" in table
-    results = {"meta": {"mode": "default", "seed": 0, "device": "cpu", "torch": "x", "seconds": 1.0},
-               "rows": [{"method": "fast", "setting": "test", "n_images": 500, "n_texts": 2500, "t2i_r1": 5.0,
-                         "ar": 5.0, "ms_per_query": 0.1, "notes": ""}],
+    results = {"meta": {"mode": "default", "seed": 0, "device": "cpu", "torch": "x",
+                        "seconds": 1.0},
+               "rows": [{"method": "fast", "setting": "test", "n_images": 500, "n_texts": 2500,
+                         "t2i_r1": 5.0, "ar": 5.0, "ms_per_query": 0.1, "notes": ""}],
                "published": published_rows("flickr8k")}
     assert table in results_markdown(results)
     assert "Published" not in results_markdown({**results, "published": None})
@@ -62,7 +64,8 @@ def test_the_frontier_marks_the_published_rows_on_the_test_panel_only():
     fig = viz.plot_pareto_settings(rows, Figure(figsize=(13, 5.5)), published=published)
     test, full = fig.axes
     expected = sorted(r["t2i_r1"] for r in published["rows"])
-    levels = sorted(float(line.get_ydata()[0]) for line in test.lines if line.get_linestyle() == "--")
+    levels = sorted(float(line.get_ydata()[0]) for line in test.lines
+                    if line.get_linestyle() == "--")
     assert levels == expected and not [line for line in full.lines if line.get_linestyle() == "--"]
     assert test.get_ylim()[1] > max(expected)  # the axes reach the best published row
     labels = {f"{r['paper']} ({r['image_features']}) {r['t2i_r1']:.1f}" for r in published["rows"]}

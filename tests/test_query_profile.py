@@ -60,7 +60,8 @@ def test_profile_splits_known_stage_times_and_the_glue():
 
 
 def test_profile_without_query_fn_times_the_chain_itself():
-    profile = profile_stages([("a", lambda _: _sleep(1, 1)), ("b", lambda x: x + 1)], warmup=0, repeats=5)
+    profile = profile_stages([("a", lambda _: _sleep(1, 1)), ("b", lambda x: x + 1)],
+                             warmup=0, repeats=5)
     assert profile.total.median_ms >= 1 and abs(profile.glue_ms) < 1  # only the chaining: no sleep
     with pytest.raises(TypeError, match="stages"):
         profile_stages([lambda _: 1])

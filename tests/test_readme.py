@@ -117,7 +117,8 @@ def layout_tree(markdown: str) -> set[str]:
 
 
 def package_tree() -> set[str]:
-    files = {p.relative_to(ROOT).as_posix() for p in (ROOT / "course_lib").rglob("*.py") if p.name != "__init__.py"}
+    files = {p.relative_to(ROOT).as_posix() for p in (ROOT / "course_lib").rglob("*.py")
+             if p.name != "__init__.py"}
     folders = {p.relative_to(ROOT).as_posix() + "/" for p in (ROOT / "course_lib").rglob("*")
                if p.is_dir() and p.name != "__pycache__"}
     return files | folders | {"course_lib/"}
@@ -133,4 +134,5 @@ def test_layout_matches_the_package():
 def test_layout_reader_follows_indentation():
     layout = ("# Layout\n\n```\nnotebooks/   x\ncourse_lib/  y\n  core/  z\n    a.py  w\n  b.py  v\n"
               "tests/  t\n```\n")
-    assert layout_tree(layout) == {"course_lib/", "course_lib/core/", "course_lib/core/a.py", "course_lib/b.py"}
+    assert layout_tree(layout) == {"course_lib/", "course_lib/core/", "course_lib/core/a.py",
+                                   "course_lib/b.py"}

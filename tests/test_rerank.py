@@ -210,7 +210,8 @@ def test_cascade_keeps_its_own_top_m_per_direction():
     for direction, m in (("t2i", 3), ("i2t", 7)):
         indices, _ = cascade.rank(split, direction, top_k=9)
         for q in range(len(indices)):
-            assert indices[q].tolist() == naive_cascade(mats, [m], lambda v: v[-1], q, direction)[:9]
+            assert (indices[q].tolist()
+                    == naive_cascade(mats, [m], lambda v: v[-1], q, direction)[:9])
     two_stage = TwoStageMethod(_Stub("a", mats[0]), _Stub("b", mats[1]), top_m=3, top_m_i2t=7)
     i2t, t2i = two_stage.similarity(None)
     assert torch.equal(i2t, two_stage_scores(mats[0], lambda i, t: mats[1][i, t], 7, "i2t"))
@@ -258,7 +259,8 @@ def test_cascades_sharing_a_reranker_score_each_pair_once_in_evaluation():
     split = _Queries(12, 36)
     reranker = _CountingStub("slow", full)
     wide, narrow = (Cascade([_Stub("fast", first), reranker], [m]) for m in (6, 3))
-    expected = {m: Cascade([_Stub("fast", first), _Stub("slow", full)], [m]).rank(split, "t2i", 12) for m in (6, 3)}
+    expected = {m: Cascade([_Stub("fast", first), _Stub("slow", full)], [m]).rank(split, "t2i", 12)
+                for m in (6, 3)}
     got_wide = wide.rank(split, "t2i", 12)
     assert len(reranker.asked) == len(set(reranker.asked)) == 36 * 6
     got_narrow = narrow.rank(split, "t2i", 12)  # its top 3 are among the top 6 already scored

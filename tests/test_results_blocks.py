@@ -25,13 +25,16 @@ def row(method, setting, ms=1.5, notes="", measured=True, **recalls):
 def results():
     """A small run: one sampled method on test, an extrapolated time only on full."""
     rows = [row("oracle", s, ms=None) for s in results_io.SETTINGS]
-    rows += [row("vsepp", "test", t2i_r1=26.9), row("slow", "test", ms=122.0, notes="sampled 250 captions"),
-             row("vsepp", "full", ms=0.793), row("slow", "full", ms=1260.0, measured=False, notes="sampled"),
-             row("vsepp", "compositional", ms=0.28), row("slow", "compositional", ms=105.0, notes="sampled")]
+    rows += [row("vsepp", "test", t2i_r1=26.9),
+             row("slow", "test", ms=122.0, notes="sampled 250 captions"),
+             row("vsepp", "full", ms=0.793),
+             row("slow", "full", ms=1260.0, measured=False, notes="sampled"),
+             row("vsepp", "compositional", ms=0.28),
+             row("slow", "compositional", ms=105.0, notes="sampled")]
     latency = [{"method": "vsepp", "n": 1000, "ms_per_query": 0.283, "measured": True},
                {"method": "slow", "n": 5000, "ms_per_query": 642.0, "measured": False}]
-    return {"meta": {"mode": "default", "seed": 0, "device": "cpu", "torch": "2.x", "seconds": 795.8,
-                     "shipped_models": ["vsepp", "slow"]},
+    return {"meta": {"mode": "default", "seed": 0, "device": "cpu", "torch": "2.x",
+                     "seconds": 795.8, "shipped_models": ["vsepp", "slow"]},
             "rows": rows, "latency": latency,
             "methods": {"vsepp": "dual encoder, hinge loss", "slow": "captioning likelihood"}}
 
@@ -54,7 +57,8 @@ def test_the_readme_gets_the_test_table_and_docs_the_rest(course, results):
     readme, doc = course
     results_io.update_readme(results, readme)
     front, rest = block(readme), block(doc)
-    assert readme.read_text().startswith(f"intro\n{START}\n") and readme.read_text().endswith(f"{END}\noutro\n")
+    assert (readme.read_text().startswith(f"intro\n{START}\n")
+            and readme.read_text().endswith(f"{END}\noutro\n"))
     assert doc.read_text().startswith(f"# Results\n\nhow to read them\n{START}\n")
     assert doc.read_text().endswith(f"{END}\nafter\n")
     assert "old table" not in front and "old tables" not in rest
@@ -67,7 +71,8 @@ def test_the_readme_gets_the_test_table_and_docs_the_rest(course, results):
     assert "[`docs/results.md`](docs/results.md)" in front
     assert "![every method's recall against its ms per query](docs/pareto.png)" in front
     assert (readme.parent / "docs" / "pareto.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert sorted(p.name for p in (readme.parent / "docs").iterdir()) == ["pareto.png", "results.md"]
+    assert (sorted(p.name for p in (readme.parent / "docs").iterdir())
+            == ["pareto.png", "results.md"])
 
 
 def test_each_block_explains_only_the_marks_it_shows(course, results):
@@ -132,7 +137,8 @@ def test_a_real_photo_run_fills_its_own_blocks_and_leaves_the_synthetic_ones(cou
         path.write_text(path.read_text() + f"real\n{real_start}\nold real\n{real_end}\nend\n")
     synthetic = (readme.read_text(), doc.read_text())
     real = {**results, "meta": {**results["meta"], "data": "real"}, "latency": [],
-            "rows": [r for r in results["rows"] if r["setting"] in ("test", "full") and r["method"] != "oracle"]}
+            "rows": [r for r in results["rows"]
+                     if r["setting"] in ("test", "full") and r["method"] != "oracle"]}
     results_io.update_readme(real, readme)
     for path, before in zip((readme, doc), synthetic, strict=True):
         text = path.read_text()

@@ -398,7 +398,8 @@ def test_pq_codes_decode_to_the_vectors_where_they_can(kind, params):
     if kind == "ivfpq":  # one list, scanned whole, of exact codes: the exact top 10
         exact = brute_force_topk(torch.from_numpy(gallery), torch.from_numpy(queries), 10)
         np.testing.assert_allclose(scores, exact[0].numpy(), rtol=3e-3, atol=1e-2)
-        assert brute_force_recall(idx, torch.from_numpy(gallery), torch.from_numpy(queries), 10) >= 0.95
+        assert brute_force_recall(idx, torch.from_numpy(gallery),
+                                  torch.from_numpy(queries), 10) >= 0.95
 
 
 @pytest.mark.parametrize("kind, params", [("ivfpq", {"nprobe": 64}), ("hnswpq", {"ef_search": 256}),
@@ -429,7 +430,8 @@ def test_hnswpq_compares_nodes_by_inner_product():
     distances = storage.get_distance_computer()
     decoded = np.stack([storage.reconstruct(i) for i in range(20)])  # (20, 8)
     for i, j in [(0, 1), (2, 7), (5, 19), (3, 3)]:
-        assert distances.symmetric_dis(i, j) == pytest.approx(float(decoded[i] @ decoded[j]), rel=1e-5, abs=1e-5)
+        assert (distances.symmetric_dis(i, j)
+                == pytest.approx(float(decoded[i] @ decoded[j]), rel=1e-5, abs=1e-5))
 
 
 def test_pq_is_really_approximate():
@@ -457,7 +459,8 @@ def test_pq_defaults_and_params():
     assert current_params(ivfpq) == {"nlist": 256, "nprobe": 8, "m": 16, "nbits": 8}  # 10000 // 39
     assert ivfpq.metric_type == faiss.METRIC_INNER_PRODUCT and ivfpq.code_size == 16
     hnswpq = build_index(gallery, "hnswpq", M=8, ef_search=20, ef_construction=30)
-    assert current_params(hnswpq) == {"M": 8, "ef_search": 20, "ef_construction": 30, "m": 16, "nbits": 8}
+    assert current_params(hnswpq) == {"M": 8, "ef_search": 20, "ef_construction": 30,
+                                      "m": 16, "nbits": 8}
     assert hnswpq.metric_type == faiss.METRIC_INNER_PRODUCT
     set_search_params(ivfpq, nprobe=32)  # the IVF / HNSW knobs work on the PQ kinds too
     set_search_params(hnswpq, ef_search=99)
@@ -479,11 +482,13 @@ def test_pq_params_are_checked():
         build_index(gallery, "ivfpq", m=4, nbits=17)
     with pytest.raises(ValueError, match="nbits must be an integer >= 1"):
         build_index(gallery, "hnswpq", m=4, nbits=0)
-    with pytest.raises(ValueError, match=r"nbits=9 trains 512 centroids .* only 300 vectors.*nbits <= 8"):
+    with pytest.raises(ValueError,
+                       match=r"nbits=9 trains 512 centroids .* only 300 vectors.*nbits <= 8"):
         build_index(gallery, "ivfpq", m=4, nbits=9)
     with pytest.raises(ValueError, match=r"\['mm'\] for index kind 'hnswpq'"):
         build_index(gallery, "hnswpq", mm=4)
-    with pytest.warns(UserWarning, match=r"trained on 300 vectors, fewer than 39 per centroid \(9984\)"):
+    with pytest.warns(UserWarning,
+                      match=r"trained on 300 vectors, fewer than 39 per centroid \(9984\)"):
         build_index(gallery, "hnswpq", m=4, nbits=8)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # enough vectors: no warning

@@ -156,7 +156,8 @@ def test_method_caches_its_checkpoint_and_queries_its_own_matrix(bench, tok, tmp
         top = second.query_fn(split, caption_index=caption)()
         assert top.tolist() == torch.topk(sims[:, caption], 10).indices.tolist()
     assert "SCAN" in second.notes
-    other = SCANMethod(SCANConfig.smoke(max_steps=3, batch_size=32, use_boxes=False), progress=False)
+    other = SCANMethod(SCANConfig.smoke(max_steps=3, batch_size=32, use_boxes=False),
+                       progress=False)
     with pytest.raises(AssertionError, match="second fit trained"):  # another config, another file
         other.fit(bench, tok, cache_dir=tmp_path)
 
@@ -196,7 +197,8 @@ def bert_scan(bench, wordpieces, folder, **overrides):
 
     torch.manual_seed(0)
     config = SCANConfig.smoke(text_encoder=folder, **overrides)
-    return SCANModel(bench["train"].regions.shape[-1], len(wordpieces), config, SpecialTokens.of(wordpieces))
+    return SCANModel(bench["train"].regions.shape[-1], len(wordpieces), config,
+                     SpecialTokens.of(wordpieces))
 
 
 @torch.no_grad()

@@ -25,7 +25,8 @@ def rankers(bench, tok, one_thread, tmp_path_factory):
     with without_shipped_models():  # a few steps of training, not the shipped models
         dual = VsePPMethod(VsePPConfig.smoke(max_steps=3), progress=False).fit(bench, tok, cache_dir=cache)
         towers = SCANMethod(SCANConfig.smoke(max_steps=3), progress=False)
-        reranker = CrossEncoderMethod(CrossEncoderConfig.smoke(max_steps=3), towers=towers, progress=False)
+        reranker = CrossEncoderMethod(CrossEncoderConfig.smoke(max_steps=3), towers=towers,
+                                      progress=False)
         reranker.fit(bench, tok, cache_dir=cache)
     return [dual, TwoStageMethod(dual, reranker, top_m=6)]
 
@@ -58,14 +59,16 @@ def test_show_search_draws_one_row_per_method_titled_with_its_ms(bench, rankers)
     fig = search.show_search(rankers, bench["test"], "a small blue sphere", top_k=4)
     rows = [t.get_text() for ax in fig.axes for t in ax.texts]
     assert len(fig.axes) == 2 * 4 and len(rows) == 2
-    assert all(text.startswith(name + ":") and " ms (IQR " in text for text, name in zip(rows, ["vsepp", rankers[1].name], strict=True))
+    assert all(text.startswith(name + ":") and " ms (IQR " in text
+               for text, name in zip(rows, ["vsepp", rankers[1].name], strict=True))
     plt.close(fig)
 
 
 def test_the_search_box_searches_each_caption_typed(bench, rankers, monkeypatch):
     pytest.importorskip("ipywidgets")
     asked = []
-    monkeypatch.setattr(search, "show_search", lambda rankers, gallery, caption, top_k: asked.append(caption))
+    monkeypatch.setattr(search, "show_search",
+                        lambda rankers, gallery, caption, top_k: asked.append(caption))
     box = search.search_box(rankers, bench["test"], "a green cube")
     text = box.children[0]
     assert text.value == "a green cube" and asked == []  # nothing searched until a caption is typed

@@ -27,7 +27,8 @@ from course_lib.data.datasets import TextCollate
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 BENCH_SIZES = dict(n_train=60, n_val=10, n_test=30, n_pretrain=30, n_compositional=1)
-HAS_ORT = importlib.util.find_spec("onnxruntime") is not None and importlib.util.find_spec("onnx") is not None
+HAS_ORT = (importlib.util.find_spec("onnxruntime") is not None
+           and importlib.util.find_spec("onnx") is not None)
 CPU_BACKENDS = ["eager", "jit"] + (["onnx"] if HAS_ORT else [])
 
 
@@ -41,9 +42,11 @@ def test_query_tokenizer_gives_the_collates_ids(bench, tok):
         np.testing.assert_array_equal(ids, expected["input_ids"].numpy())
         np.testing.assert_array_equal(mask, expected["attention_mask"].numpy())
     assert queries(long)[0].shape == (1, 40)
-    assert tok.backend_tokenizer.truncation is None or tok.backend_tokenizer.truncation["max_length"] != 3
+    assert (tok.backend_tokenizer.truncation is None
+            or tok.backend_tokenizer.truncation["max_length"] != 3)
     QueryTokenizer(tok, max_length=3)  # a private copy: the caller's tokenizer keeps its settings
-    np.testing.assert_array_equal(queries(long)[0], TextCollate(tok, 40).encode([long])["input_ids"].numpy())
+    np.testing.assert_array_equal(queries(long)[0],
+                                  TextCollate(tok, 40).encode([long])["input_ids"].numpy())
 
 
 class _Tiny(nn.Module):
@@ -64,7 +67,8 @@ class _Tiny(nn.Module):
 
 
 def _probes(lengths=(3, 6, 9)):
-    return [(np.arange(1, T + 1, dtype=np.int64)[None], np.ones((1, T), dtype=np.int64)) for T in lengths]
+    return [(np.arange(1, T + 1, dtype=np.int64)[None], np.ones((1, T), dtype=np.int64))
+            for T in lengths]
 
 
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
@@ -77,7 +81,8 @@ def test_each_backend_matches_eager_on_every_length(backend):
             expected = [t.numpy() for t in model.encode({"input_ids": torch.from_numpy(ids),
                                                          "attention_mask": torch.from_numpy(mask)})]
         got = encoder(ids, mask)
-        assert [g.shape for g in got] == [(1, 8), (1, 4)] and all(g.dtype == np.float32 for g in got)
+        assert ([g.shape for g in got] == [(1, 8), (1, 4)]
+                and all(g.dtype == np.float32 for g in got))
         for g, e in zip(got, expected, strict=True):
             np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
 
@@ -91,7 +96,8 @@ def test_a_backend_that_bakes_in_one_length_is_skipped_with_a_note():
         encoder = QueryEncoder(model.encode, _probes(), backend="auto")
     assert encoder.backend == "eager"
     ids, mask = _probes((7,))[0]
-    assert np.allclose(encoder(ids, mask)[0], 2 * model.embed(torch.from_numpy(ids)).mean(1).detach().numpy())
+    assert np.allclose(encoder(ids, mask)[0],
+                       2 * model.embed(torch.from_numpy(ids)).mean(1).detach().numpy())
 
 
 class _GRUText(nn.Module):
@@ -117,7 +123,8 @@ def test_building_a_gru_query_encoder_writes_nothing_but_its_notes(capfd):
     out, err = capfd.readouterr()
     assert (out, err) == ("", "")  # capfd reads file descriptors 1 and 2: C++ writes count too
     skipped = [str(n.message) for n in notes]
-    assert all(issubclass(n.category, CourseNote) and "\n" not in str(n.message) for n in notes), skipped
+    assert all(issubclass(n.category, CourseNote) and "\n" not in str(n.message)
+               for n in notes), skipped
     # without onnxruntime: no note, a choice
     tried = [b for b in AUTO["cpu"] if b != "onnx" or HAS_ORT]
     # one note per skip
@@ -176,14 +183,16 @@ def test_path_stages_chain_to_the_whole_query(bench, tok):
     queries = QueryTokenizer(tok, 40)
     caption = bench["test"].captions[0]
     encoder = QueryEncoder(model.encode, probe_captions(queries, caption))
-    searcher = Searcher(build_index(torch.randn(50, 8, generator=torch.Generator().manual_seed(1))), 5)
+    searcher = Searcher(build_index(torch.randn(50, 8,
+                                                generator=torch.Generator().manual_seed(1))), 5)
     path = TextQueryPath(queries, encoder, searcher)
     x = None
     names = []
     for name, fn in path.stages(caption):
         x = fn(x)
         names.append(name)
-    assert names == ["tokenise", "tensors + transfer", "encoder forward", "normalise + to host", "search"]
+    assert names == ["tokenise", "tensors + transfer", "encoder forward",
+                     "normalise + to host", "search"]
     np.testing.assert_array_equal(x[1], path(caption)[1])
     # [CLS] word [SEP]; full
     assert [p[0].shape[1] for p in probe_captions(queries, caption)][1:] == [3, 40]
@@ -207,16 +216,20 @@ def _fresh(name, bench, tok):
     seed_everything(0)
     train = bench["train"]
     builds = {
-        "vsepp": lambda: (VsePPMethod(VsePPConfig()), lambda m: build_dual_encoder(m.config, train, tok)),
+        "vsepp": lambda: (VsePPMethod(VsePPConfig()),
+                          lambda m: build_dual_encoder(m.config, train, tok)),
         "vsepp-bow": lambda: (VsePPMethod(VsePPConfig(text_encoder="bow")),
                               lambda m: build_dual_encoder(m.config, train, tok)),
         "lightningdot": lambda: (LightningDOTMethod(LightningDOTConfig()),
                                  lambda m: build_lightningdot(m.config, train, tok)),
-        "ubert-embed": lambda: (UBERTMethod(UBERTConfig()), lambda m: build_ubert(m.config, train, tok,
-                                                                                  build_scan(SCANConfig(), train, tok))),
-        "fast": lambda: (FastMethod(FastConfig()), lambda m: FastModel(len(tok), m.config, SpecialTokens.of(tok))),
+        "ubert-embed": lambda: (UBERTMethod(UBERTConfig()),
+                                lambda m: build_ubert(m.config, train, tok,
+                                                      build_scan(SCANConfig(), train, tok))),
+        "fast": lambda: (FastMethod(FastConfig()),
+                         lambda m: FastModel(len(tok), m.config, SpecialTokens.of(tok))),
         "fast-transformer": lambda: (FastMethod(FastConfig(text_tower="transformer")),
-                                     lambda m: FastModel(len(tok), m.config, SpecialTokens.of(tok))),
+                                     lambda m: FastModel(len(tok), m.config,
+                                                         SpecialTokens.of(tok))),
         "fast-bow": lambda: (FastMethod(FastConfig(text_tower="bow")),
                              lambda m: FastModel(len(tok), m.config, SpecialTokens.of(tok))),
         "hivlp": lambda: (HiVLPMethod(HiVLPConfig()), lambda m: build_hivlp(m.config, train, tok)),
@@ -227,7 +240,8 @@ def _fresh(name, bench, tok):
     return method
 
 
-DUAL_ENCODERS = ["vsepp", "vsepp-bow", "lightningdot", "ubert-embed", "fast", "fast-transformer", "fast-bow", "hivlp"]
+DUAL_ENCODERS = ["vsepp", "vsepp-bow", "lightningdot", "ubert-embed", "fast", "fast-transformer",
+                 "fast-bow", "hivlp"]
 
 
 @pytest.mark.parametrize("name", DUAL_ENCODERS)

@@ -22,7 +22,8 @@ from IPython.core.inputtransformer2 import TransformerManager
 from IPython.utils.text import DollarFormatter
 
 ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("set_repository", ROOT / "data_scripts" / "set_repository.py")
+spec = importlib.util.spec_from_file_location("set_repository",
+                                              ROOT / "data_scripts" / "set_repository.py")
 script = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(script)
 DEFAULT = "fast-retrieval-course/fast-retrieval-course"
@@ -91,8 +92,10 @@ def test_a_new_notebook_gets_its_front_matter_and_check_says_so_until_then(tmp_p
     assert script.main(["--root", str(course)]) == 0
     nb = nbformat.read(course / "notebooks" / "99_new_lesson.ipynb", as_version=4)
     assert [c.cell_type for c in nb.cells] == ["markdown", "code", "code"]
-    assert nb.cells[0].source.startswith("[![Open In Colab]") and "What it teaches." in nb.cells[0].source
-    assert nb.cells[1].source.startswith(script.INSTALL_FIRST_LINE) and nb.cells[2].source == "print('lesson')"
+    assert (nb.cells[0].source.startswith("[![Open In Colab]")
+            and "What it teaches." in nb.cells[0].source)
+    assert (nb.cells[1].source.startswith(script.INSTALL_FIRST_LINE)
+            and nb.cells[2].source == "print('lesson')")
     assert script.main(["--check", "--root", str(course)]) == 0
 
 

@@ -47,7 +47,8 @@ def test_describe_environment_says_where_models_come_from(monkeypatch):
     monkeypatch.delenv("COURSE_RETRAIN", raising=False)
     assert settings.describe_environment()["models"].startswith("shipped")
     monkeypatch.setenv("COURSE_RETRAIN", "1")
-    assert settings.retrain_mode() and settings.describe_environment()["models"] == "trained (COURSE_RETRAIN=1)"
+    assert (settings.retrain_mode()
+            and settings.describe_environment()["models"] == "trained (COURSE_RETRAIN=1)")
     monkeypatch.setenv("COURSE_SMOKE", "1")
     assert settings.describe_environment()["models"] == "trained (smoke sizes)"
 
@@ -73,10 +74,12 @@ def test_from_hub_follows_the_offline_switch_and_explains_failures(monkeypatch):
     def failing(**kw):
         raise ConnectionError("no route to host\nlong traceback text")
 
-    with pytest.raises(OSError, match=r"could not load the thing \(HF_HUB_OFFLINE.*ConnectionError: no route"
+    with pytest.raises(OSError,
+                       match=r"could not load the thing \(HF_HUB_OFFLINE.*ConnectionError: no route"
                                       r" to host\n.*internet.*use the offline way") as info:
         settings.from_hub(failing, "the thing", "use the offline way")
-    assert isinstance(info.value.__cause__, ConnectionError) and "long traceback" not in str(info.value)
+    assert (isinstance(info.value.__cause__, ConnectionError)
+            and "long traceback" not in str(info.value))
 
 
 def test_course_config_mixin_gives_smoke_sizes_and_dicts(monkeypatch):

@@ -55,14 +55,16 @@ def assert_current(folder, expected: dict) -> None:
     """The staleness check every test here relies on: fails naming what is stale and the refresh command."""
     problems = check_shipped(folder, expected)
     assert not problems, ("the shipped models no longer match their config, data or format:\n  "
-                          + "\n  ".join(problems) + f"\nRefresh them (about two hours on a laptop CPU) with: "
+                          + "\n  ".join(problems)
+                          + f"\nRefresh them (about two hours on a laptop CPU) with: "
                           f"{REFRESH_COMMAND}")
 
 
 def assert_computing_as_shipped(problems: list[str]) -> None:
     """The behaviour check: fails naming what a shipped model now computes differently, and the refresh command."""
     assert not problems, ("the shipped models no longer compute what they did when shipped:\n  "
-                          + "\n  ".join(problems) + "\nIf the change is meant, refresh them (about two hours on a "
+                          + "\n  ".join(problems)
+                          + "\nIf the change is meant, refresh them (about two hours on a "
                           f"laptop CPU) with: {REFRESH_COMMAND}")
 
 
@@ -87,7 +89,8 @@ def test_a_model_that_computes_otherwise_fails_the_check(default_benchmark, monk
     naming the refresh command."""
     bench, tokenizer = default_benchmark
     linear = torch.nn.Linear.forward
-    monkeypatch.setattr(torch.nn.Linear, "forward", lambda self, x: (lambda y: y + 0.05 * torch.tanh(y))(linear(self, x)))
+    monkeypatch.setattr(torch.nn.Linear, "forward",
+                        lambda self, x: (lambda y: y + 0.05 * torch.tanh(y))(linear(self, x)))
     problems = shipping.output_problems(bench=bench, tokenizer=tokenizer)
     with pytest.raises(AssertionError, match=f"refresh them .* with: {REFRESH_COMMAND}"):
         assert_computing_as_shipped(problems)
@@ -109,8 +112,8 @@ def shipped_tiny(data, tmp_path_factory):
     bench, tokenizer = data
     root = tmp_path_factory.mktemp("ship")
     methods = [make() for make in TINY.values()]
-    manifest = shipping.refresh(root / "shipped", checkpoints=root / "cache", methods=methods, bench=bench,
-                                tokenizer=tokenizer, progress=False)
+    manifest = shipping.refresh(root / "shipped", checkpoints=root / "cache", methods=methods,
+                                bench=bench, tokenizer=tokenizer, progress=False)
     # U-BERT's SCAN ships too
     return root, {m.name: m for m in shipping.own_models(methods)}, manifest
 
@@ -148,14 +151,17 @@ def test_manifest_round_trip(shipped_tiny, data):
         method = trained[entry["method"]]
         assert name == method.checkpoint_file(bench, tokenizer)
         assert entry["config"] == json.loads(json.dumps(method.config.to_dict()))
-        assert entry["version"] == method.format_version and entry["prefix"] == method.checkpoint_prefix
+        assert (entry["version"] == method.format_version
+                and entry["prefix"] == method.checkpoint_prefix)
         assert set(entry["probe"]) == {"scores", "recall"}
-        assert entry["sha256"] == shipped.file_sha256(folder / name) and entry["bytes"] == (folder / name).stat().st_size
+        assert (entry["sha256"] == shipped.file_sha256(folder / name)
+                and entry["bytes"] == (folder / name).stat().st_size)
         saved = torch.load(folder / name, weights_only=True)
         # weights only: no optimizer, no RNG states
         assert set(saved) == {"format", "model", "history"}
         assert (folder / name).stat().st_size < (root / "cache" / name).stat().st_size
-    assert_current(folder, shipping.expected_entries(bench, tokenizer, [make() for make in TINY.values()]))
+    assert_current(folder,
+                   shipping.expected_entries(bench, tokenizer, [make() for make in TINY.values()]))
     # load_model_weights reads a shipped file as it reads a Trainer checkpoint
     vsepp = trained["vsepp"]
     for path, want in ((folder / vsepp.checkpoint_path.name, rounded(vsepp.model.state_dict())),
@@ -177,17 +183,20 @@ def test_shipped_weights_are_float16_within_its_range():
     model.register_buffer("steps", torch.tensor(7))
     state = shipped.shipped_weights(model)
     assert state["bias"].dtype == torch.float16 and state["steps"].dtype == torch.int64
-    assert state["weight"].dtype == torch.float32 and torch.equal(state["weight"], model.weight.detach())
+    assert (state["weight"].dtype == torch.float32
+            and torch.equal(state["weight"], model.weight.detach()))
     assert torch.equal(state["bias"].float(), model.bias.detach().half().float())
 
 
 @pytest.mark.parametrize("name", sorted(TINY))
-def test_a_shipped_model_is_loaded_not_trained(name, course_env, shipped_tiny, data, monkeypatch, tmp_path):
+def test_a_shipped_model_is_loaded_not_trained(name, course_env, shipped_tiny, data,
+                                               monkeypatch, tmp_path):
     bench, tokenizer = data
     trained = shipped_tiny[1][name]
     method = refusing_to_train(monkeypatch, TINY[name]())
     method.fit(bench, tokenizer, cache_dir=tmp_path)
-    assert method.from_shipped and method.checkpoint_path == course_env / trained.checkpoint_path.name
+    assert (method.from_shipped
+            and method.checkpoint_path == course_env / trained.checkpoint_path.name)
     assert not list(tmp_path.iterdir())  # nothing trained, nothing cached, no earlier stage either
     for key, value in rounded(trained.model.state_dict()).items():
         torch.testing.assert_close(method.model.state_dict()[key], value, rtol=0, atol=0)
@@ -225,7 +234,8 @@ def test_without_shipped_models_trains_even_with_a_matching_one_and_says_nothing
     with without_shipped_models():  # real photographs: the synthetic models are never looked at
         assert shipped_folder() is None
         method.fit(bench, tokenizer, cache_dir=tmp_path)
-    assert calls and not method.from_shipped and not [w for w in recwarn if "shipped" in str(w.message)]
+    assert (calls and not method.from_shipped
+            and not [w for w in recwarn if "shipped" in str(w.message)])
     assert shipped_folder() == course_env  # restored after the block
 
 
@@ -245,8 +255,8 @@ def test_the_benchmark_loads_shipped_models_unless_told_to_retrain(course_env, d
     for retrain in (False, True):
         method = TINY["vsepp"]()
         calls = recording_training(monkeypatch, method)
-        results = benchmark.run(out=tmp_path / f"retrain-{retrain}", methods=[method], progress=False,
-                                checkpoints=tmp_path / "cache", retrain=retrain)
+        results = benchmark.run(out=tmp_path / f"retrain-{retrain}", methods=[method],
+                                progress=False, checkpoints=tmp_path / "cache", retrain=retrain)
         assert bool(calls) is retrain and method.from_shipped is not retrain
         assert results["meta"]["shipped_models"] == ([] if retrain else ["vsepp"])
     assert not retrain_mode()  # restored after the run
@@ -278,14 +288,16 @@ def test_refresh_refuses_smoke_and_other_seeds(monkeypatch, capsys):
     assert "unknown method(s) ['nonsense']" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("change", ["config", "version", "data", "file bytes", "file deleted", "unlisted file",
-                                    "model removed"])
-def test_the_staleness_check_fails_on_a_planted_change(change, shipped_tiny, data, tmp_path, monkeypatch):
+@pytest.mark.parametrize("change", ["config", "version", "data", "file bytes", "file deleted",
+                                    "unlisted file", "model removed"])
+def test_the_staleness_check_fails_on_a_planted_change(change, shipped_tiny, data, tmp_path,
+                                                       monkeypatch):
     bench, tokenizer = data
     folder = shutil.copytree(shipped_tiny[0] / "shipped", tmp_path / "shipped")
     methods = [make() for make in TINY.values()]
     manifest = read_manifest(folder)
-    vsepp_file = next(name for name, entry in manifest["files"].items() if entry["method"] == "vsepp")
+    vsepp_file = next(name for name, entry in manifest["files"].items()
+                      if entry["method"] == "vsepp")
     if change == "config":
         manifest["files"][vsepp_file]["config"]["max_steps"] += 1
     elif change == "version":
@@ -352,7 +364,8 @@ def assert_vsepp_trains_with_note(data, monkeypatch, tmp_path, note: str) -> Non
 def test_refresh_command_writes_the_folder(monkeypatch, tmp_path, capsys):
     monkeypatch.delenv("COURSE_SMOKE", raising=False)
     seen = {}
-    manifest = {"files": {"vsepp-x.pt": {"bytes": 2_000_000}, "scan-y.pt": {"bytes": 500_000}}, "not_shipped": []}
+    manifest = {"files": {"vsepp-x.pt": {"bytes": 2_000_000}, "scan-y.pt": {"bytes": 500_000}},
+                "not_shipped": []}
     monkeypatch.setattr(refresh_shipped, "refresh", lambda folder, checkpoints, only: seen.update(
         folder=folder, checkpoints=checkpoints, only=only) or manifest)
     # the models are trained side by side first (course_lib.training_lanes), then refresh loads them
@@ -374,8 +387,9 @@ def test_refresh_command_writes_the_folder(monkeypatch, tmp_path, capsys):
 
 def test_a_config_with_a_tuple_is_current_after_the_manifest_round_trip():
     """JSON writes a tuple as a list: a config field like HiVLP's eol_widths must not read as changed."""
-    expected = shipped.manifest_entry("hivlp-flat", "hivlp", {"config": {"eol_widths": (32, 64, 128)}, "data": "d",
-                                                              "vocab": "v", "extra": [], "version": 1, "format": 1})
+    expected = shipped.manifest_entry("hivlp-flat", "hivlp",
+                                      {"config": {"eol_widths": (32, 64, 128)}, "data": "d",
+                                       "vocab": "v", "extra": [], "version": 1, "format": 1})
     written = json.loads(json.dumps(expected))
     assert written["config"]["eol_widths"] == [32, 64, 128]
     assert shipped.stale_reasons(expected, written) == []
@@ -390,8 +404,8 @@ def test_a_partial_refresh_ships_some_models_and_declares_the_rest(shipped_tiny,
     _, trained, _ = shipped_tiny
     methods = list(trained.values())
     folder = tmp_path / "partial"
-    manifest = shipping.refresh(folder, checkpoints=None, methods=methods, bench=bench, tokenizer=tokenizer,
-                                progress=False, only=["vsepp"])
+    manifest = shipping.refresh(folder, checkpoints=None, methods=methods, bench=bench,
+                                tokenizer=tokenizer, progress=False, only=["vsepp"])
     assert [e["method"] for e in manifest["files"].values()] == ["vsepp"]
     assert manifest["not_shipped"] == sorted(m.name for m in methods if m.name != "vsepp")
     expected = shipping.expected_entries(bench, tokenizer, methods)
@@ -416,19 +430,20 @@ def test_a_partial_refresh_keeps_the_other_current_models(shipped_tiny, data, tm
     shutil.copytree(root / "shipped", folder)
     (folder / "not-listed.pt").write_bytes(b"stray")  # a file outside the manifest goes, as before
     before = {p.name: p.read_bytes() for p in folder.glob("*.pt") if p.name != "not-listed.pt"}
-    manifest = shipping.refresh(folder, checkpoints=None, methods=list(trained.values()), bench=bench,
-                                tokenizer=tokenizer, progress=False, only=["vsepp"])
+    manifest = shipping.refresh(folder, checkpoints=None, methods=list(trained.values()),
+                                bench=bench, tokenizer=tokenizer, progress=False, only=["vsepp"])
     assert manifest["files"] == full["files"] and manifest["not_shipped"] == []
     assert {p.name: p.read_bytes() for p in folder.glob("*.pt")} == before
-    assert check_shipped(folder, shipping.expected_entries(bench, tokenizer, list(trained.values()))) == []
+    assert check_shipped(folder,
+                         shipping.expected_entries(bench, tokenizer, list(trained.values()))) == []
     # a model whose shipped file no longer matches is not kept: it is
     # declared, and trained on first use
     stale = read_manifest(folder)
     other = next(name for name, e in stale["files"].items() if e["method"] != "vsepp")
     stale["files"][other]["version"] = 0
     (folder / MANIFEST).write_text(json.dumps(stale))
-    manifest = shipping.refresh(folder, checkpoints=None, methods=list(trained.values()), bench=bench,
-                                tokenizer=tokenizer, progress=False, only=["vsepp"])
+    manifest = shipping.refresh(folder, checkpoints=None, methods=list(trained.values()),
+                                bench=bench, tokenizer=tokenizer, progress=False, only=["vsepp"])
     assert other not in manifest["files"] and not (folder / other).exists()
     assert full["files"][other]["method"] in manifest["not_shipped"]
 
@@ -438,7 +453,8 @@ def test_the_shipped_folder_stays_small(shipped_tiny, tmp_path, monkeypatch):
     monkeypatch.setattr(shipped, "MAX_BYTES", 1000)
     model = trained["vsepp"]
     with pytest.raises(ValueError, match="more than 0 MB"):
-        shipped.write_shipped(tmp_path / "big", [("vsepp-x.pt", {"method": "vsepp"}, model.model, model.history)])
+        shipped.write_shipped(tmp_path / "big",
+                              [("vsepp-x.pt", {"method": "vsepp"}, model.model, model.history)])
     assert not (tmp_path / "big").exists()  # refused before writing anything
 
 
@@ -454,26 +470,30 @@ def test_a_method_without_a_model_of_its_own_does_not_ship():
     [cascade] = available_methods(0, smoke=True, names=["lightningdot+rerank@20"])
     assert isinstance(cascade, Ranker) and not isinstance(cascade, Method)
     assert not hasattr(cascade, "build_model") and not hasattr(cascade, "train")
-    assert [m.name for m in shipping.own_models([cascade])] == ["lightningdot", "cross_encoder", "scan"]
+    assert ([m.name for m in shipping.own_models([cascade])]
+            == ["lightningdot", "cross_encoder", "scan"])
 
 
 def test_probe_differences_read_float_rounding_as_the_same_and_any_change_as_a_change():
     recorded = {"scores": ["1 -2.5", "0.25 3"], "recall": {"t2i_r1": 50.0}}
     assert shipping.probe_differences(recorded, {"scores": ["1.00000001 -2.5", "0.25 3"],
                                                  "recall": {"t2i_r1": 50.0}}) == []
-    moved = shipping.probe_differences(recorded, {"scores": ["1.01 -2.5", "0.25 3"], "recall": {"t2i_r1": 50.0}})
+    moved = shipping.probe_differences(recorded, {"scores": ["1.01 -2.5", "0.25 3"],
+                                                  "recall": {"t2i_r1": 50.0}})
     assert len(moved) == 1 and "moved by up to 0.01" in moved[0]
-    recall = shipping.probe_differences(recorded, {"scores": ["1 -2.5", "0.25 3"], "recall": {"t2i_r1": 25.0}})
+    recall = shipping.probe_differences(recorded, {"scores": ["1 -2.5", "0.25 3"],
+                                                   "recall": {"t2i_r1": 25.0}})
     assert recall == ["its probe recall moved: t2i_r1 50.0 -> 25.0"]
     assert shipping.probe_differences(None, recorded) == ["the manifest records no probe for it"]
 
 
-def test_the_probe_is_what_the_shipped_file_computes(shipped_tiny, data, course_env, monkeypatch, tmp_path):
+def test_the_probe_is_what_the_shipped_file_computes(shipped_tiny, data, course_env,
+                                                     monkeypatch, tmp_path):
     """refresh records each probe from the weights as shipped (float16), so the loaded model matches it;
     and a probe is the method's own scores: the kept corner equals its score matrix on the probe batch."""
     bench, tokenizer = data
-    assert shipping.output_problems(course_env, methods=[make() for make in TINY.values()], bench=bench,
-                                    tokenizer=tokenizer) == []
+    assert shipping.output_problems(course_env, methods=[make() for make in TINY.values()],
+                                    bench=bench, tokenizer=tokenizer) == []
     vsepp = refusing_to_train(monkeypatch, TINY["vsepp"]()).fit(bench, tokenizer, cache_dir=tmp_path)
     split = shipping.probe_split(bench)
     scores = vsepp.similarity(split).T  # (T, N)
@@ -488,7 +508,8 @@ def test_relabel_renames_without_retraining(shipped_tiny, data, tmp_path, monkey
     bench, tokenizer = data
     folder = shutil.copytree(shipped_tiny[0] / "shipped", tmp_path / "shipped")
     manifest = read_manifest(folder)
-    before = {entry["method"]: (folder / name).read_bytes() for name, entry in manifest["files"].items()}
+    before = {entry["method"]: (folder / name).read_bytes()
+              for name, entry in manifest["files"].items()}
     # as an older rule named them
     renamed = {f"old-{name}": entry for name, entry in manifest["files"].items()}
     for name in manifest["files"]:
@@ -497,7 +518,8 @@ def test_relabel_renames_without_retraining(shipped_tiny, data, tmp_path, monkey
     methods = [refusing_to_train(monkeypatch, make()) for make in TINY.values()]
     relabelled = shipping.relabel(folder, methods=methods, bench=bench, tokenizer=tokenizer)
     assert relabelled["files"] == manifest["files"]
-    assert {e["method"]: (folder / name).read_bytes() for name, e in relabelled["files"].items()} == before
+    assert {e["method"]: (folder / name).read_bytes()
+            for name, e in relabelled["files"].items()} == before
     assert not list(folder.glob("old-*"))
     changed = [make() for make in TINY.values()]
     changed[0].config = VsePPConfig.smoke(max_steps=4, batch_size=16)

@@ -45,14 +45,18 @@ def test_vectors_of_a_hand_worked_scene_and_captions():
     images = image_vectors(scenes([(0, 0, 0, 4), (1, 2, 1, 0)], [(0, 0, 1, 4)]))
     circle, square = kind_of(0, 0, 0), kind_of(1, 2, 1)
     assert images[0, [circle, square]].tolist() == [1, 1] and images[0, :N_KINDS].sum() == 2
-    assert images[0, N_KINDS + circle * N_CELLS + 4] == 1 and images[0, N_KINDS:N_KINDS * (1 + N_CELLS)].sum() == 2
-    assert images[0, N_KINDS * (1 + N_CELLS) + 2] == 1 and images[1, N_KINDS * (1 + N_CELLS) + 1] == 1
+    assert (images[0, N_KINDS + circle * N_CELLS + 4] == 1
+            and images[0, N_KINDS:N_KINDS * (1 + N_CELLS)].sum() == 2)
+    assert (images[0, N_KINDS * (1 + N_CELLS) + 2] == 1
+            and images[1, N_KINDS * (1 + N_CELLS) + 1] == 1)
     # "a red circle" of any size
     texts = text_vectors(meanings({"family": PAIR, "a_shape": 0, "a_color": 0},
-                                  {"family": PLACE, "a_shape": 0, "a_color": 0, "a_size": 0, "place": 4},
-                                  {"family": RELATION, "a_shape": 0, "b_shape": 1, "b_color": 2, "b_size": 1,
-                                   "a_color": 0, "a_size": 0, "relation": 0},
-                                  {"family": COUNT, "a_shape": 1, "a_color": 2, "a_size": 1, "count": 2}), 3)
+                                  {"family": PLACE, "a_shape": 0, "a_color": 0,
+                                   "a_size": 0, "place": 4},
+                                  {"family": RELATION, "a_shape": 0, "b_shape": 1, "b_color": 2,
+                                   "b_size": 1, "a_color": 0, "a_size": 0, "relation": 0},
+                                  {"family": COUNT, "a_shape": 1, "a_color": 2, "a_size": 1,
+                                   "count": 2}), 3)
     scores = images @ texts.T  # (2 scenes, 4 captions)
     # half of the weight on each size: both scenes hold half
     assert scores[:, 0].tolist() == [0.5, 0.5]
@@ -90,7 +94,8 @@ def test_expected_hits_match_random_tie_breaking(direction):
         want = shuffled_hits(images, texts, txt2img, k, direction, rng)
         got = expected_hits(images, texts, txt2img, k, direction, chunk=5)
         np.testing.assert_allclose(got, want, atol=0.03)
-    assert hit_probability(4, 1, 1) == pytest.approx(0.25) and hit_probability(4, 2, 2) == pytest.approx(5 / 6)
+    assert (hit_probability(4, 1, 1) == pytest.approx(0.25)
+            and hit_probability(4, 2, 2) == pytest.approx(5 / 6))
 
 
 def test_no_single_vector_beats_the_oracle(bench):

@@ -18,8 +18,8 @@ def test_pytest_defaults_to_smoke_sizes(tmp_path, given, seen):
     env = {k: v for k, v in os.environ.items() if k != "COURSE_SMOKE"}
     if given is not None:
         env["COURSE_SMOKE"] = given
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-c", str(ROOT / "pyproject.toml"),
-                           "--rootdir", str(ROOT), str(probe)], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-c",
+                           str(ROOT / "pyproject.toml"), "--rootdir", str(ROOT), str(probe)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert f"COURSE_SMOKE={seen}" in done.stdout

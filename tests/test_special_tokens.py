@@ -182,9 +182,11 @@ def test_encoders_word_mask_and_padding_use_the_tokenizers_ids(bench, bert_tok, 
     captions = bench["train"].captions[:6]
     enc = bert_tok(captions, padding="longest", return_tensors="pt")
     keep = word_mask(enc["input_ids"], enc["attention_mask"], SpecialTokens.of(bert_tok))  # (B, T)
-    assert [row[k].tolist() for row, k in zip(enc["input_ids"], keep, strict=True)] == _words(bert_tok, captions)
+    assert ([row[k].tolist() for row, k in zip(enc["input_ids"], keep, strict=True)]
+            == _words(bert_tok, captions))
     torch.manual_seed(0)
-    model = build_dual_encoder(VsePPConfig(text_encoder=text_encoder, hidden=16, embed_dim=16, layers=1),
+    model = build_dual_encoder(VsePPConfig(text_encoder=text_encoder, hidden=16,
+                                           embed_dim=16, layers=1),
                                bench["train"], bert_tok).eval()
     encoder = model.text_encoder
     if text_encoder == "bert":

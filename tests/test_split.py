@@ -34,7 +34,8 @@ def test_texts_subset_keeps_the_whole_gallery(split):
 def test_concatenate_offsets_txt2img(split):
     pooled = concatenate([split, split.subset([0, 1])], "pooled")
     assert pooled.n_images == split.n_images + 2
-    assert np.array_equal(pooled.txt2img[split.n_texts:], split.subset([0, 1]).txt2img + split.n_images)
+    assert np.array_equal(pooled.txt2img[split.n_texts:],
+                          split.subset([0, 1]).txt2img + split.n_images)
 
 
 def test_bad_input_is_a_clear_error():

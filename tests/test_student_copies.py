@@ -27,7 +27,8 @@ NAMES = sorted(path.name for path in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
 # saying how to get the photos
 NEEDS_PHOTOS = {"08_real_photographs.ipynb"}
 
-spec = importlib.util.spec_from_file_location("make_student_copies", ROOT / "data_scripts" / "make_student_copies.py")
+spec = importlib.util.spec_from_file_location("make_student_copies",
+                                              ROOT / "data_scripts" / "make_student_copies.py")
 script = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(script)
 
@@ -50,22 +51,26 @@ def code(source, tags=None, outputs=()):
 
 
 def solution_cells(nb):
-    return [i for i, cell in enumerate(nb["cells"]) if "solution" in cell["metadata"].get("tags", [])]
+    return [i for i, cell in enumerate(nb["cells"])
+            if "solution" in cell["metadata"].get("tags", [])]
 
 
 def write(folder, name, nb):
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / name).write_text(json.dumps(nb, indent=1, ensure_ascii=False, sort_keys=True) + "\n", encoding="utf-8")
+    (folder / name).write_text(json.dumps(nb, indent=1, ensure_ascii=False, sort_keys=True) + "\n",
+                               encoding="utf-8")
 
 
 def test_tiny_notebook(tmp_path, capsys):
     output = {"name": "stdout", "output_type": "stream", "text": ["2\n"]}
-    cells = [{"cell_type": "markdown", "id": "m1", "metadata": {}, "source": ["### Exercise: twice ünïcode"]},
+    cells = [{"cell_type": "markdown", "id": "m1", "metadata": {},
+              "source": ["### Exercise: twice ünïcode"]},
              code("import numpy as np\nx = 1", outputs=[output]),
              code(SOLUTION, ["solution"], outputs=[output]),
              code("check(double)  # the checker stays"),
              code("# Exercise: plot it.\nplt.plot([1, 2])", ["solution", "other"])]
-    nb = {"cells": cells, "metadata": {"kernelspec": {"name": "python3"}}, "nbformat": 4, "nbformat_minor": 5}
+    nb = {"cells": cells, "metadata": {"kernelspec": {"name": "python3"}}, "nbformat": 4,
+          "nbformat_minor": 5}
     write(tmp_path / "nb", "00_tiny.ipynb", nb)
     write(tmp_path / "nb", "notes.ipynb", nb)                    # not NN_*: not copied
     assert script.main(["--out", str(tmp_path / "out"), "--notebooks", str(tmp_path / "nb")]) == 0
@@ -103,13 +108,15 @@ def test_tiny_notebook(tmp_path, capsys):
 
 
 def test_clear_errors(tmp_path, capsys):
-    for args, message in ((["--notebooks", str(tmp_path / "missing")], "not a folder holding NN_*.ipynb"),
+    for args, message in ((["--notebooks", str(tmp_path / "missing")],
+                           "not a folder holding NN_*.ipynb"),
                           (["--out", str(ROOT / "README.md")], "exists and is not a folder"),
                           (["--out", str(NOTEBOOKS)], "--out must differ from --notebooks")):
         with pytest.raises(SystemExit):
             script.main(["--out", str(tmp_path / "out"), *args])
         assert message in capsys.readouterr().err
-    bad = {"cells": [code("def f():\n    return 1", ["solution"])], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    bad = {"cells": [code("def f():\n    return 1", ["solution"])], "metadata": {}, "nbformat": 4,
+           "nbformat_minor": 5}
     write(tmp_path / "nb", "00_bad.ipynb", bad)
     with pytest.raises(SystemExit):
         script.main(["--out", str(tmp_path / "out"), "--notebooks", str(tmp_path / "nb")])
@@ -136,7 +143,8 @@ def test_student_copy_stops_at_first_exercise_and_its_answer_passes(name, copies
     solutions = solution_cells(original)
     assert solutions, f"{name} has no exercise"
     first = solutions[0]
-    stubbed = [i for i, (a, b) in enumerate(zip(original.cells, student.cells, strict=True)) if a.source != b.source]
+    stubbed = [i for i, (a, b) in enumerate(zip(original.cells, student.cells, strict=True))
+               if a.source != b.source]
     # checkers and the rest kept
     assert len(student.cells) == len(original.cells) and stubbed == solutions
     pasted = copy.deepcopy(student)
@@ -145,7 +153,8 @@ def test_student_copy_stops_at_first_exercise_and_its_answer_passes(name, copies
     assert [cell.source for cell in pasted.cells] == [cell.source for cell in original.cells]
 
     # The stub of a cell of functions raises when its checker (the next code cell) calls them.
-    runs_code = any(line.startswith("raise NotImplementedError") for line in student.cells[first].source.splitlines())
+    runs_code = any(line.startswith("raise NotImplementedError")
+                    for line in student.cells[first].source.splitlines())
     expected = first if runs_code else next(i for i in range(first + 1, len(student.cells))
                                             if student.cells[i].cell_type == "code")
     message = " ".join(script.instructions(original.cells[first].source))
@@ -164,7 +173,8 @@ def test_student_copy_stops_at_first_exercise_and_its_answer_passes(name, copies
                     break
         assert failed is not None, f"the student copy of {name} ran to the end"
         index, error = failed
-        assert (index, error.ename, error.evalue) == (expected, "NotImplementedError", message), str(error)
+        assert (index, error.ename, error.evalue) == (expected, "NotImplementedError",
+                                                      message), str(error)
 
         # the learner pastes the answer and runs it
         client.nb = pasted

@@ -86,9 +86,11 @@ def test_with_fresh_scenes_appends_them_to_the_training_split(bench):
     assert with_fresh_scenes(train, 0) is train
     longer = with_fresh_scenes(train, 20)
     fresh = fresh_scenes(SyntheticConfig(**SMALL), 20, seed=3)
-    assert longer.n_images == train.n_images + 20 and longer.captions == train.captions + fresh.captions
+    assert (longer.n_images == train.n_images + 20
+            and longer.captions == train.captions + fresh.captions)
     np.testing.assert_array_equal(longer.images, np.concatenate([train.images, fresh.images]))
-    np.testing.assert_array_equal(longer.txt2img, np.concatenate([train.txt2img, fresh.txt2img + train.n_images]))
+    np.testing.assert_array_equal(longer.txt2img,
+                                  np.concatenate([train.txt2img, fresh.txt2img + train.n_images]))
     with pytest.raises(ValueError, match="not made by make_benchmark.*fresh_scenes=0"):
         with_fresh_scenes(longer, 5)  # a pooled split has no single generator config
 
@@ -103,7 +105,8 @@ def test_shapes_dtypes_ranges(bench):
         assert s.boxes.dtype == np.float32 and s.boxes.shape == (n, R, 7)
         assert s.region_mask.dtype == bool and s.region_classes.shape == (n, R, 48)
         per = 1 if name == "pretrain" else 5
-        assert s.n_texts == per * n and np.array_equal(np.bincount(s.txt2img, minlength=n), np.full(n, per))
+        assert (s.n_texts == per * n
+                and np.array_equal(np.bincount(s.txt2img, minlength=n), np.full(n, per)))
         assert len(s.scenes) == n and len(s.meanings) == s.n_texts
         # no clutter regions by default
         assert np.array_equal(s.region_mask.sum(1), s.scenes.n_objects)
@@ -116,11 +119,14 @@ def test_shapes_dtypes_ranges(bench):
         np.testing.assert_allclose(b[:, 5], b[:, 3] - b[:, 1], atol=1e-6)
         np.testing.assert_allclose(b[:, 6], b[:, 4] * b[:, 5], atol=1e-6)
         np.testing.assert_allclose(s.region_classes[valid].sum(-1), 1.0, atol=1e-5)
-        assert not s.regions[pad].any() and not s.boxes[pad].any() and not s.region_classes[pad].any()
+        assert (not s.regions[pad].any() and not s.boxes[pad].any()
+                and not s.region_classes[pad].any())
         # lower case, single spaces, letters only
-        assert all(c == c.lower() == " ".join(c.split()) and c.replace(" ", "").isalpha() for c in s.captions)
+        assert all(c == c.lower() == " ".join(c.split()) and c.replace(" ", "").isalpha()
+                   for c in s.captions)
     assert bench["test"].image_ids[12] == "test_000012"
-    assert bench["test"].info["seed"] == 3 and bench["test"].info["config"]["n_test"] == SMALL["n_test"]
+    assert (bench["test"].info["seed"] == 3
+            and bench["test"].info["config"]["n_test"] == SMALL["n_test"])
     assert bench["full"].n_images == sum(SMALL[k] for k in ("n_train", "n_val", "n_test"))
 
 
@@ -151,10 +157,12 @@ def test_detector_classes_and_shuffle():
 
 def _slow_true(m: Meanings, t: int, sc: Scenes, n: int) -> bool:
     """Independent reference: loop over objects of scene n for caption t."""
-    objs = [(sc.shape[n, o], sc.color[n, o], sc.size[n, o], sc.cell[n, o]) for o in range(sc.n_objects[n])]
+    objs = [(sc.shape[n, o], sc.color[n, o], sc.size[n, o], sc.cell[n, o])
+            for o in range(sc.n_objects[n])]
 
     def match(obj, shape, color, size):
-        return all(want < 0 or have == want for have, want in zip(obj[:3], (shape, color, size), strict=True))
+        return all(want < 0 or have == want
+                   for have, want in zip(obj[:3], (shape, color, size), strict=True))
 
     if m.count[t] >= 0 and m.count[t] != len(objs):
         return False
@@ -244,7 +252,8 @@ def _simulated_recall(sat: np.ndarray, txt2img: np.ndarray, k: int, reps: int, r
         t2i += (rank_t < k).mean()
         rank_i = np.full(N, T)
         for c in range(T):  # best rank of each image's own captions among all captions
-            rank_i[txt2img[c]] = min(rank_i[txt2img[c]], (score[:, txt2img[c]] > score[c, txt2img[c]]).sum())
+            rank_i[txt2img[c]] = min(rank_i[txt2img[c]],
+                                     (score[:, txt2img[c]] > score[c, txt2img[c]]).sum())
         i2t += (rank_i < k).mean()
     return 100 * t2i / reps, 100 * i2t / reps
 
@@ -271,9 +280,11 @@ def test_truth_ceiling_hand_worked_example():
     # scene 2: big blue square top left, small red circle top right
     i8 = lambda x: np.array(x, dtype=np.int8)  # noqa: E731
     scenes = Scenes(shape=i8([[0, 1], [0, 2], [1, 0]]), color=i8([[0, 2], [0, 1], [2, 0]]),
-                    size=i8([[0, 1], [0, 1], [1, 0]]), cell=i8([[0, 1], [4, 8], [0, 2]]), n_objects=i8([2, 2, 2]))
+                    size=i8([[0, 1], [0, 1], [1, 0]]), cell=i8([[0, 1], [4, 8], [0, 2]]),
+                    n_objects=i8([2, 2, 2]))
     meanings = Meanings(  # c0 relation, c1 place, c2 pair, c3 count
-        family=i8([1, 2, 0, 3]), a_shape=i8([0, 0, 0, 0]), a_color=i8([0, 0, 0, 0]), a_size=i8([0, 0, 0, 0]),
+        family=i8([1, 2, 0, 3]), a_shape=i8([0, 0, 0, 0]), a_color=i8([0, 0, 0, 0]),
+        a_size=i8([0, 0, 0, 0]),
         b_shape=i8([1, -1, 1, -1]), b_color=i8([2, -1, 2, -1]), b_size=i8([1, -1, 1, -1]),
         relation=i8([0, -1, -1, -1]), place=i8([-1, 4, -1, -1]), count=i8([-1, -1, -1, 2]),
         noisy=np.zeros(4, dtype=bool))
@@ -298,10 +309,12 @@ def test_boxes_match_drawn_pixels(image_size):
     g = geometry(image_size)
     rows = [(s, c % 8, z, c % 9) for s in range(6) for z in range(2) for c in range(9)]
     i8 = lambda x: np.array(x, dtype=np.int8)[:, None]  # noqa: E731
-    scenes = Scenes(shape=i8([r[0] for r in rows]), color=i8([r[1] for r in rows]), size=i8([r[2] for r in rows]),
+    scenes = Scenes(shape=i8([r[0] for r in rows]), color=i8([r[1] for r in rows]),
+                    size=i8([r[2] for r in rows]),
                     cell=i8([r[3] for r in rows]), n_objects=np.ones(len(rows), dtype=np.int8))
     rng = np.random.default_rng(1)
-    offsets = g["lo"][scenes.size.astype(int)][..., None] + rng.integers(0, 2, size=(len(rows), 1, 2))
+    offsets = (g["lo"][scenes.size.astype(int)][..., None]
+               + rng.integers(0, 2, size=(len(rows), 1, 2)))
     images, boxes = render_pixels(scenes, offsets, rng, image_size=image_size, pixel_noise=0.0)
     for i in range(len(rows)):
         ys, xs = np.nonzero((images[i].astype(int) - [18, 18, 26]).any(-1))
@@ -313,9 +326,10 @@ def test_boxes_match_drawn_pixels(image_size):
 
 
 def test_knobs_work():
-    cfg = SyntheticConfig(n_train=20, n_val=5, n_test=5, n_pretrain=0, n_compositional=3, image_size=64,
-                          min_objects=1, max_objects=3, clutter=2.0, clutter_regions=2, region_dim=16,
-                          pixel_noise=0.0, count_objects=2, caption_families={"count": 1.0, "pair": 1.0})
+    cfg = SyntheticConfig(n_train=20, n_val=5, n_test=5, n_pretrain=0, n_compositional=3,
+                          image_size=64, min_objects=1, max_objects=3, clutter=2.0,
+                          clutter_regions=2, region_dim=16, pixel_noise=0.0, count_objects=2,
+                          caption_families={"count": 1.0, "pair": 1.0})
     b = make_benchmark(cfg, seed=1, progress=False)
     assert b["train"].images.shape[1:] == (64, 64, 3) and b["train"].regions.shape[1:] == (5, 16)
     assert b["pretrain"].n_images == 0 and b["compositional"].n_images == 6
@@ -344,10 +358,12 @@ def test_table_round_trips(bench):
         part = table.take(idx)
         assert len(part) == 4 and part == type(table).from_arrays(
             {k: v[idx] for k, v in table.to_arrays().items()})
-        assert type(table).concatenate([table.take(np.arange(5)), table.take(np.arange(5, len(table)))]) == table
+        assert type(table).concatenate([table.take(np.arange(5)),
+                                        table.take(np.arange(5, len(table)))]) == table
     full = bench["full"]
     assert full.scenes == Scenes.concatenate([bench[k].scenes for k in ("train", "val", "test")])
-    six = SyntheticConfig(n_train=2, n_val=1, n_test=1, n_pretrain=0, n_compositional=1, max_objects=6)
+    six = SyntheticConfig(n_train=2, n_val=1, n_test=1, n_pretrain=0, n_compositional=1,
+                          max_objects=6)
     wider = Scenes.concatenate([full.scenes, make_benchmark(six, seed=0)["test"].scenes])
     assert wider.max_objects == 6 and (wider.shape[: len(full.scenes), 5] == -1).all()
 

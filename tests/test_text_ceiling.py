@@ -33,7 +33,8 @@ def test_with_bag_of_objects_is_the_hand_built_vector(bench):
     vectors = image_vectors(bench["val"].scenes)  # (N, D)
     assert split.regions.shape == (len(vectors), 1, vectors.shape[1])
     assert np.array_equal(split.regions[:, 0], vectors) and split.region_mask.all()
-    assert split.captions == bench["val"].captions and np.array_equal(split.txt2img, bench["val"].txt2img)
+    assert (split.captions == bench["val"].captions
+            and np.array_equal(split.txt2img, bench["val"].txt2img))
     with pytest.raises(ValueError, match="synthetic benchmark only"):
         with_bag_of_objects(dataclasses.replace(bench["val"], scenes=None))
 
@@ -44,14 +45,18 @@ def test_similarity_is_linear_image_times_text(bench, tok, tower, kind):
     """sims = (vectors W^T + b) g(y)^T, with g(y) Fast's own text tower of that kind."""
     torch.manual_seed(0)
     split = with_bag_of_objects(bench["val"])
-    model = BagOfObjectsDualEncoder(len(tok), split.regions.shape[-1], FastConfig(**SMALL, text_tower=tower),
+    model = BagOfObjectsDualEncoder(len(tok), split.regions.shape[-1],
+                                    FastConfig(**SMALL, text_tower=tower),
                                     SpecialTokens.of(tok)).eval()
     assert isinstance(model.text, kind)
     sims = similarity(model, split, tok)  # (N, T)
     with torch.no_grad():
-        f = torch.from_numpy(split.regions[:, 0]) @ model.image_proj.weight.T + model.image_proj.bias  # (N, E)
+        f = (torch.from_numpy(split.regions[:, 0]) @ model.image_proj.weight.T
+             + model.image_proj.bias)  # (N, E)
         texts = [model.encode_texts(dict(zip(("input_ids", "attention_mask"),
-                                             (torch.tensor(a) for a in tok([c], padding=True).values()), strict=True)))[0]
+                                             (torch.tensor(a)
+                                              for a in tok([c], padding=True).values()),
+                                             strict=True)))[0]
                  for c in split.captions[:3]]
     assert torch.allclose(sims[:, :3], f @ torch.stack(texts).T, atol=1e-4)
 

@@ -196,7 +196,8 @@ def test_speedup_table_errors():
 def test_quartiles_and_latency_rows_carry_the_spread():
     result = TimingResult.from_times([1.0, 2.0, 3.0, 4.0, 100.0], "cpu")
     assert (result.p25_ms, result.median_ms, result.p75_ms) == (2.0, 3.0, 4.0)
-    rows = latency_vs_gallery(lambda n: (lambda: None), [10, 20, 40], warmup=0, repeats=5, max_measured=20)
+    rows = latency_vs_gallery(lambda n: (lambda: None), [10, 20, 40], warmup=0, repeats=5,
+                              max_measured=20)
     assert all(r["p25_ms"] <= r["ms_per_query"] <= r["p75_ms"] for r in rows if r["measured"])
     # extrapolated: no spread to report
     assert rows[-1]["p25_ms"] is None and rows[-1]["p75_ms"] is None
@@ -212,7 +213,8 @@ def test_course_notes_read_as_one_plain_line(monkeypatch, capsys):
     monkeypatch.setattr(warnings, "showwarning", lambda *args: passed_on.append(args[1]))
     plain_course_notes()
     for _ in range(2):  # what warnings.warn hands to the display, as a notebook shows it
-        warnings.showwarning(CourseNote("the timings are noisy"), CourseNote, "/x/course_lib/core/timing.py", 191)
+        warnings.showwarning(CourseNote("the timings are noisy"), CourseNote,
+                             "/x/course_lib/core/timing.py", 191)
     warnings.showwarning(RuntimeWarning("something else"), RuntimeWarning, "/x/elsewhere.py", 7)
     err = capsys.readouterr().err
     # once, no file path

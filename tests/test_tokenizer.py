@@ -20,7 +20,8 @@ def tok():
 
 def test_special_tokens_and_deterministic_vocabulary(tok):
     vocab = tok.get_vocab()
-    assert [vocab[t] for t in SPECIAL_TOKENS] == [PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID] == [0, 1, 2, 3, 4]
+    assert ([vocab[t] for t in SPECIAL_TOKENS] == [PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID]
+            == [0, 1, 2, 3, 4])
     assert (tok.pad_token_id, tok.unk_token_id, tok.cls_token_id, tok.sep_token_id, tok.mask_token_id) \
         == (0, 1, 2, 3, 4)
     counts = {}
@@ -43,7 +44,8 @@ def test_round_trip_and_cls_sep(tok):
         ids = tok(caption)["input_ids"]
         assert ids[0] == CLS_ID and ids[-1] == SEP_ID and UNK_ID not in ids
         assert tok.decode(ids, skip_special_tokens=True) == caption.lower()
-    assert tok.convert_ids_to_tokens(tok("a red circle")["input_ids"]) == ["[CLS]", "a", "red", "circle", "[SEP]"]
+    assert (tok.convert_ids_to_tokens(tok("a red circle")["input_ids"])
+            == ["[CLS]", "a", "red", "circle", "[SEP]"])
 
 
 def test_unknown_word_maps_to_unk(tok):
@@ -122,7 +124,8 @@ def test_round_trip_on_synthetic_captions():
     captions = bench["test"].captions[:200] + bench["pretrain"].captions[:50]
     enc = tok(captions, padding="longest", truncation=True, max_length=40)
     assert all(UNK_ID not in ids for ids in enc["input_ids"])
-    assert tok.batch_decode(enc["input_ids"], skip_special_tokens=True) == [c.lower() for c in captions]
+    assert (tok.batch_decode(enc["input_ids"], skip_special_tokens=True)
+            == [c.lower() for c in captions])
     assert len(tok) < 200  # a small closed vocabulary (about 100 words)
     train_only = tokenizer_for(bench["train"])  # test captions share the training vocabulary
     assert all(UNK_ID not in ids for ids in train_only(bench["test"].captions)["input_ids"])

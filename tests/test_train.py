@@ -212,10 +212,11 @@ def test_lr_scales_move_a_prefixs_parameters_at_their_own_rate():
     # tenth of the rate of the rest
     model = build(dropout=0.0)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    config = make_config(max_steps=1, lr=1e-2, warmup_fraction=0.0, weight_decay=0.0, grad_clip=None,
-                         lr_scales={"body.0.": 0.1})
+    config = make_config(max_steps=1, lr=1e-2, warmup_fraction=0.0, weight_decay=0.0,
+                         grad_clip=None, lr_scales={"body.0.": 0.1})
     trainer = Trainer(model, mse, make_dataset(), config)
-    assert [g["lr"] for g in trainer.optimizer.param_groups] == pytest.approx([1e-2, 1e-2, 1e-3, 1e-3])
+    assert ([g["lr"] for g in trainer.optimizer.param_groups]
+            == pytest.approx([1e-2, 1e-2, 1e-3, 1e-3]))
     trainer.fit()
     for name, p in model.named_parameters():
         moved = (p.detach() - before[name]).abs()
@@ -223,7 +224,8 @@ def test_lr_scales_move_a_prefixs_parameters_at_their_own_rate():
         assert moved.max() == pytest.approx(rate, rel=1e-3), name
     # the longest prefix wins
     groups = param_groups(model, 0.01, 1.0, {"body.": 0.5, "body.4.": 0.25})
-    assert [(g["lr"], len(g["params"])) for g in groups] == [(0.25, 1), (0.25, 1), (0.5, 1), (0.5, 3)]
+    assert ([(g["lr"], len(g["params"])) for g in groups]
+            == [(0.25, 1), (0.25, 1), (0.5, 1), (0.5, 3)])
     with pytest.raises(ValueError, match="start no trainable parameter"):
         param_groups(model, 0.01, 1.0, {"text_encoder.": 0.1})
     with pytest.raises(ValueError, match="pass lr"):
@@ -392,12 +394,14 @@ def test_an_interrupted_run_resumes_from_its_last_periodic_save(tmp_path):
             raise KeyboardInterrupt
         return mse(model, batch, step)
 
-    config = train_config(Toy(max_steps=200), checkpoint_path=path, lr=1e-2, log_every=10, progress=False)
+    config = train_config(Toy(max_steps=200), checkpoint_path=path, lr=1e-2, log_every=10,
+                          progress=False)
     with pytest.raises(KeyboardInterrupt):
         Trainer(build(), interrupted, make_dataset(), config).fit()
     resumed = Trainer(build(seed=123), mse, make_dataset(), config)
     resumed.fit()
-    uninterrupted = Trainer(build(), mse, make_dataset(), dataclasses.replace(config, checkpoint_path=None))
+    uninterrupted = Trainer(build(), mse, make_dataset(),
+                            dataclasses.replace(config, checkpoint_path=None))
     uninterrupted.fit()
     assert calls["n"] == 180 and resumed.step == 200
     for p, q in zip(uninterrupted.model.parameters(), resumed.model.parameters(), strict=True):
@@ -421,7 +425,8 @@ def test_keep_best_ends_with_the_weights_of_the_best_evaluation(tmp_path):
     seen = []
     path = str(tmp_path / "best.pt")
     config = make_config(max_steps=12, eval_every=4, keep_best="val_t2i_r1", checkpoint_path=path)
-    trainer = Trainer(build(), mse, make_dataset(), config, evaluate=_scripted_evaluate([1.0, 3.0, 3.0], seen))
+    trainer = Trainer(build(), mse, make_dataset(), config,
+                      evaluate=_scripted_evaluate([1.0, 3.0, 3.0], seen))
     history = trainer.fit()
     # steps 4, 8, 12: the best (3.0) first at step 8, kept over its equal at 12
     assert len(seen) == 3
@@ -449,7 +454,8 @@ def test_keep_best_across_an_interruption(tmp_path):
 def test_keep_best_needs_an_evaluate_that_reports_it():
     with pytest.raises(ValueError, match="no evaluate was given"):
         Trainer(build(), mse, make_dataset(), make_config(keep_best="val_t2i_r1"))
-    trainer = Trainer(build(), mse, make_dataset(), make_config(max_steps=2, keep_best="val_t2i_r1"),
+    trainer = Trainer(build(), mse, make_dataset(),
+                      make_config(max_steps=2, keep_best="val_t2i_r1"),
                       evaluate=lambda model: {"val_mse": 1.0})
     with pytest.raises(KeyError, match="not a metric of evaluate"):
         trainer.fit()

@@ -24,7 +24,8 @@ def _weights(path: Path) -> dict:
 def test_a_model_waits_for_the_models_it_is_built_from(smoke_data):
     bench, tokenizer = smoke_data
     with settings.retraining():
-        models = own_models(available_methods(0, smoke=True, names=["fast-distilled", "lightningdot+rerank@20"]))
+        models = own_models(available_methods(0, smoke=True,
+                                              names=["fast-distilled", "lightningdot+rerank@20"]))
         order, needs = training_lanes.plan(models, bench, tokenizer)
     names = [m.name for m in models]
     assert sorted(order) == list(range(len(models)))  # retraining: every model trains
@@ -74,11 +75,13 @@ def test_the_longest_recorded_training_starts_first(smoke_data, monkeypatch):
     # the distilled Fast (500 s) waits for Fast (20) and Slow (10): their paths are 520 and 510,
     # above VSE++'s 100, so they start first and the distilled model does not start last
     # (longest-first alone: distilled, vsepp, ...)
-    ({"fast-distilled": 500.0, "vsepp": 100.0, "fast": 20.0, "slow": 10.0}, ["fast", "slow", "fast-distilled", "vsepp"]),
+    ({"fast-distilled": 500.0, "vsepp": 100.0, "fast": 20.0, "slow": 10.0},
+     ["fast", "slow", "fast-distilled", "vsepp"]),
     # Slow's shipped file records no learning curve. Counted as free, it and the distilled Fast that
     # waits for it started last (vsepp, fast, fast-distilled, slow); as the mean of the others (200
     # s) its path is 400, the longest
-    ({"fast-distilled": 200.0, "vsepp": 300.0, "fast": 100.0, "slow": 0.0}, ["slow", "vsepp", "fast", "fast-distilled"]),
+    ({"fast-distilled": 200.0, "vsepp": 300.0, "fast": 100.0, "slow": 0.0},
+     ["slow", "vsepp", "fast", "fast-distilled"]),
 ], ids=["waited-for-first", "no-recorded-cost-is-typical"])
 def test_a_model_others_wait_for_starts_before_a_longer_one(smoke_data, monkeypatch, cost, expected):
     bench, tokenizer = smoke_data
@@ -95,15 +98,16 @@ def test_models_waiting_on_each_other_raise_instead_of_hanging(smoke_data, monke
 
     monkeypatch.setattr(training_lanes, "plan", cycle)
     with pytest.raises(RuntimeError, match="wait on each other"):
-        training_lanes.train_in_parallel(["vsepp", "scan"], smoke=True, checkpoints=tmp_path, jobs=2, retrain=True,
-                                         progress=False, data=smoke_data)
+        training_lanes.train_in_parallel(["vsepp", "scan"], smoke=True, checkpoints=tmp_path,
+                                         jobs=2, retrain=True, progress=False, data=smoke_data)
 
 
 def test_a_model_with_a_current_shipped_file_is_not_trained(smoke_data, monkeypatch):
     bench, tokenizer = smoke_data
     models = own_models(available_methods(0, smoke=True, names=["vsepp", "scan"]))
     shipped = next(m for m in models if m.name == "scan")
-    monkeypatch.setattr(type(shipped), "shipped_file", lambda self, b, t: Path("x.pt") if self is shipped else None)
+    monkeypatch.setattr(type(shipped), "shipped_file",
+                        lambda self, b, t: Path("x.pt") if self is shipped else None)
     order, _ = training_lanes.plan(models, bench, tokenizer)
     assert [models[i].name for i in order] == ["vsepp"]
 
@@ -111,8 +115,8 @@ def test_a_model_with_a_current_shipped_file_is_not_trained(smoke_data, monkeypa
 def test_two_processes_train_what_one_thread_trains_in_this_process(tmp_path, smoke_data):
     bench, tokenizer = smoke_data
     lanes, here = tmp_path / "lanes", tmp_path / "here"
-    finished = training_lanes.train_in_parallel(["vsepp", "scan"], smoke=True, checkpoints=lanes, jobs=2,
-                                                retrain=True, progress=False)
+    finished = training_lanes.train_in_parallel(["vsepp", "scan"], smoke=True, checkpoints=lanes,
+                                                jobs=2, retrain=True, progress=False)
     assert sorted(row["model"] for row in finished) == ["scan", "vsepp"]
     assert all(row["seconds"] > 0 and row["cpu_seconds"] > 0 for row in finished)
     threads = torch.get_num_threads()

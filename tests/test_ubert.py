@@ -44,9 +44,9 @@ BENCH_SIZES = dict(n_train=120, n_val=20, n_test=24, n_pretrain=10, n_compositio
 
 
 def small_config(**kw) -> UBERTConfig:
-    return UBERTConfig(**{"hidden": 16, "tower_layers": 1, "cross_layers": 1, "heads": 2, "batch_size": 16,
-                          "cross_batch_size": 8, "max_steps": 6, "cross_steps": 6, "sum_warmup_steps": 2,
-                          "dropout": 0.0, **kw})
+    return UBERTConfig(**{"hidden": 16, "tower_layers": 1, "cross_layers": 1, "heads": 2,
+                          "batch_size": 16, "cross_batch_size": 8, "max_steps": 6, "cross_steps": 6,
+                          "sum_warmup_steps": 2, "dropout": 0.0, **kw})
 
 
 def untrained_scan(split, tok):
@@ -57,7 +57,8 @@ def untrained_scan(split, tok):
 
 def smoke_method(config: UBERTConfig, **kwargs) -> UBERTMethod:
     """A UBERTMethod whose SCAN trains for 3 steps (the default would train SCAN's own size)."""
-    return UBERTMethod(config, progress=False, scan=SCANMethod(SCANConfig.smoke(max_steps=3), progress=False), **kwargs)
+    return UBERTMethod(config, progress=False,
+                       scan=SCANMethod(SCANConfig.smoke(max_steps=3), progress=False), **kwargs)
 
 
 def is_tower_key(name: str) -> bool:
@@ -91,7 +92,8 @@ def fitted(bench, tok, tmp_path_factory):
 def test_masked_mean_against_a_loop():
     g = torch.Generator().manual_seed(0)
     x, mask = torch.randn(3, 5, 4, generator=g), torch.tensor([[1, 1, 0, 0, 0], [1, 1, 1, 1, 1], [0] * 5]).bool()
-    expected = torch.stack([x[b][mask[b]].mean(0) if mask[b].any() else torch.zeros(4) for b in range(3)])
+    expected = torch.stack([x[b][mask[b]].mean(0) if mask[b].any() else torch.zeros(4)
+                            for b in range(3)])
     assert torch.allclose(masked_mean(x, mask), expected, atol=TOL)
 
 
@@ -105,9 +107,11 @@ def test_eq15_by_hand():
     g = torch.Generator().manual_seed(1)
     i, t = torch.randn(6, 8, generator=g), torch.randn(6, 8, generator=g)
     s1 = torch.nn.functional.cosine_similarity(i, t, dim=-1)
-    assert torch.allclose(enhanced_similarity(i, t, torch.zeros_like(i), torch.zeros_like(t), 0.3), s1, atol=TOL)
+    assert torch.allclose(enhanced_similarity(i, t, torch.zeros_like(i), torch.zeros_like(t), 0.3),
+                          s1, atol=TOL)
     # and a very large alpha drowns the inter part: s2 -> s1
-    assert torch.allclose(enhanced_similarity(i, t, torch.randn(6, 8), torch.randn(6, 8), 1e6), s1, atol=1e-4)
+    assert torch.allclose(enhanced_similarity(i, t, torch.randn(6, 8), torch.randn(6, 8), 1e6),
+                          s1, atol=1e-4)
 
 
 def test_states_are_unit_means_of_the_towers_and_ignore_padding(model, bench, tok):
@@ -163,10 +167,12 @@ def test_pair_scores_and_l2_against_loops(model, bench, tok):
     # L2 = eq. (L2) of §4.3 summed over i and j != i, with the hardest negatives after the warm-up
     cfg = small_config(sum_warmup_steps=2, max_violation=True)
     diag = scores.diag()
-    summed = sum(max(0.0, cfg.margin + scores[i, j] - diag[i]) + max(0.0, cfg.margin + scores[j, i] - diag[i])
+    summed = sum(max(0.0, cfg.margin + scores[i, j] - diag[i])
+                 + max(0.0, cfg.margin + scores[j, i] - diag[i])
                  for i in range(5) for j in range(5) if j != i)
     with torch.no_grad():
-        assert cross_loss(cfg)(model, batch, step=0).item() == pytest.approx(float(summed), abs=1e-4)
+        assert (cross_loss(cfg)(model, batch, step=0).item()
+                == pytest.approx(float(summed), abs=1e-4))
         assert cross_loss(cfg)(model, batch, step=2).item() == pytest.approx(
         hinge_triplet_loss(scores, cfg.margin, max_violation=True).item(), abs=1e-5)
 
@@ -194,26 +200,31 @@ def test_cross_tokens_carry_scans_reading_of_each_word_and_region(model, bench, 
     caption alone."""
     batch = pair_batch(bench["test"], tok, [0, 5, 14])
     batch = {k: torch.cat([v, torch.full((3, 3), tok.pad_token_id if k == "input_ids" else 0)], 1)
-             if k in ("input_ids", "attention_mask") else v for k, v in batch.items()}  # three padded columns more
+             if k in ("input_ids", "attention_mask") else v
+             for k, v in batch.items()}  # three padded columns more
     with torch.no_grad():
         tokens, mask, intra = model.text_states(batch)  # (3, T, H)
         base, _, base_intra = model._text_tower(batch)
-        assert torch.allclose(intra, base_intra, atol=TOL) and torch.allclose(model.encode_texts(batch), intra, atol=TOL)
+        assert (torch.allclose(intra, base_intra, atol=TOL)
+                and torch.allclose(model.encode_texts(batch), intra, atol=TOL))
         for b in range(3):
             n = int(batch["attention_mask"][b].sum())  # [CLS] w1 .. w(n-2) [SEP]
-            words, _ = model.scan.encode_texts({k: batch[k][b:b + 1, :n] for k in ("input_ids", "attention_mask")})
+            words, _ = model.scan.encode_texts({k: batch[k][b:b + 1, :n]
+                                                for k in ("input_ids", "attention_mask")})
             expected = base[b].clone()
             expected[1:n - 1] += model.cross_inputs["word"](words[0])
             assert torch.allclose(tokens[b], expected, atol=TOL)
         regions, real = model.scan.encode_images(batch)  # (3, M, E), (3, M)
-        expected = model._image_tower(batch)[0] + model.cross_inputs["region"](regions) * real[..., None]
+        expected = (model._image_tower(batch)[0]
+                    + model.cross_inputs["region"](regions) * real[..., None])
         assert torch.allclose(model.image_states(batch)[0], expected, atol=TOL)
 
 
 def test_scan_copy_is_frozen_and_step_two_trains_only_bert_cross_and_its_inputs(bench, tok, scan):
     m = build_ubert(small_config(), bench["train"], tok, scan)
-    assert m.scan is not scan and all(torch.equal(a, b) for a, b in zip(m.scan.state_dict().values(),
-                                                                        scan.state_dict().values(), strict=True))
+    assert m.scan is not scan and all(torch.equal(a, b)
+                                      for a, b in zip(m.scan.state_dict().values(),
+                                                      scan.state_dict().values(), strict=True))
     # frozen from the start, joint training too
     assert not any(p.requires_grad for p in m.scan.parameters())
     m.freeze_towers().train()
@@ -222,7 +233,8 @@ def test_scan_copy_is_frozen_and_step_two_trains_only_bert_cross_and_its_inputs(
     assert trained == {"cross", "cross_inputs"}
     batch = pair_batch(bench["train"], tok, range(4))
     m.pair_scores(m.image_states(batch), m.text_states(batch)).sum().backward()
-    assert m.cross_inputs["word"][0].weight.grad is not None and m.cross_inputs["region"][0].weight.grad is not None
+    assert (m.cross_inputs["word"][0].weight.grad is not None
+            and m.cross_inputs["region"][0].weight.grad is not None)
 
 
 def test_scan_inputs_leave_the_towers_and_bert_cross_initial_weights_as_they_were(bench, tok, scan):
@@ -243,21 +255,24 @@ def test_step_two_freezes_the_towers_bit_for_bit(bench, tok, tmp_path):
     cfg = small_config()
     towers_ckpt, ckpt = tmp_path / "towers.pt", tmp_path / "cross.pt"
     scan = untrained_scan(bench["train"], tok)
-    model, histories = train_ubert(bench, tok, cfg, towers_checkpoint=towers_ckpt, checkpoint_path=ckpt,
-                                   scan=scan, progress=False)
+    model, histories = train_ubert(bench, tok, cfg, towers_checkpoint=towers_ckpt,
+                                   checkpoint_path=ckpt, scan=scan, progress=False)
     assert set(histories) == {"towers", "cross"}
     towers = torch.load(towers_ckpt, map_location="cpu", weights_only=True)["model"]
     # step 1 has no SCAN inputs
     assert not any(k.startswith(("cross_inputs.", "scan.")) for k in towers)
     final = model.state_dict()
     fresh_cross = build_ubert(cfg, bench["train"], tok, scan).state_dict()
-    assert all(torch.equal(final[k], v) for k, v in scan.state_dict().items() for k in [f"scan.{k}"])
-    assert any(not torch.equal(final[k], fresh_cross[k]) for k in final if k.startswith("cross_inputs."))
+    assert all(torch.equal(final[k], v) for k, v in scan.state_dict().items()
+               for k in [f"scan.{k}"])
+    assert any(not torch.equal(final[k], fresh_cross[k]) for k in final
+               if k.startswith("cross_inputs."))
     tower_keys = [k for k in final if is_tower_key(k)]
     assert tower_keys and all(torch.equal(final[k], towers[k]) for k in tower_keys)
     assert any(not torch.equal(final[k], fresh_cross[k]) for k in final if k.startswith("cross."))
     # the towers of step 1 do not depend on the cross fields
-    assert tower_config(dataclasses.replace(cfg, cross_layers=3, cross_input="towers")) == tower_config(cfg)
+    assert (tower_config(dataclasses.replace(cfg, cross_layers=3, cross_input="towers"))
+            == tower_config(cfg))
 
 
 def test_bert_txt_can_start_from_a_pretrained_bert(bench, minilm_folder):
@@ -278,21 +293,25 @@ def test_bert_txt_can_start_from_a_pretrained_bert(bench, minilm_folder):
         tokens, mask, intra = model.text_states(texts)
         out = reference(**texts, output_hidden_states=True)
     expected = torch.nn.functional.normalize(masked_mean(out.last_hidden_state, mask), dim=-1)
-    assert torch.allclose(tokens, out.hidden_states[0], atol=1e-5) and torch.allclose(intra, expected, atol=1e-5)
+    assert (torch.allclose(tokens, out.hidden_states[0], atol=1e-5)
+            and torch.allclose(intra, expected, atol=1e-5))
 
     model.train()
     loss = tower_loss(config)(model, pair_batch(bench["train"], wordpieces, range(8)))
     loss.backward()
     assert model.text_tower.bert.encoder.layer[0].attention.self.query.weight.grad.abs().sum() > 0
     model.freeze_towers().train()
-    assert not model.text_tower.training and not any(p.requires_grad for p in model.text_tower.parameters())
+    assert (not model.text_tower.training
+            and not any(p.requires_grad for p in model.text_tower.parameters()))
 
     with pytest.raises(ValueError, match=r"hidden=16.*UBERTConfig\(hidden=384\)"):
-        build_ubert(small_config(text_encoder=name, cross_towers="none"), bench["train"], wordpieces)
+        build_ubert(small_config(text_encoder=name, cross_towers="none"),
+                    bench["train"], wordpieces)
     # the word tokenizer's ids do not fit BERT's table
     with pytest.raises(ValueError, match="tokenizer_for"):
         build_ubert(config, bench["train"], build_word_tokenizer(bench["train"].captions))
-    assert "text_encoder" not in small_config().to_dict() and config.to_dict()["text_encoder"] == name
+    assert ("text_encoder" not in small_config().to_dict()
+            and config.to_dict()["text_encoder"] == name)
 
 
 def test_bert_txt_can_learn_at_a_fraction_of_the_rate(bench, minilm_folder):
@@ -301,7 +320,8 @@ def test_bert_txt_can_learn_at_a_fraction_of_the_rate(bench, minilm_folder):
 
     name, folder = minilm_folder
     wordpieces = tokenizer_for(bench["train"], name=folder)
-    config = small_config(text_encoder=name, hidden=384, heads=6, cross_towers="none", text_encoder_lr_scale=0.1)
+    config = small_config(text_encoder=name, hidden=384, heads=6, cross_towers="none",
+                          text_encoder_lr_scale=0.1)
     model = build_ubert(config, bench["train"], wordpieces)
     groups = param_groups(model, 0.01, 1e-3, config.lr_scales())
     slow = {id(p) for g in groups if g.get("lr") == pytest.approx(1e-4) for p in g["params"]}
@@ -309,7 +329,8 @@ def test_bert_txt_can_learn_at_a_fraction_of_the_rate(bench, minilm_folder):
     assert slow == {id(p) for p in model.text_tower.parameters()}
     # a switch: no model trained before is renamed
     assert "text_encoder_lr_scale" not in small_config().to_dict()
-    with pytest.raises(ValueError, match=r"UBERTConfig\(text_encoder_lr_scale=0.1\).*set text_encoder"):
+    with pytest.raises(ValueError,
+                       match=r"UBERTConfig\(text_encoder_lr_scale=0.1\).*set text_encoder"):
         small_config(text_encoder_lr_scale=0.1)
 
 
@@ -361,7 +382,8 @@ def test_towers_from_another_model_skip_step_one(fitted, bench, tok, tmp_path):
     tower_keys = [k for k in theirs if is_tower_key(k)]
     assert tower_keys and all(torch.equal(mine[k], theirs[k]) for k in tower_keys)
     assert deeper.history["towers"] is method.history["towers"] and len(deeper.history["cross"])
-    assert all(not p.requires_grad for n, p in deeper.model.named_parameters() if not n.startswith(STEP_TWO_PARTS))
+    assert all(not p.requires_grad for n, p in deeper.model.named_parameters()
+               if not n.startswith(STEP_TWO_PARTS))
 
 
 def test_towers_from_refuses_other_towers_and_an_unfitted_model(fitted, bench, tok, tmp_path):
@@ -382,15 +404,18 @@ def test_the_method_follows_its_scan_checkpoint_and_ships_with_it(fitted, bench,
     assert method.checkpoint_extra(bench, tok) == (method.towers_checkpoint_file(bench, tok),
                                                    method.scan.checkpoint_file(bench, tok))
     assert method.scan in own_models([method]) and method.scan in own_models([UBERTCascade(method)])
-    other = UBERTMethod(small_config(), scan=SCANMethod(SCANConfig.smoke(max_steps=4), progress=False))
+    other = UBERTMethod(small_config(),
+                        scan=SCANMethod(SCANConfig.smoke(max_steps=4), progress=False))
     assert other.checkpoint_file(bench, tok) != method.checkpoint_file(bench, tok)
     none = UBERTMethod(small_config(cross_towers="none"))
-    assert none.scan is None and none.checkpoint_extra(bench, tok) == (none.towers_checkpoint_file(bench, tok),)
+    assert (none.scan is None
+            and none.checkpoint_extra(bench, tok) == (none.towers_checkpoint_file(bench, tok),))
     rebuilt = method.build_model(bench, tok)
     rebuilt.load_state_dict(method.model.state_dict())
     split = bench["test"]
     images, texts = torch.arange(12) % split.n_images, torch.arange(12) * 7 % split.n_texts
-    assert torch.allclose(score_cached_pairs(rebuilt.eval(), compute_states(rebuilt, split, tok), images, texts),
+    assert torch.allclose(score_cached_pairs(rebuilt.eval(), compute_states(rebuilt, split, tok),
+                                             images, texts),
                           method.score_pairs(split, images, texts), atol=1e-5)
 
 
@@ -404,7 +429,8 @@ def test_cached_states_equal_the_uncached_path(fitted, bench, tok):
     texts = torch.randint(0, split.n_texts, (30,), generator=g)
     images = torch.randint(0, split.n_images, (30,), generator=g)
     cached = score_cached_pairs(model, states, images, texts, batch_size=8)
-    batch = PairCollate(tok)([{**PairDataset(split)[int(t)], **PairDataset(split).images.image_fields(int(i))}
+    batch = PairCollate(tok)([{**PairDataset(split)[int(t)],
+                               **PairDataset(split).images.image_fields(int(i))}
                               for i, t in zip(images, texts, strict=True)])
     with torch.no_grad():
         direct = model.s2(model.image_states(batch), model.text_states(batch))
@@ -414,7 +440,8 @@ def test_cached_states_equal_the_uncached_path(fitted, bench, tok):
     query = states.text([int(texts[0])])
     with torch.no_grad():
         k_scores = rescore_candidates(model, query, states.image(images[:10]))
-    assert torch.allclose(k_scores, score_cached_pairs(model, states, images[:10], texts[:1].repeat(10)), atol=1e-5)
+    assert torch.allclose(k_scores, score_cached_pairs(model, states, images[:10],
+                                                       texts[:1].repeat(10)), atol=1e-5)
 
 
 
@@ -429,21 +456,24 @@ def test_cached_caption_states_equal_each_caption_encoded_alone(fitted, bench, t
         alone = text_fields([split.captions[t]], tok, model.config.max_text_length)
         tokens, mask, intra = model.eval().text_states(alone)  # (1, n, H), (1, n), (1, H)
         n = tokens.shape[1]
-        assert states.text_mask[t].tolist() == [True] * n + [False] * (states.text_mask.shape[1] - n)
+        assert (states.text_mask[t].tolist()
+                == [True] * n + [False] * (states.text_mask.shape[1] - n))
         torch.testing.assert_close(states.text_tokens[t, :n], tokens[0], atol=1e-5, rtol=1e-4)
         torch.testing.assert_close(states.text_intra[t], intra[0], atol=1e-5, rtol=1e-4)
 
 def _recalls(method, split, direction, ks):
     queries = split.text_queries if direction == "t2i" else split.image_queries
     indices, scores = method.rank(split, direction, max(ks), queries)
-    return recall_at_k(ranks_from_top_k(scores, ground_truth(split, direction, queries, indices)), ks)
+    return recall_at_k(ranks_from_top_k(scores,
+                                        ground_truth(split, direction, queries, indices)), ks)
 
 
 def test_cascade_reorders_only_the_top_k(fitted, bench):
     method, _ = fitted
     split = bench["test"]
     cascade = UBERTCascade(method, top_k=5, top_k_i2t=10)
-    assert cascade.pairs_per_query(split, "t2i") == 5 and cascade.pairs_per_query(split, "i2t") == 10
+    assert (cascade.pairs_per_query(split, "t2i") == 5
+            and cascade.pairs_per_query(split, "i2t") == 10)
     for direction, K in (("t2i", 5), ("i2t", 10)):
         first, _ = method.rank(split, direction, 20)
         both, scores = cascade.rank(split, direction, 20)
@@ -476,7 +506,8 @@ def test_image_query_fn_matches_rank(fitted, bench):
     cascade = UBERTCascade(method, top_k=5, top_k_i2t=12)
     indices, _ = cascade.rank(split, "i2t", 10, queries=[2, 7])
     for row, image in enumerate((2, 7)):
-        assert np.array_equal(cascade.image_query_fn(split, image, top_k=10)(), indices[row].numpy())
+        assert np.array_equal(cascade.image_query_fn(split, image, top_k=10)(),
+                              indices[row].numpy())
 
 
 def test_sum_of_hinges_by_default(model, bench, tok):
@@ -499,4 +530,5 @@ def test_stage_one_rank_from_cached_states_equals_the_towers(fitted, bench):
         cached, cached_scores = method.rank(split, direction, 10)
         # a fresh tower pass
         encoded, encoded_scores = DualEncoderMethod.rank(method, split, direction, 10)
-        assert torch.equal(cached, encoded) and torch.allclose(cached_scores, encoded_scores, atol=1e-5)
+        assert (torch.equal(cached, encoded)
+                and torch.allclose(cached_scores, encoded_scores, atol=1e-5))

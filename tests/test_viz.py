@@ -52,7 +52,8 @@ def test_show_twins_pairs_scene_and_twin(bench):
 def test_pareto_plots_timed_methods_and_a_line_for_the_oracle():
     rows = [{"method": "oracle", "setting": "test", "t2i_r1": 90.0, "ms_per_query": None},
             {"method": "fast", "setting": "test", "t2i_r1": 20.0, "ms_per_query": 0.1},
-            {"method": "slow", "setting": "test", "t2i_r1": 60.0, "ms_per_query": 30.0, "ms_measured": False},
+            {"method": "slow", "setting": "test", "t2i_r1": 60.0, "ms_per_query": 30.0,
+             "ms_measured": False},
             {"method": "slow", "setting": "full", "t2i_r1": 10.0, "ms_per_query": 300.0}]
     ax = viz.plot_pareto(rows, setting="test")
     points = np.concatenate([c.get_offsets() for c in ax.collections])
@@ -68,7 +69,8 @@ def test_pareto_plots_timed_methods_and_a_line_for_the_oracle():
     # between the methods: a line
     within = [{**rows[0], "method": "bag-of-objects", "t2i_r1": 40.0}] + rows[1:]
     ax = viz.plot_pareto(within, setting="test")
-    assert any(np.allclose(line.get_ydata(), 40.0) and "reference" in line.get_label() for line in ax.lines)
+    assert any(np.allclose(line.get_ydata(), 40.0) and "reference" in line.get_label()
+               for line in ax.lines)
     plt.close(ax.figure)
 
 
@@ -102,7 +104,8 @@ def test_draw_boxes_labels_stay_inside_the_image(bench):
 
 def test_a_split_without_pixels_is_a_clear_error(bench):
     split = bench["test"]
-    no_pixels = type(split)(name="x", captions=split.captions, txt2img=split.txt2img, image_ids=split.image_ids)
+    no_pixels = type(split)(name="x", captions=split.captions, txt2img=split.txt2img,
+                            image_ids=split.image_ids)
     with pytest.raises(ValueError, match="no pixels"):
         viz.show_scenes(no_pixels, [0])
 
@@ -114,7 +117,8 @@ def test_show_retrieval_frames_only_the_true_image_in_red(bench):
     drawn = [ax for ax in fig.axes if ax.images]
     assert len(drawn) == len(ranked) and len(fig.axes) == 10  # 2 rows of 5, 3 panels left empty
     assert [ax.get_title().split(" ")[1] for ax in drawn] == [split.image_ids[i] for i in ranked]
-    red = [ax for ax in drawn if ax.spines["top"].get_edgecolor() == matplotlib.colors.to_rgba("red")]
+    red = [ax for ax in drawn
+           if ax.spines["top"].get_edgecolor() == matplotlib.colors.to_rgba("red")]
     assert red == [drawn[2]] and "(true)" in drawn[2].get_title()
     assert split.captions[10] in fig._suptitle.get_text()
     plt.close(fig)
@@ -134,12 +138,14 @@ def test_pareto_draws_the_front_of_the_naive_dominance_loop():
             {"method": "e", "setting": "full", "t2i_r1": 40.0, "ms_per_query": 100.0}]
     ax = viz.plot_pareto(rows, setting="full")
     timed = [r for r in rows if r["ms_per_query"]]
-    naive = [r for r in timed if not any(q["ms_per_query"] <= r["ms_per_query"] and q["t2i_r1"] >= r["t2i_r1"]
-                                         and q is not r for q in timed)]
+    naive = [r for r in timed
+             if not any(q["ms_per_query"] <= r["ms_per_query"] and q["t2i_r1"] >= r["t2i_r1"]
+                        and q is not r for q in timed)]
     (front,) = [line for line in ax.lines if line.get_label() == "Pareto front"]
     assert list(front.get_xdata()) == [r["ms_per_query"] for r in naive] == [1.0, 5.0, 100.0]
     assert list(front.get_ydata()) == [r["t2i_r1"] for r in naive]
-    assert sorted(t.get_text() for t in ax.texts if not t.get_text().startswith("oracle")) == ["a", "b", "c", "d", "e"]
+    assert (sorted(t.get_text() for t in ax.texts if not t.get_text().startswith("oracle"))
+            == ["a", "b", "c", "d", "e"])
     # at the edge
     assert ax.get_ylim()[1] < 80 and any("oracle 80.0 (ceiling)" in t.get_text() for t in ax.texts)
     plt.close(ax.figure)
@@ -149,7 +155,8 @@ def test_pareto_settings_one_panel_per_setting_and_one_colour_per_method():
     rows = [{"method": m, "setting": s, "t2i_r1": r, "ms_per_query": ms}
             for s in ("test", "full") for m, r, ms in (("fast", 5.0, 0.1), ("slow", 9.0, 10.0))]
     fig = viz.plot_pareto_settings(rows, settings=("test", "full"))
-    assert [ax.get_title() for ax in fig.axes] == ["accuracy vs latency (test)", "accuracy vs latency (full)"]
+    assert ([ax.get_title() for ax in fig.axes]
+            == ["accuracy vs latency (test)", "accuracy vs latency (full)"])
     colours = [[tuple(c.get_facecolors()[0]) for c in ax.collections] for ax in fig.axes]
     assert colours[0] == colours[1] and colours[0][0] != colours[0][1]
     plt.close(fig)
@@ -218,8 +225,10 @@ def test_learning_curve_draws_val_and_train_against_cpu_seconds():
     from course_lib.core.history import History
 
     history = History([{"step": 10, "loss": 1.0},
-                       {"step": 10, "eval": True, "cpu_seconds": 5.0, "val_t2i_r1": 3.0, "train_t2i_r1": 4.0},
-                       {"step": 20, "eval": True, "cpu_seconds": 9.0, "val_t2i_r1": 7.0, "train_t2i_r1": 11.0}])
+                       {"step": 10, "eval": True, "cpu_seconds": 5.0, "val_t2i_r1": 3.0,
+                        "train_t2i_r1": 4.0},
+                       {"step": 20, "eval": True, "cpu_seconds": 9.0, "val_t2i_r1": 7.0,
+                        "train_t2i_r1": 11.0}])
     ax = viz.plot_learning_curve({"run": history})
     val, train = ax.get_lines()
     assert list(val.get_xdata()) == [5.0, 9.0] and list(val.get_ydata()) == [3.0, 7.0]
@@ -238,9 +247,11 @@ def test_each_method_diagram_draws_its_labelled_boxes_and_arrows_and_renders(nam
 
     spec = viz.DIAGRAMS[name]
     ax = viz.draw_method(name)
-    boxes = {p.get_gid()[4:]: p for p in ax.patches if isinstance(p, FancyBboxPatch) and p.get_gid()}
+    boxes = {p.get_gid()[4:]: p for p in ax.patches
+             if isinstance(p, FancyBboxPatch) and p.get_gid()}
     assert set(boxes) == set(spec["boxes"])
-    labels = {t.get_gid()[6:]: t.get_text() for t in ax.texts if (t.get_gid() or "").startswith("label:")}
+    labels = {t.get_gid()[6:]: t.get_text() for t in ax.texts
+              if (t.get_gid() or "").startswith("label:")}
     assert labels == {key: label for key, (label, *_) in spec["boxes"].items()}
     arrows = {t.get_gid(): t for t in ax.texts if (t.get_gid() or "").startswith("arrow:")}
     assert set(arrows) == {f"arrow:{a}->{b}" for a, b, _ in spec["arrows"]}

@@ -122,7 +122,8 @@ def test_other_encoders_build_and_score(bench, tokenizer, image_kind, text_kind)
     batch = PairCollate(tokenizer)([dataset[t] for t in range(4)])
     with torch.no_grad():
         scores = batch_scores(*model(batch))
-    assert scores.shape == (4, 4) and torch.isfinite(scores).all() and scores.abs().max() <= 1 + 1e-5
+    assert (scores.shape == (4, 4) and torch.isfinite(scores).all()
+            and scores.abs().max() <= 1 + 1e-5)
 
 
 def test_unknown_encoder_kinds_list_the_valid_ones(bench, tokenizer):
@@ -155,8 +156,10 @@ def test_sum_warmup_switches_to_max_violation_at_the_step(bench, tokenizer):
     loss_fn = vsepp_loss(0.2, True, sum_warmup_steps=3)
     with torch.no_grad():
         scores = batch_scores(*model(batch))
-    torch.testing.assert_close(loss_fn(model, batch, 2).detach(), hinge_triplet_loss(scores, 0.2, False))
-    torch.testing.assert_close(loss_fn(model, batch, 3).detach(), hinge_triplet_loss(scores, 0.2, True))
+    torch.testing.assert_close(loss_fn(model, batch, 2).detach(),
+                               hinge_triplet_loss(scores, 0.2, False))
+    torch.testing.assert_close(loss_fn(model, batch, 3).detach(),
+                               hinge_triplet_loss(scores, 0.2, True))
 
 
 # ----------------------------------------------------------------------------------------- training
@@ -179,8 +182,8 @@ def test_method_caches_its_checkpoint(bench, tokenizer, tmp_path, monkeypatch):
     config = VsePPConfig(**TINY, max_steps=4)
     first = VsePPMethod(config, progress=False).fit(bench, tokenizer, cache_dir=tmp_path)
     assert first.checkpoint_path.exists()
-    assert first.checkpoint_path.name == checkpoint_name("vsepp", config.to_dict(), bench["train"], tokenizer,
-                                                         version=first.format_version)
+    assert first.checkpoint_path.name == checkpoint_name("vsepp", config.to_dict(), bench["train"],
+                                                         tokenizer, version=first.format_version)
     other = VsePPMethod(VsePPConfig(**{**TINY, "margin": 0.3}, max_steps=4), progress=False)
     other.fit(bench, tokenizer, cache_dir=tmp_path)
     assert other.checkpoint_path != first.checkpoint_path
@@ -275,7 +278,8 @@ def test_learning_curve_splits_score_each_split_under_its_name(trained, bench, t
     evaluator gives on each split; the train split is the first images of bench["train"]."""
     model = trained[0]
     splits = learning_curve_splits(bench, n_train=20)
-    assert splits["train"].n_images == 20 and splits["train"].image_ids == bench["train"].image_ids[:20]
+    assert (splits["train"].n_images == 20
+            and splits["train"].image_ids == bench["train"].image_ids[:20])
     assert splits["val"].n_images == min(20, bench["val"].n_images)
     score = lambda m, split: similarity(m, split, tokenizer)  # noqa: E731
     both = retrieval_evaluator(splits, score)(model)
