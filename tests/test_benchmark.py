@@ -1,4 +1,4 @@
-"""The headless benchmark job writes its fixed results.json schema, and its baseline scores right."""
+"""The headless benchmark job writes its fixed results.json schema; its baseline scores right."""
 
 import json
 

@@ -1,4 +1,4 @@
-"""The shared transformer block equals torch's pre-LN encoder layer, and the stack returns every layer."""
+"""The shared transformer block is torch's pre-LN encoder layer; the stack returns every layer."""
 
 import pytest
 import torch

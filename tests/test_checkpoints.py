@@ -124,7 +124,8 @@ def test_method_checkpoint_file_is_the_name_fit_uses(data, tmp_path, monkeypatch
 
 def test_a_name_hashes_what_the_model_is_trained_from_not_its_code(data, monkeypatch):
     """The name covers config, data, vocabulary, extra files and the declared format version; the
-    source text of the code that trains it plays no part (an edit that changes no number keeps it)."""
+    source text of the code that trains it plays no part (an edit that changes no number
+    keeps it)."""
     bench, tokenizer = data
     method = VsePPMethod(VsePPConfig.smoke())
     name = method.checkpoint_file(bench, tokenizer)
@@ -143,8 +144,9 @@ def test_a_name_hashes_what_the_model_is_trained_from_not_its_code(data, monkeyp
 
 
 def test_a_later_stage_field_leaves_an_earlier_stage_name_alone(data):
-    """LightningDOT's fine-tuning fields do not enter its pre-training checkpoint's name; every other
-    field does, so a field added without a stage tag can only retrain, never serve a stale stage."""
+    """LightningDOT's fine-tuning fields do not enter its pre-training checkpoint's name; every
+    other field does, so a field added without a stage tag can only retrain, never serve a
+    stale stage."""
     bench, tokenizer = data
     base = LightningDOTConfig.smoke()
     first = LightningDOTMethod(base).pretrain_checkpoint_file(bench, tokenizer)

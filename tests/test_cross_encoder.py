@@ -1,7 +1,7 @@
 """The single-stream cross-encoder: shapes, padding invariance, use of both modalities, scoring
 helpers against independent loops, hard-negative mining on a hand-made matrix, the ITM batch
-construction (binary ITM, the listwise grid and its ITC-picked variant, each loss against pair-by-pair
-scores), short training runs that must learn, and the benchmark method's cache."""
+construction (binary ITM, the listwise grid and its ITC-picked variant, each loss against
+pair-by-pair scores), short training runs that must learn, and the benchmark method's cache."""
 
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ def untrained_towers(split, tok, seed: int = 0):
 
 
 def smoke_method(config, **kwargs) -> CrossEncoderMethod:
-    """A CrossEncoderMethod whose SCAN towers train for 3 steps (the default would train SCAN's own size)."""
+    """A CrossEncoderMethod whose SCAN towers train for 3 steps (not SCAN's default size)."""
     return CrossEncoderMethod(config, towers=SCANMethod(SCANConfig.smoke(max_steps=3),
                                                         progress=False), **kwargs)
 
@@ -318,10 +318,10 @@ def test_the_checkpoint_name_follows_the_miner_only_when_it_mines(bench, tok):
 
 
 def test_a_miner_is_kept_only_where_it_mines(bench, tok):
-    """The benchmark hands the cross-encoder a VSE++ miner whatever its loss. Trained listwise it draws no
-    mined negatives, so VSE++ is not among the models it is built from: the benchmark's --retrain
-    and the refresh of the shipped models (course_lib.refresh_shipped) do not train VSE++ before it
-    (or at all, for --methods cross_encoder). Binary ITM with hard negatives keeps it."""
+    """The benchmark hands the cross-encoder a VSE++ miner whatever its loss. Trained listwise it
+    draws no mined negatives, so VSE++ is not among the models it is built from: the benchmark's
+    --retrain and the refresh of the shipped models (course_lib.refresh_shipped) do not train VSE++
+    before it (or at all, for --methods cross_encoder). Binary ITM with hard negatives keeps it."""
     vsepp = VsePPMethod(VsePPConfig.smoke(max_steps=2), progress=False)
     listwise = smoke_method(CrossEncoderConfig.smoke(max_steps=3), miner=dual_encoder_miner(vsepp))
     assert listwise.miner is None and vsepp not in own_models([listwise])
@@ -514,9 +514,10 @@ def test_itc_itm_loss_scores_the_chosen_grid_and_the_unimodal_features(bench, to
 # ------------------------------------------------------------------------------------ SCAN's towers
 
 def test_towers_add_scans_encoding_of_each_word_and_region(bench, tok, model):
-    """towers="scan": each word token gets word_from_towers(SCAN's encoding of that word), each region
-    token region_from_towers(SCAN's encoding of it), on top of UNITER's embeddings; [CLS], [SEP] and
-    padding get nothing. Checked caption by caption against SCAN run on that caption alone."""
+    """towers="scan": each word token gets word_from_towers(SCAN's encoding of that word), each
+    region token region_from_towers(SCAN's encoding of it), on top of UNITER's embeddings; [CLS],
+    [SEP] and padding get nothing. Checked caption by caption against SCAN run on that
+    caption alone."""
     from course_lib.core.blocks import JointEmbedding
 
     images, texts = pairs(bench["test"], tok, [0, 1, 2], [0, 5, 14])
@@ -569,9 +570,9 @@ def test_towers_config_is_checked(bench, tok):
 
 
 def test_the_method_follows_its_scan_checkpoint_and_ships_with_it(bench, tok, tmp_path):
-    """The cross-encoder is trained on SCAN's towers, so another SCAN is another cross-encoder file; the
-    training planner sees SCAN as a model it needs; a shipped-style load rebuilds the towers untrained
-    and takes their weights from the cross-encoder's own state."""
+    """The cross-encoder is trained on SCAN's towers, so another SCAN is another cross-encoder file;
+    the training planner sees SCAN as a model it needs; a shipped-style load rebuilds the towers
+    untrained and takes their weights from the cross-encoder's own state."""
     config = CrossEncoderConfig.smoke(max_steps=3)
     a, b = smoke_method(config), smoke_method(config)
     assert a.checkpoint_file(bench, tok) == b.checkpoint_file(bench, tok)
@@ -607,8 +608,8 @@ def test_towers_read_a_repeated_caption_once_with_the_same_result(bench, tok, mo
 
 
 def test_the_method_records_a_learning_curve_on_small_galleries(bench, tok, tmp_path):
-    """CURVE_POINTS evaluations of val[:n] and train[:n] (n = CURVE_IMAGES, or the split's size), the
-    last one equal to scoring every pair of those galleries with the trained model."""
+    """CURVE_POINTS evaluations of val[:n] and train[:n] (n = CURVE_IMAGES, or the split's size),
+    the last one equal to scoring every pair of those galleries with the trained model."""
     from course_lib.methods.base import CURVE_POINTS
     from course_lib.methods.cross_encoder.method import CURVE_IMAGES
 

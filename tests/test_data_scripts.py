@@ -2,8 +2,8 @@
 
 The fixture is written here: a Flickr30k-style file (no filepath) and a COCO-style one (filepath
 train2014 / val2014, a restval split, an image with 6 sentences), with small generated JPEGs.
-Downloads use file:// URLs of zips made here (Flickr8k's shaped as its official ones and Karpathy's);
-nothing touches the network.
+Downloads use file:// URLs of zips made here (Flickr8k's shaped as its official ones and
+Karpathy's); nothing touches the network.
 """
 
 import importlib.util
@@ -327,7 +327,7 @@ def _f8k_caption(i, k):
 
 @pytest.fixture
 def flickr8k_mirror(tmp_path, monkeypatch):
-    """The download script pointed at file:// zips shaped as Flickr8k's official ones and Karpathy's."""
+    """The download script on file:// zips shaped as Flickr8k's official ones and Karpathy's."""
     script = load_script("download_data")
     web, src = tmp_path / "web8k", tmp_path / "src8k"
     web.mkdir()

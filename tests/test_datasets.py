@@ -1,4 +1,4 @@
-"""Datasets and collate functions on a hand-made RetrievalSplit (and the synthetic one if present)."""
+"""Datasets and collate functions on a hand-made RetrievalSplit (and the synthetic one if there)."""
 
 import numpy as np
 import pytest

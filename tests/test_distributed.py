@@ -55,7 +55,7 @@ def _data():
 
 
 def _model() -> nn.Module:
-    """The course's VSE++ dual encoder (region transformer, bi-GRU), small, with every dropout off."""
+    """The course's VSE++ dual encoder (region transformer, bi-GRU), small, every dropout off."""
     split, tokenizer = _data()
     torch.manual_seed(0)
     config = VsePPConfig(hidden=16, embed_dim=16, layers=1)
@@ -107,7 +107,7 @@ def train(scenario: str, batch_size: int, checkpoint_path=None) -> dict:
 
 
 def worker(out_dir: str) -> None:
-    """What each torchrun process runs: every scenario on B pairs, then gather_features on known values."""
+    """Each torchrun process: every scenario on B pairs, then gather_features on known values."""
     torch.set_num_threads(1)
     assert distributed.init_distributed(timeout_s=60)  # a stuck collective fails, never hangs
     try:

@@ -424,7 +424,8 @@ def test_rerank_checker_names_the_usual_mistakes(ubert_pair):
 # ------------------------------------------------------------------------------- lesson 06: h(x, y)
 def _h_loop(forward_logits, backward_logits, input_ids, reversed_ids, attention_mask):
     """h one caption and one position at a time: log p of each word given the tokens before it,
-    forward over input_ids and backward over reversed_ids; [CLS] (2), [SEP] (3), [PAD] (0) skipped."""
+    forward over input_ids and backward over reversed_ids; [CLS] (2), [SEP] (3), [PAD]
+    (0) skipped."""
     import torch
 
     out = []

@@ -1,10 +1,11 @@
 """data_scripts/extract_features.py end to end on a tiny Karpathy-format fixture written here.
 
 Random-weight timm backbones (resnet18, a tiny ViT), on the CPU, offline. Features are checked
-against independent computations: the same backbone run through course_lib.core.encoders.PixelEncoder
-on the same pixels, grid pooling against a loop over hand-cut bins, boxes against hand-worked
-values. Then the loaders read the files back, a resumed run must give byte-identical files, and
-VSE++ / LightningDOT fit on the features unchanged (the bench dict is the only switch).
+against independent computations: the same backbone run through
+course_lib.core.encoders.PixelEncoder on the same pixels, grid pooling against a loop over hand-cut
+bins, boxes against hand-worked values. Then the loaders read the files back, a resumed run must
+give byte-identical files, and VSE++ / LightningDOT fit on the features unchanged (the bench dict is
+the only switch).
 """
 
 import json
@@ -35,7 +36,7 @@ VIT = ["--backbone", "vit_tiny_patch16_224", "--no-pretrained", "--model-kwargs"
 
 
 def write_fixture(root):
-    """Karpathy-format splits with 40 x 48 PNGs (not square: resizing squashes) and 5 captions each."""
+    """Karpathy-format splits with 40 x 48 PNGs (not square: resizing squashes), 5 captions each."""
     rng = np.random.default_rng(0)
     splits = {}
     for name, n in SIZES.items():
@@ -55,7 +56,7 @@ def run(json_path, out, *options):
 
 @pytest.fixture(scope="module")
 def resnet(tmp_path_factory):
-    """One resnet18 extraction (float32, shards of 4 images in batches of 3), shared by the tests."""
+    """One resnet18 extraction (float32, shards of 4 images, batches of 3), shared by the tests."""
     root = tmp_path_factory.mktemp("fixture")
     json_path = write_fixture(root)
     assert run(json_path, root / "features", *RESNET, "--dtype", "float32", "--shard-size", "4",
@@ -260,9 +261,9 @@ def test_clear_errors(resnet, tmp_path, monkeypatch, capsys):
 
 
 def test_the_benchmark_and_lesson_08_load_the_same_training_data(resnet):
-    """A model's name hashes its training data, image paths included: the benchmark (which reads the photo folder
-    from features.json) and lesson 08 (which names it) must load the same bench, so that one trains what the other
-    loads."""
+    """A model's name hashes its training data, image paths included: the benchmark (which reads the
+    photo folder from features.json) and lesson 08 (which names it) must load the same bench, so
+    that one trains what the other loads."""
     from course_lib.core.checkpoints import data_digest
     from course_lib.data.features import extracted_images
 

@@ -1,6 +1,7 @@
 """Fast & Slow: h(x, y) against a token-by-token loop, the reversed caption of the backward decoder,
-the weighted fusion by hand, cached against uncached scores, the teacher's B x B matrix, distillation
-gradients, eq. 9's beta combine by hand, and the methods (checkpoints, cascade, query_fn)."""
+the weighted fusion by hand, cached against uncached scores, the teacher's B x B matrix,
+distillation gradients, eq. 9's beta combine by hand, and the methods (checkpoints, cascade,
+query_fn)."""
 
 from __future__ import annotations
 
@@ -170,8 +171,9 @@ def test_distillation_gradients_reach_only_the_student(slow, bench, tok):
 # -------------------------------------------------------------------------- the Fast model's towers
 
 def test_fast_image_pools_by_hand(bench, tok):
-    """f(x) = b + W . (the 4x4 map's mean) or b + sum over channels and cells of W[:, c, cell] * map,
-    cell by cell; only the flattened pool sees where things are (swapping two cells of the map)."""
+    """f(x) = b + W . (the 4x4 map's mean) or b + sum over channels and cells of W[:, c, cell] *
+    map, cell by cell; only the flattened pool sees where things are (swapping two cells of
+    the map)."""
     torch.manual_seed(0)
     pixels = pair_batch(bench["test"], tok, [0, 1])["pixels"]
     for pool in ("mean", "flatten"):
@@ -197,7 +199,8 @@ def test_fast_image_pools_by_hand(bench, tok):
 
 def test_fast_text_towers_and_word_order(bench, tok):
     """The BoW cannot tell "red circle left of blue square" from "blue circle left of red square";
-    the bi-GRU and transformer towers can, and their g(y) does not depend on the padding of the batch."""
+    the bi-GRU and transformer towers can, and their g(y) does not depend on the padding of
+    the batch."""
     torch.manual_seed(0)
     captions = ["a red circle left of a blue square", "a blue circle left of a red square",
                 "a red circle"]
@@ -271,7 +274,8 @@ def test_checkpoints_are_named_by_config_and_teacher(fitted, bench, tok):
 
 def test_fast_starts_from_the_cached_pixel_stem(fitted, bench, tok):
     """image_init="pixel_stem": FastMethod.fit trained the stem into the cache beside it (named in
-    the Fast checkpoint's name) and the model started from the stem's backbone; "scratch" does not."""
+    the Fast checkpoint's name) and the model started from the stem's backbone; "scratch"
+    does not."""
     _, fast, distilled, cache = fitted
     stem_file = stem_checkpoint_file(bench, stem_config(fast.config))
     assert (cache / stem_file).exists() and fast.stem_checkpoint_file(bench) == stem_file
@@ -355,8 +359,9 @@ def test_a_stem_trained_for_any_model_records_its_accuracy(bench, tok, tmp_path)
 
 
 def test_distillation_from_scratch_needs_no_init(fitted, bench, tok, tmp_path):
-    """distill_start="scratch": eq. 8 from the initial weights (the paper's student; its CNN from the
-    pixel stem by default); no plain model is trained or named, and the start changes the name."""
+    """distill_start="scratch": eq. 8 from the initial weights (the paper's student; its CNN from
+    the pixel stem by default); no plain model is trained or named, and the start changes
+    the name."""
     slow, fast, distilled, _ = fitted
     config = dataclasses.replace(distilled.config, distill_start="scratch")
     scratch = FastMethod(config, name="fast-distilled", teacher=slow, progress=False)
@@ -398,8 +403,8 @@ def test_fast_slow_cascade_reorders_only_the_top_k(fitted, bench):
 
 
 def test_fast_trains_on_the_training_split_then_fresh_scenes(bench, tok, monkeypatch):
-    """FastConfig.fresh_scenes: eq. 4 (and eq. 8) read the training split followed by that many fresh
-    scenes of the same generator settings; 0 reads the training split alone."""
+    """FastConfig.fresh_scenes: eq. 4 (and eq. 8) read the training split followed by that many
+    fresh scenes of the same generator settings; 0 reads the training split alone."""
     import course_lib.methods.fast_slow.method as fast_method
 
     seen = []

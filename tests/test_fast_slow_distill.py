@@ -56,9 +56,9 @@ def test_mined_candidates_are_the_own_image_then_the_naive_top_k(models, bench, 
 
 
 def test_mined_distillation_loss_against_a_caption_by_caption_loop(models, bench, tok):
-    """For each of the batch's first S captions: softmax over its K candidates of h / tau (each pair scored
-    alone by Slow) against log_softmax of f.g / tau, cross-entropy, mean over the S; + alpha * eq. 4 over
-    the whole batch; the control's target is the caption's own image."""
+    """For each of the batch's first S captions: softmax over its K candidates of h / tau (each pair
+    scored alone by Slow) against log_softmax of f.g / tau, cross-entropy, mean over the S; +
+    alpha * eq. 4 over the whole batch; the control's target is the caption's own image."""
     slow, fast = models
     split, config = bench["train"], FastConfig(**TINY_FAST, distill=True, tau=2.0, alpha=0.3,
                                                distill_batch_size=3,

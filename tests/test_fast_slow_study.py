@@ -1,7 +1,7 @@
-"""Lesson 06's study helpers: per-direction h against a token-by-token loop and against the library's
-cached scores, eq. 9 on dense scores by hand and against FastSlowCascade.rank, the softmax entropy
-by hand, the teacher's cached batches against teacher_scores, the cached eq. 8 against distill_loss,
-and the timed exercise's checker."""
+"""Lesson 06's study helpers: per-direction h against a token-by-token loop and against the
+library's cached scores, eq. 9 on dense scores by hand and against FastSlowCascade.rank, the softmax
+entropy by hand, the teacher's cached batches against teacher_scores, the cached eq. 8 against
+distill_loss, and the timed exercise's checker."""
 
 from __future__ import annotations
 
@@ -222,9 +222,10 @@ def test_check_score_one_caption_accepts_the_answer_and_names_mistakes(capsys):
 
 
 def test_perfect_teacher_loss_against_a_loop_over_captions(bench, tok):
-    """Each caption's target is uniform over the batch images it is true of (its own among them), the
-    student's softmax over the batch's images at tau 1, H(p, q) averaged over captions, + alpha * eq. 4:
-    checked caption by caption against the generator's ground truth, with two captions of one image."""
+    """Each caption's target is uniform over the batch images it is true of (its own among them),
+    the student's softmax over the batch's images at tau 1, H(p, q) averaged over captions, +
+    alpha * eq. 4: checked caption by caption against the generator's ground truth, with two
+    captions of one image."""
     from course_lib.core.losses import joint_nce_loss
     from course_lib.data.captions import satisfies
     from course_lib.studies.fast_slow import perfect_teacher_loss
@@ -263,8 +264,8 @@ def test_perfect_teacher_loss_against_a_loop_over_captions(bench, tok):
 
 def test_mined_students_are_the_recipe_and_its_two_controls(slow, bench, tok):
     """Four students from one trained model, each as its own loss would train it with fit_pairs: the
-    "eq. 4 alone" control equals a hand-run of nce_loss (same seed, steps, batch, rate), the start is
-    left untouched, and the teacher's student differs from the hard-negative control's."""
+    "eq. 4 alone" control equals a hand-run of nce_loss (same seed, steps, batch, rate), the start
+    is left untouched, and the teacher's student differs from the hard-negative control's."""
     import copy
 
     from course_lib.core.settings import seed_everything

@@ -1,5 +1,5 @@
-"""Two processes, one checkpoint folder (course_lib.core.files): one trains, the other waits and loads;
-nothing either writes is ever half a file."""
+"""Two processes, one checkpoint folder (course_lib.core.files): one trains, the other waits and
+loads; nothing either writes is ever half a file."""
 
 from __future__ import annotations
 

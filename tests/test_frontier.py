@@ -1,5 +1,5 @@
-"""course_lib.studies.frontier: the Pareto front against a naive dominance loop, the latency extension on a
-hand-worked case, and the papers' speed-up table's shape and arithmetic."""
+"""course_lib.studies.frontier: the Pareto front against a naive dominance loop, the latency
+extension on a hand-worked case, and the papers' speed-up table's shape and arithmetic."""
 
 import itertools
 

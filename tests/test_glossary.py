@@ -1,5 +1,6 @@
-"""docs/glossary.md defines every abbreviation the lessons use, and data_scripts/link_glossary.py links
-each where it first appears in each notebook's running text (never inside code, math, a heading or a link)."""
+"""docs/glossary.md defines every abbreviation the lessons use, and data_scripts/link_glossary.py
+links each where it first appears in each notebook's running text (never inside code, math, a
+heading or a link)."""
 
 import importlib.util
 import re

@@ -1,9 +1,9 @@
 """The course's GPU paths, run where CUDA is available and skipped elsewhere (issue 12, part 5).
 
-course_lib.core.train.Trainer's mixed precision (autocast to bfloat16 where the GPU supports it, else
-float16 with a GradScaler) and the `.to(device)` of course_lib.methods.base' encoders. CUDA events
-(course_lib.core.timing), SCAN and exact search on CUDA have their own tests in test_timing.py,
-test_scan.py and test_retrieval.py.
+course_lib.core.train.Trainer's mixed precision (autocast to bfloat16 where the GPU supports it,
+else float16 with a GradScaler) and the `.to(device)` of course_lib.methods.base' encoders. CUDA
+events (course_lib.core.timing), SCAN and exact search on CUDA have their own tests in
+test_timing.py, test_scan.py and test_retrieval.py.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """HiVLP: EOL widths and levels, gradient flow to every level, HRL against a loop over levels, the
 coarse-to-fine search against a naive per-query loop (and equal to flat search when nothing is
-pruned), the cascade method against its online path, and the cost model against hand-worked cases."""
+pruned), the cascade method against its online path, and the cost model against
+hand-worked cases."""
 
 from __future__ import annotations
 
@@ -192,7 +193,7 @@ def test_gradient_reaches_every_level_and_only_trained_ones(bench, tok):
 # ----------------------------------------------------------------------------------- coarse to fine
 
 def _naive_cascade(gallery, query, survivors, top_k):
-    """One query at a time with Python sorts: keep survivors[level] by that level, then order by the last."""
+    """A query at a time, Python sorts: keep survivors[level] per level, then order by the last."""
     out = []
     for q in range(len(query[0])):
         kept = list(range(len(gallery[0])))
@@ -232,8 +233,9 @@ def test_nothing_pruned_is_flat_search():
 
 @pytest.mark.parametrize("survivors", [(20, 6), (60, 6), (20, 20), (60, 60)])
 def test_the_online_search_of_one_query_equals_coarse_to_fine(survivors):
-    """coarse_to_fine_one (numpy, one query: the online path) against coarse_to_fine and the naive loop,
-    with levels that prune and levels that keep all (skipped); one level alone is a flat search."""
+    """coarse_to_fine_one (numpy, one query: the online path) against coarse_to_fine and the naive
+    loop, with levels that prune and levels that keep all (skipped); one level alone is a
+    flat search."""
     torch.manual_seed(4)
     widths, G, Q = (2, 4, 8), 60, 6
     gallery = [torch.randn(G, w) for w in widths]
@@ -296,9 +298,9 @@ def test_levels_that_keep_everything_are_skipped_with_the_same_answer():
 
 
 def assert_same_ranking(indices, scores, expected, expected_scores):
-    """The same top-k lists with the same scores, up to the order of items whose scores tie within TOL:
-    two paths summing the same dot product in another order may swap a near-tie (a smoke-trained model
-    scores many candidates alike)."""
+    """The same top-k lists with the same scores, up to the order of items whose scores tie within
+    TOL: two paths summing the same dot product in another order may swap a near-tie (a
+    smoke-trained model scores many candidates alike)."""
     torch.testing.assert_close(scores.float(), expected_scores.float(), atol=TOL, rtol=0)
     # (Q, k - 1) a tie with the next item
     gaps = (expected_scores[:, 1:] - expected_scores[:, :-1]).abs() < TOL

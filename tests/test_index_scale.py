@@ -1,5 +1,5 @@
-"""Tests for course_lib.studies.index_scale: the gallery constructions against their definitions, the
-GFLOP/s arithmetic against hand counts, storage sizes against FAISS's own serialisation and the
+"""Tests for course_lib.studies.index_scale: the gallery constructions against their definitions,
+the GFLOP/s arithmetic against hand counts, storage sizes against FAISS's own serialisation and the
 m * nbits / 8 rule, the study's configurations and skipping rule, one kind measured against
 independent searches, and the smoke study end to end (10^5 items, as CI runs it)."""
 

@@ -116,8 +116,8 @@ def test_the_checker_sees_imports_of_every_kind(tmp_path):
 
 
 def test_only_the_core_calls_backward():
-    """One training loop: every gradient step is the Trainer's (core.train) or a core primitive's, so no
-    method, study or script has a loop of its own (`.backward()` outside course_lib/core)."""
+    """One training loop: every gradient step is the Trainer's (core.train) or a core primitive's,
+    so no method, study or script has a loop of its own (`.backward()` outside course_lib/core)."""
     outside = []
     for path in sorted(PACKAGE.rglob("*.py")):
         if path.relative_to(PACKAGE).parts[0] == "core":

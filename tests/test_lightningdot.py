@@ -1,5 +1,6 @@
 """LightningDOT: masking statistics, each objective against a hand computation, fusion only through
-the objectives, gradients into both encoders, the task schedule, and pre-train + fine-tune caching."""
+the objectives, gradients into both encoders, the task schedule, and pre-train +
+fine-tune caching."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The linear probe (course_lib.methods.linear_probe): its encoders against transformers' MiniLM and a
-hand-written mean, its loss against the two cross-entropies written out, a frozen text side that a
+"""The linear probe (course_lib.methods.linear_probe): its encoders against transformers' MiniLM and
+a hand-written mean, its loss against the two cross-entropies written out, a frozen text side that a
 training step leaves untouched, BertTextEncoder.freeze, and the Method end to end with its best val
 point kept."""
 

@@ -1,4 +1,4 @@
-"""Tests for course_lib.core.losses: loop-based references, hand-worked numbers, gradients and errors."""
+"""Tests for course_lib.core.losses: loop references, hand-worked numbers, gradients and errors."""
 
 from __future__ import annotations
 
@@ -285,7 +285,7 @@ def test_batch_scores_is_the_feature_product_and_checks_shapes():
 
 # -------------------------------------------------------------------------------- Fast & Slow eq. 4
 def loop_joint_nce(S: list[list[float]]) -> float:
-    """Eq. 4 written out: per pair i, e^{S_ii} over itself plus every pair sharing image i or text i."""
+    """Eq. 4 written out: per pair i, e^{S_ii} over itself and each pair sharing image or text i."""
     B, total = len(S), 0.0
     for i in range(B):
         denominator = math.exp(S[i][i])

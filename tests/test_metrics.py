@@ -1,4 +1,4 @@
-"""Tests for course_lib.core.metrics against independent loop-based references and hand-worked cases."""
+"""Tests for course_lib.core.metrics against independent loop references and hand-worked cases."""
 
 from __future__ import annotations
 

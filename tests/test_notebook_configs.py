@@ -1,9 +1,10 @@
 """Every notebook's config cell, run at default and at smoke sizes, before any model is built.
 
-The smoke run under nbmake never executes the default branch of `pick(default, smoke)`: a default size that
-contradicts another (notebook 05 timed the cross-encoder on one gallery only, then failed to extrapolate after
-ten minutes of work) surfaces only at the end of a long run. Each notebook's cells up to and including its
-config cell (the first that calls `pick(`) are cheap: versions, imports, sizes and their own checks.
+The smoke run under nbmake never executes the default branch of `pick(default, smoke)`: a default
+size that contradicts another (notebook 05 timed the cross-encoder on one gallery only, then failed
+to extrapolate after ten minutes of work) surfaces only at the end of a long run. Each notebook's
+cells up to and including its config cell (the first that calls `pick(`) are cheap: versions,
+imports, sizes and their own checks.
 """
 
 import json

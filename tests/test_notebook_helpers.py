@@ -1,4 +1,4 @@
-"""The notebook helpers: tiling keeps every caption with an original image, the table shows the numbers."""
+"""Notebook helpers: tiling keeps each caption with an original image; tables show the numbers."""
 
 import matplotlib
 

@@ -272,7 +272,8 @@ def test_bayes_beats_truth_in_expectation_for_every_caption(smoke_bench):
     """t2i: given a caption and the gallery, its origin has posterior p_i = L[t, i] / sum_j L[t, j];
     the Bayes top K holds the most posterior mass of any ranking, so its expected recall (over the
     origin) is >= the truth ranker's for every single caption. A realised split can still fall a
-    little short on t2i (an unlikely caption said by its image), hence the tolerance further down."""
+    little short on t2i (an unlikely caption said by its image), hence the tolerance
+    further down."""
     s = smoke_bench["test"]
     L = caption_likelihood(s.meanings, s.scenes, s.info["config"])
     post = L / L.sum(1, keepdims=True)
@@ -330,8 +331,9 @@ def test_compositional_likelihood_matches_the_generator(monkeypatch):
 
 
 def test_compositional_caption_true_of_the_twin_is_never_said():
-    """A pair caption naming the two objects whose cells a twin swapped is true of both twins, so the
-    generator never says it (likelihood 0); the relation between them flips, so that one is said."""
+    """A pair caption naming the two objects whose cells a twin swapped is true of both twins, so
+    the generator never says it (likelihood 0); the relation between them flips, so that
+    one is said."""
     comp = make_benchmark(SyntheticConfig(**SMALL), seed=3)["compositional"]
     sc, pairs = comp.scenes, np.repeat(comp.info["swapped_objects"], 2, axis=0)
     images = np.flatnonzero(np.repeat(np.array(comp.info["swap_kind"]) == "cell", 2))

@@ -1,5 +1,5 @@
-"""The pixel stem: per-cell targets against a hand-worked scene, the heads' shapes, learning on a tiny
-benchmark, the cache (a second call loads, config and code change the name) and bad configs."""
+"""The pixel stem: per-cell targets against a hand-worked scene, the heads' shapes, learning on a
+tiny benchmark, the cache (a second call loads, config and code change the name) and bad configs."""
 
 from __future__ import annotations
 

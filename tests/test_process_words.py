@@ -1,7 +1,7 @@
-"""The lessons, the docs and the library speak about the course, not about how it was made: no working
-rounds ("stop 4", "round 2"), tracker numbers ("issue 22"), borrowed machines ("a lent GPU"), and no
-dates outside the dated records (docs/tuning_notes.md, the lab log, and docs/measurements.md, the record of
-runs).
+"""The lessons, the docs and the library speak about the course, not about how it was made: no
+working rounds ("stop 4", "round 2"), tracker numbers ("issue 22"), borrowed machines ("a lent
+GPU"), and no dates outside the dated records (docs/tuning_notes.md, the lab log, and
+docs/measurements.md, the record of runs).
 
 One test per file, so a failure names the file and the words."""
 

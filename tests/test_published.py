@@ -1,5 +1,5 @@
-"""The published rows (course_lib.published): the data README's numbers, in the benchmark's markdown and
-marked on its frontier's test panel, labels clear of the methods'."""
+"""The published rows (course_lib.published): the data README's numbers, in the benchmark's markdown
+and marked on its frontier's test panel, labels clear of the methods'."""
 
 import json
 import re

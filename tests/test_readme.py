@@ -1,6 +1,6 @@
-"""The README is a front page: short, every link resolves, no dates and no words about how the project is
-worked on; the docs it points to keep their links whole; docs/layout.md's tree names every module of
-course_lib, and nothing that is not there."""
+"""The README is a front page: short, every link resolves, no dates and no words about how the
+project is worked on; the docs it points to keep their links whole; docs/layout.md's tree names
+every module of course_lib, and nothing that is not there."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"
 
 
 def prose(markdown: str) -> str:
-    """The text outside code blocks, with code spans kept only where a link's text is one ([`x`](y))."""
+    """The text outside code blocks, code spans kept only where a link's text is one ([`x`](y))."""
     return FENCE.sub("", markdown)
 
 

@@ -1,9 +1,10 @@
-"""Real photographs: offline pretrained weights, feature extraction on copies of real photos, bad input.
+"""Real photographs: offline pretrained weights, feature extraction on copies of real
+photos, bad input.
 
-The photos are Flickr8k's, found by course_lib.data.photos.find_photos (../shared/data/flickr8k beside the
-clone, never committed here); where they are absent (a learner's clone) the tests that need them skip,
-saying how to get them. The weights
-come from the two packages pyproject's dev extra pins (course_lib.core.offline_weights).
+The photos are Flickr8k's, found by course_lib.data.photos.find_photos (../shared/data/flickr8k
+beside the clone, never committed here); where they are absent (a learner's clone) the tests that
+need them skip, saying how to get them. The weights come from the two packages pyproject's dev extra
+pins (course_lib.core.offline_weights).
 """
 
 import json
@@ -50,8 +51,8 @@ COURSE_FIGURES = {"docs/pareto.png", "docs/pareto-real.png"}
 
 
 def test_no_image_file_is_tracked():
-    """No photo and no feature file is ever committed; the README's plots, drawn by the course, are the only
-    pictures tracked."""
+    """No photo and no feature file is ever committed; the README's plots, drawn by the course, are
+    the only pictures tracked."""
     tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     images = [p for p in tracked.splitlines()
               if p.lower().endswith(IMAGE_SUFFIXES + (".npz", ".npy")) and p not in COURSE_FIGURES]
@@ -141,7 +142,7 @@ def test_offline_minilm_loads_and_reads_like_a_sentence_encoder(tmp_path, monkey
 # ------------------------------------------------------------------------ extraction on real photos
 
 def copy_photos(root: Path, n_per_split=(4, 2, 2)) -> Path:
-    """A Karpathy file of the first few photos of each split, with copies of their JPEGs in root/images."""
+    """A Karpathy file of each split's first few photos, their JPEGs copied to root/images."""
     data = json.loads(split_file(photos()).read_text())
     keep = []
     for split, n in zip(("train", "val", "test"), n_per_split, strict=True):
@@ -308,8 +309,9 @@ def _config_classes():
 
 
 def test_the_fused_pipeline_orders_the_first_stage_top_m_by_the_weighted_sum_of_both_scores():
-    """FUSED re-ranks with the very models of the lightningdot and scan rows, after lesson 03's rows, and its
-    order is w * lightningdot + scan over lightningdot's top M (computed here by hand on made-up scores)."""
+    """FUSED re-ranks with the very models of the lightningdot and scan rows, after lesson 03's
+    rows, and its order is w * lightningdot + scan over lightningdot's top M (computed here by hand
+    on made-up scores)."""
     from course_lib.real_benchmark import FUSED_TOP_M, FUSED_WEIGHT, real_methods
 
     methods = real_methods(smoke=True, names=("scan", "lightningdot", "lightningdot+rerank@20",

@@ -1,5 +1,6 @@
-"""--readme's two blocks: the README gets the test setting's table and the frontier picture, docs/results.md
-every other table and each method's notes, and together they hold every line of DIR/results.md."""
+"""--readme's two blocks: the README gets the test setting's table and the frontier picture,
+docs/results.md every other table and each method's notes, and together they hold every line of
+DIR/results.md."""
 
 from __future__ import annotations
 

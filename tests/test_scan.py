@@ -1,5 +1,5 @@
-"""Tests for course_lib.methods.scan.attention: a per-pair loop that follows SCAN's reference code literally
-(slicing, no masks), hand-worked values, masks, sharding, gradients, scale and errors."""
+"""Tests for course_lib.methods.scan.attention: a per-pair loop that follows SCAN's reference code
+literally (slicing, no masks), hand-worked values, masks, sharding, gradients, scale and errors."""
 
 from __future__ import annotations
 

@@ -37,7 +37,7 @@ def make_model(bench, tok, **overrides):
 
 
 def pair_batch(split, tok, captions):
-    """A PairCollate batch of the given captions with their own images (positives on the diagonal)."""
+    """A PairCollate batch of these captions and their own images (positives on the diagonal)."""
     dataset = PairDataset(split)
     return PairCollate(tok)([dataset[t] for t in captions])
 

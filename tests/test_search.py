@@ -1,5 +1,5 @@
-"""Free-text photo search (course_lib.search): a typed caption answered by fitted Rankers, checked against
-the same Rankers' own ranking of a caption the split already holds."""
+"""Free-text photo search (course_lib.search): a typed caption answered by fitted Rankers, checked
+against the same Rankers' own ranking of a caption the split already holds."""
 
 import matplotlib
 import pytest
@@ -20,7 +20,7 @@ BENCH_SIZES = dict(n_train=120, n_val=8, n_test=12, n_pretrain=2, n_compositiona
 
 @pytest.fixture(scope="module")
 def rankers(bench, tok, one_thread, tmp_path_factory):
-    """A dual encoder and a two-stage pipeline over it (a cross-encoder re-ranking its top 6), fitted briefly."""
+    """A dual encoder, and a cross-encoder re-ranking its top 6 over it; both fitted briefly."""
     cache = tmp_path_factory.mktemp("checkpoints")
     with without_shipped_models():  # a few steps of training, not the shipped models
         dual = VsePPMethod(VsePPConfig.smoke(max_steps=3), progress=False).fit(bench, tok, cache_dir=cache)

@@ -1,6 +1,6 @@
 """The lean online query path (course_lib.core.serving): the tokenizer gives TextCollate's ids, each
-encoder backend gives eager's vectors or is skipped, the searcher gives retrieval.search's answer, and
-every dual encoder's lean query_fn returns the same top k as the eager path it replaced."""
+encoder backend gives eager's vectors or is skipped, the searcher gives retrieval.search's answer,
+and every dual encoder's lean query_fn returns the same top k as the eager path it replaced."""
 
 from __future__ import annotations
 
@@ -101,7 +101,7 @@ def test_a_backend_that_bakes_in_one_length_is_skipped_with_a_note():
 
 
 class _GRUText(nn.Module):
-    """A bi-GRU text tower over packed sequences, the kind whose ONNX export fails with its IR graph dumped."""
+    """A bi-GRU text tower over packed sequences: its ONNX export fails with its IR graph dumped."""
 
     def __init__(self):
         super().__init__()
@@ -326,9 +326,10 @@ def test_cuda_query_paths_return_the_reference_top_k(backend, bench, tok):
 
 
 def test_the_device_report_times_every_path_and_checks_its_top_10(bench, tok):
-    """course_lib.studies.gpu_query, run here on the CPU (and on CUDA where there is one): every backend
-    timed or refused with its reason, each timed one giving the reference top 10, the profile's stages
-    in order, the model back on its device, and the report's ratio to the cross-encoder."""
+    """course_lib.studies.gpu_query, run here on the CPU (and on CUDA where there is one): every
+    backend timed or refused with its reason, each timed one giving the reference top 10, the
+    profile's stages in order, the model back on its device, and the report's ratio to the
+    cross-encoder."""
     from course_lib.core.serving import STAGES
     from course_lib.studies.gpu_query import BACKENDS, devices, format_report, query_paths
 

@@ -1,5 +1,5 @@
-"""Notebook 03's lean-query exercise checker: it accepts a faster query that answers alike, and names
-a different answer, a wrong shape or type, and a query that got no faster or slower."""
+"""Notebook 03's lean-query exercise checker: it accepts a faster query that answers alike, and
+names a different answer, a wrong shape or type, and a query that got no faster or slower."""
 
 import time
 

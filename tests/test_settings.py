@@ -1,4 +1,4 @@
-"""course_lib.core.settings: the smoke switch, the device choice, seeding, the hub switch, the config mixin."""
+"""course_lib.core.settings: the smoke switch, device choice, seeding, hub switch, config mixin."""
 
 import torch
 

@@ -1,6 +1,6 @@
-"""The shipped models (shipped_models/, course_lib.core.shipped): current with their config, data and
-format; computing what they computed when shipped (their probe outputs and recall); loaded instead of
-trained; never loaded in smoke mode nor with --retrain / COURSE_RETRAIN.
+"""The shipped models (shipped_models/, course_lib.core.shipped): current with their config, data
+and format; computing what they computed when shipped (their probe outputs and recall); loaded
+instead of trained; never loaded in smoke mode nor with --retrain / COURSE_RETRAIN.
 
 Everything but the first three tests works on tiny models the tests train themselves in a temporary
 folder. Retraining from scratch reproduces the shipped recalls within 0.3 points: a slow check, by
@@ -52,7 +52,7 @@ TINY = {  # a few steps each: what is tested is where the weights come from, not
 
 
 def assert_current(folder, expected: dict) -> None:
-    """The staleness check every test here relies on: fails naming what is stale and the refresh command."""
+    """The staleness check (every test here): fails naming what is stale and the refresh command."""
     problems = check_shipped(folder, expected)
     assert not problems, ("the shipped models no longer match their config, data or format:\n  "
                           + "\n  ".join(problems)
@@ -61,7 +61,7 @@ def assert_current(folder, expected: dict) -> None:
 
 
 def assert_computing_as_shipped(problems: list[str]) -> None:
-    """The behaviour check: fails naming what a shipped model now computes differently, and the refresh command."""
+    """Behaviour check: fails naming what a shipped model computes otherwise, and the refresh."""
     assert not problems, ("the shipped models no longer compute what they did when shipped:\n  "
                           + "\n  ".join(problems)
                           + "\nIf the change is meant, refresh them (about two hours on a "
@@ -79,14 +79,14 @@ def default_benchmark():
 
 
 def test_shipped_models_compute_what_they_did(default_benchmark):
-    """Every shipped file loads (nothing trains) and scores the probe batch as recorded, with the same recall."""
+    """Every shipped file loads (nothing trains), scoring the probe batch and recall as recorded."""
     bench, tokenizer = default_benchmark
     assert_computing_as_shipped(shipping.output_problems(bench=bench, tokenizer=tokenizer))
 
 
 def test_a_model_that_computes_otherwise_fails_the_check(default_benchmark, monkeypatch):
-    """Every nn.Linear nudged (y + 0.05 tanh y): each shipped model's probe moves, and the check says so,
-    naming the refresh command."""
+    """Every nn.Linear nudged (y + 0.05 tanh y): each shipped model's probe moves, and the check
+    says so, naming the refresh command."""
     bench, tokenizer = default_benchmark
     linear = torch.nn.Linear.forward
     monkeypatch.setattr(torch.nn.Linear, "forward",
@@ -171,8 +171,8 @@ def test_manifest_round_trip(shipped_tiny, data):
 
 
 def rounded(state: dict) -> dict:
-    """A state dict as a shipped file gives it back: floating weights rounded to float16 (and computed
-    in the model's float32 again); the rest exactly."""
+    """A state dict as a shipped file gives it back: floating weights rounded to float16 (and
+    computed in the model's float32 again); the rest exactly."""
     return {k: v.half().to(v.dtype) if v.is_floating_point() else v for k, v in state.items()}
 
 
@@ -352,7 +352,7 @@ def test_without_shipped_models_every_model_trains_with_a_note(data, monkeypatch
 
 
 def assert_vsepp_trains_with_note(data, monkeypatch, tmp_path, note: str) -> None:
-    """The tiny VSE++ trains (not loaded from a shipped file) and a CourseNote matching `note` says why."""
+    """The tiny VSE++ trains (no shipped file loads) and a CourseNote matching `note` says why."""
     bench, tokenizer = data
     method = TINY["vsepp"]()
     calls = recording_training(monkeypatch, method)
@@ -386,7 +386,7 @@ def test_refresh_command_writes_the_folder(monkeypatch, tmp_path, capsys):
 
 
 def test_a_config_with_a_tuple_is_current_after_the_manifest_round_trip():
-    """JSON writes a tuple as a list: a config field like HiVLP's eol_widths must not read as changed."""
+    """JSON writes a tuple as a list: a field like HiVLP's eol_widths must not read as changed."""
     expected = shipped.manifest_entry("hivlp-flat", "hivlp",
                                       {"config": {"eol_widths": (32, 64, 128)}, "data": "d",
                                        "vocab": "v", "extra": [], "version": 1, "format": 1})
@@ -420,8 +420,8 @@ def test_a_partial_refresh_ships_some_models_and_declares_the_rest(shipped_tiny,
 
 
 def test_a_partial_refresh_keeps_the_other_current_models(shipped_tiny, data, tmp_path):
-    """refresh(only=["vsepp"]) over a full folder rewrites vsepp's file and keeps every other model that
-    is still current, byte for byte (it used to drop them all and declare them not shipped)."""
+    """refresh(only=["vsepp"]) over a full folder rewrites vsepp's file and keeps every other model
+    that is still current, byte for byte (it used to drop them all and declare them not shipped)."""
     import shutil
 
     bench, tokenizer = data
@@ -466,7 +466,7 @@ def test_every_model_the_benchmark_uses_ships_and_nothing_else():
 
 
 def test_a_method_without_a_model_of_its_own_does_not_ship():
-    """A cascade's stages ship; the cascade is a Ranker, not a Method: it has no model to build or train."""
+    """A cascade's stages ship; the cascade is a Ranker, not a Method: it has no model to train."""
     [cascade] = available_methods(0, smoke=True, names=["lightningdot+rerank@20"])
     assert isinstance(cascade, Ranker) and not isinstance(cascade, Method)
     assert not hasattr(cascade, "build_model") and not hasattr(cascade, "train")
@@ -489,8 +489,9 @@ def test_probe_differences_read_float_rounding_as_the_same_and_any_change_as_a_c
 
 def test_the_probe_is_what_the_shipped_file_computes(shipped_tiny, data, course_env,
                                                      monkeypatch, tmp_path):
-    """refresh records each probe from the weights as shipped (float16), so the loaded model matches it;
-    and a probe is the method's own scores: the kept corner equals its score matrix on the probe batch."""
+    """refresh records each probe from the weights as shipped (float16), so the loaded model matches
+    it; and a probe is the method's own scores: the kept corner equals its score matrix on the
+    probe batch."""
     bench, tokenizer = data
     assert shipping.output_problems(course_env, methods=[make() for make in TINY.values()],
                                     bench=bench, tokenizer=tokenizer) == []
@@ -503,8 +504,8 @@ def test_the_probe_is_what_the_shipped_file_computes(shipped_tiny, data, course_
 
 
 def test_relabel_renames_without_retraining(shipped_tiny, data, tmp_path, monkeypatch):
-    """A change of the naming rule: relabel moves each file to today's name byte for byte and records its
-    probe, training nothing; a model whose config changed is refused."""
+    """A change of the naming rule: relabel moves each file to today's name byte for byte and
+    records its probe, training nothing; a model whose config changed is refused."""
     bench, tokenizer = data
     folder = shutil.copytree(shipped_tiny[0] / "shipped", tmp_path / "shipped")
     manifest = read_manifest(folder)

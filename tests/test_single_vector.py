@@ -1,5 +1,5 @@
-"""The bag-of-objects reference: its vectors on hand-worked scenes and captions, expected recall with
-ties against a loop over shuffles, and the identity that no ranking beats the oracle."""
+"""The bag-of-objects reference: its vectors on hand-worked scenes and captions, expected recall
+with ties against a loop over shuffles, and the identity that no ranking beats the oracle."""
 
 import numpy as np
 import pytest
@@ -33,7 +33,7 @@ def scenes(*objects_per_scene, max_objects=3):
 
 
 def meanings(*rows):
-    """Meanings from dicts naming only what a caption says (family, a_*, b_*, relation, place, count)."""
+    """Meanings from dicts of what a caption says (family, a_*, b_*, relation, place, count)."""
     fields = [f for f in Meanings.FIELDS if f != "noisy"]
     table = {f: np.array([r.get(f, -1) for r in rows], np.int8) for f in fields}
     return Meanings(**table, noisy=np.zeros(len(rows), bool))

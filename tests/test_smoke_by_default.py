@@ -1,5 +1,6 @@
-"""A bare `pytest` runs the notebooks at smoke sizes; COURSE_SMOKE set by hand wins. Before the plugin,
-a bare `pytest` ran every notebook at default sizes: hours, and a cell close to nbmake's limit."""
+"""A bare `pytest` runs the notebooks at smoke sizes; COURSE_SMOKE set by hand wins. Before the
+plugin, a bare `pytest` ran every notebook at default sizes: hours, and a cell close to
+nbmake's limit."""
 
 import os
 import subprocess

@@ -1,12 +1,14 @@
-"""data_scripts/make_student_copies.py: solution cells become stubs, every other cell is copied unchanged.
+"""data_scripts/make_student_copies.py: solution cells become stubs, every other cell is
+copied unchanged.
 
 On a tiny notebook built here, then on the real ones: each student copy, executed in a kernel from
-`notebooks/` (the notebooks read and write `../outputs`) with COURSE_SMOKE=1, stops at its first exercise
-with the stub's NotImplementedError("Exercise: ..."); then, in the same kernel, the learner's next step:
-the original solution cells pasted back into the copy (the same sources as the original notebook, checked),
-and the first exercise's cell and its checker run again and pass. The rest of the pasted-back copy is the
-original notebook from there on, which nbmake runs top to bottom in the same test command, so it is not
-run a second time here (that doubled the notebooks' share of the suite, about 5 minutes).
+`notebooks/` (the notebooks read and write `../outputs`) with COURSE_SMOKE=1, stops at its first
+exercise with the stub's NotImplementedError("Exercise: ..."); then, in the same kernel, the
+learner's next step: the original solution cells pasted back into the copy (the same sources as the
+original notebook, checked), and the first exercise's cell and its checker run again and pass. The
+rest of the pasted-back copy is the original notebook from there on, which nbmake runs top to bottom
+in the same test command, so it is not run a second time here (that doubled the notebooks' share of
+the suite, about 5 minutes).
 """
 
 import copy
@@ -185,8 +187,8 @@ def test_student_copy_stops_at_first_exercise_and_its_answer_passes(name, copies
 
 
 def test_a_lesson_without_its_photos_is_skipped_not_failed(copies, monkeypatch, tmp_path):
-    """A learner's clone has no photos: lesson 08's student copy is skipped, saying how to get them (its
-    cells after the config do nothing then, so it used to fail as "ran to the end")."""
+    """A learner's clone has no photos: lesson 08's student copy is skipped, saying how to get them
+    (its cells after the config do nothing then, so it used to fail as "ran to the end")."""
     monkeypatch.setenv("COURSE_PHOTOS", str(tmp_path))  # an empty folder: no photos anywhere
     assert "08_real_photographs.ipynb" in NAMES
     with pytest.raises(pytest.skip.Exception, match="download_data.py flickr8k"):

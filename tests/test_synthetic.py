@@ -61,8 +61,8 @@ def test_splits_independent_of_other_sizes(bench):
 
 
 def test_fresh_scenes_are_new_training_scenes(bench):
-    """fresh_scenes: deterministic, captioned as the training split (5 true captions per scene), drawn
-    from streams no benchmark split uses, each draw another batch."""
+    """fresh_scenes: deterministic, captioned as the training split (5 true captions per scene),
+    drawn from streams no benchmark split uses, each draw another batch."""
     cfg = SyntheticConfig(**SMALL)
     fresh = fresh_scenes(cfg, 40, seed=3)
     _assert_same(fresh, fresh_scenes(cfg, 40, seed=3))
@@ -305,7 +305,7 @@ def test_truth_ceiling_hand_worked_example():
 
 @pytest.mark.parametrize("image_size", [32, 64])
 def test_boxes_match_drawn_pixels(image_size):
-    """A one-object scene per (shape, size, cell): the box is the bounding box of the coloured pixels."""
+    """A one-object scene per (shape, size, cell): the box is the coloured pixels' bounding box."""
     g = geometry(image_size)
     rows = [(s, c % 8, z, c % 9) for s in range(6) for z in range(2) for c in range(9)]
     i8 = lambda x: np.array(x, dtype=np.int8)[:, None]  # noqa: E731

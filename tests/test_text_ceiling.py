@@ -1,5 +1,6 @@
-"""The text-tower ceiling study: the hand-built image vector as the split's one region, f(x) as a Linear
-of it checked by hand, and a short training that learns (its loss falls, its curve is logged)."""
+"""The text-tower ceiling study: the hand-built image vector as the split's one region, f(x) as a
+Linear of it checked by hand, and a short training that learns (its loss falls, its curve
+is logged)."""
 
 from __future__ import annotations
 
@@ -62,7 +63,7 @@ def test_similarity_is_linear_image_times_text(bench, tok, tower, kind):
 
 
 def test_train_text_ceiling_learns(bench, tok):
-    """After 150 steps eq. 4 on a fixed batch of training pairs is lower than at the seeded start."""
+    """After 150 steps, eq. 4 on a fixed batch of training pairs is below its seeded start."""
     config = FastConfig(**SMALL, text_tower="bow", max_steps=150, lr=1e-2)
     train = with_bag_of_objects(bench["train"])
     # 16 images

@@ -1,4 +1,4 @@
-"""Tests for course_lib.core.train: schedule, exact resume, accumulation, clipping, hooks and errors."""
+"""course_lib.core.train: schedule, exact resume, accumulation, clipping, hooks and errors."""
 
 from __future__ import annotations
 
@@ -411,7 +411,7 @@ def test_an_interrupted_run_resumes_from_its_last_periodic_save(tmp_path):
 # ---------------------------------------------------------------------------------------- keep_best
 
 def _scripted_evaluate(values, seen):
-    """An evaluate hook that reports `values` in turn and records the weights it saw at each call."""
+    """An evaluate hook reporting `values` in turn and recording the weights it saw at each call."""
     calls = iter(values)
 
     def evaluate(model):

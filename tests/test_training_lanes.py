@@ -172,8 +172,8 @@ def test_jobs_below_one_are_refused(tmp_path, capsys):
 
 
 def test_recorded_cost_falls_back_to_the_stale_file_of_the_same_method(tmp_path):
-    """Regression: after a code change no shipped file had the method's current name, so every changed
-    model cost 0 and a retrain started its longest model (HiVLP over pixels) late."""
+    """Regression: after a code change no shipped file had the method's current name, so every
+    changed model cost 0 and a retrain started its longest model (HiVLP over pixels) late."""
     import json
 
     class Stub:

@@ -1,6 +1,6 @@
-"""U-BERT: pooling and masks, eq. 15 by hand, the L1/L2 matrices against loops, SCAN's reading of each
-token in BERT_cross's inputs, the freeze of step 2, the cached-state path against the uncached one, the K
-invariant of the cascade, and caching."""
+"""U-BERT: pooling and masks, eq. 15 by hand, the L1/L2 matrices against loops, SCAN's reading of
+each token in BERT_cross's inputs, the freeze of step 2, the cached-state path against the uncached
+one, the K invariant of the cascade, and caching."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ def small_config(**kw) -> UBERTConfig:
 
 
 def untrained_scan(split, tok):
-    """A SCAN model with random weights: what cross_towers="scan" reads, for tests of the plumbing."""
+    """A SCAN model with random weights: what cross_towers="scan" reads, to test the plumbing."""
     torch.manual_seed(0)
     return build_scan(SCANConfig.smoke(), split, tok)
 
@@ -194,10 +194,10 @@ def test_config_checks(bench, tok, scan):
 # --------------------------------------------------------------------- SCAN's reading in BERT_cross
 
 def test_cross_tokens_carry_scans_reading_of_each_word_and_region(model, bench, tok):
-    """cross_towers="scan": each word token BERT_cross reads gets cross_inputs["word"](SCAN's encoding of that
-    word), each region token cross_inputs["region"](SCAN's encoding of it); [CLS], [SEP] and padding get
-    nothing; the intra vectors (stage 1) do not change. Checked caption by caption against SCAN run on that
-    caption alone."""
+    """cross_towers="scan": each word token BERT_cross reads gets cross_inputs["word"](SCAN's
+    encoding of that word), each region token cross_inputs["region"](SCAN's encoding of it); [CLS],
+    [SEP] and padding get nothing; the intra vectors (stage 1) do not change. Checked caption by
+    caption against SCAN run on that caption alone."""
     batch = pair_batch(bench["test"], tok, [0, 5, 14])
     batch = {k: torch.cat([v, torch.full((3, 3), tok.pad_token_id if k == "input_ids" else 0)], 1)
              if k in ("input_ids", "attention_mask") else v
@@ -238,8 +238,8 @@ def test_scan_copy_is_frozen_and_step_two_trains_only_bert_cross_and_its_inputs(
 
 
 def test_scan_inputs_leave_the_towers_and_bert_cross_initial_weights_as_they_were(bench, tok, scan):
-    """They are built last: with the same seed, a model with SCAN inputs starts from the same towers and
-    BERT_cross as one without, so step 1 (built without them) and earlier runs are unchanged."""
+    """They are built last: with the same seed, a model with SCAN inputs starts from the same towers
+    and BERT_cross as one without, so step 1 (built without them) and earlier runs are unchanged."""
     torch.manual_seed(3)
     with_scan = build_ubert(small_config(), bench["train"], tok, scan).state_dict()
     torch.manual_seed(3)
@@ -276,8 +276,8 @@ def test_step_two_freezes_the_towers_bit_for_bit(bench, tok, tmp_path):
 
 
 def test_bert_txt_can_start_from_a_pretrained_bert(bench, minilm_folder):
-    """text_encoder=MiniLM: t_i are BERT's embedding output, T_intra the unit mean of its last layer;
-    step 1 trains it, step 2 freezes it with the other tower."""
+    """text_encoder=MiniLM: t_i are BERT's embedding output, T_intra the unit mean of its last
+    layer; step 1 trains it, step 2 freezes it with the other tower."""
     from transformers import AutoModel
 
     from course_lib.data.tokenizer import tokenizer_for
@@ -397,9 +397,9 @@ def test_towers_from_refuses_other_towers_and_an_unfitted_model(fitted, bench, t
 
 
 def test_the_method_follows_its_scan_checkpoint_and_ships_with_it(fitted, bench, tok):
-    """BERT_cross is trained on SCAN's reading, so another SCAN is another U-BERT file; the training planner
-    sees SCAN as a model it needs; a shipped-style load rebuilds the SCAN copy untrained and takes its weights
-    from U-BERT's own state."""
+    """BERT_cross is trained on SCAN's reading, so another SCAN is another U-BERT file; the training
+    planner sees SCAN as a model it needs; a shipped-style load rebuilds the SCAN copy untrained and
+    takes its weights from U-BERT's own state."""
     method, _ = fitted
     assert method.checkpoint_extra(bench, tok) == (method.towers_checkpoint_file(bench, tok),
                                                    method.scan.checkpoint_file(bench, tok))

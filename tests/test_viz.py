@@ -163,7 +163,7 @@ def test_pareto_settings_one_panel_per_setting_and_one_colour_per_method():
 
 
 def _label_boxes(fig, names):
-    """(label text, its display box, its own marker's display centre, every marker's centre) per panel."""
+    """Per panel: (label text, display box, its marker's display centre, every marker's centre)."""
     from matplotlib.text import Text
 
     fig.canvas.draw()

@@ -1,5 +1,5 @@
-"""Tests for course_lib.methods.vsepp: the dual encoder's scores, the VSE++ loss against a loop written
-from the paper, a short training run that must beat the untrained model, checkpoint caching,
+"""Tests for course_lib.methods.vsepp: the dual encoder's scores, the VSE++ loss against a loop
+written from the paper, a short training run that must beat the untrained model, checkpoint caching,
 split encoding against batch-by-batch encoding, and FAISS retrieval against the score matrix."""
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def pair_batch(split, tokenizer, indices):
 
 
 def reference_hinge(scores, margin, max_violation):
-    """VSE++'s loss written as loops over queries: image i vs wrong texts j, text i vs wrong images j."""
+    """VSE++'s loss as loops over queries: image i vs wrong texts j, text i vs wrong images j."""
     S, total = scores.tolist(), 0.0
     B = len(S)
     for i in range(B):
