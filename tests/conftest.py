@@ -15,7 +15,8 @@ def _no_network(monkeypatch):
     def guarded_connect(self, address):
         host = address[0] if isinstance(address, tuple) else address
         if isinstance(host, str) and host not in _LOCAL and not host.startswith("/"):
-            raise RuntimeError(f"test tried to reach the network ({address}); tests must run offline")
+            raise RuntimeError(f"test tried to reach the network ({address}); "
+                               "tests must run offline")
         return real_connect(self, address)
 
     monkeypatch.setattr(socket.socket, "connect", guarded_connect)
@@ -51,8 +52,8 @@ def bench(request):
 
     sizes = getattr(request.module, "BENCH_SIZES", None)
     if sizes is None:
-        pytest.fail(f"{request.module.__name__} uses the `bench` fixture but defines no BENCH_SIZES "
-                    "dict of SyntheticConfig.smoke sizes", pytrace=False)
+        pytest.fail(f"{request.module.__name__} uses the `bench` fixture but defines no "
+                    "BENCH_SIZES dict of SyntheticConfig.smoke sizes", pytrace=False)
     return make_benchmark(SyntheticConfig.smoke(**sizes), seed=0)
 
 

@@ -56,7 +56,8 @@ def test_markdown_shows_the_json_numbers(smoke_results):
     out, results = smoke_results
     table = (out / "results.md").read_text()
     for row in results["rows"]:
-        assert f"| {row['method']} | {row['i2t_r' + ('5' if row['setting'] == 'full' else '1')]:.1f} |" in table
+        recall = row["i2t_r5" if row["setting"] == "full" else "i2t_r1"]
+        assert f"| {row['method']} | {recall:.1f} |" in table
     for name, note in results["methods"].items():
         assert f"- `{name}`: {note}" in table
 
@@ -191,7 +192,8 @@ class _Dummy(Method):
         return self.build_model(bench, tokenizer), None
 
     def _scores(self, split):
-        return torch.from_numpy(np.random.default_rng(split.n_images).random((split.n_images, split.n_texts)))
+        rng = np.random.default_rng(split.n_images)
+        return torch.from_numpy(rng.random((split.n_images, split.n_texts)))
 
     def rank(self, split, direction, top_k, queries=None):
         from course_lib.methods.queries import query_indices, top_k_of
@@ -445,8 +447,8 @@ def saved_results(folder, smoke_results, mode="smoke"):
     return folder / "results.json"
 
 
-def test_merging_a_smoke_run_into_a_default_run_stops_before_any_work(tmp_path, smoke_results, no_run, capsys,
-                                                                     monkeypatch):
+def test_merging_a_smoke_run_into_a_default_run_stops_before_any_work(tmp_path, smoke_results,
+                                                                      no_run, capsys, monkeypatch):
     # it used to run to the end, then raise, leaving results.json with the oracle rows alone
     monkeypatch.delenv("COURSE_SMOKE", raising=False)  # a default run, as a learner types it
     path = saved_results(tmp_path / "X", smoke_results)
@@ -470,7 +472,8 @@ def test_a_bad_merge_file_is_named_in_plain_words(tmp_path, content, message, no
     assert message in err and str(path) in err and "Traceback" not in err
 
 
-def test_a_run_that_would_drop_methods_or_change_mode_stops_unless_asked(tmp_path, smoke_results, no_run, capsys):
+def test_a_run_that_would_drop_methods_or_change_mode_stops_unless_asked(tmp_path, smoke_results,
+                                                                         no_run, capsys):
     path = saved_results(tmp_path / "X", smoke_results)
     with pytest.raises(SystemExit):  # only the oracle rows would be left
         benchmark.main(["--smoke", "--methods", "", "--out", str(path.parent)])
@@ -560,7 +563,11 @@ def test_an_interrupted_run_keeps_finished_methods_and_continues(tmp_path, monke
         return real_evaluate(method, *args, **kwargs)
 
     monkeypatch.setattr(benchmark, "evaluate", evaluate)
-    methods = lambda: [RandomProjectionBaseline(), VsePPMethod(VsePPConfig.smoke(max_steps=3), progress=False)]  # noqa: E731
+
+    def methods():
+        return [RandomProjectionBaseline(),
+                VsePPMethod(VsePPConfig.smoke(max_steps=3), progress=False)]
+
     monkeypatch.setattr(benchmark, "available_methods", lambda seed, smoke, names=None: methods())
     # --jobs 1: the two methods above train in this process. With more jobs the training processes
     # build every registered method, which this test does not patch: 90 s of
@@ -615,7 +622,8 @@ def test_a_continued_run_names_the_shipped_models_of_both_parts(tmp_path, monkey
     results = benchmark.main(args)
     assert calls.count("first") == 3  # the first method's rows were kept, not measured again
     assert results["meta"]["shipped_models"] == ["first", "second"]
-    assert "Loaded from shipped_models/, not trained: first, second." in (tmp_path / "results.md").read_text()
+    shipped_note = "Loaded from shipped_models/, not trained: first, second."
+    assert shipped_note in (tmp_path / "results.md").read_text()
 
 
 def test_a_cascade_keeping_fewer_candidates_but_slower_is_flagged():
@@ -634,7 +642,8 @@ def test_a_cascade_keeping_fewer_candidates_but_slower_is_flagged():
             for name, ms in (("lightningdot", 1.0), ("lightningdot+rerank@20", 356.0),
                              ("lightningdot+rerank@50", 49.6))]
     note = results_io.cascade_timing_problems([first, Chain(20), Chain(50)], rows)
-    assert "lightningdot+rerank@20 356 ms against lightningdot+rerank@50 49.6 ms, which keeps more candidates" in note
+    assert ("lightningdot+rerank@20 356 ms against lightningdot+rerank@50 49.6 ms, "
+            "which keeps more candidates") in note
     rows[1]["ms_per_query"] = 20.0
     assert results_io.cascade_timing_problems([first, Chain(20), Chain(50)], rows) is None
 
@@ -660,15 +669,15 @@ def test_a_direction_with_too_few_sampled_queries_is_left_out(monkeypatch):
     metrics, how = evaluation.evaluate(method, split, (1, 5, 10), smoke=True, seed=0)
     assert ranked == ["t2i"]
     assert f"t2i on {fewest} sampled queries" in how
-    assert f"i2t not measured: its budget allows {fewest * split.n_images // split.n_texts} sampled queries" in how
+    allowed = fewest * split.n_images // split.n_texts
+    assert f"i2t not measured: its budget allows {allowed} sampled queries" in how
     assert all(metrics[f"i2t_r{k}"] is None for k in (1, 5, 10))
     assert all(metrics[f"t2i_r{k}"] is not None for k in (1, 5, 10))
     row = evaluation.results_row("random_projection", "test", split, metrics, (1, 5, 10), 1.0, how)
     assert (row["ar"] is None and row["i2t_r1"] is None
             and row["t2i_r1"] == round(metrics["t2i_r1"], 2))
-    table = results_io.results_markdown({"meta": {"mode": "smoke", "seed": 0, "device": "cpu",
-                                                  "torch": "-",
-                                                  "seconds": 1}, "rows": [row], "methods": {}})
+    meta = {"mode": "smoke", "seed": 0, "device": "cpu", "torch": "-", "seconds": 1}
+    table = results_io.results_markdown({"meta": meta, "rows": [row], "methods": {}})
     assert "| random_projection† | – | – | – |" in table and "– not measured" in table
 
 
@@ -718,7 +727,8 @@ def test_a_dual_encoder_embeds_a_gallery_once_for_ranking_and_timing(monkeypatch
     method.rank(split, "i2t", 5)  # encodes only its query images, as before
     assert [s for s, some in encoded if not some] == [split]
     assert method.query_fn(split, caption_index=3, top_k=5)().tolist() == top[3].tolist()
-    method.model = VsePPMethod(VsePPConfig.smoke(max_steps=2), progress=False).fit(bench, tokenizer).model
+    retrained = VsePPMethod(VsePPConfig.smoke(max_steps=2), progress=False).fit(bench, tokenizer)
+    method.model = retrained.model
     method.rank(split, "t2i", 5)  # another model: embedded again
     assert [s for s, some in encoded if not some] == [split, split]
 
@@ -769,8 +779,9 @@ def test_a_runs_sizes_reach_every_config_of_their_class_and_no_other():
     from course_lib.methods.lightningdot.model import LightningDOTConfig
     from course_lib.methods.registry import available_methods
 
+    sizes = {"LightningDOTConfig": {"finetune_steps": 7, "hidden": 32}}
     dual, rerank = available_methods(0, True, ["lightningdot", "lightningdot+rerank@20"],
-                                     sizes={"LightningDOTConfig": {"finetune_steps": 7, "hidden": 32}})
+                                     sizes=sizes)
     assert dual.config == LightningDOTConfig.smoke(finetune_steps=7, hidden=32)
     assert rerank.first is dual  # one model serves the cascade
     plain = available_methods(0, True, ["cross_encoder"])[0]

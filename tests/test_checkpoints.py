@@ -103,8 +103,8 @@ def test_lightningdot_finetuned_name_tracks_the_pretraining_corpus(data):
     # only the pre-training corpus's region features change: both names change
     noisy = dataclasses.replace(bench["pretrain"], regions=bench["pretrain"].regions + 0.01)
     noisy_bench = {**bench, "pretrain": noisy}
-    assert method.pretrain_checkpoint_file(noisy_bench, tokenizer) != method.pretrain_checkpoint_file(
-        bench, tokenizer)
+    assert (method.pretrain_checkpoint_file(noisy_bench, tokenizer)
+            != method.pretrain_checkpoint_file(bench, tokenizer))
     assert method.checkpoint_file(noisy_bench, tokenizer) != name
     # without pre-training the corpus plays no part
     plain = LightningDOTMethod(LightningDOTConfig.smoke(pretrain_steps=0))

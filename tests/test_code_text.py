@@ -14,7 +14,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1] / "course_lib"
 
 DATE = re.compile(r"\b20\d\d-\d\d-\d\d\b")  # an ISO date, anywhere in the file
-PROCESS = re.compile(r"\b(stops?|issue|round) #?\d+\b|\blent (GPU|H\d+|A\d+|machine)\b|\bborrowed\b",
+PROCESS = re.compile(r"\b(stops?|issue|round) #?\d+\b|\blent (GPU|H\d+|A\d+|machine)\b"
+                     r"|\bborrowed\b",
                      re.IGNORECASE)  # working rounds, tracker numbers, loaned machines
 # A markdown table row: the stripped text starts with "| " (or "|-", "|:") and has two more "|";
 # not a norm such as "||x|| < eps" or "|a|^2".
@@ -45,7 +46,8 @@ def problems(source: str, name: str = "<string>") -> list[str]:
                               (PROCESS, "words about how the project is worked on")):
             match = pattern.search(line)
             if match:
-                found.append(f"{name}:{number}: {what} ({match.group(0)!r}): move it to docs/tuning_notes.md")
+                found.append(f"{name}:{number}: {what} ({match.group(0)!r}): "
+                             "move it to docs/tuning_notes.md")
     for number, text in sorted(_text_lines(source).items()):
         if TABLE_ROW.match(text.strip()):
             found.append(f"{name}:{number}: a table row in a comment or docstring: move it to "
@@ -98,7 +100,7 @@ def test_pointers_into_the_tuning_notes_name_a_section():
                 if line.startswith("#")]
     missing = [f"{path.relative_to(ROOT.parent)}: {name!r}" for path in sorted(ROOT.rglob("*.py"))
                for quoted in re.findall(r'tuning_notes\.md,\s*(?:#\s*)?"([^"]+)"', path.read_text())
-               for name in [re.sub(r"\s*\n\s*(?:#\s*)?",
-                                   " ", quoted)]  # a name wrapped over comment lines
+               # a name wrapped over comment lines
+               for name in [re.sub(r"\s*\n\s*(?:#\s*)?", " ", quoted)]
                if not any(name in heading for heading in headings)]
     assert not missing, "no such section in docs/tuning_notes.md:\n" + "\n".join(missing)

@@ -71,8 +71,9 @@ def smoke_method(config, **kwargs) -> CrossEncoderMethod:
 @pytest.fixture(scope="module")
 def model(bench, tok):
     torch.manual_seed(0)
+    towers = untrained_towers(bench["train"], tok, seed=1)
     return CrossEncoder(bench["train"].regions.shape[-1], len(tok), CrossEncoderConfig.smoke(),
-                        pad_token_id=tok.pad_token_id, towers=untrained_towers(bench["train"], tok, seed=1)).eval()
+                        pad_token_id=tok.pad_token_id, towers=towers).eval()
 
 
 def pairs(split, tok, image_rows, text_rows):

@@ -379,7 +379,8 @@ def test_download_flickr8k_with_karpathys_split_file(flickr8k_mirror, tmp_path, 
     assert "already in" in capsys.readouterr().out
 
 
-def test_download_flickr8k_builds_the_split_file_from_the_official_text(flickr8k_mirror, tmp_path, capsys):
+def test_download_flickr8k_builds_the_split_file_from_the_official_text(flickr8k_mirror, tmp_path,
+                                                                        capsys):
     script, want = flickr8k_mirror
     script.KARPATHY_SPLITS_URL = (tmp_path / "missing.zip").as_uri()
     out = tmp_path / "f8k"

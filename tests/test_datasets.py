@@ -38,7 +38,8 @@ def make_toy_split(n_images=4, captions_per_image=3, size=16, n_regions=3, dim=8
         regions=rng.normal(size=(n_images, n_regions, dim)).astype(np.float32),
         boxes=rng.random((n_images, n_regions, 7)).astype(np.float32),
         region_mask=mask,
-        region_classes=rng.dirichlet(np.ones(n_classes), size=(n_images, n_regions)).astype(np.float32),
+        region_classes=rng.dirichlet(np.ones(n_classes),
+                                     size=(n_images, n_regions)).astype(np.float32),
         info={"seed": seed},
     )
 

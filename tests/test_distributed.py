@@ -180,8 +180,8 @@ def test_without_the_factor_the_gradients_are_averaged_over_processes(two_proces
 
 def test_gather_features_values_and_gradient(two_processes):
     ranks, _ = two_processes
-    # (6, 2)
-    every_rank = torch.cat([torch.arange(6.0).view(3, 2) + 10 * r for r in range(PROCESSES)])
+    every_rank = torch.cat([torch.arange(6.0).view(3, 2) + 10 * r
+                            for r in range(PROCESSES)])  # (6, 2)
     weights = torch.arange(12.0).view(6, 2)  # d(sum(gathered * weights)) / d gathered
     for rank, got in enumerate(ranks):
         torch.testing.assert_close(got["gather"]["values"], every_rank)

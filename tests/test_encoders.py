@@ -108,7 +108,8 @@ def test_factories(bench, tok):
 @pytest.fixture(scope="module")
 def region_model(bench):
     torch.manual_seed(0)
-    return RegionTransformerEncoder(bench["train"].regions.shape[-1], hidden=32, layers=2, heads=4).eval()
+    region_dim = bench["train"].regions.shape[-1]
+    return RegionTransformerEncoder(region_dim, hidden=32, layers=2, heads=4).eval()
 
 
 def test_region_encoder_shapes_and_mask(region_model, region_batch):

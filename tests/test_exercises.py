@@ -52,7 +52,8 @@ def test_wrong_axis_optimistic_ties_and_counting_the_truth_are_named():
 
 def test_first_caption_only_is_named():
     def first_only(sims, txt2img):
-        return np.array([((sims[i] >= sims[i, np.flatnonzero(txt2img == i)[0]]) & (txt2img != i)).sum()
+        own = [np.flatnonzero(txt2img == i)[0] for i in range(len(sims))]
+        return np.array([((sims[i] >= sims[i, own[i]]) & (txt2img != i)).sum()
                          for i in range(len(sims))])
 
     with pytest.raises(ExerciseError, match="first caption"):
@@ -336,15 +337,21 @@ def test_eq15_checker_names_the_usual_mistakes():
     def two_cosines(ii, ti, ie, te, alpha=0.5):
         return alpha * F.cosine_similarity(ii, ti, dim=-1) + F.cosine_similarity(ie, te, dim=-1)
 
-    for fn, message in ((dot, "dot product of the two sums"), (alpha_on_inter, "alpha multiplies the inter"),
-                        (matrix, r"\(6, 6\) matrix"), (renormalised, "normalised the four inputs again"),
-                        (two_cosines, "added two cosines"),
-                        (lambda ii, ti, ie, te, alpha=0.5: _eq15_loop(ii, ti, ie, te, alpha)[:, None],
-                         "expected shape")):
+    def column(ii, ti, ie, te, alpha=0.5):
+        return _eq15_loop(ii, ti, ie, te, alpha)[:, None]
+
+    def s1_only(ii, ti, ie, te, alpha=0.5):
+        return F.cosine_similarity(ii, ti, dim=-1)
+
+    for fn, message in ((dot, "dot product of the two sums"),
+                        (alpha_on_inter, "alpha multiplies the inter"),
+                        (matrix, r"\(6, 6\) matrix"),
+                        (renormalised, "normalised the four inputs again"),
+                        (two_cosines, "added two cosines"), (column, "expected shape")):
         with pytest.raises(ExerciseError, match=message):
             check_enhanced_similarity(fn)
     with pytest.raises(ExerciseError, match="this is s1"):
-        check_enhanced_similarity(lambda ii, ti, ie, te, alpha=0.5: F.cosine_similarity(ii, ti, dim=-1))
+        check_enhanced_similarity(s1_only)
     assert torch.is_tensor(_eq15_loop(*(torch.ones(2, 3),) * 4))
 
 
@@ -573,8 +580,10 @@ def test_chance_checker_accepts_the_library_and_names_the_usual_mistakes(capsys)
     check_chance_recall(chance_recall)
     assert "correct" in capsys.readouterr().out
     for wrong, message in ((lambda n, k, r=1: min(k * r, n) / n * 100, "at least one"),
-                           (lambda n, k, r=1: 1 - comb(n - r, min(k, n)) / comb(n, min(k, n)), "in percent"),
-                           (lambda n, k, r=1: 100 * (1 - comb(n - r, k) / comb(n, k)) if k <= n else 100 * k / n,
+                           (lambda n, k, r=1: 1 - comb(n - r, min(k, n)) / comb(n, min(k, n)),
+                            "in percent"),
+                           (lambda n, k, r=1: (100 * (1 - comb(n - r, k) / comb(n, k)) if k <= n
+                                               else 100 * k / n),
                             "more than the 20 candidates")):
         with pytest.raises(ExerciseError, match=message):
             check_chance_recall(wrong)

@@ -181,8 +181,9 @@ def test_vit_patch_tokens_pooled_to_a_grid(resnet, tmp_path):
                                       np.float32([0.5, 0, 1, 0.5, 0.5, 0.5, 0.25]))
     seed_everything(0)
     encoder = PixelEncoder("vit_tiny_patch16_224", pretrained=False, **VIT_KWARGS).eval()
-    pixels = torch.stack([torch.from_numpy(np.array(read_image(json_path.parent / "images" / f"test{i}.png", 32)))
-                          for i in range(3)]).permute(0, 3, 1, 2).float() / 255 * 2 - 1  # ViT's mean = std = 0.5
+    paths = [json_path.parent / "images" / f"test{i}.png" for i in range(3)]
+    pixels = torch.stack([torch.from_numpy(np.array(read_image(p, 32))) for p in paths])
+    pixels = pixels.permute(0, 3, 1, 2).float() / 255 * 2 - 1  # ViT's mean = std = 0.5
     with torch.no_grad():
         want = encoder({"pixels": pixels})
     # [CLS] dropped; (B, 2 rows, 2, 2 cols, 2, C)

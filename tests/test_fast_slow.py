@@ -148,8 +148,8 @@ def test_teacher_scores_against_a_loop_of_pairs(slow, bench, tok):
         for i in range(3):
             for j in range(3):
                 texts = {k: batch[k][j:j + 1] for k in ("input_ids", "attention_mask")}
-                assert grid[i, j].item() == pytest.approx(slow.score({"pixels": batch["pixels"][i:i + 1]}, texts).item(),
-                                                          abs=TOL)
+                pixels = {"pixels": batch["pixels"][i:i + 1]}
+                assert grid[i, j].item() == pytest.approx(slow.score(pixels, texts).item(), abs=TOL)
 
 
 def test_distillation_gradients_reach_only_the_student(slow, bench, tok):
@@ -158,8 +158,8 @@ def test_distillation_gradients_reach_only_the_student(slow, bench, tok):
     for p in slow.parameters():
         p.requires_grad_(True)
         p.grad = None
-    out = distill_loss(slow, FastConfig(distill=True))(student,
-                                                       pair_batch(bench["train"], tok, range(6)))
+    loss_fn = distill_loss(slow, FastConfig(distill=True))
+    out = loss_fn(student, pair_batch(bench["train"], tok, range(6)))
     out["loss"].backward()
     assert all(p.grad is None for p in slow.parameters())
     grads = [p.grad for p in student.parameters()]
@@ -250,7 +250,8 @@ def test_beta_combine_by_hand():
 @pytest.fixture(scope="module")
 def fitted(bench, tok, tmp_path_factory):
     cache = tmp_path_factory.mktemp("fast_slow")
-    slow = SlowMethod(SlowConfig(**SMALL, max_steps=4, batch_size=8, stem_steps=3), progress=False).fit(bench, tok, cache)
+    slow = SlowMethod(SlowConfig(**SMALL, max_steps=4, batch_size=8, stem_steps=3),
+                      progress=False).fit(bench, tok, cache)
     fast_config = FastConfig(hidden=8, embed_dim=8, channels=(4, 8, 8), max_steps=4, batch_size=8,
                              distill_steps=3, distill_batch_size=4, stem_steps=3)
     fast = FastMethod(fast_config, progress=False).fit(bench, tok, cache)
@@ -292,7 +293,8 @@ def test_fast_starts_from_the_cached_pixel_stem(fitted, bench, tok):
     # statistics included) as the stem made it, and the stem's file is shared: not trained again
     assert not all(torch.equal(v.cpu(), stem_state[k])
                    for k, v in fast.model.backbone.state_dict().items())
-    frozen = FastMethod(dataclasses.replace(fast.config, freeze_stem=True), progress=False).fit(bench, tok, cache)
+    frozen = FastMethod(dataclasses.replace(fast.config, freeze_stem=True),
+                        progress=False).fit(bench, tok, cache)
     assert frozen.checkpoint_path.name != fast.checkpoint_path.name
     assert frozen.stem_checkpoint_file(bench) == stem_file
     # BatchNorm stays the stem's

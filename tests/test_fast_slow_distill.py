@@ -48,7 +48,8 @@ def test_mined_candidates_are_the_own_image_then_the_naive_top_k(models, bench, 
     image_emb, text_emb = encode_split(fast, split, tok)
     for t in (0, 3, 17, split.n_texts - 1):
         own = int(split.txt2img[t])
-        order = [i for i in torch.argsort(image_emb @ text_emb[t], descending=True).tolist() if i != own]
+        ranked = torch.argsort(image_emb @ text_emb[t], descending=True).tolist()
+        order = [i for i in ranked if i != own]
         assert candidates[t, 0].item() == own
         assert candidates[t, 1:].tolist() == order[:k - 1]
     with pytest.raises(ValueError, match="distill_top_k"):
@@ -100,7 +101,8 @@ def test_teacher_pair_scores_gather_each_image_once(models, bench, tok):
     assert torch.allclose(got, want, atol=1e-4)
 
 
-def test_mined_distillation_trains_the_student_and_names_its_checkpoint(models, bench, tok, tmp_path):
+def test_mined_distillation_trains_the_student_and_names_its_checkpoint(models, bench, tok,
+                                                                        tmp_path):
     slow, _ = models
     config = FastConfig(**TINY_FAST, max_steps=3, batch_size=8, stem_steps=3, fresh_scenes=0,
                         image_init="scratch", distill=True, distill_steps=3, distill_batch_size=4,

@@ -109,8 +109,8 @@ def test_cascade_ranks_by_hand():
 def fitted(bench, tok, tmp_path_factory):
     cache = tmp_path_factory.mktemp("fast_slow_study")
     # from scratch, as FAST_SMALL: 10 pre-training scenes are fewer than one batch of the stem
-    slow = SlowMethod(SlowConfig(**SMALL, max_steps=4, batch_size=8, image_init="scratch"), progress=False).fit(
-        bench, tok, cache)
+    slow = SlowMethod(SlowConfig(**SMALL, max_steps=4, batch_size=8, image_init="scratch"),
+                      progress=False).fit(bench, tok, cache)
     fast = FastMethod(FastConfig(**FAST_SMALL), progress=False).fit(bench, tok, cache)
     return slow, fast
 

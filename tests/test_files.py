@@ -31,7 +31,8 @@ TRAIN_ONE = textwrap.dedent("""
     tokenizer = build_word_tokenizer(bench["train"].captions + bench["pretrain"].captions)
     steps, step = [], Trainer._train_step
 
-    def slow_step(self, batches):  # long enough that the other process arrives while this one trains
+    # long enough that the other process arrives while this one trains
+    def slow_step(self, batches):
         steps.append(1)
         time.sleep(0.05)
         return step(self, batches)
@@ -40,7 +41,8 @@ TRAIN_ONE = textwrap.dedent("""
     method = VsePPMethod(VsePPConfig.smoke(max_steps=40, batch_size=16), progress=False)
     method.fit(bench, tokenizer, cache_dir=sys.argv[1])
     weights = sum(float(p.double().sum()) for p in method.model.state_dict().values())
-    print(json.dumps({"trained_steps": len(steps), "file": method.checkpoint_path.name, "weights": weights}))
+    print(json.dumps({"trained_steps": len(steps), "file": method.checkpoint_path.name,
+                      "weights": weights}))
 """)
 
 

@@ -31,7 +31,8 @@ def test_every_required_abbreviation_is_defined_briefly_with_its_source():
     assert set(REQUIRED) <= set(entries), sorted(set(REQUIRED) - set(entries))
     for term, text in entries.items():
         assert text and len(text) <= 330, f"{term}: one or two lines"
-        assert re.search(r"\d{4}|eq\.|§|lesson|FAISS|BERT|UNITER|HiVLP|LightningDOT|VSE|SCAN", text), term
+        cites = r"\d{4}|eq\.|§|lesson|FAISS|BERT|UNITER|HiVLP|LightningDOT|VSE|SCAN"
+        assert re.search(cites, text), term
 
 
 def test_each_glossary_link_of_a_notebook_points_at_an_entry():
@@ -48,14 +49,15 @@ def test_every_notebook_links_each_term_where_it_first_appears():
 
 
 def test_the_first_occurrence_in_running_text_is_linked_and_nothing_else():
-    source = ("## CMR in a heading\n\nThe `CMR` loss, $L_{CMR}$, a [CMR link](x), U-BERT, a bi-GRU, "
-              "then CMR in prose and CMR again; BERT.")
+    source = ("## CMR in a heading\n\nThe `CMR` loss, $L_{CMR}$, a [CMR link](x), U-BERT, "
+              "a bi-GRU, then CMR in prose and CMR again; BERT.")
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(source)])
     added = script.link_notebook(nb, {"CMR": "cmr", "BERT": "bert", "GRU": "gru", "SCAN": "scan"})
     assert added == ["CMR", "BERT", "GRU"]
     assert nb.cells[0].source == (
-        "## CMR in a heading\n\nThe `CMR` loss, $L_{CMR}$, a [CMR link](x), U-BERT, a bi-[GRU](../docs/glossary.md#gru), "
-        "then [CMR](../docs/glossary.md#cmr) in prose and CMR again; [BERT](../docs/glossary.md#bert).")
+        "## CMR in a heading\n\nThe `CMR` loss, $L_{CMR}$, a [CMR link](x), U-BERT, "
+        "a bi-[GRU](../docs/glossary.md#gru), then [CMR](../docs/glossary.md#cmr) in prose and "
+        "CMR again; [BERT](../docs/glossary.md#bert).")
     # once linked, left alone
     assert script.link_notebook(nb, {"CMR": "cmr", "BERT": "bert", "GRU": "gru"}) == []
 

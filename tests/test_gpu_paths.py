@@ -87,11 +87,11 @@ def test_trainer_without_amp_on_cuda_stays_float32():
 
 def test_encoders_on_cuda_match_the_cpu():
     bench = make_benchmark(SyntheticConfig.smoke(n_train=12, n_val=2, n_test=6, n_pretrain=0,
-                                                 n_compositional=1),
-                           seed=0)
+                                                 n_compositional=1), seed=0)
     split, tokenizer = bench["test"], build_word_tokenizer(bench["train"].captions)
     torch.manual_seed(0)
-    model = build_dual_encoder(VsePPConfig(hidden=16, embed_dim=16, layers=1), bench["train"], tokenizer).eval()
+    config = VsePPConfig(hidden=16, embed_dim=16, layers=1)
+    model = build_dual_encoder(config, bench["train"], tokenizer).eval()
     # (N, E), (T, E)
     cpu_images, cpu_texts = encode_gallery(model, split), encode_captions(model, split, tokenizer)
     gpu_images = encode_gallery(model, split, device="cuda")

@@ -52,7 +52,8 @@ def pair_batch(split, tokenizer, rows, modality="pixels"):
 
 @pytest.fixture(scope="module")
 def fitted(bench, tok, tmp_path_factory):
-    return HiVLPMethod(small_config(), progress=False).fit(bench, tok, cache_dir=tmp_path_factory.mktemp("hivlp"))
+    cache = tmp_path_factory.mktemp("hivlp")
+    return HiVLPMethod(small_config(), progress=False).fit(bench, tok, cache_dir=cache)
 
 
 # ---------------------------------------------------------------------------------------- the model
@@ -154,7 +155,8 @@ def test_model_loss_is_hrl_plus_lrm_and_logs_every_level(bench, tok):
     assert set(out) >= {"loss", "hrl", "lrm", "rl_1", "rl_2", "rl_3"}
     torch.testing.assert_close(out["loss"], out["hrl"] + out["lrm"], atol=TOL, rtol=0)
     assert isinstance(model.vmlm, VMLM)  # LightningDOT's VMLM reused (eq. 4)
-    last = build_hivlp(small_config(train_levels="last", lrm_weight=0.0), bench["train"], tok).eval()
+    last_only = small_config(train_levels="last", lrm_weight=0.0)
+    last = build_hivlp(last_only, bench["train"], tok).eval()
     out = last.loss(batch)
     torch.testing.assert_close(out["loss"], out["rl_3"], atol=TOL, rtol=0)
 
@@ -327,7 +329,8 @@ def test_cascade_method_matches_coarse_to_fine_and_query_fn(fitted, bench, tok):
     # the other direction: captions of the split searched by images
     i2t, i2t_scores = cascade.rank(test, "i2t", 5)
     images = torch.as_tensor(test.image_queries, dtype=torch.long)
-    expected_i2t, expected_i2t_scores = coarse_to_fine(states.text, [v[images] for v in states.image], (30, 10), 5)
+    image_queries = [v[images] for v in states.image]
+    expected_i2t, expected_i2t_scores = coarse_to_fine(states.text, image_queries, (30, 10), 5)
     assert_same_ranking(i2t, i2t_scores, expected_i2t, expected_i2t_scores)
 
 
@@ -350,7 +353,8 @@ def test_cached_states_equal_a_fresh_pass(fitted, bench, tok):
     for fresh, kept in zip(states.image + states.text, cached.image + cached.text, strict=True):
         torch.testing.assert_close(fresh, kept, atol=TOL, rtol=0)
     flat, _ = fitted.rank(test, "t2i", 5)
-    expected = torch.topk(cached.text[-1][torch.as_tensor(test.text_queries)] @ cached.image[-1].T, 5).indices
+    query_states = cached.text[-1][torch.as_tensor(test.text_queries)]
+    expected = torch.topk(query_states @ cached.image[-1].T, 5).indices
     assert torch.equal(flat, expected)
     level1 = fitted.level(0)
     before = fitted.model
@@ -616,5 +620,7 @@ def test_training_starts_from_the_cached_pixel_stem_and_keeps_it_frozen(bench, t
     again, _ = train_hivlp(bench, tok, config, stem_checkpoint=tmp_path / stem_file, progress=False)
     for name, value in method.model.state_dict().items():
         torch.testing.assert_close(again.state_dict()[name], value, atol=0, rtol=0)
-    assert HiVLPMethod(small_config(image_input="regions"), progress=False).stem_checkpoint_file(bench) is None
-    assert HiVLPMethod(small_config(stem="patch"), progress=False).checkpoint_extra(bench, tok) == ()
+    regions = HiVLPMethod(small_config(image_input="regions"), progress=False)
+    assert regions.stem_checkpoint_file(bench) is None
+    patches = HiVLPMethod(small_config(stem="patch"), progress=False)
+    assert patches.checkpoint_extra(bench, tok) == ()

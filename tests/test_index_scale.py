@@ -150,8 +150,8 @@ def test_measure_kind_against_independent_searches():
     row, points, ids = measure_kind(gallery, queries, exact_ids, "ivf", k=10, repeats=5)
     assert row["params"] == {"nlist": 141, "nprobe": 16} and row["train_size"] == 50 * 141
     assert row["recall_at_k"] == topk_recall(ids, exact_ids)
-    assert row["bytes_per_item"] == pytest.approx(index_bytes(build_index(gallery, "ivf", nlist=141))
-                                                  / 20_000, rel=1e-3)
+    ivf_bytes = index_bytes(build_index(gallery, "ivf", nlist=141))
+    assert row["bytes_per_item"] == pytest.approx(ivf_bytes / 20_000, rel=1e-3)
     assert [p["value"] for p in points] == list(index_scale.SWEEP["ivf"][1])
     main = next(p for p in points if p["value"] == 16)  # the default setting: the main row itself
     assert main["recall_at_k"] == row["recall_at_k"] and main["ms_single"] == row["ms_single"]

@@ -125,7 +125,8 @@ def test_synthetic_round_trip_is_identical(synthetic_bench, tmp_path):
         assert back.info.keys() == split.info.keys()
         assert (back.info["seed"] == split.info["seed"]
                 and back.info["config"] == split.info["config"])
-    comp, want = load_synthetic(tmp_path, "compositional", load_pixels=False), synthetic_bench["compositional"]
+    comp = load_synthetic(tmp_path, "compositional", load_pixels=False)
+    want = synthetic_bench["compositional"]
     for key, value in want.info.items():
         # array-valued info (twin_of, is_twin) comes back as arrays
         if isinstance(value, np.ndarray):

@@ -1,6 +1,6 @@
 """The package's layers: each imports only the layers below it, and no module imports itself back.
 
-    core  <  data  <  methods  <  studies  <  exercises  <  top (benchmark, notebook, viz, train_distributed)
+    core < data < methods < studies < exercises < top (benchmark, notebook, viz, train_distributed)
 
 Every `import` and `from ... import` in course_lib counts, at module level or inside a function (a
 function-level import still ties the two modules together), relative ones resolved. The graph is
@@ -66,7 +66,8 @@ def test_every_module_sits_in_a_layer_package_or_on_top(graph):
 
 
 def test_no_import_reaches_a_higher_layer(graph):
-    upward = [f"{m} (layer {LAYERS[layer_of(m)] if layer_of(m) < TOP else 'top'}) line {line} imports {target}"
+    upward = [f"{m} (layer {LAYERS[layer_of(m)] if layer_of(m) < TOP else 'top'}) line {line} "
+              f"imports {target}"
               for m, targets in graph.items() for target, line in targets
               if target != "course_lib" and layer_of(target) > layer_of(m)]
     assert not upward, "imports from a higher layer:\n" + "\n".join(upward)
@@ -123,7 +124,8 @@ def test_only_the_core_calls_backward():
         if path.relative_to(PACKAGE).parts[0] == "core":
             continue
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "backward":
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "backward"):
                 outside.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}")
     assert outside == [], f".backward() outside course_lib/core: {outside}"
 

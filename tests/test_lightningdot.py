@@ -86,7 +86,8 @@ def test_mask_tokens_statistics_and_labels():
     assert abs(to_mask - (0.8 * share_drawn + 1 - share_drawn)) < 0.02
     assert abs(kept - share_drawn * (0.1 + 0.1 / V)) < 0.02  # a random word may repeat
     swapped = picked & (masked != MASK_ID) & (masked != ids)
-    assert (masked[swapped] >= len(SPECIAL_TOKENS)).all(), "random replacements are never special tokens"
+    never_special = (masked[swapped] >= len(SPECIAL_TOKENS)).all()
+    assert never_special, "random replacements are never special tokens"
 
 
 def test_mask_tokens_forces_the_first_word_as_uniter():
@@ -188,8 +189,9 @@ def test_scores_are_dot_products_of_independent_encodings(bench, ld_tokenizer):
             h0 = model.encode_images(one)
             for j in range(6):
                 two = {k: v[j:j + 1] for k, v in batch.items() if torch.is_tensor(v)}
-                z0 = model.encode_texts({"input_ids": two["input_ids"][:, :int(two["attention_mask"].sum())],
-                                         "attention_mask": two["attention_mask"][:, :int(two["attention_mask"].sum())]})
+                length = int(two["attention_mask"].sum())
+                z0 = model.encode_texts({"input_ids": two["input_ids"][:, :length],
+                                         "attention_mask": two["attention_mask"][:, :length]})
                 assert abs((h0 @ z0.T).item() - scores[i, j].item()) < 1e-4
         assert abs(model.objective("cmr", batch).item() - contrastive_loss(scores).item()) < TOL
 
@@ -227,7 +229,8 @@ def test_task_schedule_follows_the_ratios_and_the_seed():
         LightningDOTConfig(pretrain_tasks={"itm": 1})
 
 
-def test_pretrain_then_finetune_logs_each_task_and_reuses_checkpoints(bench, ld_tokenizer, tmp_path):
+def test_pretrain_then_finetune_logs_each_task_and_reuses_checkpoints(bench, ld_tokenizer,
+                                                                       tmp_path):
     config = small_config(pretrain_steps=12, finetune_steps=4)
     paths = dict(pretrain_checkpoint=tmp_path / "pre.pt", checkpoint_path=tmp_path / "ft.pt")
     model, histories = train_lightningdot(bench, ld_tokenizer, config, progress=False, **paths)
@@ -241,8 +244,8 @@ def test_pretrain_then_finetune_logs_each_task_and_reuses_checkpoints(bench, ld_
 
 def test_method_caches_pretraining_apart_from_finetuning(bench, ld_tokenizer, tmp_path):
     first = LightningDOTMethod(small_config(), progress=False).fit(bench, ld_tokenizer, tmp_path)
-    other = LightningDOTMethod(small_config(finetune_lr=1e-4), progress=False).fit(bench, ld_tokenizer,
-                                                                                 tmp_path)
+    other_config = small_config(finetune_lr=1e-4)
+    other = LightningDOTMethod(other_config, progress=False).fit(bench, ld_tokenizer, tmp_path)
     assert first.pretrain_checkpoint == other.pretrain_checkpoint  # one pre-training serves both
     assert first.checkpoint_path != other.checkpoint_path
     sims = first.similarity(bench["test"])

@@ -45,7 +45,8 @@ def test_encoders_are_linear_maps_of_the_frozen_means(probe, bench, wordpieces, 
     batch = batch_of(bench, wordpieces, range(6))
     minilm = AutoModel.from_pretrained(minilm_folder[1]).eval()
     with torch.no_grad():
-        states = minilm(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+        states = minilm(input_ids=batch["input_ids"],
+                        attention_mask=batch["attention_mask"]).last_hidden_state
         mask = batch["attention_mask"][..., None].float()
         text_mean = (states * mask).sum(1) / mask.sum(1)  # (B, 384): MiniLM's sentence vector
         # (B, R, 1): the synthetic scenes pad their regions

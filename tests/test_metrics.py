@@ -261,7 +261,8 @@ def test_format_metrics_one_line():
     m = retrieval_metrics(np.eye(3), [0, 1, 2], ks=(1, 5))
     line = format_metrics(m)
     assert "\n" not in line
-    assert line == "i2t R@1/5 100.0/100.0 medr 1 | t2i R@1/5 100.0/100.0 medr 1 | rsum 400.0 AR 100.0"
+    assert line == ("i2t R@1/5 100.0/100.0 medr 1 | t2i R@1/5 100.0/100.0 medr 1 | "
+                    "rsum 400.0 AR 100.0")
 
 
 # -------------------------------------------------------------------------------------------- scale

@@ -21,8 +21,9 @@ NAMES = sorted(path.name for path in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
 
 # what a config must hold beyond running: name -> (check of its namespace, what is wrong otherwise)
 INVARIANTS = {
-    "05_hivlp.ipynb": (lambda ns: sum(n <= ns["CROSS_MEASURED_UP_TO"] for n in ns["TABLE4_SIZES"]) >= 2,
-                       "Table 4 extrapolates the cross-encoder from at least two measured galleries"),
+    "05_hivlp.ipynb": (
+        lambda ns: sum(n <= ns["CROSS_MEASURED_UP_TO"] for n in ns["TABLE4_SIZES"]) >= 2,
+        "Table 4 extrapolates the cross-encoder from at least two measured galleries"),
 }
 
 

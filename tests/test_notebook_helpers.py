@@ -89,7 +89,8 @@ def test_compare_recalls_says_too_small_to_tell_at_chance():
     assert "too small to tell" in line and "A higher" not in line
     assert near_chance(2.5, 40, 2.5) and not near_chance(47.0, 5000, 0.1)
     assert compare_recalls("R@1", "A", 47.2, "B", 7.0, n=5000, chance=0.1).endswith("A higher")
-    assert compare_recalls("R@1", "A", 17.6, "B", 17.0, n=5000, chance=0.1).endswith("no clear difference")
+    same = compare_recalls("R@1", "A", 17.6, "B", 17.0, n=5000, chance=0.1)
+    assert same.endswith("no clear difference")
     assert compare_recalls("R@1", "A", 10.0, "B", 30.0, n=5000).endswith("B higher")
 
 
@@ -124,8 +125,9 @@ def test_compare_rates_needs_a_gap_beyond_noise():
     from course_lib.notebook import compare_rates
 
     # smoke-sized: 1.0% of 50 captions' mined negatives vs 0.6% at random is no evidence either way
-    assert compare_rates("false negatives", "mined", 1.0, 50, "random", 0.6, 50).endswith("too small to tell at these sizes")
-    assert compare_rates("false negatives", "mined", 0.4, 50, "random", 1.0, 50).endswith("too small to tell at these sizes")
+    small = "too small to tell at these sizes"
+    assert compare_rates("false negatives", "mined", 1.0, 50, "random", 0.6, 50).endswith(small)
+    assert compare_rates("false negatives", "mined", 0.4, 50, "random", 1.0, 50).endswith(small)
     assert "no event" in compare_rates("fn", "mined", 0.0, 50, "random", 0.0, 50)
     line = compare_rates("false negatives", "mined", 12.0, 2000, "random", 3.0, 2000)
     assert line.endswith("mined higher") and "4.0x" in line
@@ -156,11 +158,10 @@ def test_check_verdict_refuses_chance_level_zero_and_extrapolated_evidence():
     from course_lib.notebook import chance_recall, check_verdict
 
     chance = chance_recall(200, k=5)  # a smoke gallery's R@5 of a random ranking: 2.5
-    # 05 (a)
-    assert check_verdict(True, (0.4, 0.8), n=500, chance=chance).startswith("too small to tell")
-    # 06 (a)
-    assert check_verdict(True, (0.0, 0.0), n=50, chance=1.0).startswith("too small to tell")
-    assert check_verdict(True, measured=False).startswith("too small to tell")  # 07, extrapolated
+    small = "too small to tell"
+    assert check_verdict(True, (0.4, 0.8), n=500, chance=chance).startswith(small)  # 05 (a)
+    assert check_verdict(True, (0.0, 0.0), n=50, chance=1.0).startswith(small)  # 06 (a)
+    assert check_verdict(True, measured=False).startswith(small)  # 07, extrapolated
     assert check_verdict(True, (40.0, 41.0), n=5000, chance=0.1) == "met"
     assert check_verdict(False, (20.0, 41.0), n=5000, chance=0.1) == "not met"
 
@@ -183,7 +184,8 @@ def test_curve_summary_reads_the_last_points_and_says_whether_val_still_rises():
     assert "still rising" in curve_summary("g", history(20.0, 25.0))
     assert "flat within noise" in curve_summary("g", history(20.0, 25.0), n_queries=100)
     assert "rising" not in curve_summary("c", history(20.0))  # one point: no trend to read
-    assert curve_summary("e", history(5.0, 20.0), target=25).endswith("; the target 25: missed by 5.0")
+    missed = curve_summary("e", history(5.0, 20.0), target=25)
+    assert missed.endswith("; the target 25: missed by 5.0")
     assert curve_summary("f", history(20.0), target=20).endswith("; the target 20: met")
     assert "target" not in rising
     with pytest.raises(ValueError, match="learning_curve_splits"):

@@ -151,8 +151,8 @@ def test_likelihood_matches_a_slow_loop(cfg):
                                    rtol=1e-12, atol=0)
     own = L[np.arange(len(s.meanings)), s.txt2img]
     assert (own > 0).all() and ((L > 0) <= satisfies(m, s.scenes)).all()
-    blocks = np.concatenate([block
-                             for _, block in iter_caption_likelihood(m, s.scenes, cfg, chunk=7)])
+    chunks = iter_caption_likelihood(m, s.scenes, cfg, chunk=7)
+    blocks = np.concatenate([block for _, block in chunks])
     np.testing.assert_array_equal(blocks, L)
 
 
@@ -340,8 +340,9 @@ def test_compositional_caption_true_of_the_twin_is_never_said():
     assert len(images) >= 2
     p, q = pairs[images, 0], pairs[images, 1]
     row, col = sc.cell // GRID, sc.cell % GRID
-    rel = np.where(col[images, p] < col[images, q], 0, np.where(col[images, p] > col[images, q], 1,
-                                                                np.where(row[images, p] < row[images, q], 2, 3)))
+    left, right = col[images, p] < col[images, q], col[images, p] > col[images, q]
+    above = row[images, p] < row[images, q]
+    rel = np.where(left, 0, np.where(right, 1, np.where(above, 2, 3)))
     pick = lambda f, o: getattr(sc, f)[images, o].astype(np.int8)  # noqa: E731
     none = np.full(len(images), -1, dtype=np.int8)
     for family, relation in ((PAIR, none), (RELATION, rel.astype(np.int8))):

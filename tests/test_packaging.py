@@ -33,7 +33,8 @@ def test_environment_yml_installs_what_pyproject_declares():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     declared = list(project["dependencies"]) + list(project["optional-dependencies"]["dev"])
     conda = [e for e in _pip_section_of_environment_yml() if not e.startswith("-e")]
-    assert sorted(conda) == sorted(declared), "environment.yml's pip section must list pyproject's requirements"
+    message = "environment.yml's pip section must list pyproject's requirements"
+    assert sorted(conda) == sorted(declared), message
     assert any(e.startswith("-e") and "[dev]" in e for e in _pip_section_of_environment_yml())
 
 

@@ -48,7 +48,8 @@ def test_dataset_matches_the_ground_truth_and_heads_have_their_shapes(bench):
     assert item["pixels"].shape == (3, 32, 32)
     assert int((item["object"] > 0).sum()) == int(bench["pretrain"].scenes.n_objects[3])
     for pool in ("flatten", "cells"):
-        out = PixelStem(PixelStemConfig(**TINY, head_pool=pool))(torch.stack([data[i]["pixels"] for i in range(5)]))
+        stem = PixelStem(PixelStemConfig(**TINY, head_pool=pool))
+        out = stem(torch.stack([data[i]["pixels"] for i in range(5)]))
         assert ({k: tuple(v.shape) for k, v in out.items()}
                 == {"object": (5, 9, 49), "size": (5, 9, 2)})
 
@@ -87,8 +88,8 @@ def test_the_cache_loads_and_its_name_covers_config_data_and_code(trained, bench
         assert torch.equal(a, b)
     assert again_history == history
     name = path.name
-    assert stem_checkpoint_file(bench,
-                                PixelStemConfig(**{**TINY, "lr": 1e-3}, max_steps=300)) != name
+    other_lr = PixelStemConfig(**{**TINY, "lr": 1e-3}, max_steps=300)
+    assert stem_checkpoint_file(bench, other_lr) != name
     assert stem_checkpoint_file(bench, PixelStemConfig(**TINY, max_steps=301)) != name
     assert stem_checkpoint_file({"pretrain": bench["val"]}, config) != name
     monkeypatch.setattr(pixel_stem, "STEM_FORMAT_VERSION", pixel_stem.STEM_FORMAT_VERSION + 1)

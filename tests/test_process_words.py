@@ -44,7 +44,8 @@ def _problems(name: str) -> list[str]:
 @pytest.mark.parametrize("name", _files())
 def test_no_process_words(name):
     problems = _problems(name)
-    assert not problems, f"{name}: {sorted(set(problems))}; say what the course is, not how it was made"
+    assert not problems, (f"{name}: {sorted(set(problems))}; "
+                          "say what the course is, not how it was made")
 
 
 def test_the_scan_catches_what_it_is_for():

@@ -98,7 +98,8 @@ def test_matmul_rate_and_roofline():
 
 def test_throughput_rows_and_their_limits():
     g = np.random.default_rng(0)
-    images, queries = g.standard_normal((300, 16)).astype(np.float32), g.standard_normal((20, 16)).astype(np.float32)
+    images = g.standard_normal((300, 16)).astype(np.float32)
+    queries = g.standard_normal((20, 16)).astype(np.float32)
     rows = throughput(images, queries, sizes=(300, 1_000), batches=(1, 32), progress=False)
     assert [(r["n"], r["kind"], r["batch"]) for r in rows] == [
         (n, kind, b) for n in (300, 1_000) for kind in ("flat", "hnsw") for b in (1, 32)]

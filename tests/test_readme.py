@@ -59,8 +59,10 @@ def broken_links(path: Path) -> list[str]:
         file, _, anchor = target.partition("#")
         resolved = (path.parent / file).resolve() if file else path
         if not resolved.exists():
-            broken.append(f"{target} (no file {resolved.relative_to(ROOT) if resolved.is_relative_to(ROOT) else resolved})")
-        elif anchor and resolved.suffix == ".md" and anchor not in anchors(resolved.read_text(encoding="utf-8")):
+            shown = resolved.relative_to(ROOT) if resolved.is_relative_to(ROOT) else resolved
+            broken.append(f"{target} (no file {shown})")
+        elif (anchor and resolved.suffix == ".md"
+              and anchor not in anchors(resolved.read_text(encoding="utf-8"))):
             broken.append(f"{target} (no heading #{anchor} in {resolved.name})")
     return broken
 
@@ -71,7 +73,8 @@ def markdown_files() -> list[Path]:
 
 def test_the_readme_is_a_front_page_of_at_most_250_lines():
     lines = README.read_text(encoding="utf-8").splitlines()
-    assert len(lines) <= MAX_README_LINES, f"README.md has {len(lines)} lines; move detail into docs/"
+    assert len(lines) <= MAX_README_LINES, (f"README.md has {len(lines)} lines; "
+                                            "move detail into docs/")
 
 
 @pytest.mark.parametrize("path", markdown_files(), ids=lambda p: p.relative_to(ROOT).as_posix())
@@ -90,9 +93,11 @@ def test_the_readme_keeps_the_commands_ci_runs():
 def test_the_checks_find_what_they_are_meant_to(tmp_path):
     page = tmp_path / "page.md"
     (tmp_path / "there.md").write_text("# A heading, with `code`\n\n## Set up, open, test\n")
-    page.write_text("[ok](there.md) [ok](there.md#a-heading-with-code) [ok](#own) ![pic](gone.png)\n"
+    page.write_text("[ok](there.md) [ok](there.md#a-heading-with-code) [ok](#own) "
+                    "![pic](gone.png)\n"
                     "[bad](there.md#nowhere) [web](https://example.org/x) `[not](a-link.md)`\n"
-                    "```\n[in code](nothing.md)\n```\n# Own\n[`code` text](there.md#set-up-open-test)\n")
+                    "```\n[in code](nothing.md)\n```\n"
+                    "# Own\n[`code` text](there.md#set-up-open-test)\n")
     assert [b.split(" ")[0] for b in broken_links(page)] == ["gone.png", "there.md#nowhere"]
 
 
@@ -127,12 +132,13 @@ def package_tree() -> set[str]:
 def test_layout_matches_the_package():
     listed = layout_tree((ROOT / "docs" / "layout.md").read_text(encoding="utf-8"))
     present = package_tree()
-    assert not present - listed, f"modules missing from docs/layout.md: {sorted(present - listed)}"
-    assert not listed - present, f"docs/layout.md names what is not there: {sorted(listed - present)}"
+    missing, extra = sorted(present - listed), sorted(listed - present)
+    assert not missing, f"modules missing from docs/layout.md: {missing}"
+    assert not extra, f"docs/layout.md names what is not there: {extra}"
 
 
 def test_layout_reader_follows_indentation():
-    layout = ("# Layout\n\n```\nnotebooks/   x\ncourse_lib/  y\n  core/  z\n    a.py  w\n  b.py  v\n"
-              "tests/  t\n```\n")
+    layout = ("# Layout\n\n```\nnotebooks/   x\ncourse_lib/  y\n  core/  z\n    a.py  w\n"
+              "  b.py  v\ntests/  t\n```\n")
     assert layout_tree(layout) == {"course_lib/", "course_lib/core/", "course_lib/core/a.py",
                                    "course_lib/b.py"}

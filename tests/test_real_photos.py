@@ -53,10 +53,12 @@ COURSE_FIGURES = {"docs/pareto.png", "docs/pareto-real.png"}
 def test_no_image_file_is_tracked():
     """No photo and no feature file is ever committed; the README's plots, drawn by the course, are
     the only pictures tracked."""
-    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True,
+                             check=True).stdout
     images = [p for p in tracked.splitlines()
               if p.lower().endswith(IMAGE_SUFFIXES + (".npz", ".npy")) and p not in COURSE_FIGURES]
-    assert images == [], f"image or feature files are tracked (photos must never be committed): {images[:5]}"
+    assert images == [], ("image or feature files are tracked (photos must never be committed): "
+                          f"{images[:5]}")
     assert all(not p.lower().endswith((".jpg", ".jpeg")) for p in COURSE_FIGURES)
 
 
@@ -181,7 +183,8 @@ def test_pretrained_features_of_real_photos_match_the_classifier(tmp_path):
     data = json.loads(json_path.read_text())["images"]
     pixels = np.asarray(read_image(tmp_path / "images" / data[0]["filename"], 224),
                         dtype=np.float32) / 255
-    x = torch.from_numpy((pixels - [0.485, 0.456, 0.406]) / [0.229, 0.224, 0.225]).permute(2, 0, 1)[None].float()
+    normalised = (pixels - [0.485, 0.456, 0.406]) / [0.229, 0.224, 0.225]
+    x = torch.from_numpy(normalised).permute(2, 0, 1)[None].float()
     with torch.no_grad():
         logits = whole(x)[0]
     row = ids.index(str(Path(data[0]["filename"]).stem))
@@ -231,7 +234,8 @@ def test_an_image_folder_that_is_not_the_jsons_stops_before_writing(tmp_path, ca
     assert not (tmp_path / "features").exists()
 
 
-def test_benchmark_on_real_features_writes_its_results_without_touching_shipped_models(tmp_path, capsys):
+def test_benchmark_on_real_features_writes_its_results_without_touching_shipped_models(tmp_path,
+                                                                                        capsys):
     from course_lib.core.shipped import SHIPPED_MODELS
     from course_lib.real_benchmark import main
 
@@ -245,9 +249,9 @@ def test_benchmark_on_real_features_writes_its_results_without_touching_shipped_
     (readme.parent / "docs").mkdir(parents=True)
     for path in (readme, readme.parent / "docs" / "results.md"):
         path.write_text(f"{REAL_START}\n{REAL_END}\n")
-    results = main(["--features", str(tmp_path / "features"), "--out",
-                    str(tmp_path / "out"), "--smoke",
-                    "--checkpoints", str(tmp_path / "checkpoints"), "--readme", str(readme)])
+    results = main(["--features", str(tmp_path / "features"), "--out", str(tmp_path / "out"),
+                    "--smoke", "--checkpoints", str(tmp_path / "checkpoints"),
+                    "--readme", str(readme)])
     assert ("| linear-probe |" in readme.read_text()
             and (readme.parent / "docs" / "pareto-real.png").is_file())
     assert ({p.name for p in (tmp_path / "out").iterdir()}

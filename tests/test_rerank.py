@@ -120,7 +120,8 @@ class _Stub:
 
     def query_fn(self, split, caption_index=0, top_k=10, with_scores=False):
         top = torch.topk(self.scores[:, caption_index], top_k)
-        return lambda: (top.indices.numpy(), top.values.numpy()) if with_scores else top.indices.numpy()
+        return lambda: ((top.indices.numpy(), top.values.numpy()) if with_scores
+                        else top.indices.numpy())
 
 
 class _Queries:

@@ -131,7 +131,8 @@ def test_a_failed_picture_leaves_both_files_as_they_were(course, results, monkey
     assert sorted(p.name for p in (readme.parent / "docs").iterdir()) == ["results.md"]
 
 
-def test_a_real_photo_run_fills_its_own_blocks_and_leaves_the_synthetic_ones(course, results, tmp_path):
+def test_a_real_photo_run_fills_its_own_blocks_and_leaves_the_synthetic_ones(course, results,
+                                                                             tmp_path):
     readme, doc = course
     real_start, real_end = results_io.REAL_START, results_io.REAL_END
     for path in (readme, doc):

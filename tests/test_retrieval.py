@@ -474,7 +474,8 @@ def test_pq_defaults_and_params():
 
 def test_pq_params_are_checked():
     gallery = random_embeddings(300, 12, seed=38)
-    with pytest.raises(ValueError, match=r"m=5 sub-quantizers must divide the dimension 12.*\[1, 2, 3, 4, 6, 12\]"):
+    with pytest.raises(ValueError, match=r"m=5 sub-quantizers must divide the dimension 12"
+                                         r".*\[1, 2, 3, 4, 6, 12\]"):
         build_index(gallery, "ivfpq", m=5)
     with pytest.raises(ValueError, match="m must be an integer >= 1"):
         build_index(gallery, "hnswpq", m=0)
@@ -529,8 +530,12 @@ def test_time_single_queries_searches_one_row_at_a_time(monkeypatch):
     queries = random_embeddings(3, 8, seed=42).numpy()
     seen = []
     real_search = faiss.IndexFlatIP.search
-    monkeypatch.setattr(faiss.IndexFlatIP, "search",
-                        lambda self, x, k, *a, **kw: seen.append((x.copy(), k)) or real_search(self, x, k))
+
+    def recording_search(self, x, k, *a, **kw):
+        seen.append((x.copy(), k))
+        return real_search(self, x, k)
+
+    monkeypatch.setattr(faiss.IndexFlatIP, "search", recording_search)
     result = time_single_queries(index, queries, k=100, warmup=1, repeats=4)
     assert result.repeats == 4
     assert [k for _, k in seen] == [50] * 5  # k capped at the gallery

@@ -33,7 +33,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: one tor
 
 def make_model(bench, tok, **overrides):
     torch.manual_seed(0)
-    return SCANModel(bench["train"].regions.shape[-1], len(tok), SCANConfig.smoke(**overrides)).eval()
+    config = SCANConfig.smoke(**overrides)
+    return SCANModel(bench["train"].regions.shape[-1], len(tok), config).eval()
 
 
 def pair_batch(split, tok, captions):
@@ -173,8 +174,12 @@ def test_the_method_scores_blocks_and_pairs_as_the_matrix_encoding_only_the_capt
     want = scan_matrix(method.model, split, tok, progress=False)  # (N, T): every caption at once
     encoded = []
     real_encode = scan_method.encode_words
-    monkeypatch.setattr(scan_method, "encode_words",
-                        lambda *a, texts, **k: encoded.extend(texts) or real_encode(*a, texts=texts, **k))
+
+    def recording_encode(*a, texts, **k):
+        encoded.extend(texts)
+        return real_encode(*a, texts=texts, **k)
+
+    monkeypatch.setattr(scan_method, "encode_words", recording_encode)
     images, captions = [3, 0, 7], [12, 5, 40, 5]
     block = method.score_block(split, images, captions)  # (3, 4)
     torch.testing.assert_close(block, want[images][:, captions], atol=TOL, rtol=TOL)
@@ -202,7 +207,8 @@ def bert_scan(bench, wordpieces, folder, **overrides):
 
 
 @torch.no_grad()
-def test_a_pretrained_text_side_gives_its_states_at_the_words_under_one_linear_map(bench, wordpieces, minilm_folder):
+def test_a_pretrained_text_side_gives_its_states_at_the_words_under_one_linear_map(
+        bench, wordpieces, minilm_folder):
     from transformers import AutoModel
 
     model = bert_scan(bench, wordpieces, minilm_folder[1]).eval()

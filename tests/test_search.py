@@ -23,7 +23,8 @@ def rankers(bench, tok, one_thread, tmp_path_factory):
     """A dual encoder, and a cross-encoder re-ranking its top 6 over it; both fitted briefly."""
     cache = tmp_path_factory.mktemp("checkpoints")
     with without_shipped_models():  # a few steps of training, not the shipped models
-        dual = VsePPMethod(VsePPConfig.smoke(max_steps=3), progress=False).fit(bench, tok, cache_dir=cache)
+        dual = VsePPMethod(VsePPConfig.smoke(max_steps=3),
+                           progress=False).fit(bench, tok, cache_dir=cache)
         towers = SCANMethod(SCANConfig.smoke(max_steps=3), progress=False)
         reranker = CrossEncoderMethod(CrossEncoderConfig.smoke(max_steps=3), towers=towers,
                                       progress=False)

@@ -183,8 +183,8 @@ def test_path_stages_chain_to_the_whole_query(bench, tok):
     queries = QueryTokenizer(tok, 40)
     caption = bench["test"].captions[0]
     encoder = QueryEncoder(model.encode, probe_captions(queries, caption))
-    searcher = Searcher(build_index(torch.randn(50, 8,
-                                                generator=torch.Generator().manual_seed(1))), 5)
+    gallery = torch.randn(50, 8, generator=torch.Generator().manual_seed(1))
+    searcher = Searcher(build_index(gallery), 5)
     path = TextQueryPath(queries, encoder, searcher)
     x = None
     names = []
@@ -270,8 +270,8 @@ def test_the_query_side_is_built_once_per_model(bench, tok):
     method.query_fn(split, 0)
     assert method._query_side.encoder is not built
     lean = method.query_fn(split, 0, with_scores=True)()
-    np.testing.assert_allclose(lean[1], method.query_fn(split, 0, with_scores=True, backend="reference")()[1],
-                               rtol=1e-4, atol=1e-5)
+    reference = method.query_fn(split, 0, with_scores=True, backend="reference")()
+    np.testing.assert_allclose(lean[1], reference[1], rtol=1e-4, atol=1e-5)
     rebuilt = method._query_side.encoder
     method.model = _fresh("lightningdot", bench, tok).model  # a new model is exported again
     method.query_fn(split, 0)

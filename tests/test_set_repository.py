@@ -55,7 +55,8 @@ def test_a_fork_is_written_into_pyproject_badges_notes_and_install_cells(tmp_pat
     course = _copy_of_the_course(tmp_path)
     before = {p.name: nbformat.read(p, as_version=4) for p in script.notebooks(course)}
     assert script.main(["alice/retrieval-lab", "--root", str(course)]) == 0
-    assert 'Repository = "https://github.com/alice/retrieval-lab"' in (course / "pyproject.toml").read_text()
+    pyproject = (course / "pyproject.toml").read_text()
+    assert 'Repository = "https://github.com/alice/retrieval-lab"' in pyproject
     for path in script.notebooks(course):
         text = path.read_text(encoding="utf-8")
         assert DEFAULT not in text, path.name  # the old address is gone everywhere
@@ -73,8 +74,8 @@ def test_a_fork_is_written_into_pyproject_badges_notes_and_install_cells(tmp_pat
         assert old.cells[0].source.split("\n\n", 1)[1].split("\n\n**Exercises")[0] in title
     readme = (course / "README.md").read_text(encoding="utf-8")
     assert DEFAULT not in readme  # the syllabus's Colab links and the issues link follow the fork
-    assert all(f"colab.research.google.com/github/alice/retrieval-lab/blob/main/notebooks/{p.name}" in readme
-               for p in script.notebooks(course))
+    colab = "colab.research.google.com/github/alice/retrieval-lab/blob/main/notebooks/"
+    assert all(f"{colab}{p.name}" in readme for p in script.notebooks(course))
     assert "https://github.com/alice/retrieval-lab/issues" in readme
     assert script.main(["--root", str(course)]) == 0  # a second run changes nothing
     assert "rewrote 0 file(s)" in capsys.readouterr().out
@@ -85,8 +86,9 @@ def test_a_fork_is_written_into_pyproject_badges_notes_and_install_cells(tmp_pat
 
 def test_a_new_notebook_gets_its_front_matter_and_check_says_so_until_then(tmp_path):
     course = _copy_of_the_course(tmp_path)
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# 99 · A new lesson\n\nWhat it teaches."),
-                                         nbformat.v4.new_code_cell("print('lesson')")])
+    cells = [nbformat.v4.new_markdown_cell("# 99 · A new lesson\n\nWhat it teaches."),
+             nbformat.v4.new_code_cell("print('lesson')")]
+    nb = nbformat.v4.new_notebook(cells=cells)
     nbformat.write(nb, course / "notebooks" / "99_new_lesson.ipynb")
     assert script.main(["--check", "--root", str(course)]) == 1
     assert script.main(["--root", str(course)]) == 0

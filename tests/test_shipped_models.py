@@ -43,11 +43,13 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 SIZES = dict(n_train=30, n_val=10, n_test=10, n_pretrain=20, n_compositional=2)
 TINY = {  # a few steps each: what is tested is where the weights come from, not how good they are
     "vsepp": lambda: VsePPMethod(VsePPConfig.smoke(max_steps=3, batch_size=16), progress=False),
-    "lightningdot": lambda: LightningDOTMethod(LightningDOTConfig.smoke(pretrain_steps=2, finetune_steps=2,
-                                                                        batch_size=16), progress=False),
-    "ubert-embed": lambda: UBERTMethod(UBERTConfig.smoke(max_steps=2, cross_steps=2, sum_warmup_steps=0,
-                                                         batch_size=16, cross_batch_size=8), progress=False,
-                                       scan=SCANMethod(SCANConfig.smoke(max_steps=2), progress=False)),
+    "lightningdot": lambda: LightningDOTMethod(
+        LightningDOTConfig.smoke(pretrain_steps=2, finetune_steps=2, batch_size=16),
+        progress=False),
+    "ubert-embed": lambda: UBERTMethod(
+        UBERTConfig.smoke(max_steps=2, cross_steps=2, sum_warmup_steps=0, batch_size=16,
+                          cross_batch_size=8),
+        progress=False, scan=SCANMethod(SCANConfig.smoke(max_steps=2), progress=False)),
 }
 
 
@@ -224,8 +226,8 @@ def test_retrain_trains_even_with_a_matching_shipped_model(course_env, data, mon
     assert calls and not again.from_shipped
 
 
-def test_without_shipped_models_trains_even_with_a_matching_one_and_says_nothing(course_env, data, monkeypatch,
-                                                                              tmp_path, recwarn):
+def test_without_shipped_models_trains_even_with_a_matching_one_and_says_nothing(
+        course_env, data, monkeypatch, tmp_path, recwarn):
     from course_lib.core.shipped import shipped_folder, without_shipped_models
 
     bench, tokenizer = data
@@ -248,7 +250,8 @@ def test_smoke_mode_always_trains(course_env, data, monkeypatch, tmp_path):
     assert calls and not method.from_shipped
 
 
-def test_the_benchmark_loads_shipped_models_unless_told_to_retrain(course_env, data, monkeypatch, tmp_path):
+def test_the_benchmark_loads_shipped_models_unless_told_to_retrain(course_env, data, monkeypatch,
+                                                                   tmp_path):
     bench, _ = data
     # the tiny data, default mode
     monkeypatch.setattr(benchmark, "benchmark_data", lambda smoke, seed: data)
@@ -321,7 +324,8 @@ def test_the_staleness_check_fails_on_a_planted_change(change, shipped_tiny, dat
         assert any("config differs in max_steps" in p for p in check_shipped(folder, expected))
 
 
-def test_a_stale_shipped_model_is_trained_with_a_note_saying_why(course_env, data, monkeypatch, tmp_path):
+def test_a_stale_shipped_model_is_trained_with_a_note_saying_why(course_env, data, monkeypatch,
+                                                                 tmp_path):
     bench, tokenizer = data
     # one step more
     method = VsePPMethod(VsePPConfig.smoke(max_steps=4, batch_size=16), progress=False)
@@ -495,7 +499,8 @@ def test_the_probe_is_what_the_shipped_file_computes(shipped_tiny, data, course_
     bench, tokenizer = data
     assert shipping.output_problems(course_env, methods=[make() for make in TINY.values()],
                                     bench=bench, tokenizer=tokenizer) == []
-    vsepp = refusing_to_train(monkeypatch, TINY["vsepp"]()).fit(bench, tokenizer, cache_dir=tmp_path)
+    untrained = refusing_to_train(monkeypatch, TINY["vsepp"]())
+    vsepp = untrained.fit(bench, tokenizer, cache_dir=tmp_path)
     split = shipping.probe_split(bench)
     scores = vsepp.similarity(split).T  # (T, N)
     recorded = read_manifest(course_env)["files"][vsepp.checkpoint_path.name]["probe"]

@@ -50,13 +50,12 @@ def test_vectors_of_a_hand_worked_scene_and_captions():
     assert (images[0, N_KINDS * (1 + N_CELLS) + 2] == 1
             and images[1, N_KINDS * (1 + N_CELLS) + 1] == 1)
     # "a red circle" of any size
-    texts = text_vectors(meanings({"family": PAIR, "a_shape": 0, "a_color": 0},
-                                  {"family": PLACE, "a_shape": 0, "a_color": 0,
-                                   "a_size": 0, "place": 4},
-                                  {"family": RELATION, "a_shape": 0, "b_shape": 1, "b_color": 2,
-                                   "b_size": 1, "a_color": 0, "a_size": 0, "relation": 0},
-                                  {"family": COUNT, "a_shape": 1, "a_color": 2, "a_size": 1,
-                                   "count": 2}), 3)
+    captions = meanings({"family": PAIR, "a_shape": 0, "a_color": 0},
+                        {"family": PLACE, "a_shape": 0, "a_color": 0, "a_size": 0, "place": 4},
+                        {"family": RELATION, "a_shape": 0, "b_shape": 1, "b_color": 2, "b_size": 1,
+                         "a_color": 0, "a_size": 0, "relation": 0},
+                        {"family": COUNT, "a_shape": 1, "a_color": 2, "a_size": 1, "count": 2})
+    texts = text_vectors(captions, 3)
     scores = images @ texts.T  # (2 scenes, 4 captions)
     # half of the weight on each size: both scenes hold half
     assert scores[:, 0].tolist() == [0.5, 0.5]
@@ -112,7 +111,8 @@ def test_family_table_and_projection(bench):
     assert rows[-1][16] < rows[-1][None]  # 16 numbers cannot hold 966 dimensions' distinctions
     assert abs(rows[-1][512] - rows[-1][None]) < 10
     assert "t2i R@1 exact" in single_vector.family_table(rows)
-    images, texts = image_vectors(bench["test"].scenes), text_vectors(bench["test"].meanings, bench["test"].scenes.max_objects)
+    images = image_vectors(bench["test"].scenes)
+    texts = text_vectors(bench["test"].meanings, bench["test"].scenes.max_objects)
     pi, pt = random_projection(images, texts, 4096, seed=1)
     exact, projected = images @ texts[:50].T, pi @ pt[:50].T
     # dot products kept in expectation

@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.parametrize("given, seen", [(None, "1"), ("0", "0"), ("1", "1")])
 def test_pytest_defaults_to_smoke_sizes(tmp_path, given, seen):
     probe = tmp_path / "test_probe.py"
-    probe.write_text("import os\n\ndef test_probe():\n    print('COURSE_SMOKE=' + os.environ['COURSE_SMOKE'])\n")
+    probe.write_text("import os\n\ndef test_probe():\n"
+                     "    print('COURSE_SMOKE=' + os.environ['COURSE_SMOKE'])\n")
     env = {k: v for k, v in os.environ.items() if k != "COURSE_SMOKE"}
     if given is not None:
         env["COURSE_SMOKE"] = given

@@ -87,7 +87,8 @@ def _check_masking(tok, ids, attention, masked, labels, *, bulk: bool):
     assert not torch.isin(became[swapped], specials).any(), "a random word was a special token"
     assert (became < len(tok)).all()
     if bulk:
-        assert abs(to_mask.double().mean().item() - 0.8) < 0.03, "80% must become the real [MASK] id"
+        rate = to_mask.double().mean().item()
+        assert abs(rate - 0.8) < 0.03, "80% must become the real [MASK] id"
         assert abs(swapped.double().mean().item() - 0.1) < 0.03
 
 

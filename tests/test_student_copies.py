@@ -91,7 +91,8 @@ def test_tiny_notebook(tmp_path, capsys):
             assert after["metadata"] == before["metadata"] and after["id"] == before["id"]
 
     stub = "".join(copied["cells"][2]["source"])
-    assert stub.startswith("# Exercise: write double(x), twice x,\n# without a loop.\nimport math\n")
+    assert stub.startswith("# Exercise: write double(x), twice x,\n# without a loop.\n"
+                           "import math\n")
     assert "the answer" not in stub and "print" not in stub
     namespace = {}
     with pytest.raises(NotImplementedError, match="^Exercise: write double"):
@@ -122,7 +123,8 @@ def test_clear_errors(tmp_path, capsys):
     write(tmp_path / "nb", "00_bad.ipynb", bad)
     with pytest.raises(SystemExit):
         script.main(["--out", str(tmp_path / "out"), "--notebooks", str(tmp_path / "nb")])
-    assert "00_bad.ipynb: solution cell 0: a solution cell must open with" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "00_bad.ipynb: solution cell 0: a solution cell must open with" in err
 
 
 @pytest.fixture(scope="module")
@@ -175,8 +177,8 @@ def test_student_copy_stops_at_first_exercise_and_its_answer_passes(name, copies
                     break
         assert failed is not None, f"the student copy of {name} ran to the end"
         index, error = failed
-        assert (index, error.ename, error.evalue) == (expected, "NotImplementedError",
-                                                      message), str(error)
+        got = (index, error.ename, error.evalue)
+        assert got == (expected, "NotImplementedError", message), str(error)
 
         # the learner pastes the answer and runs it
         client.nb = pasted
@@ -192,5 +194,5 @@ def test_a_lesson_without_its_photos_is_skipped_not_failed(copies, monkeypatch, 
     monkeypatch.setenv("COURSE_PHOTOS", str(tmp_path))  # an empty folder: no photos anywhere
     assert "08_real_photographs.ipynb" in NAMES
     with pytest.raises(pytest.skip.Exception, match="download_data.py flickr8k"):
-        test_student_copy_stops_at_first_exercise_and_its_answer_passes("08_real_photographs.ipynb", copies,
-                                                                        monkeypatch)
+        test_student_copy_stops_at_first_exercise_and_its_answer_passes(
+            "08_real_photographs.ipynb", copies, monkeypatch)

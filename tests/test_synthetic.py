@@ -168,7 +168,8 @@ def _slow_true(m: Meanings, t: int, sc: Scenes, n: int) -> bool:
         return False
     has_b = m.b_shape[t] >= 0 or m.b_color[t] >= 0 or m.b_size[t] >= 0
     for i, oi in enumerate(objs):
-        if not match(oi, m.a_shape[t], m.a_color[t], m.a_size[t]) or (m.place[t] >= 0 and oi[3] != m.place[t]):
+        elsewhere = m.place[t] >= 0 and oi[3] != m.place[t]
+        if not match(oi, m.a_shape[t], m.a_color[t], m.a_size[t]) or elsewhere:
             continue
         if not has_b:
             return True
@@ -242,7 +243,8 @@ def test_compositional_twins(bench):
     assert s.image_ids[:2] == ["compositional_000000_base", "compositional_000000_twin"]
 
 
-def _simulated_recall(sat: np.ndarray, txt2img: np.ndarray, k: int, reps: int, rng) -> tuple[float, float]:
+def _simulated_recall(sat: np.ndarray, txt2img: np.ndarray, k: int, reps: int,
+                      rng) -> tuple[float, float]:
     """R@K of the truth ranker (satisfying first, random ties), estimated by simulation."""
     T, N = sat.shape
     t2i = i2t = 0.0
@@ -265,7 +267,8 @@ def test_truth_ceiling_matches_simulation(bench):
     oracle = truth_ceiling(s, ks=(1, 2, 5))
     for k in (1, 2, 5):
         t2i, i2t = _simulated_recall(sat, s.txt2img, k, 400, rng)
-        assert abs(oracle[f"t2i_r{k}"] - t2i) < 2.5 and abs(oracle[f"i2t_r{k}"] - i2t) < 3.5, (k, oracle, t2i, i2t)
+        close = abs(oracle[f"t2i_r{k}"] - t2i) < 2.5 and abs(oracle[f"i2t_r{k}"] - i2t) < 3.5
+        assert close, (k, oracle, t2i, i2t)
     # exact formula check on the same ground truth
     m = sat.sum(1)
     assert oracle["t2i_r1"] == pytest.approx(100 * np.mean(1 / m))
@@ -310,8 +313,8 @@ def test_boxes_match_drawn_pixels(image_size):
     rows = [(s, c % 8, z, c % 9) for s in range(6) for z in range(2) for c in range(9)]
     i8 = lambda x: np.array(x, dtype=np.int8)[:, None]  # noqa: E731
     scenes = Scenes(shape=i8([r[0] for r in rows]), color=i8([r[1] for r in rows]),
-                    size=i8([r[2] for r in rows]),
-                    cell=i8([r[3] for r in rows]), n_objects=np.ones(len(rows), dtype=np.int8))
+                    size=i8([r[2] for r in rows]), cell=i8([r[3] for r in rows]),
+                    n_objects=np.ones(len(rows), dtype=np.int8))
     rng = np.random.default_rng(1)
     offsets = (g["lo"][scenes.size.astype(int)][..., None]
                + rng.integers(0, 2, size=(len(rows), 1, 2)))
@@ -389,7 +392,8 @@ def test_generation_budget():
     start = time.perf_counter()
     b = make_benchmark(SyntheticConfig.scaled(10_000), seed=0)
     seconds = time.perf_counter() - start
-    print(f"make_benchmark(scaled(10_000)): {seconds:.2f} s, {sum(b[k].n_images for k in SPLIT_NAMES[:5])} images")
+    n_images = sum(b[k].n_images for k in SPLIT_NAMES[:5])
+    print(f"make_benchmark(scaled(10_000)): {seconds:.2f} s, {n_images} images")
     assert seconds <= 10.0
 
 

@@ -54,11 +54,11 @@ def test_similarity_is_linear_image_times_text(bench, tok, tower, kind):
     with torch.no_grad():
         f = (torch.from_numpy(split.regions[:, 0]) @ model.image_proj.weight.T
              + model.image_proj.bias)  # (N, E)
-        texts = [model.encode_texts(dict(zip(("input_ids", "attention_mask"),
-                                             (torch.tensor(a)
-                                              for a in tok([c], padding=True).values()),
-                                             strict=True)))[0]
-                 for c in split.captions[:3]]
+        texts = []
+        for c in split.captions[:3]:
+            values = (torch.tensor(a) for a in tok([c], padding=True).values())
+            fields = dict(zip(("input_ids", "attention_mask"), values, strict=True))
+            texts.append(model.encode_texts(fields)[0])
     assert torch.allclose(sims[:, :3], f @ torch.stack(texts).T, atol=1e-4)
 
 
@@ -69,7 +69,8 @@ def test_train_text_ceiling_learns(bench, tok):
     # 16 images
     batch = PairCollate(tok)([PairDataset(train, modality="regions")[t] for t in range(0, 80, 5)])
     seed_everything(config.seed)  # the start train_text_ceiling builds
-    start = BagOfObjectsDualEncoder(len(tok), train.regions.shape[-1], config, SpecialTokens.of(tok)).eval()
+    start = BagOfObjectsDualEncoder(len(tok), train.regions.shape[-1], config,
+                                    SpecialTokens.of(tok)).eval()
     model, history = train_text_ceiling(bench, tok, config, eval_every=75, progress=False)
     with torch.no_grad():
         assert nce_loss(model, batch) < nce_loss(start, batch) - 0.5

@@ -22,8 +22,8 @@ def test_special_tokens_and_deterministic_vocabulary(tok):
     vocab = tok.get_vocab()
     assert ([vocab[t] for t in SPECIAL_TOKENS] == [PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID]
             == [0, 1, 2, 3, 4])
-    assert (tok.pad_token_id, tok.unk_token_id, tok.cls_token_id, tok.sep_token_id, tok.mask_token_id) \
-        == (0, 1, 2, 3, 4)
+    assert ((tok.pad_token_id, tok.unk_token_id, tok.cls_token_id, tok.sep_token_id,
+             tok.mask_token_id) == (0, 1, 2, 3, 4))
     counts = {}
     for caption in CAPTIONS:
         for w in caption.lower().split():

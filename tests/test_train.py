@@ -80,7 +80,8 @@ def test_a_key_logged_on_some_steps_is_averaged_over_those_steps():
             out["odd_loss"] = out["loss"]
         return out
 
-    history = Trainer(build(), alternating, make_dataset(), make_config(max_steps=4, log_every=4)).fit()
+    config = make_config(max_steps=4, log_every=4)
+    history = Trainer(build(), alternating, make_dataset(), config).fit()
     assert history[0]["odd_loss"] == pytest.approx((calls[0] + calls[2]) / 2, rel=1e-5)
     assert history[0]["loss"] == pytest.approx(sum(calls) / 4, rel=1e-5)
 
@@ -382,7 +383,8 @@ def test_an_interrupted_run_resumes_from_its_last_periodic_save(tmp_path):
         batch_size: int = 8
 
     assert train_config(Toy(), checkpoint_path=tmp_path / "a.pt").checkpoint_every == 50  # a tenth
-    assert train_config(Toy(max_steps=100), checkpoint_path=tmp_path / "a.pt").checkpoint_every == 50  # the floor
+    floor = train_config(Toy(max_steps=100), checkpoint_path=tmp_path / "a.pt")
+    assert floor.checkpoint_every == 50  # the floor
     assert train_config(Toy()).checkpoint_every is None  # nowhere to save
 
     path = tmp_path / "run.pt"

@@ -36,7 +36,8 @@ def test_a_model_waits_for_the_models_it_is_built_from(smoke_data):
     assert {names[i] for i in needs[names.index("cross_encoder")]} <= {"vsepp", "scan"}
 
 
-def test_models_sharing_a_pixel_stem_wait_for_the_first_until_it_is_cached(smoke_data, monkeypatch, tmp_path):
+def test_models_sharing_a_pixel_stem_wait_for_the_first_until_it_is_cached(smoke_data, monkeypatch,
+                                                                           tmp_path):
     bench, tokenizer = smoke_data
     cost = {"hivlp-flat": 300.0, "fast": 100.0, "vsepp": 200.0}
     monkeypatch.setattr(training_lanes, "recorded_cpu_seconds", lambda m, b, t: cost[m.name])
@@ -83,7 +84,8 @@ def test_the_longest_recorded_training_starts_first(smoke_data, monkeypatch):
     ({"fast-distilled": 200.0, "vsepp": 300.0, "fast": 100.0, "slow": 0.0},
      ["slow", "vsepp", "fast", "fast-distilled"]),
 ], ids=["waited-for-first", "no-recorded-cost-is-typical"])
-def test_a_model_others_wait_for_starts_before_a_longer_one(smoke_data, monkeypatch, cost, expected):
+def test_a_model_others_wait_for_starts_before_a_longer_one(smoke_data, monkeypatch, cost,
+                                                            expected):
     bench, tokenizer = smoke_data
     monkeypatch.setattr(training_lanes, "recorded_cpu_seconds", lambda m, b, t: cost[m.name])
     with settings.retraining():
@@ -186,8 +188,9 @@ def test_recorded_cost_falls_back_to_the_stale_file_of_the_same_method(tmp_path)
     history = [{"step": 1, "loss": 1.0}, {"step": 2, "eval": True, "cpu_seconds": 40.0},
                {"step": 4, "eval": True, "cpu_seconds": 90.0}]
     torch.save({"history": history}, tmp_path / "hivlp-old.pt")
-    (tmp_path / "manifest.json").write_text(json.dumps({"files": {"hivlp-old.pt": {"method": "hivlp-flat"},
-                                                                  "other.pt": {"method": "vsepp"}}}))
+    manifest = {"files": {"hivlp-old.pt": {"method": "hivlp-flat"},
+                          "other.pt": {"method": "vsepp"}}}
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
     assert training_lanes.recorded_cpu_seconds(Stub(), None, None, folder=tmp_path) == 90.0
     Stub.name = "fast"  # nothing listed under its name: no recorded cost
     assert training_lanes.recorded_cpu_seconds(Stub(), None, None, folder=tmp_path) == 0.0

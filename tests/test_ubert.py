@@ -91,7 +91,8 @@ def fitted(bench, tok, tmp_path_factory):
 
 def test_masked_mean_against_a_loop():
     g = torch.Generator().manual_seed(0)
-    x, mask = torch.randn(3, 5, 4, generator=g), torch.tensor([[1, 1, 0, 0, 0], [1, 1, 1, 1, 1], [0] * 5]).bool()
+    x = torch.randn(3, 5, 4, generator=g)
+    mask = torch.tensor([[1, 1, 0, 0, 0], [1, 1, 1, 1, 1], [0] * 5]).bool()
     expected = torch.stack([x[b][mask[b]].mean(0) if mask[b].any() else torch.zeros(4)
                             for b in range(3)])
     assert torch.allclose(masked_mean(x, mask), expected, atol=TOL)
@@ -126,7 +127,8 @@ def test_states_are_unit_means_of_the_towers_and_ignore_padding(model, bench, to
     # padded regions and padded tokens change nothing anywhere
     noisy = dict(batch)
     noisy["regions"] = batch["regions"].masked_fill(~batch["region_mask"].bool()[..., None], 7.0)
-    longer = {k: torch.cat([v, torch.zeros_like(v[:, :3])], 1) if k in ("input_ids", "attention_mask") else v
+    longer = {k: (torch.cat([v, torch.zeros_like(v[:, :3])], 1)
+                  if k in ("input_ids", "attention_mask") else v)
               for k, v in noisy.items()}
     for a, b in ((model.image_states(batch), model.image_states(noisy)),
                  (model.text_states(batch), model.text_states(longer))):
@@ -150,7 +152,8 @@ def test_inter_is_mean_over_each_side_of_the_joint_sequence(model, bench, tok):
 
 def test_tower_input_variant_feeds_the_tower_outputs(bench, tok):
     torch.manual_seed(0)
-    m = build_ubert(small_config(cross_input="towers", cross_towers="none"), bench["train"], tok).eval()
+    towers_input = small_config(cross_input="towers", cross_towers="none")
+    m = build_ubert(towers_input, bench["train"], tok).eval()
     batch = pair_batch(bench["train"], tok, range(3))
     tokens, mask, _ = m.text_states(batch)
     assert torch.allclose(tokens, m.text_tower(m.embed_text(batch), mask), atol=TOL)
@@ -222,9 +225,9 @@ def test_cross_tokens_carry_scans_reading_of_each_word_and_region(model, bench, 
 
 def test_scan_copy_is_frozen_and_step_two_trains_only_bert_cross_and_its_inputs(bench, tok, scan):
     m = build_ubert(small_config(), bench["train"], tok, scan)
-    assert m.scan is not scan and all(torch.equal(a, b)
-                                      for a, b in zip(m.scan.state_dict().values(),
-                                                      scan.state_dict().values(), strict=True))
+    assert m.scan is not scan
+    assert all(torch.equal(a, b) for a, b in zip(m.scan.state_dict().values(),
+                                                 scan.state_dict().values(), strict=True))
     # frozen from the start, joint training too
     assert not any(p.requires_grad for p in m.scan.parameters())
     m.freeze_towers().train()
@@ -414,8 +417,9 @@ def test_the_method_follows_its_scan_checkpoint_and_ships_with_it(fitted, bench,
     rebuilt.load_state_dict(method.model.state_dict())
     split = bench["test"]
     images, texts = torch.arange(12) % split.n_images, torch.arange(12) * 7 % split.n_texts
-    assert torch.allclose(score_cached_pairs(rebuilt.eval(), compute_states(rebuilt, split, tok),
-                                             images, texts),
+    rebuilt.eval()
+    states = compute_states(rebuilt, split, tok)
+    assert torch.allclose(score_cached_pairs(rebuilt, states, images, texts),
                           method.score_pairs(split, images, texts), atol=1e-5)
 
 
@@ -449,7 +453,8 @@ def test_cached_states_equal_the_uncached_path(fitted, bench, tok):
 def test_cached_caption_states_equal_each_caption_encoded_alone(fitted, bench, tok):
     model, split = fitted[0].model, bench["test"]
     states = compute_states(model, split, tok, batch_size=7)  # batches of like lengths, re-ordered
-    lengths = text_fields(split.captions, tok, model.config.max_text_length)["attention_mask"].sum(1)
+    fields = text_fields(split.captions, tok, model.config.max_text_length)
+    lengths = fields["attention_mask"].sum(1)
     assert lengths.min() < lengths.max()  # captions of several lengths, so the order is tested
     for t in {int(lengths.argmin()), int(lengths.argmax()), 0, 5, split.n_texts - 1}:
         # (1, n): no padding
@@ -464,8 +469,8 @@ def test_cached_caption_states_equal_each_caption_encoded_alone(fitted, bench, t
 def _recalls(method, split, direction, ks):
     queries = split.text_queries if direction == "t2i" else split.image_queries
     indices, scores = method.rank(split, direction, max(ks), queries)
-    return recall_at_k(ranks_from_top_k(scores,
-                                        ground_truth(split, direction, queries, indices)), ks)
+    truth = ground_truth(split, direction, queries, indices)
+    return recall_at_k(ranks_from_top_k(scores, truth), ks)
 
 
 def test_cascade_reorders_only_the_top_k(fitted, bench):

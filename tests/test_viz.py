@@ -171,7 +171,8 @@ def _label_boxes(fig, names):
     panels = []
     for ax in fig.axes:
         labels = [t for t in ax.texts if t.get_text() in names]  # the method labels
-        centres = ax.transData.transform(np.array([t.xy for t in labels])) if labels else np.zeros((0, 2))
+        centres = (ax.transData.transform(np.array([t.xy for t in labels])) if labels
+                   else np.zeros((0, 2)))
         # Text's own extent: an Annotation's includes its leader line
         panels.append([(t.get_text(), Text.get_window_extent(t, renderer), centres[i], centres)
                        for i, t in enumerate(labels)])
@@ -193,7 +194,8 @@ def test_pareto_labels_never_overlap_and_sit_nearest_their_own_marker():
 
     from matplotlib.figure import Figure
 
-    results = json.loads((Path(__file__).parent / "data" / "pareto_rows_smoke_run.json").read_text())
+    rows_file = Path(__file__).parent / "data" / "pareto_rows_smoke_run.json"
+    results = json.loads(rows_file.read_text())
     names = {r["method"] for r in results["rows"] if r.get("ms_per_query")}
     fig = viz.plot_pareto_settings(results["rows"], Figure(figsize=(13, 5.5)))
     for panel in _label_boxes(fig, names):
@@ -276,7 +278,8 @@ def test_no_arrow_of_a_diagram_runs_through_another_box(name):
         xs, ys = x0 + t * (x1 - x0), y0 + t * (y1 - y0)
         for key, (_, x, y, _) in spec["boxes"].items():
             if key not in (a, b):
-                assert not ((abs(xs - x) <= half_w) & (abs(ys - y) <= half_h)).any(), f"{a}->{b} crosses {key}"
+                crosses = ((abs(xs - x) <= half_w) & (abs(ys - y) <= half_h)).any()
+                assert not crosses, f"{a}->{b} crosses {key}"
 
 
 def test_an_unknown_diagram_names_the_known_ones():
