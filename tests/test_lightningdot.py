@@ -230,7 +230,7 @@ def test_task_schedule_follows_the_ratios_and_the_seed():
 
 
 def test_pretrain_then_finetune_logs_each_task_and_reuses_checkpoints(bench, ld_tokenizer,
-                                                                       tmp_path):
+                                                                      tmp_path):
     config = small_config(pretrain_steps=12, finetune_steps=4)
     paths = dict(pretrain_checkpoint=tmp_path / "pre.pt", checkpoint_path=tmp_path / "ft.pt")
     model, histories = train_lightningdot(bench, ld_tokenizer, config, progress=False, **paths)

@@ -235,7 +235,7 @@ def test_an_image_folder_that_is_not_the_jsons_stops_before_writing(tmp_path, ca
 
 
 def test_benchmark_on_real_features_writes_its_results_without_touching_shipped_models(tmp_path,
-                                                                                        capsys):
+                                                                                       capsys):
     from course_lib.core.shipped import SHIPPED_MODELS
     from course_lib.real_benchmark import main
 
