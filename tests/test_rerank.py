@@ -147,8 +147,9 @@ def naive_cascade(stage_scores, top_ms, combine, query, direction):
 
 
 def naive_weighted_sum(weights):
-    """The combine of weighted_sum(weights), spelled out: sum of w * score over the stages."""
-    return lambda v: sum(w * x for w, x in zip(weights, v, strict=True))
+    """The combine of weighted_sum(weights), spelled out: sum of w * score over the stages so far
+    (a prefix of the weights before the last stage)."""
+    return lambda v: sum(w * x for w, x in zip(weights, v, strict=False))
 
 
 def test_two_stage_method_combines_first_stage_and_reranker():
