@@ -46,8 +46,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from course_lib.core.checkpoints import finished_checkpoint
+from course_lib.core.checkpoints import finished_checkpoint, inference
 from course_lib.core.history import History
+from course_lib.core.split_cache import SplitCache
 from course_lib.core.train import Trainer
 from course_lib.core.train_config import train_config
 from course_lib.data.datasets import (
@@ -66,11 +67,13 @@ from course_lib.methods.cross_encoder.itm import (
     listwise_itm_loss,
 )
 from course_lib.methods.cross_encoder.model import (
+    BLOCK_PAIRS,
     CrossEncoder,
     CrossEncoderConfig,
+    Embedded,
+    score_embedded,
     score_index_pairs,
     score_matrix,
-    score_pairs,
 )
 from course_lib.methods.registry import register_method
 from course_lib.methods.cross_encoder.mining import MinedNegatives, dual_encoder_miner, mine_negatives
@@ -311,31 +314,45 @@ class CrossEncoderMethod(PairwiseMethod):
                                    checkpoint_path=checkpoint_path, progress=self.progress,
                                    **self.learning_curve(bench, self.config.max_steps, n_images=CURVE_IMAGES))
 
+    def embedded(self, split) -> Embedded:
+        """The split through the fitted model's one-sided embeddings, kept per split and model
+        (SplitCache): what every pair of the split shares, computed once."""
+        if getattr(self, "_embedded", None) is None:
+            self._embedded = SplitCache()
+        return self._embedded.get(split, self.model, lambda: Embedded(self._fitted(), split, self.tokenizer))
+
     def score_block(self, split, image_indices, text_indices) -> torch.Tensor:
-        """(n, m) logits of the chosen images against the chosen captions: n * m forward passes."""
+        """(n, m) logits of the chosen images against the chosen captions: n * m fused pairs."""
         return score_matrix(self._fitted(), split, self.tokenizer, image_indices, text_indices,
-                            progress=False)
+                            progress=False, embedded=self.embedded(split))
 
     def score_pairs(self, split, image_indices, text_indices) -> torch.Tensor:
         """(P,) logits of the pairs (image_indices[p], text_indices[p]): the re-ranker API."""
-        return score_index_pairs(self._fitted(), split, self.tokenizer, image_indices, text_indices)
+        return score_index_pairs(self._fitted(), split, self.tokenizer, image_indices, text_indices,
+                                 embedded=self.embedded(split))
 
     def similarity(self, split) -> torch.Tensor:
-        """(n_images, n_texts) logits of every pair: O(n_images * n_texts) forward passes."""
-        return score_matrix(self._fitted(), split, self.tokenizer, progress=self.progress)
+        """(n_images, n_texts) logits of every pair: O(n_images * n_texts) fused pairs."""
+        return score_matrix(self._fitted(), split, self.tokenizer, progress=self.progress,
+                            embedded=self.embedded(split))
 
     def query_fn(self, split, caption_index: int = 0, top_k: int = 10):
-        """A zero-argument callable answering one text query: score it with every gallery image."""
+        """A zero-argument callable answering one text query: the caption is embedded, then fused
+        with every gallery image, whose embeddings are ready offline (`embedded`)."""
         model = self._fitted()
-        gallery = image_fields(split)  # the regions are ready offline; the pairs are not
+        gallery = self.embedded(split).images(slice(None))  # offline: (N, R, H), (N, R)
         caption = split.captions[caption_index]
-        cut = self.config.max_text_length
+        n = split.n_images
+
+        def rows(start, stop):
+            return torch.arange(start, stop), torch.zeros(stop - start, dtype=torch.long)
 
         def answer() -> np.ndarray:
-            text = text_fields([caption], self.tokenizer, cut)  # (1, T)
-            n = split.n_images
-            texts = {k: v.expand(n, -1) for k, v in text.items()}  # (n, T) views
-            scores = score_pairs(model, gallery, texts)  # (n,)
+            with inference(model) as device:
+                text = text_fields([caption], self.tokenizer, self.config.max_text_length)  # (1, T)
+                tokens = model.embed_text({k: v.to(device) for k, v in text.items()}).cpu()  # (1, T, H)
+            scores = score_embedded(model, gallery, (tokens, text["attention_mask"]), n, rows,
+                                    batch_size=BLOCK_PAIRS)  # (n,)
             return torch.topk(scores, min(top_k, n)).indices.numpy()
 
         return answer

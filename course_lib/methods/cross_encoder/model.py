@@ -176,10 +176,16 @@ class CrossEncoder(JointEmbedding):
         return x + self.region_from_towers(regions.to(x.dtype)) * real.unsqueeze(-1)
 
     def forward(self, images: dict, texts: dict) -> torch.Tensor:
-        text_mask = texts["attention_mask"].bool()  # (B, T)
-        region_mask = images["region_mask"].bool()  # (B, R)
-        x = torch.cat([self.embed_text(texts), self.embed_image(images)], dim=1)  # (B, T + R, H)
-        mask = torch.cat([text_mask, region_mask], dim=1)  # (B, T + R), True = real
+        return self.fuse(self.embed_text(texts), texts["attention_mask"], self.embed_image(images),
+                         images["region_mask"])  # (B,)
+
+    def fuse(self, text: torch.Tensor, text_mask: torch.Tensor, image: torch.Tensor,
+             region_mask: torch.Tensor) -> torch.Tensor:
+        """The cross-modal part: embedded captions (B, T, H) and images (B, R, H) with their masks
+        -> logits (B,). Each embedding reads one side only, so scoring embeds a gallery once
+        (`Embedded`) and runs only this per pair."""
+        x = torch.cat([text, image], dim=1)  # (B, T + R, H)
+        mask = torch.cat([text_mask.bool(), region_mask.bool()], dim=1)  # (B, T + R), True = real
         h = self.transformer(self.dropout(x), mask)  # (B, T + R, H)
         return self.head(h[:, 0]).squeeze(-1)  # (B,)
 
@@ -194,17 +200,58 @@ class CrossEncoder(JointEmbedding):
 
 # ----------------------------------------------------------------------------- scoring
 
-def _trim(texts: dict) -> dict:
-    """Cut the padding columns every row has (right padding): less work, same logits."""
-    length = int(texts["attention_mask"].sum(1).max())
-    return {k: v[:, :length] for k, v in texts.items()}
+def _embed(embed, fields: dict, keys, device, batch_size: int) -> torch.Tensor:
+    """embed (one side's embedding) of every row of fields, block by block: (n, L, H) on the CPU.
+    image_batch takes a block's rows with floats as float32 (float16 regions); token ids pass as they are."""
+    n = len(fields[keys[0]])
+    blocks = [embed(move_to_device(image_batch({k: fields[k] for k in keys}, slice(start, start + batch_size)),
+                                   device)).float().cpu() for start in range(0, n, batch_size)]
+    return torch.cat(blocks) if blocks else torch.zeros(0, 0, 0)
 
 
-def _score_indexed(model: CrossEncoder, images: dict, texts: dict, n_pairs: int,
+class Embedded:
+    """A split's images and captions through the model's one-sided embeddings (`embed_image`,
+    `embed_text`), in eval mode: every image once, a caption the first time it is scored. These
+    do not change from pair to pair, so a query pays only for `fuse`.
+
+        images(rows (n,))      -> tokens (n, R, H), region_mask (n, R)
+        captions(indices (m,)) -> tokens (m, T, H), attention_mask (m, T), T = their longest
+    """
+
+    def __init__(self, model: CrossEncoder, split, tokenizer, *, device=None, batch_size: int = BLOCK_PAIRS):
+        self.model, self.split, self.tokenizer, self.batch_size = model, split, tokenizer, batch_size
+        fields = image_fields(split)
+        with inference(model, device) as device:
+            self.image_tokens = _embed(model.embed_image, fields, IMAGE_KEYS, device, batch_size)  # (N, R, H)
+        self.region_mask = fields["region_mask"]  # (N, R)
+        self.caption_tokens: dict[int, torch.Tensor] = {}  # caption index -> (T_c, H), its real tokens
+
+    def images(self, rows) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.image_tokens[rows], self.region_mask[rows]
+
+    def captions(self, indices, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+        wanted = [int(t) for t in indices]
+        new = [t for t in dict.fromkeys(wanted) if t not in self.caption_tokens]
+        if new:
+            texts = text_fields([self.split.captions[t] for t in new], self.tokenizer,
+                                self.model.config.max_text_length)  # (n, T)
+            with inference(self.model, device) as device:
+                tokens = _embed(self.model.embed_text, texts, TEXT_KEYS, device, self.batch_size)  # (n, T, H)
+            lengths = texts["attention_mask"].sum(1).tolist()  # right padding: the real tokens lead
+            self.caption_tokens.update((t, x[:n]) for t, x, n in zip(new, tokens, lengths, strict=True))
+        chosen = [self.caption_tokens[t] for t in wanted]
+        lengths = torch.tensor([len(x) for x in chosen])  # (m,)
+        tokens = torch.nn.utils.rnn.pad_sequence(chosen, batch_first=True) if chosen else torch.zeros(0, 1, 0)
+        return tokens, torch.arange(tokens.shape[1]) < lengths.unsqueeze(1)  # (m, T, H), (m, T)
+
+
+def score_embedded(model: CrossEncoder, images: tuple, texts: tuple, n_pairs: int,
                    pair_rows: Callable[[int, int], tuple[torch.Tensor, torch.Tensor]], *,
                    batch_size: int, device=None, progress: bool = False) -> torch.Tensor:
-    """The one scoring loop: pairs start..stop are (images row, texts row) = pair_rows(start, stop);
-    they are gathered block by block, so memory grows with batch_size, not n_pairs. -> (n_pairs,)"""
+    """The one scoring loop: images = (tokens (N, R, H), region_mask (N, R)) and texts = (tokens
+    (U, T, H), attention_mask (U, T)), embedded; pairs start..stop are (images row, texts row) =
+    pair_rows(start, stop), gathered block by block (memory grows with batch_size, not n_pairs), each
+    block's captions cut to its longest. -> (n_pairs,)"""
     scores = torch.empty(n_pairs)
     bar = tqdm(total=n_pairs, desc="cross-encoder pairs", unit="pair", unit_scale=True,
                disable=not progress)
@@ -212,10 +259,11 @@ def _score_indexed(model: CrossEncoder, images: dict, texts: dict, n_pairs: int,
         for start in range(0, n_pairs, batch_size):
             stop = min(start + batch_size, n_pairs)
             image_rows, text_rows = pair_rows(start, stop)  # (b,), (b,)
-            block_images = image_batch({k: images[k] for k in IMAGE_KEYS}, image_rows)
-            block_texts = _trim({k: texts[k][text_rows] for k in TEXT_KEYS})
-            logits = model(move_to_device(block_images, device), move_to_device(block_texts, device))
-            scores[start:stop] = logits.float().cpu()
+            text_mask = texts[1][text_rows]  # (b, T)
+            length = max(int(text_mask.sum(1).max()), 1)
+            block = (texts[0][text_rows, :length], text_mask[:, :length], images[0][image_rows],
+                     images[1][image_rows])  # (b, t, H), (b, t), (b, R, H), (b, R)
+            scores[start:stop] = model.fuse(*(x.to(device) for x in block)).float().cpu()
             bar.update(stop - start)
     bar.close()
     return scores
@@ -228,8 +276,16 @@ def score_pairs(model: CrossEncoder, images: dict, texts: dict, *, batch_size: i
     n = len(texts["input_ids"])
     if len(images["regions"]) != n:
         raise ValueError(f"{len(images['regions'])} images but {n} texts: pairs must be aligned")
-    rows = lambda start, stop: (torch.arange(start, stop),) * 2  # noqa: E731
-    return _score_indexed(model, images, texts, n, rows, batch_size=batch_size, device=device)
+    with inference(model, device) as device:
+        embedded_images = (_embed(model.embed_image, images, IMAGE_KEYS, device, batch_size),
+                           images["region_mask"])  # (P, R, H), (P, R)
+        embedded_texts = (_embed(model.embed_text, texts, TEXT_KEYS, device, batch_size),
+                          texts["attention_mask"])  # (P, T, H), (P, T)
+    def rows(start, stop):
+        return (torch.arange(start, stop),) * 2
+
+    return score_embedded(model, embedded_images, embedded_texts, n, rows, batch_size=batch_size,
+                          device=device)
 
 
 def _indices(given, n: int) -> torch.Tensor:
@@ -237,45 +293,49 @@ def _indices(given, n: int) -> torch.Tensor:
 
 
 def score_matrix(model: CrossEncoder, split, tokenizer, image_indices=None, text_indices=None, *,
-                 batch_size: int = BLOCK_PAIRS, device=None, progress: bool = True) -> torch.Tensor:
+                 batch_size: int = BLOCK_PAIRS, device=None, progress: bool = True,
+                 embedded: Embedded | None = None) -> torch.Tensor:
     """Every chosen image against every chosen text (all by default): (n_img, n_txt) logits.
 
-    Captions are tokenised once and the regions read as views once; pairs are expanded per block
-    (text-major: one block holds consecutive images of the same few texts, as in a t2i query).
+    The split is embedded once (`embedded`: a kept `Embedded` of this model and split, else a new
+    one); pairs are expanded per block (text-major: one block holds consecutive images of the same
+    few texts, as in a t2i query).
     """
+    embedded = embedded or Embedded(model, split, tokenizer, device=device, batch_size=batch_size)
     images = _indices(image_indices, split.n_images)  # (n_img,) rows of the split
     text_ids = _indices(text_indices, split.n_texts)  # (n_txt,)
-    texts = text_fields([split.captions[t] for t in text_ids.tolist()], tokenizer,
-                        model.config.max_text_length)
     n_img, n_txt = len(images), len(text_ids)
 
     def rows(start, stop):
         pair = torch.arange(start, stop)
         return images[pair % n_img], pair // n_img
 
-    scores = _score_indexed(model, image_fields(split), texts, n_img * n_txt, rows,
-                            batch_size=batch_size, device=device, progress=progress)
+    scores = score_embedded(model, embedded.images(slice(None)), embedded.captions(text_ids, device),
+                            n_img * n_txt, rows, batch_size=batch_size, device=device, progress=progress)
     return scores.view(n_txt, n_img).T.contiguous()  # (n_img, n_txt)
 
 
 def score_index_pairs(model: CrossEncoder, split, tokenizer, image_indices, text_indices, *,
-                      batch_size: int = BLOCK_PAIRS, device=None, progress: bool = False) -> torch.Tensor:
-    """Logits (P,) of the pairs (image image_indices[p], caption text_indices[p]) of a split.
-
-    Only the distinct captions asked for are tokenised (inside the call: it is part of the online
-    cost of a query). The pair scorer every re-ranker offers (course_lib.methods.rerank).
+                      batch_size: int = BLOCK_PAIRS, device=None, progress: bool = False,
+                      embedded: Embedded | None = None) -> torch.Tensor:
+    """Logits (P,) of the pairs (image image_indices[p], caption text_indices[p]) of a split: the
+    pair scorer every re-ranker offers (course_lib.methods.rerank). `embedded` as in score_matrix;
+    each distinct caption is embedded once (a query's own caption inside the call: it is part of the
+    online cost of a query).
     """
     images = _indices(image_indices, split.n_images)  # (P,)
     texts = _indices(text_indices, split.n_texts)  # (P,)
     if images.shape != texts.shape or images.ndim != 1:
         raise ValueError(f"image_indices and text_indices must be two (P,) vectors of pairs, got shapes "
                          f"{tuple(images.shape)} and {tuple(texts.shape)}")
+    embedded = embedded or Embedded(model, split, tokenizer, device=device, batch_size=batch_size)
     distinct, text_rows = torch.unique(texts, return_inverse=True)  # (U,), (P,)
-    fields = text_fields([split.captions[t] for t in distinct.tolist()], tokenizer,
-                         model.config.max_text_length)
-    rows = lambda start, stop: (images[start:stop], text_rows[start:stop])  # noqa: E731
-    return _score_indexed(model, image_fields(split), fields, len(images), rows,
-                          batch_size=batch_size, device=device, progress=progress)
+
+    def rows(start, stop):
+        return images[start:stop], text_rows[start:stop]
+
+    return score_embedded(model, embedded.images(slice(None)), embedded.captions(distinct, device),
+                          len(images), rows, batch_size=batch_size, device=device, progress=progress)
 
 
 def rerank_scores(model: CrossEncoder, split, tokenizer, candidates, text_indices=None, *,
