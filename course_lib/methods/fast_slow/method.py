@@ -163,7 +163,7 @@ class SlowMethod(StartsFromPixelStem, PairwiseMethod):
     # pairs the benchmark scores per direction (a t2i query of the 1k test gallery: 1k pairs; their
     # cost: docs/tuning_notes.md, "Fast & Slow, Slow"); beyond them it ranks a sample of the queries
     eval_pairs = (250_000, 20_000)
-    # every test pair would be 5M per direction, ~20 CPU-min each: `--every-pair` keeps the sample
+    # every test pair would be 5M per direction: `--every-pair` keeps the sample (cost: as above)
     every_pair_limit = 250_000
     timed_sizes = ((250, 500, 1_000), (25, 50, 100))
 

@@ -103,8 +103,8 @@ def uses_pixel_stem(config: HiVLPConfig) -> bool:
 def with_stem_grid(split, tower: StemGridTower, batch_size: int = 512, progress: bool = False,
                    device: str | None = None) -> RetrievalSplit:
     """A copy of `split` whose region features are the frozen pixel stem's grid tokens (N, 16, C),
-    with each cell's box and a full mask, computed once per image: training with a frozen stem
-    reads them (modality "regions") instead of running it every step, a fixed function in eval."""
+    each cell's box and a full mask, computed once per image: training with a frozen stem reads
+    them (modality "regions") instead of running it every step (a fixed function: same numbers)."""
     loader = make_loader(ImageDataset(split, modality="pixels"), batch_size)
     parts = []
     with inference(tower.backbone, device) as on:
@@ -121,11 +121,10 @@ def with_stem_grid(split, tower: StemGridTower, batch_size: int = 512, progress:
 def train_hivlp(bench: dict, tokenizer, config: HiVLPConfig | None = None, *, checkpoint_path=None,
                 stem_checkpoint=None, evaluate_on=None, eval_every: int | None = None,
                 progress: bool = True, device: str | None = None) -> tuple[HiVLP, object]:
-    """Train on bench["train"] with L_HRL + L_LRM; returns (model in eval mode, History). A finished
-    checkpoint at checkpoint_path is loaded instead. With stem="pixel_stem" the image tower's CNN
-    starts from the pixel stem, pre-trained on bench["pretrain"] (or loaded from a finished
-    stem_checkpoint). evaluate_on: a split (or a dict of splits, base.learning_curve_splits) whose
-    flat last-level retrieval metrics are logged every eval_every steps and at the end."""
+    """Train on bench["train"] with L_HRL + L_LRM -> (model in eval mode, History), or load a
+    finished checkpoint_path. With stem="pixel_stem" the image CNN starts from the pixel stem
+    (pre-trained on bench["pretrain"], or a finished stem_checkpoint). evaluate_on: a split (or
+    a dict, learning_curve_splits) the last level ranks every eval_every steps and at the end."""
     c = config or HiVLPConfig()
     seed_everything(c.seed)
     model = build_hivlp(c, bench["train"], tokenizer)
@@ -212,10 +211,9 @@ class HiVLPMethod(StartsFromPixelStem, DualEncoderMethod):
 
     def online_query_fn(self, split, caption_index: int = 0, top_k: int = 10, levels=None,
                         survivors=SURVIVORS):
-        """A zero-argument callable answering one caption: the text tower once (every level, on
-        the lean query path of course_lib.core.serving), then coarse_to_fine_one over the split's
-        stored image level matrices (offline work, done here) at `levels` (default all) keeping
-        `survivors`. Returns (top_k,) image indices."""
+        """A zero-argument callable answering one caption with (top_k,) image indices: the text
+        tower once (every level, on course_lib.core.serving's lean path), then coarse_to_fine_one
+        over the split's stored image levels (offline, here) at `levels` keeping `survivors`."""
         model = self._fitted().eval()
         states = self.states(split)
         levels = list(range(model.config.n_levels)) if levels is None else list(levels)
