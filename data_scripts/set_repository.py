@@ -43,15 +43,17 @@ INSTALL_CELL_ID = "colab-install"
 # that needs course_lib, which it installs. pip leaves a requirement that is already satisfied alone
 # (`torch>=2.2` against Colab's torch: nothing installed); the pin stops any other requirement from
 # swapping Colab's CUDA build of torch for another, and so its torchvision too (each torchvision
-# requires one torch). IPython expands {...} in the %pip line; the runtime needs no restart, since
-# a plain (not editable) install is importable at once.
+# requires one torch). The last line is what IPython makes of `%pip install ...`, written out so
+# that ruff sees the names it uses; __import__("sys") spares an import line and the blank line ruff
+# wants after it, which 6 lines leave no room for. The runtime needs no restart, since a plain (not
+# editable) install is importable at once.
 INSTALL_CELL = '''\
 # Colab only: install the course package from its repository, Colab's torch pinned as it is (which
 # keeps its torchvision); setup() below fetches the rest. Written by data_scripts/set_repository.py
-import sys, importlib.metadata
 COURSE_PACKAGE = "git+{url}"
-if "google.colab" in sys.modules:
-    %pip install -q {{COURSE_PACKAGE}} torch=={{importlib.metadata.version("torch")}}'''
+if "google.colab" in __import__("sys").modules:
+    from importlib.metadata import version
+    get_ipython().run_line_magic("pip", f"install -q {COURSE_PACKAGE} torch=={version('torch')}")'''
 
 
 def slug(address: str) -> str:
@@ -93,8 +95,9 @@ def learners_note(url: str) -> str:
 
 
 def install_cell(url: str) -> str:
-    """The source of every notebook's install cell, for the repository at url."""
-    return INSTALL_CELL.format(url=url)
+    """The source of every notebook's install cell, for the repository at url (replace, not format:
+    the cell's own braces stay)."""
+    return INSTALL_CELL.replace("{url}", url)
 
 
 def front_matter(nb, name: str, url: str):
