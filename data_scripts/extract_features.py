@@ -57,14 +57,14 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
+from course_lib.core.encoders import PixelEncoder
+from course_lib.core.offline_weights import OFFLINE_BACKBONES, load_offline_backbone
+from course_lib.core.settings import get_device, seed_everything
 from course_lib.data.datasets import read_image, size_hw
 from course_lib.data.karpathy import read_karpathy, split_names
 from course_lib.data.photo_check import screen_karpathy
 from course_lib.data.render import uniter_boxes
 from course_lib.data.split import concatenate
-from course_lib.core.encoders import PixelEncoder
-from course_lib.core.offline_weights import OFFLINE_BACKBONES, load_offline_backbone
-from course_lib.core.settings import get_device, seed_everything
 
 FORMAT = 1  # of features.json / regions.npz as written here
 # the settings that change the features: a resumed run must use the same ones

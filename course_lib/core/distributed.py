@@ -24,8 +24,8 @@ The command line that trains a course dual encoder this way is course_lib.train_
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Callable
 
 import torch
 import torch.distributed as dist

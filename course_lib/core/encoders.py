@@ -320,7 +320,7 @@ class BertTextEncoder(nn.Module):
         self.out_dim = self.bert.config.hidden_size
         self.frozen: list[nn.Module] = []  # parts kept as loaded (freeze)
 
-    def freeze(self, trainable_layers: int = 0) -> "BertTextEncoder":
+    def freeze(self, trainable_layers: int = 0) -> BertTextEncoder:
         """Keep the embeddings and all but the last `trainable_layers` blocks as loaded: no gradient,
         and in eval mode whatever train() says (no dropout). 0 = the whole encoder frozen (a linear
         probe's text side); the BERT's number of layers = nothing frozen."""

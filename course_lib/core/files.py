@@ -9,9 +9,9 @@ import hashlib
 import os
 import tempfile
 import threading
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
 
 from filelock import FileLock
 

@@ -12,7 +12,7 @@ course_lib.studies.index_scale measures all of this on galleries of millions.
 from __future__ import annotations
 
 import itertools
-from typing import Sequence
+from collections.abc import Sequence
 
 import faiss
 import numpy as np

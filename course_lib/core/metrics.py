@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 import warnings
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch

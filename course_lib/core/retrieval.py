@@ -30,8 +30,8 @@ from __future__ import annotations
 import inspect
 import math
 import warnings
+from collections.abc import Callable
 from contextlib import contextmanager
-from typing import Callable
 
 import faiss
 import numpy as np

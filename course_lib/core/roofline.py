@@ -16,7 +16,7 @@ this machine's single-thread matmul rate, plus the search.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch

@@ -34,7 +34,7 @@ import os
 import sys
 import tempfile
 import warnings
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch

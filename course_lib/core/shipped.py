@@ -25,7 +25,6 @@ and tests/test_shipped_models.py fails on it, naming that command.
 from __future__ import annotations
 
 import contextlib
-
 import hashlib
 import io
 import json
@@ -37,9 +36,9 @@ import torch
 from torch import nn
 
 from course_lib.core.checkpoints import SHIPPED_FORMAT, check_model_state, fingerprint_hash
-from course_lib.core.settings import CourseNote, course_repository, retrain_mode, smoke_mode
 from course_lib.core.files import write_atomically
 from course_lib.core.history import History
+from course_lib.core.settings import CourseNote, course_repository, retrain_mode, smoke_mode
 
 SHIPPED_MODELS = Path(__file__).resolve().parents[2] / "shipped_models"
 MANIFEST = "manifest.json"

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -46,7 +46,7 @@ class TimingResult:
     times_ms: list[float] = field(repr=False)
 
     @classmethod
-    def from_times(cls, times_ms: Sequence[float], device: str) -> "TimingResult":
+    def from_times(cls, times_ms: Sequence[float], device: str) -> TimingResult:
         times = np.asarray(times_ms, dtype=np.float64)  # (repeats,)
         return cls(
             median_ms=float(np.median(times)), mean_ms=float(times.mean()),

@@ -34,7 +34,7 @@ class SpecialTokens:
     all: tuple[int, ...]
 
     @classmethod
-    def of(cls, tokenizer) -> "SpecialTokens":
+    def of(cls, tokenizer) -> SpecialTokens:
         """Read the ids from a transformers tokenizer (word-level or pretrained)."""
         ids = {name: getattr(tokenizer, f"{name}_token_id", None) for name in ("pad", "cls", "sep", "mask")}
         missing = [f"{name}_token" for name in ("pad", "cls", "sep") if ids[name] is None]

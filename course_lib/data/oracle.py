@@ -33,7 +33,6 @@ from course_lib.core.metrics import hit_probability
 
 from .likelihood import _iter_sparse, _snap, compositional_likelihood
 
-
 # ---- the oracle --------------------------------------------------------------------------------
 
 def _compositional_info(split):

@@ -40,13 +40,13 @@ class ArrayTable:
     def __len__(self) -> int:
         return len(getattr(self, self.FIELDS[0]))
 
-    def take(self, indices) -> "ArrayTable":
+    def take(self, indices) -> ArrayTable:
         """The rows at `indices` (an index array or boolean mask), as a new table."""
         indices = np.asarray(indices)
         return type(self)(**{f: getattr(self, f)[indices] for f in self.FIELDS})
 
     @classmethod
-    def concatenate(cls, tables: list["ArrayTable"]) -> "ArrayTable":
+    def concatenate(cls, tables: list[ArrayTable]) -> ArrayTable:
         """Rows of all tables in order; 2-d fields with different widths are padded with PAD."""
         out = {}
         for f in cls.FIELDS:
@@ -62,7 +62,7 @@ class ArrayTable:
         return {f: getattr(self, f).copy() for f in self.FIELDS}
 
     @classmethod
-    def from_arrays(cls, arrays: dict) -> "ArrayTable":
+    def from_arrays(cls, arrays: dict) -> ArrayTable:
         """Inverse of to_arrays; extra keys (another table's fields in the same .npz) are ignored."""
         return cls(**{f: np.array(arrays[f]) for f in cls.FIELDS})
 

@@ -115,7 +115,7 @@ class RetrievalSplit:
         counts = np.bincount(self.txt2img, minlength=self.n_images)
         return np.split(order, np.cumsum(counts)[:-1])
 
-    def subset(self, image_indices, name: str | None = None) -> "RetrievalSplit":
+    def subset(self, image_indices, name: str | None = None) -> RetrievalSplit:
         """The split restricted to some images (in the given order) and all of their captions."""
         image_indices = np.asarray(image_indices, dtype=np.int64)
         remap = np.full(self.n_images, -1, dtype=np.int64)
@@ -141,7 +141,7 @@ class RetrievalSplit:
             query_images=_kept(self.query_images, image_indices, self.n_images),
         )
 
-    def texts_subset(self, text_indices, name: str | None = None) -> "RetrievalSplit":
+    def texts_subset(self, text_indices, name: str | None = None) -> RetrievalSplit:
         """The same gallery with only some captions as queries: every image, the given texts.
 
         How slow methods are evaluated on big galleries: a sample of text queries against all images

@@ -104,18 +104,18 @@ class SyntheticConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def smoke(cls, **overrides) -> "SyntheticConfig":
+    def smoke(cls, **overrides) -> SyntheticConfig:
         """Tiny sizes for CI and quick checks; same code path."""
         sizes = dict(n_train=600, n_val=100, n_test=100, n_pretrain=800, n_compositional=50)
         return cls(**{**sizes, **overrides})
 
     @classmethod
-    def for_course(cls, **overrides) -> "SyntheticConfig":
+    def for_course(cls, **overrides) -> SyntheticConfig:
         """smoke() when COURSE_SMOKE is set, else the defaults."""
         return cls.smoke(**overrides) if smoke_mode() else cls(**overrides)
 
     @classmethod
-    def scaled(cls, n_scenes: int, **overrides) -> "SyntheticConfig":
+    def scaled(cls, n_scenes: int, **overrides) -> SyntheticConfig:
         """n_scenes split 10:1:1 over train/val/test; pretrain 2 * n_scenes; compositional n_test // 2."""
         n_eval = max(1, n_scenes // 12)
         sizes = dict(n_train=max(1, n_scenes - 2 * n_eval), n_val=n_eval, n_test=n_eval,
