@@ -279,7 +279,7 @@ def extract(args) -> dict:
         "pooled": ((n, D), dtype, _shard_arrays(paths, "pooled")),
     })
     summary = {**settings, "complete": True, "skipped": screening.skipped, "n_regions": R, "dim": D, "native_grid": [backbone.h, backbone.w],
-               "split_sizes": {s: p.n_images for s, p in zip(splits, parts)}}
+               "split_sizes": {s: p.n_images for s, p in zip(splits, parts, strict=True)}}
     (out / "features.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
     if not args.keep_shards:
         shutil.rmtree(shards)

@@ -183,7 +183,7 @@ def mean_over_ranks(values: dict[str, float], device: torch.device) -> dict[str,
     keys = sorted(values)  # the same order on every process
     total = torch.tensor([values[k] for k in keys], dtype=torch.float64, device=device)  # (K,)
     dist.all_reduce(total)
-    mean = dict(zip(keys, (total / world).tolist()))
+    mean = dict(zip(keys, (total / world).tolist(), strict=True))
     return {k: mean[k] for k in values}
 
 

@@ -76,7 +76,7 @@ def load_offline_backbone(backbone, name: str) -> None:
         raise ValueError(f"{path} holds {len(values)} tensors, and timm's {name} wants {len(target)}: "
                          f"not the weights of {name}; reinstall {OFFLINE_BACKBONES[name].distribution}")
     mapped = {}
-    for (key, want), value in zip(target.items(), values):
+    for (key, want), value in zip(target.items(), values, strict=False):
         if tuple(want.shape) != tuple(value.shape):
             raise ValueError(f"{path}: tensor {len(mapped)} has shape {tuple(value.shape)} where timm's {name} "
                              f"has {key} {tuple(want.shape)}; the file does not map onto {name}")

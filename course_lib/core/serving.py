@@ -112,7 +112,7 @@ class QueryEncoder:
         for name in candidates:
             try:
                 self.feed, self.run, self.host = getattr(self, f"_build_{name}")()
-                if all(_same(self(i, m), e) for (i, m), e in zip(self.probes, expected)):
+                if all(_same(self(i, m), e) for (i, m), e in zip(self.probes, expected, strict=True)):
                     self.backend = name
                     return
                 reason = "its vectors differ from eager's"
@@ -244,7 +244,7 @@ def _quiet():
                 logging.disable(disabled)
                 _flush_c_streams()
     finally:
-        for fd, copy in zip((1, 2), saved):
+        for fd, copy in zip((1, 2), saved, strict=True):
             os.dup2(copy, fd)
             os.close(copy)
 
@@ -261,7 +261,7 @@ def _flush_c_streams() -> None:
 
 def _same(got, expected) -> bool:
     return len(got) == len(expected) and all(
-        g.shape == e.shape and np.allclose(g, e, **_TOLERANCE) for g, e in zip(got, expected))
+        g.shape == e.shape and np.allclose(g, e, **_TOLERANCE) for g, e in zip(got, expected, strict=True))
 
 
 class Searcher:
@@ -326,7 +326,7 @@ class TextQueryPath:
         course_lib.core.timing.profile_stages times them apart."""
         encoder = self.encoder
         return list(zip(STAGES, (lambda _: self.tokenizer(caption), lambda t: encoder.feed(*t), encoder.run,
-                                 lambda out: encoder.host(out)[self.output], self.searcher)))
+                                 lambda out: encoder.host(out)[self.output], self.searcher), strict=True))
 
 
 __all__ = ["BACKENDS", "STAGES", "QueryTokenizer", "QueryEncoder", "Searcher", "QuerySide", "TextQueryPath",

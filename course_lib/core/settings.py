@@ -133,7 +133,7 @@ class CourseConfig:
     def to_dict(self, without_stages=()) -> dict:
         """The fields as a dict (checkpoint names, manifests); without_stages: leave out the fields
         that only those later training stages read (`later_stage`), for an earlier stage's name."""
-        return {f.name: value for f, value in zip(dataclasses.fields(self), dataclasses.astuple(self))
+        return {f.name: value for f, value in zip(dataclasses.fields(self), dataclasses.astuple(self), strict=True)
                 if f.metadata.get("stage") not in without_stages
                 and not (f.metadata.get("switch") and value == f.default)}
 

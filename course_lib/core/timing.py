@@ -211,12 +211,12 @@ def profile_stages(stages, *, query_fn: Callable[[], object] | None = None, warm
         clock = _call_clock(device)
         for _ in range(repeats):
             clock.last = None
-            for times, (_, fn) in zip(per_stage, stages):
+            for times, (_, fn) in zip(per_stage, stages, strict=True):
                 x = clock.last
                 times.append(clock(partial(fn, x)))
             whole.append(clock(query_fn))
     rows = []
-    for (name, _), times in zip(stages, per_stage):
+    for (name, _), times in zip(stages, per_stage, strict=True):
         result = TimingResult.from_times(times, str(device))
         rows.append({"stage": name, "median_ms": result.median_ms, "p25_ms": result.p25_ms, "p75_ms": result.p75_ms})
     total = TimingResult.from_times(whole, str(device))

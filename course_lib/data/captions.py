@@ -93,7 +93,7 @@ def word_captions(meanings: Meanings, rng: np.random.Generator) -> list[str]:
     fields = [getattr(meanings, f).tolist() for f in Meanings.FIELDS[:-1]]
     choices = rng.integers(0, 1 << 30, size=(len(meanings), N_CHOICES)).tolist()
     out = []
-    for (fam, a_s, a_c, a_z, b_s, b_c, b_z, rel, place, count), ch in zip(zip(*fields), choices):
+    for (fam, a_s, a_c, a_z, b_s, b_c, b_z, rel, place, count), ch in zip(zip(*fields, strict=True), choices, strict=True):
         if fam == TERSE:
             parts = [_terse_phrase(a_s, a_c, a_z, ch[1], ch[2], ch[3])]
             if b_s >= 0 or b_c >= 0 or b_z >= 0:
@@ -200,11 +200,11 @@ def _bit_tables(scenes: Scenes) -> dict[str, np.ndarray]:
     objects (used for 'not mentioned', index -1). rel (6, O, N): for relation r and object i, the
     objects j with r(i, j); r = 4 is 'any other object', r = 5 is 'i itself' (captions without b).
     """
-    O = scenes.max_objects
-    dtype = np.uint8 if O <= 8 else np.uint16
-    bit = (np.ones(O, dtype=np.int64) << np.arange(O)) * scenes.valid  # (N, O)
+    n_slots = scenes.max_objects
+    dtype = np.uint8 if n_slots <= 8 else np.uint16
+    bit = (np.ones(n_slots, dtype=np.int64) << np.arange(n_slots)) * scenes.valid  # (N, O)
     out = {}
-    for name, n_values in zip(("shape", "color", "size", "cell"), (len(SHAPES), len(COLORS), len(SIZES), GRID * GRID)):
+    for name, n_values in zip(("shape", "color", "size", "cell"), (len(SHAPES), len(COLORS), len(SIZES), GRID * GRID), strict=True):
         values = getattr(scenes, name).astype(np.int64)
         onehot = values[None, :, :] == np.arange(n_values)[:, None, None]  # (V, N, O)
         table = (onehot * bit[None]).sum(axis=2)
@@ -214,7 +214,7 @@ def _bit_tables(scenes: Scenes) -> dict[str, np.ndarray]:
     pair = valid[:, :, None] & valid[:, None, :]  # (N, O, O)
     rels = [col[:, :, None] < col[:, None, :], col[:, :, None] > col[:, None, :],
             row[:, :, None] < row[:, None, :], row[:, :, None] > row[:, None, :],
-            ~np.eye(O, dtype=bool)[None], np.eye(O, dtype=bool)[None]]
+            ~np.eye(n_slots, dtype=bool)[None], np.eye(n_slots, dtype=bool)[None]]
     out["rel"] = np.stack([((r & pair) * bit[:, None, :]).sum(axis=2).T for r in rels]).astype(dtype)  # (6, O, N)
     return out
 

@@ -61,13 +61,13 @@ def load_feature_bench(features_dir, *, captions_per_image=5, regions_dtype=np.f
     pooled = concatenate(splits, "full", queries_from=splits[-1] if everything else None)
     _attach_regions(pooled, folder / "regions.npz", regions_dtype)
     start = 0
-    for name, split in zip(names, splits):
+    for name, split in zip(names, splits, strict=True):
         rows, start = slice(start, start + split.n_images), start + split.n_images
         for field in ("regions", "boxes", "region_mask", "region_classes"):
             if getattr(pooled, field) is not None:
                 setattr(split, field, getattr(pooled, field)[rows])  # a view: no second copy
         split.name = name
-    bench = dict(zip(names, splits)) | ({"full": pooled} if everything else {})
+    bench = dict(zip(names, splits, strict=True)) | ({"full": pooled} if everything else {})
     for split in bench.values():
         split.info["features"] = {k: manifest[k] for k in ("backbone", "pretrained", "grid", "image_size")}
     if "train" in bench:

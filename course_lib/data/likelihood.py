@@ -129,13 +129,13 @@ def _structure_ok(m: Meanings) -> np.ndarray:
 def _diagonal_bits(scenes: Scenes) -> np.ndarray:
     """(O, N) bitmask per object i of the objects j in another row and another column (two true
     relations between i and j, each said with prob. 1/2)."""
-    O = scenes.max_objects
+    n_slots = scenes.max_objects
     row, col = scenes.cell // GRID, scenes.cell % GRID
     valid = scenes.valid
     diag = (row[:, :, None] != row[:, None, :]) & (col[:, :, None] != col[:, None, :])
     diag &= valid[:, :, None] & valid[:, None, :]
-    bit = np.int64(1) << np.arange(O)
-    return (diag * bit[None, None, :]).sum(axis=2).T.astype(np.uint8 if O <= 8 else np.uint16)
+    bit = np.int64(1) << np.arange(n_slots)
+    return (diag * bit[None, None, :]).sum(axis=2).T.astype(np.uint8 if n_slots <= 8 else np.uint16)
 
 
 def _values_at(m: Meanings, scenes: Scenes, bits: dict, diag: np.ndarray, par: dict, ok: np.ndarray,
@@ -237,7 +237,7 @@ def _named(scenes: Scenes, i, a, b, family: int, relation: int, drop) -> Meaning
 def _acceptance(scenes: Scenes, twin_of: np.ndarray, swapped: np.ndarray, p_drop: float) -> np.ndarray:
     """(N, 3) for each image and family (pair, relation, place): the probability that the proposal
     of that family draws a caption false of the twin (enumerating a, b, relation and dropout)."""
-    N, O = len(scenes), scenes.max_objects
+    N, n_slots = len(scenes), scenes.max_objects
     rel, n_true = _geometry(scenes)
     # the 16 dropout patterns, columns: a size, a colour, b size, b colour
     drops = np.array([[(d >> k) & 1 for k in range(4)] for d in range(16)], dtype=bool)
@@ -246,7 +246,7 @@ def _acceptance(scenes: Scenes, twin_of: np.ndarray, swapped: np.ndarray, p_drop
     for k in (0, 1):
         a, partner = swapped[:, k], swapped[:, 1 - k]
         cases = [(PLACE, -1, -1, np.full(N, 0.5))]
-        for o in range(O):
+        for o in range(n_slots):
             p_b = 0.5 * (0.5 / np.maximum(n - 1, 1) + 0.5 * (o == partner)) * ((o != a) & (o < n))
             cases.append((PAIR, o, -1, p_b))
             cases += [(RELATION, o, r, p_b * rel[img, a, o, r] / np.maximum(n_true[img, a, o], 1)) for r in range(4)]
@@ -274,7 +274,7 @@ def compositional_likelihood(meanings: Meanings, scenes: Scenes, twin_of, swappe
     if not np.isin(m.family, (PAIR, RELATION, PLACE)).all():
         raise ValueError("compositional captions are pair, relation or place captions")
     twin_of, swapped = np.asarray(twin_of, dtype=np.int64), np.asarray(swapped, dtype=np.int64)
-    N, O = len(scenes), scenes.max_objects
+    N, n_slots = len(scenes), scenes.max_objects
     n = scenes.n_objects.astype(np.int64)
     rel, n_true = _geometry(scenes)
     img = np.arange(N)
@@ -289,7 +289,7 @@ def compositional_likelihood(meanings: Meanings, scenes: Scenes, twin_of, swappe
         a, partner = swapped[:, k], swapped[:, 1 - k]
         a_ok = matches(m.a_shape, m.a_color, m.a_size, img, a) & ((col(m.place) < 0) | (col(m.place) == ce[img, a]))
         inner = np.zeros((len(m), N))
-        for o in range(O):
+        for o in range(n_slots):
             p_b = (0.5 / np.maximum(n - 1, 1) + 0.5 * (o == partner)) * ((o != a) & (o < n))  # (N,)
             w_rel = (rel[img, a, o, :] / np.maximum(n_true[img, a, o], 1)[:, None]).T[r_safe]  # (T, N)
             b_ok = matches(m.b_shape, m.b_color, m.b_size, img, np.full(N, o))

@@ -183,27 +183,27 @@ def detect_regions(scenes: Scenes, object_boxes: np.ndarray, rng: np.random.Gene
     (N, R): the object slot each region shows (-1 for clutter and padding). Real regions come first
     in a random order per scene (so slot order does not leak object identity), padding last.
     """
-    n, O = len(scenes), scenes.max_objects
-    R, D = O + clutter_regions, region_dim
+    n, n_slots = len(scenes), scenes.max_objects
+    R, D = n_slots + clutter_regions, region_dim
     tables = detector_tables(region_dim)
     valid = np.zeros((n, R), dtype=bool)
-    valid[:, :O] = scenes.valid
+    valid[:, :n_slots] = scenes.valid
     shape = np.full((n, R), -1, dtype=np.int64)
     color = np.full((n, R), -1, dtype=np.int64)
-    shape[:, :O], color[:, :O] = scenes.shape, scenes.color
+    shape[:, :n_slots], color[:, :n_slots] = scenes.shape, scenes.color
     size = np.maximum(scenes.size, 0)
     feats = np.zeros((n, R, D), dtype=np.float32)
-    feats[:, :O] = tables["clean"][np.maximum(shape[:, :O], 0), np.maximum(color[:, :O], 0), size]
+    feats[:, :n_slots] = tables["clean"][np.maximum(shape[:, :n_slots], 0), np.maximum(color[:, :n_slots], 0), size]
     boxes = np.zeros((n, R, 7), dtype=np.float32)
-    boxes[:, :O] = object_boxes
+    boxes[:, :n_slots] = object_boxes
     if clutter_regions:  # false positives: random appearance, small random boxes
-        valid[:, O:] = True
+        valid[:, n_slots:] = True
         latent = rng.standard_normal((n, clutter_regions, D)) * 1.8
-        feats[:, O:] = np.tanh(0.6 * latent @ tables["mix"])
+        feats[:, n_slots:] = np.tanh(0.6 * latent @ tables["mix"])
         xy = rng.random((n, clutter_regions, 2)) * 0.8
         wh = 0.05 + 0.15 * rng.random((n, clutter_regions, 2))
         xyxy = np.concatenate([xy, xy + wh], axis=-1).reshape(-1, 4)
-        boxes[:, O:] = uniter_boxes(xyxy).reshape(n, clutter_regions, 7)
+        boxes[:, n_slots:] = uniter_boxes(xyxy).reshape(n, clutter_regions, 7)
     feats += region_noise * rng.standard_normal((n, R, D), dtype=np.float32)
     # soft classes: softmax(alpha [same shape] + alpha [same colour] + noise); flat-ish for clutter
     class_shape = np.repeat(np.arange(len(SHAPES)), len(COLORS))  # (48,)
@@ -214,7 +214,7 @@ def detect_regions(scenes: Scenes, object_boxes: np.ndarray, rng: np.random.Gene
     logits -= logits.max(axis=-1, keepdims=True)
     probs = np.exp(logits)
     probs /= probs.sum(axis=-1, keepdims=True)
-    region_object = np.where(np.arange(R) < O, np.arange(R), -1)[None].repeat(n, axis=0)  # (N, R)
+    region_object = np.where(np.arange(R) < n_slots, np.arange(R), -1)[None].repeat(n, axis=0)  # (N, R)
     # shuffle the real regions of each scene; padding sorts to the end
     order = np.argsort(np.where(valid, rng.random((n, R)), 2.0 + np.arange(R)), axis=1)
     pick = lambda a: np.take_along_axis(a, order.reshape(order.shape + (1,) * (a.ndim - 2)), axis=1)  # noqa: E731

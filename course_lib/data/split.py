@@ -217,7 +217,7 @@ def concatenate(splits: list[RetrievalSplit], name: str,
     return RetrievalSplit(
         name=name,
         captions=[c for s in splits for c in s.captions],
-        txt2img=np.concatenate([s.txt2img + o for s, o in zip(splits, offsets)]),
+        txt2img=np.concatenate([s.txt2img + o for s, o in zip(splits, offsets, strict=True)]),
         image_ids=[i for s in splits for i in s.image_ids],
         images=cat("images"),
         image_paths=None if any(p is None for p in paths) else [p for ps in paths for p in ps],

@@ -179,7 +179,7 @@ def _split_captions(rng, scenes: Scenes, cfg: SyntheticConfig) -> tuple[Meanings
             break
         new_m, new_texts = draw(repeats)
         _set_rows(meanings, repeats, new_m)
-        for t, text in zip(repeats.tolist(), new_texts):
+        for t, text in zip(repeats.tolist(), new_texts, strict=True):
             texts[t] = text
     return meanings, texts
 
@@ -218,7 +218,7 @@ def _choose_swaps(rng, scenes: Scenes) -> tuple[np.ndarray, np.ndarray]:
     kinds, pairs = np.zeros(len(scenes), dtype=np.int64), np.zeros((len(scenes), 2), dtype=np.int64)
     for i in range(len(scenes)):
         k = int(scenes.n_objects[i])
-        desc = list(zip(scenes.shape[i, :k], scenes.color[i, :k], scenes.size[i, :k]))
+        desc = list(zip(scenes.shape[i, :k], scenes.color[i, :k], scenes.size[i, :k], strict=True))
         cand = ([(p, q) for p in range(k) for q in range(p + 1, k) if desc[p][1] != desc[q][1]],
                 [(p, q) for p in range(k) for q in range(p + 1, k) if desc[p] != desc[q]])
         kind = int(rng.random() < 0.5)
@@ -238,7 +238,7 @@ def _make_compositional(cfg: SyntheticConfig, seed: int) -> RetrievalSplit:
     base = sample_scenes(rng_scenes, n, lo, hi)
     while True:  # every scene needs two objects that differ (all identical is rare: redraw it)
         first = base.shape[:, :1], base.color[:, :1], base.size[:, :1]
-        same = [(getattr(base, f) == v) | ~base.valid for f, v in zip(("shape", "color", "size"), first)]
+        same = [(getattr(base, f) == v) | ~base.valid for f, v in zip(("shape", "color", "size"), first, strict=True)]
         redo = np.flatnonzero((same[0] & same[1] & same[2]).all(axis=1))
         if not len(redo):
             break
