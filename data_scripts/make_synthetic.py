@@ -4,8 +4,8 @@
     python data_scripts/make_synthetic.py --scenes 12000 --seed 0 --out DIR   # 10:1:1 train/val/test
     python data_scripts/make_synthetic.py --smoke --out DIR                   # tiny, for CI
 
-Read it back with `course_lib.data.karpathy.load_synthetic(DIR, "test")` (or "train", "val",
-"pretrain", "compositional", "full"). Layout: see course_lib/data/karpathy.py.
+Read it back with `course_lib.data.synthetic_files.load_synthetic(DIR, "test")` (or "train", "val",
+"pretrain", "compositional", "full"). Layout: see course_lib/data/synthetic_files.py.
 """
 
 from __future__ import annotations
@@ -99,8 +99,8 @@ def _human(n_bytes: float) -> str:
 def main(argv=None) -> dict:
     """Parse argv, generate, write; returns the writer's summary plus generation seconds."""
     args = parse_args(argv)  # first, so a bad command line fails before the heavy imports
-    from course_lib.data.karpathy import write_karpathy
     from course_lib.data.synthetic import make_benchmark
+    from course_lib.data.synthetic_files import write_karpathy
 
     cfg = make_config(args)
     start = time.perf_counter()
@@ -118,7 +118,7 @@ def main(argv=None) -> dict:
     print(f"wrote {summary['n_images']} images and {summary['n_texts']} captions to {args.out} "
           f"({_human(summary['bytes'])}): generated in {gen_seconds:.1f} s, written in "
           f"{summary['seconds']:.1f} s")
-    print(f"read it with: course_lib.data.karpathy.load_synthetic({str(args.out)!r}, 'test')")
+    print(f"read it with: course_lib.data.synthetic_files.load_synthetic({str(args.out)!r}, 'test')")
     return summary
 
 
