@@ -107,8 +107,7 @@ class JointEmbedding(nn.Module):
     A base class of the cross-encoder and U-BERT: the tables are built once, here, under the same
     names in both. The subclass calls `_init_tables()` after building its own layers (BERT's
     N(0, 0.02); torch's N(0, 1) gives position and type the word's weight in the sum, which slowed
-    the start of training).
-    """
+    the start of training)."""
 
     def __init__(self, region_dim: int, vocab_size: int, hidden: int, max_text_length: int,
                  box_dim: int = 7, pad_token_id: int = 0):

@@ -101,8 +101,7 @@ def inference(model: nn.Module, device=None):
     in eval mode, without gradients; the model's train/eval mode is restored afterwards.
 
         with inference(model) as device:
-            out = model.encode_images(batch.to(device))
-    """
+            out = model.encode_images(batch.to(device))"""
     device = model_device(model, device)
     was_training = model.training
     model.to(device).eval()

@@ -65,12 +65,10 @@ def barrier() -> None:
 
 def init_distributed(backend: str | None = None, timeout_s: float = 1800.0) -> bool:
     """Join the process group that torchrun describes in the environment (TORCHRUN_VARIABLES).
-
     backend None: "nccl" when the course device is CUDA (each process on cuda:LOCAL_RANK), else
     "gloo". Without torchrun's variables, or with WORLD_SIZE=1, nothing is initialised (a single
     process). Returns True when this process is one of several. timeout_s: how long a collective
-    waits for the others.
-    """
+    waits for the others."""
     if is_distributed():
         return get_world_size() > 1
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
@@ -102,12 +100,10 @@ def destroy_distributed() -> None:
 # ---- the global batch's loss ------------------------------------------------------------------
 def gather_features(*features: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """Every process's features concatenated in rank order: each (B, E) -> (N·B, E).
-
     all_gather's copies carry no gradient, so this process's own slot is the tensor it gave
     (open_clip's gather_with_grad=False, local_loss=False): the gradient flows through the local
     part only; `gathered_loss` restores the rest. Every process must pass the same shapes (the
-    Trainer's equal shards do). Without a group: unchanged.
-    """
+    Trainer's equal shards do). Without a group: unchanged."""
     world = get_world_size()
     if world == 1:
         return features
@@ -124,7 +120,6 @@ def gathered_loss(score_loss: Callable[[torch.Tensor], torch.Tensor],
                   match_one_process: bool = True):
     """A Trainer `loss_fn(model, batch, step)` for a dual encoder whose forward gives (image (B, E),
     text (B, E)) features: score_loss on the (N·B, N·B) scores of the gathered global batch.
-
     score_loss: e.g. losses.contrastive_loss (LightningDOT's CMR) or functools.partial(
     losses.hinge_triplet_loss, margin=0.2, max_violation=False) (VSE++). Its value is the
     one-process loss of the global batch; match_one_process multiplies its gradient by N (module

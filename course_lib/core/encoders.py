@@ -71,15 +71,12 @@ def word_mask(input_ids: torch.Tensor, attention_mask: torch.Tensor,
 
 class RegionTransformerEncoder(nn.Module):
     """Detector regions -> transformer with a learned [CLS] slot (LightningDOT's image side).
-
     Each region is embedded as UNITER's LN(Linear(feature)) + LN(Linear(box))
     (blocks.RegionEmbedding); the box is the only position information. No index embedding: regions
     are a set, so permuting them permutes `tokens` and leaves `pooled` unchanged. Padded slots are
     masked out of attention, so their content changes nothing.
-
     tokens (B, 1 + R, hidden): [CLS] at position 0, then the R regions; mask likewise (position 0
-    always True). pooled = the [CLS] output h0 (B, hidden). return_layers=True fills `layers`.
-    """
+    always True). pooled = the [CLS] output h0 (B, hidden). return_layers=True fills `layers`."""
 
     def __init__(self, region_dim: int, hidden: int = 64, layers: int = 2, heads: int = 4,
                  dropout: float = 0.1, box_dim: int = 7):
@@ -110,15 +107,12 @@ def _transformer_output(transformer: Transformer, x, mask, return_layers: bool) 
 
 class PixelEncoder(nn.Module):
     """Pixels -> a timm backbone (ViT or CNN), optionally projected to out_dim.
-
     model_name=None: the course's tiny ViT for the synthetic 32x32 images (vit_tiny_patch16_224
     resized by TINY_VIT_KWARGS, random weights). A timm name ("vit_base_patch16_224", "resnet50")
     with pretrained=True is the path for real data (downloaded once: internet or the HF cache).
-
     tokens = forward_features: ViT (B, prefix + P, C) with [CLS] (and any register tokens) first;
     CNN map (B, C, h, w) flattened to (B, h*w, C). mask all True. pooled = the backbone's own
-    pre-logits pooling: [CLS] for a ViT, the mean over the grid for a CNN.
-    """
+    pre-logits pooling: [CLS] for a ViT, the mean over the grid for a CNN."""
 
     def __init__(self, model_name: str | None = None, pretrained: bool = False,
                  out_dim: int | None = None, **timm_kwargs):
@@ -167,12 +161,10 @@ class PixelEncoder(nn.Module):
 
 class BagOfWordsEncoder(nn.Module):
     """Word embeddings, pooled by their mean over the real words.
-
     tokens (B, T, hidden): every position's embedding, [CLS] and [SEP] included, zero at padding;
     mask = attention_mask. pooled = mean over the words only ([CLS] and [SEP] are in every caption:
     they would add the same offset to every vector). `special`: the tokenizer's ids ([PAD] is the
-    padding_idx).
-    """
+    padding_idx)."""
 
     def __init__(self, vocab_size: int, hidden: int = 64,
                  special: SpecialTokens = WORD_SPECIAL_TOKENS):
@@ -191,13 +183,11 @@ class BagOfWordsEncoder(nn.Module):
 
 class BiGRUEncoder(nn.Module):
     """Word embeddings -> bidirectional GRU over packed sequences (VSE++ / SCAN's text side).
-
     Packing stops the GRU at each caption's last real token, so padding changes nothing. tokens
     (B, T, hidden) = the mean of the forward and backward outputs (SCAN's bi-GRU averaging), zero at
     padding; mask = attention_mask. pooled = the mean of the last layer's two final states (VSE++
     takes a one-way GRU's last output; this is its bidirectional counterpart). [CLS] and [SEP] are
-    read like any word; `special` gives the tokenizer's [PAD] (the padding_idx).
-    """
+    read like any word; `special` gives the tokenizer's [PAD] (the padding_idx)."""
 
     def __init__(self, vocab_size: int, embed_dim: int = 64, hidden: int = 64, layers: int = 1,
                  dropout: float = 0.0, special: SpecialTokens = WORD_SPECIAL_TOKENS):
@@ -226,12 +216,10 @@ class BiGRUEncoder(nn.Module):
 
 class TransformerTextEncoder(nn.Module):
     """Words -> the course's transformer (course_lib.core.blocks), pooled = the [CLS] output z0.
-
     BERT's input (word + learned position embeddings, LayerNorm, dropout) and size knobs, on the
     pre-LN block of every encoder here (BERT is post-LN; pre-LN trains from random weights more
     easily and lets HiVLP / U-BERT read any layer). Pretrained weights: BertTextEncoder. tokens
-    (B, T, hidden), zero at padding; mask = attention_mask; return_layers=True fills `layers`.
-    """
+    (B, T, hidden), zero at padding; mask = attention_mask; return_layers=True fills `layers`."""
 
     def __init__(self, vocab_size: int, hidden: int = 64, layers: int = 2, heads: int = 4,
                  max_length: int = 64, dropout: float = 0.1,
@@ -284,7 +272,6 @@ def _bert_without_pooler(name: str, **kwargs):
 
 class BertTextEncoder(nn.Module):
     """A BERT encoder (transformers' BertModel, no pooler); pooled = the [CLS] last hidden state.
-
     LightningDOT takes the last layer's h0, not BERT's tanh pooler, so no pooler is built. Default:
     a small BERT with random weights, vocab_size = len(tokenizer), [PAD] = special.pad.
     pretrained_name (e.g. "bert-base-uncased") loads pretrained weights (hidden/layers/heads/

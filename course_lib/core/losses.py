@@ -40,12 +40,10 @@ def batch_scores(image_features: torch.Tensor, text_features: torch.Tensor) -> t
 def hinge_triplet_loss(scores: torch.Tensor, margin: float = 0.2,
                        max_violation: bool = True) -> torch.Tensor:
     """VSE++'s bidirectional hinge (triplet) loss, summed over the batch.
-
     scores: (B, B), rows images, columns texts, positives on the diagonal. For image i and a wrong
     text j: [margin + S[i, j] - S[i, i]]_+ ; for text j and a wrong image i: [margin + S[i, j] -
     S[j, j]]_+. max_violation=True keeps only each query's hardest negative (VSE++'s "MH" loss);
-    False sums every hinge (the older "sum of hinges").
-    """
+    False sums every hinge (the older "sum of hinges")."""
     _check_square(scores, "hinge_triplet_loss")
     positives = scores.diagonal().view(-1, 1)  # (B, 1)
     cost_text = (margin + scores - positives).clamp(min=0)  # (B, B): wrong texts per image row
@@ -66,10 +64,8 @@ def hinge_name(max_violation: bool) -> str:
 
 def contrastive_loss(scores: torch.Tensor) -> torch.Tensor:
     """LightningDOT's CMR / CLIP's loss: (CE over texts per image + CE over images per text) / 2.
-
     scores: (B, B) logits, positives on the diagonal; each CE is a mean over the batch. No
-    temperature here: scale the scores first if the model has one (CLIP does, LightningDOT not).
-    """
+    temperature here: scale the scores first if the model has one (CLIP does, LightningDOT not)."""
     _check_square(scores, "contrastive_loss")
     targets = torch.arange(scores.shape[0], device=scores.device)  # (B,)
     return (F.cross_entropy(scores, targets) + F.cross_entropy(scores.t(), targets)) / 2
@@ -82,8 +78,7 @@ def distillation_loss(student_scores: torch.Tensor, teacher_scores: torch.Tensor
     p = softmax over images of teacher/tau (eq. 5), the student q = softmax of student/tau (eq. 6);
     the loss is H(p, q) = -sum_images p log q, averaged over texts ("mean") or summed as in eq. 7
     ("sum"). The teacher is detached (not trained). The paper uses tau = 10 and adds alpha * the
-    dual-encoder loss with alpha / tau**2 = 0.001.
-    """
+    dual-encoder loss with alpha / tau**2 = 0.001."""
     if reduction not in ("mean", "sum"):
         raise ValueError(f"reduction must be 'mean' or 'sum' (eq. 7 sums), got {reduction!r}")
     if not tau > 0:
@@ -164,13 +159,11 @@ class DistillationLoss(nn.Module):
 def listwise_loss(scores: torch.Tensor, text_image: torch.Tensor) -> torch.Tensor:
     """`contrastive_loss` for a batch whose images may hold several of its texts: a listwise
     image-text matching loss for any scorer (a cross-encoder scores the (N, T) grid pair by pair).
-
     scores: (N, T), rows the batch's distinct images, columns its texts; text_image (T,): each
     text's image row. Text j: cross-entropy over the N images, target text_image[j]. Image i with
     its text j: cross-entropy over the T texts, i's other texts left out (not negatives), target j.
     Each direction is a mean over the T positive pairs, the loss their average: with N = T and
-    text_image = arange(T) it equals `contrastive_loss`.
-    """
+    text_image = arange(T) it equals `contrastive_loss`."""
     if scores.dim() != 2 or text_image.shape != scores.shape[1:]:
         raise ValueError(f"scores must be (N images, T texts) and text_image (T,), got shapes "
                          f"{tuple(scores.shape)} and {tuple(text_image.shape)}")
@@ -187,13 +180,11 @@ def listwise_loss(scores: torch.Tensor, text_image: torch.Tensor) -> torch.Tenso
 
 def joint_nce_loss(scores: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
     """Fast & Slow's dual-encoder NCE loss (Miech et al. 2021, eq. 4): in-batch, one denominator.
-
     scores: (B, B), rows images, columns texts, positives on the diagonal. For pair i: -log
     e^{S[i,i]} / (e^{S[i,i]} + sum_{j != i} e^{S[i,j]} + sum_{j != i} e^{S[j,i]}): the negatives
     N_i are every in-batch pair sharing image i or text i (MIL-NCE's set, the paper's [48]) in ONE
     softmax, where contrastive_loss averages two. No temperature (the paper has none). Mean over
-    the B pairs, or "sum" as eq. 4 writes it.
-    """
+    the B pairs, or "sum" as eq. 4 writes it."""
     _check_square(scores, "joint_nce_loss")
     if reduction not in ("mean", "sum"):
         raise ValueError(f"reduction must be 'mean' or 'sum' (eq. 4 sums), got {reduction!r}")
@@ -230,15 +221,13 @@ def mask_tokens(input_ids: torch.Tensor, attention_mask: torch.Tensor, vocab_siz
                 mask_prob: float = 0.15, generator: torch.Generator | None = None,
                 special: SpecialTokens = WORD_SPECIAL_TOKENS):
     """BERT masking of real words: returns (masked_ids, labels), both (B, T).
-
     Each word is picked with probability mask_prob; special tokens (special.all: [CLS], [SEP],
     [PAD], [UNK], ...) never are. A picked word becomes [MASK] 80% of the time, a random word 10%
     (uniform over the non-special ids below vocab_size), itself 10%. A caption with no word picked
     gets its *first* word picked and replaced by [MASK], as UNITER's `random_word` does
     (`output_label[0] = tokens[0]; tokens[0] = mask`; LightningDOT's code copies it). labels hold
     the original id at picked positions, IGNORE elsewhere. special: SpecialTokens.of(the tokenizer
-    that made input_ids); default the word tokenizer's.
-    """
+    that made input_ids); default the word tokenizer's."""
     if special.mask is None:
         raise ValueError("masking needs a [MASK] token, and this tokenizer has none")
     device = input_ids.device

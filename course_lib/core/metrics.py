@@ -114,11 +114,9 @@ def checked_queries(queries, n: int, label: str) -> np.ndarray | None:
 
 def t2i_ranks(sims, txt2img, *, chunk_size: int | None = None, query_texts=None) -> np.ndarray:
     """0-based rank of each query text's true image: the other images scoring at least as high.
-
     Returns (n_texts,), or (len(query_texts),) for those columns. Unlike `retrieval_ranks`, images
     need no captions, so it also scores a *sample* of text queries against a whole gallery (how the
-    benchmark evaluates slow methods on big galleries).
-    """
+    benchmark evaluates slow methods on big galleries)."""
     scores = _as_tensor(sims)  # (N, T)
     n_images, n_texts = scores.shape
     txt2img = _check_txt2img(txt2img, n_images, n_texts, every_image_captioned=False)
@@ -167,7 +165,6 @@ def retrieval_ranks(sims, txt2img, *, chunk_size: int | None = None, query_texts
                     query_images=None) -> tuple[np.ndarray, np.ndarray]:
     """0-based ranks `(i2t_ranks (n_images,), t2i_ranks (n_texts,))` under the module's protocol,
     or only the query rows / columns given (query_images / query_texts: the full setting).
-
     `chunk_size`: image rows scored at once (default: about 8M elements per chunk); it changes
     memory use only, never the result."""
     scores = _as_tensor(sims)  # (N, T)
@@ -204,13 +201,11 @@ def retrieval_ranks(sims, txt2img, *, chunk_size: int | None = None, query_texts
 
 def ranks_from_top_k(scores, is_true) -> np.ndarray:
     """0-based ranks from each query's top-k list (a `rank()` result), pessimistic on ties.
-
     scores (Q, k): the list's scores, best first; is_true (Q, k) bool: which listed items are a
     truth of the query. Rank = the wrong listed items scoring at least as high as the best listed
     truth, or k when no truth made the list (then only R@K for K <= k is known: all a top-k
     evaluation reports). Equals `retrieval_ranks` of the dense matrix whenever the rank is below k
-    and no wrong item outside the list ties the truth's score.
-    """
+    and no wrong item outside the list ties the truth's score."""
     scores = torch.as_tensor(np.asarray(scores) if not torch.is_tensor(scores) else scores).float()
     is_true = torch.as_tensor(
         np.asarray(is_true) if not torch.is_tensor(is_true) else is_true).bool()
@@ -243,7 +238,6 @@ def retrieval_metrics(sims, txt2img, ks: Sequence[int] = (1, 5, 10), *,
                       chunk_size: int | None = None, t2i_sims=None, query_texts=None,
                       query_images=None) -> dict[str, float]:
     """VSE++ retrieval metrics of a similarity matrix.
-
     sims: (n_images, n_texts), numpy or torch (any device, any real dtype). txt2img: (n_texts,)
     each text's image index; every image needs >= 1 caption (any number, not only 5).
     Returns `i2t_r{k}` and `t2i_r{k}` in percent for every k in ks (k beyond the gallery gives
@@ -251,8 +245,7 @@ def retrieval_metrics(sims, txt2img, ks: Sequence[int] = (1, 5, 10), *,
     and `ar` (their mean); ties count pessimistically. `chunk_size`: image rows per chunk (memory
     only). query_texts / query_images: rank only these columns / rows (the full setting); default
     all. t2i_sims: other scores (same shape) for text->image, when the directions are scored apart
-    (a two-stage method re-ranks each direction's own candidates).
-    """
+    (a two-stage method re-ranks each direction's own candidates)."""
     ks = _check_ks(ks)
     i2t, t2i = retrieval_ranks(sims, txt2img, chunk_size=chunk_size, query_texts=query_texts,
                                query_images=query_images)
@@ -267,11 +260,9 @@ def retrieval_metrics(sims, txt2img, ks: Sequence[int] = (1, 5, 10), *,
 def coco_1k_metrics(sims, txt2img, n_folds: int = 5, ks: Sequence[int] = (1, 5, 10), *,
                     chunk_size: int | None = None) -> dict[str, float]:
     """COCO 1K protocol: retrieval_metrics averaged over `n_folds` sequential folds of images.
-
     Fold f holds images [f*m, (f+1)*m), m = n_images / n_folds, and exactly their captions.
     Recalls, medr and meanr are averaged over folds (as VSE++); rsum and ar are recomputed from the
-    averaged recalls. On the 5K COCO test this is the papers' "1K" number.
-    """
+    averaged recalls. On the 5K COCO test this is the papers' "1K" number."""
     ks = _check_ks(ks)
     scores = _as_tensor(sims)  # (N, T)
     n_images, n_texts = scores.shape
@@ -313,7 +304,6 @@ def expected_hits(image_vectors, text_vectors, txt2img, k: int, direction: str =
     products of image_vectors (N, D) and text_vectors (T, D): a ranker whose scores tie often (a
     hand-built reference) gets its expected recall, neither retrieval_ranks' pessimistic count nor
     one shuffle's luck.
-
     t2i: a caption's true image among every image. i2t: an image's best-scoring own caption among
     every caption (every own caption tied with it counts). queries: caption (t2i) or image (i2t)
     indices, default all. Scores are float64 rounded to 1e-9, so sums equal up to rounding tie."""

@@ -197,7 +197,6 @@ def as_float32_matrix(x, name: str = "embeddings") -> np.ndarray:
 def build_index(embeddings, kind: str = "flat", *, train_size: int | None = None,
                 **params) -> faiss.Index:
     """A FAISS index over the rows of embeddings (N, E), searched by inner product.
-
     kind "flat" is exact (`faiss.IndexFlatIP`), the reference for every approximate one: "ivf"
     (`IndexIVFFlat`; nlist, nprobe), "hnsw" (`IndexHNSWFlat`; M, ef_search, ef_construction),
     "ivfpq" (`IndexIVFPQ`; ivf's and m, nbits), "hnswpq" (`IndexHNSWPQ`; hnsw's and m, nbits);
@@ -238,7 +237,6 @@ def _inner_product_code_table(pq: faiss.ProductQuantizer) -> None:
 
 def search(index: faiss.Index, queries, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Top-k gallery items per query: (scores (Q, k) float32, indices (Q, k) int64), best first.
-
     queries: (Q, E) or one (E,) vector (Q = 1). k is capped at the index size: k = 10 on a 5-item
     gallery returns 5 columns, not FAISS's padding of -1 indices."""
     if not isinstance(k, (int, np.integer)) or k < 1:

@@ -87,7 +87,6 @@ class _Encode(nn.Module):
 
 class QueryEncoder:
     """encode(batch) for one caption, on `device`, by `backend` ("auto" or one of BACKENDS).
-
     Three stages, timed apart by a profile: feed(ids, mask) (tensors on the device, or ORT's
     inputs), run(inputs) (the forward), host(outputs) (float32 (1, d) numpy rows, one per output);
     __call__ chains them. probes: (ids, mask) pairs of several lengths on which a backend must

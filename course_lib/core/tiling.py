@@ -22,8 +22,7 @@ def tile_rows(rows, n: int, *, noise: float = 0.0, construction: str = "tiled", 
     noise = 0, "tiled": row i is rows[i mod N0] (any shape and dtype; a tensor stays a tensor).
     noise > 0, "tiled": each copy moved by noise * (per-dimension std over rows) * N(0, 1), so
         copies are not exact ties; rows must be a float (N0, E) matrix. "gaussian": rows drawn from
-        N(mean, cov) fitted to rows. Returns float32 (n, E), numpy or torch like `rows`.
-    """
+        N(mean, cov) fitted to rows. Returns float32 (n, E), numpy or torch like `rows`."""
     if construction not in ("tiled", "gaussian"):
         raise ValueError(f"construction must be 'tiled' or 'gaussian', got {construction!r}")
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1 or not noise >= 0:

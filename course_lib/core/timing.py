@@ -92,14 +92,12 @@ def _resolve_device(device) -> torch.device:
 def measure(fn: Callable[[], object], *, warmup: int = 3, repeats: int = 20,
               device=None) -> TimingResult:
     """Time `fn()`: `warmup` untimed calls, then `repeats` timed calls, one at a time.
-
     device: None times with the CPU clock (`time.perf_counter`); "cuda" (or a CUDA torch.device)
     with a pair of CUDA events per call and a synchronisation after it; "mps" synchronises MPS
     around the CPU clock; "auto" picks `settings.get_device()`. The CPU clock is the default so
     that CPU code on a GPU machine reports CPU time; pass device="cuda" (or "auto") when `fn`
     launches GPU work. Safety net: the CPU clock still synchronises CUDA if this process has used
-    it, so forgetting `device=` never reports just the kernel-launch time.
-    """
+    it, so forgetting `device=` never reports just the kernel-launch time."""
     if not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"warmup must be an integer >= 0, got {warmup!r}")
     if not isinstance(repeats, int) or repeats < 1:
@@ -252,14 +250,12 @@ def latency_vs_gallery(make_fn: Callable[[int], Callable[[], object]], sizes: Se
                        warmup: int = 3, repeats: int = 20, per: int = 1, device=None,
                        max_measured: int | None = None) -> list[dict]:
     """Milliseconds per query against galleries of each size; measured or linearly extrapolated.
-
     make_fn(n) builds a gallery of n items and returns a zero-argument callable answering `per`
     queries against it. Sizes up to `max_measured` (all if None) are timed with `measure`; larger
     ones are extrapolated from t(n) = a + b*n fitted to the measured per-query medians, never
     below the largest measured size's time (a noisy fit can slope down). Rows, by increasing n:
     {"n", "ms_per_query", "measured", "p10_ms", "p25_ms", "p75_ms", "p90_ms"}, percentiles per
-    query, None where extrapolated.
-    """
+    query, None where extrapolated."""
     sizes = sorted({int(n) for n in sizes})
     if not sizes or sizes[0] < 1:
         raise ValueError(f"sizes must be positive gallery sizes, got {sizes}")
@@ -295,12 +291,10 @@ def latency_vs_gallery(make_fn: Callable[[int], Callable[[], object]], sizes: Se
 
 def speedup_table(rows_by_method: dict[str, list[dict]], reference: str) -> list[dict]:
     """Speedups over `reference` at every gallery size, one row per (n, method).
-
     rows_by_method: method name -> `latency_vs_gallery` rows. Output rows: {"n", "method",
     "ms_per_query", "measured" (this method's time), "speedup" (reference ms / method ms),
     "speedup_estimated" (either time extrapolated)}. A method without a size is left out there;
-    the reference must have every size.
-    """
+    the reference must have every size."""
     if reference not in rows_by_method:
         raise ValueError(f"reference {reference!r} is not among the methods "
                          f"{list(rows_by_method)}")

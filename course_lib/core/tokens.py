@@ -19,12 +19,10 @@ PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = range(len(SPECIAL_TOKENS))  # the word
 @dataclass(frozen=True)
 class SpecialTokens:
     """The ids a model treats specially, as one tokenizer assigns them.
-
     pad: padding ([PAD], the embeddings' padding_idx); cls / sep: the [CLS] / [SEP] wrapping every
     text (not words: SCAN and the bag of words drop them); mask: [MASK] (None if the tokenizer has
     none; only masked language modelling needs it); all: every special id (`all_special_ids`,
-    sorted; [UNK] included), which masking never picks nor draws as a random word.
-    """
+    sorted; [UNK] included), which masking never picks nor draws as a random word."""
 
     pad: int
     cls: int

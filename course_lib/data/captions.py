@@ -284,11 +284,9 @@ def truth_ceiling(split, ks=(1, 5, 10)) -> dict[str, float]:
     generator was to say it, so it is NOT an upper bound: a model that learns how specific a
     caption is (a 4-object scene says a given two-object caption more often than a 5-object one)
     beats it, above all on i2t; oracle_ceiling is the upper bound.
-
     t2i: caption c is true of m_c images including its own: R@K = min(1, K / m_c). i2t: image i
     satisfies s_i captions, g_i of them its own: R@K = 1 - C(s_i - g_i, K) / C(s_i, K). A caption
-    false of its own image (a noisy pre-training caption) ranks after every satisfying one.
-    """
+    false of its own image (a noisy pre-training caption) ranks after every satisfying one."""
     m, scenes, txt2img = split.meanings, split.scenes, split.txt2img
     T, N = len(m), len(scenes)
     own = satisfies_rows(m, scenes.take(txt2img))  # (T,)

@@ -32,15 +32,13 @@ def read_pooled(regions_file, split: RetrievalSplit) -> np.ndarray:
 def load_feature_bench(features_dir, *, captions_per_image=5, regions_dtype=np.float32,
                        karpathy_json=None, image_root=None) -> dict[str, RetrievalSplit]:
     """The bench dict of a feature folder (data_scripts/extract_features.py), as make_benchmark's.
-
     "train" (COCO: train + restval, the usual 113k), "val", "test" for the splits extracted;
     "full" (test queries against train + val + test, LightningDOT §4.3) when all three are there;
     "pretrain" = "train" (no separate pre-training corpus: LightningDOT pre-trains in-domain).
     The regions are read once (in the file's order: no copy), every split's arrays are views into
     them; regions_dtype=np.float16 halves the memory (COCO: see docs/data.md). image_root (the
     --images folder) adds image_paths, for the methods that read pixels; karpathy_json overrides
-    the Karpathy file that features.json names (data moved elsewhere).
-    """
+    the Karpathy file that features.json names (data moved elsewhere)."""
     folder = Path(features_dir)
     manifest_path = folder / "features.json"
     if not manifest_path.is_file():

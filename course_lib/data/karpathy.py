@@ -129,7 +129,6 @@ def read_karpathy(json_path, image_root=None, split="test", *, captions_per_imag
                   regions_file=None, load_pixels=False, image_size=None,
                   regions_dtype=np.float32, skip=()) -> RetrievalSplit:
     """One split (or several pooled, e.g. ("train", "restval")) of a Karpathy file.
-
     Captions are the lower-cased `tokens` joined by spaces, the first `captions_per_image` of each
     image (None keeps all). With `image_root`, `image_paths` = image_root / filepath / filename and
     every file must exist; `load_pixels` reads them all into `images` uint8 (N, H, W, 3), resized to
@@ -137,8 +136,7 @@ def read_karpathy(json_path, image_root=None, split="test", *, captions_per_imag
     optionally region_classes) fills the region fields, aligned by image id; `regions` comes back
     as regions_dtype (np.float16 halves the memory of big real-data files; datasets cast per item).
     `skip`: image files (entry_path: filepath/filename) left out, with their captions: the ones
-    course_lib.data.photo_check found unusable and extract_features.py recorded.
-    """
+    course_lib.data.photo_check found unusable and extract_features.py recorded."""
     return _read(json_path, image_root, split, captions_per_image=captions_per_image,
                  regions_file=regions_file, load_pixels=load_pixels, image_size=image_size,
                  regions_dtype=regions_dtype, skip=skip)[0]

@@ -52,11 +52,9 @@ def png_bytes(pixels: np.ndarray) -> bytes:
 def write_karpathy(splits: dict[str, RetrievalSplit], out_dir, dataset_name="synthetic",
                    progress=False) -> dict:
     """Write splits (with in-memory pixels) as a Karpathy-format dataset under out_dir.
-
     A "full" entry (the pool of train/val/test) is skipped: load_synthetic rebuilds it. Image ids
     must be unique across the splits, since every PNG lives in out_dir/images. Returns a summary
-    dict (paths, sizes, seconds, bytes on disk).
-    """
+    dict (paths, sizes, seconds, bytes on disk)."""
     from tqdm.auto import tqdm
 
     start = time.perf_counter()
