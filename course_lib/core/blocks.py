@@ -9,8 +9,7 @@ can hand back every layer's states, and UNITER's region embedding.
 Every encoder, the cross-encoder and the later lessons (HiVLP's early outputs read intermediate
 layers; U-BERT's light cross encoder is a short stack) are built from these. The block computes
 torch's `nn.TransformerEncoderLayer(norm_first=True, activation="gelu", dim_feedforward=4H)`, as
-an explicit loop a learner can read that returns the layers' states (`test_blocks` checks it).
-"""
+an explicit loop a learner can read that returns the layers' states (`test_blocks` checks it)."""
 
 from __future__ import annotations
 

@@ -55,14 +55,9 @@ def checkpoint_fingerprint(config: dict, train_split, tokenizer, *extra, version
     declares (bumped when the parameter layout or the training recipe changes on purpose). Not the
     source code: an edit that changes no number keeps every model (the shipped models' output
     fingerprints, course_lib.shipping, check that it changed none)."""
-    return {
-        "format": MODEL_FORMAT,
-        "version": version,
-        "config": config,
-        "vocab": sorted(tokenizer.get_vocab().items()),
-        "data": data_digest(train_split),
-        "extra": list(extra),
-    }
+    return {"format": MODEL_FORMAT, "version": version, "config": config,
+            "vocab": sorted(tokenizer.get_vocab().items()), "data": data_digest(train_split),
+            "extra": list(extra)}
 
 
 def fingerprint_hash(value) -> str:

@@ -16,8 +16,7 @@ parameters only through its own slice f_r of the features (all_gather's copies h
 process r gets g_r = dL/df_r · df_r/dθ. One process of batch N·B would get Σ_r g_r; DDP
 *averages*, giving (1/N) Σ_r g_r. So `gathered_loss` multiplies the gradient (not the value) by N.
 open_clip leaves the 1/N in (Adam absorbs a constant factor, but not its eps, nor clipping at a
-fixed norm); we keep the runs equal. The command line: course_lib.train_distributed.
-"""
+fixed norm); we keep the runs equal. The command line: course_lib.train_distributed."""
 
 from __future__ import annotations
 

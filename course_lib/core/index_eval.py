@@ -6,8 +6,7 @@ kinds' recall/latency trade-off, and what an index stores.
     index_tradeoff(gallery, queries)  # a row per setting: recall, ms per query, build s
     embedding_bytes(36, 2048)         # LightningDOT §1: region features vs one vector
 
-course_lib.studies.index_scale measures all of this on galleries of millions.
-"""
+course_lib.studies.index_scale measures all of this on galleries of millions."""
 
 from __future__ import annotations
 

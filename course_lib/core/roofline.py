@@ -11,8 +11,7 @@ machine does them, and so how long it could take at best (its roofline).
     gflops(flops, ms)               the rate of flops done in ms
 
 Notebook 03 (section 10) sets one query's measured time beside its roofline: the encoder's FLOPs
-at this machine's single-thread matmul rate, plus the search.
-"""
+at this machine's single-thread matmul rate, plus the search."""
 
 from __future__ import annotations
 

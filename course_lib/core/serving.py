@@ -20,8 +20,7 @@ with autograd bookkeeping, `retrieval.search`'s input checks. Here each is paid 
 
 "auto" keeps the fastest on the course's CPU (ONNX Runtime, TorchScript, eager; torch.compile was
 no faster than TorchScript). Every backend is checked against eager at build; one that fails or
-disagrees is skipped with a CourseNote, so the path never changes an answer.
-"""
+disagrees is skipped with a CourseNote, so the path never changes an answer."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 
 `COURSE_SMOKE=1` (set by CI) shrinks sizes only, never the code path; read here alone, so every
 notebook and script agrees on what "smoke" means. `COURSE_RETRAIN=1` (the benchmark's `--retrain`)
-trains every model instead of loading the shipped ones (core/shipped.py).
-"""
+trains every model instead of loading the shipped ones (core/shipped.py)."""
 
 from __future__ import annotations
 

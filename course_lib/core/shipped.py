@@ -19,8 +19,7 @@ COURSE_RETRAIN=1 never load shipped models (`shipped_folder`): CI exercises the 
 
 `python -m course_lib.refresh_shipped` (REFRESH_COMMAND) trains the default models (or loads their
 cache) and rewrites the folder (`write_shipped`); `check_shipped` lists what is stale, and
-tests/test_shipped_models.py fails on it, naming that command.
-"""
+tests/test_shipped_models.py fails on it, naming that command."""
 
 from __future__ import annotations
 

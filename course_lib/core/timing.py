@@ -11,8 +11,7 @@ whole query; the difference is the Python glue between them (notebook 03, sectio
 `latency_vs_gallery` measures how one query's cost grows with the gallery, fits t(n) = a + b*n
 and extrapolates sizes too slow to measure, as LightningDOT estimates its starred numbers
 ("Numbers with * are estimated by running time on test set"). `speedup_table` /
-`format_speedup_table` turn such measurements into the paper's Table 3.
-"""
+`format_speedup_table` turn such measurements into the paper's Table 3."""
 
 from __future__ import annotations
 

@@ -5,8 +5,7 @@ The word-level tokenizer (course_lib.data.tokenizer) has BERT's special tokens a
 [MASK]=103. So models never assume the ids: whatever builds a model reads them with
 `SpecialTokens.of(tokenizer)`. PAD_ID .. MASK_ID and WORD_SPECIAL_TOKENS are the word-level
 tokenizer's alone (the default on word-tokenizer batches). They live in core, below the data
-layer, because the encoders and losses need them.
-"""
+layer, because the encoders and losses need them."""
 
 from __future__ import annotations
 

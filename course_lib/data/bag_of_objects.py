@@ -18,8 +18,7 @@ product: how much of what the caption names the scene holds.
 
 Terse pre-training captions are read the same way (corrupted words included: the vector says what
 the caption says). `random_projection` maps both sides to a narrower joint space, a trained dual
-encoder's width.
-"""
+encoder's width."""
 
 from __future__ import annotations
 

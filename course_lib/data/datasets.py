@@ -7,8 +7,7 @@
 Text is tokenised per batch in the collate (TextCollate, PairCollate): a dataset does not depend
 on the tokenizer, and a batch is padded only to its longest caption. `make_loader` picks the
 dataset's collate. `read_image` / `resize_pixels` (one image file or array as uint8 (H, W, 3))
-are the one image reader, shared with the Karpathy loader.
-"""
+are the one image reader, shared with the Karpathy loader."""
 
 from __future__ import annotations
 

@@ -3,8 +3,7 @@
 data_scripts/extract_features.py writes a feature folder: regions.npz, which
 `read_karpathy(..., regions_file=)` reads (and `pooled` (N, D), which `read_pooled` reads), and
 features.json (backbone, sizes, the Karpathy file). `load_feature_bench(folder)` makes it the bench
-dict every method's `fit(bench, tokenizer)` reads, as `make_benchmark` does for synthetic data.
-"""
+dict every method's `fit(bench, tokenizer)` reads, as `make_benchmark` does for synthetic data."""
 
 from __future__ import annotations
 

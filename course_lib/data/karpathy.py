@@ -5,8 +5,7 @@ A Karpathy file (`dataset_flickr30k.json`, `dataset_coco.json`) is
 `{"images": [...], "dataset": name}`; each image has `split` (train / val / test / restval),
 `filename`, optional `filepath` (COCO: train2014 / val2014), `imgid`, `sentids` and `sentences`
 (`{raw, tokens, imgid, sentid}`). Real data gets its regions from data_scripts/extract_features.py;
-course_lib.data.features reads its feature folder into the bench dict every method's fit reads.
-"""
+course_lib.data.features reads its feature folder into the bench dict every method's fit reads."""
 
 from __future__ import annotations
 

@@ -38,8 +38,7 @@ restricted to captions false of the twin, renormalised by the per-image acceptan
 preference (attempts < 100) for words unlike the image's other captions: a close approximation,
 not exact. It uses info["twin_of"] and info["swapped_objects"], which a model could read off the
 gallery (twins are the same objects, two changed): it bounds models that compare gallery images;
-a model scoring one caption against one image cannot know which objects were swapped.
-"""
+a model scoring one caption against one image cannot know which objects were swapped."""
 
 from __future__ import annotations
 

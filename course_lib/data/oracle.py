@@ -20,8 +20,7 @@ one realised split an unlikely caption can rank its own image lower than the tru
 so tiny galleries can show t2i slightly below truth_ceiling (docs/tuning_notes.md, "Core and
 data"). i2t (R@1 exactly optimal under independent origins) and all default settings are well
 above it. The likelihood it ranks by, exact (test, full) or approximate (compositional), is
-`course_lib.data.likelihood`, whose names this module re-exports.
-"""
+`course_lib.data.likelihood`, whose names this module re-exports."""
 
 from __future__ import annotations
 

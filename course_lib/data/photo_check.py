@@ -12,8 +12,7 @@ line naming its file and why, when
 
 and the whole check fails, before anything is written, when most images are missing: the folder
 is not that JSON file's. extract_features.py records the skipped files in features.json;
-`read_karpathy(..., skip=...)` / `load_feature_bench` leave them out.
-"""
+`read_karpathy(..., skip=...)` / `load_feature_bench` leave them out."""
 
 from __future__ import annotations
 

@@ -7,8 +7,7 @@ split file (`dataset_*.json`), looked for in one order by lesson 08, the tests a
 
 The repository is the course's copy (course_lib.core.settings.course_repository). The photos are
 never part of the course (their owners' rights; docs/real_data.md): where none is found, a lesson
-or test says how to get them and does nothing else.
-"""
+or test says how to get them and does nothing else."""
 
 from __future__ import annotations
 

@@ -3,8 +3,7 @@
 A scene is a handful of objects on a 3x3 grid, each with a shape, a colour, a size and a cell
 (distinct within a scene). `Scenes` stores them as padded integer arrays, one row per scene;
 `Meanings` what each caption asserts, one row per caption: plain tables of numpy arrays, to
-subset, pool and write to .npz (`to_arrays` / `from_arrays` round-trip exactly).
-"""
+subset, pool and write to .npz (`to_arrays` / `from_arrays` round-trip exactly)."""
 
 from __future__ import annotations
 

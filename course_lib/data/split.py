@@ -19,8 +19,7 @@ region slots, D region feature size, C detector classes):
 
 Queries differ from the gallery only in the papers' "full" setting (LightningDOT §4.3): the test
 split's captions and images query a gallery pooling every split (`concatenate(...,
-queries_from=test)`); models still train on train, and the number of queries stays the same.
-"""
+queries_from=test)`); models still train on train, and the number of queries stays the same."""
 
 from __future__ import annotations
 

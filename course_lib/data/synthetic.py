@@ -14,8 +14,7 @@ Every caption is true of its image, except the deliberately noisy pre-training c
 The compositional gallery interleaves base scenes and their counterfactual twins (images 2i and
 2i + 1); `info` holds twin_of, swap_kind per pair ("color" or "cell"), swapped_objects (object
 slots) and is_twin. Modules: scenes.py (ground truth), render.py (pixels, regions), captions.py
-(words, truth).
-"""
+(words, truth)."""
 
 from __future__ import annotations
 

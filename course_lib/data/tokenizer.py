@@ -4,8 +4,7 @@ Hugging Face tokenizer by name (e.g. "bert-base-uncased", needs internet or a lo
 Both are `transformers` fast tokenizers, called alike: `tok(texts, padding="longest",
 truncation=True, max_length=..., return_tensors="pt")`. The word-level one has BERT's special
 tokens at fixed ids ([PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4, course_lib.core.tokens) and wraps
-every text as [CLS] words [SEP].
-"""
+every text as [CLS] words [SEP]."""
 
 from __future__ import annotations
 
