@@ -1,5 +1,6 @@
-"""What a method computed offline for a split (its states, its gallery's embeddings), kept per split
-object and fitted model for the few splits used last: `SplitCache().get(split, model, compute)`."""
+"""What a method computed offline for a split (its states, its gallery's embeddings), kept per
+split object and fitted model for the few splits used last: `SplitCache().get(split, model,
+compute)`."""
 
 from __future__ import annotations
 
@@ -13,11 +14,10 @@ CACHED_SPLITS = 5
 
 
 class SplitCache:
-    """What a method computed offline for a split (its states, its gallery's embeddings), kept per
-    split object and fitted model for the CACHED_SPLITS splits used last: get(split, model, compute)."""
+    """The module's cache for the CACHED_SPLITS splits used last: get(split, model, compute)."""
 
     def __init__(self, size: int = CACHED_SPLITS):
-        self.size, self.kept = size, OrderedDict()  # id(split) -> (split, model, value), oldest first
+        self.size, self.kept = size, OrderedDict()  # id(split) -> (split, model, value): LRU order
 
     def get(self, split, model, compute):
         key = id(split)  # the split itself is held in the entry, so its id is not reused while kept
