@@ -30,4 +30,12 @@ class SplitCache:
         return entry[2]
 
 
-__all__ = ["CACHED_SPLITS", "SplitCache"]
+def release_split_caches(owner) -> None:
+    """Empty every SplitCache among owner's attributes (a method's gallery embeddings, its cached
+    states): memory a finished evaluation no longer needs. They are computed again if asked for."""
+    for value in vars(owner).values():
+        if isinstance(value, SplitCache):
+            value.kept.clear()
+
+
+__all__ = ["CACHED_SPLITS", "SplitCache", "release_split_caches"]
