@@ -39,6 +39,7 @@ from course_lib.core import settings
 from course_lib.core.checkpoints import CHECKPOINTS
 from course_lib.core.offline_weights import MINILM_NAME, pretrained_text_path
 from course_lib.core.shipped import without_shipped_models
+from course_lib.core.split_cache import release_split_caches
 from course_lib.data.features import extracted_images, load_feature_bench
 from course_lib.data.split import concatenate
 from course_lib.data.tokenizer import tokenizer_for
@@ -198,7 +199,8 @@ def evaluate_real(methods, bench: dict, smoke: bool = False, seed: int = 0, prog
     repeats = 5 if smoke else 20
     rows = [row for setting in setting_names
             for row in real_reference_rows(bench[setting], setting)]
-    for method in tqdm(methods, desc="evaluating", disable=not progress):
+    for done, method in enumerate(tqdm(methods, desc="evaluating", disable=not progress)):
+        release_finished(methods, done)
         for setting in setting_names:
             split, ks, start = bench[setting], KS[setting], time.perf_counter()
             metrics, how = evaluate(method, split, ks, smoke, seed, pair_cap=REAL_PAIR_CAP)
@@ -210,6 +212,17 @@ def evaluate_real(methods, bench: dict, smoke: bool = False, seed: int = 0, prog
             # recalls and timing: the budget's parts
             rows[-1]["eval_s"] = round(time.perf_counter() - start, 1)
     return rows
+
+
+def release_finished(methods, evaluated: int) -> None:
+    """Empty the split caches of methods[:evaluated] (and of their cascade stages) that no later
+    method reads: the full setting's states of every model at once would not fit in memory."""
+    later = methods[evaluated:]
+    needed = {id(m) for m in later} | {id(s) for m in later for s in getattr(m, "stages", ())}
+    for method in methods[:evaluated]:
+        for owner in (method, *getattr(method, "stages", ())):
+            if id(owner) not in needed:
+                release_split_caches(owner)
 
 
 def smoke_bench(bench: dict) -> dict:

@@ -1,6 +1,7 @@
-"""Download Flickr8k / Flickr30k / COCO with Karpathy's split files; check the layout the course reads.
+"""Download Flickr8k / Flickr30k / COCO with Karpathy's split files; check the layout the course
+reads.
 
-    python data_scripts/download_data.py coco --out data/coco          # splits + 2014 images (~19 GB)
+    python data_scripts/download_data.py coco --out data/coco            # splits + images (~19 GB)
     python data_scripts/download_data.py flickr8k --out data/flickr8k    # splits + images (~1 GB)
     python data_scripts/download_data.py flickr30k --out data/flickr30k  # splits; images by form
     python data_scripts/download_data.py flickr30k --out data/flickr30k --check
@@ -8,12 +9,13 @@
 Layout afterwards (what course_lib.data.karpathy.read_karpathy expects):
 
     flickr8k:  DIR/dataset_flickr8k.json, DIR/images/*.jpg  (image_root=DIR/images)
-    flickr30k: DIR/dataset_flickr30k.json, DIR/flickr30k-images/*.jpg  (image_root=DIR/flickr30k-images)
+    flickr30k: DIR/dataset_flickr30k.json, DIR/flickr30k-images/*.jpg
+               (image_root=DIR/flickr30k-images)
     coco:      DIR/dataset_coco.json, DIR/train2014/*.jpg, DIR/val2014/*.jpg  (image_root=DIR)
 
-Flickr8k's split file is Karpathy's where caption_datasets.zip can be had; otherwise it is built in the
-same format from the official Flickr8k_text.zip (captions from Flickr8k.token.txt, splits from its
-train / dev / test lists, dev as "val"). Its photos come from Flickr8k_Dataset.zip, whose
+Flickr8k's split file is Karpathy's where caption_datasets.zip can be had; otherwise it is built
+in the same format from the official Flickr8k_text.zip (captions from Flickr8k.token.txt, splits
+from its train / dev / test lists, dev as "val"). Its photos come from Flickr8k_Dataset.zip, whose
 Flicker8k_Dataset/ folder (sic) is extracted straight into DIR/images.
 
 Downloads resume from DIR/<name>.part after an interruption; only urllib is used.
@@ -38,9 +40,10 @@ COCO_IMAGE_URLS = {
 }
 FLICKR30K_FORM_URL = "https://shannon.cs.illinois.edu/DenotationGraph/"
 FLICKR30K_IMAGE_DIR = "flickr30k-images"
-FLICKR8K_IMAGES_URL = "https://github.com/jbrownlee/Datasets/releases/download/Flickr8k/Flickr8k_Dataset.zip"
-FLICKR8K_TEXT_URL = "https://github.com/jbrownlee/Datasets/releases/download/Flickr8k/Flickr8k_text.zip"
-FLICKR8K_ZIP_DIR = "Flicker8k_Dataset"  # the folder inside Flickr8k_Dataset.zip, misspelt as published
+_FLICKR8K_RELEASE = "https://github.com/jbrownlee/Datasets/releases/download/Flickr8k/"
+FLICKR8K_IMAGES_URL = _FLICKR8K_RELEASE + "Flickr8k_Dataset.zip"
+FLICKR8K_TEXT_URL = _FLICKR8K_RELEASE + "Flickr8k_text.zip"
+FLICKR8K_ZIP_DIR = "Flicker8k_Dataset"  # the folder in Flickr8k_Dataset.zip, misspelt as published
 FLICKR8K_IMAGE_DIR = "images"
 FLICKR8K_TOKENS = "Flickr8k.token.txt"
 FLICKR8K_SPLIT_LISTS = {"train": "Flickr_8k.trainImages.txt", "val": "Flickr_8k.devImages.txt",
@@ -63,7 +66,8 @@ def download(url: str, dest: Path, progress: bool = True) -> Path:
     request = urllib.request.Request(url, headers={"Range": f"bytes={have}-"} if have else {})
     try:
         with urllib.request.urlopen(request, timeout=60) as response:
-            resumed = have and getattr(response, "status", None) == 206  # else the server sent it all
+            # else the server sent it all
+            resumed = have and getattr(response, "status", None) == 206
             total = response.headers.get("Content-Length")
             total = int(total) + (have if resumed else 0) if total else None
             with open(part, "ab" if resumed else "wb") as f, tqdm(
@@ -75,12 +79,12 @@ def download(url: str, dest: Path, progress: bool = True) -> Path:
                     bar.update(len(chunk))
     except (urllib.error.URLError, OSError) as e:
         raise DownloadError(
-            f"could not download {url} ({e}).\nOffline? Fetch it on a machine with internet and put it "
-            f"at {dest}, then run this command again (it skips files that are already there) and "
-            f"finish with --check. A partial download stays in {part} and resumes next time. "
+            f"could not download {url} ({e}).\nOffline? Fetch it on a machine with internet and "
+            f"put it at {dest}, then run this command again (it skips files that are already "
+            f"there) and finish with --check. A partial download stays in {part} and resumes next "
+            "time. "
             "Without real data the course runs on the synthetic benchmark: "
-            "python data_scripts/make_synthetic.py --out data/synthetic"
-        ) from e
+            "python data_scripts/make_synthetic.py --out data/synthetic") from e
     part.replace(dest)
     return dest
 
@@ -100,7 +104,8 @@ def extract(archive: Path, out: Path, members=None, progress: bool = False) -> N
                 with z.open(member(z, name, archive)) as src, open(out / name, "wb") as dst:
                     shutil.copyfileobj(src, dst)
     except zipfile.BadZipFile as e:
-        raise DownloadError(f"{archive} is not a valid zip ({e}); delete it and download it again") from e
+        raise DownloadError(f"{archive} is not a valid zip ({e}); delete it and download it "
+                            "again") from e
 
 
 def member(z: zipfile.ZipFile, name: str, archive: Path) -> str:
@@ -119,17 +124,20 @@ def extract_folder(archive: Path, folder: str, dest: Path, suffix: str = ".jpg",
     dest.mkdir(parents=True, exist_ok=True)
     try:
         with zipfile.ZipFile(archive) as z:
-            infos = [i for i in z.infolist() if i.filename.startswith(folder + "/") and not i.is_dir()
+            infos = [i for i in z.infolist()
+                     if i.filename.startswith(folder + "/") and not i.is_dir()
                      and i.filename.lower().endswith(suffix)
                      and not Path(i.filename).name.startswith("._")]  # macOS resource forks
             if not infos:
                 raise DownloadError(f"{archive} holds no {folder}/*{suffix}; "
                                     "delete it and download it again")
-            for info in tqdm(infos, desc=f"extracting {archive.name}", unit="file", disable=not progress):
+            for info in tqdm(infos, desc=f"extracting {archive.name}", unit="file",
+                             disable=not progress):
                 with z.open(info) as src, open(dest / Path(info.filename).name, "wb") as dst:
                     shutil.copyfileobj(src, dst)  # flat: only the file name is kept
     except zipfile.BadZipFile as e:
-        raise DownloadError(f"{archive} is not a valid zip ({e}); delete it and download it again") from e
+        raise DownloadError(f"{archive} is not a valid zip ({e}); delete it and download it "
+                            "again") from e
     return len(infos)
 
 
@@ -142,17 +150,20 @@ def get_splits(dataset: str, out: Path, progress: bool) -> Path:
 
 
 def flickr8k_from_text(archive: Path) -> dict:
-    """Karpathy's format built from the official Flickr8k_text.zip: the images of its train / dev / test
-    lists in the order of Flickr8k.token.txt, imgid and sentid from 0, tokens the lower-cased runs of
-    letters and digits of each caption."""
+    """Karpathy's format built from the official Flickr8k_text.zip: the images of its train / dev /
+    test lists in the order of Flickr8k.token.txt, imgid and sentid from 0, tokens the lower-cased
+    runs of letters and digits of each caption."""
     try:
         with zipfile.ZipFile(archive) as z:
-            read = lambda name: z.read(member(z, name, archive)).decode("utf-8", "replace")  # noqa: E731
+            def read(name):
+                return z.read(member(z, name, archive)).decode("utf-8", "replace")
+
             split_of = {line.strip(): split for split, name in FLICKR8K_SPLIT_LISTS.items()
                         for line in read(name).splitlines() if line.strip()}
             lines = read(FLICKR8K_TOKENS).splitlines()
     except zipfile.BadZipFile as e:
-        raise DownloadError(f"{archive} is not a valid zip ({e}); delete it and download it again") from e
+        raise DownloadError(f"{archive} is not a valid zip ({e}); delete it and download it "
+                            "again") from e
     images: dict[str, dict] = {}
     sentid = 0
     for number, line in enumerate(lines, 1):
@@ -162,8 +173,8 @@ def flickr8k_from_text(archive: Path) -> dict:
         filename, hash_, _ = key.strip().rpartition("#")
         if not (tab and hash_ and filename):
             raise DownloadError(f"{archive}: {FLICKR8K_TOKENS} line {number} is not "
-                                f"'<filename>#<n>\\t<caption>' ({line[:60]!r}); delete the archive and "
-                                "download it again")
+                                f"'<filename>#<n>\\t<caption>' ({line[:60]!r}); delete the archive "
+                                "and download it again")
         if filename not in split_of:
             continue  # in no split list (the token file also names a few stray entries)
         if filename not in images:
@@ -175,8 +186,8 @@ def flickr8k_from_text(archive: Path) -> dict:
                                  "imgid": img["imgid"], "sentid": sentid})
         sentid += 1
     if not images:
-        raise DownloadError(f"{archive}: no caption of {FLICKR8K_TOKENS} belongs to an image of the split "
-                            "lists; delete the archive and download it again")
+        raise DownloadError(f"{archive}: no caption of {FLICKR8K_TOKENS} belongs to an image of "
+                            "the split lists; delete the archive and download it again")
     return {"dataset": "flickr8k", "images": list(images.values())}
 
 
@@ -196,8 +207,8 @@ def get_flickr8k_splits(out: Path, progress: bool) -> str:
     part = json_path.with_name(json_path.name + ".part")
     part.write_text(json.dumps(data), encoding="utf-8")
     part.replace(json_path)
-    return (f"{json_path.name}: built from the official Flickr8k_text.zip ({len(data['images'])} images), "
-            f"since Karpathy's was not to be had: {reason}")
+    return (f"{json_path.name}: built from the official Flickr8k_text.zip "
+            f"({len(data['images'])} images), since Karpathy's was not to be had: {reason}")
 
 
 def get_flickr8k_images(out: Path, progress: bool, keep_archive: bool) -> None:
@@ -233,8 +244,9 @@ def check(dataset: str, out: Path) -> list[str]:
         fix = (f"request the images at {FLICKR30K_FORM_URL}, then extract flickr30k-images.tar.gz "
                f"into {out} so that {root}/<id>.jpg exist")
     elif dataset == "flickr8k":
-        fix = (f"run without --check to download Flickr8k_Dataset.zip and extract its {FLICKR8K_ZIP_DIR} "
-               f"photos into {root} (delete {out / f'.{FLICKR8K_IMAGE_DIR}.done'} first to extract again)")
+        fix = (f"run without --check to download Flickr8k_Dataset.zip and extract its "
+               f"{FLICKR8K_ZIP_DIR} photos into {root} (delete "
+               f"{out / f'.{FLICKR8K_IMAGE_DIR}.done'} first to extract again)")
     else:
         fix = f"run without --check to download and extract train2014.zip / val2014.zip into {out}"
     return [f"{len(missing)} of {len(images)} images are missing, e.g. {missing[0]}: {fix}"]
@@ -252,9 +264,11 @@ def flickr30k_instructions(out: Path) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dataset", choices=("flickr8k", "flickr30k", "coco"))
-    p.add_argument("--out", required=True, type=Path, help="directory for the split file and images")
+    p.add_argument("--out", required=True, type=Path,
+                   help="directory for the split file and images")
     p.add_argument("--check", action="store_true", help="only check that the files are in place")
     p.add_argument("--splits-only", action="store_true", help="COCO / Flickr8k: skip the images")
     p.add_argument("--keep-archives", action="store_true", help="keep the zips after extracting")

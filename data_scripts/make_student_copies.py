@@ -31,14 +31,16 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def instructions(source: str) -> list[str]:
-    """The leading `#` comment lines of a solution cell, without the `#`; the first says `Exercise:`."""
+    """The leading `#` comment lines of a solution cell, without the `#`; the first says
+    `Exercise:`."""
     lines = []
     for line in source.splitlines():
         if not line.startswith("#"):
             break
         lines.append(line.lstrip("#").strip())
     if not lines or not lines[0].startswith("Exercise:"):
-        raise ValueError("a solution cell must open with comment lines, the first starting with '# Exercise:'")
+        raise ValueError("a solution cell must open with comment lines, the first starting with "
+                         "'# Exercise:'")
     return lines
 
 
@@ -46,10 +48,11 @@ def stub(source: str) -> str:
     """The stub of a solution cell (see the module docstring)."""
     lines, text = source.splitlines(), instructions(source)
     parts = [json.dumps(line + " ", ensure_ascii=False) for line in text[:-1]]
-    parts.append(json.dumps(text[-1], ensure_ascii=False))  # one string literal per line of instructions
+    parts.append(json.dumps(text[-1], ensure_ascii=False))  # a string literal per instruction line
 
     def raise_(indent: str) -> str:
-        return f"{indent}raise NotImplementedError(\n{indent}    " + f"\n{indent}    ".join(parts) + ")"
+        return (f"{indent}raise NotImplementedError(\n{indent}    "
+                + f"\n{indent}    ".join(parts) + ")")
 
     out, runs_code = lines[:len(text)], False
     for node in ast.parse(source).body:
@@ -68,7 +71,8 @@ def stub(source: str) -> str:
 
 
 def student_copy(nb: dict) -> tuple[dict, int]:
-    """The notebook with its solution cells stubbed and every output cleared; and how many were stubbed."""
+    """The notebook with its solution cells stubbed and every output cleared; and how many were
+    stubbed."""
     nb, stubbed = json.loads(json.dumps(nb)), 0
     for index, cell in enumerate(nb["cells"]):
         if cell["cell_type"] != "code":
@@ -85,8 +89,10 @@ def student_copy(nb: dict) -> tuple[dict, int]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True, type=Path, help="folder to write the copies to (created)")
-    parser.add_argument("--notebooks", type=Path, default=REPO / "notebooks", help="folder of NN_*.ipynb")
+    parser.add_argument("--out", required=True, type=Path,
+                        help="folder to write the copies to (created)")
+    parser.add_argument("--notebooks", type=Path, default=REPO / "notebooks",
+                        help="folder of NN_*.ipynb")
     args = parser.parse_args(argv)
     sources = sorted(args.notebooks.glob("[0-9][0-9]_*.ipynb")) if args.notebooks.is_dir() else []
     if not sources:
@@ -105,8 +111,8 @@ def main(argv: list[str] | None = None) -> int:
             nb, stubbed = student_copy(json.loads(path.read_text(encoding="utf-8")))
         except ValueError as error:
             parser.error(f"{path}: {error}")
-        (args.out / path.name).write_text(json.dumps(nb, indent=1, ensure_ascii=False, sort_keys=True) + "\n",
-                                          encoding="utf-8")
+        text = json.dumps(nb, indent=1, ensure_ascii=False, sort_keys=True) + "\n"
+        (args.out / path.name).write_text(text, encoding="utf-8")
         print(f"{path.name}: {stubbed} exercise(s) stubbed")
         total += stubbed
     print(f"wrote {len(sources)} student notebooks ({total} exercises) to {args.out}")

@@ -1,11 +1,11 @@
 """Generate the synthetic image-caption benchmark and write it to disk in Karpathy's format.
 
-    python data_scripts/make_synthetic.py --out data/synthetic                # the course's size
-    python data_scripts/make_synthetic.py --scenes 12000 --seed 0 --out DIR   # 10:1:1 train/val/test
-    python data_scripts/make_synthetic.py --smoke --out DIR                   # tiny, for CI
+    python data_scripts/make_synthetic.py --out data/synthetic               # the course's size
+    python data_scripts/make_synthetic.py --scenes 12000 --seed 0 --out DIR  # 10:1:1 splits
+    python data_scripts/make_synthetic.py --smoke --out DIR                  # tiny, for CI
 
-Read it back with `course_lib.data.karpathy.load_synthetic(DIR, "test")` (or "train", "val",
-"pretrain", "compositional", "full"). Layout: see course_lib/data/karpathy.py.
+Read it back with `course_lib.data.synthetic_files.load_synthetic(DIR, "test")` (or "train",
+"val", "pretrain", "compositional", "full"). Layout: see course_lib/data/synthetic_files.py.
 """
 
 from __future__ import annotations
@@ -23,11 +23,13 @@ OUTPUTS = ("info.json", "regions.npz", "ground_truth.npz")  # besides dataset_*.
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", required=True, type=Path, help="directory to write (created if missing)")
+    p.add_argument("--out", required=True, type=Path,
+                   help="directory to write (created if missing)")
     p.add_argument("--scenes", type=int, default=None,
                    help="train+val+test scenes, split 10:1:1 (default: the course's size)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--image-size", type=int, default=None, help="pixels per side (default: config's, 32)")
+    p.add_argument("--image-size", type=int, default=None,
+                   help="pixels per side (default: config's, 32)")
     p.add_argument("--smoke", action="store_true", help="tiny sizes (CI, quick checks)")
     p.add_argument("--no-pretrain", action="store_true", help="skip the pre-training corpus")
     p.add_argument("--overwrite", action="store_true",
@@ -49,9 +51,11 @@ def _check_out(out: Path, overwrite: bool) -> str | None:
         return f"--out {out} is a file; give a directory"
     if out.is_dir() and any(out.iterdir()):
         if not (out / "info.json").is_file():
-            return f"--out {out} is not empty and holds no synthetic benchmark; give a new or empty directory"
+            return (f"--out {out} is not empty and holds no synthetic benchmark; give a new or "
+                    "empty directory")
         if not overwrite:
-            return f"--out {out} already holds a synthetic benchmark; pass --overwrite to replace it"
+            return (f"--out {out} already holds a synthetic benchmark; pass --overwrite to "
+                    "replace it")
     parent = out if out.exists() else next((q for q in out.parents if q.exists()), Path("."))
     if not os.access(parent, os.W_OK):
         return f"--out {out}: cannot write under {parent}; pick a directory you can write to"
@@ -59,7 +63,7 @@ def _check_out(out: Path, overwrite: bool) -> str | None:
 
 
 def _clear(out: Path) -> None:
-    """Delete a previous benchmark's files (only those this script writes), so no stale PNG stays."""
+    """Delete a previous benchmark's files (only those this script writes): no stale PNG stays."""
     for path in list(out.glob("dataset_*.json")) + [out / name for name in OUTPUTS]:
         path.unlink(missing_ok=True)
     images = out / "images"
@@ -85,7 +89,8 @@ def make_config(args):
         changes["n_pretrain"] = 0
     unknown = set(changes) - fields
     if unknown:
-        raise SystemExit(f"SyntheticConfig has no field(s) {sorted(unknown)}; this script is out of date")
+        raise SystemExit(f"SyntheticConfig has no field(s) {sorted(unknown)}; this script is out "
+                         "of date")
     return dataclasses.replace(cfg, **changes) if changes else cfg
 
 
@@ -99,8 +104,8 @@ def _human(n_bytes: float) -> str:
 def main(argv=None) -> dict:
     """Parse argv, generate, write; returns the writer's summary plus generation seconds."""
     args = parse_args(argv)  # first, so a bad command line fails before the heavy imports
-    from course_lib.data.karpathy import write_karpathy
     from course_lib.data.synthetic import make_benchmark
+    from course_lib.data.synthetic_files import write_karpathy
 
     cfg = make_config(args)
     start = time.perf_counter()
@@ -118,7 +123,8 @@ def main(argv=None) -> dict:
     print(f"wrote {summary['n_images']} images and {summary['n_texts']} captions to {args.out} "
           f"({_human(summary['bytes'])}): generated in {gen_seconds:.1f} s, written in "
           f"{summary['seconds']:.1f} s")
-    print(f"read it with: course_lib.data.karpathy.load_synthetic({str(args.out)!r}, 'test')")
+    print("read it with: course_lib.data.synthetic_files.load_synthetic("
+          f"{str(args.out)!r}, 'test')")
     return summary
 
 

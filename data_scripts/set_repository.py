@@ -1,12 +1,13 @@
-"""Point the course at its repository: pyproject's address, and from it every notebook's front matter.
+"""Point the course at its repository: pyproject's address, and from it the notebooks' front matter.
 
-The repository's address is written once, in pyproject.toml's `[project.urls]` (`Repository = ...`).
-Everything else that names it is generated from there by this script, in every `notebooks/NN_*.ipynb`:
+The repository's address is written once, in pyproject.toml's `[project.urls]` (`Repository =
+...`). Everything else that names it is generated from there by this script, in every
+`notebooks/NN_*.ipynb`:
 
 - the "Open in Colab" badge, the first line of the notebook's first (markdown) cell;
-- the learners' note, the last paragraph of that cell: where the answers are, how to get exercise-only
-  copies (data_scripts/make_student_copies.py), the glossary, and where to ask for help (the
-  repository's GitHub issues);
+- the learners' note, the last paragraph of that cell: where the answers are, how to get
+  exercise-only copies (data_scripts/make_student_copies.py), the glossary, and where to ask for
+  help (the repository's GitHub issues);
 - the install cell, the first code cell (INSTALL_CELL): on Colab it installs the package from the
   repository with pip, Colab's torch pinned as it is; elsewhere it does nothing. The next cell's
   `setup()` finds or fetches the repository's other files the notebook needs (course_lib.colab).
@@ -15,10 +16,10 @@ An instructor with a fork runs, from the repository root,
 
     python data_scripts/set_repository.py OWNER/NAME    # pyproject, badges, notes and install cells
 
-It also rewrites README.md's links that name the repository (each lesson's Colab link in the syllabus,
-the issues link). After adding a notebook, `python data_scripts/set_repository.py` (no address) writes its front
-matter from pyproject's address; `--check` only says whether every notebook is current (exit 1 if not).
-Needs nbformat (the dev extra).
+It also rewrites README.md's links that name the repository (each lesson's Colab link in the
+syllabus, the issues link). After adding a notebook, `python data_scripts/set_repository.py` (no
+address) writes its front matter from pyproject's address; `--check` only says whether every
+notebook is current (exit 1 if not). Needs nbformat (the dev extra).
 """
 
 from __future__ import annotations
@@ -43,15 +44,17 @@ INSTALL_CELL_ID = "colab-install"
 # that needs course_lib, which it installs. pip leaves a requirement that is already satisfied alone
 # (`torch>=2.2` against Colab's torch: nothing installed); the pin stops any other requirement from
 # swapping Colab's CUDA build of torch for another, and so its torchvision too (each torchvision
-# requires one torch). IPython expands {...} in the %pip line; the runtime needs no restart, since
-# a plain (not editable) install is importable at once.
+# requires one torch). The last line is what IPython makes of `%pip install ...`, written out so
+# that ruff sees the names it uses; __import__("sys") spares an import line and the blank line ruff
+# wants after it, which 6 lines leave no room for. The runtime needs no restart, since a plain (not
+# editable) install is importable at once.
 INSTALL_CELL = '''\
 # Colab only: install the course package from its repository, Colab's torch pinned as it is (which
 # keeps its torchvision); setup() below fetches the rest. Written by data_scripts/set_repository.py
-import sys, importlib.metadata
 COURSE_PACKAGE = "git+{url}"
-if "google.colab" in sys.modules:
-    %pip install -q {{COURSE_PACKAGE}} torch=={{importlib.metadata.version("torch")}}'''
+if "google.colab" in __import__("sys").modules:
+    from importlib.metadata import version
+    get_ipython().run_line_magic("pip", f"install -q {COURSE_PACKAGE} torch=={version('torch')}")'''
 
 
 def slug(address: str) -> str:
@@ -85,20 +88,23 @@ def badge(url: str, notebook: str) -> str:
 
 def learners_note(url: str) -> str:
     """The paragraph every notebook's first cell ends with."""
-    return (f"{NOTE_START} In the course's notebooks the cell under each exercise, tagged `solution`, is its "
-            "answer; `python data_scripts/make_student_copies.py --out student/` (from the repository root) "
-            "writes copies in which those cells are stubs for you to fill in. Abbreviations are explained in "
+    return (f"{NOTE_START} In the course's notebooks the cell under each exercise, tagged "
+            "`solution`, is its answer; `python data_scripts/make_student_copies.py --out "
+            "student/` (from the repository root) writes copies in which those cells are stubs "
+            "for you to fill in. Abbreviations are explained in "
             f"the [glossary](../docs/glossary.md). Stuck, or found a mistake? Ask in the course's "
             f"[GitHub issues]({url.rstrip('/')}/issues).")
 
 
 def install_cell(url: str) -> str:
-    """The source of every notebook's install cell, for the repository at url."""
-    return INSTALL_CELL.format(url=url)
+    """The source of every notebook's install cell, for the repository at url (replace, not format:
+    the cell's own braces stay)."""
+    return INSTALL_CELL.replace("{url}", url)
 
 
 def front_matter(nb, name: str, url: str):
-    """The notebook with its badge, learners' note and install cell made current (in place); returns it."""
+    """The notebook with its badge, learners' note and install cell made current (in place);
+    returns it."""
     first = nb.cells[0]
     if first.cell_type != "markdown":
         raise ValueError(f"{name}: its first cell must be the markdown title cell")
@@ -128,7 +134,8 @@ def notebooks(root: Path) -> list[Path]:
 
 
 def stale(root: Path) -> list[str]:
-    """The notebooks whose front matter (and README.md, whose links) differ from what pyproject's address gives."""
+    """The notebooks whose front matter (and README.md, whose links) differ from what pyproject's
+    address gives."""
     url, out = read_repository(root / "pyproject.toml"), []
     for path in notebooks(root):
         nb = nbformat.read(path, as_version=4)
@@ -136,14 +143,16 @@ def stale(root: Path) -> list[str]:
         if [c.source for c in front_matter(nb, path.name, url).cells] != before:
             out.append(path.name)
     readme = root / "README.md"
-    if readme.exists() and readme_text(readme.read_text(encoding="utf-8"), url) != readme.read_text(encoding="utf-8"):
-        out.append(readme.name)
+    if readme.exists():
+        text = readme.read_text(encoding="utf-8")
+        if readme_text(text, url) != text:
+            out.append(readme.name)
     return out
 
 
 def apply(root: Path, address: str | None = None) -> list[str]:
-    """Write the address (if given) into pyproject, then every notebook's front matter and README.md's
-    links; returns the files rewritten."""
+    """Write the address (if given) into pyproject, then every notebook's front matter and
+    README.md's links; returns the files rewritten."""
     pyproject = root / "pyproject.toml"
     if address is not None:
         write_repository(pyproject, GITHUB + slug(address))
@@ -166,23 +175,26 @@ def apply(root: Path, address: str | None = None) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("address", nargs="?", help="OWNER/NAME (or its GitHub URL); omitted: pyproject's")
-    parser.add_argument("--root", type=Path, default=REPO, help="the repository's root (default: %(default)s)")
-    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if a notebook is not current")
+    parser.add_argument("address", nargs="?",
+                        help="OWNER/NAME (or its GitHub URL); omitted: pyproject's")
+    parser.add_argument("--root", type=Path, default=REPO,
+                        help="the repository's root (default: %(default)s)")
+    parser.add_argument("--check", action="store_true",
+                        help="change nothing; exit 1 if a notebook is not current")
     args = parser.parse_args(argv)
     try:
         if args.check:
             if args.address is not None:
                 parser.error("--check compares with pyproject's address: give no address")
             behind = stale(args.root)
-            print(f"not current: {', '.join(behind)} (run python data_scripts/set_repository.py)" if behind
-                  else "every notebook's front matter is current")
+            print(f"not current: {', '.join(behind)} (run python data_scripts/set_repository.py)"
+                  if behind else "every notebook's front matter is current")
             return 1 if behind else 0
         changed = apply(args.root, args.address)
     except ValueError as error:
         parser.error(str(error))
-    print(f"repository {read_repository(args.root / 'pyproject.toml')}; rewrote {len(changed)} file(s)"
-          + (f": {', '.join(changed)}" if changed else ""))
+    print(f"repository {read_repository(args.root / 'pyproject.toml')}; rewrote {len(changed)} "
+          "file(s)" + (f": {', '.join(changed)}" if changed else ""))
     return 0
 
 

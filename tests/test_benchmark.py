@@ -787,3 +787,27 @@ def test_a_runs_sizes_reach_every_config_of_their_class_and_no_other():
     plain = available_methods(0, True, ["cross_encoder"])[0]
     # another class
     assert isinstance(plain.config, CrossEncoderConfig) and rerank.reranker.config == plain.config
+
+
+def test_a_finished_method_releases_its_split_caches_unless_a_later_one_reads_them():
+    from types import SimpleNamespace
+
+    from course_lib.core.split_cache import SplitCache
+    from course_lib.real_benchmark import release_finished
+
+    def method(*stages):
+        cache = SplitCache()
+        cache.get("test", "model", lambda: "states")
+        return SimpleNamespace(cache=cache, stages=stages) if stages else SimpleNamespace(cache=cache)
+
+    first, reranker = method(), method()
+    inner = method()  # a cascade's own stage object, in no list
+    alone, cascade = method(), method(first, reranker, inner)
+    methods = [first, alone, reranker, cascade]
+    def kept():
+        return [bool(m.cache.kept) for m in (first, alone, reranker, cascade, inner)]
+
+    release_finished(methods, 2)  # first and alone done; the cascade still reads first
+    assert kept() == [True, False, True, True, True]
+    release_finished(methods, 4)  # all done
+    assert kept() == [False, False, False, False, False]

@@ -656,3 +656,40 @@ def test_float16_regions_are_converted_per_batch_not_a_whole_gallery_per_call(be
     images, texts = [0, 3, 7], [1, 5, 5]
     assert torch.allclose(score_index_pairs(model, half, tok, images, texts),
                           score_index_pairs(model, widened, tok, images, texts), atol=TOL)
+
+
+def test_the_method_embeds_each_image_and_caption_once_and_scores_as_the_model(bench, tok, model):
+    """The method keeps a split's one-sided embeddings (`Embedded`): over blocks, pairs, the matrix and
+    a query, each image is embedded once and each caption when first met, and every score equals the
+    model's forward on that one pair."""
+    split = bench["test"]
+    method = CrossEncoderMethod(CrossEncoderConfig.smoke(), progress=False)
+    method.model, method.tokenizer = model, tok
+    embedded_rows = {"image": 0, "text": 0}
+    embed_image, embed_text = model.embed_image, model.embed_text
+
+    def count(side, embed):
+        def counted(fields):
+            embedded_rows[side] += len(next(iter(fields.values())))
+            return embed(fields)
+        return counted
+
+    def one_pair(i, t):
+        with torch.no_grad():
+            return float(model(*pairs(split, tok, [i], [t]))[0])
+
+    model.embed_image, model.embed_text = count("image", embed_image), count("text", embed_text)
+    try:
+        block = method.score_block(split, [5, 0, 3], [7, 1])  # (3, 2)
+        pair_scores = method.score_pairs(split, torch.tensor([2, 5, 9]), torch.tensor([1, 4, 7]))
+        matrix = method.similarity(split)
+        top = method.query_fn(split, caption_index=4, top_k=3)()
+    finally:
+        del model.embed_image, model.embed_text  # the class's methods again
+    assert embedded_rows["image"] == split.n_images
+    assert embedded_rows["text"] == split.n_texts + 1  # every caption once, and the query's online
+    want = torch.tensor([[one_pair(i, t) for t in (7, 1)] for i in (5, 0, 3)])
+    assert torch.allclose(block, want, atol=TOL)
+    assert torch.allclose(pair_scores, torch.tensor([one_pair(2, 1), one_pair(5, 4), one_pair(9, 7)]), atol=TOL)
+    assert torch.allclose(matrix[[5, 0, 3]][:, [7, 1]], want, atol=TOL)
+    assert list(top) == torch.topk(matrix[:, 4], 3).indices.tolist()

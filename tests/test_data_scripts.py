@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from course_lib.data.karpathy import load_synthetic, read_karpathy
+from course_lib.data.karpathy import read_karpathy
+from course_lib.data.synthetic_files import load_synthetic
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -19,8 +19,9 @@ from course_lib.core.encoders import PixelEncoder
 from course_lib.core.settings import seed_everything
 from course_lib.data.datasets import pixels_to_tensor, read_image
 from course_lib.data.features import load_feature_bench, read_pooled
-from course_lib.data.karpathy import read_karpathy, write_karpathy
+from course_lib.data.karpathy import read_karpathy
 from course_lib.data.split import RetrievalSplit
+from course_lib.data.synthetic_files import write_karpathy
 from course_lib.data.tokenizer import tokenizer_for
 
 pytestmark = pytest.mark.usefixtures("one_thread")

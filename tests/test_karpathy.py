@@ -11,8 +11,9 @@ import pytest
 from test_datasets import make_toy_split
 
 from course_lib.data.datasets import read_image
-from course_lib.data.karpathy import load_synthetic, png_bytes, read_karpathy, write_karpathy
+from course_lib.data.karpathy import read_karpathy
 from course_lib.data.split import concatenate
+from course_lib.data.synthetic_files import load_synthetic, png_bytes, write_karpathy
 
 ARRAY_FIELDS = ("txt2img", "images", "regions", "boxes", "region_mask", "region_classes")
 

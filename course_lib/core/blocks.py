@@ -1,17 +1,15 @@
 """Building blocks every transformer in the course shares: one pre-LN block, a stack of them that
 can hand back every layer's states, and UNITER's region embedding.
 
-    Block        x + Attn(LN(x)), then x + MLP(LN(x))            (nanoGPT's block, with a padding mask)
-    Transformer  embeddings -> L blocks -> final LayerNorm        returns the last layer, or all of them
-    RegionEmbedding  LN(Linear(feature)) + LN(Linear(box))        (UNITER §3.1; LightningDOT, U-BERT)
-    JointEmbedding   the input embeddings of a caption and an image   (UNITER; the cross-encoder, U-BERT)
+    Block            x + Attn(LN(x)), then x + MLP(LN(x))  (nanoGPT's block, with a padding mask)
+    Transformer      embeddings -> L blocks -> final LayerNorm: the last layer, or all of them
+    RegionEmbedding  LN(Linear(feature)) + LN(Linear(box))  (UNITER §3.1; LightningDOT, U-BERT)
+    JointEmbedding   a caption's and an image's input embeddings  (UNITER; cross-encoder, U-BERT)
 
-The region encoder, the cross-encoder, and the lessons after them (HiVLP's early outputs read
-intermediate layers; U-BERT's light cross encoder is a short stack) are built from these, so the
-block exists once. It is the same computation as torch's `nn.TransformerEncoderLayer(norm_first=True,
-activation="gelu", dim_feedforward=4H)`, written as an explicit loop so a learner can read it and
-so that the layers' states can be returned (`test_blocks` checks it against torch's layer).
-"""
+Every encoder, the cross-encoder and the later lessons (HiVLP's early outputs read intermediate
+layers; U-BERT's light cross encoder is a short stack) are built from these. The block computes
+torch's `nn.TransformerEncoderLayer(norm_first=True, activation="gelu", dim_feedforward=4H)`, as
+an explicit loop a learner can read that returns the layers' states (`test_blocks` checks it)."""
 
 from __future__ import annotations
 
@@ -33,7 +31,8 @@ class SelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         B, L, H = x.shape
-        q, k, v = self.qkv(x).view(B, L, 3, self.heads, H // self.heads).permute(2, 0, 3, 1, 4)  # (B, h, L, d)
+        qkv = self.qkv(x).view(B, L, 3, self.heads, H // self.heads)  # (B, L, 3, h, d)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each (B, h, L, d)
         keep = None if mask is None else mask[:, None, None, :]  # (B, 1, 1, L) True = attend
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=keep,
                                            dropout_p=self.dropout if self.training else 0.0)
@@ -58,18 +57,17 @@ class Block(nn.Module):
 
 class Transformer(nn.Module):
     """`layers` Blocks and a final LayerNorm (pre-LN leaves the residual stream unnormalised).
-
     forward(x (B, L, H), mask (B, L) bool True = real) -> the normalised last layer (B, L, H);
-    with return_layers=True -> (last, [every block's output after the final LayerNorm, L of them]),
-    the states HiVLP's early-output layers read. Padded positions are not zeroed here.
-    """
+    return_layers=True -> (last, [every block's output after the final LayerNorm]), the states
+    HiVLP's early-output layers read. Padded positions are not zeroed here."""
 
     def __init__(self, hidden: int, layers: int, heads: int, dropout: float = 0.0):
         super().__init__()
         self.blocks = nn.ModuleList(Block(hidden, heads, dropout) for _ in range(layers))
         self.ln_f = nn.LayerNorm(hidden)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, return_layers: bool = False):
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
+                return_layers: bool = False):
         states = []
         for block in self.blocks:
             x = block(x, mask)  # (B, L, H)
@@ -86,8 +84,9 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 class RegionEmbedding(nn.Module):
-    """UNITER's image embedding: LN(Linear(feature)) + LN(Linear(box)); the box (x1, y1, x2, y2, w,
-    h, area) is the only position information, since regions are a set. (B, R, D), (B, R, 7) -> (B, R, H)"""
+    """UNITER's image embedding: LN(Linear(feature)) + LN(Linear(box)); the box (x1, y1, x2, y2,
+    w, h, area) is the only position information (regions are a set). (B, R, D), (B, R, 7) ->
+    (B, R, H)"""
 
     def __init__(self, region_dim: int, hidden: int, box_dim: int = 7):
         super().__init__()
@@ -101,14 +100,13 @@ class RegionEmbedding(nn.Module):
 class JointEmbedding(nn.Module):
     """UNITER's input embeddings, the ones a single-stream model concatenates (U-BERT eq. 2, 10):
 
-        caption  t_i = LN(word + position + type(0))                        embed_text   (B, T, H)
-        image    r_i = LN(RegionEmbedding(feature, box) + type(1))          embed_image  (B, R, H)
+        caption  t_i = LN(word + position + type(0))                embed_text   (B, T, H)
+        image    r_i = LN(RegionEmbedding(feature, box) + type(1))  embed_image  (B, R, H)
 
-    A base class: the cross-encoder and U-BERT inherit it, so the tables are built once, here, under
-    the same attribute names in both. The subclass calls `_init_tables()` after building its own
-    layers (BERT's N(0, 0.02) for the tables; torch's N(0, 1) gives position and type the weight of
-    the word itself in the sum, which slowed the start of training in our runs).
-    """
+    A base class of the cross-encoder and U-BERT: the tables are built once, here, under the same
+    names in both. The subclass calls `_init_tables()` after building its own layers (BERT's
+    N(0, 0.02); torch's N(0, 1) gives position and type the word's weight in the sum, which slowed
+    the start of training)."""
 
     def __init__(self, region_dim: int, vocab_size: int, hidden: int, max_text_length: int,
                  box_dim: int = 7, pad_token_id: int = 0):
@@ -116,7 +114,7 @@ class JointEmbedding(nn.Module):
         self.pad_token_id, self.max_text_length = pad_token_id, max_text_length
         self.word = nn.Embedding(vocab_size, hidden, padding_idx=pad_token_id)
         self.position = nn.Embedding(max_text_length, hidden)  # words only: boxes place the regions
-        self.token_type = nn.Embedding(2, hidden)  # 0 = text, 1 = region (not "type": nn.Module.type)
+        self.token_type = nn.Embedding(2, hidden)  # 0 text, 1 region ("type" is nn.Module.type)
         self.text_norm = nn.LayerNorm(hidden)
         self.region = RegionEmbedding(region_dim, hidden, box_dim)
         self.image_norm = nn.LayerNorm(hidden)
@@ -125,21 +123,24 @@ class JointEmbedding(nn.Module):
         for table in (self.word, self.position, self.token_type):
             nn.init.normal_(table.weight, std=0.02)
         with torch.no_grad():
-            self.word.weight[self.pad_token_id].zero_()  # as nn.Embedding(padding_idx=...) leaves it
+            self.word.weight[self.pad_token_id].zero_()  # as nn.Embedding(padding_idx=) leaves it
 
     def embed_text(self, texts: dict) -> torch.Tensor:
         """Word + position + type(0) embeddings, LayerNorm: (B, T) ids -> (B, T, H)."""
         input_ids = texts["input_ids"]  # (B, T)
         T = input_ids.shape[1]
         if T > self.max_text_length:
-            raise ValueError(f"captions of {T} tokens exceed max_text_length={self.max_text_length}: "
-                             "tokenise with max_length=that")
+            raise ValueError(f"captions of {T} tokens exceed max_text_length="
+                             f"{self.max_text_length}: tokenise with max_length=that")
         positions = torch.arange(T, device=input_ids.device)  # (T,)
-        return self.text_norm(self.word(input_ids) + self.position(positions) + self.token_type.weight[0])
+        return self.text_norm(self.word(input_ids) + self.position(positions)
+                              + self.token_type.weight[0])
 
     def embed_image(self, images: dict) -> torch.Tensor:
         """Region embedding + type(1), LayerNorm: (B, R, D), (B, R, 7) -> (B, R, H)."""
-        return self.image_norm(self.region(images["regions"], images["boxes"]) + self.token_type.weight[1])
+        return self.image_norm(self.region(images["regions"], images["boxes"])
+                               + self.token_type.weight[1])
 
 
-__all__ = ["SelfAttention", "Block", "Transformer", "RegionEmbedding", "JointEmbedding", "masked_mean"]
+__all__ = ["SelfAttention", "Block", "Transformer", "RegionEmbedding", "JointEmbedding",
+           "masked_mean"]

@@ -1,5 +1,5 @@
-"""Cached checkpoints of trained methods: one naming rule, so a cache folder never hands back a model
-trained on other data, with another config or format, and one way to find where a model lives."""
+"""Cached checkpoints of trained methods: one naming rule, so a cache folder never hands back a
+model trained on other data, with another config or format; one way to find where a model lives."""
 
 from __future__ import annotations
 
@@ -34,8 +34,8 @@ def _array_checksum(array: np.ndarray) -> str:
 def data_digest(split) -> dict:
     """What a model trains on, beyond the vocabulary: the captions and which image each describes,
     a crc32 of every array (pixels, region features, boxes, masks, detector classes) and the image
-    file list of real data. crc32 runs at several GB/s: the 10k-image synthetic train split (about
-    50 MB) takes about 15 ms; `region_noise` or `clutter` change it as they change the data."""
+    file list of real data. crc32 runs at several GB/s (docs/tuning_notes.md, "Core and data");
+    `region_noise` or `clutter` change it as they change the data."""
     captions = hashlib.sha1("\n".join(split.captions).encode()).hexdigest()
     digest = {"n_images": split.n_images, "captions": captions,
               "txt2img": f"{zlib.crc32(np.ascontiguousarray(split.txt2img, dtype=np.int64)):08x}"}
@@ -55,14 +55,9 @@ def checkpoint_fingerprint(config: dict, train_split, tokenizer, *extra, version
     declares (bumped when the parameter layout or the training recipe changes on purpose). Not the
     source code: an edit that changes no number keeps every model (the shipped models' output
     fingerprints, course_lib.shipping, check that it changed none)."""
-    return {
-        "format": MODEL_FORMAT,
-        "version": version,
-        "config": config,
-        "vocab": sorted(tokenizer.get_vocab().items()),
-        "data": data_digest(train_split),
-        "extra": list(extra),
-    }
+    return {"format": MODEL_FORMAT, "version": version, "config": config,
+            "vocab": sorted(tokenizer.get_vocab().items()), "data": data_digest(train_split),
+            "extra": list(extra)}
 
 
 def fingerprint_hash(value) -> str:
@@ -75,17 +70,18 @@ def fingerprint_file_name(prefix: str, fingerprint: dict) -> str:
     return f"{prefix}-{fingerprint_hash(fingerprint)[:10]}.pt"
 
 
-def checkpoint_name(prefix: str, config: dict, train_split, tokenizer, *extra, version: int = 1) -> str:
+def checkpoint_name(prefix: str, config: dict, train_split, tokenizer, *extra,
+                    version: int = 1) -> str:
     """"<prefix>-<hash>.pt" of checkpoint_fingerprint(config, train_split, tokenizer, *extra,
-    version=version): a cache folder never hands back a model trained on other data or with another
-    config, format or starting point."""
-    return fingerprint_file_name(prefix, checkpoint_fingerprint(config, train_split, tokenizer, *extra,
-                                                                version=version))
+    version=version): a cache folder never hands back a model trained on other data or with
+    another config, format or starting point."""
+    return fingerprint_file_name(prefix, checkpoint_fingerprint(config, train_split, tokenizer,
+                                                                *extra, version=version))
 
 
-# Bump when every model's modules change shape or names (e.g. encoders moved onto course_lib.core.blocks),
-# so that an old cache never hands a checkpoint to a model that cannot load it; one method's own
-# changes bump its Method.format_version instead.
+# Bump when every model's modules change shape or names (e.g. encoders moved onto core.blocks), so
+# an old cache never hands a checkpoint to a model that cannot load it; one method's own changes
+# bump its Method.format_version instead.
 MODEL_FORMAT = 2
 
 
@@ -96,12 +92,11 @@ def model_device(model: nn.Module, device=None) -> torch.device:
 
 @contextmanager
 def inference(model: nn.Module, device=None):
-    """The one way the course runs a model to encode or score: on `device` (None = where it is), in
-    eval mode, without gradients; the model's train/eval mode is restored afterwards.
+    """The one way the course runs a model to encode or score: on `device` (None = where it is),
+    in eval mode, without gradients; the model's train/eval mode is restored afterwards.
 
         with inference(model) as device:
-            out = model.encode_images(batch.to(device))
-    """
+            out = model.encode_images(batch.to(device))"""
     device = model_device(model, device)
     was_training = model.training
     model.to(device).eval()
@@ -119,8 +114,10 @@ def finished_checkpoint(checkpoint_path, max_steps: int) -> bool:
     return torch.load(checkpoint_path, map_location="cpu", weights_only=True)["step"] >= max_steps
 
 
-TRAINER_FORMAT = "course_lib.train/1"   # the format tag of a Trainer checkpoint (a tag, not a module path: keep it)
-SHIPPED_FORMAT = "course_lib.shipped/2"  # a shipped model: float16 weights and training history only (core/shipped.py)
+# the format tag of a Trainer checkpoint (a tag, not a module path: keep it)
+TRAINER_FORMAT = "course_lib.train/1"
+# a shipped model: float16 weights and training history only (core/shipped.py)
+SHIPPED_FORMAT = "course_lib.shipped/2"
 
 
 def check_model_state(model: nn.Module, state: dict, source: str) -> None:

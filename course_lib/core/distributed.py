@@ -1,31 +1,28 @@
-"""Training on several processes (torch.distributed): N processes of batch B train like one of batch N·B.
+"""Training on several processes (torch.distributed): N processes of batch B train like one of
+batch N·B.
 
-A dual encoder's in-batch negatives are the batch itself (VSE++'s hinge, LightningDOT's CMR, CLIP),
-so data parallelism must not shrink them: every process all-gathers the features of the others and
-scores its queries against the whole global batch (open_clip's `gather_features`). Three pieces:
+A dual encoder's in-batch negatives are the batch itself (VSE++'s hinge, LightningDOT's CMR,
+CLIP), so data parallelism must not shrink them: every process all-gathers the others' features
+and scores its queries against the whole global batch (open_clip's `gather_features`). Pieces:
 
-- the process group from torchrun's environment (`init_distributed` / `destroy_distributed`), and
-  rank helpers that answer rank 0 of 1 when there is no group, so the same code runs un-distributed;
+- the process group from torchrun's environment (`init_distributed` / `destroy_distributed`);
+  without a group the rank helpers answer rank 0 of 1, so the same code runs un-distributed;
 - `gather_features` and `gathered_loss`: the loss of the global batch on every process;
-- what course_lib.core.train.Trainer uses to run under DistributedDataParallel (`data_parallel_loss`,
-  `mean_over_ranks`, `barrier`): the Trainer wraps the model and shards the data itself.
+- what course_lib.core.train.Trainer needs under DistributedDataParallel (`data_parallel_loss`,
+  `mean_over_ranks`, `barrier`).
 
-The gradient factor. Let L be the loss of the gathered global batch; every process computes the same
-value, but autograd reaches the parameters only through its own slice f_r of the features (the
-others arrive through all_gather, without a graph), so process r's backward gives
-g_r = dL/df_r · df_r/dθ. One process of batch N·B would get dL/dθ = Σ_r g_r. DDP all-reduces the
-gradients and *averages* them, giving (1/N) Σ_r g_r: N times too small. So `gathered_loss`
-multiplies the gradient (not the value) by N. open_clip leaves the 1/N in (Adam mostly absorbs a
-constant factor, but not its eps, nor clipping at a fixed gradient norm); we keep the runs equal.
-
-The command line that trains a course dual encoder this way is course_lib.train_distributed.
-"""
+The gradient factor. Every process computes the same gathered loss L, but autograd reaches the
+parameters only through its own slice f_r of the features (all_gather's copies have no graph):
+process r gets g_r = dL/df_r · df_r/dθ. One process of batch N·B would get Σ_r g_r; DDP
+*averages*, giving (1/N) Σ_r g_r. So `gathered_loss` multiplies the gradient (not the value) by N.
+open_clip leaves the 1/N in (Adam absorbs a constant factor, but not its eps, nor clipping at a
+fixed norm); we keep the runs equal. The command line: course_lib.train_distributed."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -67,20 +64,18 @@ def barrier() -> None:
 
 def init_distributed(backend: str | None = None, timeout_s: float = 1800.0) -> bool:
     """Join the process group that torchrun describes in the environment (TORCHRUN_VARIABLES).
-
-    backend: None picks "nccl" when the course device (settings.get_device) is CUDA, with each
-    process on cuda:LOCAL_RANK, else "gloo" (CPU). Without torchrun's variables, or with
-    WORLD_SIZE=1, nothing is initialised and the run is an ordinary single process. Returns True
-    when this process is one of several. timeout_s: how long a collective waits for the others.
-    """
+    backend None: "nccl" when the course device is CUDA (each process on cuda:LOCAL_RANK), else
+    "gloo". Without torchrun's variables, or with WORLD_SIZE=1, nothing is initialised (a single
+    process). Returns True when this process is one of several. timeout_s: how long a collective
+    waits for the others."""
     if is_distributed():
         return get_world_size() > 1
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return False
     missing = [name for name in TORCHRUN_VARIABLES if name not in os.environ]
     if missing:
-        raise RuntimeError(f"WORLD_SIZE is set but {missing} are not: start every process with torchrun "
-                           "(torchrun --nproc_per_node=N -m ...), which sets all of them")
+        raise RuntimeError(f"WORLD_SIZE is set but {missing} are not: start every process with "
+                           "torchrun (torchrun --nproc_per_node=N -m ...), which sets all of them")
     if not dist.is_available():
         raise RuntimeError("this torch build has no torch.distributed: install the standard wheel")
     local_rank = int(os.environ["LOCAL_RANK"])
@@ -88,8 +83,8 @@ def init_distributed(backend: str | None = None, timeout_s: float = 1800.0) -> b
         backend = "nccl" if get_device().type == "cuda" else "gloo"
     if backend == "nccl":
         if local_rank >= torch.cuda.device_count():
-            raise RuntimeError(f"LOCAL_RANK {local_rank} but only {torch.cuda.device_count()} GPUs: "
-                               "start at most one process per GPU (--nproc_per_node)")
+            raise RuntimeError(f"LOCAL_RANK {local_rank} but only {torch.cuda.device_count()} "
+                               "GPUs: start at most one process per GPU (--nproc_per_node)")
         torch.cuda.set_device(local_rank)  # so "cuda" means this process's own GPU from now on
     dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
     return True
@@ -104,12 +99,10 @@ def destroy_distributed() -> None:
 # ---- the global batch's loss ------------------------------------------------------------------
 def gather_features(*features: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """Every process's features concatenated in rank order: each (B, E) -> (N·B, E).
-
-    all_gather's copies carry no gradient, so this process's own slot is replaced by the tensor
-    it gave (open_clip's gather_features with gather_with_grad=False, local_loss=False): the
-    gradient flows through the local part only, and `gathered_loss` restores the rest. Every
-    process must pass the same shapes (the Trainer's equal shards do). Without a group: unchanged.
-    """
+    all_gather's copies carry no gradient, so this process's own slot is the tensor it gave
+    (open_clip's gather_with_grad=False, local_loss=False): the gradient flows through the local
+    part only; `gathered_loss` restores the rest. Every process must pass the same shapes (the
+    Trainer's equal shards do). Without a group: unchanged."""
     world = get_world_size()
     if world == 1:
         return features
@@ -122,22 +115,21 @@ def gather_features(*features: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return tuple(gathered)
 
 
-def gathered_loss(score_loss: Callable[[torch.Tensor], torch.Tensor], match_one_process: bool = True):
+def gathered_loss(score_loss: Callable[[torch.Tensor], torch.Tensor],
+                  match_one_process: bool = True):
     """A Trainer `loss_fn(model, batch, step)` for a dual encoder whose forward gives (image (B, E),
     text (B, E)) features: score_loss on the (N·B, N·B) scores of the gathered global batch.
-
-    score_loss: e.g. losses.contrastive_loss (LightningDOT's CMR) or
-    functools.partial(losses.hinge_triplet_loss, margin=0.2, max_violation=False) (VSE++). Its
-    value is the one-process loss of the global batch on every process; match_one_process
-    multiplies its gradient by N (module docstring), so that after DDP's average the gradients
-    are the one-process ones too. False: open_clip's convention, gradients 1/N of those.
+    score_loss: e.g. losses.contrastive_loss (LightningDOT's CMR) or functools.partial(
+    losses.hinge_triplet_loss, margin=0.2, max_violation=False) (VSE++). Its value is the
+    one-process loss of the global batch; match_one_process multiplies its gradient by N (module
+    docstring), so DDP's average gives the one-process gradients. False: open_clip's 1/N of those.
     """
     def loss_fn(model: nn.Module, batch, step: int = 0) -> torch.Tensor:
-        scores = batch_scores(*gather_features(*model(batch)))  # (N·B, N·B), positives on the diagonal
+        scores = batch_scores(*gather_features(*model(batch)))  # (N·B, N·B), positives diagonal
         loss, world = score_loss(scores), get_world_size()
         if world == 1 or not match_one_process:
             return loss
-        # loss - loss.detach() is exactly 0 with gradient 1: the value stays, the gradient is x world
+        # loss - loss.detach() is 0 with gradient 1: the value stays, the gradient is x world
         return loss + (world - 1) * (loss - loss.detach())
 
     return loss_fn
@@ -145,11 +137,9 @@ def gathered_loss(score_loss: Callable[[torch.Tensor], torch.Tensor], match_one_
 
 # ---- what the Trainer needs --------------------------------------------------------------------
 class _LossOfModel(nn.Module):
-    """The module DDP wraps: its forward is the whole loss_fn(model, batch, step) on the plain model.
-
-    DDP all-reduces only the gradients of work done inside its own forward, while course loss_fns
-    call methods of the model (model.encode_images, model.objective): run inside this forward,
-    they keep working unchanged and are all synchronised."""
+    """The module DDP wraps: its forward is the whole loss_fn(model, batch, step) on the plain
+    model. DDP all-reduces only the gradients of work inside its own forward, while course loss_fns
+    call the model's methods (model.encode_images, model.objective): run here, they all sync."""
 
     def __init__(self, model: nn.Module):
         super().__init__()
@@ -160,33 +150,29 @@ class _LossOfModel(nn.Module):
 
 
 def data_parallel_loss(model: nn.Module) -> nn.Module | None:
-    """DistributedDataParallel around `model` (already on its device) for the Trainer; call it as
-    ddp(loss_fn, batch, step). None without a group of several processes.
-
-    Building it copies rank 0's parameters and buffers to every process. find_unused_parameters:
-    LightningDOT's pre-training heads sit idle in fine-tuning, and pre-training uses one head per
-    batch, so some parameters get no gradient; DDP would otherwise stop with an error. Where every
-    parameter is used (VSE++), DDP warns once that the search (one graph walk per step) found none."""
+    """DistributedDataParallel around `model` (already on its device) for the Trainer, called as
+    ddp(loss_fn, batch, step); None without a group of several processes. Building it copies rank
+    0's parameters and buffers to every process. find_unused_parameters: some parameters get no
+    gradient (LightningDOT's pre-training heads idle in fine-tuning, one head per pre-training
+    batch), which would stop DDP; where all are used (VSE++), DDP warns once that it found none."""
     if get_world_size() == 1:
         return None
     return nn.parallel.DistributedDataParallel(_LossOfModel(model), find_unused_parameters=True)
 
 
 def mean_over_ranks(values: dict[str, float], device: torch.device) -> dict[str, float]:
-    """Each value averaged over the processes (one all_reduce; every process must pass the same keys).
-
-    For a gathered loss every process holds the same value; for a per-sample mean it makes the mean
-    of the global batch. Unchanged without a group."""
+    """Each value averaged over the processes (one all_reduce; every process passes the same
+    keys): a per-sample mean becomes the global batch's. Unchanged without a group."""
     world = get_world_size()
     if world == 1:
         return values
     keys = sorted(values)  # the same order on every process
     total = torch.tensor([values[k] for k in keys], dtype=torch.float64, device=device)  # (K,)
     dist.all_reduce(total)
-    mean = dict(zip(keys, (total / world).tolist()))
+    mean = dict(zip(keys, (total / world).tolist(), strict=True))
     return {k: mean[k] for k in values}
 
 
-__all__ = ["init_distributed", "destroy_distributed", "is_distributed", "get_rank", "get_world_size",
-           "is_main_process", "barrier", "gather_features", "gathered_loss", "data_parallel_loss",
-           "mean_over_ranks", "TORCHRUN_VARIABLES"]
+__all__ = ["init_distributed", "destroy_distributed", "is_distributed", "get_rank",
+           "get_world_size", "is_main_process", "barrier", "gather_features", "gathered_loss",
+           "data_parallel_loss", "mean_over_ranks", "TORCHRUN_VARIABLES"]

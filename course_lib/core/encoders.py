@@ -1,25 +1,24 @@
 """Image and text encoders: every retrieval method in the course is built from these.
 
-Each encoder is an nn.Module whose forward(batch) reads one batch dict of
-course_lib.data.datasets and returns an EncoderOutput:
+Each encoder's forward(batch) reads a batch dict of course_lib.data.datasets and returns an
+EncoderOutput:
 
     tokens  (B, L, E)  one vector per region / patch / word (zero where mask is False)
     mask    (B, L)     bool, True where tokens holds a real region / patch / word
     pooled  (B, E)     the one vector a dual encoder compares with a dot product
 
 Image encoders read `regions` (B, R, D), `boxes` (B, R, 7), `region_mask` (B, R) or `pixels`
-(B, 3, H, W); text encoders read `input_ids`, `attention_mask` (B, T), as a tokenizer makes them
-([CLS] words [SEP] [PAD]..), and take that tokenizer's special ids as `special`
-(`SpecialTokens.of(tokenizer)`; default: the word tokenizer's). Nothing here L2-normalises:
-VSE++ and SCAN normalise (`l2_normalize`), LightningDOT compares raw dot products.
-`build_image_encoder` / `build_text_encoder` pick one by name.
+(B, 3, H, W); text encoders read `input_ids`, `attention_mask` (B, T) ([CLS] words [SEP] [PAD]..)
+and take the tokenizer's ids as `special` (`SpecialTokens.of(tokenizer)`; default: the word
+tokenizer's). Nothing here L2-normalises: VSE++ and SCAN do (`l2_normalize`), LightningDOT
+compares raw dot products. `build_image_encoder` / `build_text_encoder` pick one by name.
 
-    RegionTransformerEncoder  regions + boxes -> transformer with [CLS]   (LightningDOT §3, UNITER)
-    TransformerTextEncoder    words -> transformer, pooled = [CLS]        (LightningDOT §3, BERT-shaped)
-    PixelEncoder              pixels -> timm ViT or CNN                   (HiVLP, Fast & Slow)
-    BagOfWordsEncoder         mean of word embeddings                     (the simplest baseline)
-    BiGRUEncoder              bidirectional GRU, directions averaged      (VSE++, SCAN)
-    BertTextEncoder           BERT, pooled = [CLS] last hidden state      (LightningDOT §3)
+    RegionTransformerEncoder  regions + boxes -> transformer with [CLS]  (LightningDOT §3, UNITER)
+    TransformerTextEncoder    words -> transformer, pooled = [CLS]  (LightningDOT §3, BERT-shaped)
+    PixelEncoder              pixels -> timm ViT or CNN                  (HiVLP, Fast & Slow)
+    BagOfWordsEncoder         mean of word embeddings                    (the simplest baseline)
+    BiGRUEncoder              bidirectional GRU, directions averaged     (VSE++, SCAN)
+    BertTextEncoder           BERT, pooled = [CLS] last hidden state     (LightningDOT §3)
 """
 
 from __future__ import annotations
@@ -49,11 +48,9 @@ class EncoderOutput:
 
 
 def l2_normalize(x: torch.Tensor, dim: int = -1, eps: float = 1e-8) -> torch.Tensor:
-    """x / (||x|| + eps) along dim, as SCAN's l2norm: zero vectors (padding) stay zero.
-
-    The squared norm is clamped at eps**2 before the square root, whose gradient at 0 is infinite:
-    without it a zero vector (a GRU's padded output) gives NaN gradients. Norms above eps are
-    untouched, so the value equals SCAN's wherever it matters."""
+    """x / (||x|| + eps) along dim, as SCAN's l2norm: zero vectors (padding) stay zero. The squared
+    norm is clamped at eps**2 before the square root (infinite gradient at 0: a zero vector, a GRU's
+    padded output, would give NaN); norms above eps are untouched, so the value is SCAN's."""
     return x / (x.pow(2).sum(dim=dim, keepdim=True).clamp(min=eps * eps).sqrt() + eps)
 
 
@@ -64,8 +61,8 @@ def count_parameters(module: nn.Module, trainable_only: bool = True) -> int:
 
 def word_mask(input_ids: torch.Tensor, attention_mask: torch.Tensor,
               special: SpecialTokens = WORD_SPECIAL_TOKENS) -> torch.Tensor:
-    """(B, T) bool: True at real words, False at [CLS], [SEP] and padding, with the ids of the
-    tokenizer that made input_ids (special = SpecialTokens.of(tokenizer)). [UNK] counts as a word."""
+    """(B, T) bool: True at real words (and [UNK]), False at [CLS], [SEP] and padding; special =
+    SpecialTokens.of(the tokenizer that made input_ids)."""
     not_words = (input_ids == special.cls) | (input_ids == special.sep) | (input_ids == special.pad)
     return attention_mask.bool() & ~not_words
 
@@ -73,17 +70,13 @@ def word_mask(input_ids: torch.Tensor, attention_mask: torch.Tensor,
 # ----------------------------------------------------------------------------- images
 
 class RegionTransformerEncoder(nn.Module):
-    """Detector regions -> transformer encoder with a learned [CLS] slot (LightningDOT's image side).
-
-    Each region is embedded as UNITER's LN(Linear(feature)) + LN(Linear(box)) (blocks.RegionEmbedding);
-    the box is the only position information. There is no index embedding, because regions are a
-    set: permuting them permutes `tokens` and leaves `pooled` unchanged. Padded slots are masked out of
-    attention, so their content changes nothing. The blocks are the course's (course_lib.core.blocks).
-
-    tokens = all outputs, [CLS] at position 0 then the R regions: (B, 1 + R, hidden), mask likewise
-    (position 0 always True). pooled = the [CLS] output h0 (B, hidden). forward(batch,
-    return_layers=True) also fills `layers`: every block's states.
-    """
+    """Detector regions -> transformer with a learned [CLS] slot (LightningDOT's image side).
+    Each region is embedded as UNITER's LN(Linear(feature)) + LN(Linear(box))
+    (blocks.RegionEmbedding); the box is the only position information. No index embedding: regions
+    are a set, so permuting them permutes `tokens` and leaves `pooled` unchanged. Padded slots are
+    masked out of attention, so their content changes nothing.
+    tokens (B, 1 + R, hidden): [CLS] at position 0, then the R regions; mask likewise (position 0
+    always True). pooled = the [CLS] output h0 (B, hidden). return_layers=True fills `layers`."""
 
     def __init__(self, region_dim: int, hidden: int = 64, layers: int = 2, heads: int = 4,
                  dropout: float = 0.1, box_dim: int = 7):
@@ -98,31 +91,28 @@ class RegionTransformerEncoder(nn.Module):
         regions, boxes = batch["regions"], batch["boxes"]  # (B, R, D), (B, R, 7)
         region_mask = batch["region_mask"].bool()  # (B, R)
         B = regions.shape[0]
-        x = torch.cat([self.cls.expand(B, -1, -1), self.embed(regions, boxes)], dim=1)  # (B, 1+R, H)
+        cls = self.cls.expand(B, -1, -1)  # (B, 1, H)
+        x = torch.cat([cls, self.embed(regions, boxes)], dim=1)  # (B, 1+R, H)
         mask = torch.cat([region_mask.new_ones(B, 1), region_mask], dim=1)  # (B, 1+R)
         return _transformer_output(self.transformer, self.dropout(x), mask, return_layers)
 
 
 def _transformer_output(transformer: Transformer, x, mask, return_layers: bool) -> EncoderOutput:
-    """Run the shared stack; padded outputs are meaningless, so they are zeroed; pooled = position 0."""
-    h, layers = transformer(x, mask, return_layers=True) if return_layers else (transformer(x, mask), None)
+    """Run the shared stack; padded outputs are meaningless, so zeroed; pooled = position 0."""
+    h, layers = (transformer(x, mask, return_layers=True) if return_layers
+                 else (transformer(x, mask), None))
     h = h.masked_fill(~mask.unsqueeze(-1), 0.0)  # (B, L, H)
     return EncoderOutput(tokens=h, mask=mask, pooled=h[:, 0], layers=layers)
 
 
 class PixelEncoder(nn.Module):
     """Pixels -> a timm backbone (ViT or CNN), optionally projected to out_dim.
-
-    model_name=None builds the course's tiny ViT for the synthetic 32x32 images (timm's
-    vit_tiny_patch16_224 architecture resized by TINY_VIT_KWARGS, random weights). A timm name
-    (e.g. "vit_base_patch16_224", "resnet50") with pretrained=True is the path for real data; the
-    weights are downloaded once, so it needs internet or the Hugging Face cache.
-
+    model_name=None: the course's tiny ViT for the synthetic 32x32 images (vit_tiny_patch16_224
+    resized by TINY_VIT_KWARGS, random weights). A timm name ("vit_base_patch16_224", "resnet50")
+    with pretrained=True is the path for real data (downloaded once: internet or the HF cache).
     tokens = forward_features: ViT (B, prefix + P, C) with [CLS] (and any register tokens) first;
-    CNN feature map (B, C, h, w) flattened to (B, h*w, C). mask all True. pooled = the backbone's
-    own pre-logits pooling (forward_head(pre_logits=True)): the [CLS] token for a ViT, the mean
-    over the grid for a CNN.
-    """
+    CNN map (B, C, h, w) flattened to (B, h*w, C). mask all True. pooled = the backbone's own
+    pre-logits pooling: [CLS] for a ViT, the mean over the grid for a CNN."""
 
     def __init__(self, model_name: str | None = None, pretrained: bool = False,
                  out_dim: int | None = None, **timm_kwargs):
@@ -131,8 +121,9 @@ class PixelEncoder(nn.Module):
 
         if model_name is None:
             if pretrained:
-                raise ValueError("the tiny ViT (model_name=None) has no pretrained weights; pass a timm "
-                                 "name, e.g. PixelEncoder('vit_base_patch16_224', pretrained=True)")
+                raise ValueError("the tiny ViT (model_name=None) has no pretrained weights; pass a "
+                                 "timm name, e.g. PixelEncoder('vit_base_patch16_224', "
+                                 "pretrained=True)")
             self.backbone = timm.create_model(TINY_VIT_NAME, pretrained=False, num_classes=0,
                                               **{**TINY_VIT_KWARGS, **timm_kwargs})
         else:
@@ -146,9 +137,10 @@ class PixelEncoder(nn.Module):
                     raise
                 raise hub_error(
                     f"timm model {model_name!r} with pretrained weights", e,
-                    "A weights file on disk can be given as pretrained_cfg_overlay=dict(file=PATH). "
-                    f"Offline, use random weights: PixelEncoder({model_name!r}, pretrained=False), or "
-                    "the tiny ViT: PixelEncoder() for the synthetic 32x32 images.") from e
+                    "A weights file on disk can be given as "
+                    "pretrained_cfg_overlay=dict(file=PATH). Offline, use random weights: "
+                    f"PixelEncoder({model_name!r}, pretrained=False), "
+                    "or the tiny ViT: PixelEncoder() for the synthetic 32x32 images.") from e
         width = self.backbone.num_features
         self.proj = nn.Linear(width, out_dim) if out_dim is not None else nn.Identity()
         self.out_dim = out_dim if out_dim is not None else width
@@ -169,14 +161,13 @@ class PixelEncoder(nn.Module):
 
 class BagOfWordsEncoder(nn.Module):
     """Word embeddings, pooled by their mean over the real words.
+    tokens (B, T, hidden): every position's embedding, [CLS] and [SEP] included, zero at padding;
+    mask = attention_mask. pooled = mean over the words only ([CLS] and [SEP] are in every caption:
+    they would add the same offset to every vector). `special`: the tokenizer's ids ([PAD] is the
+    padding_idx)."""
 
-    tokens = the embeddings of every position (B, T, hidden), [CLS] and [SEP] included, zero at
-    padding; mask = attention_mask. pooled = mean over the words only: [CLS] and [SEP] are in every
-    caption, so they would only add the same offset to every vector. `special`: the tokenizer's ids
-    ([PAD] is the padding_idx, [CLS] / [SEP] are left out of the mean).
-    """
-
-    def __init__(self, vocab_size: int, hidden: int = 64, special: SpecialTokens = WORD_SPECIAL_TOKENS):
+    def __init__(self, vocab_size: int, hidden: int = 64,
+                 special: SpecialTokens = WORD_SPECIAL_TOKENS):
         super().__init__()
         self.special = special  # a plain attribute: not in the state_dict
         self.embed = nn.Embedding(vocab_size, hidden, padding_idx=special.pad)
@@ -192,22 +183,19 @@ class BagOfWordsEncoder(nn.Module):
 
 class BiGRUEncoder(nn.Module):
     """Word embeddings -> bidirectional GRU over packed sequences (VSE++ / SCAN's text side).
-
-    Packing makes the GRU stop at each caption's last real token, so padding changes nothing.
-    tokens = the mean of the forward and backward outputs at each position (SCAN's bi-GRU
-    averaging), (B, T, hidden), exactly zero at padding; mask = attention_mask. pooled = the mean of
-    the last layer's two final states: forward after the last token, backward after the first
-    (VSE++ takes the last output of a one-way GRU; this is its bidirectional counterpart).
-    [CLS] and [SEP] are read like any word; `special` gives the tokenizer's [PAD] (the padding_idx).
-    """
+    Packing stops the GRU at each caption's last real token, so padding changes nothing. tokens
+    (B, T, hidden) = the mean of the forward and backward outputs (SCAN's bi-GRU averaging), zero at
+    padding; mask = attention_mask. pooled = the mean of the last layer's two final states (VSE++
+    takes a one-way GRU's last output; this is its bidirectional counterpart). [CLS] and [SEP] are
+    read like any word; `special` gives the tokenizer's [PAD] (the padding_idx)."""
 
     def __init__(self, vocab_size: int, embed_dim: int = 64, hidden: int = 64, layers: int = 1,
                  dropout: float = 0.0, special: SpecialTokens = WORD_SPECIAL_TOKENS):
         super().__init__()
         self.special = special
         self.embed = nn.Embedding(vocab_size, embed_dim, padding_idx=special.pad)
-        self.gru = nn.GRU(embed_dim, hidden, num_layers=layers, batch_first=True, bidirectional=True,
-                          dropout=dropout if layers > 1 else 0.0)
+        self.gru = nn.GRU(embed_dim, hidden, num_layers=layers, batch_first=True,
+                          bidirectional=True, dropout=dropout if layers > 1 else 0.0)
         self.hidden = hidden
         self.out_dim = hidden
 
@@ -220,7 +208,7 @@ class BiGRUEncoder(nn.Module):
         packed = pack_padded_sequence(self.embed(input_ids), lengths.cpu(), batch_first=True,
                                       enforce_sorted=False)
         out, h_n = self.gru(packed)  # h_n (layers*2, B, H), already back in batch order
-        out, _ = pad_packed_sequence(out, batch_first=True, total_length=T)  # (B, T, 2H), zero-padded
+        out, _ = pad_packed_sequence(out, batch_first=True, total_length=T)  # (B, T, 2H), 0-padded
         tokens = out.view(B, T, 2, self.hidden).mean(2)  # (B, T, H)
         pooled = (h_n[-2] + h_n[-1]) / 2  # (B, H) last layer: forward, backward
         return EncoderOutput(tokens=tokens, mask=mask, pooled=pooled)
@@ -228,16 +216,14 @@ class BiGRUEncoder(nn.Module):
 
 class TransformerTextEncoder(nn.Module):
     """Words -> the course's transformer (course_lib.core.blocks), pooled = the [CLS] output z0.
-
-    BERT's input (word + learned position embeddings, LayerNorm, dropout) and BERT's size knobs, on
-    the same pre-LN block every encoder of the course uses (BERT itself is post-LN; pre-LN trains from
-    random weights more easily and lets HiVLP / U-BERT read any layer). For pretrained weights use
-    BertTextEncoder(pretrained_name=...). tokens (B, T, hidden), zero at padding; mask =
-    attention_mask; return_layers=True fills `layers`. `special`: the tokenizer's ids ([PAD]).
-    """
+    BERT's input (word + learned position embeddings, LayerNorm, dropout) and size knobs, on the
+    pre-LN block of every encoder here (BERT is post-LN; pre-LN trains from random weights more
+    easily and lets HiVLP / U-BERT read any layer). Pretrained weights: BertTextEncoder. tokens
+    (B, T, hidden), zero at padding; mask = attention_mask; return_layers=True fills `layers`."""
 
     def __init__(self, vocab_size: int, hidden: int = 64, layers: int = 2, heads: int = 4,
-                 max_length: int = 64, dropout: float = 0.1, special: SpecialTokens = WORD_SPECIAL_TOKENS):
+                 max_length: int = 64, dropout: float = 0.1,
+                 special: SpecialTokens = WORD_SPECIAL_TOKENS):
         super().__init__()
         self.special = special  # a plain attribute: not in the state_dict
         self.word = nn.Embedding(vocab_size, hidden, padding_idx=special.pad)
@@ -254,16 +240,18 @@ class TransformerTextEncoder(nn.Module):
         input_ids, mask = batch["input_ids"], batch["attention_mask"].bool()  # (B, T)
         T = input_ids.shape[1]
         if T > self.max_length:
-            raise ValueError(f"texts of {T} tokens, but this encoder has {self.max_length} positions: "
-                             "tokenise with a smaller max_length or build it with a larger max_length")
-        x = self.norm(self.word(input_ids) + self.position(torch.arange(T, device=input_ids.device)))
-        return _transformer_output(self.transformer, self.dropout(x), mask, return_layers)  # (B, T, H)
+            raise ValueError(f"texts of {T} tokens, but this encoder has {self.max_length} "
+                             "positions: tokenise with a smaller max_length or build it with a "
+                             "larger max_length")
+        positions = torch.arange(T, device=input_ids.device)  # (T,)
+        x = self.norm(self.word(input_ids) + self.position(positions))  # (B, T, H)
+        return _transformer_output(self.transformer, self.dropout(x), mask, return_layers)
 
 
 def _bert_without_pooler(name: str, **kwargs):
-    """BertModel.from_pretrained without the pooler (LightningDOT reads [CLS]'s last state). transformers
-    reports the checkpoint's pooler weights as unexpected in a table on the console; leaving them out is the
-    point, so the table is held back, and a CourseNote names any weight the checkpoint lacks instead."""
+    """BertModel.from_pretrained without the pooler (LightningDOT reads [CLS]'s last state).
+    transformers' console table of the unused pooler weights is held back (leaving them out is the
+    point); a CourseNote names any weight the checkpoint lacks instead."""
     import warnings
 
     from transformers import BertModel
@@ -272,25 +260,22 @@ def _bert_without_pooler(name: str, **kwargs):
     level = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:
-        bert, info = BertModel.from_pretrained(name, add_pooling_layer=False, output_loading_info=True, **kwargs)
+        bert, info = BertModel.from_pretrained(name, add_pooling_layer=False,
+                                               output_loading_info=True, **kwargs)
     finally:
         hf_logging.set_verbosity(level)
     if info.get("missing_keys"):
-        warnings.warn(f"the pretrained BERT {name!r} lacks {sorted(info['missing_keys'])}: they start from random "
-                      "weights", CourseNote, stacklevel=3)
+        warnings.warn(f"the pretrained BERT {name!r} lacks {sorted(info['missing_keys'])}: they "
+                      "start from random weights", CourseNote, stacklevel=3)
     return bert
 
 
 class BertTextEncoder(nn.Module):
     """A BERT encoder (transformers' BertModel, no pooler); pooled = the [CLS] last hidden state.
-
-    LightningDOT takes h0 of the last layer, not BERT's tanh pooler, so the pooler is not built.
-    By default a small BERT with random weights over the tokenizer's ids: vocab_size = len(tokenizer),
-    [PAD] = special.pad (special = SpecialTokens.of(tokenizer), default the word tokenizer's).
-    pretrained_name (e.g. "bert-base-uncased") loads pretrained weights instead (hidden/layers/heads/
-    max_length then come from the checkpoint); its ids must come from the matching tokenizer:
-    tokenizer_for(split, name=pretrained_name).
-
+    LightningDOT takes the last layer's h0, not BERT's tanh pooler, so no pooler is built. Default:
+    a small BERT with random weights, vocab_size = len(tokenizer), [PAD] = special.pad.
+    pretrained_name (e.g. "bert-base-uncased") loads pretrained weights (hidden/layers/heads/
+    max_length then come from the checkpoint); tokenise with tokenizer_for(split, name=that name).
     tokens = last_hidden_state (B, T, hidden), [CLS] at 0, zero at padding; mask = attention_mask.
     """
 
@@ -310,24 +295,24 @@ class BertTextEncoder(nn.Module):
         else:
             self.bert = from_hub(lambda **kw: _bert_without_pooler(pretrained_name, **kw),
                                  f"the pretrained BERT {pretrained_name!r}",
-                                 "Offline, use random weights: BertTextEncoder(len(tokenizer)) (pretrained_name=None).")
+                                 "Offline, use random weights: BertTextEncoder(len(tokenizer)) "
+                                 "(pretrained_name=None).")
             if vocab_size is not None and vocab_size != self.bert.config.vocab_size:
                 raise ValueError(
                     f"vocab_size {vocab_size} does not match {pretrained_name!r}'s vocabulary of "
                     f"{self.bert.config.vocab_size}: tokenise with tokenizer_for(split, "
-                    f"name={pretrained_name!r}), not the word tokenizer"
-                )
+                    f"name={pretrained_name!r}), not the word tokenizer")
         self.out_dim = self.bert.config.hidden_size
         self.frozen: list[nn.Module] = []  # parts kept as loaded (freeze)
 
-    def freeze(self, trainable_layers: int = 0) -> "BertTextEncoder":
-        """Keep the embeddings and all but the last `trainable_layers` blocks as loaded: no gradient,
-        and in eval mode whatever train() says (no dropout). 0 = the whole encoder frozen (a linear
-        probe's text side); the BERT's number of layers = nothing frozen."""
+    def freeze(self, trainable_layers: int = 0) -> BertTextEncoder:
+        """Keep the embeddings and all but the last `trainable_layers` blocks as loaded: no
+        gradient, eval mode whatever train() says (no dropout). 0 = all frozen (a linear probe's
+        text side); the BERT's number of layers = nothing frozen."""
         layers = self.bert.encoder.layer
         if not 0 <= trainable_layers <= len(layers):
-            raise ValueError(f"trainable_layers must be in [0, {len(layers)}] (this BERT's layers), "
-                             f"got {trainable_layers}")
+            raise ValueError(f"trainable_layers must be in [0, {len(layers)}] (this BERT's "
+                             f"layers), got {trainable_layers}")
         for module in self.frozen:
             module.requires_grad_(True)
         self.frozen = [self.bert.embeddings, *layers[:len(layers) - trainable_layers]]
@@ -345,8 +330,9 @@ class BertTextEncoder(nn.Module):
         input_ids, attention_mask = batch["input_ids"], batch["attention_mask"]  # (B, T)
         limit = self.bert.config.max_position_embeddings
         if input_ids.shape[1] > limit:
-            raise ValueError(f"texts of {input_ids.shape[1]} tokens, but this BERT has {limit} positions: "
-                             "tokenise with a smaller max_length or build it with a larger max_length")
+            raise ValueError(f"texts of {input_ids.shape[1]} tokens, but this BERT has {limit} "
+                             "positions: tokenise with a smaller max_length or build it with a "
+                             "larger max_length")
         out = self.bert(input_ids=input_ids, attention_mask=attention_mask)
         mask = attention_mask.bool()
         tokens = out.last_hidden_state.masked_fill(~mask.unsqueeze(-1), 0.0)  # (B, T, H)
@@ -355,24 +341,26 @@ class BertTextEncoder(nn.Module):
 
 def pretrained_bert(name: str, vocab_size: int, hidden: int, config: str, why: str,
                     special: SpecialTokens = WORD_SPECIAL_TOKENS) -> BertTextEncoder:
-    """BertTextEncoder of a pretrained BERT name or folder (offline_weights.pretrained_text_path) for a model
-    whose width `hidden` must be the BERT's: otherwise a ValueError names `config`'s fix and `why`."""
-    encoder = BertTextEncoder(vocab_size, pretrained_name=pretrained_text_path(name), special=special)
+    """BertTextEncoder of a pretrained BERT name or folder (offline_weights.pretrained_text_path)
+    for a model whose width `hidden` must be the BERT's, else a ValueError names `config`'s fix and
+    `why`."""
+    encoder = BertTextEncoder(vocab_size, pretrained_name=pretrained_text_path(name),
+                              special=special)
     if encoder.out_dim != hidden:
-        raise ValueError(f"{name!r} is {encoder.out_dim} wide but hidden={hidden}: set {config}(hidden="
-                         f"{encoder.out_dim}), {why}")
+        raise ValueError(f"{name!r} is {encoder.out_dim} wide but hidden={hidden}: set "
+                         f"{config}(hidden={encoder.out_dim}), {why}")
     return encoder
 
 
 # ----------------------------------------------------------------------------- factories
 
 IMAGE_ENCODERS = {"regions": RegionTransformerEncoder, "pixels": PixelEncoder}
-TEXT_ENCODERS = {"bow": BagOfWordsEncoder, "gru": BiGRUEncoder, "transformer": TransformerTextEncoder,
-                 "bert": BertTextEncoder}
+TEXT_ENCODERS = {"bow": BagOfWordsEncoder, "gru": BiGRUEncoder,
+                 "transformer": TransformerTextEncoder, "bert": BertTextEncoder}
 
 
 def build_image_encoder(kind: str, **kwargs) -> nn.Module:
-    """kind "regions" (kwargs: region_dim, hidden, ...) or "pixels" (model_name, pretrained, ...)."""
+    """kind "regions" (kwargs region_dim, hidden, ...) or "pixels" (model_name, pretrained, ...)."""
     if kind not in IMAGE_ENCODERS:
         raise ValueError(f"unknown image encoder {kind!r}; valid kinds: {sorted(IMAGE_ENCODERS)}")
     return IMAGE_ENCODERS[kind](**kwargs)
@@ -387,6 +375,6 @@ def build_text_encoder(kind: str, vocab_size: int, **kwargs) -> nn.Module:
 
 
 __all__ = ["EncoderOutput", "RegionTransformerEncoder", "PixelEncoder", "BagOfWordsEncoder",
-           "BiGRUEncoder", "TransformerTextEncoder", "BertTextEncoder", "pretrained_bert", "build_image_encoder", "build_text_encoder",
-           "l2_normalize", "count_parameters", "word_mask", "IMAGE_ENCODERS", "TEXT_ENCODERS",
-           "TINY_VIT_NAME", "TINY_VIT_KWARGS"]
+           "BiGRUEncoder", "TransformerTextEncoder", "BertTextEncoder", "pretrained_bert",
+           "build_image_encoder", "build_text_encoder", "l2_normalize", "count_parameters",
+           "word_mask", "IMAGE_ENCODERS", "TEXT_ENCODERS", "TINY_VIT_NAME", "TINY_VIT_KWARGS"]

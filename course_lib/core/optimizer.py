@@ -1,5 +1,5 @@
-"""LightningDOT's optimisation recipe, which every model of the course trains with: AdamW with weight
-decay on matrices only, and a learning rate warmed up linearly, then decayed linearly to 0."""
+"""LightningDOT's optimisation recipe, which every model of the course trains with: AdamW with
+weight decay on matrices only, the learning rate warmed up linearly, then decayed linearly to 0."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ def param_groups(model: nn.Module, weight_decay: float, lr: float | None = None,
                  lr_scales: dict | None = None) -> list[dict]:
     """AdamW groups: 2-D+ tensors decayed, 1-D tensors (biases, norm weights) not. lr_scales maps a
     parameter-name prefix to a multiplier of `lr` (e.g. {"text_encoder.": 0.1}: a pretrained part
-    fine-tuned at a tenth of the rate of the layers trained from nothing, as BERT fine-tuning wants);
-    those parameters get groups of their own, with "lr" set. The unscaled groups come first."""
+    fine-tuned at a tenth of the new layers' rate, as BERT fine-tuning wants), in groups of their
+    own with "lr" set, after the unscaled groups."""
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if not named:
         raise ValueError("the model has no trainable parameters (all have requires_grad=False)")
@@ -27,8 +27,8 @@ def param_groups(model: nn.Module, weight_decay: float, lr: float | None = None,
         raise ValueError("lr_scales multiply lr: pass lr as well")
     unknown = [prefix for prefix in scales if not any(n.startswith(prefix) for n, _ in named)]
     if unknown:
-        raise ValueError(f"lr_scales names {unknown}, which start no trainable parameter's name (e.g. "
-                         f"{named[0][0]!r}); give prefixes of model.named_parameters()")
+        raise ValueError(f"lr_scales names {unknown}, which start no trainable parameter's name "
+                         f"(e.g. {named[0][0]!r}); give prefixes of model.named_parameters()")
 
     def scale_of(name: str) -> float:  # the longest matching prefix wins
         matches = [prefix for prefix in scales if name.startswith(prefix)]
@@ -38,20 +38,23 @@ def param_groups(model: nn.Module, weight_decay: float, lr: float | None = None,
     for scale in [1.0] + sorted(set(scales.values()) - {1.0}):
         params = [(n, p) for n, p in named if scale_of(n) == scale]
         extra = {} if scale == 1.0 else {"lr": lr * scale}
-        groups += [{"params": [p for _, p in params if p.dim() >= 2], "weight_decay": weight_decay, **extra},
+        groups += [{"params": [p for _, p in params if p.dim() >= 2],
+                    "weight_decay": weight_decay, **extra},
                    {"params": [p for _, p in params if p.dim() < 2], "weight_decay": 0.0, **extra}]
     return [g for g in groups if g["params"]] if scales else groups
 
 
-def pretrained_lr_scales(prefix: str, scale: float | None, text_encoder: str | None, config: str) -> dict | None:
-    """TrainConfig.lr_scales of a pretrained text encoder (the parameters under `prefix`) at `scale` times
-    the stage's rate, or None (one rate) when scale is None. A scale needs a pretrained encoder
-    (`text_encoder` set): otherwise a ValueError names `config`'s fields."""
+def pretrained_lr_scales(prefix: str, scale: float | None, text_encoder: str | None,
+                         config: str) -> dict | None:
+    """TrainConfig.lr_scales of a pretrained text encoder (parameters under `prefix`) at `scale`
+    times the stage's rate; None (one rate) when scale is None. A scale needs a pretrained encoder
+    (`text_encoder` set), else a ValueError names `config`'s fields."""
     if scale is None:
         return None
     if text_encoder is None or scale <= 0:
-        raise ValueError(f"{config}(text_encoder_lr_scale={scale}) scales a pretrained text encoder's rate: set "
-                         "text_encoder (e.g. offline_weights.MINILM_NAME) and a scale > 0, or leave it None")
+        raise ValueError(f"{config}(text_encoder_lr_scale={scale}) scales a pretrained text "
+                         "encoder's rate: set text_encoder (e.g. offline_weights.MINILM_NAME) and "
+                         "a scale > 0, or leave it None")
     return {prefix: scale}
 
 

@@ -1,18 +1,18 @@
-"""Search over embedded galleries: exact and approximate FAISS indexes (PQ-compressed ones too) and
-their brute-force reference. Measuring them (recall against exact search, latency, storage) is
-`course_lib.core.index_eval`; growing galleries for timing is `course_lib.core.tiling`.
+"""Search over embedded galleries: exact and approximate FAISS indexes (PQ-compressed too) and
+their brute-force reference. Measuring them is course_lib.core.index_eval; growing galleries for
+timing is course_lib.core.tiling.
 
-A dual encoder turns retrieval into maximum inner-product search: the gallery is embedded once,
-offline, and a query costs one text encoding plus a top-k over N dot products. FAISS does that
-top-k on the CPU without building the (Q, N) score matrix in Python:
+A dual encoder makes retrieval maximum inner-product search: the gallery is embedded once,
+offline; a query costs one text encoding plus a top-k over N dot products, which FAISS does on the
+CPU without building the (Q, N) score matrix in Python:
 
     index = build_index(image_emb)                  # (N, E), "flat" = exact IndexFlatIP
     scores, indices = search(index, text_emb, k=10)  # (Q, k) numpy, best first
     brute_force_topk(image_emb, text_emb, k=10)      # the same with torch: the reference
 
-For L2-normalised embeddings (VSE++) inner product is cosine similarity; LightningDOT compares raw
-dot products, which the same index serves. `INDEX_KINDS` maps a name to a builder; besides the exact
-"flat" there are four approximate kinds, all searched by inner product:
+For L2-normalised embeddings (VSE++) inner product is cosine similarity; LightningDOT's raw dot
+products use the same index. `INDEX_KINDS` maps a name to a builder; besides the exact "flat",
+four approximate kinds, all searched by inner product:
 
     build_index(x, "ivf", nlist=64, nprobe=8)   # k-means lists; a query scans its nprobe best
     build_index(x, "hnsw", M=32, ef_search=64)  # a graph walk keeping ef_search candidates
@@ -20,18 +20,17 @@ dot products, which the same index serves. `INDEX_KINDS` maps a name to a builde
     build_index(x, "hnswpq", m=16, nbits=8)     # HNSW over product-quantised codes
     set_search_params(index, nprobe=16)         # the search-time knob: more recall, more time
 
-Product quantisation (PQ; Jégou et al., TPAMI 2011) cuts a vector into m sub-vectors and stores the
-id of each one's nearest of 2^nbits learnt centroids: m * nbits / 8 bytes instead of 4 * dim, with
-approximate scores.
-"""
+Product quantisation (PQ; Jégou et al., TPAMI 2011) cuts a vector into m sub-vectors and stores
+each one's nearest of 2^nbits learnt centroids: m * nbits / 8 bytes instead of 4 * dim, with
+approximate scores."""
 
 from __future__ import annotations
 
 import inspect
 import math
 import warnings
+from collections.abc import Callable
 from contextlib import contextmanager
-from typing import Callable
 
 import faiss
 import numpy as np
@@ -41,17 +40,18 @@ from course_lib.core.settings import CourseNote
 
 # FAISS k-means warns below this many training points per centroid; IVF's nlist is capped by it
 MIN_POINTS_PER_LIST = 39
-# FAISS >= 1.15 scores nq rows with its own loop while nq * dim < 128,000, with BLAS above; on one
-# thread BLAS wins from nq * dim ~ 800 (facebookresearch/faiss#5109): PQ training is 30x faster.
+# FAISS >= 1.15 scores nq rows with its own loop while nq * dim < 128,000, with BLAS above; BLAS
+# wins far earlier (facebookresearch/faiss#5109; docs/tuning_notes.md, "FAISS's BLAS switch").
 BLAS_SWITCH_PER_THREAD = 800
 
 
 @contextmanager
 def blas_switch(per_thread: int = BLAS_SWITCH_PER_THREAD):
-    """Within the block, FAISS uses BLAS from nq * dim >= per_thread * its threads (never later than
-    its default); the switch is restored after. build_index trains inside one."""
+    """Within the block, FAISS uses BLAS from nq * dim >= per_thread * its threads (never later
+    than its default); restored after. build_index trains inside one."""
     before = faiss.cvar.distance_compute_blas_threshold
-    faiss.cvar.distance_compute_blas_threshold = min(before, per_thread * faiss.omp_get_max_threads())
+    faiss.cvar.distance_compute_blas_threshold = min(before,
+                                                     per_thread * faiss.omp_get_max_threads())
     try:
         yield
     finally:
@@ -89,19 +89,17 @@ def _ivf(quantizer_to_index, dim: int, n: int, nlist: int | None, nprobe: int) -
 
 def _ivf_flat(dim: int, n: int, *, nlist: int | None = None, nprobe: int = 8) -> faiss.Index:
     """IVF: k-means splits the gallery into nlist lists; a query scans only its nprobe best lists.
-
-    nlist defaults to about 4 sqrt(n); any nlist is clamped to [1, n // 39] so that every list
-    gets enough training points. nprobe is capped at nlist (nprobe = nlist scans everything).
-    """
+    nlist defaults to about 4 sqrt(n), clamped to [1, n // 39] so that every list gets enough
+    training points; nprobe is capped at nlist (nprobe = nlist scans everything)."""
     return _ivf(lambda q, nlist: faiss.IndexIVFFlat(q, dim, nlist, faiss.METRIC_INNER_PRODUCT),
                 dim, n, nlist, nprobe)
 
 
 def _pq_shape(dim: int, n: int, m: int | None, nbits: int) -> tuple[int, int]:
     """Checked (m, nbits) of a product quantiser for dim-d vectors trained on n of them. m defaults
-    to dim / 4 (sub-vectors of 4 numbers: 16 bytes for the course's 64-d vectors), or the largest
-    divisor of dim below that. Each sub-quantiser learns 2^nbits centroids by k-means, so n must be
-    at least 2^nbits; fewer than 39 training vectors per centroid only warns."""
+    to dim / 4 (sub-vectors of 4 numbers: 16 bytes for 64-d vectors), or the largest divisor of dim
+    below that. Each sub-quantiser learns 2^nbits centroids by k-means, so n >= 2^nbits; fewer than
+    39 training vectors per centroid only warns."""
     if m is None:
         m = max(d for d in range(1, max(1, dim // 4) + 1) if dim % d == 0)
     if _positive_int("m", m) > dim or dim % m:
@@ -109,10 +107,11 @@ def _pq_shape(dim: int, n: int, m: int | None, nbits: int) -> tuple[int, int]:
         raise ValueError(f"m={m} sub-quantizers must divide the dimension {dim} evenly; "
                          f"pick one of {divisors}")
     if _positive_int("nbits", nbits) > 16:
-        raise ValueError(f"nbits must be an integer in [1, 16], got {nbits}; 8 is the usual choice")
+        raise ValueError(f"nbits must be an integer in [1, 16], got {nbits}; 8 is the usual "
+                         "choice")
     if n < 2 ** nbits:
-        raise ValueError(f"nbits={nbits} trains {2 ** nbits} centroids per sub-vector but only {n} "
-                         f"vectors train it; pass nbits <= {max(1, int(math.log2(n)))} or a "
+        raise ValueError(f"nbits={nbits} trains {2 ** nbits} centroids per sub-vector but only "
+                         f"{n} vectors train it; pass nbits <= {max(1, int(math.log2(n)))} or a "
                          "larger gallery (or use 'ivf' / 'hnsw', which store the vectors)")
     if n < MIN_POINTS_PER_LIST * 2 ** nbits:
         warnings.warn(f"PQ with nbits={nbits} is trained on {n} vectors, fewer than "
@@ -122,14 +121,15 @@ def _pq_shape(dim: int, n: int, m: int | None, nbits: int) -> tuple[int, int]:
     return int(m), int(nbits)
 
 
-def _ivf_pq(dim: int, n: int, *, nlist: int | None = None, nprobe: int = 8, m: int | None = None,
-            nbits: int = 8) -> faiss.Index:
-    """IVF-PQ: the IVF lists of "ivf", holding m * nbits / 8-byte PQ codes of each vector's
-    residual from its list centroid (m, nbits: see _pq_shape). Scores are approximate even in a
-    probed list, so probing every list is not exact search."""
+def _ivf_pq(dim: int, n: int, *, nlist: int | None = None, nprobe: int = 8,
+            m: int | None = None, nbits: int = 8) -> faiss.Index:
+    """IVF-PQ: the lists of "ivf", holding m * nbits / 8-byte PQ codes of each vector's residual
+    from its list centroid (m, nbits: see _pq_shape). Scores are approximate even in a probed list,
+    so probing every list is not exact search."""
     m, nbits = _pq_shape(dim, n, m, nbits)
     index = _ivf(lambda q, nlist: faiss.IndexIVFPQ(q, dim, nlist, m, nbits,
-                                                   faiss.METRIC_INNER_PRODUCT), dim, n, nlist, nprobe)
+                                                   faiss.METRIC_INNER_PRODUCT),
+                 dim, n, nlist, nprobe)
     index.pq.cp.min_points_per_centroid = 1  # _pq_shape warned already; silence FAISS's note
     return index
 
@@ -137,10 +137,8 @@ def _ivf_pq(dim: int, n: int, *, nlist: int | None = None, nprobe: int = 8, m: i
 def _hnsw_flat(dim: int, n: int, *, M: int = 32, ef_search: int = 64,
                ef_construction: int = 80) -> faiss.Index:
     """HNSW: a layered graph with M links per node (2M on the bottom layer), walked greedily.
-
     ef_construction candidates are kept while inserting (a better graph, a slower build),
-    ef_search while searching (more recall, more time; keep it >= the k you search for).
-    """
+    ef_search while searching (more recall, more time; keep it >= the k you search for)."""
     index = faiss.IndexHNSWFlat(dim, _positive_int("M", M, minimum=2), faiss.METRIC_INNER_PRODUCT)
     index.hnsw.efConstruction = _positive_int("ef_construction", ef_construction)
     index.hnsw.efSearch = _positive_int("ef_search", ef_search)
@@ -160,9 +158,8 @@ def _hnsw_pq(dim: int, n: int, *, M: int = 32, ef_search: int = 64, ef_construct
     return index
 
 
-# name -> builder(dim, n, **params) returning an empty index for a gallery trained on n vectors
-# of dim; its keyword-only arguments are the parameters build_index accepts for that kind. An index
-# that needs training (IVF, PQ) is trained by build_index before the gallery is added.
+# name -> builder(dim, n, **params): an empty index trained on n vectors of dim; its keyword-only
+# arguments are the parameters build_index accepts. build_index trains IVF / PQ before adding.
 INDEX_KINDS: dict[str, Callable[..., faiss.Index]] = {
     "flat": _flat_ip, "ivf": _ivf_flat, "hnsw": _hnsw_flat, "ivfpq": _ivf_pq, "hnswpq": _hnsw_pq}
 
@@ -176,10 +173,8 @@ def index_params(kind: str) -> list[str]:
 
 
 def as_float32_matrix(x, name: str = "embeddings") -> np.ndarray:
-    """x (torch tensor on any device, or array-like) as a C-contiguous float32 (n, E) numpy array.
-
-    FAISS reads only contiguous float32 rows on the CPU; a 1-D x is taken as a single row.
-    """
+    """x (torch tensor on any device, or array-like) as a C-contiguous float32 (n, E) numpy array,
+    which is all FAISS reads; a 1-D x is one row."""
     if isinstance(x, torch.Tensor):
         x = x.detach().to("cpu", torch.float32).numpy()
     x = np.asarray(x)
@@ -201,13 +196,11 @@ def as_float32_matrix(x, name: str = "embeddings") -> np.ndarray:
 def build_index(embeddings, kind: str = "flat", *, train_size: int | None = None,
                 **params) -> faiss.Index:
     """A FAISS index over the rows of embeddings (N, E), searched by inner product.
-
-    kind "flat" is exact (`faiss.IndexFlatIP`): the reference every approximate index is measured
-    against. "ivf" (`IndexIVFFlat`; params nlist, nprobe), "hnsw" (`IndexHNSWFlat`; params M,
-    ef_search, ef_construction), "ivfpq" (`IndexIVFPQ`; ivf's and m, nbits) and "hnswpq"
-    (`IndexHNSWPQ`; hnsw's and m, nbits) are approximate; their builders give the defaults. The
-    vectors are copied (float32, CPU). train_size: kinds that learn (IVF lists, PQ codebooks) learn
-    from a fixed random sample of that many rows, not all N (nlist and nbits are checked against it).
+    kind "flat" is exact (`faiss.IndexFlatIP`), the reference for every approximate one: "ivf"
+    (`IndexIVFFlat`; nlist, nprobe), "hnsw" (`IndexHNSWFlat`; M, ef_search, ef_construction),
+    "ivfpq" (`IndexIVFPQ`; ivf's and m, nbits), "hnswpq" (`IndexHNSWPQ`; hnsw's and m, nbits);
+    their builders give the defaults. The vectors are copied (float32, CPU). train_size: kinds that
+    learn (IVF lists, PQ codebooks) learn from a fixed random sample of that many rows, not all N.
     """
     valid = index_params(kind)  # also rejects an unknown kind
     unknown = sorted(set(params) - set(valid))
@@ -234,19 +227,17 @@ def build_index(embeddings, kind: str = "flat", *, train_size: int | None = None
 def _inner_product_code_table(pq: faiss.ProductQuantizer) -> None:
     """HNSW links a node by comparing its similarity to the new item with node-to-node ones, which
     IndexHNSWPQ reads from pq.sdc_table: squared L2 between centroids, even under inner product
-    (faiss/IndexPQ.cpp), so its graph degrades (k-recall@10 0.44 instead of 0.97 on unit vectors).
+    (faiss/IndexPQ.cpp), so its graph degrades (docs/tuning_notes.md, "HNSW-PQ's code table").
     We fill the table with centroid inner products, summing to <decoded i, decoded j>."""
-    centroids = faiss.vector_to_array(pq.centroids).reshape(pq.M, pq.ksub, pq.dsub)  # (M, K, d_sub)
+    centroids = faiss.vector_to_array(pq.centroids).reshape(pq.M, pq.ksub, pq.dsub)  # (M, K, d)
     table = np.einsum("mid,mjd->mji", centroids, centroids)  # (M, K, K): [m, code j, code i]
     faiss.copy_array_to_vector(np.ascontiguousarray(table, dtype=np.float32).ravel(), pq.sdc_table)
 
 
 def search(index: faiss.Index, queries, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Top-k gallery items per query: (scores (Q, k) float32, indices (Q, k) int64), best first.
-
-    queries: (Q, E) or one (E,) vector (-> Q = 1). k is capped at the index size, so k = 10 on a
-    5-item gallery returns 5 columns rather than FAISS's padding of -1 indices.
-    """
+    queries: (Q, E) or one (E,) vector (Q = 1). k is capped at the index size: k = 10 on a 5-item
+    gallery returns 5 columns, not FAISS's padding of -1 indices."""
     if not isinstance(k, (int, np.integer)) or k < 1:
         raise ValueError(f"k must be an integer >= 1, got {k!r}")
     if index.ntotal == 0:
@@ -262,10 +253,8 @@ def search(index: faiss.Index, queries, k: int) -> tuple[np.ndarray, np.ndarray]
 def brute_force_topk(gallery: torch.Tensor, queries: torch.Tensor,
                      k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The exact top-k by inner product with torch on the tensors' own device (the reference).
-
-    gallery (N, E), queries (Q, E) or (E,); returns (scores (Q, k), indices (Q, k)) with k capped
-    at N, best first. Builds the whole (Q, N) score matrix: fine for teaching-sized galleries.
-    """
+    gallery (N, E), queries (Q, E) or (E,); returns (scores (Q, k), indices (Q, k)), k capped at N,
+    best first. Builds the whole (Q, N) score matrix: fine for teaching-sized galleries."""
     if not isinstance(k, (int, np.integer)) or k < 1:
         raise ValueError(f"k must be an integer >= 1, got {k!r}")
     gallery, queries = torch.as_tensor(gallery), torch.as_tensor(queries)
@@ -282,10 +271,8 @@ def brute_force_topk(gallery: torch.Tensor, queries: torch.Tensor,
 def set_search_params(index: faiss.Index, *, nprobe: int | None = None,
                       ef_search: int | None = None) -> faiss.Index:
     """Change the search-time knob of a built index in place (no rebuild); returns the index.
-
-    nprobe: IVF lists scanned per query (capped at nlist). ef_search: HNSW candidates kept per
-    query. Each applies only to its own kind of index.
-    """
+    nprobe: IVF lists scanned per query (capped at nlist); ef_search: HNSW candidates kept per
+    query. Each applies only to its own kind of index."""
     if nprobe is None and ef_search is None:
         raise ValueError("nothing to set: pass nprobe= (IVF indexes) or ef_search= (HNSW indexes)")
     name = type(index).__name__
@@ -318,5 +305,5 @@ def current_params(index: faiss.Index) -> dict:
     return params
 
 
-__all__ = ["INDEX_KINDS", "as_float32_matrix", "build_index", "index_params", "search", "set_search_params",
-           "brute_force_topk", "current_params", "blas_switch"]
+__all__ = ["INDEX_KINDS", "as_float32_matrix", "build_index", "index_params", "search",
+           "set_search_params", "brute_force_topk", "current_params", "blas_switch"]

@@ -1,29 +1,26 @@
-"""The online text query, lean: one caption in, the top k gallery items out, and nothing on the way
-that does not have to be there (notebook 03, section 10, measures every step).
+"""The online text query, lean: one caption in, the top k gallery items out, and nothing on the
+way that need not be there (notebook 03, section 10, measures every step).
 
-The arithmetic of a dot-product query is microseconds: LightningDOT's 2-layer, 64-wide encoder over 13
-tokens is 2.6 MFLOP, an exact search of 1,000 64-d vectors 0.13 MFLOP. The eager path around it (the
-course's query_fn, `backend="reference"`) costs many times that (notebook 03 measures it;
-docs/tuning_notes.md, "The online query path"): the Hugging Face tokenizer's Python front end
-re-deciding padding, truncation and tensor types on every call, a dict of tensors, dozens of PyTorch
-operator dispatches with autograd bookkeeping, and `retrieval.search`'s input checks.
-Here each of those is paid once, when the path is built:
+A dot-product query's arithmetic is microseconds: LightningDOT's 2-layer, 64-wide encoder over 13
+tokens is 2.6 MFLOP, an exact search of 1,000 64-d vectors 0.13 MFLOP. The eager path around it
+(the course's query_fn, `backend="reference"`) costs many times that (docs/tuning_notes.md, "The
+online query path"): the Hugging Face tokenizer's Python front end re-deciding padding,
+truncation and tensor types per call, a dict of tensors, dozens of PyTorch operator dispatches
+with autograd bookkeeping, `retrieval.search`'s input checks. Here each is paid once, at build:
 
-    QueryTokenizer  a private copy of the tokenizer's Rust backend with truncation set once: caption ->
-                    ids written into a preallocated buffer (the same ids TextCollate gives)
-    QueryEncoder    encode(batch) as one graph, checked once against eager on probe lengths: ONNX
-                    Runtime where installed, else TorchScript (trace + freeze), else eager; on CUDA
-                    one CUDA graph per caption length (launch-bound: one replay instead of a launch per operator)
-    Searcher        FAISS search into preallocated outputs, without re-checking the fixed index
-    QuerySide       the tokenizer and encoder of a model, rebuilt only when the model or its weights change
+    QueryTokenizer  a private copy of the tokenizer's Rust backend, truncation set once: caption ->
+                    ids in a preallocated buffer (the ids TextCollate gives)
+    QueryEncoder    encode(batch) as one graph, checked against eager on probe lengths: ONNX
+                    Runtime where installed, else TorchScript (trace + freeze), else eager; on
+                    CUDA one CUDA graph per caption length (one replay, not a launch per operator)
+    Searcher        FAISS search into preallocated outputs, not re-checking the fixed index
+    QuerySide       a model's tokenizer and encoder, rebuilt only when the model or weights change
     TextQueryPath   the three as named stages: path(caption) -> (scores (k,), indices (k,));
                     path.stages(caption) is what course_lib.core.timing.profile_stages times
 
-"auto" keeps what is fastest on the course's CPU (ONNX Runtime, then TorchScript, then eager; torch.compile
-was no faster than TorchScript: docs/tuning_notes.md, "The online query path"). Every backend is
-checked against eager at build; one that fails or disagrees is skipped with a CourseNote, so the path
-never changes an answer.
-"""
+"auto" keeps the fastest on the course's CPU (ONNX Runtime, TorchScript, eager; torch.compile was
+no faster than TorchScript). Every backend is checked against eager at build; one that fails or
+disagrees is skipped with a CourseNote, so the path never changes an answer."""
 
 from __future__ import annotations
 
@@ -34,7 +31,7 @@ import os
 import sys
 import tempfile
 import warnings
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -43,15 +40,15 @@ from torch import nn
 from course_lib.core.settings import CourseNote
 
 BACKENDS = ("onnx", "jit", "compile", "cuda_graph", "eager")
-AUTO = {"cpu": ("onnx", "jit", "eager"), "cuda": ("cuda_graph", "jit", "eager")}  # tried in this order
+AUTO = {"cpu": ("onnx", "jit", "eager"), "cuda": ("cuda_graph", "jit", "eager")}  # in this order
 STAGES = ("tokenise", "tensors + transfer", "encoder forward", "normalise + to host", "search")
 _TOLERANCE = dict(rtol=1e-4, atol=1e-5)  # a backend must give eager's vectors to float32 rounding
 
 
 class QueryTokenizer:
     """caption -> (input_ids, attention_mask), each int64 (1, T): what TextCollate(tokenizer,
-    max_length).encode([caption]) gives, without its Python front end. The ids are written into one
-    preallocated row and returned as views of it, so the next call overwrites them."""
+    max_length).encode([caption]) gives, without its Python front end. Returned as views of one
+    preallocated row, which the next call overwrites."""
 
     def __init__(self, tokenizer, max_length: int = 40):
         from tokenizers import Tokenizer
@@ -89,18 +86,20 @@ class _Encode(nn.Module):
 
 class QueryEncoder:
     """encode(batch) for one caption, on `device`, by `backend` ("auto" or one of BACKENDS).
-
-    Three stages, so a profile can time them apart: feed(ids, mask) (tensors on the device, or ORT's
+    Three stages, timed apart by a profile: feed(ids, mask) (tensors on the device, or ORT's
     inputs), run(inputs) (the forward), host(outputs) (float32 (1, d) numpy rows, one per output);
-    __call__ chains them. probes: (ids, mask) pairs of several lengths on which a backend must match
-    eager at build, or it is skipped. `backend` says what was kept."""
+    __call__ chains them. probes: (ids, mask) pairs of several lengths on which a backend must
+    match eager at build, or it is skipped. `backend` says what was kept."""
 
-    def __init__(self, encode: Callable[[dict], object], probes, *, device="cpu", backend: str = "auto"):
+    def __init__(self, encode: Callable[[dict], object], probes, *, device="cpu",
+                 backend: str = "auto"):
         self.device = torch.device(device)
         self.module = _Encode(encode).eval()
         if not probes:
-            raise ValueError("QueryEncoder needs at least one probe (ids, mask) to check its backend against")
-        self.probes = [(np.ascontiguousarray(i, np.int64), np.ascontiguousarray(m, np.int64)) for i, m in probes]
+            raise ValueError("QueryEncoder needs at least one probe (ids, mask) to check its "
+                             "backend against")
+        self.probes = [(np.ascontiguousarray(i, np.int64), np.ascontiguousarray(m, np.int64))
+                       for i, m in probes]
         if backend == "auto":
             candidates = AUTO["cuda" if self.device.type == "cuda" else "cpu"]
         elif backend in BACKENDS:
@@ -112,17 +111,19 @@ class QueryEncoder:
         for name in candidates:
             try:
                 self.feed, self.run, self.host = getattr(self, f"_build_{name}")()
-                if all(_same(self(i, m), e) for (i, m), e in zip(self.probes, expected)):
+                if all(_same(self(i, m), e)
+                       for (i, m), e in zip(self.probes, expected, strict=True)):
                     self.backend = name
                     return
                 reason = "its vectors differ from eager's"
             except ImportError as error:  # onnxruntime not installed: a choice, not a failure
                 reasons.append(f"{name}: {error}")
                 continue
-            except Exception as error:  # export / trace / capture failures vary by model and version
+            except Exception as error:  # export / trace / capture failures vary by model, version
                 reason = f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:200]}"
             reasons.append(f"{name}: {reason}")
-            warnings.warn(f"query encoder backend {name!r} skipped ({reason})", CourseNote, stacklevel=2)
+            warnings.warn(f"query encoder backend {name!r} skipped ({reason})", CourseNote,
+                          stacklevel=2)
         raise RuntimeError(f"no query encoder backend works here: {'; '.join(reasons)}")
 
     def __call__(self, ids: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -130,7 +131,8 @@ class QueryEncoder:
 
     # ---- the backends: each returns (feed, run, host)
     def _torch_feed(self, ids, mask):
-        return torch.from_numpy(ids).to(self.device), torch.from_numpy(mask).to(self.device)  # (1, T) each
+        # (1, T) each
+        return torch.from_numpy(ids).to(self.device), torch.from_numpy(mask).to(self.device)
 
     @staticmethod
     def _torch_host(outputs) -> tuple[np.ndarray, ...]:
@@ -149,7 +151,8 @@ class QueryEncoder:
         with torch.inference_mode(), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # trace warns about shape-dependent Python branches
             example = self._torch_feed(*max(self.probes, key=lambda p: p[0].shape[1]))
-            traced = torch.jit.freeze(torch.jit.trace(self.module.to(self.device), example, check_trace=False))
+            traced = torch.jit.freeze(torch.jit.trace(self.module.to(self.device), example,
+                                                      check_trace=False))
         run = torch.inference_mode()(lambda inputs: traced(*inputs))
         return self._torch_feed, run, self._torch_host
 
@@ -168,15 +171,16 @@ class QueryEncoder:
             ids, mask = (torch.from_numpy(a) for a in self.probes[0])
             n_out = len(self.module.cpu()(ids, mask))
             names = [f"out{i}" for i in range(n_out)]
-            torch.onnx.export(self.module.cpu(), (ids, mask), graph, dynamo=False, input_names=["input_ids",
-                              "attention_mask"], output_names=names,
+            torch.onnx.export(self.module.cpu(), (ids, mask), graph, dynamo=False,
+                              input_names=["input_ids", "attention_mask"], output_names=names,
                               dynamic_axes={"input_ids": {1: "T"}, "attention_mask": {1: "T"}})
         options = onnxruntime.SessionOptions()
         # one query's operators are too small to split: threads would only wait for each other
         options.intra_op_num_threads = options.inter_op_num_threads = 1
         options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
         with _quiet():
-            session = onnxruntime.InferenceSession(graph.getvalue(), options, providers=["CPUExecutionProvider"])
+            session = onnxruntime.InferenceSession(graph.getvalue(), options,
+                                                   providers=["CPUExecutionProvider"])
 
         def feed(ids, mask):
             return {"input_ids": ids, "attention_mask": mask}
@@ -185,8 +189,8 @@ class QueryEncoder:
 
     def _build_cuda_graph(self):
         """One CUDA graph per caption length T, captured on first use: a replay launches the whole
-        forward at once, where eager launches a kernel per operator, a few microseconds each. Static input
-        buffers per T; feed copies into them, host copies the static outputs out."""
+        forward at once, where eager launches a kernel per operator, a few microseconds each.
+        Static input buffers per T; feed copies into them, host copies the static outputs out."""
         if self.device.type != "cuda":
             raise RuntimeError("CUDA graphs need a CUDA device")
         module, graphs = self.module.to(self.device), {}
@@ -224,16 +228,16 @@ class QueryEncoder:
 
 @contextlib.contextmanager
 def _quiet():
-    """Nothing the exporter says reaches the console: Python warnings, logging, sys.stdout / sys.stderr,
-    and the C++ side's writes to file descriptors 1 and 2 (a failed ONNX export of a GRU prints its
-    whole Torch IR graph there, about a hundred lines). A backend that fails is still reported, in
-    one line, by the CourseNote that skips it."""
+    """Nothing the exporter says reaches the console: Python warnings, logging, sys.stdout /
+    sys.stderr, and the C++ side's writes to file descriptors 1 and 2 (a failed ONNX export of a
+    GRU prints its whole Torch IR graph there). A failed backend is still reported, in one line, by
+    the CourseNote that skips it."""
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     saved, disabled = [os.dup(fd) for fd in (1, 2)], logging.root.manager.disable
     try:
-        with tempfile.TemporaryFile() as sink, warnings.catch_warnings(), \
-                contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        with (tempfile.TemporaryFile() as sink, warnings.catch_warnings(),
+              contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO())):
             warnings.simplefilter("ignore")
             logging.disable(logging.CRITICAL)
             for fd in (1, 2):
@@ -244,24 +248,26 @@ def _quiet():
                 logging.disable(disabled)
                 _flush_c_streams()
     finally:
-        for fd, copy in zip((1, 2), saved):
+        for fd, copy in zip((1, 2), saved, strict=True):
             os.dup2(copy, fd)
             os.close(copy)
 
 
 def _flush_c_streams() -> None:
-    """fflush(NULL): C stdio's buffered writes land in the sink, not after the descriptors are back."""
+    """fflush(NULL): C stdio's buffered writes land in the sink, not after the descriptors are
+    back. No C library by that name (Windows): nothing buffered to lose."""
     try:
         import ctypes
 
         ctypes.CDLL(None).fflush(None)
-    except (OSError, AttributeError, TypeError):  # no C library by that name (Windows): nothing buffered to lose
+    except (OSError, AttributeError, TypeError):
         pass
 
 
 def _same(got, expected) -> bool:
     return len(got) == len(expected) and all(
-        g.shape == e.shape and np.allclose(g, e, **_TOLERANCE) for g, e in zip(got, expected))
+        g.shape == e.shape and np.allclose(g, e, **_TOLERANCE)
+        for g, e in zip(got, expected, strict=True))
 
 
 class Searcher:
@@ -278,32 +284,38 @@ class Searcher:
         return self._scores[0].copy(), self._indices[0].copy()
 
 
-def probe_captions(tokenizer: QueryTokenizer, caption: str) -> list[tuple[np.ndarray, np.ndarray]]:
-    """(ids, mask) of captions of three lengths: `caption`, its first word, and it repeated up to the
-    tokenizer's max_length, so a backend that baked one length in is caught."""
-    texts = [caption, caption.split()[0] if caption.split() else caption, " ".join([caption] * tokenizer.max_length)]
+def probe_captions(tokenizer: QueryTokenizer,
+                   caption: str) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(ids, mask) of captions of three lengths: `caption`, its first word, and it repeated up to
+    the tokenizer's max_length, so a backend that baked one length in is caught."""
+    texts = [caption, caption.split()[0] if caption.split() else caption,
+             " ".join([caption] * tokenizer.max_length)]
     return [tuple(a.copy() for a in tokenizer(text)) for text in texts]
 
 
 class QuerySide:
-    """A model's text side of the query path, (QueryTokenizer, QueryEncoder) per encode_name, device and
-    arguments, rebuilt only when the model or its weights change: nothing of it is re-done per query.
+    """A model's text side of the query path, (QueryTokenizer, QueryEncoder) per encode_name,
+    device and arguments, rebuilt only when the model or its weights change, never per query.
     `encoder`: the last one handed out."""
 
     def __init__(self):
-        self.built, self.encoder = {}, None  # arguments -> (model, weights' versions, tokenizer, encoder)
+        # arguments -> (model, weights' versions, tokenizer, encoder)
+        self.built, self.encoder = {}, None
 
-    def get(self, model: nn.Module, tokenizer, probe_caption: str, *, max_length: int = 40, backend: str = "auto",
+    def get(self, model: nn.Module, tokenizer, probe_caption: str, *, max_length: int = 40,
+            backend: str = "auto",
             encode_name: str = "encode_texts") -> tuple[QueryTokenizer, QueryEncoder]:
         device = next(model.parameters()).device
         arguments = (str(device), max_length, backend, encode_name)
         # weights changed in place (training on, load_state_dict) bump their _version, so a graph of
         # old weights is never served; holding the model keeps its id from going to another one
         versions = sum(p._version for p in model.parameters())
-        held, held_versions, query_tokenizer, encoder = self.built.get(arguments, (None, None, None, None))
+        held, held_versions, query_tokenizer, encoder = self.built.get(arguments,
+                                                                       (None, None, None, None))
         if held is not model or held_versions != versions:
             query_tokenizer = QueryTokenizer(tokenizer, max_length)
-            encoder = QueryEncoder(getattr(model, encode_name), probe_captions(query_tokenizer, probe_caption),
+            encoder = QueryEncoder(getattr(model, encode_name),
+                                   probe_captions(query_tokenizer, probe_caption),
                                    device=device, backend=backend)
             self.built[arguments] = (model, versions, query_tokenizer, encoder)
         self.encoder = encoder
@@ -314,20 +326,24 @@ class TextQueryPath:
     """One caption -> (scores (k,), indices (k,)), best first: tokenise, encode, search.
     output: which of the encoder's outputs is searched (HiVLP's text levels: the last is -1)."""
 
-    def __init__(self, tokenizer: QueryTokenizer, encoder: QueryEncoder, searcher: Searcher, output: int = 0):
-        self.tokenizer, self.encoder, self.searcher, self.output = tokenizer, encoder, searcher, output
+    def __init__(self, tokenizer: QueryTokenizer, encoder: QueryEncoder, searcher: Searcher,
+                 output: int = 0):
+        self.tokenizer, self.encoder, self.searcher = tokenizer, encoder, searcher
+        self.output = output
 
     def __call__(self, caption: str) -> tuple[np.ndarray, np.ndarray]:
         encoder = self.encoder
-        return self.searcher(encoder.host(encoder.run(encoder.feed(*self.tokenizer(caption))))[self.output])
+        outputs = encoder.host(encoder.run(encoder.feed(*self.tokenizer(caption))))
+        return self.searcher(outputs[self.output])
 
     def stages(self, caption: str) -> list[tuple[str, Callable]]:
-        """The query as (name, fn) stages, each fn taking the previous one's output (the first, nothing):
-        course_lib.core.timing.profile_stages times them apart."""
+        """The query as (name, fn) stages, each fn taking the previous one's output (the first,
+        nothing): course_lib.core.timing.profile_stages times them apart."""
         encoder = self.encoder
-        return list(zip(STAGES, (lambda _: self.tokenizer(caption), lambda t: encoder.feed(*t), encoder.run,
-                                 lambda out: encoder.host(out)[self.output], self.searcher)))
+        return list(zip(STAGES, (lambda _: self.tokenizer(caption), lambda t: encoder.feed(*t),
+                                 encoder.run, lambda out: encoder.host(out)[self.output],
+                                 self.searcher), strict=True))
 
 
-__all__ = ["BACKENDS", "STAGES", "QueryTokenizer", "QueryEncoder", "Searcher", "QuerySide", "TextQueryPath",
-           "probe_captions"]
+__all__ = ["BACKENDS", "STAGES", "QueryTokenizer", "QueryEncoder", "Searcher", "QuerySide",
+           "TextQueryPath", "probe_captions"]

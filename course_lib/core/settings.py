@@ -1,9 +1,8 @@
 """Course-wide settings: the smoke switch, device choice and global seeding.
 
-`COURSE_SMOKE=1` (set by CI) shrinks sizes only, never the code path; it is read here and
-nowhere else, so every notebook and script agrees on what "smoke" means. `COURSE_RETRAIN=1` (the
-benchmark's `--retrain`) trains every model instead of loading the shipped ones (core/shipped.py).
-"""
+`COURSE_SMOKE=1` (set by CI) shrinks sizes only, never the code path; read here alone, so every
+notebook and script agrees on what "smoke" means. `COURSE_RETRAIN=1` (the benchmark's `--retrain`)
+trains every model instead of loading the shipped ones (core/shipped.py)."""
 
 from __future__ import annotations
 
@@ -26,16 +25,14 @@ def smoke_mode() -> bool:
 
 
 def retrain_mode() -> bool:
-    """True when the environment variable COURSE_RETRAIN asks to train every model from scratch
-    instead of loading the models shipped with the course (course_lib.core.shipped)."""
+    """True when COURSE_RETRAIN asks to train every model instead of loading the shipped ones."""
     return os.environ.get("COURSE_RETRAIN", "0").strip().lower() in _TRUE
 
 
 @contextmanager
 def retraining(on: bool = True):
-    """Within the block, retrain_mode() is `on` (COURSE_RETRAIN set or removed), then as before:
-    the benchmark's --retrain and --smoke, so that nested fits (a cascade's stages, a distilled
-    model's teacher) follow the same rule as the notebooks."""
+    """Within the block retrain_mode() is `on` (the benchmark's --retrain and --smoke), so nested
+    fits (a cascade's stages, a distilled model's teacher) follow the notebooks' rule."""
     before = os.environ.get("COURSE_RETRAIN")
     if on:
         os.environ["COURSE_RETRAIN"] = "1"
@@ -50,9 +47,8 @@ def retraining(on: bool = True):
 
 @contextmanager
 def shipped_models_from(folder):
-    """Within the block, Method.fit loads the shipped models of `folder` wherever they match, as at
-    default size (COURSE_SHIPPED_MODELS set, COURSE_SMOKE and COURSE_RETRAIN removed), then as before:
-    how the shipped models are checked, even from a smoke-mode test run."""
+    """Within the block Method.fit loads `folder`'s shipped models wherever they match, as at
+    default size (COURSE_SMOKE, COURSE_RETRAIN removed): how a smoke-mode test checks them."""
     names = ("COURSE_SHIPPED_MODELS", "COURSE_SMOKE", "COURSE_RETRAIN")
     before = {name: os.environ.get(name) for name in names}
     os.environ["COURSE_SHIPPED_MODELS"] = str(folder)
@@ -70,30 +66,27 @@ def shipped_models_from(folder):
 
 def course_repository() -> Path:
     """The copy of the course whose files the package reads (shipped_models/, data/):
-    COURSE_REPOSITORY, else the folder above course_lib. setup() sets it on Colab, where the package
-    is installed from git without the repository beside it (course_lib.colab)."""
+    COURSE_REPOSITORY (setup() sets it on Colab, course_lib.colab), else the folder above it."""
     named = os.environ.get("COURSE_REPOSITORY")
     return Path(named).resolve() if named else Path(__file__).resolve().parents[2]
 
 
 def hub_offline() -> bool:
-    """True when HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE forbid downloads from the Hugging Face hub.
-
-    Read at call time (huggingface_hub reads them only at import), so a notebook can set them late."""
+    """True when HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE forbid Hugging Face hub downloads; read at
+    call time (huggingface_hub reads them at import), so a notebook can set them late."""
     return any(os.environ.get(name, "").strip().lower() in _TRUE
                for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
 
 
 def hub_error(what: str, error: Exception, fix: str, offline: bool = False) -> OSError:
-    """One clear error for a failed pretrained download (weights or tokenizer), naming the way out."""
+    """One clear error for a failed pretrained download (weights, tokenizer), naming the way out."""
     first_line = str(error).splitlines()[0] if str(error) else ""
     searched = " (HF_HUB_OFFLINE is set, so only the local cache was searched)" if offline else ""
     return OSError(
         f"could not load {what}{searched}: {type(error).__name__}: {first_line}\n"
-        "Pretrained files are downloaded once, so they need internet the first time or a local copy "
-        "(the Hugging Face cache ~/.cache/huggingface or HF_HOME; or save_pretrained(DIR) on a "
-        f"machine with internet and pass DIR). {fix}"
-    )
+        "Pretrained files are downloaded once, so they need internet the first time or a local "
+        "copy (the Hugging Face cache ~/.cache/huggingface or HF_HOME; or save_pretrained(DIR) on "
+        f"a machine with internet and pass DIR). {fix}")
 
 
 def from_hub(load, what: str, fix: str):
@@ -116,8 +109,8 @@ class CourseConfig:
     `for_course()` picks smoke or default from COURSE_SMOKE, `to_dict()` for checkpoint names."""
 
     SMOKE: ClassVar[dict] = {}  # the fields a smoke run shrinks (only sizes, never the code path)
-    # the real-photo preset (Flickr8k-sized training on a frozen CNN's grid): steps and rates chosen on
-    # val (docs/tuning_notes.md); course_lib.real_benchmark.real_sizes adds the switches real data needs
+    # the real-photo preset (Flickr8k-sized training on a frozen CNN's grid), chosen on val
+    # (docs/tuning_notes.md); course_lib.real_benchmark.real_sizes adds real data's switches
     REAL_PHOTOS: ClassVar[dict] = {}
 
     @classmethod
@@ -132,38 +125,40 @@ class CourseConfig:
 
     def to_dict(self, without_stages=()) -> dict:
         """The fields as a dict (checkpoint names, manifests); without_stages: leave out the fields
-        that only those later training stages read (`later_stage`), for an earlier stage's name."""
-        return {f.name: value for f, value in zip(dataclasses.fields(self), dataclasses.astuple(self))
+        only those later training stages read (`later_stage`), for an earlier stage's name."""
+        values = zip(dataclasses.fields(self), dataclasses.astuple(self), strict=True)
+        return {f.name: value for f, value in values
                 if f.metadata.get("stage") not in without_stages
                 and not (f.metadata.get("switch") and value == f.default)}
 
     def with_stage_defaults(self, stage: str):
-        """A copy whose `stage` fields are at their defaults: how an earlier stage builds its model,
-        so that its initial weights do not depend on a later stage's settings."""
-        defaults = {f.name: (f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default)
+        """A copy whose `stage` fields are at their defaults: how an earlier stage builds its
+        model, so its initial weights do not depend on a later stage's settings."""
+        defaults = {f.name: (f.default_factory() if f.default_factory is not dataclasses.MISSING
+                             else f.default)
                     for f in dataclasses.fields(self) if f.metadata.get("stage") == stage}
         return dataclasses.replace(self, **defaults)
 
 
 def later_stage(stage: str, default=dataclasses.MISSING, *, default_factory=dataclasses.MISSING):
-    """A config field that only the later training stage `stage` reads (e.g. LightningDOT's
-    fine-tuning rate). Every other field shapes the earlier stages too, so an earlier stage's cached
-    checkpoint is named by all fields but these (CourseConfig.to_dict(without_stages=...)): a field
-    added without the tag retrains the earlier stage when it changes, never reuses it stale."""
-    return dataclasses.field(default=default, default_factory=default_factory, metadata={"stage": stage})
+    """A config field only the later training stage `stage` reads (e.g. LightningDOT's fine-tuning
+    rate). An earlier stage's cached checkpoint is named by all fields but these
+    (CourseConfig.to_dict(without_stages=...)): an untagged field retrains the earlier stage when
+    it changes, never reuses it stale."""
+    return dataclasses.field(default=default, default_factory=default_factory,
+                             metadata={"stage": stage})
 
 
 def switch(default=None):
     """A config field that turns on another way of building the model (e.g. LightningDOT's
-    pretrained text side). At its default it is left out of `to_dict`, so adding one keeps the name
-    of every model trained before it existed (they are built exactly as before); switched on, it
-    names the model like any other field."""
+    pretrained text side). At its default it is left out of `to_dict`, so adding one keeps the
+    names of the models trained before it; switched on, it names the model like any field."""
     return dataclasses.field(default=default, metadata={"switch": True})
 
 
 class CourseNote(UserWarning):
-    """A warning meant for a learner (noisy timings, a small index, a resumed run with another
-    config): `plain_course_notes` shows it as one line of words, without a file path."""
+    """A warning for a learner (noisy timings, a small index, a resumed run with another config):
+    `plain_course_notes` shows it as one line of words, without a file path."""
 
 
 def plain_course_notes() -> None:
@@ -189,10 +184,8 @@ def plain_course_notes() -> None:
 
 
 def get_device(prefer: str | None = None) -> torch.device:
-    """The best available device: CUDA, then Apple MPS, then CPU.
-
-    `prefer` (e.g. "cpu") overrides the choice; COURSE_DEVICE in the environment does the same.
-    """
+    """The best available device: CUDA, then Apple MPS, then CPU; `prefer` (e.g. "cpu") or
+    COURSE_DEVICE overrides the choice."""
     choice = prefer or os.environ.get("COURSE_DEVICE")
     if choice:
         return torch.device(choice)
@@ -214,20 +207,17 @@ def seed_everything(seed: int = 0) -> None:
 
 
 def describe_environment() -> dict[str, str]:
-    """Versions and device in one dict: what every notebook prints first and every result records."""
+    """Versions and device: what every notebook prints first and every result records."""
     import platform
 
     device = get_device()
     info = {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "numpy": np.__version__,
-        "device": str(device),
-        "smoke": str(smoke_mode()),
-        # where trained models come from (course_lib.core.shipped): printed, so a learner sees the switch
-        "models": ("trained (smoke sizes)" if smoke_mode() else "trained (COURSE_RETRAIN=1)" if retrain_mode()
-                   else "shipped where they match (COURSE_RETRAIN=1 trains them)"),
-    }
+        "python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__,
+        "device": str(device), "smoke": str(smoke_mode()),
+        # where trained models come from (core.shipped): printed, so a learner sees the switch
+        "models": ("trained (smoke sizes)" if smoke_mode()
+                   else "trained (COURSE_RETRAIN=1)" if retrain_mode()
+                   else "shipped where they match (COURSE_RETRAIN=1 trains them)")}
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
     else:

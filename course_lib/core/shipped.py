@@ -1,31 +1,29 @@
-"""The trained models that ship with the course, so that a learner loads in seconds what the default
+"""The trained models that ship with the course: a learner loads in seconds what the default
 benchmark trains in over an hour.
 
-    shipped_models/               beside course_lib/, tracked in git
-      manifest.json               per file: method, checkpoint prefix, config, data fingerprint,
-                                  extra (the files of the stages it starts from), the method's format
-                                  version, MODEL_FORMAT, sha256, bytes, and `probe`: what the model
-                                  computes on a fixed batch of the validation split (course_lib.shipping)
-      vsepp-<hash>.pt ...         weights (float16) and training history only (no optimizer state)
+    shipped_models/        beside course_lib/, tracked in git
+      manifest.json        per file: method, checkpoint prefix, config, data fingerprint, extra (the
+                           files of the stages it starts from), the method's format version,
+                           MODEL_FORMAT, sha256, bytes, and `probe`: what the model computes on a
+                           fixed batch of the validation split (course_lib.shipping)
+      vsepp-<hash>.pt ...  weights (float16) and training history only (no optimizer state)
 
-A shipped file is named exactly as the cache names the model (`Method.fingerprint`, whose hash covers
-what the model is trained from: the config, the training data, the vocabulary, the stages it starts
-from and the method's format version, never its source code), so `Method.fit` loads it only when all
-of these match, and its sha256 matches the manifest's. That the code still computes what it did is
-checked by behaviour instead: the probe (tests/test_shipped_models.py). Otherwise it trains (or loads its cache) as before, with a one-line note saying why when
-the folder ships a model of that method name that does not match, or has no manifest. Smoke mode and COURSE_RETRAIN=1 never
-load shipped models (`shipped_folder`): CI exercises the training path, and `--retrain` reproduces
-the shipped models with the same code.
+A shipped file is named as the cache names the model (`Method.fingerprint`, whose hash covers what
+it is trained from: config, training data, vocabulary, the stages it starts from, the method's
+format version; never its source code), so `Method.fit` loads it only when all of these and its
+sha256 match. That the code still computes the same is checked by behaviour: the probe
+(tests/test_shipped_models.py). Otherwise it trains (or loads its cache), with a one-line note why
+when the folder ships a non-matching model of that method or has no manifest. Smoke mode and
+COURSE_RETRAIN=1 never load shipped models (`shipped_folder`): CI exercises the training path, and
+`--retrain` reproduces them with the same code.
 
-`python -m course_lib.refresh_shipped` (REFRESH_COMMAND) trains the default models (or
-loads their cache) and rewrites the folder (`write_shipped`); `check_shipped` lists what is stale,
-and tests/test_shipped_models.py fails on it, naming that command.
-"""
+`python -m course_lib.refresh_shipped` (REFRESH_COMMAND) trains the default models (or loads their
+cache) and rewrites the folder (`write_shipped`); `check_shipped` lists what is stale, and
+tests/test_shipped_models.py fails on it, naming that command."""
 
 from __future__ import annotations
 
 import contextlib
-
 import hashlib
 import io
 import json
@@ -37,9 +35,9 @@ import torch
 from torch import nn
 
 from course_lib.core.checkpoints import SHIPPED_FORMAT, check_model_state, fingerprint_hash
-from course_lib.core.settings import CourseNote, course_repository, retrain_mode, smoke_mode
 from course_lib.core.files import write_atomically
 from course_lib.core.history import History
+from course_lib.core.settings import CourseNote, course_repository, retrain_mode, smoke_mode
 
 SHIPPED_MODELS = Path(__file__).resolve().parents[2] / "shipped_models"
 MANIFEST = "manifest.json"
@@ -52,9 +50,8 @@ _OFF = []  # depth of without_shipped_models() blocks
 
 @contextlib.contextmanager
 def without_shipped_models():
-    """Inside the block Method.fit looks for no shipped model: data the shipped models were never trained
-    on (real photographs), where every model trains or comes from the cache and no note about the
-    synthetic ones would make sense."""
+    """Inside the block Method.fit looks for no shipped model: for data they were never trained on
+    (real photographs), where a note about the synthetic ones would make no sense."""
     _OFF.append(True)
     try:
         yield
@@ -63,10 +60,9 @@ def without_shipped_models():
 
 
 def shipped_folder() -> Path | None:
-    """The folder Method.fit loads shipped models from: COURSE_SHIPPED_MODELS, else
-    shipped_models/ of the course's copy (settings.course_repository: beside course_lib, or on
-    Colab the copy setup() fetched). None in smoke mode (its tiny models always train), with
-    COURSE_RETRAIN=1 and inside without_shipped_models()."""
+    """The folder Method.fit loads shipped models from: COURSE_SHIPPED_MODELS, else shipped_models/
+    of the course's copy (settings.course_repository). None in smoke mode (its tiny models always
+    train), with COURSE_RETRAIN=1 and inside without_shipped_models()."""
     if smoke_mode() or retrain_mode() or _OFF:
         return None
     named = os.environ.get("COURSE_SHIPPED_MODELS")
@@ -75,10 +71,11 @@ def shipped_folder() -> Path | None:
 
 def manifest_entry(method: str, prefix: str, fingerprint: dict) -> dict:
     """What the manifest records of a model, from its checkpoints.checkpoint_fingerprint: the data
-    and the vocabulary as one short hash (the digest itself is long and says nothing to a reader)."""
+    and the vocabulary as one short hash (the long digest says nothing to a reader)."""
     return {"method": method, "prefix": prefix, "config": fingerprint["config"],
             "data": fingerprint_hash([fingerprint["data"], fingerprint["vocab"]])[:16],
-            "extra": list(fingerprint["extra"]), "version": fingerprint["version"], "format": fingerprint["format"]}
+            "extra": list(fingerprint["extra"]), "version": fingerprint["version"],
+            "format": fingerprint["format"]}
 
 
 def read_manifest(folder) -> dict:
@@ -94,8 +91,8 @@ def file_sha256(path) -> str:
 
 
 def _plain(history):
-    """A History (or a dict of them, one per stage) as plain lists and dicts: loadable with
-    torch.load(weights_only=True), which refuses classes it does not know."""
+    """A History (or a dict of them, one per stage) as plain lists and dicts, which
+    torch.load(weights_only=True) loads (it refuses unknown classes)."""
     if isinstance(history, dict):
         return {stage: _plain(rows) for stage, rows in history.items()}
     return None if history is None else [dict(row) for row in history]
@@ -108,8 +105,8 @@ def _history(plain):
 
 
 def _half(tensor: torch.Tensor) -> torch.Tensor:
-    """A weight as shipped: float16 when it is floating point and fits float16's range (half the bytes;
-    the model still computes in float32: load_state_dict casts back), else unchanged."""
+    """A weight as shipped: float16 when floating point and within float16's range (half the
+    bytes; the model still computes in float32: load_state_dict casts back), else unchanged."""
     tensor = tensor.detach().cpu()
     if tensor.is_floating_point() and tensor.dtype != torch.float16:
         half = tensor.to(torch.float16)
@@ -145,18 +142,22 @@ def stale_reasons(expected: dict, entry: dict | None) -> list[str]:
     if entry is None:
         return ["nothing is shipped for it"]
     reasons = []
-    # the manifest is JSON: compare the config as JSON gives it back (a tuple field reads back a list)
+    # the manifest is JSON: compare the config as JSON gives it back (a tuple reads back a list)
     old, new = entry.get("config", {}), json.loads(json.dumps(expected["config"]))
-    changed = sorted(k for k in set(old) | set(new) if old.get(k, "<absent>") != new.get(k, "<absent>"))
+    changed = sorted(k for k in set(old) | set(new)
+                     if old.get(k, "<absent>") != new.get(k, "<absent>"))
     if changed:
         reasons.append("config differs in " + ", ".join(
-            f"{k} (shipped {old.get(k, '<absent>')!r}, now {new.get(k, '<absent>')!r})" for k in changed))
+            f"{k} (shipped {old.get(k, '<absent>')!r}, now {new.get(k, '<absent>')!r})"
+            for k in changed))
     if entry.get("data") != expected["data"]:
         reasons.append("its training data or vocabulary changed")
     if entry.get("extra") != expected["extra"]:
-        reasons.append(f"a model it starts from changed (shipped {entry.get('extra')}, now {expected['extra']})")
+        reasons.append(f"a model it starts from changed (shipped {entry.get('extra')}, now "
+                       f"{expected['extra']})")
     if entry.get("version") != expected["version"]:
-        reasons.append(f"its format version changed ({entry.get('version')}, now {expected['version']})")
+        reasons.append(f"its format version changed ({entry.get('version')}, now "
+                       f"{expected['version']})")
     if entry.get("format") != expected["format"]:
         reasons.append(f"MODEL_FORMAT changed ({entry.get('format')}, now {expected['format']})")
     return reasons
@@ -175,13 +176,13 @@ def file_problems(folder, name: str, entry: dict) -> list[str]:
 
 def find_shipped(folder, name: str, expected: dict) -> Path | None:
     """The shipped file to load for a model named `name` (its checkpoint file name) that should be
-    `expected` (a manifest_entry), or None; a CourseNote says why when the folder ships a model of
-    the same method name that cannot be used, or has no manifest at all."""
+    `expected` (a manifest_entry), or None; a CourseNote says why when the folder ships an unusable
+    model of the same method, or has no manifest."""
     if folder is None:
         return None
-    if not (Path(folder) / MANIFEST).exists():  # deleted to retrain, or a copy of course_lib without them
-        warnings.warn(f"no shipped models in {folder} (no {MANIFEST}): models are trained, or loaded from the "
-                      "cache", CourseNote, stacklevel=3)
+    if not (Path(folder) / MANIFEST).exists():  # deleted to retrain, or course_lib without them
+        warnings.warn(f"no shipped models in {folder} (no {MANIFEST}): models are trained, or "
+                      "loaded from the cache", CourseNote, stacklevel=3)
         return None
     files = read_manifest(folder)["files"]
     if name in files and not stale_reasons(expected, files[name]):
@@ -190,31 +191,34 @@ def find_shipped(folder, name: str, expected: dict) -> Path | None:
             return Path(folder) / name
         reasons = problems
     else:
-        same = [(other, entry) for other, entry in files.items() if entry.get("method") == expected["method"]]
+        same = [(other, entry) for other, entry in files.items()
+                if entry.get("method") == expected["method"]]
         if not same:
-            return None  # nothing of that name ships (an ablation, a notebook's own variant): say nothing
+            return None  # that method ships nothing (an ablation, a notebook's variant): silence
         name, entry = same[0]
         reasons = stale_reasons(expected, entry)
-    warnings.warn(f"the shipped model of {expected['method']} ({name}) is not this one: {'; '.join(reasons)}. "
-                  f"Training it (or loading it from the cache) instead; `{REFRESH_COMMAND}` refreshes the "
-                  "shipped models", CourseNote, stacklevel=3)
+    warnings.warn(f"the shipped model of {expected['method']} ({name}) is not this one: "
+                  f"{'; '.join(reasons)}. Training it (or loading it from the cache) instead; "
+                  f"`{REFRESH_COMMAND}` refreshes the shipped models", CourseNote, stacklevel=3)
     return None
 
 
 def write_shipped(folder, models, not_shipped=(), keep=None) -> dict:
     """Rewrite `folder` with `models`: (file name, manifest_entry, model, history) each, weights
-    only. keep: {file name: its manifest entry} of files already in the folder that stay as they are.
-    Files of the folder no longer listed are removed. Refuses, before writing anything, when the files
-    would add up to more than MAX_BYTES. not_shipped: names of the methods deliberately left out
-    (check_shipped accepts their absence). Returns the manifest."""
+    only. keep: {file name: its manifest entry} of files in the folder that stay as they are;
+    other unlisted files are removed. Refuses, before writing anything, more than MAX_BYTES in
+    all. not_shipped: methods deliberately left out (check_shipped accepts their absence).
+    Returns the manifest."""
     folder = Path(folder)
     keep = dict(keep or {})
     payloads = {name: (entry, _payload(model, history)) for name, entry, model, history in models}
-    sizes = {name: len(data) for name, (_, data) in payloads.items()} | {name: e["bytes"] for name, e in keep.items()}
+    sizes = ({name: len(data) for name, (_, data) in payloads.items()}
+             | {name: e["bytes"] for name, e in keep.items()})
     total = sum(sizes.values())
     if total > MAX_BYTES:
         listing = ", ".join(f"{name} {size / 1e6:.1f} MB" for name, size in sizes.items())
-        raise ValueError(f"the shipped models would take {total / 1e6:.1f} MB, more than {MAX_BYTES / 1e6:.0f} MB: {listing}")
+        raise ValueError(f"the shipped models would take {total / 1e6:.1f} MB, more than "
+                         f"{MAX_BYTES / 1e6:.0f} MB: {listing}")
     folder.mkdir(parents=True, exist_ok=True)
     files = {name: entry for name, entry in keep.items() if name not in payloads}
     for name, (entry, data) in sorted(payloads.items()):
@@ -224,17 +228,17 @@ def write_shipped(folder, models, not_shipped=(), keep=None) -> dict:
     for old in folder.glob("*.pt"):
         if old.name not in files:
             old.unlink()
-    manifest = {"format": SHIPPED_FORMAT, "refresh": REFRESH_COMMAND, "torch": torch.__version__, "files": files,
-                "not_shipped": sorted(not_shipped)}
+    manifest = {"format": SHIPPED_FORMAT, "refresh": REFRESH_COMMAND, "torch": torch.__version__,
+                "files": files, "not_shipped": sorted(not_shipped)}
     text = json.dumps(manifest, indent=1, sort_keys=True) + "\n"
-    write_atomically(folder / MANIFEST, lambda temporary: temporary.write_text(text, encoding="utf-8"))
+    write_atomically(folder / MANIFEST, lambda temp: temp.write_text(text, encoding="utf-8"))
     return manifest
 
 
 def check_shipped(folder, expected: dict) -> list[str]:
     """Every problem of a shipped folder against `expected` ({file name: manifest_entry} of the
-    models that should ship): a model missing or stale, a listed file missing or altered, a file
-    not listed, more than MAX_BYTES. [] when the folder is current."""
+    models that should ship): a model missing or stale, a listed file missing or altered, an
+    unlisted file, more than MAX_BYTES. [] when the folder is current."""
     folder = Path(folder)
     manifest = read_manifest(folder)
     files, left_out = manifest["files"], set(manifest.get("not_shipped", ()))
@@ -243,14 +247,17 @@ def check_shipped(folder, expected: dict) -> list[str]:
         same = [(other, e) for other, e in files.items() if e.get("method") == entry["method"]]
         if not same and name not in files and entry["method"] in left_out:
             continue  # left out on purpose by `refresh(only=...)`: trained on first use
-        listed, shipped = (name, files[name]) if name in files else (same[0] if same else (None, None))
-        reasons = stale_reasons(entry, shipped)  # a listed name's entry too: a manifest edited by hand
+        listed, shipped = ((name, files[name]) if name in files
+                           else (same[0] if same else (None, None)))
+        reasons = stale_reasons(entry, shipped)  # a listed name's too: a manifest edited by hand
         if reasons:
-            problems.append(f"{entry['method']}: {'; '.join(reasons)}" + (f" ({listed})" if listed else ""))
+            problems.append(f"{entry['method']}: {'; '.join(reasons)}"
+                            + (f" ({listed})" if listed else ""))
     for name, entry in files.items():
         if name not in expected:
             if not any(e["method"] == entry.get("method") for e in expected.values()):
-                problems.append(f"{name} ships {entry.get('method')!r}, which is no longer a method that ships")
+                problems.append(f"{name} ships {entry.get('method')!r}, which is no longer a "
+                                "method that ships")
             continue
         problems += file_problems(folder, name, entry)
     unlisted = sorted(p.name for p in folder.glob("*.pt") if p.name not in files)
@@ -258,10 +265,12 @@ def check_shipped(folder, expected: dict) -> list[str]:
         problems.append(f"files not in {MANIFEST}: {unlisted}")
     total = sum(entry.get("bytes", 0) for entry in files.values())
     if total > MAX_BYTES:
-        problems.append(f"the shipped models take {total / 1e6:.1f} MB, more than {MAX_BYTES / 1e6:.0f} MB")
+        problems.append(f"the shipped models take {total / 1e6:.1f} MB, more than "
+                        f"{MAX_BYTES / 1e6:.0f} MB")
     return problems
 
 
-__all__ = ["SHIPPED_MODELS", "MANIFEST", "REFRESH_COMMAND", "MAX_BYTES", "shipped_folder", "without_shipped_models", "manifest_entry",
-           "read_manifest", "shipped_weights", "load_shipped", "stale_reasons", "find_shipped", "write_shipped", "check_shipped",
+__all__ = ["SHIPPED_MODELS", "MANIFEST", "REFRESH_COMMAND", "MAX_BYTES", "shipped_folder",
+           "without_shipped_models", "manifest_entry", "read_manifest", "shipped_weights",
+           "load_shipped", "stale_reasons", "find_shipped", "write_shipped", "check_shipped",
            "file_sha256"]

@@ -1,5 +1,6 @@
-"""What a method computed offline for a split (its states, its gallery's embeddings), kept per split
-object and fitted model for the few splits used last: `SplitCache().get(split, model, compute)`."""
+"""What a method computed offline for a split (its states, its gallery's embeddings), kept per
+split object and fitted model for the few splits used last: `SplitCache().get(split, model,
+compute)`."""
 
 from __future__ import annotations
 
@@ -13,11 +14,10 @@ CACHED_SPLITS = 5
 
 
 class SplitCache:
-    """What a method computed offline for a split (its states, its gallery's embeddings), kept per
-    split object and fitted model for the CACHED_SPLITS splits used last: get(split, model, compute)."""
+    """The module's cache for the CACHED_SPLITS splits used last: get(split, model, compute)."""
 
     def __init__(self, size: int = CACHED_SPLITS):
-        self.size, self.kept = size, OrderedDict()  # id(split) -> (split, model, value), oldest first
+        self.size, self.kept = size, OrderedDict()  # id(split) -> (split, model, value): LRU order
 
     def get(self, split, model, compute):
         key = id(split)  # the split itself is held in the entry, so its id is not reused while kept
@@ -30,4 +30,12 @@ class SplitCache:
         return entry[2]
 
 
-__all__ = ["CACHED_SPLITS", "SplitCache"]
+def release_split_caches(owner) -> None:
+    """Empty every SplitCache among owner's attributes (a method's gallery embeddings, its cached
+    states): memory a finished evaluation no longer needs. They are computed again if asked for."""
+    for value in vars(owner).values():
+        if isinstance(value, SplitCache):
+            value.kept.clear()
+
+
+__all__ = ["CACHED_SPLITS", "SplitCache", "release_split_caches"]

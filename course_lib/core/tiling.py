@@ -1,6 +1,6 @@
 """Galleries for timing: grow real embeddings (or any rows) to sizes we have no data for.
 
-    tile_rows(image_emb, 1_000_000, noise=0.1)   # (N0, E) -> (1M, E): the originals, then noisy copies
+    tile_rows(image_emb, 1_000_000, noise=0.1)  # (N0, E) -> (1M, E): originals, then noisy copies
 """
 
 from __future__ import annotations
@@ -16,18 +16,18 @@ _TILE_CHUNK = 1 << 16  # synthetic gallery rows generated at a time (memory)
 
 def tile_rows(rows, n: int, *, noise: float = 0.0, construction: str = "tiled", seed: int = 0,
               progress: bool = False):
-    """A gallery of n rows grown from `rows` (N0, ...), for timing search at sizes we have no data for:
-    the N0 originals first (untouched), then synthetic rows. The one place the course tiles galleries.
+    """A gallery of n rows grown from `rows` (N0, ...), for timing search at sizes we have no data
+    for: the N0 originals first (untouched), then synthetic rows. The course's one tiling.
 
     noise = 0, "tiled": row i is rows[i mod N0] (any shape and dtype; a tensor stays a tensor).
-    noise > 0, "tiled": each copy moved by noise * (per-dimension std over rows) * N(0, 1), so copies
-        are not exact ties; rows must be a float (N0, E) matrix. "gaussian": rows drawn from
-        N(mean, cov) fitted to rows. Returns float32 (n, E), numpy or torch like `rows`.
-    """
+    noise > 0, "tiled": each copy moved by noise * (per-dimension std over rows) * N(0, 1), so
+        copies are not exact ties; rows must be a float (N0, E) matrix. "gaussian": rows drawn from
+        N(mean, cov) fitted to rows. Returns float32 (n, E), numpy or torch like `rows`."""
     if construction not in ("tiled", "gaussian"):
         raise ValueError(f"construction must be 'tiled' or 'gaussian', got {construction!r}")
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1 or not noise >= 0:
-        raise ValueError(f"need a gallery size n >= 1 and noise >= 0, got n={n!r}, noise={noise!r}")
+        raise ValueError(f"need a gallery size n >= 1 and noise >= 0, got n={n!r}, "
+                         f"noise={noise!r}")
     if isinstance(rows, torch.Tensor):
         if len(rows) == 0:
             raise ValueError("cannot tile an empty tensor")
@@ -45,7 +45,8 @@ def tile_rows(rows, n: int, *, noise: float = 0.0, construction: str = "tiled", 
     if construction == "gaussian":  # x = mean + L eps with L L^T = cov (+ a ridge for safety)
         cov = np.cov(base, rowvar=False) + 1e-6 * np.eye(base.shape[1])  # (E, E)
         chol = np.linalg.cholesky(cov).astype(np.float32)
-    for start in tqdm(range(head, n, _TILE_CHUNK), desc=f"gallery {n:,}", disable=not progress, leave=False):
+    for start in tqdm(range(head, n, _TILE_CHUNK), desc=f"gallery {n:,}", disable=not progress,
+                      leave=False):
         stop = min(n, start + _TILE_CHUNK)
         eps = rng.standard_normal((stop - start, base.shape[1]), dtype=np.float32)  # (c, E)
         if construction == "tiled":

@@ -1,28 +1,25 @@
 """Timing done right: device-correct benchmarks, latency vs gallery size, and speedup tables.
 
-GPU work is asynchronous: a CUDA call returns before the kernel has run, so `time.perf_counter`
-around it measures only the launch. `measure` therefore times CUDA with CUDA events and a
-synchronisation after every call, synchronises Apple MPS around the wall clock, and uses
-`perf_counter` on the CPU. It runs untimed warm-up calls first (allocations, autotuning, caches)
-and reports the median with its spread, because single timings are noisy.
+GPU work is asynchronous: a CUDA call returns before its kernel runs, so `time.perf_counter`
+around it measures only the launch. `measure` times CUDA with events and a synchronisation after
+every call, synchronises Apple MPS around the wall clock, and uses `perf_counter` on the CPU,
+after untimed warm-up calls (allocations, autotuning, caches); it reports the median and spread.
 
-`profile_stages` splits one query into its stages (tokenise, transfer, forward, search, ...) and
-times each one's median and interquartile range beside the whole query's, whose difference from
-their sum is the Python glue between them (notebook 03, section 10).
+`profile_stages` times one query's stages (tokenise, transfer, forward, search, ...) beside the
+whole query; the difference is the Python glue between them (notebook 03, section 10).
 
-`latency_vs_gallery` measures how the cost of one query grows with the gallery, fits the linear
-cost model t(n) = a + b*n and extrapolates sizes too slow to measure, the way LightningDOT
-estimates its starred numbers ("Numbers with * are estimated by running time on test set").
-`speedup_table` / `format_speedup_table` turn such measurements into the paper's Table 3.
-"""
+`latency_vs_gallery` measures how one query's cost grows with the gallery, fits t(n) = a + b*n
+and extrapolates sizes too slow to measure, as LightningDOT estimates its starred numbers
+("Numbers with * are estimated by running time on test set"). `speedup_table` /
+`format_speedup_table` turn such measurements into the paper's Table 3."""
 
 from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -46,15 +43,14 @@ class TimingResult:
     times_ms: list[float] = field(repr=False)
 
     @classmethod
-    def from_times(cls, times_ms: Sequence[float], device: str) -> "TimingResult":
+    def from_times(cls, times_ms: Sequence[float], device: str) -> TimingResult:
         times = np.asarray(times_ms, dtype=np.float64)  # (repeats,)
         return cls(
             median_ms=float(np.median(times)), mean_ms=float(times.mean()),
             std_ms=float(times.std(ddof=1)) if len(times) > 1 else 0.0,
             min_ms=float(times.min()), max_ms=float(times.max()),
             p10_ms=float(np.percentile(times, 10)), p90_ms=float(np.percentile(times, 90)),
-            repeats=len(times), device=device, times_ms=times.tolist(),
-        )
+            repeats=len(times), device=device, times_ms=times.tolist())
 
     @property
     def p25_ms(self) -> float:
@@ -95,15 +91,12 @@ def _resolve_device(device) -> torch.device:
 def measure(fn: Callable[[], object], *, warmup: int = 3, repeats: int = 20,
               device=None) -> TimingResult:
     """Time `fn()`: `warmup` untimed calls, then `repeats` timed calls, one at a time.
-
-    device: None times with the CPU clock (`time.perf_counter`); "cuda" (or a CUDA
-    torch.device) times each call with a pair of CUDA events and synchronises after it; "mps"
-    synchronises MPS around the CPU clock; "auto" picks what `settings.get_device()` picks. We
-    default to the CPU clock rather than "auto" so that CPU code on a GPU machine is reported as
-    CPU time; pass device="cuda" (or "auto") whenever `fn` launches GPU work. As a safety net,
-    with the CPU clock we still synchronise CUDA if this process has used it, so forgetting
-    `device=` never reports just the kernel-launch time.
-    """
+    device: None times with the CPU clock (`time.perf_counter`); "cuda" (or a CUDA torch.device)
+    with a pair of CUDA events per call and a synchronisation after it; "mps" synchronises MPS
+    around the CPU clock; "auto" picks `settings.get_device()`. The CPU clock is the default so
+    that CPU code on a GPU machine reports CPU time; pass device="cuda" (or "auto") when `fn`
+    launches GPU work. Safety net: the CPU clock still synchronises CUDA if this process has used
+    it, so forgetting `device=` never reports just the kernel-launch time."""
     if not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"warmup must be an integer >= 0, got {warmup!r}")
     if not isinstance(repeats, int) or repeats < 1:
@@ -127,15 +120,15 @@ def _on(device: torch.device):
 
 
 def _call_clock(device: torch.device) -> Callable[[Callable[[], object]], float]:
-    """A function timing one call fn() in milliseconds on `device`'s clock: CUDA events with a
-    synchronisation after the call (and one before the first, so that earlier work does not leak
-    in); MPS synchronised around perf_counter; perf_counter on the CPU, synchronising CUDA if this
-    process has used it. Its result is fn's time; fn's return value is kept in clock.last."""
+    """clock(fn): one call's milliseconds on `device`'s clock (CUDA events, synchronised after the
+    call and once before the first; MPS synchronised around perf_counter; perf_counter on the CPU,
+    synchronising CUDA if this process has used it); fn's return value is kept in clock.last."""
     if device.type == "cuda":
         torch.cuda.synchronize()  # warm-up work must not leak into the first timing
 
         def clock(fn) -> float:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
             start.record()
             clock.last = fn()
             end.record()
@@ -164,9 +157,9 @@ def _call_clock(device: torch.device) -> Callable[[Callable[[], object]], float]
 
 @dataclass
 class StageProfile:
-    """Where one query's time goes: per stage, the median and interquartile range (ms) of its
-    calls; `total` the un-instrumented query's TimingResult; glue = total median - the stages'
-    summed medians (the Python between the stages; it can come out slightly negative: noise)."""
+    """Where one query's time goes: per stage, the median and interquartile range (ms); `total`
+    the un-instrumented query's TimingResult; glue = total median - the stages' summed medians
+    (the Python between the stages; slightly negative is noise)."""
 
     stages: list[dict]  # [{"stage", "median_ms", "p25_ms", "p75_ms"}]
     total: TimingResult
@@ -175,25 +168,29 @@ class StageProfile:
     def table(self) -> str:
         """Markdown: one row per stage, then the glue and the total, with each one's share."""
         total = self.total.median_ms
-        rows = [(s["stage"], s["median_ms"], f"{_fmt(s['p25_ms'])}–{_fmt(s['p75_ms'])}") for s in self.stages]
+        rows = [(s["stage"], s["median_ms"], f"{_fmt(s['p25_ms'])}–{_fmt(s['p75_ms'])}")
+                for s in self.stages]
         rows += [("Python glue", self.glue_ms, "–"),
                  ("whole query", total, f"{_fmt(self.total.p25_ms)}–{_fmt(self.total.p75_ms)}")]
         lines = ["| stage | median ms | IQR ms | share |", "|---|---:|---:|---:|"]
-        lines += [f"| {name} | {_fmt(ms)} | {iqr} | {100 * ms / total:.0f}% |" for name, ms, iqr in rows]
+        lines += [f"| {name} | {_fmt(ms)} | {iqr} | {100 * ms / total:.0f}% |"
+                  for name, ms, iqr in rows]
         return "\n".join(lines)
 
 
 def profile_stages(stages, *, query_fn: Callable[[], object] | None = None, warmup: int = 10,
                    repeats: int = 200, device=None) -> StageProfile:
-    """Time a query stage by stage: `stages` is [(name, fn), ...] where the first fn takes None and
-    each next one the previous one's output (course_lib.core.serving.TextQueryPath.stages). Each
-    repeat runs the chain once with a clock around every stage, then query_fn() once whole (default:
-    the chain itself, so the glue is only the chaining), alternating so that a machine that slows
-    down mid-run slows both alike. device: as `measure` (CUDA events and synchronisation per stage)."""
-    if not stages or not all(isinstance(s, tuple) and len(s) == 2 and callable(s[1]) for s in stages):
+    """Time a query stage by stage: `stages` is [(name, fn), ...], the first fn taking None, each
+    next the previous one's output (course_lib.core.serving.TextQueryPath.stages). Each repeat runs
+    the chain with a clock around every stage, then query_fn() whole (default: the chain, so the
+    glue is only the chaining), alternating so that a machine slowing mid-run slows both alike.
+    device: as `measure` (CUDA events and synchronisation per stage)."""
+    if not stages or not all(isinstance(s, tuple) and len(s) == 2 and callable(s[1])
+                             for s in stages):
         raise TypeError("stages must be a non-empty list of (name, fn) pairs")
     if not isinstance(repeats, int) or repeats < 1 or not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"need integers warmup >= 0 and repeats >= 1, got {warmup!r}, {repeats!r}")
+        raise ValueError(f"need integers warmup >= 0 and repeats >= 1, got {warmup!r}, "
+                         f"{repeats!r}")
 
     def chain():
         x = None
@@ -211,14 +208,15 @@ def profile_stages(stages, *, query_fn: Callable[[], object] | None = None, warm
         clock = _call_clock(device)
         for _ in range(repeats):
             clock.last = None
-            for times, (_, fn) in zip(per_stage, stages):
+            for times, (_, fn) in zip(per_stage, stages, strict=True):
                 x = clock.last
                 times.append(clock(partial(fn, x)))
             whole.append(clock(query_fn))
     rows = []
-    for (name, _), times in zip(stages, per_stage):
+    for (name, _), times in zip(stages, per_stage, strict=True):
         result = TimingResult.from_times(times, str(device))
-        rows.append({"stage": name, "median_ms": result.median_ms, "p25_ms": result.p25_ms, "p75_ms": result.p75_ms})
+        rows.append({"stage": name, "median_ms": result.median_ms, "p25_ms": result.p25_ms,
+                     "p75_ms": result.p75_ms})
     total = TimingResult.from_times(whole, str(device))
     return StageProfile(rows, total, total.median_ms - sum(r["median_ms"] for r in rows))
 
@@ -228,9 +226,11 @@ def fit_linear_cost(ns: Sequence[float], ms: Sequence[float]) -> tuple[float, fl
     ns = np.asarray(ns, dtype=np.float64)  # (P,)
     ms = np.asarray(ms, dtype=np.float64)  # (P,)
     if ns.shape != ms.shape or ns.ndim != 1:
-        raise ValueError(f"ns and ms must be 1-D and of equal length, got {ns.shape} and {ms.shape}")
+        raise ValueError(f"ns and ms must be 1-D and of equal length, got {ns.shape} and "
+                         f"{ms.shape}")
     if len(np.unique(ns)) < 2:
-        raise ValueError("fitting a + b*n needs at least two different sizes n; measure more sizes")
+        raise ValueError("fitting a + b*n needs at least two different sizes n; measure more "
+                         "sizes")
     if not (np.isfinite(ns).all() and np.isfinite(ms).all()):
         raise ValueError("ns and ms must be finite numbers")
     design = np.stack([np.ones_like(ns), ns], axis=1)  # (P, 2)
@@ -249,27 +249,24 @@ def latency_vs_gallery(make_fn: Callable[[int], Callable[[], object]], sizes: Se
                        warmup: int = 3, repeats: int = 20, per: int = 1, device=None,
                        max_measured: int | None = None) -> list[dict]:
     """Milliseconds per query against galleries of each size; measured or linearly extrapolated.
-
     make_fn(n) builds a gallery of n items and returns a zero-argument callable answering `per`
-    queries against it. Sizes up to `max_measured` (all if None) are timed with `measure`;
-    if any are larger, t(n) = a + b*n is fitted to the measured per-query medians and the rest
-    are extrapolated, never below the time measured at the largest size (a noisy fit can slope
-    down: a bigger gallery is then estimated at the largest measured cost, not at less). Rows, by
-    increasing n: {"n", "ms_per_query", "measured", "p10_ms", "p25_ms", "p75_ms", "p90_ms"}, the
-    percentiles per query too and None where extrapolated.
-    """
+    queries against it. Sizes up to `max_measured` (all if None) are timed with `measure`; larger
+    ones are extrapolated from t(n) = a + b*n fitted to the measured per-query medians, never
+    below the largest measured size's time (a noisy fit can slope down). Rows, by increasing n:
+    {"n", "ms_per_query", "measured", "p10_ms", "p25_ms", "p75_ms", "p90_ms"}, percentiles per
+    query, None where extrapolated."""
     sizes = sorted({int(n) for n in sizes})
     if not sizes or sizes[0] < 1:
         raise ValueError(f"sizes must be positive gallery sizes, got {sizes}")
     if not isinstance(per, int) or per < 1:
-        raise ValueError(f"per (queries answered by one call) must be an integer >= 1, got {per!r}")
+        raise ValueError(f"per (queries answered by one call) must be an integer >= 1, got "
+                         f"{per!r}")
     timed = [n for n in sizes if max_measured is None or n <= max_measured]
     estimate = [n for n in sizes if n not in timed]
     if estimate and len(timed) < 2:
         raise ValueError(
             f"extrapolating to {estimate} needs at least two measured sizes <= max_measured="
-            f"{max_measured}, got {timed}; add smaller sizes or raise max_measured"
-        )
+            f"{max_measured}, got {timed}; add smaller sizes or raise max_measured")
     rows = []
     for n in timed:
         fn = make_fn(n)
@@ -281,24 +278,25 @@ def latency_vs_gallery(make_fn: Callable[[int], Callable[[], object]], sizes: Se
     if estimate:
         fit = fit_linear_cost([r["n"] for r in rows], [r["ms_per_query"] for r in rows])
         if fit[1] < 0:
-            warnings.warn(f"the fitted cost falls with gallery size (slope {fit[1]:.3g} ms/item): the measured "
-                          "sizes are too small or too noisy to extrapolate from", CourseNote, stacklevel=2)
+            warnings.warn(f"the fitted cost falls with gallery size (slope {fit[1]:.3g} ms/item): "
+                          "the measured sizes are too small or too noisy to extrapolate from",
+                          CourseNote, stacklevel=2)
         floor = rows[-1]["ms_per_query"]  # the largest measured gallery
-        rows += [{"n": n, "ms_per_query": max(float(extrapolate(fit, n)), floor), "measured": False,
-                  "p10_ms": None, "p90_ms": None, "p25_ms": None, "p75_ms": None} for n in estimate]
+        rows += [{"n": n, "ms_per_query": max(float(extrapolate(fit, n)), floor),
+                  "measured": False, "p10_ms": None, "p90_ms": None, "p25_ms": None,
+                  "p75_ms": None} for n in estimate]
     return rows
 
 
 def speedup_table(rows_by_method: dict[str, list[dict]], reference: str) -> list[dict]:
     """Speedups over `reference` at every gallery size, one row per (n, method).
-
-    rows_by_method maps a method name to `latency_vs_gallery` rows. Each output row:
-    {"n", "method", "ms_per_query", "measured" (this method's time), "speedup" (reference ms /
-    method ms), "speedup_estimated" (True if either time was extrapolated)}. A method without a
-    size is left out at that size; the reference must have every size.
-    """
+    rows_by_method: method name -> `latency_vs_gallery` rows. Output rows: {"n", "method",
+    "ms_per_query", "measured" (this method's time), "speedup" (reference ms / method ms),
+    "speedup_estimated" (either time extrapolated)}. A method without a size is left out there;
+    the reference must have every size."""
     if reference not in rows_by_method:
-        raise ValueError(f"reference {reference!r} is not among the methods {list(rows_by_method)}")
+        raise ValueError(f"reference {reference!r} is not among the methods "
+                         f"{list(rows_by_method)}")
     by_n = {m: {row["n"]: row for row in rows} for m, rows in rows_by_method.items()}
     sizes = sorted({n for rows in by_n.values() for n in rows})
     missing = [n for n in sizes if n not in by_n[reference]]
@@ -313,7 +311,8 @@ def speedup_table(rows_by_method: dict[str, list[dict]], reference: str) -> list
                 continue
             row = rows[n]
             if row["ms_per_query"] <= 0:
-                raise ValueError(f"{method} has a non-positive time {row['ms_per_query']} ms at n={n}")
+                raise ValueError(f"{method} has a non-positive time {row['ms_per_query']} ms at "
+                                 f"n={n}")
             table.append({"n": n, "method": method, "ms_per_query": row["ms_per_query"],
                           "measured": row["measured"],
                           "speedup": ref["ms_per_query"] / row["ms_per_query"],

@@ -1,13 +1,11 @@
 """Special token ids: which ids a model treats specially, as one tokenizer assigns them.
 
-The word-level tokenizer (course_lib.data.tokenizer) uses BERT's special tokens at fixed ids:
-[PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4. A pretrained BERT tokenizer has [PAD]=0 [UNK]=100
-[CLS]=101 [SEP]=102 [MASK]=103, so models never assume the ids: whatever builds a model reads them
-with `SpecialTokens.of(tokenizer)` and hands them over. The constants PAD_ID .. MASK_ID and
-WORD_SPECIAL_TOKENS are the word-level tokenizer's alone (the default of the functions and models
-that notebooks call on word-tokenizer batches). They live in core because the encoders and losses
-need them, below the data layer.
-"""
+The word-level tokenizer (course_lib.data.tokenizer) has BERT's special tokens at [PAD]=0 [UNK]=1
+[CLS]=2 [SEP]=3 [MASK]=4; a pretrained BERT tokenizer at [PAD]=0 [UNK]=100 [CLS]=101 [SEP]=102
+[MASK]=103. So models never assume the ids: whatever builds a model reads them with
+`SpecialTokens.of(tokenizer)`. PAD_ID .. MASK_ID and WORD_SPECIAL_TOKENS are the word-level
+tokenizer's alone (the default on word-tokenizer batches). They live in core, below the data
+layer, because the encoders and losses need them."""
 
 from __future__ import annotations
 
@@ -20,12 +18,10 @@ PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = range(len(SPECIAL_TOKENS))  # the word
 @dataclass(frozen=True)
 class SpecialTokens:
     """The ids a model treats specially, as one tokenizer assigns them.
-
     pad: padding ([PAD], the embeddings' padding_idx); cls / sep: the [CLS] / [SEP] wrapping every
     text (not words: SCAN and the bag of words drop them); mask: [MASK] (None if the tokenizer has
-    none; only masked language modelling needs it); all: every special id of the tokenizer
-    (`all_special_ids`, sorted; [UNK] included), which masking never picks nor draws as a random word.
-    """
+    none; only masked language modelling needs it); all: every special id (`all_special_ids`,
+    sorted; [UNK] included), which masking never picks nor draws as a random word."""
 
     pad: int
     cls: int
@@ -34,13 +30,15 @@ class SpecialTokens:
     all: tuple[int, ...]
 
     @classmethod
-    def of(cls, tokenizer) -> "SpecialTokens":
+    def of(cls, tokenizer) -> SpecialTokens:
         """Read the ids from a transformers tokenizer (word-level or pretrained)."""
-        ids = {name: getattr(tokenizer, f"{name}_token_id", None) for name in ("pad", "cls", "sep", "mask")}
+        ids = {name: getattr(tokenizer, f"{name}_token_id", None)
+               for name in ("pad", "cls", "sep", "mask")}
         missing = [f"{name}_token" for name in ("pad", "cls", "sep") if ids[name] is None]
         if missing:
-            raise ValueError(f"the tokenizer has no {', '.join(missing)}: the course's text encoders need "
-                             "[PAD], [CLS] and [SEP] (a BERT-style tokenizer, or build_word_tokenizer)")
+            raise ValueError(f"the tokenizer has no {', '.join(missing)}: the course's text "
+                             "encoders need [PAD], [CLS] and [SEP] (a BERT-style tokenizer, or "
+                             "build_word_tokenizer)")
         every = set(tokenizer.all_special_ids) | {i for i in ids.values() if i is not None}
         return cls(**ids, all=tuple(sorted(every)))
 
@@ -50,7 +48,8 @@ class SpecialTokens:
         import torch
 
         allowed = torch.ones(vocab_size, dtype=torch.bool, device=device)  # (V,)
-        special = torch.tensor([i for i in self.all if i < vocab_size], dtype=torch.long, device=device)
+        special = torch.tensor([i for i in self.all if i < vocab_size], dtype=torch.long,
+                               device=device)
         allowed[special] = False
         return allowed.nonzero().squeeze(1)
 
@@ -60,5 +59,5 @@ WORD_SPECIAL_TOKENS = SpecialTokens(pad=PAD_ID, cls=CLS_ID, sep=SEP_ID, mask=MAS
                                     all=tuple(range(len(SPECIAL_TOKENS))))
 
 
-__all__ = ["SpecialTokens", "WORD_SPECIAL_TOKENS", "SPECIAL_TOKENS", "PAD_ID", "UNK_ID", "CLS_ID", "SEP_ID",
-           "MASK_ID"]
+__all__ = ["SpecialTokens", "WORD_SPECIAL_TOKENS", "SPECIAL_TOKENS", "PAD_ID", "UNK_ID", "CLS_ID",
+           "SEP_ID", "MASK_ID"]

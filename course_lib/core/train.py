@@ -1,23 +1,23 @@
 """One generic training loop for every model of the course, in the spirit of minGPT's trainer.
 
-The trainer knows nothing of any one model: it is given a model, a `loss_fn(model, batch, step)` that
-returns a scalar loss or a dict holding "loss" and other scalars to log (step = optimizer steps so far),
-a map-style dataset and a `TrainConfig`. It runs AdamW with LightningDOT's recipe (betas 0.9/0.98, weight
-decay 0.01, linear warm-up over 10% of steps, then linear decay to 0), optional gradient accumulation and
-clipping, periodic evaluation, logging into a `History`, and checkpoints that resume exactly.
+It knows no model: it gets a model, a `loss_fn(model, batch, step)` returning a scalar loss or a
+dict with "loss" and other scalars to log (step = optimizer steps so far), a map-style dataset and
+a `TrainConfig`. AdamW with LightningDOT's recipe (betas 0.9/0.98, weight decay 0.01, linear
+warm-up over 10% of steps, then linear decay to 0), optional gradient accumulation and clipping,
+periodic evaluation, logging into a `History`, checkpoints that resume exactly.
 
-- Mixed precision (`amp=True`) is used only on CUDA: autocast to bfloat16 where the GPU supports it,
-  else float16 with a GradScaler. On CPU and Apple MPS it is silently off (full float32).
+- Mixed precision (`amp=True`) only on CUDA: bfloat16 autocast where supported, else float16 with
+  a GradScaler; silently off (float32) on CPU and Apple MPS.
 - The trainer owns the data order (a shuffle seeded from (seed, epoch)), so an interrupted run
   resumes from `checkpoint_path` bit-for-bit (CPU or CUDA, `num_workers=0`).
-- A finished run's checkpoint makes `fit()` return at once with the stored history: this is how
-  notebooks cache trained models (delete the file or call `fit(resume=False)` to retrain).
-- `keep_best="val_t2i_r1"` (a metric of `evaluate`): a finished run ends with the weights of its best
-  evaluation, not its last step's (early stopping on val); the history's last row names that step.
-- In a torch.distributed group of N processes (course_lib.core.distributed), batch_size is per process:
-  a step's global batch of N * batch_size is split in rank order and DDP averages the gradients, so
-  the run equals one process of batch N * batch_size. loss_fn still gets the plain model; logged
-  values are averaged over processes; only rank 0 shows progress, evaluates and saves.
+- A finished run's checkpoint makes `fit()` return its history at once: how notebooks cache
+  trained models (delete the file or call `fit(resume=False)` to retrain).
+- `keep_best="val_t2i_r1"` (a metric of `evaluate`): the run ends with its best evaluation's
+  weights (early stopping on val); the history's last row names that step.
+- In a torch.distributed group of N processes (core.distributed) batch_size is per process: a
+  step's global batch of N * batch_size is split in rank order and DDP averages the gradients, as
+  one process of batch N * batch_size. loss_fn gets the plain model; logged values are averaged
+  over processes; only rank 0 shows progress, evaluates and saves.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ import math
 import os
 import time
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -52,8 +53,9 @@ from course_lib.core.settings import CourseNote, get_device, seed_everything
 from course_lib.core.train_config import TrainConfig
 
 # Config fields that change the numbers a run produces: a resume with other values warns.
-_RESULT_FIELDS = ("batch_size", "lr", "lr_scales", "weight_decay", "betas", "eps", "warmup_fraction",
-                  "grad_clip", "grad_accum_steps", "amp", "seed", "shuffle", "drop_last")
+_RESULT_FIELDS = ("batch_size", "lr", "lr_scales", "weight_decay", "betas", "eps",
+                  "warmup_fraction", "grad_clip", "grad_accum_steps", "amp", "seed", "shuffle",
+                  "drop_last")
 
 
 def move_to_device(batch: Any, device: torch.device) -> Any:
@@ -95,11 +97,9 @@ def _checked_loss(out: Any) -> torch.Tensor:
 
 
 class Trainer:
-    """Train `model` by minimising `loss_fn(model, batch, step)` over `dataset`; see the module docstring.
-
+    """Train `model` by minimising `loss_fn(model, batch, step)` over `dataset` (module docstring).
     `evaluate(model) -> dict[str, float]`, if given, runs every `eval_every` steps and at the end,
-    in eval mode under torch.no_grad(); the model is put back in train mode afterwards.
-    """
+    in eval mode under torch.no_grad(), then back to train mode."""
 
     def __init__(self, model: nn.Module, loss_fn: Callable[[nn.Module, Any], Any], dataset,
                  config: TrainConfig | None = None, collate_fn: Callable | None = None,
@@ -117,13 +117,14 @@ class Trainer:
                              f"{cfg.batch_size} x {self.world_size} processes) and drop_last=True "
                              "leaves no batch: lower batch_size or set drop_last=False")
         if cfg.keep_best is not None and evaluate is None:
-            raise ValueError(f"keep_best={cfg.keep_best!r} keeps the best evaluation's weights, but no evaluate "
-                             "was given: pass evaluate= (and eval_every) or set keep_best=None")
+            raise ValueError(f"keep_best={cfg.keep_best!r} keeps the best evaluation's weights, "
+                             "but no evaluate was given: pass evaluate= (and eval_every) or set "
+                             "keep_best=None")
         self.dataset, self.loss_fn, self.collate_fn = dataset, loss_fn, collate_fn
         self.evaluate = evaluate
         self.device = torch.device(cfg.device) if cfg.device else get_device()
         self.model = model.to(self.device)
-        self._ddp = data_parallel_loss(self.model)  # None in one process; call _ddp(loss_fn, batch, step)
+        self._ddp = data_parallel_loss(self.model)  # _ddp(loss_fn, batch, step); None: 1 process
         self.use_amp = cfg.amp and self.device.type == "cuda"
         self.amp_dtype = (torch.bfloat16 if self.use_amp and torch.cuda.is_bf16_supported()
                           else torch.float16)
@@ -132,8 +133,8 @@ class Trainer:
 
     def _build_optimizer(self) -> None:
         cfg = self.config
-        self.optimizer = torch.optim.AdamW(param_groups(self.model, cfg.weight_decay, cfg.lr, cfg.lr_scales), lr=cfg.lr,
-                                           betas=tuple(cfg.betas), eps=cfg.eps)
+        groups = param_groups(self.model, cfg.weight_decay, cfg.lr, cfg.lr_scales)
+        self.optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps)
         warmup = round(cfg.warmup_fraction * cfg.max_steps)
         # LambdaLR's step counter = optimizer steps taken, so step 0 runs at lr 0 (as in HF).
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -147,13 +148,13 @@ class Trainer:
         self.cpu_seconds = 0.0  # process CPU time inside training steps (all threads)
         self.history = History()
         self._window: dict = {"n": 0, "sums": {}, "counts": {}, "lr": 0.0}  # steps not yet logged
-        self.best: dict | None = None  # keep_best: {"step", "value", "model": CPU copy of the weights}
+        self.best: dict | None = None  # keep_best: {"step", "value", "model": CPU weights copy}
 
     # ---- data -------------------------------------------------------------------------------
     def _epoch_batches(self, epoch: int) -> list[list[int]]:
-        """This process's slice (rank r: the r-th batch_size rows) of each global batch of batch_size
-        x world_size. Not DistributedSampler, which deals positions r, r + N, ... to rank r: its
-        batches gathered in rank order would permute one process's batch; ours are it, row for row."""
+        """This process's slice (rank r: the r-th batch_size rows) of each global batch of
+        batch_size x world_size. Not DistributedSampler, which deals positions r, r + N, ... to
+        rank r: gathered in rank order, its batches would permute one process's; ours are it."""
         cfg, n, size = self.config, len(self.dataset), self.config.batch_size * self.world_size
         gen = torch.Generator().manual_seed(self._epoch_seed(epoch))
         order = torch.randperm(n, generator=gen).tolist() if cfg.shuffle else list(range(n))
@@ -182,17 +183,14 @@ class Trainer:
 
     # ---- training ---------------------------------------------------------------------------
     def fit(self, resume: bool = True, stop_after: int | None = None) -> History:
-        """Train to `config.max_steps` and return the history.
-
-        resume: continue from `checkpoint_path` when it exists (a finished run returns at once);
-            False starts afresh from the model's current weights and overwrites the checkpoint.
-        stop_after: stop after this many optimizer steps of this call, saving a checkpoint
-            (simulates an interruption; a later `fit()` continues).
-        """
-        # one process trains into a checkpoint file at a time: another one that wants it waits, then
-        # finds it finished (or resumes a run that stopped). In a distributed group rank 0 holds the
-        # lock for all: the others start once it has it
-        with training_lock(self.config.checkpoint_path) if self.rank == 0 else contextlib.nullcontext():
+        """Train to `config.max_steps` and return the history. resume: continue from
+        `checkpoint_path` if it exists (a finished run returns at once); False starts afresh from
+        the current weights, overwriting the checkpoint. stop_after: stop after this many optimizer
+        steps of this call, saving a checkpoint (an interruption; a later `fit()` continues)."""
+        # one process trains into a checkpoint file at a time: another waits, then finds it finished
+        # (or resumes it). In a distributed group rank 0 holds the lock for all
+        path = self.config.checkpoint_path
+        with training_lock(path) if self.rank == 0 else contextlib.nullcontext():
             barrier()
             return self._fit(resume, stop_after)
 
@@ -203,7 +201,8 @@ class Trainer:
             done = self.step >= cfg.max_steps
             if self.rank == 0:
                 tqdm.write(f"{'Loaded finished run' if done else 'Resumed'} from {path} at step "
-                           f"{self.step}/{cfg.max_steps}" + (" (no training needed)" if done else ""))
+                           f"{self.step}/{cfg.max_steps}"
+                           + (" (no training needed)" if done else ""))
             if done:
                 return self.history
         elif self.step == 0 or not resume:  # fresh start; else continue the run held in memory
@@ -227,7 +226,7 @@ class Trainer:
                 if self.step % cfg.log_every == 0 or last:
                     row = self._log_row()
                     bar.set_postfix(loss=f"{row['loss']:.4f}", lr=f"{row['lr']:.2e}")
-                evaluates = self.evaluate and self.rank == 0  # the others wait at the next all-reduce
+                evaluates = self.evaluate and self.rank == 0  # the others wait at the all-reduce
                 if evaluates and ((cfg.eval_every and self.step % cfg.eval_every == 0) or last):
                     self._run_evaluate()
                 due = cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0
@@ -315,9 +314,11 @@ class Trainer:
         key = self.config.keep_best
         if key is not None:
             if row.get(key) is None:
-                raise KeyError(f"keep_best={key!r} is not a metric of evaluate (it returned {sorted(metrics)})")
-            if self.best is None or row[key] > self.best["value"]:  # the first of equal values is kept
-                weights = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+                raise KeyError(f"keep_best={key!r} is not a metric of evaluate (it returned "
+                               f"{sorted(metrics)})")
+            if self.best is None or row[key] > self.best["value"]:  # the first of equals is kept
+                weights = {k: v.detach().to("cpu", copy=True)
+                           for k, v in self.model.state_dict().items()}
                 self.best = {"step": self.step, "value": row[key], "model": weights}
 
     # ---- checkpoints ------------------------------------------------------------------------
@@ -333,8 +334,8 @@ class Trainer:
                 "window": self._window, "rng": capture_rng_state(), "config": config}
 
     def save_checkpoint(self, path: str | None = None) -> None:
-        """Write the trainer state atomically (a temporary file of this process, then os.replace), on rank 0 only (the
-        RNG states are rank 0's: other ranks' dropout masks do not resume bit-exactly)."""
+        """Write the trainer state atomically (this process's temporary file, then os.replace), on
+        rank 0 only (the RNG states are rank 0's: other ranks' dropout masks resume inexactly)."""
         path = path or self.config.checkpoint_path
         if not path:
             raise ValueError("no path given and config.checkpoint_path is None")
@@ -347,7 +348,8 @@ class Trainer:
         """Restore the trainer state saved by `save_checkpoint` (then `fit()` continues)."""
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
         if not isinstance(ckpt, dict) or ckpt.get("format") != TRAINER_FORMAT:
-            raise ValueError(f"{path!r} is not a Trainer checkpoint (use course_lib.core.checkpoints.load_model_weights)")
+            raise ValueError(f"{path!r} is not a Trainer checkpoint (use "
+                             "course_lib.core.checkpoints.load_model_weights)")
         check_model_state(self.model, ckpt["model"], f"checkpoint {path!r}")
         changed = [k for k in _RESULT_FIELDS if ckpt["config"].get(k) != getattr(self.config, k)
                    and not (k == "betas" and tuple(ckpt["config"][k]) == tuple(self.config.betas))]
@@ -361,7 +363,7 @@ class Trainer:
             self.scaler.load_state_dict(ckpt["scaler"])
         self.step, self.epoch = ckpt["step"], ckpt["epoch"]
         self.batch_in_epoch = ckpt["batch_in_epoch"]
-        self.cpu_seconds = ckpt.get("cpu_seconds", 0.0)  # absent in checkpoints saved before it existed
+        self.cpu_seconds = ckpt.get("cpu_seconds", 0.0)  # absent in older checkpoints
         self.history, self._window = History(ckpt["history"]), ckpt["window"]
-        self.best = ckpt.get("best")  # keep_best's best evaluation so far (absent in older checkpoints)
+        self.best = ckpt.get("best")  # keep_best's best evaluation so far (absent in older ones)
         restore_rng_state(ckpt["rng"])  # last, so nothing above consumes random numbers after it

@@ -1,6 +1,6 @@
-"""The training knobs of the one training loop (course_lib.core.train.Trainer): `TrainConfig`, and
-`train_config`, which builds it from a method config's own training fields, so a knob means the same
-thing in every method."""
+"""The training knobs of the one training loop (course_lib.core.train.Trainer): `TrainConfig`,
+and `train_config`, which builds it from a method config's own training fields, so a knob means
+the same thing in every method."""
 
 from __future__ import annotations
 
@@ -37,8 +37,9 @@ class TrainConfig:
     keep_best: str | None = None
 
 
-# the training knobs a method config declares (with its own defaults and reasons) and hands to TrainConfig
-TRAIN_FIELDS = ("max_steps", "batch_size", "lr", "warmup_fraction", "grad_clip", "seed", "keep_best")
+# the training knobs a method config declares (its own defaults and reasons) and hands TrainConfig
+TRAIN_FIELDS = ("max_steps", "batch_size", "lr", "warmup_fraction", "grad_clip", "seed",
+                "keep_best")
 CHECKPOINT_EVERY_AT_LEAST = 50  # steps between train_config's periodic saves, at the fewest
 
 

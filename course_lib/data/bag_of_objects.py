@@ -1,10 +1,9 @@
-"""A hand-built single vector per image and per caption, from the generator's ground truth: what one
-vector can represent on this benchmark when perception is perfect.
+"""A hand-built single vector per image and per caption, from the generator's ground truth: what
+one vector can represent on this benchmark when perception is perfect.
 
-A dual encoder squeezes a scene into one vector and a caption into another and ranks by their dot
-product. Here both vectors are written by hand from what the generator knows, so nothing is learned
-and nothing is misperceived; what is left is the limit of the form itself. The image vector is a
-multi-hot of three blocks:
+A dual encoder squeezes a scene into one vector, a caption into another, and ranks by their dot
+product. Here both are written by hand from what the generator knows: nothing learned, nothing
+misperceived, only the limit of the form itself. The image vector is a multi-hot of three blocks:
 
     objects   one entry per object kind (shape, colour, size): 6 x 8 x 2 = 96
     places    one entry per (object kind, cell): 96 x 9 = 864
@@ -12,15 +11,14 @@ multi-hot of three blocks:
 
 A caption describes one or two objects, often partially ("a red circle" leaves the size open), so
 it spreads a weight of 1 evenly over every object kind its description matches: on the objects
-block, or, for the object of a place caption, on the places block at the named cell. A count
-caption also puts 1 on its count. Relations ("left of", "above") get nothing: a bag of objects
-cannot say which object is where relative to another, which is the point of the reference. The
-score is the plain dot product: how much of what the caption names the scene holds.
+block, or, for a place caption's object, on the places block at the named cell; a count caption
+also puts 1 on its count. Relations ("left of", "above") get nothing: a bag of objects cannot say
+where one object is relative to another, the point of the reference. The score is the plain dot
+product: how much of what the caption names the scene holds.
 
-Terse pre-training captions are read the same way (their corrupted words included: the vector says
-what the caption says). `random_projection` maps both sides to a narrower joint space, the width a
-trained dual encoder would have.
-"""
+Terse pre-training captions are read the same way (corrupted words included: the vector says what
+the caption says). `random_projection` maps both sides to a narrower joint space, a trained dual
+encoder's width."""
 
 from __future__ import annotations
 
@@ -34,15 +32,19 @@ N_CELLS = GRID * GRID
 
 def kind_of(shape, color, size) -> np.ndarray:
     """The object kind index of (shape, colour, size) arrays: (shape * 8 + colour) * 2 + size."""
-    return (np.asarray(shape, np.int64) * len(COLORS) + np.asarray(color, np.int64)) * len(SIZES) + np.asarray(size, np.int64)
+    return ((np.asarray(shape, np.int64) * len(COLORS) + np.asarray(color, np.int64)) * len(SIZES)
+            + np.asarray(size, np.int64))
 
 
 def _matching_kinds(shape, color, size) -> np.ndarray:
     """(T, N_KINDS) bool: for each partial description (an attribute of -1 = not mentioned), the
     object kinds it matches."""
-    s, c, z = np.meshgrid(np.arange(len(SHAPES)), np.arange(len(COLORS)), np.arange(len(SIZES)), indexing="ij")
+    s, c, z = np.meshgrid(np.arange(len(SHAPES)), np.arange(len(COLORS)), np.arange(len(SIZES)),
+                          indexing="ij")
     s, c, z = (a.reshape(-1) for a in (s, c, z))  # (N_KINDS,) in kind_of order
-    match = lambda wanted, values: (np.asarray(wanted)[:, None] < 0) | (np.asarray(wanted)[:, None] == values)  # noqa: E731
+
+    def match(wanted, values):
+        return (np.asarray(wanted)[:, None] < 0) | (np.asarray(wanted)[:, None] == values)
     return match(shape, s[None, :]) & match(color, c[None, :]) & match(size, z[None, :])
 
 
@@ -67,7 +69,8 @@ def text_vectors(meanings: Meanings, max_objects: int) -> np.ndarray:
     description matches (on its cell for a place caption's object), and its count."""
     t, width = len(meanings), vector_width(max_objects)
     out = np.zeros((t, width), dtype=np.float32)
-    a = _matching_kinds(meanings.a_shape, meanings.a_color, meanings.a_size).astype(np.float32)  # (T, K)
+    a = _matching_kinds(meanings.a_shape, meanings.a_color,
+                        meanings.a_size).astype(np.float32)  # (T, K)
     a /= np.maximum(a.sum(axis=1, keepdims=True), 1.0)
     placed = meanings.place >= 0
     out[~placed, :N_KINDS] += a[~placed]
@@ -84,11 +87,11 @@ def text_vectors(meanings: Meanings, max_objects: int) -> np.ndarray:
 
 
 def bag_of_objects(split) -> tuple[np.ndarray, np.ndarray]:
-    """(image vectors (N, D), caption vectors (T, D)) of a synthetic split (it needs the ground truth:
+    """(image vectors (N, D), caption vectors (T, D)) of a synthetic split (from its ground truth,
     split.scenes and split.meanings)."""
     if split.scenes is None or split.meanings is None:
-        raise ValueError(f"split {split.name!r} has no ground truth (scenes, meanings): the bag-of-objects "
-                         "reference exists for the synthetic benchmark only")
+        raise ValueError(f"split {split.name!r} has no ground truth (scenes, meanings): the "
+                         "bag-of-objects reference exists for the synthetic benchmark only")
     return image_vectors(split.scenes), text_vectors(split.meanings, split.scenes.max_objects)
 
 
@@ -100,5 +103,5 @@ def random_projection(images: np.ndarray, texts: np.ndarray, width: int, seed: i
     return images @ project, texts @ project
 
 
-__all__ = ["N_KINDS", "N_CELLS", "kind_of", "vector_width", "image_vectors", "text_vectors", "bag_of_objects",
-           "random_projection"]
+__all__ = ["N_KINDS", "N_CELLS", "kind_of", "vector_width", "image_vectors", "text_vectors",
+           "bag_of_objects", "random_projection"]

@@ -1,23 +1,22 @@
 """Captions of the synthetic benchmark: sampling meanings, wording them, deciding their truth.
 
-A caption is first sampled as a meaning (a `Meanings` row: which objects, attributes, relation,
-place or count it asserts, all read off one scene, so it is true of that scene by construction),
-then worded with templates and synonyms. Families: "pair" (two objects), "relation" (two objects
-and left of / right of / above / below), "place" (one object in a named cell), "count" (the number
-of objects and one of them), and "terse" (the pre-training corpus: one or two bare objects, some
-attributes dropped, word order varied, optionally corrupted). `satisfies` decides the truth of every
-caption on every scene from the ground truth, with per-scene bitmasks of objects (fast enough for
-12k scenes x 60k captions).
+A caption is sampled as a meaning (a `Meanings` row: the objects, attributes, relation, place or
+count it asserts, read off one scene, so true of it by construction), then worded with templates
+and synonyms. Families: "pair" (two objects), "relation" (two objects and left of / right of /
+above / below), "place" (one object in a named cell), "count" (the number of objects and one of
+them), "terse" (pre-training: one or two bare objects, attributes dropped, word order varied,
+optionally corrupted). `satisfies` decides every caption's truth on every scene from the ground
+truth, with per-scene bitmasks of objects (fast enough for 12k scenes x 60k captions).
 
 Two ceilings (expected R@K in percent, random tie-breaking):
-- `oracle_ceiling` (course_lib.data.oracle): the upper bound. The Bayes-optimal ranking under the generator's own caption
-  likelihood P(caption | scene) (course_lib.data.likelihood): t2i ranks images by it, i2t ranks
-  captions by the posterior that they came from the image. No model that sees only the captions
-  and images can beat it in expectation (t2i exactly; i2t up to the weak dependence between the
-  origins of different captions, see likelihood.py).
-- `truth_ceiling`: the truth-only ranker (every caption/image that satisfies the query first, all
-  tied). Didactic: it shows how ambiguous partial descriptions are, but it is not an upper bound
-  (a model that learns how specific a caption is beats it, most of all on i2t).
+- `oracle_ceiling` (course_lib.data.oracle), the upper bound: the Bayes-optimal ranking under the
+  generator's caption likelihood P(caption | scene) (course_lib.data.likelihood); t2i ranks images
+  by it, i2t ranks captions by the posterior that they came from the image. No model seeing only
+  captions and images beats it in expectation (t2i exactly; i2t up to the weak dependence between
+  captions' origins, see likelihood.py).
+- `truth_ceiling`: the truth-only ranker (everything satisfying the query first, all tied).
+  Didactic: it shows how ambiguous partial descriptions are, but is no upper bound (a model that
+  learns how specific a caption is beats it, most of all on i2t).
 """
 
 from __future__ import annotations
@@ -30,12 +29,13 @@ from .scenes import COLORS, FAMILIES, GRID, SHAPES, SIZES, Meanings, Scenes
 
 PAIR, RELATION, PLACE, COUNT, TERSE = range(len(FAMILIES))
 SIZE_WORDS = (("small", "little", "tiny"), ("big", "large", "huge"))
-SHAPE_WORDS = (("circle", "disc", "disk"), ("square", "box"), ("triangle",), ("diamond", "rhombus"),
-               ("cross", "plus sign"), ("ring", "hoop", "donut"))
+SHAPE_WORDS = (("circle", "disc", "disk"), ("square", "box"), ("triangle",),
+               ("diamond", "rhombus"), ("cross", "plus sign"), ("ring", "hoop", "donut"))
+# "next to" is ambiguous: not used
 RELATION_WORDS = (("left of", "to the left of", "on the left of"),
                   ("right of", "to the right of", "on the right of"),
                   ("above", "over", "on top of", "higher than"),
-                  ("below", "under", "beneath", "underneath", "lower than"))  # "next to" is ambiguous: not used
+                  ("below", "under", "beneath", "underneath", "lower than"))
 PLACE_WORDS = (  # one tuple per cell, row-major from the top left
     ("in the top left corner", "in the upper left corner", "at the top left"),
     ("at the top in the middle", "in the top middle", "in the middle of the top edge"),
@@ -60,7 +60,7 @@ COUNT_TWO = ("{n} shapes including {a} and {b}", "{n} objects among them {a} and
              "there are {n} things including {a} and {b}")  # count captions naming two objects
 TERSE_PREFIXES = ("", "", "", "photo of", "image of", "stock photo", "picture with", "shapes")
 TERSE_JOINERS = (" ", " ", " and ", " with ")
-TERSE_ORDERS = ((0, 1, 2), (1, 0, 2), (2, 1, 0))  # word order of (size, colour, shape) in a terse object
+TERSE_ORDERS = ((0, 1, 2), (1, 0, 2), (2, 1, 0))  # word order of (size, colour, shape), terse
 N_CHOICES = 9  # random integers drawn per caption for template and synonym choices
 
 
@@ -69,7 +69,7 @@ def _pick(options: tuple, choice: int):
 
 
 def _phrase(shape: int, color: int, size: int, ch_det: int, ch_size: int, ch_shape: int) -> str:
-    """'a small red circle' (an attribute of -1 is left out; 'one' instead of 'a' one time in five)."""
+    """'a small red circle' (an attribute of -1 is left out; 'one' for 'a' one time in five)."""
     words = []
     if size >= 0:
         words.append(SIZE_WORDS[size][ch_size % len(SIZE_WORDS[size])])
@@ -80,7 +80,8 @@ def _phrase(shape: int, color: int, size: int, ch_det: int, ch_size: int, ch_sha
     return det + " " + " ".join(words)
 
 
-def _terse_phrase(shape: int, color: int, size: int, ch_order: int, ch_size: int, ch_shape: int) -> str:
+def _terse_phrase(shape: int, color: int, size: int, ch_order: int, ch_size: int,
+                  ch_shape: int) -> str:
     """'red circle', 'big red circle', 'circle red' ...: no article, attributes in varied order."""
     words = (SIZE_WORDS[size][ch_size % len(SIZE_WORDS[size])] if size >= 0 else "",
              COLORS[color] if color >= 0 else "",
@@ -89,11 +90,13 @@ def _terse_phrase(shape: int, color: int, size: int, ch_order: int, ch_size: int
 
 
 def word_captions(meanings: Meanings, rng: np.random.Generator) -> list[str]:
-    """The words of each meaning: a template and synonyms chosen at random (lower case, no punctuation)."""
+    """The words of each meaning: a template and synonyms chosen at random (lower case, no
+    punctuation)."""
     fields = [getattr(meanings, f).tolist() for f in Meanings.FIELDS[:-1]]
     choices = rng.integers(0, 1 << 30, size=(len(meanings), N_CHOICES)).tolist()
     out = []
-    for (fam, a_s, a_c, a_z, b_s, b_c, b_z, rel, place, count), ch in zip(zip(*fields), choices):
+    rows = zip(zip(*fields, strict=True), choices, strict=True)
+    for (fam, a_s, a_c, a_z, b_s, b_c, b_z, rel, place, count), ch in rows:
         if fam == TERSE:
             parts = [_terse_phrase(a_s, a_c, a_z, ch[1], ch[2], ch[3])]
             if b_s >= 0 or b_c >= 0 or b_z >= 0:
@@ -122,7 +125,8 @@ def word_captions(meanings: Meanings, rng: np.random.Generator) -> list[str]:
 def caption_vocabulary() -> list[str]:
     """Every word the generator can emit, sorted."""
     texts = [w for ws in SIZE_WORDS + SHAPE_WORDS + RELATION_WORDS + PLACE_WORDS for w in ws]
-    texts += list(COLORS) + list(NUMBER_WORDS[1:]) + ["a an one shape"] + list(COUNT_ONE) + list(COUNT_TWO)
+    texts += (list(COLORS) + list(NUMBER_WORDS[1:]) + ["a an one shape"] + list(COUNT_ONE)
+              + list(COUNT_TWO))
     texts += [t for ts in TEMPLATES.values() for t in ts] + list(TERSE_PREFIXES)
     words = {w for t in texts for w in t.split() if not w.startswith("{")}
     return sorted(words)
@@ -132,21 +136,22 @@ def meanings_of(rng: np.random.Generator, scenes: Scenes, scene_idx, family, a_o
                 attribute_dropout: float = 0.0) -> Meanings:
     """Meanings read off the scenes, so each is true of its scene: caption t names object slot
     a_obj[t] (and b_obj[t] unless -1) of scene scene_idx[t]; family decides what else it asserts
-    (a random true relation between a and b, a's cell, or the number of objects). Size and colour
-    are each left out with probability attribute_dropout."""
+    (a random true relation between a and b, a's cell, or the number of objects). Size and
+    colour are each left out with probability attribute_dropout."""
     s, a, b = (np.asarray(x, dtype=np.int64) for x in (scene_idx, a_obj, b_obj))
     family = np.asarray(family, dtype=np.int64)
     T, has_b = len(s), b >= 0
     b_safe = np.maximum(b, 0)
     drop = rng.random((T, 4)) < attribute_dropout  # a size, a colour, b size, b colour
     a_cell, b_cell = scenes.cell[s, a].astype(np.int64), scenes.cell[s, b_safe].astype(np.int64)
-    a_rc, b_rc = np.stack([a_cell // GRID, a_cell % GRID]), np.stack([b_cell // GRID, b_cell % GRID])
-    true_rel = np.stack([a_rc[1] < b_rc[1], a_rc[1] > b_rc[1], a_rc[0] < b_rc[0], a_rc[0] > b_rc[0]], axis=1)
+    a_rc = np.stack([a_cell // GRID, a_cell % GRID])  # (2, T) row, column
+    b_rc = np.stack([b_cell // GRID, b_cell % GRID])
+    true_rel = np.stack([a_rc[1] < b_rc[1], a_rc[1] > b_rc[1], a_rc[0] < b_rc[0],
+                         a_rc[0] > b_rc[0]], axis=1)
     relation = np.argmax(true_rel * (1.0 + rng.random((T, 4))), axis=1)  # a random true relation
     i8 = lambda x: np.asarray(x, dtype=np.int8)  # noqa: E731
     return Meanings(
-        family=i8(family),
-        a_shape=i8(scenes.shape[s, a]),
+        family=i8(family), a_shape=i8(scenes.shape[s, a]),
         a_color=i8(np.where(drop[:, 1], -1, scenes.color[s, a])),
         a_size=i8(np.where(drop[:, 0], -1, scenes.size[s, a])),
         b_shape=i8(np.where(has_b, scenes.shape[s, b_safe], -1)),
@@ -154,9 +159,7 @@ def meanings_of(rng: np.random.Generator, scenes: Scenes, scene_idx, family, a_o
         b_size=i8(np.where(has_b & ~drop[:, 2], scenes.size[s, b_safe], -1)),
         relation=i8(np.where((family == RELATION) & has_b, relation, -1)),
         place=i8(np.where(family == PLACE, a_cell, -1)),
-        count=i8(np.where(family == COUNT, scenes.n_objects[s], -1)),
-        noisy=np.zeros(T, dtype=bool),
-    )
+        count=i8(np.where(family == COUNT, scenes.n_objects[s], -1)), noisy=np.zeros(T, dtype=bool))
 
 
 def two_objects(rng: np.random.Generator, n_objects: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -168,8 +171,8 @@ def two_objects(rng: np.random.Generator, n_objects: np.ndarray) -> tuple[np.nda
 
 
 def terse_meanings(rng: np.random.Generator, scenes: Scenes, noise: float) -> Meanings:
-    """One pre-training caption per scene: one or two objects, size dropped half the time, colour or
-    shape (never both) sometimes; with probability `noise` a's colour or shape is replaced by a
+    """One pre-training caption per scene: one or two objects, size dropped half the time, colour
+    or shape (never both) sometimes; with probability `noise` a's colour or shape is replaced by a
     wrong one (noisy = True; the row records the words, so it may be false of its scene)."""
     n = len(scenes)
     a, b = two_objects(rng, scenes.n_objects)
@@ -194,17 +197,16 @@ def terse_meanings(rng: np.random.Generator, scenes: Scenes, noise: float) -> Me
 # ---- truth -------------------------------------------------------------------------------------
 
 def _bit_tables(scenes: Scenes) -> dict[str, np.ndarray]:
-    """Per scene, bitmasks of its objects (bit o = object slot o).
-
-    For each attribute a table (values + 1, N): row v = objects with value v, last row = all
-    objects (used for 'not mentioned', index -1). rel (6, O, N): for relation r and object i, the
-    objects j with r(i, j); r = 4 is 'any other object', r = 5 is 'i itself' (captions without b).
-    """
-    O = scenes.max_objects
-    dtype = np.uint8 if O <= 8 else np.uint16
-    bit = (np.ones(O, dtype=np.int64) << np.arange(O)) * scenes.valid  # (N, O)
+    """Per scene, bitmasks of its objects (bit o = object slot o). Per attribute a table
+    (values + 1, N): row v = objects with value v, last row = all objects ('not mentioned', index
+    -1). rel (6, O, N): for relation r and object i, the objects j with r(i, j); r = 4 is 'any
+    other object', r = 5 is 'i itself' (captions without b)."""
+    n_slots = scenes.max_objects
+    dtype = np.uint8 if n_slots <= 8 else np.uint16
+    bit = (np.ones(n_slots, dtype=np.int64) << np.arange(n_slots)) * scenes.valid  # (N, O)
     out = {}
-    for name, n_values in zip(("shape", "color", "size", "cell"), (len(SHAPES), len(COLORS), len(SIZES), GRID * GRID)):
+    for name, n_values in zip(("shape", "color", "size", "cell"),
+                              (len(SHAPES), len(COLORS), len(SIZES), GRID * GRID), strict=True):
         values = getattr(scenes, name).astype(np.int64)
         onehot = values[None, :, :] == np.arange(n_values)[:, None, None]  # (V, N, O)
         table = (onehot * bit[None]).sum(axis=2)
@@ -214,8 +216,9 @@ def _bit_tables(scenes: Scenes) -> dict[str, np.ndarray]:
     pair = valid[:, :, None] & valid[:, None, :]  # (N, O, O)
     rels = [col[:, :, None] < col[:, None, :], col[:, :, None] > col[:, None, :],
             row[:, :, None] < row[:, None, :], row[:, :, None] > row[:, None, :],
-            ~np.eye(O, dtype=bool)[None], np.eye(O, dtype=bool)[None]]
-    out["rel"] = np.stack([((r & pair) * bit[:, None, :]).sum(axis=2).T for r in rels]).astype(dtype)  # (6, O, N)
+            ~np.eye(n_slots, dtype=bool)[None], np.eye(n_slots, dtype=bool)[None]]
+    out["rel"] = np.stack([((r & pair) * bit[:, None, :]).sum(axis=2).T
+                           for r in rels]).astype(dtype)  # (6, O, N)
     return out
 
 
@@ -237,22 +240,25 @@ def _partners(bits: dict, a_shape, a_color, a_size, place, rel, cols=slice(None)
 def _b_mask(bits: dict, m: Meanings, rows, cols=slice(None)) -> np.ndarray:
     """Bitmask of the objects matching b (all objects when b is absent), as _partners."""
     b = {f: getattr(m, f"b_{f}")[rows].astype(np.int64) for f in ("shape", "color", "size")}
-    return bits["shape"][b["shape"], cols] & bits["color"][b["color"], cols] & bits["size"][b["size"], cols]
+    return (bits["shape"][b["shape"], cols] & bits["color"][b["color"], cols]
+            & bits["size"][b["size"], cols])
 
 
 def satisfies_rows(meanings: Meanings, scenes: Scenes) -> np.ndarray:
     """bool (T,): whether caption t is true of scene t (both tables have T rows)."""
     bits, m, idx = _bit_tables(scenes), meanings, np.arange(len(scenes))
     f = lambda x: x.astype(np.int64)  # noqa: E731  (-1 indexes the 'all objects' row)
-    partners = _partners(bits, f(m.a_shape), f(m.a_color), f(m.a_size), f(m.place), _relation_code(m), idx)
+    partners = _partners(bits, f(m.a_shape), f(m.a_color), f(m.a_size), f(m.place),
+                         _relation_code(m), idx)
     ok = (partners & _b_mask(bits, m, slice(None), idx)) != 0
     return ok & ((m.count < 0) | (m.count == scenes.n_objects))
 
 
 def iter_satisfies(meanings: Meanings, scenes: Scenes, chunk: int = 2048):
-    """Yield (start, block) with block bool (rows, N) = satisfies for captions start..start+rows."""
+    """Yield (start, block): bool (rows, N) satisfies of captions start..start+rows."""
     m, bits = meanings, _bit_tables(scenes)
-    code = np.stack([m.a_shape, m.a_color, m.a_size, m.place, _relation_code(m)], axis=1).astype(np.int64)
+    code = np.stack([m.a_shape, m.a_color, m.a_size, m.place, _relation_code(m)],
+                    axis=1).astype(np.int64)
     keys, inverse = np.unique(code, axis=0, return_inverse=True)  # few distinct a-descriptors
     partners = _partners(bits, *keys.T)  # (U, N)
     for start in range(0, len(m), chunk):
@@ -273,16 +279,14 @@ def satisfies(meanings: Meanings, scenes: Scenes) -> np.ndarray:
 
 
 def truth_ceiling(split, ks=(1, 5, 10)) -> dict[str, float]:
-    """Expected R@K (percent) of the truth-only ranker: every item that satisfies the query first,
-    ties broken at random. It uses only whether a caption is true of an image, not how likely the
-    generator was to say it, so it is NOT an upper bound: a model that learns how specific each
-    caption is (and that a 4-object scene says a given two-object caption more often than a
-    5-object one) beats it, above all on i2t. oracle_ceiling is the upper bound.
-
+    """Expected R@K (percent) of the truth-only ranker: every item satisfying the query first,
+    ties broken at random. It reads only whether a caption is true of an image, not how likely the
+    generator was to say it, so it is NOT an upper bound: a model that learns how specific a
+    caption is (a 4-object scene says a given two-object caption more often than a 5-object one)
+    beats it, above all on i2t; oracle_ceiling is the upper bound.
     t2i: caption c is true of m_c images including its own: R@K = min(1, K / m_c). i2t: image i
     satisfies s_i captions, g_i of them its own: R@K = 1 - C(s_i - g_i, K) / C(s_i, K). A caption
-    false of its own image (a noisy pre-training caption) ranks after every satisfying one.
-    """
+    false of its own image (a noisy pre-training caption) ranks after every satisfying one."""
     m, scenes, txt2img = split.meanings, split.scenes, split.txt2img
     T, N = len(m), len(scenes)
     own = satisfies_rows(m, scenes.take(txt2img))  # (T,)
@@ -311,4 +315,6 @@ def truth_ceiling(split, ks=(1, 5, 10)) -> dict[str, float]:
     return out
 
 
-__all__ = ["truth_ceiling", "word_captions", "caption_vocabulary", "meanings_of", "two_objects", "terse_meanings", "satisfies", "satisfies_rows", "iter_satisfies", "PAIR", "RELATION", "PLACE", "COUNT", "TERSE"]
+__all__ = ["truth_ceiling", "word_captions", "caption_vocabulary", "meanings_of", "two_objects",
+           "terse_meanings", "satisfies", "satisfies_rows", "iter_satisfies", "PAIR", "RELATION",
+           "PLACE", "COUNT", "TERSE"]

@@ -1,14 +1,13 @@
 """Torch datasets over a RetrievalSplit, and the collate functions that batch them.
 
-    ImageDataset   one item per image: the gallery side (region features or pixels)
-    CaptionDataset one item per caption: the query side (raw text; tokenised in the collate)
-    PairDataset    one item per caption with its image's fields: the (image, caption) training pairs
+    ImageDataset    one item per image: the gallery side (region features or pixels)
+    CaptionDataset  one item per caption: the query side (raw text; tokenised in the collate)
+    PairDataset     one item per caption with its image's fields: the training pairs
 
-Text is tokenised per batch in the collate (TextCollate, PairCollate), so a dataset does not
-depend on the tokenizer and the batch is padded only to its longest caption.
-`make_loader` picks the right collate for a dataset. `read_image` / `resize_pixels` (one image
-file or array as uint8 (H, W, 3)) are the one image reader, shared with the Karpathy loader.
-"""
+Text is tokenised per batch in the collate (TextCollate, PairCollate): a dataset does not depend
+on the tokenizer, and a batch is padded only to its longest caption. `make_loader` picks the
+dataset's collate. `read_image` / `resize_pixels` (one image file or array as uint8 (H, W, 3))
+are the one image reader, shared with the Karpathy loader."""
 
 from __future__ import annotations
 
@@ -45,7 +44,7 @@ def read_image(path, image_size=None) -> np.ndarray:
 
 
 def resize_pixels(pixels: np.ndarray, image_size=None) -> np.ndarray:
-    """uint8 (H, W, 3) resized to image_size (int or (H, W)); returned unchanged if it already fits."""
+    """uint8 (H, W, 3) resized to image_size (int or (H, W)); unchanged if it already fits."""
     hw = size_hw(image_size)
     if hw is None or tuple(pixels.shape[:2]) == hw:
         return pixels
@@ -56,7 +55,8 @@ def resize_pixels(pixels: np.ndarray, image_size=None) -> np.ndarray:
 def pixels_to_tensor(pixels: np.ndarray, normalize: bool = True) -> torch.Tensor:
     """uint8 (H, W, 3) -> float32 (3, H, W) in [0, 1], then ImageNet-normalised if normalize."""
     # copy: PIL-decoded arrays are read-only, which torch.from_numpy warns about
-    x = torch.from_numpy(np.array(pixels, dtype=np.uint8)).permute(2, 0, 1).float().div_(255.0)  # (3, H, W)
+    x = torch.from_numpy(np.array(pixels, dtype=np.uint8)).permute(2, 0, 1)  # (3, H, W)
+    x = x.float().div_(255.0)
     if normalize:
         mean = torch.tensor(IMAGENET_MEAN).view(3, 1, 1)
         std = torch.tensor(IMAGENET_STD).view(3, 1, 1)
@@ -65,10 +65,10 @@ def pixels_to_tensor(pixels: np.ndarray, normalize: bool = True) -> torch.Tensor
 
 
 class ImageDataset(Dataset):
-    """The images of a split. modality="regions": item has `regions` (R, D) float32, `boxes` (R, 7),
-    `region_mask` (R,) bool and `region_classes` (R, C) if the split has them; modality="pixels":
-    `pixels` (3, H, W) float32, from memory or read lazily from `image_paths` (resized to image_size
-    if given). Every item has `index`, the image's position in the split."""
+    """The images of a split. modality="regions": `regions` (R, D) float32, `boxes` (R, 7),
+    `region_mask` (R,) bool and `region_classes` (R, C) if the split has them; "pixels": `pixels`
+    (3, H, W) float32, from memory or read lazily from `image_paths` (resized to image_size if
+    given). Every item has `index`, the image's position in the split."""
 
     def __init__(self, split: RetrievalSplit, modality: str = "regions", image_size=None,
                  normalize: bool = True):
@@ -76,16 +76,14 @@ class ImageDataset(Dataset):
             raise ValueError(f"modality must be one of {MODALITIES}, got {modality!r}")
         if modality == "regions" and not split.has_regions:
             raise ValueError(
-                f"split {split.name!r} has no region features. Use the synthetic benchmark (it ships "
-                "detector-style regions), pass regions_file=... to read_karpathy after extracting "
-                "features (data_scripts), or use modality='pixels'."
-            )
+                f"split {split.name!r} has no region features. Use the synthetic benchmark (it "
+                "ships detector-style regions), pass regions_file=... to read_karpathy after "
+                "extracting features (data_scripts), or use modality='pixels'.")
         if modality == "pixels" and not split.has_pixels:
             raise ValueError(
                 f"split {split.name!r} has no pixels: neither images in memory nor image_paths. "
                 "Pass image_root=... to read_karpathy (the folder holding the images), or use "
-                "modality='regions'."
-            )
+                "modality='regions'.")
         self.split, self.modality = split, modality
         self.image_size, self.normalize = image_size, normalize
 
@@ -101,13 +99,12 @@ class ImageDataset(Dataset):
             else:
                 pixels = read_image(s.image_paths[i], self.image_size)  # lazily, one file per item
             return {"pixels": pixels_to_tensor(pixels, self.normalize)}  # (3, H, W)
-        item = {
-            "regions": torch.from_numpy(np.asarray(s.regions[i], dtype=np.float32)),  # (R, D)
-            "boxes": torch.from_numpy(np.asarray(s.boxes[i], dtype=np.float32)),  # (R, 7)
-            "region_mask": torch.from_numpy(np.asarray(s.region_mask[i], dtype=bool)),  # (R,)
-        }
+        item = {"regions": torch.from_numpy(np.asarray(s.regions[i], dtype=np.float32)),  # (R, D)
+                "boxes": torch.from_numpy(np.asarray(s.boxes[i], dtype=np.float32)),  # (R, 7)
+                "region_mask": torch.from_numpy(np.asarray(s.region_mask[i], dtype=bool))}  # (R,)
         if s.region_classes is not None:
-            item["region_classes"] = torch.from_numpy(np.asarray(s.region_classes[i], dtype=np.float32))
+            classes = np.asarray(s.region_classes[i], dtype=np.float32)  # (R, C)
+            item["region_classes"] = torch.from_numpy(classes)
         return item
 
     def __getitem__(self, i: int) -> dict:
@@ -145,7 +142,7 @@ class PairDataset(Dataset):
 
 
 def _stack(items: list[dict]) -> dict:
-    """Batch dicts key by key: tensors stacked (B, ...), ints as a long tensor (B,), others as lists."""
+    """Batch dicts key by key: tensors stacked (B, ...), ints a long tensor (B,), others lists."""
     batch = {}
     for key in items[0]:
         values = [item[key] for item in items]
@@ -172,8 +169,9 @@ class TextCollate:
         self.tokenizer, self.max_length = tokenizer, max_length
 
     def encode(self, texts: list[str]) -> dict:
-        enc = self.tokenizer(list(texts), padding="longest", truncation=True, max_length=self.max_length,
-                             return_tensors="pt", return_token_type_ids=False)
+        enc = self.tokenizer(list(texts), padding="longest", truncation=True,
+                             max_length=self.max_length, return_tensors="pt",
+                             return_token_type_ids=False)
         return {"input_ids": enc["input_ids"].long(),  # (B, T)
                 "attention_mask": enc["attention_mask"].long()}  # (B, T), 1 = real token
 
@@ -192,9 +190,9 @@ class PairCollate(TextCollate):
 
 def make_loader(dataset: Dataset, batch_size: int, *, tokenizer=None, shuffle: bool = False,
                 max_length: int = 40, **kwargs) -> DataLoader:
-    """A DataLoader with the collate that fits the dataset (or a torch Subset of one); text datasets
-    need a tokenizer. kwargs go to DataLoader (num_workers, drop_last, generator, ...)."""
-    base = dataset.dataset if isinstance(dataset, Subset) else dataset  # the collate follows the items
+    """A DataLoader with the collate that fits the dataset (or a torch Subset of one); text
+    datasets need a tokenizer. kwargs go to DataLoader (num_workers, drop_last, generator, ...)."""
+    base = dataset.dataset if isinstance(dataset, Subset) else dataset  # collate follows items
     if isinstance(base, ImageDataset):
         collate = collate_images
     elif isinstance(base, (CaptionDataset, PairDataset)):
@@ -214,8 +212,8 @@ IMAGE_KEYS = ("regions", "boxes", "region_mask")  # the image fields the region 
 
 
 def image_fields(split) -> dict:
-    """The split's region tensors as torch views of its numpy arrays, in their stored dtype (no copy,
-    float16 regions stay float16): (N, R, ...). Take a batch of them with `image_batch`."""
+    """The split's region tensors as torch views of its numpy arrays, in their stored dtype (no
+    copy: float16 regions stay float16): (N, R, ...). Take a batch of them with `image_batch`."""
     return {"regions": torch.from_numpy(np.asarray(split.regions)),  # (N, R, D)
             "boxes": torch.from_numpy(np.asarray(split.boxes, dtype=np.float32)),  # (N, R, 7)
             "region_mask": torch.from_numpy(np.asarray(split.region_mask, dtype=bool))}  # (N, R)
@@ -223,8 +221,8 @@ def image_fields(split) -> dict:
 
 def image_batch(fields: dict, rows) -> dict:
     """Rows of image_fields (an index tensor or a slice) as a batch: (b, R, ...), float tensors as
-    float32. Only these rows are converted: a whole gallery converted per call made every re-ranked
-    query cost as much as the gallery's regions (1.8 GB on Flickr8k's full setting)."""
+    float32. Only these rows are converted: converting the whole gallery per call made every
+    re-ranked query cost the gallery's regions (1.8 GB on Flickr8k's full setting)."""
     return {k: v[rows].float() if v.is_floating_point() else v[rows] for k, v in fields.items()}
 
 
@@ -233,6 +231,7 @@ def text_fields(captions, tokenizer, max_length: int) -> dict:
     return TextCollate(tokenizer, max_length).encode(list(captions))
 
 
-__all__ = ["IMAGE_KEYS", "image_fields", "text_fields", "ImageDataset", "CaptionDataset", "PairDataset", "collate_images", "TextCollate",
-           "PairCollate", "make_loader", "pixels_to_tensor", "read_image", "resize_pixels", "size_hw",
-           "IMAGENET_MEAN", "IMAGENET_STD"]
+__all__ = ["IMAGE_KEYS", "image_fields", "text_fields", "ImageDataset", "CaptionDataset",
+           "PairDataset", "collate_images", "TextCollate", "PairCollate", "make_loader",
+           "pixels_to_tensor", "read_image", "resize_pixels", "size_hw", "IMAGENET_MEAN",
+           "IMAGENET_STD"]

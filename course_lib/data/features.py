@@ -1,10 +1,9 @@
 """Real-data features as the course's bench dict: the switch from synthetic to real data.
 
-`data_scripts/extract_features.py` writes a feature folder: regions.npz in the regions-file format
-`read_karpathy(..., regions_file=)` reads (plus `pooled` (N, D), read by `read_pooled`) and
-features.json (backbone, sizes, the Karpathy file). `load_feature_bench(folder)` turns it into the
-bench dict every method's `fit(bench, tokenizer)` reads, as `make_benchmark` does for synthetic data.
-"""
+data_scripts/extract_features.py writes a feature folder: regions.npz, which
+`read_karpathy(..., regions_file=)` reads (and `pooled` (N, D), which `read_pooled` reads), and
+features.json (backbone, sizes, the Karpathy file). `load_feature_bench(folder)` makes it the bench
+dict every method's `fit(bench, tokenizer)` reads, as `make_benchmark` does for synthetic data."""
 
 from __future__ import annotations
 
@@ -25,34 +24,35 @@ def read_pooled(regions_file, split: RetrievalSplit) -> np.ndarray:
         if "pooled" not in z:
             raise ValueError(f"regions file {regions_file} has no 'pooled' array; only "
                              "data_scripts/extract_features.py writes one")
-        return z["pooled"][_rows(z["image_ids"], split, regions_file)].astype(np.float32, copy=False)
+        rows = _rows(z["image_ids"], split, regions_file)
+        return z["pooled"][rows].astype(np.float32, copy=False)
 
 
 def load_feature_bench(features_dir, *, captions_per_image=5, regions_dtype=np.float32,
                        karpathy_json=None, image_root=None) -> dict[str, RetrievalSplit]:
     """The bench dict of a feature folder (data_scripts/extract_features.py), as make_benchmark's.
-
     "train" (COCO: train + restval, the usual 113k), "val", "test" for the splits extracted;
     "full" (test queries against train + val + test, LightningDOT §4.3) when all three are there;
     "pretrain" = "train" (no separate pre-training corpus: LightningDOT pre-trains in-domain).
     The regions are read once (in the file's order: no copy), every split's arrays are views into
     them; regions_dtype=np.float16 halves the memory (COCO: see docs/data.md). image_root (the
     --images folder) adds image_paths, for the methods that read pixels; karpathy_json overrides
-    the Karpathy file that features.json names (data moved elsewhere).
-    """
+    the Karpathy file that features.json names (data moved elsewhere)."""
     folder = Path(features_dir)
-    if not (folder / "features.json").is_file():
-        raise FileNotFoundError(f"{folder / 'features.json'} not found: make the feature folder with "
+    manifest_path = folder / "features.json"
+    if not manifest_path.is_file():
+        raise FileNotFoundError(f"{manifest_path} not found: make the feature folder with "
                                 f"`python data_scripts/extract_features.py ... --out {folder}`")
-    manifest = json.loads((folder / "features.json").read_text(encoding="utf-8"))
+    manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
     if not manifest.get("complete"):
         raise ValueError(f"the extraction into {folder} has not finished; run the same "
                          "extract_features.py command again: it resumes where it stopped")
     groups = {"train": ("train", "restval"), "val": ("val",), "test": ("test",)}
     names, splits = [], []
-    for name, group in groups.items():  # one Karpathy split at a time: the order extract_features wrote
-        parts = [read_karpathy(karpathy_json or manifest["karpathy_json"], image_root, split=s,
-                               captions_per_image=captions_per_image, skip=manifest.get("skipped", {}))
+    json_path = karpathy_json or manifest["karpathy_json"]
+    for name, group in groups.items():  # one Karpathy split at a time, as extract_features wrote
+        parts = [read_karpathy(json_path, image_root, split=s, skip=manifest.get("skipped", {}),
+                               captions_per_image=captions_per_image)
                  for s in group if s in manifest["splits"]]
         if parts:
             names.append(name)
@@ -61,30 +61,28 @@ def load_feature_bench(features_dir, *, captions_per_image=5, regions_dtype=np.f
     pooled = concatenate(splits, "full", queries_from=splits[-1] if everything else None)
     _attach_regions(pooled, folder / "regions.npz", regions_dtype)
     start = 0
-    for name, split in zip(names, splits):
+    for name, split in zip(names, splits, strict=True):
         rows, start = slice(start, start + split.n_images), start + split.n_images
         for field in ("regions", "boxes", "region_mask", "region_classes"):
             if getattr(pooled, field) is not None:
                 setattr(split, field, getattr(pooled, field)[rows])  # a view: no second copy
         split.name = name
-    bench = dict(zip(names, splits)) | ({"full": pooled} if everything else {})
+    bench = dict(zip(names, splits, strict=True)) | ({"full": pooled} if everything else {})
+    features = {k: manifest[k] for k in ("backbone", "pretrained", "grid", "image_size")}
     for split in bench.values():
-        split.info["features"] = {k: manifest[k] for k in ("backbone", "pretrained", "grid", "image_size")}
+        split.info["features"] = dict(features)
     if "train" in bench:
         bench["pretrain"] = bench["train"]
     return bench
 
 
 def extracted_images(features_dir) -> Path | None:
-    """The photo folder a feature folder was extracted from (features.json's "images"), where it still exists:
-    the image_root that gives a bench the same image paths, and so the same trained-model names, whether the
-    benchmark or lesson 08 loads it."""
+    """The photo folder a feature folder was extracted from (features.json's "images"), if it still
+    exists: the image_root that gives a bench the same image paths, so the same trained-model names,
+    whether the benchmark or lesson 08 loads it."""
     manifest = json.loads((Path(features_dir) / "features.json").read_text(encoding="utf-8"))
     images = Path(manifest.get("images", ""))
     return images if manifest.get("images") and images.is_dir() else None
-
-
-# ----------------------------------------------------------------------------- writing
 
 
 __all__ = ["load_feature_bench", "read_pooled", "extracted_images"]

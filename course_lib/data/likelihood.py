@@ -1,47 +1,44 @@
-"""P(caption | scene) under the generator's own caption process: the likelihood the oracle ceiling
-(course_lib.data.oracle) ranks by.
+"""P(caption | scene) under the generator's own caption process: the likelihood the oracle
+ceiling (course_lib.data.oracle) ranks by.
 
-The likelihood (standard splits: train, val, test, full). A caption of family f is drawn as
-(see synthetic._split_captions, _objects_for, captions.two_objects, meanings_of):
+Standard splits (train, val, test, full). A caption is drawn as (synthetic._split_captions,
+_objects_for, captions.two_objects, meanings_of):
   family f with the config's weights (a pair or relation draw on a 1-object scene becomes place);
   object a uniform over the n objects, b uniform over the other n - 1 (ordered pair), for pair,
-  relation and, with count_objects = 2, count; one object a for place and (count_objects = 1) count;
-  a relation uniform among the 1 or 2 that hold between a and b (same row or column: 1, else 2);
+  relation and, with count_objects = 2, count; one object a for place and (count_objects = 1)
+  count; a relation uniform among the 1 or 2 that hold between a and b (same row or column: 1);
   size and colour of each named object dropped independently with prob. attribute_dropout;
   place = a's cell; count = n; then a template and synonyms.
 So P(meaning | scene) = P(f) * drop(meaning) * words(meaning) * K(meaning, scene) with
   pair:     K = #{(a, b) ordered, a != b, a matches A, b matches B} / (n (n - 1))
-  relation: K = sum over those pairs with the relation true of 1 / #relations true of (a, b), / (n (n - 1))
-  place:    K = [the object in that cell matches A] / n   (times (w_place + w_pair + w_relation) / w_place if n = 1)
+  relation: K = sum over those pairs with the relation true of 1 / #relations true of (a, b),
+            / (n (n - 1))
+  place:    K = [the object in that cell matches A] / n
+            (times (w_place + w_pair + w_relation) / w_place if n = 1)
   count:    K = [count = n] #{a matching A} / n, or with b: [count = n] #{(a, b)} / (n (n - 1))
-P(f), drop(meaning) = p^dropped (1 - p)^kept and words(meaning) (templates and synonyms, chosen
-independently of the scene, and a caption's words determine its meaning) depend on the caption
-only. A factor that depends only on the caption cancels in t2i (one caption ranks the images) and
-in i2t (the posterior divides L[t, :] by its own sum). `caption_likelihood` returns
-L = 5040 * K (5040 = lcm of 2 n (n - 1) and 2 n for n <= 9: every value is an integer, so ties
-are exact); `scene_free_factor` returns P(f) * drop, so P(meaning | scene) = scene_free_factor * L / 5040
-up to words(meaning).
+P(f), drop(meaning) = p^dropped (1 - p)^kept and words(meaning) (chosen independently of the
+scene; a caption's words determine its meaning) depend on the caption only, so they cancel in t2i
+(one caption ranks the images) and in i2t (the posterior divides L[t, :] by its own sum).
+`caption_likelihood` returns L = 5040 * K (5040 = lcm of 2 n (n - 1) and 2 n for n <= 9: integer
+values, exact ties); `scene_free_factor` returns P(f) * drop, so P(meaning | scene) =
+scene_free_factor * L / 5040 up to words(meaning).
 
-Not modelled (approximations, all small): a caption whose words repeat an earlier caption of the
-same image is redrawn (up to 5 times; about 0.05% of the captions with the defaults), which makes
-later captions of an image slightly less likely to repeat a likely meaning; i2t treats the
-origins of the captions as independent (the gallery has exactly 5 per image, which a model that
-looks at all captions at once could exploit a little). The terse pre-training family is not
-covered (ValueError).
+Not modelled (small approximations): a caption repeating an earlier caption's words of the same
+image is redrawn (up to 5 times; rare, docs/tuning_notes.md, "Core and data"), so later captions
+repeat a likely meaning slightly less; i2t treats the captions' origins as independent (exactly 5
+per image, which a model reading all captions at once could exploit a little). The terse
+pre-training family is not covered (ValueError).
 
 Compositional split: every caption names a swapped object (a = one of the two, 1/2 each), b is
 the other swapped object with prob. 1/2 + 1/(2(n - 1)) and each other object with 1/(2(n - 1)),
-families pair/relation/place with the config's weights, and the draw is rejected unless the
-caption is false of the twin (attempts 0-19; later attempts use relation/place 1:1). The
-likelihood is that proposal restricted to captions false of the twin and renormalised by the
-per-image acceptance probability Z (enumerated exactly, with dropout), mixed over the two
-regimes. It ignores the generator's preference (attempts < 100) for words that differ from the
-image's other captions, so the compositional ceiling is a close approximation, not exact. It uses
-info["twin_of"] and info["swapped_objects"], which a model could read off the gallery (twins are
-the same objects with two of them changed): it bounds models that compare gallery images; a
-model that scores one caption against one image at a time cannot know which objects were swapped
-and stays further below it.
-"""
+families pair/relation/place with the config's weights, and the draw is rejected unless false of
+the twin (attempts 0-19; later ones use relation/place 1:1). The likelihood is that proposal
+restricted to captions false of the twin, renormalised by the per-image acceptance probability Z
+(enumerated exactly, with dropout), mixed over the two regimes. It ignores the generator's
+preference (attempts < 100) for words unlike the image's other captions: a close approximation,
+not exact. It uses info["twin_of"] and info["swapped_objects"], which a model could read off the
+gallery (twins are the same objects, two changed): it bounds models that compare gallery images;
+a model scoring one caption against one image cannot know which objects were swapped."""
 
 from __future__ import annotations
 
@@ -73,7 +70,8 @@ def _params(config) -> dict:
     to_dict() (split.info["config"]) or None (the defaults)."""
     if config is None:
         config = SyntheticConfig()
-    get = (lambda k: config[k]) if isinstance(config, dict) else (lambda k: getattr(config, k))  # noqa: E731
+    get = ((lambda k: config[k]) if isinstance(config, dict)  # noqa: E731
+           else (lambda k: getattr(config, k)))
     weights = {code: 0.0 for code in _FAMILY_NAMES.values()}
     for name, w in get("caption_families").items():
         weights[_FAMILY_NAMES[name]] = float(w)
@@ -95,18 +93,19 @@ def _place_weight(w: dict) -> tuple[float, float]:
 
 
 def dropout_factor(meanings: Meanings, attribute_dropout: float) -> np.ndarray:
-    """(T,) p^(attributes dropped) * (1 - p)^(attributes kept), over the size and colour of a (and
-    of b when the caption names b): the probability of the caption's dropout pattern, p = attribute_dropout."""
+    """(T,) p^(attributes dropped) * (1 - p)^(attributes kept) over the size and colour of a (and b
+    when named): the probability of the caption's dropout pattern, p = attribute_dropout."""
     m, p = meanings, attribute_dropout
     has_b = m.has_b
-    dropped = (m.a_size < 0).astype(int) + (m.a_color < 0) + has_b * ((m.b_size < 0).astype(int) + (m.b_color < 0))
+    dropped = ((m.a_size < 0).astype(int) + (m.a_color < 0)
+               + has_b * ((m.b_size < 0).astype(int) + (m.b_color < 0)))
     return p ** dropped * (1 - p) ** (2 + 2 * has_b - dropped)
 
 
 def scene_free_factor(meanings: Meanings, config=None) -> np.ndarray:
-    """(T,) the factor of P(meaning | scene) that caption_likelihood leaves out (besides the words):
-    P(family) * dropout_factor. For place captions P(family) is the weight on scenes with >= 2
-    objects (on 1-object scenes caption_likelihood carries the extra weight, see _place_weight)."""
+    """(T,) the factor of P(meaning | scene) that caption_likelihood leaves out (besides the
+    words): P(family) * dropout_factor. For place captions P(family) is the weight on scenes with
+    >= 2 objects (on 1-object scenes caption_likelihood carries the extra, see _place_weight)."""
     par, m = _params(config), meanings
     w = par["weights"]
     total = sum(w.values())
@@ -123,23 +122,25 @@ def _structure_ok(m: Meanings) -> np.ndarray:
     return (((fam == PAIR) & has_b & ~rel & ~place & ~count)
             | ((fam == RELATION) & has_b & rel & ~place & ~count)
             | ((fam == PLACE) & ~has_b & ~rel & place & ~count)
-            | ((fam == COUNT) & ~rel & ~place & count)) & (m.a_shape >= 0) & (~has_b | (m.b_shape >= 0))
+            | ((fam == COUNT) & ~rel & ~place & count)
+            ) & (m.a_shape >= 0) & (~has_b | (m.b_shape >= 0))
 
 
 def _diagonal_bits(scenes: Scenes) -> np.ndarray:
     """(O, N) bitmask per object i of the objects j in another row and another column (two true
     relations between i and j, each said with prob. 1/2)."""
-    O = scenes.max_objects
+    n_slots = scenes.max_objects
     row, col = scenes.cell // GRID, scenes.cell % GRID
     valid = scenes.valid
     diag = (row[:, :, None] != row[:, None, :]) & (col[:, :, None] != col[:, None, :])
     diag &= valid[:, :, None] & valid[:, None, :]
-    bit = np.int64(1) << np.arange(O)
-    return (diag * bit[None, None, :]).sum(axis=2).T.astype(np.uint8 if O <= 8 else np.uint16)
+    bit = np.int64(1) << np.arange(n_slots)
+    dtype = np.uint8 if n_slots <= 8 else np.uint16
+    return (diag * bit[None, None, :]).sum(axis=2).T.astype(dtype)
 
 
-def _values_at(m: Meanings, scenes: Scenes, bits: dict, diag: np.ndarray, par: dict, ok: np.ndarray,
-               rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+def _values_at(m: Meanings, scenes: Scenes, bits: dict, diag: np.ndarray, par: dict,
+               ok: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
     """SCALE * K(meaning rows[e], scene cols[e]) for each entry e (see the module docstring)."""
     f = lambda x: x[rows].astype(np.int64)  # noqa: E731  (-1 indexes the 'all objects' row)
     A = (bits["shape"][f(m.a_shape), cols] & bits["color"][f(m.a_color), cols]
@@ -159,17 +160,19 @@ def _values_at(m: Meanings, scenes: Scenes, bits: dict, diag: np.ndarray, par: d
     fam = m.family[rows]
     big, small = _place_weight(par["weights"])
     factor = np.where(fam == PLACE, np.where(n < 2, small, big), 1.0)
-    count_ok = np.where(has_b, (par["count_objects"] == 2) & (n >= 2), (par["count_objects"] == 1) | (n < 2))
+    count_ok = np.where(has_b, (par["count_objects"] == 2) & (n >= 2),
+                        (par["count_objects"] == 1) | (n < 2))
     factor = np.where(fam == COUNT, factor * (count_ok & (m.count[rows] == n)), factor)
     return _snap(value * factor * ok[rows])
 
 
 def _iter_sparse(meanings: Meanings, scenes: Scenes, config=None, chunk: int = 2048):
-    """Yield (start, n_rows, rows, cols, values): the nonzero entries of the likelihood for captions
-    start..start+n_rows. It is zero wherever the caption is false, so only true pairs are visited."""
+    """Yield (start, n_rows, rows, cols, values): the likelihood's nonzero entries for captions
+    start..start+n_rows; zero wherever the caption is false, so only true pairs are visited."""
     m = meanings
     if (m.family == TERSE).any():
-        raise ValueError("caption_likelihood covers the pair/relation/place/count families, not terse captions")
+        raise ValueError("caption_likelihood covers the pair/relation/place/count families, not "
+                         "terse captions")
     par, bits, diag = _params(config), _bit_tables(scenes), _diagonal_bits(scenes)
     ok = _structure_ok(m)
     N = len(scenes)
@@ -182,7 +185,7 @@ def _iter_sparse(meanings: Meanings, scenes: Scenes, config=None, chunk: int = 2
 
 
 def iter_caption_likelihood(meanings: Meanings, scenes: Scenes, config=None, chunk: int = 2048):
-    """Yield (start, block): block float64 (rows, N) = caption_likelihood for captions start..start+rows."""
+    """Yield (start, block): float64 (rows, N) caption_likelihood of captions start..start+rows."""
     for start, n_rows, rows, cols, values in _iter_sparse(meanings, scenes, config, chunk):
         block = np.zeros((n_rows, len(scenes)))
         block[rows - start, cols] = values
@@ -190,10 +193,10 @@ def iter_caption_likelihood(meanings: Meanings, scenes: Scenes, config=None, chu
 
 
 def caption_likelihood(meanings: Meanings, scenes: Scenes, config=None) -> np.ndarray:
-    """float64 (n_texts, n_images): 5040 * P(meaning_t | scene_i) / scene_free_factor(meaning_t),
-    under the standard generator (train/val/test/full) with `config` (a SyntheticConfig, its dict,
-    or None for the defaults). Integer-valued (except place captions on 1-object scenes); zero
-    where the caption is false or the generator cannot say it. See the module docstring."""
+    """float64 (n_texts, n_images): 5040 * P(meaning_t | scene_i) / scene_free_factor(meaning_t)
+    under the standard generator with `config` (a SyntheticConfig, its dict, or None: defaults).
+    Integer-valued (but place captions on 1-object scenes); zero where the caption is false or
+    the generator cannot say it. See the module docstring."""
     out = np.zeros((len(meanings), len(scenes)))
     for start, block in iter_caption_likelihood(meanings, scenes, config):
         out[start:start + len(block)] = block
@@ -208,7 +211,8 @@ def _family_probs(weights: dict) -> tuple[dict, dict]:
     if not first:
         first = {f: 1.0 for f in (PAIR, RELATION, PLACE)}
     total = sum(first.values())
-    return {f: first.get(f, 0.0) / total for f in (PAIR, RELATION, PLACE)}, {PAIR: 0.0, RELATION: 0.5, PLACE: 0.5}
+    fallback = {PAIR: 0.0, RELATION: 0.5, PLACE: 0.5}
+    return {f: first.get(f, 0.0) / total for f in (PAIR, RELATION, PLACE)}, fallback
 
 
 def _geometry(scenes: Scenes):
@@ -227,17 +231,19 @@ def _named(scenes: Scenes, i, a, b, family: int, relation: int, drop) -> Meaning
     no_b, bs = b < 0, np.maximum(b, 0)
     pick = lambda f, o, off: np.where(off, -1, getattr(scenes, f)[i, o]).astype(np.int8)  # noqa: E731
     full = lambda v: np.full(len(i), v, dtype=np.int8)  # noqa: E731
-    return Meanings(family=full(family), a_shape=pick("shape", a, False), a_color=pick("color", a, drop[1]),
-                    a_size=pick("size", a, drop[0]), b_shape=pick("shape", bs, no_b),
-                    b_color=pick("color", bs, no_b | drop[3]), b_size=pick("size", bs, no_b | drop[2]),
-                    relation=full(relation), place=pick("cell", a, family != PLACE), count=full(-1),
+    return Meanings(family=full(family), a_shape=pick("shape", a, False),
+                    a_color=pick("color", a, drop[1]), a_size=pick("size", a, drop[0]),
+                    b_shape=pick("shape", bs, no_b), b_color=pick("color", bs, no_b | drop[3]),
+                    b_size=pick("size", bs, no_b | drop[2]), relation=full(relation),
+                    place=pick("cell", a, family != PLACE), count=full(-1),
                     noisy=np.zeros(len(i), dtype=bool))
 
 
-def _acceptance(scenes: Scenes, twin_of: np.ndarray, swapped: np.ndarray, p_drop: float) -> np.ndarray:
-    """(N, 3) for each image and family (pair, relation, place): the probability that the proposal
-    of that family draws a caption false of the twin (enumerating a, b, relation and dropout)."""
-    N, O = len(scenes), scenes.max_objects
+def _acceptance(scenes: Scenes, twin_of: np.ndarray, swapped: np.ndarray,
+                p_drop: float) -> np.ndarray:
+    """(N, 3) per image and family (pair, relation, place): the probability that the family's
+    proposal draws a caption false of the twin (enumerating a, b, relation and dropout)."""
+    N, n_slots = len(scenes), scenes.max_objects
     rel, n_true = _geometry(scenes)
     # the 16 dropout patterns, columns: a size, a colour, b size, b colour
     drops = np.array([[(d >> k) & 1 for k in range(4)] for d in range(16)], dtype=bool)
@@ -246,10 +252,11 @@ def _acceptance(scenes: Scenes, twin_of: np.ndarray, swapped: np.ndarray, p_drop
     for k in (0, 1):
         a, partner = swapped[:, k], swapped[:, 1 - k]
         cases = [(PLACE, -1, -1, np.full(N, 0.5))]
-        for o in range(O):
+        for o in range(n_slots):
             p_b = 0.5 * (0.5 / np.maximum(n - 1, 1) + 0.5 * (o == partner)) * ((o != a) & (o < n))
             cases.append((PAIR, o, -1, p_b))
-            cases += [(RELATION, o, r, p_b * rel[img, a, o, r] / np.maximum(n_true[img, a, o], 1)) for r in range(4)]
+            cases += [(RELATION, o, r, p_b * rel[img, a, o, r] / np.maximum(n_true[img, a, o], 1))
+                      for r in range(4)]
         for fam, o, r, prob in cases:
             live = np.flatnonzero(prob > 0)
             for drop in drops[:16 if o >= 0 else 4]:
@@ -265,33 +272,39 @@ def _acceptance(scenes: Scenes, twin_of: np.ndarray, swapped: np.ndarray, p_drop
     return out
 
 
-def compositional_likelihood(meanings: Meanings, scenes: Scenes, twin_of, swapped, config=None) -> np.ndarray:
-    """float64 (n_texts, n_images): P(meaning_t | image i) / drop(meaning_t) under the compositional
-    generator (see the module docstring): the proposal restricted to captions false of i's twin,
-    renormalised per image by its acceptance probability, mixed over the two family regimes.
+def compositional_likelihood(meanings: Meanings, scenes: Scenes, twin_of, swapped,
+                             config=None) -> np.ndarray:
+    """float64 (n_texts, n_images): P(meaning_t | image i) / drop(meaning_t) under the
+    compositional generator (module docstring): the proposal restricted to captions false of i's
+    twin, renormalised per image by its acceptance probability, mixed over the two family regimes.
     swapped: (n_images, 2) the swapped object slots of each image (the same for both twins)."""
     par, m = _params(config), meanings
     if not np.isin(m.family, (PAIR, RELATION, PLACE)).all():
         raise ValueError("compositional captions are pair, relation or place captions")
     twin_of, swapped = np.asarray(twin_of, dtype=np.int64), np.asarray(swapped, dtype=np.int64)
-    N, O = len(scenes), scenes.max_objects
+    N, n_slots = len(scenes), scenes.max_objects
     n = scenes.n_objects.astype(np.int64)
     rel, n_true = _geometry(scenes)
     img = np.arange(N)
-    sh, co, sz, ce = (getattr(scenes, f).astype(np.int64) for f in ("shape", "color", "size", "cell"))
+    sh, co, sz, ce = (getattr(scenes, f).astype(np.int64)
+                      for f in ("shape", "color", "size", "cell"))
     col = lambda x: x.astype(np.int64)[:, None]  # noqa: E731
-    matches = lambda s, c, z, j, o: ((col(s) == sh[j, o]) & ((col(c) < 0) | (col(c) == co[j, o]))  # noqa: E731
-                                     & ((col(z) < 0) | (col(z) == sz[j, o])))
+    matches = lambda s, c, z, j, o: (  # noqa: E731
+        (col(s) == sh[j, o]) & ((col(c) < 0) | (col(c) == co[j, o]))
+        & ((col(z) < 0) | (col(z) == sz[j, o])))
     r_safe = np.maximum(m.relation.astype(np.int64), 0)
     is_rel = col(m.relation) >= 0
     q = np.zeros((len(m), N))
     for k in (0, 1):
         a, partner = swapped[:, k], swapped[:, 1 - k]
-        a_ok = matches(m.a_shape, m.a_color, m.a_size, img, a) & ((col(m.place) < 0) | (col(m.place) == ce[img, a]))
+        a_ok = (matches(m.a_shape, m.a_color, m.a_size, img, a)
+                & ((col(m.place) < 0) | (col(m.place) == ce[img, a])))
         inner = np.zeros((len(m), N))
-        for o in range(O):
-            p_b = (0.5 / np.maximum(n - 1, 1) + 0.5 * (o == partner)) * ((o != a) & (o < n))  # (N,)
-            w_rel = (rel[img, a, o, :] / np.maximum(n_true[img, a, o], 1)[:, None]).T[r_safe]  # (T, N)
+        for o in range(n_slots):
+            # (N,)
+            p_b = (0.5 / np.maximum(n - 1, 1) + 0.5 * (o == partner)) * ((o != a) & (o < n))
+            # (T, N)
+            w_rel = (rel[img, a, o, :] / np.maximum(n_true[img, a, o], 1)[:, None]).T[r_safe]
             b_ok = matches(m.b_shape, m.b_color, m.b_size, img, np.full(N, o))
             inner += b_ok * p_b * np.where(is_rel, w_rel, 1.0)
         q += 0.5 * a_ok * np.where(col(m.family) == PLACE, 1.0, inner)
@@ -305,11 +318,12 @@ def compositional_likelihood(meanings: Meanings, scenes: Scenes, twin_of, swappe
     stay = (1 - z1) ** n1  # no acceptance in the first regime
     total = (1 - stay) + stay * (1 - (1 - z2) ** (n_all - n1))
     g1 = np.where(z1 > 0, (1 - stay) / np.maximum(z1, 1e-300), 0.0) / total
-    g2 = np.where(z2 > 0, stay * (1 - (1 - z2) ** (n_all - n1)) / np.maximum(z2, 1e-300), 0.0) / total
+    g2 = np.where(z2 > 0, stay * (1 - (1 - z2) ** (n_all - n1)) / np.maximum(z2, 1e-300),
+                  0.0) / total
     p1 = np.array([first[int(f)] for f in m.family])[:, None]
     p2 = np.array([fallback[int(f)] for f in m.family])[:, None]
     return _snap(q * (p1 * g1[None] + p2 * g2[None]))
 
 
-__all__ = ["caption_likelihood", "iter_caption_likelihood", "compositional_likelihood", "scene_free_factor",
-           "dropout_factor", "SCALE"]
+__all__ = ["caption_likelihood", "iter_caption_likelihood", "compositional_likelihood",
+           "scene_free_factor", "dropout_factor", "SCALE"]

@@ -1,29 +1,26 @@
 """The oracle ceiling: the Bayes-optimal ranking under the generator's own caption likelihood.
 
-`satisfies` says whether a caption is true of a scene; this module says how likely the generator
-was to *say* it of that scene. A relation caption fits about 2 test images, a count caption about
-27, and a 4-object scene says a given two-object caption more often than a 5-object one (fewer
-pairs compete), so ranking by truth alone (captions.truth_ceiling) is beaten by any model that
-learns caption specificity. The best any model can do, seeing only caption and image content, is:
+`satisfies` says whether a caption is true of a scene; this module how likely the generator was
+to *say* it of that scene. A relation caption fits a couple of test images, a count caption
+dozens, and a 4-object scene says a given two-object caption more often than a 5-object one
+(fewer pairs compete): any model that learns caption specificity beats ranking by truth alone
+(captions.truth_ceiling). The best any model seeing only caption and image content can do is:
 
 - t2i: rank the images by L[t, i] = P(caption t | scene i);
 - i2t: rank the captions by the posterior that they came from image i, L[t, i] / sum_j L[t, j]
   (every caption comes from one gallery image, a priori uniformly).
 
-Both with random tie-breaking; `bayes_ceiling` (= captions.oracle_ceiling) returns the expected
-R@K of these rankings in closed form.
+Both with random tie-breaking; `bayes_ceiling` (= oracle_ceiling) returns their expected R@K in
+closed form.
 
-Why it beats truth_ceiling: for one caption and the gallery, the origin has posterior
-L[t, i] / sum_j L[t, j], and the top K by likelihood hold the most posterior mass of any ranking,
-so for every caption the expected t2i R@K over its origin is at least the truth ranker's. That is
-a guarantee in expectation over the generator: on one realised split an unlikely caption can rank
-its own image lower than the truth ranker would, and tiny galleries (30 images) show t2i up to
-about 0.7 points below truth_ceiling. i2t (R@1 exactly optimal under independent origins) and
-all default settings are well above it.
-
-The likelihood it ranks by, and what is exact (test, full) and approximate (compositional), is
-`course_lib.data.likelihood`, whose names this module re-exports.
-"""
+Why it beats truth_ceiling: a caption's origin has posterior L[t, i] / sum_j L[t, j], and the top
+K by likelihood hold the most posterior mass of any ranking, so every caption's expected t2i R@K
+over its origin is at least the truth ranker's. A guarantee in expectation over the generator: on
+one realised split an unlikely caption can rank its own image lower than the truth ranker would,
+so tiny galleries can show t2i slightly below truth_ceiling (docs/tuning_notes.md, "Core and
+data"). i2t (R@1 exactly optimal under independent origins) and all default settings are well
+above it. The likelihood it ranks by, exact (test, full) or approximate (compositional), is
+`course_lib.data.likelihood`, whose names this module re-exports."""
 
 from __future__ import annotations
 
@@ -32,7 +29,6 @@ import numpy as np
 from course_lib.core.metrics import hit_probability
 
 from .likelihood import _iter_sparse, _snap, compositional_likelihood
-
 
 # ---- the oracle --------------------------------------------------------------------------------
 
@@ -59,13 +55,13 @@ def split_likelihood(split):
     yield rows, cols, L[rows, cols]
 
 
-def bayes_recall(rows, cols, values, txt2img, n_images: int, ks=(1, 5, 10), *, query_texts=None,
-                 query_images=None) -> dict[str, float]:
-    """Expected R@K (percent) of the Bayes ranking, from the nonzero entries of a likelihood:
-    t2i ranks images by L[t, i], i2t ranks captions by L[t, i] / sum_j L[t, j]; random tie-breaking
-    (an image's own captions are its hits; images without captions are skipped in i2t).
-    query_texts / query_images: average over these queries only (the full setting), each still
-    ranked against every image / caption; None = all."""
+def bayes_recall(rows, cols, values, txt2img, n_images: int, ks=(1, 5, 10), *,
+                 query_texts=None, query_images=None) -> dict[str, float]:
+    """Expected R@K (percent) of the Bayes ranking, from a likelihood's nonzero entries: t2i ranks
+    images by L[t, i], i2t captions by L[t, i] / sum_j L[t, j]; random tie-breaking (an image's
+    own captions are its hits; images without captions are skipped in i2t). query_texts /
+    query_images: average over these queries only (the full setting), each still ranked against
+    every image / caption; None = all."""
     txt2img = np.asarray(txt2img, dtype=np.int64)
     T, N = len(txt2img), n_images
     own = cols == txt2img[rows]
@@ -73,8 +69,10 @@ def bayes_recall(rows, cols, values, txt2img, n_images: int, ks=(1, 5, 10), *, q
     v_own = np.zeros(T)
     v_own[rows[own]] = values[own]
     per_row = np.bincount(rows, minlength=T)
-    ahead = np.where(v_own > 0, np.bincount(rows, weights=values > v_own[rows], minlength=T), per_row)
-    tied = np.where(v_own > 0, np.bincount(rows, weights=values == v_own[rows], minlength=T), N - per_row)
+    ahead = np.where(v_own > 0, np.bincount(rows, weights=values > v_own[rows], minlength=T),
+                     per_row)
+    tied = np.where(v_own > 0, np.bincount(rows, weights=values == v_own[rows], minlength=T),
+                    N - per_row)
     # i2t: posterior over origins; an image's best own caption against every caption
     post = _snap(values / np.bincount(rows, weights=values, minlength=T)[rows])
     p_own = np.zeros(T)
@@ -83,8 +81,10 @@ def bayes_recall(rows, cols, values, txt2img, n_images: int, ks=(1, 5, 10), *, q
     np.maximum.at(best, txt2img, p_own)
     good = np.bincount(txt2img, weights=p_own == best[txt2img], minlength=N)
     per_col = np.bincount(cols, minlength=N)
-    ahead_i = np.where(best > 0, np.bincount(cols, weights=post > best[cols], minlength=N), per_col)
-    tied_i = np.where(best > 0, np.bincount(cols, weights=post == best[cols], minlength=N), T - per_col)
+    ahead_i = np.where(best > 0, np.bincount(cols, weights=post > best[cols], minlength=N),
+                       per_col)
+    tied_i = np.where(best > 0, np.bincount(cols, weights=post == best[cols], minlength=N),
+                      T - per_col)
     has_text = np.bincount(txt2img, minlength=N) > 0
     if query_images is not None:
         asked = np.zeros(N, dtype=bool)
@@ -110,11 +110,11 @@ def bayes_ceiling(split, ks=(1, 5, 10)) -> dict[str, float]:
 
 def oracle_ceiling(split, ks=(1, 5, 10)) -> dict[str, float]:
     """The best expected R@K (percent) any model could reach on a synthetic split (docs/data.md):
-    the Bayes-optimal ranking under the generator's own caption likelihood, ties broken at random.
-    t2i ranks images by P(caption | image); i2t ranks captions by P(caption came from this image |
-    caption). See this module's docstring for the likelihood and what is exact (test, full) and
-    what is approximate (compositional)."""
+    the Bayes-optimal ranking under the generator's caption likelihood, ties broken at random. t2i
+    ranks images by P(caption | image); i2t captions by P(caption came from this image | caption).
+    The module docstring says what is exact (test, full) and approximate (compositional)."""
     return bayes_ceiling(split, ks)
 
 
-__all__ = ["oracle_ceiling", "compositional_likelihood", "split_likelihood", "bayes_recall", "bayes_ceiling"]
+__all__ = ["oracle_ceiling", "compositional_likelihood", "split_likelihood", "bayes_recall",
+           "bayes_ceiling"]

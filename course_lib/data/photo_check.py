@@ -1,18 +1,18 @@
-"""Check a Karpathy file against its image folder before any feature is computed: bad input costs nothing.
+"""Check a Karpathy file against its image folder before any feature is computed: bad input costs
+nothing.
 
-`screen_karpathy(json_path, image_root, splits)` reads every image entry of the splits and decodes every
-image file (at reduced scale for JPEGs, which still reads every byte of the file). An entry is left out,
-with a line naming its file and why, when
+`screen_karpathy(json_path, image_root, splits)` reads the splits' image entries and decodes every
+image file (JPEGs at reduced scale, which still reads every byte). An entry is left out, with a
+line naming its file and why, when
 
-    its image file is missing          (a caption whose image is missing)
-    it has no sentences                (an empty or absent `sentences` list)
-    its file is truncated              (PIL: "image file is truncated")
-    its file is not an image           (PIL cannot identify it)
+    its image file is missing   (a caption whose image is missing)
+    it has no sentences         (an empty or absent `sentences` list)
+    its file is truncated       (PIL: "image file is truncated")
+    its file is not an image    (PIL cannot identify it)
 
-and the whole check fails, before anything is written, when most of the images are missing: the image
-folder is then not the one of that JSON file. extract_features.py records the skipped files in
-features.json, and `read_karpathy(..., skip=...)` / `load_feature_bench` leave them out.
-"""
+and the whole check fails, before anything is written, when most images are missing: the folder
+is not that JSON file's. extract_features.py records the skipped files in features.json;
+`read_karpathy(..., skip=...)` / `load_feature_bench` leave them out."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ _THREADS = min(8, os.cpu_count() or 2)
 
 @dataclass
 class Screening:
-    """What screen_karpathy found: the files left out, each with its reason, and how many it looked at."""
+    """What screen_karpathy found: the files left out, each with why, and how many it looked at."""
 
     skipped: dict = field(default_factory=dict)  # entry_path -> reason
     n_entries: int = 0
@@ -39,7 +39,8 @@ class Screening:
         """One line per skipped file, for the terminal."""
         if not self.skipped:
             return ""
-        lines = [f"skipped {len(self.skipped)} of {self.n_entries} images of {json_path} (and their captions):"]
+        lines = [f"skipped {len(self.skipped)} of {self.n_entries} images of {json_path} (and "
+                 "their captions):"]
         return "\n".join(lines + [f"  {path}: {reason}" for path, reason in self.skipped.items()])
 
 
@@ -64,8 +65,8 @@ def screen_karpathy(json_path, image_root, splits, progress: bool = True) -> Scr
 
     json_path, root = Path(json_path), Path(image_root)
     if not root.is_dir():
-        raise FileNotFoundError(f"image folder {root} not found; pass the folder that holds the images of "
-                                f"{json_path.name} (--images)")
+        raise FileNotFoundError(f"image folder {root} not found; pass the folder that holds the "
+                                f"images of {json_path.name} (--images)")
     entries = [img for img in _load_json(json_path)["images"]
                if isinstance(img, dict) and img.get("split") in set(splits) and "filename" in img]
     screening = Screening(n_entries=len(entries))
@@ -74,20 +75,23 @@ def screen_karpathy(json_path, image_root, splits, progress: bool = True) -> Scr
         path = entry_path(img)
         if not (root / path).is_file():
             missing.append(path)
-            screening.skipped[path] = f"its image {root / path} is missing; its captions are skipped"
+            screening.skipped[path] = (f"its image {root / path} is missing; its captions are "
+                                       "skipped")
         elif not img.get("sentences"):
             screening.skipped[path] = "its entry has no sentences; the image is skipped"
         else:
             present.append(path)
     if entries and len(missing) > MOST_MISSING * len(entries):
         raise FileNotFoundError(
-            f"{len(missing)} of the {len(entries)} images that {json_path} lists are not in {root} (e.g. "
-            f"{missing[0]}): that folder is not this JSON file's image folder. Pass the right --images "
-            "(Flickr30k: flickr30k-images; COCO: the folder holding train2014/ and val2014/); nothing was written")
+            f"{len(missing)} of the {len(entries)} images that {json_path} lists are not in {root} "
+            f"(e.g. {missing[0]}): that folder is not this JSON file's image folder. Pass the "
+            "right --images (Flickr30k: flickr30k-images; COCO: the folder holding train2014/ and "
+            "val2014/); nothing was written")
     with ThreadPoolExecutor(_THREADS) as pool:  # decoding frees the GIL
-        problems = list(tqdm(pool.map(lambda p: decode_problem(root / p), present), total=len(present),
-                             desc="checking images", unit="img", disable=not progress, mininterval=1.0))
-    for path, problem in zip(present, problems):
+        problems = list(tqdm(pool.map(lambda p: decode_problem(root / p), present),
+                             total=len(present), desc="checking images", unit="img",
+                             disable=not progress, mininterval=1.0))
+    for path, problem in zip(present, problems, strict=True):
         if problem is not None:
             screening.skipped[path] = problem
     return screening

@@ -1,16 +1,13 @@
-"""Where the course finds real photographs: one Karpathy-format folder, its `images/` and its split file
-(`dataset_*.json`), looked for in one order by lesson 08, the tests and CI alike:
+"""Where the course finds real photographs: one Karpathy-format folder, its `images/` and its
+split file (`dataset_*.json`), looked for in one order by lesson 08, the tests and CI alike:
 
-    COURSE_PHOTOS              a folder a learner names (Flickr30k or COCO on Colab, say)
-    data/flickr8k              in the repository: `python data_scripts/download_data.py flickr8k --out data/flickr8k`
-    ../shared/data/flickr8k    beside the clone, where the course's own machines keep Flickr8k
+    COURSE_PHOTOS            a folder a learner names (Flickr30k or COCO on Colab, say)
+    data/flickr8k            in the repository (data_scripts/download_data.py flickr8k)
+    ../shared/data/flickr8k  beside the clone, where the course's own machines keep Flickr8k
 
-The repository is the course's copy (course_lib.core.settings.course_repository): the folder above
-course_lib, or on Colab the copy that setup() fetched beside a package installed from git.
-
-The photos are never part of the course (their owners' rights; docs/real_data.md), so where none is found
-a lesson or test says how to get them and does nothing else.
-"""
+The repository is the course's copy (course_lib.core.settings.course_repository). The photos are
+never part of the course (their owners' rights; docs/real_data.md): where none is found, a lesson
+or test says how to get them and does nothing else."""
 
 from __future__ import annotations
 
@@ -47,11 +44,12 @@ def no_photos_message(environ=None) -> str:
     """What to do when find_photos finds nothing: where it looked and how to get Flickr8k."""
     environ = os.environ if environ is None else environ
     named = environ.get("COURSE_PHOTOS")
-    looked = (f"COURSE_PHOTOS={named} holds no images/ folder and dataset_*.json file" if named else
-              "no photos in " + " or ".join(str(p) for p in places()))
+    looked = (f"COURSE_PHOTOS={named} holds no images/ folder and dataset_*.json file" if named
+              else "no photos in " + " or ".join(str(p) for p in places()))
     return (f"{looked}. Real photographs are not part of the course: get Flickr8k with `python "
-            "data_scripts/download_data.py flickr8k --out data/flickr8k` (about 1 GB), or set COURSE_PHOTOS to "
-            "a Karpathy-format folder (images/ and its dataset_*.json); docs/real_data.md says more.")
+            "data_scripts/download_data.py flickr8k --out data/flickr8k` (about 1 GB), or set "
+            "COURSE_PHOTOS to a Karpathy-format folder (images/ and its dataset_*.json); "
+            "docs/real_data.md says more.")
 
 
 __all__ = ["places", "split_file", "find_photos", "no_photos_message"]

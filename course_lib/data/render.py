@@ -1,14 +1,13 @@
 """Pixels and "detector" regions of synthetic scenes, both vectorised numpy (no per-pixel loops).
 
-Pixels: a dark image split into a 3x3 grid of cells; each object is a filled stamp of its shape
-(small or big) in its colour, centred in its cell with a small random offset. Optional grey clutter
-specks and pixel noise.
+Pixels: a dark image split into a 3x3 grid of cells; each object a filled stamp of its shape
+(small or big) in its colour, centred in its cell with a small random offset; optional grey
+clutter specks and pixel noise.
 
-Regions mirror the Faster R-CNN bottom-up features that SCAN, LightningDOT and U-BERT read: per
-object a feature vector (a fixed non-linear function of shape, colour and size plus noise), the
-UNITER 7-d box of the drawn stamp and a soft class distribution over shape x colour. The tables
-behind the features come from DETECTOR_SEED, not from the data seed, so a feature means the same
-thing in every split and every benchmark.
+Regions mirror the Faster R-CNN bottom-up features SCAN, LightningDOT and U-BERT read: per object
+a feature vector (a fixed non-linear function of shape, colour and size, plus noise), the UNITER
+7-d box of the drawn stamp and a soft class distribution over shape x colour. The feature tables
+come from DETECTOR_SEED, not the data seed: a feature means the same in every split and benchmark.
 """
 
 from __future__ import annotations
@@ -30,7 +29,7 @@ CLASS_NOISE = 1.0  # std of the detector's logit noise
 
 
 def _stamp(shape: str, k: int) -> np.ndarray:
-    """bool (k, k) mask of one shape, by 4x supersampling (a pixel is on if half of it is covered)."""
+    """bool (k, k) mask of one shape, by 4x supersampling (a pixel is on if half of it is in)."""
     t = (np.arange(4 * k) + 0.5) / (2 * k) - 1.0  # sub-pixel centres in [-1, 1]
     v, u = np.meshgrid(t, t, indexing="ij")  # v: down, u: right
     r2 = u * u + v * v
@@ -39,7 +38,8 @@ def _stamp(shape: str, k: int) -> np.ndarray:
         "square": (np.abs(u) <= 0.9) & (np.abs(v) <= 0.9),
         "triangle": (v <= 0.9) & (np.abs(u) <= (v + 1.0) / 1.9 * 0.95),
         "diamond": np.abs(u) + np.abs(v) <= 1.0,
-        "cross": ((np.abs(u) <= 0.3) | (np.abs(v) <= 0.3)) & (np.abs(u) <= 0.95) & (np.abs(v) <= 0.95),
+        "cross": (((np.abs(u) <= 0.3) | (np.abs(v) <= 0.3)) & (np.abs(u) <= 0.95)
+                  & (np.abs(v) <= 0.95)),
         "ring": (r2 <= 1.0) & (r2 >= 0.5 ** 2),
     }[shape]
     return inside.reshape(k, 4, k, 4).mean(axis=(1, 3)) >= 0.5
@@ -48,11 +48,9 @@ def _stamp(shape: str, k: int) -> np.ndarray:
 @lru_cache(maxsize=8)
 def geometry(image_size: int) -> dict:
     """Cell size, margins, stamp masks and their bounding boxes for one image size (cached).
-
     masks (n_shapes, 2, P, P, cs, cs): the stamp of (shape, size) with its top-left corner at
     (oy, ox) inside a cell of cs x cs pixels; bbox (n_shapes, 2, 4): y1, x1, y2, x2 (exclusive) of
-    the stamp's pixels inside its k x k square; lo, hi (2,): the allowed offsets per size.
-    """
+    the stamp's pixels inside its k x k square; lo, hi (2,): the allowed offsets per size."""
     cs = image_size // GRID
     if cs < 6:
         raise ValueError(f"image_size {image_size} is too small; use at least {6 * GRID}")
@@ -84,7 +82,8 @@ def sample_offsets(rng: np.random.Generator, scenes: Scenes, image_size: int) ->
     return np.where(scenes.valid[..., None], offsets, 0)
 
 
-CLUTTER_GREYS = np.array([[60, 60, 60], [75, 75, 80], [90, 90, 90], [105, 100, 100]], dtype=np.uint8)
+CLUTTER_GREYS = np.array([[60, 60, 60], [75, 75, 80], [90, 90, 90], [105, 100, 100]],
+                         dtype=np.uint8)
 # every pixel is one of these colours before noise: background, the 8 object colours, clutter greys
 _PIXEL_COLORS = np.concatenate([BACKGROUND[None], PALETTE, CLUTTER_GREYS])  # (13, 3)
 
@@ -92,18 +91,18 @@ _PIXEL_COLORS = np.concatenate([BACKGROUND[None], PALETTE, CLUTTER_GREYS])  # (1
 @lru_cache(maxsize=8)
 def _noisy_palette(pixel_noise: float) -> np.ndarray:
     """uint8 (13 * 256, 3): each base colour plus each of 256 noise levels, clipped to [0, 255].
-
-    The levels are the 256 quantiles of N(0, pixel_noise) (in units of full scale), so indexing
-    with a random byte per pixel gives Gaussian-like noise (shared by the 3 channels of a pixel)
-    much faster than drawing normals and clipping every channel."""
+    The levels are the 256 quantiles of N(0, pixel_noise) (full scale = 1), so a random byte per
+    pixel indexes Gaussian-like noise (shared by its 3 channels), much faster than drawing normals
+    and clipping every channel."""
     sigma = pixel_noise * 255.0
     levels = np.array([NormalDist(0.0, sigma).inv_cdf((b + 0.5) / 256.0) for b in range(256)])
     table = np.clip(np.round(_PIXEL_COLORS[:, None, :] + levels[None, :, None]), 0, 255)
     return table.astype(np.uint8).reshape(-1, 3)
 
 
-def render_pixels(scenes: Scenes, offsets: np.ndarray, rng: np.random.Generator, image_size: int = 32,
-                  pixel_noise: float = 0.0, clutter: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+def render_pixels(scenes: Scenes, offsets: np.ndarray, rng: np.random.Generator,
+                  image_size: int = 32, pixel_noise: float = 0.0,
+                  clutter: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """Draw the scenes. Returns images uint8 (N, S, S, 3) and the object boxes float32 (N, O, 7)
     (UNITER: x1, y1, x2, y2, w, h, area, normalised by S; zeros in empty slots), each the
     bounding box of the stamp's pixels. `clutter`: mean number of grey specks per image."""
@@ -116,7 +115,8 @@ def render_pixels(scenes: Scenes, offsets: np.ndarray, rng: np.random.Generator,
         img = np.repeat(np.arange(n), n_specks)
         side = max(1, image_size // 16)
         y, x = rng.integers(0, image_size - side + 1, size=(2, len(img)))
-        grey = (1 + len(PALETTE) + rng.integers(0, len(CLUTTER_GREYS), size=len(img))).astype(np.uint8)
+        grey = (1 + len(PALETTE)
+                + rng.integers(0, len(CLUTTER_GREYS), size=len(img))).astype(np.uint8)
         for dy in range(side):
             for dx in range(side):
                 index[img, y + dy, x + dx] = grey
@@ -152,58 +152,58 @@ def render_pixels(scenes: Scenes, offsets: np.ndarray, rng: np.random.Generator,
 def uniter_boxes(xyxy: np.ndarray) -> np.ndarray:
     """(M, 4) normalised x1, y1, x2, y2 -> (M, 7) with w, h, area appended."""
     w, h = xyxy[:, 2] - xyxy[:, 0], xyxy[:, 3] - xyxy[:, 1]
-    return np.concatenate([xyxy, w[:, None], h[:, None], (w * h)[:, None]], axis=1).astype(np.float32)
+    return np.concatenate([xyxy, w[:, None], h[:, None], (w * h)[:, None]],
+                          axis=1).astype(np.float32)
 
 
 @lru_cache(maxsize=8)
 def detector_tables(region_dim: int) -> dict:
-    """The fixed random "detector": clean features per (shape, colour, size), and its mixing map.
-
+    """The fixed random "detector": clean features per (shape, colour, size), its mixing map.
     feature(s, c, z) = tanh(0.6 * (E_shape[s] + E_color[c] + E_size[z] + 0.5 * E_pair[s, c]) @ W):
-    additive attribute codes with a small shape x colour interaction, mixed and squashed so that no
-    coordinate is a one-hot attribute indicator.
-    """
+    additive attribute codes with a small shape x colour interaction, mixed and squashed so that
+    no coordinate is a one-hot attribute indicator."""
     rng = np.random.default_rng(DETECTOR_SEED)
     D, S, C = region_dim, len(SHAPES), len(COLORS)
     e_shape, e_color = rng.standard_normal((S, D)), rng.standard_normal((C, D))
     e_size = rng.standard_normal((2, D))
     e_pair = rng.standard_normal((S, C, D))
     mix = rng.standard_normal((D, D)) / np.sqrt(D)
-    latent = e_shape[:, None, None] + e_color[None, :, None] + e_size[None, None, :] + 0.5 * e_pair[:, :, None]
+    latent = (e_shape[:, None, None] + e_color[None, :, None] + e_size[None, None, :]
+              + 0.5 * e_pair[:, :, None])  # (S, C, 2, D)
     clean = np.tanh(0.6 * latent @ mix).astype(np.float32)  # (S, C, 2, D)
     return dict(clean=clean, mix=mix)
 
 
-def detect_regions(scenes: Scenes, object_boxes: np.ndarray, rng: np.random.Generator, region_dim: int = 64,
-                   region_noise: float = 0.1, clutter_regions: int = 0) -> dict[str, np.ndarray]:
-    """The "detector" output, padded to R = max_objects + clutter_regions slots.
-
-    regions float32 (N, R, D), boxes float32 (N, R, 7), region_mask bool (N, R), region_classes
-    float32 (N, R, 48) soft class distribution (class = shape * 8 + colour), region_object int8
-    (N, R): the object slot each region shows (-1 for clutter and padding). Real regions come first
-    in a random order per scene (so slot order does not leak object identity), padding last.
-    """
-    n, O = len(scenes), scenes.max_objects
-    R, D = O + clutter_regions, region_dim
+def detect_regions(scenes: Scenes, object_boxes: np.ndarray, rng: np.random.Generator,
+                   region_dim: int = 64, region_noise: float = 0.1,
+                   clutter_regions: int = 0) -> dict[str, np.ndarray]:
+    """The "detector" output, padded to R = max_objects + clutter_regions slots: regions float32
+    (N, R, D), boxes float32 (N, R, 7), region_mask bool (N, R), region_classes float32 (N, R, 48)
+    soft class distribution (class = shape * 8 + colour), region_object int8 (N, R): the object
+    slot each region shows (-1 for clutter and padding). Real regions first, in a random order per
+    scene (slot order must not leak object identity), padding last."""
+    n, n_slots = len(scenes), scenes.max_objects
+    R, D = n_slots + clutter_regions, region_dim
     tables = detector_tables(region_dim)
     valid = np.zeros((n, R), dtype=bool)
-    valid[:, :O] = scenes.valid
+    valid[:, :n_slots] = scenes.valid
     shape = np.full((n, R), -1, dtype=np.int64)
     color = np.full((n, R), -1, dtype=np.int64)
-    shape[:, :O], color[:, :O] = scenes.shape, scenes.color
+    shape[:, :n_slots], color[:, :n_slots] = scenes.shape, scenes.color
     size = np.maximum(scenes.size, 0)
     feats = np.zeros((n, R, D), dtype=np.float32)
-    feats[:, :O] = tables["clean"][np.maximum(shape[:, :O], 0), np.maximum(color[:, :O], 0), size]
+    feats[:, :n_slots] = tables["clean"][np.maximum(shape[:, :n_slots], 0),
+                                         np.maximum(color[:, :n_slots], 0), size]
     boxes = np.zeros((n, R, 7), dtype=np.float32)
-    boxes[:, :O] = object_boxes
+    boxes[:, :n_slots] = object_boxes
     if clutter_regions:  # false positives: random appearance, small random boxes
-        valid[:, O:] = True
+        valid[:, n_slots:] = True
         latent = rng.standard_normal((n, clutter_regions, D)) * 1.8
-        feats[:, O:] = np.tanh(0.6 * latent @ tables["mix"])
+        feats[:, n_slots:] = np.tanh(0.6 * latent @ tables["mix"])
         xy = rng.random((n, clutter_regions, 2)) * 0.8
         wh = 0.05 + 0.15 * rng.random((n, clutter_regions, 2))
         xyxy = np.concatenate([xy, xy + wh], axis=-1).reshape(-1, 4)
-        boxes[:, O:] = uniter_boxes(xyxy).reshape(n, clutter_regions, 7)
+        boxes[:, n_slots:] = uniter_boxes(xyxy).reshape(n, clutter_regions, 7)
     feats += region_noise * rng.standard_normal((n, R, D), dtype=np.float32)
     # soft classes: softmax(alpha [same shape] + alpha [same colour] + noise); flat-ish for clutter
     class_shape = np.repeat(np.arange(len(SHAPES)), len(COLORS))  # (48,)
@@ -214,10 +214,12 @@ def detect_regions(scenes: Scenes, object_boxes: np.ndarray, rng: np.random.Gene
     logits -= logits.max(axis=-1, keepdims=True)
     probs = np.exp(logits)
     probs /= probs.sum(axis=-1, keepdims=True)
-    region_object = np.where(np.arange(R) < O, np.arange(R), -1)[None].repeat(n, axis=0)  # (N, R)
+    region_object = np.where(np.arange(R) < n_slots, np.arange(R), -1)[None].repeat(n, axis=0)
     # shuffle the real regions of each scene; padding sorts to the end
-    order = np.argsort(np.where(valid, rng.random((n, R)), 2.0 + np.arange(R)), axis=1)
-    pick = lambda a: np.take_along_axis(a, order.reshape(order.shape + (1,) * (a.ndim - 2)), axis=1)  # noqa: E731
+    order = np.argsort(np.where(valid, rng.random((n, R)), 2.0 + np.arange(R)), axis=1)  # (N, R)
+
+    def pick(a):
+        return np.take_along_axis(a, order.reshape(order.shape + (1,) * (a.ndim - 2)), axis=1)
     valid = pick(valid)
     zero = ~valid
     out = dict(regions=pick(feats), boxes=pick(boxes), region_mask=valid,
@@ -228,5 +230,5 @@ def detect_regions(scenes: Scenes, object_boxes: np.ndarray, rng: np.random.Gene
     return out
 
 
-__all__ = ["DETECTOR_SEED", "PALETTE", "BACKGROUND", "geometry", "sample_offsets", "render_pixels", "uniter_boxes",
-           "detect_regions", "detector_tables"]
+__all__ = ["DETECTOR_SEED", "PALETTE", "BACKGROUND", "geometry", "sample_offsets", "render_pixels",
+           "uniter_boxes", "detect_regions", "detector_tables"]

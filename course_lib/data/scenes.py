@@ -1,11 +1,9 @@
-"""Ground truth of the synthetic benchmark: the scene and caption-meaning tables, and scene sampling.
+"""Ground truth of the synthetic benchmark: the scene and caption-meaning tables, scene sampling.
 
-A scene is a handful of objects on a 3x3 grid; each object has a shape, a colour, a size and a
-cell (distinct cells within a scene). `Scenes` stores them as padded integer arrays, one row per
-scene; `Meanings` stores what each caption asserts, one row per caption. Both are plain tables of
-numpy arrays so they can be subset, pooled and written to .npz by anyone (`to_arrays` /
-`from_arrays` round-trip exactly).
-"""
+A scene is a handful of objects on a 3x3 grid, each with a shape, a colour, a size and a cell
+(distinct within a scene). `Scenes` stores them as padded integer arrays, one row per scene;
+`Meanings` what each caption asserts, one row per caption: plain tables of numpy arrays, to
+subset, pool and write to .npz (`to_arrays` / `from_arrays` round-trip exactly)."""
 
 from __future__ import annotations
 
@@ -17,7 +15,7 @@ SIZES = ("small", "big")
 GRID = 3  # the scene is a GRID x GRID board of cells; cell = row * GRID + col, row 0 at the top
 RELATIONS = ("left of", "right of", "above", "below")  # relation codes 0..3 in Meanings.relation
 FAMILIES = ("pair", "relation", "place", "count", "terse")  # caption family codes 0..4
-N_CLASSES = len(SHAPES) * len(COLORS)  # the "detector" classes: shape x colour, class = shape*8+colour
+N_CLASSES = len(SHAPES) * len(COLORS)  # "detector" classes: shape x colour, class = shape*8+colour
 
 
 class ArrayTable:
@@ -30,30 +28,33 @@ class ArrayTable:
         missing = set(self.FIELDS) - set(arrays)
         extra = set(arrays) - set(self.FIELDS)
         if missing or extra:
-            raise ValueError(f"{type(self).__name__}: missing fields {sorted(missing)}, unknown {sorted(extra)}")
+            raise ValueError(f"{type(self).__name__}: missing fields {sorted(missing)}, unknown "
+                             f"{sorted(extra)}")
         lengths = {len(np.asarray(arrays[f])) for f in self.FIELDS}
         if len(lengths) > 1:
-            raise ValueError(f"{type(self).__name__}: fields have different lengths {sorted(lengths)}")
+            raise ValueError(f"{type(self).__name__}: fields have different lengths "
+                             f"{sorted(lengths)}")
         for f in self.FIELDS:
             setattr(self, f, np.asarray(arrays[f]))
 
     def __len__(self) -> int:
         return len(getattr(self, self.FIELDS[0]))
 
-    def take(self, indices) -> "ArrayTable":
+    def take(self, indices) -> ArrayTable:
         """The rows at `indices` (an index array or boolean mask), as a new table."""
         indices = np.asarray(indices)
         return type(self)(**{f: getattr(self, f)[indices] for f in self.FIELDS})
 
     @classmethod
-    def concatenate(cls, tables: list["ArrayTable"]) -> "ArrayTable":
+    def concatenate(cls, tables: list[ArrayTable]) -> ArrayTable:
         """Rows of all tables in order; 2-d fields with different widths are padded with PAD."""
         out = {}
         for f in cls.FIELDS:
             parts = [getattr(t, f) for t in tables]
             if parts[0].ndim == 2:
                 width = max(p.shape[1] for p in parts)
-                parts = [np.pad(p, ((0, 0), (0, width - p.shape[1])), constant_values=cls.PAD) for p in parts]
+                parts = [np.pad(p, ((0, 0), (0, width - p.shape[1])), constant_values=cls.PAD)
+                         for p in parts]
             out[f] = np.concatenate(parts)
         return cls(**out)
 
@@ -62,15 +63,14 @@ class ArrayTable:
         return {f: getattr(self, f).copy() for f in self.FIELDS}
 
     @classmethod
-    def from_arrays(cls, arrays: dict) -> "ArrayTable":
-        """Inverse of to_arrays; extra keys (another table's fields in the same .npz) are ignored."""
+    def from_arrays(cls, arrays: dict) -> ArrayTable:
+        """Inverse of to_arrays; extra keys (another table's fields in one .npz) are ignored."""
         return cls(**{f: np.array(arrays[f]) for f in cls.FIELDS})
 
     def __eq__(self, other) -> bool:
         return type(self) is type(other) and all(
-            getattr(self, f).dtype == getattr(other, f).dtype and np.array_equal(getattr(self, f), getattr(other, f))
-            for f in self.FIELDS
-        )
+            getattr(self, f).dtype == getattr(other, f).dtype
+            and np.array_equal(getattr(self, f), getattr(other, f)) for f in self.FIELDS)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({len(self)} rows: {', '.join(self.FIELDS)})"
@@ -93,27 +93,22 @@ class Scenes(ArrayTable):
 
     def describe(self, i: int) -> list[str]:
         """Human-readable objects of scene i, e.g. 'small red circle at row 0, col 2'."""
-        return [
-            f"{SIZES[self.size[i, o]]} {COLORS[self.color[i, o]]} {SHAPES[self.shape[i, o]]} "
-            f"at row {self.cell[i, o] // GRID}, col {self.cell[i, o] % GRID}"
-            for o in range(int(self.n_objects[i]))
-        ]
+        return [f"{SIZES[self.size[i, o]]} {COLORS[self.color[i, o]]} {SHAPES[self.shape[i, o]]} "
+                f"at row {self.cell[i, o] // GRID}, col {self.cell[i, o] % GRID}"
+                for o in range(int(self.n_objects[i]))]
 
 
 class Meanings(ArrayTable):
     """One row per caption: what it asserts, all int8 with -1 = not mentioned.
-
-    family: index into FAMILIES. Object a (always present) and optional object b are described by
+    family: index into FAMILIES. Object a (always present) and optional b are described by
     (shape, color, size); an attribute of -1 is not mentioned (any value matches); b is absent
-    when all three are -1. relation: 0..3 (RELATIONS, "a <relation> b") or -1. place: the cell of a
-    (0..8) or -1. count: the total number of objects in the scene, or -1. noisy (bool): the caption
-    was deliberately corrupted (pre-training corpus only); its row records what the caption says,
-    so it may be false of its own scene.
-
-    Truth (see captions.satisfies): some object i matches a (and sits in `place` if given) and,
-    if b is present, some other object j != i matches b with relation(i, j) if given; and the
-    scene has `count` objects if given.
-    """
+    when all three are -1. relation: 0..3 (RELATIONS, "a <relation> b") or -1. place: a's cell
+    (0..8) or -1. count: the scene's number of objects, or -1. noisy (bool): deliberately
+    corrupted (pre-training only); the row records what the caption says, so it may be false of
+    its own scene.
+    Truth (captions.satisfies): some object i matches a (and sits in `place` if given) and, if b
+    is present, some other object j != i matches b with relation(i, j) if given; and the scene has
+    `count` objects if given."""
 
     FIELDS = ("family", "a_shape", "a_color", "a_size", "b_shape", "b_color", "b_size",
               "relation", "place", "count", "noisy")

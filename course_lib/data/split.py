@@ -1,26 +1,25 @@
 """RetrievalSplit: one gallery of images with their captions, the form every loader returns.
 
-The synthetic generator and the Karpathy-split reader (Flickr30k / COCO) both produce this, so
-datasets, metrics and models never ask where the data came from. Shapes (N images, T texts,
-R region slots, D region feature size, C detector classes):
+The synthetic generator and the Karpathy-split reader (Flickr30k / COCO) both produce it, so
+datasets, metrics and models never ask where the data came from. Shapes (N images, T texts, R
+region slots, D region feature size, C detector classes):
 
-    images         uint8 (N, H, W, 3) pixels held in memory, or None
-    image_paths    list of N files on disk (real data, read lazily), or None
-    regions        float32 (N, R, D) "detector" region features, or None
-    boxes          float32 (N, R, 7) UNITER boxes: x1, y1, x2, y2, w, h, area (normalised to [0, 1])
-    region_mask    bool (N, R), True where a region slot holds a real region
-    region_classes float32 (N, R, C) the detector's soft class distribution (for MRC-kl)
-    captions       list of T strings
-    txt2img        int64 (T,), the image index of each caption (5 per image in the test splits)
-    scenes         ground truth of a synthetic split (course_lib.data.synthetic.Scenes), or None
-    meanings       what each synthetic caption asserts (course_lib.data.synthetic.Meanings), or None
-    query_texts    int64 (Q_t,) the captions that are text->image queries, or None = every caption
-    query_images   int64 (Q_i,) the images that are image->text queries, or None = every image
+    images          uint8 (N, H, W, 3) pixels in memory, or None
+    image_paths     N files on disk (real data, read lazily), or None
+    regions         float32 (N, R, D) "detector" region features, or None
+    boxes           float32 (N, R, 7) UNITER boxes: x1, y1, x2, y2, w, h, area (in [0, 1])
+    region_mask     bool (N, R), True where a region slot holds a real region
+    region_classes  float32 (N, R, C) the detector's soft class distribution (for MRC-kl)
+    captions        T strings
+    txt2img         int64 (T,), each caption's image index (5 per image in the test splits)
+    scenes          a synthetic split's ground truth (data.synthetic.Scenes), or None
+    meanings        what each synthetic caption asserts (data.synthetic.Meanings), or None
+    query_texts     int64 (Q_t,) the captions that are text->image queries, or None = all
+    query_images    int64 (Q_i,) the images that are image->text queries, or None = all
 
-The queries differ from the gallery only in the papers' "full" setting (LightningDOT §4.3): the
-test split's captions and images query a gallery that pools every split (`concatenate(...,
-queries_from=test)`); models are still trained on train, and the number of queries stays the same.
-"""
+Queries differ from the gallery only in the papers' "full" setting (LightningDOT §4.3): the test
+split's captions and images query a gallery pooling every split (`concatenate(...,
+queries_from=test)`); models still train on train, and the number of queries stays the same."""
 
 from __future__ import annotations
 
@@ -60,20 +59,20 @@ class RetrievalSplit:
             setattr(self, name, value)
         if len(self.captions) != len(self.txt2img):
             raise ValueError(
-                f"split {self.name!r}: {len(self.captions)} captions but {len(self.txt2img)} txt2img "
-                "entries; give one image index per caption"
-            )
+                f"split {self.name!r}: {len(self.captions)} captions but {len(self.txt2img)} "
+                "txt2img entries; give one image index per caption")
         if len(self.txt2img) and (self.txt2img.min() < 0 or self.txt2img.max() >= n):
             raise ValueError(
                 f"split {self.name!r}: txt2img holds indices outside [0, {n}); every caption must "
-                "point at one of the split's images"
-            )
+                "point at one of the split's images")
         for name in ("images", "regions", "boxes", "region_mask", "region_classes"):
             value = getattr(self, name)
             if value is not None and len(value) != n:
-                raise ValueError(f"split {self.name!r}: {name} has {len(value)} rows, expected {n}")
+                raise ValueError(f"split {self.name!r}: {name} has {len(value)} rows, expected "
+                                 f"{n}")
         if self.image_paths is not None and len(self.image_paths) != n:
-            raise ValueError(f"split {self.name!r}: {len(self.image_paths)} image paths, expected {n}")
+            raise ValueError(f"split {self.name!r}: {len(self.image_paths)} image paths, expected "
+                             f"{n}")
 
     @property
     def n_images(self) -> int:
@@ -115,7 +114,7 @@ class RetrievalSplit:
         counts = np.bincount(self.txt2img, minlength=self.n_images)
         return np.split(order, np.cumsum(counts)[:-1])
 
-    def subset(self, image_indices, name: str | None = None) -> "RetrievalSplit":
+    def subset(self, image_indices, name: str | None = None) -> RetrievalSplit:
         """The split restricted to some images (in the given order) and all of their captions."""
         image_indices = np.asarray(image_indices, dtype=np.int64)
         remap = np.full(self.n_images, -1, dtype=np.int64)
@@ -123,44 +122,36 @@ class RetrievalSplit:
         keep = np.flatnonzero(remap[self.txt2img] >= 0)
         keep = keep[np.argsort(remap[self.txt2img[keep]], kind="stable")]
         take = lambda a: None if a is None else a[image_indices]  # noqa: E731
+        paths = self.image_paths
         return RetrievalSplit(
-            name=name or f"{self.name}[subset]",
-            captions=[self.captions[t] for t in keep],
+            name=name or f"{self.name}[subset]", captions=[self.captions[t] for t in keep],
             txt2img=remap[self.txt2img[keep]],
-            image_ids=[self.image_ids[i] for i in image_indices],
-            images=take(self.images),
-            image_paths=None if self.image_paths is None else [self.image_paths[i] for i in image_indices],
-            regions=take(self.regions),
-            boxes=take(self.boxes),
-            region_mask=take(self.region_mask),
-            region_classes=take(self.region_classes),
+            image_ids=[self.image_ids[i] for i in image_indices], images=take(self.images),
+            image_paths=None if paths is None else [paths[i] for i in image_indices],
+            regions=take(self.regions), boxes=take(self.boxes),
+            region_mask=take(self.region_mask), region_classes=take(self.region_classes),
             scenes=None if self.scenes is None else self.scenes.take(image_indices),
             meanings=None if self.meanings is None else self.meanings.take(keep),
-            info=dict(self.info),
-            query_texts=_kept(self.query_texts, keep, self.n_texts),
-            query_images=_kept(self.query_images, image_indices, self.n_images),
-        )
+            info=dict(self.info), query_texts=_kept(self.query_texts, keep, self.n_texts),
+            query_images=_kept(self.query_images, image_indices, self.n_images))
 
-    def texts_subset(self, text_indices, name: str | None = None) -> "RetrievalSplit":
-        """The same gallery with only some captions as queries: every image, the given texts.
-
-        How slow methods are evaluated on big galleries: a sample of text queries against all images
-        (their t2i ranks are those of the full matrix; i2t needs every caption, so it is undefined)."""
+    def texts_subset(self, text_indices, name: str | None = None) -> RetrievalSplit:
+        """The same gallery with only some captions as queries: every image, the given texts. How
+        slow methods are evaluated on big galleries: a sample of text queries against all images
+        (t2i ranks as in the full matrix; i2t needs every caption, so it is undefined)."""
         text_indices = np.asarray(text_indices, dtype=np.int64)
         if self.query_texts is not None and not np.isin(text_indices, self.query_texts).all():
             raise ValueError(f"split {self.name!r}: texts_subset takes query texts only "
                              "(split.text_queries); the others are gallery items, not queries")
         return RetrievalSplit(
-            name=name or f"{self.name}[texts]",
-            captions=[self.captions[t] for t in text_indices],
+            name=name or f"{self.name}[texts]", captions=[self.captions[t] for t in text_indices],
             txt2img=self.txt2img[text_indices],
             image_ids=self.image_ids, images=self.images, image_paths=self.image_paths,
             regions=self.regions, boxes=self.boxes, region_mask=self.region_mask,
             region_classes=self.region_classes, scenes=self.scenes,
             meanings=None if self.meanings is None else self.meanings.take(text_indices),
             info=dict(self.info),
-            query_images=np.zeros(0, dtype=np.int64),  # i2t needs every caption: none here
-        )
+            query_images=np.zeros(0, dtype=np.int64))  # i2t needs every caption: none here
 
     def summary(self) -> str:
         parts = [f"{self.name}: {self.n_images} images, {self.n_texts} captions"]
@@ -174,7 +165,7 @@ class RetrievalSplit:
 
 
 def _kept(queries, kept_items, n_before) -> np.ndarray | None:
-    """Query indices after a subset keeps `kept_items` (in that order): those still present, renumbered."""
+    """Query indices after a subset keeps `kept_items` (in that order): those left, renumbered."""
     if queries is None:
         return None
     position = np.full(n_before, -1, dtype=np.int64)
@@ -185,18 +176,17 @@ def _kept(queries, kept_items, n_before) -> np.ndarray | None:
 
 def concatenate(splits: list[RetrievalSplit], name: str,
                 queries_from: RetrievalSplit | None = None) -> RetrievalSplit:
-    """Pool several splits into one gallery: images and texts of all.
-
-    queries_from: one of `splits` whose captions and images stay the only queries (the papers'
-    "full" setting: test queries against every split's images and captions). None: every item
-    queries, as in each split on its own."""
+    """Pool several splits into one gallery: images and texts of all. queries_from: one of
+    `splits` whose captions and images stay the only queries (the papers' "full" setting: test
+    queries against every split's images and captions); None: every item queries."""
     offsets = np.cumsum([0] + [s.n_images for s in splits[:-1]])
     text_offsets = np.cumsum([0] + [s.n_texts for s in splits[:-1]])
     query_texts = query_images = None
     if queries_from is not None:
         where = [i for i, s in enumerate(splits) if s is queries_from]
         if not where:
-            raise ValueError(f"queries_from must be one of the pooled splits, got {queries_from.name!r}")
+            raise ValueError(f"queries_from must be one of the pooled splits, got "
+                             f"{queries_from.name!r}")
         q = where[0]
         query_texts = text_offsets[q] + queries_from.text_queries
         query_images = offsets[q] + queries_from.image_queries
@@ -215,22 +205,14 @@ def concatenate(splits: list[RetrievalSplit], name: str,
 
     paths = [s.image_paths for s in splits]
     return RetrievalSplit(
-        name=name,
-        captions=[c for s in splits for c in s.captions],
-        txt2img=np.concatenate([s.txt2img + o for s, o in zip(splits, offsets)]),
-        image_ids=[i for s in splits for i in s.image_ids],
-        images=cat("images"),
+        name=name, captions=[c for s in splits for c in s.captions],
+        txt2img=np.concatenate([s.txt2img + o for s, o in zip(splits, offsets, strict=True)]),
+        image_ids=[i for s in splits for i in s.image_ids], images=cat("images"),
         image_paths=None if any(p is None for p in paths) else [p for ps in paths for p in ps],
-        regions=cat("regions"),
-        boxes=cat("boxes"),
-        region_mask=cat("region_mask"),
-        region_classes=cat("region_classes"),
-        scenes=cat_obj("scenes"),
-        meanings=cat_obj("meanings"),
-        info={"pooled_from": [s.name for s in splits]},
-        query_texts=query_texts,
-        query_images=query_images,
-    )
+        regions=cat("regions"), boxes=cat("boxes"), region_mask=cat("region_mask"),
+        region_classes=cat("region_classes"), scenes=cat_obj("scenes"),
+        meanings=cat_obj("meanings"), info={"pooled_from": [s.name for s in splits]},
+        query_texts=query_texts, query_images=query_images)
 
 
 __all__ = ["RetrievalSplit", "concatenate"]

@@ -1,21 +1,20 @@
 """The synthetic image-caption benchmark (docs/data.md): configuration and public entry points.
 
-    cfg = SyntheticConfig.for_course()          # smoke sizes under COURSE_SMOKE=1, else defaults
-    bench = make_benchmark(cfg, seed=0)         # {"train", "val", "test", "pretrain", "compositional", "full"}
-    oracle_ceiling(bench["test"])               # the best R@K any model could reach (data.oracle)
+    cfg = SyntheticConfig.for_course()   # smoke sizes under COURSE_SMOKE=1, else defaults
+    bench = make_benchmark(cfg, seed=0)  # train, val, test, pretrain, compositional, full
+    oracle_ceiling(bench["test"])        # the best R@K any model could reach (data.oracle)
 
 Every split is a `RetrievalSplit` with pixels, "detector" regions, 5 captions per image (one terse
-caption per image in "pretrain"), and the ground truth (`scenes`, `meanings`) from which
-`satisfies` and `oracle_ceiling` are computed. Each split draws from its own random stream
-(SeedSequence(seed) spawned by split name), so changing n_train leaves the test split unchanged.
+caption in "pretrain"), and the ground truth (`scenes`, `meanings`) that `satisfies` and
+`oracle_ceiling` read. Each split has its own random stream (SeedSequence(seed) spawned by split
+name): changing n_train leaves the test split unchanged.
 
-Every caption is true of its own image, except the deliberately noisy pre-training captions
-(`meanings.noisy`, about pretrain_caption_noise of them): their meanings record the wrong word, so
-`satisfies` may say False for their own image. The compositional gallery interleaves base scenes
-and their counterfactual twins (image 2i and 2i + 1); `info` holds twin_of, swap_kind per pair
-("color" or "cell"), swapped_objects (object slots) and is_twin.
-Modules: scenes.py (ground-truth tables), render.py (pixels, regions), captions.py (words, truth).
-"""
+Every caption is true of its image, except the deliberately noisy pre-training captions
+(`meanings.noisy`, about pretrain_caption_noise of them), whose meanings record the wrong word.
+The compositional gallery interleaves base scenes and their counterfactual twins (images 2i and
+2i + 1); `info` holds twin_of, swap_kind per pair ("color" or "cell"), swapped_objects (object
+slots) and is_twin. Modules: scenes.py (ground truth), render.py (pixels, regions), captions.py
+(words, truth)."""
 
 from __future__ import annotations
 
@@ -47,20 +46,19 @@ FAMILY_CODES = {"pair": PAIR, "relation": RELATION, "place": PLACE, "count": COU
 
 @dataclass
 class SyntheticConfig:
-    """Sizes and knobs of the benchmark. The defaults are the calibrated course setting.
+    """Sizes and knobs of the benchmark; the defaults are the calibrated course setting.
 
-    Calibration: the benchmark must show the papers' lesson at
-    a CPU budget: a cross-attention model clearly beats a one-vector dual encoder on t2i R@1 while
-    costing far more per query, and the dual encoder is far from the ceiling. What makes it so:
+    Calibration: at a CPU budget, a cross-attention model must clearly beat a one-vector dual
+    encoder on t2i R@1 while costing far more per query, the dual encoder far from the ceiling:
     - `min_objects=4, max_objects=5`: rich scenes, so one pooled vector must answer many partial
-      descriptions; with 2-3 objects the first probe found no gap between the two kinds of model.
-    - `caption_families`, weighted to the two-object `relation` family: a caption names two of the
-      objects and how they sit, which only a model that looks at those objects (SCAN, a
-      cross-encoder) can check; `count` captions are deliberately vague (many images fit them).
-    - `attribute_dropout=0.02`: a little under-specification, like real captions; more of it lowers
-      the ceiling quickly.
-    The measured result (every method next to the Bayes-optimal oracle of course_lib.data.oracle)
-    is what `python -m course_lib.benchmark` prints and the README's table shows (docs/results.md: every setting).
+      descriptions (with 2-3 objects the first probe found no gap between the two kinds).
+    - `caption_families` weighted to the two-object `relation` family: naming two objects and how
+      they sit, which only a model looking at them (SCAN, a cross-encoder) can check; `count`
+      captions are deliberately vague (many images fit them).
+    - `attribute_dropout=0.02`: a little under-specification, like real captions; more lowers the
+      ceiling quickly.
+    `python -m course_lib.benchmark` prints the result (every method beside the Bayes-optimal
+    oracle, course_lib.data.oracle); the README's table shows it (docs/results.md: every setting).
     """
 
     n_train: int = 10_000
@@ -79,16 +77,17 @@ class SyntheticConfig:
     clutter_regions: int = 0  # false-positive detector regions per image
     caption_families: dict = field(
         default_factory=lambda: {"relation": 0.5, "pair": 0.2, "place": 0.2, "count": 0.1})
-    count_objects: int = 1  # objects a counting caption names: 1 ("four shapes one of them ...") or 2
-    attribute_dropout: float = 0.02  # chance that a caption leaves out an object's size (or colour)
-    pretrain_caption_noise: float = 0.1  # chance that a pre-training caption names a wrong colour/shape
+    count_objects: int = 1  # objects a counting caption names: 1 ("four shapes one of them") or 2
+    attribute_dropout: float = 0.02  # chance a caption leaves out an object's size (or colour)
+    pretrain_caption_noise: float = 0.1  # chance a pre-training caption names a wrong colour/shape
 
     def __post_init__(self):
         if not 1 <= self.min_objects <= self.max_objects <= GRID * GRID:
             raise ValueError("need 1 <= min_objects <= max_objects <= 9, "
                              f"got {self.min_objects}, {self.max_objects}")
         unknown = set(self.caption_families) - set(FAMILY_CODES)
-        if unknown or sum(self.caption_families.values()) <= 0 or min(self.caption_families.values()) < 0:
+        weights = self.caption_families.values()
+        if unknown or sum(weights) <= 0 or min(weights) < 0:
             raise ValueError(f"caption_families: non-negative weights over {sorted(FAMILY_CODES)}, "
                              f"got {self.caption_families}")
         if self.count_objects not in (1, 2):
@@ -104,19 +103,20 @@ class SyntheticConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def smoke(cls, **overrides) -> "SyntheticConfig":
+    def smoke(cls, **overrides) -> SyntheticConfig:
         """Tiny sizes for CI and quick checks; same code path."""
         sizes = dict(n_train=600, n_val=100, n_test=100, n_pretrain=800, n_compositional=50)
         return cls(**{**sizes, **overrides})
 
     @classmethod
-    def for_course(cls, **overrides) -> "SyntheticConfig":
+    def for_course(cls, **overrides) -> SyntheticConfig:
         """smoke() when COURSE_SMOKE is set, else the defaults."""
         return cls.smoke(**overrides) if smoke_mode() else cls(**overrides)
 
     @classmethod
-    def scaled(cls, n_scenes: int, **overrides) -> "SyntheticConfig":
-        """n_scenes split 10:1:1 over train/val/test; pretrain 2 * n_scenes; compositional n_test // 2."""
+    def scaled(cls, n_scenes: int, **overrides) -> SyntheticConfig:
+        """n_scenes split 10:1:1 over train/val/test; pretrain 2 * n_scenes; compositional
+        n_test // 2."""
         n_eval = max(1, n_scenes // 12)
         sizes = dict(n_train=max(1, n_scenes - 2 * n_eval), n_val=n_eval, n_test=n_eval,
                      n_pretrain=2 * n_scenes, n_compositional=max(1, n_eval // 2))
@@ -126,7 +126,8 @@ class SyntheticConfig:
 def _streams(seed: int, split: str | int) -> list[np.random.Generator]:
     """Three independent generators (scenes, pixels and regions, captions) for one split (a name of
     SPLITS, or an int spawn key: fresh_scenes' draws)."""
-    seq = np.random.SeedSequence(seed, spawn_key=(split if isinstance(split, int) else SPLITS.index(split),))
+    key = split if isinstance(split, int) else SPLITS.index(split)
+    seq = np.random.SeedSequence(seed, spawn_key=(key,))
     return [np.random.default_rng(s) for s in seq.spawn(3)]
 
 
@@ -168,38 +169,43 @@ def _split_captions(rng, scenes: Scenes, cfg: SyntheticConfig) -> tuple[Meanings
     def draw(rows):
         scene_idx = rows // per
         two = (PAIR, RELATION, COUNT) if cfg.count_objects == 2 else (PAIR, RELATION)
-        family, a, b = _objects_for(rng, scenes, scene_idx, draw_family(rng, len(rows)), two_families=two)
+        family, a, b = _objects_for(rng, scenes, scene_idx, draw_family(rng, len(rows)),
+                                    two_families=two)
         m = meanings_of(rng, scenes, scene_idx, family, a, b, cfg.attribute_dropout)
         return m, word_captions(m, rng)
 
     meanings, texts = draw(np.arange(len(scenes) * per))
     for _ in range(5):
-        repeats = np.array([t for t in range(len(texts)) if texts[t] in texts[t - t % per:t]], dtype=np.int64)
+        repeats = np.array([t for t in range(len(texts)) if texts[t] in texts[t - t % per:t]],
+                           dtype=np.int64)
         if not len(repeats):
             break
         new_m, new_texts = draw(repeats)
         _set_rows(meanings, repeats, new_m)
-        for t, text in zip(repeats.tolist(), new_texts):
+        for t, text in zip(repeats.tolist(), new_texts, strict=True):
             texts[t] = text
     return meanings, texts
 
 
-def _to_split(name, scenes, meanings, texts, txt2img, rng, cfg, seed, offsets=None, image_ids=None, info=None):
+def _to_split(name, scenes, meanings, texts, txt2img, rng, cfg, seed, offsets=None,
+              image_ids=None, info=None):
     """Render pixels and regions of the scenes and assemble the RetrievalSplit."""
     if offsets is None:
         offsets = sample_offsets(rng, scenes, cfg.image_size)
-    images, object_boxes = render_pixels(scenes, offsets, rng, cfg.image_size, cfg.pixel_noise, cfg.clutter)
-    det = detect_regions(scenes, object_boxes, rng, cfg.region_dim, cfg.region_noise, cfg.clutter_regions)
+    images, object_boxes = render_pixels(scenes, offsets, rng, cfg.image_size, cfg.pixel_noise,
+                                         cfg.clutter)
+    det = detect_regions(scenes, object_boxes, rng, cfg.region_dim, cfg.region_noise,
+                         cfg.clutter_regions)
     return RetrievalSplit(
         name=name, captions=texts, txt2img=txt2img,
         image_ids=image_ids or [f"{name}_{i:06d}" for i in range(len(scenes))],
         images=images, regions=det["regions"], boxes=det["boxes"], region_mask=det["region_mask"],
         region_classes=det["region_classes"], scenes=scenes, meanings=meanings,
-        info={"config": cfg.to_dict(), "seed": seed, "split": name, **(info or {})},
-    )
+        info={"config": cfg.to_dict(), "seed": seed, "split": name, **(info or {})})
 
 
-def _make_split(name: str, n: int, cfg: SyntheticConfig, seed: int, stream: int | None = None) -> RetrievalSplit:
+def _make_split(name: str, n: int, cfg: SyntheticConfig, seed: int,
+                stream: int | None = None) -> RetrievalSplit:
     rng_scenes, rng_pixels, rng_text = _streams(seed, name if stream is None else stream)
     scenes = sample_scenes(rng_scenes, n, cfg.min_objects, cfg.max_objects)
     if name == "pretrain":
@@ -215,10 +221,12 @@ def _make_split(name: str, n: int, cfg: SyntheticConfig, seed: int, stream: int 
 def _choose_swaps(rng, scenes: Scenes) -> tuple[np.ndarray, np.ndarray]:
     """Per scene a swap kind (0 = colours, 1 = cells) and two object slots whose swap changes the
     scene: different colours for a colour swap, different descriptions for a cell swap."""
-    kinds, pairs = np.zeros(len(scenes), dtype=np.int64), np.zeros((len(scenes), 2), dtype=np.int64)
+    kinds = np.zeros(len(scenes), dtype=np.int64)
+    pairs = np.zeros((len(scenes), 2), dtype=np.int64)
     for i in range(len(scenes)):
         k = int(scenes.n_objects[i])
-        desc = list(zip(scenes.shape[i, :k], scenes.color[i, :k], scenes.size[i, :k]))
+        desc = list(zip(scenes.shape[i, :k], scenes.color[i, :k], scenes.size[i, :k],
+                        strict=True))
         cand = ([(p, q) for p in range(k) for q in range(p + 1, k) if desc[p][1] != desc[q][1]],
                 [(p, q) for p in range(k) for q in range(p + 1, k) if desc[p] != desc[q]])
         kind = int(rng.random() < 0.5)
@@ -238,7 +246,8 @@ def _make_compositional(cfg: SyntheticConfig, seed: int) -> RetrievalSplit:
     base = sample_scenes(rng_scenes, n, lo, hi)
     while True:  # every scene needs two objects that differ (all identical is rare: redraw it)
         first = base.shape[:, :1], base.color[:, :1], base.size[:, :1]
-        same = [(getattr(base, f) == v) | ~base.valid for f, v in zip(("shape", "color", "size"), first)]
+        same = [(getattr(base, f) == v) | ~base.valid
+                for f, v in zip(("shape", "color", "size"), first, strict=True)]
         redo = np.flatnonzero((same[0] & same[1] & same[2]).all(axis=1))
         if not len(redo):
             break
@@ -249,14 +258,16 @@ def _make_compositional(cfg: SyntheticConfig, seed: int) -> RetrievalSplit:
         r = np.flatnonzero(kinds == kind)
         arr = getattr(twin, name)
         arr[r, pairs[r, 0]], arr[r, pairs[r, 1]] = arr[r, pairs[r, 1]], arr[r, pairs[r, 0]]
-    interleave = lambda a, b: np.stack([a, b], axis=1).reshape((2 * len(a),) + a.shape[1:])  # noqa: E731
+    def interleave(a, b):
+        return np.stack([a, b], axis=1).reshape((2 * len(a),) + a.shape[1:])
     gallery = Scenes(**{f: interleave(getattr(base, f), getattr(twin, f)) for f in Scenes.FIELDS})
     offsets = sample_offsets(rng_pixels, base, cfg.image_size)
     offsets = interleave(offsets, offsets)  # an object keeps its stamp offset in its twin
     twin_of = np.arange(2 * n) ^ 1
     swapped = np.repeat(pairs, 2, axis=0)  # (2n, 2) the swapped slots, per image
 
-    draw_family = _family_sampler(cfg, allowed=("pair", "relation", "place"))  # a count never differs
+    # a count never differs between twins
+    draw_family = _family_sampler(cfg, allowed=("pair", "relation", "place"))
     # pair captions cannot tell cell-swapped twins apart; if a config has no other family, fall back
     fallback = _family_sampler(SyntheticConfig(caption_families={"relation": 1.0, "place": 1.0}))
     T = 2 * n * per
@@ -276,14 +287,16 @@ def _make_compositional(cfg: SyntheticConfig, seed: int) -> RetrievalSplit:
         words = word_captions(m, rng_text)
         ok = satisfies_rows(m, gallery.take(img)) & ~satisfies_rows(m, gallery.take(twin_of[img]))
         if attempt < 100:  # prefer captions that differ from the image's others
-            ok &= np.array([words[j] not in texts[t - t % per:t - t % per + per] for j, t in enumerate(pending)])
+            ok &= np.array([words[j] not in texts[t - t % per:t - t % per + per]
+                            for j, t in enumerate(pending)])
         accept = np.flatnonzero(ok)
         _set_rows(meanings, pending[accept], m.take(accept))
         for j in accept.tolist():
             texts[pending[j]] = words[j]
         pending = pending[~ok]
     if len(pending):
-        raise RuntimeError(f"compositional: could not find discriminating captions for {len(pending)} slots")
+        raise RuntimeError(f"compositional: could not find discriminating captions for "
+                           f"{len(pending)} slots")
     info = {"twin_of": twin_of, "swap_kind": ["color" if k == 0 else "cell" for k in kinds],
             "swapped_objects": pairs, "is_twin": np.arange(2 * n) % 2 == 1}
     ids = [f"compositional_{i // 2:06d}_{'twin' if i % 2 else 'base'}" for i in range(2 * n)]
@@ -291,41 +304,41 @@ def _make_compositional(cfg: SyntheticConfig, seed: int) -> RetrievalSplit:
                      rng_pixels, cfg, seed, offsets=offsets, image_ids=ids, info=info)
 
 
-FRESH_STREAMS = 1000  # spawn keys of fresh_scenes' draws start here, clear of the named splits' 0..4
+FRESH_STREAMS = 1000  # spawn keys of fresh_scenes' draws start here, clear of the splits' 0..4
 
 
 def fresh_scenes(cfg: SyntheticConfig, n: int, seed: int = 0, draw: int = 0) -> RetrievalSplit:
-    """n more training scenes, captioned as the training split is: the generator is free data, so a
-    model that memorises the training split's scenes can train on new ones instead of more epochs of
-    the same. They come from their own random streams (spawn key FRESH_STREAMS + draw), which no split
-    of make_benchmark(cfg, seed) uses; draw picks another batch of n. Deterministic in (cfg, n, seed,
-    draw). Like the training split they may repeat a val or test scene by chance (a one-object scene
-    has only 6 x 8 x 2 x 9 variants), rendered with other offsets and noise."""
+    """n more training scenes, captioned as the training split: the generator is free data, so a
+    model that memorises the training scenes can train on new ones instead of more epochs. Own
+    random streams (spawn key FRESH_STREAMS + draw, unused by make_benchmark(cfg, seed)); draw
+    picks another batch of n. Deterministic in (cfg, n, seed, draw). Like the training split they
+    may repeat a val or test scene by chance (a one-object scene has only 6 x 8 x 2 x 9 variants),
+    with other offsets and noise."""
     if n < 1 or draw < 0:
         raise ValueError(f"fresh_scenes needs n >= 1 scenes and draw >= 0, got n={n}, draw={draw}")
     return _make_split(f"fresh{draw}", n, cfg, seed, stream=FRESH_STREAMS + draw)
 
 
 def with_fresh_scenes(train: RetrievalSplit, n: int, draw: int = 0) -> RetrievalSplit:
-    """A training split made by make_benchmark, followed by n fresh_scenes of the same config and seed
-    (read from train.info): the split itself when n = 0. Its first len(train) scenes are train's, so
-    train[:1000] learning curves read the same scenes."""
+    """A training split made by make_benchmark, followed by n fresh_scenes of the same config and
+    seed (from train.info); the split itself when n = 0. Its first len(train) scenes are train's,
+    so train[:1000] learning curves read the same scenes."""
     if n == 0:
         return train
     info = train.info
     if "config" not in info or "seed" not in info:
-        raise ValueError(f"split {train.name!r} was not made by make_benchmark (no config and seed in its info): "
-                         "fresh scenes need the generator's settings. On other data (Flickr30k, COCO) set the "
-                         "model config's fresh_scenes=0")
+        raise ValueError(f"split {train.name!r} was not made by make_benchmark (no config and "
+                         "seed in its info): fresh scenes need the generator's settings. On other "
+                         "data (Flickr30k, COCO) set the model config's fresh_scenes=0")
     fresh = fresh_scenes(SyntheticConfig(**info["config"]), n, info["seed"], draw)
     return concatenate([train, fresh], f"{train.name}+{n}fresh")
 
 
 def make_benchmark(cfg: SyntheticConfig | None = None, seed: int = 0,
                    progress: bool = False) -> dict[str, RetrievalSplit]:
-    """All splits of the benchmark: "train", "val", "test", "pretrain", "compositional" and "full"
-    (train + val + test pooled into one gallery, queried by the test split's captions and images
-    only). Deterministic in (cfg, seed)."""
+    """All splits: "train", "val", "test", "pretrain", "compositional" and "full" (train + val +
+    test pooled into one gallery, queried by the test split's captions and images only).
+    Deterministic in (cfg, seed)."""
     cfg = cfg or SyntheticConfig()
     sizes = {"train": cfg.n_train, "val": cfg.n_val, "test": cfg.n_test, "pretrain": cfg.n_pretrain}
     names = SPLITS
@@ -345,5 +358,5 @@ def make_benchmark(cfg: SyntheticConfig | None = None, seed: int = 0,
     return bench
 
 
-__all__ = ["SyntheticConfig", "make_benchmark", "fresh_scenes", "with_fresh_scenes", "Scenes", "Meanings",
-           "satisfies_rows"]
+__all__ = ["SyntheticConfig", "make_benchmark", "fresh_scenes", "with_fresh_scenes", "Scenes",
+           "Meanings", "satisfies_rows"]

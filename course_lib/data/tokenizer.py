@@ -1,11 +1,10 @@
 """Tokenizers: a word-level tokenizer trained on the captions (offline default), or a pretrained
 Hugging Face tokenizer by name (e.g. "bert-base-uncased", needs internet or a local copy).
 
-Both come back as a `transformers` fast tokenizer, so models and collate functions call them the
-same way: `tok(texts, padding="longest", truncation=True, max_length=..., return_tensors="pt")`.
-The word-level one uses BERT's special tokens at fixed ids ([PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3
-[MASK]=4, course_lib.core.tokens) and wraps every text as [CLS] words [SEP].
-"""
+Both are `transformers` fast tokenizers, called alike: `tok(texts, padding="longest",
+truncation=True, max_length=..., return_tensors="pt")`. The word-level one has BERT's special
+tokens at fixed ids ([PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4, course_lib.core.tokens) and wraps
+every text as [CLS] words [SEP]."""
 
 from __future__ import annotations
 
@@ -18,19 +17,10 @@ from course_lib.core.tokens import CLS_ID, SEP_ID, SPECIAL_TOKENS
 
 def build_word_tokenizer(captions, *, min_freq: int = 1, max_length: int = 40):
     """A word-level tokenizer whose vocabulary is the words of `captions` seen >= min_freq times.
-
     Ids: the special tokens first, then words by decreasing frequency, ties alphabetically (the
     trainer's order), so the same captions always give the same ids. Lower-cases and splits on
-    whitespace and punctuation; unknown words map to [UNK].
-    """
-    from tokenizers import (
-        Tokenizer,
-        models,
-        normalizers,
-        pre_tokenizers,
-        processors,
-        trainers,
-    )
+    whitespace and punctuation; unknown words map to [UNK]."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
@@ -41,27 +31,22 @@ def build_word_tokenizer(captions, *, min_freq: int = 1, max_length: int = 40):
     tok.train_from_iterator(list(captions), trainer=trainer)
     vocab = tok.get_vocab()
     if [vocab.get(t) for t in SPECIAL_TOKENS] != list(range(len(SPECIAL_TOKENS))):
-        raise RuntimeError("tokenizers did not put the special tokens at ids 0-4")  # guard on upgrades
+        # a guard on upgrades
+        raise RuntimeError("tokenizers did not put the special tokens at ids 0-4")
     tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]",
-        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-        special_tokens=[("[CLS]", CLS_ID), ("[SEP]", SEP_ID)],
-    )
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", CLS_ID), ("[SEP]", SEP_ID)])
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]",
         mask_token="[MASK]", model_max_length=max_length, padding_side="right",
-        model_input_names=["input_ids", "attention_mask"],  # no token_type_ids: one text per input
-    )
-
+        model_input_names=["input_ids", "attention_mask"])  # no token_type_ids: one text per input
 
 
 def load_tokenizer(name_or_path: str | os.PathLike):
     """A tokenizer saved with `save_pretrained` (a directory), or a pretrained Hugging Face name.
-
-    A name (e.g. "bert-base-uncased") is the only path that may use the network: it is downloaded
-    once into the Hugging Face cache. Paths that look local ("./x", "/x", "~/x") must exist.
-    """
+    A name (e.g. "bert-base-uncased") is the only path that may use the network: downloaded once
+    into the Hugging Face cache. Paths that look local ("./x", "/x", "~/x") must exist."""
     from transformers import AutoTokenizer
 
     text = str(name_or_path)
@@ -70,11 +55,12 @@ def load_tokenizer(name_or_path: str | os.PathLike):
         return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     if text.startswith((".", "/", "~")) or Path(text).is_absolute() or path.suffix == ".json":
         raise FileNotFoundError(
-            f"tokenizer directory {path} not found: save one with tok.save_pretrained({text!r}), or "
-            "use build_word_tokenizer(captions) / tokenizer_for(split) for the word-level tokenizer"
-        )
+            f"tokenizer directory {path} not found: save one with tok.save_pretrained({text!r}), "
+            "or use build_word_tokenizer(captions) / tokenizer_for(split) for the word-level "
+            "tokenizer")
     return from_hub(
-        lambda **kw: AutoTokenizer.from_pretrained(text, **kw), f"the pretrained tokenizer {text!r}",
+        lambda **kw: AutoTokenizer.from_pretrained(text, **kw),
+        f"the pretrained tokenizer {text!r}",
         "Offline, use the word-level tokenizer built from the captions: tokenizer_for(split) "
         "(name=None) or build_word_tokenizer(split.captions).")
 
@@ -82,14 +68,13 @@ def load_tokenizer(name_or_path: str | os.PathLike):
 def tokenizer_for(split_or_captions, name: str | None = None, **kwargs):
     """The one way notebooks get a tokenizer: name None builds the word-level tokenizer on the
     captions of a RetrievalSplit (or a list of captions); a name or directory loads that instead.
-
-    kwargs (min_freq, max_length) go to build_word_tokenizer.
-    """
+    kwargs (min_freq, max_length) go to build_word_tokenizer."""
     if name is not None:
         return load_tokenizer(name)
     captions = getattr(split_or_captions, "captions", split_or_captions)
     if isinstance(captions, str):
-        raise TypeError("tokenizer_for needs a RetrievalSplit or a list of captions, not one string")
+        raise TypeError("tokenizer_for needs a RetrievalSplit or a list of captions, not one "
+                        "string")
     return build_word_tokenizer(captions, **kwargs)
 
 

@@ -1,38 +1,38 @@
-"""The Method protocol every benchmark method follows: train once (or load the cached checkpoint),
-then rank.
+"""The Method protocol every benchmark method follows: train once (or load the cached
+checkpoint), then rank.
 
-    fit(bench, tokenizer, cache_dir)            train on bench["train"] or load the cached checkpoint
+    fit(bench, tokenizer, cache_dir): train on bench["train"], or load the cached checkpoint
     rank(split, direction, top_k, queries=None) -> (indices (Q, k), scores (Q, k)), best first:
-                                                each query's top_k gallery items. "t2i": captions
-                                                query images; "i2t": images query captions. queries
-                                                default to the split's (split.text_queries /
-                                                image_queries: the test items in the full setting)
-    query_fn(split, caption_index, top_k)       a zero-argument callable answering one text query
-                                                (top_k,) image indices: the online cost, timed
-    pairs_per_query(split, direction)           cross-attention pairs scored per query (0 for a dot
-                                                product): what the benchmark's pair budget counts
-    eval_pairs, timed_sizes                     (default, smoke) budgets the benchmark honours
-    notes                                       one line for the results table
+        each query's top_k gallery items. "t2i": captions query images; "i2t": images query
+        captions. queries default to the split's (split.text_queries / image_queries: the test
+        items in the full setting)
+    query_fn(split, caption_index, top_k): a zero-argument callable answering one text query,
+        (top_k,) image indices: the online cost, timed
+    pairs_per_query(split, direction): cross-attention pairs scored per query (0 for a dot
+        product): what the benchmark's pair budget counts
+    eval_pairs, timed_sizes: (default, smoke) budgets the benchmark honours; notes: one line for
+        the results table
 
 Ranking, not a dense (n_images, n_texts) matrix, is the protocol (the full setting's would take
 2.9 GB); recalls need only each query's top K (`metrics.ranks_from_top_k`).
 
     Ranker              what the benchmark runs (fit, rank, query_fn, budgets); a cascade
-                        (course_lib.methods.rerank) is a Ranker over fitted Methods
-    Method              + a trained model of its own, cached under a name that hashes what it is
-                        trained from (Method.fingerprint: config, data, vocabulary, the models it
-                        starts from, format_version), never its source code; fit loads the shipped
-                        model instead when one matches (course_lib.core.shipped)
-    DualEncoderMethod   + what every dot-product model shares (VSE++, LightningDOT): the gallery is
-                        embedded once into a FAISS index, a query costs one encoding and a top-k,
-                        on the lean path of course_lib.core.serving
+                        (methods.rerank) is a Ranker over fitted Methods
+    Method              + a trained model of its own, cached under a name that hashes what it
+                        is trained from (Method.fingerprint: config, data, vocabulary, the
+                        models it starts from, format_version), never its source code; fit
+                        loads the shipped model instead when one matches (core.shipped)
+    DualEncoderMethod   + what every dot-product model shares (VSE++, LightningDOT): the gallery
+                        is embedded once into a FAISS index, a query costs one encoding and a
+                        top-k, on the lean path of core.serving
     PairwiseMethod      + what every cross-attention scorer shares (SCAN, the cross-encoder): it
-                        implements score_block(split, images, texts) and inherits rank, similarity
-                        and score_pairs (the re-ranker API of course_lib.methods.rerank.Cascade)
-                        from course_lib.methods.pairwise's PairwiseRanking
+                        implements score_block(split, images, texts) and inherits rank,
+                        similarity and score_pairs (the re-ranker API of rerank.Cascade) from
+                        pairwise.PairwiseRanking
 
 `fit_pairs` is the one training recipe (a split's (image, caption) pairs through the Trainer);
-`Method.cached_states` keeps a gallery's offline states (U-BERT's, HiVLP's, Slow's) per split and model.
+`Method.cached_states` keeps a gallery's offline states (U-BERT's, HiVLP's, Slow's) per split
+and model.
 """
 
 from __future__ import annotations
@@ -47,46 +47,50 @@ from torch import nn
 
 from course_lib.core import shipped
 from course_lib.core.checkpoints import checkpoint_fingerprint, fingerprint_file_name, model_device
-from course_lib.core.settings import get_device
-from course_lib.core.split_cache import SplitCache
+from course_lib.core.history import History
 from course_lib.core.retrieval import build_index, search
 from course_lib.core.serving import QueryEncoder, QuerySide, QueryTokenizer, Searcher, TextQueryPath
-from course_lib.core.history import History
+from course_lib.core.settings import get_device
+from course_lib.core.split_cache import SplitCache
 from course_lib.core.train import Trainer
 from course_lib.core.train_config import train_config
+from course_lib.data.datasets import ImageDataset, PairCollate, PairDataset, TextCollate
+from course_lib.methods.encoding import (
+    encode_captions,
+    encode_gallery,
+    learning_curve_splits,
+    similarity,
+)
 from course_lib.methods.pairwise import PairwiseRanking
 from course_lib.methods.queries import query_indices
-from course_lib.data.datasets import ImageDataset, PairCollate, PairDataset, TextCollate
-from course_lib.methods.encoding import encode_captions, encode_gallery, learning_curve_splits, similarity
 
-# tokens of one text query, [CLS] and [SEP] included (TextCollate's default, as every query path used)
+# tokens of one text query, [CLS] and [SEP] included (TextCollate's default)
 QUERY_MAX_LENGTH = 40
 # evaluations of a dual encoder's learning curve over one training run (Method.learning_curve)
 CURVE_POINTS = 8
 
 
 class Ranker(ABC):
-    """What the benchmark runs: `fit`, then `rank` and `query_fn`, within its budgets. A Method
-    trains and caches a model of its own; a cascade (course_lib.methods.rerank) only ranks with
-    fitted Methods."""
+    """What the benchmark runs: `fit`, then `rank` and `query_fn`, within its budgets."""
 
     # benchmark budgets, (default run, smoke run). eval_pairs: pairs it may score per setting and
     # direction (None = every query); beyond it, a fixed random sample of queries is ranked.
     # timed_sizes: the galleries one query is timed on (None = up to each setting's gallery);
     # bigger galleries are extrapolated linearly from these and starred.
     eval_pairs: ClassVar[tuple] = (None, None)
-    # the most pairs per setting and direction that `--every-pair` may make it score (None = no limit);
-    # beyond it the method stays on its eval_pairs sample (a model that costs ~an hour per setting)
+    # the most pairs per setting and direction `--every-pair` may make it score (None = no limit);
+    # beyond it the method stays on its eval_pairs sample (a model that costs ~an hour a setting)
     every_pair_limit: ClassVar[int | None] = None
     timed_sizes: ClassVar[tuple] = (None, None)
     notes: str = ""
 
     @abstractmethod
-    def fit(self, bench: dict, tokenizer, cache_dir=None) -> "Ranker":
+    def fit(self, bench: dict, tokenizer, cache_dir=None) -> Ranker:
         """Make it ready to rank: train (or load) what it needs on bench["train"]."""
 
     @abstractmethod
-    def rank(self, split, direction: str, top_k: int, queries=None) -> tuple[torch.Tensor, torch.Tensor]:
+    def rank(self, split, direction: str, top_k: int,
+             queries=None) -> tuple[torch.Tensor, torch.Tensor]:
         """Each query's top_k gallery items: (indices (Q, k) long, scores (Q, k)), best first."""
 
     @abstractmethod
@@ -100,14 +104,12 @@ class Ranker(ABC):
 
 
 class Method(Ranker):
-    """A Ranker with a trained model of its own. A subclass sets `checkpoint_prefix` (also its default
-    name) and `config_class` (its default config), and implements `build_model(bench, tokenizer)`, the
-    untrained model a shipped model's weights load into, and `train(bench, tokenizer, checkpoint_path,
-    cache_dir) -> (model, history)`, which loads a finished checkpoint at checkpoint_path instead of
-    training (course_lib.core.train.Trainer does).
-
-    A model is known by what it is trained from (`fingerprint`): its config, the training data, the
-    vocabulary, the files of the models it starts from (`checkpoint_extra`) and `format_version`."""
+    """A Ranker with a trained model of its own, known by what it is trained from (`fingerprint`).
+    A subclass sets `checkpoint_prefix` (also its default name) and `config_class` (its default
+    config), and implements `build_model(bench, tokenizer)`, the untrained model a shipped model's
+    weights load into, and `train(bench, tokenizer, checkpoint_path, cache_dir) -> (model,
+    history)`, which loads a finished checkpoint at checkpoint_path instead (core.train.Trainer
+    does)."""
 
     checkpoint_prefix: ClassVar[str] = "method"
     config_class: ClassVar[type]
@@ -122,8 +124,8 @@ class Method(Ranker):
         self.from_shipped = False  # fit loaded a shipped model (course_lib.core.shipped)
 
     def identity_config(self) -> dict:
-        """The config as the model's identity reads it (a method whose later stages have fields of their
-        own leaves those out where they do not apply)."""
+        """The config as the model's identity reads it (a method whose later stages have fields of
+        their own leaves those out where they do not apply)."""
         return self.config.to_dict()
 
     def checkpoint_extra(self, bench: dict, tokenizer) -> tuple:
@@ -134,13 +136,16 @@ class Method(Ranker):
     def fingerprint(self, bench: dict, tokenizer) -> dict:
         """checkpoints.checkpoint_fingerprint of the trained model: what it is trained from."""
         return checkpoint_fingerprint(self.identity_config(), bench["train"], tokenizer,
-                                      *self.checkpoint_extra(bench, tokenizer), version=self.format_version)
+                                      *self.checkpoint_extra(bench, tokenizer),
+                                      version=self.format_version)
 
     def checkpoint_file(self, bench: dict, tokenizer, fingerprint: dict | None = None) -> str:
         """The trained model's file name in cache_dir (and in the shipped folder)."""
-        return fingerprint_file_name(self.checkpoint_prefix, fingerprint or self.fingerprint(bench, tokenizer))
+        return fingerprint_file_name(self.checkpoint_prefix,
+                                     fingerprint or self.fingerprint(bench, tokenizer))
 
-    def shipping_entry(self, bench: dict, tokenizer, fingerprint: dict | None = None) -> tuple[str, dict]:
+    def shipping_entry(self, bench: dict, tokenizer,
+                       fingerprint: dict | None = None) -> tuple[str, dict]:
         """(file name, manifest entry) of this model in the shipped folder (core.shipped)."""
         fingerprint = fingerprint or self.fingerprint(bench, tokenizer)
         return (self.checkpoint_file(bench, tokenizer, fingerprint),
@@ -154,17 +159,18 @@ class Method(Ranker):
     def train(self, bench: dict, tokenizer, checkpoint_path, cache_dir):
         """Train on bench["train"] (or load a finished checkpoint_path); return (model, history)."""
 
-    def fit(self, bench: dict, tokenizer, cache_dir=None) -> "Method":
-        """Load the shipped model when one matches (shipped.shipped_folder: not in smoke mode, nor with
-        COURSE_RETRAIN=1); else train on bench["train"], or load cache_dir / "<prefix>-<hash>.pt" if
-        it is there (a process training the same file into the same folder is waited for)."""
+    def fit(self, bench: dict, tokenizer, cache_dir=None) -> Method:
+        """Load the shipped model when one matches (shipped.shipped_folder: not in smoke mode, nor
+        with COURSE_RETRAIN=1); else train on bench["train"], or load cache_dir /
+        "<prefix>-<hash>.pt" if there (a process training that file there is waited for)."""
         self.tokenizer, self.checkpoint_path, self.from_shipped = tokenizer, None, False
         name, entry = self.shipping_entry(bench, tokenizer)  # the model's identity, computed once
         path = shipped.find_shipped(shipped.shipped_folder(), name, entry)
         if path is not None:  # no training, nor any earlier stage's
             model = self.build_model(bench, tokenizer)
             self.history = shipped.load_shipped(path, model)
-            self.model, self.checkpoint_path, self.from_shipped = model.to(get_device()).eval(), path, True
+            self.model, self.checkpoint_path = model.to(get_device()).eval(), path
+            self.from_shipped = True
             return self
         if cache_dir is not None:
             self.checkpoint_path = Path(cache_dir) / name
@@ -172,16 +178,18 @@ class Method(Ranker):
         return self
 
     def shipped_file(self, bench: dict, tokenizer):
-        """The shipped model `fit` would load (a Path), or None: none matches, or retraining / smoke."""
+        """The shipped model `fit` would load (a Path); None: none matches, retraining or smoke."""
         folder = shipped.shipped_folder()
-        return None if folder is None else shipped.find_shipped(folder, *self.shipping_entry(bench, tokenizer))
+        return (None if folder is None
+                else shipped.find_shipped(folder, *self.shipping_entry(bench, tokenizer)))
 
     def learning_curve(self, bench: dict, steps: int, n_images: int = 1000) -> dict:
-        """Training kwargs that record the model's learning curve in its history: retrieval on val and
-        on train[:n_images] (learning_curve_splits), CURVE_POINTS times over `steps`. Every dual encoder's
-        Method passes them, and the cross-encoder's with smaller galleries (it scores every pair), so the
+        """Training kwargs that record the model's learning curve in its history: retrieval on val
+        and on train[:n_images] (learning_curve_splits), CURVE_POINTS times over `steps`. Every dual
+        encoder passes them, the cross-encoder with smaller galleries (it scores every pair), so the
         trained (and shipped) model carries the curve its notebook shows."""
-        return dict(evaluate_on=learning_curve_splits(bench, n_images), eval_every=max(1, steps // CURVE_POINTS))
+        return dict(evaluate_on=learning_curve_splits(bench, n_images),
+                    eval_every=max(1, steps // CURVE_POINTS))
 
     def _fitted(self) -> nn.Module:
         if self.model is None:
@@ -189,17 +197,20 @@ class Method(Ranker):
         return self.model
 
     def cached_states(self, split, compute_states):
-        """compute_states(model, split, tokenizer): a gallery's offline states, computed once per split
-        and fitted model (for the CACHED_SPLITS splits used last, SplitCache)."""
+        """compute_states(model, split, tokenizer): a gallery's offline states, computed once per
+        split and fitted model (for the CACHED_SPLITS splits used last, SplitCache)."""
         if getattr(self, "_states", None) is None:
             self._states = SplitCache()
-        return self._states.get(split, self.model, lambda: compute_states(self._fitted(), split, self.tokenizer))
+        return self._states.get(split, self.model,
+                                lambda: compute_states(self._fitted(), split, self.tokenizer))
 
-    def trained_model_of(self, other: "Method", bench: dict, tokenizer, cache_dir, *, needed: bool) -> nn.Module:
+    def trained_model_of(self, other: Method, bench: dict, tokenizer, cache_dir, *,
+                         needed: bool) -> nn.Module:
         """The model of `other`, a model this one starts from or reads: fitted (trained, or loaded
         from the cache or the shipped folder) when needed, else only built, because a finished
         checkpoint of this model holds its copy of it."""
-        return other.fit(bench, tokenizer, cache_dir).model if needed else other.build_model(bench, tokenizer)
+        return (other.fit(bench, tokenizer, cache_dir).model if needed
+                else other.build_model(bench, tokenizer))
 
 
 # ----------------------------------------------------------------------------- training
@@ -230,12 +241,14 @@ class DualEncoderMethod(Method):
         return self._gallery.get(split, self.model, lambda: encode_gallery(self._fitted(), split))
 
     def caption_embeddings(self, split) -> torch.Tensor:
-        """(T, E) embeddings of the split's captions, the gallery of image queries (as gallery_embeddings)."""
+        """(T, E) embeddings of the split's captions, the gallery of image queries (as above)."""
         if getattr(self, "_captions", None) is None:
             self._captions = SplitCache()
-        return self._captions.get(split, self.model, lambda: encode_captions(self._fitted(), split, self.tokenizer))
+        return self._captions.get(split, self.model,
+                                  lambda: encode_captions(self._fitted(), split, self.tokenizer))
 
-    def rank(self, split, direction: str, top_k: int, queries=None) -> tuple[torch.Tensor, torch.Tensor]:
+    def rank(self, split, direction: str, top_k: int,
+             queries=None) -> tuple[torch.Tensor, torch.Tensor]:
         """Exact top_k by dot product through a FAISS index of the gallery side (images for t2i,
         captions for i2t), so no (N, T) matrix is formed. -> (indices (Q, k), scores (Q, k))"""
         queries = query_indices(split, direction, queries)
@@ -243,23 +256,25 @@ class DualEncoderMethod(Method):
         if len(queries) == 0:
             return torch.zeros(0, top_k, dtype=torch.long), torch.zeros(0, top_k)
         if direction == "t2i":  # only the query side's asked items are encoded
-            gallery, asked = self.gallery_embeddings(split), encode_captions(model, split, self.tokenizer,
-                                                                           indices=queries)
+            gallery = self.gallery_embeddings(split)
+            asked = encode_captions(model, split, self.tokenizer, indices=queries)
         else:
-            gallery, asked = self.caption_embeddings(split), encode_gallery(model, split,
-                                                                                            indices=queries)
+            gallery = self.caption_embeddings(split)
+            asked = encode_gallery(model, split, indices=queries)
         index = build_index(gallery)  # (G, E) exact inner product
         scores, indices = search(index, asked, min(top_k, len(gallery)))  # (Q, k) each
         return torch.as_tensor(indices, dtype=torch.long), torch.as_tensor(scores)  # (Q, k) each
 
-    def query_side(self, probe_caption: str, *, max_length: int = QUERY_MAX_LENGTH, backend: str = "auto",
+    def query_side(self, probe_caption: str, *, max_length: int = QUERY_MAX_LENGTH,
+                   backend: str = "auto",
                    encode_name: str = "encode_texts") -> tuple[QueryTokenizer, QueryEncoder]:
         """(QueryTokenizer, QueryEncoder) of the fitted model's `encode_name`, built once per model,
         weights, device and arguments (course_lib.core.serving.QuerySide), never per query."""
         if getattr(self, "_query_side", None) is None:
             self._query_side = QuerySide()
-        return self._query_side.get(self._fitted().eval(), self.tokenizer, probe_caption, max_length=max_length,
-                                    backend=backend, encode_name=encode_name)
+        return self._query_side.get(self._fitted().eval(), self.tokenizer, probe_caption,
+                                    max_length=max_length, backend=backend,
+                                    encode_name=encode_name)
 
     def query_fn(self, split, caption_index: int = 0, top_k: int = 10, index_kind: str = "flat",
                  with_scores: bool = False, backend: str = "auto"):
@@ -285,7 +300,7 @@ class DualEncoderMethod(Method):
 
     def _reference_query_fn(self, model, index, caption: str, top_k: int, with_scores: bool):
         """The eager path the lean one replaced (the Hugging Face tokenizer's front end, a dict of
-        tensors, no_grad, retrieval.search's checks): notebook 03's "before", the tests' reference."""
+        tensors, no_grad, retrieval.search's checks): notebook 03's "before", tests' reference."""
         collate, device = TextCollate(self.tokenizer, QUERY_MAX_LENGTH), model_device(model)
 
         @torch.no_grad()
@@ -297,9 +312,10 @@ class DualEncoderMethod(Method):
 
         return answer
 
-    def image_query_fn(self, split, image_index: int = 0, top_k: int = 10, index_kind: str = "flat"):
+    def image_query_fn(self, split, image_index: int = 0, top_k: int = 10,
+                       index_kind: str = "flat"):
         """The same for text retrieval: the split's captions are indexed offline, each call encodes
-        one image (eager, inference_mode) and searches them. Returns the top_k caption indices (top_k,)."""
+        one image (eager, inference_mode) and searches them -> (top_k,) caption indices."""
         model = self._fitted().eval()
         searcher = Searcher(build_index(self.caption_embeddings(split), kind=index_kind), top_k)
         image = ImageDataset(split, modality=model.modality)[image_index]
@@ -307,16 +323,17 @@ class DualEncoderMethod(Method):
 
         @torch.inference_mode()
         def answer() -> np.ndarray:
-            batch = {k: v[None].to(device) for k, v in image.items() if torch.is_tensor(v)}  # (1, ...)
+            batch = {k: v[None].to(device)
+                     for k, v in image.items() if torch.is_tensor(v)}  # (1, ...)
             return searcher(model.encode_images(batch).float().cpu().numpy())[1]  # (top_k,)
 
         return answer
 
 
 class PairwiseMethod(PairwiseRanking, Method):
-    """A Method that scores (image, caption) pairs jointly (SCAN, the cross-encoder, Slow): a subclass
-    implements score_block(split, image_indices (n,), text_indices (m,)) -> (n, m) scores and inherits
-    rank, similarity and score_pairs (course_lib.methods.pairwise)."""
+    """A Method that scores (image, caption) pairs jointly (SCAN, the cross-encoder, Slow): it
+    implements score_block (n, m) and inherits the rest (pairwise.PairwiseRanking)."""
 
 
-__all__ = ["QUERY_MAX_LENGTH", "CURVE_POINTS", "Ranker", "Method", "fit_pairs", "DualEncoderMethod", "PairwiseMethod"]
+__all__ = ["QUERY_MAX_LENGTH", "CURVE_POINTS", "Ranker", "Method", "fit_pairs",
+           "DualEncoderMethod", "PairwiseMethod"]

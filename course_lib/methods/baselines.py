@@ -18,14 +18,12 @@ class RandomProjectionBaseline:
 
     name = "random_projection"
     notes = "untrained baseline: random projections, expect chance-level recall"
-    eval_pairs = timed_sizes = (None, None)  # the Method protocol's budgets (course_lib.methods.base)
+    eval_pairs = timed_sizes = (None, None)  # the Method protocol's budgets (methods.base)
 
     def __init__(self, dim: int = 64, seed: int = 0):
-        self.dim = dim
-        self.seed = seed
-        self.tokenizer = None
+        self.dim, self.seed, self.tokenizer = dim, seed, None
 
-    def fit(self, bench, tokenizer, cache_dir=None) -> "RandomProjectionBaseline":
+    def fit(self, bench, tokenizer, cache_dir=None) -> RandomProjectionBaseline:
         """Nothing is trained: only fix the random projections' sizes from the data."""
         self.tokenizer = tokenizer
         generator = torch.Generator().manual_seed(self.seed)
@@ -35,7 +33,8 @@ class RandomProjectionBaseline:
         return self
 
     def encode_texts(self, captions) -> torch.Tensor:
-        ids = self.tokenizer(list(captions), add_special_tokens=False, padding=True, return_tensors="pt")
+        ids = self.tokenizer(list(captions), add_special_tokens=False, padding=True,
+                             return_tensors="pt")
         counts = torch.zeros(len(captions), len(self.tokenizer))  # (T, V) bag of words
         counts.scatter_add_(1, ids["input_ids"], ids["attention_mask"].float())
         return counts @ self.text_projection  # (T, E)

@@ -21,11 +21,11 @@ _PROGRESS_ITEMS = 20_000
 
 
 def _encode(model: nn.Module, loader, encode_name: str, device, progress: bool) -> torch.Tensor:
-    """Concatenate model.<encode_name>(batch) over a loader under checkpoints.inference (eval mode,
-    no grad, on `device`, None = the model's); the result (n, E) on the CPU."""
-    encode, out = getattr(model, encode_name), []
+    """Concatenate model.<encode_name>(batch) over a loader under checkpoints.inference (eval
+    mode, no grad, on `device`, None = the model's); the result (n, E) on the CPU."""
+    encode, out, desc = getattr(model, encode_name), [], encode_name.replace("_", " ")
     with inference(model, device) as device:
-        for batch in tqdm(loader, desc=encode_name.replace("_", " "), disable=not progress, leave=False):
+        for batch in tqdm(loader, desc=desc, disable=not progress, leave=False):
             batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
             out.append(encode(batch).float().cpu())  # (b, E)
     return torch.cat(out)  # (n, E)
@@ -49,28 +49,31 @@ def encode_captions(model: nn.Module, split, tokenizer, *, batch_size: int = 256
                     progress: bool | None = None, indices=None) -> torch.Tensor:
     """(T, E) caption embeddings of a split (or of its captions at `indices`), on the CPU.
     progress None = a bar for big splits."""
-    chosen = np.arange(split.n_texts) if indices is None else np.asarray(indices, dtype=np.int64)  # (T,)
-    # batches of like lengths, longest first: a batch pads to its longest caption, and real captions
-    # vary threefold in length
+    chosen = (np.arange(split.n_texts) if indices is None
+              else np.asarray(indices, dtype=np.int64))  # (T,)
+    # batches of like lengths, longest first: a batch pads to its longest caption, and real
+    # captions vary threefold in length
     order = np.argsort([-len(split.captions[t]) for t in chosen], kind="stable")  # (T,)
-    loader = make_loader(_some(CaptionDataset(split), chosen[order]), batch_size, tokenizer=tokenizer)
+    loader = make_loader(_some(CaptionDataset(split), chosen[order]), batch_size,
+                         tokenizer=tokenizer)
     progress = split.n_texts > _PROGRESS_ITEMS if progress is None else progress
-    return _encode(model, loader, "encode_texts", device, progress)[torch.from_numpy(np.argsort(order))]
+    embeddings = _encode(model, loader, "encode_texts", device, progress)  # (T, E) sorted
+    return embeddings[torch.from_numpy(np.argsort(order))]
 
 
 def encode_split(model: nn.Module, split, tokenizer, *, batch_size: int = 256, device=None,
                  progress: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(image_emb (N, E), text_emb (T, E)) of a split, on the CPU. progress None = bar for big splits."""
+    """(image_emb (N, E), text_emb (T, E)) of a split, on the CPU (progress as above)."""
     kwargs = dict(batch_size=batch_size, device=device, progress=progress)
-    return encode_gallery(model, split, **kwargs), encode_captions(model, split, tokenizer, **kwargs)
+    return (encode_gallery(model, split, **kwargs),
+            encode_captions(model, split, tokenizer, **kwargs))
 
 
 def retrieval_evaluator(split, score_fn):
-    """The Trainer's `evaluate` hook every method uses: model -> retrieval_metrics of score_fn(model,
-    split) (an (N, T) matrix), over the split's own queries. split None -> None (no evaluation).
-
-    split may also be a dict of named splits (learning_curve_splits): then every split is scored
-    and its metrics come prefixed by its name ("val_t2i_r1", "train_t2i_r1", ...)."""
+    """The Trainer's `evaluate` hook every method uses: model -> retrieval_metrics of
+    score_fn(model, split) (an (N, T) matrix), over the split's own queries. split None -> None
+    (no evaluation). split may also be a dict of named splits (learning_curve_splits): every split
+    is then scored, its metrics prefixed by its name ("val_t2i_r1", "train_t2i_r1", ...)."""
     if split is None:
         return None
     splits = split if isinstance(split, Mapping) else {"": split}
@@ -83,8 +86,8 @@ def retrieval_evaluator(split, score_fn):
                 scores, t2i = scores
             else:
                 t2i = None
-            found = retrieval_metrics(scores, one.txt2img, t2i_sims=t2i, query_texts=one.query_texts,
-                                      query_images=one.query_images)
+            found = retrieval_metrics(scores, one.txt2img, t2i_sims=t2i,
+                                      query_texts=one.query_texts, query_images=one.query_images)
             metrics.update({f"{name}_{k}" if name else k: v for k, v in found.items()})
         return metrics
 
@@ -108,5 +111,5 @@ def similarity(model: nn.Module, split, tokenizer, **kwargs) -> torch.Tensor:
     return image_emb @ text_emb.T  # (N, T)
 
 
-__all__ = ["encode_gallery", "encode_captions", "encode_split", "retrieval_evaluator", "learning_curve_splits",
-           "similarity"]
+__all__ = ["encode_gallery", "encode_captions", "encode_split", "retrieval_evaluator",
+           "learning_curve_splits", "similarity"]

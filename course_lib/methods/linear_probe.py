@@ -1,13 +1,14 @@
 """The linear probe: the baseline every real-photo row is read against.
 
-Both backbones stay frozen. An image is the mean of its pretrained CNN's grid cells (the backbone's
-own pooled vector), a caption the mean of a pretrained BERT's last hidden states (MiniLM's sentence
-vector); one linear map a side takes each into a joint space, where the score is the cosine of the
-two at a learned temperature (CLIP's logit scale), trained with LightningDOT's CMR (in-batch InfoNCE,
-`losses.contrastive_loss`) through the course's Trainer, the weights of its best val point kept
-(`keep_best`). What a method learns beyond frozen features is what it gains over this row.
+Both backbones stay frozen. An image is the mean of its pretrained CNN's grid cells (the
+backbone's own pooled vector), a caption the mean of a pretrained BERT's last hidden states
+(MiniLM's sentence vector); one linear map a side takes each into a joint space, where the score
+is their cosine at a learned temperature (CLIP's logit scale), trained with LightningDOT's CMR
+(in-batch InfoNCE, `losses.contrastive_loss`) by the course's Trainer, the weights of its best
+val point kept (`keep_best`). What a method learns beyond frozen features is its gain over this.
 
-    probe = LinearProbeMethod().fit(bench, tokenizer_for(bench["train"], name=pretrained_text_path(MINILM_NAME)))
+    tokenizer = tokenizer_for(bench["train"], name=pretrained_text_path(MINILM_NAME))
+    probe = LinearProbeMethod().fit(bench, tokenizer)
 """
 
 from __future__ import annotations
@@ -34,11 +35,11 @@ MAX_LOGIT_SCALE = 100.0  # CLIP's clamp
 
 @dataclass
 class LinearProbeConfig(CourseConfig):
-    text_encoder: str = MINILM_NAME  # the pretrained BERT (name or folder) read frozen: its mean state
+    text_encoder: str = MINILM_NAME  # the pretrained BERT (name or folder) read frozen: mean state
     embed_dim: int = 512  # width of the joint space each linear map projects to
     batch_size: int = 128  # pairs per step: the in-batch negatives of InfoNCE
     lr: float = 1e-3  # peak AdamW rate of the two maps and the temperature
-    max_steps: int = 300  # optimizer steps (batch 128: about 1.3 epochs of Flickr8k's 30,000 captions)
+    max_steps: int = 300  # optimizer steps (at 128: ~1.3 epochs of Flickr8k's 30,000 captions)
     warmup_fraction: float = 0.1  # share of steps warming up; then linear decay to 0
     grad_clip: float = 2.0  # max gradient norm
     keep_best: str = "val_t2i_r1"  # the weights of the best val point are the ones kept (Trainer)
@@ -48,16 +49,16 @@ class LinearProbeConfig(CourseConfig):
 
 
 class LinearProbe(nn.Module):
-    """encode_images(batch) -> (B, E) unit vectors of Linear(mean of regions); encode_texts(batch) ->
-    (B, E) of Linear(mean of the frozen BERT's states); forward(pair batch) -> (images, texts)."""
+    """encode_images(batch) -> (B, E) unit vectors of Linear(mean of regions); encode_texts(batch)
+    -> (B, E) of Linear(mean of the frozen BERT's states); forward(pair batch) -> both."""
 
     modality = "regions"
 
     def __init__(self, config: LinearProbeConfig, vocab_size: int, region_dim: int):
         super().__init__()
         self.config = config
-        self.text_encoder = BertTextEncoder(vocab_size, pretrained_name=pretrained_text_path(config.text_encoder))
-        self.text_encoder.freeze()
+        bert = pretrained_text_path(config.text_encoder)
+        self.text_encoder = BertTextEncoder(vocab_size, pretrained_name=bert).freeze()
         self.image_proj = nn.Linear(region_dim, config.embed_dim)
         self.text_proj = nn.Linear(self.text_encoder.out_dim, config.embed_dim)
         self.logit_scale = nn.Parameter(torch.tensor(math.log(1 / INITIAL_TEMPERATURE)))
@@ -83,10 +84,11 @@ def probe_loss(model: LinearProbe, batch: dict, step: int = 0) -> dict:
 
 
 def build_linear_probe(config: LinearProbeConfig, train_split, tokenizer) -> LinearProbe:
-    """A fresh probe sized for the split's region features and the pretrained tokenizer's vocabulary."""
+    """A fresh probe sized for the split's region features and the pretrained tokenizer."""
     if not train_split.has_regions:
-        raise ValueError(f"split {train_split.name!r} has no region features: the linear probe reads a "
-                         "pretrained CNN's grid (course_lib.data.features.load_feature_bench)")
+        raise ValueError(f"split {train_split.name!r} has no region features: the linear probe "
+                         "reads a pretrained CNN's grid "
+                         "(course_lib.data.features.load_feature_bench)")
     return LinearProbe(config, len(tokenizer), train_split.regions.shape[-1])
 
 
@@ -99,20 +101,25 @@ class LinearProbeMethod(DualEncoderMethod):
     @property
     def notes(self) -> str:
         c = self.config
-        return (f"frozen features: mean grid cell / mean {c.text_encoder} state, one {c.embed_dim}-d linear map a "
-                "side, InfoNCE, best val point kept; FAISS IndexFlatIP")
+        return (f"frozen features: mean grid cell / mean {c.text_encoder} state, one "
+                f"{c.embed_dim}-d linear map a side, InfoNCE, best val point kept; "
+                "FAISS IndexFlatIP")
 
     def build_model(self, bench: dict, tokenizer) -> LinearProbe:
         return build_linear_probe(self.config, bench["train"], tokenizer)
 
-    def train(self, bench: dict, tokenizer, checkpoint_path, cache_dir) -> tuple[LinearProbe, History]:
+    def train(self, bench: dict, tokenizer, checkpoint_path,
+              cache_dir) -> tuple[LinearProbe, History]:
         seed_everything(self.config.seed)  # the maps' initial weights; the Trainer seeds the rest
         model = self.build_model(bench, tokenizer)
         curve = self.learning_curve(bench, self.config.max_steps)
-        evaluate = retrieval_evaluator(curve.pop("evaluate_on"), lambda m, split: similarity(m, split, tokenizer))
-        history = fit_pairs(model, probe_loss, bench["train"], tokenizer, self.config, evaluate=evaluate,
-                            log_every=10, progress=self.progress, checkpoint_path=checkpoint_path, **curve)
+        evaluate = retrieval_evaluator(curve.pop("evaluate_on"),
+                                       lambda m, split: similarity(m, split, tokenizer))
+        history = fit_pairs(model, probe_loss, bench["train"], tokenizer, self.config,
+                            evaluate=evaluate, log_every=10, progress=self.progress,
+                            checkpoint_path=checkpoint_path, **curve)
         return model.eval(), history
 
 
-__all__ = ["LinearProbeConfig", "LinearProbe", "probe_loss", "build_linear_probe", "LinearProbeMethod"]
+__all__ = ["LinearProbeConfig", "LinearProbe", "probe_loss", "build_linear_probe",
+           "LinearProbeMethod"]

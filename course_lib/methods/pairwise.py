@@ -1,10 +1,8 @@
 """PairwiseRanking: what every cross-attention scorer shares (SCAN, the cross-encoder, Slow).
 
-A class implements score_block(split, image_indices, text_indices) -> (n, m) scores and inherits
-rank (a chunk of queries at a time against the whole gallery, keeping each one's top k), similarity
-and score_pairs (the re-ranker API of course_lib.methods.rerank.Cascade). It is mixed into
-course_lib.methods.base.PairwiseMethod (a Method: its model, name and progress are used here); kept
-apart so base.py stays one idea long, and importing nothing of base so neither imports the other.
+It is mixed into methods.base.PairwiseMethod (a Method: its model, name and progress are used
+here); kept apart so base.py stays one idea long, and importing nothing of base so neither
+imports the other.
 """
 
 from __future__ import annotations
@@ -26,12 +24,10 @@ _DENSE_PAIRS = 20_000_000
 
 class PairwiseRanking(ABC):
     """Ranking for a Method that scores (image, caption) pairs jointly: every query meets every
-    gallery item.
-
-    A subclass implements score_block(split, image_indices (n,), text_indices (m,)) -> (n, m)
-    scores; rank, similarity and score_pairs follow. score_pairs is the re-ranker API
-    (course_lib.methods.rerank.Cascade); a subclass with a cheaper pair scorer overrides it.
-    """
+    gallery item. A subclass implements score_block(split, image_indices (n,), text_indices (m,))
+    -> (n, m) scores and inherits rank (a chunk of queries at a time against the whole gallery,
+    keeping each one's top k), similarity and score_pairs, the re-ranker API (rerank.Cascade),
+    which a subclass with a cheaper pair scorer overrides."""
 
     @abstractmethod
     def score_block(self, split, image_indices, text_indices) -> torch.Tensor:
@@ -46,7 +42,8 @@ class PairwiseRanking(ABC):
 
     _dense: tuple = (None, None, None)  # (split, model, (N, T) scores): see _DENSE_PAIRS
 
-    def rank(self, split, direction: str, top_k: int, queries=None) -> tuple[torch.Tensor, torch.Tensor]:
+    def rank(self, split, direction: str, top_k: int,
+             queries=None) -> tuple[torch.Tensor, torch.Tensor]:
         """Queries a chunk at a time against the whole gallery, keeping each one's top_k. A small
         split queried in full is scored once for both directions (_DENSE_PAIRS)."""
         queries = query_indices(split, direction, queries)
@@ -69,9 +66,9 @@ class PairwiseRanking(ABC):
             chunk = queries[start:start + per_chunk]
             block = (self.score_block(split, gallery, chunk).T if direction == "t2i"
                      else self.score_block(split, chunk, gallery))  # (c, G)
-            i, v = top_k_of(block, top_k)
-            indices.append(i)
-            scores.append(v)
+            top_indices, top_scores = top_k_of(block, top_k)  # (c, k) each
+            indices.append(top_indices)
+            scores.append(top_scores)
         return torch.cat(indices), torch.cat(scores)  # (Q, k) each
 
     def score_pairs(self, split, image_indices, text_indices) -> torch.Tensor:
@@ -82,7 +79,8 @@ class PairwiseRanking(ABC):
         out = torch.empty(len(images))
         for text in torch.unique(texts).tolist():
             where = torch.nonzero(texts == text).squeeze(1)
-            out[where] = self.score_block(split, images[where].numpy(), np.array([text]))[:, 0].float()
+            block = self.score_block(split, images[where].numpy(), np.array([text]))  # (p, 1)
+            out[where] = block[:, 0].float()
         return out
 
     def pair_scorer(self, split):

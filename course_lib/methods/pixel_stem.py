@@ -1,28 +1,27 @@
-"""A pixel stem pre-trained on the scenes' ground truth: the miniature's ImageNet (or its detector).
+"""A pixel stem pre-trained on the scenes' ground truth: the miniature's ImageNet (or detector).
 
 HiVLP's ViT starts from pre-trained weights; Fast & Slow trains its ResNet-50s from scratch, but on
 COCO or Conceptual Captions (2.7M images) before Flickr30k. On our 10,000 training scenes a CNN from
-scratch must learn to see inside a few thousand retrieval steps. So (our choice, for all three) a
-small stem is pre-trained once, on bench["pretrain"]'s rendered scenes (a corpus of its own, never
-the retrieval splits), against what sits in each cell of the 3x3 grid (data.scenes.Scenes):
+scratch must learn to see within a few thousand retrieval steps. So (our choice, for all three) a
+small stem is pre-trained once, on bench["pretrain"]'s rendered scenes (never the retrieval
+splits), against what sits in each cell of the 3x3 grid (data.scenes.Scenes):
 
     pixels (B, 3, 32, 32) -> ConvBackbone -> maps (B, c0, 16, 16), (B, c1, 8, 8), (B, c2, 4, 4)
     head_pool "cells":   the 4x4 map average-pooled to the 3x3 grid (B, c2, 3, 3) -> one shared
                          Linear per cell -> (B, 9, 51) logits per cell (the default)
               "flatten": the 4x4 map flattened (B, 16 c2) -> Linear -> (B, 9, 51)
-    51 logits a cell: object (49: 0 = empty, else 1 + the detector's class shape * 8 + colour), size (2)
+    51 logits a cell: object (49: 0 = empty, else 1 + class shape * 8 + colour), size (2)
     loss: CE(object, all 9 cells) + CE(size, occupied cells only)
 
 One class per (shape, colour), not a head each: then "a red circle sits in cell k" is a linear
 read-out of the 4x4 map, and so is a bag of the scene's objects, the vector a dot product needs
-(docs/findings.md, "What one vector can do"); separate heads leave that conjunction to whatever reads the map.
+(docs/findings.md, "What one vector can do"); separate heads leave that to whatever reads the map.
 
-`ConvBackbone` is Fast's image CNN and Slow's (course_lib.methods.fast_slow.model imports it from
-here), so with the same channels the stem's backbone weights load straight into
-FastModel.backbone or VisualTokens.backbone; the heads are dropped. It trains with the course's
-Trainer and is cached as checkpoint_name("pixel_stem", ...) over its config, the pretrain split and
-STEM_FORMAT_VERSION (`stem_checkpoint_file`); `StartsFromPixelStem` names it among the files of the
-models that start from it.
+`ConvBackbone` is Fast's and Slow's image CNN (fast_slow.model imports it from here), so with the
+same channels the stem's backbone loads straight into FastModel.backbone or
+VisualTokens.backbone; the heads are dropped. It trains with the course's Trainer, cached as
+checkpoint_name("pixel_stem", ...) over its config, the pretrain split and STEM_FORMAT_VERSION
+(`stem_checkpoint_file`); `StartsFromPixelStem` names it among its models' files.
 
     stem, history = train_pixel_stem(bench, PixelStemConfig(), checkpoint_path=cache / name)
 """
@@ -50,22 +49,21 @@ from course_lib.data.scenes import COLORS, GRID, N_CLASSES, SIZES
 CELLS = GRID * GRID  # 9 cells, cell = row * GRID + col
 HEADS = {"object": 1 + N_CLASSES, "size": len(SIZES)}  # logits per cell and head
 HEAD_POOLS = ("flatten", "cells")  # PixelStemConfig.head_pool
-# bump when the stem's layout or pre-training recipe changes on purpose: its cache is then trained again
+# bump when the stem's layout or pre-training recipe changes on purpose: its cache is then retrained
 STEM_FORMAT_VERSION = 1
 
 
 @dataclass
 class PixelStemConfig(CourseConfig):
-    channels: tuple = (24, 48, 96)  # ConvBackbone widths; equal to the model that loads it (FastConfig.channels)
-    # how the heads read the 4x4 map: "cells" (pooled to the 3x3 grid, one Linear shared by the cells, so each
-    # cell's object is written where the cell is) or "flatten" (one Linear over all 16 positions). The models
-    # that start from the stem learned more from "cells" (docs/tuning_notes.md, "Pixel stem")
+    # Defaults chosen in docs/tuning_notes.md, "Pixel stem".
+    channels: tuple = (24, 48, 96)  # ConvBackbone widths: those of the model that loads it
+    # how the heads read the 4x4 map: "cells" (pooled to the 3x3 grid, one Linear shared by the
+    # cells, so each cell's object is written where the cell is) or "flatten" (one Linear over all
+    # 16 positions)
     head_pool: str = "cells"
     batch_size: int = 128  # scenes per step
-    lr: float = 2e-3  # peak AdamW rate (not varied: the task is learned within max_steps)
-    # optimizer steps on bench["pretrain"] (20k scenes: 2.6 epochs at 128): enough to learn the per-cell
-    # task on held-out scenes (docs/tuning_notes.md, "Pixel stem")
-    max_steps: int = 400
+    lr: float = 2e-3  # peak AdamW rate
+    max_steps: int = 400  # optimizer steps on bench["pretrain"] (20k scenes: 2.6 epochs at 128)
     warmup_fraction: float = 0.05  # share of steps warming up; then linear decay to 0
     grad_clip: float = 2.0  # max gradient norm
     seed: int = 0  # initialisation and data order
@@ -75,24 +73,25 @@ class PixelStemConfig(CourseConfig):
     def __post_init__(self):
         self.channels = tuple(int(c) for c in self.channels)
         if len(self.channels) != 3 or self.head_pool not in HEAD_POOLS:
-            raise ValueError(f"channels must be 3 widths and head_pool one of {HEAD_POOLS}, got {self.channels} "
-                             f"and {self.head_pool!r}")
+            raise ValueError(f"channels must be 3 widths and head_pool one of {HEAD_POOLS}, got "
+                             f"{self.channels} and {self.head_pool!r}")
 
 
 def conv_bn_relu(c_in: int, c_out: int, stride: int = 1) -> nn.Sequential:
-    return nn.Sequential(nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU())
+    return nn.Sequential(nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False), nn.BatchNorm2d(c_out),
+                         nn.ReLU())
 
 
 class ConvBackbone(nn.Module):
-    """Pixels (B, 3, 32, 32) -> the three stages' maps [(B, c0, 16, 16), (B, c1, 8, 8), (B, c2, 4, 4)]:
+    """Pixels (B, 3, 32, 32) -> the stages' maps [(B, c0, 16, 16), (B, c1, 8, 8), (B, c2, 4, 4)]:
     per stage a stride-2 conv then a conv, each with BN and ReLU (the first stage's stride-2 conv is
     the stem: a full-resolution stem cost as much as the rest on one CPU thread)."""
 
     def __init__(self, channels=(24, 48, 96)):
         super().__init__()
         c0, c1, c2 = channels
-        self.stages = nn.ModuleList(nn.Sequential(conv_bn_relu(a, b, 2), conv_bn_relu(b, b)) for a, b in
-                                    ((3, c0), (c0, c1), (c1, c2)))
+        self.stages = nn.ModuleList(nn.Sequential(conv_bn_relu(a, b, 2), conv_bn_relu(b, b))
+                                    for a, b in ((3, c0), (c0, c1), (c1, c2)))
         self.out_dim = c2
 
     def forward(self, pixels: torch.Tensor) -> list[torch.Tensor]:
@@ -108,10 +107,12 @@ def cell_targets(scenes, rows=None) -> dict[str, np.ndarray]:
     empty, else 1 + the detector's class (shape * len(COLORS) + colour); "size": the object's, -1 in
     empty cells (ignored by the loss)."""
     rows = np.arange(len(scenes)) if rows is None else np.asarray(rows)
-    out = {"object": np.zeros((len(rows), CELLS), np.int64), "size": np.full((len(rows), CELLS), -1, np.int64)}
+    out = {"object": np.zeros((len(rows), CELLS), np.int64),
+           "size": np.full((len(rows), CELLS), -1, np.int64)}
     scene, slot = np.nonzero(scenes.valid[rows])  # (K,) each: every object of the chosen scenes
     cell = scenes.cell[rows][scene, slot].astype(np.int64)
-    shape, color = (scenes.shape[rows][scene, slot].astype(np.int64), scenes.color[rows][scene, slot].astype(np.int64))
+    shape = scenes.shape[rows][scene, slot].astype(np.int64)
+    color = scenes.color[rows][scene, slot].astype(np.int64)
     out["object"][scene, cell] = 1 + shape * len(COLORS) + color
     out["size"][scene, cell] = scenes.size[rows][scene, slot]
     return out
@@ -123,7 +124,8 @@ class CellDataset(Dataset):
 
     def __init__(self, split):
         if split.scenes is None:
-            raise ValueError(f"split {split.name!r} has no scene ground truth (the synthetic benchmark has)")
+            raise ValueError(f"split {split.name!r} has no scene ground truth (the synthetic "
+                             "benchmark has)")
         self.images = ImageDataset(split, modality="pixels")
         self.targets = {k: torch.from_numpy(v) for k, v in cell_targets(split.scenes).items()}
 
@@ -135,14 +137,14 @@ class CellDataset(Dataset):
 
 
 class StemBackboneModule(nn.Module):
-    """A module whose `backbone` (a ConvBackbone, loaded from the pixel stem) may be kept frozen: while
-    `frozen_backbone` is true it gets no gradient (`freeze_backbone`) and train() leaves it in eval
-    mode, so its BatchNorm keeps the stem's running statistics. FastModel and HiVLP's StemGridTower."""
+    """A module whose `backbone` (a ConvBackbone, loaded from the pixel stem) may be kept frozen:
+    while `frozen_backbone` is true it gets no gradient (`freeze_backbone`) and train() leaves it in
+    eval mode, so its BatchNorm keeps the stem's running statistics. FastModel, StemGridTower."""
 
     frozen_backbone: bool = False
 
     def freeze_backbone(self) -> None:
-        self.backbone.requires_grad_(not self.frozen_backbone)  # frozen: the Trainer's optimizer skips it
+        self.backbone.requires_grad_(not self.frozen_backbone)  # the Trainer skips frozen weights
 
     def train(self, mode: bool = True):
         super().train(mode)
@@ -168,14 +170,16 @@ class PixelStem(nn.Module):
         if self.config.head_pool == "flatten":
             logits = self.head(grid.flatten(1)).view(len(grid), CELLS, -1)  # (B, 9, 51)
         else:  # 4x4 -> 3x3 by overlapping averages, row-major like the cell index
-            logits = self.head(F.adaptive_avg_pool2d(grid, GRID).flatten(2).transpose(1, 2))  # (B, 9, 51)
-        return dict(zip(HEADS, logits.split(list(HEADS.values()), dim=2)))
+            cells = F.adaptive_avg_pool2d(grid, GRID).flatten(2).transpose(1, 2)  # (B, 9, C)
+            logits = self.head(cells)  # (B, 9, 51)
+        return dict(zip(HEADS, logits.split(list(HEADS.values()), dim=2), strict=True))
 
 
 def cell_loss(model: PixelStem, batch: dict, step: int = 0) -> dict:
     """Sum of the heads' cross-entropies (size on occupied cells only); logs each."""
     logits = model(batch["pixels"])
-    parts = {k: F.cross_entropy(logits[k].flatten(0, 1), batch[k].flatten(), ignore_index=-1) for k in HEADS}
+    parts = {k: F.cross_entropy(logits[k].flatten(0, 1), batch[k].flatten(), ignore_index=-1)
+             for k in HEADS}
     return {"loss": sum(parts.values()), **{f"{k}_loss": v for k, v in parts.items()}}
 
 
@@ -187,14 +191,16 @@ def cell_accuracy(model: PixelStem, split, batch_size: int = 500) -> dict[str, f
     preds = {k: [] for k in HEADS}
     with inference(model) as device:
         for start in range(0, len(data), batch_size):
-            pixels = torch.stack([data[i]["pixels"] for i in range(start, min(start + batch_size, len(data)))])
+            rows = range(start, min(start + batch_size, len(data)))
+            pixels = torch.stack([data[i]["pixels"] for i in rows])  # (b, 3, 32, 32)
             for k, v in model(pixels.to(device)).items():
                 preds[k].append(v.argmax(-1).cpu())  # (b, 9)
     pred = {k: torch.cat(v) for k, v in preds.items()}  # (N, 9) each
     truth, occupied = data.targets, data.targets["object"] > 0
-    n_colors = len(COLORS)  # class - 1 = shape * n_colors + colour; an "empty" guess gets neither right
-    right = {"shape": (pred["object"] - 1) // n_colors == (truth["object"] - 1) // n_colors,
-             "color": ((pred["object"] - 1) % n_colors == (truth["object"] - 1) % n_colors) & (pred["object"] > 0),
+    # class - 1 = shape * n_colors + colour; an "empty" guess gets neither right
+    n_colors, guess, actual = len(COLORS), pred["object"] - 1, truth["object"] - 1
+    right = {"shape": guess // n_colors == actual // n_colors,
+             "color": (guess % n_colors == actual % n_colors) & (pred["object"] > 0),
              "size": pred["size"] == truth["size"]}
     out = {"occupancy": 100.0 * ((pred["object"] > 0) == occupied).float().mean().item()}
     for k, ok in {**right, "object": right["shape"] & right["color"] & right["size"]}.items():
@@ -212,13 +218,14 @@ class _NoVocabulary:
 
 def stem_config(config) -> PixelStemConfig:
     """The pixel stem a model's config starts from: its stem_steps, stem_head_pool and seed, and its
-    CNN widths where it has them (FastConfig.channels; HiVLP's tower reads the stem's default widths)."""
+    CNN widths where it has them (FastConfig.channels; HiVLP's tower reads the stem's defaults)."""
     return PixelStemConfig(channels=getattr(config, "channels", PixelStemConfig.channels),
-                           head_pool=config.stem_head_pool, max_steps=config.stem_steps, seed=config.seed)
+                           head_pool=config.stem_head_pool, max_steps=config.stem_steps,
+                           seed=config.seed)
 
 
 def stem_checkpoint_file(bench: dict, config: PixelStemConfig) -> str:
-    """The stem's file name in a cache folder: its config, bench["pretrain"] and STEM_FORMAT_VERSION."""
+    """The stem's cache file name: its config, bench["pretrain"] and STEM_FORMAT_VERSION."""
     return checkpoint_name("pixel_stem", config.to_dict(), bench["pretrain"], _NoVocabulary(),
                            version=STEM_FORMAT_VERSION)
 
@@ -234,7 +241,9 @@ class StartsFromPixelStem(ABC):
 
     def stem_checkpoint_file(self, bench: dict) -> str | None:
         """The pixel stem's file name in cache_dir (None when the model does not start from it)."""
-        return stem_checkpoint_file(bench, stem_config(self.config)) if self.starts_from_stem() else None
+        if not self.starts_from_stem():
+            return None
+        return stem_checkpoint_file(bench, stem_config(self.config))
 
     def checkpoint_extra(self, bench: dict, tokenizer) -> tuple:
         stem = self.stem_checkpoint_file(bench)
@@ -242,8 +251,8 @@ class StartsFromPixelStem(ABC):
 
 
 def stem_checkpoint_path(cache_dir, file_name: str | None) -> Path | None:
-    """Where a model's stem is cached: cache_dir / file_name (a method's stem_checkpoint_file), or None
-    without a cache folder or when the model starts from no stem."""
+    """Where a model's stem is cached: cache_dir / file_name (a method's stem_checkpoint_file), or
+    None without a cache folder or when the model starts from no stem."""
     return None if cache_dir is None or file_name is None else Path(cache_dir) / file_name
 
 
@@ -259,39 +268,23 @@ def train_pixel_stem(bench: dict, config: PixelStemConfig | None = None, *, chec
     evaluate = None if evaluate_on is None else (lambda m: cell_accuracy(m, bench[evaluate_on]))
     config = train_config(c, checkpoint_path=checkpoint_path, progress=progress, device=device,
                           eval_every=eval_every, log_every=max(1, c.max_steps // 100))
-    history = Trainer(model, cell_loss, CellDataset(bench["pretrain"]), config, evaluate=evaluate).fit()
+    data = CellDataset(bench["pretrain"])
+    history = Trainer(model, cell_loss, data, config, evaluate=evaluate).fit()
     return model.eval(), history
 
 
 def load_stem_backbone(backbone: ConvBackbone, bench: dict, model_config, *, checkpoint_path=None,
                        progress: bool = True, device: str | None = None) -> None:
-    """Copy the pixel stem a model's config starts from (`stem_config`) into its `backbone`: pre-trained
-    on bench["pretrain"], or loaded from a finished checkpoint_path. A stem trained here always ends
-    with its per-cell accuracy on bench["val"] (about a second), so its cached history says what it
-    learned whichever model trained it first (notebook 06 prints it)."""
-    stem, _ = train_pixel_stem(bench, stem_config(model_config), checkpoint_path=checkpoint_path, progress=progress,
-                               device=device)
+    """Copy the pixel stem a model's config starts from (`stem_config`) into its `backbone`:
+    pre-trained on bench["pretrain"], or loaded from a finished checkpoint_path. A stem trained here
+    ends with its per-cell accuracy on bench["val"] (about a second), so its cached history says
+    what it learned whichever model trained it first (notebook 06 prints it)."""
+    stem, _ = train_pixel_stem(bench, stem_config(model_config), checkpoint_path=checkpoint_path,
+                               progress=progress, device=device)
     backbone.load_state_dict(stem.backbone.state_dict())
 
 
-__all__ = [
-    "CELLS",
-    "HEADS",
-    "HEAD_POOLS",
-    "CellDataset",
-    "ConvBackbone",
-    "PixelStem",
-    "PixelStemConfig",
-    "StemBackboneModule",
-    "cell_accuracy",
-    "cell_loss",
-    "cell_targets",
-    "conv_bn_relu",
-    "load_stem_backbone",
-    "stem_checkpoint_file",
-    "StartsFromPixelStem",
-    "STEM_FORMAT_VERSION",
-    "stem_checkpoint_path",
-    "stem_config",
-    "train_pixel_stem",
-]
+__all__ = ["CELLS", "HEADS", "HEAD_POOLS", "CellDataset", "ConvBackbone", "PixelStem",
+           "PixelStemConfig", "StemBackboneModule", "cell_accuracy", "cell_loss", "cell_targets",
+           "conv_bn_relu", "load_stem_backbone", "stem_checkpoint_file", "StartsFromPixelStem",
+           "STEM_FORMAT_VERSION", "stem_checkpoint_path", "stem_config", "train_pixel_stem"]

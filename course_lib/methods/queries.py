@@ -1,5 +1,5 @@
-"""A ranking's queries and answers, the same for every Method: the two directions, the query indices of
-a split, which listed items are ground truth, and each row's top k. `course_lib.methods.base` re-exports them."""
+"""A ranking's queries and answers, the same for every Method: the two directions, the query
+indices of a split, which listed items are ground truth, and each row's top k."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ DIRECTIONS = ("t2i", "i2t")
 
 def check_direction(direction: str) -> str:
     if direction not in DIRECTIONS:
-        raise ValueError(f"direction must be one of {DIRECTIONS} (t2i: captions query images; i2t: "
-                         f"images query captions), got {direction!r}")
+        raise ValueError(f"direction must be one of {DIRECTIONS} (t2i: captions query images; "
+                         f"i2t: images query captions), got {direction!r}")
     return direction
 
 
@@ -29,7 +29,7 @@ def query_indices(split, direction: str, queries=None) -> np.ndarray:
 
 
 def ground_truth(split, direction: str, queries, indices) -> torch.Tensor:
-    """(Q, k) bool: which listed items (indices (Q, k) from rank) are a ground truth of each query."""
+    """(Q, k) bool: which listed items (indices (Q, k) from rank) are a query's ground truth."""
     txt2img = torch.from_numpy(split.txt2img)
     queries, indices = torch.as_tensor(np.asarray(queries)), torch.as_tensor(np.asarray(indices))
     if direction == "t2i":

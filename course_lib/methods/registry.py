@@ -1,28 +1,27 @@
 """The method registry: every benchmark method registers itself where it is defined.
 
     @register_method("scan", order=2)
-    def _scan(build):                       # build: a Build (seed, smoke, config(), method())
+    def _scan(build):  # build: a Build (seed, smoke, config(), method())
         return SCANMethod(build.config(SCANConfig))
 
     @register_method("lightningdot+rerank@20", order=3.2)
-    def _rerank(build):                     # a method built from others asks for them by name
+    def _rerank(build):  # a method built from others asks for them by name
         return TwoStageMethod(build.method("lightningdot"), build.method("cross_encoder"), 20)
 
-`available_methods(seed, smoke)` imports every module of `course_lib.methods` (so their registrations
-run; a module that registers nothing costs only its import), builds
-every registered method in `order`, each exactly once (one fitted model serves every method that
-uses it), and returns them. Adding a method touches only its own module and its own tests: the
-benchmark, `available_methods` and the benchmark's tests loop over the registry.
+`available_methods(seed, smoke)` imports every module of `course_lib.methods` (so their
+registrations run), builds every registered method in `order`, each exactly once (one fitted model
+serves every method that uses it), and returns them. Adding a method touches only its own module
+and tests: the benchmark, `available_methods` and the benchmark's tests loop over the registry.
 """
 
 from __future__ import annotations
 
 import importlib
 import pkgutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
-_REGISTRY: dict[str, "Registration"] = {}
+_REGISTRY: dict[str, Registration] = {}
 
 
 @dataclass(frozen=True)
@@ -49,7 +48,7 @@ def unregister_method(name: str) -> None:
 
 
 def _discover() -> None:
-    """Import every module of course_lib.methods, where methods register (idempotent, cheap after once)."""
+    """Import every module of course_lib.methods, where methods register (idempotent)."""
     import course_lib.methods
 
     for info in pkgutil.walk_packages(course_lib.methods.__path__, prefix="course_lib.methods."):
@@ -66,13 +65,14 @@ class Build:
     # config class name -> fields set in every config of that class this run builds, over the
     # factory's own (e.g. the real-data sizes of course_lib.real_benchmark)
     sizes: dict = field(default_factory=dict)
-    real_photos: bool = False  # outside smoke mode, every config takes its class's REAL_PHOTOS preset
+    real_photos: bool = False  # outside smoke mode, each config takes its class's REAL_PHOTOS
 
     def config(self, config_class, **overrides):
         """config_class in this run's mode: .smoke(seed=...) or (seed=...), with overrides, then the
         class's REAL_PHOTOS preset (a real-photo run at default size), then the run's sizes."""
         preset = config_class.REAL_PHOTOS if self.real_photos and not self.smoke else {}
-        overrides = {"seed": self.seed, **overrides, **preset, **self.sizes.get(config_class.__name__, {})}
+        sizes = self.sizes.get(config_class.__name__, {})
+        overrides = {"seed": self.seed, **overrides, **preset, **sizes}
         return config_class.smoke(**overrides) if self.smoke else config_class(**overrides)
 
     def method(self, name: str):
@@ -94,7 +94,8 @@ def registered_names() -> list[str]:
     return [r.name for r in sorted(_REGISTRY.values(), key=lambda r: (r.order, r.name))]
 
 
-def available_methods(seed: int = 0, smoke: bool = False, names=None, sizes=None, real_photos: bool = False) -> list:
+def available_methods(seed: int = 0, smoke: bool = False, names=None, sizes=None,
+                      real_photos: bool = False) -> list:
     """The registered methods (all, or those in `names`), built for this seed and mode, in
     course order; methods they depend on are built once and shared. sizes, real_photos: Build's."""
     everything = registered_names()
@@ -107,5 +108,5 @@ def available_methods(seed: int = 0, smoke: bool = False, names=None, sizes=None
     return [build.method(name) for name in wanted]
 
 
-__all__ = ["register_method", "unregister_method", "available_methods", "registered_names", "Build",
-           "Registration"]
+__all__ = ["register_method", "unregister_method", "available_methods", "registered_names",
+           "Build", "Registration"]

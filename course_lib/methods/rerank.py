@@ -1,29 +1,25 @@
 """Cascades: a fast first stage keeps the top-M, slower stages re-score only the survivors.
 
-`Cascade(stages, top_ms, combine)` is the general form every lesson uses: stage 0 is a Method that
-ranks the whole gallery (a dot product through FAISS); each later stage re-scores the previous
-stage's survivors with its `score_pairs(split, image_indices, text_indices)`, and `combine` fuses the
-scores gathered so far into the order that decides who survives:
+`Cascade(stages, top_ms, combine)` is the general form every lesson uses: stage 0 is a Method
+that ranks the whole gallery (a dot product through FAISS); each later stage re-scores the
+previous stage's survivors with its `score_pairs(split, image_indices, text_indices)`, and
+`combine` fuses the scores gathered so far into the order that decides who survives:
 
-    Cascade([lightningdot, cross_encoder], top_ms=[20])                    # two-stage re-ranking
-    Cascade([hivlp_l1, hivlp_l2, hivlp_l3], top_ms=[1000, 100])            # coarse-to-fine levels
+    Cascade([lightningdot, cross_encoder], top_ms=[20])  # two-stage re-ranking
+    Cascade([hivlp_l1, hivlp_l2, hivlp_l3], top_ms=[1000, 100])  # coarse-to-fine levels
     Cascade([fast, slow], top_ms=[10], combine=weighted_sum([beta, 1.0]))  # Fast & Slow eq. 9
 
 A query costs one first-stage search plus sum(top_ms) pair scorings, whatever the gallery size.
-The default `combine` is the last stage's score alone (`last_stage`), as LightningDOT's code re-sorts
-by the re-ranker. The dense helper below is the same two-stage order on a full matrix.
-
-LightningDOT §3.2: retrieve the top-M with dot products, score those M pairs with a cross-attention
-model, and take the final top-K (K <= M) from the re-ranker's scores alone (the authors' code
-re-sorts by the re-ranker; the two scores are not fused). A query then costs one encoding plus M
-re-ranker passes, whatever the gallery size (Table 3, "+Re-ranker").
+The default `combine` is the last stage's score alone (`last_stage`), as LightningDOT §3.2 (and
+its code) takes the final top-K (K <= M) from the re-ranker's scores, not fused with the dot
+product's: one encoding plus M re-ranker passes a query (Table 3, "+Re-ranker").
 
 Any re-ranker plugs in through one function, a *pair scorer*:
 
     score_pairs(image_indices (P,), text_indices (P,)) -> scores (P,)   on one split
 
-    first = lightningdot.similarity(split)                                   # (N, T)
-    t2i = two_stage_scores(first, score_pairs, top_m=20, direction="t2i")    # (N, T)
+    first = lightningdot.similarity(split)  # (N, T)
+    t2i = two_stage_scores(first, score_pairs, top_m=20, direction="t2i")  # (N, T)
     retrieval_metrics(i2t, split.txt2img, t2i_sims=t2i)
 
 `two_stage_scores` returns a full (N, T) matrix, so the usual metrics apply: in each query's
@@ -33,7 +29,8 @@ its first-stage order, strictly below them. `TwoStageMethod` is the benchmark's 
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 
 import numpy as np
 import torch
@@ -44,7 +41,8 @@ from course_lib.methods.queries import DIRECTIONS, check_direction, query_indice
 PairScorer = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def top_m_candidates(first_scores: torch.Tensor, top_m: int, direction: str = "t2i") -> torch.Tensor:
+def top_m_candidates(first_scores: torch.Tensor, top_m: int,
+                     direction: str = "t2i") -> torch.Tensor:
     """The first stage's top_m per query, best first: t2i -> (T, M) image indices per text,
     i2t -> (N, M) text indices per image. top_m is capped at the number of candidates."""
     if direction not in DIRECTIONS:
@@ -57,11 +55,9 @@ def top_m_candidates(first_scores: torch.Tensor, top_m: int, direction: str = "t
 
 
 def two_stage_scores(first_scores, score_pairs: PairScorer, top_m: int, direction: str = "t2i"):
-    """(N, T) scores of two-stage retrieval in one direction (module docstring).
-
-    first_scores (N, T): the first stage's scores of every pair. score_pairs: the re-ranker's pair
-    scorer, called once with all Q * top_m candidate pairs.
-    """
+    """(N, T) scores of two-stage retrieval in one direction (module docstring). first_scores
+    (N, T): the first stage's scores of every pair. score_pairs: the re-ranker's pair scorer,
+    called once with all Q * top_m candidate pairs."""
     first = torch.as_tensor(first_scores, dtype=torch.float32).cpu()  # (N, T)
     candidates = top_m_candidates(first, top_m, direction)  # (Q, M)
     Q, M = candidates.shape
@@ -71,7 +67,8 @@ def two_stage_scores(first_scores, score_pairs: PairScorer, top_m: int, directio
     rescored = torch.as_tensor(score_pairs(images, texts), dtype=torch.float32).cpu().view(Q, M)
     by_query = (first.T if direction == "t2i" else first).clone()  # (Q, candidates)
     # shift each query's first-stage scores below its lowest re-ranked score, keeping their order
-    shift = by_query.max(dim=1, keepdim=True).values - rescored.min(dim=1, keepdim=True).values + 1.0
+    shift = (by_query.max(dim=1, keepdim=True).values
+             - rescored.min(dim=1, keepdim=True).values + 1.0)
     by_query -= shift
     by_query.scatter_(1, candidates, rescored)
     return by_query.T.contiguous() if direction == "t2i" else by_query  # (N, T)
@@ -79,29 +76,31 @@ def two_stage_scores(first_scores, score_pairs: PairScorer, top_m: int, directio
 
 def remembered_scores(stage, split, images: torch.Tensor, texts: torch.Tensor) -> torch.Tensor:
     """stage.score_pairs(split, images, texts) -> (P,), each (image, caption) pair scored once per
-    split and fitted model: the scores are kept on the stage, so the cascades of one evaluation that
-    share a re-ranker (lightningdot+rerank@20 and @50, fast_slow@10 and @50) and the two directions
-    (a true pair sits high in both) do not score a pair twice. Evaluation only: a timed query
-    (Cascade.query_fn) pays for every pair it scores."""
+    split and fitted model: the scores are kept on the stage, so the cascades of one evaluation
+    that share a re-ranker (lightningdot+rerank@20 and @50, fast_slow@10 and @50) and the two
+    directions (a true pair sits high in both) do not score a pair twice. Evaluation only: a timed
+    query (Cascade.query_fn) pays for every pair it scores."""
     memo = getattr(stage, "_remembered", None)
     if memo is None or memo["model"] is not getattr(stage, "model", None):
         memo = stage._remembered = {"model": getattr(stage, "model", None), "splits": {}}
     # keyed by the split object itself (held, so its id cannot be reused): (split, keys, scores)
-    kept = memo["splits"].setdefault(id(split), (split, np.zeros(0, np.int64), np.zeros(0, np.float32)))
-    _, known_keys, known_scores = kept
-    keys = images.numpy().astype(np.int64) * split.n_texts + texts.numpy()  # (P,) one number per pair
+    empty = (split, np.zeros(0, np.int64), np.zeros(0, np.float32))
+    _, known_keys, known_scores = memo["splits"].setdefault(id(split), empty)
+    keys = images.numpy().astype(np.int64) * split.n_texts + texts.numpy()  # (P,) a number a pair
     at = np.minimum(np.searchsorted(known_keys, keys), max(len(known_keys) - 1, 0))
     known = (known_keys[at] == keys) if len(known_keys) else np.zeros(len(keys), bool)
     out = np.empty(len(keys), np.float32)
     out[known] = known_scores[at[known]]
     if not known.all():
         new, where = np.unique(keys[~known], return_inverse=True)  # each new pair once
-        fresh = torch.as_tensor(stage.score_pairs(split, torch.from_numpy(new // split.n_texts),
-                                                  torch.from_numpy(new % split.n_texts))).float().cpu().numpy()
+        fresh = stage.score_pairs(split, torch.from_numpy(new // split.n_texts),
+                                  torch.from_numpy(new % split.n_texts))
+        fresh = torch.as_tensor(fresh).float().cpu().numpy()  # (U,)
         out[~known] = fresh[where]
         merged = np.concatenate([known_keys, new])
         order = np.argsort(merged, kind="stable")
-        memo["splits"][id(split)] = (split, merged[order], np.concatenate([known_scores, fresh])[order])
+        scores = np.concatenate([known_scores, fresh])[order]
+        memo["splits"][id(split)] = (split, merged[order], scores)
     return torch.from_numpy(out)
 
 
@@ -118,8 +117,8 @@ def weighted_sum(weights: Sequence[float]) -> Combine:
     h(x, y) + beta * f(x)^T g(y) is weighted_sum([beta, 1.0]) on [fast, slow]."""
     weights = [float(w) for w in weights]
 
-    def combine(stage_scores: list) -> torch.Tensor:
-        return sum(w * s for w, s in zip(weights, stage_scores))
+    def combine(stage_scores: list) -> torch.Tensor:  # the stages so far: fewer than weights
+        return sum(w * s for w, s in zip(weights, stage_scores, strict=False))
 
     return combine
 
@@ -128,11 +127,11 @@ class Cascade(Ranker):
     """stages[0] ranks the gallery and keeps top_ms[0]; stage j re-scores the survivors and keeps
     top_ms[j] (the last stage keeps them all), each time in the order combine(scores so far) gives.
 
-    stages[0]: a Method (rank); stages[1:]: anything with score_pairs(split, images, texts) -> (P,)
-    (a PairwiseMethod, or a method that exposes a light scorer). top_ms: len(stages) - 1 survivor
-    counts, non-increasing; top_ms_i2t: other counts for image queries, when they differ (U-BERT
-    re-ranks K = 20 images per caption but K = 100 captions per image). It has no model of its own
-    to train or ship: fit fits the stages that are not fitted yet.
+    stages[0]: a Method (rank); stages[1:]: anything with score_pairs(split, images, texts) ->
+    (P,) (a PairwiseMethod, or a method that exposes a light scorer). top_ms: len(stages) - 1
+    survivor counts, non-increasing; top_ms_i2t: other counts for image queries, when they differ
+    (U-BERT re-ranks K = 20 images per caption but K = 100 captions per image). It has no model
+    of its own to train or ship: fit fits the stages that are not fitted yet.
     """
 
     def __init__(self, stages: Sequence, top_ms: Sequence[int], combine: Combine = last_stage,
@@ -140,23 +139,23 @@ class Cascade(Ranker):
                  top_ms_i2t: Sequence[int] | None = None):
         for counts in (top_ms, top_ms if top_ms_i2t is None else top_ms_i2t):
             if len(stages) < 2 or len(counts) != len(stages) - 1:
-                raise ValueError(f"a cascade needs >= 2 stages and one top_m per stage but the last: "
-                                 f"got {len(stages)} stages and top_ms {list(counts)}")
+                raise ValueError("a cascade needs >= 2 stages and one top_m per stage but the "
+                                 f"last: got {len(stages)} stages and top_ms {list(counts)}")
             if any(m < 1 for m in counts) or list(counts) != sorted(counts, reverse=True):
                 raise ValueError(f"top_ms must be >= 1 and non-increasing, got {list(counts)}")
         self.stages, self.top_ms, self.combine = list(stages), [int(m) for m in top_ms], combine
         self.top_ms_i2t = self.top_ms if top_ms_i2t is None else [int(m) for m in top_ms_i2t]
         self.name = name or "+".join(s.name for s in stages) + "@" + "/".join(map(str, top_ms))
-        self.notes = notes or (f"{stages[0].name} keeps the top {'/'.join(map(str, top_ms))}, re-scored by "
-                               + ", ".join(s.name for s in stages[1:]))
+        self.notes = notes or (f"{stages[0].name} keeps the top {'/'.join(map(str, top_ms))}, "
+                               "re-scored by " + ", ".join(s.name for s in stages[1:]))
         self.progress = True
 
     @property
     def eval_pairs(self):
         return tuple(min((b for b in budgets if b is not None), default=None)
-                     for budgets in zip(*(s.eval_pairs for s in self.stages[1:])))
+                     for budgets in zip(*(s.eval_pairs for s in self.stages[1:]), strict=True))
 
-    def fit(self, bench, tokenizer, cache_dir=None) -> "Cascade":
+    def fit(self, bench, tokenizer, cache_dir=None) -> Cascade:
         for stage in self.stages:  # a fitted method is not fitted again
             if getattr(stage, "model", None) is None:
                 stage.fit(bench, tokenizer, cache_dir=cache_dir)
@@ -169,25 +168,26 @@ class Cascade(Ranker):
     def pairs_per_query(self, split, direction: str) -> int:
         """The first stage's pairs, plus the survivors each later stage scores, except stages that
         only take dot products of cached vectors (`dot_product = True`, e.g. HiVLP's levels)."""
-        later = zip(self.survivors(direction), self.stages[1:])
+        later = zip(self.survivors(direction), self.stages[1:], strict=True)
         return (sum(m for m, stage in later if not getattr(stage, "dot_product", False))
                 + self.stages[0].pairs_per_query(split, direction))
 
-    def rescore(self, split, direction: str, queries, candidates, first_scores, remember: bool = False):
-        """Run stages[1:] on candidates (Q, M) with their first-stage scores (Q, M), M >= top_ms[0]:
-        -> (indices (Q, M), scores (Q, M)), best first. The survivors of the last stage come first,
-        by combined score; every item a stage dropped follows, the latest drops first, each group
-        in the order that dropped it, with scores strictly below (so recall at K beyond the
-        survivors is that of the earlier stages, as two_stage_scores gives on a dense matrix).
-        remember: score the pairs through remembered_scores (evaluation; stages scoring by a dot
-        product of cached vectors, `dot_product = True`, are cheaper than the lookup and never are)."""
+    def rescore(self, split, direction: str, queries, candidates, first_scores,
+                remember: bool = False):
+        """Run stages[1:] on candidates (Q, M) with their first-stage scores (Q, M), M >= top_ms[0]
+        -> (indices (Q, M), scores (Q, M)), best first. The last stage's survivors come first, by
+        combined score; every item a stage dropped follows, the latest drops first, each group in
+        the order that dropped it, with scores strictly below (so recall at K beyond the survivors
+        is the earlier stages', as two_stage_scores gives on a dense matrix). remember: score the
+        pairs through remembered_scores (evaluation; never for stages scoring by a dot product of
+        cached vectors, `dot_product = True`, which are cheaper than the lookup)."""
         top_ms = self.survivors(direction)
         queries = torch.as_tensor(np.asarray(queries), dtype=torch.long)  # (Q,)
         candidates = torch.as_tensor(candidates, dtype=torch.long)
         tails = [candidates[:, top_ms[0]:]]  # beyond the first stage's top_m, its own order
         indices = candidates[:, :top_ms[0]]
         history = [torch.as_tensor(first_scores).float()[:, :top_ms[0]]]
-        for stage, keep in zip(self.stages[1:], top_ms[1:] + [None]):
+        for stage, keep in zip(self.stages[1:], top_ms[1:] + [None], strict=True):
             Q, M = indices.shape
             asked = queries.repeat_interleave(M)  # (Q*M,) query-major
             flat = indices.reshape(-1)
@@ -200,13 +200,16 @@ class Cascade(Ranker):
             order = torch.argsort(self.combine(history), dim=1, descending=True, stable=True)
             keep = M if keep is None else keep
             tails.insert(0, indices.gather(1, order[:, keep:]))
-            indices, history = indices.gather(1, order[:, :keep]), [h.gather(1, order[:, :keep]) for h in history]
+            indices = indices.gather(1, order[:, :keep])
+            history = [h.gather(1, order[:, :keep]) for h in history]
         scores = self.combine(history)  # (Q, M_last)
         tail = torch.cat(tails, dim=1)  # (Q, M - M_last)
-        below = scores.min(dim=1, keepdim=True).values - 1.0 - torch.arange(tail.shape[1], dtype=torch.float32)
+        below = (scores.min(dim=1, keepdim=True).values - 1.0
+                 - torch.arange(tail.shape[1], dtype=torch.float32))
         return torch.cat([indices, tail], dim=1), torch.cat([scores, below], dim=1)
 
-    def rank(self, split, direction: str, top_k: int, queries=None) -> tuple[torch.Tensor, torch.Tensor]:
+    def rank(self, split, direction: str, top_k: int,
+             queries=None) -> tuple[torch.Tensor, torch.Tensor]:
         """The cascade's top_k per query: (indices (Q, k), scores (Q, k)), best first; beyond the
         last stage's survivors, the items earlier stages dropped (rescore)."""
         queries = query_indices(split, check_direction(direction), queries)
@@ -242,8 +245,10 @@ class TwoStageMethod(Cascade):
     re-ranking its own candidates (pass both to retrieval_metrics(..., t2i_sims=)).
     """
 
-    def __init__(self, first, reranker, top_m: int, name: str | None = None, top_m_i2t: int | None = None):
-        both = f"{top_m}" if top_m_i2t in (None, top_m) else f"{top_m} per caption, {top_m_i2t} per image"
+    def __init__(self, first, reranker, top_m: int, name: str | None = None,
+                 top_m_i2t: int | None = None):
+        both = (f"{top_m}" if top_m_i2t in (None, top_m)
+                else f"{top_m} per caption, {top_m_i2t} per image")
         super().__init__([first, reranker], [top_m], name=name or f"{first.name}+rerank@{top_m}",
                          notes=(f"{first.name} retrieves the top {both}, {reranker.name} "
                                 f"re-scores them; final ranking by the re-ranker's score alone"),
@@ -252,11 +257,11 @@ class TwoStageMethod(Cascade):
 
     def _scores(self, split, directions) -> list[torch.Tensor]:
         first = self.first.similarity(split)
-        scorer = lambda images, texts: self.reranker.score_pairs(split, images, texts)  # noqa: E731
+        scorer = partial(self.reranker.score_pairs, split)  # (images, texts) -> (P,)
         return [two_stage_scores(first, scorer, self.survivors(d)[0], d) for d in directions]
 
     def similarity(self, split) -> tuple[torch.Tensor, torch.Tensor]:
-        """(i2t scores (N, T), t2i scores (N, T)); pass both to retrieval_metrics(..., t2i_sims=)."""
+        """(i2t scores (N, T), t2i scores (N, T)): retrieval_metrics(i2t, ..., t2i_sims=t2i)."""
         i2t, t2i = self._scores(split, ("i2t", "t2i"))
         return i2t, t2i
 
@@ -265,6 +270,5 @@ class TwoStageMethod(Cascade):
         return self._scores(split, ("t2i",))[0]
 
 
-
-__all__ = ["PairScorer", "top_m_candidates", "two_stage_scores", "remembered_scores", "Cascade", "TwoStageMethod",
-           "last_stage", "weighted_sum", "DIRECTIONS"]
+__all__ = ["PairScorer", "top_m_candidates", "two_stage_scores", "remembered_scores", "Cascade",
+           "TwoStageMethod", "last_stage", "weighted_sum", "DIRECTIONS"]

@@ -1,34 +1,32 @@
-"""VSE++ (Faghri et al., BMVC 2018): a dual encoder of cosine similarities, trained with a hinge loss.
-
-An image encoder and a text encoder (course_lib.core.encoders) each end in a linear projection to one
-shared space, and both vectors are L2-normalised, so a score is a cosine similarity:
+"""VSE++ (Faghri et al., BMVC 2018): a dual encoder of cosine similarities, trained with a hinge
+loss. An image and a text encoder (core.encoders) each end in a linear projection to one shared
+space, and both vectors are L2-normalised, so a score is a cosine similarity:
 
     s(image, text) = <normalize(W_i f(image)), normalize(W_t g(text))>
 
 Training scores the B images of a batch against its B captions (`DualEncoder.forward`, positives
 on the diagonal) and minimises `hinge_triplet_loss`: with max_violation only the hardest negative
 of each query counts (VSE++'s "MH" loss), else every hinge is summed (the older "sum of hinges").
-Because images and texts never meet before the dot product, the gallery is embedded once, offline,
-into a FAISS index (course_lib.core.retrieval), and a text query costs one text encoding plus a top-k.
+Images and texts never meet before the dot product, so the gallery is embedded once, offline, into
+a FAISS index (core.retrieval), and a text query costs one text encoding plus a top-k.
 
     model, history = train_dual_encoder(bench, tokenizer, VsePPConfig())
-    image_emb, text_emb = encode_split(model, bench["test"], tokenizer)   # (N, E), (T, E)
-    sims = image_emb @ text_emb.T                                          # = similarity(...)
+    image_emb, text_emb = encode_split(model, bench["test"], tokenizer)  # (N, E), (T, E)
+    sims = image_emb @ text_emb.T  # = similarity(...)
 
 `VsePPMethod` wraps this for `python -m course_lib.benchmark`. The loss and gradient clipping are
-VSE++'s. The schedule is the course's Trainer (AdamW, warm-up then linear decay), not VSE++'s step
-decay, and the margin (0.1, not 0.2), batch (256, not 128), learning rate (1e-3, not 2e-4) and
-length come from measured learning curves on this benchmark (VsePPConfig, docs/tuning_notes.md):
-VSE++'s values fine-tune from a pretrained CNN, ours train both encoders from random weights.
+VSE++'s; the schedule is the course's Trainer (AdamW, warm-up then linear decay), not VSE++'s step
+decay. Margin, batch, learning rate and length come from learning curves on this benchmark
+(VsePPConfig): VSE++'s fine-tune a pretrained CNN, ours train both encoders from random weights.
 
 Max violation vs sum of hinges. VSE++ trains a linear map over fixed, pretrained CNN features,
 where MH beats the sum. Here both encoders start from random weights: every image starts near one
-direction (cosine ~0.86 between images), so each query's hardest negative outscores its positive,
-and MH alone drives all embeddings onto one vector (every score equal, loss 2 * B * margin), the
-collapse FaceNet (Schroff et al. 2015) reports for hardest-negative mining early in training. A
-sum-of-hinges warm-up (VSE-infinity's recipe, `sum_warmup_steps`) does not prevent it in our
-budget, nor does masking the generator's true false negatives out of the batch, so the default is
-the sum of hinges; notebook 01 shows both.
+direction, so each query's hardest negative outscores its positive, and MH alone drives all
+embeddings onto one vector (every score equal, loss 2 * B * margin), the collapse FaceNet (Schroff
+et al. 2015) reports for hardest-negative mining early in training. Neither a sum-of-hinges
+warm-up (VSE-infinity's recipe, `sum_warmup_steps`) nor masking the generator's true false
+negatives out of the batch prevents it in our budget, so the default is the sum of hinges;
+notebook 01 shows both (docs/tuning_notes.md, "VSE++").
 """
 
 from __future__ import annotations
@@ -39,15 +37,11 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from course_lib.core.encoders import (
-    build_image_encoder,
-    build_text_encoder,
-    l2_normalize,
-)
+from course_lib.core.encoders import build_image_encoder, build_text_encoder, l2_normalize
+from course_lib.core.history import History
 from course_lib.core.losses import batch_scores, hinge_name, hinge_triplet_loss
 from course_lib.core.settings import CourseConfig, seed_everything
 from course_lib.core.tokens import WORD_SPECIAL_TOKENS, SpecialTokens
-from course_lib.core.history import History
 from course_lib.methods.base import DualEncoderMethod, fit_pairs
 from course_lib.methods.encoding import retrieval_evaluator, similarity
 from course_lib.methods.registry import register_method
@@ -59,29 +53,24 @@ _IMAGE_NAMES = {"regions": "region transformer", "pixels": "tiny ViT on pixels"}
 
 @dataclass
 class VsePPConfig(CourseConfig):
-    image_encoder: str = "regions"  # "regions" (detector features, as VSE++/SCAN) or "pixels" (tiny ViT)
-    text_encoder: str = "gru"  # "gru" (VSE++'s), "bow" (mean of word vectors) or "bert" (random init)
-    # The sizes and schedule below come from learning curves (docs/tuning_notes.md, "VSE++"): with
-    # VSE++'s own margin, batch and learning rate the model did not fit even its training images.
+    # Defaults chosen in docs/tuning_notes.md, "VSE++".
+    image_encoder: str = "regions"  # "regions" (detector features, as VSE++/SCAN), "pixels" (ViT)
+    text_encoder: str = "gru"  # "gru" (VSE++'s), "bow" (mean of word vectors), "bert" (random init)
     hidden: int = 128  # width inside both encoders
     embed_dim: int = 256  # size of the joint space both projections map to
     layers: int = 2  # depth of both encoders: transformer blocks, or stacked GRU layers
-    margin: float = 0.1  # hinge margin (VSE++: 0.2; 0.1 fitted far better here, docs/tuning_notes.md)
-    # True = hardest negative only (VSE++'s "MH"); False = sum of all hinges. False by default: with
-    # encoders trained from scratch, MH collapses every embedding to one vector on this benchmark
-    # (loss pinned at 2 * batch * margin), even after a sum warm-up (module docstring)
+    margin: float = 0.1  # hinge margin (VSE++: 0.2)
+    # True = hardest negative only (VSE++'s "MH"); False = sum of all hinges (module docstring)
     max_violation: bool = False
     batch_size: int = 256  # (image, caption) pairs per batch; the in-batch negatives (VSE++: 128)
-    lr: float = 1e-3  # peak AdamW learning rate (VSE++'s Adam: 2e-4, for fine-tuning a pretrained CNN)
-    # ~25 epochs of the 10k-scene train split (50k pairs): val still rises at 4,000 (docs/tuning_notes.md,
-    # "5,000 steps"); curve: notebook 01
-    max_steps: int = 5000
+    lr: float = 1e-3  # peak AdamW learning rate (VSE++'s Adam: 2e-4, fine-tuning a pretrained CNN)
+    max_steps: int = 5000  # ~25 epochs of the 10k-scene train split (50k pairs); curve: notebook 01
     warmup_fraction: float = 0.05  # share of steps warming up; then linear decay to 0
     grad_clip: float = 2.0  # max gradient norm (VSE++)
     sum_warmup_steps: int = 0  # with max_violation: sum all hinges for these first steps (VSE-inf)
     seed: int = 0  # model initialisation and data order
 
-    SMOKE: ClassVar[dict] = {"max_steps": 40, "batch_size": 64}  # smoke(): tiny training, same code path
+    SMOKE: ClassVar[dict] = {"max_steps": 40, "batch_size": 64}  # smoke(): tiny, same code path
     # the real-photo preset (CourseConfig.REAL_PHOTOS), chosen on Flickr8k's val
     REAL_PHOTOS: ClassVar[dict] = {"max_steps": 150, "batch_size": 128}
 
@@ -102,15 +91,18 @@ class DualEncoder(nn.Module):
         c = config
         if c.image_encoder == "regions":
             if region_dim is None:
-                raise ValueError("image_encoder='regions' needs region_dim (split.regions.shape[-1])")
+                raise ValueError("image_encoder='regions' needs region_dim "
+                                 "(split.regions.shape[-1])")
             image = dict(region_dim=region_dim, hidden=c.hidden, layers=c.layers)
         elif c.image_encoder == "pixels":  # the course's tiny ViT, sized like the region encoder
-            image = dict(embed_dim=c.hidden, depth=c.layers, **({"img_size": image_size} if image_size else {}))
+            size = {"img_size": image_size} if image_size else {}
+            image = dict(embed_dim=c.hidden, depth=c.layers, **size)
         else:
             image = {}  # build_image_encoder lists the valid kinds
         self.image_encoder = build_image_encoder(c.image_encoder, **image)
         text = {"gru": dict(embed_dim=c.hidden, hidden=c.hidden, layers=c.layers),
-                "bert": dict(hidden=c.hidden, layers=c.layers)}.get(c.text_encoder, dict(hidden=c.hidden))
+                "bert": dict(hidden=c.hidden, layers=c.layers)}.get(c.text_encoder,
+                                                                    dict(hidden=c.hidden))
         self.text_encoder = build_text_encoder(c.text_encoder, vocab_size, special=special, **text)
         self.image_proj = nn.Linear(self.image_encoder.out_dim, c.embed_dim)
         self.text_proj = nn.Linear(self.text_encoder.out_dim, c.embed_dim)
@@ -124,25 +116,21 @@ class DualEncoder(nn.Module):
         return l2_normalize(self.text_proj(pooled))  # (B, E)
 
     def forward(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        """(image features (B, E), text features (B, E)); losses.batch_scores makes the (B, B) scores.
+        """(image features (B, E), text features (B, E)); losses.batch_scores makes (B, B) scores.
 
-        A PairCollate batch holds one image per caption, so two captions of the same image can land
-        in one batch and then count as each other's negatives. VSE++ ignores this, and so do we,
-        though it is not rare: with 10k training images (50k captions) 48% of batches of 128 hold
-        such a pair (notebook 03 computes it), about 0.65 false negatives per batch."""
+        Two captions of one image can land in one PairCollate batch and count as each other's
+        negatives. VSE++ ignores this, and so do we, though it is not rare: with 10k training
+        images 48% of batches of 128 hold such a pair, 0.65 a batch (notebook 03 computes it)."""
         return self.encode_images(batch), self.encode_texts(batch)
 
 
 def vsepp_loss(margin: float = 0.2, max_violation: bool = True, sum_warmup_steps: int = 0):
-    """A `loss_fn(model, batch, step)` for course_lib.core.train.Trainer: VSE++'s hinge on the batch's
-    scores, batch_scores(*model(batch)).
-
-    sum_warmup_steps > 0 (with max_violation) sums every hinge for the first steps, then keeps only
-    the hardest negatives, as VSE-infinity's `vse_mean_warmup_epochs`: from random weights all
-    embeddings start close together, and the max-violation loss alone can collapse them (module
-    docstring). step is the Trainer's count of optimizer steps, so a resumed run switches at the
-    same step.
-    """
+    """A `loss_fn(model, batch, step)` for core.train.Trainer: VSE++'s hinge on the batch's
+    scores, batch_scores(*model(batch)). sum_warmup_steps > 0 (with max_violation) sums every hinge
+    for the first steps, then keeps only the hardest negatives, as VSE-infinity's
+    `vse_mean_warmup_epochs`: from random weights the max-violation loss alone can collapse the
+    embeddings (module docstring). step is the Trainer's count of optimizer steps, so a resumed run
+    switches at the same step."""
     def loss_fn(model: nn.Module, batch: dict, step: int = 0) -> torch.Tensor:
         hardest = max_violation and not (sum_warmup_steps and step < sum_warmup_steps)
         return hinge_triplet_loss(batch_scores(*model(batch)), margin=margin, max_violation=hardest)
@@ -160,13 +148,12 @@ def build_dual_encoder(config: VsePPConfig, train_split, tokenizer) -> DualEncod
 
 def train_dual_encoder(bench: dict, tokenizer, config: VsePPConfig | None = None, *,
                        checkpoint_path=None, evaluate_on=None, eval_every: int | None = None,
-                       progress: bool = True, device: str | None = None) -> tuple[DualEncoder, History]:
-    """Train a DualEncoder on bench["train"] with the VSE++ loss; returns (model, history).
-
-    checkpoint_path: where the Trainer saves; a finished checkpoint there is loaded instead of
-        training (delete it to retrain). evaluate_on: a split (e.g. bench["val"]) whose
-        retrieval_metrics (R@1/5/10 both ways, ar) are logged every eval_every steps and at the end.
-    """
+                       progress: bool = True,
+                       device: str | None = None) -> tuple[DualEncoder, History]:
+    """Train a DualEncoder on bench["train"] with the VSE++ loss -> (model, history).
+    checkpoint_path: a finished checkpoint there is loaded instead (delete it to retrain).
+    evaluate_on: a split (e.g. bench["val"]) whose retrieval_metrics (R@1/5/10 both ways, ar) are
+    logged every eval_every steps and at the end."""
     config = config or VsePPConfig()
     seed_everything(config.seed)  # the model's initial weights; the Trainer seeds the rest
     model = build_dual_encoder(config, bench["train"], tokenizer)
@@ -198,7 +185,8 @@ class VsePPMethod(DualEncoderMethod):
 
     def train(self, bench: dict, tokenizer, checkpoint_path, cache_dir):
         return train_dual_encoder(bench, tokenizer, self.config, checkpoint_path=checkpoint_path,
-                                  progress=self.progress, **self.learning_curve(bench, self.config.max_steps))
+                                  progress=self.progress,
+                                  **self.learning_curve(bench, self.config.max_steps))
 
 
 @register_method("vsepp", order=1.0)

@@ -2,20 +2,19 @@
 image of the batch, scored pair by pair, trained to rank its own image first (and every image its
 own caption first).
 
-Binary ITM (`method.itm_loss`) asks one logit per pair to cross a threshold; what
-retrieval needs is that a caption's own image outscores the others. The listwise loss trains that
-directly: for B captions and the U <= B distinct images they describe, the cross-encoder scores
-all U * B pairs (the "grid"), and `losses.listwise_loss` takes a softmax cross-entropy per caption
-over the U images and per image over the B captions (captions of the same image are not each
-other's negatives). One grid gives every caption U - 1 negative images and every image about
-B - 1 negative captions, so the same U * B forward passes serve both directions: B = 16 scores
-256 pairs a step, with 15 negatives a side, where binary ITM with one negative a side scores 192
-pairs for 64 positives. How it compares with binary ITM and the ITC-picked grid (`itc_itm_loss`):
-docs/tuning_notes.md, "Cross-encoder".
+Binary ITM (`method.itm_loss`) asks one logit per pair to cross a threshold; retrieval needs a
+caption's own image to outscore the others. The listwise loss trains that directly: for B
+captions and the U <= B distinct images they describe, the cross-encoder scores all U * B pairs
+(the "grid"), and `losses.listwise_loss` takes a softmax cross-entropy per caption over the U
+images and per image over the B captions (captions of one image are not each other's negatives).
+One grid gives every caption U - 1 negative images and every image about B - 1 negative
+captions, so the same U * B forward passes serve both directions: B = 16 scores 256 pairs a step,
+15 negatives a side, where binary ITM with one negative a side scores 192 pairs for 64 positives.
+Against binary ITM and the ITC-picked grid (`itc_itm_loss`): docs/tuning_notes.md, "Cross-encoder".
 
     collate = GridCollate(bench["train"], tokenizer, max_length=40)
-    batch = collate([{"index": t} for t in caption_rows])     # B captions, their U images
-    out = listwise_itm_loss(model, batch)                     # scores the U * B grid: {"loss", "accuracy"}
+    batch = collate([{"index": t} for t in caption_rows])  # B captions, their U images
+    out = listwise_itm_loss(model, batch)  # scores the U * B grid: {"loss", "accuracy"}
 """
 
 from __future__ import annotations
@@ -95,7 +94,8 @@ def itc_hard_grid(similarity: torch.Tensor, text_image: torch.Tensor, size: int,
         chosen.append(torch.tensor([anchor]))
         count += 1 + k
         if k > 0:
-            weights = torch.softmax(similarity[:, anchor].float().masked_fill(taken, float("-inf")), 0)
+            logits = similarity[:, anchor].float().masked_fill(taken, float("-inf"))  # (U,)
+            weights = torch.softmax(logits, 0)
             picked = torch.multinomial(weights, k)  # (k,) images, without replacement
             taken[picked] = True
             chosen.append(caption_of[picked])

@@ -1,53 +1,44 @@
-"""Training the cross-encoder (course_lib.methods.cross_encoder.model) with image-text matching (ITM) and hard
-negatives, as ALBEF / BLIP.
+"""Training the cross-encoder (model.py) with image-text matching (ITM) and hard negatives, as
+ALBEF / BLIP. Two ITM losses (CrossEncoderConfig.loss):
 
-Two ITM losses (CrossEncoderConfig.loss):
-- "listwise" (`course_lib.methods.cross_encoder.itm`): B captions against every distinct image of the batch, a softmax
-  cross-entropy per caption over the images and per image over the captions (a ranking loss);
-  with itc_weight > 0, ALBEF's image-text contrastive loss on the unimodal features picks which
-  captions of a larger batch form the grid (clusters of look-alike scenes: hard negatives).
+- "listwise" (itm.py): a softmax cross-entropy per caption over the batch's images and per image
+  over its captions (a ranking loss); with itc_weight > 0, ALBEF's image-text contrastive loss
+  picks the grid from clusters of look-alike scenes (hard negatives).
 - "binary" (below): one logit per pair thresholded by binary cross-entropy, with random or mined
   negatives.
 
-Which loss and which towers, and what each gave: docs/tuning_notes.md, "Cross-encoder". The default
-(CrossEncoderConfig.towers) reads SCAN's frozen towers, which a cross-encoder trained from scratch
-on one matching bit per pair does not come near.
+Which loss and towers, and what each gave: docs/tuning_notes.md, "Cross-encoder".
 
-Binary ITM: every positive (image, caption) pair of a batch brings negatives (ALBEF's scheme): a
-negative caption for its image and a negative image for its caption, each labelled 0 (positives 1). A
-negative is "hard" with probability hard_negative_fraction, drawn from the top-k non-matches of a
-dual encoder's similarity on the train split (`mining.mine_negatives`), else uniformly random.
-`dual_encoder_miner(VsePPMethod())` is the miner `CrossEncoderMethod` takes: it trains (or loads)
-VSE++ and hands over its two embedding matrices (`DualEmbeddings`), which `mine_negatives` reads a
-chunk at a time, so the 2 GB train-split matrix is never formed. Hard negatives teach what random
-ones cannot: two scenes that share most objects differ in the one attribute or relation the
-caption names, and only a negative like that asks the model to look at it.
-
-Two more knobs, both off by default unless CrossEncoderConfig says otherwise:
+Binary ITM: every positive (image, caption) pair of a batch brings a negative caption for its
+image and a negative image for its caption, each labelled 0 (ALBEF's scheme). A negative is
+"hard" with probability hard_negative_fraction, mined from a dual encoder (mining.py: what hard
+negatives teach, and VSE++'s mined without forming its 2 GB matrix), else uniformly random. Two
+more knobs of CrossEncoderConfig:
 - hard_negative_after: a first share of the steps with random negatives only. A model from
-  scratch first has to learn that words and regions should agree at all; random negatives teach
-  that sooner than mined ones from the start (docs/tuning_notes.md, "Cross-encoder").
+  scratch must first learn that words and regions should agree at all: random negatives teach
+  that sooner than mined ones.
 - online_candidates: draw c negatives per slot and train on the one the current model scores
   highest (`keep_hardest`), the model's own hard-negative mining, at the price of scoring c times
   as many negative pairs (without gradient).
 
 Our captions name two objects of a scene of four or five, so a mined "negative" is often true of
 its pair: on the default train split 10% of a VSE++ top-16 (vs 0.5% of random pairs) satisfy the
-caption (course_lib.data.captions.satisfies). They are labelled negative all the same, as in
-ALBEF; it is one reason why hard negatives help less here than in the papers.
+caption (data.captions.satisfies). They are labelled negative all the same, as in ALBEF: one
+reason why hard negatives help less here than in the papers.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
-from typing import Callable
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from course_lib.core.checkpoints import finished_checkpoint
+from course_lib.core.checkpoints import finished_checkpoint, inference
 from course_lib.core.history import History
+from course_lib.core.split_cache import SplitCache
 from course_lib.core.train import Trainer
 from course_lib.core.train_config import train_config
 from course_lib.data.datasets import (
@@ -59,26 +50,28 @@ from course_lib.data.datasets import (
     text_fields,
 )
 from course_lib.methods.base import Method, PairwiseMethod
-from course_lib.methods.encoding import retrieval_evaluator
-from course_lib.methods.cross_encoder.itm import (
-    GridCollate,
-    itc_itm_loss,
-    listwise_itm_loss,
+from course_lib.methods.cross_encoder.itm import GridCollate, itc_itm_loss, listwise_itm_loss
+from course_lib.methods.cross_encoder.mining import (
+    MinedNegatives,
+    dual_encoder_miner,
+    mine_negatives,
 )
 from course_lib.methods.cross_encoder.model import (
+    BLOCK_PAIRS,
     CrossEncoder,
     CrossEncoderConfig,
+    Embedded,
+    score_embedded,
     score_index_pairs,
     score_matrix,
-    score_pairs,
 )
+from course_lib.methods.encoding import retrieval_evaluator
 from course_lib.methods.registry import register_method
-from course_lib.methods.cross_encoder.mining import MinedNegatives, dual_encoder_miner, mine_negatives
 from course_lib.methods.scan.method import SCANMethod
 from course_lib.methods.scan.model import SCANConfig
 
-# the learning curve's galleries: val[:100] and train[:100] with their 500 captions each. Every pair costs
-# a forward pass, so 50k pairs a split, where the dual encoders' 1,000 images would be 5M
+# the learning curve's galleries: val[:100] and train[:100], 500 captions each. Every pair costs a
+# forward pass: 50k pairs a split, where the dual encoders' 1,000 images would be 5M
 CURVE_IMAGES = 100
 
 
@@ -90,12 +83,8 @@ class ITMCollate:
     images. Output: {"images": regions/boxes/region_mask (P, ...), "texts": input_ids,
     attention_mask (P, T), "labels": (P,) float, 1 = match, "img_index", "txt_index": (P,) the
     split's rows of each pair}. Sampling uses torch's global RNG, which the Trainer checkpoints,
-    so an interrupted run resumes with the same negatives.
-
-    A negative caption (random or hard) may still be true of the image, since our captions name
-    two objects of a scene of four or five. ALBEF ignores this, and so do we: about 0.5% of random
-    (caption, other image) pairs are true on the default train split; mined ones, chosen for
-    being similar, will be true more often.
+    so an interrupted run resumes with the same negatives. A negative may still be true of its
+    pair (the module docstring); as ALBEF, we ignore it.
     """
 
     def __init__(self, split, tokenizer, max_length: int, negatives_per_positive: int = 1,
@@ -156,12 +145,12 @@ class ITMCollate:
 
 
 def keep_hardest(model: CrossEncoder, batch: dict) -> dict:
-    """An ITMCollate batch drawn with `candidates` = c > 1 -> the batch of c = 1 whose every negative
-    is the highest-scoring (by the model as it is now, no gradient) of its c candidates.
+    """An ITMCollate batch drawn with `candidates` = c > 1 -> the batch of c = 1 whose every
+    negative is the highest-scoring (by the model as it is now, no gradient) of its c candidates.
 
     Candidates of one slot sit nB apart (ITMCollate repeats the B positives c * n times), so each
     side's (c * nB,) block reshapes to (c, nB). The scoring pass costs about a third of a training
-    pass per pair; it is the online hard-negative step that ALBEF does with in-batch similarities.
+    pass per pair: the online hard-negative step ALBEF does with in-batch similarities.
     """
     c = int(batch.get("candidates", 1))
     if c == 1:
@@ -180,13 +169,14 @@ def keep_hardest(model: CrossEncoder, batch: dict) -> dict:
         best = block.argmax(0) * nB + torch.arange(nB, device=labels.device)  # (nB,) in the block
         keep.append(B + side * cnB + best)
     keep = torch.cat(keep)  # (B + 2 * nB,)
-    pick = lambda fields: {k: v[keep] for k, v in fields.items()}  # noqa: E731
-    return {"images": pick(batch["images"]), "texts": pick(batch["texts"]), "labels": labels[keep],
+    images, texts = ({k: v[keep] for k, v in batch[side].items()} for side in ("images", "texts"))
+    return {"images": images, "texts": texts, "labels": labels[keep],
             "img_index": batch["img_index"][keep], "txt_index": batch["txt_index"][keep],
             "candidates": 1}
 
 
-def itm_loss(model: CrossEncoder, batch: dict, step: int = 0, balance_classes: bool = True) -> dict:
+def itm_loss(model: CrossEncoder, batch: dict, step: int = 0,
+             balance_classes: bool = True) -> dict:
     """Binary cross-entropy of the matching logits, and the pair accuracy at threshold 0.
     balance_classes: weigh positives by (#negatives / #positives), so both classes count alike."""
     batch = keep_hardest(model, batch)  # a no-op unless negatives were drawn with candidates > 1
@@ -201,8 +191,8 @@ def itm_loss(model: CrossEncoder, batch: dict, step: int = 0, balance_classes: b
 def build_cross_encoder(config: CrossEncoderConfig, split, tokenizer, towers=None) -> CrossEncoder:
     """A fresh CrossEncoder sized for the split's region features and the tokenizer's vocabulary.
     towers: the trained SCAN model config.towers="scan" reads; the cross-encoder keeps a copy."""
-    return CrossEncoder(split.regions.shape[-1], len(tokenizer), config, pad_token_id=tokenizer.pad_token_id,
-                        towers=towers)
+    return CrossEncoder(split.regions.shape[-1], len(tokenizer), config,
+                        pad_token_id=tokenizer.pad_token_id, towers=towers)
 
 
 def train_cross_encoder(bench, tokenizer, config: CrossEncoderConfig | None = None, *, towers=None,
@@ -235,8 +225,10 @@ def train_cross_encoder(bench, tokenizer, config: CrossEncoderConfig | None = No
         raise ValueError(f"loss={cfg.loss!r}: 'listwise' or 'binary'")
     train = train_config(cfg, log_every=max(1, cfg.max_steps // 100), progress=progress,
                          device=device, checkpoint_path=checkpoint_path, eval_every=eval_every)
-    evaluate = retrieval_evaluator(evaluate_on, lambda m, one: score_matrix(m, one, tokenizer, progress=False))
-    trainer = Trainer(model, loss_fn, CaptionDataset(split), train, collate_fn=collate, evaluate=evaluate)
+    evaluate = retrieval_evaluator(
+        evaluate_on, lambda m, one: score_matrix(m, one, tokenizer, progress=False))
+    trainer = Trainer(model, loss_fn, CaptionDataset(split), train, collate_fn=collate,
+                      evaluate=evaluate)
     history = trainer.fit()
     return model.eval(), history
 
@@ -248,12 +240,11 @@ class CrossEncoderMethod(PairwiseMethod):
 
     towers: the SCANMethod whose trained encoders config.towers="scan" reads (fitted when the
     cross-encoder must train); None = a SCANMethod of SCANConfig.for_course(seed=config.seed). The
-    benchmark passes its own "scan", so SCAN trains once.
-    miner: optional `(bench, tokenizer, cache_dir) -> train similarity` for hard negatives, e.g.
-    `dual_encoder_miner(VsePPMethod())`, which trains (or loads from
-    cache_dir) VSE++ and returns its train-split embeddings; it is called only when a model must
-    be trained, and only when config.loss == "binary" and config.hard_negative_fraction > 0.
-    Without one, every negative is random (or the batch's own, with the listwise loss).
+    benchmark passes its own "scan", so SCAN trains once. miner: optional `(bench, tokenizer,
+    cache_dir) -> train similarity` for hard negatives, e.g. `dual_encoder_miner(VsePPMethod())`
+    (VSE++ trained or loaded from cache_dir, its train-split embeddings), called only when a model
+    must train with config.loss == "binary" and config.hard_negative_fraction > 0. Without one,
+    every negative is random (or the batch's own, with the listwise loss).
     """
 
     checkpoint_prefix = "cross_encoder"
@@ -264,11 +255,12 @@ class CrossEncoderMethod(PairwiseMethod):
     timed_sizes = ((1_000, 2_500, 5_000), (25, 50, 100))
 
     def __init__(self, config: CrossEncoderConfig | None = None, name: str = "cross_encoder",
-                 miner: Callable | None = None, progress: bool = True, towers: Method | None = None):
+                 miner: Callable | None = None, progress: bool = True,
+                 towers: Method | None = None):
         super().__init__(config, name, progress)
         cfg = self.config
-        # only the binary loss with hard negatives draws from a miner: otherwise nothing (the model, its file,
-        # the models a --retrain trains before it) depends on one, so it is not kept
+        # only the binary loss with hard negatives draws from a miner: otherwise nothing (the model,
+        # its file, the models a --retrain trains before it) depends on one, so it is not kept
         self.miner = miner if cfg.loss == "binary" and cfg.hard_negative_fraction > 0 else None
         if cfg.towers == "scan" and towers is None:
             towers = SCANMethod(SCANConfig.for_course(seed=cfg.seed), progress=progress)
@@ -277,8 +269,8 @@ class CrossEncoderMethod(PairwiseMethod):
                      else "in-batch negatives (listwise)" if cfg.loss == "listwise"
                      else "random negatives")
         inputs = ", over SCAN's frozen word and region encoders" if self.towers is not None else ""
-        self.notes = (f"single-stream cross-encoder ({cfg.layers} layers, d={cfg.hidden}{inputs}), ITM with "
-                      f"{negatives}; scores every pair, so cost grows with the gallery")
+        self.notes = (f"single-stream cross-encoder ({cfg.layers} layers, d={cfg.hidden}{inputs}), "
+                      f"ITM with {negatives}; scores every pair, so cost grows with the gallery")
 
     def _mines(self) -> bool:
         """Mined negatives are drawn by the binary ITM loss only."""
@@ -286,14 +278,15 @@ class CrossEncoderMethod(PairwiseMethod):
         return self.miner is not None and cfg.loss == "binary" and cfg.hard_negative_fraction > 0
 
     def checkpoint_extra(self, bench, tokenizer) -> tuple:
-        """The SCAN checkpoint its towers come from; the miner, and the checkpoint of the dual encoder
-        it mines with, when it mines: a model trained without mined negatives does not depend on the
-        miner, so its name does not either."""
+        """The SCAN checkpoint its towers come from; the miner, and the checkpoint of the dual
+        encoder it mines with, when it mines: a model trained without mined negatives does not
+        depend on the miner, so its name does not either."""
         towers = (self.towers.checkpoint_file(bench, tokenizer),) if self.towers is not None else ()
         if not self._mines():
             return towers
         source = getattr(self.miner, "method", None)
-        mined_by = (source.checkpoint_file(bench, tokenizer),) if hasattr(source, "checkpoint_file") else ()
+        mined_by = ((source.checkpoint_file(bench, tokenizer),)
+                    if hasattr(source, "checkpoint_file") else ())
         return (*towers, getattr(self.miner, "__qualname__", None), *mined_by)
 
     def build_model(self, bench, tokenizer) -> CrossEncoder:
@@ -306,36 +299,54 @@ class CrossEncoderMethod(PairwiseMethod):
         if self._mines() and not finished:
             sims = self.miner(bench, tokenizer, cache_dir)  # only needed to train (or resume)
         if self.towers is not None:  # trained SCAN to start from
-            towers = self.trained_model_of(self.towers, bench, tokenizer, cache_dir, needed=not finished)
-        return train_cross_encoder(bench, tokenizer, self.config, towers=towers, negatives_similarity=sims,
-                                   checkpoint_path=checkpoint_path, progress=self.progress,
-                                   **self.learning_curve(bench, self.config.max_steps, n_images=CURVE_IMAGES))
+            towers = self.trained_model_of(self.towers, bench, tokenizer, cache_dir,
+                                           needed=not finished)
+        curve = self.learning_curve(bench, self.config.max_steps, n_images=CURVE_IMAGES)
+        return train_cross_encoder(bench, tokenizer, self.config, towers=towers,
+                                   negatives_similarity=sims, checkpoint_path=checkpoint_path,
+                                   progress=self.progress, **curve)
+
+    def embedded(self, split) -> Embedded:
+        """The split through the fitted model's one-sided embeddings, kept per split and model
+        (SplitCache): what every pair of the split shares, computed once."""
+        if getattr(self, "_embedded", None) is None:
+            self._embedded = SplitCache()
+        return self._embedded.get(split, self.model,
+                                  lambda: Embedded(self._fitted(), split, self.tokenizer))
 
     def score_block(self, split, image_indices, text_indices) -> torch.Tensor:
-        """(n, m) logits of the chosen images against the chosen captions: n * m forward passes."""
+        """(n, m) logits of the chosen images against the chosen captions: n * m fused pairs."""
         return score_matrix(self._fitted(), split, self.tokenizer, image_indices, text_indices,
-                            progress=False)
+                            progress=False, embedded=self.embedded(split))
 
     def score_pairs(self, split, image_indices, text_indices) -> torch.Tensor:
         """(P,) logits of the pairs (image_indices[p], text_indices[p]): the re-ranker API."""
-        return score_index_pairs(self._fitted(), split, self.tokenizer, image_indices, text_indices)
+        return score_index_pairs(self._fitted(), split, self.tokenizer, image_indices, text_indices,
+                                 embedded=self.embedded(split))
 
     def similarity(self, split) -> torch.Tensor:
-        """(n_images, n_texts) logits of every pair: O(n_images * n_texts) forward passes."""
-        return score_matrix(self._fitted(), split, self.tokenizer, progress=self.progress)
+        """(n_images, n_texts) logits of every pair: O(n_images * n_texts) fused pairs."""
+        return score_matrix(self._fitted(), split, self.tokenizer, progress=self.progress,
+                            embedded=self.embedded(split))
 
     def query_fn(self, split, caption_index: int = 0, top_k: int = 10):
-        """A zero-argument callable answering one text query: score it with every gallery image."""
+        """A zero-argument callable answering one text query: the caption is embedded, then fused
+        with every gallery image, whose embeddings are ready offline (`embedded`)."""
         model = self._fitted()
-        gallery = image_fields(split)  # the regions are ready offline; the pairs are not
+        gallery = self.embedded(split).images(slice(None))  # offline: (N, R, H), (N, R)
         caption = split.captions[caption_index]
-        cut = self.config.max_text_length
+        n = split.n_images
+
+        def rows(start, stop):
+            return torch.arange(start, stop), torch.zeros(stop - start, dtype=torch.long)
 
         def answer() -> np.ndarray:
-            text = text_fields([caption], self.tokenizer, cut)  # (1, T)
-            n = split.n_images
-            texts = {k: v.expand(n, -1) for k, v in text.items()}  # (n, T) views
-            scores = score_pairs(model, gallery, texts)  # (n,)
+            with inference(model) as device:
+                text = text_fields([caption], self.tokenizer, self.config.max_text_length)  # (1, T)
+                text_on_device = {k: v.to(device) for k, v in text.items()}
+                tokens = model.embed_text(text_on_device).cpu()  # (1, T, H)
+            scores = score_embedded(model, gallery, (tokens, text["attention_mask"]), n, rows,
+                                    batch_size=BLOCK_PAIRS)  # (n,)
             return torch.topk(scores, min(top_k, n)).indices.numpy()
 
         return answer
@@ -343,5 +354,6 @@ class CrossEncoderMethod(PairwiseMethod):
 
 @register_method("cross_encoder", order=2.5)
 def _cross_encoder(build) -> CrossEncoderMethod:
-    return CrossEncoderMethod(build.config(CrossEncoderConfig), miner=dual_encoder_miner(build.method("vsepp")),
+    return CrossEncoderMethod(build.config(CrossEncoderConfig),
+                              miner=dual_encoder_miner(build.method("vsepp")),
                               towers=build.method("scan"))

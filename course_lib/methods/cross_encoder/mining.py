@@ -1,21 +1,17 @@
-"""Hard negatives for the cross-encoder's binary ITM, mined from a dual encoder (ALBEF's scheme).
-
-A negative is "hard" when it is among the top-k non-matches of a dual encoder's similarity on the
-train split (`mine_negatives`). `dual_encoder_miner(VsePPMethod())` is the miner `CrossEncoderMethod`
-takes: it trains (or loads) VSE++ and hands over its two embedding matrices (`DualEmbeddings`), which
-`mine_negatives` reads a chunk of rows at a time, so the 2 GB train-split matrix is never formed.
-Hard negatives teach what random ones cannot: two scenes that share most objects differ in the one
-attribute or relation the caption names, and only a negative like that asks the model to look at it.
+"""Hard negatives for the cross-encoder's binary ITM, mined from a dual encoder (ALBEF's scheme):
+the top-k non-matches of its train-split similarity (`mine_negatives`; VSE++'s read in chunks
+from its two embedding matrices, `dual_encoder_miner`). Hard negatives teach what random ones
+cannot: two scenes that share most objects differ in the one attribute or relation the caption
+names, and only such a negative makes the model look at it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import torch
-
 
 _ROWS_PER_CHUNK = 1024  # rows of the similarity matrix masked at once while mining
 
@@ -65,8 +61,7 @@ def mine_negatives(similarity, txt2img, k: int = 16) -> MinedNegatives:
 
     A text's own image and an image's own captions are never candidates. The lists are sampled
     afresh at every step (`ITMCollate`), so a caption meets several of its hard negatives, not one
-    fixed one. As in ALBEF, a mined "non-match" may still be true of the pair (our captions
-    describe only part of a scene); it is labelled negative all the same.
+    fixed one; one may still be true of its pair (method.py's docstring).
     """
     if isinstance(similarity, DualEmbeddings):
         return mine_negatives_from_embeddings(similarity.image_emb, similarity.text_emb, txt2img, k)
@@ -93,8 +88,8 @@ def _mine(text_rows, image_rows, shape, txt2img, k: int) -> MinedNegatives:
         raise ValueError(f"txt2img has {len(txt2img)} captions but the similarity {n_texts}")
     own_count = int(torch.bincount(txt2img, minlength=n_images).max())
     if not 1 <= k <= min(n_images - 1, n_texts - own_count):
-        raise ValueError(f"k={k} must be in [1, {min(n_images - 1, n_texts - own_count)}]: there are "
-                         f"only {n_images} images and {n_texts} captions")
+        raise ValueError(f"k={k} must be in [1, {min(n_images - 1, n_texts - own_count)}]: there "
+                         f"are only {n_images} images and {n_texts} captions")
     image_ids = torch.arange(n_images)
     images_for_text = _top_k_excluding(  # rows = texts; a text's own image is masked
         text_rows, n_texts, lambda a, b: image_ids[None, :] == txt2img[a:b, None], k)
@@ -111,8 +106,8 @@ def dual_encoder_miner(dual_method) -> Callable:
     (`DualEmbeddings`, same ranking, 15 MB instead of the 2 GB matrix); any other method its
     `similarity(bench["train"])`.
     """
-    from course_lib.methods.vsepp import DualEncoder
     from course_lib.methods.encoding import encode_split
+    from course_lib.methods.vsepp import DualEncoder
 
     def miner(bench, tokenizer, cache_dir=None):
         dual_method.fit(bench, tokenizer, cache_dir)
@@ -128,8 +123,3 @@ def dual_encoder_miner(dual_method) -> Callable:
                           f"{getattr(dual_method, 'config', None)!r})")
     miner.method = dual_method
     return miner
-
-
-# ----------------------------------------------------------------------------- the method
-
-

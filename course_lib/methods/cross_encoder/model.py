@@ -1,8 +1,8 @@
 """The single-stream cross-encoder (UNITER-style): one transformer reads a caption and an image
-together and outputs one matching score (U-BERT §3, eq. 2-5). It is the accurate but slow
-"re-ranker" of the course: LightningDOT, U-BERT and Fast & Slow re-score their top candidates
-with it (`rerank_scores`), and `score_matrix` scores every pair, which costs O(n_images * n_texts)
-forward passes instead of a dual encoder's O(n_images + n_texts).
+together and outputs one matching score (U-BERT §3, eq. 2-5). The course's accurate but slow
+re-ranker: LightningDOT, U-BERT and Fast & Slow re-score their top candidates with it
+(`rerank_scores`); `score_matrix` scores every pair, O(n_images * n_texts) forward passes against
+a dual encoder's O(n_images + n_texts).
 
     text  [CLS] w1 .. wT [SEP]  ->  word + position + type(0) embeddings, LayerNorm
                                     + LN(Linear(SCAN's encoding of each word))       (towers="scan")
@@ -13,31 +13,31 @@ forward passes instead of a dual encoder's O(n_images + n_texts).
     [CLS] output                ->  Linear  ->  one matching logit per pair
 
 Towers. UNITER does not learn its inputs from nothing: BERT's word embeddings and a Faster R-CNN
-trained on Visual Genome come with it, and ALBEF (REFERENCE_NOTES) fuses the outputs of two unimodal
-encoders pre-trained for alignment. Ours from scratch had to discover which word goes with which region
-from one matching bit per pair, and most trainings stalled far short of the best (docs/tuning_notes.md,
-"Four trainings of the default config"). So by default (`towers="scan"`) every word and region token also
-carries what the course's trained SCAN encoders (lesson 02: a bi-GRU over the words, a Linear over each
-region and its box) make of it, aligned word to region by SCAN's training; the towers stay frozen, as in
-LiT ("locked" image towers), because fine-tuning them with the fusion layers' learning rate undid SCAN's
-alignment in our runs. Which towers to start from is our choice: the papers' own are BERT and a detector.
+trained on Visual Genome come with it, and ALBEF (REFERENCE_NOTES) fuses two unimodal encoders
+pre-trained for alignment. Ours from scratch must find which word goes with which region from one
+matching bit per pair, and mostly stalled (docs/tuning_notes.md, "Four trainings of the default
+config"). So by default (`towers="scan"`) every word and region token also carries what the
+course's trained SCAN encoders (lesson 02: a bi-GRU over the words, a Linear over each region and
+its box) make of it, aligned word to region by SCAN's training. The towers stay frozen, as in LiT
+("locked" image towers): fine-tuning them at the fusion layers' rate undid SCAN's alignment. The
+papers' own towers are BERT and a detector; which to start from is our choice.
 
-The blocks are the course's shared ones (`course_lib.core.blocks`, the same computation as torch's
-`nn.TransformerEncoderLayer(norm_first=True)`). The logit is the ranking score. By default it is
-trained listwise (`course_lib.methods.cross_encoder.itm`: per caption a softmax over the batch's images, per image over
-its captions); binary cross-entropy ITM (UNITER's 2-way softmax with its redundant output dropped:
-softmax over two logits = sigmoid of their difference) remains as loss="binary", the loss that
-takes mined hard negatives. `unimodal` gives ALBEF-style features before fusion for the optional
-contrastive (ITC) loss. Training, and `CrossEncoderMethod` (the benchmark's method), live in
-`course_lib.methods.cross_encoder.method`.
+The blocks are the course's shared ones (`core.blocks`, the computation of torch's
+`nn.TransformerEncoderLayer(norm_first=True)`). The logit is the ranking score, trained listwise
+by default (`itm`: per caption a softmax over the batch's images, per image over its captions);
+binary cross-entropy ITM (UNITER's 2-way softmax without its redundant output: softmax over two
+logits = sigmoid of their difference) remains as loss="binary", the loss that takes mined hard
+negatives. `unimodal` gives ALBEF-style features before fusion for the optional contrastive (ITC)
+loss. Training and `CrossEncoderMethod` (the benchmark's method) live in method.py.
 """
 
 from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, ClassVar
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -59,50 +59,37 @@ BLOCK_PAIRS = 256
 
 @dataclass
 class CrossEncoderConfig(CourseConfig):
-    # width of every token (text and region) in the transformer; a wider model learned slower in
-    # our runs (docs/tuning_notes.md)
-    hidden: int = 64
+    # Defaults chosen in docs/tuning_notes.md, "Cross-encoder".
+    hidden: int = 64  # width of every token (text and region) in the transformer
     layers: int = 3  # transformer blocks over the joint sequence (U-BERT's L)
     heads: int = 4  # attention heads per block
-    dropout: float = 0.0  # on the embeddings and inside the blocks; 0.1 (BERT's) delayed learning
-    #                       in our runs, and fresh negatives every step leave little to overfit
-    # "scan": every word and region token also carries SCAN's trained encoding of it (frozen towers,
-    # ALBEF-style; the model's docstring); "none": all embeddings learned from scratch, UNITER's layout
-    # without its pre-trained inputs. Measured against each other in docs/tuning_notes.md
+    dropout: float = 0.0  # in embeddings and blocks (BERT: 0.1); fresh negatives barely overfit
+    # "scan": every word and region token also carries SCAN's trained encoding of it (frozen
+    # towers, ALBEF-style; the model's docstring); "none": UNITER's layout, all learned from scratch
     towers: str = "scan"
     # "listwise": every caption of a batch against every image of it, softmax cross-entropy both
-    # ways (course_lib.methods.cross_encoder.itm); "binary": ITM's per-pair BCE with the negatives below. Listwise
-    # matched binary in less CPU time and scored higher on the whole test split (docs/tuning_notes.md)
+    # ways (itm.py); "binary": ITM's per-pair BCE with the negatives below
     loss: str = "listwise"
     # listwise only: weight of ALBEF's contrastive loss (ITC) on the unimodal features, which then
-    # picks the grid (grid_size captions of the batch in grid_clusters look-alike groups). 0 = off:
-    # with weight 1 it scored lower than without ITC in our runs (docs/tuning_notes.md)
+    # picks the grid (grid_size captions of the batch in grid_clusters look-alike groups); 0 = off
     itc_weight: float = 0.0
     grid_size: int = 16  # with ITC: captions in the scored grid (16 x their images = 256 pairs)
     grid_clusters: int = 2  # with ITC: look-alike groups in the grid (2 of 8)
     max_text_length: int = 40  # tokens per caption incl. [CLS] and [SEP]; longer ones are cut
     # the rest are for loss="binary" (mined negatives need it: the listwise grid has no miner)
-    negatives_per_positive: int = 1  # per positive: this many negative captions for its image
-    #                                  and as many negative images for its caption (ALBEF: 1 each)
-    # chance a negative comes from the miner's top-k, else random. 0: negatives mined from VSE++ hurt
-    # on the default benchmark (docs/tuning_notes.md, "Cross-encoder"); set it > 0 with a miner to show
-    # that lesson (cross_encoder_train's docstring)
+    negatives_per_positive: int = 1  # negative captions per image, images per caption (ALBEF: 1)
+    # chance a negative comes from the miner's top-k, else random; > 0 with a miner shows the
+    # lesson of cross_encoder_train's docstring
     hard_negative_fraction: float = 0.0
     hard_negative_k: int = 16  # a hard negative is drawn from the dual encoder's top-k non-matches
-    hard_negative_after: float = 0.0  # share of max_steps with random negatives only, then the
-    #                                   hard fraction (0.2 let mined-negative runs start learning)
-    online_candidates: int = 1  # draw this many negatives per slot and train on the one the model
-    #                             scores highest; 1 = off (more candidates learned less in the
-    #                             same CPU time in our runs: docs/tuning_notes.md)
-    balance_classes: bool = True  # weigh each positive as its 2n negatives in the loss: without
-    #                               it the model first learns "always no" and lingers there
-    # captions per step. listwise: the grid is 16 x 16 = 256 pairs, 15 negatives a side;
-    # binary (use 64): a step scores batch_size * (1 + 2n) pairs
+    hard_negative_after: float = 0.0  # share of max_steps before hard negatives start
+    online_candidates: int = 1  # negatives drawn per slot, trained on the top-scored (1 = off)
+    balance_classes: bool = True  # weigh a positive as its 2n negatives (else: "always no" first)
+    # captions per step. listwise: a 16 x 16 grid = 256 pairs, 15 negatives a side; binary (use
+    # 64): batch_size * (1 + 2n) pairs
     batch_size: int = 16
     lr: float = 2e-3  # peak AdamW learning rate (a small model from scratch tolerates a large one)
-    # optimizer steps: listwise 3000 fits a few CPU minutes; more steps raised R@5 but lowered
-    # R@1 (binary also needs about 3000: fewer learned far less). Runs: docs/tuning_notes.md
-    max_steps: int = 3000
+    max_steps: int = 3000  # optimizer steps (listwise: a few CPU minutes)
     warmup_fraction: float = 0.1  # share of max_steps with a linear warm-up
     grad_clip: float = 2.0  # max global gradient norm
     seed: int = 0  # model initialisation, data order and negative sampling
@@ -118,13 +105,11 @@ class CrossEncoder(JointEmbedding):
 
     images: `regions` (B, R, D), `boxes` (B, R, 7), `region_mask` (B, R) as collate_images makes
     them; texts: `input_ids`, `attention_mask` (B, T) from the word tokenizer ([CLS] w.. [SEP]).
-    Padded words and padded region slots are masked out of attention, so padding changes nothing.
-    Built from the course's shared blocks (`course_lib.core.blocks`): `RegionEmbedding` for the regions,
-    `Transformer` (pre-LN blocks and a final LayerNorm) over the joint sequence.
-    pad_token_id: the tokenizer's padding id (`tokenizer.pad_token_id`), whose embedding is zero.
-    towers: with config.towers="scan", a trained `SCANModel` (its `encode_texts` / `encode_images`);
-    a copy of it is kept, frozen and in eval mode, as the submodule `towers` (its weights are in the
-    state dict).
+    Padded words and region slots are masked out of attention, so padding changes nothing. Built
+    from core.blocks: `RegionEmbedding` for the regions, `Transformer` (pre-LN blocks and a final
+    LayerNorm) over the joint sequence. pad_token_id: the tokenizer's, whose embedding is zero.
+    towers: with config.towers="scan", a trained `SCANModel` (its `encode_texts` / `encode_images`),
+    kept as a frozen copy in eval mode, the submodule `towers` (its weights are in the state dict).
     With config.itc_weight > 0 it also has ALBEF's contrastive heads: `unimodal(images, texts)`.
     """
 
@@ -135,11 +120,13 @@ class CrossEncoder(JointEmbedding):
         super().__init__(region_dim, vocab_size, H, cfg.max_text_length, box_dim, pad_token_id)
         self.config = cfg
         if cfg.towers not in ("scan", "none"):
-            raise ValueError(f"towers={cfg.towers!r}: 'scan' (SCAN's trained encoders) or 'none' (from scratch)")
+            raise ValueError(f"towers={cfg.towers!r}: 'scan' (SCAN's trained encoders) or 'none' "
+                             "(from scratch)")
         if (cfg.towers == "scan") != (towers is not None):
-            raise ValueError("config.towers='scan' needs the trained SCAN model, CrossEncoder(..., towers=scan_model) "
-                             "(CrossEncoderMethod passes its SCAN method's); config.towers='none' takes none")
-        self.towers = copy.deepcopy(towers)  # its own copy: freezing it leaves the caller's SCAN as it was
+            raise ValueError("config.towers='scan' needs the trained SCAN model, CrossEncoder(..., "
+                             "towers=scan_model) (CrossEncoderMethod passes its SCAN method's); "
+                             "config.towers='none' takes none")
+        self.towers = copy.deepcopy(towers)  # freezing its own copy leaves the caller's SCAN as is
         if towers is not None:
             self.towers.requires_grad_(False).eval()  # frozen: SCAN's alignment is what it brings
             E = towers.config.embed_dim
@@ -150,13 +137,14 @@ class CrossEncoder(JointEmbedding):
         self.head = nn.Linear(H, 1)  # s(T, I) = FC([CLS] output), U-BERT eq. 5
         if cfg.itc_weight > 0:  # ALBEF's contrastive heads on the unimodal features (`unimodal`)
             self.itc_image, self.itc_text = nn.Linear(H, H), nn.Linear(H, H)
-            self.itc_log_scale = nn.Parameter(torch.tensor(math.log(1 / 0.07)))  # ALBEF's temperature
+            # ALBEF's temperature, 0.07
+            self.itc_log_scale = nn.Parameter(torch.tensor(math.log(1 / 0.07)))
         self._init_tables()
 
-    def train(self, mode: bool = True) -> "CrossEncoder":
+    def train(self, mode: bool = True) -> CrossEncoder:
         super().train(mode)
         if self.towers is not None:
-            self.towers.eval()  # frozen towers score as they were trained, in training as in evaluation
+            self.towers.eval()  # frozen towers score as they were trained, in training too
         return self
 
     def embed_text(self, texts: dict) -> torch.Tensor:
@@ -176,10 +164,16 @@ class CrossEncoder(JointEmbedding):
         return x + self.region_from_towers(regions.to(x.dtype)) * real.unsqueeze(-1)
 
     def forward(self, images: dict, texts: dict) -> torch.Tensor:
-        text_mask = texts["attention_mask"].bool()  # (B, T)
-        region_mask = images["region_mask"].bool()  # (B, R)
-        x = torch.cat([self.embed_text(texts), self.embed_image(images)], dim=1)  # (B, T + R, H)
-        mask = torch.cat([text_mask, region_mask], dim=1)  # (B, T + R), True = real
+        return self.fuse(self.embed_text(texts), texts["attention_mask"], self.embed_image(images),
+                         images["region_mask"])  # (B,)
+
+    def fuse(self, text: torch.Tensor, text_mask: torch.Tensor, image: torch.Tensor,
+             region_mask: torch.Tensor) -> torch.Tensor:
+        """The cross-modal part: embedded captions (B, T, H) and images (B, R, H) with their masks
+        -> logits (B,). Each embedding reads one side only, so scoring embeds a gallery once
+        (`Embedded`) and runs only this per pair."""
+        x = torch.cat([text, image], dim=1)  # (B, T + R, H)
+        mask = torch.cat([text_mask.bool(), region_mask.bool()], dim=1)  # (B, T + R), True = real
         h = self.transformer(self.dropout(x), mask)  # (B, T + R, H)
         return self.head(h[:, 0]).squeeze(-1)  # (B,)
 
@@ -194,17 +188,61 @@ class CrossEncoder(JointEmbedding):
 
 # ----------------------------------------------------------------------------- scoring
 
-def _trim(texts: dict) -> dict:
-    """Cut the padding columns every row has (right padding): less work, same logits."""
-    length = int(texts["attention_mask"].sum(1).max())
-    return {k: v[:, :length] for k, v in texts.items()}
+def _embed(embed, fields: dict, keys, device, batch_size: int) -> torch.Tensor:
+    """embed (one side's embedding) of every row of fields, block by block: (n, L, H) on the CPU.
+    image_batch takes a block's rows, floats as float32 (float16 regions), token ids as they are."""
+    n, chosen = len(fields[keys[0]]), {k: fields[k] for k in keys}
+    blocks = [embed(move_to_device(image_batch(chosen, slice(start, start + batch_size)), device))
+              .float().cpu() for start in range(0, n, batch_size)]
+    return torch.cat(blocks) if blocks else torch.zeros(0, 0, 0)
 
 
-def _score_indexed(model: CrossEncoder, images: dict, texts: dict, n_pairs: int,
+class Embedded:
+    """A split's images and captions through the model's one-sided embeddings (`embed_image`,
+    `embed_text`), in eval mode: every image once, a caption the first time it is scored. These
+    do not change from pair to pair, so a query pays only for `fuse`.
+
+        images(rows (n,))      -> tokens (n, R, H), region_mask (n, R)
+        captions(indices (m,)) -> tokens (m, T, H), attention_mask (m, T), T = their longest
+    """
+
+    def __init__(self, model: CrossEncoder, split, tokenizer, *, device=None,
+                 batch_size: int = BLOCK_PAIRS):
+        self.model, self.split, self.tokenizer = model, split, tokenizer
+        self.batch_size, fields = batch_size, image_fields(split)
+        with inference(model, device) as device:  # (N, R, H)
+            self.image_tokens = _embed(model.embed_image, fields, IMAGE_KEYS, device, batch_size)
+        self.region_mask = fields["region_mask"]  # (N, R)
+        self.caption_tokens: dict[int, torch.Tensor] = {}  # caption index -> (T_c, H), real tokens
+
+    def images(self, rows) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.image_tokens[rows], self.region_mask[rows]
+
+    def captions(self, indices, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+        wanted = [int(t) for t in indices]
+        new = [t for t in dict.fromkeys(wanted) if t not in self.caption_tokens]
+        if new:
+            texts = text_fields([self.split.captions[t] for t in new], self.tokenizer,
+                                self.model.config.max_text_length)  # (n, T)
+            with inference(self.model, device) as device:  # (n, T, H)
+                tokens = _embed(self.model.embed_text, texts, TEXT_KEYS, device, self.batch_size)
+            lengths = texts["attention_mask"].sum(1).tolist()  # right padding: the real tokens lead
+            self.caption_tokens.update(
+                (t, x[:n]) for t, x, n in zip(new, tokens, lengths, strict=True))
+        chosen = [self.caption_tokens[t] for t in wanted]
+        lengths = torch.tensor([len(x) for x in chosen])  # (m,)
+        tokens = (torch.nn.utils.rnn.pad_sequence(chosen, batch_first=True) if chosen
+                  else torch.zeros(0, 1, 0))
+        return tokens, torch.arange(tokens.shape[1]) < lengths.unsqueeze(1)  # (m, T, H), (m, T)
+
+
+def score_embedded(model: CrossEncoder, images: tuple, texts: tuple, n_pairs: int,
                    pair_rows: Callable[[int, int], tuple[torch.Tensor, torch.Tensor]], *,
                    batch_size: int, device=None, progress: bool = False) -> torch.Tensor:
-    """The one scoring loop: pairs start..stop are (images row, texts row) = pair_rows(start, stop);
-    they are gathered block by block, so memory grows with batch_size, not n_pairs. -> (n_pairs,)"""
+    """The one scoring loop: images = (tokens (N, R, H), region_mask (N, R)) and texts = (tokens
+    (U, T, H), attention_mask (U, T)), embedded; pairs start..stop are (images row, texts row) =
+    pair_rows(start, stop), gathered block by block (memory grows with batch_size, not n_pairs),
+    each block's captions cut to its longest. -> (n_pairs,)"""
     scores = torch.empty(n_pairs)
     bar = tqdm(total=n_pairs, desc="cross-encoder pairs", unit="pair", unit_scale=True,
                disable=not progress)
@@ -212,10 +250,11 @@ def _score_indexed(model: CrossEncoder, images: dict, texts: dict, n_pairs: int,
         for start in range(0, n_pairs, batch_size):
             stop = min(start + batch_size, n_pairs)
             image_rows, text_rows = pair_rows(start, stop)  # (b,), (b,)
-            block_images = image_batch({k: images[k] for k in IMAGE_KEYS}, image_rows)
-            block_texts = _trim({k: texts[k][text_rows] for k in TEXT_KEYS})
-            logits = model(move_to_device(block_images, device), move_to_device(block_texts, device))
-            scores[start:stop] = logits.float().cpu()
+            text_mask = texts[1][text_rows]  # (b, T)
+            length = max(int(text_mask.sum(1).max()), 1)
+            block = (texts[0][text_rows, :length], text_mask[:, :length], images[0][image_rows],
+                     images[1][image_rows])  # (b, t, H), (b, t), (b, R, H), (b, R)
+            scores[start:stop] = model.fuse(*(x.to(device) for x in block)).float().cpu()
             bar.update(stop - start)
     bar.close()
     return scores
@@ -228,63 +267,74 @@ def score_pairs(model: CrossEncoder, images: dict, texts: dict, *, batch_size: i
     n = len(texts["input_ids"])
     if len(images["regions"]) != n:
         raise ValueError(f"{len(images['regions'])} images but {n} texts: pairs must be aligned")
-    rows = lambda start, stop: (torch.arange(start, stop),) * 2  # noqa: E731
-    return _score_indexed(model, images, texts, n, rows, batch_size=batch_size, device=device)
+    with inference(model, device) as device:
+        embedded_images = (_embed(model.embed_image, images, IMAGE_KEYS, device, batch_size),
+                           images["region_mask"])  # (P, R, H), (P, R)
+        embedded_texts = (_embed(model.embed_text, texts, TEXT_KEYS, device, batch_size),
+                          texts["attention_mask"])  # (P, T, H), (P, T)
+    def rows(start, stop):
+        return (torch.arange(start, stop),) * 2
+
+    return score_embedded(model, embedded_images, embedded_texts, n, rows, batch_size=batch_size,
+                          device=device)
 
 
 def _indices(given, n: int) -> torch.Tensor:
-    return torch.arange(n) if given is None else torch.as_tensor(np.asarray(given), dtype=torch.long)
+    if given is None:
+        return torch.arange(n)
+    return torch.as_tensor(np.asarray(given), dtype=torch.long)
 
 
 def score_matrix(model: CrossEncoder, split, tokenizer, image_indices=None, text_indices=None, *,
-                 batch_size: int = BLOCK_PAIRS, device=None, progress: bool = True) -> torch.Tensor:
-    """Every chosen image against every chosen text (all by default): (n_img, n_txt) logits.
-
-    Captions are tokenised once and the regions read as views once; pairs are expanded per block
-    (text-major: one block holds consecutive images of the same few texts, as in a t2i query).
-    """
+                 batch_size: int = BLOCK_PAIRS, device=None, progress: bool = True,
+                 embedded: Embedded | None = None) -> torch.Tensor:
+    """Every chosen image against every chosen text (all by default): (n_img, n_txt) logits. The
+    split is embedded once (`embedded`: a kept `Embedded` of this model and split, else a new one);
+    pairs are expanded per block, text-major (a block holds consecutive images of the same few
+    texts, as in a t2i query)."""
+    embedded = embedded or Embedded(model, split, tokenizer, device=device, batch_size=batch_size)
     images = _indices(image_indices, split.n_images)  # (n_img,) rows of the split
     text_ids = _indices(text_indices, split.n_texts)  # (n_txt,)
-    texts = text_fields([split.captions[t] for t in text_ids.tolist()], tokenizer,
-                        model.config.max_text_length)
     n_img, n_txt = len(images), len(text_ids)
 
     def rows(start, stop):
         pair = torch.arange(start, stop)
         return images[pair % n_img], pair // n_img
 
-    scores = _score_indexed(model, image_fields(split), texts, n_img * n_txt, rows,
+    scores = score_embedded(model, embedded.images(slice(None)),
+                            embedded.captions(text_ids, device), n_img * n_txt, rows,
                             batch_size=batch_size, device=device, progress=progress)
     return scores.view(n_txt, n_img).T.contiguous()  # (n_img, n_txt)
 
 
 def score_index_pairs(model: CrossEncoder, split, tokenizer, image_indices, text_indices, *,
-                      batch_size: int = BLOCK_PAIRS, device=None, progress: bool = False) -> torch.Tensor:
-    """Logits (P,) of the pairs (image image_indices[p], caption text_indices[p]) of a split.
-
-    Only the distinct captions asked for are tokenised (inside the call: it is part of the online
-    cost of a query). The pair scorer every re-ranker offers (course_lib.methods.rerank).
-    """
+                      batch_size: int = BLOCK_PAIRS, device=None, progress: bool = False,
+                      embedded: Embedded | None = None) -> torch.Tensor:
+    """Logits (P,) of the pairs (image image_indices[p], caption text_indices[p]) of a split: the
+    pair scorer every re-ranker offers (methods.rerank). `embedded` as in score_matrix; each
+    distinct caption is embedded once, inside the call (part of a query's online cost)."""
     images = _indices(image_indices, split.n_images)  # (P,)
     texts = _indices(text_indices, split.n_texts)  # (P,)
     if images.shape != texts.shape or images.ndim != 1:
-        raise ValueError(f"image_indices and text_indices must be two (P,) vectors of pairs, got shapes "
-                         f"{tuple(images.shape)} and {tuple(texts.shape)}")
+        raise ValueError(f"image_indices and text_indices must be two (P,) vectors of pairs, got "
+                         f"shapes {tuple(images.shape)} and {tuple(texts.shape)}")
+    embedded = embedded or Embedded(model, split, tokenizer, device=device, batch_size=batch_size)
     distinct, text_rows = torch.unique(texts, return_inverse=True)  # (U,), (P,)
-    fields = text_fields([split.captions[t] for t in distinct.tolist()], tokenizer,
-                         model.config.max_text_length)
-    rows = lambda start, stop: (images[start:stop], text_rows[start:stop])  # noqa: E731
-    return _score_indexed(model, image_fields(split), fields, len(images), rows,
+
+    def rows(start, stop):
+        return images[start:stop], text_rows[start:stop]
+
+    return score_embedded(model, embedded.images(slice(None)),
+                          embedded.captions(distinct, device), len(images), rows,
                           batch_size=batch_size, device=device, progress=progress)
 
 
 def rerank_scores(model: CrossEncoder, split, tokenizer, candidates, text_indices=None, *,
-                  batch_size: int = BLOCK_PAIRS, device=None, progress: bool = False) -> torch.Tensor:
-    """Scores (Q, M) of text query q against its candidate images candidates[q] (Q, M).
-
-    text_indices (Q,): the split's captions that are the queries; None = all (Q = n_texts).
-    The second stage of two-stage retrieval: a first stage picks the M candidates per query.
-    """
+                  batch_size: int = BLOCK_PAIRS, device=None,
+                  progress: bool = False) -> torch.Tensor:
+    """Scores (Q, M) of text query q against its candidate images candidates[q] (Q, M), the second
+    stage of two-stage retrieval (a first stage picks the M candidates per query). text_indices
+    (Q,): the split's captions that are the queries; None = all (Q = n_texts)."""
     candidates = torch.as_tensor(np.asarray(candidates), dtype=torch.long)  # (Q, M)
     text_ids = _indices(text_indices, split.n_texts)  # (Q,)
     if candidates.ndim != 2 or len(candidates) != len(text_ids):
@@ -295,8 +345,3 @@ def rerank_scores(model: CrossEncoder, split, tokenizer, candidates, text_indice
                                text_ids.repeat_interleave(M), batch_size=batch_size, device=device,
                                progress=progress)  # query-major
     return scores.view(Q, M)
-
-
-# ----------------------------------------------------------------------------- the method
-
-

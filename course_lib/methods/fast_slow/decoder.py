@@ -31,7 +31,8 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, L, H = x.shape
-        q, k, v = self.qkv(x).view(B, L, 3, self.heads, H // self.heads).permute(2, 0, 3, 1, 4)  # (B, h, L, d)
+        qkv = self.qkv(x).view(B, L, 3, self.heads, H // self.heads)  # (B, L, 3, h, d)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)  # (B, h, L, d) each
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
                                            dropout_p=self.dropout if self.training else 0.0)
         return self.out(y.transpose(1, 2).reshape(B, L, H))
@@ -44,7 +45,8 @@ class CrossAttention(nn.Module):
     def __init__(self, hidden: int, heads: int, dropout: float = 0.0):
         super().__init__()
         self.heads, self.dropout = heads, dropout
-        self.q, self.kv, self.out = nn.Linear(hidden, hidden), nn.Linear(hidden, 2 * hidden), nn.Linear(hidden, hidden)
+        self.q, self.kv = nn.Linear(hidden, hidden), nn.Linear(hidden, 2 * hidden)
+        self.out = nn.Linear(hidden, hidden)
 
     def keys_values(self, tokens: torch.Tensor) -> torch.Tensor:
         B, M, H = tokens.shape
@@ -53,7 +55,8 @@ class CrossAttention(nn.Module):
     def forward(self, x: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
         B, L, H = x.shape
         q = self.q(x).view(B, L, self.heads, H // self.heads).transpose(1, 2)  # (B, h, L, d)
-        y = F.scaled_dot_product_attention(q, kv[0], kv[1], dropout_p=self.dropout if self.training else 0.0)
+        y = F.scaled_dot_product_attention(q, kv[0], kv[1],
+                                           dropout_p=self.dropout if self.training else 0.0)
         return self.out(y.transpose(1, 2).reshape(B, L, H))
 
 
@@ -63,7 +66,7 @@ class DecoderBlock(nn.Module):
 
     def __init__(self, hidden: int, heads: int, dropout: float = 0.0):
         super().__init__()
-        self.ln_1, self.ln_2, self.ln_3 = nn.LayerNorm(hidden), nn.LayerNorm(hidden), nn.LayerNorm(hidden)
+        self.ln_1, self.ln_2, self.ln_3 = (nn.LayerNorm(hidden) for _ in range(3))
         self.attn = CausalSelfAttention(hidden, heads, dropout)
         self.cross = CrossAttention(hidden, heads, dropout)
         self.mlp = nn.Sequential(nn.Linear(hidden, 4 * hidden), nn.GELU(), nn.Dropout(dropout),
@@ -89,7 +92,7 @@ class Decoder(nn.Module):
         return [block.cross.keys_values(tokens) for block in self.blocks]
 
     def forward(self, x: torch.Tensor, kvs: list[torch.Tensor]) -> torch.Tensor:
-        for block, kv in zip(self.blocks, kvs):
+        for block, kv in zip(self.blocks, kvs, strict=True):
             x = block(x, kv)
         return self.ln_f(x)
 
@@ -106,18 +109,19 @@ def reverse_words(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torc
 
 
 def summed_log_likelihood(forward_logits: torch.Tensor, backward_logits: torch.Tensor,
-                          input_ids: torch.Tensor, reversed_ids: torch.Tensor, attention_mask: torch.Tensor,
+                          input_ids: torch.Tensor, reversed_ids: torch.Tensor,
+                          attention_mask: torch.Tensor,
                           special: SpecialTokens = WORD_SPECIAL_TOKENS) -> torch.Tensor:
     """h(x, y) = h_fwd + h_bwd (eq. 2-3) from the two decoders' logits: (B, T, V) each, position t
     predicting token t + 1 of input_ids (forward) or reversed_ids (backward). Each direction sums
-    log p of its words (targets that are [SEP] or padding are left out), no length normalisation.
-    -> (B,)"""
-    words = word_mask(input_ids, attention_mask, special)[:, 1:].float()  # (B, T-1) targets that are words
+    log p of its words (not [SEP] or padding), no length normalisation. -> (B,)"""
+    words = word_mask(input_ids, attention_mask, special)[:, 1:].float()  # (B, T-1) word targets
     total = 0.0
     for logits, ids in ((forward_logits, input_ids), (backward_logits, reversed_ids)):
         logits = logits[:, :-1].float()  # (B, T-1, V)
         # log p of the next token, without a second (B, T-1, V) tensor of log-probabilities
-        target = logits.gather(2, ids[:, 1:, None]).squeeze(2) - torch.logsumexp(logits, dim=-1)  # (B, T-1)
+        target = (logits.gather(2, ids[:, 1:, None]).squeeze(2)
+                  - torch.logsumexp(logits, dim=-1))  # (B, T-1)
         total = total + (target * words).sum(1)
     return total
 

@@ -3,21 +3,20 @@ sets of candidate images per caption (FastConfig.distill_candidates):
 
     "batch"  the paper's: every caption against the batch's B images; the teacher scores all B^2
              pairs (`teacher_scores`), and eq. 5-7 match the two softmaxes over those B images
-    "mined"  eq. 4 over the full batch (256 pairs, as the plain model trains), and for its first
+    "mined"  eq. 4 over the full batch (as the plain model trains), and for its first
              distill_batch_size captions each one's own image and the plain Fast model's top K - 1
-             other images of the training split, mined once before distillation (`mine_candidates`):
-             the images the student actually confuses, where the teacher's order is what it lacks.
-             This is how later retrieval distillation works (RocketQA, ColBERTv2: the teacher
-             re-scores the retriever's own top candidates); the paper is silent on which images its
-             batches hold
+             others of the training split, mined once (`mine_candidates`): the images the student
+             confuses, where the teacher's order is what it lacks. So later retrieval distillation
+             works (RocketQA, ColBERTv2: the teacher re-scores the retriever's own top
+             candidates); the paper is silent on which images its batches hold
 
 In both, the loss is distillation_loss(student, teacher, tau) + alpha * eq. 4 (eq. 8).
-`mined_distill_loss(None, ...)` is the hard-negative control of the mined variant: the same
-candidates, the student's softmax trained towards the caption's own image alone, so that what the
-teacher adds can be told apart from what the mined images alone give.
+`mined_distill_loss(None, ...)` is the mined variant's hard-negative control: the same candidates,
+the student's softmax trained towards the caption's own image alone, telling what the teacher adds
+apart from what the mined images give.
 
-    candidates = mine_candidates(fast_model, bench["train"], tokenizer, k=16)        # (T, 16), own image first
-    loss_fn = mined_distill_loss(slow_model, config, candidates, bench["train"])     # for fit_pairs
+    candidates = mine_candidates(fast_model, bench["train"], tokenizer, k=16)  # (T, 16), own first
+    loss_fn = mined_distill_loss(slow_model, config, candidates, bench["train"])  # for fit_pairs
 """
 
 from __future__ import annotations
@@ -27,23 +26,25 @@ import torch
 
 from course_lib.core.checkpoints import inference
 from course_lib.core.losses import batch_scores, distillation_loss, joint_nce_loss
+from course_lib.core.train import move_to_device
 from course_lib.data.datasets import ImageDataset, collate_images
 from course_lib.methods.cross_encoder.mining import mine_negatives_from_embeddings
 from course_lib.methods.encoding import encode_split
-from course_lib.core.train import move_to_device
 from course_lib.methods.fast_slow.model import FastConfig, FastModel, SlowModel, image_inputs
 
 
 def teacher_pair_scores(teacher: SlowModel, images: dict, image_rows: torch.Tensor,
                         texts: dict, text_rows: torch.Tensor) -> torch.Tensor:
-    """h (P,) of the pairs (image image_rows[p] of `images`, texts row text_rows[p]): the visual tokens
-    and the keys / values run once per image of `images` (U images: pixels (U, 3, H, W) or regions
-    (U, R, D) with their boxes), the two decoders once per pair. No gradient, the teacher in eval mode."""
+    """h (P,) of the pairs (image image_rows[p] of `images`, texts row text_rows[p]): the visual
+    tokens and keys / values run once per image of `images` (U: pixels (U, 3, H, W) or regions
+    (U, R, D) with boxes), the two decoders once per pair. No gradient, the teacher in eval mode."""
     with inference(teacher) as device:
-        kvs = teacher.keys_values(teacher.visual_tokens(move_to_device(images, device)))  # per image
+        kvs = teacher.keys_values(teacher.visual_tokens(move_to_device(images, device)))  # by image
         image_rows, text_rows = image_rows.to(device), text_rows.to(device)
-        pairs = {d: [kv[:, image_rows] for kv in layers] for d, layers in kvs.items()}  # (2, P, h, M, d)
-        words = {k: texts[k].to(device)[text_rows] for k in ("input_ids", "attention_mask")}  # (P, T)
+        pairs = {d: [kv[:, image_rows] for kv in layers]  # (2, P, h, M, d)
+                 for d, layers in kvs.items()}
+        words = {k: texts[k].to(device)[text_rows]  # (P, T)
+                 for k in ("input_ids", "attention_mask")}
         return teacher.log_likelihood(pairs, words)
 
 
@@ -72,21 +73,22 @@ def mine_candidates(model: FastModel, split, tokenizer, k: int) -> torch.Tensor:
     """Per caption of `split`, its own image and the model's k - 1 highest-scoring other images:
     (T, k) image rows, own image first (mined once, from the plain Fast model)."""
     if not 2 <= k <= split.n_images:
-        raise ValueError(f"distill_top_k={k} must be in [2, {split.n_images}]: the caption's own image "
-                         "and at least one other")
+        raise ValueError(f"distill_top_k={k} must be in [2, {split.n_images}]: the caption's own "
+                         "image and at least one other")
     image_emb, text_emb = encode_split(model, split, tokenizer)  # (N, E), (T, E)
-    others = mine_negatives_from_embeddings(image_emb, text_emb, split.txt2img, k - 1).images_for_text
+    mined = mine_negatives_from_embeddings(image_emb, text_emb, split.txt2img, k - 1)
+    others = mined.images_for_text  # (T, k - 1)
     own = torch.from_numpy(np.asarray(split.txt2img, dtype=np.int64))[:, None]  # (T, 1)
     return torch.cat([own, others], dim=1)  # (T, k)
 
 
-def mined_distill_loss(teacher: SlowModel | None, config: FastConfig, candidates: torch.Tensor, split):
-    """Eq. 8's loss_fn over mined candidates, for a batch of B pairs (the batch of eq. 4, FastConfig.batch_size):
-    eq. 4 over the whole batch, and for its first S = config.distill_batch_size captions the softmax over
-    each one's K candidate images (`mine_candidates`; the batch's `txt_index` rows of `split`) of the
-    student's f.g / tau against the teacher's h / tau: S * K teacher pairs a step. loss = distillation
-    + alpha * eq. 4. teacher None: the hard-negative control, whose target is the caption's own image
-    (candidate 0) alone."""
+def mined_distill_loss(teacher: SlowModel | None, config: FastConfig, candidates: torch.Tensor,
+                       split):
+    """Eq. 8's loss_fn over mined candidates, for a batch of B pairs (eq. 4's): eq. 4 over the
+    whole batch, and for its first S = config.distill_batch_size captions the softmax over each
+    one's K candidate images (`mine_candidates`; rows `txt_index` of `split`) of the student's
+    f.g / tau against the teacher's h / tau: S * K teacher pairs a step. loss = distillation +
+    alpha * eq. 4. teacher None: the hard-negative control, all on the own image (candidate 0)."""
     images = None  # the split's images, as the student reads them (built at the first step)
 
     def loss_fn(model: FastModel, batch: dict, step: int = 0) -> dict:
@@ -100,7 +102,7 @@ def mined_distill_loss(teacher: SlowModel | None, config: FastConfig, candidates
         unique, inverse = torch.unique(rows, return_inverse=True)  # (U,), (S, K)
         device = text_all.device
         picked = image_inputs(model, collate_images([images[int(i)] for i in unique]))
-        picked = move_to_device(picked, device)  # (U, 3, H, W) pixels or (U, R, D) regions and boxes
+        picked = move_to_device(picked, device)  # pixels (U, 3, H, W) or regions (U, R, D), boxes
         image_emb = model.encode_images(picked)  # (U, E)
         inverse = inverse.to(device)
         student = (image_emb[inverse] * text_all[:S, None]).sum(-1)  # (S, K) f.g per candidate
@@ -110,7 +112,7 @@ def mined_distill_loss(teacher: SlowModel | None, config: FastConfig, candidates
         else:
             target = teacher_pair_scores(teacher, picked, inverse.flatten(), batch,
                                          torch.arange(S).repeat_interleave(K)).view(S, K)  # (S, K)
-        distill = distillation_loss(student.T, target.T, tau=config.tau)  # softmax over the K images
+        distill = distillation_loss(student.T, target.T, tau=config.tau)  # softmax over K images
         return {"loss": distill + config.alpha * nce, "distill": distill, "nce": nce}
 
     return loss_fn

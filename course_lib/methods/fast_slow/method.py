@@ -3,27 +3,19 @@
     slow            captioning cross-entropy on positive pairs only: L_CA = -sum_i h(x_i, y_i)
                     (§3.1; averaged over the batch here), no negatives, no horizontal flips (our
                     captions name left and right)
-    fast            the NCE BoW dual encoder with eq. 4 (`losses.joint_nce_loss`), its CNN started
-                    from the cached pixel stem (`initial_fast_model`, FastConfig.image_init)
-    fast-distilled  eq. 8: L_distill + alpha * L_DE, the frozen Slow teacher scoring, per caption, a
-                    set of candidate images (`losses.distillation_loss`, a softmax over them of h / tau
-                    against the student's dot products / tau): by default the caption's own image and
-                    the plain Fast model's top 15 others (`distill`, distill_candidates="mined"), or the
-                    paper's: every image of the batch
+    fast            the NCE dual encoder with eq. 4 (`losses.joint_nce_loss`), its CNN started from
+                    the cached pixel stem (`initial_fast_model`, FastConfig.image_init)
+    fast-distilled  eq. 8: L_distill + alpha * L_DE, the frozen Slow teacher's h / tau against the
+                    student's dot products / tau over candidate images per caption (`distill`)
     fast_slow@K     eq. 9: the distilled Fast model ranks the gallery, its top K are re-scored by
                     h(x, y) + beta * f(x)^T g(y) (`rerank.Cascade` with `weighted_sum([beta, 1])`)
 
-The Slow model's offline work for a gallery (`scoring.compute_states`: every image's cross-attention
-keys / values) makes a pair cost the two decoders on its caption alone (`scoring.score_cached_pairs`).
-
-The teacher's decoder passes are distillation's cost (the paper does not say how it paid it): the
-paper's B^2 pairs at B = 32 cost several times a whole eq. 4 step in teacher passes (docs/tuning_notes.md,
-"Fast & Slow, distillation"). Our choice, stated in every note: the
-distilled student starts from the trained `fast` model (same config, `undistilled`) and takes
-distill_steps more steps of eq. 8 in which the teacher scores 256 pairs (16 captions x 16 mined
-candidates, or a batch of 16 x 16); the paper trains its student with eq. 8 from the start
-(FastConfig(distill_start="scratch")). The distilled model's checkpoint is named after the teacher's
-and the start's.
+The teacher's decoder passes are distillation's cost, and the paper does not say how it paid it
+(docs/tuning_notes.md, "Fast & Slow, distillation"). Our choice, stated in every note: the student
+starts from the trained `fast` model (same config, `undistilled`) and takes distill_steps more
+steps of eq. 8, the teacher scoring 256 pairs a step (16 captions x 16 candidates); the paper
+trains it with eq. 8 from the start (distill_start="scratch"). Its checkpoint is named after the
+teacher's and the start's. The Slow model scores from cached gallery keys / values (`scoring`).
 """
 
 from __future__ import annotations
@@ -41,19 +33,18 @@ from course_lib.data.synthetic import with_fresh_scenes
 from course_lib.methods.base import DualEncoderMethod, PairwiseMethod, fit_pairs
 from course_lib.methods.encoding import retrieval_evaluator, similarity
 from course_lib.methods.fast_slow.distill import distill_loss, mine_candidates, mined_distill_loss
-from course_lib.methods.fast_slow.model import (
-    FastConfig,
-    FastModel,
-    SlowConfig,
-    SlowModel,
-)
+from course_lib.methods.fast_slow.model import FastConfig, FastModel, SlowConfig, SlowModel
 from course_lib.methods.fast_slow.scoring import SlowStates, compute_states, score_cached_pairs
-from course_lib.methods.pixel_stem import StartsFromPixelStem, load_stem_backbone, stem_checkpoint_path
+from course_lib.methods.pixel_stem import (
+    StartsFromPixelStem,
+    load_stem_backbone,
+    stem_checkpoint_path,
+)
 from course_lib.methods.registry import register_method
 from course_lib.methods.rerank import Cascade, weighted_sum
 
-# eq. 9's weight of the Fast score in the re-ranking (paper: > 0, value not given). No beta won beyond
-# the noise, so plain re-ranking (0) by default (docs/tuning_notes.md, "Fast & Slow, re-ranking with beta")
+# eq. 9's weight of the Fast score in the re-ranking (paper: > 0, value not given); 0: plain
+# re-ranking (docs/tuning_notes.md, "Fast & Slow, re-ranking with beta")
 BETA = 0.0
 TOP_KS = (10, 50)  # the paper's K (Table 4)
 
@@ -74,14 +65,14 @@ def nce_loss(model: FastModel, batch: dict, step: int = 0) -> torch.Tensor:
 
 def train_slow(bench: dict, tokenizer, config: SlowConfig | None = None, *, checkpoint_path=None,
                stem_checkpoint=None, progress: bool = True, device: str | None = None):
-    """Train the Slow captioner on bench["train"], its CNN from the pixel stem with
-    image_init="pixel_stem" (cached at stem_checkpoint when given); -> (model in eval mode, history)."""
+    """Train the Slow captioner on bench["train"], its CNN from the pixel stem if image_init is
+    "pixel_stem" (cached at stem_checkpoint if given) -> (model in eval mode, history)."""
     c = config or SlowConfig()
     seed_everything(c.seed)
     model = SlowModel(len(tokenizer), c, SpecialTokens.of(tokenizer), region_dim(bench, c))
     if c.image_init == "pixel_stem":
-        load_stem_backbone(model.visual.backbone, bench, c, checkpoint_path=stem_checkpoint, progress=progress,
-                           device=device)
+        load_stem_backbone(model.visual.backbone, bench, c, checkpoint_path=stem_checkpoint,
+                           progress=progress, device=device)
     history = fit_pairs(model, caption_loss, bench["train"], tokenizer, c, modality=c.image_input,
                         max_text_length=c.max_text_length, log_every=25, progress=progress,
                         checkpoint_path=checkpoint_path, device=device)
@@ -89,7 +80,7 @@ def train_slow(bench: dict, tokenizer, config: SlowConfig | None = None, *, chec
 
 
 def region_dim(bench: dict, config) -> int | None:
-    """The training split's region feature size where the model reads grid cells (image_input="regions")."""
+    """The training split's region feature size where the model reads grid cells ("regions")."""
     if config.image_input != "regions":
         return None
     if not bench["train"].has_regions:
@@ -103,46 +94,47 @@ def undistilled(config: FastConfig) -> FastConfig:
     return dataclasses.replace(config, distill=False)
 
 
-def initial_fast_model(bench: dict, tokenizer, config: FastConfig, *, stem_checkpoint=None, with_stem: bool = True,
-                       progress: bool = True, device: str | None = None) -> FastModel:
+def initial_fast_model(bench: dict, tokenizer, config: FastConfig, *, stem_checkpoint=None,
+                       with_stem: bool = True, progress: bool = True,
+                       device: str | None = None) -> FastModel:
     """The Fast model eq. 4 starts from: seeded random weights, and with image_init="pixel_stem"
     the backbone of the pixel stem (trained on bench["pretrain"], or loaded from a finished
     stem_checkpoint). with_stem=False: no stem (a model whose weights are loaded next)."""
     seed_everything(config.seed)
-    model = FastModel(len(tokenizer), config, SpecialTokens.of(tokenizer), region_dim(bench, config))
+    model = FastModel(len(tokenizer), config, SpecialTokens.of(tokenizer),
+                      region_dim(bench, config))
     if with_stem and config.image_init == "pixel_stem":
-        load_stem_backbone(model.backbone, bench, config, checkpoint_path=stem_checkpoint, progress=progress,
-                           device=device)
+        load_stem_backbone(model.backbone, bench, config, checkpoint_path=stem_checkpoint,
+                           progress=progress, device=device)
     return model
 
 
-def train_fast(bench: dict, tokenizer, config: FastConfig | None = None, *, teacher: SlowModel | None = None,
-               init: FastModel | None = None, checkpoint_path=None, stem_checkpoint=None, evaluate_on=None,
+def train_fast(bench: dict, tokenizer, config: FastConfig | None = None, *,
+               teacher: SlowModel | None = None, init: FastModel | None = None,
+               checkpoint_path=None, stem_checkpoint=None, evaluate_on=None,
                eval_every: int | None = None, progress: bool = True, device: str | None = None):
-    """Train the Fast dual encoder with eq. 4 from `initial_fast_model` (with image_init="pixel_stem",
-    its CNN from the pixel stem, cached at stem_checkpoint when given); with config.distill,
-    continue from `init` (the plain model of the same config, `undistilled(config)`) for
-    distill_steps steps of eq. 8, the teacher frozen. evaluate_on: a split (or a dict of splits,
+    """Train the Fast dual encoder with eq. 4 from `initial_fast_model` (image_init="pixel_stem":
+    its CNN from the pixel stem, cached at stem_checkpoint if given); with config.distill, continue
+    from `init` (the plain model of the same config, `undistilled(config)`) for distill_steps steps
+    of eq. 8, the teacher frozen. evaluate_on: a split (or a dict of splits,
     base.learning_curve_splits) whose retrieval metrics are logged every eval_every steps and at
     the end. -> (model in eval mode, history)"""
     c = config or FastConfig()
     from_fast = c.distill and c.distill_start == "fast"
-    if from_fast and (teacher is None or init is None):
-        raise ValueError("FastConfig(distill=True) needs the Slow teacher and (distill_start='fast') the plain "
-                         "Fast model it starts from: train_fast(..., teacher=slow_model, init=fast_model)")
+    if c.distill and (teacher is None or (from_fast and init is None)):
+        raise ValueError("FastConfig(distill=True) needs the Slow teacher and "
+                         "(distill_start='fast') the plain Fast model it starts from: "
+                         "train_fast(..., teacher=slow_model, init=fast_model)")
     # a distilled model that starts from the plain one needs no stem: its weights come from `init`
-    model = initial_fast_model(bench, tokenizer, c, stem_checkpoint=stem_checkpoint, with_stem=not from_fast,
-                               progress=progress, device=device)
+    model = initial_fast_model(bench, tokenizer, c, stem_checkpoint=stem_checkpoint,
+                               with_stem=not from_fast, progress=progress, device=device)
     evaluate = retrieval_evaluator(evaluate_on, lambda m, split: similarity(m, split, tokenizer))
-    train = with_fresh_scenes(bench["train"], c.fresh_scenes)  # the training split, then fresh scenes
+    train = with_fresh_scenes(bench["train"], c.fresh_scenes)  # the training split, then fresh ones
     if not c.distill:
         history = fit_pairs(model, nce_loss, train, tokenizer, c, modality=c.image_input,
-                            evaluate=evaluate, eval_every=eval_every, log_every=25, progress=progress,
-                            checkpoint_path=checkpoint_path, device=device)
+                            evaluate=evaluate, eval_every=eval_every, log_every=25,
+                            progress=progress, checkpoint_path=checkpoint_path, device=device)
         return model.eval(), history
-    if teacher is None:
-        raise ValueError("FastConfig(distill=True) needs the Slow teacher and (distill_start='fast') the plain "
-                         "Fast model it starts from: train_fast(..., teacher=slow_model, init=fast_model)")
     if from_fast:
         model.load_state_dict(init.state_dict())
     for p in teacher.parameters():  # frozen: eq. 8 trains f and g only
@@ -168,10 +160,10 @@ class SlowMethod(StartsFromPixelStem, PairwiseMethod):
 
     checkpoint_prefix = "slow"
     config_class = SlowConfig
-    # pairs the benchmark scores per direction: one t2i query of the 1k test gallery = 1k pairs (their cost:
-    # docs/tuning_notes.md, "Fast & Slow, Slow"). Beyond the budget it ranks a fixed sample of the queries
+    # pairs the benchmark scores per direction (a t2i query of the 1k test gallery: 1k pairs; their
+    # cost: docs/tuning_notes.md, "Fast & Slow, Slow"); beyond them it ranks a sample of the queries
     eval_pairs = (250_000, 20_000)
-    # every test pair would be 5M per direction, ~20 CPU-min each: `--every-pair` keeps the sample
+    # every test pair would be 5M per direction: `--every-pair` keeps the sample (cost: as above)
     every_pair_limit = 250_000
     timed_sizes = ((250, 500, 1_000), (25, 50, 100))
 
@@ -180,22 +172,23 @@ class SlowMethod(StartsFromPixelStem, PairwiseMethod):
         c = self.config
         tokens = ("grid cells with their boxes as tokens" if c.image_input == "regions" else
                   f"CNN + weighted-fusion upsampling to {c.visual_size}x{c.visual_size} tokens")
-        return (f"Slow: {tokens}, forward + "
-                f"backward captioning decoders ({c.layers} x {c.hidden}); h = summed log-likelihood, every pair")
+        return (f"Slow: {tokens}, forward + backward captioning decoders ({c.layers} x "
+                f"{c.hidden}); h = summed log-likelihood, every pair")
 
     def build_model(self, bench, tokenizer) -> SlowModel:
-        return SlowModel(len(tokenizer), self.config, SpecialTokens.of(tokenizer), region_dim(bench, self.config))
+        return SlowModel(len(tokenizer), self.config, SpecialTokens.of(tokenizer),
+                         region_dim(bench, self.config))
 
     def starts_from_stem(self) -> bool:
         return self.config.image_init == "pixel_stem"
 
     def train(self, bench, tokenizer, checkpoint_path, cache_dir):
+        stem = stem_checkpoint_path(cache_dir, self.stem_checkpoint_file(bench))
         return train_slow(bench, tokenizer, self.config, checkpoint_path=checkpoint_path,
-                          stem_checkpoint=stem_checkpoint_path(cache_dir, self.stem_checkpoint_file(bench)),
-                          progress=self.progress)
+                          stem_checkpoint=stem, progress=self.progress)
 
     def states(self, split) -> SlowStates:
-        """The split's cached keys / values and tokenised captions (offline, once per split and model)."""
+        """The split's cached keys / values and tokenised captions (offline, once per split)."""
         return self.cached_states(split, compute_states)
 
     def score_pairs(self, split, image_indices, text_indices) -> torch.Tensor:
@@ -210,7 +203,8 @@ class SlowMethod(StartsFromPixelStem, PairwiseMethod):
         """One caption against every gallery image: the gallery's keys / values are cached here
         (offline); each call tokenises the caption and runs the decoders on N pairs."""
         model, states = self._fitted(), self.states(split)
-        tokenizer, caption = QueryTokenizer(self.tokenizer, self.config.max_text_length), split.captions[caption_index]
+        tokenizer = QueryTokenizer(self.tokenizer, self.config.max_text_length)
+        caption = split.captions[caption_index]
         gallery = torch.arange(split.n_images)
 
         def answer() -> np.ndarray:
@@ -230,13 +224,14 @@ class FastMethod(StartsFromPixelStem, DualEncoderMethod):
     checkpoint_prefix = "fast"
     config_class = FastConfig
 
-    def __init__(self, config: FastConfig | None = None, name: str = "fast", teacher: SlowMethod | None = None,
-                 init: "FastMethod | None" = None, progress: bool = True):
+    def __init__(self, config: FastConfig | None = None, name: str = "fast",
+                 teacher: SlowMethod | None = None, init: FastMethod | None = None,
+                 progress: bool = True):
         super().__init__(config, name, progress)
         from_fast = self.config.distill and self.config.distill_start == "fast"
         if self.config.distill and (teacher is None or (from_fast and init is None)):
-            raise ValueError("a distilled FastMethod needs teacher=SlowMethod(...) and (distill_start='fast') "
-                             "init=FastMethod(...)")
+            raise ValueError("a distilled FastMethod needs teacher=SlowMethod(...) and "
+                             "(distill_start='fast') init=FastMethod(...)")
         self.teacher = teacher if self.config.distill else None
         self.init = init if from_fast else None  # the plain model eq. 8 starts from
 
@@ -246,8 +241,8 @@ class FastMethod(StartsFromPixelStem, DualEncoderMethod):
         start = "eq. 4 NCE, then" if c.distill_start == "fast" else "from scratch,"
         over = (f"each caption's top {c.distill_top_k} images" if c.distill_candidates == "mined"
                 else "the batch's images")
-        how = (f"{start} {c.distill_steps} steps distilled from Slow over {over} (tau {c.tau:g}, alpha "
-               f"{c.alpha:g}, B={c.distill_batch_size})" if c.distill else "eq. 4 NCE")
+        how = (f"{start} {c.distill_steps} steps distilled from Slow over {over} (tau {c.tau:g}, "
+               f"alpha {c.alpha:g}, B={c.distill_batch_size})" if c.distill else "eq. 4 NCE")
         image = {"pixels": "mean-pooled" if c.image_pool == "mean" else "flattened 4x4",
                  "regions": "mean-pooled grid cells,"}[c.image_input]
         text = {"bow": "bag of words", "gru": f"{c.text_layers}-layer bi-GRU",
@@ -260,17 +255,18 @@ class FastMethod(StartsFromPixelStem, DualEncoderMethod):
         return c.image_init == "pixel_stem" and not (c.distill and c.distill_start == "fast")
 
     def checkpoint_extra(self, bench: dict, tokenizer) -> tuple:
-        """The files of the teacher and of the model distillation starts from, and of the pixel stem."""
-        return (*(m.checkpoint_file(bench, tokenizer) for m in (self.teacher, self.init) if m is not None),
-                *super().checkpoint_extra(bench, tokenizer))
+        """The files of the teacher, of the model distillation starts from, of the pixel stem."""
+        return (*(m.checkpoint_file(bench, tokenizer) for m in (self.teacher, self.init)
+                  if m is not None), *super().checkpoint_extra(bench, tokenizer))
 
     def identity_config(self) -> dict:
-        """The config, where a plain (undistilled) model's leaves out the fields that only distillation
+        """The config, where a plain (undistilled) model's leaves out the fields only distillation
         reads: a new distillation setting never retrains the plain model."""
         return self.config.to_dict(without_stages=() if self.config.distill else ("distill",))
 
     def build_model(self, bench, tokenizer) -> FastModel:
-        return FastModel(len(tokenizer), self.config, SpecialTokens.of(tokenizer), region_dim(bench, self.config))
+        return FastModel(len(tokenizer), self.config, SpecialTokens.of(tokenizer),
+                         region_dim(bench, self.config))
 
     def train(self, bench, tokenizer, checkpoint_path, cache_dir):
         teacher = init = None
@@ -280,21 +276,23 @@ class FastMethod(StartsFromPixelStem, DualEncoderMethod):
                     method.fit(bench, tokenizer, cache_dir)
             teacher, init = self.teacher.model, self.init and self.init.model
         c = self.config
-        return train_fast(bench, tokenizer, c, teacher=teacher, init=init, checkpoint_path=checkpoint_path,
-                          stem_checkpoint=stem_checkpoint_path(cache_dir, self.stem_checkpoint_file(bench)),
-                          progress=self.progress,
-                          **self.learning_curve(bench, c.distill_steps if c.distill else c.max_steps))
+        stem = stem_checkpoint_path(cache_dir, self.stem_checkpoint_file(bench))
+        steps = c.distill_steps if c.distill else c.max_steps
+        return train_fast(bench, tokenizer, c, teacher=teacher, init=init,
+                          checkpoint_path=checkpoint_path, stem_checkpoint=stem,
+                          progress=self.progress, **self.learning_curve(bench, steps))
 
 
 class FastSlowCascade(Cascade):
     """Eq. 9: `fast` keeps the top K (per caption, and per image for i2t), `slow` re-scores them;
     the order is h(x, y) + beta * f(x)^T g(y) (beta = 0: plain re-ranking by h)."""
 
-    def __init__(self, fast: FastMethod, slow: SlowMethod, top_k: int, beta: float = BETA, name: str | None = None):
+    def __init__(self, fast: FastMethod, slow: SlowMethod, top_k: int, beta: float = BETA,
+                 name: str | None = None):
         super().__init__([fast, slow], [top_k], combine=weighted_sum([beta, 1.0]),
                          name=name or f"fast_slow@{top_k}",
-                         notes=(f"Fast & Slow: {fast.name} keeps the top {top_k}, re-scored by h + {beta:g} * "
-                                "f.g (Slow from cached gallery keys / values)"))
+                         notes=(f"Fast & Slow: {fast.name} keeps the top {top_k}, re-scored by h + "
+                                f"{beta:g} * f.g (Slow from cached gallery keys / values)"))
         self.fast, self.slow, self.beta = fast, slow, beta
 
     def query_fn(self, split, caption_index: int = 0, top_k: int = 10):
@@ -330,5 +328,5 @@ def _fast_slow_50(build) -> FastSlowCascade:
 
 
 __all__ = ["BETA", "TOP_KS", "SlowStates", "compute_states", "score_cached_pairs", "caption_loss",
-           "nce_loss", "distill_loss", "train_slow", "undistilled", "initial_fast_model", "train_fast",
-           "SlowMethod", "FastMethod", "FastSlowCascade"]
+           "nce_loss", "distill_loss", "train_slow", "undistilled", "initial_fast_model",
+           "train_fast", "SlowMethod", "FastMethod", "FastSlowCascade"]

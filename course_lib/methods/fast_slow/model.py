@@ -1,43 +1,38 @@
-"""Thinking Fast and Slow (Miech et al., CVPR 2021): the Slow captioning scorer and the Fast dual encoder.
+"""Thinking Fast and Slow (Miech et al., CVPR 2021): the Slow captioning scorer and the Fast dual
+encoder.
 
-    Slow   phi(x): a small CNN over the pixels; its coarse map is upsampled step by step, each step
-           a weighted fusion of the upsampled map and a 1x1 lateral of the earlier, finer map
+    Slow   phi(x): a small CNN over the pixels; its coarse map is upsampled step by step, each a
+           weighted fusion of the upsampled map and a 1x1 lateral of the earlier, finer map
            (BiFPN's fast normalised fusion: ReLU'd weights, / (sum + 1e-4)), then a 3x3 conv
            (§3.1, App. D) -> visual tokens (B, M, H). No self-attention over them.
            A forward and a backward decoder (masked self-attention, cross-attention to phi(x),
-           FFN), sharing the word / position embeddings and the output layer (VirTex);
+           FFN) share the word / position embeddings and the output layer (VirTex);
            h(x, y) = h_fwd + h_bwd, the summed log-likelihood of the caption's words read left to
            right and right to left, teacher-forced, not length-normalised (eq. 1-3).
-    Fast   f(x): the CNN's 4x4 map -> Linear (flattened by default; the paper's global mean pool
-           is image_pool="mean"); g(y): a bi-GRU over the words, mean-pooled -> MLP (ours; the paper's
-           "NCE BoW", the mean of word embeddings, is text_tower="bow", and a small transformer as in
-           Table 7 is "transformer"); score f(x)^T g(y), unnormalised, no temperature (§3.2).
+    Fast   f(x): the CNN's 4x4 map -> Linear (flattened; the paper's global mean pool is
+           image_pool="mean"); g(y): a bi-GRU over the words, mean-pooled -> MLP (ours; the
+           paper's "NCE BoW", the mean of word embeddings, is text_tower="bow", Table 7's small
+           transformer "transformer"); score f(x)^T g(y), unnormalised, no temperature (§3.2).
            The CNN starts from the pixel stem (course_lib.methods.pixel_stem: pre-trained on the
            pre-training scenes' ground truth, our stand-in for the papers' pre-trained backbones).
 
-The keys and values of every cross-attention layer depend on the image only, so a gallery's are
-computed once (`scoring.compute_states`, offline) and a pair costs the two decoders on its
-caption alone (`scoring.score_cached_pairs`); `SlowModel.score` is the uncached path.
-
-Where the paper is silent (or is about 224-pixel photos), our choices:
-- Backbone: 3 conv stages on 32x32 pixels (16, 8, 4 pixels a side) instead of ResNet-50 v2;
-  the coarse 4x4 map ("conv5") is upsampled to `visual_size` (8: one fusion with the 8x8 stage;
-  16: two fusions). Tokens get a learned 2-D position embedding and a LayerNorm: our captions
-  name left / right / top / bottom, and a CNN's zero padding encodes position only weakly.
-- h sums the words only: the decoder reads [CLS] w1 .. wL [SEP] and the targets are w1 .. wL
-  (eq. 3 sums l = 1..L); [SEP] is never a target, padding never counts. The backward decoder
-  reads [CLS] wL .. w1 [SEP] (`reverse_words`).
-- The Fast image tower has its own CNN (same stages, no upsampling): the two models share nothing.
-  Its 4x4 map is flattened into the projection instead of mean-pooled: the paper pools ResNet's
-  conv5 of photos, our captions are about where two small objects are (docs/tuning_notes.md,
-  "Fast & Slow, Fast").
-- Fast's text tower is a bi-GRU, not the paper's BoW: our captions bind colour to shape by word order
-  ("a red circle left of a blue square"), which a bag of words cannot see (course_lib.studies.text_ceiling;
-  docs/tuning_notes.md, "The text tower's ceiling with a perfect image side"). The paper's BoW stays
-  available as text_tower="bow".
-- Sizes are ours (the paper's decoders are 3 x 512 with 8 heads); configs say what we use.
-The decoders: `course_lib.methods.fast_slow.decoder`. Training (captioning, Eq. 4 NCE, distillation) and the benchmark
-methods: `course_lib.methods.fast_slow.method`; the cached gallery scoring: `course_lib.methods.fast_slow.scoring`.
+Where the paper is silent (or is about 224-pixel photos), our choices (sizes: the configs):
+- Backbone: 3 conv stages on 32x32 pixels (16, 8, 4 pixels a side), not ResNet-50 v2 (trained from
+  scratch on millions of images); the coarse 4x4 map ("conv5") is upsampled to `visual_size` (8:
+  one fusion with the 8x8 stage; 16: two). Tokens get a learned 2-D position embedding and a
+  LayerNorm: our captions name left / right / top / bottom; a CNN's padding encodes where weakly.
+- h sums the words only: the decoder reads [CLS] w1 .. wL [SEP], the targets are w1 .. wL (eq. 3
+  sums l = 1..L); [SEP] is never a target, padding never counts. The backward decoder reads
+  [CLS] wL .. w1 [SEP] (`reverse_words`).
+- Fast's image tower has its own CNN (same stages, no upsampling): the models share nothing. Its
+  4x4 map is flattened, not mean-pooled: the paper pools ResNet's conv5 of photos, our captions are
+  about where two small objects are.
+- Fast's text tower is a bi-GRU, not the paper's BoW: our captions bind colour to shape by word
+  order ("a red circle left of a blue square"), which a bag of words cannot see
+  (course_lib.studies.text_ceiling).
+The decoders: `decoder`; training and the benchmark methods: `method`; a gallery's cross-attention
+keys / values cached, so a pair costs the two decoders on its caption alone: `scoring`.
+The runs: docs/tuning_notes.md, "Fast & Slow, Slow" and "Fast & Slow, Fast".
 """
 
 from __future__ import annotations
@@ -61,16 +56,18 @@ FUSION_EPS = 1e-4  # BiFPN's epsilon in the normalised fusion (the paper's App. 
 IMAGE_POOLS = ("mean", "flatten")  # FastConfig.image_pool
 TEXT_TOWERS = ("bow", "transformer", "gru")  # FastConfig.text_tower
 IMAGE_INITS = ("pixel_stem", "scratch")  # FastConfig.image_init
-# what phi(x) and f(x) read: the rendered "pixels" through the course's CNN, or "regions", the grid cells
-# of a pretrained CNN's last feature map (data_scripts/extract_features.py: the paper's ResNet feature map)
+# what phi(x) and f(x) read: the rendered "pixels" through the course's CNN, or "regions", the grid
+# cells of a pretrained CNN's last map (data_scripts/extract_features.py: the paper's ResNet map)
 IMAGE_INPUTS = ("pixels", "regions")
 DISTILL_CANDIDATES = ("batch", "mined")  # FastConfig.distill_candidates
 
 
 @dataclass
 class SlowConfig(CourseConfig):
+    """Defaults chosen in docs/tuning_notes.md, "Fast & Slow, Slow"."""
+
     channels: tuple = (24, 48, 96)  # CNN widths of the 16x16, 8x8 and 4x4 (coarse) stages
-    visual_size: int = 8  # side of the upsampled token map: 4 (no upsampling), 8 or 16 tokens a side
+    visual_size: int = 8  # side of the upsampled token map: 4 (no upsampling), 8 or 16 tokens
     hidden: int = 64  # width of the visual tokens and of both decoders (paper: 512)
     layers: int = 2  # blocks in each decoder (paper: 3)
     heads: int = 4  # attention heads (paper: 8)
@@ -78,132 +75,109 @@ class SlowConfig(CourseConfig):
     max_text_length: int = 40  # token positions of the decoders ([CLS] and [SEP] included)
     batch_size: int = 64  # (image, caption) positive pairs per step: the loss needs no negatives
     lr: float = 2e-3  # peak AdamW rate (paper: Adam 4e-4 on far bigger models)
-    # optimizer steps: grounding sets in after the language model, so retrieval needs the longer run
-    # (docs/tuning_notes.md, "Fast & Slow, Slow")
-    max_steps: int = 2000
+    max_steps: int = 2000  # optimizer steps
     warmup_fraction: float = 0.05  # share of steps warming up; then linear decay to 0
     grad_clip: float = 2.0  # max gradient norm (paper: 100)
     seed: int = 0  # model initialisation and data order
-    # where phi(x)'s CNN starts: "pixel_stem" (the cached pixel stem, trained on with the decoders) or
-    # "scratch" (as the paper's ResNet-50, which has millions of images); see docs/tuning_notes.md, "Fast & Slow, Slow"
-    image_init: str = "pixel_stem"
-    stem_steps: int = 400  # the pixel stem's pre-training steps (PixelStemConfig.max_steps; cached, shared)
-    stem_head_pool: str = "cells"  # how the stem's heads read its map in pre-training (PixelStemConfig.head_pool)
-    image_input: str = switch("pixels")  # "pixels" (the CNN above) or "regions" (grid cells: IMAGE_INPUTS)
+    image_init: str = "pixel_stem"  # phi(x)'s CNN from the cached "pixel_stem" or "scratch"
+    stem_steps: int = 400  # the pixel stem's pre-training steps (PixelStemConfig.max_steps; cached)
+    stem_head_pool: str = "cells"  # how the stem's heads read its map (PixelStemConfig.head_pool)
+    image_input: str = switch("pixels")  # "pixels" (the CNN above) or "regions" (IMAGE_INPUTS)
 
-    SMOKE: ClassVar[dict] = {"max_steps": 30, "batch_size": 16, "hidden": 32, "channels": (8, 16, 32),
-                             "stem_steps": 20}
-    # the real-photo preset (CourseConfig.REAL_PHOTOS), chosen on Flickr8k's val
-    REAL_PHOTOS: ClassVar[dict] = {"max_steps": 300, "batch_size": 64}
+    SMOKE: ClassVar[dict] = {"max_steps": 30, "batch_size": 16, "hidden": 32,
+                             "channels": (8, 16, 32), "stem_steps": 20}
+    REAL_PHOTOS: ClassVar[dict] = {"max_steps": 300, "batch_size": 64}  # chosen on Flickr8k's val
 
     def __post_init__(self):
         self.channels = tuple(int(c) for c in self.channels)
         if len(self.channels) != 3 or self.visual_size not in (4, 8, 16):
-            raise ValueError(f"channels must be 3 widths and visual_size 4, 8 or 16, got {self.channels} and "
-                             f"{self.visual_size}")
-        if self.image_init not in IMAGE_INITS or self.stem_head_pool not in HEAD_POOLS:
-            raise ValueError(f"image_init must be one of {IMAGE_INITS} and stem_head_pool one of {HEAD_POOLS}, got "
-                             f"{self.image_init!r} and {self.stem_head_pool!r}")
+            raise ValueError("channels must be 3 widths and visual_size 4, 8 or 16, got "
+                             f"{self.channels} and {self.visual_size}")
+        check_stem_fields(self)
         check_image_input(self)
 
 
 @dataclass
 class FastConfig(CourseConfig):
-    channels: tuple = (24, 48, 96)  # CNN widths of the image tower's three stages
-    # f(x) reads the CNN's 4x4 map by "mean" (the paper's global pool) or "flatten" (Linear over all 16
-    # cells: our captions name left / right / top / bottom; see docs/tuning_notes.md, "Fast & Slow, Fast")
-    image_pool: str = "flatten"
-    # g(y): "bow" (the paper's NCE BoW), "transformer" (Table 7; its [CLS]) or "gru" (ours: a bi-GRU,
-    # mean-pooled), then an MLP. A bag of words cannot tell "red circle left of blue square" from "blue
-    # circle left of red square" (docs/tuning_notes.md, "The text tower's ceiling with a perfect image side")
-    text_tower: str = "gru"
-    text_layers: int = 1  # transformer or gru text tower: blocks / GRU layers (transformer heads: 4)
-    # where the image CNN starts: "pixel_stem" (ConvBackbone pre-trained on bench["pretrain"]'s scene
-    # ground truth, course_lib.methods.pixel_stem, cached) or "scratch" (random weights)
-    image_init: str = "pixel_stem"
-    stem_steps: int = 400  # pixel_stem pre-training steps (PixelStemConfig.max_steps)
-    # how the stem's heads read its 4x4 map in pre-training (PixelStemConfig.head_pool; see
-    # docs/tuning_notes.md, "A stem read cell by cell")
-    stem_head_pool: str = "cells"
-    # image_init="pixel_stem" only: True keeps the stem's CNN as it is (weights and BatchNorm statistics)
-    # and trains the rest; False fine-tunes it too (docs/tuning_notes.md, "Fast & Slow, Fast")
-    freeze_stem: bool = False
-    # word-embedding width of the text tower, and the joint space of f(x) and g(y): the other dual
-    # encoders' 128 / 256 (one vector needs ~128 numbers or more here: docs/findings.md, "What one vector can do")
-    hidden: int = 128
-    embed_dim: int = 256
-    # distillation (eq. 5-8): False = eq. 4 alone. True = then distill_steps steps of eq. 8 (or only
-    # those, distill_start="scratch"; the docstring of course_lib.methods.fast_slow.method)
-    distill: bool = False
-    # eq. 5-6 temperature of both softmaxes (App. B: 10; docs/tuning_notes.md, "Fast & Slow, distillation")
-    tau: float = later_stage("distill", 10.0)
-    # weight of L_DE in eq. 8 (App. B: alpha / tau^2 = 0.001 at tau = 10 on one batch). With
-    # distill_candidates="mined", eq. 4 runs over the full batch beside the distilled captions, and 1.0
-    # keeps eq. 4's own weight (docs/tuning_notes.md, "More weight on the teacher, and a perfect teacher")
-    alpha: float = later_stage("distill", 1.0)
-    batch_size: int = 256  # pairs per step (eq. 4's in-batch negatives; the other dual encoders' 256)
-    # captions per step the teacher scores: "batch", the whole batch (its B^2 pairs: 256 decoder passes at
-    # 16, 1024 at 32); "mined", the first 16 of eq. 4's batch, each against its distill_top_k candidates
-    distill_batch_size: int = later_stage("distill", 16)
-    # optimizer steps of eq. 8 after the eq. 4 steps (docs/tuning_notes.md, "Fast & Slow, distillation")
-    distill_steps: int = later_stage("distill", 500)
-    distill_lr: float = later_stage("distill", 5e-4)  # peak AdamW rate of the distillation steps
-    distill_start: str = later_stage("distill", "fast")  # eq. 8 starts from "fast" (the plain model) or "scratch" (the paper's)
-    # which images each caption's two softmaxes of eq. 5-6 run over: "batch" (the paper's: the B images of
-    # the batch) or "mined" (its own image and the plain Fast model's top distill_top_k - 1 others of the
-    # training split, mined once: course_lib.methods.fast_slow.distill; docs/tuning_notes.md,
-    # "Fast & Slow, distillation")
-    distill_candidates: str = later_stage("distill", "mined")
-    distill_top_k: int = later_stage("distill", 16)  # "mined" only: candidate images per caption, its own included
-    lr: float = 1e-3  # peak AdamW learning rate (the other dual encoders')
-    max_steps: int = 4000  # optimizer steps of eq. 4 (docs/tuning_notes.md, "Fast & Slow, Fast")
-    # scenes drawn fresh from the generator (data.synthetic.with_fresh_scenes) beside the training split's, for
-    # eq. 4 and eq. 8 alike: the generator is free data, and the training scenes alone get memorised
-    # (docs/tuning_notes.md, "Fresh scenes instead of more epochs")
-    fresh_scenes: int = 40_000
-    warmup_fraction: float = 0.05
-    grad_clip: float = 2.0
-    seed: int = 0
-    # "pixels" (the CNN above) or "regions" (grid cells, mean-pooled as the paper pools conv5: IMAGE_INPUTS)
-    image_input: str = switch("pixels")
+    """Defaults chosen in docs/tuning_notes.md, "Fast & Slow, Fast" (the distillation fields':
+    "Fast & Slow, distillation")."""
 
-    SMOKE: ClassVar[dict] = {"max_steps": 30, "batch_size": 16, "distill_batch_size": 8, "distill_steps": 20,
-                             "hidden": 32, "embed_dim": 32, "channels": (8, 16, 32), "stem_steps": 20,
-                             "fresh_scenes": 100}
-    # CourseConfig's
-    # the real-photo preset (CourseConfig.REAL_PHOTOS), chosen on Flickr8k's val
-    REAL_PHOTOS: ClassVar[dict] = {"max_steps": 300, "batch_size": 128, "distill_steps": 150}
+    channels: tuple = (24, 48, 96)  # CNN widths of the image tower's three stages
+    image_pool: str = "flatten"  # f(x) reads the 4x4 map by "mean" (the paper's pool) or "flatten"
+    text_tower: str = "gru"  # g(y): "bow" (the paper's), "transformer" (Table 7) or "gru" (ours)
+    text_layers: int = 1  # transformer blocks (4 heads) or GRU layers of the text tower
+    image_init: str = "pixel_stem"  # the image CNN from the cached "pixel_stem" or "scratch"
+    stem_steps: int = 400  # pixel_stem pre-training steps (PixelStemConfig.max_steps)
+    stem_head_pool: str = "cells"  # how the stem's heads read its 4x4 map (PixelStemConfig)
+    freeze_stem: bool = False  # image_init="pixel_stem": keep its CNN (and BatchNorm) as it is
+    hidden: int = 128  # word-embedding width of the text tower (the other dual encoders')
+    embed_dim: int = 256  # the joint space of f(x) and g(y) (the other dual encoders')
+    distill: bool = False  # True: eq. 4, then distill_steps of eq. 8 (method.py); False: eq. 4
+    tau: float = later_stage("distill", 10.0)  # eq. 5-6 temperature of both softmaxes (App. B)
+    alpha: float = later_stage("distill", 1.0)  # weight of L_DE (eq. 4) in eq. 8
+    batch_size: int = 256  # pairs per step (eq. 4's in-batch negatives; the other dual encoders')
+    # captions a step the teacher scores: "batch": all (B^2 pairs); "mined": eq. 4's first ones
+    distill_batch_size: int = later_stage("distill", 16)
+    distill_steps: int = later_stage("distill", 500)  # optimizer steps of eq. 8 after eq. 4's
+    distill_lr: float = later_stage("distill", 5e-4)  # peak AdamW rate of the distillation steps
+    distill_start: str = later_stage("distill", "fast")  # eq. 8 from "fast" or "scratch"
+    # images a caption's softmaxes (eq. 5-6) run over: the "batch" (the paper's) or "mined" ones
+    distill_candidates: str = later_stage("distill", "mined")
+    distill_top_k: int = later_stage("distill", 16)  # "mined": images per caption, own included
+    lr: float = 1e-3  # peak AdamW learning rate (the other dual encoders')
+    max_steps: int = 4000  # optimizer steps of eq. 4
+    fresh_scenes: int = 40_000  # generator scenes beside the training split's, for eq. 4 and 8
+    warmup_fraction: float = 0.05  # share of steps warming up; then linear decay to 0
+    grad_clip: float = 2.0  # max gradient norm
+    seed: int = 0  # model initialisation and data order
+    image_input: str = switch("pixels")  # "pixels" or "regions" (grid cells, mean-pooled)
+
+    SMOKE: ClassVar[dict] = {"max_steps": 30, "batch_size": 16, "distill_batch_size": 8,
+                             "distill_steps": 20, "hidden": 32, "embed_dim": 32,
+                             "channels": (8, 16, 32), "stem_steps": 20, "fresh_scenes": 100}
+    REAL_PHOTOS: ClassVar[dict] = {"max_steps": 300, "batch_size": 128,  # chosen on Flickr8k's val
+                                   "distill_steps": 150}
 
     def __post_init__(self):
         self.channels = tuple(int(c) for c in self.channels)
         if self.image_pool not in IMAGE_POOLS or self.text_tower not in TEXT_TOWERS:
-            raise ValueError(f"image_pool must be one of {IMAGE_POOLS} and text_tower one of {TEXT_TOWERS}, got "
-                             f"{self.image_pool!r} and {self.text_tower!r}")
-        if self.image_init not in IMAGE_INITS or self.stem_head_pool not in HEAD_POOLS:
-            raise ValueError(f"image_init must be one of {IMAGE_INITS} and stem_head_pool one of {HEAD_POOLS}, got "
-                             f"{self.image_init!r} and {self.stem_head_pool!r}")
+            raise ValueError(f"image_pool must be one of {IMAGE_POOLS} and text_tower one of "
+                             f"{TEXT_TOWERS}, got {self.image_pool!r} and {self.text_tower!r}")
+        check_stem_fields(self)
         check_image_input(self)
         if self.distill_candidates not in DISTILL_CANDIDATES or self.distill_top_k < 2:
-            raise ValueError(f"distill_candidates must be one of {DISTILL_CANDIDATES} and distill_top_k >= 2, got "
-                             f"{self.distill_candidates!r} and {self.distill_top_k}")
+            raise ValueError(f"distill_candidates must be one of {DISTILL_CANDIDATES} and "
+                             f"distill_top_k >= 2, got {self.distill_candidates!r} and "
+                             f"{self.distill_top_k}")
         if self.distill_start not in ("fast", "scratch"):
-            raise ValueError(f"distill_start must be 'fast' or 'scratch', got {self.distill_start!r}")
+            raise ValueError("distill_start must be 'fast' or 'scratch', "
+                             f"got {self.distill_start!r}")
         if self.fresh_scenes < 0:
-            raise ValueError(f"fresh_scenes must be >= 0 (0: the training split alone), got {self.fresh_scenes}")
+            raise ValueError("fresh_scenes must be >= 0 (0: the training split alone), "
+                             f"got {self.fresh_scenes}")
         if not self.tau > 0 or self.alpha < 0:
-            raise ValueError(f"tau must be > 0 and alpha >= 0, got tau={self.tau}, alpha={self.alpha}")
+            raise ValueError(f"tau must be > 0 and alpha >= 0, got tau={self.tau}, "
+                             f"alpha={self.alpha}")
+
+
+def check_stem_fields(config) -> None:
+    """Both configs' image_init and stem_head_pool are among the known ones."""
+    if config.image_init not in IMAGE_INITS or config.stem_head_pool not in HEAD_POOLS:
+        raise ValueError(f"image_init must be one of {IMAGE_INITS} and stem_head_pool one of "
+                         f"{HEAD_POOLS}, got {config.image_init!r} and {config.stem_head_pool!r}")
 
 
 def check_image_input(config) -> None:
-    """Grid cells come from a pretrained CNN already: no pixel stem, and f(x) pools them (the paper's pool)."""
+    """Grid cells come from a pretrained CNN already: no pixel stem, and f(x) pools them (the
+    paper's pool)."""
     if config.image_input not in IMAGE_INPUTS:
         raise ValueError(f"image_input must be one of {IMAGE_INPUTS}, got {config.image_input!r}")
     if config.image_input == "regions" and config.image_init != "scratch":
-        raise ValueError("image_input='regions' reads a pretrained CNN's grid cells, so no pixel stem: set "
-                         "image_init='scratch'")
+        raise ValueError("image_input='regions' reads a pretrained CNN's grid cells, so no pixel "
+                         "stem: set image_init='scratch'")
     if config.image_input == "regions" and getattr(config, "image_pool", "mean") != "mean":
-        raise ValueError("image_input='regions' mean-pools the grid cells (the paper's global pool): set "
-                         "image_pool='mean'")
+        raise ValueError("image_input='regions' mean-pools the grid cells (the paper's global "
+                         "pool): set image_pool='mean'")
 
 
 # ----------------------------------------------------------------------------- visual encoders
@@ -229,7 +203,7 @@ class WeightedFusion(nn.Module):
 
 class VisualTokens(nn.Module):
     """phi(x): ConvBackbone's 4x4 map (1x1 to hidden), upsampled by WeightedFusion with the 8x8 and
-    then the 16x16 stage until visual_size, flattened row by row, + position, LayerNorm -> (B, M, H)."""
+    then the 16x16 stage up to visual_size, flattened by rows, + position, LayerNorm: (B, M, H)."""
 
     def __init__(self, channels, hidden: int, visual_size: int = 8):
         super().__init__()
@@ -237,7 +211,8 @@ class VisualTokens(nn.Module):
         self.coarse = nn.Conv2d(channels[2], hidden, 1)
         steps = {4: 0, 8: 1, 16: 2}[visual_size]
         self.fusions = nn.ModuleList(WeightedFusion(channels[1 - i], hidden) for i in range(steps))
-        self.position = nn.Parameter(torch.randn(visual_size * visual_size, hidden) * 0.02)  # (M, H)
+        M = visual_size * visual_size
+        self.position = nn.Parameter(torch.randn(M, hidden) * 0.02)  # (M, H)
         self.norm = nn.LayerNorm(hidden)
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
@@ -250,7 +225,7 @@ class VisualTokens(nn.Module):
 
 
 class RegionTokens(nn.Module):
-    """phi(x) over grid cells: every cell of a pretrained CNN's last map (the paper's ResNet feature map,
+    """phi(x) over grid cells: every cell of a pretrained CNN's last map (the paper's ResNet map,
     extracted once) embedded with its box as UNITER embeds a region -> (B, R, H). The decoders'
     cross-attention reads every cell: a grid has no padding."""
 
@@ -307,12 +282,14 @@ class SlowModel(nn.Module):
         return self.visual(images["regions"], images["boxes"])  # (B, R, H)
 
     def keys_values(self, tokens: torch.Tensor) -> dict:
-        return {"fwd": self.forward_decoder.keys_values(tokens), "bwd": self.backward_decoder.keys_values(tokens)}
+        return {"fwd": self.forward_decoder.keys_values(tokens),
+                "bwd": self.backward_decoder.keys_values(tokens)}
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
         T = ids.shape[1]
         if T > self.config.max_text_length:
-            raise ValueError(f"captions of {T} tokens exceed max_text_length={self.config.max_text_length}")
+            raise ValueError(f"captions of {T} tokens exceed "
+                             f"max_text_length={self.config.max_text_length}")
         return self.dropout(self.embed_norm(self.word(ids) + self.position.weight[:T]))  # (B, T, H)
 
     def logits(self, kvs: dict, texts: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -339,17 +316,20 @@ class SlowModel(nn.Module):
 
 # ----------------------------------------------------------------------------- the Fast model
 
-def fast_text_tower(vocab_size: int, config: FastConfig, special: SpecialTokens = WORD_SPECIAL_TOKENS):
-    """g(y)'s two parts: the text tower of config.text_tower (pooled (B, hidden)) and the MLP to the joint
-    space (B, embed_dim). -> (tower, projection)"""
+def fast_text_tower(vocab_size: int, config: FastConfig,
+                    special: SpecialTokens = WORD_SPECIAL_TOKENS):
+    """g(y)'s two parts: the text tower of config.text_tower (pooled (B, hidden)) and the MLP to
+    the joint space (B, embed_dim). -> (tower, projection)"""
     c = config
     if c.text_tower == "bow":
         tower = BagOfWordsEncoder(vocab_size, c.hidden, special)
     elif c.text_tower == "gru":
         tower = BiGRUEncoder(vocab_size, c.hidden, c.hidden, c.text_layers, special=special)
     else:
-        tower = TransformerTextEncoder(vocab_size, c.hidden, c.text_layers, heads=4, special=special)
-    return tower, nn.Sequential(nn.Linear(c.hidden, c.hidden), nn.ReLU(), nn.Linear(c.hidden, c.embed_dim))
+        tower = TransformerTextEncoder(vocab_size, c.hidden, c.text_layers, heads=4,
+                                       special=special)
+    return tower, nn.Sequential(nn.Linear(c.hidden, c.hidden), nn.ReLU(),
+                                nn.Linear(c.hidden, c.embed_dim))
 
 
 class FastModel(StemBackboneModule):
@@ -381,7 +361,8 @@ class FastModel(StemBackboneModule):
         if self.modality == "regions":
             return self.image_proj(masked_mean(batch["regions"], batch["region_mask"]))  # (B, E)
         grid = self.backbone(batch["pixels"])[2]  # (B, C, 4, 4)
-        pooled = grid.mean((2, 3)) if self.config.image_pool == "mean" else grid.flatten(1)  # (B, C) or (B, 16C)
+        mean = self.config.image_pool == "mean"
+        pooled = grid.mean((2, 3)) if mean else grid.flatten(1)  # (B, C) or (B, 16C)
         return self.image_proj(pooled)  # (B, E)
 
     def encode_texts(self, batch: dict) -> torch.Tensor:
@@ -393,5 +374,5 @@ class FastModel(StemBackboneModule):
 
 __all__ = ["SlowConfig", "FastConfig", "ConvBackbone", "WeightedFusion", "VisualTokens", "Decoder",
            "reverse_words", "summed_log_likelihood", "SlowModel", "FastModel", "fast_text_tower",
-           "FUSION_EPS", "IMAGE_POOLS", "TEXT_TOWERS", "IMAGE_INITS", "DISTILL_CANDIDATES", "IMAGE_INPUTS",
-           "RegionTokens", "image_inputs", "check_image_input"]
+           "FUSION_EPS", "IMAGE_POOLS", "TEXT_TOWERS", "IMAGE_INITS", "DISTILL_CANDIDATES",
+           "IMAGE_INPUTS", "RegionTokens", "image_inputs", "check_image_input"]

@@ -1,10 +1,10 @@
 """Fast & Slow's Slow model over a cached gallery (Miech et al. 2021, §3.3): the keys and values
 of every cross-attention layer depend on the image only, so a split's are computed once offline
 (`compute_states`) and a pair then costs the two decoders on its caption alone
-(`score_cached_pairs`). The re-ranker (`fast_slow@K`) and the distillation teacher both score this way.
+(`score_cached_pairs`). The re-ranker (`fast_slow@K`) and the distillation teacher score so.
 
-    states = compute_states(slow_model, bench["test"], tokenizer)      # offline: CNN + K/V projections
-    h = score_cached_pairs(slow_model, states, image_rows, text_rows)  # (P,) summed log-likelihoods
+    states = compute_states(slow_model, bench["test"], tokenizer)      # offline: CNN + K/V
+    h = score_cached_pairs(slow_model, states, image_rows, text_rows)  # (P,) log-likelihoods
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from course_lib.core.checkpoints import inference, model_device
 from course_lib.core.train import move_to_device
 from course_lib.data.datasets import ImageDataset, collate_images, text_fields
 from course_lib.methods.fast_slow.model import SlowModel, image_inputs
-
 
 LOGITS_PER_BLOCK = 1 << 24  # logits a direction per block of pairs (64 MB): memory, not the result
 
@@ -51,14 +50,16 @@ def compute_states(model: SlowModel, split, tokenizer, *, batch_size: int = 256,
     """Run the CNN and the K/V projections once over a split's images; tokenise its captions."""
     dataset = ImageDataset(split, modality=model.modality)
     parts = {"fwd": [], "bwd": []}
+    starts = range(0, len(dataset), batch_size)
     with inference(model, device) as device:
-        for start in tqdm(range(0, len(dataset), batch_size), desc="slow gallery", disable=not progress,
-                          leave=False):
-            block = collate_images([dataset[i] for i in range(start, min(start + batch_size, len(dataset)))])
-            kvs = model.keys_values(model.visual_tokens(move_to_device(image_inputs(model, block), device)))
+        for start in tqdm(starts, desc="slow gallery", disable=not progress, leave=False):
+            stop = min(start + batch_size, len(dataset))
+            block = image_inputs(model, collate_images([dataset[i] for i in range(start, stop)]))
+            kvs = model.keys_values(model.visual_tokens(move_to_device(block, device)))
             for d in parts:
                 parts[d].append([kv.cpu() for kv in kvs[d]])  # (2, b, h, M, d) each
-    kvs = {d: [torch.cat(layer, dim=1) for layer in zip(*blocks)] for d, blocks in parts.items()}
+    kvs = {d: [torch.cat(layer, dim=1) for layer in zip(*blocks, strict=True)]
+           for d, blocks in parts.items()}
     texts = text_fields(split.captions, tokenizer, model.config.max_text_length)
     return SlowStates(kvs, texts["input_ids"], texts["attention_mask"])
 
@@ -69,14 +70,16 @@ def score_cached_pairs(model: SlowModel, states: SlowStates, image_indices, text
     decoders run on each pair's caption."""
     images, texts = checked_pairs(image_indices, text_indices)
     out = torch.empty(len(images))
-    # each pair's logits are (T, V) a direction: a WordPiece vocabulary of 30k makes that 2.4 MB a pair
+    # each pair's logits are (T, V) a direction: a WordPiece vocabulary of 30k makes 2.4 MB a pair
     vocab, length = model.output.out_features, states.input_ids.shape[1]
     batch_size = max(1, min(batch_size, LOGITS_PER_BLOCK // (vocab * length)))
     with _scoring(model, device) as device:
         for start in range(0, len(images), batch_size):
             rows = slice(start, start + batch_size)
-            kvs = {d: [kv.to(device) for kv in layers] for d, layers in states.image(images[rows]).items()}
-            out[rows] = model.log_likelihood(kvs, {k: v.to(device) for k, v in states.text(texts[rows]).items()}).cpu()
+            kvs = {d: [kv.to(device) for kv in layers]
+                   for d, layers in states.image(images[rows]).items()}
+            words = {k: v.to(device) for k, v in states.text(texts[rows]).items()}
+            out[rows] = model.log_likelihood(kvs, words).cpu()
     return out
 
 
@@ -94,13 +97,13 @@ def _scoring(model: nn.Module, device=None):
 
 
 def checked_pairs(image_indices, text_indices) -> tuple[torch.Tensor, torch.Tensor]:
-    """Two (P,) long tensors of aligned pair indices, or a clear error. (U-BERT's and the
-    cross-encoder's pair scorers check the same: a candidate for course_lib.methods.base.)"""
+    """Two (P,) long tensors of aligned pair indices, or a clear error. (U-BERT's pair scorer uses
+    it too, and the cross-encoder's checks the same: a candidate for course_lib.methods.base.)"""
     images = torch.as_tensor(np.asarray(image_indices), dtype=torch.long)  # (P,)
     texts = torch.as_tensor(np.asarray(text_indices), dtype=torch.long)  # (P,)
     if images.shape != texts.shape or images.ndim != 1:
-        raise ValueError(f"image_indices and text_indices must be two (P,) vectors of pairs, got shapes "
-                         f"{tuple(images.shape)} and {tuple(texts.shape)}")
+        raise ValueError("image_indices and text_indices must be two (P,) vectors of pairs, got "
+                         f"shapes {tuple(images.shape)} and {tuple(texts.shape)}")
     return images, texts
 
 

@@ -11,14 +11,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import accumulate, pairwise
 
 
 @dataclass
 class CostModel:
-    """The paper's time model (§3.4) in units of one multiply: an encoder block costs t_e, one
-    similarity at width d costs d. Flat: all blocks, then N similarities at the last width; the
-    cascade: the blocks up to level 1, then at each level the larger of (the next blocks, this
-    level's similarities) as both run in parallel, then the last level's similarities."""
+    """The paper's time model (§3.4, the module docstring) in units of one multiply: an encoder
+    block costs t_e, one similarity at width d costs d."""
 
     n_layers: int = 12  # encoder blocks of the query tower
     level_layers: tuple = (4, 8, 12)  # the block each level reads
@@ -32,11 +31,12 @@ class CostModel:
     def cascade(self, candidates) -> float:
         """candidates: (N_1, ..., N_L), the items scored at each level (N_1 = the gallery)."""
         if len(candidates) != len(self.widths):
-            raise ValueError(f"one candidate count per level: {len(self.widths)} levels, got {list(candidates)}")
-        blocks = [b - a for a, b in zip((0,) + tuple(self.level_layers), self.level_layers)]  # per segment
+            raise ValueError(f"one candidate count per level: {len(self.widths)} levels, "
+                             f"got {list(candidates)}")
+        blocks = [b - a for a, b in pairwise((0, *self.level_layers))]  # blocks per segment
         total = blocks[0] * self.t_e
-        for l in range(len(self.widths) - 1):
-            total += max(blocks[l + 1] * self.t_e, candidates[l] * self.widths[l])
+        for level in range(len(self.widths) - 1):
+            total += max(blocks[level + 1] * self.t_e, candidates[level] * self.widths[level])
         return total + candidates[-1] * self.widths[-1]
 
 
@@ -44,11 +44,10 @@ def cascade_cost(n: int, survivors=(1000, 100), model: CostModel | None = None) 
     """{"flat", "cascade", "speedup"} of the time model for a gallery of n with the given survivor
     counts (N_2, N_3, ...), each capped at the previous count."""
     model = model or CostModel()
-    counts = [n]
-    for keep in survivors:
-        counts.append(min(keep, counts[-1]))
+    counts = list(accumulate(survivors, min, initial=n))  # [n, N_2, N_3, ...], each capped
     flat, cascade = model.flat(n), model.cascade(counts)
-    return {"n": n, "candidates": counts, "flat": flat, "cascade": cascade, "speedup": flat / cascade}
+    return {"n": n, "candidates": counts, "flat": flat, "cascade": cascade,
+            "speedup": flat / cascade}
 
 
 def encoder_multiply_adds(tokens: int, hidden: int, layers: int) -> int:
@@ -62,20 +61,21 @@ def eol_multiply_adds(hidden: int, widths) -> int:
     return sum(hidden * hidden + hidden * w for w in widths)
 
 
-def query_multiply_adds(n: int, *, tokens: int, hidden: int, layers: int, widths, survivors=()) -> dict:
+def query_multiply_adds(n: int, *, tokens: int, hidden: int, layers: int, widths,
+                        survivors=()) -> dict:
     """Multiply-adds of one query: the encoder (all `layers` blocks and the EOLs) plus similarities:
     flat = n at the last width; cascade = n at d_1, then survivors[l] at d_{l+2}. {"encoder",
     "flat_similarity", "cascade_similarity", "flat", "cascade"}."""
     if len(survivors) != len(widths) - 1:
-        raise ValueError(f"{len(widths)} levels need {len(widths) - 1} survivor counts, got {list(survivors)}")
+        raise ValueError(f"{len(widths)} levels need {len(widths) - 1} survivor counts, "
+                         f"got {list(survivors)}")
     encoder = encoder_multiply_adds(tokens, hidden, layers) + eol_multiply_adds(hidden, widths)
-    counts = [n]
-    for keep in survivors:
-        counts.append(min(keep, counts[-1]))
+    counts = accumulate(survivors, min, initial=n)  # n, then each survivor count, capped
     flat_sim = n * widths[-1]
-    cascade_sim = sum(c * w for c, w in zip(counts, widths))
+    cascade_sim = sum(c * w for c, w in zip(counts, widths, strict=True))
     return {"encoder": encoder, "flat_similarity": flat_sim, "cascade_similarity": cascade_sim,
             "flat": encoder + flat_sim, "cascade": encoder + cascade_sim}
 
 
-__all__ = ["CostModel", "cascade_cost", "encoder_multiply_adds", "eol_multiply_adds", "query_multiply_adds"]
+__all__ = ["CostModel", "cascade_cost", "encoder_multiply_adds", "eol_multiply_adds",
+           "query_multiply_adds"]

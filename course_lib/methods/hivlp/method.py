@@ -3,16 +3,13 @@
     model, history = train_hivlp(bench, tokenizer, HiVLPConfig(), checkpoint_path=...)
 
 Offline, every gallery item's level vectors are stored (`compute_states`: one tower pass gives all
-levels, one matrix per level). Online, a text query runs the text tower once and
-
-    level 1: S^1 against all N candidates (width d_1), keep the top N2
-    level 2: S^2 against those N2 (width d_2), keep the top N3
-    level 3: S^3 orders the N3 (width d_L)                          (`search.coarse_to_fine`)
+levels, one matrix per level); online, a text query runs the text tower once and the cascade of
+`search` (`coarse_to_fine`) narrows the gallery level by level.
 
 Methods: `hivlp` (that cascade, N2 = 1000 and N3 = 100 as the paper), `hivlp-flat` (the last level
 over every candidate: a plain dual encoder of width d_L), `hivlp+rerank@20` (the cascade's top 20
-re-scored by lesson 02's cross-encoder, the paper's "+CM" with our cross-encoder), `hivlp-regions`
-(the same cascade with the region tower: separates the pixels-vs-detector confound).
+re-scored by lesson 02's cross-encoder: the paper's "+CM"), `hivlp-regions` (the same cascade with
+the region tower: separates the pixels-vs-detector confound).
 """
 
 from __future__ import annotations
@@ -26,19 +23,25 @@ from tqdm.auto import tqdm
 from course_lib.core.checkpoints import finished_checkpoint, inference
 from course_lib.core.retrieval import build_index, search
 from course_lib.core.settings import seed_everything
-from course_lib.data.datasets import (
-    CaptionDataset,
-    ImageDataset,
-    make_loader,
-)
+from course_lib.data.datasets import CaptionDataset, ImageDataset, make_loader
 from course_lib.data.split import RetrievalSplit
 from course_lib.data.synthetic import with_fresh_scenes
 from course_lib.methods.base import DualEncoderMethod, Ranker, fit_pairs
-from course_lib.methods.queries import check_direction, query_indices
 from course_lib.methods.encoding import retrieval_evaluator
-from course_lib.methods.hivlp.model import HiVLP, HiVLPConfig, StemGridTower, build_hivlp, grid_boxes
-from course_lib.methods.pixel_stem import StartsFromPixelStem, load_stem_backbone, stem_checkpoint_path
+from course_lib.methods.hivlp.model import (
+    HiVLP,
+    HiVLPConfig,
+    StemGridTower,
+    build_hivlp,
+    grid_boxes,
+)
 from course_lib.methods.hivlp.search import SURVIVORS, coarse_to_fine_one
+from course_lib.methods.pixel_stem import (
+    StartsFromPixelStem,
+    load_stem_backbone,
+    stem_checkpoint_path,
+)
+from course_lib.methods.queries import check_direction, query_indices
 from course_lib.methods.registry import register_method
 from course_lib.methods.rerank import Cascade
 
@@ -61,7 +64,8 @@ class HiVLPStates:
 
     def side(self, direction: str) -> tuple[list, list]:
         """(gallery levels, query levels) of a direction: t2i searches images with captions."""
-        return (self.image, self.text) if check_direction(direction) == "t2i" else (self.text, self.image)
+        t2i = check_direction(direction) == "t2i"
+        return (self.image, self.text) if t2i else (self.text, self.image)
 
 
 def _encode_levels(model: HiVLP, loader, encode, progress: bool, desc: str) -> list[torch.Tensor]:
@@ -70,13 +74,14 @@ def _encode_levels(model: HiVLP, loader, encode, progress: bool, desc: str) -> l
         for batch in tqdm(loader, desc=desc, disable=not progress, leave=False):
             batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
             parts.append([x.float().cpu() for x in encode(batch)])  # [(b, d_l)]
-    return [torch.cat(level) for level in zip(*parts)]  # [(n, d_l)]
+    return [torch.cat(level) for level in zip(*parts, strict=True)]  # [(n, d_l)]
 
 
-def compute_states(model: HiVLP, split, tokenizer, batch_size: int = 256, progress: bool = False) -> HiVLPStates:
+def compute_states(model: HiVLP, split, tokenizer, batch_size: int = 256,
+                   progress: bool = False) -> HiVLPStates:
     """Every image's and caption's level vectors, one tower pass each (offline work)."""
-    images = make_loader(ImageDataset(split, modality=model.modality, image_size=model.config.image_size),
-                         batch_size)
+    images = make_loader(ImageDataset(split, modality=model.modality,
+                                      image_size=model.config.image_size), batch_size)
     texts = make_loader(CaptionDataset(split), batch_size, tokenizer=tokenizer)
     return HiVLPStates(_encode_levels(model, images, model.image_levels, progress, "image levels"),
                        _encode_levels(model, texts, model.text_levels, progress, "caption levels"))
@@ -91,51 +96,53 @@ def last_level_scores(model: HiVLP, split, tokenizer) -> torch.Tensor:
 
 
 def uses_pixel_stem(config: HiVLPConfig) -> bool:
-    """Whether the image tower starts from the pre-trained pixel stem (pixels, stem="pixel_stem")."""
+    """Whether the image tower starts from the pre-trained pixel stem (stem="pixel_stem")."""
     return config.image_input == "pixels" and config.stem == "pixel_stem"
 
 
 def with_stem_grid(split, tower: StemGridTower, batch_size: int = 512, progress: bool = False,
                    device: str | None = None) -> RetrievalSplit:
-    """A copy of `split` whose region features are the frozen pixel stem's grid tokens (N, 16, C), with
-    each cell's box and a full mask: "grid features", computed once per image. Training over pixels with
-    a frozen stem reads them (modality "regions") instead of running the stem at every step; the
-    numbers are the same, since a frozen stem in eval mode is a fixed function."""
+    """A copy of `split` whose region features are the frozen pixel stem's grid tokens (N, 16, C),
+    each cell's box and a full mask, computed once per image: training with a frozen stem reads
+    them (modality "regions") instead of running it every step (a fixed function: same numbers)."""
     loader = make_loader(ImageDataset(split, modality="pixels"), batch_size)
     parts = []
     with inference(tower.backbone, device) as on:
         for batch in tqdm(loader, desc="stem grid", disable=not progress, leave=False):
             parts.append(tower.grid_tokens(batch["pixels"].to(on)).float().cpu())  # (b, 16, C)
     tokens = torch.cat(parts).numpy()  # (N, 16, C)
-    boxes = np.tile(grid_boxes(tower.side).numpy().astype(np.float32), (len(tokens), 1, 1))  # (N, 16, 7)
-    return RetrievalSplit(name=f"{split.name}:stem-grid", captions=split.captions, txt2img=split.txt2img,
-                          image_ids=split.image_ids, regions=tokens, boxes=boxes,
+    boxes = grid_boxes(tower.side).numpy().astype(np.float32)  # (16, 7)
+    return RetrievalSplit(name=f"{split.name}:stem-grid", captions=split.captions,
+                          txt2img=split.txt2img, image_ids=split.image_ids, regions=tokens,
+                          boxes=np.tile(boxes, (len(tokens), 1, 1)),  # (N, 16, 7)
                           region_mask=np.ones(tokens.shape[:2], dtype=bool), info=dict(split.info))
 
 
 def train_hivlp(bench: dict, tokenizer, config: HiVLPConfig | None = None, *, checkpoint_path=None,
-                stem_checkpoint=None, evaluate_on=None, eval_every: int | None = None, progress: bool = True,
-                device: str | None = None) -> tuple[HiVLP, object]:
-    """Train on bench["train"] with L_HRL + L_LRM; returns (model in eval mode, History). A finished
-    checkpoint at checkpoint_path is loaded instead. With stem="pixel_stem" the image tower's CNN
-    starts from the pixel stem, pre-trained on bench["pretrain"] (or loaded from a finished
-    stem_checkpoint). evaluate_on: a split (or a dict of splits, base.learning_curve_splits) whose
-    flat last-level retrieval metrics are logged every eval_every steps and at the end."""
+                stem_checkpoint=None, evaluate_on=None, eval_every: int | None = None,
+                progress: bool = True, device: str | None = None) -> tuple[HiVLP, object]:
+    """Train on bench["train"] with L_HRL + L_LRM -> (model in eval mode, History), or load a
+    finished checkpoint_path. With stem="pixel_stem" the image CNN starts from the pixel stem
+    (pre-trained on bench["pretrain"], or a finished stem_checkpoint). evaluate_on: a split (or
+    a dict, learning_curve_splits) the last level ranks every eval_every steps and at the end."""
     c = config or HiVLPConfig()
     seed_everything(c.seed)
     model = build_hivlp(c, bench["train"], tokenizer)
-    if uses_pixel_stem(c):  # (the Trainer re-seeds: the same training whether the stem was trained here or loaded)
-        load_stem_backbone(model.image_tower.backbone, bench, c, checkpoint_path=stem_checkpoint, progress=progress,
-                           device=device)
-    evaluate = retrieval_evaluator(evaluate_on, lambda m, split: last_level_scores(m, split, tokenizer))
+    if uses_pixel_stem(c):  # (the Trainer re-seeds: the same training, stem trained here or loaded)
+        load_stem_backbone(model.image_tower.backbone, bench, c, checkpoint_path=stem_checkpoint,
+                           progress=progress, device=device)
+    evaluate = retrieval_evaluator(evaluate_on,
+                                   lambda m, split: last_level_scores(m, split, tokenizer))
     train, modality = bench["train"], c.image_input
-    if not finished_checkpoint(checkpoint_path, c.max_steps):  # (a finished one is loaded: no data needed)
+    if not finished_checkpoint(checkpoint_path, c.max_steps):  # (a finished one loads: no data)
         train = with_fresh_scenes(train, c.fresh_scenes)  # the training split, then fresh scenes
-        if uses_pixel_stem(c) and c.freeze_stem:  # the frozen stem run once per image, not once per step
-            train, modality = with_stem_grid(train, model.image_tower, progress=progress, device=device), "regions"
+        if uses_pixel_stem(c) and c.freeze_stem:  # the frozen stem once per image, not per step
+            train = with_stem_grid(train, model.image_tower, progress=progress, device=device)
+            modality = "regions"
     history = fit_pairs(model, hivlp_loss, train, tokenizer, c, modality=modality,
-                        image_size=c.image_size, max_text_length=c.max_text_length, evaluate=evaluate,
-                        eval_every=eval_every, log_every=max(1, c.max_steps // 100), progress=progress, device=device,
+                        image_size=c.image_size, max_text_length=c.max_text_length,
+                        evaluate=evaluate, eval_every=eval_every,
+                        log_every=max(1, c.max_steps // 100), progress=progress, device=device,
                         checkpoint_path=checkpoint_path)
     return model.eval(), history
 
@@ -143,28 +150,30 @@ def train_hivlp(bench: dict, tokenizer, config: HiVLPConfig | None = None, *, ch
 # ----------------------------------------------------------------------------- methods
 
 class HiVLPMethod(StartsFromPixelStem, DualEncoderMethod):
-    """A trained HiVLP as the flat method (`hivlp-flat`: the last level over every candidate,
-    through a FAISS index of the cached last-level vectors). `level(l)` gives one level as a
-    cascade stage; `states(split)` caches the split's level vectors (offline work)."""
+    """A trained HiVLP as the flat method (`hivlp-flat`: the last level over every candidate, from a
+    FAISS index of the cached vectors). `level(l)`: one level as a cascade stage; `states(split)`:
+    the split's cached level vectors (offline work)."""
 
     checkpoint_prefix = "hivlp"
     config_class = HiVLPConfig
 
-    def __init__(self, config: HiVLPConfig | None = None, name: str = "hivlp-flat", progress: bool = True):
+    def __init__(self, config: HiVLPConfig | None = None, name: str = "hivlp-flat",
+                 progress: bool = True):
         super().__init__(config, name, progress)
 
     @property
     def notes(self) -> str:
         c = self.config
-        return (f"HiVLP last level (d={c.eol_widths[-1]}) over every candidate; {self.towers}, EOL widths "
-                f"{'/'.join(map(str, c.eol_widths))}; FAISS IndexFlatIP")
+        return (f"HiVLP last level (d={c.eol_widths[-1]}) over every candidate; {self.towers}, "
+                f"EOL widths {'/'.join(map(str, c.eol_widths))}; FAISS IndexFlatIP")
 
     @property
     def towers(self) -> str:
         c = self.config
+        stem = "frozen" if c.freeze_stem else "fine-tuned"
         image = (f"region tower {c.image_layers} blocks" if c.image_input == "regions" else
-                 f"pixel stem grid ({'frozen' if c.freeze_stem else 'fine-tuned'}) + {c.image_layers} blocks"
-                 if c.stem == "pixel_stem" else f"ViT {c.image_layers} blocks over {c.patch_size}px patches")
+                 f"pixel stem grid ({stem}) + {c.image_layers} blocks" if c.stem == "pixel_stem"
+                 else f"ViT {c.image_layers} blocks over {c.patch_size}px patches")
         return f"{image}, text {c.text_layers} blocks"
 
     def build_model(self, bench: dict, tokenizer) -> HiVLP:
@@ -174,19 +183,19 @@ class HiVLPMethod(StartsFromPixelStem, DualEncoderMethod):
         return uses_pixel_stem(self.config)
 
     def train(self, bench: dict, tokenizer, checkpoint_path, cache_dir):
+        stem = stem_checkpoint_path(cache_dir, self.stem_checkpoint_file(bench))
         return train_hivlp(bench, tokenizer, self.config, checkpoint_path=checkpoint_path,
-                           stem_checkpoint=stem_checkpoint_path(cache_dir, self.stem_checkpoint_file(bench)),
-                           progress=self.progress,
+                           stem_checkpoint=stem, progress=self.progress,
                            **self.learning_curve(bench, self.config.max_steps))
 
     def states(self, split) -> HiVLPStates:
         return self.cached_states(split, compute_states)
 
     def rank_level(self, split, direction: str, top_k: int, level: int, queries=None):
-        """Exact top_k by S^level (0-based) through a FAISS index of the gallery's cached vectors."""
-        queries = query_indices(split, direction, queries)
+        """Exact top_k by S^level (0-based) from a FAISS index of the gallery's cached vectors."""
+        queries = torch.as_tensor(query_indices(split, direction, queries), dtype=torch.long)
         gallery, asked = (side[level] for side in self.states(split).side(direction))
-        scores, indices = search(build_index(gallery), asked[torch.as_tensor(queries, dtype=torch.long)],
+        scores, indices = search(build_index(gallery), asked[queries],
                                  min(top_k, len(gallery)))  # (Q, k) each
         return torch.as_tensor(indices, dtype=torch.long), torch.as_tensor(scores)
 
@@ -196,30 +205,32 @@ class HiVLPMethod(StartsFromPixelStem, DualEncoderMethod):
     def score_level(self, split, image_indices, text_indices, level: int) -> torch.Tensor:
         """S^level (P,) of the pairs (image_indices[p], text_indices[p]) from cached vectors."""
         states = self.states(split)
-        images = states.image[level][torch.as_tensor(np.asarray(image_indices), dtype=torch.long)]  # (P, d)
-        texts = states.text[level][torch.as_tensor(np.asarray(text_indices), dtype=torch.long)]
-        return (images * texts).sum(-1)
+        images = torch.as_tensor(np.asarray(image_indices), dtype=torch.long)  # (P,)
+        texts = torch.as_tensor(np.asarray(text_indices), dtype=torch.long)  # (P,)
+        return (states.image[level][images] * states.text[level][texts]).sum(-1)  # (P, d) each
 
-    def online_query_fn(self, split, caption_index: int = 0, top_k: int = 10, levels=None, survivors=SURVIVORS):
-        """A zero-argument callable answering one caption: the text tower once (every level at
-        once, on the lean query path of course_lib.core.serving), then coarse_to_fine_one over the
-        split's stored image level matrices (offline work, done here) at `levels` (default all)
-        keeping `survivors`. Returns (top_k,) image indices."""
+    def online_query_fn(self, split, caption_index: int = 0, top_k: int = 10, levels=None,
+                        survivors=SURVIVORS):
+        """A zero-argument callable answering one caption with (top_k,) image indices: the text
+        tower once (every level, on course_lib.core.serving's lean path), then coarse_to_fine_one
+        over the split's stored image levels (offline, here) at `levels` keeping `survivors`."""
         model = self._fitted().eval()
         states = self.states(split)
         levels = list(range(model.config.n_levels)) if levels is None else list(levels)
-        gallery = [np.ascontiguousarray(states.image[l].float().cpu().numpy()) for l in levels]  # [(G, d_l)]
+        gallery = [np.ascontiguousarray(states.image[level].float().cpu().numpy())
+                   for level in levels]  # [(G, d_l)]
         caption = split.captions[caption_index]
         tokenizer, encoder = self.query_side(caption, max_length=model.config.max_text_length,
                                              encode_name="text_levels")
 
         def answer() -> np.ndarray:
             query = encoder(*tokenizer(caption))  # every level's (1, d_l), float32 numpy
-            return coarse_to_fine_one(gallery, [query[l][0] for l in levels], survivors, top_k)
+            return coarse_to_fine_one(gallery, [query[level][0] for level in levels], survivors,
+                                      top_k)
 
         return answer
 
-    def level(self, level: int) -> "HiVLPLevel":
+    def level(self, level: int) -> HiVLPLevel:
         return HiVLPLevel(self, level)
 
 
@@ -227,21 +238,22 @@ class HiVLPLevel(Ranker):
     """One level of a fitted (or to-be-fitted) HiVLPMethod as a cascade stage: rank by S^l over the
     whole gallery (the first stage) or score_pairs by S^l (a later stage). 0-based `level`."""
 
-    dot_product = True  # score_pairs is a dot product of cached vectors: no cross-attention pairs to budget
+    dot_product = True  # score_pairs is a dot product of cached vectors: no cross pairs to budget
 
     def __init__(self, parent: HiVLPMethod, level: int):
         if not 0 <= level < parent.config.n_levels:
             raise ValueError(f"level must be in [0, {parent.config.n_levels}), got {level}")
         self.parent, self.level_index, self.progress = parent, level, parent.progress
         self.name = f"{parent.name.replace('-flat', '')}-eol{level + 1}"
-        self.notes = f"HiVLP level {level + 1} alone (d={parent.config.eol_widths[level]}) over every candidate"
+        self.notes = (f"HiVLP level {level + 1} alone (d={parent.config.eol_widths[level]}) over "
+                      "every candidate")
         self.config = parent.config
 
     model = property(lambda self: self.parent.model)
     tokenizer = property(lambda self: self.parent.tokenizer)
 
     def fit(self, bench, tokenizer, cache_dir=None):
-        """A level is a view of its parent: the parent's model, trained (or loaded) if it is not yet."""
+        """A level is a view of its parent: the parent's model, trained (or loaded) if not yet."""
         if self.parent.model is None:
             self.parent.fit(bench, tokenizer, cache_dir)
         return self
@@ -254,27 +266,27 @@ class HiVLPLevel(Ranker):
 
     def query_fn(self, split, caption_index: int = 0, top_k: int = 10):
         """One caption against the whole gallery at this level alone (the online path)."""
-        return self.parent.online_query_fn(split, caption_index, top_k, levels=[self.level_index], survivors=())
+        return self.parent.online_query_fn(split, caption_index, top_k, levels=[self.level_index],
+                                           survivors=())
 
 
 class HiVLPCascade(Cascade):
-    """HiVLP's coarse-to-fine retrieval (§3.4) as a Cascade of its levels, survivors (N2, N3, ...).
-    query_fn is the online path: one text-tower pass (every level at once), then `coarse_to_fine`
-    on the gallery's stored level matrices."""
+    """HiVLP's coarse-to-fine retrieval (§3.4) as a Cascade of its levels, survivors (N2, N3, ...);
+    query_fn is the online path (HiVLPMethod.online_query_fn)."""
 
     def __init__(self, hivlp: HiVLPMethod, survivors=SURVIVORS, name: str | None = None):
-        n = hivlp.config.n_levels
+        n, widths = hivlp.config.n_levels, hivlp.config.eol_widths
         if len(survivors) != n - 1:
-            raise ValueError(f"{n} levels need {n - 1} survivor counts (N2, N3, ...), got {list(survivors)}")
-        super().__init__([hivlp.level(l) for l in range(n)], list(survivors),
-                         name=name or hivlp.name.replace("-flat", ""), notes=(f"HiVLP cascade ({hivlp.towers}): level 1 (d={hivlp.config.eol_widths[0]}) keeps "
-                                f"{'/'.join(map(str, survivors))}, the last level (d={hivlp.config.eol_widths[-1]}) "
-                                "orders them"))
+            raise ValueError(f"{n} levels need {n - 1} survivor counts (N2, N3, ...), "
+                             f"got {list(survivors)}")
+        super().__init__([hivlp.level(level) for level in range(n)], list(survivors),
+                         name=name or hivlp.name.replace("-flat", ""),
+                         notes=(f"HiVLP cascade ({hivlp.towers}): level 1 (d={widths[0]}) keeps "
+                                f"{'/'.join(map(str, survivors))}, the last level "
+                                f"(d={widths[-1]}) orders them"))
         self.hivlp = hivlp
 
     def query_fn(self, split, caption_index: int = 0, top_k: int = 10):
-        """One caption's online path: the text tower once (every level), then coarse_to_fine over the
-        gallery's stored level matrices."""
         return self.hivlp.online_query_fn(split, caption_index, top_k, survivors=self.top_ms)
 
 
@@ -291,20 +303,22 @@ def _hivlp(build) -> HiVLPCascade:
 @register_method(f"hivlp+rerank@{RERANK_TOP_M}", order=5.2)
 def _hivlp_rerank(build) -> Cascade:
     flat = build.method("hivlp-flat")
-    levels = [flat.level(l) for l in range(flat.config.n_levels)]
+    levels = [flat.level(level) for level in range(flat.config.n_levels)]
     return Cascade(levels + [build.method("cross_encoder")], list(SURVIVORS) + [RERANK_TOP_M],
                    name=f"hivlp+rerank@{RERANK_TOP_M}",
-                   notes=(f"the HiVLP cascade's top {RERANK_TOP_M} re-scored by the cross-encoder (the paper's "
-                          "+CM, with lesson 02's cross-encoder)"))
+                   notes=(f"the HiVLP cascade's top {RERANK_TOP_M} re-scored by the cross-encoder "
+                          "(the paper's +CM, with lesson 02's cross-encoder)"))
 
 
 @register_method("hivlp-regions", order=5.3)
 def _hivlp_regions(build) -> HiVLPCascade:
-    # the region tower as deep as LightningDOT's (2 blocks), as the paper's image towers match: a deeper one
-    # learned slower within the same steps (docs/tuning_notes.md)
+    # the region tower as deep as LightningDOT's (2 blocks), as the paper's image towers match
+    # (docs/tuning_notes.md, "HiVLP")
     flat = HiVLPMethod(build.config(HiVLPConfig, image_input="regions", image_layers=2),
                        name="hivlp-regions-flat")
     return HiVLPCascade(flat, name="hivlp-regions")
 
 
-__all__ = ["SURVIVORS", "RERANK_TOP_M", "hivlp_loss", "HiVLPStates", "compute_states", "uses_pixel_stem", "with_stem_grid", "train_hivlp", "HiVLPMethod", "HiVLPLevel", "HiVLPCascade"]
+__all__ = ["SURVIVORS", "RERANK_TOP_M", "hivlp_loss", "HiVLPStates", "compute_states",
+           "uses_pixel_stem", "with_stem_grid", "train_hivlp", "HiVLPMethod", "HiVLPLevel",
+           "HiVLPCascade"]

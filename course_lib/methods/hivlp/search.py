@@ -21,11 +21,10 @@ SURVIVORS = (1000, 100)  # N2, N3: the paper's defaults for every evaluation set
 def select_top_k(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(values, indices) of each row's k largest scores, best first: torch.topk's answer.
 
-    One long row (one online query against a big gallery) takes a faster exact path: a strided
-    sample of the row sets a threshold that about 2k scores pass, one vectorised comparison keeps
-    them, and topk runs on those alone. If fewer than k pass, the full topk runs instead. On the CPU
-    torch.topk over 10^7 scores costs about as much as the level-1 matrix product itself, which
-    would hide the cascade's saving (the notebook measures both)."""
+    One long row (an online query against a big gallery) takes a faster exact path: a strided
+    sample of the row sets a threshold that about 2k scores pass, one comparison keeps them, and
+    topk runs on those alone (the full topk if fewer than k pass). On the CPU torch.topk over 10^7
+    scores costs about as much as the level-1 product, hiding the cascade's saving (notebook 05)."""
     Q, N = scores.shape
     k = min(k, N)
     sample = 4096
@@ -65,12 +64,13 @@ def rescore(gallery: torch.Tensor, query: torch.Tensor, indices: torch.Tensor) -
 def _level_plan(gallery_levels, query_levels, survivors, top_k: int) -> tuple[list[int], int]:
     """(what each level keeps, the first level that scores): both searches below follow it."""
     if len(gallery_levels) != len(query_levels) or len(survivors) != len(gallery_levels) - 1:
-        raise ValueError(f"{len(gallery_levels)} gallery levels, {len(query_levels)} query levels and "
-                         f"{len(survivors)} survivor counts: need L, L and L - 1")
+        raise ValueError(f"{len(gallery_levels)} gallery levels, {len(query_levels)} query levels "
+                         f"and {len(survivors)} survivor counts: need L, L and L - 1")
     counts = list(survivors) + [top_k]  # what each level keeps
     # A level that would keep every candidate it scores filters nothing (the paper's N2 = 1,000 on a
     # 1k gallery): skip it and let the next level score them. Same answer, without sorting them all.
-    first = next(l for l, keep in enumerate(counts) if keep < len(gallery_levels[0]) or l == len(counts) - 1)
+    first = next(level for level, keep in enumerate(counts)
+                 if keep < len(gallery_levels[0]) or level == len(counts) - 1)
     return counts, first
 
 
@@ -81,34 +81,37 @@ def coarse_to_fine(gallery_levels, query_levels, survivors=SURVIVORS, top_k: int
     gallery_levels[l] (G, d_l), query_levels[l] (Q, d_l) ->
     (indices (Q, k), scores (Q, k)) by the last level's score, k = min(top_k, last survivors)."""
     counts, first = _level_plan(gallery_levels, query_levels, survivors, top_k)
-    indices, values = flat_search(gallery_levels[first], query_levels[first], counts[first])  # (Q, N) at d_first
-    for l in range(first + 1, len(counts)):
-        if counts[l] >= indices.shape[1] and l < len(counts) - 1:
+    indices, values = flat_search(gallery_levels[first], query_levels[first],
+                                  counts[first])  # (Q, N) at d_first
+    for level in range(first + 1, len(counts)):
+        if counts[level] >= indices.shape[1] and level < len(counts) - 1:
             continue  # keeps every survivor: nothing to filter
-        values = rescore(gallery_levels[l], query_levels[l], indices)  # (Q, M) at d_l
-        top = torch.topk(values, min(counts[l], values.shape[1]), dim=1)
-        indices, values = indices.gather(1, top.indices), top.values  # (Q, counts[l])
+        values = rescore(gallery_levels[level], query_levels[level], indices)  # (Q, M) at d_l
+        top = torch.topk(values, min(counts[level], values.shape[1]), dim=1)
+        indices, values = indices.gather(1, top.indices), top.values  # (Q, counts[level])
     return indices, values
 
 
-def coarse_to_fine_one(gallery_levels, query_levels, survivors=SURVIVORS, top_k: int = 10) -> np.ndarray:
-    """`coarse_to_fine` for one online query, in numpy: gallery_levels[l] (G, d_l) and query_levels[l]
-    (d_l,) float32 arrays -> the top k gallery indices (k,), best first, k = min(top_k, last survivors).
-    The same levels, survivors and skipped levels (tested against it). One query is a handful of small
-    operations, and each costs a few microseconds in numpy against about ten in torch (docs/tuning_notes.md,
-    "The online cascade's search in numpy")."""
+def coarse_to_fine_one(gallery_levels, query_levels, survivors=SURVIVORS,
+                       top_k: int = 10) -> np.ndarray:
+    """`coarse_to_fine` for one online query, in numpy: gallery_levels[l] (G, d_l) and
+    query_levels[l] (d_l,) float32 arrays -> the top k gallery indices (k,), best first, k =
+    min(top_k, last survivors); the same levels, survivors and skips (tested against it). One query
+    is a handful of small operations, cheaper in numpy than in torch (docs/tuning_notes.md, "The
+    online cascade's search in numpy")."""
     counts, first = _level_plan(gallery_levels, query_levels, survivors, top_k)
     candidates = None  # (M,) gallery rows still in the race, best first; None = all of them
-    for l in range(first, len(counts)):
-        if candidates is not None and counts[l] >= len(candidates) and l < len(counts) - 1:
+    for level in range(first, len(counts)):
+        if candidates is not None and counts[level] >= len(candidates) and level < len(counts) - 1:
             continue  # keeps every survivor: nothing to filter
-        rows = gallery_levels[l] if candidates is None else gallery_levels[l][candidates]  # (M, d_l)
-        scores = rows @ query_levels[l]  # (M,)
-        k = min(counts[l], len(scores))
+        rows = gallery_levels[level] if candidates is None else gallery_levels[level][candidates]
+        scores = rows @ query_levels[level]  # (M,) from rows (M, d_l)
+        k = min(counts[level], len(scores))
         keep = np.argpartition(-scores, k - 1)[:k] if k < len(scores) else np.arange(len(scores))
         keep = keep[np.argsort(-scores[keep], kind="stable")]  # (k,) best first
         candidates = keep if candidates is None else candidates[keep]
     return candidates
 
 
-__all__ = ["SURVIVORS", "coarse_to_fine", "coarse_to_fine_one", "rescore", "select_top_k", "flat_search"]
+__all__ = ["SURVIVORS", "coarse_to_fine", "coarse_to_fine_one", "rescore", "select_top_k",
+           "flat_search"]

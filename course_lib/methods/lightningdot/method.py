@@ -3,12 +3,11 @@
     pre-train   on bench["pretrain"] (terse, noisy captions: the course's Conceptual Captions);
                 one objective per batch, drawn with the ratios of config.pretrain_tasks (UNITER's
                 scheme; our ratios, not the authors': see LightningDOTConfig), CMR among them
-    fine-tune   on bench["train"] with CMR only (two captions of one image in a batch count as
-                each other's negatives: about half the batches of 128 hold such a pair; not masked)
+    fine-tune   on bench["train"] with CMR only (false negatives not masked: LightningDOT.forward)
 
-Both stages use course_lib.core.train.Trainer: AdamW (0.9, 0.98), weight decay 0.01, linear warm-up
-over the first 10% of steps then linear decay to 0, as A.1. Each stage has its own checkpoint, so
-a notebook and the benchmark share one pre-training and re-run neither.
+Both stages use core.train.Trainer: AdamW (0.9, 0.98), weight decay 0.01, linear warm-up over the
+first 10% of steps then linear decay to 0, as A.1. Each stage has its own checkpoint, so a
+notebook and the benchmark share one pre-training and re-run neither.
 
     model, histories = train_lightningdot(bench, tokenizer, LightningDOTConfig(),
                                           pretrain_checkpoint=..., checkpoint_path=...)
@@ -26,13 +25,10 @@ from course_lib.core.settings import seed_everything
 from course_lib.core.tokens import SpecialTokens
 from course_lib.methods.base import DualEncoderMethod, fit_pairs
 from course_lib.methods.encoding import retrieval_evaluator, similarity
-from course_lib.methods.lightningdot.model import (
-    OBJECTIVES,
-    LightningDOT,
-    LightningDOTConfig,
-)
+from course_lib.methods.lightningdot.model import OBJECTIVES, LightningDOT, LightningDOTConfig
 from course_lib.methods.registry import register_method
 from course_lib.methods.rerank import TwoStageMethod
+
 
 def task_schedule(tasks: dict, steps: int, seed: int = 0) -> list[str]:
     """The objective of each pre-training step: drawn i.i.d. with probabilities tasks / sum(tasks),
@@ -61,11 +57,12 @@ def cmr_loss(model: LightningDOT, batch: dict, step: int = 0) -> torch.Tensor:
 
 
 def build_lightningdot(config: LightningDOTConfig, split, tokenizer) -> LightningDOT:
-    """A fresh model sized for the split's region features, its detector classes and the vocabulary,
-    with the tokenizer's special ids (VMLM's [MASK] and the words it may mask, the [PAD] of BERT)."""
+    """A fresh model sized for the split's region features, its detector classes and the
+    vocabulary, with the tokenizer's special ids (VMLM's [MASK], maskable words, BERT's [PAD])."""
     if not split.has_regions:
         raise ValueError(f"LightningDOT reads detector regions, and split {split.name!r} has none: "
-                         "extract region features first (data_scripts/) or use the synthetic benchmark")
+                         "extract region features first (data_scripts/) or use the synthetic "
+                         "benchmark")
     n_classes = split.region_classes.shape[-1] if split.region_classes is not None else 1
     return LightningDOT(config, len(tokenizer), split.regions.shape[-1], n_classes,
                         special=SpecialTokens.of(tokenizer))
@@ -73,14 +70,15 @@ def build_lightningdot(config: LightningDOTConfig, split, tokenizer) -> Lightnin
 
 def train_lightningdot(bench: dict, tokenizer, config: LightningDOTConfig | None = None, *,
                        pretrain_checkpoint=None, checkpoint_path=None, evaluate_on=None,
-                       eval_every: int | None = None, progress: bool = True, device: str | None = None) -> tuple[LightningDOT, dict]:
+                       eval_every: int | None = None, progress: bool = True,
+                       device: str | None = None) -> tuple[LightningDOT, dict]:
     """Pre-train on bench["pretrain"] (skipped when pretrain_steps = 0), then fine-tune with CMR on
-    bench["train"]. Returns (model in eval mode, {"pretrain": History | None, "finetune": History}).
+    bench["train"] -> (model in eval mode, {"pretrain": History | None, "finetune": History}).
 
     pretrain_checkpoint / checkpoint_path: where each stage saves; a finished checkpoint is loaded
-    instead of training (delete it to retrain). evaluate_on: a split (or a dict of splits,
-    base.learning_curve_splits) whose retrieval metrics are logged every eval_every fine-tuning
-    steps and at the end of fine-tuning.
+    instead (delete it to retrain). evaluate_on: a split (or a dict of splits,
+    learning_curve_splits) whose retrieval metrics are logged every eval_every fine-tuning steps
+    and at its end.
     """
     c = config or LightningDOTConfig()
     seed_everything(c.seed)  # the initial weights; each Trainer seeds its own data order
@@ -88,19 +86,20 @@ def train_lightningdot(bench: dict, tokenizer, config: LightningDOTConfig | None
     histories = {"pretrain": None, "finetune": None}
     # a finished fine-tuning checkpoint holds the final weights: pre-train only to show its history
     finetuned = finished_checkpoint(checkpoint_path, c.finetune_steps)
-    if c.pretrain_steps > 0 and (not finetuned or finished_checkpoint(pretrain_checkpoint, c.pretrain_steps)):
+    if c.pretrain_steps > 0 and (
+            not finetuned or finished_checkpoint(pretrain_checkpoint, c.pretrain_steps)):
         schedule = task_schedule(c.pretrain_tasks, c.pretrain_steps, c.seed)
         histories["pretrain"] = fit_pairs(
-            model, pretrain_loss(schedule), bench["pretrain"], tokenizer, c, max_text_length=c.max_text_length,
-            max_steps=c.pretrain_steps, lr=c.pretrain_lr, lr_scales=c.lr_scales(),
-            log_every=max(1, c.pretrain_steps // 100),
+            model, pretrain_loss(schedule), bench["pretrain"], tokenizer, c,
+            max_text_length=c.max_text_length, max_steps=c.pretrain_steps, lr=c.pretrain_lr,
+            lr_scales=c.lr_scales(), log_every=max(1, c.pretrain_steps // 100),
             progress=progress, device=device, checkpoint_path=pretrain_checkpoint)
     evaluate = retrieval_evaluator(evaluate_on, lambda m, split: similarity(m, split, tokenizer))
     if c.finetune_steps > 0:
         histories["finetune"] = fit_pairs(
-            model, cmr_loss, bench["train"], tokenizer, c, max_text_length=c.max_text_length, evaluate=evaluate,
-            eval_every=eval_every, max_steps=c.finetune_steps, lr=c.finetune_lr, lr_scales=c.lr_scales(),
-            log_every=max(1, c.finetune_steps // 100),
+            model, cmr_loss, bench["train"], tokenizer, c, max_text_length=c.max_text_length,
+            evaluate=evaluate, eval_every=eval_every, max_steps=c.finetune_steps,
+            lr=c.finetune_lr, lr_scales=c.lr_scales(), log_every=max(1, c.finetune_steps // 100),
             progress=progress, device=device, checkpoint_path=checkpoint_path)
     return model.eval(), histories
 
@@ -121,20 +120,23 @@ class LightningDOTMethod(DualEncoderMethod):
     @property
     def notes(self) -> str:
         c = self.config
-        tasks = "+".join(k for k, v in c.pretrain_tasks.items() if v > 0) if c.pretrain_steps else "none"
+        tasks = ("+".join(k for k, v in c.pretrain_tasks.items() if v > 0) if c.pretrain_steps
+                 else "none")
         fusion = "fused [CLS]" if c.fuse else "no fusion (MLM/MRM)"
-        rate = "" if c.text_encoder_lr_scale is None else f", the text encoder at {c.text_encoder_lr_scale:g}x the rate"
-        return (f"two {c.layers}-layer transformers (d={c.hidden}), S = <z0, h0>; pre-training {tasks} "
-                f"({c.pretrain_steps} steps, {fusion}), CMR fine-tuning{rate}; FAISS IndexFlatIP")
+        rate = ("" if c.text_encoder_lr_scale is None
+                else f", the text encoder at {c.text_encoder_lr_scale:g}x the rate")
+        return (f"two {c.layers}-layer transformers (d={c.hidden}), S = <z0, h0>; pre-training "
+                f"{tasks} ({c.pretrain_steps} steps, {fusion}), CMR fine-tuning{rate}; "
+                "FAISS IndexFlatIP")
 
     def pretrain_checkpoint_file(self, bench: dict, tokenizer) -> str | None:
         """The pre-trained model's file name in cache_dir (None without pre-training): it covers
-        every field of the config but the fine-tuning ones, bench["pretrain"] (captions and data) and
-        the vocabulary."""
+        the config but its fine-tuning fields, bench["pretrain"] and the vocabulary."""
         if self.config.pretrain_steps <= 0:
             return None
-        return checkpoint_name("lightningdot-pretrain", self.config.to_dict(without_stages=("finetune",)),
-                               bench["pretrain"], tokenizer, version=self.format_version)
+        config = self.config.to_dict(without_stages=("finetune",))
+        return checkpoint_name("lightningdot-pretrain", config, bench["pretrain"], tokenizer,
+                               version=self.format_version)
 
     def checkpoint_extra(self, bench: dict, tokenizer) -> tuple:
         """The pre-training the fine-tuned model starts from (its file name), so a new pre-training
@@ -147,12 +149,12 @@ class LightningDOTMethod(DualEncoderMethod):
     def train(self, bench: dict, tokenizer, checkpoint_path, cache_dir):
         self.pretrain_checkpoint = None
         if cache_dir is not None and self.config.pretrain_steps > 0:
-            self.pretrain_checkpoint = Path(cache_dir) / self.pretrain_checkpoint_file(bench, tokenizer)
-        model, histories = train_lightningdot(bench, tokenizer, self.config,
-                                              pretrain_checkpoint=self.pretrain_checkpoint,
-                                              checkpoint_path=checkpoint_path, progress=self.progress,
-                                              **self.learning_curve(bench, self.config.finetune_steps))
-        return model, histories
+            name = self.pretrain_checkpoint_file(bench, tokenizer)
+            self.pretrain_checkpoint = Path(cache_dir) / name
+        return train_lightningdot(bench, tokenizer, self.config,
+                                  pretrain_checkpoint=self.pretrain_checkpoint,
+                                  checkpoint_path=checkpoint_path, progress=self.progress,
+                                  **self.learning_curve(bench, self.config.finetune_steps))
 
 
 @register_method("lightningdot", order=3.0)
@@ -163,8 +165,9 @@ def _lightningdot(build) -> LightningDOTMethod:
 RERANK_TOP_M = (20, 50)  # LightningDOT A.1: "for re-ranking, we choose k from {20, 50}"
 for _m in RERANK_TOP_M:
     register_method(f"lightningdot+rerank@{_m}", order=3.1)(
-        lambda build, m=_m: TwoStageMethod(build.method("lightningdot"), build.method("cross_encoder"), m))
+        lambda build, m=_m: TwoStageMethod(build.method("lightningdot"),
+                                           build.method("cross_encoder"), m))
 
 
-__all__ = ["task_schedule", "pretrain_loss", "cmr_loss", "build_lightningdot", "train_lightningdot",
-           "LightningDOTMethod", "RERANK_TOP_M"]
+__all__ = ["task_schedule", "pretrain_loss", "cmr_loss", "build_lightningdot",
+           "train_lightningdot", "LightningDOTMethod", "RERANK_TOP_M"]

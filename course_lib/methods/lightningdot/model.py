@@ -1,12 +1,11 @@
-"""LightningDOT (Sun et al., NAACL 2021): two transformer encoders, a dot product, three objectives.
+"""LightningDOT (Sun et al., NAACL 2021): two transformer encoders, a dot product, three
+objectives. An image encoder f_V reads detector regions + boxes behind a [CLS] slot, a language
+encoder f_L reads [CLS] words [SEP]; their [CLS] outputs h0 and z0 are the global representations:
 
-An image encoder f_V reads detector regions + boxes behind a [CLS] slot, a language encoder f_L
-reads [CLS] words [SEP]; their [CLS] outputs h0 and z0 are the global representations and
-
-    S(t, i) = <z0, h0>                                            (eq. 5: no cross-attention anywhere)
+    S(t, i) = <z0, h0>                                  (eq. 5: no cross-attention anywhere)
 
 so the gallery is encoded once, offline, into a FAISS index. The other modality reaches each
-encoder only through the training objectives (§3.1), each a small module here, and all three are
+encoder only through the training objectives (§3.1), each a small module here, all three
 cross-modal (CMR through S itself, VMLM / SMRM through the added [CLS]):
 
     VMLM    (eq. 2)  mask 15% of the words (80% [MASK] / 10% random / 10% kept), predict each from
@@ -16,13 +15,11 @@ cross-modal (CMR through S itself, VMLM / SMRM through the added [CLS]):
                      SMRC-kl: predict the detector's soft class distribution (KL divergence)
     CMR     (eq. 6)  course_lib.core.losses.contrastive_loss on the in-batch scores S (B, B)
 
-With `fuse=False` the same heads read z_mk and h_mk alone: UNITER-style MLM and MRM without the other
-modality, the "+PT†" row of the paper's Table 4 (MLM + MRM + CMR: its CMR still compares h0 with z0).
-The paper adds the other [CLS] (eq. 2, 4); the authors' released code does so only behind a flag
-that is off by default. We follow the paper.
-
-Pre-training (`course_lib.methods.lightningdot.method`) samples one objective per batch, CMR among them
-(§3.1 pre-trains with VMLM + SMRM + CMR; Table 5 also with CMR alone); fine-tuning uses CMR alone.
+With `fuse=False` the same heads read z_mk and h_mk alone: UNITER-style MLM and MRM without the
+other modality, the "+PT†" row of the paper's Table 4 (its CMR still compares h0 with z0). The
+paper adds the other [CLS] (eq. 2, 4); the authors' code only behind a flag, off by default. We
+follow the paper. Pre-training (method.py) samples one objective per batch, CMR among them (§3.1
+pre-trains with VMLM + SMRM + CMR; Table 5 also with CMR alone); fine-tuning uses CMR alone.
 """
 
 from __future__ import annotations
@@ -34,7 +31,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from course_lib.core.encoders import RegionTransformerEncoder, TransformerTextEncoder, pretrained_bert
+from course_lib.core.encoders import (
+    RegionTransformerEncoder,
+    TransformerTextEncoder,
+    pretrained_bert,
+)
 from course_lib.core.losses import (
     VMLM,
     batch_scores,
@@ -52,35 +53,31 @@ OBJECTIVES = ("cmr", "vmlm", "smrfr", "smrc_kl")
 
 @dataclass
 class LightningDOTConfig(CourseConfig):
-    # width of both encoders; h0 and z0 live in this space (no projection, no L2). Chosen with the batch,
-    # rate and steps below by learning curve (docs/tuning_notes.md, "LightningDOT")
-    hidden: int = 128
+    # Defaults chosen in docs/tuning_notes.md, "LightningDOT".
+    hidden: int = 128  # width of both encoders; h0 and z0 live here (no projection, no L2)
     layers: int = 2  # transformer blocks per encoder (the paper: 12)
     heads: int = 4  # attention heads per block
     max_text_length: int = 40  # tokens per caption, [CLS] and [SEP] included
-    # None: the language encoder is the course's transformer, from random weights. A BERT name or
-    # folder (offline_weights.MINILM_NAME, "bert-base-uncased" on Colab): it starts from that
-    # pretrained BERT, as the paper's starts from BERT-base; `hidden` must then be its width and the
-    # tokenizer its own (tokenizer_for(split, name=...))
+    # None: the course's transformer from random weights; a BERT name or folder
+    # (offline_weights.MINILM_NAME, "bert-base-uncased" on Colab): start from it, as the paper from
+    # BERT-base (`hidden` its width, the tokenizer its own: tokenizer_for(split, name=...))
     text_encoder: str | None = switch(None)
-    # the pretrained text encoder's rate as a multiple of each stage's (e.g. 0.1: BERT fine-tuned 10x
-    # slower than the layers trained from nothing, which a pretrained BERT needs: docs/tuning_notes.md,
-    # "LightningDOT on Flickr8k"); None = one rate. Only with a pretrained text_encoder
+    # the pretrained text_encoder's rate as a multiple of each stage's (0.1: 10x slower than the
+    # layers trained from nothing); None = one rate
     text_encoder_lr_scale: float | None = switch(None)
-    fuse: bool = True  # VMLM / SMRM add the other modality's [CLS]; False = plain MLM / MRM (Table 4)
+    fuse: bool = True  # VMLM / SMRM add the other side's [CLS]; False = plain MLM / MRM (Table 4)
     mask_prob: float = 0.15  # share of words / regions masked (BERT, UNITER)
-    # objective -> share of pre-training batches (one task per batch, UNITER's scheme, A.1). Our
-    # ratios are our own choice, not tuned or measured: cmr 2 : vmlm 2 : smrfr 1 : smrc_kl 1, i.e.
-    # 1/3, 1/3, 1/6, 1/6. The authors' released config (config/pretrain-alldata-base.json) mixes
-    # itm 16 : mlm 8 : mrfr 4 : mrckl 4 (COCO, SBU) or 16 : 12 : 6 : 6 (VG, CC); with CMR in the
-    # image-text "itm" slot that is 40-50% CMR, 25-30% MLM and 12.5-15% for each MRM task.
-    pretrain_tasks: dict = field(default_factory=lambda: {"cmr": 2, "vmlm": 2, "smrfr": 1, "smrc_kl": 1})
+    # objective -> share of pre-training batches (one task per batch, UNITER's scheme, A.1), our
+    # own untuned 1/3, 1/3, 1/6, 1/6. The authors' config/pretrain-alldata-base.json: itm 16 : mlm
+    # 8 : mrfr 4 : mrckl 4 (COCO, SBU) or 16 : 12 : 6 : 6 (VG, CC), i.e. 40-50% CMR (in "itm")
+    pretrain_tasks: dict = field(
+        default_factory=lambda: {"cmr": 2, "vmlm": 2, "smrfr": 1, "smrc_kl": 1})
     pretrain_steps: int = 2000  # optimizer steps on the pre-training corpus; 0 = no pre-training
-    pretrain_lr: float = 1e-3  # peak AdamW rate while pre-training (the paper's 5e-5 is for BERT-base)
-    finetune_steps: int = later_stage("finetune", 4000)  # CMR steps on the training split (about 20 epochs of 50k pairs)
+    pretrain_lr: float = 1e-3  # peak AdamW rate while pre-training (the paper's 5e-5: BERT-base)
+    finetune_steps: int = later_stage("finetune", 4000)  # CMR steps on train (~20 epochs)
     finetune_lr: float = later_stage("finetune", 1e-3)  # peak AdamW rate while fine-tuning
     batch_size: int = 256  # (image, caption) pairs per batch: the in-batch negatives of CMR
-    warmup_fraction: float = 0.1  # linear warm-up over the first 10% of steps, then linear decay (A.1)
+    warmup_fraction: float = 0.1  # linear warm-up over the first 10% of steps, then decay (A.1)
     grad_clip: float = 2.0  # max gradient norm
     seed: int = 0  # weights, masking and data order
 
@@ -92,20 +89,20 @@ class LightningDOTConfig(CourseConfig):
         self.lr_scales()  # a scale without a pretrained text encoder is refused here
         unknown = set(self.pretrain_tasks) - set(OBJECTIVES)
         if unknown or not self.pretrain_tasks or min(self.pretrain_tasks.values()) < 0:
-            raise ValueError(f"pretrain_tasks must map some of {OBJECTIVES} to non-negative ratios, "
-                             f"got {self.pretrain_tasks}")
+            raise ValueError(f"pretrain_tasks must map some of {OBJECTIVES} to non-negative "
+                             f"ratios, got {self.pretrain_tasks}")
 
     def lr_scales(self) -> dict | None:
-        """TrainConfig.lr_scales of every stage: the pretrained text encoder at text_encoder_lr_scale."""
-        return pretrained_lr_scales("text_encoder.", self.text_encoder_lr_scale, self.text_encoder, "LightningDOTConfig")
+        """TrainConfig.lr_scales of every stage: the pretrained text encoder's scaled rate."""
+        return pretrained_lr_scales("text_encoder.", self.text_encoder_lr_scale, self.text_encoder,
+                                    "LightningDOTConfig")
 
 
 # ----------------------------------------------------------------------------- masking
 
-
 def mask_regions(region_mask: torch.Tensor, mask_prob: float = 0.15,
                  generator: torch.Generator | None = None) -> torch.Tensor:
-    """(B, R) bool: the real regions to mask, each with probability mask_prob, at least one per image."""
+    """(B, R) bool: the real regions to mask, each with probability mask_prob, one at least."""
     real = region_mask.bool()
     u = torch.rand(real.shape, generator=generator, device=real.device)
     picked = real & (u < mask_prob)
@@ -118,7 +115,6 @@ def mask_regions(region_mask: torch.Tensor, mask_prob: float = 0.15,
 
 
 # ----------------------------------------------------------------------------- objectives
-
 
 class SMRFR(nn.Module):
     """Eq. 4 with D_fr: 1/M sum_k ||v_mk - g_fr(h_mk + z0)||^2. forward(region_states (B, R, H),
@@ -134,17 +130,19 @@ class SMRFR(nn.Module):
 
 
 class SMRCKL(nn.Module):
-    """Eq. 4 with D_mrc: 1/M sum_k KL(c(v_mk) || g_mrc(h_mk + z0)), c = the detector's soft labels.
-    forward(region_states (B, R, H), text_cls (B, H), soft_labels (B, R, C), masked (B, R)) -> loss."""
+    """Eq. 4 with D_mrc: 1/M sum_k KL(c(v_mk) || g_mrc(h_mk + z0)), c = the detector's soft
+    labels. forward(region_states (B, R, H), text_cls (B, H), soft_labels (B, R, C), masked (B, R))
+    -> loss."""
 
     def __init__(self, hidden: int, n_classes: int, fuse: bool = True):
         super().__init__()
         self.head, self.fuse = prediction_head(hidden, n_classes), fuse
 
     def forward(self, region_states, text_cls, soft_labels, masked) -> torch.Tensor:
-        log_q = F.log_softmax(self.head(fuse_cls(region_states, text_cls, self.fuse)[masked]), -1)  # (M, C)
+        logits = self.head(fuse_cls(region_states, text_cls, self.fuse)[masked])  # (M, C)
         p = soft_labels[masked]  # (M, C)
-        return F.kl_div(log_q, p, reduction="none").sum(-1).mean()  # sum p (log p - log q), 0 log 0 = 0
+        # sum p (log p - log q), 0 log 0 = 0
+        return F.kl_div(F.log_softmax(logits, -1), p, reduction="none").sum(-1).mean()
 
 
 # ----------------------------------------------------------------------------- the model
@@ -153,26 +151,27 @@ class LightningDOT(nn.Module):
     """Image encoder + language encoder + the pre-training heads (unused at inference).
 
     encode_images(batch) -> h0 (B, H); encode_texts(batch) -> z0 (B, H); forward(pair_batch) ->
-    (h0, z0), whose losses.batch_scores is S (B, B), rows images, columns texts. `modality` = "regions" (the image field it reads).
-    `special`: the tokenizer's ids (SpecialTokens.of(tokenizer), default the word tokenizer's):
-    VMLM masks with them, the language encoder pads with special.pad.
+    (h0, z0), whose losses.batch_scores is S (B, B), rows images, columns texts. `modality`: the
+    image field it reads. `special`: the tokenizer's ids (SpecialTokens.of(tokenizer), default the
+    word tokenizer's): VMLM masks with them, the language encoder pads with special.pad.
     """
 
     modality = "regions"
 
-    def __init__(self, config: LightningDOTConfig, vocab_size: int, region_dim: int, n_classes: int,
-                 special: SpecialTokens = WORD_SPECIAL_TOKENS):
+    def __init__(self, config: LightningDOTConfig, vocab_size: int, region_dim: int,
+                 n_classes: int, special: SpecialTokens = WORD_SPECIAL_TOKENS):
         super().__init__()
         c = self.config = config
-        self.vocab_size, self.special = vocab_size, special  # plain attributes: not in the state_dict
+        self.vocab_size, self.special = vocab_size, special  # plain attributes: not in state_dict
         self.image_encoder = RegionTransformerEncoder(region_dim, c.hidden, c.layers, c.heads)
-        if c.text_encoder is None:  # the course's shared block on both sides; BERT-shaped input, pre-LN
+        if c.text_encoder is None:  # the course's shared block on both sides; BERT-shaped, pre-LN
             self.text_encoder = TransformerTextEncoder(vocab_size, c.hidden, c.layers, c.heads,
-                                                       max_length=max(64, c.max_text_length), special=special)
+                                                       max_length=max(64, c.max_text_length),
+                                                       special=special)
         else:
-            self.text_encoder = pretrained_bert(c.text_encoder, vocab_size, c.hidden, "LightningDOTConfig",
-                                                "the width of h0 and z0 (LightningDOT scores them by a plain dot "
-                                                "product)", special)
+            self.text_encoder = pretrained_bert(
+                c.text_encoder, vocab_size, c.hidden, "LightningDOTConfig",
+                "the width of h0 and z0 (LightningDOT scores them by a plain dot product)", special)
         self.vmlm = VMLM(c.hidden, vocab_size, c.fuse)
         self.smrfr = SMRFR(c.hidden, region_dim, c.fuse)
         self.smrc_kl = SMRCKL(c.hidden, n_classes, c.fuse)
@@ -185,11 +184,8 @@ class LightningDOT(nn.Module):
 
     def forward(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """(h0 (B, H), z0 (B, H)): the features; S = losses.batch_scores(h0, z0) (B, B), eq. 5.
-
-        A PairCollate batch holds one image per caption, so two captions of one image can share a
-        batch; CMR then labels each the other's negative (a false negative). With 5 captions per
-        image and the 50k-caption train split, about 48% of the batches of 128 hold such a pair
-        (0.65 pairs per batch on average; notebook 03 computes it). We do not mask them."""
+        Two captions of one image in a batch are each other's false negatives in CMR, as in VSE++
+        (vsepp.DualEncoder.forward); we do not mask them."""
         return self.encode_images(batch), self.encode_texts(batch)
 
     def objective(self, task: str, batch: dict) -> torch.Tensor:

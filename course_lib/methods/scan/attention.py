@@ -117,11 +117,8 @@ def func_attention(query: torch.Tensor, context: torch.Tensor, lambda_softmax: f
     query_mask: (P, Lq) bool; padded query items are left out of the l2norm over the query axis,
     and their rows of `attended` and `weights` are zero.
     Returns attended (P, Lq, D) and weights (P, Lq, Lc) whose rows sum to 1 over the real context
-    (the reference returns the transpose, (P, Lc, Lq)).
-
-    SCAN's code never pads a caption: it slices each one to its length. With masks, a padded pair
-    gives exactly what that slicing gives (tests/test_scan.py proves it). For regions SCAN always
-    has 36; masks let a scene have fewer.
+    (the reference returns the transpose, (P, Lc, Lq)). Masked pairs give exactly what SCAN's
+    slicing gives (module docstring, "Padding").
     """
     _check_items(query, "query", "(P, Lq, D)")
     _check_items(context, "context", "(P, Lc, D)")

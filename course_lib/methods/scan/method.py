@@ -13,9 +13,9 @@ import torch
 import torch.nn.functional as F
 
 from course_lib.core.checkpoints import model_device
+from course_lib.core.history import History
 from course_lib.core.losses import hinge_name
 from course_lib.core.settings import seed_everything
-from course_lib.core.history import History
 from course_lib.data.datasets import TextCollate
 from course_lib.methods.base import PairwiseMethod, fit_pairs
 from course_lib.methods.encoding import retrieval_evaluator
@@ -34,25 +34,24 @@ from course_lib.methods.scan.model import (
 def train_scan(bench: dict, tokenizer, config: SCANConfig | None = None, *, checkpoint_path=None,
                evaluate_on=None, eval_every: int | None = None, progress: bool = True,
                device: str | None = None) -> tuple[SCANModel, History]:
-    """Train a SCANModel on bench["train"]; returns (model in eval mode, history).
-
-    checkpoint_path: where the Trainer saves; a finished checkpoint there is loaded instead of
-        training (delete it to retrain). evaluate_on: a split whose retrieval_metrics are logged
-        every eval_every steps and at the end.
-    """
+    """Train a SCANModel on bench["train"] -> (model in eval mode, history). checkpoint_path: a
+    finished checkpoint there is loaded instead (delete it to retrain); evaluate_on: a split whose
+    retrieval_metrics are logged every eval_every steps and at the end."""
     config = config or SCANConfig()
     seed_everything(config.seed)  # the model's initial weights; the Trainer seeds the rest
     model = build_scan(config, bench["train"], tokenizer)
-    evaluate = retrieval_evaluator(evaluate_on, lambda m, split: scan_matrix(m, split, tokenizer, progress=False))
-    history = fit_pairs(model, scan_loss(config.margin, config.max_violation), bench["train"], tokenizer, config,
-                        modality=model.modality, evaluate=evaluate, eval_every=eval_every, log_every=25,
-                        progress=progress, checkpoint_path=checkpoint_path, device=device)
+    evaluate = retrieval_evaluator(
+        evaluate_on, lambda m, split: scan_matrix(m, split, tokenizer, progress=False))
+    loss_fn = scan_loss(config.margin, config.max_violation)
+    history = fit_pairs(model, loss_fn, bench["train"], tokenizer, config, modality=model.modality,
+                        evaluate=evaluate, eval_every=eval_every, log_every=25, progress=progress,
+                        checkpoint_path=checkpoint_path, device=device)
     return model.eval(), history
 
 
 # ----------------------------------------------------------------------------- the method
 class SCANMethod(PairwiseMethod):
-    """SCAN as a benchmark Method (course_lib.methods.base): every query attends over every gallery item.
+    """SCAN as a benchmark Method (methods.base): every query attends over every gallery item.
     score_block reads region and word encodings cached for the last split scored."""
 
     checkpoint_prefix = "scan"
@@ -61,20 +60,22 @@ class SCANMethod(PairwiseMethod):
     _encoded: tuple = (None, None, None)  # (split, model, (regions, region_mask, {caption: words}))
 
     def _encodings(self, split, text_indices) -> tuple:
-        """(regions (N, R, E), region_mask (N, R), words (m, L, E), word_mask (m, L)) for the captions
-        text_indices (m,). Every image is encoded with the split; a caption when it is first scored,
-        so a re-ranker pays only for the captions it meets (a few thousand of the full setting's 35,000)."""
+        """(regions (N, R, E), region_mask (N, R), words (m, L, E), word_mask (m, L)) for captions
+        text_indices (m,). Images are encoded per split, a caption when first scored: a re-ranker
+        pays only for those it meets (a few thousand of the full setting's 35,000)."""
         model = self._fitted()
         if self._encoded[0] is not split or self._encoded[1] is not model:
-            regions = encode_regions(model, split, progress=self.progress and split.n_images > 20_000)
+            show = self.progress and split.n_images > 20_000
+            regions = encode_regions(model, split, progress=show)
             self._encoded = (split, model, (*regions, {}))  # {caption index: its words (L_t, E)}
         regions, region_mask, words = self._encoded[2]
         texts = [int(t) for t in text_indices]
         new = [t for t in dict.fromkeys(texts) if t not in words]
         if new:
             encoded, real = encode_words(model, split, self.tokenizer, texts=new,
-                                         progress=self.progress and len(new) > 20_000)  # (n, L, E), (n, L)
-            words.update((t, w[m]) for t, w, m in zip(new, encoded, real))  # words come first: a prefix
+                                         progress=self.progress and len(new) > 20_000)  # (n, L, E)
+            # words come first: a caption's real ones are a prefix of its row
+            words.update((t, w[m]) for t, w, m in zip(new, encoded, real, strict=True))
         chosen = [words[t] for t in texts]
         length = max(max(len(w) for w in chosen), 1)
         padded = torch.stack([F.pad(w, (0, 0, 0, length - len(w))) for w in chosen])  # (m, L, E)
@@ -92,7 +93,7 @@ class SCANMethod(PairwiseMethod):
                            word_mask_.to(device)).cpu()  # (n, m)
 
     def score_pairs(self, split, image_indices, text_indices) -> torch.Tensor:
-        """PairwiseRanking.score_pairs, the pairs' captions encoded first in batches, not one by one."""
+        """PairwiseRanking.score_pairs, the pairs' captions encoded first in batches, not singly."""
         self._encodings(split, np.unique(np.asarray(text_indices)))
         return super().score_pairs(split, image_indices, text_indices)
 
@@ -103,8 +104,9 @@ class SCANMethod(PairwiseMethod):
         agg = f"lse {c.lambda_lse:g}" if c.agg == "lse" else c.agg
         loss = hinge_name(c.max_violation)
         words = "bi-GRU words" if c.text_encoder is None else (
-            f"Linear({c.text_encoder}'s word states), its last {c.text_trainable_layers} layers fine-tuned"
-            if c.text_trainable_layers else f"Linear(frozen {c.text_encoder}'s word states)")
+            f"Linear({c.text_encoder}'s word states), its last {c.text_trainable_layers} layers "
+            "fine-tuned" if c.text_trainable_layers
+            else f"Linear(frozen {c.text_encoder}'s word states)")
         return (f"SCAN {c.direction} stacked cross attention ({image} / {words}, lambda_softmax "
                 f"{c.lambda_softmax:g}, {agg}), {loss}; attends over every gallery image per query")
 
@@ -119,13 +121,10 @@ class SCANMethod(PairwiseMethod):
         return scan_matrix(self._fitted(), split, self.tokenizer, progress=self.progress)  # (N, T)
 
     def query_fn(self, split, caption_index: int = 0, top_k: int = 10):
-        """A zero-argument callable answering one text query: the online cost of SCAN.
-
-        The gallery's regions are encoded once, here (offline); each call tokenises one caption,
-        encodes its words and runs the cross attention of that caption against every gallery
-        image, then takes the top_k: the work grows linearly with the gallery. Returns the top_k
-        image indices (top_k,), best first.
-        """
+        """A zero-argument callable answering one text query, the online cost of SCAN: the regions
+        are encoded once, here (offline); each call encodes one caption's words and attends from
+        them over every gallery image (work linear in the gallery). -> the top_k image indices
+        (top_k,), best first."""
         model = self._fitted().eval()
         device = model_device(model)
         regions, region_mask = (x.to(device) for x in encode_regions(model, split))  # offline
@@ -135,7 +134,8 @@ class SCANMethod(PairwiseMethod):
         def answer() -> torch.Tensor:
             batch = {k: v.to(device) for k, v in collate.encode([caption]).items()}  # (1, T)
             scores = model.score(regions, region_mask, *model.encode_texts(batch))  # (N, 1)
-            return torch.topk(scores[:, 0], min(top_k, len(scores))).indices.cpu().numpy()  # (top_k,)
+            best = torch.topk(scores[:, 0], min(top_k, len(scores))).indices  # (top_k,)
+            return best.cpu().numpy()
 
         return answer
 

@@ -1,27 +1,24 @@
-"""The trainable SCAN model (Lee et al., ECCV 2018): region and word encoders scored by
-stacked cross attention, trained with VSE++'s hinge loss.
+"""The trainable SCAN model (Lee et al., ECCV 2018): region and word encoders scored by stacked
+cross attention (`attention.scan_similarity`), trained with VSE++'s hinge loss.
 
-SCAN keeps every region and every word as its own vector and lets one side attend over the other
-(`course_lib.methods.scan.attention.scan_similarity`), so a caption can look at just the objects it names. Its
-encoders are deliberately simple, as in the reference code:
+SCAN keeps every region and word as its own vector and lets one side attend over the other, so a
+caption can look at just the objects it names. Its encoders are simple, as in the reference code:
 
-- image: one Linear layer per region (SCAN's "precomp" encoder over detector features), plus a
-  Linear layer of the region's box (see below), then L2-normalised per region;
-- text: word embeddings -> bi-GRU with its two directions averaged (`encoders.BiGRUEncoder`),
+- image: one Linear layer per region (SCAN's "precomp" encoder over detector features) plus a
+  Linear layer of the region's box (below), L2-normalised per region;
+- text: word embeddings -> bi-GRU, its two directions averaged (`encoders.BiGRUEncoder`),
   L2-normalised per word. SCAN has no [CLS]/[SEP]: they are removed before the GRU reads the
-  caption, so they are neither words nor context. On real photos (`text_encoder`), a pretrained
-  BERT's token states stand where the GRU's were, under one Linear layer: the BERT reads the whole
-  caption, [CLS] and [SEP] included, and only its states at the words are kept.
+  caption. On real photos (`text_encoder`) a pretrained BERT reads the whole caption, [CLS] and
+  [SEP] included, and its states at the words, under one Linear layer, stand where the GRU's were.
 
-Boxes. SCAN's Faster R-CNN features carry some position of their own; our synthetic region
-features describe only shape, colour and size, and where a region is lives in its 7-d box alone.
-Without the box every "left of" / "in the top right corner" caption is unanswerable, so the image
-side adds `Linear(box)` to `Linear(feature)`; `use_boxes=False` gives pure SCAN, which scores lower
-(docs/tuning_notes.md, "SCAN").
+Boxes. SCAN's Faster R-CNN features carry some position; our synthetic ones describe only shape,
+colour and size, and position lives in the 7-d box alone. Without it every "left of" caption is
+unanswerable, so the image side adds `Linear(box)` to `Linear(feature)`; `use_boxes=False` is pure
+SCAN, which scores lower (docs/tuning_notes.md, "SCAN").
 
-Cost. Nothing about an image can be pre-combined with the caption: every (image, caption) pair
-runs its own attention, so one text query costs O(gallery size) cross attention, against one dot
-product per image for VSE++. Training and the benchmark's `SCANMethod` are in `method.py`.
+Cost. Nothing about an image can be combined with a caption ahead of time: every pair runs its own
+attention, so one text query costs O(gallery size) cross attention, against one dot product per
+image for VSE++. Training and the benchmark's `SCANMethod`: method.py.
 """
 
 from __future__ import annotations
@@ -49,6 +46,7 @@ BOX_DIM = 7  # UNITER's box: x1, y1, x2, y2, w, h, area
 
 @dataclass
 class SCANConfig(CourseConfig):
+    # Defaults chosen in docs/tuning_notes.md, "SCAN".
     direction: str = "t2i"  # "t2i": words attend over regions; "i2t": regions over words
     lambda_softmax: float = 9.0  # attention temperature (SCAN's best t2i: 9; i2t: 4)
     agg: str = "lse"  # pool the per-word (t2i) or per-region (i2t) scores: "lse" or "mean"
@@ -59,14 +57,13 @@ class SCANConfig(CourseConfig):
     margin: float = 0.2  # hinge margin (VSE++ / SCAN)
     max_violation: bool = True  # hardest in-batch negative only (VSE++ "MH", SCAN's setting)
     batch_size: int = 128  # (image, caption) pairs per batch: the in-batch negatives
-    # SCAN's 2e-4 suits its 30 epochs; in our 5 epochs 1e-3 learned faster (docs/tuning_notes.md)
-    lr: float = 1e-3  # peak AdamW learning rate
-    max_steps: int = 2000  # 5 epochs of the 10k-scene train split; CPU time: docs/tuning_notes.md
+    lr: float = 1e-3  # peak AdamW learning rate (SCAN: 2e-4, over 30 epochs)
+    max_steps: int = 2000  # 5 epochs of the 10k-scene train split
     warmup_fraction: float = 0.05  # share of steps warming up; then linear decay to 0
     grad_clip: float = 2.0  # max gradient norm (VSE++ / SCAN)
     seed: int = 0  # model initialisation and data order
-    # None: the bi-GRU over word embeddings learned from nothing (SCAN's); a pretrained BERT (name or
-    # folder): its token states under Linear(hidden, embed_dim), its last text_trainable_layers learning
+    # None: SCAN's bi-GRU over word embeddings learned from scratch; or a pretrained BERT (name,
+    # folder): its token states under Linear(hidden, embed_dim), last text_trainable_layers tuned
     text_encoder: str | None = switch(None)
     text_trainable_layers: int = switch(0)
 
@@ -76,8 +73,9 @@ class SCANConfig(CourseConfig):
 
     def __post_init__(self):
         if self.text_trainable_layers and self.text_encoder is None:
-            raise ValueError(f"SCANConfig(text_trainable_layers={self.text_trainable_layers}) fine-tunes a pretrained "
-                             "BERT's last layers: name it too, e.g. text_encoder='all-MiniLM-L6-v2'")
+            raise ValueError(f"SCANConfig(text_trainable_layers={self.text_trainable_layers}) "
+                             "fine-tunes a pretrained BERT's last layers: name it too, e.g. "
+                             "text_encoder='all-MiniLM-L6-v2'")
 
 
 def normalize_real(items: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -131,7 +129,8 @@ class SCANModel(nn.Module):
             self.text_encoder = BiGRUEncoder(vocab_size, embed_dim=c.word_dim, hidden=c.embed_dim,
                                              special=special)
         else:
-            self.text_encoder = BertTextEncoder(vocab_size, pretrained_name=pretrained_text_path(c.text_encoder),
+            bert = pretrained_text_path(c.text_encoder)
+            self.text_encoder = BertTextEncoder(vocab_size, pretrained_name=bert,
                                                 special=special).freeze(c.text_trainable_layers)
             self.word_proj = nn.Linear(self.text_encoder.out_dim, c.embed_dim)
         # SCAN's initialisation of its fc layer: Xavier uniform, zero bias.
@@ -151,7 +150,7 @@ class SCANModel(nn.Module):
         ids, mask = batch["input_ids"], batch["attention_mask"]  # (B, T)
         if self.word_proj is None:  # the GRU reads the words alone
             ids, mask = words_only(ids, mask, self.special)  # (B, L)
-            tokens = self.text_encoder({"input_ids": ids, "attention_mask": mask}).tokens  # (B, L, E)
+            tokens = self.text_encoder(dict(input_ids=ids, attention_mask=mask)).tokens  # (B, L, E)
             return normalize_real(tokens, mask), mask
         states = self.text_encoder({"input_ids": ids, "attention_mask": mask}).tokens  # (B, T, H)
         order, words = words_first(word_mask(ids, mask, self.special))  # (B, L)
@@ -159,16 +158,18 @@ class SCANModel(nn.Module):
         return normalize_real(self.word_proj(states), words), words  # (B, L, E)
 
     def encode_words_in_place(self, texts: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        """encode_texts' word vectors put back at each word's own slot of the tokenised captions, for
-        models that read SCAN's encodings beside their own tokens (the cross-encoder, U-BERT's BERT_cross):
-        (tokens (B, T, E), zero at [CLS], [SEP] and [PAD]; is_word (B, T)). A caption repeated in the
-        batch (a grid, a query against many images) is encoded once."""
-        distinct, rows = torch.unique(texts["input_ids"], dim=0, return_inverse=True)  # (U, T), (B,)
+        """encode_texts' word vectors at each word's own slot of the tokenised captions, for models
+        that read SCAN's encodings beside their own tokens (the cross-encoder, U-BERT's BERT_cross):
+        (tokens (B, T, E), zero at [CLS], [SEP] and [PAD]; is_word (B, T)). A caption repeated in
+        the batch (a grid, a query against many images) is encoded once."""
+        ids = texts["input_ids"]
+        distinct, rows = torch.unique(ids, dim=0, return_inverse=True)  # (U, T), (B,)
         first = torch.full((len(distinct),), len(rows), device=rows.device).scatter_reduce(
             0, rows, torch.arange(len(rows), device=rows.device), "amin")  # (U,) a row holding each
-        words, real = self.encode_texts({k: texts[k][first] for k in ("input_ids", "attention_mask")})  # (U, L, E)
+        words, real = self.encode_texts({k: texts[k][first]
+                                         for k in ("input_ids", "attention_mask")})  # (U, L, E)
         words, real = words[rows], real[rows]  # (B, L, E), (B, L): the words only, in order
-        is_word = word_mask(texts["input_ids"], texts["attention_mask"], self.special)  # (B, T)
+        is_word = word_mask(ids, texts["attention_mask"], self.special)  # (B, T)
         tokens = words.new_zeros(*is_word.shape, words.shape[-1])  # (B, T, E)
         tokens[is_word] = words[real]  # row-major on both sides: word j of a caption to its slot
         return tokens, is_word
@@ -180,13 +181,12 @@ class SCANModel(nn.Module):
                                lambda_softmax=c.lambda_softmax, agg=c.agg, lambda_lse=c.lambda_lse)
 
     def forward(self, batch: dict) -> torch.Tensor:
-        # As in VSE++ and SCAN, two captions of one image in a batch count as each other's
-        # negatives; with 10k training images 48% of batches of 128 hold such a pair (notebook 03).
+        # two captions of one image in a batch count as each other's negatives (VSE++'s note)
         return self.score(*self.encode_images(batch), *self.encode_texts(batch))  # (B, B)
 
 
 def scan_loss(margin: float = 0.2, max_violation: bool = True):
-    """A `loss_fn(model, batch, step)` for course_lib.core.train.Trainer: VSE++'s hinge on the SCAN scores."""
+    """A `loss_fn(model, batch, step)` for core.train.Trainer: VSE++'s hinge on the SCAN scores."""
 
     def loss_fn(model: nn.Module, batch: dict, step: int = 0) -> torch.Tensor:
         return hinge_triplet_loss(model(batch), margin=margin, max_violation=max_violation)
@@ -195,7 +195,7 @@ def scan_loss(margin: float = 0.2, max_violation: bool = True):
 
 
 def build_scan(config: SCANConfig, split, tokenizer) -> SCANModel:
-    """A fresh SCANModel sized for the split's region features and the tokenizer's vocabulary and ids."""
+    """A fresh SCANModel sized for the split's region features and the tokenizer."""
     return SCANModel(split.regions.shape[-1], len(tokenizer), config, SpecialTokens.of(tokenizer))
 
 
@@ -222,10 +222,10 @@ def encode_regions(model: SCANModel, split, *, batch_size: int = 512, device=Non
     return _encode_sets(model, loader, model.encode_images, "encode regions", progress, device)
 
 
-def encode_words(model: SCANModel, split, tokenizer, *, texts=None, batch_size: int = 512, device=None,
-                 progress: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """(words (T, L, E), word_mask (T, L)) of a split's captions, or of those at `texts` (T,) in that
-    order, on the CPU; L = most words."""
+def encode_words(model: SCANModel, split, tokenizer, *, texts=None, batch_size: int = 512,
+                 device=None, progress: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """(words (T, L, E), word_mask (T, L)) of a split's captions, or of those at `texts` (T,) in
+    that order, on the CPU; L = most words."""
     device = model_device(model, device)
     captions = CaptionDataset(split)
     captions = captions if texts is None else Subset(captions, [int(t) for t in texts])
@@ -255,4 +255,5 @@ def scan_matrix(model: SCANModel, split, tokenizer, *, device=None, batch_size: 
     return torch.cat(rows)  # (N, T)
 
 
-__all__ = ["SCANConfig", "SCANModel", "normalize_real", "words_only", "scan_loss", "build_scan", "encode_regions", "encode_words", "scan_matrix"]
+__all__ = ["SCANConfig", "SCANModel", "normalize_real", "words_only", "scan_loss", "build_scan",
+           "encode_regions", "encode_words", "scan_matrix"]

@@ -1,29 +1,28 @@
 """Train U-BERT (§4.3) and retrieve with it in two stages (§4.2): the benchmark's methods.
 
-    L1 = hinge on s1 (B x B intra cosines)      L2 = hinge on s2 (B x B enhanced cosines, B^2 cross passes)
-    both bidirectional, in-batch, VSE++'s hardest negatives (after a sum-of-hinges warm-up), margin 0.2
+    L1 = hinge on s1 (B x B intra cosines)   L2 = hinge on s2 (B x B enhanced cosines, B^2 passes)
+    both bidirectional and in-batch (the paper: VSE++'s hardest negatives, margin 0.2)
 
     two_step  step 1: BERT_img, BERT_txt (and the input embeddings) with L1 only
               step 2: the towers frozen (weights and dropout), BERT_cross with L2 only
-    joint     L1 + L2 on every weight at once ("not as competitive", the paper says, without numbers)
+    joint     L1 + L2 on every weight at once ("not as competitive", the paper says, no numbers)
 
-Step 1's checkpoint is named by the fields that shape the towers (every field but those of step 2,
-`later_stage("cross")` in UBERTConfig), so every BERT_cross variant (L_c, the cross input, its steps)
-re-uses one set of towers, as the two-step recipe allows. Its model is built with the step-2 fields
-at their defaults (and no SCAN inputs: the towers never read them), so its initial weights do not
-depend on them either.
+    model, histories = train_ubert(bench, tokenizer, UBERTConfig(), towers_checkpoint=...,
+                                   checkpoint_path=...)
 
-    model, histories = train_ubert(bench, tokenizer, UBERTConfig(), towers_checkpoint=..., checkpoint_path=...)
+Step 1's checkpoint is named by the fields that shape the towers (all but UBERTConfig's
+`later_stage("cross")` ones), and its model built with those at their defaults (`tower_config`), so
+every BERT_cross variant (L_c, the cross input, its steps) re-uses one set of towers.
 
 Methods: `ubert-embed` (stage 1 alone: a FAISS index of I_intra), `ubert@20` (its top K re-scored
 by s2 from cached states: K = 20 per caption, 100 per image, the paper's defaults) and the paper's
-two-stage baseline `ubert-embed+cross_encoder@20` (the same top K re-scored by the full
-cross-encoder).
+two-stage baseline `ubert-embed+cross_encoder@20` (the same top K re-scored by the cross-encoder).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -36,8 +35,8 @@ from course_lib.core.serving import QueryTokenizer, Searcher
 from course_lib.core.settings import seed_everything
 from course_lib.data.datasets import ImageDataset
 from course_lib.methods.base import DualEncoderMethod, fit_pairs
-from course_lib.methods.queries import query_indices
 from course_lib.methods.encoding import retrieval_evaluator, similarity
+from course_lib.methods.queries import query_indices
 from course_lib.methods.registry import register_method
 from course_lib.methods.rerank import Cascade, TwoStageMethod, two_stage_scores
 from course_lib.methods.scan.method import SCANMethod
@@ -99,7 +98,7 @@ def ubert_scores(model: UBERT, split, tokenizer, top_k: dict | None = None,
     top_k = {**TOP_K, **(top_k or {})}
     states = states or compute_states(model, split, tokenizer)
     first = states.image_intra @ states.text_intra.T  # (N, T) s1
-    scorer = lambda images, texts: score_cached_pairs(model, states, images, texts)  # noqa: E731
+    scorer = partial(score_cached_pairs, model, states)  # s2 (P,) of pairs (images, texts)
     return tuple(two_stage_scores(first, scorer, top_k[d], d) for d in ("i2t", "t2i"))
 
 
@@ -109,27 +108,28 @@ def ubert_evaluator(split, tokenizer):
     return retrieval_evaluator(split, lambda model, one: ubert_scores(model, one, tokenizer))
 
 
-def train_ubert(bench: dict, tokenizer, config: UBERTConfig | None = None, *, towers_checkpoint=None,
-                checkpoint_path=None, towers: tuple[UBERT, object] | None = None, scan=None, evaluate_on=None,
+def train_ubert(bench: dict, tokenizer, config: UBERTConfig | None = None, *,
+                towers_checkpoint=None, checkpoint_path=None,
+                towers: tuple[UBERT, object] | None = None, scan=None, evaluate_on=None,
                 eval_every: int | None = None, evaluate_cross: bool = True, progress: bool = True,
                 device: str | None = None) -> tuple[UBERT, dict]:
-    """Train U-BERT on bench["train"]; returns (model, histories by stage: "towers" and "cross",
-    or "joint"). towers_checkpoint / checkpoint_path: where each stage saves, and a finished
-    checkpoint there is loaded instead of training. towers: (a trained U-BERT, its step-1 history)
-    whose towers and input embeddings stand for step 1 (two-step only; the caller checks that they
-    were trained with this config's step-1 fields). scan: the trained SCANModel that
-    config.cross_towers="scan" feeds BERT_cross (UBERT's docstring). evaluate_on: a split (or a dict of splits,
-    base.learning_curve_splits) scored every eval_every steps and at the end of each stage (stage 1
-    by s1 alone, stage 2 by the two-stage ranking, ubert_scores; evaluate_cross=False: stage 1 only)."""
+    """Train U-BERT on bench["train"] -> (model, histories: "towers" and "cross", or "joint").
+    towers_checkpoint / checkpoint_path: where each stage saves (a finished one is loaded instead).
+    towers: (a trained U-BERT, its step-1 history) standing for step 1 (two-step only; the caller
+    checks its step-1 fields). scan: the trained SCANModel cross_towers="scan" feeds BERT_cross.
+    evaluate_on: a split (or a dict, base.learning_curve_splits) scored every eval_every steps and
+    after each stage (stage 1 by s1, stage 2 by ubert_scores; evaluate_cross=False: stage 1's)."""
     c = config or UBERTConfig()
     train = bench["train"]
+    common = dict(log_every=25, progress=progress, device=device)  # every fit_pairs call's
     if c.training == "joint":
         seed_everything(c.seed)
         model = build_ubert(c, train, tokenizer, scan)
         history = fit_pairs(model, cross_loss(c, with_l1=True), train, tokenizer, c,
-                            evaluate=ubert_evaluator(evaluate_on, tokenizer), log_every=25, progress=progress,
-                            checkpoint_path=checkpoint_path, device=device, max_steps=c.max_steps + c.cross_steps,
-                            batch_size=c.cross_batch_size, lr=c.cross_lr, lr_scales=c.lr_scales())
+                            evaluate=ubert_evaluator(evaluate_on, tokenizer),
+                            checkpoint_path=checkpoint_path, max_steps=c.max_steps + c.cross_steps,
+                            batch_size=c.cross_batch_size, lr=c.cross_lr,
+                            lr_scales=c.lr_scales(), **common)
         return model.eval(), {"joint": history}
     histories = {}
     finished = finished_checkpoint(checkpoint_path, c.cross_steps)
@@ -137,42 +137,43 @@ def train_ubert(bench: dict, tokenizer, config: UBERTConfig | None = None, *, to
     model = build_ubert(c, train, tokenizer, scan)
     if towers is not None:  # step 1 is another U-BERT's: nothing of it to train
         towers, histories["towers"] = towers
-    elif not finished or finished_checkpoint(towers_checkpoint, c.max_steps):  # a finished run needs no step 1
+    elif not finished or finished_checkpoint(towers_checkpoint, c.max_steps):  # else no step 1
         seed_everything(c.seed)
         towers = build_ubert(tower_config(c), train, tokenizer)
         stage1 = retrieval_evaluator(evaluate_on, lambda m, split: similarity(m, split, tokenizer))
         histories["towers"] = fit_pairs(towers, tower_loss(c), train, tokenizer, c, evaluate=stage1,
-                                        eval_every=eval_every, log_every=25, progress=progress, checkpoint_path=towers_checkpoint,
-                                        device=device, lr_scales=c.lr_scales())
-    if towers is not None:
-        state = {k: v.cpu() for k, v in towers.state_dict().items() if not k.startswith((*STEP_TWO_PARTS, "scan."))}
-        model.load_state_dict(state, strict=False)  # the towers and embeddings; BERT_cross and its inputs stay fresh
+                                        eval_every=eval_every, checkpoint_path=towers_checkpoint,
+                                        lr_scales=c.lr_scales(), **common)
+    if towers is not None:  # its towers and embeddings; BERT_cross and its inputs stay fresh
+        state = {k: v.cpu() for k, v in towers.state_dict().items()
+                 if not k.startswith((*STEP_TWO_PARTS, "scan."))}
+        model.load_state_dict(state, strict=False)
     model.freeze_towers()
-    histories["cross"] = fit_pairs(model, cross_loss(c), train, tokenizer, c,
-                                   evaluate=ubert_evaluator(evaluate_on if evaluate_cross else None, tokenizer),
-                                   eval_every=eval_every,
-                                   log_every=25, progress=progress, checkpoint_path=checkpoint_path, device=device, max_steps=c.cross_steps,
-                                   batch_size=c.cross_batch_size, lr=c.cross_lr)
+    evaluate = ubert_evaluator(evaluate_on if evaluate_cross else None, tokenizer)
+    histories["cross"] = fit_pairs(model, cross_loss(c), train, tokenizer, c, evaluate=evaluate,
+                                   eval_every=eval_every, checkpoint_path=checkpoint_path,
+                                   max_steps=c.cross_steps, batch_size=c.cross_batch_size,
+                                   lr=c.cross_lr, **common)
     return model.eval(), histories
 
 
 # ----------------------------------------------------------------------------- methods
 
 class UBERTMethod(DualEncoderMethod):
-    """U-BERT's first stage as a method (`ubert-embed`: rank by s1 through a FAISS index of I_intra),
-    which also offers the second stage's scorer: score_pairs(split, images, texts) -> s2 (P,) from
-    the split's cached states (`states`), so Cascade([ubert, ubert], ...) is U-BERT's retrieval."""
+    """U-BERT's stage 1 as a method (`ubert-embed`: s1 from a FAISS index of I_intra), also stage
+    2's scorer: score_pairs(split, images, texts) -> s2 (P,) from the split's cached states, so
+    Cascade([ubert, ubert], ...) is U-BERT's retrieval."""
 
     checkpoint_prefix = "ubert"
     config_class = UBERTConfig
 
-    def __init__(self, config: UBERTConfig | None = None, name: str = "ubert-embed", progress: bool = True,
-                 towers_from: "UBERTMethod | None" = None, scan: "SCANMethod | None" = None):
-        """towers_from: a fitted two-step U-BERT whose step 1 this one shares (the same step-1 fields,
-        data and vocabulary): its towers stand for step 1, so only BERT_cross trains. Its step-1
-        cache need not exist (a shipped model holds the towers; float16 there, the only difference).
-        scan: the SCAN method whose trained encoders config.cross_towers="scan" reads (fitted when the
-        benchmark passes its own "scan", so SCAN trains once; default the course's SCAN)."""
+    def __init__(self, config: UBERTConfig | None = None, name: str = "ubert-embed",
+                 progress: bool = True, towers_from: UBERTMethod | None = None,
+                 scan: SCANMethod | None = None):
+        """towers_from: a fitted two-step U-BERT sharing this one's step 1 (the same step-1 fields,
+        data and vocabulary): only BERT_cross trains, and no step-1 cache is needed (a shipped
+        model holds the towers, in float16: the only difference). scan: the SCAN method
+        cross_towers="scan" reads (the benchmark's, so SCAN trains once; default the course's)."""
         super().__init__(config, name, progress)
         self.towers_checkpoint, self.towers_from = None, towers_from
         if self.config.cross_towers == "scan" and scan is None:
@@ -182,15 +183,17 @@ class UBERTMethod(DualEncoderMethod):
     @property
     def notes(self) -> str:
         c = self.config
+        scale = c.text_encoder_lr_scale
+        rate = "" if scale is None else f" at {scale:g}x the rate"
         towers = (f"2 towers x {c.tower_layers} layers" if c.text_encoder is None else
-                  f"BERT_img {c.tower_layers} layers, BERT_txt {Path(c.text_encoder).name}"
-                  + ("" if c.text_encoder_lr_scale is None else f" at {c.text_encoder_lr_scale:g}x the rate"))
-        return f"U-BERT stage 1: cosine of intra-modal vectors ({towers}, d={c.hidden}), FAISS IndexFlatIP"
+                  f"BERT_img {c.tower_layers} layers, BERT_txt {Path(c.text_encoder).name}" + rate)
+        return (f"U-BERT stage 1: cosine of intra-modal vectors ({towers}, d={c.hidden}), "
+                "FAISS IndexFlatIP")
 
     def towers_checkpoint_file(self, bench: dict, tokenizer) -> str:
-        """Step 1's file name in cache_dir: every field but the step-2 ones, the data, the vocabulary."""
-        return checkpoint_name("ubert-towers", self.config.to_dict(without_stages=("cross",)), bench["train"],
-                               tokenizer, version=self.format_version)
+        """Step 1's file name in cache_dir: every field but step 2's, the data, the vocabulary."""
+        return checkpoint_name("ubert-towers", self.config.to_dict(without_stages=("cross",)),
+                               bench["train"], tokenizer, version=self.format_version)
 
     def checkpoint_extra(self, bench: dict, tokenizer) -> tuple:
         """Step 1's checkpoint, and the SCAN checkpoint BERT_cross's inputs come from."""
@@ -198,9 +201,10 @@ class UBERTMethod(DualEncoderMethod):
         return (self.towers_checkpoint_file(bench, tokenizer), *scan)
 
     def build_model(self, bench: dict, tokenizer) -> UBERT:
-        scan = self.scan.build_model(bench, tokenizer) if self.scan is not None else None  # the checkpoint holds its copy
+        # the checkpoint holds its SCAN copy; two-step models are frozen, as train_ubert leaves them
+        scan = self.scan.build_model(bench, tokenizer) if self.scan is not None else None
         model = build_ubert(self.config, bench["train"], tokenizer, scan)
-        return model.freeze_towers() if self.config.training == "two_step" else model  # as train_ubert leaves it
+        return model.freeze_towers() if self.config.training == "two_step" else model
 
     def train(self, bench: dict, tokenizer, checkpoint_path, cache_dir):
         self.towers_checkpoint = None
@@ -212,9 +216,10 @@ class UBERTMethod(DualEncoderMethod):
             steps = c.max_steps + c.cross_steps if c.training == "joint" else c.cross_steps
             scan = self.trained_model_of(self.scan, bench, tokenizer, cache_dir,
                                          needed=not finished_checkpoint(checkpoint_path, steps))
-        # stage 1's curve only: scoring the two stages on two galleries costs a cross pass per candidate
+        # stage 1's curve only: scoring both stages on two galleries costs a cross pass a candidate
         return train_ubert(bench, tokenizer, self.config, towers_checkpoint=self.towers_checkpoint,
-                           checkpoint_path=checkpoint_path, towers=self.shared_towers(bench, tokenizer), scan=scan,
+                           checkpoint_path=checkpoint_path,
+                           towers=self.shared_towers(bench, tokenizer), scan=scan,
                            progress=self.progress, evaluate_cross=False,
                            **self.learning_curve(bench, self.config.max_steps))
 
@@ -224,33 +229,37 @@ class UBERTMethod(DualEncoderMethod):
         if other is None:
             return None
         if other.model is None:
-            raise RuntimeError(f"{self.name}: towers_from={other.name!r} is not fitted; call its fit(bench, "
-                               "tokenizer, cache_dir) first")
+            raise RuntimeError(f"{self.name}: towers_from={other.name!r} is not fitted; call its "
+                               "fit(bench, tokenizer, cache_dir) first")
         if self.config.training != "two_step" or other.config.training != "two_step":
             raise ValueError(f"{self.name}: only two-step U-BERTs share step 1 (training is "
-                             f"{self.config.training!r} here, {other.config.training!r} in {other.name!r})")
-        mine, theirs = self.towers_checkpoint_file(bench, tokenizer), other.towers_checkpoint_file(bench, other.tokenizer)
-        if mine != theirs:
-            mine_fields, theirs_fields = (m.config.to_dict(without_stages=("cross",)) for m in (self, other))
+                             f"{self.config.training!r} here, {other.config.training!r} in "
+                             f"{other.name!r})")
+        mine = self.towers_checkpoint_file(bench, tokenizer)
+        if mine != other.towers_checkpoint_file(bench, other.tokenizer):
+            mine_fields, theirs_fields = (m.config.to_dict(without_stages=("cross",))
+                                          for m in (self, other))
             differ = [f"{f} ({mine_fields[f]!r} vs {theirs_fields[f]!r})" for f in mine_fields
                       if mine_fields[f] != theirs_fields[f]]
             raise ValueError(f"{self.name}: towers_from={other.name!r} trained other towers: "
                              + (", ".join(differ) if differ else "other data or vocabulary")
-                             + ". Give both the same step-1 fields, or leave towers_from out to train step 1")
+                             + ". Give both the same step-1 fields, or leave towers_from out to "
+                             "train step 1")
         return other.model, (other.history or {}).get("towers")
 
     def states(self, split) -> UBERTStates:
         """The split's cached stage-2 states (computed once per split and model: offline work)."""
         return self.cached_states(split, compute_states)
 
-    def rank(self, split, direction: str, top_k: int, queries=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Stage 1: exact top_k by s1 through a FAISS index of the gallery's intra vectors, read from
-        the split's cached states, so a cascade's stage 2 re-uses the same tower pass."""
-        queries = query_indices(split, direction, queries)
+    def rank(self, split, direction: str, top_k: int,
+             queries=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Stage 1: exact top_k by s1 through a FAISS index of the gallery's intra vectors, read
+        from the split's cached states, so a cascade's stage 2 re-uses the same tower pass."""
+        queries = torch.as_tensor(query_indices(split, direction, queries), dtype=torch.long)
         states = self.states(split)
         gallery, asked = ((states.image_intra, states.text_intra) if direction == "t2i"
                           else (states.text_intra, states.image_intra))
-        scores, indices = search(build_index(gallery), asked[torch.as_tensor(queries, dtype=torch.long)],
+        scores, indices = search(build_index(gallery), asked[queries],
                                  min(top_k, len(gallery)))  # (Q, k) each
         return torch.as_tensor(indices, dtype=torch.long), torch.as_tensor(scores)
 
@@ -262,16 +271,19 @@ class UBERTMethod(DualEncoderMethod):
 class UBERTCascade(Cascade):
     """U-BERT's retrieval (§4.2): s1 keeps the top K, s2 alone re-orders them. K = top_k (per
     caption) and top_k_i2t (per image). query_fn is the online path of one caption: one text-tower
-    pass (the tokens BERT_cross reads and T_intra at once), a FAISS search of the gallery's I_intra, and
-    BERT_cross on the K candidates with their cached states; image_query_fn the same for an image."""
+    pass (the tokens BERT_cross reads and T_intra at once), a FAISS search of the gallery's I_intra,
+    and BERT_cross on the K candidates with their cached states; image_query_fn the same for an
+    image."""
 
-    def __init__(self, ubert: UBERTMethod, top_k: int = TOP_K["t2i"], top_k_i2t: int = TOP_K["i2t"],
-                 name: str | None = None):
-        reading = " with SCAN's reading of each token" if ubert.config.cross_towers == "scan" else ""
-        super().__init__([ubert, ubert], [top_k], top_ms_i2t=[top_k_i2t], name=name or f"ubert@{top_k}",
-                         notes=(f"U-BERT: s1 keeps the top {top_k} images per caption ({top_k_i2t} captions "
-                                f"per image), s2 re-orders them (BERT_cross, {ubert.config.cross_layers} "
-                                f"layer(s), on cached states{reading})"))
+    def __init__(self, ubert: UBERTMethod, top_k: int = TOP_K["t2i"],
+                 top_k_i2t: int = TOP_K["i2t"], name: str | None = None):
+        c = ubert.config
+        reading = " with SCAN's reading of each token" if c.cross_towers == "scan" else ""
+        super().__init__([ubert, ubert], [top_k], top_ms_i2t=[top_k_i2t],
+                         name=name or f"ubert@{top_k}",
+                         notes=(f"U-BERT: s1 keeps the top {top_k} images per caption ({top_k_i2t} "
+                                f"captions per image), s2 re-orders them (BERT_cross, "
+                                f"{c.cross_layers} layer(s), on cached states{reading})"))
         self.ubert = ubert
 
     def _online(self, split, direction: str, query_batch, top_k: int):
@@ -282,13 +294,14 @@ class UBERTCascade(Cascade):
         model, K = ubert._fitted().eval(), self.survivors(direction)[0]  # eval once, not per query
         device = model_device(model)
         states = ubert.states(split)  # offline: every gallery item's tokens and intra vector
-        searcher = Searcher(build_index(states.image_intra if direction == "t2i" else states.text_intra), K)
+        intra = states.image_intra if direction == "t2i" else states.text_intra  # the gallery's
+        searcher = Searcher(build_index(intra), K)
         encode = model.text_states if direction == "t2i" else model.image_states
         gallery_states = states.image if direction == "t2i" else states.text
 
         @torch.inference_mode()
         def answer() -> np.ndarray:
-            query = encode({k: v.to(device) for k, v in query_batch().items()})  # tokens, mask, intra
+            query = encode({k: v.to(device) for k, v in query_batch().items()})  # text/image_states
             candidates = torch.from_numpy(searcher(query[2].float().cpu().numpy())[1])  # (K,)
             gallery = [s.to(device) for s in gallery_states(candidates)]
             s2 = rescore_candidates(model, query, gallery, direction).cpu()  # (K,)
@@ -298,7 +311,7 @@ class UBERTCascade(Cascade):
         return answer
 
     def query_fn(self, split, caption_index: int = 0, top_k: int = 10):
-        tokenizer = QueryTokenizer(self.ubert.tokenizer, self.ubert.config.max_text_length)  # built once
+        tokenizer = QueryTokenizer(self.ubert.tokenizer, self.ubert.config.max_text_length)  # once
         caption = split.captions[caption_index]
 
         def caption_batch() -> dict:
@@ -309,8 +322,8 @@ class UBERTCascade(Cascade):
 
     def image_query_fn(self, split, image_index: int = 0, top_k: int = 10):
         """The same for an image query: returns its top_k caption indices (top_k,), best first."""
-        image = ImageDataset(split)[image_index]
-        return self._online(split, "i2t", lambda: {k: v[None] for k, v in image.items() if torch.is_tensor(v)}, top_k)
+        image = {k: v for k, v in ImageDataset(split)[image_index].items() if torch.is_tensor(v)}
+        return self._online(split, "i2t", lambda: {k: v[None] for k, v in image.items()}, top_k)
 
 
 @register_method("ubert-embed", order=4.0)

@@ -1,48 +1,46 @@
-"""U-BERT (Yu, Fei and Li, ICTIR 2022): each feature is an intra-modal part plus an inter-modal residual (§4.1).
+"""U-BERT (Yu, Fei and Li, ICTIR 2022): each feature is an intra-modal part plus an inter-modal
+residual (§4.1).
 
-    regions  r_i = LN(feature + box) + type(1)      (eq. 2)   tokens  t_i = word + position + type(0)
-    BERT_img(R) -> r̂_i,  I_intra = mean_i r̂_i   (eq. 6-7)    BERT_txt(T) -> t̂_i,  T_intra = mean_i t̂_i   (eq. 8-9)
-    BERT_cross([r_1..r_M, t_1..t_N]) -> [r̄_1..r̄_M, t̄_1..t̄_N]        (eq. 10-11, the *input* embeddings)
-    I_inter = mean_i r̄_i,  T_inter = mean_i t̄_i                        (eq. 12-13)
+    regions  r_i = LN(feature + box) + type(1)                (eq. 2)
+    tokens   t_i = word + position + type(0)
+    BERT_img(R) -> r̂_i,  I_intra = mean_i r̂_i                 (eq. 6-7)
+    BERT_txt(T) -> t̂_i,  T_intra = mean_i t̂_i                 (eq. 8-9)
+    BERT_cross([r_1..r_M, t_1..t_N]) -> [r̄_1..r̄_M, t̄_1..t̄_N]  (eq. 10-11, the *input* embeddings)
+    I_inter = mean_i r̄_i,  T_inter = mean_i t̄_i               (eq. 12-13)
     all four L2-normalised (§4.1, "to make the magnitude ... comparable")
-    s1 = cos(I_intra, T_intra)                                          (eq. 14, stage 1)
-    s2 = cos(α·I_intra + I_inter, α·T_intra + T_inter),  α = 0.5        (eq. 15, stage 2)
+    s1 = cos(I_intra, T_intra)                                (eq. 14, stage 1)
+    s2 = cos(α·I_intra + I_inter, α·T_intra + T_inter), α = 0.5  (eq. 15, stage 2)
 
 Stage 1 is a dual encoder (the towers never see the other modality), so the gallery's I_intra sit
 in a FAISS index. Stage 2 re-scores the top K: the query's intra vector and input embeddings are
 computed once, each gallery item's are cached offline (`UBERTStates`), and per candidate only the
 L_c cross layers run, O(K·L_c·c) instead of a full cross-encoder's O(K·L·c).
 
-Where the paper is silent, our choices (notebook 04 says the same):
-- The input embeddings r_i, t_i are one table shared by the towers and BERT_cross (eq. 2 defines
-  them once and eq. 6 and eq. 10 both read them); they belong to the towers, so step 2 freezes
-  them too. `cross_input="towers"` is the variant that feeds the tower outputs r̂, t̂ instead.
-- What BERT_cross's tokens know (`cross_towers="scan"`, the default): the paper's input embeddings
-  are pre-trained (BERT's word pieces, a detector trained on Visual Genome), so its BERT_cross starts
-  from tokens that already say which word goes with which region. Ours are learned in step 1 through
-  a mean over each side, which never asks for that, and BERT_cross over them ranked no better than
-  stage 1 (docs/tuning_notes.md). So each token BERT_cross reads also carries, through a learned
-  LN(Linear(.)), what the course's trained SCAN encoders (lesson 02) make of that word or region:
-  frozen, as the cross-encoder reads them, and cached with the states like the rest. The towers and
-  s1 do not read them; "none" is eq. 10 over step 1's tables alone.
-- "Mean over the N tokens" counts every real token of the BERT input, [CLS] and [SEP] included;
-  padded regions and tokens are masked out of every mean and of attention.
-- Sizes are ours (the paper's towers are BERT-base, 12 x 768; `UBERTConfig` says what we use).
-- `text_encoder` (a BERT name or folder): BERT_txt is that pretrained BERT, as the paper's starts from
-  BERT-base; t_i are then its embedding layer's output (word + position + type, LayerNorm: eq. 2's form),
-  which BERT_cross reads in place of the course's tables. BERT_img and BERT_cross still start from random
-  weights (the paper's start from BERT too; a BERT over 7x7 grid cells has no pre-training to give).
-Training (two steps, or joint) is in `course_lib.methods.ubert.method`, with the benchmark methods.
+Our choices where the paper is silent (notebook 04 says the same; sizes: `UBERTConfig`):
+- One table of input embeddings r_i, t_i serves the towers and BERT_cross (eq. 2 defines them
+  once; eq. 6 and 10 read them); it belongs to the towers, so step 2 freezes it too.
+  `cross_input="towers"` feeds BERT_cross the tower outputs r̂, t̂ instead.
+- The paper's input embeddings are pre-trained (BERT's word pieces, a Visual Genome detector): its
+  BERT_cross starts from tokens that already say which word goes with which region. Ours, learned
+  in step 1 through a mean over each side, never learn that, and BERT_cross over them ranked no
+  better than stage 1 (docs/tuning_notes.md, "U-BERT"). So with `cross_towers="scan"` (the
+  default) each token BERT_cross reads also carries, through a learned LN(Linear(.)), what the
+  trained SCAN encoders (lesson 02; frozen, cached with the states) make of that word or region;
+  the towers and s1 do not read it. "none" is eq. 10 over step 1's tables alone.
+- A mean over tokens counts every real one, [CLS] and [SEP] included; padding is masked out of
+  every mean and of attention.
+- `text_encoder`: BERT_txt is that pretrained BERT (the paper's starts from BERT-base), t_i its
+  embedding layer's output (eq. 2's form), which BERT_cross reads in place of our tables. BERT_img
+  and BERT_cross start from random weights (a BERT over 7x7 grid cells has no pre-training to give).
+Training (two steps, or joint) and the benchmark methods: `course_lib.methods.ubert.method`.
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import ClassVar
 
-import copy
-
-import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -53,80 +51,71 @@ from course_lib.core.encoders import pretrained_bert
 from course_lib.core.optimizer import pretrained_lr_scales
 from course_lib.core.settings import CourseConfig, later_stage, switch
 from course_lib.data.datasets import image_batch, image_fields, text_fields
+from course_lib.methods.fast_slow.scoring import checked_pairs
 
 CROSS_INPUTS = ("embeddings", "towers")
 CROSS_TOWERS = ("scan", "none")
-STEP_TWO_PARTS = ("cross.", "cross_inputs.")  # parameter names step 2 trains: BERT_cross and what feeds it SCAN
+STEP_TWO_PARTS = ("cross.", "cross_inputs.")  # what step 2 trains: BERT_cross, its SCAN inputs
 TRAININGS = ("two_step", "joint")
 
 
 @dataclass
 class UBERTConfig(CourseConfig):
+    """Defaults chosen in docs/tuning_notes.md, "U-BERT"."""
+
     hidden: int = 128  # width of every token, in the towers and in BERT_cross (paper: 768)
     tower_layers: int = 2  # blocks in each intra-modal tower, BERT_img and BERT_txt (paper: 12)
-    # blocks in BERT_cross, L_c (paper: 3 of the cross baseline's 12). Ours: 1 of the course
-    # cross-encoder's 3, the same 1/4 to 1/3 of the full depth; notebook 04 sweeps 1..3
+    # blocks L_c of BERT_cross (paper: 3 of the baseline's 12; ours: 1 of the cross-encoder's 3)
     cross_layers: int = later_stage("cross", 1)
     heads: int = 4  # attention heads per block
-    alpha: float = later_stage("cross", 0.5)  # weight of the intra part in eq. 15 (the paper's default, "without cherry-picking")
-    # BERT_cross reads the input "embeddings" (eq. 10) or the "towers"' outputs; the embeddings
-    # scored higher in our runs (docs/tuning_notes.md)
+    # weight of the intra part in eq. 15 (the paper's default, "without cherry-picking")
+    alpha: float = later_stage("cross", 0.5)
+    # what BERT_cross reads: the input "embeddings" (eq. 10) or the "towers"' outputs
     cross_input: str = later_stage("cross", "embeddings")
-    # "scan": BERT_cross's tokens also carry the trained SCAN encoders' reading of each word and region
-    # (frozen; the module docstring; docs/tuning_notes.md, "BERT_cross reads SCAN's reading of each token").
-    # "none": eq. 10 over step 1's tables alone
+    # "scan": BERT_cross's tokens also carry SCAN's reading of each (module docstring); or "none"
     cross_towers: str = later_stage("cross", "scan")
-    training: str = later_stage("cross", "two_step")  # "two_step" (§4.3: towers with L1, then BERT_cross with L2) or "joint" (L1 + L2)
+    # "two_step" (§4.3: the towers with L1, then BERT_cross with L2) or "joint" (L1 + L2)
+    training: str = later_stage("cross", "two_step")
     dropout: float = 0.1  # on the embeddings and inside every block (the paper's 0.1)
-    # hinge margin of L1 and L2 (not stated in the paper; VSE++'s is 0.2). 0.1, with the step-1 batch, rate
-    # and steps below, is what fitted our VSE++ and stage 1 by learning curve (docs/tuning_notes.md)
-    margin: float = 0.1
-    # True = the hardest in-batch negatives only, the paper's "hard-negative mining as VSE++" (§4.3).
-    # From random weights it collapsed both stages here (docs/tuning_notes.md) even after the sum
-    # warm-up below, as lesson 01 found for VSE++; so the default sums every hinge, as our VSE++ does
+    margin: float = 0.1  # hinge margin of L1 and L2 (the paper gives none; VSE++'s is 0.2)
+    # True: the hardest in-batch negatives only (§4.3, "as VSE++"); False: every hinge, as our VSE++
     max_violation: bool = False
-    sum_warmup_steps: int = 200  # with max_violation: every hinge summed for these first steps of each stage
+    sum_warmup_steps: int = 200  # with max_violation: each stage's first steps sum every hinge
     max_text_length: int = 40  # token positions (the paper: up to 44 tokens)
-    # None: BERT_txt is the course's transformer from random weights. A BERT name or folder
-    # (offline_weights.MINILM_NAME, "bert-base-uncased" on Colab): BERT_txt starts from that pretrained
-    # BERT (the module docstring); `hidden` must be its width, the tokenizer its own (tokenizer_for(split, name=...))
+    # None: ours, from random weights; else the BERT BERT_txt starts from (on Colab
+    # "bert-base-uncased"; offline_weights.MINILM_NAME): `hidden` its width, tokenizer_for(.., name)
     text_encoder: str | None = switch(None)
-    # BERT_txt's rate as a multiple of lr while it trains (step 1, or joint training), e.g. 0.1: a pretrained
-    # BERT fine-tuned 10x slower than the layers trained from nothing; None = one rate. Only with text_encoder
+    # with text_encoder: BERT_txt's rate as a multiple of lr (e.g. 0.1) while it trains; None: 1
     text_encoder_lr_scale: float | None = switch(None)
-    # step 1: the towers with L1, like any dual encoder (the paper's batch is 216)
-    batch_size: int = 256  # pairs per step: B in-batch negatives, B scores per query
+    batch_size: int = 256  # step 1 (the towers with L1): pairs per step (the paper's: 216)
     lr: float = 1e-3  # peak AdamW learning rate of step 1
-    max_steps: int = 4000  # optimizer steps of step 1 (about 20 epochs of the 10k-scene train split)
-    # step 2: BERT_cross with L2, which scores every image of the batch with every caption: B^2
-    # cross passes a step. 16 (256 pairs) beat 32 (1024 pairs) for the CPU time in our runs
-    # (docs/tuning_notes.md)
+    max_steps: int = 4000  # optimizer steps of step 1 (~20 epochs of the 10k-scene train split)
+    # step 2 (BERT_cross with L2): pairs per step, each image scored with every caption (B^2 passes)
     cross_batch_size: int = later_stage("cross", 16)
-    cross_lr: float = later_stage("cross", 4e-3)  # peak AdamW rate of step 2 and of joint training: 4e-3 beat 2e-3 (docs/tuning_notes.md)
-    # optimizer steps of step 2 (joint: max_steps + cross_steps steps, about the CPU time of the two
-    # steps together). 5000 beat 3000 and came close to the two-stage baseline (the same K re-scored
-    # by the cross-encoder); L_c = 2 matched it in about the same CPU time (docs/tuning_notes.md)
+    cross_lr: float = later_stage("cross", 4e-3)  # peak AdamW rate of step 2 and of joint training
+    # optimizer steps of step 2 (joint: max_steps + cross_steps, about the two steps' CPU time)
     cross_steps: int = later_stage("cross", 5000)
     warmup_fraction: float = 0.05  # share of each stage's steps warming up; then linear decay to 0
     grad_clip: float = 2.0  # max gradient norm (VSE++)
     seed: int = 0  # model initialisation and data order
 
-    SMOKE: ClassVar[dict] = {"max_steps": 40, "cross_steps": 40, "sum_warmup_steps": 10, "batch_size": 64}
+    SMOKE: ClassVar[dict] = {"max_steps": 40, "cross_steps": 40, "sum_warmup_steps": 10,
+                             "batch_size": 64}
     # the real-photo preset (CourseConfig.REAL_PHOTOS), chosen on Flickr8k's val
     REAL_PHOTOS: ClassVar[dict] = {"max_steps": 300, "cross_steps": 150, "batch_size": 128}
 
     def __post_init__(self):
         self.lr_scales()  # a scale without a pretrained text encoder is refused here
-        if self.cross_input not in CROSS_INPUTS:
-            raise ValueError(f"cross_input must be one of {CROSS_INPUTS}, got {self.cross_input!r}")
-        if self.training not in TRAININGS:
-            raise ValueError(f"training must be one of {TRAININGS}, got {self.training!r}")
-        if self.cross_towers not in CROSS_TOWERS:
-            raise ValueError(f"cross_towers must be one of {CROSS_TOWERS}, got {self.cross_towers!r}")
+        for name, options in (("cross_input", CROSS_INPUTS), ("training", TRAININGS),
+                              ("cross_towers", CROSS_TOWERS)):
+            if getattr(self, name) not in options:
+                raise ValueError(f"{name} must be one of {options}, got {getattr(self, name)!r}")
 
     def lr_scales(self) -> dict | None:
-        """TrainConfig.lr_scales while BERT_txt trains: the pretrained BERT at text_encoder_lr_scale."""
-        return pretrained_lr_scales("text_tower.", self.text_encoder_lr_scale, self.text_encoder, "UBERTConfig")
+        """TrainConfig.lr_scales while BERT_txt trains: the pretrained BERT's is
+        text_encoder_lr_scale."""
+        return pretrained_lr_scales("text_tower.", self.text_encoder_lr_scale, self.text_encoder,
+                                    "UBERTConfig")
 
 
 def enhanced_similarity(image_intra, text_intra, image_inter, text_inter, alpha: float = 0.5):
@@ -137,15 +126,11 @@ def enhanced_similarity(image_intra, text_intra, image_inter, text_inter, alpha:
 
 
 class UBERT(JointEmbedding):
-    """The towers, BERT_cross and the two scores (module docstring).
-
-    encode_images(batch) -> I_intra (B, H), encode_texts(batch) -> T_intra (B, H), unit norm (so the
-    course's dual-encoder machinery indexes them); image_states / text_states add the tokens
-    BERT_cross reads; inter(image_tokens, region_mask, text_tokens, text_mask) -> (I_inter, T_inter)
-    for aligned pairs; forward(batch) -> (I_intra, T_intra) for L1; pair_scores(image_states, text_states)
-    -> (B, B) s2 of every image of a batch with every caption, for L2. scan: the trained `SCANModel`
-    that config.cross_towers="scan" reads (a frozen copy is kept as the submodule `scan`).
-    """
+    """The towers, BERT_cross and the two scores (module docstring). encode_images / encode_texts
+    -> I_intra / T_intra (B, H), unit norm (for the dual-encoder machinery); image_states /
+    text_states add the tokens BERT_cross reads; inter(...) -> (I_inter, T_inter) of aligned pairs;
+    forward -> (I_intra, T_intra) for L1; pair_scores -> (B, B) s2 of a batch's every image and
+    caption, for L2. scan: the trained `SCANModel` cross_towers="scan" reads (a frozen copy)."""
 
     modality = "regions"
 
@@ -153,24 +138,26 @@ class UBERT(JointEmbedding):
                  box_dim: int = 7, pad_token_id: int = 0, scan: nn.Module | None = None):
         cfg = config or UBERTConfig()
         if (cfg.cross_towers == "scan") != (scan is not None):
-            raise ValueError("config.cross_towers='scan' needs the trained SCAN model, UBERT(..., scan=scan_model) "
-                             "(UBERTMethod passes its SCAN method's); cross_towers='none' takes none")
+            raise ValueError("config.cross_towers='scan' needs the trained SCAN model, UBERT(..., "
+                             "scan=scan_model) (UBERTMethod passes its SCAN method's); "
+                             "cross_towers='none' takes none")
         H = cfg.hidden
-        # a pretrained BERT_txt brings its own word table (t_i); the course's goes unused, so it is one row
-        super().__init__(region_dim, 1 if cfg.text_encoder else vocab_size, H, cfg.max_text_length, box_dim,
-                         0 if cfg.text_encoder else pad_token_id)
+        # a pretrained BERT_txt brings its own word table (t_i): the course's, unused, is one row
+        super().__init__(region_dim, 1 if cfg.text_encoder else vocab_size, H, cfg.max_text_length,
+                         box_dim, 0 if cfg.text_encoder else pad_token_id)
         self.config = cfg
         self.dropout = nn.Dropout(cfg.dropout)
         self.image_tower = Transformer(H, cfg.tower_layers, cfg.heads, cfg.dropout)  # BERT_img
         if cfg.text_encoder is None:
             self.text_tower = Transformer(H, cfg.tower_layers, cfg.heads, cfg.dropout)  # BERT_txt
         else:
-            self.text_tower = pretrained_bert(cfg.text_encoder, vocab_size, H, "UBERTConfig", "the width BERT_cross reads")
-        self.cross = Transformer(H, cfg.cross_layers, cfg.heads, cfg.dropout)  # BERT_cross, L_c blocks
+            self.text_tower = pretrained_bert(cfg.text_encoder, vocab_size, H, "UBERTConfig",
+                                              "the width BERT_cross reads")
+        self.cross = Transformer(H, cfg.cross_layers, cfg.heads, cfg.dropout)  # BERT_cross: L_c
         self._init_tables()
         self.towers_frozen = False
         self.scan = None
-        if scan is not None:  # built last, so the towers' and BERT_cross's initial weights do not depend on it
+        if scan is not None:  # built last: the towers' and BERT_cross's initial weights ignore it
             self.scan = copy.deepcopy(scan).requires_grad_(False).eval()  # its own frozen copy
             E = scan.config.embed_dim
             self.cross_inputs = nn.ModuleDict({side: nn.Sequential(nn.Linear(E, H), nn.LayerNorm(H))
@@ -178,18 +165,17 @@ class UBERT(JointEmbedding):
 
     # ---- step 2 freezes everything but BERT_cross -------------------------------------------
     def tower_parameters(self):
-        """Everything stage 1 trains: the embedding tables and both towers (not BERT_cross and its
-        SCAN inputs; the SCAN copy is frozen from the start)."""
+        """What stage 1 trains: the embedding tables and both towers (the SCAN copy is frozen)."""
         return [p for name, p in self.named_parameters() if not name.startswith(STEP_TWO_PARTS)]
 
-    def freeze_towers(self) -> "UBERT":
+    def freeze_towers(self) -> UBERT:
         """Step 2 of §4.3: towers (and their embeddings) fixed, in eval mode even while training."""
         for p in self.tower_parameters():
             p.requires_grad_(False)
         self.towers_frozen = True
         return self.train(self.training)
 
-    def train(self, mode: bool = True) -> "UBERT":
+    def train(self, mode: bool = True) -> UBERT:
         super().train(mode)
         if self.towers_frozen:  # frozen parts run as at inference: no dropout
             for module in (self.image_tower, self.text_tower, self.region, self.dropout):
@@ -214,7 +200,8 @@ class UBERT(JointEmbedding):
             embedded = self.dropout(self.embed_text(texts))  # (B, N, H) t_i
             attended = self.text_tower(embedded, mask)  # (B, N, H) t̂_i, eq. 8
         else:  # BERT's embedding layer gives t_i (its own dropout included), its last layer t̂_i
-            out = self.text_tower.bert(input_ids=texts["input_ids"], attention_mask=texts["attention_mask"],
+            out = self.text_tower.bert(input_ids=texts["input_ids"],
+                                       attention_mask=texts["attention_mask"],
                                        output_hidden_states=True)
             embedded, attended = out.hidden_states[0], out.last_hidden_state  # (B, N, H) each
         intra = F.normalize(masked_mean(attended, mask), dim=-1, eps=1e-8)  # eq. 9
@@ -225,7 +212,8 @@ class UBERT(JointEmbedding):
         tokens, mask, intra = self._image_tower(images)
         if self.scan is not None:  # + SCAN's reading of each region (cross_towers="scan")
             regions, real = self.scan.encode_images(images)  # (B, M, E), (B, M)
-            tokens = tokens + self.cross_inputs["region"](regions.to(tokens.dtype)) * real.unsqueeze(-1)
+            regions = self.cross_inputs["region"](regions.to(tokens.dtype))  # (B, M, H)
+            tokens = tokens + regions * real.unsqueeze(-1)
         return tokens, mask, intra
 
     def text_states(self, texts: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -233,7 +221,8 @@ class UBERT(JointEmbedding):
         tokens, mask, intra = self._text_tower(texts)
         if self.scan is not None:  # + SCAN's reading of each word (cross_towers="scan")
             words, is_word = self.scan.encode_words_in_place(texts)  # (B, N, E), (B, N)
-            tokens = tokens + self.cross_inputs["word"](words.to(tokens.dtype)) * is_word.unsqueeze(-1)
+            words = self.cross_inputs["word"](words.to(tokens.dtype))  # (B, N, H)
+            tokens = tokens + words * is_word.unsqueeze(-1)
         return tokens, mask, intra
 
     def encode_images(self, batch: dict) -> torch.Tensor:
@@ -247,7 +236,8 @@ class UBERT(JointEmbedding):
         return self.encode_images(batch), self.encode_texts(batch)
 
     # ---- stage 2: BERT_cross -----------------------------------------------------------------
-    def inter(self, image_tokens, region_mask, text_tokens, text_mask) -> tuple[torch.Tensor, torch.Tensor]:
+    def inter(self, image_tokens, region_mask, text_tokens,
+              text_mask) -> tuple[torch.Tensor, torch.Tensor]:
         """Eq. 10-13 for P aligned pairs: (P, M, H), (P, M), (P, N, H), (P, N) -> I_inter, T_inter
         (P, H) each, unit norm. Regions first, then tokens, one padding mask over both."""
         M = image_tokens.shape[1]
@@ -264,9 +254,8 @@ class UBERT(JointEmbedding):
         return enhanced_similarity(image[2], text[2], image_inter, text_inter, self.config.alpha)
 
     def pair_scores(self, image, text) -> torch.Tensor:
-        """s2 of every image of a batch with every caption: (B, B), rows images, columns captions,
-        positives on the diagonal (L2's matrix; B^2 BERT_cross passes). image / text: the batch's
-        image_states / text_states."""
+        """s2 of every image of a batch (image_states) with every caption (text_states): (B, B),
+        rows images, positives on the diagonal (L2's matrix; B^2 BERT_cross passes)."""
         B = image[2].shape[0]
         rows = torch.arange(B, device=image[2].device).repeat_interleave(B)  # (B*B,) image of pair
         cols = torch.arange(B, device=image[2].device).repeat(B)  # (B*B,) caption of pair
@@ -296,7 +285,8 @@ class UBERTStates:
         return self.text_tokens[rows][:, :length], text_mask[:, :length], self.text_intra[rows]
 
 
-def compute_states(model: UBERT, split, tokenizer, *, batch_size: int = 512, device=None) -> UBERTStates:
+def compute_states(model: UBERT, split, tokenizer, *, batch_size: int = 512,
+                   device=None) -> UBERTStates:
     """Run the towers once over every image and caption of a split (the offline work of stage 2)."""
     images = image_fields(split)
     texts = text_fields(split.captions, tokenizer, model.config.max_text_length)  # (T, L)
@@ -307,16 +297,18 @@ def compute_states(model: UBERT, split, tokenizer, *, batch_size: int = 512, dev
     parts: dict = {"image": [], "text": []}
     with inference(model, device) as device:
         for start in range(0, split.n_images, batch_size):
-            block = {k: v.to(device) for k, v in image_batch(images, slice(start, start + batch_size)).items()}
+            block = image_batch(images, slice(start, start + batch_size))
+            block = {k: v.to(device) for k, v in block.items()}
             parts["image"].append([s.cpu() for s in model.image_states(block)])
         for start in range(0, split.n_texts, batch_size):
             rows = order[start:start + batch_size]
             block = {k: v[rows, :int(lengths[rows].max())].to(device) for k, v in texts.items()}
-            tokens, mask, intra = (s.cpu() for s in model.text_states(block))  # (b, l, H), (b, l), (b, H)
-            width = texts["input_ids"].shape[1] - tokens.shape[1]  # back to the split's longest: zeros
+            tokens, mask, intra = (s.cpu() for s in model.text_states(block))  # tokens (b, l, H)
+            width = texts["input_ids"].shape[1] - tokens.shape[1]  # zeros up to the split's longest
             parts["text"].append([F.pad(tokens, (0, 0, 0, width)), F.pad(mask, (0, width)), intra])
-    image = [torch.cat(column) for column in zip(*parts["image"])]
-    text = [torch.cat(column)[torch.argsort(order)] for column in zip(*parts["text"])]  # caption order
+    image = [torch.cat(column) for column in zip(*parts["image"], strict=True)]
+    text = [torch.cat(column)[torch.argsort(order)]  # caption order
+            for column in zip(*parts["text"], strict=True)]
     return UBERTStates(*image, *text)
 
 
@@ -324,11 +316,7 @@ def score_cached_pairs(model: UBERT, states: UBERTStates, image_indices, text_in
                        batch_size: int = 1024, device=None) -> torch.Tensor:
     """s2 (P,) of the pairs (image_indices[p], text_indices[p]) from cached states: only BERT_cross
     runs (L_c blocks per pair). The stage-2 scorer of U-BERT's cascade."""
-    images = torch.as_tensor(np.asarray(image_indices), dtype=torch.long)  # (P,)
-    texts = torch.as_tensor(np.asarray(text_indices), dtype=torch.long)  # (P,)
-    if images.shape != texts.shape or images.ndim != 1:
-        raise ValueError(f"image_indices and text_indices must be two (P,) vectors of pairs, got shapes "
-                         f"{tuple(images.shape)} and {tuple(texts.shape)}")
+    images, texts = checked_pairs(image_indices, text_indices)  # (P,) each
     out = torch.empty(len(images))
     with inference(model, device) as device:
         for start in range(0, len(images), batch_size):
@@ -339,7 +327,8 @@ def score_cached_pairs(model: UBERT, states: UBERTStates, image_indices, text_in
     return out
 
 
-def rescore_candidates(model: UBERT, query: tuple, gallery: tuple, direction: str = "t2i") -> torch.Tensor:
+def rescore_candidates(model: UBERT, query: tuple, gallery: tuple,
+                       direction: str = "t2i") -> torch.Tensor:
     """Stage 2 of one query against its K candidates, batched. t2i: query = a caption's (tokens
     (1, L, H), mask (1, L), T_intra (1, H)), gallery = K images' (K, M, H), (K, M), (K, H); i2t: an
     image against K captions, the same the other way round. -> (K,). The query's states are
@@ -355,9 +344,10 @@ def build_ubert(config: UBERTConfig, split, tokenizer, scan=None) -> UBERT:
     if not split.has_regions:
         raise ValueError("U-BERT reads detector regions (eq. 2); this split has none. Use a split "
                          "with regions, boxes and region_mask (the synthetic benchmark has them)")
-    return UBERT(split.regions.shape[-1], len(tokenizer), config, pad_token_id=tokenizer.pad_token_id, scan=scan)
+    return UBERT(split.regions.shape[-1], len(tokenizer), config,
+                 pad_token_id=tokenizer.pad_token_id, scan=scan)
 
 
 __all__ = ["UBERTConfig", "UBERT", "UBERTStates", "enhanced_similarity", "compute_states",
-           "score_cached_pairs", "rescore_candidates", "build_ubert", "CROSS_INPUTS", "CROSS_TOWERS", "TRAININGS",
-           "STEP_TWO_PARTS"]
+           "score_cached_pairs", "rescore_candidates", "build_ubert", "CROSS_INPUTS",
+           "CROSS_TOWERS", "TRAININGS", "STEP_TWO_PARTS"]
