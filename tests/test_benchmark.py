@@ -798,7 +798,9 @@ def test_a_finished_method_releases_its_split_caches_unless_a_later_one_reads_th
     def method(*stages):
         cache = SplitCache()
         cache.get("test", "model", lambda: "states")
-        return SimpleNamespace(cache=cache, stages=stages) if stages else SimpleNamespace(cache=cache)
+        if stages:
+            return SimpleNamespace(cache=cache, stages=stages)
+        return SimpleNamespace(cache=cache)
 
     first, reranker = method(), method()
     inner = method()  # a cascade's own stage object, in no list

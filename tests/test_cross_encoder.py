@@ -659,9 +659,9 @@ def test_float16_regions_are_converted_per_batch_not_a_whole_gallery_per_call(be
 
 
 def test_the_method_embeds_each_image_and_caption_once_and_scores_as_the_model(bench, tok, model):
-    """The method keeps a split's one-sided embeddings (`Embedded`): over blocks, pairs, the matrix and
-    a query, each image is embedded once and each caption when first met, and every score equals the
-    model's forward on that one pair."""
+    """The method keeps a split's one-sided embeddings (`Embedded`): over blocks, pairs, the matrix
+    and a query, each image is embedded once and each caption when first met, and every score equals
+    the model's forward on that one pair."""
     split = bench["test"]
     method = CrossEncoderMethod(CrossEncoderConfig.smoke(), progress=False)
     method.model, method.tokenizer = model, tok
@@ -690,6 +690,7 @@ def test_the_method_embeds_each_image_and_caption_once_and_scores_as_the_model(b
     assert embedded_rows["text"] == split.n_texts + 1  # every caption once, and the query's online
     want = torch.tensor([[one_pair(i, t) for t in (7, 1)] for i in (5, 0, 3)])
     assert torch.allclose(block, want, atol=TOL)
-    assert torch.allclose(pair_scores, torch.tensor([one_pair(2, 1), one_pair(5, 4), one_pair(9, 7)]), atol=TOL)
+    expected_pairs = torch.tensor([one_pair(2, 1), one_pair(5, 4), one_pair(9, 7)])
+    assert torch.allclose(pair_scores, expected_pairs, atol=TOL)
     assert torch.allclose(matrix[[5, 0, 3]][:, [7, 1]], want, atol=TOL)
     assert list(top) == torch.topk(matrix[:, 4], 3).indices.tolist()
