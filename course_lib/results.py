@@ -356,7 +356,7 @@ def _save_pareto(rows, path: Path, published: dict | None = None) -> None:
     # a bare Figure needs no GUI backend, so this works headless and leaves notebooks' backend alone
     from matplotlib.figure import Figure
 
-    from course_lib.viz import plot_pareto_settings
+    from course_lib.pareto_plot import plot_pareto_settings
 
     fig = plot_pareto_settings(rows, Figure(figsize=(13, 5.5)), settings=("test", "full"), published=published)
     fig.savefig(path, dpi=120)
