@@ -266,7 +266,8 @@ def main(argv=None) -> dict:
                              "every split of it (train, val and test)")
     parser.add_argument("--out", default=None,
                         help="folder for results.json/.md, pareto.png and curves.png (default: "
-                             "outputs/benchmark-real, with --smoke outputs/benchmark-real-smoke)")
+                             "outputs/benchmark-real, or outputs/benchmark-real-smoke with "
+                             "--smoke)")
     parser.add_argument("--checkpoints", default=CHECKPOINTS, help="folder of cached trained "
                         "models, shared with lesson 08 (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0,
