@@ -1,25 +1,21 @@
 """The synthetic benchmark: `python -m course_lib.benchmark [--smoke] [--out DIR] [--retrain]`.
 
-Builds the synthetic benchmark, fits every registered method (course_lib.methods.registry),
-evaluates it (course_lib.evaluation) on the test, full and compositional settings (docs/data.md,
-docs/results.md), times one text query against each gallery, and writes DIR/results.json,
-DIR/results.md (every table) and DIR/pareto.png; --readme README.md also writes the test table
-into the README and the rest into docs/results.md. Each setting also gets two reference rows:
-`oracle`, the expected recall of the Bayes-optimal ranking under the generator's own caption
-likelihood, the best any model can reach (course_lib.data.oracle), and `bag-of-objects`, what one
-hand-built vector per image reaches with perfect perception (course_lib.studies.single_vector):
-the limit of the dual encoders' form on this data.
+Fits every registered method (course_lib.methods.registry), evaluates it (course_lib.evaluation)
+on the test, full and compositional settings (docs/data.md, docs/results.md), times one text query
+against each gallery, and writes DIR/results.json, DIR/results.md (every table) and DIR/pareto.png;
+--readme README.md also writes the test table into the README, the rest into docs/results.md. Two
+reference rows per setting: `oracle`, the expected recall of the Bayes-optimal ranking under the
+generator's own caption likelihood, the best any model can reach (course_lib.data.oracle), and
+`bag-of-objects`, one hand-built vector per image with perfect perception
+(course_lib.studies.single_vector): the limit of the dual encoders' form on this data.
 
 A method follows course_lib.methods.base.Method: `fit`, `rank(split, direction, top_k, queries)`,
 `query_fn(split, caption_index, top_k)`, `pairs_per_query`, and its own budgets `eval_pairs` and
-`timed_sizes`. The full setting's queries are the test split's (split.text_queries).
-
-Trained models: the shipped ones (shipped_models/, course_lib.core.shipped) where they match, else
-the cache folder's (--checkpoints), else trained there. --retrain never loads a shipped model (nor
-does --smoke: its tiny models always train).
-
-The two other commands: the benchmark on real photographs, `python -m course_lib.real_benchmark
---features DIR`, and the refresh of the shipped models, `python -m course_lib.refresh_shipped`.
+`timed_sizes`. The full setting's queries are the test split's (split.text_queries). Trained
+models: the shipped ones (shipped_models/, course_lib.core.shipped) where they match, else the
+cache folder's (--checkpoints), else trained there; --retrain (and --smoke) never loads a shipped
+one. The other commands: `python -m course_lib.real_benchmark --features DIR` (real photographs)
+and `python -m course_lib.refresh_shipped` (the shipped models).
 """
 
 from __future__ import annotations
@@ -74,17 +70,15 @@ def run(*, smoke: bool = False, seed: int = 0, methods=None, out: str | Path = "
         every_pair: tuple[str, ...] = (), merge: dict | None = None, progress: bool = True) -> dict:
     """Run the whole benchmark and write its three outputs; returns the results dict.
 
-    methods: method names (course_lib.methods.registry; None for every registered one), or Method
-    objects built by the caller. checkpoints: the folder of trained models, shared with the
-    notebooks (their `.fit(..., cache_dir="../outputs/checkpoints")`): a checkpoint's name hashes
-    its config, data and vocabulary, so one folder serves every size and seed, and a model trained
-    once is reused. retrain: train (or load from `checkpoints`) every model instead of loading the
-    shipped ones; smoke always does. jobs > 1: the models that must train are trained first in that
-    many processes (course_lib.training_lanes), and each method's fit then loads its finished
-    checkpoint (with method names only, not Method objects). every_pair: the settings (e.g.
+    methods: method names (course_lib.methods.registry; None for every one), or Method objects.
+    checkpoints: the folder of trained models, shared with the notebooks (`.fit(...,
+    cache_dir="../outputs/checkpoints")`): a checkpoint's name hashes its config, data and
+    vocabulary, so one folder serves every size and seed. retrain: train (or load from
+    `checkpoints`) every model instead of loading the shipped ones; smoke always does. jobs > 1:
+    the models that must train are trained first in that many processes (course_lib.training_lanes;
+    method names only), and each fit then loads its checkpoint. every_pair: the settings (e.g.
     ("test",)) where every method ranks every query, whatever its budget. merge: an earlier
-    results.json of the same mode and seed, whose rows of the methods this run does not run are
-    kept (results.merge_results)."""
+    results.json of the same mode and seed, whose rows of the methods not run here are kept."""
     from tqdm.auto import tqdm
 
     start = time.perf_counter()

@@ -6,11 +6,9 @@ measured-vs-extrapolated latency plot, the recall table, and verdicts that respe
     plot_latency({"cross_encoder": rows, ...})      # latency_vs_gallery rows; hollow = extrapolated
     print(recall_table({"VSE++": m1, "SCAN": m2}))  # retrieval_metrics dicts side by side
     print(compare_recalls("t2i R@1", "SCAN", 47.2, "VSE++", 7.0, n=5000, chance=0.1))
-    line, reached = recovery_verdict("rerank@20", 19.5, "cross-encoder", 20.0, n=5000, target=95,
-                                     chance=0.1)
+    line, reached = recovery_verdict("rerank@20", 19.5, "cross-encoder", 20.0, n=5000, target=95)
     print(compare_rates("false negatives", "mined", 12.0, 2000, "random", 3.0, 2000))
-    print(compare_ar("pre-training?", "PT", metrics_a, "no PT", metrics_b, n_images=1000,
-                     n_texts=5000))
+    print(compare_ar("pre-training?", "PT", m_a, "no PT", m_b, n_images=1000, n_texts=5000))
 """
 
 from __future__ import annotations
@@ -27,10 +25,9 @@ from course_lib.core import settings
 
 
 def setup(seed: int = 0, cpu_threads: int | None = None, show: bool = True) -> torch.device:
-    """The versions-and-device cell: print what every result is measured with, seed everything, and
-    (cpu_threads) cap torch's and FAISS's CPU threads. Returns the device models should use. On
-    Colab it first finds or fetches the course's files the notebook's paths lead to
-    (course_lib.colab)."""
+    """The versions-and-device cell: print what every result is measured with, seed everything,
+    (cpu_threads) cap torch's and FAISS's CPU threads; -> the device models should use. On Colab it
+    first finds or fetches the course's files the notebook's paths lead to (course_lib.colab)."""
     course = use_course_files()
     if cpu_threads:
         import faiss
@@ -139,10 +136,9 @@ def near_chance(recall: float, n: int, chance: float) -> bool:
 
 def compare_recalls(question: str, a_label: str, a: float, b_label: str, b: float, n: int,
                     chance: float | None = None) -> str:
-    """One line: recall a against recall b (in %, each over the same n queries), and a verdict. A
-    gap counts only beyond twice the standard error of the difference (rough, and conservative since
-    both come from the same queries); when both recalls are within noise of chance, nothing can be
-    told at these sizes, whatever the gap."""
+    """One line: recall a against recall b (in %, over the same n queries) and a verdict. A gap
+    counts only beyond twice the standard error of the difference (rough; conservative, as both come
+    from the same queries); both within noise of chance: nothing can be told, whatever the gap."""
     at_chance = chance is not None and near_chance(a, n, chance) and near_chance(b, n, chance)
     noise = math.hypot(recall_noise(a, n), recall_noise(b, n))
     return _gap_line(question, a_label, a, b_label, b, noise,
@@ -167,13 +163,10 @@ def recovery_verdict(a_label: str, a: float, ref_label: str, ref: float, n: int,
                      target: float = 95.0, chance: float | None = None) -> tuple[str, bool | None]:
     """How much of a reference recall `ref` a recall `a` recovers (both in %, over the same n
     queries), against a target share (in %), e.g. re-ranking's R@1 against the cross-encoder's.
-
-    Returns (line, reached). reached is None when nothing can be told at these sizes: the
-    reference is 0, or not clearly above chance (within noise of it, counting the noise of a
-    recall at chance or at the reference, whichever is larger): a share of a chance-level number
-    means nothing. Otherwise True when a is at least target% of ref, False when it falls short;
-    the line gives the share's ± (twice the standard error of a, over ref) and says whether a
-    shortfall is within that noise of the target."""
+    -> (line, reached): reached None when nothing can be told at these sizes (ref is 0, or within
+    noise of chance, counting the noise at chance or at ref, whichever is larger: a share of a
+    chance-level number means nothing), else whether a is at least target% of ref; the line gives
+    the share's ± (twice a's standard error, over ref) and whether a shortfall is within it."""
     share = 100.0 * a / ref if ref > 0 else float("nan")
     head = f"{a_label} {a:.1f} vs {ref_label} {ref:.1f}"
     at_chance = chance is not None and (near_chance(ref, n, chance)
@@ -210,11 +203,10 @@ def check_verdict(met: bool, values=(), *, n: int | None = None, chance: float |
 
 def compare_rates(question: str, a_label: str, a: float, n_a: int, b_label: str, b: float,
                   n_b: int) -> str:
-    """One line: rate a (in %, over n_a trials) against rate b (in %, over n_b trials), and a
-    verdict from a two-proportion test (pooled rate, gap beyond twice its standard error). When
-    neither rate has a single event, or the gap is within noise, it says "too small to tell at these
-    sizes" rather than read a ratio of a few counts. For b what chance gives (a random draw) and a
-    what a method gives, e.g. false negatives among mined vs random negatives."""
+    """One line: rate a (in %, over n_a trials) against rate b (in %, over n_b trials) and a verdict
+    from a two-proportion test (pooled rate, gap beyond twice its standard error); no event in
+    either, or a gap within noise: "too small to tell at these sizes", not a ratio of a few counts.
+    For b from chance (a random draw), a from a method: false negatives, mined vs random."""
     pooled = (a * n_a + b * n_b) / max(n_a + n_b, 1)
     noise = 2.0 * math.sqrt(max(pooled * (100.0 - pooled), 0.0)
                             * (1.0 / max(n_a, 1) + 1.0 / max(n_b, 1)))
@@ -231,10 +223,9 @@ def compare_rates(question: str, a_label: str, a: float, n_a: int, b_label: str,
 def compare_ar(question: str, a_label: str, a: dict, b_label: str, b: dict, n_images: int,
                n_texts: int, ks=(1, 5, 10)) -> str:
     """One line: the AR (mean of i2t and t2i R@k over ks) of two retrieval_metrics dicts over the
-    same n_images image queries and n_texts text queries (5 captions per image), and a verdict as in
-    compare_recalls. AR's noise is taken as the mean of its six recalls' noise (conservative: they
-    come from the same queries); chance is a random ranking's AR; both within noise of it: nothing
-    can be told at these sizes."""
+    same n_images image and n_texts text queries (5 captions per image), and a verdict as in
+    compare_recalls. AR's noise: the mean of its recalls' (conservative: the same queries); both
+    within noise of a random ranking's AR: nothing can be told at these sizes."""
     n = {"i2t": n_images, "t2i": n_texts}
     relevant = {"i2t": max(n_texts // max(n_images, 1), 1), "t2i": 1}
     candidates = {"i2t": n_texts, "t2i": n_images}
@@ -271,10 +262,9 @@ def curve_summary(label: str, history, metric: str = "t2i_r1", target: float | N
                   n_queries: int = 1000) -> str:
     """One line on a learning curve (a History with val_/train_ evaluations and cpu_seconds, as
     every dual encoder's Method records): where it ended, train[:n] against val, and whether val was
-    still rising over the last interval (beyond twice its binomial standard error), i.e. whether
-    more training would pay. target: the recall the course asks of this model (README's table); the
-    line says whether val meets it. n_queries: the fewer queries of the curve's two directions (the
-    images of its galleries), which sets the noise."""
+    still rising over the last interval (beyond twice its binomial standard error): would more
+    training pay? target: the recall the course asks of it (README's table), met or not.
+    n_queries: the fewer queries of its two directions (its galleries' images): the noise."""
     rows = [r for r in history.rows(eval=True) if f"val_{metric}" in r]
     if not rows:
         raise ValueError(f"{label}: its history has no val_{metric} evaluations; train it through "

@@ -79,14 +79,13 @@ def _violations(boxes, centres) -> list[int]:
 def place_labels(ax, points, labels, *, fontsize: float = 7, marker_px: float = 5.0,
                  attempts: int = 24) -> list:
     """Label each point (data coordinates) so that no two labels overlap and each label's nearest
-    marker is its own point's (no label sits on a neighbour), covering no marker where it can.
+    marker is its own point's (none sits on a neighbour), covering no marker where it can.
 
-    Each label takes the cheapest of rings of candidate spots around its point, moving outwards;
-    a label set away from its point gets a thin leader line. The most crowded points choose first;
-    if some label still breaks a rule, the pass is repeated with those labels first (the rest
-    reshuffled every other time), and the arrangement with the fewest broken rules is kept. It
-    works in display space: call it once the axes' limits and the figure's layout are final.
-    Returns the Text objects, in `points` order."""
+    Each label takes the cheapest of rings of candidate spots around its point, moving outwards
+    (away from its point: a thin leader line); the most crowded points choose first; while a label
+    breaks a rule the pass is repeated with those labels first (the rest reshuffled every other
+    time), keeping the arrangement with the fewest broken rules. It works in display space: call it
+    once the axes' limits and the layout are final. Returns the Text objects, in `points` order."""
     fig = ax.figure
     if not hasattr(fig.canvas, "get_renderer"):  # a bare Figure (headless files): an Agg canvas
         from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -204,14 +203,12 @@ def plot_pareto(rows, *, setting: str = "test", metric: str = "t2i_r1", ax=None,
                 colors: dict | None = None, front: bool = True, published=None):
     """Accuracy against per-query latency, one labelled point per method (log time axis).
 
-    `rows` are benchmark result rows (dicts with method, setting, ms_per_query and the metric); a
-    row whose time was extrapolated (ms_measured False) is drawn hollow, as in every course plot.
-    front: join the methods no other one beats (faster and at least as accurate) with a step line
-    (course_lib.studies.frontier.pareto_front). The axes fit the methods; an untimed reference row
-    (the oracle ceiling, the bag of objects) is a dotted line, or an arrow at the top edge when it
-    lies above every method. Labels never overlap (place_labels).
-    colors: method -> colour, to keep one colour per method across panels. published: a dataset's
-    published rows (course_lib.published.published_rows), untimed, marked at the right edge."""
+    `rows`: benchmark result rows (method, setting, ms_per_query, the metric); an extrapolated time
+    (ms_measured False) is drawn hollow, as in every course plot. front: a step line through the
+    methods no other one beats (studies.frontier.pareto_front). The axes fit the methods; an
+    untimed reference row (the oracle, the bag of objects) is a dotted line, or an arrow at the top
+    edge when above every method. Labels never overlap (place_labels). colors: method -> colour
+    (one per method across panels). published: published_rows, untimed, at the right edge."""
     if ax is None:
         _, ax = plt.subplots(figsize=(6.5, 4.5))
     pending = _draw_pareto(rows, setting=setting, metric=metric, ax=ax, title=title, colors=colors,

@@ -2,9 +2,8 @@
 
 DIR is a feature folder of data_scripts/extract_features.py: a pretrained CNN's grid of a
 Karpathy-format dataset (EfficientNet-Lite0's 7 x 7 cells of Flickr8k offline; Flickr30k / COCO on
-Colab). The methods are the course's own, the classes lessons 01-06 teach, from the registry
-(REAL_METHODS), each trained on train through the one Trainer, with the grid cells as regions and
-captions in the pretrained text encoder's WordPiece vocabulary:
+Colab). The methods are lessons 01-06's own (REAL_METHODS, from the registry), trained through the
+one Trainer, the grid cells as regions, captions in the pretrained text encoder's WordPiece:
 
     vsepp, cross_encoder                    lessons 01-02, word embeddings learned from nothing
     scan                                    lesson 02, over the pretrained BERT's frozen word states
@@ -16,16 +15,13 @@ captions in the pretrained text encoder's WordPiece vocabulary:
     slow, fast, fast-distilled, fast_slow@K lesson 06, Slow's decoders attending to the grid cells,
                                             as the paper's attend to a CNN feature map
 
-beside the linear probe (course_lib.methods.linear_probe), the baseline on frozen features, and
-chance. There is no oracle row: real data has no generator. Nothing ships for real data, and the
-synthetic shipped models are never looked at.
-
-`real_sizes` holds the switches and sizes real features need, `fit_real_methods` fits every method
-(or loads it from the checkpoint folder), `evaluate_real` measures and times them with the synthetic
-benchmark's own code (course_lib.evaluation), and `run_features` does all three on a feature folder
-and writes OUT's results.json, results.md, pareto.png and curves.png (default OUT:
-outputs/benchmark-real); --readme README.md also fills the README's and docs/results.md's
-real-results blocks.
+beside the linear probe (course_lib.methods.linear_probe, the baseline on frozen features) and
+chance; no oracle row: real data has no generator. Nothing ships for real data, and the synthetic
+shipped models are never looked at. `real_sizes` holds the switches real features need,
+`fit_real_methods` fits (or loads) every method, `evaluate_real` measures and times them with the
+synthetic benchmark's code (course_lib.evaluation), and `run_features` does all three and writes
+OUT's results.json, results.md, pareto.png and curves.png (default outputs/benchmark-real);
+--readme README.md also fills the real-results blocks of the README and docs/results.md.
 """
 
 from __future__ import annotations
@@ -144,9 +140,8 @@ def real_methods(text_encoder: str = MINILM_NAME, smoke: bool = False, seed: int
 def fit_real_methods(bench: dict, text_encoder: str = MINILM_NAME, smoke: bool = False,
                      seed: int = 0, checkpoints=CHECKPOINTS,
                      names=REAL_METHODS) -> tuple[list, dict]:
-    """Fit every method on bench["train"] (or load it from `checkpoints`), captions in the
-    pretrained text encoder's WordPiece vocabulary (WORD_METHODS: in words).
-    -> (methods, {name: seconds to fit})."""
+    """Fit every method on bench["train"] (or load it from `checkpoints`), captions in the text
+    encoder's WordPiece vocabulary (WORD_METHODS: in words). -> (methods, {name: seconds to fit})"""
     settings.seed_everything(seed)
     wordpieces = tokenizer_for(bench["train"], name=pretrained_text_path(text_encoder))
     words = tokenizer_for(bench["train"], min_freq=WORD_MIN_FREQ)
@@ -196,9 +191,8 @@ def real_reference_rows(split, setting: str) -> list[dict]:
 
 def evaluate_real(methods, bench: dict, smoke: bool = False, seed: int = 0, progress: bool = True,
                   setting_names=SETTINGS) -> list[dict]:
-    """The results rows: chance, then every method on every setting, its recalls
-    (evaluation.evaluate: a fixed sample of queries where a method's pair budget, at most
-    REAL_PAIR_CAP, runs out) and ms per text query."""
+    """The results rows: chance, then every method on every setting, its recalls (evaluate: a fixed
+    sample of queries where its pair budget, at most REAL_PAIR_CAP, runs out) and ms per query."""
     from tqdm.auto import tqdm
 
     repeats = 5 if smoke else 20

@@ -30,9 +30,8 @@ def run_mode(smoke: bool) -> str:
 def results_dict(rows: list[dict], methods, *, smoke: bool, seed: int, seconds: float,
                  references: dict | None = None, **meta) -> dict:
     """A run's results, as results.json holds them: {"meta": {"device", "torch", "mode", "seconds",
-    "seed", then `meta`'s extras}, "methods": each reference row's note (`references`: name ->
-    note), then each method's notes, "rows": rows}. A run adds its other keys ("latency", ...)
-    after these."""
+    "seed", then `meta`'s extras}, "methods": the notes of `references` (name -> note), then each
+    method's, "rows": rows}. A run adds its other keys ("latency", ...) after these."""
     env = describe_environment()
     return {"meta": {"device": env["device"], "torch": env["torch"], "mode": run_mode(smoke),
                      "seconds": round(seconds, 1), "seed": seed, **meta},
@@ -64,10 +63,9 @@ def read_partial(path: Path, key: dict) -> dict:
 
 
 def cascade_timing_problems(methods, rows) -> str | None:
-    """A plain-words note when the timings contradict themselves, which a quiet machine cannot
-    produce: a cascade (a method whose first stage is another method of the run) measured faster
-    than its first stage alone, or slower than the same stages keeping more candidates. None when
-    the timings agree with both rules."""
+    """A plain-words note when the timings contradict themselves, as a quiet machine cannot: a
+    cascade (a method whose first stage is another method of the run) measured faster than its
+    first stage, or slower than the same stages keeping more candidates. None if they agree."""
     ms = {(r["method"], r["setting"]): r["ms_per_query"] for r in rows
           if r.get("ms_per_query") and r.get("ms_measured", True)}
     clashes = []
@@ -336,11 +334,10 @@ def _blocks(path: Path, start: str = README_START, end: str = README_END) -> tup
 
 def update_readme(results: dict | None, readme: str | Path, check_only: bool = False,
                   real: bool | None = None) -> None:
-    """Write this run into the README's results block (the test table and the picture's link), the
-    rest of its tables into docs/results.md's block beside it, and the picture to docs/pareto.png;
-    a real-photo run (or real=True) goes to the real-results blocks and docs/pareto-real.png.
-    check_only: only check that both files are there and have the block (before a run). The three
-    files are replaced only once all are written."""
+    """Write this run into the README's results block (the test table, the picture's link), its
+    other tables into docs/results.md's block and the picture to docs/pareto.png, all three replaced
+    once all are written; a real-photo run (or real=True): the real-results blocks and
+    docs/pareto-real.png. check_only: only check both files and their blocks (before a run)."""
     real = (results is not None and is_real(results)) if real is None else real
     start, end, picture = _markers(real)
     readme = Path(readme)

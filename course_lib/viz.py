@@ -147,13 +147,11 @@ def show_rankings(split, rankings, *, width: float = 2.0, title=None):
 
 
 def plot_learning_curve(histories: dict, *, metric: str = "t2i_r1", ax=None, title=None):
-    """Recall against training CPU-seconds for one or more runs: {label: History}.
-
-    Each run's evaluation rows (course_lib.core.train.History) must hold "cpu_seconds" and the
-    metric under "val_" and "train_" (evaluate_on=learning_curve_splits(bench)). Val is drawn solid,
-    train[:n] dashed in the same colour: where the two coincide the model has not yet fitted what it
-    trains on; a gap that widens while val flattens is overfitting; a val curve still rising at its
-    last point says more training would pay."""
+    """Recall against training CPU-seconds for one or more runs: {label: History}, whose
+    evaluation rows hold "cpu_seconds" and the metric under "val_" and "train_"
+    (evaluate_on=learning_curve_splits(bench)). Val solid, train[:n] dashed in the same colour:
+    where they coincide the model has not yet fitted what it trains on; a gap widening while val
+    flattens is overfitting; a val curve still rising at its end says more training would pay."""
     if ax is None:
         _, ax = plt.subplots(figsize=(6, 3.5))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"] * 4  # more colours than runs

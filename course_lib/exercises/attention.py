@@ -32,24 +32,26 @@ def check_func_attention(fn, lambda_softmax: float = 9.0) -> None:
     got = fn(query.clone(), context.clone(), lambda_softmax)
     got = got[0] if isinstance(got, tuple) else got
     if tuple(got.shape) != tuple(expected.shape):
-        raise ExerciseError(f"attended must be (P, Lq, D) = {tuple(expected.shape)}, got {tuple(got.shape)}: "
-                            "one attended context vector per query item")
+        raise ExerciseError(f"attended must be (P, Lq, D) = {tuple(expected.shape)}, got "
+                            f"{tuple(got.shape)}: one attended context vector per query item")
     if torch.allclose(got, expected, atol=1e-8):
         print("func_attention: correct")
         return
     mistakes = [
-        (dict(norm_over_query=False), "you L2-normalised over the context axis; SCAN's clipped_l2norm "
-                                      "normalises over the query axis"),
-        (dict(softmax_over_context=False), "the softmax runs over the query axis; each query item's weights "
-                                           "must sum to 1 over the context items"),
-        (dict(clip=False), "the LeakyReLU(0.1) before the normalisation is missing (SCAN's clipped_l2norm)"),
+        (dict(norm_over_query=False), "you L2-normalised over the context axis; SCAN's "
+                                      "clipped_l2norm normalises over the query axis"),
+        (dict(softmax_over_context=False), "the softmax runs over the query axis; each query "
+                                           "item's weights must sum to 1 over the context items"),
+        (dict(clip=False), "the LeakyReLU(0.1) before the normalisation is missing (SCAN's "
+                           "clipped_l2norm)"),
     ]
     for switches, message in mistakes:
         if torch.allclose(got, _attend(query, context, lambda_softmax, **switches), atol=1e-8):
             raise ExerciseError(message)
     if torch.allclose(got, _attend(query, context, 1.0), atol=1e-8):
-        raise ExerciseError("lambda_softmax is missing: multiply the normalised scores by it before the softmax")
+        raise ExerciseError("lambda_softmax is missing: multiply the normalised scores by it "
+                            "before the softmax")
     worst = (got - expected).abs().max().item()
-    raise ExerciseError(f"attended vectors differ from SCAN's by up to {worst:.3g}; follow the steps: "
-                        "context . query^T, LeakyReLU(0.1), L2-norm over queries, times lambda, softmax "
-                        "over context, weighted sum of context")
+    raise ExerciseError(f"attended vectors differ from SCAN's by up to {worst:.3g}; follow the "
+                        "steps: context . query^T, LeakyReLU(0.1), L2-norm over queries, times "
+                        "lambda, softmax over context, weighted sum of context")

@@ -67,9 +67,8 @@ def _eq15_mistakes(image_intra, text_intra, image_inter, text_inter, alpha) -> l
 
 def check_enhanced_similarity(fn) -> None:
     """fn(image_intra, text_intra, image_inter, text_inter, alpha) -> (P,) eq. 15 for P aligned
-    pairs: cos(alpha * I_intra + I_inter, alpha * T_intra + T_inter), compared with
-    course_lib.methods.ubert.model.enhanced_similarity on unit and unnormalised inputs, several
-    alphas."""
+    pairs: cos(alpha * I_intra + I_inter, alpha * T_intra + T_inter), against the library's
+    enhanced_similarity on unit and unnormalised inputs, several alphas."""
     import torch
 
     from course_lib.methods.ubert.model import enhanced_similarity
@@ -109,10 +108,9 @@ def check_enhanced_similarity(fn) -> None:
 
 def check_rerank_one_by_one(fn, model, query, gallery, atol: float = 1e-5) -> None:
     """fn(model, query, gallery) -> (K,) s2 of one query against its K candidates, one candidate at
-    a time, compared with course_lib.methods.ubert.model.rescore_candidates (all K in one batch).
-    query: a caption's (tokens (1, L, H), mask (1, L), T_intra (1, H)); gallery: the candidates'
-    (tokens (K, M, H), masks (K, M), I_intra (K, H)), as UBERTStates.text / .image give them. Both
-    run in eval mode without gradients; the model's mode is restored after."""
+    a time, against the library's rescore_candidates (all K in one batch). query: a caption's
+    (tokens (1, L, H), mask (1, L), T_intra (1, H)); gallery: the candidates' (tokens (K, M, H),
+    masks (K, M), I_intra (K, H)), as UBERTStates.text / .image give them; eval mode, no grad."""
     import torch
 
     from course_lib.methods.ubert.model import rescore_candidates

@@ -1,22 +1,15 @@
 """Lesson 06's measuring tools for Fast & Slow (notebook 06): what the registered methods do, taken
-apart so that one expensive pass serves many questions.
-
-    slow_direction_scores  h_fwd and h_bwd (Q, N) of sampled captions against every gallery image
-                           from cached keys / values: Slow's R@k, Table 1's forward-only row and
-                           every cascade below from ONE pass of the decoders
-    cascade_ranks          eq. 9 on dense scores (FastSlowCascade.rank's order) for any K and beta,
-                           no pair scored again
-    teacher_batches        a fixed pool of batches with the teacher's (B, B) h matrix of each, paid
-                           once (the Table 8 grid then costs student steps only)
-    distill_from_cache     eq. 8 (or eq. 4 alone: the no-teacher control) on that pool
-    softmax_entropy        how flat the per-caption teacher targets softmax(h / tau) are
-    kl_to_teacher          how far a student's softmax(f.g / tau) sits from them on held-out batches
-    mined_students         the library's distillation over mined candidates beside a perfect teacher
-                           and two controls (the candidates without the teacher; eq. 4 alone)
-    perfect_teacher_loss   eq. 5-7 with exactly right targets (the generator's ground truth)
-
-The pool trades data for time: its students see n_batches x B training pairs again and again,
-where `fast-distilled` draws fresh batches (and pays the teacher) every step; the notebook says so.
+apart so that one expensive pass serves many questions. slow_direction_scores: h_fwd and h_bwd
+(Q, N) of sampled captions against every gallery image from cached keys / values, so Slow's R@k,
+Table 1's forward-only row and every cascade come from ONE pass of the decoders; cascade_ranks:
+eq. 9 on those dense scores for any K and beta; teacher_batches: a fixed pool of batches with the
+teacher's (B, B) h of each, paid once, so distill_from_cache's Table 8 grid (eq. 8, or eq. 4 alone:
+the no-teacher control) costs student steps only; softmax_entropy and kl_to_teacher: how flat the
+targets softmax(h / tau) are and how far a student's softmax(f.g / tau) sits from them;
+mined_students: the library's distillation over mined candidates beside a perfect teacher
+(perfect_teacher_loss: the generator's ground truth) and two controls. The pool trades data for
+time: its students see n_batches x B pairs again and again, where `fast-distilled` draws fresh
+batches (and pays the teacher) every step; the notebook says so.
 """
 
 from __future__ import annotations
@@ -120,8 +113,7 @@ def kl_to_teacher(model: FastModel, batches: list[dict], tau: float) -> float:
 def teacher_batches(teacher: SlowModel, split, tokenizer, n_batches: int, batch_size: int, *,
                     seed: int = 0, progress: bool = False) -> list[dict]:
     """n_batches PairCollate batches of batch_size distinct captions of `split` (drawn with `seed`),
-    each with "teacher": the teacher's h of its B x B pairs (rows images, columns captions). Pays
-    n_batches x B^2 decoder passes once."""
+    each with "teacher": the teacher's h of its B x B pairs (rows images); B^2 passes per batch."""
     dataset, collate = PairDataset(split, modality="pixels"), PairCollate(tokenizer)
     rows = np.random.default_rng(seed).permutation(len(dataset))
     if n_batches * batch_size > len(rows):
@@ -164,11 +156,10 @@ def distill_from_cache(init: FastModel, batches: list[dict], config: FastConfig,
 
 def perfect_teacher_loss(split, config: FastConfig):
     """Eq. 8 with a perfect teacher in Slow's place, over the batch's images: each caption's target
-    is spread evenly over the batch images it is true of (the generator's ground truth,
+    spread evenly over the batch images it is true of (the generator's ground truth,
     `data.captions.satisfies`; its own image always among them), at tau 1, + config.alpha * eq. 4.
-    Soft targets over a batch can teach one thing eq. 4 does not: which in-batch "negatives" are
-    right answers. These targets are exactly right about that, so a real teacher cannot do better
-    through them. `split`: the split whose caption and image rows the batches index."""
+    Soft targets can teach one thing eq. 4 does not, which in-batch "negatives" are right answers,
+    and these are exactly right about it. `split`: the one whose rows the batches index."""
     # (T, N) bool: caption t true of image n
     truth = torch.from_numpy(satisfies(split.meanings, split.scenes))
 
@@ -193,12 +184,10 @@ MINED_RUNS = ("teacher", "perfect teacher", "own image", "eq. 4 alone")
 def mined_students(init: FastModel, teacher: SlowModel, split, tokenizer, config: FastConfig, *,
                    steps: int, progress: bool = False, device=None) -> dict:
     """Four copies of the trained Fast model `init`, each `steps` more steps on `split` (config's
-    batch size, seed and distill_lr): "teacher", eq. 8 over mined candidates
-    (`distill.mined_distill_loss`, the library's fast-distilled recipe); "perfect teacher", eq. 8
-    over the batch's images with the generator's ground truth as targets (`perfect_teacher_loss`);
-    "own image", the mined candidates with the caption's own image as the only target (hard
-    negatives, no teacher); "eq. 4 alone", eq. 4 over the batch, no candidates or teacher. The
-    candidates are mined once, from init. -> {name: model in eval mode}"""
+    batch size, seed and distill_lr): "teacher", eq. 8 over candidates mined once from init
+    (`distill.mined_distill_loss`, fast-distilled's recipe); "perfect teacher"
+    (`perfect_teacher_loss`); "own image", the candidates with the caption's own image as the only
+    target (hard negatives, no teacher); "eq. 4 alone". -> {name: model in eval mode}"""
     candidates = mine_candidates(init, split, tokenizer, config.distill_top_k)  # (T, K)
     losses = {"teacher": mined_distill_loss(teacher.eval(), config, candidates, split),
               "perfect teacher": perfect_teacher_loss(split, config),

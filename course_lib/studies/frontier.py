@@ -6,9 +6,8 @@ extended to galleries of millions, and the papers' headline speed-ups next to ou
     curve = compose_latency(points, search_rows, sizes)   # a dual encoder: + the search's growth
     table = speedup_rows(results)                         # ours beside PAPER_SPEEDUPS
 
-A point is on the front when no other method is at least as fast AND at least as accurate, and
-strictly better in one of the two. Extrapolation fits t(n) = a + b*n (course_lib.core.timing) to a
-method's MEASURED points only, never below its largest measured time, as the benchmark does.
+On the front: no other method at least as fast AND as accurate, and strictly better in one.
+Extrapolation fits t(n) = a + b*n (core.timing) to MEASURED points only, floored at the largest.
 """
 
 from __future__ import annotations
@@ -41,14 +40,13 @@ def pareto_front(ms, recall) -> list[int]:
 
 
 def extend_latency(points: list[dict], sizes) -> list[dict]:
-    """One method's ms per query at every size in `sizes` (and at the sizes it has points for).
+    """One method's ms per query at every size in `sizes` (and at those it has points for).
 
-    points: rows {"n", "ms_per_query", "measured"} (results.json's, or latency_vs_gallery's).
-    Its points are kept as they are; every other size gets a + b*n fitted to the measured points,
-    floored at the largest measured time. With fewer than two measured sizes, the fit takes the
-    benchmark's own extrapolated points too (they come from its fit to smaller galleries it timed
-    but does not report); with a single point of any kind the time is taken as flat. Every new
-    size is marked measured=False."""
+    points: rows {"n", "ms_per_query", "measured"} (results.json's, or latency_vs_gallery's), kept
+    as they are; every other size gets a + b*n fitted to the measured points, floored at the
+    largest measured time, and measured=False. With fewer than two measured sizes the fit takes the
+    benchmark's extrapolated points too (its fit to smaller galleries it timed but does not
+    report); with a single point of any kind the time is flat."""
     measured = sorted((p for p in points if p["measured"]), key=lambda p: p["n"])
     if not measured:
         raise ValueError("no measured point to extrapolate from")
@@ -68,11 +66,9 @@ def extend_latency(points: list[dict], sizes) -> list[dict]:
 
 def compose_latency(points: list[dict], search: list[dict], sizes) -> list[dict]:
     """One method whose cost grows with the gallery only through a search over it (a dual encoder,
-    or a re-ranker of a fixed top K behind one): its measured points, then at every other size in
-    `sizes` its largest measured time plus what the search costs more there,
-    ms(n) = ms(n0) + search(n) - search(n0), n0 its largest measured gallery. `search` holds
-    {"n", "ms_per_query"} rows timed at n0 and at every size. Marked measured=False: both terms are
-    measured, their sum at n is an estimate."""
+    or a re-ranker of a fixed top K behind one): its measured points, then at every other size
+    ms(n) = ms(n0) + search(n) - search(n0), n0 its largest measured gallery; `search`: {"n",
+    "ms_per_query"} rows timed at n0 and every size. measured=False: a sum of two measurements."""
     measured = sorted((p for p in points if p["measured"]), key=lambda p: p["n"])
     if not measured:
         raise ValueError("no measured point to start from")
@@ -144,10 +140,9 @@ PAPER_SPEEDUPS: tuple[PaperSpeedup, ...] = (
 
 
 def latency_by_method(results: dict) -> dict[str, list[dict]]:
-    """Every ms-per-query point results.json holds, grouped by method: {method: [{"n",
-    "ms_per_query", "measured"}, ...]} by increasing n. Its latency table (ms at 1k and 5k images)
-    and each setting's row (ms at that setting's gallery, e.g. test 1k and full 12k); where both
-    have a size, a measured time wins over an extrapolated one."""
+    """Every ms-per-query point of results.json (its latency table at 1k and 5k images, each
+    setting's row at its gallery, e.g. full 12k) by method: {method: [{"n", "ms_per_query",
+    "measured"}, ...]} by increasing n; of two at a size, a measured one wins."""
     points = [(p["method"], p["n"], p["ms_per_query"], p["measured"])
               for p in results.get("latency", [])]
     points += [(r["method"], r["n_images"], r["ms_per_query"], r.get("ms_measured", True))
@@ -163,11 +158,10 @@ def latency_by_method(results: dict) -> dict[str, list[dict]]:
 
 def rows_at_gallery(results: dict, latency: dict[str, list[dict]], n: int, setting: str = "full",
                     metric: str = "t2i_r5") -> list[dict]:
-    """Each method's recall in `setting` (default: the full setting's t2i R@5, the largest gallery
-    we have recalls for) with its ms per query at gallery size n, read from `latency` (method ->
-    rows {"n", "ms_per_query", "measured"}, as extend_latency / compose_latency return them): rows
-    as plot_pareto reads them, their setting f"{n:,} items". A time not measured end to end keeps
-    ms_measured False (drawn hollow); methods without a time at n are left out."""
+    """Each method's recall in `setting` (default: the full setting's t2i R@5, our largest gallery
+    with recalls) with its ms per query at gallery size n from `latency` (method -> rows as
+    extend_latency / compose_latency return them): plot_pareto rows of setting f"{n:,} items",
+    ms_measured False (hollow) where not measured end to end; no time at n: left out."""
     rows = []
     for r in results.get("rows", []):
         if r["setting"] != setting or r.get(metric) is None:

@@ -2,20 +2,18 @@
 
 LightningDOT (§3.2) caches every gallery image's [CLS] vector "into an index in memory" and answers
 a text query with one encoding and a FAISS top-K; §4.3 grows the gallery. This study grows ours to
-millions and measures, in one run, for each size and each course_lib.core.retrieval index kind:
-build s, bytes per item (the serialised index / n), k-recall@10 against exact search over Q
-held-out queries, ms per query one at a time (median, timing.measure) and in one batch of Q;
-recall and latency as nprobe (IVF) or ef_search (HNSW) vary; float32 vs PQ code bytes per item;
-and the flat index's batched GFLOP/s (2 Q N E flops) as a fraction of a torch.mm of the same
-(Q, E) x (E, N).
+millions and measures, for each size and course_lib.core.retrieval index kind: build s, bytes per
+item (the serialised index / n), k-recall@10 against exact search over Q held-out queries, ms per
+query one at a time (median) and in one batch of Q; recall and latency as nprobe (IVF) or
+ef_search (HNSW) vary; float32 vs PQ code bytes; and the flat index's batched GFLOP/s (2 Q N E
+flops) as a fraction of a torch.mm of the same (Q, E) x (E, N).
 
-The gallery (core.tiling.tile_rows): the synthetic benchmark's "full" image embeddings (12,000) by
-LightningDOT first, so that true matches exist, then copies tiled with Gaussian noise of 0.25 x
-each dimension's std (with the trained model two distinct real images lie a median 3.7 such stds
-apart, two noisy copies of one 0.25 * sqrt(2 * 64) = 2.8: about as far as real neighbours), or
-rows drawn from a Gaussian fitted to them. Queries: the test split's held-out caption embeddings.
-The model: the cached trained LightningDOT (outputs/checkpoints) if there, else (a fresh clone,
-CI) a random-weight one; results.md says which.
+The gallery (core.tiling.tile_rows): the "full" split's 12,000 image embeddings by LightningDOT
+first, so true matches exist, then copies with Gaussian noise of 0.25 x each dimension's std (two
+real images lie a median 3.7 such stds apart with the trained model, two noisy copies of one
+0.25 * sqrt(2 * 64) = 2.8: about as far), or rows drawn from a Gaussian fitted to them. Queries: the
+test split's held-out caption embeddings. The model: the cached trained LightningDOT
+(outputs/checkpoints) if there, else (a fresh clone, CI) a random-weight one; results.md says so.
 
     python -m course_lib.studies.index_scale --sizes 1000000 10000000 --out outputs/index_scale
     python -m course_lib.studies.index_scale --smoke   # 10^5 items, 100 queries: under a minute
@@ -90,9 +88,8 @@ def load_embeddings(smoke: bool = False, checkpoints=CHECKPOINTS, seed: int = 0,
                     n_queries: int = 1000,
                     progress: bool = True) -> tuple[np.ndarray, np.ndarray, str]:
     """(image embeddings (N0, E) of the "full" split, caption embeddings (Q, E) of its held-out test
-    queries, a line saying which model made them): the shipped LightningDOT (default config,
-    shipped_models/) or the cached one of this mode (outputs/checkpoints) if there, else a
-    random-weight LightningDOT (no training)."""
+    queries, which model made them): the shipped LightningDOT (default config) or this mode's
+    cached one (outputs/checkpoints) if there, else a random-weight one (no training)."""
     bench = make_benchmark(SyntheticConfig.smoke() if smoke else SyntheticConfig(), seed=seed)
     tokenizer = build_word_tokenizer(bench["train"].captions + bench["pretrain"].captions)
     method = available_methods(seed, smoke, names=["lightningdot"])[0]
@@ -177,10 +174,9 @@ def _point(index, queries, exact_ids, k: int, repeats: int) -> tuple[dict, np.nd
 
 def measure_kind(gallery, queries, exact_ids, kind: str, k: int = 10,
                  repeats: int = 50) -> tuple[dict, list[dict], np.ndarray]:
-    """Build one index kind over gallery (n, E) as study_config says and measure it at its default
-    search setting and at each of its SWEEP settings: (row, sweep rows, the ids (Q, k) its batched
-    search found). exact_ids (Q, k): the exact top k of queries (Q, E); None for "flat", whose own
-    ids are the exact ones (so exact search runs once)."""
+    """Build one index kind over gallery (n, E) as study_config says; measure it at its default and
+    each SWEEP search setting: (row, sweep rows, the ids (Q, k) its batched search found).
+    exact_ids (Q, k): the exact top k of queries (Q, E); None for "flat", whose own ids are."""
     params, train_size = study_config(kind, len(gallery))
     built = {}
     build = measure(lambda: built.update(index=build_index(gallery, kind, train_size=train_size,
