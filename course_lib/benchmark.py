@@ -25,28 +25,16 @@ import sys
 import time
 from pathlib import Path
 
+from tqdm.auto import tqdm
+
+from course_lib import results as results_io
 from course_lib.core import settings
 from course_lib.core.checkpoints import CHECKPOINTS
 from course_lib.core.shipped import REFRESH_COMMAND
 from course_lib.data.oracle import oracle_ceiling
 from course_lib.evaluation import Galleries, evaluate, query_latency, results_row
 from course_lib.methods.registry import available_methods, registered_names
-from course_lib.results import (
-    PARTIAL,
-    SETTINGS,
-    cascade_timing_problems,
-    check_outputs,
-    merge_results,
-    partial_key,
-    read_partial,
-    read_results,
-    results_dict,
-    results_markdown,
-    run_mode,
-    save_partial,
-    update_readme,
-    write_outputs,
-)
+from course_lib.results import SETTINGS, results_markdown
 from course_lib.shipping import benchmark_data, own_models
 from course_lib.studies import single_vector
 from course_lib.training_lanes import add_jobs_option, train_in_parallel
@@ -79,8 +67,6 @@ def run(*, smoke: bool = False, seed: int = 0, methods=None, out: str | Path = "
     method names only), and each fit then loads its checkpoint. every_pair: the settings (e.g.
     ("test",)) where every method ranks every query, whatever its budget. merge: an earlier
     results.json of the same mode and seed, whose rows of the methods not run here are kept."""
-    from tqdm.auto import tqdm
-
     start = time.perf_counter()
     settings.seed_everything(seed)
     out = Path(out)
@@ -105,8 +91,8 @@ def run(*, smoke: bool = False, seed: int = 0, methods=None, out: str | Path = "
                                 "expected recall, ties broken at random; not trained"))
     # each finished method's rows are kept as the run goes: an interrupted run, started again with
     # the same mode, seed and settings, continues where it stopped
-    partial, key = out / PARTIAL, partial_key(smoke, seed, every_pair)
-    kept = read_partial(partial, key)
+    partial, key = out / results_io.PARTIAL, results_io.partial_key(smoke, seed, every_pair)
+    kept = results_io.read_partial(partial, key)
     steps = tqdm(total=len(methods) * (len(SETTINGS) + 2), desc="benchmark", disable=not progress)
     galleries = Galleries()
     for method in methods:
@@ -146,22 +132,22 @@ def run(*, smoke: bool = False, seed: int = 0, methods=None, out: str | Path = "
         shipped = [m.name for m in own_models([method]) if m.from_shipped]
         kept[method.name] = {"rows": rows[first_row:], "latency": latency[first_point:],
                              "shipped": shipped}
-        save_partial(partial, key, kept)
+        results_io.save_partial(partial, key, kept)
     steps.close()
-    noisy = cascade_timing_problems(methods, rows)
+    noisy = results_io.cascade_timing_problems(methods, rows)
     if noisy:
         print(f"note: {noisy}", file=sys.stderr)
     # the models loaded from shipped_models/, each once, in the order the methods met them
     shipped_models = dict.fromkeys(n for m in methods for n in kept[m.name].get("shipped", []))
-    results = results_dict(rows, methods, smoke=smoke, seed=seed,
-                           seconds=time.perf_counter() - start, references=REFERENCE_NOTES,
-                           sizes={name: [s.n_images, s.n_texts] for name, s in bench.items()},
-                           timing_note=noisy, jobs=jobs, trained_in_parallel=training,
-                           shipped_models=list(shipped_models))
+    sizes = {name: [s.n_images, s.n_texts] for name, s in bench.items()}
+    results = results_io.results_dict(
+        rows, methods, smoke=smoke, seed=seed, seconds=time.perf_counter() - start,
+        references=REFERENCE_NOTES, sizes=sizes, timing_note=noisy, jobs=jobs,
+        trained_in_parallel=training, shipped_models=list(shipped_models))
     results["latency"] = latency
     if merge is not None:
-        results = merge_results(results, merge)
-    write_outputs(results, out)
+        results = results_io.merge_results(results, merge)
+    results_io.write_outputs(results, out)
     partial.unlink(missing_ok=True)  # the run is complete
     return results
 
@@ -213,7 +199,7 @@ def main(argv=None) -> dict:
         parser.error(f"--jobs must be at least 1, got {args.jobs}")
     settings.plain_course_notes()  # a noisy timing reads "note: ...", not a UserWarning
     smoke = args.smoke or settings.smoke_mode()
-    mode = run_mode(smoke)
+    mode = results_io.run_mode(smoke)
     out = Path(args.out or ("outputs/benchmark-smoke" if smoke else "outputs/benchmark"))
     methods = None
     if args.methods is not None:
@@ -225,17 +211,17 @@ def main(argv=None) -> dict:
     old = None
     try:
         if args.merge:
-            old = read_results(args.merge)  # read before run() overwrites it
+            old = results_io.read_results(args.merge)  # read before run() overwrites it
             if (old["meta"]["mode"], old["meta"]["seed"]) != (mode, args.seed):
                 raise ValueError(f"--merge {args.merge} holds a {old['meta']['mode']} run of seed "
                                  f"{old['meta']['seed']}, and this is a {mode} run of seed "
                                  f"{args.seed}: merge only runs of the same mode and seed (--smoke "
                                  "and --seed)")
         if args.readme:
-            update_readme(None, args.readme, check_only=True)
+            results_io.update_readme(None, args.readme, check_only=True)
         if not args.replace:
             names = methods if methods is not None else registered_names()
-            check_outputs(out, mode, args.seed, names, old)
+            results_io.check_outputs(out, mode, args.seed, names, old)
     except ValueError as error:
         parser.error(str(error))
     every_pair = () if args.every_pair is None else tuple(args.every_pair or EVERY_PAIR_SETTINGS)
@@ -244,15 +230,17 @@ def main(argv=None) -> dict:
                       checkpoints=args.checkpoints, retrain=args.retrain, jobs=args.jobs,
                       every_pair=every_pair, merge=old)
     except KeyboardInterrupt:
-        done = read_partial(out / PARTIAL, partial_key(smoke, args.seed, every_pair))
+        partial = out / results_io.PARTIAL
+        key = results_io.partial_key(smoke, args.seed, every_pair)
+        done = results_io.read_partial(partial, key)
         print(f"\ninterrupted. {len(done)} method(s) finished ({', '.join(done) or 'none'}): their "
-              f"rows are kept in {out / PARTIAL}, and the model being trained saved its progress "
+              f"rows are kept in {partial}, and the model being trained saved its progress "
               f"every tenth of its steps in {args.checkpoints}. Run the same command again to "
               f"continue where it stopped; {out / 'results.json'} was not touched.",
               file=sys.stderr)
         raise SystemExit(130) from None
     if args.readme:
-        update_readme(results, args.readme)
+        results_io.update_readme(results, args.readme)
     print(results_markdown(results))
     print(f"wrote {out / 'results.json'}, results.md and pareto.png")
     return results

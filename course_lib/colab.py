@@ -43,9 +43,8 @@ def course_copy(folder=".") -> Path | None:
 
 
 def installed_from() -> tuple[str, str | None]:
-    """(repository URL, commit) the package was installed from: pip's record of a `git+URL`
-    install, else the package's Repository address (pyproject's [project.urls]) and None, its
-    default branch."""
+    """(repository URL, commit) the package was installed from: pip's record of a `git+URL` install,
+    else its Repository address (pyproject's [project.urls]) and None (the default branch)."""
     try:
         distribution = importlib.metadata.distribution(PACKAGE)
     except importlib.metadata.PackageNotFoundError:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import textwrap
 
 import matplotlib.pyplot as plt
+from matplotlib.patches import FancyBboxPatch
 
 _KIND_COLOURS = {"image": "#dbe9f6", "text": "#fde2c8", "model": "#e4e4e4", "score": "#d9f0d3",
                  "index": "#efe1f5"}
@@ -118,11 +119,8 @@ DIAGRAMS = {
 
 
 def draw_diagram(spec: dict, ax=None):
-    """Boxes and arrows of one diagram spec (see DIAGRAMS): each box a rounded patch with its label
-    (gid "box:KEY"), each arrow an annotation from one box's centre to the other's, clipped at their
-    edges (gid "arrow:FROM->TO"). Returns the axes."""
-    from matplotlib.patches import FancyBboxPatch
-
+    """Boxes and arrows of a DIAGRAMS spec: each box a rounded patch with its label (gid "box:KEY"),
+    each arrow from one box's centre to the other's, clipped at the edges (gid "arrow:FROM->TO")."""
     boxes = spec["boxes"]
     xs = [x for _, x, _, _ in boxes.values()]
     ys = [y for _, _, y, _ in boxes.values()]

@@ -13,10 +13,9 @@ from course_lib.core.metrics import ranks_from_top_k, recall_at_k
 from course_lib.core.timing import latency_vs_gallery
 from course_lib.methods.queries import ground_truth
 
-# (default, smoke): the fewest sampled queries a direction's recalls are reported from. Below it a
+# (default, smoke): the fewest sampled queries a direction's recalls are reported from; below it a
 # recall's standard error passes 4 points (R@1 near 50, 100 queries: 5), too wide to compare
-# methods, so the direction is left out (its cells read "–") rather than reported from a handful of
-# queries
+# methods, so the direction is left out (its cells read "–")
 MIN_SAMPLED_QUERIES = (100, 10)
 
 

@@ -252,9 +252,8 @@ __all__ = ["check_verdict", "setup", "skip_remaining_cells", "tile_gallery", "pl
            "recovery_verdict", "compare_rates", "compare_ar"]
 
 
-# test t2i R@1 the course asks of every dual encoder (VSE++, LightningDOT, U-BERT's stage 1, HiVLP
-# over regions, Fast): what a 40-line dual encoder reached here (docs/findings.md, "Dual encoders
-# trained to what one vector can do")
+# test t2i R@1 the course asks of every dual encoder (VSE++, LightningDOT, U-BERT's stage 1, HiVLP,
+# Fast): a 40-line one's (docs/findings.md, "Dual encoders trained to what one vector can do")
 DUAL_ENCODER_TARGET = 25.0
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 
+from course_lib.studies.frontier import pareto_front
+
 
 def _box_distances(points: np.ndarray, boxes: np.ndarray) -> np.ndarray:
     """(C, M) distances from M display points (M, 2) to C boxes (C, 4: x0, y0, x1, y1)."""
@@ -134,8 +136,6 @@ def place_labels(ax, points, labels, *, fontsize: float = 7, marker_px: float = 
 def _draw_pareto(rows, *, setting: str, metric: str, ax, title, colors, front: bool,
                  published=None):
     """plot_pareto without its labels: returns the (point, label) pairs still to place."""
-    from course_lib.studies.frontier import pareto_front
-
     rows = [r for r in rows if r["setting"] == setting and r.get(metric) is not None]
     timed = [r for r in rows if r.get("ms_per_query")]
     for i, r in enumerate(timed):
@@ -182,9 +182,8 @@ def _draw_pareto(rows, *, setting: str, metric: str, ax, title, colors, front: b
 
 
 def _draw_published(ax, papers, metric: str, published) -> None:
-    """Published rows (untimed, on their own gallery): a dashed level each, labelled at the right
-    edge, in the column the x-axis leaves free for them; of two levels too close for two lines of
-    text, the lower is labelled under its line."""
+    """Published rows (untimed, own gallery): a dashed level each, labelled at the right edge in the
+    column the x-axis leaves free; of two levels too close for two labels, the lower goes under."""
     low, high = ax.get_ylim()
     previous = None
     for i, r in enumerate(sorted(papers, key=lambda r: r[metric])):
@@ -219,10 +218,9 @@ def plot_pareto(rows, *, setting: str = "test", metric: str = "t2i_r1", ax=None,
 
 def plot_pareto_settings(rows, fig=None, *, settings=("test", "full"), direction: str = "t2i",
                          published=None):
-    """plot_pareto for several settings side by side, one colour per method in every panel, each
-    panel on its setting's smallest recall cut-off (the benchmark's test has R@1, full starts at
-    R@5). fig: a matplotlib Figure to draw on (a headless one for files); None = a new pyplot one.
-    published: course_lib.published.published_rows, on the test panel (R@1, its own gallery)."""
+    """plot_pareto for several settings side by side, one colour per method, each panel on its
+    setting's smallest recall cut-off (test: R@1, full: R@5). fig: a Figure to draw on (headless,
+    for files); None = a new pyplot one. published: published_rows, on the test panel (R@1)."""
     panels = []
     for setting in settings:
         keys = {k for r in rows if r["setting"] == setting for k in r
@@ -234,9 +232,8 @@ def plot_pareto_settings(rows, fig=None, *, settings=("test", "full"), direction
 
 
 def plot_pareto_panels(panels: list[dict], fig=None):
-    """Pareto panels side by side: each a dict of rows, setting, metric, an optional title and
-    published rows; one colour per method in every panel; labels placed once the layout is final.
-    fig: a matplotlib Figure to draw on (a headless Figure for files); None = a new pyplot one."""
+    """Pareto panels side by side, each a dict of rows, setting, metric, optional title and
+    published rows; one colour per method; labels placed once the layout is final. fig: as above."""
     methods = list(dict.fromkeys(r["method"] for p in panels for r in p["rows"]
                                  if r.get("ms_per_query")))
     colors = {m: f"C{i}" if i < 10 else plt.cm.tab20b(i % 20) for i, m in enumerate(methods)}

@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from course_lib.core import settings
 from course_lib.core.checkpoints import CHECKPOINTS
@@ -54,9 +55,8 @@ NO_ORACLE = ("no oracle row: real data has no generator whose likelihood would g
              "frame the learned rows")
 REFERENCE_NOTES = {"oracle": NO_ORACLE, "chance": "a random ranking's expected recall"}
 # The numbers behind these presets: docs/tuning_notes.md, "the real-photo presets".
-# pairs a pairwise scorer may score per setting and direction (a sixth of the synthetic budget, so
-# the cross-encoder takes minutes); a direction whose cap gives fewer sampled queries than
-# evaluation.MIN_SAMPLED_QUERIES (i2t's, the full setting's) is left unmeasured
+# pairs a pairwise scorer may score per setting and direction (a sixth of the synthetic budget: the
+# cross-encoder takes minutes); below evaluation.MIN_SAMPLED_QUERIES a direction goes unmeasured
 REAL_PAIR_CAP = 100_000
 SMOKE_PHOTOS = {"train": 48, "val": 16, "test": 16}  # photos of each split in smoke mode
 
@@ -65,18 +65,16 @@ REAL_METHODS = ("vsepp", "scan", "cross_encoder", "lightningdot", "lightningdot+
                 "ubert-embed", "ubert@20", "ubert-embed+cross_encoder@20", "hivlp-regions", "slow",
                 "fast", "fast-distilled", "fast_slow@10", "fast_slow@50")
 
-# the fused re-ranked pipeline, real photos only: LightningDOT's top FUSED_TOP_M re-scored by SCAN,
-# ordered by FUSED_WEIGHT * LightningDOT + SCAN (Fast & Slow's eq. 9 fusion on lesson 03's and 02's
-# models); the weight brings LightningDOT's unnormalised dot products to SCAN's scale; both numbers,
-# and SCAN rather than the cross-encoder, chosen on val
+# the fused pipeline, real photos only: LightningDOT's top FUSED_TOP_M re-scored by SCAN, ordered by
+# FUSED_WEIGHT * LightningDOT + SCAN (Fast & Slow's eq. 9 fusion), the weight bringing its dot
+# products to SCAN's scale; both numbers, and SCAN rather than the cross-encoder, chosen on val
 FUSED = "lightningdot+scan@10"
 FUSED_TOP_M = 10
 FUSED_WEIGHT = 0.01
 
-# methods whose captions are words seen at least WORD_MIN_FREQ times in train, not wordpieces:
-# Slow's output layer is a softmax over its vocabulary at every word of every pair it scores, so its
-# cost grows with the vocabulary (MiniLM's wordpieces are ten times Flickr8k's words), and lesson
-# 06's methods share one tokenizer (the cascades re-score with both)
+# methods whose captions are words seen WORD_MIN_FREQ times in train, not wordpieces: Slow's output
+# softmax at every word of every pair costs with the vocabulary (MiniLM's wordpieces: ten times
+# Flickr8k's words), and lesson 06's methods share one tokenizer (the cascades re-score with both)
 WORD_METHODS = ("slow", "fast", "fast-distilled", "fast_slow@10", "fast_slow@50")
 WORD_MIN_FREQ = 5
 
@@ -193,8 +191,6 @@ def evaluate_real(methods, bench: dict, smoke: bool = False, seed: int = 0, prog
                   setting_names=SETTINGS) -> list[dict]:
     """The results rows: chance, then every method on every setting, its recalls (evaluate: a fixed
     sample of queries where its pair budget, at most REAL_PAIR_CAP, runs out) and ms per query."""
-    from tqdm.auto import tqdm
-
     repeats = 5 if smoke else 20
     rows = [row for name in setting_names for row in real_reference_rows(bench[name], name)]
     for method in tqdm(methods, desc="evaluating", disable=not progress):

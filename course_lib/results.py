@@ -97,9 +97,8 @@ def cascade_timing_problems(methods, rows) -> str | None:
 
 
 def write_outputs(results: dict, out: Path) -> None:
-    """results.json, results.md and pareto.png (and curves.png where results has "curves") into
-    `out`, all or nothing: each goes to a temporary file, renamed over the old one once all are
-    written, so a run that fails or is interrupted while writing leaves the old outputs whole."""
+    """results.json, results.md, pareto.png (and curves.png if results has "curves") into `out`, all
+    or nothing: temporary files renamed over the old ones once all are written."""
     out = Path(out)
     staged = {out / name: out / temporary for name, temporary in (
         ("results.json", ".results.json.tmp"), ("results.md", ".results.md.tmp"),
@@ -175,8 +174,8 @@ def check_outputs(out: Path, mode: str, seed: int, methods: list[str], merged: d
 
 def merge_results(new: dict, old: dict) -> dict:
     """This run's results plus the rows of `old` (an earlier results.json of the same mode and seed)
-    for every method this run did not run, in course order; meta["merged"] says which rows are old.
-    Lets a run of the new methods alone refresh the whole table without re-running the others."""
+    of every method not run here, in course order (meta["merged"] names them): a run of new methods
+    alone refreshes the whole table."""
     if (old["meta"]["mode"], old["meta"]["seed"]) != (new["meta"]["mode"], new["meta"]["seed"]):
         raise ValueError(f"cannot merge a {old['meta']['mode']} run of seed {old['meta']['seed']} "
                          f"into a {new['meta']['mode']} run of seed {new['meta']['seed']}")

@@ -30,9 +30,8 @@ class SearchResult:
 
 
 def caption_split(gallery: RetrievalSplit, caption: str) -> RetrievalSplit:
-    """The gallery's photos (arrays shared) with `caption` as the only text. A typed caption has no
-    true photo: its txt2img entry points at photo 0 only because every caption of a split needs
-    one."""
+    """The gallery's photos (arrays shared) with `caption` as the only text, which has no true
+    photo: its txt2img points at photo 0 only because every caption of a split needs one."""
     caption = caption.strip() if isinstance(caption, str) else caption
     if not isinstance(caption, str) or not caption:
         raise ValueError(f"type a caption to search for, e.g. 'a dog runs on the grass' (got "

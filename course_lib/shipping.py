@@ -93,9 +93,8 @@ def probe_split(bench):
 
 @contextlib.contextmanager
 def as_shipped(method: Method):
-    """The method's model with its weights as a shipped file gives them back (float16-rounded, and
-    computed in float32 again), restored afterwards: a probe recorded before shipping is then what
-    the shipped file computes."""
+    """The method's model with its weights as a shipped file gives them back (float16-rounded, then
+    float32), restored after: a probe recorded before shipping is what the shipped file computes."""
     model = method.model
     original = {k: v.detach().clone() for k, v in model.state_dict().items()}
     weights = shipped.shipped_weights(model)
@@ -171,9 +170,9 @@ def stale_problems(folder=shipped.SHIPPED_MODELS) -> list[str]:
 def refresh(folder=shipped.SHIPPED_MODELS, checkpoints=CHECKPOINTS, methods=None, bench=None,
             tokenizer=None, progress: bool = True, only=None) -> dict:
     """Fit every model that ships (training it, or loading a finished checkpoint of the same name
-    from `checkpoints`, never a shipped file) and rewrite `folder` with their weights and manifest.
-    methods / bench / tokenizer: the default benchmark's unless given (tests pass tiny ones).
-    only: method names, whose models alone are fitted and written; every other model whose file is
+    from `checkpoints`, never a shipped file) and rewrite `folder` with their weights and manifest;
+    methods / bench / tokenizer: the default benchmark's unless given. only: method names, whose
+    models alone are fitted and written; every other model whose file is
     still current (same name and entry, bytes intact) stays, and the manifest lists the rest as
     "not_shipped" (trained on first use): the staleness check knows they are left out on purpose."""
     methods, bench, tokenizer = _or_default(methods, bench, tokenizer)

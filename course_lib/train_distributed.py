@@ -25,15 +25,7 @@ from functools import partial
 import torch
 import torch.distributed as dist
 
-from course_lib.core.distributed import (
-    barrier,
-    destroy_distributed,
-    gathered_loss,
-    get_world_size,
-    init_distributed,
-    is_main_process,
-    mean_over_ranks,
-)
+from course_lib.core import distributed
 from course_lib.core.losses import contrastive_loss, hinge_triplet_loss
 from course_lib.core.settings import seed_everything, smoke_mode
 from course_lib.core.train import Trainer
@@ -58,16 +50,16 @@ def _build(method: str, smoke: bool, seed: int):
             raise ValueError("sum_warmup_steps is not supported here: gathered_loss uses one hinge")
         loss = partial(hinge_triplet_loss, margin=c.margin, max_violation=c.max_violation)
         return (bench, tokenizer, build_dual_encoder(c, bench["train"], tokenizer),
-                gathered_loss(loss), c, c.lr, c.max_steps)
+                distributed.gathered_loss(loss), c, c.lr, c.max_steps)
     c = LightningDOTConfig.smoke(seed=seed) if smoke else LightningDOTConfig(seed=seed)
     # CMR fine-tuning (eq. 6) from random weights: no pre-training stage here
     return (bench, tokenizer, build_lightningdot(c, bench["train"], tokenizer),
-            gathered_loss(contrastive_loss), c, c.finetune_lr, c.finetune_steps)
+            distributed.gathered_loss(contrastive_loss), c, c.finetune_lr, c.finetune_steps)
 
 
 def _summary(args, trainer, bench, tokenizer, seconds: float, cpu: float) -> dict:
     """Rank 0's printed result: sizes, timing, the last logged loss, the test split's recalls."""
-    model, world = trainer.model.eval(), get_world_size()
+    model, world = trainer.model.eval(), distributed.get_world_size()
     with torch.no_grad():
         test = retrieval_evaluator(bench["test"], lambda m, s: similarity(m, s, tokenizer))(model)
     summary = {"method": args.method, "processes": world, "backend": dist.get_backend() if world > 1
@@ -112,9 +104,9 @@ def main(argv: list[str] | None = None) -> dict | None:
                         help="Trainer checkpoint path (rank 0 writes it)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    init_distributed()
+    distributed.init_distributed()
     try:
-        world, smoke = get_world_size(), args.smoke or smoke_mode()
+        world, smoke = distributed.get_world_size(), args.smoke or smoke_mode()
         bench, tokenizer, model, loss_fn, c, lr, steps = _build(args.method, smoke, args.seed)
         global_batch = args.global_batch or c.batch_size
         if global_batch % world:
@@ -130,13 +122,14 @@ def main(argv: list[str] | None = None) -> dict | None:
         seconds = time.perf_counter() - start
         # CPU seconds of all processes together: what the run costs, whatever else shares the cores
         own_cpu = {"cpu": time.process_time() - cpu_start}
-        cpu = mean_over_ranks(own_cpu, trainer.device)["cpu"] * world
-        summary = (_summary(args, trainer, bench, tokenizer, seconds, cpu) if is_main_process()
-                   else None)
-        barrier()  # the others wait for rank 0's evaluation: every process leaves the group at once
+        cpu = distributed.mean_over_ranks(own_cpu, trainer.device)["cpu"] * world
+        summary = None
+        if distributed.is_main_process():
+            summary = _summary(args, trainer, bench, tokenizer, seconds, cpu)
+        distributed.barrier()  # the others wait for rank 0's evaluation: all leave the group as one
         return summary
     finally:
-        destroy_distributed()
+        distributed.destroy_distributed()
 
 
 

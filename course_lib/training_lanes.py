@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 
 from course_lib.core import settings, shipped
 from course_lib.methods.registry import available_methods
@@ -106,18 +107,16 @@ def recorded_cpu_seconds(method, bench, tokenizer, folder=None) -> float:
 
 
 def plan(models, bench, tokenizer, checkpoints=None) -> tuple[list[int], dict[int, set[int]]]:
-    """(the indices of `models` to train, longest path first; {index: indices it needs first}).
-    A pixel stem (`stem_checkpoint_file`) that several of them start from and that is not in the
-    `checkpoints` folder yet is trained by the first of them in the order; the others wait for that
-    model, so no two processes train the stem and write its file at once."""
+    """(the indices of `models` to train, longest path first; {index: indices it needs first}). A
+    pixel stem (`stem_checkpoint_file`) several start from, not yet in `checkpoints`, is trained by
+    the first of them; the others wait for it: no two processes write the stem's file at once."""
     position = {id(m): i for i, m in enumerate(models)}
     to_train = [i for i, m in enumerate(models) if m.shipped_file(bench, tokenizer) is None]
     needs = {i: {position[id(d)] for d in own_models([models[i]]) if d is not models[i]}
              & set(to_train) for i in to_train}
     cost = {i: recorded_cpu_seconds(models[i], bench, tokenizer) for i in to_train}
-    # a model whose shipped file records no learning curve (SCAN, Slow) is not free: it costs what
-    # a typical one does (counted as 0, it would start last and leave a core idle;
-    # docs/tuning_notes.md, "Training cost and reproduction in two processes")
+    # a model recording no learning curve (SCAN, Slow) costs what a typical one does, not 0 (or it
+    # would start last; docs/tuning_notes.md, "Training cost and reproduction in two processes")
     known = [c for c in cost.values() if c > 0]
     cost = {i: c if c > 0 else (sum(known) / len(known) if known else 0.0) for i, c in cost.items()}
     first_with_stem = {}
@@ -194,8 +193,6 @@ def train_in_parallel(names=None, *, seed: int = 0, smoke: bool = False, checkpo
     into `checkpoints` (module docstring). -> one row per model, in the order finished: {"model":
     its method, "seconds": wall, "cpu_seconds": the worker's}. A failed training stops the others
     and raises RuntimeError with its traceback. data: the parent's (bench, tokenizer), reused."""
-    from tqdm.auto import tqdm
-
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1, got {jobs}")
     spec = LaneSpec(seed, smoke, None if names is None else tuple(names), str(checkpoints), retrain,

@@ -8,6 +8,7 @@ import textwrap
 
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.figure import Figure
 
 
 def _image(split, index: int) -> np.ndarray:
@@ -122,9 +123,8 @@ def show_retrieval(split, query_text: str, ranked_image_indices, true_image=None
 
 
 def show_rankings(split, rankings, *, width: float = 2.0, title=None):
-    """Several rankings of the split's images, one row each (queries, or methods on one query).
-    rankings: (row title, ranked image indices best first, true image index or None) per row; a row
-    whose true image is not in its list says so. Each image is titled with its rank alone."""
+    """Several rankings of the split's images, one row each (queries, or methods on one query):
+    (row title, image indices best first, true image or None; said when not in the list) per row."""
     rankings = [(label, [int(i) for i in np.asarray(ranked).reshape(-1)], true)
                 for label, ranked, true in rankings]
     cols = max(len(ranked) for _, ranked, _ in rankings)
@@ -176,11 +176,8 @@ def plot_learning_curve(histories: dict, *, metric: str = "t2i_r1", ax=None, tit
 
 def plot_training_curves(curves: dict, fig=None, *, cols: int = 4):
     """One panel per model of a results.json's "curves" ({name: {"step", "val_r1", "train_r1"}}):
-    t2i R@1 on val (solid) and train[:n] (dashed) against the step, the best val point ringed. Read
-    a real-data run's sizes from it: a val curve that peaks and sinks while train[:n] climbs is
-    overfitting (keep the peak), one still rising at its last point wants more steps."""
-    from matplotlib.figure import Figure
-
+    t2i R@1 on val (solid) and train[:n] (dashed) per step, the best val ringed. A val curve that
+    peaks and sinks while train[:n] climbs overfits (keep the peak); one still rising wants more."""
     names = list(curves)
     if not names:
         raise ValueError("no curves to draw: the results hold no model with a learning curve")

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import torch
+import torch.nn.functional as F
+
+from course_lib.methods.scan.attention import func_attention
+
 from .errors import ExerciseError
 
 
 def _attend(query, context, lam, *, norm_over_query=True, softmax_over_context=True, clip=True):
     """SCAN's func_attention with one step switchable, to recognise a learner's mistake."""
-    import torch
-    import torch.nn.functional as F
-
     attn = torch.bmm(context, query.transpose(1, 2))  # (P, Lc, Lq)
     if clip:
         attn = F.leaky_relu(attn, 0.1)
@@ -20,11 +22,6 @@ def _attend(query, context, lam, *, norm_over_query=True, softmax_over_context=T
 
 def check_func_attention(fn, lambda_softmax: float = 9.0) -> None:
     """fn(query (P, Lq, D), context (P, Lc, D), lambda_softmax) -> attended (P, Lq, D), as SCAN."""
-    import torch
-    import torch.nn.functional as F
-
-    from course_lib.methods.scan.attention import func_attention
-
     generator = torch.Generator().manual_seed(0)
     query = F.normalize(torch.randn(3, 4, 8, generator=generator, dtype=torch.float64), dim=-1)
     context = F.normalize(torch.randn(3, 6, 8, generator=generator, dtype=torch.float64), dim=-1)

@@ -2,6 +2,8 @@
 
 from numbers import Real
 
+import torch
+
 
 class ExerciseError(AssertionError):
     """Raised by a checker: the message says what is wrong and how to look for it."""
@@ -11,8 +13,6 @@ def scalar_answer(got, label: str, hint: str) -> tuple[float, bool]:
     """A loss the learner returned, as (its value, whether it is a tensor that can train): a 0-d
     (or one-element) tensor, or a plain number (its value checks; no gradient). Anything else
     raises ExerciseError naming what came back and `hint`."""
-    import torch
-
     if torch.is_tensor(got) and got.numel() == 1:
         return float(got.detach()), True
     if isinstance(got, Real) and not isinstance(got, bool):

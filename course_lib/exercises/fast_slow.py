@@ -4,6 +4,9 @@ eq. 2-3), and one caption scored against a gallery's cached keys / values (the t
 from __future__ import annotations
 
 import numpy as np
+import torch
+
+from course_lib.methods.fast_slow import model as fast_slow
 
 from .errors import ExerciseError
 
@@ -11,10 +14,6 @@ from .errors import ExerciseError
 def _cases(seed: int = 0):
     """(label, forward_logits, backward_logits (B, T, V) float64, input_ids, reversed_ids,
     attention_mask (B, T)): captions [CLS] words [SEP] [PAD].. of the word tokenizer's ids."""
-    import torch
-
-    from course_lib.methods.fast_slow.model import reverse_words
-
     generator = torch.Generator().manual_seed(seed)
 
     def case(lengths, V=12):
@@ -26,7 +25,7 @@ def _cases(seed: int = 0):
         mask = (ids != 0).long()
         logits = [3 * torch.randn(len(lengths), T, V, generator=generator, dtype=torch.float64)
                   for _ in range(2)]  # forward, backward: (B, T, V) each
-        return logits[0], logits[1], ids, reverse_words(ids, mask), mask
+        return logits[0], logits[1], ids, fast_slow.reverse_words(ids, mask), mask
 
     yield "3 captions of 4, 6 and 2 words (padded)", case([4, 6, 2])
     yield "2 captions of 5 words (no padding)", case([5, 5])
@@ -35,8 +34,6 @@ def _cases(seed: int = 0):
 
 def _mistakes(forward_logits, backward_logits, input_ids, reversed_ids, attention_mask) -> list:
     """(h (B,), what to tell the learner) of the usual wrong versions."""
-    import torch
-
     words = ((input_ids > 4) & attention_mask.bool()).double()  # (B, T) word positions (ids >= 5)
     n_words = words.sum(1)
 
@@ -79,16 +76,13 @@ def check_summed_log_likelihood(fn) -> None:
     the forward decoder read input_ids ([CLS] w1 .. wL [SEP] [PAD]..), the backward decoder
     reversed_ids ([CLS] wL .. w1 [SEP]); logits (B, T, V), position t predicting token t + 1.
     Compared with course_lib.methods.fast_slow.model.summed_log_likelihood."""
-    import torch
-
-    from course_lib.methods.fast_slow.model import summed_log_likelihood
-
     def close(a, b):
         return tuple(a.shape) == tuple(b.shape) and torch.allclose(a, b, atol=1e-6, rtol=1e-6)
 
     for label, (forward, backward, ids, reversed_ids, mask) in _cases():
         B = ids.shape[0]
-        expected = summed_log_likelihood(forward, backward, ids, reversed_ids, mask).double()
+        expected = fast_slow.summed_log_likelihood(forward, backward, ids, reversed_ids, mask)
+        expected = expected.double()
         got = fn(forward.clone(), backward.clone(), ids.clone(), reversed_ids.clone(), mask.clone())
         if not torch.is_tensor(got):
             got = torch.as_tensor(np.asarray(got, dtype=np.float64))
@@ -118,13 +112,9 @@ def check_summed_log_likelihood(fn) -> None:
 def _one_caption_case(seed: int = 0):
     """A tiny random SlowModel (eval mode), the cached keys / values of 6 random images, one caption
     of 5 words (1, T), and h of the caption with each image from a loop of single pairs (6,)."""
-    import torch
-
-    from course_lib.methods.fast_slow.model import SlowConfig, SlowModel
-
     torch.manual_seed(seed)
-    config = SlowConfig(hidden=16, heads=2, layers=2, channels=(4, 8, 8), dropout=0.0)
-    model = SlowModel(12, config).eval()
+    config = fast_slow.SlowConfig(hidden=16, heads=2, layers=2, channels=(4, 8, 8), dropout=0.0)
+    model = fast_slow.SlowModel(12, config).eval()
     with torch.no_grad():
         kvs = model.keys_values(model.visual_tokens({"pixels": torch.rand(6, 3, 32, 32)}))
         text = {"input_ids": torch.tensor([[2, 7, 5, 9, 11, 6, 3]]),
@@ -139,8 +129,6 @@ def check_score_one_caption(fn) -> None:
     """fn(model, kvs, text) -> h (N,): one caption (text: input_ids and attention_mask, (1, T))
     against the N gallery images whose cached keys / values are kvs ({"fwd", "bwd"}: per decoder
     block a (2, N, heads, M, d) tensor). Compared with model.log_likelihood on single pairs."""
-    import torch
-
     model, kvs, text, expected = _one_caption_case()
     with torch.no_grad():
         got = fn(model, kvs, {k: v.clone() for k, v in text.items()})

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import torch
+import torch.nn.functional as F
+
+from course_lib.core.losses import contrastive_loss
+from course_lib.methods.hivlp.model import hrl_loss
+
 from .errors import NO_GRADIENT_NOTE, ExerciseError, scalar_answer
 
 
 def _hrl_cases(seed: int = 0):
     """(label, image levels, text levels): [(B, d_l)] per level, widths growing, raw vectors."""
-    import torch
-
     generator = torch.Generator().manual_seed(seed)
 
     def levels(B, widths, scale=1.0):
@@ -23,11 +27,6 @@ def _hrl_cases(seed: int = 0):
 
 def _hrl_mistakes(images, texts) -> list:
     """(loss, what to tell the learner) of the usual wrong versions of eq. 6-8."""
-    import torch
-    import torch.nn.functional as F
-
-    from course_lib.core.losses import contrastive_loss
-
     def one_way(s):  # texts as queries only: CE over images per text
         return F.cross_entropy(s.T, torch.arange(len(s)))
 
@@ -65,8 +64,6 @@ def _hrl_mistakes(images, texts) -> list:
 def check_hrl_loss(fn) -> None:
     """fn(image_levels, text_levels) -> L_HRL (eq. 8), a scalar: image_levels[l] (B, d_l) and
     text_levels[l] (B, d_l), pair i in row i of every level; against the library's hrl_loss."""
-    from course_lib.methods.hivlp.model import hrl_loss
-
     plain_number = False
     for label, images, texts in _hrl_cases():
         expected = float(hrl_loss(images, texts))

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import torch
+import torch.nn.functional as F
+
+from course_lib.core.losses import IGNORE, contrastive_loss
+from course_lib.core.tokens import WORD_SPECIAL_TOKENS
+
 from .errors import NO_GRADIENT_NOTE, ExerciseError, scalar_answer
 
 
 def _cmr_cases(seed: int = 0):
     """(label, (B, B) float64 scores): random batches, then hand-made ones where the two
     directions of CMR disagree (so a one-direction answer cannot pass) and a batch of one."""
-    import torch
-
     generator = torch.Generator().manual_seed(seed)
     for batch in (5, 16, 2):  # 5 first: there summing over the batch and not halving differ
         yield f"a random {batch}x{batch} batch", 3 * torch.randn(batch, batch, generator=generator,
@@ -22,9 +26,6 @@ def _cmr_cases(seed: int = 0):
 
 def _cmr_mistakes(scores) -> list[tuple[float, str]]:
     """Losses of the usual wrong CMRs on scores, each with what to tell the learner."""
-    import torch
-    import torch.nn.functional as F
-
     targets = torch.arange(len(scores))
     per_image = F.cross_entropy(scores, targets)  # text retrieval: softmax over each row
     per_text = F.cross_entropy(scores.t(), targets)  # image retrieval: softmax over each column
@@ -48,8 +49,6 @@ def _cmr_mistakes(scores) -> list[tuple[float, str]]:
 
 def check_cmr_loss(fn) -> None:
     """fn(scores (B, B) images x texts, positives on the diagonal) -> LightningDOT's CMR, eq. 6."""
-    from course_lib.core.losses import contrastive_loss
-
     plain_number = False
     for label, scores in _cmr_cases():
         expected = float(contrastive_loss(scores))
@@ -76,10 +75,6 @@ def check_cmr_loss(fn) -> None:
 def _caption_batch(n: int, vocab_size: int, generator, lengths=(1, 14), special=None):
     """n captions [CLS] w.. [SEP] [PAD].. with lengths (in words) drawn from `lengths`, inclusive;
     words uniform over non-special ids; special: SpecialTokens (default: the word tokenizer's)."""
-    import torch
-
-    from course_lib.core.tokens import WORD_SPECIAL_TOKENS
-
     special = special or WORD_SPECIAL_TOKENS
     words = torch.randint(lengths[0], lengths[1] + 1, (n,), generator=generator)  # (n,)
     width = int(words.max()) + 2
@@ -95,9 +90,6 @@ def _caption_batch(n: int, vocab_size: int, generator, lengths=(1, 14), special=
 
 def _masking_invariants(ids, real, masked, labels, special=None) -> None:
     """What must hold for every call of a BERT masking, whatever its random draws."""
-    from course_lib.core.losses import IGNORE
-    from course_lib.core.tokens import WORD_SPECIAL_TOKENS
-
     special = special or WORD_SPECIAL_TOKENS
     if tuple(masked.shape) != tuple(ids.shape) or tuple(labels.shape) != tuple(ids.shape):
         raise ExerciseError(f"masked_ids and labels must both have the shape of input_ids "
@@ -134,10 +126,7 @@ def check_mask_tokens(fn, vocab_size: int = 120) -> None:
     Where the coin flips picked none, UNITER (and the library) makes the caption's first real word
     [MASK]; any one forced word passes, with a note when not the first (mask_prob 0 shows the
     forced picks alone). Ids: the word tokenizer's (WORD_SPECIAL_TOKENS: [PAD]=0 .. [MASK]=4)."""
-    import torch
-
-    from course_lib.core.losses import IGNORE
-    from course_lib.core.tokens import WORD_SPECIAL_TOKENS as special
+    special = WORD_SPECIAL_TOKENS
 
     def run(ids, attention, mask_prob, seed):
         before = ids.clone()

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
+import torch
 
+from course_lib.core.losses import hinge_triplet_loss
 from course_lib.core.metrics import retrieval_metrics, retrieval_ranks
 
 from .errors import ExerciseError
@@ -84,8 +86,6 @@ def check_i2t_ranks(fn) -> None:
 
 def _score_batches(seed: int = 0):
     """Square (B, B) score matrices, rows images and columns texts, positives on the diagonal."""
-    import torch
-
     generator = torch.Generator().manual_seed(seed)
     for batch in (2, 5, 16):
         yield torch.randn(batch, batch, generator=generator, dtype=torch.float64).tanh()
@@ -108,8 +108,6 @@ def _hinge_directions(scores, margin: float, max_violation: bool):
 
 def check_hinge_loss(fn, margin: float = 0.2) -> None:
     """fn(scores, margin, max_violation) -> VSE++'s hinge loss, summed over the batch."""
-    from course_lib.core.losses import hinge_triplet_loss
-
     def close(a, b):
         return abs(a - b) <= 1e-6 * max(1.0, abs(b))
 

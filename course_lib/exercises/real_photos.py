@@ -12,8 +12,7 @@ CASES = ((100, 1, 1), (100, 10, 1), (500, 1, 5), (500, 5, 5), (500, 10, 5), (20,
 
 
 def chance(n: int, k: int, relevant: int) -> float:
-    """The reference, by counting: of the C(n, k) equally likely top-k sets, C(n - r, k) hold no
-    true item."""
+    """The reference by counting: of the C(n, k) equally likely top-k sets, C(n - r, k) miss."""
     k = min(k, n)
     return 100.0 * (1.0 - math.comb(n - relevant, k) / math.comb(n, k))
 

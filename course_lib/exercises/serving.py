@@ -37,9 +37,8 @@ def _top_k(got, label: str, caption: str) -> np.ndarray:
 def check_faster_query(my_query, eager_query, captions, *, rounds: int = ROUNDS,
                        min_gain: float = MIN_GAIN, label: str = "my_query") -> dict:
     """my_query(caption) and eager_query(caption) -> the top k gallery indices (k,), best first.
-    Checks my_query answers like eager_query on every caption, then times both, alternating, over
-    `rounds` calls each; my_query must be min_gain times faster (median against median). Returns
-    {"eager_ms", "mine_ms", "gain"} (medians over the calls, ms per query)."""
+    my_query must answer like eager_query on every caption, then be min_gain times faster over
+    `rounds` alternating calls each. -> {"eager_ms", "mine_ms", "gain"} (medians, ms per query)"""
     captions = list(captions)
     if not captions:
         raise ValueError("check_faster_query needs some captions to query")

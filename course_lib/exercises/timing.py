@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import math
 
+import torch
+
 from .errors import ExerciseError
 
 
@@ -48,10 +50,7 @@ def check_latency_rows(rows, sizes, measured_up_to=None, label: str = "your rows
 
 
 def check_top_k(got, expected, label: str = "your search") -> None:
-    """The indices a timed search returned, against the true top k (the same set, best first up to
-    ties)."""
-    import torch
-
+    """A timed search's indices against the true top k (the same set, best first up to ties)."""
     got = torch.as_tensor(got).reshape(-1).cpu()
     expected = torch.as_tensor(expected).reshape(-1).cpu()
     if len(got) != len(expected):

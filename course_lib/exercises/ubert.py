@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
+import torch
+import torch.nn.functional as F
+
+from course_lib.methods.ubert.model import enhanced_similarity, rescore_candidates
 
 from .errors import ExerciseError
 
@@ -10,9 +14,6 @@ from .errors import ExerciseError
 def _eq15_cases(seed: int = 0):
     """(label, [I_intra, T_intra, I_inter, T_inter] (P, H) float64 each, alpha): unit vectors as the
     model hands them over, then unnormalised ones (each row its own length) and other alphas."""
-    import torch
-    import torch.nn.functional as F
-
     generator = torch.Generator().manual_seed(seed)
 
     def parts(P, H, unit):
@@ -31,8 +32,6 @@ def _eq15_cases(seed: int = 0):
 
 def _eq15_mistakes(image_intra, text_intra, image_inter, text_inter, alpha) -> list:
     """(scores (P,), what to tell the learner) of the usual wrong versions of eq. 15."""
-    import torch.nn.functional as F
-
     def cos(a, b):
         return F.cosine_similarity(a, b, dim=-1)
 
@@ -69,10 +68,6 @@ def check_enhanced_similarity(fn) -> None:
     """fn(image_intra, text_intra, image_inter, text_inter, alpha) -> (P,) eq. 15 for P aligned
     pairs: cos(alpha * I_intra + I_inter, alpha * T_intra + T_inter), against the library's
     enhanced_similarity on unit and unnormalised inputs, several alphas."""
-    import torch
-
-    from course_lib.methods.ubert.model import enhanced_similarity
-
     def close(a, b):
         return tuple(a.shape) == tuple(b.shape) and torch.allclose(a, b, atol=1e-6, rtol=1e-6)
 
@@ -111,10 +106,6 @@ def check_rerank_one_by_one(fn, model, query, gallery, atol: float = 1e-5) -> No
     a time, against the library's rescore_candidates (all K in one batch). query: a caption's
     (tokens (1, L, H), mask (1, L), T_intra (1, H)); gallery: the candidates' (tokens (K, M, H),
     masks (K, M), I_intra (K, H)), as UBERTStates.text / .image give them; eval mode, no grad."""
-    import torch
-
-    from course_lib.methods.ubert.model import rescore_candidates
-
     K = gallery[2].shape[0]
     was_training = model.training
     model.eval()

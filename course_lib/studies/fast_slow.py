@@ -29,11 +29,7 @@ from course_lib.core.train_config import train_config
 from course_lib.data.captions import satisfies
 from course_lib.data.datasets import PairCollate, PairDataset
 from course_lib.methods.base import fit_pairs
-from course_lib.methods.fast_slow.distill import (
-    mine_candidates,
-    mined_distill_loss,
-    teacher_scores,
-)
+from course_lib.methods.fast_slow import distill
 from course_lib.methods.fast_slow.method import SlowStates, nce_loss
 from course_lib.methods.fast_slow.model import FastConfig, FastModel, SlowModel
 
@@ -122,7 +118,7 @@ def teacher_batches(teacher: SlowModel, split, tokenizer, n_batches: int, batch_
     out = []
     for b in tqdm(range(n_batches), desc="teacher batches", disable=not progress, leave=False):
         batch = collate([dataset[int(i)] for i in rows[b * batch_size:(b + 1) * batch_size]])
-        out.append({**batch, "teacher": teacher_scores(teacher, batch).cpu()})  # (B, B)
+        out.append({**batch, "teacher": distill.teacher_scores(teacher, batch).cpu()})  # (B, B)
     return out
 
 
@@ -134,8 +130,8 @@ def cached_distill_loss(config: FastConfig, with_teacher: bool = True):
         nce = joint_nce_loss(student)
         if not with_teacher:
             return {"loss": nce, "nce": nce}
-        distill = distillation_loss(student, batch["teacher"], tau=config.tau)
-        return {"loss": distill + config.alpha * nce, "distill": distill, "nce": nce}
+        soft = distillation_loss(student, batch["teacher"], tau=config.tau)
+        return {"loss": soft + config.alpha * nce, "distill": soft, "nce": nce}
 
     return loss_fn
 
@@ -171,8 +167,8 @@ def perfect_teacher_loss(split, config: FastConfig):
         true.fill_diagonal_(True)  # its own image, whatever the generator says of a noisy caption
         # uniform over the true images
         target = torch.zeros(true.shape).masked_fill(~true, float("-inf")).to(student.device)
-        distill = distillation_loss(student, target, tau=1.0)
-        return {"loss": distill + config.alpha * nce, "distill": distill, "nce": nce}
+        soft = distillation_loss(student, target, tau=1.0)
+        return {"loss": soft + config.alpha * nce, "distill": soft, "nce": nce}
 
     return loss_fn
 
@@ -188,10 +184,10 @@ def mined_students(init: FastModel, teacher: SlowModel, split, tokenizer, config
     (`distill.mined_distill_loss`, fast-distilled's recipe); "perfect teacher"
     (`perfect_teacher_loss`); "own image", the candidates with the caption's own image as the only
     target (hard negatives, no teacher); "eq. 4 alone". -> {name: model in eval mode}"""
-    candidates = mine_candidates(init, split, tokenizer, config.distill_top_k)  # (T, K)
-    losses = {"teacher": mined_distill_loss(teacher.eval(), config, candidates, split),
+    candidates = distill.mine_candidates(init, split, tokenizer, config.distill_top_k)  # (T, K)
+    losses = {"teacher": distill.mined_distill_loss(teacher.eval(), config, candidates, split),
               "perfect teacher": perfect_teacher_loss(split, config),
-              "own image": mined_distill_loss(None, config, candidates, split),
+              "own image": distill.mined_distill_loss(None, config, candidates, split),
               "eq. 4 alone": nce_loss}
     students = {}
     for name in MINED_RUNS:

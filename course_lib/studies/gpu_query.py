@@ -23,8 +23,12 @@ import torch
 from course_lib.core.checkpoints import model_device
 from course_lib.core.retrieval import build_index
 from course_lib.core.serving import Searcher, TextQueryPath
+from course_lib.core.settings import describe_environment, seed_everything, smoke_mode
 from course_lib.core.timing import measure, profile_stages
+from course_lib.data.synthetic import SyntheticConfig, make_benchmark
+from course_lib.data.tokenizer import build_word_tokenizer
 from course_lib.methods.encoding import encode_gallery
+from course_lib.methods.registry import available_methods
 
 BACKENDS = {"cpu": ("reference", "eager", "jit", "onnx"),
             "cuda": ("reference", "eager", "jit", "cuda_graph")}
@@ -35,9 +39,8 @@ def devices() -> list[str]:
 
 
 def query_paths(method, split, device: str, repeats: int = 200) -> dict:
-    """{backend: {"median_ms", "p25_ms", "p75_ms", "same_top10"} or {"error"}} for `method` (a
-    fitted dual encoder with query_fn / query_side) on `device`, plus "profile": the default path's
-    stages. The model is moved to `device` and back."""
+    """{backend: {"median_ms", "p25_ms", "p75_ms", "same_top10"} or {"error"}, "profile": the
+    default path's stages} of `method` (a fitted dual encoder) on `device`, moved there and back."""
     with _moved(method.model, device):
         reference = method.query_fn(split, backend="reference")()
         found = {}
@@ -107,11 +110,6 @@ def main(argv=None) -> dict:
     parser.add_argument("--repeats", type=int, default=200, help="timed calls per path")
     parser.add_argument("--out", default=None, help="write the report as JSON here")
     args = parser.parse_args(argv)
-    from course_lib.core.settings import describe_environment, seed_everything, smoke_mode
-    from course_lib.data.synthetic import SyntheticConfig, make_benchmark
-    from course_lib.data.tokenizer import build_word_tokenizer
-    from course_lib.methods.registry import available_methods
-
     seed_everything(0)
     bench = make_benchmark(SyntheticConfig.smoke() if smoke_mode() else SyntheticConfig(), seed=0)
     tokenizer = build_word_tokenizer(bench["train"].captions + bench["pretrain"].captions)

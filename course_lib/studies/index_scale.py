@@ -26,6 +26,7 @@ import gc
 import json
 import math
 import os
+import platform
 import resource
 import time
 from pathlib import Path
@@ -35,17 +36,10 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from course_lib.core import settings
+from course_lib.core import retrieval, settings
 from course_lib.core import shipped as shipped_models
 from course_lib.core.checkpoints import CHECKPOINTS
 from course_lib.core.index_eval import time_single_queries, topk_recall
-from course_lib.core.retrieval import (
-    as_float32_matrix,
-    blas_switch,
-    build_index,
-    current_params,
-    set_search_params,
-)
 from course_lib.core.roofline import exact_search_flops, gflops
 from course_lib.core.tiling import tile_rows
 from course_lib.core.timing import measure
@@ -179,11 +173,11 @@ def measure_kind(gallery, queries, exact_ids, kind: str, k: int = 10,
     exact_ids (Q, k): the exact top k of queries (Q, E); None for "flat", whose own ids are."""
     params, train_size = study_config(kind, len(gallery))
     built = {}
-    build = measure(lambda: built.update(index=build_index(gallery, kind, train_size=train_size,
-                                                           **params)), warmup=0, repeats=1)
+    build = measure(lambda: built.update(index=retrieval.build_index(
+        gallery, kind, train_size=train_size, **params)), warmup=0, repeats=1)
     index = built.pop("index")
     main, ids = _point(index, queries, exact_ids, k, repeats)
-    row = {"kind": kind, "n": len(gallery), "params": current_params(index),
+    row = {"kind": kind, "n": len(gallery), "params": retrieval.current_params(index),
            "train_size": train_size, "build_s": build.median_ms / 1e3,
            "bytes_per_item": index_bytes(index) / len(gallery), "code_bytes": code_bytes(index),
            **main}
@@ -192,16 +186,16 @@ def measure_kind(gallery, queries, exact_ids, kind: str, k: int = 10,
     for value in values:
         point = main  # the main row's setting: measured already
         if value != row["params"][knob]:
-            set_search_params(index, **{knob: value})
+            retrieval.set_search_params(index, **{knob: value})
             point = _point(index, queries, exact_ids, k, repeats)[0]
         points.append({"kind": kind, "n": len(gallery), "knob": knob, "value": value, **point})
     return row, points, ids
 
 
 def _skip_reason(kind: str, n: int, rows: list[dict], max_build_s: float) -> str | None:
-    """Why `kind` is not built at n: its build time, scaled from its largest smaller gallery in rows
-    (as n for IVF, whose lists are capped; as n log n for HNSW, whose inserts walk a graph growing
-    with n), exceeds max_build_s. None: build it ("flat", the reference, always is)."""
+    """Why `kind` is not built at n: its build time scaled from its largest smaller gallery in rows
+    (as n for IVF, lists capped; as n log n for HNSW, whose inserts walk a graph growing with n)
+    exceeds max_build_s. None: build it ("flat", the reference, always is)."""
     smaller = [r for r in rows if r["kind"] == kind and r["n"] < n]
     if kind == "flat" or not smaller:
         return None
@@ -220,9 +214,8 @@ def run(sizes=(1_000_000, 10_000_000), *, kinds=KINDS, n_queries: int = 1000, k:
         repeats: int = 50, construction: str = "tiled", noise: float = 0.25,
         max_build_s: float = 300.0, smoke: bool = False, checkpoints=CHECKPOINTS, seed: int = 0,
         out=None, progress: bool = True) -> dict:
-    """The whole study; writes out/results.json and out/results.md when out is given. "flat" is
-    always measured, first: its ids are the exact top k. A kind whose build, scaled as n log n from
-    a smaller size of this run, would exceed max_build_s is skipped at that size, with why."""
+    """The whole study (and out/results.json, results.md when out is given). "flat" always runs,
+    first: its ids are the exact top k. A kind is skipped at a size where _skip_reason says why."""
     start, load_start = time.perf_counter(), os.getloadavg()
     sizes = sorted({int(n) for n in sizes})
     unknown = sorted(set(kinds) - set(KINDS))
@@ -233,11 +226,11 @@ def run(sizes=(1_000_000, 10_000_000), *, kinds=KINDS, n_queries: int = 1000, k:
     threads = torch.get_num_threads()
     faiss.omp_set_num_threads(threads)  # FAISS on torch's threads: one budget
     images, captions, source = load_embeddings(smoke, checkpoints, seed, n_queries, progress)
-    queries = as_float32_matrix(captions, "queries")  # (Q, E)
+    queries = retrieval.as_float32_matrix(captions, "queries")  # (Q, E)
     results = {"indexes": [], "sweep": [], "exact_vs_mm": [], "skipped": []}
     steps = tqdm(total=len(sizes) * len(kinds), desc="index study", disable=not progress)
     default_threshold = faiss.cvar.distance_compute_blas_threshold
-    with blas_switch():
+    with retrieval.blas_switch():
         tuned = faiss.cvar.distance_compute_blas_threshold
         for n in sizes:
             steps.set_postfix(n=f"{n:,}", step="gallery")
@@ -293,7 +286,8 @@ def _exact_vs_mm(flat_row: dict, queries: np.ndarray, gallery: np.ndarray, k: in
     flops = exact_search_flops(len(queries), len(gallery), gallery.shape[1])
     faiss_ms, default_ms = flat_row["ms_batched"] * len(queries), None
     if len(gallery) <= DEFAULT_PATH_MAX_N:
-        index, tuned = build_index(gallery, "flat"), faiss.cvar.distance_compute_blas_threshold
+        index = retrieval.build_index(gallery, "flat")
+        tuned = faiss.cvar.distance_compute_blas_threshold
         faiss.cvar.distance_compute_blas_threshold = default_threshold
         try:
             default_ms = _timed(lambda: index.search(queries, k))
@@ -308,8 +302,6 @@ def _exact_vs_mm(flat_row: dict, queries: np.ndarray, gallery: np.ndarray, k: in
 
 
 def _cpu_name() -> str:
-    import platform
-
     info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     names = [line.split(":", 1)[1].strip() for line in info.splitlines()
              if line.startswith("model name")]

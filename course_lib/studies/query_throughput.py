@@ -35,9 +35,8 @@ BATCHES = (1, 32, 1_024)
 
 
 def _batches(queries: np.ndarray, batch: int, count: int = 8, seed: int = 0) -> list[np.ndarray]:
-    """`count` batches of `batch` query rows (B, E), each a random draw (with replacement when
-    there are fewer rows): timing cycles through them, since one query repeated would find the
-    gallery rows (or graph nodes) it reads already in the cache."""
+    """`count` batches of `batch` query rows (B, E), random draws (with replacement when too few):
+    timing cycles through them, as a repeated query would find its gallery rows already cached."""
     rng = np.random.default_rng(seed)
     replace = len(queries) < batch
     return [np.ascontiguousarray(queries[rng.choice(len(queries), batch, replace=replace)])
@@ -45,8 +44,7 @@ def _batches(queries: np.ndarray, batch: int, count: int = 8, seed: int = 0) -> 
 
 
 def _repeats(ms_once: float, budget_ms: float = 1_000.0) -> int:
-    """Timed calls that fit about budget_ms (1 to 50): a batch of 1,024 over 10^6 items takes
-    seconds."""
+    """Timed calls fitting about budget_ms (1 to 50): 1,024 queries over 10^6 items take seconds."""
     return int(min(50, max(1, budget_ms // max(ms_once, 1e-3))))
 
 

@@ -64,9 +64,8 @@ class BagOfObjectsDualEncoder(nn.Module):
 
 def train_text_ceiling(bench: dict, tokenizer, config: FastConfig | None = None, *,
                        eval_every: int | None = None, progress: bool = True):
-    """Fast's text tower (config.text_tower, its sizes, eq. 4, batch, rate, steps and fresh scenes)
-    trained against the perfect image vector. -> (model in eval mode, history with val and
-    train[:1000] recalls)."""
+    """Fast's text tower (config.text_tower, its sizes, eq. 4, batch, rate, steps, fresh scenes)
+    against the perfect image vector. -> (model in eval mode, history: val, train[:1000] recalls)"""
     c = config or FastConfig()
     seed_everything(c.seed)
     train = with_bag_of_objects(with_fresh_scenes(bench["train"], c.fresh_scenes))
