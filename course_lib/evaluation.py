@@ -21,11 +21,10 @@ MIN_SAMPLED_QUERIES = (100, 10)
 
 def evaluate(method, split, ks, smoke: bool = False, seed: int = 0, every_pair: bool = False,
              pair_cap: int | None = None) -> tuple[dict, str]:
-    """Recalls of a method on a split from its rankings, per direction: every query of the split,
+    """(recalls, how measured) of a method on a split from its rankings, per direction: every query,
     or a fixed random sample when pairs_per_query x queries exceeds the method's eval_pairs budget
     (every_pair=True lifts it, up to the method's every_pair_limit; pair_cap caps it). A direction
-    whose budget allows fewer than MIN_SAMPLED_QUERIES is not ranked: its recalls are None.
-    -> (metrics, how it was measured)."""
+    whose budget allows fewer than MIN_SAMPLED_QUERIES is not ranked: its recalls are None."""
     metrics, how = {}, []
     for direction in ("t2i", "i2t"):
         queries = split.text_queries if direction == "t2i" else split.image_queries

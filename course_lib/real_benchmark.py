@@ -171,8 +171,7 @@ def training_curves(methods) -> dict:
 
 
 def chance_metrics(split, ks=(1, 5, 10)) -> dict:
-    """A random ranking's expected recalls: t2i one true image among the gallery's; i2t an image's
-    captions (5 here) among every caption."""
+    """A random ranking's expected recalls: t2i one true image; i2t an image's 5 of all captions."""
     captions = np.bincount(split.txt2img, minlength=split.n_images)  # (n_images,)
     per_image = captions[np.asarray(split.image_queries)]
     out = {f"t2i_r{k}": chance_recall(split.n_images, k) for k in ks}

@@ -174,8 +174,7 @@ def check_outputs(out: Path, mode: str, seed: int, methods: list[str], merged: d
 
 def merge_results(new: dict, old: dict) -> dict:
     """This run's results plus the rows of `old` (an earlier results.json of the same mode and seed)
-    of every method not run here, in course order (meta["merged"] names them): a run of new methods
-    alone refreshes the whole table."""
+    of every method not run here, in course order (meta["merged"] names them)."""
     if (old["meta"]["mode"], old["meta"]["seed"]) != (new["meta"]["mode"], new["meta"]["seed"]):
         raise ValueError(f"cannot merge a {old['meta']['mode']} run of seed {old['meta']['seed']} "
                          f"into a {new['meta']['mode']} run of seed {new['meta']['seed']}")

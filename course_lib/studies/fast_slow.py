@@ -138,9 +138,8 @@ def cached_distill_loss(config: FastConfig, with_teacher: bool = True):
 
 def distill_from_cache(init: FastModel, batches: list[dict], config: FastConfig, *, steps: int,
                        lr: float, with_teacher: bool = True, progress: bool = False, device=None):
-    """A copy of the trained Fast model `init`, `steps` more AdamW steps (peak lr, config's warm-up,
-    clip and seed) of cached_distill_loss over `batches` (one batch a step, reshuffled each pass).
-    -> (model in eval mode, history)"""
+    """-> (model in eval mode, history): a copy of the trained Fast `init`, `steps` more AdamW steps
+    (peak lr, config's warm-up, clip, seed) of cached_distill_loss, a batch a step, reshuffled."""
     seed_everything(config.seed)
     model = copy.deepcopy(init).train()
     train = train_config(config, batch_size=1, max_steps=steps, lr=lr, log_every=25,

@@ -1,6 +1,5 @@
-"""The index-of-millions study's report: `course_lib.studies.index_scale`'s results as the Markdown
-tables its results.md and docs/index_scale.md show (build, storage, recall vs latency, exact search
-vs matrix multiply)."""
+"""The index-of-millions study's results as the Markdown tables of its results.md and
+docs/index_scale.md: build, storage, recall vs latency, exact search vs matrix multiply."""
 
 from __future__ import annotations
 
