@@ -2,8 +2,8 @@
 
 One module per idea (docs/layout.md): `settings` (smoke switch, device, seeding), `data`
 (synthetic benchmark, Karpathy-split loader, tokenizer, datasets), `metrics`, `losses`,
-`timing`, `train`, `viz` and the headless commands (`benchmark`, `real_benchmark`,
-`refresh_shipped`). Notebooks import from here.
+`timing`, `train`, the figures (`viz`, `pareto_plot`, `diagrams`) and the headless commands
+(`benchmark`, `real_benchmark`, `refresh_shipped`). Notebooks import from here.
 """
 
 __version__ = "0.1.0"

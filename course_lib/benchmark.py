@@ -1,25 +1,21 @@
 """The synthetic benchmark: `python -m course_lib.benchmark [--smoke] [--out DIR] [--retrain]`.
 
-Builds the synthetic benchmark, fits every registered method (course_lib.methods.registry),
-evaluates it (course_lib.evaluation) on the test, full and compositional settings (docs/data.md,
-docs/results.md), times one text query against each gallery, and writes DIR/results.json,
-DIR/results.md (every table) and DIR/pareto.png; --readme README.md also writes the test table
-into the README and the rest into docs/results.md.
-Each setting also gets two reference rows: `oracle`, the expected recall of the Bayes-optimal ranking
-under the generator's own caption likelihood, the best any model can reach (course_lib.data.oracle),
-and `bag-of-objects`, what one hand-built vector per image reaches with perfect perception
+Fits every registered method (course_lib.methods.registry), evaluates it (course_lib.evaluation)
+on the test, full and compositional settings (docs/data.md, docs/results.md), times one text query
+against each gallery, and writes DIR/results.json, DIR/results.md (every table) and DIR/pareto.png;
+--readme README.md also writes the test table into the README, the rest into docs/results.md. Two
+reference rows per setting: `oracle`, the expected recall of the Bayes-optimal ranking under the
+generator's own caption likelihood, the best any model can reach (course_lib.data.oracle), and
+`bag-of-objects`, one hand-built vector per image with perfect perception
 (course_lib.studies.single_vector): the limit of the dual encoders' form on this data.
 
 A method follows course_lib.methods.base.Method: `fit`, `rank(split, direction, top_k, queries)`,
 `query_fn(split, caption_index, top_k)`, `pairs_per_query`, and its own budgets `eval_pairs` and
-`timed_sizes`. The full setting's queries are the test split's (split.text_queries).
-
-Trained models: the shipped ones (shipped_models/, course_lib.core.shipped) where they match, else
-the cache folder's (--checkpoints), else trained there. --retrain never loads a shipped model (nor
-does --smoke: its tiny models always train).
-
-The two other commands: the benchmark on real photographs, `python -m course_lib.real_benchmark
---features DIR`, and the refresh of the shipped models, `python -m course_lib.refresh_shipped`.
+`timed_sizes`. The full setting's queries are the test split's (split.text_queries). Trained
+models: the shipped ones (shipped_models/, course_lib.core.shipped) where they match, else the
+cache folder's (--checkpoints), else trained there; --retrain (and --smoke) never loads a shipped
+one. The other commands: `python -m course_lib.real_benchmark --features DIR` (real photographs)
+and `python -m course_lib.refresh_shipped` (the shipped models).
 """
 
 from __future__ import annotations
@@ -29,22 +25,22 @@ import sys
 import time
 from pathlib import Path
 
+from tqdm.auto import tqdm
+
+from course_lib import results as results_io
 from course_lib.core import settings
 from course_lib.core.checkpoints import CHECKPOINTS
 from course_lib.core.shipped import REFRESH_COMMAND
 from course_lib.data.oracle import oracle_ceiling
 from course_lib.evaluation import Galleries, evaluate, query_latency, results_row
 from course_lib.methods.registry import available_methods, registered_names
-from course_lib.results import (PARTIAL, SETTINGS, cascade_timing_problems, check_outputs, merge_results,
-                                partial_key, read_partial, read_results, results_dict,
-                                results_markdown, run_mode, save_partial, update_readme,
-                                write_outputs)
+from course_lib.results import SETTINGS, results_markdown
 from course_lib.shipping import benchmark_data, own_models
 from course_lib.studies import single_vector
 from course_lib.training_lanes import add_jobs_option, train_in_parallel
 
 KS = {"test": (1, 5, 10), "full": (5, 10, 20), "compositional": (1, 5, 10)}
-LATENCY_SIZES = (1_000, 5_000)  # gallery sizes of the latency table (docs/results.md: ms/query at 1k and 5k)
+LATENCY_SIZES = (1_000, 5_000)  # gallery sizes of docs/results.md's latency table
 # the settings a bare --every-pair ranks every query of: the full setting's 60M cross-encoder pairs
 # per direction would take hours on a CPU, so it is never ranked whole unless named
 EVERY_PAIR_SETTINGS = ("test", "compositional")
@@ -52,10 +48,8 @@ REAL_COMMAND = "python -m course_lib.real_benchmark --features DIR"
 # options of the two other commands: a command line that gives one here is told what to type instead
 OTHER_COMMANDS = {"--features": REAL_COMMAND, "--text-encoder": REAL_COMMAND,
                   "--refresh-shipped": REFRESH_COMMAND}
-
-
-ORACLE_NOTE = ("Bayes-optimal ranking under the generator's own caption likelihood: the best expected "
-               "recall any model can reach (course_lib.data.oracle)")
+ORACLE_NOTE = ("Bayes-optimal ranking under the generator's own caption likelihood: the best "
+               "expected recall any model can reach (course_lib.data.oracle)")
 REFERENCE_NOTES = {"oracle": ORACLE_NOTE, single_vector.NAME: single_vector.NOTE}
 
 
@@ -64,19 +58,15 @@ def run(*, smoke: bool = False, seed: int = 0, methods=None, out: str | Path = "
         every_pair: tuple[str, ...] = (), merge: dict | None = None, progress: bool = True) -> dict:
     """Run the whole benchmark and write its three outputs; returns the results dict.
 
-    methods: method names (course_lib.methods.registry; None for every registered one), or Method
-    objects built by the caller. checkpoints: the folder of trained models, shared with the
-    notebooks (their `.fit(..., cache_dir="../outputs/checkpoints")`): a checkpoint's name hashes
-    its config, data and vocabulary, so one folder serves every size and seed, and a model trained
-    once is reused. retrain: train (or load from `checkpoints`) every model instead of loading the
-    shipped ones; smoke always does. jobs > 1: the models that must train are trained first in that
-    many processes (course_lib.training_lanes), and each method's fit then loads its finished
-    checkpoint (with method names only, not Method objects). every_pair: the settings (e.g.
+    methods: method names (course_lib.methods.registry; None for every one), or Method objects.
+    checkpoints: the folder of trained models, shared with the notebooks (`.fit(...,
+    cache_dir="../outputs/checkpoints")`): a checkpoint's name hashes its config, data and
+    vocabulary, so one folder serves every size and seed. retrain: train (or load from
+    `checkpoints`) every model instead of loading the shipped ones; smoke always does. jobs > 1:
+    the models that must train are trained first in that many processes (course_lib.training_lanes;
+    method names only), and each fit then loads its checkpoint. every_pair: the settings (e.g.
     ("test",)) where every method ranks every query, whatever its budget. merge: an earlier
-    results.json of the same mode and seed, whose rows of the methods this run does not run are
-    kept (results.merge_results)."""
-    from tqdm.auto import tqdm
-
+    results.json of the same mode and seed, whose rows of the methods not run here are kept."""
     start = time.perf_counter()
     settings.seed_everything(seed)
     out = Path(out)
@@ -85,8 +75,9 @@ def run(*, smoke: bool = False, seed: int = 0, methods=None, out: str | Path = "
     training = []  # the models trained side by side, with their times
     if methods is None or all(isinstance(m, str) for m in methods):  # names, or every method
         if jobs > 1:
-            training = train_in_parallel(methods, seed=seed, smoke=smoke, checkpoints=checkpoints, jobs=jobs,
-                                         retrain=smoke or retrain, progress=progress, data=(bench, tokenizer))
+            training = train_in_parallel(methods, seed=seed, smoke=smoke, checkpoints=checkpoints,
+                                         jobs=jobs, retrain=smoke or retrain, progress=progress,
+                                         data=(bench, tokenizer))
         methods = available_methods(seed, smoke, names=methods)
     repeats = 5 if smoke else 20
     rows, latency = [], []
@@ -98,10 +89,10 @@ def run(*, smoke: bool = False, seed: int = 0, methods=None, out: str | Path = "
         rows.append(results_row(single_vector.NAME, setting, split,
                                 single_vector.reference_metrics(split, ks), ks, None,
                                 "expected recall, ties broken at random; not trained"))
-    # each finished method's rows are kept as the run goes: an interrupted run, started again with the
-    # same mode, seed and settings, continues where it stopped
-    partial, key = out / PARTIAL, partial_key(smoke, seed, every_pair)
-    kept = read_partial(partial, key)
+    # each finished method's rows are kept as the run goes: an interrupted run, started again with
+    # the same mode, seed and settings, continues where it stopped
+    partial, key = out / results_io.PARTIAL, results_io.partial_key(smoke, seed, every_pair)
+    kept = results_io.read_partial(partial, key)
     steps = tqdm(total=len(methods) * (len(SETTINGS) + 2), desc="benchmark", disable=not progress)
     galleries = Galleries()
     for method in methods:
@@ -115,13 +106,14 @@ def run(*, smoke: bool = False, seed: int = 0, methods=None, out: str | Path = "
         with settings.retraining(smoke or retrain):
             method.fit(bench, tokenizer, cache_dir=Path(checkpoints))
         steps.update()
-        # the latency table's galleries first: the settings after them leave the method's cached states
-        # on test, full and compositional (base.CACHED_SPLITS), the splits the cascades built on it use first
+        # the latency table's galleries first: the settings after them leave the method's cached
+        # states on test, full and compositional (base.CACHED_SPLITS), which its cascades use first
         steps.set_postfix(method=method.name, step="latency")
         for point in query_latency(method, bench["full"], LATENCY_SIZES, smoke, repeats, galleries):
             if point["n"] in LATENCY_SIZES:
                 latency.append({"method": method.name, "n": point["n"],
-                                "ms_per_query": round(point["ms_per_query"], 4), "measured": point["measured"]})
+                                "ms_per_query": round(point["ms_per_query"], 4),
+                                "measured": point["measured"]})
         steps.update()
         for setting in SETTINGS:
             split = bench[setting]
@@ -129,32 +121,33 @@ def run(*, smoke: bool = False, seed: int = 0, methods=None, out: str | Path = "
             metrics, how = evaluate(method, split, KS[setting], smoke, seed,
                                     every_pair=setting in every_pair)
             query = query_latency(method, split, (split.n_images,), smoke, repeats, galleries)[-1]
-            timed = "measured" if query["measured"] else "extrapolated linearly from smaller galleries"
+            timed = ("measured" if query["measured"]
+                     else "extrapolated linearly from smaller galleries")
+            notes = f"{how}; ms: one text query, median of {repeats}, {timed}"
             rows.append(results_row(method.name, setting, split, metrics, KS[setting],
-                                    query["ms_per_query"],
-                                    f"{how}; ms: one text query, median of {repeats}, {timed}",
-                                    ms_measured=query["measured"],
+                                    query["ms_per_query"], notes, ms_measured=query["measured"],
                                     ms_spread=(query["p25_ms"], query["p75_ms"])))
             steps.update()
-        # the models it loaded from shipped_models/ are kept with its rows: a continued run names them too
+        # the models it loaded from shipped_models/ go with its rows: a continued run names them
         shipped = [m.name for m in own_models([method]) if m.from_shipped]
-        kept[method.name] = {"rows": rows[first_row:], "latency": latency[first_point:], "shipped": shipped}
-        save_partial(partial, key, kept)
+        kept[method.name] = {"rows": rows[first_row:], "latency": latency[first_point:],
+                             "shipped": shipped}
+        results_io.save_partial(partial, key, kept)
     steps.close()
-    noisy = cascade_timing_problems(methods, rows)
+    noisy = results_io.cascade_timing_problems(methods, rows)
     if noisy:
         print(f"note: {noisy}", file=sys.stderr)
     # the models loaded from shipped_models/, each once, in the order the methods met them
     shipped_models = dict.fromkeys(n for m in methods for n in kept[m.name].get("shipped", []))
-    results = results_dict(rows, methods, smoke=smoke, seed=seed,
-                           seconds=time.perf_counter() - start, references=REFERENCE_NOTES,
-                           sizes={name: [s.n_images, s.n_texts] for name, s in bench.items()},
-                           timing_note=noisy, jobs=jobs, trained_in_parallel=training,
-                           shipped_models=list(shipped_models))
+    sizes = {name: [s.n_images, s.n_texts] for name, s in bench.items()}
+    results = results_io.results_dict(
+        rows, methods, smoke=smoke, seed=seed, seconds=time.perf_counter() - start,
+        references=REFERENCE_NOTES, sizes=sizes, timing_note=noisy, jobs=jobs,
+        trained_in_parallel=training, shipped_models=list(shipped_models))
     results["latency"] = latency
     if merge is not None:
-        results = merge_results(results, merge)
-    write_outputs(results, out)
+        results = results_io.merge_results(results, merge)
+    results_io.write_outputs(results, out)
     partial.unlink(missing_ok=True)  # the run is complete
     return results
 
@@ -164,32 +157,37 @@ def main(argv=None) -> dict:
     parser.add_argument("--smoke", action="store_true",
                         help="tiny sizes (also on when COURSE_SMOKE=1): minutes become seconds")
     parser.add_argument("--out", default=None,
-                        help="folder for results.json/.md and pareto.png (default: outputs/benchmark, or "
-                             "outputs/benchmark-smoke with --smoke)")
+                        help="folder for results.json/.md and pareto.png (default: "
+                             "outputs/benchmark, or outputs/benchmark-smoke with --smoke)")
     parser.add_argument("--checkpoints", default=CHECKPOINTS,
-                        help="folder of cached trained models, shared with the notebooks (default: %(default)s)")
+                        help="folder of cached trained models, shared with the notebooks "
+                             "(default: %(default)s)")
     parser.add_argument("--retrain", action="store_true",
-                        help="train every model (or load it from --checkpoints) instead of loading the shipped "
-                             "models of shipped_models/ (also on when COURSE_RETRAIN=1)")
+                        help="train every model (or load it from --checkpoints) instead of "
+                             "loading the shipped models of shipped_models/ (also on when "
+                             "COURSE_RETRAIN=1)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the data and of every method")
     add_jobs_option(parser)
     parser.add_argument("--methods", default=None,
                         help="comma-separated subset of the methods to run, e.g. 'vsepp,scan' "
                              "('' = only the reference rows); default: every method")
-    parser.add_argument("--every-pair", nargs="*", choices=SETTINGS, default=None, metavar="SETTING",
+    parser.add_argument("--every-pair", nargs="*", choices=SETTINGS, default=None,
+                        metavar="SETTING",
                         help="rank every query of these settings, whatever a method's budget "
                              f"(no names: {' and '.join(EVERY_PAIR_SETTINGS)}; the cross-encoder "
                              "on test: about 8 min on one CPU thread)")
     parser.add_argument("--merge", default=None, metavar="RESULTS_JSON",
-                        help="keep the rows of an earlier results.json for every method this run does not run "
-                             "(e.g. --methods of new methods only, --merge outputs/benchmark/results.json)")
+                        help="keep the rows of an earlier results.json for every method this run "
+                             "does not run (e.g. --methods of new methods only, --merge "
+                             "outputs/benchmark/results.json)")
     parser.add_argument("--readme", default=None,
-                        help="also write the test table into this README's results block (README.md), the other "
-                             "tables into docs/results.md beside it and the accuracy-latency "
-                             "picture to docs/pareto.png")
+                        help="also write the test table into this README's results block "
+                             "(README.md), the other tables into docs/results.md beside it and the "
+                             "accuracy-latency picture to docs/pareto.png")
     parser.add_argument("--replace", action="store_true",
-                        help="overwrite --out's results.json even if it holds methods this run drops, or "
-                             "another mode or seed (without it, such a run stops before any work)")
+                        help="overwrite --out's results.json even if it holds methods this run "
+                             "drops, or another mode or seed (without it, such a run stops before "
+                             "any work)")
     for option in OTHER_COMMANDS:  # accepted only to say which command they belong to
         parser.add_argument(option, nargs="?", const="", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -199,9 +197,9 @@ def main(argv=None) -> dict:
                          "its options)")
     if args.jobs < 1:
         parser.error(f"--jobs must be at least 1, got {args.jobs}")
-    settings.plain_course_notes()  # a noisy timing reads "note: ...", not a UserWarning with a file path
+    settings.plain_course_notes()  # a noisy timing reads "note: ...", not a UserWarning
     smoke = args.smoke or settings.smoke_mode()
-    mode = run_mode(smoke)
+    mode = results_io.run_mode(smoke)
     out = Path(args.out or ("outputs/benchmark-smoke" if smoke else "outputs/benchmark"))
     methods = None
     if args.methods is not None:
@@ -209,19 +207,21 @@ def main(argv=None) -> dict:
         unknown = sorted(set(methods) - set(registered_names()))
         if unknown:
             parser.error(f"unknown method(s) {unknown}; choose from {registered_names()}")
-    # every input is checked before any work: a mistyped command must not cost a run, nor its results
+    # every input is checked before any work: a mistyped command must not cost a run or its results
     old = None
     try:
         if args.merge:
-            old = read_results(args.merge)  # read before run() overwrites it
+            old = results_io.read_results(args.merge)  # read before run() overwrites it
             if (old["meta"]["mode"], old["meta"]["seed"]) != (mode, args.seed):
                 raise ValueError(f"--merge {args.merge} holds a {old['meta']['mode']} run of seed "
-                                 f"{old['meta']['seed']}, and this is a {mode} run of seed {args.seed}: merge "
-                                 "only runs of the same mode and seed (--smoke and --seed)")
+                                 f"{old['meta']['seed']}, and this is a {mode} run of seed "
+                                 f"{args.seed}: merge only runs of the same mode and seed (--smoke "
+                                 "and --seed)")
         if args.readme:
-            update_readme(None, args.readme, check_only=True)
+            results_io.update_readme(None, args.readme, check_only=True)
         if not args.replace:
-            check_outputs(out, mode, args.seed, methods if methods is not None else registered_names(), old)
+            names = methods if methods is not None else registered_names()
+            results_io.check_outputs(out, mode, args.seed, names, old)
     except ValueError as error:
         parser.error(str(error))
     every_pair = () if args.every_pair is None else tuple(args.every_pair or EVERY_PAIR_SETTINGS)
@@ -230,14 +230,17 @@ def main(argv=None) -> dict:
                       checkpoints=args.checkpoints, retrain=args.retrain, jobs=args.jobs,
                       every_pair=every_pair, merge=old)
     except KeyboardInterrupt:
-        done = read_partial(out / PARTIAL, partial_key(smoke, args.seed, every_pair))
-        print(f"\ninterrupted. {len(done)} method(s) finished ({', '.join(done) or 'none'}): their rows are kept in "
-              f"{out / PARTIAL}, and the model being trained saved its progress every tenth of its steps in "
-              f"{args.checkpoints}. Run the same command again to continue where it stopped; "
-              f"{out / 'results.json'} was not touched.", file=sys.stderr)
+        partial = out / results_io.PARTIAL
+        key = results_io.partial_key(smoke, args.seed, every_pair)
+        done = results_io.read_partial(partial, key)
+        print(f"\ninterrupted. {len(done)} method(s) finished ({', '.join(done) or 'none'}): their "
+              f"rows are kept in {partial}, and the model being trained saved its progress "
+              f"every tenth of its steps in {args.checkpoints}. Run the same command again to "
+              f"continue where it stopped; {out / 'results.json'} was not touched.",
+              file=sys.stderr)
         raise SystemExit(130) from None
     if args.readme:
-        update_readme(results, args.readme)
+        results_io.update_readme(results, args.readme)
     print(results_markdown(results))
     print(f"wrote {out / 'results.json'}, results.md and pareto.png")
     return results

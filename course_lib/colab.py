@@ -1,10 +1,9 @@
 """On Colab, the course's files that are not part of the package.
 
 A notebook opened from its "Open in Colab" badge arrives alone: its first cell installs the package
-from the repository (pip, no clone), and nothing else of the course is on the runtime. Yet the
-notebooks reach the course by paths relative to their own folder (`../outputs/checkpoints`,
-`../data_scripts/...`, the repository's root as a working folder), and the package reads
-`shipped_models/` and `data/` of the repository. So `setup()` (course_lib.notebook) first calls
+from the repository (pip, no clone). Yet the notebooks reach the course by relative paths
+(`../outputs/checkpoints`, `../data_scripts/...`, the repository's root), and the package reads the
+repository's `shipped_models/` and `data/`. So `setup()` (course_lib.notebook) first calls
 `use_course_files()`, which works
 
     on Colab, in a copy of the course     in that copy (a notebook in its notebooks/ or student/)
@@ -12,9 +11,9 @@ notebooks reach the course by paths relative to their own folder (`../outputs/ch
                                           repository at the commit pip installed (once)
     elsewhere                             nothing changes
 
-and, when the imported package does not sit in that copy, sets COURSE_REPOSITORY to it: the package
-then reads that copy's shipped models and photos (course_lib.core.settings.course_repository), and
-the lessons write their outputs in its outputs/, in the runtime's writable /content.
+and, when the imported package is not in that copy, sets COURSE_REPOSITORY to it: the package then
+reads its shipped models and photos (course_lib.core.settings.course_repository), and the lessons
+write to its outputs/, in the runtime's writable /content.
 """
 
 from __future__ import annotations
@@ -44,9 +43,8 @@ def course_copy(folder=".") -> Path | None:
 
 
 def installed_from() -> tuple[str, str | None]:
-    """(repository URL, commit) the package was installed from: pip's record of a `git+URL`
-    install, else the package's Repository address (pyproject's [project.urls]) and None, its
-    default branch."""
+    """(repository URL, commit) the package was installed from: pip's record of a `git+URL` install,
+    else its Repository address (pyproject's [project.urls]) and None (the default branch)."""
     try:
         distribution = importlib.metadata.distribution(PACKAGE)
     except importlib.metadata.PackageNotFoundError:
@@ -64,8 +62,7 @@ def installed_from() -> tuple[str, str | None]:
 
 
 def fetch_course(url: str, commit: str | None, into: Path) -> Path:
-    """The repository at `commit` (None: its default branch) in `into`: its files, and no history
-    (depth 1)."""
+    """The repository at `commit` (None: its default branch) in `into`, no history (depth 1)."""
     def git(*args):
         subprocess.run(["git", *args], check=True)
 

@@ -1,9 +1,8 @@
 """Evaluating one method on one split, as both benchmarks do (course_lib.benchmark on the synthetic
 scenes, course_lib.real_benchmark on real photographs): its recalls from its rankings (`evaluate`,
-on a fixed sample of the queries where its pair budget runs out), its ms per text query
-(`query_latency`), and the results row that holds both (`results_row`).
-
-Recalls come from each query's top-K list (metrics.ranks_from_top_k), so no dense matrix is formed.
+on a fixed sample of the queries where its pair budget runs out; from each query's top-K list,
+metrics.ranks_from_top_k, with no dense matrix), its ms per text query (`query_latency`), and the
+results row that holds both (`results_row`).
 """
 
 from __future__ import annotations
@@ -14,21 +13,18 @@ from course_lib.core.metrics import ranks_from_top_k, recall_at_k
 from course_lib.core.timing import latency_vs_gallery
 from course_lib.methods.queries import ground_truth
 
-# (default, smoke): the fewest sampled queries a direction's recalls are reported from. Below it a
+# (default, smoke): the fewest sampled queries a direction's recalls are reported from; below it a
 # recall's standard error passes 4 points (R@1 near 50, 100 queries: 5), too wide to compare
-# methods, so the direction is left out (its cells read "–") rather than reported from a handful of
-# queries
+# methods, so the direction is left out (its cells read "–")
 MIN_SAMPLED_QUERIES = (100, 10)
 
 
 def evaluate(method, split, ks, smoke: bool = False, seed: int = 0, every_pair: bool = False,
              pair_cap: int | None = None) -> tuple[dict, str]:
-    """Recalls of a method on a split from its rankings, per direction: every query of the split,
-    or a fixed random sample of them when pairs_per_query x queries exceeds the method's
-    eval_pairs budget (every_pair=True lifts the budget, up to the method's every_pair_limit;
-    pair_cap lowers it to at most that many pairs). A direction whose budget allows fewer than
-    MIN_SAMPLED_QUERIES is not ranked: its recalls are None.
-    Returns (metrics, how it was measured)."""
+    """(recalls, how measured) of a method on a split from its rankings, per direction: every query,
+    or a fixed random sample when pairs_per_query x queries exceeds the method's eval_pairs budget
+    (every_pair=True lifts it, up to the method's every_pair_limit; pair_cap caps it). A direction
+    whose budget allows fewer than MIN_SAMPLED_QUERIES is not ranked: its recalls are None."""
     metrics, how = {}, []
     for direction in ("t2i", "i2t"):
         queries = split.text_queries if direction == "t2i" else split.image_queries
@@ -60,8 +56,7 @@ def evaluate(method, split, ks, smoke: bool = False, seed: int = 0, every_pair: 
 
 class Galleries:
     """The first n images of a split, made once per (split, n) for the whole run: every method is
-    timed on the same gallery objects, so a cascade finds its first stage's states for them
-    cached."""
+    timed on the same gallery objects, so a cascade finds its first stage's states cached."""
 
     def __init__(self):
         self.made = {}  # (id(split), n) -> (split, the subset)
@@ -76,11 +71,10 @@ class Galleries:
 
 
 def query_latency(method, gallery, sizes, smoke: bool, repeats: int, galleries=None) -> list[dict]:
-    """ms per text query against galleries of the given sizes (the first n images of `gallery`).
-    Only the sizes asked for are timed when the method may time them all; the method's timed_sizes
-    (or a quarter, half and all of the largest it may time) only when a bigger one is extrapolated.
-    The whole gallery is timed as `gallery` itself, so the offline states its evaluation just built
-    (Method.cached_states, a dual encoder's gallery embeddings) serve the timing too; the smaller
+    """ms per text query against galleries of the given sizes (the first n images of `gallery`):
+    those sizes when the method may time them all, else its timed_sizes (or a quarter, half and all
+    of the largest it may time) and the rest extrapolated. The whole gallery is `gallery` itself, so
+    the offline states its evaluation built (Method.cached_states) serve the timing too; smaller
     ones come from `galleries` (Galleries), one object per size for every method of a run."""
     galleries = galleries or Galleries()
     measured = method.timed_sizes[1 if smoke else 0]

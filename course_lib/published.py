@@ -1,10 +1,10 @@
 """Published retrieval results on the real datasets, the rows our own numbers are set beside.
 
-Each row is a paper's R@1 on its dataset's official test gallery, with the image features and text side
-it used, so that a comparison can name every difference. They are the papers' numbers, never ours: the
-real-photo benchmark writes them beside its table and marks them on its frontier, untimed, and lesson 08
-prints them. Our Flickr8k `test` is 500 photos of the official development split, half the papers'
-1,000-photo gallery, so our recalls are on an easier gallery.
+Each row is a paper's R@1 on its dataset's official test gallery, with the image features and text
+side it used, so a comparison can name every difference. The papers' numbers, never ours: the
+real-photo benchmark writes them beside its table and marks them, untimed, on its frontier; lesson
+08 prints them. Our Flickr8k `test` is 500 photos of the official development split: half the
+papers' 1,000-photo gallery, an easier one.
 """
 
 from __future__ import annotations
@@ -38,23 +38,25 @@ PUBLISHED = {
 
 
 def published_rows(dataset: str | None) -> dict | None:
-    """{"dataset", "gallery" (photos in the papers' test gallery), "rows" (dicts)} for a dataset with
-    published rows here (a split's info["dataset"], from its Karpathy file), else None."""
+    """{"dataset", "gallery" (photos in the papers' test gallery), "rows" (dicts)} for a dataset
+    with published rows here (a split's info["dataset"], from its Karpathy file), else None."""
     entry = PUBLISHED.get(dataset or "")
     if entry is None:
         return None
-    return {"dataset": dataset, "gallery": entry["gallery"], "rows": [asdict(r) for r in entry["rows"]]}
+    return {"dataset": dataset, "gallery": entry["gallery"],
+            "rows": [asdict(r) for r in entry["rows"]]}
 
 
 def published_markdown(published: dict, our_gallery: int) -> str:
     """The published rows as a Markdown table, under a line that names the gallery difference."""
-    lines = [f"**Published {published['dataset']} results** (R@1 in %, on the official test gallery of "
-             f"{published['gallery']:,} photos; ours: {our_gallery:,}, so {published['gallery'] / our_gallery:.3g}x "
-             "the distractors there)", "",
+    lines = [f"**Published {published['dataset']} results** (R@1 in %, on the official test "
+             f"gallery of {published['gallery']:,} photos; ours: {our_gallery:,}, so "
+             f"{published['gallery'] / our_gallery:.3g}x the distractors there)", "",
              "| paper | image features | text side | i2t R@1 | t2i R@1 |", "|---|---|---|---|---|"]
     for r in published["rows"]:
         i2t = "–" if r["i2t_r1"] is None else f"{r['i2t_r1']:.1f}"
-        lines.append(f"| {r['paper']} | {r['image_features']} | {r['text_side'] or '–'} | {i2t} | {r['t2i_r1']:.1f} |")
+        lines.append(f"| {r['paper']} | {r['image_features']} | {r['text_side'] or '–'} | {i2t} | "
+                     f"{r['t2i_r1']:.1f} |")
     return "\n".join(lines)
 
 

@@ -1,30 +1,27 @@
 """The benchmark on real photographs: `python -m course_lib.real_benchmark --features DIR`.
 
-DIR is a feature folder of data_scripts/extract_features.py: a pretrained CNN's grid of a Karpathy-format
-dataset (EfficientNet-Lite0's 7 x 7 cells of Flickr8k offline; Flickr30k / COCO on Colab). The methods are
-the course's own, the same classes lessons 01-06 teach, from the registry (REAL_METHODS), each trained on
-train through the one Trainer, with the grid cells as their regions and captions in the pretrained text
-encoder's WordPiece vocabulary:
+DIR is a feature folder of data_scripts/extract_features.py: a pretrained CNN's grid of a
+Karpathy-format dataset (EfficientNet-Lite0's 7 x 7 cells of Flickr8k offline; Flickr30k / COCO on
+Colab). The methods are lessons 01-06's own (REAL_METHODS, from the registry), trained through the
+one Trainer, the grid cells as regions, captions in the pretrained text encoder's WordPiece:
 
-    vsepp, cross_encoder                         lessons 01-02, word embeddings learned from nothing
-    scan                                         lesson 02, over the pretrained BERT's frozen word states
-    lightningdot, lightningdot+rerank@20         lesson 03, its language encoder from the pretrained BERT
-    lightningdot+scan@10                         lesson 03's top 10 re-scored by lesson 02's SCAN, scores fused
-    ubert-embed, ubert@20, ...+cross_encoder@20  lesson 04, BERT_txt from the same BERT; its two-stage baseline
-    hivlp-regions (and its flat levels)          lesson 05, over the grid cells
-    slow, fast, fast-distilled, fast_slow@K      lesson 06, Slow's decoders attending to the grid cells,
-                                                 as the paper's attend to a CNN feature map
+    vsepp, cross_encoder                    lessons 01-02, word embeddings learned from nothing
+    scan                                    lesson 02, over the pretrained BERT's frozen word states
+    lightningdot, lightningdot+rerank@20    lesson 03, its language encoder from the pretrained BERT
+    lightningdot+scan@10                    lesson 03's top 10 re-scored by SCAN (lesson 02), fused
+    ubert-embed, ubert@20                   lesson 04, BERT_txt from the same BERT
+    ubert-embed+cross_encoder@20            lesson 04's two-stage baseline
+    hivlp-regions (and its flat levels)     lesson 05, over the grid cells
+    slow, fast, fast-distilled, fast_slow@K lesson 06, Slow's decoders attending to the grid cells,
+                                            as the paper's attend to a CNN feature map
 
-beside the linear probe (course_lib.methods.linear_probe), the baseline on frozen features, and chance.
-There is no oracle row: real data has no generator. Nothing ships for real data, and the synthetic
-shipped models are never looked at.
-
-`real_sizes` holds the switches and sizes real features need, `fit_real_methods` fits every method (or
-loads it from the checkpoint folder), `evaluate_real` measures and times them with the synthetic
-benchmark's own code (course_lib.evaluation), and `run_features` does all three on a feature folder
-and writes OUT's results.json, results.md, pareto.png and curves.png (default OUT:
-outputs/benchmark-real); --readme README.md also fills the README's and docs/results.md's
-real-results blocks.
+beside the linear probe (course_lib.methods.linear_probe, the baseline on frozen features) and
+chance; no oracle row: real data has no generator. Nothing ships for real data, and the synthetic
+shipped models are never looked at. `real_sizes` holds the switches real features need,
+`fit_real_methods` fits (or loads) every method, `evaluate_real` measures and times them with the
+synthetic benchmark's code (course_lib.evaluation), and `run_features` does all three and writes
+OUT's results.json, results.md, pareto.png and curves.png (default outputs/benchmark-real);
+--readme README.md also fills the real-results blocks of the README and docs/results.md.
 """
 
 from __future__ import annotations
@@ -34,6 +31,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from course_lib.core import settings
 from course_lib.core.checkpoints import CHECKPOINTS
@@ -53,98 +51,96 @@ from course_lib.results import results_dict, results_markdown, update_readme, wr
 
 SETTINGS = ("test", "full")
 KS = {"test": (1, 5, 10), "full": (5, 10, 20)}
-NO_ORACLE = ("no oracle row: real data has no generator whose likelihood would give the best possible "
-             "ranking; chance (a random ranking's expected recall) and the linear probe frame the learned rows")
+NO_ORACLE = ("no oracle row: real data has no generator whose likelihood would give the best "
+             "possible ranking; chance (a random ranking's expected recall) and the linear probe "
+             "frame the learned rows")
 REFERENCE_NOTES = {"oracle": NO_ORACLE, "chance": "a random ranking's expected recall"}
-# pairs a pairwise scorer may score per setting and direction: the course's cross-encoder reads
-# about 1,700 pairs a second on two CPU cores, so its budget for the synthetic benchmark (600k)
-# would take it six minutes a direction; 100k samples 200 of the 500-photo test split's 2,500
-# caption queries, and leaves a direction with fewer than evaluation.MIN_SAMPLED_QUERIES (i2t's
-# 2,500 captions, the full 7,000 photos) unmeasured
+# The numbers behind these presets: docs/tuning_notes.md, "the real-photo presets".
+# pairs a pairwise scorer may score per setting and direction (a sixth of the synthetic budget: the
+# cross-encoder takes minutes); below evaluation.MIN_SAMPLED_QUERIES a direction goes unmeasured
 REAL_PAIR_CAP = 100_000
-# photos of each split in smoke mode: a few dozen, the same code path
-SMOKE_PHOTOS = {"train": 48, "val": 16, "test": 16}
+SMOKE_PHOTOS = {"train": 48, "val": 16, "test": 16}  # photos of each split in smoke mode
 
-# the registry's methods on real features, in course order; the cascades bring the methods they start from
-REAL_METHODS = ("vsepp", "scan", "cross_encoder", "lightningdot", "lightningdot+rerank@20", "ubert-embed",
-                "ubert@20", "ubert-embed+cross_encoder@20", "hivlp-regions", "slow", "fast", "fast-distilled",
-                "fast_slow@10", "fast_slow@50")
+# the registry's methods on real features, in course order (cascades bring their first stages)
+REAL_METHODS = ("vsepp", "scan", "cross_encoder", "lightningdot", "lightningdot+rerank@20",
+                "ubert-embed", "ubert@20", "ubert-embed+cross_encoder@20", "hivlp-regions", "slow",
+                "fast", "fast-distilled", "fast_slow@10", "fast_slow@50")
 
-# the fused re-ranked pipeline, real photos only: LightningDOT's top FUSED_TOP_M re-scored by SCAN and ordered
-# by FUSED_WEIGHT * LightningDOT + SCAN, Fast & Slow's eq. 9 fusion on lesson 03's and lesson 02's models.
-# FUSED_WEIGHT brings LightningDOT's unnormalised dot products to SCAN's scale; both numbers, and SCAN rather
-# than the cross-encoder, chosen on val (docs/tuning_notes.md)
+# the fused pipeline, real photos only: LightningDOT's top FUSED_TOP_M re-scored by SCAN, ordered by
+# FUSED_WEIGHT * LightningDOT + SCAN (Fast & Slow's eq. 9 fusion), the weight bringing its dot
+# products to SCAN's scale; both numbers, and SCAN rather than the cross-encoder, chosen on val
 FUSED = "lightningdot+scan@10"
 FUSED_TOP_M = 10
 FUSED_WEIGHT = 0.01
 
-# methods whose captions are words seen at least WORD_MIN_FREQ times in train, not wordpieces: Slow's output
-# layer is a softmax over its vocabulary at every word of every pair it scores, so its cost is the
-# vocabulary's size (MiniLM's 30,522 wordpieces against about 3,000 words on Flickr8k), and lesson 06's
-# methods share one tokenizer (the cascades re-score with both)
+# methods whose captions are words seen WORD_MIN_FREQ times in train, not wordpieces: Slow's output
+# softmax at every word of every pair costs with the vocabulary (MiniLM's wordpieces: ten times
+# Flickr8k's words), and lesson 06's methods share one tokenizer (the cascades re-score with both)
 WORD_METHODS = ("slow", "fast", "fast-distilled", "fast_slow@10", "fast_slow@50")
 WORD_MIN_FREQ = 5
 
-# smoke mode's steps where a switch makes a model costlier than its config's SMOKE allows for: U-BERT at
-# MiniLM's width 384 costs ~25 times the synthetic smoke step (both stages; B^2 cross passes in step 2)
+# smoke mode's steps where a switch makes a model costlier than its config's SMOKE allows for:
+# U-BERT at MiniLM's width (both stages; B^2 cross passes in step 2)
 SMOKE_STEPS = {"UBERTConfig": dict(max_steps=10, cross_steps=10, cross_batch_size=8)}
 
 
 def real_sizes(text_encoder: str = MINILM_NAME, smoke: bool = False) -> dict:
-    """registry.Build.sizes for REAL_METHODS on real features: the switches real data needs (a pretrained
-    text side where the paper starts from BERT, grid cells where a model read pixels, no generator behind
-    the photos), which hold in smoke mode too. A default run's steps and rates are each config's
-    REAL_PHOTOS preset (Build.real_photos); smoke shrinks the steps: the configs' SMOKE, and SMOKE_STEPS."""
+    """registry.Build.sizes for REAL_METHODS on real features: the switches real data needs (a
+    pretrained text side where the paper starts from BERT, grid cells where a model read pixels, no
+    generator behind the photos), in smoke mode too. A default run's steps and rates are each
+    config's REAL_PHOTOS preset (Build.real_photos); smoke shrinks steps (SMOKE, SMOKE_STEPS)."""
     from transformers import AutoConfig
 
     width = AutoConfig.from_pretrained(pretrained_text_path(text_encoder)).hidden_size
-    grid = dict(image_input="regions", image_init="scratch")  # a pretrained CNN's cells: no pixel stem
+    grid = dict(image_input="regions", image_init="scratch")  # a pretrained CNN's cells: no stem
+    bert = dict(text_encoder=text_encoder, hidden=width, heads=max(1, width // 64),
+                text_encoder_lr_scale=0.1)  # fine-tuned at a tenth of the rate of the new layers
     switches = {
-        # the paper's text side: a pretrained BERT, [CLS] as z0; its width is h0's and z0's, fine-tuned at a
-        # tenth of the rate of the layers trained from nothing. BERT's own pre-training stands in for VMLM on
-        # the training captions
-        "LightningDOTConfig": dict(text_encoder=text_encoder, hidden=width, heads=max(1, width // 64), layers=1,
-                                   pretrain_steps=0, text_encoder_lr_scale=0.1),
-        # U-BERT's BERT_txt from the same BERT (the paper's towers start from BERT-base), fine-tuned at a tenth
-        # of step 1's rate; BERT_img one block
-        "UBERTConfig": dict(text_encoder=text_encoder, hidden=width, heads=max(1, width // 64), tower_layers=1,
-                            text_encoder_lr_scale=0.1),
-        # SCAN's text side: the same BERT's token states, frozen, where the bi-GRU learned from nothing sat at
-        # chance on real captions
+        # the paper's text side: a pretrained BERT, [CLS] as z0, its width h0's and z0's; BERT's own
+        # pre-training stands in for VMLM on the training captions
+        "LightningDOTConfig": dict(bert, layers=1, pretrain_steps=0),
+        # BERT_txt from the same BERT (the paper's towers start from BERT-base); BERT_img one block
+        "UBERTConfig": dict(bert, tower_layers=1),
+        # SCAN's text side: the same BERT's token states, frozen, in place of the bi-GRU
         "SCANConfig": dict(text_encoder=text_encoder),
         "HiVLPConfig": dict(fresh_scenes=0),  # no generator behind real photos
         "SlowConfig": grid,
         "FastConfig": dict(grid, image_pool="mean", fresh_scenes=0),
     }
-    return {name: {**fields, **SMOKE_STEPS.get(name, {})} for name, fields in switches.items()} if smoke else switches
+    if not smoke:
+        return switches
+    return {name: {**fields, **SMOKE_STEPS.get(name, {})} for name, fields in switches.items()}
 
 
-def real_methods(text_encoder: str = MINILM_NAME, smoke: bool = False, seed: int = 0, names=REAL_METHODS) -> list:
-    """The linear probe, then `names` of the registry built with real_sizes, in course order; a cascade's
-    first stages come before it (HiVLP's flat model is a row of its own, as on the synthetic benchmark);
-    FUSED after lesson 03's rows where lightningdot and scan are both built."""
-    probe_config = LinearProbeConfig(text_encoder=text_encoder, seed=seed)
-    probe = LinearProbeMethod(LinearProbeConfig.smoke(text_encoder=text_encoder, seed=seed) if smoke else probe_config)
-    methods = [probe]
+def real_methods(text_encoder: str = MINILM_NAME, smoke: bool = False, seed: int = 0,
+                 names=REAL_METHODS) -> list:
+    """The linear probe, then `names` of the registry built with real_sizes, in course order; a
+    cascade's first stages come before it (HiVLP's flat model is a row of its own, as on the
+    synthetic benchmark); FUSED after lesson 03's rows where lightningdot and scan both are."""
+    probe_config = LinearProbeConfig.smoke if smoke else LinearProbeConfig
+    methods = [LinearProbeMethod(probe_config(text_encoder=text_encoder, seed=seed))]
     sizes = real_sizes(text_encoder, smoke)
     for method in available_methods(seed, smoke, names, sizes=sizes, real_photos=True):
         flat = getattr(method, "hivlp", None)  # HiVLP's cascade: its flat model first
         methods += [flat, method] if flat is not None else [method]
     built = [m.name for m in methods]
     if {"lightningdot", "scan"} <= set(built):
-        fused = Cascade([methods[built.index("lightningdot")], methods[built.index("scan")]], [FUSED_TOP_M],
-                        combine=weighted_sum([FUSED_WEIGHT, 1.0]), name=FUSED,
-                        notes=f"lightningdot keeps the top {FUSED_TOP_M}, scan re-scores them; ordered by "
-                              f"{FUSED_WEIGHT:g} x lightningdot + scan (fused, Fast & Slow eq. 9)")
-        after = max(built.index(n) for n in ("lightningdot", "lightningdot+rerank@20") if n in built)
+        stages = [methods[built.index("lightningdot")], methods[built.index("scan")]]
+        notes = (f"lightningdot keeps the top {FUSED_TOP_M}, scan re-scores them; ordered by "
+                 f"{FUSED_WEIGHT:g} x lightningdot + scan (fused, Fast & Slow eq. 9)")
+        fused = Cascade(stages, [FUSED_TOP_M], combine=weighted_sum([FUSED_WEIGHT, 1.0]),
+                        name=FUSED, notes=notes)
+        lesson_03 = ("lightningdot", "lightningdot+rerank@20")
+        after = max(built.index(n) for n in lesson_03 if n in built)
         methods.insert(after + 1, fused)
     return methods
 
 
-def fit_real_methods(bench: dict, text_encoder: str = MINILM_NAME, smoke: bool = False, seed: int = 0,
-                     checkpoints=CHECKPOINTS, names=REAL_METHODS) -> tuple[list, dict]:
-    """Fit every method on bench["train"] (or load it from `checkpoints`), captions in the pretrained text
-    encoder's WordPiece vocabulary (WORD_METHODS: in words). -> (methods, {name: seconds to fit})."""
+def fit_real_methods(bench: dict, text_encoder: str = MINILM_NAME, smoke: bool = False,
+                     seed: int = 0, checkpoints=CHECKPOINTS,
+                     names=REAL_METHODS) -> tuple[list, dict]:
+    """Fit every method on bench["train"] (or load it from `checkpoints`), captions in the text
+    encoder's WordPiece vocabulary (WORD_METHODS: in words). -> (methods, {name: seconds to fit})"""
     settings.seed_everything(seed)
     wordpieces = tokenizer_for(bench["train"], name=pretrained_text_path(text_encoder))
     words = tokenizer_for(bench["train"], min_freq=WORD_MIN_FREQ)
@@ -152,15 +148,16 @@ def fit_real_methods(bench: dict, text_encoder: str = MINILM_NAME, smoke: bool =
     with without_shipped_models():  # nothing ships for real data
         for method in methods:
             start = time.perf_counter()
-            method.fit(bench, words if method.name in WORD_METHODS else wordpieces, cache_dir=checkpoints)
+            tokenizer = words if method.name in WORD_METHODS else wordpieces
+            method.fit(bench, tokenizer, cache_dir=checkpoints)
             seconds[method.name] = round(time.perf_counter() - start, 1)
     return methods, seconds
 
 
 def training_curves(methods) -> dict:
-    """{name: {"step", "val_r1", "train_r1"}}: t2i R@1 on val and train[:n] along training, of every model
-    that trained with a learning curve, one entry per training stage (e.g. "lightningdot (finetune)").
-    The cascades train nothing of their own and have none."""
+    """{name: {"step", "val_r1", "train_r1"}}: t2i R@1 on val and train[:n] along training, of every
+    model that trained with a learning curve, one entry per training stage (e.g. "lightningdot
+    (finetune)"). The cascades train nothing of their own and have none."""
     curves = {}
     for method in methods:
         history = getattr(method, "history", None)
@@ -175,11 +172,12 @@ def training_curves(methods) -> dict:
 
 
 def chance_metrics(split, ks=(1, 5, 10)) -> dict:
-    """A random ranking's expected recalls: t2i one true image among the gallery's; i2t an image's captions
-    (5 here) among every caption."""
-    per_image = np.bincount(split.txt2img, minlength=split.n_images)[np.asarray(split.image_queries)]
+    """A random ranking's expected recalls: t2i one true image; i2t an image's 5 of all captions."""
+    captions = np.bincount(split.txt2img, minlength=split.n_images)  # (n_images,)
+    per_image = captions[np.asarray(split.image_queries)]
     out = {f"t2i_r{k}": chance_recall(split.n_images, k) for k in ks}
-    return out | {f"i2t_r{k}": float(np.mean([chance_recall(split.n_texts, k, int(c)) for c in per_image])) for k in ks}
+    return out | {f"i2t_r{k}": float(np.mean([chance_recall(split.n_texts, k, int(c))
+                                               for c in per_image])) for k in ks}
 
 
 def real_reference_rows(split, setting: str) -> list[dict]:
@@ -191,14 +189,10 @@ def real_reference_rows(split, setting: str) -> list[dict]:
 
 def evaluate_real(methods, bench: dict, smoke: bool = False, seed: int = 0, progress: bool = True,
                   setting_names=SETTINGS) -> list[dict]:
-    """The results rows: chance, then every method on every setting, its recalls
-    (evaluation.evaluate: a fixed sample of queries where a method's pair budget, at most
-    REAL_PAIR_CAP, runs out) and ms per text query."""
-    from tqdm.auto import tqdm
-
+    """The results rows: chance, then every method on every setting, its recalls (evaluate: a fixed
+    sample of queries where its pair budget, at most REAL_PAIR_CAP, runs out) and ms per query."""
     repeats = 5 if smoke else 20
-    rows = [row for setting in setting_names
-            for row in real_reference_rows(bench[setting], setting)]
+    rows = [row for name in setting_names for row in real_reference_rows(bench[name], name)]
     for done, method in enumerate(tqdm(methods, desc="evaluating", disable=not progress)):
         release_finished(methods, done)
         for setting in setting_names:
@@ -209,8 +203,7 @@ def evaluate_real(methods, bench: dict, smoke: bool = False, seed: int = 0, prog
             rows.append(results_row(method.name, setting, split, metrics, ks, query["ms_per_query"],
                                     notes, ms_measured=query["measured"],
                                     ms_spread=(query["p25_ms"], query["p75_ms"])))
-            # recalls and timing: the budget's parts
-            rows[-1]["eval_s"] = round(time.perf_counter() - start, 1)
+            rows[-1]["eval_s"] = round(time.perf_counter() - start, 1)  # recalls and timing
     return rows
 
 
@@ -239,8 +232,7 @@ def run_features(features_dir, out="outputs/benchmark-real", text_encoder: str =
                  smoke: bool = False, seed: int = 0, checkpoints=CHECKPOINTS,
                  progress: bool = True) -> dict:
     """Fit (fit_real_methods), evaluate and time every method on a feature folder of
-    data_scripts/extract_features.py; write OUT's results.json, results.md, pareto.png and
-    curves.png."""
+    data_scripts/extract_features.py; write OUT's results.json/.md, pareto.png and curves.png."""
     start = time.perf_counter()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -264,8 +256,7 @@ def run_features(features_dir, out="outputs/benchmark-real", text_encoder: str =
                            sizes={name: [s.n_images, s.n_texts] for name, s in bench.items()},
                            train_seconds=train_seconds, shipped_models=[])
     results |= {"latency": [], "curves": training_curves(methods),
-                # the papers' rows, on their own gallery
-                "published": published_rows(info.get("dataset"))}
+                "published": published_rows(info.get("dataset"))}  # on their own gallery
     write_outputs(results, out)
     return results
 
@@ -279,9 +270,8 @@ def main(argv=None) -> dict:
                         help="folder for results.json/.md, pareto.png and curves.png (default: "
                              "outputs/benchmark-real, or outputs/benchmark-real-smoke with "
                              "--smoke)")
-    parser.add_argument("--checkpoints", default=CHECKPOINTS,
-                        help="folder of cached trained models, shared with lesson 08 "
-                             "(default: %(default)s)")
+    parser.add_argument("--checkpoints", default=CHECKPOINTS, help="folder of cached trained "
+                        "models, shared with lesson 08 (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of every method and of the sampled queries")
     parser.add_argument("--smoke", action="store_true",

@@ -1,10 +1,9 @@
 """The refresh of the shipped models: `python -m course_lib.refresh_shipped [--methods A,B]`.
 
 Trains the default models (seed 0, default sizes; or loads them from --checkpoints) and rewrites
-shipped_models/ with their weights and manifest (course_lib.shipping.refresh). With --jobs > 1 the
-models that must train are trained side by side first (course_lib.training_lanes). A module of
-its own rather than a main in course_lib.shipping: training_lanes imports shipping, so the command
-that uses both sits above them (tests/test_layers.py forbids the cycle).
+shipped_models/ with their weights and manifest (course_lib.shipping.refresh); --jobs > 1 trains
+them side by side first (course_lib.training_lanes). Not a main in course_lib.shipping:
+training_lanes imports shipping, so the command using both sits above them (tests/test_layers.py).
 """
 
 from __future__ import annotations

@@ -18,10 +18,7 @@ from course_lib.studies import single_vector
 SETTINGS = ("test", "full", "compositional")
 EXTRAPOLATED = "*"  # marks a time extrapolated linearly from smaller galleries, in every table
 SAMPLED = "†"  # marks recalls from a sample of the queries
-
-
 REFERENCES = ("oracle", single_vector.NAME)  # untrained rows every run writes, whatever its methods
-
 PARTIAL = ".partial.json"  # in --out: the rows of the methods an unfinished run completed
 
 
@@ -33,9 +30,8 @@ def run_mode(smoke: bool) -> str:
 def results_dict(rows: list[dict], methods, *, smoke: bool, seed: int, seconds: float,
                  references: dict | None = None, **meta) -> dict:
     """A run's results, as results.json holds them: {"meta": {"device", "torch", "mode", "seconds",
-    "seed", then `meta`'s extras}, "methods": each reference row's note (`references`: name ->
-    note), then each method's notes, "rows": rows}. A run adds its other keys ("latency", ...)
-    after these."""
+    "seed", then `meta`'s extras}, "methods": the notes of `references` (name -> note), then each
+    method's, "rows": rows}. A run adds its other keys ("latency", ...) after these."""
     env = describe_environment()
     return {"meta": {"device": env["device"], "torch": env["torch"], "mode": run_mode(smoke),
                      "seconds": round(seconds, 1), "seed": seed, **meta},
@@ -49,10 +45,9 @@ def partial_key(smoke: bool, seed: int, every_pair: tuple[str, ...]) -> dict:
 
 
 def save_partial(path: Path, key: dict, finished: dict) -> None:
-    """Keep the finished methods' rows (method -> {"rows", "latency"}) for a rerun with the same key."""
-    data = {"key": key, "methods": finished}
+    """Keep the finished methods' rows (method -> {"rows", "latency"}) for a rerun with this key."""
     temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(json.dumps(data))
+    temporary.write_text(json.dumps({"key": key, "methods": finished}))
     os.replace(temporary, path)
 
 
@@ -68,43 +63,46 @@ def read_partial(path: Path, key: dict) -> dict:
 
 
 def cascade_timing_problems(methods, rows) -> str | None:
-    """A plain-words note when the timings contradict themselves, which a quiet machine cannot produce:
-    a cascade (a method whose first stage is another method of the run) measured faster than its first
-    stage alone, or a cascade measured slower than the same stages keeping more candidates. None when
-    the timings agree with both rules."""
-    ms = {(r["method"], r["setting"]): r for r in rows if r.get("ms_per_query") and r.get("ms_measured", True)}
+    """A plain-words note when the timings contradict themselves, as a quiet machine cannot: a
+    cascade (a method whose first stage is another method of the run) measured faster than its
+    first stage, or slower than the same stages keeping more candidates. None if they agree."""
+    ms = {(r["method"], r["setting"]): r["ms_per_query"] for r in rows
+          if r.get("ms_per_query") and r.get("ms_measured", True)}
     clashes = []
     for method in methods:
         first = getattr(method, "stages", [None])[0]
-        for (name, setting), row in ms.items():
+        for (name, setting), own_ms in ms.items():
             own = first is not None and name == method.name and (first.name, setting) in ms
-            if own and row["ms_per_query"] < ms[(first.name, setting)]["ms_per_query"]:
-                clashes.append(f"{name} {row['ms_per_query']:.3g} ms against its first stage {first.name} "
-                               f"{ms[(first.name, setting)]['ms_per_query']:.3g} ms ({setting})")
+            if own and own_ms < ms[(first.name, setting)]:
+                clashes.append(f"{name} {own_ms:.3g} ms against its first stage {first.name} "
+                               f"{ms[(first.name, setting)]:.3g} ms ({setting})")
     chains = [m for m in methods if getattr(m, "stages", None) and getattr(m, "top_ms", None)]
     for a in chains:  # the same stages keeping fewer candidates cannot cost more
         for b in chains:
             same = [s.name for s in a.stages] == [s.name for s in b.stages] and a is not b
-            if not (same and all(x <= y for x, y in zip(a.top_ms, b.top_ms)) and a.top_ms != b.top_ms):
+            # the same stages: as many top_ms
+            fewer = same and all(x <= y for x, y in zip(a.top_ms, b.top_ms, strict=True))
+            if not (fewer and a.top_ms != b.top_ms):
                 continue
             for setting in {s for _, s in ms}:
-                if (a.name, setting) in ms and (b.name, setting) in ms and \
-                        ms[(a.name, setting)]["ms_per_query"] > ms[(b.name, setting)]["ms_per_query"]:
-                    clashes.append(f"{a.name} {ms[(a.name, setting)]['ms_per_query']:.3g} ms against {b.name} "
-                                   f"{ms[(b.name, setting)]['ms_per_query']:.3g} ms, which keeps more candidates ({setting})")
+                mine, theirs = ms.get((a.name, setting)), ms.get((b.name, setting))
+                if mine is not None and theirs is not None and mine > theirs:
+                    clashes.append(f"{a.name} {mine:.3g} ms against {b.name} {theirs:.3g} ms, "
+                                   f"which keeps more candidates ({setting})")
     if not clashes:
         return None
-    return ("this run's timings are too noisy to trust: a cascade cannot cost less than its first stage, yet "
-            + "; ".join(clashes) + ". Something else was using the CPU: re-run with the machine otherwise idle.")
+    return ("this run's timings are too noisy to trust: a cascade cannot cost less than its first "
+            "stage, yet " + "; ".join(clashes) + ". Something else was using the CPU: re-run with "
+            "the machine otherwise idle.")
 
 
 def write_outputs(results: dict, out: Path) -> None:
-    """results.json, results.md and pareto.png (and curves.png where results has "curves") into `out`, all
-    or nothing: each is written to a temporary file first and renamed over the old one only once all are
-    written, so a run that fails or is interrupted while writing leaves the previous outputs whole."""
+    """results.json, results.md, pareto.png (and curves.png if results has "curves") into `out`, all
+    or nothing: temporary files renamed over the old ones once all are written."""
     out = Path(out)
-    staged = {out / "results.json": out / ".results.json.tmp", out / "results.md": out / ".results.md.tmp",
-              out / "pareto.png": out / ".pareto.tmp.png"}
+    staged = {out / name: out / temporary for name, temporary in (
+        ("results.json", ".results.json.tmp"), ("results.md", ".results.md.tmp"),
+        ("pareto.png", ".pareto.tmp.png"))}
     if results.get("curves"):  # a real-data run: its learning curves too
         staged[out / "curves.png"] = out / ".curves.tmp.png"
     try:
@@ -127,89 +125,100 @@ def read_results(path) -> dict:
     try:
         text = path.read_text()
     except OSError as error:
-        raise ValueError(f"cannot read {path}: {error.strerror or error}. Give the path of a results.json "
-                         "that python -m course_lib.benchmark wrote") from None
+        raise ValueError(f"cannot read {path}: {error.strerror or error}. Give the path of a "
+                         "results.json that python -m course_lib.benchmark wrote") from None
     try:
         results = json.loads(text)
     except json.JSONDecodeError as error:
-        raise ValueError(f"{path} is not complete JSON ({error.msg} at line {error.lineno}, column {error.colno}): "
-                         "was the run that wrote it cut short? Re-run that benchmark, or leave this file out") from None
+        raise ValueError(f"{path} is not complete JSON ({error.msg} at line {error.lineno}, column "
+                         f"{error.colno}): was the run that wrote it cut short? Re-run that "
+                         "benchmark, or leave this file out") from None
     meta = results.get("meta") if isinstance(results, dict) else None
     rows = results.get("rows") if isinstance(results, dict) else None
     missing = []
     if not (isinstance(meta, dict) and {"mode", "seed"} <= meta.keys()):
         missing.append('a "meta" object with "mode" and "seed"')
-    if not (isinstance(rows, list) and all(isinstance(r, dict) and {"method", "setting"} <= r.keys() for r in rows)):
+    if not (isinstance(rows, list)
+            and all(isinstance(r, dict) and {"method", "setting"} <= r.keys() for r in rows)):
         missing.append('a "rows" list of objects with "method" and "setting"')
     if missing:
-        raise ValueError(f"{path} is not a benchmark results.json: it has no {' and no '.join(missing)}")
+        raise ValueError(f"{path} is not a benchmark results.json: it has no "
+                         f"{' and no '.join(missing)}")
     return results
 
 
 def check_outputs(out: Path, mode: str, seed: int, methods: list[str], merged: dict | None) -> None:
     """Refuse, before any work, a run that would replace out/results.json by one that drops some of
-    its methods or holds another mode or seed: that file may be an hour of training. Raises ValueError
-    saying how to keep it (--merge, another --out) or to overwrite it anyway (--replace)."""
+    its methods or holds another mode or seed: that file may be an hour of training. Raises
+    ValueError saying how to keep it (--merge, another --out) or overwrite it anyway (--replace)."""
     existing = Path(out) / "results.json"
     if not existing.exists():
         return
     try:
         current = read_results(existing)
     except ValueError as error:
-        raise ValueError(f"{error}. This run would overwrite it: pass --replace to do so, or pick another --out") from None
+        raise ValueError(f"{error}. This run would overwrite it: pass --replace to do so, or pick "
+                         "another --out") from None
     kept = {*REFERENCES, *methods, *({r["method"] for r in merged["rows"]} if merged else ())}
     lost = sorted({r["method"] for r in current["rows"]} - kept)
     theirs = (current["meta"]["mode"], current["meta"]["seed"])
     if lost:
-        raise ValueError(f"{existing} holds the rows of {', '.join(lost)}, which this run would drop: add "
-                         f"--merge {existing} to keep them, pick another --out, or pass --replace to overwrite it")
+        raise ValueError(f"{existing} holds the rows of {', '.join(lost)}, which this run would "
+                         f"drop: add --merge {existing} to keep them, pick another --out, or pass "
+                         "--replace to overwrite it")
     if theirs != (mode, seed):
-        raise ValueError(f"{existing} holds a {theirs[0]} run of seed {theirs[1]}, and this is a {mode} run of seed "
-                         f"{seed}: pick another --out (e.g. outputs/benchmark-{mode}), or pass --replace to overwrite it")
+        raise ValueError(f"{existing} holds a {theirs[0]} run of seed {theirs[1]}, and this is a "
+                         f"{mode} run of seed {seed}: pick another --out (e.g. "
+                         f"outputs/benchmark-{mode}), or pass --replace to overwrite it")
 
 
 def merge_results(new: dict, old: dict) -> dict:
     """This run's results plus the rows of `old` (an earlier results.json of the same mode and seed)
-    for every method this run did not run, in course order; meta["merged"] says which rows are old.
-    Lets a run of the new methods alone refresh the whole table without re-running the others."""
+    of every method not run here, in course order (meta["merged"] names them)."""
     if (old["meta"]["mode"], old["meta"]["seed"]) != (new["meta"]["mode"], new["meta"]["seed"]):
-        raise ValueError(f"cannot merge a {old['meta']['mode']} run of seed {old['meta']['seed']} into a "
-                         f"{new['meta']['mode']} run of seed {new['meta']['seed']}")
+        raise ValueError(f"cannot merge a {old['meta']['mode']} run of seed {old['meta']['seed']} "
+                         f"into a {new['meta']['mode']} run of seed {new['meta']['seed']}")
     ran = {r["method"] for r in new["rows"]}
     kept = sorted({r["method"] for r in old["rows"]} - ran)
     order = {name: i for i, name in enumerate([*REFERENCES, *registered_names()])}
-    rank = lambda r: (SETTINGS.index(r["setting"]), order.get(r["method"], len(order)))  # noqa: E731
-    rows = sorted(new["rows"] + [r for r in old["rows"] if r["method"] in kept], key=rank)
+    rows = sorted(new["rows"] + [r for r in old["rows"] if r["method"] in kept],
+                  key=lambda r: (SETTINGS.index(r["setting"]), order.get(r["method"], len(order))))
     latency = new.get("latency", []) + [p for p in old.get("latency", []) if p["method"] in kept]
     meta = {**new["meta"], "merged": {"methods": kept, "seconds": old["meta"]["seconds"]}}
-    methods = {**{k: v for k, v in old.get("methods", {}).items() if k in kept}, **new.get("methods", {})}
+    methods = {**{k: v for k, v in old.get("methods", {}).items() if k in kept},
+               **new.get("methods", {})}
     return {**new, "meta": meta, "methods": methods, "rows": rows,
             "latency": sorted(latency, key=lambda p: (order.get(p["method"], len(order)), p["n"]))}
 
 
 def results_markdown(results: dict, settings=SETTINGS, extras: bool = True) -> str:
-    """The results as Markdown: the run's line, one table per setting (columns from the rows' own keys),
-    the marks' legend for the rows shown; extras: also the latency table and each method's notes.
-    The defaults give the whole of DIR/results.md; the README and docs/results.md each take a part."""
+    """The results as Markdown: the run's line, one table per setting (columns from the rows' own
+    keys), the marks' legend for the rows shown; extras: also the latency table and each method's
+    notes. The defaults give all of DIR/results.md; README and docs/results.md each take a part."""
     meta = results["meta"]
-    lines = [f"Mode `{meta['mode']}`, seed {meta['seed']}, device `{meta['device']}`, torch {meta['torch']}, "
-             f"{meta['seconds']} s in all.", ""]
+    lines = [f"Mode `{meta['mode']}`, seed {meta['seed']}, device `{meta['device']}`, torch "
+             f"{meta['torch']}, {meta['seconds']} s in all.", ""]
     if meta.get("merged"):
-        lines[0] = lines[0][:-1] + (f" for the methods it ran; the rows of {', '.join(meta['merged']['methods'])} come "
-                                    f"from an earlier run of the same mode and seed ({meta['merged']['seconds']} s).")
+        merged = meta["merged"]
+        lines[0] = lines[0][:-1] + (f" for the methods it ran; the rows of "
+                                    f"{', '.join(merged['methods'])} come from an earlier run of "
+                                    f"the same mode and seed ({merged['seconds']} s).")
     if meta.get("shipped_models"):  # the seconds above did not include their training
-        lines[0] += f" Loaded from shipped_models/, not trained: {', '.join(meta['shipped_models'])}."
+        lines[0] += (" Loaded from shipped_models/, not trained: "
+                     f"{', '.join(meta['shipped_models'])}.")
     shown = [r for r in results["rows"] if r["setting"] in settings]
     for setting in settings:
         rows = [r for r in shown if r["setting"] == setting]
         if not rows:
             continue
         recall_keys = [k for k in rows[0] if k.startswith(("i2t_r", "t2i_r"))]
-        head = f"**{setting}** ({rows[0]['n_images']:,} images, {rows[0]['n_texts']:,} captions"
-        if (rows[0].get("n_text_queries", rows[0]["n_texts"]), rows[0].get("n_image_queries", rows[0]["n_images"])) \
-                != (rows[0]["n_texts"], rows[0]["n_images"]):
-            head += (f"; queries: the test split's {rows[0]['n_text_queries']:,} captions and "
-                     f"{rows[0]['n_image_queries']:,} images")
+        first = rows[0]
+        head = f"**{setting}** ({first['n_images']:,} images, {first['n_texts']:,} captions"
+        queries = (first.get("n_text_queries", first["n_texts"]),
+                   first.get("n_image_queries", first["n_images"]))
+        if queries != (first["n_texts"], first["n_images"]):
+            head += (f"; queries: the test split's {first['n_text_queries']:,} captions and "
+                     f"{first['n_image_queries']:,} images")
         lines += [head + ")", ""]
         header = ["method"] + [k.replace("_r", " R@") for k in recall_keys] + ["AR", "ms/query"]
         lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -220,40 +229,45 @@ def results_markdown(results: dict, settings=SETTINGS, extras: bool = True) -> s
             elif r.get("ms_p25") is not None:
                 ms += f" ({r['ms_p25']:.3g}–{r['ms_p75']:.3g})"  # the interquartile range
             cells = [_cell(r[k], ".1f") for k in recall_keys + ["ar"]] + [ms]
-            sampled = "sampled" in r["notes"]
-            lines.append("| " + " | ".join([r["method"] + (SAMPLED if sampled else "")] + cells) + " |")
+            name = r["method"] + (SAMPLED if "sampled" in r["notes"] else "")
+            lines.append("| " + " | ".join([name] + cells) + " |")
         lines.append("")
     if extras and results.get("latency"):
         sizes = sorted({p["n"] for p in results["latency"]})
-        lines += [f"**ms per text query vs gallery size** ({EXTRAPOLATED} = extrapolated linearly from smaller galleries)",
-                  "", "| method | " + " | ".join(f"{n:,} images" for n in sizes) + " |",
+        lines += [f"**ms per text query vs gallery size** ({EXTRAPOLATED} = extrapolated linearly "
+                  "from smaller galleries)", "",
+                  "| method | " + " | ".join(f"{n:,} images" for n in sizes) + " |",
                   "|---|" + "---|" * len(sizes)]
         for name in dict.fromkeys(p["method"] for p in results["latency"]):
             points = {p["n"]: p for p in results["latency"] if p["method"] == name}
-            lines.append(f"| {name} | " + " | ".join(
-                f"{points[n]['ms_per_query']:.3g}{'' if points[n]['measured'] else EXTRAPOLATED}" if n in points else "–"
-                for n in sizes) + " |")
+            cells = [f"{points[n]['ms_per_query']:.3g}"
+                     + ("" if points[n]["measured"] else EXTRAPOLATED) if n in points else "–"
+                     for n in sizes]
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
         lines.append("")
     if any("sampled" in r["notes"] for r in shown):
-        lines.append(f"{SAMPLED} too slow to score every query's pairs on this device: recalls of a fixed random "
-                     "sample of the queries, each against the whole gallery (counts in results.json).")
+        lines.append(f"{SAMPLED} too slow to score every query's pairs on this device: recalls of "
+                     "a fixed random sample of the queries, each against the whole gallery (counts "
+                     "in results.json).")
     if any("not measured" in r["notes"] for r in shown):
-        lines.append("– not measured: the method's pair budget allows too few sampled queries in that direction "
-                     "for a recall worth comparing (its notes in results.json give the count).")
+        lines.append("– not measured: the method's pair budget allows too few sampled queries in "
+                     "that direction for a recall worth comparing (its notes in results.json give "
+                     "the count).")
     if any(r.get("ms_p25") is not None for r in shown):
-        lines.append("ms/query: the median of the timed calls, with their interquartile range (25th–75th "
-                     "percentile) in brackets.")
+        lines.append("ms/query: the median of the timed calls, with their interquartile range "
+                     "(25th–75th percentile) in brackets.")
     if meta.get("timing_note"):
         lines.append(f"**Note:** {meta['timing_note']}")
     if any(not r.get("ms_measured", True) for r in shown):
-        lines.append(f"{EXTRAPOLATED} ms/query extrapolated linearly from the largest galleries timed "
-                     "(the method's timed_sizes), not measured.")
+        lines.append(f"{EXTRAPOLATED} ms/query extrapolated linearly from the largest galleries "
+                     "timed (the method's timed_sizes), not measured.")
     if results.get("published") and "test" in settings:
         test = next((r for r in shown if r["setting"] == "test"), None)
         if test is not None:
             lines += ["", published_markdown(results["published"], test["n_images"])]
     if extras:
-        lines += ["", "Methods:"] + [f"- `{name}`: {note}" for name, note in results.get("methods", {}).items()]
+        notes = results.get("methods", {})
+        lines += ["", "Methods:"] + [f"- `{name}`: {note}" for name, note in notes.items()]
     return "\n".join(lines) + "\n"
 
 
@@ -263,17 +277,15 @@ def _cell(value, spec: str) -> str:
 
 README_START, README_END = "<!-- results:start -->", "<!-- results:end -->"
 README_SETTINGS = ("test",)  # the README shows the test setting; the rest goes to docs/results.md
-RESULTS_DOC = Path("docs") / "results.md"  # beside the README: the other settings, latency, the methods' notes
-PICTURE = Path("docs") / "pareto.png"  # beside the README: the accuracy-latency picture the README shows
-# the real-photo run (course_lib.real_benchmark) has blocks of its own in both files, and its own
-# picture
+RESULTS_DOC = Path("docs") / "results.md"  # beside the README: other settings, latency, notes
+PICTURE = Path("docs") / "pareto.png"  # beside the README: the accuracy-latency picture it shows
+# the real-photo run (course_lib.real_benchmark) has blocks of its own in both, and its own picture
 REAL_START, REAL_END = "<!-- real-results:start -->", "<!-- real-results:end -->"
 REAL_PICTURE = Path("docs") / "pareto-real.png"
 
 
 def is_real(results: dict) -> bool:
-    """Whether results come from real photographs (course_lib.real_benchmark), not the synthetic
-    benchmark."""
+    """Whether results come from real photographs (course_lib.real_benchmark), not synthetic."""
     return results["meta"].get("data") == "real"
 
 
@@ -282,29 +294,31 @@ def _markers(real: bool) -> tuple[str, str, Path]:
 
 
 def readme_markdown(results: dict) -> str:
-    """The README's results block: the test setting's table, where the rest is, and the frontier picture
-    (links relative to the README's folder)."""
+    """The README's results block: the test setting's table, where the rest is, and the frontier
+    picture (links relative to the README's folder)."""
     doc, picture = RESULTS_DOC.as_posix(), _markers(is_real(results))[2].as_posix()
     table = results_markdown(results, settings=README_SETTINGS, extras=False)
     if is_real(results):
-        return (table + f"\nThe full setting (every split's photos as the gallery), ms per query and each method's "
-                f"notes: [`{doc}`]({doc}). The frontier (t2i R@1 against ms per text query, log axis; the published "
-                f"rows as dashed levels, measured on their 1,000-photo gallery):\n\n"
-                f"![every method's recall on real photos against its ms per query]({picture})\n")
-    return (table
-            + f"\nThe full and compositional settings, ms per query against 1k and 5k images and each method's "
-              f"notes: [`{doc}`]({doc}). The accuracy–latency picture (t2i R@1 on test, t2i R@5 on full, against ms "
-              f"per text query, log axis; the Pareto front as a step line, the oracle dotted, hollow markers where "
-              f"the time is extrapolated):\n\n![every method's recall against its ms per query]({picture})\n")
+        return (table + "\nThe full setting (every split's photos as the gallery), ms per query "
+                f"and each method's notes: [`{doc}`]({doc}). The frontier (t2i R@1 against ms per "
+                "text query, log axis; the published rows as dashed levels, measured on their "
+                "1,000-photo gallery):\n\n![every method's recall on real photos against its ms "
+                f"per query]({picture})\n")
+    return (table + "\nThe full and compositional settings, ms per query against 1k and 5k images "
+            f"and each method's notes: [`{doc}`]({doc}). The accuracy–latency picture (t2i R@1 on "
+            "test, t2i R@5 on full, against ms per text query, log axis; the Pareto front as a "
+            "step line, the oracle dotted, hollow markers where the time is extrapolated):\n\n"
+            f"![every method's recall against its ms per query]({picture})\n")
 
 
 def docs_markdown(results: dict) -> str:
-    """docs/results.md's results block: every setting but the README's, the latency table, the notes."""
-    return results_markdown(results, settings=tuple(s for s in SETTINGS if s not in README_SETTINGS))
+    """docs/results.md's results block: every setting but the README's, latency table, notes."""
+    others = tuple(s for s in SETTINGS if s not in README_SETTINGS)
+    return results_markdown(results, settings=others)
 
 
 def _blocks(path: Path, start: str = README_START, end: str = README_END) -> tuple[str, str]:
-    """The text before and after a file's results block; ValueError if the file or the block is missing."""
+    """The text before and after a file's results block; ValueError if file or block is missing."""
     try:
         text = path.read_text()
     except OSError as error:
@@ -316,12 +330,12 @@ def _blocks(path: Path, start: str = README_START, end: str = README_END) -> tup
     return head, rest.split(end, 1)[1]
 
 
-def update_readme(results: dict | None, readme: str | Path, check_only: bool = False, real: bool | None = None) -> None:
-    """Write this run into the README's results block (the test table and the picture's link), the
-    rest of its tables into docs/results.md's block beside it, and the picture to docs/pareto.png;
-    a real-photo run (or real=True) goes to the real-results blocks and docs/pareto-real.png.
-    check_only: only check that both files are there and have the block (before a run). The three
-    files are replaced only once all are written."""
+def update_readme(results: dict | None, readme: str | Path, check_only: bool = False,
+                  real: bool | None = None) -> None:
+    """Write this run into the README's results block (the test table, the picture's link), its
+    other tables into docs/results.md's block and the picture to docs/pareto.png, all three replaced
+    once all are written; a real-photo run (or real=True): the real-results blocks and
+    docs/pareto-real.png. check_only: only check both files and their blocks (before a run)."""
     real = (results is not None and is_real(results)) if real is None else real
     start, end, picture = _markers(real)
     readme = Path(readme)
@@ -351,13 +365,14 @@ def _save_curves(curves: dict, path: Path) -> None:
 
 
 def _save_pareto(rows, path: Path, published: dict | None = None) -> None:
-    """Every method on t2i R@1 vs ms per query, test and full settings side by side (viz); published
-    rows (course_lib.published.published_rows) marked on the test panel."""
+    """Every method on t2i R@1 vs ms per query, test and full settings side by side (pareto_plot);
+    published rows (course_lib.published.published_rows) marked on the test panel."""
     # a bare Figure needs no GUI backend, so this works headless and leaves notebooks' backend alone
     from matplotlib.figure import Figure
 
-    from course_lib.viz import plot_pareto_settings
+    from course_lib.pareto_plot import plot_pareto_settings
 
-    fig = plot_pareto_settings(rows, Figure(figsize=(13, 5.5)), settings=("test", "full"), published=published)
+    fig = plot_pareto_settings(rows, Figure(figsize=(13, 5.5)), settings=("test", "full"),
+                               published=published)
     fig.savefig(path, dpi=120)
 

@@ -1,11 +1,11 @@
-"""Free-text photo search: any caption a learner types, against a split's photos, answered by fitted
-Rankers side by side with each one's online milliseconds (lesson 08's search box).
+"""Free-text photo search: any caption a learner types, against a split's photos, answered by
+fitted Rankers side by side with each one's online milliseconds (lesson 08's search box).
 
 A Ranker answers one text query through `query_fn(split, caption_index, top_k)`, whose offline work
 (the gallery's embeddings, a re-ranker's image states) happens when it is built. A typed caption is
-no caption of the split, so `caption_split` makes a split of the same photos with that caption as its
-only text: the photos' arrays are shared, not copied, and their offline work is redone once per caption
-(a second or so for 500 photos). The milliseconds are the online call alone, as the benchmark's are.
+no caption of the split, so `caption_split` makes a split of the same photos (arrays shared) with
+it as the only text, and the offline work is redone once per caption (a second or so for 500
+photos). The milliseconds are the online call alone, as the benchmark's are.
 """
 
 from __future__ import annotations
@@ -30,11 +30,12 @@ class SearchResult:
 
 
 def caption_split(gallery: RetrievalSplit, caption: str) -> RetrievalSplit:
-    """The gallery's photos (arrays shared) with `caption` as the only text. A typed caption has no true
-    photo: its txt2img entry points at photo 0 only because every caption of a split needs one."""
+    """The gallery's photos (arrays shared) with `caption` as the only text, which has no true
+    photo: its txt2img points at photo 0 only because every caption of a split needs one."""
     caption = caption.strip() if isinstance(caption, str) else caption
     if not isinstance(caption, str) or not caption:
-        raise ValueError(f"type a caption to search for, e.g. 'a dog runs on the grass' (got {caption!r})")
+        raise ValueError(f"type a caption to search for, e.g. 'a dog runs on the grass' (got "
+                         f"{caption!r})")
     return RetrievalSplit(
         name=f"{gallery.name}[search]", captions=[caption], txt2img=np.zeros(1, dtype=np.int64),
         image_ids=gallery.image_ids, images=gallery.images, image_paths=gallery.image_paths,
@@ -51,8 +52,9 @@ def search_photos(rankers, gallery: RetrievalSplit, caption: str, top_k: int = 5
     for ranker in rankers:
         answer = ranker.query_fn(split, caption_index=0, top_k=top_k)  # offline work happens here
         timing = measure(answer, warmup=1, repeats=repeats, device="auto")  # CUDA events on a GPU
-        results.append(SearchResult(ranker.name, np.asarray(answer(), dtype=np.int64).reshape(-1)[:top_k],
-                                    timing.median_ms, timing.p25_ms, timing.p75_ms))
+        top = np.asarray(answer(), dtype=np.int64).reshape(-1)[:top_k]  # (top_k,)
+        results.append(SearchResult(ranker.name, top, timing.median_ms, timing.p25_ms,
+                                    timing.p75_ms))
     return results
 
 
@@ -61,7 +63,8 @@ def show_search(rankers, gallery: RetrievalSplit, caption: str, top_k: int = 5):
     from course_lib.viz import show_rankings
 
     results = search_photos(rankers, gallery, caption, top_k)
-    rows = [(f"{r.method}: {r.ms:.1f} ms (IQR {r.ms_p25:.1f}-{r.ms_p75:.1f})", r.indices, None) for r in results]
+    rows = [(f"{r.method}: {r.ms:.1f} ms (IQR {r.ms_p25:.1f}-{r.ms_p75:.1f})", r.indices, None)
+            for r in results]
     return show_rankings(gallery, rows, title=f"\u201c{caption.strip()}\u201d")
 
 

@@ -1,17 +1,15 @@
-"""Which trained models ship with the course, and their refresh (`refresh`, the command `python -m
-course_lib.refresh_shipped`; course_lib.core.shipped holds the folder's format, loading and checks).
+"""Which trained models ship with the course, and their refresh (`refresh`: `python -m
+course_lib.refresh_shipped`; course_lib.core.shipped holds the folder's format, loading, checks).
 
-The models that ship are those of the default benchmark (seed 0, default sizes): every method
-registered in course_lib.methods that owns a model, and the models they are built from (a cascade's
-stages, a distilled model's teacher, hivlp-regions' flat model), found by walking the methods
-(`own_models`), so a new method ships without touching this module.
-
-A shipped model is named by what it was trained from (Method.fingerprint) and checked by what it
-computes: the manifest keeps each model's `probe`, its scores on a fixed batch of the validation split
-(the first PROBE_IMAGES images and their captions) and the recall those scores give. `output_problems`
-loads every shipped file and recomputes both; tests/test_shipped_models.py fails on any difference,
-naming the refresh command. So an edit that changes no number (a rename, a split file, a faster
-search) keeps every model, and one that does change a number cannot go unnoticed.
+They are the default benchmark's (seed 0, default sizes): every registered method that owns a
+model, and the models they are built from (a cascade's stages, a distilled model's teacher,
+hivlp-regions' flat model), found by walking the methods (`own_models`): a new method ships without
+touching this module. A shipped model is named by what it was trained from (Method.fingerprint)
+and checked by what it computes: the manifest keeps each model's `probe`, its scores on a fixed
+validation batch (the first PROBE_IMAGES images and their captions) and their recall;
+`output_problems` recomputes both from every shipped file, and tests/test_shipped_models.py fails
+on any difference, naming the refresh command. So an edit that changes no number (a rename, a
+split file, a faster search) keeps every model, and one that does cannot go unnoticed.
 """
 
 from __future__ import annotations
@@ -22,12 +20,10 @@ from pathlib import Path
 
 import torch
 
-from course_lib.core import settings
+from course_lib.core import settings, shipped
 from course_lib.core.checkpoints import CHECKPOINTS
 from course_lib.core.files import write_atomically
 from course_lib.core.metrics import retrieval_metrics
-from course_lib.core.shipped import (MANIFEST, REFRESH_COMMAND, SHIPPED_MODELS, check_shipped, file_problems,
-                                     load_shipped, read_manifest, shipped_weights, stale_reasons, write_shipped)
 from course_lib.data.synthetic import SyntheticConfig, make_benchmark
 from course_lib.data.tokenizer import build_word_tokenizer
 from course_lib.methods.base import Method, Ranker
@@ -35,15 +31,15 @@ from course_lib.methods.registry import available_methods
 
 SEED = 0  # the shipped models are the default benchmark's, of seed 0
 PROBE_IMAGES = 32  # the probe batch: the first validation images, with their captions (5 each)
-PROBE_KEPT = (40, 8)  # scores kept in the manifest: the first captions x images of the probe's matrix
-# an output may move by this much, relative to the largest kept score, before it counts as changed: far
-# above float32 rounding and thread-count reorderings (~1e-6), far below any change of weights or code
+PROBE_KEPT = (40, 8)  # scores the manifest keeps: the first captions x images of the probe's matrix
+# an output may move by this much, relative to the largest kept score, before it counts as changed:
+# far above float32 rounding and thread-count reorderings (~1e-6), below any weight or code change
 PROBE_TOLERANCE = 1e-4
 
 
 def own_models(methods) -> list[Method]:
     """Every Method reachable from `methods` (their attributes, lists of stages, a miner's method):
-    each owns a model it can ship; each once, in the order first met. Cascades are Rankers, not Methods."""
+    each owns a model it can ship; each once, in the order first met. Cascades are Rankers only."""
     found, seen = [], set()
 
     def visit(obj) -> None:
@@ -53,7 +49,8 @@ def own_models(methods) -> list[Method]:
         if isinstance(obj, Method):
             found.append(obj)
         for value in vars(obj).values() if hasattr(obj, "__dict__") else ():
-            miner_method = getattr(value, "method", None) if callable(value) else None  # a cross-encoder's miner
+            # a cross-encoder's miner
+            miner_method = getattr(value, "method", None) if callable(value) else None
             for item in value if isinstance(value, (list, tuple)) else (value, miner_method):
                 if isinstance(item, Ranker):
                     visit(item)
@@ -64,7 +61,7 @@ def own_models(methods) -> list[Method]:
 
 
 def benchmark_data(smoke: bool = False, seed: int = SEED):
-    """(bench, tokenizer) of the benchmark in this mode and seed: the data every method trains on."""
+    """(bench, tokenizer) of the benchmark of this mode and seed: what every method trains on."""
     bench = make_benchmark(SyntheticConfig.smoke() if smoke else SyntheticConfig(), seed=seed)
     return bench, build_word_tokenizer(bench["train"].captions + bench["pretrain"].captions)
 
@@ -74,11 +71,16 @@ def default_benchmark():
     return benchmark_data(smoke=False, seed=SEED)
 
 
-def expected_entries(bench=None, tokenizer=None, methods=None) -> dict:
-    """{file name: manifest entry} of every model that should ship (default: the default benchmark's)."""
+def _or_default(methods, bench, tokenizer) -> tuple:
+    """(methods, bench, tokenizer), each the default benchmark's where None."""
     if bench is None:
         bench, tokenizer = default_benchmark()
-    methods = available_methods(SEED, smoke=False) if methods is None else methods
+    return available_methods(SEED, smoke=False) if methods is None else methods, bench, tokenizer
+
+
+def expected_entries(bench=None, tokenizer=None, methods=None) -> dict:
+    """{file name: manifest entry} of every model that should ship (default: the default run's)."""
+    methods, bench, tokenizer = _or_default(methods, bench, tokenizer)
     return dict(method.shipping_entry(bench, tokenizer) for method in own_models(methods))
 
 
@@ -91,12 +93,12 @@ def probe_split(bench):
 
 @contextlib.contextmanager
 def as_shipped(method: Method):
-    """The method's model with its weights as a shipped file gives them back (float16-rounded, and
-    computed in float32 again), restored afterwards: a probe recorded before shipping is then what
-    the shipped file computes."""
+    """The method's model with its weights as a shipped file gives them back (float16-rounded, then
+    float32), restored after: a probe recorded before shipping is what the shipped file computes."""
     model = method.model
     original = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    model.load_state_dict({k: v.to(original[k].dtype) for k, v in shipped_weights(model).items()})
+    weights = shipped.shipped_weights(model)
+    model.load_state_dict({k: v.to(original[k].dtype) for k, v in weights.items()})
     try:
         yield method
     finally:
@@ -104,43 +106,47 @@ def as_shipped(method: Method):
 
 
 def probe(method: Method, bench) -> dict:
-    """What a fitted method computes on the probe batch: {"scores": the kept (captions x images) corner
-    of its (T, N) text-to-image scores, a line of numbers per caption, "recall": t2i and i2t R@1 / R@5 of the whole (T, N) matrix,
-    computed from those scores}. Every shipped method ranks through `rank`, so this is the same for all."""
+    """What a fitted method computes on the probe batch: {"scores": the kept (captions x images)
+    corner of its (T, N) text-to-image scores, a line of numbers per caption, "recall": t2i and i2t
+    R@1 / R@5 of the whole (T, N) matrix}. Every shipped method ranks through `rank`: one probe."""
     split = probe_split(bench)
     with torch.no_grad():
         indices, scores = method.rank(split, "t2i", split.n_images)  # (T, N) each, best first
-    dense = torch.zeros(split.n_texts, split.n_images).scatter_(1, indices, scores.float())  # (T, N)
+    dense = torch.zeros(split.n_texts, split.n_images).scatter_(1, indices, scores.float())
     metrics = retrieval_metrics(dense.T, split.txt2img, ks=(1, 5))
     captions, images = PROBE_KEPT
-    return {"scores": [" ".join(f"{x:.6g}" for x in row) for row in dense[:captions, :images].tolist()],
-            "recall": {k: round(float(metrics[k]), 2) for k in ("t2i_r1", "t2i_r5", "i2t_r1", "i2t_r5")}}
+    kept = dense[:captions, :images].tolist()
+    return {"scores": [" ".join(f"{x:.6g}" for x in row) for row in kept],
+            "recall": {k: round(float(metrics[k]), 2)
+                       for k in ("t2i_r1", "t2i_r5", "i2t_r1", "i2t_r5")}}
 
 
 def probe_differences(recorded: dict | None, now: dict) -> list[str]:
     """Why `now` (a probe) is not `recorded` ([] when it is, within PROBE_TOLERANCE)."""
     if not recorded:
         return ["the manifest records no probe for it"]
-    old, new = (torch.tensor([[float(x) for x in row.split()] for row in p["scores"]]) for p in (recorded, now))
+    old, new = (torch.tensor([[float(x) for x in row.split()] for row in p["scores"]])
+                for p in (recorded, now))
     if old.shape != new.shape:
         return [f"probe scores of shape {tuple(new.shape)}, recorded {tuple(old.shape)}"]
     problems = []
     moved = (new - old).abs().max().item()
     if moved > PROBE_TOLERANCE * max(1.0, old.abs().max().item()):
         problems.append(f"its probe scores moved by up to {moved:.3g}")
-    changed = {k: (v, now["recall"].get(k)) for k, v in recorded["recall"].items() if now["recall"].get(k) != v}
+    changed = {k: (v, now["recall"].get(k)) for k, v in recorded["recall"].items()
+               if now["recall"].get(k) != v}
     if changed:
-        problems.append("its probe recall moved: " + ", ".join(f"{k} {a} -> {b}" for k, (a, b) in changed.items()))
+        problems.append("its probe recall moved: "
+                        + ", ".join(f"{k} {a} -> {b}" for k, (a, b) in changed.items()))
     return problems
 
 
-def output_problems(folder=SHIPPED_MODELS, methods=None, bench=None, tokenizer=None) -> list[str]:
+def output_problems(folder=shipped.SHIPPED_MODELS, methods=None, bench=None,
+                    tokenizer=None) -> list[str]:
     """Load every shipped model of `folder` (nothing trains: a model that would train is a problem)
     and recompute its probe against the manifest's. [] when every model computes what it did."""
-    if bench is None:
-        bench, tokenizer = default_benchmark()
-    methods = available_methods(SEED, smoke=False) if methods is None else methods
-    files = read_manifest(folder)["files"]
+    methods, bench, tokenizer = _or_default(methods, bench, tokenizer)
+    files = shipped.read_manifest(folder)["files"]
     problems = []
     with settings.shipped_models_from(folder):
         for method in own_models(methods):
@@ -151,49 +157,49 @@ def output_problems(folder=SHIPPED_MODELS, methods=None, bench=None, tokenizer=N
             if not method.from_shipped:
                 problems.append(f"{method.name}: {name} was not loaded from {folder}")
                 continue
-            problems += [f"{method.name} ({name}): {p}" for p in probe_differences(files[name].get("probe"),
-                                                                                  probe(method, bench))]
+            differences = probe_differences(files[name].get("probe"), probe(method, bench))
+            problems += [f"{method.name} ({name}): {p}" for p in differences]
     return problems
 
 
-def stale_problems(folder=SHIPPED_MODELS) -> list[str]:
+def stale_problems(folder=shipped.SHIPPED_MODELS) -> list[str]:
     """What is stale, missing or altered in the shipped folder ([] when it is current)."""
-    return check_shipped(folder, expected_entries())
+    return shipped.check_shipped(folder, expected_entries())
 
 
-def refresh(folder=SHIPPED_MODELS, checkpoints=CHECKPOINTS, methods=None, bench=None, tokenizer=None,
-            progress: bool = True, only=None) -> dict:
+def refresh(folder=shipped.SHIPPED_MODELS, checkpoints=CHECKPOINTS, methods=None, bench=None,
+            tokenizer=None, progress: bool = True, only=None) -> dict:
     """Fit every model that ships (training it, or loading a finished checkpoint of the same name
-    from `checkpoints`, never a shipped file) and rewrite `folder` with their weights and manifest.
-    methods / bench / tokenizer: the default benchmark's unless given (tests pass tiny ones).
-
-    only: method names; then only their models are fitted and written. Every other model whose file
-    in `folder` is still current (the same name and manifest entry, its bytes intact) stays as it is,
-    and the manifest lists the rest as "not_shipped" (trained on first use), so that the staleness
-    check knows they are left out on purpose rather than lost."""
-    if bench is None:
-        bench, tokenizer = default_benchmark()
-    methods = available_methods(SEED, smoke=False) if methods is None else methods
+    from `checkpoints`, never a shipped file) and rewrite `folder` with their weights and manifest;
+    methods / bench / tokenizer: the default benchmark's unless given. only: method names, whose
+    models alone are fitted and written; every other model whose file is
+    still current (same name and entry, bytes intact) stays, and the manifest lists the rest as
+    "not_shipped" (trained on first use): the staleness check knows they are left out on purpose."""
+    methods, bench, tokenizer = _or_default(methods, bench, tokenizer)
     models = own_models(methods)
     not_shipped, keep = [], {}
     if only is not None:
         unknown = set(only) - {m.name for m in methods}
         if unknown:
-            raise ValueError(f"no such methods to ship: {sorted(unknown)}; known: {[m.name for m in methods]}")
+            raise ValueError(f"no such methods to ship: {sorted(unknown)}; known: "
+                             f"{[m.name for m in methods]}")
         chosen = own_models([m for m in methods if m.name in set(only)])
-        files = {id(m): m.shipping_entry(bench, tokenizer) for m in models}  # (file name, entry) of each
+        files = {id(m): m.shipping_entry(bench, tokenizer) for m in models}  # (file name, entry)
         refreshed = {files[id(m)][0] for m in chosen}
-        listed = read_manifest(folder)["files"]
+        listed = shipped.read_manifest(folder)["files"]
         keep = {name: listed[name] for name, entry in files.values()
-                if name not in refreshed and name in listed and not stale_reasons(entry, listed[name])
-                and not file_problems(folder, name, listed[name])}
-        not_shipped = sorted({m.name for m in models if files[id(m)][0] not in refreshed | set(keep)})
+                if name not in refreshed and name in listed
+                and not shipped.stale_reasons(entry, listed[name])
+                and not shipped.file_problems(folder, name, listed[name])}
+        not_shipped = sorted({m.name for m in models
+                              if files[id(m)][0] not in refreshed | set(keep)})
         models = chosen
     with settings.retraining():
         for method in models:
             method.progress = progress
             if method.model is None or method.from_shipped:
-                method.fit(bench, tokenizer, cache_dir=None if checkpoints is None else Path(checkpoints))
+                cache_dir = None if checkpoints is None else Path(checkpoints)
+                method.fit(bench, tokenizer, cache_dir=cache_dir)
     written = {}
     for method in models:
         name, entry = method.shipping_entry(bench, tokenizer)
@@ -201,20 +207,17 @@ def refresh(folder=SHIPPED_MODELS, checkpoints=CHECKPOINTS, methods=None, bench=
             with as_shipped(method):
                 entry = {**entry, "probe": probe(method, bench)}
             written[name] = (name, entry, method.model, method.history)
-    return write_shipped(folder, list(written.values()), not_shipped=not_shipped, keep=keep)
+    return shipped.write_shipped(folder, list(written.values()), not_shipped=not_shipped, keep=keep)
 
 
-def relabel(folder=SHIPPED_MODELS, methods=None, bench=None, tokenizer=None) -> dict:
-    """Rewrite the manifest of `folder` under today's names and entries without training anything:
-    each method's shipped file (found by method name, whatever its old name) is renamed to today's
-    name, byte for byte, and gets today's entry and a probe recorded from the file itself. For a change
-    of the naming rule, never of what a model computes: a model whose config, data or format changed
-    must be retrained (`refresh`)."""
-    if bench is None:
-        bench, tokenizer = default_benchmark()
-    methods = available_methods(SEED, smoke=False) if methods is None else methods
+def relabel(folder=shipped.SHIPPED_MODELS, methods=None, bench=None, tokenizer=None) -> dict:
+    """Rewrite the manifest of `folder` under today's names and entries without training: each
+    method's shipped file (found by method name) is renamed, byte for byte, and gets today's entry
+    and a probe recorded from the file itself. For a change of the naming rule only: a model whose
+    config, data or format changed must be retrained (`refresh`)."""
+    methods, bench, tokenizer = _or_default(methods, bench, tokenizer)
     folder = Path(folder)
-    old = read_manifest(folder)
+    old = shipped.read_manifest(folder)
     by_method = {entry["method"]: (name, entry) for name, entry in old["files"].items()}
     moved, files = {}, {}
     for method in own_models(methods):
@@ -222,10 +225,10 @@ def relabel(folder=SHIPPED_MODELS, methods=None, bench=None, tokenizer=None) -> 
         old_name, old_entry = by_method[method.name]
         for field in ("config", "data", "format"):
             if json.loads(json.dumps(entry[field])) != old_entry[field]:
-                raise ValueError(f"{method.name}: its {field} changed since {old_name} was trained; retrain it "
-                                 f"with {REFRESH_COMMAND}")
+                raise ValueError(f"{method.name}: its {field} changed since {old_name} was "
+                                 f"trained; retrain it with {shipped.REFRESH_COMMAND}")
         model = method.build_model(bench, tokenizer)
-        method.history = load_shipped(folder / old_name, model)
+        method.history = shipped.load_shipped(folder / old_name, model)
         method.model, method.tokenizer, method.from_shipped = model.eval(), tokenizer, True
         moved[old_name] = name
         files[name] = {**entry, "probe": probe(method, bench), "sha256": old_entry["sha256"],
@@ -235,9 +238,11 @@ def relabel(folder=SHIPPED_MODELS, methods=None, bench=None, tokenizer=None) -> 
             (folder / old_name).rename(folder / name)
     manifest = {**old, "files": files}
     text = json.dumps(manifest, indent=1, sort_keys=True) + "\n"
-    write_atomically(folder / MANIFEST, lambda temporary: temporary.write_text(text, encoding="utf-8"))
+    write_atomically(folder / shipped.MANIFEST,
+                     lambda temporary: temporary.write_text(text, encoding="utf-8"))
     return manifest
 
 
-__all__ = ["own_models", "benchmark_data", "default_benchmark", "expected_entries", "probe_split", "as_shipped", "probe",
-           "probe_differences", "output_problems", "stale_problems", "refresh", "relabel", "SEED", "PROBE_IMAGES"]
+__all__ = ["own_models", "benchmark_data", "default_benchmark", "expected_entries", "probe_split",
+           "as_shipped", "probe", "probe_differences", "output_problems", "stale_problems",
+           "refresh", "relabel", "SEED", "PROBE_IMAGES"]

@@ -1,11 +1,12 @@
 """Train one course dual encoder on N processes: the command line over course_lib.core.distributed.
 
-Each process takes its slice of every global batch, in-batch negatives are gathered across processes,
-and N processes of batch B train exactly like one process of batch N·B (core.distributed explains the
-gradient factor). Without torchrun it runs the same on one process.
+Each process takes its slice of every global batch, in-batch negatives are gathered across
+processes, and N processes of batch B train exactly like one process of batch N·B (core.distributed
+explains the gradient factor). Without torchrun it runs the same on one process.
 
-    # 2 CPU processes (gloo); `python -m course_lib.train_distributed ...` runs the same on one process
-    torchrun --standalone --nproc_per_node=2 -m course_lib.train_distributed --method vsepp --steps 20 --smoke
+    # 2 CPU processes (gloo); `python -m course_lib.train_distributed ...`: the same on one process
+    torchrun --standalone --nproc_per_node=2 -m course_lib.train_distributed --method vsepp
+             --steps 20 --smoke
     # one machine with 8 GPUs (NCCL, one process per GPU, 128 / 8 = 16 pairs each)
     torchrun --standalone --nproc_per_node=8 -m course_lib.train_distributed --method lightningdot
     # 2 machines x 8 GPUs: the same line on each; HOST:29500 = one of them, reachable by both
@@ -24,15 +25,7 @@ from functools import partial
 import torch
 import torch.distributed as dist
 
-from course_lib.core.distributed import (
-    barrier,
-    destroy_distributed,
-    gathered_loss,
-    get_world_size,
-    init_distributed,
-    is_main_process,
-    mean_over_ranks,
-)
+from course_lib.core import distributed
 from course_lib.core.losses import contrastive_loss, hinge_triplet_loss
 from course_lib.core.settings import seed_everything, smoke_mode
 from course_lib.core.train import Trainer
@@ -47,7 +40,7 @@ from course_lib.methods.vsepp import VsePPConfig, build_dual_encoder
 
 
 def _build(method: str, smoke: bool, seed: int):
-    """(bench, tokenizer, model, loss_fn, method config, training lr, default steps) of one method."""
+    """(bench, tokenizer, model, loss_fn, method config, training lr, default steps) of a method."""
     bench = make_benchmark(SyntheticConfig.smoke() if smoke else SyntheticConfig(), seed=seed)
     tokenizer = build_word_tokenizer(bench["train"].captions)
     seed_everything(seed)  # the initial weights (DDP copies rank 0's to the others anyway)
@@ -56,17 +49,17 @@ def _build(method: str, smoke: bool, seed: int):
         if c.sum_warmup_steps:
             raise ValueError("sum_warmup_steps is not supported here: gathered_loss uses one hinge")
         loss = partial(hinge_triplet_loss, margin=c.margin, max_violation=c.max_violation)
-        return (bench, tokenizer, build_dual_encoder(c, bench["train"], tokenizer), gathered_loss(loss),
-                c, c.lr, c.max_steps)
+        return (bench, tokenizer, build_dual_encoder(c, bench["train"], tokenizer),
+                distributed.gathered_loss(loss), c, c.lr, c.max_steps)
     c = LightningDOTConfig.smoke(seed=seed) if smoke else LightningDOTConfig(seed=seed)
     # CMR fine-tuning (eq. 6) from random weights: no pre-training stage here
     return (bench, tokenizer, build_lightningdot(c, bench["train"], tokenizer),
-            gathered_loss(contrastive_loss), c, c.finetune_lr, c.finetune_steps)
+            distributed.gathered_loss(contrastive_loss), c, c.finetune_lr, c.finetune_steps)
 
 
 def _summary(args, trainer, bench, tokenizer, seconds: float, cpu: float) -> dict:
     """Rank 0's printed result: sizes, timing, the last logged loss, the test split's recalls."""
-    model, world = trainer.model.eval(), get_world_size()
+    model, world = trainer.model.eval(), distributed.get_world_size()
     with torch.no_grad():
         test = retrieval_evaluator(bench["test"], lambda m, s: similarity(m, s, tokenizer))(model)
     summary = {"method": args.method, "processes": world, "backend": dist.get_backend() if world > 1
@@ -81,8 +74,8 @@ def _summary(args, trainer, bench, tokenizer, seconds: float, cpu: float) -> dic
 
 
 class _RankZeroParser(argparse.ArgumentParser):
-    """Under torchrun every process parses the same command line: only rank 0 says what is wrong, once;
-    the others leave quietly with the same exit status."""
+    """Under torchrun every process parses the same command line: only rank 0 says what is wrong,
+    once; the others leave quietly with the same exit status."""
 
     def error(self, message):
         if os.environ.get("RANK", "0") != "0":
@@ -98,38 +91,45 @@ def main(argv: list[str] | None = None) -> dict | None:
         description="Contrastive training of a course dual encoder on N processes (DDP, gathered "
                     "in-batch negatives); without torchrun, one process.")
     parser.add_argument("--method", choices=("vsepp", "lightningdot"), default="vsepp",
-                        help="VSE++ (sum of hinges) or LightningDOT's CMR fine-tuning, from random weights")
-    parser.add_argument("--steps", type=int, default=None, help="optimizer steps (default: the method's)")
+                        help="VSE++ (sum of hinges) or LightningDOT's CMR fine-tuning, from "
+                             "random weights")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="optimizer steps (default: the method's)")
     parser.add_argument("--global-batch", type=int, default=None,
                         help="pairs per step over all processes (default: the method's batch_size, "
                              "128); each process takes global-batch / N")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny benchmark and schedule (or COURSE_SMOKE=1)")
-    parser.add_argument("--checkpoint", default=None, help="Trainer checkpoint path (rank 0 writes it)")
+    parser.add_argument("--checkpoint", default=None,
+                        help="Trainer checkpoint path (rank 0 writes it)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    init_distributed()
+    distributed.init_distributed()
     try:
-        world, smoke = get_world_size(), args.smoke or smoke_mode()
+        world, smoke = distributed.get_world_size(), args.smoke or smoke_mode()
         bench, tokenizer, model, loss_fn, c, lr, steps = _build(args.method, smoke, args.seed)
         global_batch = args.global_batch or c.batch_size
         if global_batch % world:
-            raise ValueError(f"--global-batch {global_batch} does not split over {world} processes: "
-                             f"pick a multiple of {world}")
-        train = train_config(c, max_steps=args.steps or steps, lr=lr, batch_size=global_batch // world,
-                             log_every=10, checkpoint_path=args.checkpoint)
-        trainer = Trainer(model, loss_fn, PairDataset(bench["train"], modality=model.modality), train,
-                          collate_fn=PairCollate(tokenizer))
+            raise ValueError(f"--global-batch {global_batch} does not split over {world} "
+                             f"processes: pick a multiple of {world}")
+        train = train_config(c, max_steps=args.steps or steps, lr=lr,
+                             batch_size=global_batch // world, log_every=10,
+                             checkpoint_path=args.checkpoint)
+        pairs = PairDataset(bench["train"], modality=model.modality)
+        trainer = Trainer(model, loss_fn, pairs, train, collate_fn=PairCollate(tokenizer))
         start, cpu_start = time.perf_counter(), time.process_time()
         trainer.fit()
         seconds = time.perf_counter() - start
         # CPU seconds of all processes together: what the run costs, whatever else shares the cores
-        cpu = mean_over_ranks({"cpu": time.process_time() - cpu_start}, trainer.device)["cpu"] * world
-        summary = _summary(args, trainer, bench, tokenizer, seconds, cpu) if is_main_process() else None
-        barrier()  # the others wait for rank 0's evaluation: every process leaves the group together
+        own_cpu = {"cpu": time.process_time() - cpu_start}
+        cpu = distributed.mean_over_ranks(own_cpu, trainer.device)["cpu"] * world
+        summary = None
+        if distributed.is_main_process():
+            summary = _summary(args, trainer, bench, tokenizer, seconds, cpu)
+        distributed.barrier()  # the others wait for rank 0's evaluation: all leave the group as one
         return summary
     finally:
-        destroy_distributed()
+        distributed.destroy_distributed()
 
 
 

@@ -1,24 +1,22 @@
 """Training the benchmark's models side by side: one worker process per CPU core.
 
 From an empty cache (`python -m course_lib.benchmark --retrain`) the default benchmark trains ten
-models, about three CPU-hours one after another, while one training uses one core of two. Most of
-them are independent; a few are built from others (a cascade's stages, a distilled model's teacher,
-found by shipping.own_models). So `train_in_parallel` trains them in `jobs` worker processes that
-share the checkpoint folder:
+models, about three CPU-hours one after another on one core. Most are independent; a few are built
+from others (a cascade's stages, a distilled model's teacher: shipping.own_models). So
+`train_in_parallel` trains them in `jobs` worker processes sharing the checkpoint folder:
 
     models   = own_models(methods), those that would train (no current shipped model)
-    needs[i] = the models model i is built from (trained first, by whichever worker), and the first
+    needs[i] = the models model i is built from (trained first, by any worker), and the first
                model of the order that trains a pixel stem model i starts from too
-    order    = longest path first: the CPU-seconds its shipped model's learning curve recorded (the
-               mean of the others' if none) plus the longest chain of models that wait for it, so
-               neither a long training nor one that others wait for starts last and leaves a core
-               idle at the end
+    order    = longest path first: the CPU-seconds its shipped learning curve recorded (else the
+               others' mean) plus the longest chain of models waiting for it, so that no long
+               training, nor one others wait for, starts last and leaves a core idle
     worker   = its own benchmark, methods and torch threads (cores // jobs); fits the model it is
                handed, writing <checkpoints>/<name>.pt as a sequential run would
 
-The benchmark (or the refresh) then fits every method as before, and each fit loads the finished
-checkpoint from the folder: the models are the ones a sequential run trains (same seed, same code,
-one thread each), only sooner. Workers start with the "spawn" method, so no torch state is forked.
+The benchmark (or the refresh) then fits every method as before, each fit loading the finished
+checkpoint: the models a sequential run trains (same seed, code, one thread each), only sooner.
+Workers start with the "spawn" method, so no torch state is forked.
 """
 
 from __future__ import annotations
@@ -33,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 
 from course_lib.core import settings, shipped
 from course_lib.methods.registry import available_methods
@@ -76,22 +75,22 @@ def _models(spec: LaneSpec, data=None):
     """(bench, tokenizer, own models) for spec, in the same order in every process; data: the
     (bench, tokenizer) the caller already made for spec, else they are made here."""
     bench, tokenizer = data or benchmark_data(spec.smoke, spec.seed)
-    methods = available_methods(spec.seed, spec.smoke, names=None if spec.names is None else list(spec.names))
+    names = None if spec.names is None else list(spec.names)
+    methods = available_methods(spec.seed, spec.smoke, names=names)
     return bench, tokenizer, own_models(methods)
 
 
 def recorded_cpu_seconds(method, bench, tokenizer, folder=None) -> float:
-    """The training CPU-seconds the shipped model of this method recorded in its learning curve (the
-    largest `cpu_seconds` of each history it holds, summed), or 0 when none is recorded: a rough
-    cost, used only to start the longest trainings first. When the method's current file is not
-    shipped (its code or config changed since), the file the manifest lists under the same method
-    name stands in: a stale model's cost is still the best guess, and without it a retrain after a
-    code change would start its longest models last."""
+    """The training CPU-seconds this method's shipped model recorded (the largest `cpu_seconds` of
+    each history it holds, summed; 0 if none): a rough cost, to start the longest trainings first.
+    If its current file is not shipped (code or config changed), the manifest's file of the same
+    method stands in: a stale cost is the best guess, else a retrain would start them last."""
     folder = Path(folder or shipped.SHIPPED_MODELS)
     try:
         name, _ = method.shipping_entry(bench, tokenizer)
         if not (folder / name).exists():
-            listed = [n for n, e in shipped.read_manifest(folder)["files"].items() if e.get("method") == method.name]
+            listed = [n for n, e in shipped.read_manifest(folder)["files"].items()
+                      if e.get("method") == method.name]
             name = listed[0] if listed else name
         history = torch.load(folder / name, map_location="cpu", weights_only=False)["history"]
     except (OSError, KeyError, RuntimeError):
@@ -100,25 +99,24 @@ def recorded_cpu_seconds(method, bench, tokenizer, folder=None) -> float:
     def total(h) -> float:
         if isinstance(h, dict):
             return sum(total(v) for v in h.values())
-        seconds = [r["cpu_seconds"] for r in h if isinstance(r, dict) and "cpu_seconds" in r] if isinstance(h, list) else []
+        rows = h if isinstance(h, list) else []
+        seconds = [r["cpu_seconds"] for r in rows if isinstance(r, dict) and "cpu_seconds" in r]
         return max(seconds, default=0.0)
 
     return float(total(history))
 
 
 def plan(models, bench, tokenizer, checkpoints=None) -> tuple[list[int], dict[int, set[int]]]:
-    """(the indices of `models` to train, longest path first; {index: indices it needs first}).
-    A pixel stem (`stem_checkpoint_file`) that several of them start from and that is not in the
-    `checkpoints` folder yet is trained by the first of them in the order; the others wait for that
-    model, so no two processes train the stem and write its file at once."""
+    """(the indices of `models` to train, longest path first; {index: indices it needs first}). A
+    pixel stem (`stem_checkpoint_file`) several start from, not yet in `checkpoints`, is trained by
+    the first of them; the others wait for it: no two processes write the stem's file at once."""
     position = {id(m): i for i, m in enumerate(models)}
     to_train = [i for i, m in enumerate(models) if m.shipped_file(bench, tokenizer) is None]
-    needs = {i: {position[id(d)] for d in own_models([models[i]]) if d is not models[i]} & set(to_train)
-             for i in to_train}
+    needs = {i: {position[id(d)] for d in own_models([models[i]]) if d is not models[i]}
+             & set(to_train) for i in to_train}
     cost = {i: recorded_cpu_seconds(models[i], bench, tokenizer) for i in to_train}
-    # a model whose shipped file records no learning curve (SCAN, Slow) is not free: it costs what a
-    # typical one does (counted as 0, it would start last and leave a core idle; docs/tuning_notes.md,
-    # "Training cost and reproduction in two processes")
+    # a model recording no learning curve (SCAN, Slow) costs what a typical one does, not 0 (or it
+    # would start last; docs/tuning_notes.md, "Training cost and reproduction in two processes")
     known = [c for c in cost.values() if c > 0]
     cost = {i: c if c > 0 else (sum(known) / len(known) if known else 0.0) for i, c in cost.items()}
     first_with_stem = {}
@@ -131,7 +129,7 @@ def plan(models, bench, tokenizer, checkpoints=None) -> tuple[list[int], dict[in
             needs[i].add(first_with_stem[stem])
         else:
             first_with_stem[stem] = i
-    path = {}  # a model's cost plus the longest chain of models waiting for it (the critical path from it)
+    path = {}  # a model's cost plus the longest chain of models waiting for it (its critical path)
 
     def path_from(i: int) -> float:
         if i not in path:
@@ -184,19 +182,17 @@ def _next_result(results, workers, poll_seconds: float = 5.0):
         except queue.Empty:
             dead = [w for w in workers if not w.is_alive()]
             if dead:
-                raise RuntimeError(f"a training process stopped without a report (exit code {dead[0].exitcode}; "
-                                   "out of memory?). Fewer processes (--jobs 1) need less memory.") from None
+                raise RuntimeError(f"a training process stopped without a report (exit code "
+                                   f"{dead[0].exitcode}; out of memory?). Fewer processes "
+                                   "(--jobs 1) need less memory.") from None
 
 
 def train_in_parallel(names=None, *, seed: int = 0, smoke: bool = False, checkpoints, jobs: int = 2,
                       retrain: bool = False, progress: bool = True, data=None) -> list[dict]:
     """Train every model the methods `names` (None = all) would train, in `jobs` worker processes,
-    into `checkpoints` (module docstring). Returns one row per model trained, in the order finished:
-    {"model": the method that owns it, "seconds": wall, "cpu_seconds": the worker's CPU time}.
-    A failed training stops the others and raises RuntimeError with its traceback. data: the run's
-    (bench, tokenizer) of this mode and seed, so the parent does not make them again."""
-    from tqdm.auto import tqdm
-
+    into `checkpoints` (module docstring). -> one row per model, in the order finished: {"model":
+    its method, "seconds": wall, "cpu_seconds": the worker's}. A failed training stops the others
+    and raises RuntimeError with its traceback. data: the parent's (bench, tokenizer), reused."""
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1, got {jobs}")
     spec = LaneSpec(seed, smoke, None if names is None else tuple(names), str(checkpoints), retrain,
@@ -213,10 +209,12 @@ def train_in_parallel(names=None, *, seed: int = 0, smoke: bool = False, checkpo
     for worker in workers:
         worker.start()
     done, running, finished = set(), {}, []  # running: index -> start time
-    bar = tqdm(total=len(order), desc=f"training in {len(workers)} processes", disable=not progress)
+    bar = tqdm(total=len(order), desc=f"training in {len(workers)} processes",
+               disable=not progress)
     try:
         while len(done) < len(order):
-            for index in [i for i in order if i not in done and i not in running and needs[i] <= done]:
+            ready = [i for i in order if i not in done and i not in running and needs[i] <= done]
+            for index in ready:
                 if len(running) == len(workers):
                     break
                 running[index] = time.perf_counter()
@@ -228,11 +226,12 @@ def train_in_parallel(names=None, *, seed: int = 0, smoke: bool = False, checkpo
             index, wall, cpu, error = _next_result(results, workers)
             if error is not None:
                 what = "setting up" if index is None else f"training {models[index].name}"
-                raise RuntimeError(f"{what} in a worker process failed (--jobs 1 trains in this process "
-                                   f"instead):\n{error}")
+                raise RuntimeError(f"{what} in a worker process failed (--jobs 1 trains in this "
+                                   f"process instead):\n{error}")
             del running[index]
             done.add(index)
-            finished.append({"model": models[index].name, "seconds": round(wall, 1), "cpu_seconds": round(cpu, 1)})
+            finished.append({"model": models[index].name, "seconds": round(wall, 1),
+                             "cpu_seconds": round(cpu, 1)})
             bar.update()
     finally:
         bar.close()

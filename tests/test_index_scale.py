@@ -17,14 +17,13 @@ import torch
 import course_lib.studies.index_scale as index_scale
 from course_lib.core.index_eval import topk_recall
 from course_lib.core.retrieval import build_index
+from course_lib.core.roofline import exact_search_flops, gflops
 from course_lib.core.tiling import tile_rows
 from course_lib.core.timing import TimingResult
 from course_lib.methods.lightningdot.model import LightningDOTConfig
 from course_lib.studies.index_scale import (
     KINDS,
     code_bytes,
-    exact_search_flops,
-    gflops,
     index_bytes,
     measure_kind,
     mm_gflops,

@@ -13,7 +13,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from course_lib import viz  # noqa: E402
+from course_lib import pareto_plot  # noqa: E402
 from course_lib.published import PUBLISHED, published_markdown, published_rows  # noqa: E402
 from course_lib.results import results_markdown  # noqa: E402
 
@@ -61,7 +61,7 @@ def test_the_markdown_names_the_gallery_difference():
 def test_the_frontier_marks_the_published_rows_on_the_test_panel_only():
     rows = json.loads(SMOKE_ROWS.read_text())["rows"]
     published = published_rows("flickr8k")
-    fig = viz.plot_pareto_settings(rows, Figure(figsize=(13, 5.5)), published=published)
+    fig = pareto_plot.plot_pareto_settings(rows, Figure(figsize=(13, 5.5)), published=published)
     test, full = fig.axes
     expected = sorted(r["t2i_r1"] for r in published["rows"])
     levels = sorted(float(line.get_ydata()[0]) for line in test.lines

@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from course_lib import viz  # noqa: E402
+from course_lib import diagrams, pareto_plot, viz  # noqa: E402
 from course_lib.core.timing import TimingResult  # noqa: E402
 from course_lib.data.synthetic import SyntheticConfig, make_benchmark  # noqa: E402
 
@@ -55,7 +55,7 @@ def test_pareto_plots_timed_methods_and_a_line_for_the_oracle():
             {"method": "slow", "setting": "test", "t2i_r1": 60.0, "ms_per_query": 30.0,
              "ms_measured": False},
             {"method": "slow", "setting": "full", "t2i_r1": 10.0, "ms_per_query": 300.0}]
-    ax = viz.plot_pareto(rows, setting="test")
+    ax = pareto_plot.plot_pareto(rows, setting="test")
     points = np.concatenate([c.get_offsets() for c in ax.collections])
     assert sorted(points[:, 0].tolist()) == [0.1, 30.0]
     filled = [len(c.get_facecolors()) > 0 and c.get_facecolors()[0][3] > 0 for c in ax.collections]
@@ -68,7 +68,7 @@ def test_pareto_plots_timed_methods_and_a_line_for_the_oracle():
     plt.close(ax.figure)
     # between the methods: a line
     within = [{**rows[0], "method": "bag-of-objects", "t2i_r1": 40.0}] + rows[1:]
-    ax = viz.plot_pareto(within, setting="test")
+    ax = pareto_plot.plot_pareto(within, setting="test")
     assert any(np.allclose(line.get_ydata(), 40.0) and "reference" in line.get_label()
                for line in ax.lines)
     plt.close(ax.figure)
@@ -136,7 +136,7 @@ def test_pareto_draws_the_front_of_the_naive_dominance_loop():
             # dominated by c
             {"method": "d", "setting": "full", "t2i_r1": 30.0, "ms_per_query": 50.0},
             {"method": "e", "setting": "full", "t2i_r1": 40.0, "ms_per_query": 100.0}]
-    ax = viz.plot_pareto(rows, setting="full")
+    ax = pareto_plot.plot_pareto(rows, setting="full")
     timed = [r for r in rows if r["ms_per_query"]]
     naive = [r for r in timed
              if not any(q["ms_per_query"] <= r["ms_per_query"] and q["t2i_r1"] >= r["t2i_r1"]
@@ -154,7 +154,7 @@ def test_pareto_draws_the_front_of_the_naive_dominance_loop():
 def test_pareto_settings_one_panel_per_setting_and_one_colour_per_method():
     rows = [{"method": m, "setting": s, "t2i_r1": r, "ms_per_query": ms}
             for s in ("test", "full") for m, r, ms in (("fast", 5.0, 0.1), ("slow", 9.0, 10.0))]
-    fig = viz.plot_pareto_settings(rows, settings=("test", "full"))
+    fig = pareto_plot.plot_pareto_settings(rows, settings=("test", "full"))
     assert ([ax.get_title() for ax in fig.axes]
             == ["accuracy vs latency (test)", "accuracy vs latency (full)"])
     colours = [[tuple(c.get_facecolors()[0]) for c in ax.collections] for ax in fig.axes]
@@ -197,7 +197,7 @@ def test_pareto_labels_never_overlap_and_sit_nearest_their_own_marker():
     rows_file = Path(__file__).parent / "data" / "pareto_rows_smoke_run.json"
     results = json.loads(rows_file.read_text())
     names = {r["method"] for r in results["rows"] if r.get("ms_per_query")}
-    fig = viz.plot_pareto_settings(results["rows"], Figure(figsize=(13, 5.5)))
+    fig = pareto_plot.plot_pareto_settings(results["rows"], Figure(figsize=(13, 5.5)))
     for panel in _label_boxes(fig, names):
         assert len(panel) == len(names) == 18
         for i, (label, box, own, centres) in enumerate(panel):
@@ -241,14 +241,14 @@ def test_learning_curve_draws_val_and_train_against_cpu_seconds():
     plt.close("all")
 
 
-@pytest.mark.parametrize("name", sorted(viz.DIAGRAMS))
+@pytest.mark.parametrize("name", sorted(diagrams.DIAGRAMS))
 def test_each_method_diagram_draws_its_labelled_boxes_and_arrows_and_renders(name):
     import io
 
     from matplotlib.patches import FancyBboxPatch
 
-    spec = viz.DIAGRAMS[name]
-    ax = viz.draw_method(name)
+    spec = diagrams.DIAGRAMS[name]
+    ax = diagrams.draw_method(name)
     boxes = {p.get_gid()[4:]: p for p in ax.patches
              if isinstance(p, FancyBboxPatch) and p.get_gid()}
     assert set(boxes) == set(spec["boxes"])
@@ -268,10 +268,10 @@ def test_each_method_diagram_draws_its_labelled_boxes_and_arrows_and_renders(nam
     plt.close(ax.figure)
 
 
-@pytest.mark.parametrize("name", sorted(viz.DIAGRAMS))
+@pytest.mark.parametrize("name", sorted(diagrams.DIAGRAMS))
 def test_no_arrow_of_a_diagram_runs_through_another_box(name):
-    spec = viz.DIAGRAMS[name]
-    half_w, half_h = viz._BOX_W / 2 + 0.05, viz._BOX_H / 2 + 0.05
+    spec = diagrams.DIAGRAMS[name]
+    half_w, half_h = diagrams._BOX_W / 2 + 0.05, diagrams._BOX_H / 2 + 0.05
     for a, b, _ in spec["arrows"]:
         (_, x0, y0, _), (_, x1, y1, _) = spec["boxes"][a], spec["boxes"][b]
         t = np.linspace(0, 1, 500)
@@ -284,7 +284,7 @@ def test_no_arrow_of_a_diagram_runs_through_another_box(name):
 
 def test_an_unknown_diagram_names_the_known_ones():
     with pytest.raises(KeyError, match="dual_encoder"):
-        viz.draw_method("clip")
+        diagrams.draw_method("clip")
 
 
 def _inputs(spec: dict) -> dict:
@@ -297,7 +297,7 @@ def _inputs(spec: dict) -> dict:
 
 def test_ubert_cross_encoder_reads_the_cached_tower_states_not_the_raw_inputs():
     # UBERTStates: one tower pass caches each side's intra vector and the tokens BERT_cross reads
-    spec = viz.DIAGRAMS["ubert"]
+    spec = diagrams.DIAGRAMS["ubert"]
     inputs = _inputs(spec)
     raw = {key for key, feeding in inputs.items() if not feeding}
     assert raw == {"image", "caption"}
@@ -310,7 +310,7 @@ def test_ubert_cross_encoder_reads_the_cached_tower_states_not_the_raw_inputs():
 
 def test_hivlp_levels_read_their_tower_and_the_cascade_runs_coarse_to_fine():
     # one tower pass gives every level (HiVLP.image_levels): no level is computed from another
-    inputs = _inputs(viz.DIAGRAMS["hivlp"])
+    inputs = _inputs(diagrams.DIAGRAMS["hivlp"])
     for level in (1, 2, 3):
         assert inputs[f"v{level}"] == {"image"} and inputs[f"t{level}"] == {"text"}
     assert inputs["c1"] == {"v1", "t1"}

@@ -1,6 +1,8 @@
-"""The error every exercise checker raises, and how a checker reads a learner's one-number answer."""
+"""The error every exercise checker raises, and how a checker reads a one-number answer."""
 
 from numbers import Real
+
+import torch
 
 
 class ExerciseError(AssertionError):
@@ -8,11 +10,9 @@ class ExerciseError(AssertionError):
 
 
 def scalar_answer(got, label: str, hint: str) -> tuple[float, bool]:
-    """A loss the learner returned, as (its value, whether it is a tensor that can train): a 0-d (or
-    one-element) tensor, or a plain Python / numpy number, which is right for checking the value but
-    carries no gradient. Anything else raises ExerciseError naming what came back and `hint`."""
-    import torch
-
+    """A loss the learner returned, as (its value, whether it is a tensor that can train): a 0-d
+    (or one-element) tensor, or a plain number (its value checks; no gradient). Anything else
+    raises ExerciseError naming what came back and `hint`."""
     if torch.is_tensor(got) and got.numel() == 1:
         return float(got.detach()), True
     if isinstance(got, Real) and not isinstance(got, bool):
@@ -21,5 +21,5 @@ def scalar_answer(got, label: str, hint: str) -> tuple[float, bool]:
     raise ExerciseError(f"on {label}: expected one number (a 0-d tensor), got {shape}; {hint}")
 
 
-NO_GRADIENT_NOTE = ("(you returned a plain number: the value is right, but training needs the tensor itself, "
-                    "so return the loss without .item() or float())")
+NO_GRADIENT_NOTE = ("(you returned a plain number: the value is right, but training needs the "
+                    "tensor itself, so return the loss without .item() or float())")

@@ -1,9 +1,12 @@
-"""Checkers of lesson 06: the Slow model's score h(x, y) from the two decoders' logits (Fast & Slow eq. 2-3),
-and one caption scored against a gallery's cached keys / values (the timed exercise)."""
+"""Checkers of lesson 06: the Slow model's score h(x, y) from the two decoders' logits (Fast & Slow
+eq. 2-3), and one caption scored against a gallery's cached keys / values (the timed exercise)."""
 
 from __future__ import annotations
 
 import numpy as np
+import torch
+
+from course_lib.methods.fast_slow import model as fast_slow
 
 from .errors import ExerciseError
 
@@ -11,10 +14,6 @@ from .errors import ExerciseError
 def _cases(seed: int = 0):
     """(label, forward_logits, backward_logits (B, T, V) float64, input_ids, reversed_ids,
     attention_mask (B, T)): captions [CLS] words [SEP] [PAD].. of the word tokenizer's ids."""
-    import torch
-
-    from course_lib.methods.fast_slow.model import reverse_words
-
     generator = torch.Generator().manual_seed(seed)
 
     def case(lengths, V=12):
@@ -24,8 +23,9 @@ def _cases(seed: int = 0):
             ids[b, 0], ids[b, n + 1] = 2, 3  # [CLS], [SEP]
             ids[b, 1:n + 1] = torch.randint(5, V, (n,), generator=generator)  # words: ids >= 5
         mask = (ids != 0).long()
-        logits = [3 * torch.randn(len(lengths), T, V, generator=generator, dtype=torch.float64) for _ in range(2)]
-        return logits[0], logits[1], ids, reverse_words(ids, mask), mask
+        logits = [3 * torch.randn(len(lengths), T, V, generator=generator, dtype=torch.float64)
+                  for _ in range(2)]  # forward, backward: (B, T, V) each
+        return logits[0], logits[1], ids, fast_slow.reverse_words(ids, mask), mask
 
     yield "3 captions of 4, 6 and 2 words (padded)", case([4, 6, 2])
     yield "2 captions of 5 words (no padding)", case([5, 5])
@@ -34,8 +34,6 @@ def _cases(seed: int = 0):
 
 def _mistakes(forward_logits, backward_logits, input_ids, reversed_ids, attention_mask) -> list:
     """(h (B,), what to tell the learner) of the usual wrong versions."""
-    import torch
-
     words = ((input_ids > 4) & attention_mask.bool()).double()  # (B, T) word positions (ids >= 5)
     n_words = words.sum(1)
 
@@ -46,25 +44,28 @@ def _mistakes(forward_logits, backward_logits, input_ids, reversed_ids, attentio
         return (log_p.gather(2, ids[:, :, None]).squeeze(2) * mask).sum(1)
 
     def both(mask, shift=True):
-        return direction(forward_logits, input_ids, mask, shift) + direction(backward_logits, reversed_ids, mask, shift)
+        return (direction(forward_logits, input_ids, mask, shift)
+                + direction(backward_logits, reversed_ids, mask, shift))
 
     everything = torch.ones_like(words)
     right = both(words)
     return [
-        (both(words, shift=False), "the targets are not shifted: the logits at position t predict token t + 1, so "
-                                   "compare logits[:, :-1] with ids[:, 1:]"),
-        (both(everything), "padding (and [CLS] / [SEP]) counted: sum only over targets that are words, not "
-                           "[SEP] and not [PAD]"),
-        (both(attention_mask.double()), "[SEP] counted as a target: eq. 3 sums the caption's words y^1..y^L; "
-                                        "leave out [SEP] (and padding)"),
-        (right / n_words.clamp(min=1), "length-normalised: h is the plain sum of log-probabilities (eq. 3), "
-                                       "do not divide by the number of words"),
-        (right / (2 * n_words.clamp(min=1)), "length-normalised: h is the plain sum of log-probabilities "
-                                             "(eq. 3), not a mean per word"),
-        (direction(forward_logits, input_ids, words), "only the forward direction: h = h_fwd + h_bwd (eq. 2), "
-                                                      "add the backward decoder's log-likelihood of the reversed caption"),
-        (direction(backward_logits, reversed_ids, words), "only the backward direction: add h_fwd, the forward "
-                                                          "decoder's log-likelihood of the caption"),
+        (both(words, shift=False), "the targets are not shifted: the logits at position t predict "
+                                   "token t + 1, so compare logits[:, :-1] with ids[:, 1:]"),
+        (both(everything), "padding (and [CLS] / [SEP]) counted: sum only over targets that are "
+                           "words, not [SEP] and not [PAD]"),
+        (both(attention_mask.double()), "[SEP] counted as a target: eq. 3 sums the caption's words "
+                                        "y^1..y^L; leave out [SEP] (and padding)"),
+        (right / n_words.clamp(min=1), "length-normalised: h is the plain sum of log-probabilities "
+                                       "(eq. 3), do not divide by the number of words"),
+        (right / (2 * n_words.clamp(min=1)), "length-normalised: h is the plain sum of "
+                                             "log-probabilities (eq. 3), not a mean per word"),
+        (direction(forward_logits, input_ids, words), "only the forward direction: h = h_fwd + "
+                                                      "h_bwd (eq. 2), add the backward decoder's "
+                                                      "log-likelihood of the reversed caption"),
+        (direction(backward_logits, reversed_ids, words), "only the backward direction: add h_fwd, "
+                                                          "the forward decoder's log-likelihood "
+                                                          "of the caption"),
         (direction(forward_logits, input_ids, words) + direction(backward_logits, input_ids, words),
          "the backward decoder's targets are the reversed caption (reversed_ids), not input_ids"),
     ]
@@ -75,76 +76,80 @@ def check_summed_log_likelihood(fn) -> None:
     the forward decoder read input_ids ([CLS] w1 .. wL [SEP] [PAD]..), the backward decoder
     reversed_ids ([CLS] wL .. w1 [SEP]); logits (B, T, V), position t predicting token t + 1.
     Compared with course_lib.methods.fast_slow.model.summed_log_likelihood."""
-    import torch
-
-    from course_lib.methods.fast_slow.model import summed_log_likelihood
-
     def close(a, b):
         return tuple(a.shape) == tuple(b.shape) and torch.allclose(a, b, atol=1e-6, rtol=1e-6)
 
     for label, (forward, backward, ids, reversed_ids, mask) in _cases():
         B = ids.shape[0]
-        expected = summed_log_likelihood(forward, backward, ids, reversed_ids, mask).double()
+        expected = fast_slow.summed_log_likelihood(forward, backward, ids, reversed_ids, mask)
+        expected = expected.double()
         got = fn(forward.clone(), backward.clone(), ids.clone(), reversed_ids.clone(), mask.clone())
         if not torch.is_tensor(got):
             got = torch.as_tensor(np.asarray(got, dtype=np.float64))
         got = got.detach().double().cpu()
         if got.numel() == 1 and B > 1:
-            raise ExerciseError(f"on {label}: you returned one number; return one h per caption, shape ({B},): "
-                                "sum over the positions (dim 1), not over the batch")
+            raise ExerciseError(f"on {label}: you returned one number; return one h per caption, "
+                                f"shape ({B},): sum over the positions (dim 1), not over the batch")
         if tuple(got.shape) != (B,):
-            raise ExerciseError(f"on {label}: expected shape ({B},), one h per caption, got {tuple(got.shape)}")
+            raise ExerciseError(f"on {label}: expected shape ({B},), one h per caption, got "
+                                f"{tuple(got.shape)}")
         if close(got, expected):
             continue
         if close(got, -expected):
-            raise ExerciseError(f"on {label}: the sign is flipped: h is a log-likelihood (<= 0), not a loss")
+            raise ExerciseError(f"on {label}: the sign is flipped: h is a log-likelihood (<= 0), "
+                                "not a loss")
         for wrong, message in _mistakes(forward, backward, ids, reversed_ids, mask):
             if close(got, wrong):
                 raise ExerciseError(f"on {label}: {message}")
         worst = (got - expected).abs().max().item()
-        raise ExerciseError(f"on {label}: h differs from eq. 2-3 by up to {worst:.3g}: per direction, sum log_softmax "
-                            "of the logits at position t taken at token t + 1, over the word targets only")
-    print("summed log-likelihood (eq. 2-3): correct (padded and unpadded captions of 1 to 7 words, both directions)")
+        raise ExerciseError(f"on {label}: h differs from eq. 2-3 by up to {worst:.3g}: per "
+                            "direction, sum log_softmax of the logits at position t taken at "
+                            "token t + 1, over the word targets only")
+    print("summed log-likelihood (eq. 2-3): correct (padded and unpadded captions of 1 to 7 "
+          "words, both directions)")
 
 
 def _one_caption_case(seed: int = 0):
     """A tiny random SlowModel (eval mode), the cached keys / values of 6 random images, one caption
     of 5 words (1, T), and h of the caption with each image from a loop of single pairs (6,)."""
-    import torch
-
-    from course_lib.methods.fast_slow.model import SlowConfig, SlowModel
-
     torch.manual_seed(seed)
-    model = SlowModel(12, SlowConfig(hidden=16, heads=2, layers=2, channels=(4, 8, 8), dropout=0.0)).eval()
+    config = fast_slow.SlowConfig(hidden=16, heads=2, layers=2, channels=(4, 8, 8), dropout=0.0)
+    model = fast_slow.SlowModel(12, config).eval()
     with torch.no_grad():
         kvs = model.keys_values(model.visual_tokens({"pixels": torch.rand(6, 3, 32, 32)}))
-        text = {"input_ids": torch.tensor([[2, 7, 5, 9, 11, 6, 3]]), "attention_mask": torch.ones(1, 7, dtype=torch.long)}
-        expected = torch.stack([model.log_likelihood({d: [kv[:, i:i + 1] for kv in layers] for d, layers in kvs.items()},
-                                                     text)[0] for i in range(6)])
+        text = {"input_ids": torch.tensor([[2, 7, 5, 9, 11, 6, 3]]),
+                "attention_mask": torch.ones(1, 7, dtype=torch.long)}
+        expected = torch.stack([  # (6,) image i's keys / values alone
+            model.log_likelihood({d: [kv[:, i:i + 1] for kv in layers]
+                                  for d, layers in kvs.items()}, text)[0] for i in range(6)])
     return model, kvs, text, expected
 
 
 def check_score_one_caption(fn) -> None:
     """fn(model, kvs, text) -> h (N,): one caption (text: input_ids and attention_mask, (1, T))
     against the N gallery images whose cached keys / values are kvs ({"fwd", "bwd"}: per decoder
-    block a (2, N, heads, M, d) tensor). Compared with a loop of model.log_likelihood on single pairs."""
-    import torch
-
+    block a (2, N, heads, M, d) tensor). Compared with model.log_likelihood on single pairs."""
     model, kvs, text, expected = _one_caption_case()
     with torch.no_grad():
         got = fn(model, kvs, {k: v.clone() for k, v in text.items()})
     if not torch.is_tensor(got):
-        raise ExerciseError(f"return a tensor of shape ({len(expected)},), got {type(got).__name__}")
+        raise ExerciseError(f"return a tensor of shape ({len(expected)},), got "
+                            f"{type(got).__name__}")
     got = got.detach().float().cpu()
     if got.numel() == 1:
-        raise ExerciseError(f"you returned one number; return h of the caption with EACH of the {len(expected)} images: "
-                            "repeat the caption's (1, T) rows N times (expand) so pair i reads image i's keys / values")
+        raise ExerciseError(f"you returned one number; return h of the caption with EACH of the "
+                            f"{len(expected)} images: repeat the caption's (1, T) rows N times "
+                            "(expand) so pair i reads image i's keys / values")
     if tuple(got.shape) != tuple(expected.shape):
-        raise ExerciseError(f"expected shape {tuple(expected.shape)}, one h per gallery image, got {tuple(got.shape)}")
+        raise ExerciseError(f"expected shape {tuple(expected.shape)}, one h per gallery image, "
+                            f"got {tuple(got.shape)}")
     if torch.allclose(got, -expected, atol=1e-4):
-        raise ExerciseError("the sign is flipped: h is a log-likelihood (<= 0), the higher the better")
+        raise ExerciseError("the sign is flipped: h is a log-likelihood (<= 0), the higher the "
+                            "better")
     if not torch.allclose(got, expected, atol=1e-4):
         worst = (got - expected).abs().max().item()
-        raise ExerciseError(f"h differs from single-pair model.log_likelihood by up to {worst:.3g}: pass the cached kvs "
-                            "as they are and the caption repeated N times to model.log_likelihood")
-    print(f"one caption against {len(expected)} cached images: correct (matches {len(expected)} single-pair scores)")
+        raise ExerciseError(f"h differs from single-pair model.log_likelihood by up to "
+                            f"{worst:.3g}: pass the cached kvs as they are and the caption "
+                            "repeated N times to model.log_likelihood")
+    print(f"one caption against {len(expected)} cached images: correct (matches {len(expected)} "
+          "single-pair scores)")

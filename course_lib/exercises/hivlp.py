@@ -2,62 +2,68 @@
 
 from __future__ import annotations
 
+import torch
+import torch.nn.functional as F
+
+from course_lib.core.losses import contrastive_loss
+from course_lib.methods.hivlp.model import hrl_loss
+
 from .errors import NO_GRADIENT_NOTE, ExerciseError, scalar_answer
 
 
 def _hrl_cases(seed: int = 0):
-    """(label, image levels, text levels): [(B, d_l)] per level, widths growing, raw (unnormalised) vectors."""
-    import torch
-
+    """(label, image levels, text levels): [(B, d_l)] per level, widths growing, raw vectors."""
     generator = torch.Generator().manual_seed(seed)
 
     def levels(B, widths, scale=1.0):
         return [scale * torch.randn(B, w, generator=generator, dtype=torch.float64) for w in widths]
 
     yield "a batch of 6, widths 2/4/8", levels(6, (2, 4, 8)), levels(6, (2, 4, 8))
-    yield "a batch of 5, widths 3/3/5 (large scores)", levels(5, (3, 3, 5), 3.0), levels(5, (3, 3, 5), 3.0)
+    yield ("a batch of 5, widths 3/3/5 (large scores)", levels(5, (3, 3, 5), 3.0),
+           levels(5, (3, 3, 5), 3.0))
     yield "a batch of 4, two levels", levels(4, (2, 6)), levels(4, (2, 6))
     yield "a batch of 1, one level", levels(1, (4,)), levels(1, (4,))
 
 
 def _hrl_mistakes(images, texts) -> list:
     """(loss, what to tell the learner) of the usual wrong versions of eq. 6-8."""
-    import torch
-    import torch.nn.functional as F
-
-    from course_lib.core.losses import contrastive_loss
-
     def one_way(s):  # texts as queries only: CE over images per text
         return F.cross_entropy(s.T, torch.arange(len(s)))
 
     def other_way(s):  # images as queries only: CE over texts per image
         return F.cross_entropy(s, torch.arange(len(s)))
 
-    per_level = [contrastive_loss(i @ t.T) for i, t in zip(images, texts)]
-    cosine = [contrastive_loss(F.normalize(i, dim=-1) @ F.normalize(t, dim=-1).T) for i, t in zip(images, texts)]
+    levels = list(zip(images, texts, strict=True))  # [(image (B, d_l), text (B, d_l))] per level
+    per_level = [contrastive_loss(i @ t.T) for i, t in levels]
+    cosine = [contrastive_loss(F.normalize(i, dim=-1) @ F.normalize(t, dim=-1).T)
+              for i, t in levels]
     return [
-        (sum(per_level) / len(per_level), "you averaged the levels; eq. 8 sums them, each with weight 1"),
+        (sum(per_level) / len(per_level), "you averaged the levels; eq. 8 sums them, each with "
+                                          "weight 1"),
         (per_level[-1], "only the last level is there: eq. 8 sums L_RL over every level"),
         (per_level[0], "only the first level is there: eq. 8 sums L_RL over every level"),
-        (sum(2 * v for v in per_level), "each level's two cross-entropies were added without the 1/2 of eq. 7"),
-        (sum(one_way(i @ t.T) for i, t in zip(images, texts)),
-         "only one direction is there, text-to-image (eq. 6); eq. 7 averages it with image-to-text"),
-        (sum(other_way(i @ t.T) for i, t in zip(images, texts)),
-         "only one direction is there, image-to-text; eq. 7 averages it with text-to-image (eq. 6)"),
-        (sum(one_way(i @ t.T) / 2 for i, t in zip(images, texts)),
-         "only one direction is there (text-to-image, halved): eq. 7 is the mean of both directions"),
-        (sum(other_way(i @ t.T) / 2 for i, t in zip(images, texts)),
-         "only one direction is there (image-to-text, halved): eq. 7 is the mean of both directions"),
-        (sum(cosine), "you normalised the vectors: S^l (eq. 5) is a raw inner product, no cosine, no temperature"),
+        (sum(2 * v for v in per_level), "each level's two cross-entropies were added without the "
+                                        "1/2 of eq. 7"),
+        (sum(one_way(i @ t.T) for i, t in levels),
+         "only one direction is there, text-to-image (eq. 6); eq. 7 averages it with "
+         "image-to-text"),
+        (sum(other_way(i @ t.T) for i, t in levels),
+         "only one direction is there, image-to-text; eq. 7 averages it with text-to-image (eq. "
+         "6)"),
+        (sum(one_way(i @ t.T) / 2 for i, t in levels),
+         "only one direction is there (text-to-image, halved): eq. 7 is the mean of both "
+         "directions"),
+        (sum(other_way(i @ t.T) / 2 for i, t in levels),
+         "only one direction is there (image-to-text, halved): eq. 7 is the mean of both "
+         "directions"),
+        (sum(cosine), "you normalised the vectors: S^l (eq. 5) is a raw inner product, no "
+                      "cosine, no temperature"),
     ]
 
 
 def check_hrl_loss(fn) -> None:
-    """fn(image_levels, text_levels) -> L_HRL (eq. 8), a scalar: image_levels[l] (B, d_l) and text_levels[l]
-    (B, d_l), pair i in row i of every level. Compared with course_lib.methods.hivlp.model.hrl_loss."""
-
-    from course_lib.methods.hivlp.model import hrl_loss
-
+    """fn(image_levels, text_levels) -> L_HRL (eq. 8), a scalar: image_levels[l] (B, d_l) and
+    text_levels[l] (B, d_l), pair i in row i of every level; against the library's hrl_loss."""
     plain_number = False
     for label, images, texts in _hrl_cases():
         expected = float(hrl_loss(images, texts))
@@ -65,14 +71,15 @@ def check_hrl_loss(fn) -> None:
         value, trainable = scalar_answer(got, label, "sum the levels' losses into one scalar")
         plain_number |= not trainable
         if trainable and not got.requires_grad:
-            raise ExerciseError("the loss carries no gradient back to the level vectors: keep it in torch (no "
-                                ".item(), .numpy() or float() inside)")
+            raise ExerciseError("the loss carries no gradient back to the level vectors: keep it "
+                                "in torch (no .item(), .numpy() or float() inside)")
         if abs(value - expected) <= 1e-5 * max(1.0, abs(expected)):
             continue
         for wrong, message in _hrl_mistakes(images, texts):
             if abs(value - float(wrong)) <= 1e-5 * max(1.0, abs(float(wrong))):
                 raise ExerciseError(f"on {label}: {message}")
-        raise ExerciseError(f"on {label}: expected {expected:.6f}, got {value:.6f}; L_HRL = sum over levels of "
-                            "(CE over images per text + CE over texts per image) / 2 on S^l = image_l @ text_l.T")
+        raise ExerciseError(f"on {label}: expected {expected:.6f}, got {value:.6f}; L_HRL = sum "
+                            "over levels of (CE over images per text + CE over texts per image) / "
+                            "2 on S^l = image_l @ text_l.T")
     print("HRL loss: correct (1 to 3 levels, batches of 1 to 6, raw inner products)" +
           (f" {NO_GRADIENT_NOTE}" if plain_number else ""))

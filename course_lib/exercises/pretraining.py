@@ -2,29 +2,30 @@
 
 from __future__ import annotations
 
+import torch
+import torch.nn.functional as F
+
+from course_lib.core.losses import IGNORE, contrastive_loss
+from course_lib.core.tokens import WORD_SPECIAL_TOKENS
+
 from .errors import NO_GRADIENT_NOTE, ExerciseError, scalar_answer
 
 
 def _cmr_cases(seed: int = 0):
     """(label, (B, B) float64 scores): random batches, then hand-made ones where the two
     directions of CMR disagree (so a one-direction answer cannot pass) and a batch of one."""
-    import torch
-
     generator = torch.Generator().manual_seed(seed)
     for batch in (5, 16, 2):  # 5 first: there summing over the batch and not halving differ
         yield f"a random {batch}x{batch} batch", 3 * torch.randn(batch, batch, generator=generator,
                                                                   dtype=torch.float64)
     yield "a non-symmetric 2x2 batch", torch.tensor([[2.0, 0.0], [3.0, 1.0]], dtype=torch.float64)
-    yield "a non-symmetric 3x3 batch", torch.tensor([[4.0, 1.0, -2.0], [0.5, 0.0, 3.0], [-1.0, 2.0, 1.5]],
-                                                    dtype=torch.float64)
+    yield "a non-symmetric 3x3 batch", torch.tensor(
+        [[4.0, 1.0, -2.0], [0.5, 0.0, 3.0], [-1.0, 2.0, 1.5]], dtype=torch.float64)
     yield "a batch of one pair", torch.tensor([[0.7]], dtype=torch.float64)
 
 
 def _cmr_mistakes(scores) -> list[tuple[float, str]]:
     """Losses of the usual wrong CMRs on scores, each with what to tell the learner."""
-    import torch
-    import torch.nn.functional as F
-
     targets = torch.arange(len(scores))
     per_image = F.cross_entropy(scores, targets)  # text retrieval: softmax over each row
     per_text = F.cross_entropy(scores.t(), targets)  # image retrieval: softmax over each column
@@ -33,23 +34,21 @@ def _cmr_mistakes(scores) -> list[tuple[float, str]]:
     denominators = (torch.logsumexp(negatives_only, 1) + torch.logsumexp(negatives_only, 0)) / 2
     no_positive = denominators - scores.diagonal()
     return [
-        (float(per_image), "only the image->text direction (a softmax over each row) is there; eq. 6 "
-                           "also needs the text->image one (a softmax over each column)"),
-        (float(per_text), "only the text->image direction (a softmax over each column) is there; eq. 6 "
-                          "also needs the image->text one (a softmax over each row)"),
-        (float(per_image + per_text), "you added the two directions but did not halve the sum (eq. 6: 1/2n)"),
-        (float((per_image + per_text) / 2 * len(scores)), "you summed over the batch; CMR averages over the "
-                                                           "n pairs (eq. 6: 1/2n)"),
-        (float(no_positive.mean()), "the positive pair is missing from the softmax's denominator; it runs "
-                                    "over all n candidates, the positive included"),
+        (float(per_image), "only the image->text direction (a softmax over each row) is there; "
+         "eq. 6 also needs the text->image one (a softmax over each column)"),
+        (float(per_text), "only the text->image direction (a softmax over each column) is there; "
+         "eq. 6 also needs the image->text one (a softmax over each row)"),
+        (float(per_image + per_text),
+         "you added the two directions but did not halve the sum (eq. 6: 1/2n)"),
+        (float((per_image + per_text) / 2 * len(scores)),
+         "you summed over the batch; CMR averages over the n pairs (eq. 6: 1/2n)"),
+        (float(no_positive.mean()), "the positive pair is missing from the softmax's denominator; "
+         "it runs over all n candidates, the positive included"),
     ]
 
 
 def check_cmr_loss(fn) -> None:
     """fn(scores (B, B) images x texts, positives on the diagonal) -> LightningDOT's CMR, eq. 6."""
-
-    from course_lib.core.losses import contrastive_loss
-
     plain_number = False
     for label, scores in _cmr_cases():
         expected = float(contrastive_loss(scores))
@@ -58,27 +57,24 @@ def check_cmr_loss(fn) -> None:
         value, trainable = scalar_answer(got, label, "average the per-query losses into one scalar")
         plain_number |= not trainable
         if trainable and not got.requires_grad:
-            raise ExerciseError("the loss carries no gradient back to the scores: keep it in torch (no "
-                                ".item(), .numpy() or float() inside), or training cannot use it")
+            raise ExerciseError("the loss carries no gradient back to the scores: keep it in "
+                                "torch (no .item(), .numpy() or float() inside), or training "
+                                "cannot use it")
         if abs(value - expected) <= 1e-5 * max(1.0, abs(expected)):  # float32 answers pass too
             continue
         for wrong, message in _cmr_mistakes(scores):
             if abs(value - wrong) <= 1e-5 * max(1.0, abs(wrong)):
                 raise ExerciseError(f"on {label}: {message}")
         raise ExerciseError(f"on {label} expected {expected:.6f}, got {value:.6f}; CMR is "
-                            "(cross-entropy of each row against its diagonal + the same for each column) / 2, "
-                            "each averaged over the batch")
+                            "(cross-entropy of each row against its diagonal + the same for each "
+                            "column) / 2, each averaged over the batch")
     print("CMR loss: correct (both directions, averaged, batches of 1 to 16)" +
           (f" {NO_GRADIENT_NOTE}" if plain_number else ""))
 
 
 def _caption_batch(n: int, vocab_size: int, generator, lengths=(1, 14), special=None):
     """n captions [CLS] w.. [SEP] [PAD].. with lengths (in words) drawn from `lengths`, inclusive;
-    words uniform over the non-special ids; special: SpecialTokens (default the word tokenizer's)."""
-    import torch
-
-    from course_lib.core.tokens import WORD_SPECIAL_TOKENS
-
+    words uniform over non-special ids; special: SpecialTokens (default: the word tokenizer's)."""
     special = special or WORD_SPECIAL_TOKENS
     words = torch.randint(lengths[0], lengths[1] + 1, (n,), generator=generator)  # (n,)
     width = int(words.max()) + 2
@@ -94,47 +90,43 @@ def _caption_batch(n: int, vocab_size: int, generator, lengths=(1, 14), special=
 
 def _masking_invariants(ids, real, masked, labels, special=None) -> None:
     """What must hold for every call of a BERT masking, whatever its random draws."""
-    from course_lib.core.losses import IGNORE
-    from course_lib.core.tokens import WORD_SPECIAL_TOKENS
-
     special = special or WORD_SPECIAL_TOKENS
-
     if tuple(masked.shape) != tuple(ids.shape) or tuple(labels.shape) != tuple(ids.shape):
-        raise ExerciseError(f"masked_ids and labels must both have the shape of input_ids {tuple(ids.shape)}, "
-                            f"got {tuple(masked.shape)} and {tuple(labels.shape)}")
+        raise ExerciseError(f"masked_ids and labels must both have the shape of input_ids "
+                            f"{tuple(ids.shape)}, got {tuple(masked.shape)} and "
+                            f"{tuple(labels.shape)}")
     picked = labels != IGNORE
     if float(picked.double().mean()) > 0.5:
-        raise ExerciseError(f"labels must be IGNORE ({IGNORE}) at every position you did not pick (other words, "
-                            "[CLS], [SEP], padding), so that only the masked words count in the loss")
+        raise ExerciseError(f"labels must be IGNORE ({IGNORE}) at every position you did not pick "
+                            "(other words, [CLS], [SEP], padding), so that only the masked words "
+                            "count in the loss")
     for token, name in ((special.cls, "[CLS]"), (special.sep, "[SEP]"), (special.pad, "[PAD]")):
         spot = ids == token
         if (picked & spot).any() or (masked[spot] != token).any():
-            raise ExerciseError(f"{name} was picked or changed; only real words may be masked (skip the [CLS], "
-                                "[SEP] and [PAD] ids, and the positions where attention_mask is 0)")
+            raise ExerciseError(f"{name} was picked or changed; only real words may be masked "
+                                "(skip the [CLS], [SEP] and [PAD] ids, and the positions where "
+                                "attention_mask is 0)")
     if (labels[picked] != ids[picked]).any():
-        raise ExerciseError("at a picked word, labels must hold its original id (what the model must predict)")
+        raise ExerciseError("at a picked word, labels must hold its original id (what the model "
+                            "must predict)")
     if (masked[~picked] != ids[~picked]).any():
-        raise ExerciseError("a word you did not pick was changed (its label is IGNORE); only picked words may "
-                            "differ from input_ids")
+        raise ExerciseError("a word you did not pick was changed (its label is IGNORE); only "
+                            "picked words may differ from input_ids")
     missed = real.any(1) & ~picked.any(1)
     if missed.any():
-        raise ExerciseError(f"{int(missed.sum())} caption(s) have no picked word; pick at least one per "
-                            "caption (UNITER: the caption's first real word, when the coin flips picked none)")
+        raise ExerciseError(f"{int(missed.sum())} caption(s) have no picked word; pick at least "
+                            "one per caption (UNITER: the caption's first real word, when the coin "
+                            "flips picked none)")
 
 
 def check_mask_tokens(fn, vocab_size: int = 120) -> None:
     """fn(input_ids, attention_mask, vocab_size, mask_prob, generator) -> (masked_ids, labels), the
     contract of course_lib.core.losses.mask_tokens: real words picked with probability mask_prob (at
     least one per caption), 80% -> [MASK], 10% -> a random word, 10% kept; labels IGNORE elsewhere.
-    Where the coin flips picked none, UNITER (and the library) picks the caption's first real word
-    and makes it [MASK]; the checker accepts any one forced word, and says so when yours is not the
-    first (a mask_prob of 0 shows the forced picks alone).
-    The batches use the word tokenizer's ids (WORD_SPECIAL_TOKENS: [PAD]=0 .. [MASK]=4), the ids the
-    exercise's fn takes from course_lib.data.tokenizer."""
-    import torch
-
-    from course_lib.core.losses import IGNORE
-    from course_lib.core.tokens import WORD_SPECIAL_TOKENS as special
+    Where the coin flips picked none, UNITER (and the library) makes the caption's first real word
+    [MASK]; any one forced word passes, with a note when not the first (mask_prob 0 shows the
+    forced picks alone). Ids: the word tokenizer's (WORD_SPECIAL_TOKENS: [PAD]=0 .. [MASK]=4)."""
+    special = WORD_SPECIAL_TOKENS
 
     def run(ids, attention, mask_prob, seed):
         before = ids.clone()
@@ -142,7 +134,8 @@ def check_mask_tokens(fn, vocab_size: int = 120) -> None:
         if not (isinstance(out, (tuple, list)) and len(out) == 2):
             raise ExerciseError("return two tensors: (masked_ids, labels)")
         if not torch.equal(ids, before):
-            raise ExerciseError("input_ids was changed in place; clone it first (masked = input_ids.clone())")
+            raise ExerciseError("input_ids was changed in place; clone it first "
+                                "(masked = input_ids.clone())")
         return torch.as_tensor(out[0]), torch.as_tensor(out[1])
 
     generator, rates = torch.Generator().manual_seed(0), {}
@@ -156,25 +149,29 @@ def check_mask_tokens(fn, vocab_size: int = 120) -> None:
         expected = float((words * mask_prob + (1 - mask_prob) ** words).sum() / words.sum())
         rates[mask_prob] = rate = float((labels != IGNORE).sum() / real.sum())
         if n >= 3000 and not (mask_prob - 0.02 <= rate <= expected + 0.03):
-            raise ExerciseError(f"with mask_prob={mask_prob} you picked {100 * rate:.1f}% of the words; expected "
-                                f"about {100 * expected:.1f}% (each word with probability mask_prob, plus one "
-                                "forced pick where a caption got none)")
+            raise ExerciseError(f"with mask_prob={mask_prob} you picked {100 * rate:.1f}% of the "
+                                f"words; expected about {100 * expected:.1f}% (each word with "
+                                "probability mask_prob, plus one forced pick where a caption got "
+                                "none)")
     ids0, attention0, real0 = _caption_batch(200, vocab_size, generator, (1, 8), special)
-    masked0, labels0 = run(ids0, attention0, 0.0, seed=7)  # no coin picks: every pick is a forced one
+    masked0, labels0 = run(ids0, attention0, 0.0, seed=7)  # no coin picks: every pick is forced
     _masking_invariants(ids0, real0, masked0, labels0, special)
     first = real0 & (real0.cumsum(1) == 1)  # (n, T) each caption's first real word
     if not torch.equal(labels0 != IGNORE, first) or (masked0[first] != special.mask).any():
-        print("note: where the coin flips picked no word you force one word, but not always the caption's "
-              "first, or not always as [MASK]; UNITER's rule (and course_lib.core.losses.mask_tokens) forces "
-              "the first real word and makes it [MASK]. Accepted: either way every caption is in the loss.")
-    if not all(torch.equal(a, b) for a, b in zip(run(ids, attention, 0.15, 1), run(ids, attention, 0.15, 1))):
-        raise ExerciseError("two calls with generators of the same seed gave different masks; draw every "
-                            "random number from `generator` (torch.rand(..., generator=generator))")
+        print("note: where the coin flips picked no word you force one word, but not always the "
+              "caption's first, or not always as [MASK]; UNITER's rule (and "
+              "course_lib.core.losses.mask_tokens) forces the first real word and makes it [MASK]. "
+              "Accepted: either way every caption is in the loss.")
+    once, again = run(ids, attention, 0.15, 1), run(ids, attention, 0.15, 1)
+    if not all(torch.equal(a, b) for a, b in zip(once, again, strict=True)):  # (masked, labels)
+        raise ExerciseError("two calls with generators of the same seed gave different masks; draw "
+                            "every random number from `generator` (torch.rand(..., "
+                            "generator=generator))")
     picked = labels != IGNORE  # the mask_prob = 0.4 batch: about 10k picked words
     became, original = masked[picked], ids[picked]
     if (torch.isin(became, torch.tensor(special.all)) & (became != special.mask)).any():
-        raise ExerciseError(f"some random replacements are special tokens; draw them from the real words, "
-                            f"ids {len(special.all)} .. vocab_size - 1")
+        raise ExerciseError(f"some random replacements are special tokens; draw them from the real "
+                            f"words, ids {len(special.all)} .. vocab_size - 1")
     shares = {"[MASK]": (became == special.mask),
               "a random word": (became != special.mask) & (became != original),
               "kept": became == original}
@@ -182,7 +179,9 @@ def check_mask_tokens(fn, vocab_size: int = 120) -> None:
     for what, target in (("[MASK]", 0.8), ("a random word", 0.1), ("kept", 0.1)):
         if abs(shares[what] - target) > 0.03:
             split = ", ".join(f"{100 * v:.0f}% {k}" for k, v in shares.items())
-            raise ExerciseError(f"of the picked words {split}; BERT's split is 80% [MASK], 10% a random word, "
-                                f"10% kept (one uniform draw per picked word decides which)")
+            raise ExerciseError(f"of the picked words {split}; BERT's split is 80% [MASK], 10% a "
+                                "random word, 10% kept (one uniform draw per picked word decides "
+                                "which)")
     print(f"mask_tokens: correct ({100 * rates[0.15]:.1f}% of the words picked at mask_prob 0.15, "
-          f"{100 * rates[0.4]:.1f}% at 0.4; " + ", ".join(f"{100 * v:.0f}% {k}" for k, v in shares.items()) + ")")
+          f"{100 * rates[0.4]:.1f}% at 0.4; "
+          + ", ".join(f"{100 * v:.0f}% {k}" for k, v in shares.items()) + ")")

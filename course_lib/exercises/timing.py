@@ -1,15 +1,17 @@
-"""Checker of the timing exercises (lessons 00-03): the latency rows a learner measured have the shape
-`course_lib.core.timing.latency_vs_gallery` gives, and a timed search answers what it should.
+"""Checker of the timing exercises (lessons 00-03): the latency rows a learner measured have the
+shape `course_lib.core.timing.latency_vs_gallery` gives, and a timed search answers what it should.
 
-A time itself cannot be checked against an answer (it depends on the machine), so the checker looks at
-what can be wrong: a size missing or timed twice, a gallery measured that should have been
-extrapolated (or the reverse), a time that is not a positive number, an extrapolation below what was
-measured, and, where the exercise builds a search, whether it returns the true top 10.
+A time depends on the machine, so the checker looks at what can be wrong: a size missing or timed
+twice, a gallery measured that should be extrapolated (or the reverse), a time that is not a
+positive number, an extrapolation below what was measured, and whether a search returns the true
+top 10.
 """
 
 from __future__ import annotations
 
 import math
+
+import torch
 
 from .errors import ExerciseError
 
@@ -18,42 +20,46 @@ def check_latency_rows(rows, sizes, measured_up_to=None, label: str = "your rows
     """rows: [{"n", "ms_per_query", "measured"}, ...] for every gallery size in `sizes`, ascending;
     measured up to `measured_up_to` (None: all) and extrapolated beyond."""
     if not isinstance(rows, (list, tuple)) or not all(isinstance(r, dict) for r in rows):
-        raise ExerciseError(f"{label}: expected a list of dicts (what latency_vs_gallery returns), got "
-                            f"{type(rows).__name__}")
+        raise ExerciseError(f"{label}: expected a list of dicts (what latency_vs_gallery returns), "
+                            f"got {type(rows).__name__}")
     wanted = sorted({int(n) for n in sizes})
     got = [r.get("n") for r in rows]
     if got != wanted:
-        raise ExerciseError(f"{label}: expected one row per gallery size {wanted}, in that order, got sizes {got}: "
-                            "pass every size (the measured and the extrapolated ones) to latency_vs_gallery")
+        raise ExerciseError(f"{label}: expected one row per gallery size {wanted}, in that order, "
+                            f"got sizes {got}: pass every size (the measured and the extrapolated "
+                            "ones) to latency_vs_gallery")
     for r in rows:
         ms = r.get("ms_per_query")
         if not isinstance(ms, (int, float)) or not math.isfinite(ms) or ms <= 0:
-            raise ExerciseError(f"{label}: N = {r['n']:,} has ms_per_query {ms!r}; a time must be a positive number")
+            raise ExerciseError(f"{label}: N = {r['n']:,} has ms_per_query {ms!r}; a time must be "
+                                "a positive number")
         should = measured_up_to is None or r["n"] <= measured_up_to
         if bool(r.get("measured")) != should:
-            raise ExerciseError(f"{label}: N = {r['n']:,} was {'measured' if r.get('measured') else 'extrapolated'}, "
-                                f"but the exercise measures galleries up to {measured_up_to:,} and extrapolates the "
-                                "rest: pass max_measured")
+            raise ExerciseError(f"{label}: N = {r['n']:,} was "
+                                f"{'measured' if r.get('measured') else 'extrapolated'}, but the "
+                                f"exercise measures galleries up to {measured_up_to:,} and "
+                                "extrapolates the rest: pass max_measured")
     measured = [r for r in rows if r["measured"]]
     for r in rows:
         if not r["measured"] and measured and r["ms_per_query"] < measured[-1]["ms_per_query"]:
-            raise ExerciseError(f"{label}: the extrapolated N = {r['n']:,} costs less than the largest measured "
-                                "gallery; a bigger gallery cannot be cheaper (use latency_vs_gallery's estimate)")
-    print(f"{label}: {len(measured)} measured and {len(rows) - len(measured)} extrapolated gallery sizes, "
-          "in the right shape")
+            raise ExerciseError(f"{label}: the extrapolated N = {r['n']:,} costs less than the "
+                                "largest measured gallery; a bigger gallery cannot be cheaper "
+                                "(use latency_vs_gallery's estimate)")
+    print(f"{label}: {len(measured)} measured and {len(rows) - len(measured)} extrapolated gallery "
+          "sizes, in the right shape")
 
 
 def check_top_k(got, expected, label: str = "your search") -> None:
-    """The indices a timed search returned, against the true top k (the same set, best first up to ties)."""
-    import torch
-
+    """A timed search's indices against the true top k (the same set, best first up to ties)."""
     got = torch.as_tensor(got).reshape(-1).cpu()
     expected = torch.as_tensor(expected).reshape(-1).cpu()
     if len(got) != len(expected):
-        raise ExerciseError(f"{label}: returned {len(got)} indices, expected the top {len(expected)}")
+        raise ExerciseError(f"{label}: returned {len(got)} indices, expected the top "
+                            f"{len(expected)}")
     if set(got.tolist()) != set(expected.tolist()):
-        raise ExerciseError(f"{label}: returned {sorted(got.tolist())}, but the top {len(expected)} are "
-                            f"{sorted(expected.tolist())}: is it searching the first n items, with the right query?")
+        raise ExerciseError(f"{label}: returned {sorted(got.tolist())}, but the top "
+                            f"{len(expected)} are {sorted(expected.tolist())}: is it searching "
+                            "the first n items, with the right query?")
     print(f"{label}: returns the true top {len(expected)}")
 
 

@@ -1,28 +1,15 @@
 """Lesson 06's measuring tools for Fast & Slow (notebook 06): what the registered methods do, taken
-apart so that one expensive pass serves many questions.
-
-    slow_direction_scores   h_fwd and h_bwd (Q, N) of sampled captions against every gallery image,
-                            from cached keys / values: Slow's R@k, Table 1's forward-only row, and
-                            every cascade below, from ONE pass of the decoders
-    cascade_ranks           eq. 9 on dense scores: the first stage's top K re-ordered by
-                            h + beta * f.g, the rest in the first stage's order (what
-                            `methods.fast_slow.method.FastSlowCascade.rank` returns), for any K and beta
-                            without scoring a pair again
-    teacher_batches         a fixed pool of training batches with the teacher's (B, B) h matrix
-                            of each, paid once (the Table 8 grid then costs student steps only)
-    distill_from_cache      eq. 8 (or eq. 4 alone: the no-teacher control) on that pool, from a
-                            trained Fast model
-    softmax_entropy         how flat the per-caption teacher targets softmax(h / tau) are
-    kl_to_teacher           how far a student's softmax(f.g / tau) sits from those targets on held-out
-                            batches: did distillation teach the student the teacher's preferences?
-    mined_students          the library's distillation over mined candidates beside a perfect teacher
-                            and two controls (the candidates without the teacher; eq. 4 alone), from one
-                            trained Fast model
-    perfect_teacher_loss    eq. 5-7 over the batch with exactly right targets, from the generator's
-                            ground truth: what no teacher can beat
-
-The pool trades data for time: its students see n_batches x B training pairs again and again,
-where `fast-distilled` draws fresh batches (and pays the teacher) every step; the notebook says so.
+apart so that one expensive pass serves many questions. slow_direction_scores: h_fwd and h_bwd
+(Q, N) of sampled captions against every gallery image from cached keys / values, so Slow's R@k,
+Table 1's forward-only row and every cascade come from ONE pass of the decoders; cascade_ranks:
+eq. 9 on those dense scores for any K and beta; teacher_batches: a fixed pool of batches with the
+teacher's (B, B) h of each, paid once, so distill_from_cache's Table 8 grid (eq. 8, or eq. 4 alone:
+the no-teacher control) costs student steps only; softmax_entropy and kl_to_teacher: how flat the
+targets softmax(h / tau) are and how far a student's softmax(f.g / tau) sits from them;
+mined_students: the library's distillation over mined candidates beside a perfect teacher
+(perfect_teacher_loss: the generator's ground truth) and two controls. The pool trades data for
+time: its students see n_batches x B pairs again and again, where `fast-distilled` draws fresh
+batches (and pays the teacher) every step; the notebook says so.
 """
 
 from __future__ import annotations
@@ -42,14 +29,14 @@ from course_lib.core.train_config import train_config
 from course_lib.data.captions import satisfies
 from course_lib.data.datasets import PairCollate, PairDataset
 from course_lib.methods.base import fit_pairs
-from course_lib.methods.fast_slow.distill import mine_candidates, mined_distill_loss
+from course_lib.methods.fast_slow import distill
 from course_lib.methods.fast_slow.method import SlowStates, nce_loss
-from course_lib.methods.fast_slow.distill import teacher_scores
 from course_lib.methods.fast_slow.model import FastConfig, FastModel, SlowModel
 
 
-def direction_log_likelihoods(model: SlowModel, kvs: dict, texts: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    """(h_fwd, h_bwd), each (B,), of B aligned pairs: eq. 3 per direction (their sum is h, eq. 2)."""
+def direction_log_likelihoods(model: SlowModel, kvs: dict,
+                              texts: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """(h_fwd, h_bwd), each (B,), of B aligned pairs: eq. 3 per direction (their sum: h, eq. 2)."""
     forward, backward, reversed_ids = model.logits(kvs, texts)
     ids, mask = texts["input_ids"], texts["attention_mask"]
     words = word_mask(ids, mask, model.special)[:, 1:].float()  # (B, T-1) targets that are words
@@ -60,31 +47,36 @@ def direction_log_likelihoods(model: SlowModel, kvs: dict, texts: dict) -> tuple
     return out[0], out[1]
 
 
-def slow_direction_scores(model: SlowModel, states: SlowStates, text_queries, *, batch_size: int = 1024,
-                          device=None, progress: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def slow_direction_scores(model: SlowModel, states: SlowStates, text_queries, *,
+                          batch_size: int = 1024, device=None,
+                          progress: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """h_fwd and h_bwd (Q, N) of the captions text_queries (Q,) against every image of the split
     the states were computed on; h = their sum. Pairs run query-major, batch_size at a time."""
     queries = torch.as_tensor(np.asarray(text_queries), dtype=torch.long)  # (Q,)
     N = states.kvs["fwd"][0].shape[1]
-    images, texts = torch.arange(N).repeat(len(queries)), queries.repeat_interleave(N)  # (Q*N,) each
+    images = torch.arange(N).repeat(len(queries))  # (Q*N,) query-major
+    texts = queries.repeat_interleave(N)  # (Q*N,)
     fwd, bwd = torch.empty(len(images)), torch.empty(len(images))
     with inference(model, device) as device:
-        for start in tqdm(range(0, len(images), batch_size), desc="slow pairs", disable=not progress, leave=False):
+        for start in tqdm(range(0, len(images), batch_size), desc="slow pairs",
+                          disable=not progress, leave=False):
             rows = slice(start, start + batch_size)
-            kvs = {d: [kv.to(device) for kv in layers] for d, layers in states.image(images[rows]).items()}
+            kvs = {d: [kv.to(device) for kv in layers]
+                   for d, layers in states.image(images[rows]).items()}
             text = {k: v.to(device) for k, v in states.text(texts[rows]).items()}
             f, b = direction_log_likelihoods(model, kvs, text)
             fwd[rows], bwd[rows] = f.cpu(), b.cpu()
     return fwd.view(len(queries), N), bwd.view(len(queries), N)
 
 
-def cascade_ranks(first: torch.Tensor, second: torch.Tensor, truth, top_k: int, beta: float = 0.0) -> np.ndarray:
+def cascade_ranks(first: torch.Tensor, second: torch.Tensor, truth, top_k: int,
+                  beta: float = 0.0) -> np.ndarray:
     """0-based rank of each query's true item under eq. 9 on dense scores: first, second (Q, N);
     the first stage's top_k re-ordered by second + beta * first (ties kept in the first stage's
     order), every other item after them in the first stage's order. truth (Q,) -> ranks (Q,)."""
     first, second = torch.as_tensor(first).float(), torch.as_tensor(second).float()
     truth = torch.as_tensor(np.asarray(truth), dtype=torch.long)
-    order = torch.argsort(first, dim=1, descending=True, stable=True)  # (Q, N) the first stage's ranking
+    order = torch.argsort(first, dim=1, descending=True, stable=True)  # (Q, N) the first ranking
     top = order[:, :top_k]  # (Q, K)
     combined = second.gather(1, top) + beta * first.gather(1, top)  # (Q, K)
     top = top.gather(1, torch.argsort(combined, dim=1, descending=True, stable=True))
@@ -102,31 +94,31 @@ def softmax_entropy(scores: torch.Tensor, tau: float) -> torch.Tensor:
 def kl_to_teacher(model: FastModel, batches: list[dict], tau: float) -> float:
     """Mean over the captions of `batches` (teacher_batches of a held-out split) of
     KL(softmax(h / tau) || softmax(f.g / tau)) over each batch's images, in nats: eq. 6's
-    cross-entropy minus the targets' own entropy, so 0 means the student ranks exactly as the teacher."""
+    cross-entropy minus the targets' own entropy; 0: the student ranks exactly as the teacher."""
     total, captions = 0.0, 0
     with inference(model) as device:
         for batch in batches:
-            student = batch_scores(*model(move_to_device(batch, device))).cpu()  # (B, B) rows images, columns captions
+            # (B, B) rows images, columns captions
+            student = batch_scores(*model(move_to_device(batch, device))).cpu()
             cross = distillation_loss(student, batch["teacher"], tau=tau, reduction="sum")
             total += float(cross - softmax_entropy(batch["teacher"], tau).sum())
             captions += student.shape[1]
     return total / captions
 
 
-def teacher_batches(teacher: SlowModel, split, tokenizer, n_batches: int, batch_size: int, *, seed: int = 0,
-                    progress: bool = False) -> list[dict]:
+def teacher_batches(teacher: SlowModel, split, tokenizer, n_batches: int, batch_size: int, *,
+                    seed: int = 0, progress: bool = False) -> list[dict]:
     """n_batches PairCollate batches of batch_size distinct captions of `split` (drawn with `seed`),
-    each with "teacher": the teacher's h of its B x B pairs (rows images, columns captions). Pays
-    n_batches x B^2 decoder passes once."""
+    each with "teacher": the teacher's h of its B x B pairs (rows images); B^2 passes per batch."""
     dataset, collate = PairDataset(split, modality="pixels"), PairCollate(tokenizer)
     rows = np.random.default_rng(seed).permutation(len(dataset))
     if n_batches * batch_size > len(rows):
-        raise ValueError(f"{n_batches} batches of {batch_size} need {n_batches * batch_size} pairs; the split has "
-                         f"{len(rows)}")
+        raise ValueError(f"{n_batches} batches of {batch_size} need {n_batches * batch_size} "
+                         f"pairs; the split has {len(rows)}")
     out = []
     for b in tqdm(range(n_batches), desc="teacher batches", disable=not progress, leave=False):
         batch = collate([dataset[int(i)] for i in rows[b * batch_size:(b + 1) * batch_size]])
-        out.append({**batch, "teacher": teacher_scores(teacher, batch).cpu()})  # (B, B)
+        out.append({**batch, "teacher": distill.teacher_scores(teacher, batch).cpu()})  # (B, B)
     return out
 
 
@@ -138,34 +130,33 @@ def cached_distill_loss(config: FastConfig, with_teacher: bool = True):
         nce = joint_nce_loss(student)
         if not with_teacher:
             return {"loss": nce, "nce": nce}
-        distill = distillation_loss(student, batch["teacher"], tau=config.tau)
-        return {"loss": distill + config.alpha * nce, "distill": distill, "nce": nce}
+        soft = distillation_loss(student, batch["teacher"], tau=config.tau)
+        return {"loss": soft + config.alpha * nce, "distill": soft, "nce": nce}
 
     return loss_fn
 
 
-def distill_from_cache(init: FastModel, batches: list[dict], config: FastConfig, *, steps: int, lr: float,
-                       with_teacher: bool = True, progress: bool = False, device=None):
-    """A copy of the trained Fast model `init`, `steps` more AdamW steps (peak lr, config's warm-up,
-    clip and seed) of cached_distill_loss over `batches` (one batch a step, reshuffled each pass).
-    -> (model in eval mode, history)"""
+def distill_from_cache(init: FastModel, batches: list[dict], config: FastConfig, *, steps: int,
+                       lr: float, with_teacher: bool = True, progress: bool = False, device=None):
+    """-> (model in eval mode, history): a copy of the trained Fast `init`, `steps` more AdamW steps
+    (peak lr, config's warm-up, clip, seed) of cached_distill_loss, a batch a step, reshuffled."""
     seed_everything(config.seed)
     model = copy.deepcopy(init).train()
-    train = train_config(config, batch_size=1, max_steps=steps, lr=lr, log_every=25, progress=progress,
-                         device=device)
+    train = train_config(config, batch_size=1, max_steps=steps, lr=lr, log_every=25,
+                         progress=progress, device=device)
     history = Trainer(model, cached_distill_loss(config, with_teacher), batches, train,
                       collate_fn=lambda items: items[0]).fit()
     return model.eval(), history
 
 
 def perfect_teacher_loss(split, config: FastConfig):
-    """Eq. 8 with a perfect teacher in Slow's place, over the batch's images: each caption's target is
+    """Eq. 8 with a perfect teacher in Slow's place, over the batch's images: each caption's target
     spread evenly over the batch images it is true of (the generator's ground truth,
     `data.captions.satisfies`; its own image always among them), at tau 1, + config.alpha * eq. 4.
-    Soft targets over a batch can teach one thing eq. 4 does not: which in-batch "negatives" are
-    right answers. These targets are exactly right about that, so a real teacher cannot do better
-    through them. `split`: the split whose caption and image rows the batches index."""
-    truth = torch.from_numpy(satisfies(split.meanings, split.scenes))  # (T, N) bool: caption t true of image n
+    Soft targets can teach one thing eq. 4 does not, which in-batch "negatives" are right answers,
+    and these are exactly right about it. `split`: the one whose rows the batches index."""
+    # (T, N) bool: caption t true of image n
+    truth = torch.from_numpy(satisfies(split.meanings, split.scenes))
 
     def loss_fn(model: FastModel, batch: dict, step: int = 0) -> dict:
         student = batch_scores(*model(batch))  # (B, B) rows images, columns captions
@@ -173,9 +164,10 @@ def perfect_teacher_loss(split, config: FastConfig):
         texts, images = batch["txt_index"].cpu(), batch["img_index"].cpu()  # (B,) rows of split
         true = truth[texts][:, images].T.clone()  # (B images, B captions)
         true.fill_diagonal_(True)  # its own image, whatever the generator says of a noisy caption
-        target = torch.zeros(true.shape).masked_fill(~true, float("-inf")).to(student.device)  # uniform over true
-        distill = distillation_loss(student, target, tau=1.0)
-        return {"loss": distill + config.alpha * nce, "distill": distill, "nce": nce}
+        # uniform over the true images
+        target = torch.zeros(true.shape).masked_fill(~true, float("-inf")).to(student.device)
+        soft = distillation_loss(student, target, tau=1.0)
+        return {"loss": soft + config.alpha * nce, "distill": soft, "nce": nce}
 
     return loss_fn
 
@@ -184,28 +176,29 @@ def perfect_teacher_loss(split, config: FastConfig):
 MINED_RUNS = ("teacher", "perfect teacher", "own image", "eq. 4 alone")
 
 
-def mined_students(init: FastModel, teacher: SlowModel, split, tokenizer, config: FastConfig, *, steps: int,
-                   progress: bool = False, device=None) -> dict:
-    """Four copies of the trained Fast model `init`, each `steps` more steps on `split` (config's batch
-    size, seed and distill_lr): "teacher", eq. 8 over mined candidates (`distill.mined_distill_loss`,
-    the library's fast-distilled recipe); "perfect teacher", eq. 8 over the batch's images with the
-    generator's ground truth as the targets (`perfect_teacher_loss`); "own image", the mined candidates
-    with the caption's own image as the only target (hard negatives, no teacher); "eq. 4 alone", eq. 4
-    over the batch, the same steps without candidates or teacher. The candidates are mined once, from
-    init. -> {name: model in eval mode}"""
-    candidates = mine_candidates(init, split, tokenizer, config.distill_top_k)  # (T, K)
-    losses = {"teacher": mined_distill_loss(teacher.eval(), config, candidates, split),
+def mined_students(init: FastModel, teacher: SlowModel, split, tokenizer, config: FastConfig, *,
+                   steps: int, progress: bool = False, device=None) -> dict:
+    """Four copies of the trained Fast model `init`, each `steps` more steps on `split` (config's
+    batch size, seed and distill_lr): "teacher", eq. 8 over candidates mined once from init
+    (`distill.mined_distill_loss`, fast-distilled's recipe); "perfect teacher"
+    (`perfect_teacher_loss`); "own image", the candidates with the caption's own image as the only
+    target (hard negatives, no teacher); "eq. 4 alone". -> {name: model in eval mode}"""
+    candidates = distill.mine_candidates(init, split, tokenizer, config.distill_top_k)  # (T, K)
+    losses = {"teacher": distill.mined_distill_loss(teacher.eval(), config, candidates, split),
               "perfect teacher": perfect_teacher_loss(split, config),
-              "own image": mined_distill_loss(None, config, candidates, split), "eq. 4 alone": nce_loss}
+              "own image": distill.mined_distill_loss(None, config, candidates, split),
+              "eq. 4 alone": nce_loss}
     students = {}
     for name in MINED_RUNS:
         seed_everything(config.seed)
         model = copy.deepcopy(init).train()
-        fit_pairs(model, losses[name], split, tokenizer, config, modality="pixels", log_every=25, progress=progress,
-                  device=device, batch_size=config.batch_size, max_steps=steps, lr=config.distill_lr)
+        fit_pairs(model, losses[name], split, tokenizer, config, modality="pixels", log_every=25,
+                  progress=progress, device=device, batch_size=config.batch_size, max_steps=steps,
+                  lr=config.distill_lr)
         students[name] = model.eval()
     return students
 
 
-__all__ = ["MINED_RUNS", "mined_students", "perfect_teacher_loss", "direction_log_likelihoods", "slow_direction_scores", "cascade_ranks", "softmax_entropy",
-           "kl_to_teacher", "teacher_batches", "cached_distill_loss", "distill_from_cache"]
+__all__ = ["MINED_RUNS", "mined_students", "perfect_teacher_loss", "direction_log_likelihoods",
+           "slow_direction_scores", "cascade_ranks", "softmax_entropy", "kl_to_teacher",
+           "teacher_batches", "cached_distill_loss", "distill_from_cache"]

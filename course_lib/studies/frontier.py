@@ -1,14 +1,13 @@
 """The capstone's arithmetic (notebook 07): the accuracy-latency Pareto front, ms per query
 extended to galleries of millions, and the papers' headline speed-ups next to ours.
 
-    front = pareto_front(ms, r1)                       # indices of the methods no other one beats
+    front = pareto_front(ms, r1)                          # the methods no other one beats
     curve = extend_latency(points, [1e3, 1e4, 1e5, 1e6])  # measured points kept, the rest a + b*n
-    curve = compose_latency(points, search_rows, sizes)  # a dual encoder: + the search's growth
-    table = speedup_rows(results)                      # ours (from results.json) beside PAPER_SPEEDUPS
+    curve = compose_latency(points, search_rows, sizes)   # a dual encoder: + the search's growth
+    table = speedup_rows(results)                         # ours beside PAPER_SPEEDUPS
 
-A point is on the front when no other method is at least as fast AND at least as accurate, and
-strictly better in one of the two. Extrapolation fits t(n) = a + b*n (course_lib.core.timing) to a
-method's MEASURED points only, never below its largest measured time, as the benchmark does.
+On the front: no other method at least as fast AND as accurate, and strictly better in one.
+Extrapolation fits t(n) = a + b*n (core.timing) to MEASURED points only, floored at the largest.
 """
 
 from __future__ import annotations
@@ -27,7 +26,8 @@ def pareto_front(ms, recall) -> list[int]:
     ms = np.asarray(ms, dtype=np.float64)  # (P,)
     recall = np.asarray(recall, dtype=np.float64)  # (P,)
     if ms.shape != recall.shape or ms.ndim != 1:
-        raise ValueError(f"ms and recall must be 1-D and of equal length, got {ms.shape} and {recall.shape}")
+        raise ValueError(f"ms and recall must be 1-D and of equal length, got {ms.shape} and "
+                         f"{recall.shape}")
     order = np.lexsort((-recall, ms))  # by ms, the most accurate first among equal times
     front, best, best_ms = [], -np.inf, None
     for i in order:
@@ -40,19 +40,18 @@ def pareto_front(ms, recall) -> list[int]:
 
 
 def extend_latency(points: list[dict], sizes) -> list[dict]:
-    """One method's ms per query at every size in `sizes` (and at the sizes it has points for).
+    """One method's ms per query at every size in `sizes` (and at those it has points for).
 
-    points: rows {"n", "ms_per_query", "measured"} (results.json's, or latency_vs_gallery's).
-    Its points are kept as they are; every other size gets a + b*n fitted to the measured points,
-    floored at the largest measured time. With fewer than two measured sizes, the fit takes the
-    benchmark's own extrapolated points too (they come from its fit to smaller galleries it timed
-    but does not report); with a single point of any kind the time is taken as flat. Every new
-    size is marked measured=False."""
+    points: rows {"n", "ms_per_query", "measured"} (results.json's, or latency_vs_gallery's), kept
+    as they are; every other size gets a + b*n fitted to the measured points, floored at the
+    largest measured time, and measured=False. With fewer than two measured sizes the fit takes the
+    benchmark's extrapolated points too (its fit to smaller galleries it timed but does not
+    report); with a single point of any kind the time is flat."""
     measured = sorted((p for p in points if p["measured"]), key=lambda p: p["n"])
     if not measured:
         raise ValueError("no measured point to extrapolate from")
-    rows = {int(p["n"]): {"n": int(p["n"]), "ms_per_query": float(p["ms_per_query"]), "measured": bool(p["measured"])}
-            for p in points}
+    rows = {int(p["n"]): {"n": int(p["n"]), "ms_per_query": float(p["ms_per_query"]),
+                          "measured": bool(p["measured"])} for p in points}
     floor = measured[-1]["ms_per_query"]
     fit_to = measured if len({p["n"] for p in measured}) >= 2 else list(points)
     if len({p["n"] for p in fit_to}) >= 2:
@@ -60,27 +59,27 @@ def extend_latency(points: list[dict], sizes) -> list[dict]:
     else:
         fit = (floor, 0.0)
     for n in sorted({int(n) for n in sizes} - set(rows)):
-        rows[n] = {"n": n, "ms_per_query": max(float(extrapolate(fit, n)), floor), "measured": False}
+        ms = max(float(extrapolate(fit, n)), floor)
+        rows[n] = {"n": n, "ms_per_query": ms, "measured": False}
     return [rows[n] for n in sorted(rows)]
 
 
 def compose_latency(points: list[dict], search: list[dict], sizes) -> list[dict]:
     """One method whose cost grows with the gallery only through a search over it (a dual encoder,
-    or a re-ranker of a fixed top K behind one): its measured points, then at every other size in
-    `sizes` its largest measured time plus what the search costs more there,
-    ms(n) = ms(n0) + search(n) - search(n0), n0 its largest measured gallery. `search` holds
-    {"n", "ms_per_query"} rows timed at n0 and at every size. Marked measured=False: both terms are
-    measured, their sum at n is an estimate."""
+    or a re-ranker of a fixed top K behind one): its measured points, then at every other size
+    ms(n) = ms(n0) + search(n) - search(n0), n0 its largest measured gallery; `search`: {"n",
+    "ms_per_query"} rows timed at n0 and every size. measured=False: a sum of two measurements."""
     measured = sorted((p for p in points if p["measured"]), key=lambda p: p["n"])
     if not measured:
         raise ValueError("no measured point to start from")
     at = {int(r["n"]): float(r["ms_per_query"]) for r in search}
-    rows = {int(p["n"]): {"n": int(p["n"]), "ms_per_query": float(p["ms_per_query"]), "measured": True}
-            for p in measured}
+    rows = {int(p["n"]): {"n": int(p["n"]), "ms_per_query": float(p["ms_per_query"]),
+                          "measured": True} for p in measured}
     n0, ms0 = int(measured[-1]["n"]), float(measured[-1]["ms_per_query"])
     for n in sorted({int(n) for n in sizes} - set(rows)):
         if n0 not in at or n not in at:
-            raise ValueError(f"the search was not timed at n={n0:,} and n={n:,}; time it at {sorted({n0, n})}")
+            raise ValueError(f"the search was not timed at n={n0:,} and n={n:,}; time it at "
+                             f"{sorted({n0, n})}")
         rows[n] = {"n": n, "ms_per_query": ms0 + at[n] - at[n0], "measured": False}
     return [rows[n] for n in sorted(rows)]
 
@@ -98,77 +97,82 @@ class PaperSpeedup:
     ours: tuple[str, str]  # (our fast method, our slow method): the course's stand-ins
 
 
-_LD, _UB, _HV, _FS = "LightningDOT (Sun et al., 2021)", "U-BERT", "HiVLP (Chen et al., 2022)", "Fast & Slow (Miech et al., 2021)"
+_LD, _UB = "LightningDOT (Sun et al., 2021)", "U-BERT"
+_HV, _FS = "HiVLP (Chen et al., 2022)", "Fast & Slow (Miech et al., 2021)"
 _LD_T3 = "Table 3 (speed-up w.r.t. UNITER-base)"
 _HV_T4 = "Table 4 (speed-up over UNITER-base)"
 _FS_T4 = "Table 4 (query time, one V100: Slow 4 s / 19 s; K=10 0.12 s; K=50 0.60 s)"
-_UB_T1 = "Table 1 (text->image, whole COCO 1K test set, one V100: Cross 4832 s, two-stage 102 s, U-BERT 31 s)"
+_UB_T1 = ("Table 1 (text->image, whole COCO 1K test set, one V100: Cross 4832 s, two-stage 102 s, "
+          "U-BERT 31 s)")
 _UB_T8 = "Table 8 (COCO 5K, one V100: Cross 34 h, U-BERT 2.5 min)"
+_UNITER, _CROSS = "UNITER-base", "Cross (12 layers)"  # the papers' slow references
+_LD_1K, _LD_5K = (_LD, _LD_T3, "Flickr30k test", 1_000), (_LD, _LD_T3, "COCO test", 5_000)
+_UB_1K, _CE = (_UB, _UB_T1, "COCO 1K, text->image", 1_000), "cross_encoder"
 
 PAPER_SPEEDUPS: tuple[PaperSpeedup, ...] = (
-    PaperSpeedup(_LD, _LD_T3, "Flickr30k test", 1_000, "SCAN", "UNITER-base", 1.8, ("scan", "cross_encoder")),
-    PaperSpeedup(_LD, _LD_T3, "Flickr30k test", 1_000, "LightningDOT", "UNITER-base", 639,
-                 ("lightningdot", "cross_encoder")),
-    PaperSpeedup(_LD, _LD_T3, "Flickr30k test", 1_000, "LightningDOT + re-ranker", "UNITER-base", 46,
-                 ("lightningdot+rerank@20", "cross_encoder")),
-    PaperSpeedup(_LD, _LD_T3, "COCO test", 5_000, "SCAN", "UNITER-base", 1.9, ("scan", "cross_encoder")),
-    PaperSpeedup(_LD, _LD_T3, "COCO test", 5_000, "LightningDOT", "UNITER-base", 1_927,
-                 ("lightningdot", "cross_encoder")),
-    PaperSpeedup(_LD, _LD_T3, "COCO test", 5_000, "LightningDOT + re-ranker", "UNITER-base", 95,
-                 ("lightningdot+rerank@20", "cross_encoder")),
-    PaperSpeedup(_LD, _LD_T3, "Flickr30k full", 31_014, "LightningDOT", "UNITER-base", 6_591,
-                 ("lightningdot", "cross_encoder")),
-    PaperSpeedup(_LD, _LD_T3, "COCO full", 123_287, "LightningDOT", "UNITER-base", 23_869,
-                 ("lightningdot", "cross_encoder")),
-    PaperSpeedup(_UB, _UB_T1, "COCO 1K, text->image", 1_000, "U-BERT (K=20, 3 cross layers)", "Cross (12 layers)",
-                 4832 / 31, ("ubert@20", "cross_encoder")),
-    PaperSpeedup(_UB, _UB_T1, "COCO 1K, text->image", 1_000, "Embed + Cross@20 (two-stage)", "Cross (12 layers)",
-                 4832 / 102, ("ubert-embed+cross_encoder@20", "cross_encoder")),
-    PaperSpeedup(_UB, _UB_T8, "COCO 5K", 5_000, "U-BERT", "Cross (12 layers)", 34 * 3600 / 150,
-                 ("ubert@20", "cross_encoder")),
-    PaperSpeedup(_HV, _HV_T4, "Flickr30k test", 1_000, "HiVLP", "UNITER-base", 1_427, ("hivlp", "cross_encoder")),
-    PaperSpeedup(_HV, _HV_T4, "COCO test", 5_000, "HiVLP", "UNITER-base", 6_426, ("hivlp", "cross_encoder")),
-    PaperSpeedup(_HV, _HV_T4, "COCO full", 123_287, "HiVLP", "UNITER-base", 120_649, ("hivlp", "cross_encoder")),
-    PaperSpeedup(_FS, _FS_T4, "Flickr 1k images", 1_000, "Fast & Slow K=10", "Slow", 4 / 0.12, ("fast_slow@10", "slow")),
-    PaperSpeedup(_FS, _FS_T4, "Flickr 1k images", 1_000, "Fast & Slow K=50", "Slow", 4 / 0.60, ("fast_slow@50", "slow")),
-    PaperSpeedup(_FS, _FS_T4, "COCO 5k images", 5_000, "Fast & Slow K=10", "Slow", 19 / 0.12, ("fast_slow@10", "slow")),
-    PaperSpeedup(_FS, _FS_T4, "COCO 5k images", 5_000, "Fast & Slow K=50", "Slow", 19 / 0.60, ("fast_slow@50", "slow")),
+    PaperSpeedup(*_LD_1K, "SCAN", _UNITER, 1.8, ("scan", _CE)),
+    PaperSpeedup(*_LD_1K, "LightningDOT", _UNITER, 639, ("lightningdot", _CE)),
+    PaperSpeedup(*_LD_1K, "LightningDOT + re-ranker", _UNITER, 46, ("lightningdot+rerank@20", _CE)),
+    PaperSpeedup(*_LD_5K, "SCAN", _UNITER, 1.9, ("scan", _CE)),
+    PaperSpeedup(*_LD_5K, "LightningDOT", _UNITER, 1_927, ("lightningdot", _CE)),
+    PaperSpeedup(*_LD_5K, "LightningDOT + re-ranker", _UNITER, 95, ("lightningdot+rerank@20", _CE)),
+    PaperSpeedup(_LD, _LD_T3, "Flickr30k full", 31_014, "LightningDOT", _UNITER, 6_591,
+                 ("lightningdot", _CE)),
+    PaperSpeedup(_LD, _LD_T3, "COCO full", 123_287, "LightningDOT", _UNITER, 23_869,
+                 ("lightningdot", _CE)),
+    PaperSpeedup(*_UB_1K, "U-BERT (K=20, 3 cross layers)", _CROSS, 4832 / 31, ("ubert@20", _CE)),
+    PaperSpeedup(*_UB_1K, "Embed + Cross@20 (two-stage)", _CROSS, 4832 / 102,
+                 ("ubert-embed+cross_encoder@20", _CE)),
+    PaperSpeedup(_UB, _UB_T8, "COCO 5K", 5_000, "U-BERT", _CROSS, 34 * 3600 / 150,
+                 ("ubert@20", _CE)),
+    PaperSpeedup(_HV, _HV_T4, "Flickr30k test", 1_000, "HiVLP", _UNITER, 1_427, ("hivlp", _CE)),
+    PaperSpeedup(_HV, _HV_T4, "COCO test", 5_000, "HiVLP", _UNITER, 6_426, ("hivlp", _CE)),
+    PaperSpeedup(_HV, _HV_T4, "COCO full", 123_287, "HiVLP", _UNITER, 120_649, ("hivlp", _CE)),
+    PaperSpeedup(_FS, _FS_T4, "Flickr 1k images", 1_000, "Fast & Slow K=10", "Slow", 4 / 0.12,
+                 ("fast_slow@10", "slow")),
+    PaperSpeedup(_FS, _FS_T4, "Flickr 1k images", 1_000, "Fast & Slow K=50", "Slow", 4 / 0.60,
+                 ("fast_slow@50", "slow")),
+    PaperSpeedup(_FS, _FS_T4, "COCO 5k images", 5_000, "Fast & Slow K=10", "Slow", 19 / 0.12,
+                 ("fast_slow@10", "slow")),
+    PaperSpeedup(_FS, _FS_T4, "COCO 5k images", 5_000, "Fast & Slow K=50", "Slow", 19 / 0.60,
+                 ("fast_slow@50", "slow")),
 )
 
 
 def latency_by_method(results: dict) -> dict[str, list[dict]]:
-    """Every ms-per-query point results.json holds, grouped by method: {method: [{"n", "ms_per_query",
-    "measured"}, ...]} by increasing n. Its latency table (ms at 1k and 5k images) and each
-    setting's row (ms at that setting's gallery, e.g. test 1k and full 12k); where both have a size,
-    a measured time wins over an extrapolated one."""
-    points = [(p["method"], p["n"], p["ms_per_query"], p["measured"]) for p in results.get("latency", [])]
+    """Every ms-per-query point of results.json (its latency table at 1k and 5k images, each
+    setting's row at its gallery, e.g. full 12k) by method: {method: [{"n", "ms_per_query",
+    "measured"}, ...]} by increasing n; of two at a size, a measured one wins."""
+    points = [(p["method"], p["n"], p["ms_per_query"], p["measured"])
+              for p in results.get("latency", [])]
     points += [(r["method"], r["n_images"], r["ms_per_query"], r.get("ms_measured", True))
                for r in results.get("rows", []) if r.get("ms_per_query")]
     curves: dict[str, dict[int, dict]] = {}
     for method, n, ms, measured in points:
         old = curves.setdefault(method, {}).get(int(n))
         if old is None or (measured and not old["measured"]):
-            curves[method][int(n)] = {"n": int(n), "ms_per_query": float(ms), "measured": bool(measured)}
+            curves[method][int(n)] = {"n": int(n), "ms_per_query": float(ms),
+                                      "measured": bool(measured)}
     return {m: [rows[n] for n in sorted(rows)] for m, rows in curves.items()}
 
 
 def rows_at_gallery(results: dict, latency: dict[str, list[dict]], n: int, setting: str = "full",
                     metric: str = "t2i_r5") -> list[dict]:
-    """Each method's recall in `setting` (default: the full setting's t2i R@5, the largest gallery we
-    have recalls for) with its ms per query at gallery size n, read from `latency` (method -> rows
-    {"n", "ms_per_query", "measured"}, as extend_latency / compose_latency return them): rows in the
-    form plot_pareto reads, their setting f"{n:,} items". A time that was not measured end to end keeps
-    ms_measured False (drawn hollow); methods without a time at n are left out."""
+    """Each method's recall in `setting` (default: the full setting's t2i R@5, our largest gallery
+    with recalls) with its ms per query at gallery size n from `latency` (method -> rows as
+    extend_latency / compose_latency return them): plot_pareto rows of setting f"{n:,} items",
+    ms_measured False (hollow) where not measured end to end; no time at n: left out."""
     rows = []
     for r in results.get("rows", []):
         if r["setting"] != setting or r.get(metric) is None:
             continue
         at = next((p for p in latency.get(r["method"], []) if p["n"] == n), None)
+        row = {"method": r["method"], "setting": f"{n:,} items", metric: r[metric]}
         if r.get("ms_per_query") is None:  # a reference row (the oracle): untimed at every size
-            rows.append({"method": r["method"], "setting": f"{n:,} items", metric: r[metric], "ms_per_query": None})
+            rows.append({**row, "ms_per_query": None})
         elif at is not None:
-            rows.append({"method": r["method"], "setting": f"{n:,} items", metric: r[metric],
-                         "ms_per_query": at["ms_per_query"], "ms_measured": bool(at["measured"])})
+            rows.append({**row, "ms_per_query": at["ms_per_query"],
+                         "ms_measured": bool(at["measured"])})
     return rows
 
 
@@ -184,7 +188,8 @@ def speedup_rows(results: dict, papers=PAPER_SPEEDUPS) -> list[dict]:
                "ours": f"{p.ours[0]} vs {p.ours[1]}", "ours_speedup": None, "ours_estimated": None}
         fast, slow = (curves.get(name) for name in p.ours)
         if fast and slow:
-            f, s = (next(r for r in extend_latency(c, [p.n_images]) if r["n"] == p.n_images) for c in (fast, slow))
+            f, s = (next(r for r in extend_latency(c, [p.n_images]) if r["n"] == p.n_images)
+                    for c in (fast, slow))
             row["ours_speedup"] = s["ms_per_query"] / f["ms_per_query"]
             row["ours_estimated"] = not (f["measured"] and s["measured"])
         rows.append(row)
@@ -193,17 +198,20 @@ def speedup_rows(results: dict, papers=PAPER_SPEEDUPS) -> list[dict]:
 
 def speedup_markdown(rows: list[dict]) -> str:
     """The side-by-side table as Markdown; * = ours uses an extrapolated time."""
-    lines = ["| paper, table | setting | theirs | paper | ours | ours |", "|---|---|---|---:|---|---:|"]
+    lines = ["| paper, table | setting | theirs | paper | ours | ours |",
+             "|---|---|---|---:|---|---:|"]
     for r in rows:
-        ours = "–" if r["ours_speedup"] is None else _times(r["ours_speedup"]) + ("*" if r["ours_estimated"] else "")
-        lines.append(f"| {r['paper']}, {r['table'].split(' (')[0]} | {r['setting']} | {r['theirs']} | "
-                     f"{_times(r['paper_speedup'])} | {r['ours']} | {ours} |")
+        ours = ("–" if r["ours_speedup"] is None
+                else _times(r["ours_speedup"]) + ("*" if r["ours_estimated"] else ""))
+        lines.append(f"| {r['paper']}, {r['table'].split(' (')[0]} | {r['setting']} | "
+                     f"{r['theirs']} | {_times(r['paper_speedup'])} | {r['ours']} | {ours} |")
     return "\n".join(lines)
 
 
 def _times(x: float) -> str:
-    """A speed-up to about three significant figures, with thousands separators: 0.52x, 46x, 23,869x."""
+    """A speed-up to about three significant figures, thousands separated: 0.52x, 46x, 23,869x."""
     return f"{x:,.0f}x" if x >= 100 else f"{x:.3g}x"
 
 
-__all__ = ["pareto_front", "extend_latency", "compose_latency", "PaperSpeedup", "PAPER_SPEEDUPS", "latency_by_method", "speedup_rows", "speedup_markdown"]
+__all__ = ["pareto_front", "extend_latency", "compose_latency", "PaperSpeedup", "PAPER_SPEEDUPS",
+           "latency_by_method", "speedup_rows", "speedup_markdown"]

@@ -1,16 +1,13 @@
 """One text query on every device this machine has: the check that the GPU path of notebook 03
 (section 10) is real, runnable where a notebook is not (a GPU box without Jupyter).
 
-For LightningDOT over a 1k gallery it times each query path (`backend="reference"`, the plain eager
-path; "eager", "jit", and "onnx" on the CPU or "cuda_graph" on CUDA: course_lib.core.serving), checks
-that each returns the reference path's top 10, profiles the default path stage by stage
-(course_lib.core.timing.profile_stages, CUDA events on a GPU), and times the cross-encoder's
-query over the same gallery, the ratio the speed table is about.
-
-    python -m course_lib.studies.gpu_query [--repeats 200] [--out gpu_query.json]
-
-loads the shipped models (course_lib.core.shipped) at the default sizes, trains tiny ones with
-COURSE_SMOKE=1, and prints one table per device. The FAISS index stays on the CPU, as in section 8.
+For LightningDOT over a 1k gallery it times each query path (`backend="reference"`, the plain
+eager path; "eager", "jit", and "onnx" on the CPU or "cuda_graph" on CUDA: course_lib.core.serving),
+checks that each returns the reference path's top 10, profiles the default path stage by stage
+(course_lib.core.timing.profile_stages, CUDA events on a GPU), and times the cross-encoder's query
+over the same gallery, the ratio the speed table is about. `python -m course_lib.studies.gpu_query
+[--repeats 200] [--out gpu_query.json]` loads the shipped models (course_lib.core.shipped), trains
+tiny ones with COURSE_SMOKE=1, and prints one table per device. The FAISS index stays on the CPU.
 """
 
 from __future__ import annotations
@@ -26,10 +23,15 @@ import torch
 from course_lib.core.checkpoints import model_device
 from course_lib.core.retrieval import build_index
 from course_lib.core.serving import Searcher, TextQueryPath
+from course_lib.core.settings import describe_environment, seed_everything, smoke_mode
 from course_lib.core.timing import measure, profile_stages
+from course_lib.data.synthetic import SyntheticConfig, make_benchmark
+from course_lib.data.tokenizer import build_word_tokenizer
 from course_lib.methods.encoding import encode_gallery
+from course_lib.methods.registry import available_methods
 
-BACKENDS = {"cpu": ("reference", "eager", "jit", "onnx"), "cuda": ("reference", "eager", "jit", "cuda_graph")}
+BACKENDS = {"cpu": ("reference", "eager", "jit", "onnx"),
+            "cuda": ("reference", "eager", "jit", "cuda_graph")}
 
 
 def devices() -> list[str]:
@@ -37,9 +39,8 @@ def devices() -> list[str]:
 
 
 def query_paths(method, split, device: str, repeats: int = 200) -> dict:
-    """{backend: {"median_ms", "p25_ms", "p75_ms", "same_top10"} or {"error"}} for `method` (a fitted
-    dual encoder with query_fn / query_side) on `device`, plus "profile": the default path's stages.
-    The model is moved to `device` and back."""
+    """{backend: {"median_ms", "p25_ms", "p75_ms", "same_top10"} or {"error"}, "profile": the
+    default path's stages} of `method` (a fitted dual encoder) on `device`, moved there and back."""
     with _moved(method.model, device):
         reference = method.query_fn(split, backend="reference")()
         found = {}
@@ -50,15 +51,16 @@ def query_paths(method, split, device: str, repeats: int = 200) -> dict:
                 found[backend] = {"error": str(error)}
                 continue
             timed = measure(fn, warmup=20, repeats=repeats, device=device)
-            found[backend] = {"median_ms": timed.median_ms, "p25_ms": timed.p25_ms, "p75_ms": timed.p75_ms,
+            found[backend] = {"median_ms": timed.median_ms, "p25_ms": timed.p25_ms,
+                              "p75_ms": timed.p75_ms,
                               "same_top10": bool(np.array_equal(fn(), reference))}
         caption = split.captions[0]
         tokens, encoder = method.query_side(caption)
-        path = TextQueryPath(tokens, encoder, Searcher(build_index(encode_gallery(method.model, split)), 10))
-        profile = profile_stages(path.stages(caption), query_fn=method.query_fn(split), repeats=repeats,
-                                 device=device)
-        found["profile"] = {"backend": encoder.backend, "table": profile.table(), "stages": profile.stages,
-                            "total_ms": profile.total.median_ms}
+        searcher = Searcher(build_index(encode_gallery(method.model, split)), 10)
+        profile = profile_stages(TextQueryPath(tokens, encoder, searcher).stages(caption),
+                                 query_fn=method.query_fn(split), repeats=repeats, device=device)
+        found["profile"] = {"backend": encoder.backend, "table": profile.table(),
+                            "stages": profile.stages, "total_ms": profile.total.median_ms}
         return found
 
 
@@ -89,13 +91,16 @@ def format_report(report: dict) -> str:
         for backend, row in paths.items():
             if backend == "profile":
                 continue
-            lines.append(f"  lightningdot {backend:<11} " + (f"{row['median_ms']:.3f} ms (IQR {row['p25_ms']:.3f}-"
-                         f"{row['p75_ms']:.3f}), same top 10: {row['same_top10']}" if "median_ms" in row
-                         else f"not available: {row['error']}"))
-        fastest = min((r["median_ms"] for b, r in paths.items() if b != "profile" and "median_ms" in r))
-        lines.append(f"  cross_encoder          {cross['median_ms']:.3f} ms: {cross['median_ms'] / fastest:,.0f}x the "
-                     f"fastest LightningDOT path")
-        lines.append(f"  profile of the default path (encoder backend {paths['profile']['backend']!r}):")
+            timed = (f"{row['median_ms']:.3f} ms (IQR {row['p25_ms']:.3f}-{row['p75_ms']:.3f}), "
+                     f"same top 10: {row['same_top10']}" if "median_ms" in row
+                     else f"not available: {row['error']}")
+            lines.append(f"  lightningdot {backend:<11} " + timed)
+        fastest = min(r["median_ms"] for b, r in paths.items()
+                      if b != "profile" and "median_ms" in r)
+        lines.append(f"  cross_encoder          {cross['median_ms']:.3f} ms: "
+                     f"{cross['median_ms'] / fastest:,.0f}x the fastest LightningDOT path")
+        lines.append(f"  profile of the default path (encoder backend "
+                     f"{paths['profile']['backend']!r}):")
         lines.append(paths["profile"]["table"])
     return "\n".join(lines)
 
@@ -105,26 +110,20 @@ def main(argv=None) -> dict:
     parser.add_argument("--repeats", type=int, default=200, help="timed calls per path")
     parser.add_argument("--out", default=None, help="write the report as JSON here")
     args = parser.parse_args(argv)
-    from course_lib.core.settings import (
-        describe_environment,
-        seed_everything,
-        smoke_mode,
-    )
-    from course_lib.data.synthetic import SyntheticConfig, make_benchmark
-    from course_lib.data.tokenizer import build_word_tokenizer
-    from course_lib.methods.registry import available_methods
-
     seed_everything(0)
     bench = make_benchmark(SyntheticConfig.smoke() if smoke_mode() else SyntheticConfig(), seed=0)
     tokenizer = build_word_tokenizer(bench["train"].captions + bench["pretrain"].captions)
     split = bench["test"]
-    methods = {m.name: m for m in available_methods(0, smoke_mode(), names=["lightningdot", "cross_encoder"])}
+    names = ["lightningdot", "cross_encoder"]
+    methods = {m.name: m for m in available_methods(0, smoke_mode(), names=names)}
     for method in methods.values():
         method.fit(bench, tokenizer, cache_dir=Path("outputs/checkpoints"))
-    report = {"environment": describe_environment(), "n_images": split.n_images, "repeats": args.repeats,
+    report = {"environment": describe_environment(), "n_images": split.n_images,
+              "repeats": args.repeats,
               "shipped": {name: m.from_shipped for name, m in methods.items()}}
     for device in devices():
-        report[device] = {"lightningdot": query_paths(methods["lightningdot"], split, device, args.repeats),
+        paths = query_paths(methods["lightningdot"], split, device, args.repeats)
+        report[device] = {"lightningdot": paths,
                           "cross_encoder": query_ms(methods["cross_encoder"], split, device)}
     print(report["environment"])
     print(format_report(report))

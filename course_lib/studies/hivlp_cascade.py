@@ -1,6 +1,6 @@
-"""HiVLP's time analysis (§3.4): the similarity work of one query, flat search at the last level's width
-against the coarse-to-fine cascade, on galleries of any size (core.tiling.tile_rows grows them).
-Notebook 05 runs it on galleries of up to 10^7 items."""
+"""HiVLP's time analysis (§3.4): the similarity work of one query, flat search at the last level's
+width against the coarse-to-fine cascade, on galleries of any size (core.tiling.tile_rows grows
+them). Notebook 05 runs it on galleries of up to 10^7 items."""
 
 from __future__ import annotations
 
@@ -8,18 +8,20 @@ from course_lib.core.timing import measure
 from course_lib.methods.hivlp.search import SURVIVORS, coarse_to_fine, flat_search
 
 
-def similarity_times(gallery_levels, query_levels, survivors=SURVIVORS, top_k: int = 10, repeats: int = 10,
-                     warmup: int = 2) -> dict:
+def similarity_times(gallery_levels, query_levels, survivors=SURVIVORS, top_k: int = 10,
+                     repeats: int = 10, warmup: int = 2) -> dict:
     """The similarity work of one query (query_levels[l] (1, d_l)), timed in one run: flat search
     at the last level's width over the whole gallery against coarse_to_fine. -> {"flat_ms",
-    "cascade_ms" (medians), "speedup", "overlap": share of the flat top_k the cascade also returns}."""
-    flat = measure(lambda: flat_search(gallery_levels[-1], query_levels[-1], top_k), warmup=warmup, repeats=repeats)
-    cascade = measure(lambda: coarse_to_fine(gallery_levels, query_levels, survivors, top_k), warmup=warmup,
-                        repeats=repeats)
+    "cascade_ms" (medians), "speedup", "overlap": share of the flat top_k the cascade returns}."""
+    flat = measure(lambda: flat_search(gallery_levels[-1], query_levels[-1], top_k),
+                   warmup=warmup, repeats=repeats)
+    cascade = measure(lambda: coarse_to_fine(gallery_levels, query_levels, survivors, top_k),
+                      warmup=warmup, repeats=repeats)
     same = set(flat_search(gallery_levels[-1], query_levels[-1], top_k)[0][0].tolist())
     got = set(coarse_to_fine(gallery_levels, query_levels, survivors, top_k)[0][0].tolist())
     return {"n": len(gallery_levels[0]), "flat_ms": flat.median_ms, "cascade_ms": cascade.median_ms,
-            "speedup": flat.median_ms / cascade.median_ms, "overlap": len(same & got) / max(len(same), 1)}
+            "speedup": flat.median_ms / cascade.median_ms,
+            "overlap": len(same & got) / max(len(same), 1)}
 
 
 __all__ = ["similarity_times"]

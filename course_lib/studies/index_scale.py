@@ -2,22 +2,21 @@
 
 LightningDOT (§3.2) caches every gallery image's [CLS] vector "into an index in memory" and answers
 a text query with one encoding and a FAISS top-K; §4.3 grows the gallery. This study grows ours to
-millions and measures, in one run, for each size and each course_lib.core.retrieval index kind: build s,
-bytes per item (the serialised index / n), k-recall@10 against exact search over Q held-out
-queries, ms per query one at a time (median, timing.measure) and in one batch of Q; recall and
-latency as nprobe (IVF) or ef_search (HNSW) vary; float32 vs PQ code bytes per item; and the flat
-index's batched GFLOP/s (2 Q N E flops) as a fraction of a torch.mm of the same (Q, E) x (E, N).
+millions and measures, for each size and course_lib.core.retrieval index kind: build s, bytes per
+item (the serialised index / n), k-recall@10 against exact search over Q held-out queries, ms per
+query one at a time (median) and in one batch of Q; recall and latency as nprobe (IVF) or
+ef_search (HNSW) vary; float32 vs PQ code bytes; and the flat index's batched GFLOP/s (2 Q N E
+flops) as a fraction of a torch.mm of the same (Q, E) x (E, N).
 
-The gallery (core.tiling.tile_rows): the synthetic benchmark's "full" image embeddings (12,000) by
-LightningDOT first, so that true matches exist, then copies tiled with Gaussian noise of 0.25 x
-each dimension's std (with the trained model two distinct real images lie a median 3.7 such stds
-apart, two noisy copies of one 0.25 * sqrt(2 * 64) = 2.8: about as far as real neighbours), or
-rows drawn from a Gaussian fitted to them. Queries: the test split's held-out caption embeddings.
-The model: the cached trained LightningDOT (outputs/checkpoints) if there, else (a fresh clone,
-CI) a random-weight one; results.md says which.
+The gallery (core.tiling.tile_rows): the "full" split's 12,000 image embeddings by LightningDOT
+first, so true matches exist, then copies with Gaussian noise of 0.25 x each dimension's std (two
+real images lie a median 3.7 such stds apart with the trained model, two noisy copies of one
+0.25 * sqrt(2 * 64) = 2.8: about as far), or rows drawn from a Gaussian fitted to them. Queries: the
+test split's held-out caption embeddings. The model: the cached trained LightningDOT
+(outputs/checkpoints) if there, else (a fresh clone, CI) a random-weight one; results.md says so.
 
     python -m course_lib.studies.index_scale --sizes 1000000 10000000 --out outputs/index_scale
-    python -m course_lib.studies.index_scale --smoke          # 10^5 items, 100 queries: under a minute
+    python -m course_lib.studies.index_scale --smoke   # 10^5 items, 100 queries: under a minute
 """
 
 from __future__ import annotations
@@ -27,6 +26,7 @@ import gc
 import json
 import math
 import os
+import platform
 import resource
 import time
 from pathlib import Path
@@ -36,18 +36,11 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from course_lib.core import settings
+from course_lib.core import retrieval, settings
 from course_lib.core import shipped as shipped_models
 from course_lib.core.checkpoints import CHECKPOINTS
 from course_lib.core.index_eval import time_single_queries, topk_recall
-from course_lib.core.retrieval import (
-    as_float32_matrix,
-    blas_switch,
-    build_index,
-    current_params,
-    set_search_params,
-)
-from course_lib.core.roofline import exact_search_flops, gflops  # noqa: F401 (re-exported: tests, notebooks)
+from course_lib.core.roofline import exact_search_flops, gflops
 from course_lib.core.tiling import tile_rows
 from course_lib.core.timing import measure
 from course_lib.data.synthetic import SyntheticConfig, make_benchmark
@@ -58,13 +51,13 @@ from course_lib.methods.registry import available_methods
 from course_lib.studies.index_scale_report import results_markdown
 
 KINDS = ("flat", "ivf", "ivfpq", "hnsw", "hnswpq")
-NLIST_CAP = 1024  # adding n vectors to IVF costs n * nlist * E multiply-adds: this keeps 10^7 in minutes
+NLIST_CAP = 1024  # adding n vectors to IVF costs n * nlist * E multiply-adds: 10^7 in minutes
 TRAIN_PER_LIST = 50  # k-means trains on 50 vectors per list (FAISS asks for at least 39)
-HNSW_GRAPH = {"M": 16, "ef_construction": 40}  # lighter than retrieval's default: 10^6 in ~2 min on 1 thread
+HNSW_GRAPH = {"M": 16, "ef_construction": 40}  # lighter than retrieval's: 10^6 in ~2 min, 1 thread
 PQ = {"m": 16, "nbits": 8}  # retrieval's defaults: 16 sub-vectors of 4 numbers, one byte each
 PQ_TRAIN = 64 * 256  # hnswpq's codebooks learn from 64 vectors per centroid (ivfpq: its IVF sample)
-SWEEP = {"ivf": ("nprobe", (1, 2, 4, 8, 16, 32, 64)), "ivfpq": ("nprobe", (1, 2, 4, 8, 16, 32, 64)),
-         "hnsw": ("ef_search", (16, 32, 64, 128, 256)), "hnswpq": ("ef_search", (16, 32, 64, 128, 256))}
+_PROBES, _EFS = ("nprobe", (1, 2, 4, 8, 16, 32, 64)), ("ef_search", (16, 32, 64, 128, 256))
+SWEEP = {"ivf": _PROBES, "ivfpq": _PROBES, "hnsw": _EFS, "hnswpq": _EFS}
 # the study runs in retrieval.blas_switch() (BLAS for Q * E >= 800 per thread; 1000 queries are ~5x
 # faster on one thread than on FAISS's default switch), and also times exact search on the default
 DEFAULT_PATH_MAX_N = 1_000_000  # ... up to this gallery size
@@ -73,7 +66,7 @@ CHUNK = 1 << 16  # gallery rows per generation / torch.mm block
 
 
 def study_config(kind: str, n: int) -> tuple[dict, int | None]:
-    """(build_index params, train_size) of an index kind at gallery size n, as this study builds it."""
+    """(build_index params, train_size) of an index kind at gallery size n, as the study uses."""
     nlist = max(1, min(NLIST_CAP, round(math.sqrt(n)), n // 39))
     configs = {"flat": ({}, None),
                "ivf": ({"nlist": nlist, "nprobe": 16}, TRAIN_PER_LIST * nlist),
@@ -85,22 +78,23 @@ def study_config(kind: str, n: int) -> tuple[dict, int | None]:
     return configs[kind]
 
 
-def load_embeddings(smoke: bool = False, checkpoints=CHECKPOINTS, seed: int = 0, n_queries: int = 1000,
+def load_embeddings(smoke: bool = False, checkpoints=CHECKPOINTS, seed: int = 0,
+                    n_queries: int = 1000,
                     progress: bool = True) -> tuple[np.ndarray, np.ndarray, str]:
     """(image embeddings (N0, E) of the "full" split, caption embeddings (Q, E) of its held-out test
-    queries, a line saying which model made them): the shipped LightningDOT (default config,
-    shipped_models/) or the cached one of this mode (outputs/checkpoints) if there, else a
-    random-weight LightningDOT (no training)."""
+    queries, which model made them): the shipped LightningDOT (default config) or this mode's
+    cached one (outputs/checkpoints) if there, else a random-weight one (no training)."""
     bench = make_benchmark(SyntheticConfig.smoke() if smoke else SyntheticConfig(), seed=seed)
     tokenizer = build_word_tokenizer(bench["train"].captions + bench["pretrain"].captions)
     method = available_methods(seed, smoke, names=["lightningdot"])[0]
-    cached = None if checkpoints is None else Path(checkpoints) / method.checkpoint_file(bench, tokenizer)
-    shipped = None if smoke else shipped_models.find_shipped(shipped_models.shipped_folder(),
-                                                            *method.shipping_entry(bench, tokenizer))
+    folder = None if checkpoints is None else Path(checkpoints)
+    cached = None if folder is None else folder / method.checkpoint_file(bench, tokenizer)
+    shipped = None if smoke else shipped_models.find_shipped(
+        shipped_models.shipped_folder(), *method.shipping_entry(bench, tokenizer))
     mode = "smoke" if smoke else "default"
     if shipped is not None or (cached is not None and cached.exists()):
         method.progress = progress
-        model = method.fit(bench, tokenizer, cache_dir=None if checkpoints is None else Path(checkpoints)).model
+        model = method.fit(bench, tokenizer, cache_dir=folder).model
         source = f"trained LightningDOT ({mode} config), checkpoint {method.checkpoint_path}"
     else:
         settings.seed_everything(seed)
@@ -174,71 +168,74 @@ def _point(index, queries, exact_ids, k: int, repeats: int) -> tuple[dict, np.nd
 
 def measure_kind(gallery, queries, exact_ids, kind: str, k: int = 10,
                  repeats: int = 50) -> tuple[dict, list[dict], np.ndarray]:
-    """Build one index kind over gallery (n, E) as study_config says and measure it at its default
-    search setting and at each of its SWEEP settings: (row, sweep rows, the ids (Q, k) its batched
-    search found). exact_ids (Q, k): the exact top k of queries (Q, E); None for "flat", whose own
-    ids are the exact ones (so exact search runs once)."""
+    """Build one index kind over gallery (n, E) as study_config says; measure it at its default and
+    each SWEEP search setting: (row, sweep rows, the ids (Q, k) its batched search found).
+    exact_ids (Q, k): the exact top k of queries (Q, E); None for "flat", whose own ids are."""
     params, train_size = study_config(kind, len(gallery))
     built = {}
-    build = measure(lambda: built.update(index=build_index(gallery, kind, train_size=train_size, **params)),
-                      warmup=0, repeats=1)
+    build = measure(lambda: built.update(index=retrieval.build_index(
+        gallery, kind, train_size=train_size, **params)), warmup=0, repeats=1)
     index = built.pop("index")
     main, ids = _point(index, queries, exact_ids, k, repeats)
-    row = {"kind": kind, "n": len(gallery), "params": current_params(index), "train_size": train_size,
-           "build_s": build.median_ms / 1e3, "bytes_per_item": index_bytes(index) / len(gallery),
-           "code_bytes": code_bytes(index), **main}
+    row = {"kind": kind, "n": len(gallery), "params": retrieval.current_params(index),
+           "train_size": train_size, "build_s": build.median_ms / 1e3,
+           "bytes_per_item": index_bytes(index) / len(gallery), "code_bytes": code_bytes(index),
+           **main}
     knob, values = SWEEP.get(kind, (None, ()))
     points = []
     for value in values:
         point = main  # the main row's setting: measured already
         if value != row["params"][knob]:
-            set_search_params(index, **{knob: value})
+            retrieval.set_search_params(index, **{knob: value})
             point = _point(index, queries, exact_ids, k, repeats)[0]
         points.append({"kind": kind, "n": len(gallery), "knob": knob, "value": value, **point})
     return row, points, ids
 
 
 def _skip_reason(kind: str, n: int, rows: list[dict], max_build_s: float) -> str | None:
-    """Why `kind` is not built at n: its build time, scaled from its largest smaller gallery in rows
-    (as n for IVF, whose lists are capped; as n log n for HNSW, whose inserts walk a graph growing
-    with n), exceeds max_build_s. None: build it ("flat", the reference, always is)."""
+    """Why `kind` is not built at n: its build time scaled from its largest smaller gallery in rows
+    (as n for IVF, lists capped; as n log n for HNSW, whose inserts walk a graph growing with n)
+    exceeds max_build_s. None: build it ("flat", the reference, always is)."""
     smaller = [r for r in rows if r["kind"] == kind and r["n"] < n]
     if kind == "flat" or not smaller:
         return None
     last = max(smaller, key=lambda r: r["n"])
     graph = kind.startswith("hnsw")
-    predicted = last["build_s"] * n / last["n"] * (math.log(n) / math.log(last["n"]) if graph else 1)
+    growth = math.log(n) / math.log(last["n"]) if graph else 1
+    predicted = last["build_s"] * n / last["n"] * growth
     if predicted <= max_build_s:
         return None
-    return (f"its build would take about {predicted:.0f} s ({last['build_s']:.0f} s at n={last['n']:,} "
-            f"scaled as {'n log n' if graph else 'n'}) > max_build_s={max_build_s:.0f} s on "
-            f"{torch.get_num_threads()} thread(s)")
+    return (f"its build would take about {predicted:.0f} s ({last['build_s']:.0f} s at "
+            f"n={last['n']:,} scaled as {'n log n' if graph else 'n'}) > "
+            f"max_build_s={max_build_s:.0f} s on {torch.get_num_threads()} thread(s)")
 
 
 def run(sizes=(1_000_000, 10_000_000), *, kinds=KINDS, n_queries: int = 1000, k: int = 10,
-        repeats: int = 50, construction: str = "tiled", noise: float = 0.25, max_build_s: float = 300.0,
-        smoke: bool = False, checkpoints=CHECKPOINTS, seed: int = 0, out=None, progress: bool = True) -> dict:
-    """The whole study; writes out/results.json and out/results.md when out is given. "flat" is
-    always measured, first: its ids are the exact top k. A kind whose build, scaled as n log n from
-    a smaller size of this run, would exceed max_build_s is skipped at that size, reason recorded."""
+        repeats: int = 50, construction: str = "tiled", noise: float = 0.25,
+        max_build_s: float = 300.0, smoke: bool = False, checkpoints=CHECKPOINTS, seed: int = 0,
+        out=None, progress: bool = True) -> dict:
+    """The whole study (and out/results.json, results.md when out is given). "flat" always runs,
+    first: its ids are the exact top k. A kind is skipped at a size where _skip_reason says why."""
     start, load_start = time.perf_counter(), os.getloadavg()
     sizes = sorted({int(n) for n in sizes})
     unknown = sorted(set(kinds) - set(KINDS))
     if unknown or not sizes or sizes[0] < 1:
-        raise ValueError(f"need sizes >= 1 and kinds among {list(KINDS)}; got {sizes}, unknown {unknown}")
+        raise ValueError(f"need sizes >= 1 and kinds among {list(KINDS)}; got {sizes}, unknown "
+                         f"{unknown}")
     kinds = ["flat"] + [kind for kind in KINDS if kind in kinds and kind != "flat"]
     threads = torch.get_num_threads()
     faiss.omp_set_num_threads(threads)  # FAISS on torch's threads: one budget
     images, captions, source = load_embeddings(smoke, checkpoints, seed, n_queries, progress)
-    queries = as_float32_matrix(captions, "queries")  # (Q, E)
+    queries = retrieval.as_float32_matrix(captions, "queries")  # (Q, E)
     results = {"indexes": [], "sweep": [], "exact_vs_mm": [], "skipped": []}
     steps = tqdm(total=len(sizes) * len(kinds), desc="index study", disable=not progress)
     default_threshold = faiss.cvar.distance_compute_blas_threshold
-    with blas_switch():
+    with retrieval.blas_switch():
         tuned = faiss.cvar.distance_compute_blas_threshold
         for n in sizes:
             steps.set_postfix(n=f"{n:,}", step="gallery")
-            gallery = tile_rows(images, n, construction=construction, noise=noise, seed=seed, progress=progress)
+            gallery = tile_rows(images, n, construction=construction, noise=noise, seed=seed,
+                                progress=progress)
             exact_ids = None  # (Q, k) once "flat" has run
             for kind in kinds:
                 steps.set_postfix(n=f"{n:,}", kind=kind)
@@ -252,22 +249,24 @@ def run(sizes=(1_000_000, 10_000_000), *, kinds=KINDS, n_queries: int = 1000, k:
                     results["sweep"] += points
                     if kind == "flat":
                         exact_ids = ids
-                        results["exact_vs_mm"].append(_exact_vs_mm(row, queries, gallery, k, default_threshold))
+                        results["exact_vs_mm"].append(
+                            _exact_vs_mm(row, queries, gallery, k, default_threshold))
                     gc.collect()  # let the index go before the next one is built
                 steps.update()
             del gallery
             gc.collect()
     steps.close()
     env = settings.describe_environment()
-    rest = (f"copies tiled with Gaussian noise of {noise} x each dimension's std" if construction == "tiled"
-            else "rows drawn from a Gaussian fitted to them")
+    rest = (f"copies tiled with Gaussian noise of {noise} x each dimension's std"
+            if construction == "tiled" else "rows drawn from a Gaussian fitted to them")
     results["meta"] = {
         "device": env["device"], "cpu": _cpu_name(), "torch": env["torch"], "faiss": env["faiss"],
         "torch_threads": threads, "faiss_threads": faiss.omp_get_max_threads(),
         "blas_threshold": {"used": tuned, "faiss_default": default_threshold,
                            "default_timed_up_to": DEFAULT_PATH_MAX_N},
-        "sizes": sizes, "kinds": kinds, "queries": len(queries), "k": k, "dim": int(queries.shape[1]),
-        "embeddings": source, "gallery": f"the {len(images):,} real image embeddings of the full split, then {rest}",
+        "sizes": sizes, "kinds": kinds, "queries": len(queries), "k": k,
+        "dim": int(queries.shape[1]), "embeddings": source,
+        "gallery": f"the {len(images):,} real image embeddings of the full split, then {rest}",
         "mode": "smoke" if smoke else "default", "seed": seed, "max_build_s": max_build_s,
         "seconds": round(time.perf_counter() - start, 1),
         "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20, 2),
@@ -280,46 +279,55 @@ def run(sizes=(1_000_000, 10_000_000), *, kinds=KINDS, n_queries: int = 1000, k:
     return results
 
 
-def _exact_vs_mm(flat_row: dict, queries: np.ndarray, gallery: np.ndarray, k: int, default_threshold: int) -> dict:
-    """The flat index's batched GFLOP/s, on the study's BLAS switch and (n <= DEFAULT_PATH_MAX_N) on
-    FAISS's default one, against torch.mm of the same shape."""
+def _exact_vs_mm(flat_row: dict, queries: np.ndarray, gallery: np.ndarray, k: int,
+                 default_threshold: int) -> dict:
+    """The flat index's batched GFLOP/s, on the study's BLAS switch and (n <= DEFAULT_PATH_MAX_N)
+    on FAISS's default one, against torch.mm of the same shape."""
     flops = exact_search_flops(len(queries), len(gallery), gallery.shape[1])
     faiss_ms, default_ms = flat_row["ms_batched"] * len(queries), None
     if len(gallery) <= DEFAULT_PATH_MAX_N:
-        index, tuned = build_index(gallery, "flat"), faiss.cvar.distance_compute_blas_threshold
+        index = retrieval.build_index(gallery, "flat")
+        tuned = faiss.cvar.distance_compute_blas_threshold
         faiss.cvar.distance_compute_blas_threshold = default_threshold
         try:
             default_ms = _timed(lambda: index.search(queries, k))
         finally:
             faiss.cvar.distance_compute_blas_threshold = tuned
     mm_rate = mm_gflops(queries, gallery)
-    return {"n": len(gallery), "queries": len(queries), "dim": gallery.shape[1], "gflop": flops / 1e9,
-            "faiss_ms": faiss_ms, "faiss_gflops": gflops(flops, faiss_ms), "mm_gflops": mm_rate,
-            "fraction": gflops(flops, faiss_ms) / mm_rate, "default_ms": default_ms,
+    return {"n": len(gallery), "queries": len(queries), "dim": gallery.shape[1],
+            "gflop": flops / 1e9, "faiss_ms": faiss_ms, "faiss_gflops": gflops(flops, faiss_ms),
+            "mm_gflops": mm_rate, "fraction": gflops(flops, faiss_ms) / mm_rate,
+            "default_ms": default_ms,
             "default_fraction": None if default_ms is None else gflops(flops, default_ms) / mm_rate}
 
 
 def _cpu_name() -> str:
-    import platform
-
     info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    names = [line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")]
+    names = [line.split(":", 1)[1].strip() for line in info.splitlines()
+             if line.startswith("model name")]
     return names[0] if names else platform.processor() or "unknown CPU"
 
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add = parser.add_argument
-    add("--sizes", type=int, nargs="+", help="gallery sizes (default 1000000 10000000; smoke 100000)")
-    add("--smoke", action="store_true", help="10^5 items, 100 queries, smoke models (also COURSE_SMOKE=1)")
+    add("--sizes", type=int, nargs="+",
+        help="gallery sizes (default 1000000 10000000; smoke 100000)")
+    add("--smoke", action="store_true",
+        help="10^5 items, 100 queries, smoke models (also COURSE_SMOKE=1)")
     add("--out", default="outputs/index_scale", help="folder for results.json and results.md")
-    add("--kinds", nargs="+", default=list(KINDS), choices=KINDS, help="index kinds (flat always runs)")
+    add("--kinds", nargs="+", default=list(KINDS), choices=KINDS,
+        help="index kinds (flat always runs)")
     add("--queries", type=int, help="held-out caption queries (default 1000; smoke 100)")
-    add("--construction", choices=("tiled", "gaussian"), default="tiled", help="rows after the real ones")
-    add("--noise", type=float, default=0.25, help="tiled: noise std as a fraction of each dimension's std")
-    add("--max-build-s", type=float, default=300.0, help="skip a kind at a size whose build would take longer")
+    add("--construction", choices=("tiled", "gaussian"), default="tiled",
+        help="rows after the real ones")
+    add("--noise", type=float, default=0.25,
+        help="tiled: noise std as a fraction of each dimension's std")
+    add("--max-build-s", type=float, default=300.0,
+        help="skip a kind at a size whose build would take longer")
     add("--checkpoints", default=CHECKPOINTS, help="folder of cached trained models")
-    add("--seed", type=int, default=0, help="seed of the data, the model's fallback weights and the noise")
+    add("--seed", type=int, default=0,
+        help="seed of the data, the model's fallback weights and the noise")
     args = parser.parse_args(argv)
     smoke = args.smoke or settings.smoke_mode()
     results = run(args.sizes or ([100_000] if smoke else [1_000_000, 10_000_000]), kinds=args.kinds,

@@ -1,5 +1,5 @@
-"""The index-of-millions study's report: `course_lib.studies.index_scale`'s results as the Markdown tables that
-its results.md and docs/index_scale.md show (build, storage, recall vs latency, exact search vs matrix multiply)."""
+"""The index-of-millions study's results as the Markdown tables of its results.md and
+docs/index_scale.md: build, storage, recall vs latency, exact search vs matrix multiply."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ def _params_text(row: dict) -> str:
 
 
 def _table(header: list[str], rows: list[list], numeric_from: int = 0) -> list[str]:
-    """Markdown table lines: header cells, then rows of cells; columns from numeric_from right-aligned."""
+    """Markdown table lines: header cells, then rows of cells; numeric_from on, right-aligned."""
     align = ["---" if i < numeric_from else "---:" for i in range(len(header))]
     return [f"| {' | '.join(map(str, cells))} |" for cells in [header, align, *rows]]
 
@@ -20,29 +20,33 @@ def results_markdown(results: dict) -> str:
     meta, q = results["meta"], results["meta"]["queries"]
     sizes = ", ".join(f"{n:,}" for n in meta["sizes"])
     load = meta["load_average_start_end"]
-    head = (f"Device `{meta['device']}` ({meta['cpu']}), torch {meta['torch']}, faiss {meta['faiss']}, "
-            f"{meta['torch_threads']} torch / {meta['faiss_threads']} FAISS thread(s); galleries of {sizes} "
-            f"items, {q:,} queries, k = {meta['k']}, E = {meta['dim']}; {meta['seconds']} s in all, peak "
-            f"memory {meta['peak_rss_gb']} GB, load average {load[0]} at the start and {load[1]} at the "
-            f"end (mode `{meta['mode']}`).")
-    source = (f"Embeddings: {meta['embeddings']}. Gallery: {meta['gallery']}. Queries: held-out test "
-              "captions. Recall: k-recall@10 against the flat index's exact top 10.")
-    rows = [[f"{r['n']:,}", r["kind"], _params_text(r), f"{r['build_s']:.1f}", f"{r['bytes_per_item']:.1f}",
-             f"{r['recall_at_k']:.3f}", f"{r['ms_single']:.3g}", f"{r['ms_batched']:.3g}"]
-            for r in results["indexes"]]
+    head = (f"Device `{meta['device']}` ({meta['cpu']}), torch {meta['torch']}, faiss "
+            f"{meta['faiss']}, {meta['torch_threads']} torch / {meta['faiss_threads']} FAISS "
+            f"thread(s); galleries of {sizes} items, {q:,} queries, k = {meta['k']}, E = "
+            f"{meta['dim']}; {meta['seconds']} s in all, peak memory {meta['peak_rss_gb']} GB, "
+            f"load average {load[0]} at the start and {load[1]} at the end (mode "
+            f"`{meta['mode']}`).")
+    source = (f"Embeddings: {meta['embeddings']}. Gallery: {meta['gallery']}. Queries: held-out "
+              "test captions. Recall: k-recall@10 against the flat index's exact top 10.")
+    rows = [[f"{r['n']:,}", r["kind"], _params_text(r), f"{r['build_s']:.1f}",
+             f"{r['bytes_per_item']:.1f}", f"{r['recall_at_k']:.3f}", f"{r['ms_single']:.3g}",
+             f"{r['ms_batched']:.3g}"] for r in results["indexes"]]
     rows += [[f"{s['n']:,}", s["kind"], f"skipped: {s['reason']}", "–", "–", "–", "–", "–"]
              for s in results["skipped"]]
     lines = [head, "", source, ""] + _table(
-        ["n", "index", "parameters", "build s", "bytes / item", "recall@10", "ms / query, one at a time",
-         f"ms / query, batch of {q:,}"], rows, numeric_from=3)
-    storage = [[f"{r['n']:,}", r["kind"], r["code_bytes"], f"{4 * meta['dim'] / r['code_bytes']:.0f}x",
-                f"{r['bytes_per_item']:.1f}"] for r in results["indexes"]]
-    lines += ["", ("**Storage**: bytes per item, the vector's code alone and the whole serialised index "
-                   "(ids, lists, graph links, centroids and codebooks included)"), ""]
-    lines += _table(["n", "index", "code bytes", "float32 / code", "index bytes / item"], storage, 2)
+        ["n", "index", "parameters", "build s", "bytes / item", "recall@10",
+         "ms / query, one at a time", f"ms / query, batch of {q:,}"], rows, numeric_from=3)
+    storage = [[f"{r['n']:,}", r["kind"], r["code_bytes"],
+                f"{4 * meta['dim'] / r['code_bytes']:.0f}x", f"{r['bytes_per_item']:.1f}"]
+               for r in results["indexes"]]
+    lines += ["", ("**Storage**: bytes per item, the vector's code alone and the whole serialised "
+                   "index (ids, lists, graph links, centroids and codebooks included)"), ""]
+    lines += _table(["n", "index", "code bytes", "float32 / code", "index bytes / item"],
+                    storage, 2)
     sweep = [[f"{p['n']:,}", p["kind"], f"{p['knob']}={p['value']}", f"{p['recall_at_k']:.3f}",
               f"{p['ms_single']:.3g}", f"{p['ms_batched']:.3g}"] for p in results["sweep"]]
-    lines += ["", "**Recall vs latency** as the search-time knob varies (the same built indexes)", ""]
+    lines += ["", "**Recall vs latency** as the search-time knob varies (the same built indexes)",
+              ""]
     lines += _table(["n", "index", "setting", "recall@10", "ms / query, one at a time",
                      "ms / query, batched"], sweep, 3)
     threshold = meta["blas_threshold"]
@@ -51,11 +55,12 @@ def results_markdown(results: dict) -> str:
               "–" if e["default_ms"] is None else f"{e['default_ms']:.0f}",
               "–" if e["default_fraction"] is None else f"{e['default_fraction']:.2f}"]
              for e in results["exact_vs_mm"]]
-    lines += ["", (f"**Exact batched search vs matrix multiply**: 2 Q N E flops; torch.mm of the same (Q, E) x "
-                   f"(E, N) shape on the same threads. FAISS switches from its own loop to BLAS at Q E >= "
-                   f"distance_compute_blas_threshold: {threshold['used']:,} in this study, "
-                   f"{threshold['faiss_default']:,} by default (timed up to n = "
+    lines += ["", (f"**Exact batched search vs matrix multiply**: 2 Q N E flops; torch.mm of the "
+                   f"same (Q, E) x (E, N) shape on the same threads. FAISS switches from its own "
+                   f"loop to BLAS at Q E >= distance_compute_blas_threshold: {threshold['used']:,} "
+                   f"in this study, {threshold['faiss_default']:,} by default (timed up to n = "
                    f"{threshold['default_timed_up_to']:,})"), ""]
-    lines += _table(["n", "Q", "GFLOP", "torch.mm GFLOP/s", "FAISS ms", "FAISS GFLOP/s", "fraction of mm",
-                     "FAISS ms, default switch", "fraction, default switch"], exact)
+    lines += _table(["n", "Q", "GFLOP", "torch.mm GFLOP/s", "FAISS ms", "FAISS GFLOP/s",
+                     "fraction of mm", "FAISS ms, default switch", "fraction, default switch"],
+                    exact)
     return "\n".join(lines) + "\n"

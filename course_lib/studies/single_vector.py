@@ -1,5 +1,6 @@
-"""What one vector per image can do here: the bag-of-objects reference (course_lib.data.bag_of_objects)
-scored like a method, in every setting, per caption family and per embedding width.
+"""What one vector per image can do here: the bag-of-objects reference
+(course_lib.data.bag_of_objects) scored like a method, in every setting, per caption family and per
+embedding width.
 
 Its recalls are expected values with ties broken at random (core.metrics.expected_hits): the
 hand-built vectors tie often, and a method's rank would otherwise depend on how the ties fall. The
@@ -15,10 +16,10 @@ from course_lib.data.bag_of_objects import bag_of_objects, random_projection
 from course_lib.data.scenes import FAMILIES
 
 NAME = "bag-of-objects"
-NOTE = ("reference, not trained: a hand-built multi-hot of each scene's objects, (object, cell) pairs and count "
-        "against each caption's named objects, dot product, ties broken at random (expected recall); relations "
-        "cannot be represented (course_lib.data.bag_of_objects)")
-WIDTHS = (64, 128, 256, 512)  # joint-space widths of the random projections (the course's models: 64-256)
+NOTE = ("reference, not trained: a hand-built multi-hot of each scene's objects, (object, cell) "
+        "pairs and count against each caption's named objects, dot product, ties broken at random "
+        "(expected recall); relations cannot be represented (course_lib.data.bag_of_objects)")
+WIDTHS = (64, 128, 256, 512)  # random projections' widths (the course's joint spaces: 64-256)
 
 
 def _vectors(split, width: int | None, seed: int):
@@ -26,7 +27,8 @@ def _vectors(split, width: int | None, seed: int):
     return (images, texts) if width is None else random_projection(images, texts, width, seed)
 
 
-def reference_metrics(split, ks=(1, 5, 10), width: int | None = None, seed: int = 0) -> dict[str, float]:
+def reference_metrics(split, ks=(1, 5, 10), width: int | None = None,
+                      seed: int = 0) -> dict[str, float]:
     """Expected i2t_r{k} / t2i_r{k} (percent) of the bag of objects on a split, its own queries only
     (the full setting's are the test split's); width: randomly projected to that many numbers."""
     images, texts = _vectors(split, width, seed)
@@ -38,9 +40,10 @@ def reference_metrics(split, ks=(1, 5, 10), width: int | None = None, seed: int 
     return out
 
 
-def recall_by_family_and_width(split, k: int = 1, widths=(None, *WIDTHS), seed: int = 0) -> list[dict]:
-    """t2i R@k (percent) per caption family (and over all captions) for the exact vectors (width None)
-    and each projection width: rows {"family", "captions", None: recall, 64: recall, ...}."""
+def recall_by_family_and_width(split, k: int = 1, widths=(None, *WIDTHS),
+                               seed: int = 0) -> list[dict]:
+    """t2i R@k (percent) per caption family (and over all captions) for the exact vectors (width
+    None) and each projection width: rows {"family", "captions", None: recall, 64: recall, ...}."""
     family = split.meanings.family[split.text_queries]
     hits = {}
     for width in widths:
@@ -49,7 +52,8 @@ def recall_by_family_and_width(split, k: int = 1, widths=(None, *WIDTHS), seed: 
     rows = []
     for code in [*np.unique(family), None]:
         chosen = np.ones(len(family), bool) if code is None else family == code
-        rows.append({"family": "all" if code is None else FAMILIES[int(code)], "captions": int(chosen.sum()),
+        rows.append({"family": "all" if code is None else FAMILIES[int(code)],
+                     "captions": int(chosen.sum()),
                      **{width: 100.0 * float(hits[width][chosen].mean()) for width in widths}})
     return rows
 
@@ -60,8 +64,10 @@ def family_table(rows: list[dict], k: int = 1) -> str:
     names = ["exact" if w is None else f"{w}-d" for w in widths]
     lines = ["| caption family | captions | " + " | ".join(f"t2i R@{k} {n}" for n in names) + " |",
              "|---|---|" + "---|" * len(widths)]
-    lines += [f"| {r['family']} | {r['captions']:,} | " + " | ".join(f"{r[w]:.1f}" for w in widths) + " |" for r in rows]
+    lines += [f"| {r['family']} | {r['captions']:,} | " + " | ".join(f"{r[w]:.1f}" for w in widths)
+              + " |" for r in rows]
     return "\n".join(lines)
 
 
-__all__ = ["NAME", "NOTE", "WIDTHS", "reference_metrics", "recall_by_family_and_width", "family_table"]
+__all__ = ["NAME", "NOTE", "WIDTHS", "reference_metrics", "recall_by_family_and_width",
+           "family_table"]

@@ -1,15 +1,12 @@
 """How far can a text tower take a dot product when the image side is perfect?
 
-Fast's image tower reads pixels; its text tower is the paper's bag of words. When Fast stalls, which
-side holds it back? Here the image side is taken out of the question: f(x) is a learned Linear of the
-scene's hand-built bag-of-objects vector (course_lib.data.bag_of_objects: every object, its cell and
-the count, read from the generator's ground truth, so nothing is misperceived), and g(y) is Fast's own
-text tower (`fast_text_tower`: bag of words, bi-GRU or transformer) trained against it with Fast's
-eq. 4, batch, rate and fresh scenes. What the pair reaches is the ceiling of that text tower on this
-data: no pixel model with the same text tower can expect more.
-
-The hand-built vector travels as the split's one "region" (regions (N, 1, D), a full mask), so the
-course's Trainer, datasets and evaluation serve it unchanged.
+When Fast stalls, which side holds it back? Here the image side is perfect: f(x) is a learned Linear
+of the scene's hand-built bag-of-objects vector (course_lib.data.bag_of_objects: every object, its
+cell and the count, from the generator's ground truth), and g(y) is Fast's own text tower
+(`fast_text_tower`: the paper's bag of words, a bi-GRU or a transformer) trained against it with
+Fast's eq. 4, batch, rate and fresh scenes. What the pair reaches is that text tower's ceiling on
+this data: no pixel model with the same text tower can expect more. The hand-built vector travels as
+the split's one "region" (regions (N, 1, D), a full mask) through the usual Trainer.
 """
 
 from __future__ import annotations
@@ -24,27 +21,28 @@ from course_lib.core.settings import seed_everything
 from course_lib.core.tokens import SpecialTokens
 from course_lib.data.bag_of_objects import image_vectors
 from course_lib.data.synthetic import with_fresh_scenes
+from course_lib.methods.base import fit_pairs
 from course_lib.methods.encoding import learning_curve_splits, retrieval_evaluator, similarity
 from course_lib.methods.fast_slow.method import nce_loss
 from course_lib.methods.fast_slow.model import FastConfig, fast_text_tower
-from course_lib.methods.base import fit_pairs
 
 
 def with_bag_of_objects(split):
-    """The split with each image's hand-built bag-of-objects vector as its one region: regions (N, 1, D),
-    boxes zero, every mask True. Needs the generator's ground truth (split.scenes)."""
+    """The split with each image's hand-built bag-of-objects vector as its one region: regions
+    (N, 1, D), boxes zero, every mask True. Needs the generator's ground truth (split.scenes)."""
     if split.scenes is None:
-        raise ValueError(f"split {split.name!r} has no scenes: the bag of objects exists for the synthetic "
-                         "benchmark only")
+        raise ValueError(f"split {split.name!r} has no scenes: the bag of objects exists for the "
+                         "synthetic benchmark only")
     vectors = image_vectors(split.scenes)  # (N, D)
     n = len(vectors)
-    return dataclasses.replace(split, regions=vectors[:, None, :], boxes=np.zeros((n, 1, 7), np.float32),
+    return dataclasses.replace(split, regions=vectors[:, None, :],
+                               boxes=np.zeros((n, 1, 7), np.float32),
                                region_mask=np.ones((n, 1), bool), region_classes=None)
 
 
 class BagOfObjectsDualEncoder(nn.Module):
-    """f(x) = Linear(the scene's bag-of-objects vector) (B, E); g(y) = Fast's text tower and MLP (B, E);
-    unnormalised dot product, as Fast. forward(batch) -> (f, g)."""
+    """f(x) = Linear(the scene's bag-of-objects vector) (B, E); g(y) = Fast's text tower and MLP
+    (B, E); unnormalised dot product, as Fast. forward(batch) -> (f, g)."""
 
     modality = "regions"
 
@@ -64,16 +62,17 @@ class BagOfObjectsDualEncoder(nn.Module):
         return self.encode_images(batch), self.encode_texts(batch)
 
 
-def train_text_ceiling(bench: dict, tokenizer, config: FastConfig | None = None, *, eval_every: int | None = None,
-                       progress: bool = True):
-    """Fast's text tower (config.text_tower, its sizes, eq. 4, batch, rate, steps and fresh scenes)
-    trained against the perfect image vector. -> (model in eval mode, history with val and
-    train[:1000] recalls)."""
+def train_text_ceiling(bench: dict, tokenizer, config: FastConfig | None = None, *,
+                       eval_every: int | None = None, progress: bool = True):
+    """Fast's text tower (config.text_tower, its sizes, eq. 4, batch, rate, steps, fresh scenes)
+    against the perfect image vector. -> (model in eval mode, history: val, train[:1000] recalls)"""
     c = config or FastConfig()
     seed_everything(c.seed)
     train = with_bag_of_objects(with_fresh_scenes(bench["train"], c.fresh_scenes))
-    curve = {name: with_bag_of_objects(split) for name, split in learning_curve_splits(bench).items()}
-    model = BagOfObjectsDualEncoder(len(tokenizer), train.regions.shape[-1], c, SpecialTokens.of(tokenizer))
+    curve = {name: with_bag_of_objects(split)
+             for name, split in learning_curve_splits(bench).items()}
+    model = BagOfObjectsDualEncoder(len(tokenizer), train.regions.shape[-1], c,
+                                    SpecialTokens.of(tokenizer))
     evaluate = retrieval_evaluator(curve, lambda m, split: similarity(m, split, tokenizer))
     history = fit_pairs(model, nce_loss, train, tokenizer, c, modality="regions", evaluate=evaluate,
                         eval_every=eval_every, log_every=25, progress=progress)
