@@ -1,5 +1,8 @@
 """The refresh of the shipped models: `python -m course_lib.refresh_shipped [--methods A,B]`.
 
+`--relabel` renames them instead, training nothing, after a change of the naming rule alone
+(course_lib.shipping.relabel).
+
 Trains the default models (seed 0, default sizes; or loads them from --checkpoints) and rewrites
 shipped_models/ with their weights and manifest (course_lib.shipping.refresh); --jobs > 1 trains
 them side by side first (course_lib.training_lanes). Not a main in course_lib.shipping:
@@ -14,7 +17,7 @@ from course_lib.core import settings
 from course_lib.core.checkpoints import CHECKPOINTS
 from course_lib.core.shipped import MANIFEST, SHIPPED_MODELS
 from course_lib.methods.registry import registered_names
-from course_lib.shipping import SEED, refresh
+from course_lib.shipping import SEED, refresh, relabel
 from course_lib.training_lanes import add_jobs_option, train_in_parallel
 
 
@@ -28,6 +31,10 @@ def main(argv=None) -> dict:
                         help="folder of cached trained models, shared with the benchmark and the "
                              "notebooks: a finished model there is loaded, not trained "
                              "(default: %(default)s)")
+    parser.add_argument("--relabel", action="store_true",
+                        help="train nothing: move every shipped file to the name today's code "
+                             "gives it, byte for byte, after checking that it computes its "
+                             "recorded probe (for a change of the naming rule alone)")
     add_jobs_option(parser)
     args = parser.parse_args(argv)
     if args.jobs < 1:
@@ -40,6 +47,10 @@ def main(argv=None) -> dict:
     if unknown:
         parser.error(f"unknown method(s) {unknown}; choose from {registered_names()}")
     settings.plain_course_notes()
+    if args.relabel:
+        manifest = relabel(SHIPPED_MODELS)
+        print(f"relabelled {len(manifest['files'])} models in {SHIPPED_MODELS}")
+        return manifest
     if args.jobs > 1:
         train_in_parallel(only, seed=SEED, checkpoints=args.checkpoints, jobs=args.jobs,
                           retrain=True)

@@ -4,7 +4,7 @@ course_lib.refresh_shipped`; course_lib.core.shipped holds the folder's format, 
 They are the default benchmark's (seed 0, default sizes): every registered method that owns a
 model, and the models they are built from (a cascade's stages, a distilled model's teacher,
 hivlp-regions' flat model), found by walking the methods (`own_models`): a new method ships without
-touching this module. A shipped model is named by what it was trained from (Method.fingerprint)
+touching this module. A shipped model is named by what it was trained from (Method.stage)
 and checked by what it computes: the manifest keeps each model's `probe`, its scores on a fixed
 validation batch (the first PROBE_IMAGES images and their captions) and their recall;
 `output_problems` recomputes both from every shipped file, and tests/test_shipped_models.py fails
@@ -24,6 +24,7 @@ from course_lib.core import settings, shipped
 from course_lib.core.checkpoints import CHECKPOINTS
 from course_lib.core.files import write_atomically
 from course_lib.core.metrics import retrieval_metrics
+from course_lib.core.stages import config_fields
 from course_lib.data.synthetic import SyntheticConfig, make_benchmark
 from course_lib.data.tokenizer import build_word_tokenizer
 from course_lib.methods.base import Method, Ranker
@@ -78,10 +79,16 @@ def _or_default(methods, bench, tokenizer) -> tuple:
     return available_methods(SEED, smoke=False) if methods is None else methods, bench, tokenizer
 
 
+def shipping_entry(method: Method, bench, tokenizer) -> tuple[str, dict]:
+    """(file name, manifest entry) of the method's model in the shipped folder: its stage's."""
+    stage = method.stage(bench, tokenizer)
+    return stage.file_name, shipped.manifest_entry(method.name, stage)
+
+
 def expected_entries(bench=None, tokenizer=None, methods=None) -> dict:
     """{file name: manifest entry} of every model that should ship (default: the default run's)."""
     methods, bench, tokenizer = _or_default(methods, bench, tokenizer)
-    return dict(method.shipping_entry(bench, tokenizer) for method in own_models(methods))
+    return dict(shipping_entry(method, bench, tokenizer) for method in own_models(methods))
 
 
 def probe_split(bench):
@@ -150,7 +157,7 @@ def output_problems(folder=shipped.SHIPPED_MODELS, methods=None, bench=None,
     problems = []
     with settings.shipped_models_from(folder):
         for method in own_models(methods):
-            name, _ = method.shipping_entry(bench, tokenizer)
+            name = method.stage(bench, tokenizer).file_name
             if name not in files:
                 continue  # check_shipped names what is missing or stale
             method.fit(bench, tokenizer, cache_dir=None)
@@ -184,7 +191,7 @@ def refresh(folder=shipped.SHIPPED_MODELS, checkpoints=CHECKPOINTS, methods=None
             raise ValueError(f"no such methods to ship: {sorted(unknown)}; known: "
                              f"{[m.name for m in methods]}")
         chosen = own_models([m for m in methods if m.name in set(only)])
-        files = {id(m): m.shipping_entry(bench, tokenizer) for m in models}  # (file name, entry)
+        files = {id(m): shipping_entry(m, bench, tokenizer) for m in models}  # (file name, entry)
         refreshed = {files[id(m)][0] for m in chosen}
         listed = shipped.read_manifest(folder)["files"]
         keep = {name: listed[name] for name, entry in files.values()
@@ -202,7 +209,7 @@ def refresh(folder=shipped.SHIPPED_MODELS, checkpoints=CHECKPOINTS, methods=None
                 method.fit(bench, tokenizer, cache_dir=cache_dir)
     written = {}
     for method in models:
-        name, entry = method.shipping_entry(bench, tokenizer)
+        name, entry = shipping_entry(method, bench, tokenizer)
         if name not in written:  # one file per distinct model
             with as_shipped(method):
                 entry = {**entry, "probe": probe(method, bench)}
@@ -210,28 +217,44 @@ def refresh(folder=shipped.SHIPPED_MODELS, checkpoints=CHECKPOINTS, methods=None
     return shipped.write_shipped(folder, list(written.values()), not_shipped=not_shipped, keep=keep)
 
 
+def _same_config(method: Method, old: dict, new: dict) -> bool:
+    """Whether two manifest configs describe the same model: a field one of them leaves out counts
+    at its default (an earlier naming rule left fields out at their defaults)."""
+    default = config_fields(type(method.config)())
+    new = json.loads(json.dumps(new))  # as the manifest gives it back (a tuple reads back a list)
+    default = json.loads(json.dumps(default))
+    return all(old.get(k, default.get(k)) == new.get(k, default.get(k)) for k in {*old, *new})
+
+
 def relabel(folder=shipped.SHIPPED_MODELS, methods=None, bench=None, tokenizer=None) -> dict:
-    """Rewrite the manifest of `folder` under today's names and entries without training: each
-    method's shipped file (found by method name) is renamed, byte for byte, and gets today's entry
-    and a probe recorded from the file itself. For a change of the naming rule only: a model whose
-    config, data or format changed must be retrained (`refresh`)."""
+    """Rewrite the manifest of `folder` under today's names and entries without training, for a
+    change of the naming rule only: each method's shipped file (found by method name) is renamed,
+    byte for byte, and gets today's entry; its recorded probe stays, after a check that the file
+    still computes it. A model whose config, data or format changed must be retrained (`refresh`),
+    and so must one whose probe moved."""
     methods, bench, tokenizer = _or_default(methods, bench, tokenizer)
     folder = Path(folder)
     old = shipped.read_manifest(folder)
     by_method = {entry["method"]: (name, entry) for name, entry in old["files"].items()}
     moved, files = {}, {}
     for method in own_models(methods):
-        name, entry = method.shipping_entry(bench, tokenizer)
+        name, entry = shipping_entry(method, bench, tokenizer)
         old_name, old_entry = by_method[method.name]
-        for field in ("config", "data", "format"):
-            if json.loads(json.dumps(entry[field])) != old_entry[field]:
-                raise ValueError(f"{method.name}: its {field} changed since {old_name} was "
-                                 f"trained; retrain it with {shipped.REFRESH_COMMAND}")
+        changed = [field for field in ("data", "format") if entry[field] != old_entry[field]]
+        if not _same_config(method, old_entry["config"], entry["config"]):
+            changed.insert(0, "config")
+        if changed:
+            raise ValueError(f"{method.name}: its {', '.join(changed)} changed since {old_name} "
+                             f"was trained; retrain it with {shipped.REFRESH_COMMAND}")
         model = method.build_model(bench, tokenizer)
         method.history = shipped.load_shipped(folder / old_name, model)
         method.model, method.tokenizer, method.from_shipped = model.eval(), tokenizer, True
+        moved_by = probe_differences(old_entry.get("probe"), probe(method, bench))
+        if moved_by:
+            raise ValueError(f"{method.name} ({old_name}): {'; '.join(moved_by)}; retrain it with "
+                             f"{shipped.REFRESH_COMMAND}")
         moved[old_name] = name
-        files[name] = {**entry, "probe": probe(method, bench), "sha256": old_entry["sha256"],
+        files[name] = {**entry, "probe": old_entry["probe"], "sha256": old_entry["sha256"],
                        "bytes": old_entry["bytes"]}
     for old_name, name in moved.items():
         if old_name != name:
@@ -245,4 +268,4 @@ def relabel(folder=shipped.SHIPPED_MODELS, methods=None, bench=None, tokenizer=N
 
 __all__ = ["own_models", "benchmark_data", "default_benchmark", "expected_entries", "probe_split",
            "as_shipped", "probe", "probe_differences", "output_problems", "stale_problems",
-           "refresh", "relabel", "SEED", "PROBE_IMAGES"]
+           "refresh", "relabel", "shipping_entry", "SEED", "PROBE_IMAGES"]

@@ -87,7 +87,7 @@ def recorded_cpu_seconds(method, bench, tokenizer, folder=None) -> float:
     method stands in: a stale cost is the best guess, else a retrain would start them last."""
     folder = Path(folder or shipped.SHIPPED_MODELS)
     try:
-        name, _ = method.shipping_entry(bench, tokenizer)
+        name = method.stage(bench, tokenizer).file_name
         if not (folder / name).exists():
             listed = [n for n, e in shipped.read_manifest(folder)["files"].items()
                       if e.get("method") == method.name]
@@ -108,7 +108,7 @@ def recorded_cpu_seconds(method, bench, tokenizer, folder=None) -> float:
 
 def plan(models, bench, tokenizer, checkpoints=None) -> tuple[list[int], dict[int, set[int]]]:
     """(the indices of `models` to train, longest path first; {index: indices it needs first}). A
-    pixel stem (`stem_checkpoint_file`) several start from, not yet in `checkpoints`, is trained by
+    pixel stem (`stem_stage`) several start from, not yet in `checkpoints`, is trained by
     the first of them; the others wait for it: no two processes write the stem's file at once."""
     position = {id(m): i for i, m in enumerate(models)}
     to_train = [i for i, m in enumerate(models) if m.shipped_file(bench, tokenizer) is None]
@@ -121,8 +121,9 @@ def plan(models, bench, tokenizer, checkpoints=None) -> tuple[list[int], dict[in
     cost = {i: c if c > 0 else (sum(known) / len(known) if known else 0.0) for i, c in cost.items()}
     first_with_stem = {}
     for i in sorted(to_train, key=lambda i: (-cost[i], i)):  # the longest of them trains the stem
-        stem_file = getattr(models[i], "stem_checkpoint_file", None)
-        stem = stem_file(bench) if stem_file is not None else None
+        stem_stage = getattr(models[i], "stem_stage", None)
+        stem = stem_stage(bench) if stem_stage is not None else None
+        stem = stem and stem.file_name
         if stem is None or (checkpoints is not None and (Path(checkpoints) / stem).exists()):
             continue
         if stem in first_with_stem:

@@ -308,12 +308,12 @@ def test_the_checkpoint_name_follows_the_miner_only_when_it_mines(bench, tok):
     trained on mined negatives must follow its miner."""
     def named(config, steps):
         miner = dual_encoder_miner(VsePPMethod(VsePPConfig.smoke(max_steps=steps), progress=False))
-        return smoke_method(config, miner=miner).checkpoint_file(bench, tok)
+        return smoke_method(config, miner=miner).stage(bench, tok).file_name
 
     listwise = CrossEncoderConfig.smoke(max_steps=3)
     assert listwise.loss == "listwise"
     assert (named(listwise, 2) == named(listwise, 5)
-            == smoke_method(listwise).checkpoint_file(bench, tok))
+            == smoke_method(listwise).stage(bench, tok).file_name)
     mining = CrossEncoderConfig.smoke(max_steps=3, hard_negative_fraction=0.5, loss="binary")
     assert named(mining, 2) != named(mining, 5)
 
@@ -576,18 +576,18 @@ def test_the_method_follows_its_scan_checkpoint_and_ships_with_it(bench, tok, tm
     untrained and takes their weights from the cross-encoder's own state."""
     config = CrossEncoderConfig.smoke(max_steps=3)
     a, b = smoke_method(config), smoke_method(config)
-    assert a.checkpoint_file(bench, tok) == b.checkpoint_file(bench, tok)
+    assert a.stage(bench, tok).file_name == b.stage(bench, tok).file_name
     other_scan = CrossEncoderMethod(config,
                                     towers=SCANMethod(SCANConfig.smoke(max_steps=4),
                                                       progress=False))
-    assert other_scan.checkpoint_file(bench, tok) != a.checkpoint_file(bench, tok)
-    assert a.checkpoint_extra(bench, tok) == (a.towers.checkpoint_file(bench, tok),)
+    assert other_scan.stage(bench, tok).file_name != a.stage(bench, tok).file_name
+    assert a.stage(bench, tok).fingerprint["starts_from"] == [a.towers.stage(bench, tok).file_name]
     assert a.towers in own_models([a])
     scratch = CrossEncoderMethod(CrossEncoderConfig.smoke(max_steps=3, towers="none"))
-    assert (scratch.towers is None and scratch.checkpoint_extra(bench, tok) == ()
+    assert (scratch.towers is None and scratch.stage(bench, tok).fingerprint["starts_from"] == []
             and own_models([scratch]) == [scratch])
     a.fit(bench, tok, cache_dir=tmp_path)
-    assert (tmp_path / a.towers.checkpoint_file(bench, tok)).exists()  # SCAN trained first, cached
+    assert (tmp_path / a.towers.stage(bench, tok).file_name).exists()  # SCAN trained first, cached
     rebuilt = a.build_model(bench, tok)
     rebuilt.load_state_dict(a.model.state_dict())
     split = bench["test"]

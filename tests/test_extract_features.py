@@ -266,7 +266,7 @@ def test_the_benchmark_and_lesson_08_load_the_same_training_data(resnet):
     """A model's name hashes its training data, image paths included: the benchmark (which reads the
     photo folder from features.json) and lesson 08 (which names it) must load the same bench, so
     that one trains what the other loads."""
-    from course_lib.core.checkpoints import data_digest
+    from course_lib.core.stages import data_digest
     from course_lib.data.features import extracted_images
 
     json_path, out = resnet

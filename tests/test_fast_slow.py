@@ -34,7 +34,7 @@ from course_lib.methods.fast_slow.model import (
 )
 from course_lib.methods.pixel_stem import (
     load_stem_backbone,
-    stem_checkpoint_file,
+    pixel_stem_stage,
     stem_config,
     train_pixel_stem,
 )
@@ -268,7 +268,7 @@ def test_checkpoints_are_named_by_config_and_teacher(fitted, bench, tok):
     assert undistilled(distilled.config) == fast.config
     other_teacher = SlowMethod(dataclasses.replace(slow.config, seed=1))
     again = FastMethod(distilled.config, name="fast-distilled", teacher=other_teacher, init=fast)
-    assert again.checkpoint_file(bench, tok) != distilled.checkpoint_path.name
+    assert again.stage(bench, tok).file_name != distilled.checkpoint_path.name
     with pytest.raises(ValueError, match="teacher"):
         FastMethod(distilled.config)
 
@@ -278,9 +278,9 @@ def test_fast_starts_from_the_cached_pixel_stem(fitted, bench, tok):
     the Fast checkpoint's name) and the model started from the stem's backbone; "scratch"
     does not."""
     _, fast, distilled, cache = fitted
-    stem_file = stem_checkpoint_file(bench, stem_config(fast.config))
-    assert (cache / stem_file).exists() and fast.stem_checkpoint_file(bench) == stem_file
-    assert distilled.stem_checkpoint_file(bench) is None  # it starts from the plain model's weights
+    stem_file = pixel_stem_stage(bench, stem_config(fast.config)).file_name
+    assert (cache / stem_file).exists() and fast.stem_stage(bench).file_name == stem_file
+    assert distilled.stem_stage(bench) is None  # it starts from the plain model's weights
     stem, _ = train_pixel_stem(bench, stem_config(fast.config), checkpoint_path=cache / stem_file,
                                progress=False)
     start = initial_fast_model(bench, tok, fast.config, stem_checkpoint=cache / stem_file,
@@ -296,7 +296,7 @@ def test_fast_starts_from_the_cached_pixel_stem(fitted, bench, tok):
     frozen = FastMethod(dataclasses.replace(fast.config, freeze_stem=True),
                         progress=False).fit(bench, tok, cache)
     assert frozen.checkpoint_path.name != fast.checkpoint_path.name
-    assert frozen.stem_checkpoint_file(bench) == stem_file
+    assert frozen.stem_stage(bench).file_name == stem_file
     # BatchNorm stays the stem's
     assert not frozen.model.train().backbone.training and frozen.model.text.training
     frozen.model.eval()
@@ -311,10 +311,10 @@ def test_fast_starts_from_the_cached_pixel_stem(fitted, bench, tok):
     for key in ("image_proj.weight", "text.embed.weight"):
         assert torch.equal(scratch.state_dict()[key], start.state_dict()[key])
     scratch_method = FastMethod(scratch_config)
-    assert scratch_method.stem_checkpoint_file(bench) is None
-    assert scratch_method.checkpoint_file(bench, tok) != fast.checkpoint_path.name
+    assert scratch_method.stem_stage(bench) is None
+    assert scratch_method.stage(bench, tok).file_name != fast.checkpoint_path.name
     other_stem = FastMethod(dataclasses.replace(fast.config, stem_steps=4))
-    assert other_stem.checkpoint_file(bench, tok) != fast.checkpoint_path.name
+    assert other_stem.stage(bench, tok).file_name != fast.checkpoint_path.name
     with pytest.raises(ValueError, match="image_init"):
         FastConfig(image_init="imagenet")
 
@@ -323,9 +323,9 @@ def test_slow_starts_from_the_stem_fast_trained(fitted, bench, tok):
     """Slow and Fast of the same channels share one stem file; Slow's CNN starts from it (the
     decoders train it on), and image_init="scratch" names another checkpoint and needs no stem."""
     slow, fast, _, cache = fitted
-    stem_file = fast.stem_checkpoint_file(bench)
-    assert (slow.stem_checkpoint_file(bench) == stem_file
-            and slow.checkpoint_extra(bench, tok) == (stem_file,))
+    stem_file = fast.stem_stage(bench).file_name
+    assert (slow.stem_stage(bench).file_name == stem_file
+            and slow.stage(bench, tok).fingerprint["starts_from"] == [stem_file])
     stem, _ = train_pixel_stem(bench, stem_config(slow.config), checkpoint_path=cache / stem_file,
                                progress=False)
     torch.manual_seed(0)
@@ -338,9 +338,9 @@ def test_slow_starts_from_the_stem_fast_trained(fitted, bench, tok):
     # fine-tuned
     assert not all(torch.equal(v.cpu(), stem.backbone.state_dict()[k]) for k, v in trained.items())
     scratch = SlowMethod(dataclasses.replace(slow.config, image_init="scratch"))
-    assert (scratch.stem_checkpoint_file(bench) is None
-            and scratch.checkpoint_extra(bench, tok) == ())
-    assert scratch.checkpoint_file(bench, tok) != slow.checkpoint_path.name
+    assert (scratch.stem_stage(bench) is None
+            and scratch.stage(bench, tok).fingerprint["starts_from"] == [])
+    assert scratch.stage(bench, tok).file_name != slow.checkpoint_path.name
     with pytest.raises(ValueError, match="stem_head_pool"):
         SlowConfig(stem_head_pool="max")
 
@@ -354,7 +354,7 @@ def test_a_stem_trained_for_any_model_records_its_accuracy(bench, tok, tmp_path)
     hivlp = HiVLPMethod(HiVLPConfig(hidden=16, heads=2, eol_widths=(4, 8), max_steps=2,
                                     batch_size=8, stem_steps=3),
                         progress=False).fit(bench, tok, tmp_path)
-    path = tmp_path / hivlp.stem_checkpoint_file(bench)
+    path = tmp_path / hivlp.stem_stage(bench).file_name
     _, history = train_pixel_stem(bench, stem_config(hivlp.config), checkpoint_path=path,
                                   progress=False)
     assert history.rows(eval=True) and "object" in history.rows(eval=True)[-1]
@@ -368,11 +368,11 @@ def test_distillation_from_scratch_needs_no_init(fitted, bench, tok, tmp_path):
     config = dataclasses.replace(distilled.config, distill_start="scratch")
     scratch = FastMethod(config, name="fast-distilled", teacher=slow, progress=False)
     assert (scratch.init is None
-            and scratch.checkpoint_file(bench, tok) != distilled.checkpoint_path.name)
+            and scratch.stage(bench, tok).file_name != distilled.checkpoint_path.name)
     scratch.fit(bench, tok, tmp_path)
     # the student and the pixel stem it starts from; no plain Fast model
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([scratch.checkpoint_path.name,
-                                                                 scratch.stem_checkpoint_file(bench)])
+                                                                 scratch.stem_stage(bench).file_name])
     torch.manual_seed(config.seed)
     fresh = FastModel(len(tok), config)  # train_fast's seed, so its starting weights
     moved = [not torch.equal(a, b) for a, b in zip(fresh.state_dict().values(),
@@ -465,7 +465,7 @@ def test_fast_over_grid_cells_is_a_linear_map_of_their_mean(bench, tok):
         torch.testing.assert_close(model.encode_images(batch), expected)
 
 
-def test_grid_cells_config_errors_say_what_to_set():
+def test_grid_cells_config_errors_say_what_to_set(bench, tok):
     with pytest.raises(ValueError, match="image_init='scratch'"):
         SlowConfig(image_input="regions")
     with pytest.raises(ValueError, match="image_pool='mean'"):
@@ -474,6 +474,7 @@ def test_grid_cells_config_errors_say_what_to_set():
         FastConfig(image_input="photos")
     with pytest.raises(ValueError, match="needs region_dim"):
         SlowModel(10, SlowConfig(image_input="regions", image_init="scratch"))
-    # a switch: at its default it leaves every earlier model's name alone
-    assert ("image_input" not in SlowConfig().to_dict()
-            and "image_input" not in FastConfig().to_dict())
+    # another input is another model
+    regions = SlowConfig(image_input="regions", image_init="scratch")
+    assert (SlowMethod(regions).stage(bench, tok).file_name
+            != SlowMethod(SlowConfig(image_init="scratch")).stage(bench, tok).file_name)

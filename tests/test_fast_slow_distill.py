@@ -19,7 +19,12 @@ from course_lib.methods.fast_slow.distill import (
     mined_distill_loss,
     teacher_pair_scores,
 )
-from course_lib.methods.fast_slow.method import FastMethod, SlowMethod, train_fast
+from course_lib.methods.fast_slow.method import (
+    DISTILL_FIELDS,
+    FastMethod,
+    SlowMethod,
+    train_fast,
+)
 from course_lib.methods.fast_slow.model import FastConfig, FastModel, SlowConfig, SlowModel
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -123,15 +128,15 @@ def test_a_plain_fast_models_name_ignores_the_distillation_fields(bench, tok):
     so a new distillation setting never retrains it; the distilled model's name follows them."""
     plain = FastMethod(FastConfig.smoke())
     other = dataclasses.replace(plain.config, distill_candidates="mined", tau=3.0, distill_steps=7)
-    assert FastMethod(other).checkpoint_file(bench, tok) == plain.checkpoint_file(bench, tok)
-    assert FastMethod(dataclasses.replace(plain.config, lr=0.5)).checkpoint_file(bench, tok) != \
-        plain.checkpoint_file(bench, tok)
+    assert FastMethod(other).stage(bench, tok).file_name == plain.stage(bench, tok).file_name
+    assert FastMethod(dataclasses.replace(plain.config, lr=0.5)).stage(bench, tok).file_name != \
+        plain.stage(bench, tok).file_name
     teacher = SlowMethod(SlowConfig.smoke())
     distilled = [FastMethod(dataclasses.replace(c, distill=True), name="fast-distilled",
                             teacher=teacher, init=plain)
                  for c in (plain.config, other)]
-    assert distilled[0].checkpoint_file(bench, tok) != distilled[1].checkpoint_file(bench, tok)
-    distill_only = (set(plain.config.to_dict())
-                    - set(plain.config.to_dict(without_stages=("distill",))))
-    assert distill_only == {"distill_batch_size", "distill_steps", "distill_lr", "distill_start",
-                            "distill_candidates", "distill_top_k", "tau", "alpha"}
+    assert distilled[0].stage(bench, tok).file_name != distilled[1].stage(bench, tok).file_name
+    distill_only = set(distilled[0].stage(bench, tok).reads) - set(plain.stage(bench, tok).reads)
+    assert distill_only == set(DISTILL_FIELDS) == {
+        "distill_batch_size", "distill_steps", "distill_lr", "distill_start",
+        "distill_candidates", "distill_top_k", "tau", "alpha"}

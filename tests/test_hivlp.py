@@ -594,20 +594,20 @@ def test_hivlp_stem_reads_each_cell_in_place_by_default():
 def test_training_starts_from_the_cached_pixel_stem_and_keeps_it_frozen(bench, tok, tmp_path):
     from course_lib.methods.hivlp.method import train_hivlp
     from course_lib.methods.pixel_stem import (
-        stem_checkpoint_file,
-        stem_checkpoint_path,
+        pixel_stem_stage,
         stem_config,
         train_pixel_stem,
     )
 
     config = small_config(stem_steps=3, max_steps=3)  # its own stem file, not the fixture's
     method = HiVLPMethod(config, progress=False)
-    stem_file = stem_checkpoint_file(bench, stem_config(config))
-    assert method.stem_checkpoint_file(bench) == stem_file
-    assert method.checkpoint_extra(bench, tok) == (stem_file,)  # a new stem retrains the model
-    assert stem_checkpoint_path(tmp_path, stem_file) == tmp_path / stem_file
-    assert (stem_checkpoint_path(None, stem_file) is None
-            and stem_checkpoint_path(tmp_path, None) is None)
+    stem_file = pixel_stem_stage(bench, stem_config(config)).file_name
+    assert method.stem_stage(bench).file_name == stem_file
+    # a new stem retrains the model
+    assert method.stage(bench, tok).fingerprint["starts_from"] == [stem_file]
+    assert method.stem_checkpoint(bench, tmp_path) == tmp_path / stem_file
+    assert (method.stem_checkpoint(bench, None) is None
+            and HiVLPMethod(small_config(stem="patch")).stem_checkpoint(bench, tmp_path) is None)
     method.fit(bench, tok, cache_dir=tmp_path)
     assert (tmp_path / stem_file).exists()  # trained once, cached beside the model
     stem, _ = train_pixel_stem(bench, stem_config(config), checkpoint_path=tmp_path / stem_file,
@@ -621,6 +621,6 @@ def test_training_starts_from_the_cached_pixel_stem_and_keeps_it_frozen(bench, t
     for name, value in method.model.state_dict().items():
         torch.testing.assert_close(again.state_dict()[name], value, atol=0, rtol=0)
     regions = HiVLPMethod(small_config(image_input="regions"), progress=False)
-    assert regions.stem_checkpoint_file(bench) is None
+    assert regions.stem_stage(bench) is None
     patches = HiVLPMethod(small_config(stem="patch"), progress=False)
-    assert patches.checkpoint_extra(bench, tok) == ()
+    assert patches.stage(bench, tok).fingerprint["starts_from"] == []

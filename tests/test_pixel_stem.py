@@ -16,7 +16,7 @@ from course_lib.methods.pixel_stem import (
     PixelStemConfig,
     cell_accuracy,
     cell_targets,
-    stem_checkpoint_file,
+    pixel_stem_stage,
     train_pixel_stem,
 )
 
@@ -57,7 +57,7 @@ def test_dataset_matches_the_ground_truth_and_heads_have_their_shapes(bench):
 @pytest.fixture(scope="module")
 def trained(bench, tmp_path_factory):
     config = PixelStemConfig(**TINY, max_steps=300)
-    path = tmp_path_factory.mktemp("stem") / stem_checkpoint_file(bench, config)
+    path = tmp_path_factory.mktemp("stem") / pixel_stem_stage(bench, config).file_name
     stem, history = train_pixel_stem(bench, config, checkpoint_path=path, progress=False)
     return config, path, stem, history
 
@@ -89,11 +89,11 @@ def test_the_cache_loads_and_its_name_covers_config_data_and_code(trained, bench
     assert again_history == history
     name = path.name
     other_lr = PixelStemConfig(**{**TINY, "lr": 1e-3}, max_steps=300)
-    assert stem_checkpoint_file(bench, other_lr) != name
-    assert stem_checkpoint_file(bench, PixelStemConfig(**TINY, max_steps=301)) != name
-    assert stem_checkpoint_file({"pretrain": bench["val"]}, config) != name
+    assert pixel_stem_stage(bench, other_lr).file_name != name
+    assert pixel_stem_stage(bench, PixelStemConfig(**TINY, max_steps=301)).file_name != name
+    assert pixel_stem_stage({"pretrain": bench["val"]}, config).file_name != name
     monkeypatch.setattr(pixel_stem, "STEM_FORMAT_VERSION", pixel_stem.STEM_FORMAT_VERSION + 1)
-    assert stem_checkpoint_file(bench, config) != name
+    assert pixel_stem_stage(bench, config).file_name != name
 
 
 def test_bad_configs_raise_clear_errors():

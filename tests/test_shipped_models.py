@@ -8,6 +8,7 @@ hand (`python -m course_lib.benchmark --retrain`, docs/shipped_models.md), not o
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import warnings
@@ -26,6 +27,8 @@ from course_lib.core.shipped import (
     check_shipped,
     read_manifest,
 )
+from course_lib.core.stages import Stage
+from course_lib.core.train import Trainer
 from course_lib.data.synthetic import SyntheticConfig, make_benchmark
 from course_lib.data.tokenizer import build_word_tokenizer
 from course_lib.methods.base import Method, Ranker
@@ -151,8 +154,8 @@ def test_manifest_round_trip(shipped_tiny, data):
     assert sorted(p.name for p in folder.glob("*.pt")) == sorted(manifest["files"])
     for name, entry in manifest["files"].items():
         method = trained[entry["method"]]
-        assert name == method.checkpoint_file(bench, tokenizer)
-        assert entry["config"] == json.loads(json.dumps(method.config.to_dict()))
+        assert name == method.stage(bench, tokenizer).file_name
+        assert entry["config"] == json.loads(json.dumps(dataclasses.asdict(method.config)))
         assert (entry["version"] == method.format_version
                 and entry["prefix"] == method.checkpoint_prefix)
         assert set(entry["probe"]) == {"scores", "recall"}
@@ -343,7 +346,7 @@ def test_an_altered_shipped_file_is_not_loaded(course_env, data, monkeypatch, tm
     bench, tokenizer = data
     folder = shutil.copytree(course_env, tmp_path / "shipped")
     monkeypatch.setenv("COURSE_SHIPPED_MODELS", str(folder))
-    name = TINY["vsepp"]().checkpoint_file(bench, tokenizer)
+    name = TINY["vsepp"]().stage(bench, tokenizer).file_name
     # truncated, as a failed download
     (folder / name).write_bytes((folder / name).read_bytes()[:-10])
     assert_vsepp_trains_with_note(data, monkeypatch, tmp_path, "does not match the sha256")
@@ -389,11 +392,11 @@ def test_refresh_command_writes_the_folder(monkeypatch, tmp_path, capsys):
     assert "not shipped (trained on first use): scan" in capsys.readouterr().out
 
 
-def test_a_config_with_a_tuple_is_current_after_the_manifest_round_trip():
+def test_a_config_with_a_tuple_is_current_after_the_manifest_round_trip(data):
     """JSON writes a tuple as a list: a field like HiVLP's eol_widths must not read as changed."""
-    expected = shipped.manifest_entry("hivlp-flat", "hivlp",
-                                      {"config": {"eol_widths": (32, 64, 128)}, "data": "d",
-                                       "vocab": "v", "extra": [], "version": 1, "format": 1})
+    bench, tokenizer = data
+    stage = Stage("hivlp", {"eol_widths": (32, 64, 128)}, bench["train"], tokenizer)
+    expected = shipped.manifest_entry("hivlp-flat", stage)
     written = json.loads(json.dumps(expected))
     assert written["config"]["eol_widths"] == [32, 64, 128]
     assert shipped.stale_reasons(expected, written) == []
@@ -510,14 +513,18 @@ def test_the_probe_is_what_the_shipped_file_computes(shipped_tiny, data, course_
 
 def test_relabel_renames_without_retraining(shipped_tiny, data, tmp_path, monkeypatch):
     """A change of the naming rule: relabel moves each file to today's name byte for byte and
-    records its probe, training nothing; a model whose config changed is refused."""
+    keeps its probe, training nothing; a model whose config changed, or whose file no longer
+    computes its probe, is refused."""
     bench, tokenizer = data
     folder = shutil.copytree(shipped_tiny[0] / "shipped", tmp_path / "shipped")
     manifest = read_manifest(folder)
     before = {entry["method"]: (folder / name).read_bytes()
               for name, entry in manifest["files"].items()}
-    # as an older rule named them
-    renamed = {f"old-{name}": entry for name, entry in manifest["files"].items()}
+    # as an older rule named them, one that left a field out at its default
+    renamed = {f"old-{name}": json.loads(json.dumps(entry))
+               for name, entry in manifest["files"].items()}
+    old_vsepp = next(e for e in renamed.values() if e["method"] == "vsepp")
+    assert old_vsepp["config"].pop("seed") == VsePPConfig().seed
     for name in manifest["files"]:
         (folder / name).rename(folder / f"old-{name}")
     (folder / MANIFEST).write_text(json.dumps({**manifest, "files": renamed}))
@@ -531,3 +538,30 @@ def test_relabel_renames_without_retraining(shipped_tiny, data, tmp_path, monkey
     changed[0].config = VsePPConfig.smoke(max_steps=4, batch_size=16)
     with pytest.raises(ValueError, match="vsepp: its config changed .* retrain it"):
         shipping.relabel(folder, methods=changed, bench=bench, tokenizer=tokenizer)
+    # a probe the file no longer computes (the code changed what it computes): refused
+    tampered = read_manifest(folder)
+    entry = next(e for e in tampered["files"].values() if e["method"] == "vsepp")
+    first, *rest = entry["probe"]["scores"][0].split()
+    entry["probe"]["scores"][0] = " ".join([f"{float(first) + 1:.6g}", *rest])
+    (folder / MANIFEST).write_text(json.dumps(tampered))
+    fresh = [make() for make in TINY.values()]
+    with pytest.raises(ValueError, match="vsepp .*probe scores moved.* retrain it"):
+        shipping.relabel(folder, methods=fresh, bench=bench, tokenizer=tokenizer)
+
+
+def test_the_refresh_command_relabels_the_shipped_models(tmp_path, monkeypatch, capsys):
+    """`refresh_shipped --relabel` on a copy of the real shipped folder with one file under an old
+    name: it comes back under its name, byte for byte, with nothing trained."""
+    folder = shutil.copytree(SHIPPED_MODELS, tmp_path / "shipped")
+    manifest = read_manifest(folder)
+    name = next(n for n, e in manifest["files"].items() if e["method"] == "vsepp")
+    (folder / name).rename(folder / "vsepp-old.pt")
+    files = {("vsepp-old.pt" if n == name else n): e for n, e in manifest["files"].items()}
+    (folder / MANIFEST).write_text(json.dumps({**manifest, "files": files}))
+    monkeypatch.setattr(refresh_shipped, "SHIPPED_MODELS", folder)
+    monkeypatch.delenv("COURSE_SMOKE", raising=False)
+    monkeypatch.setattr(Trainer, "fit", lambda *a: pytest.fail("relabel trained a model"))
+    refresh_shipped.main(["--relabel"])
+    assert read_manifest(folder) == manifest
+    assert (folder / name).read_bytes() == (SHIPPED_MODELS / name).read_bytes()
+    assert f"relabelled {len(files)} models" in capsys.readouterr().out

@@ -2,12 +2,14 @@
 
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from course_lib import benchmark, training_lanes
 from course_lib.core import settings
+from course_lib.core.stages import Stage
 from course_lib.methods.registry import available_methods
 from course_lib.shipping import benchmark_data, own_models
 
@@ -43,9 +45,10 @@ def test_models_sharing_a_pixel_stem_wait_for_the_first_until_it_is_cached(smoke
     monkeypatch.setattr(training_lanes, "recorded_cpu_seconds", lambda m, b, t: cost[m.name])
     with settings.retraining():
         models = own_models(available_methods(0, smoke=True, names=list(cost)))
+        shared = Stage("pixel_stem", {}, bench["pretrain"])
         for m in models:  # both start from one stem here, whatever their smoke sizes are
             if m.name in ("hivlp-flat", "fast"):
-                monkeypatch.setattr(m, "stem_checkpoint_file", lambda b: "pixel_stem-shared.pt")
+                monkeypatch.setattr(m, "stem_stage", lambda b: shared)
         order, needs = training_lanes.plan(models, bench, tokenizer, checkpoints=tmp_path)
         names = [m.name for m in models]
         assert [names[i] for i in order] == ["hivlp-flat", "vsepp", "fast"]
@@ -53,7 +56,7 @@ def test_models_sharing_a_pixel_stem_wait_for_the_first_until_it_is_cached(smoke
         assert {names[i] for i in needs[names.index("fast")]} == {"hivlp-flat"}
         assert needs[names.index("hivlp-flat")] == set() and needs[names.index("vsepp")] == set()
         # cached: nobody writes it, nobody waits
-        (tmp_path / "pixel_stem-shared.pt").write_bytes(b"")
+        (tmp_path / shared.file_name).write_bytes(b"")
         _, needs = training_lanes.plan(models, bench, tokenizer, checkpoints=tmp_path)
     assert all(not n for n in needs.values())
 
@@ -182,8 +185,8 @@ def test_recorded_cost_falls_back_to_the_stale_file_of_the_same_method(tmp_path)
         name = "hivlp-flat"
 
         @staticmethod
-        def shipping_entry(bench, tokenizer):
-            return "hivlp-new.pt", {}
+        def stage(bench, tokenizer):
+            return SimpleNamespace(file_name="hivlp-new.pt")
 
     history = [{"step": 1, "loss": 1.0}, {"step": 2, "eval": True, "cpu_seconds": 40.0},
                {"step": 4, "eval": True, "cpu_seconds": 90.0}]

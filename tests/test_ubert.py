@@ -313,8 +313,8 @@ def test_bert_txt_can_start_from_a_pretrained_bert(bench, minilm_folder):
     # the word tokenizer's ids do not fit BERT's table
     with pytest.raises(ValueError, match="tokenizer_for"):
         build_ubert(config, bench["train"], build_word_tokenizer(bench["train"].captions))
-    assert ("text_encoder" not in small_config().to_dict()
-            and config.to_dict()["text_encoder"] == name)
+    assert (UBERTMethod(config).stage(bench, wordpieces).reads["text_encoder"] == name
+            and UBERTMethod(config).towers_stage(bench, wordpieces).reads["text_encoder"] == name)
 
 
 def test_bert_txt_can_learn_at_a_fraction_of_the_rate(bench, minilm_folder):
@@ -330,8 +330,6 @@ def test_bert_txt_can_learn_at_a_fraction_of_the_rate(bench, minilm_folder):
     slow = {id(p) for g in groups if g.get("lr") == pytest.approx(1e-4) for p in g["params"]}
     # BERT_txt alone, every weight of it
     assert slow == {id(p) for p in model.text_tower.parameters()}
-    # a switch: no model trained before is renamed
-    assert "text_encoder_lr_scale" not in small_config().to_dict()
     with pytest.raises(ValueError,
                        match=r"UBERTConfig\(text_encoder_lr_scale=0.1\).*set text_encoder"):
         small_config(text_encoder_lr_scale=0.1)
@@ -404,15 +402,16 @@ def test_the_method_follows_its_scan_checkpoint_and_ships_with_it(fitted, bench,
     planner sees SCAN as a model it needs; a shipped-style load rebuilds the SCAN copy untrained and
     takes its weights from U-BERT's own state."""
     method, _ = fitted
-    assert method.checkpoint_extra(bench, tok) == (method.towers_checkpoint_file(bench, tok),
-                                                   method.scan.checkpoint_file(bench, tok))
+    assert method.stage(bench, tok).fingerprint["starts_from"] == [
+        method.towers_stage(bench, tok).file_name, method.scan.stage(bench, tok).file_name]
     assert method.scan in own_models([method]) and method.scan in own_models([UBERTCascade(method)])
     other = UBERTMethod(small_config(),
                         scan=SCANMethod(SCANConfig.smoke(max_steps=4), progress=False))
-    assert other.checkpoint_file(bench, tok) != method.checkpoint_file(bench, tok)
+    assert other.stage(bench, tok).file_name != method.stage(bench, tok).file_name
     none = UBERTMethod(small_config(cross_towers="none"))
     assert (none.scan is None
-            and none.checkpoint_extra(bench, tok) == (none.towers_checkpoint_file(bench, tok),))
+            and none.stage(bench, tok).fingerprint["starts_from"]
+            == [none.towers_stage(bench, tok).file_name])
     rebuilt = method.build_model(bench, tok)
     rebuilt.load_state_dict(method.model.state_dict())
     split = bench["test"]

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from course_lib.core.checkpoints import checkpoint_name
 from course_lib.core.losses import batch_scores, hinge_triplet_loss
 from course_lib.core.metrics import retrieval_metrics
 from course_lib.core.retrieval import build_index, search
+from course_lib.core.stages import Stage, config_fields
 from course_lib.core.train import Trainer
 from course_lib.data.datasets import (
     CaptionDataset,
@@ -182,8 +182,8 @@ def test_method_caches_its_checkpoint(bench, tokenizer, tmp_path, monkeypatch):
     config = VsePPConfig(**TINY, max_steps=4)
     first = VsePPMethod(config, progress=False).fit(bench, tokenizer, cache_dir=tmp_path)
     assert first.checkpoint_path.exists()
-    assert first.checkpoint_path.name == checkpoint_name("vsepp", config.to_dict(), bench["train"],
-                                                         tokenizer, version=first.format_version)
+    assert first.checkpoint_path.name == Stage("vsepp", config_fields(config), bench["train"],
+                                               tokenizer, version=first.format_version).file_name
     other = VsePPMethod(VsePPConfig(**{**TINY, "margin": 0.3}, max_steps=4), progress=False)
     other.fit(bench, tokenizer, cache_dir=tmp_path)
     assert other.checkpoint_path != first.checkpoint_path

@@ -6,7 +6,6 @@ trains every model instead of loading the shipped ones (core/shipped.py)."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import random
 from contextlib import contextmanager
@@ -106,7 +105,8 @@ def pick(default, smoke):
 
 class CourseConfig:
     """Mixin for a method's dataclass config: `smoke()` applies the class's SMOKE sizes,
-    `for_course()` picks smoke or default from COURSE_SMOKE, `to_dict()` for checkpoint names."""
+    `for_course()` picks smoke or default from COURSE_SMOKE. Which fields name a trained model is
+    said where it trains (core.stages.Stage), not here."""
 
     SMOKE: ClassVar[dict] = {}  # the fields a smoke run shrinks (only sizes, never the code path)
     # the real-photo preset (Flickr8k-sized training on a frozen CNN's grid), chosen on val
@@ -122,38 +122,6 @@ class CourseConfig:
     def for_course(cls, **overrides):
         """smoke() when COURSE_SMOKE is set, else the defaults."""
         return cls.smoke(**overrides) if smoke_mode() else cls(**overrides)
-
-    def to_dict(self, without_stages=()) -> dict:
-        """The fields as a dict (checkpoint names, manifests); without_stages: leave out the fields
-        only those later training stages read (`later_stage`), for an earlier stage's name."""
-        values = zip(dataclasses.fields(self), dataclasses.astuple(self), strict=True)
-        return {f.name: value for f, value in values
-                if f.metadata.get("stage") not in without_stages
-                and not (f.metadata.get("switch") and value == f.default)}
-
-    def with_stage_defaults(self, stage: str):
-        """A copy whose `stage` fields are at their defaults: how an earlier stage builds its
-        model, so its initial weights do not depend on a later stage's settings."""
-        defaults = {f.name: (f.default_factory() if f.default_factory is not dataclasses.MISSING
-                             else f.default)
-                    for f in dataclasses.fields(self) if f.metadata.get("stage") == stage}
-        return dataclasses.replace(self, **defaults)
-
-
-def later_stage(stage: str, default=dataclasses.MISSING, *, default_factory=dataclasses.MISSING):
-    """A config field only the later training stage `stage` reads (e.g. LightningDOT's fine-tuning
-    rate). An earlier stage's cached checkpoint is named by all fields but these
-    (CourseConfig.to_dict(without_stages=...)): an untagged field retrains the earlier stage when
-    it changes, never reuses it stale."""
-    return dataclasses.field(default=default, default_factory=default_factory,
-                             metadata={"stage": stage})
-
-
-def switch(default=None):
-    """A config field that turns on another way of building the model (e.g. LightningDOT's
-    pretrained text side). At its default it is left out of `to_dict`, so adding one keeps the
-    names of the models trained before it; switched on, it names the model like any field."""
-    return dataclasses.field(default=default, metadata={"switch": True})
 
 
 class CourseNote(UserWarning):

@@ -2,20 +2,21 @@
 benchmark trains in over an hour.
 
     shipped_models/        beside course_lib/, tracked in git
-      manifest.json        per file: method, checkpoint prefix, config, data fingerprint, extra (the
-                           files of the stages it starts from), the method's format version,
+      manifest.json        per file: method, checkpoint prefix, config (the fields it reads), data
+                           fingerprint, starts_from (the files of the models it starts from),
+                           the method's format version,
                            MODEL_FORMAT, sha256, bytes, and `probe`: what the model computes on a
                            fixed batch of the validation split (course_lib.shipping)
       vsepp-<hash>.pt ...  weights (float16) and training history only (no optimizer state)
 
-A shipped file is named as the cache names the model (`Method.fingerprint`, whose hash covers what
-it is trained from: config, training data, vocabulary, the stages it starts from, the method's
-format version; never its source code), so `Method.fit` loads it only when all of these and its
-sha256 match. That the code still computes the same is checked by behaviour: the probe
-(tests/test_shipped_models.py). Otherwise it trains (or loads its cache), with a one-line note why
-when the folder ships a non-matching model of that method or has no manifest. Smoke mode and
-COURSE_RETRAIN=1 never load shipped models (`shipped_folder`): CI exercises the training path, and
-`--retrain` reproduces them with the same code.
+A shipped file is named as the cache names the model (`Method.stage`, a core.stages.Stage, whose
+hash covers what it is trained from: the config fields it reads, training data, vocabulary, the
+models it starts from, its format version; never its source code), so `Method.fit` loads it only
+when all of these and its sha256 match. That the code still computes the same is checked by
+behaviour: the probe (tests/test_shipped_models.py). Otherwise it trains (or loads its cache), with
+a one-line note why when the folder ships a non-matching model of that method or has no manifest.
+Smoke mode and COURSE_RETRAIN=1 never load shipped models (`shipped_folder`): CI exercises the
+training path, and `--retrain` reproduces them with the same code.
 
 `python -m course_lib.refresh_shipped` (REFRESH_COMMAND) trains the default models (or loads their
 cache) and rewrites the folder (`write_shipped`); `check_shipped` lists what is stale, and
@@ -34,10 +35,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from course_lib.core.checkpoints import SHIPPED_FORMAT, check_model_state, fingerprint_hash
+from course_lib.core.checkpoints import SHIPPED_FORMAT, check_model_state
 from course_lib.core.files import write_atomically
 from course_lib.core.history import History
 from course_lib.core.settings import CourseNote, course_repository, retrain_mode, smoke_mode
+from course_lib.core.stages import Stage, fingerprint_hash
 
 SHIPPED_MODELS = Path(__file__).resolve().parents[2] / "shipped_models"
 MANIFEST = "manifest.json"
@@ -69,12 +71,14 @@ def shipped_folder() -> Path | None:
     return Path(named) if named else course_repository() / SHIPPED_MODELS.name
 
 
-def manifest_entry(method: str, prefix: str, fingerprint: dict) -> dict:
-    """What the manifest records of a model, from its checkpoints.checkpoint_fingerprint: the data
-    and the vocabulary as one short hash (the long digest says nothing to a reader)."""
-    return {"method": method, "prefix": prefix, "config": fingerprint["config"],
+def manifest_entry(method: str, stage: Stage) -> dict:
+    """What the manifest records of method's model, trained as `stage` (core.stages.Stage): its
+    fingerprint, with the data and the vocabulary as one short hash (the long digest says nothing
+    to a reader)."""
+    fingerprint = stage.fingerprint
+    return {"method": method, "prefix": stage.prefix, "config": fingerprint["config"],
             "data": fingerprint_hash([fingerprint["data"], fingerprint["vocab"]])[:16],
-            "extra": list(fingerprint["extra"]), "version": fingerprint["version"],
+            "starts_from": fingerprint["starts_from"], "version": fingerprint["version"],
             "format": fingerprint["format"]}
 
 
@@ -152,9 +156,9 @@ def stale_reasons(expected: dict, entry: dict | None) -> list[str]:
             for k in changed))
     if entry.get("data") != expected["data"]:
         reasons.append("its training data or vocabulary changed")
-    if entry.get("extra") != expected["extra"]:
-        reasons.append(f"a model it starts from changed (shipped {entry.get('extra')}, now "
-                       f"{expected['extra']})")
+    if entry.get("starts_from") != expected["starts_from"]:
+        reasons.append(f"a model it starts from changed (shipped {entry.get('starts_from')}, now "
+                       f"{expected['starts_from']})")
     if entry.get("version") != expected["version"]:
         reasons.append(f"its format version changed ({entry.get('version')}, now "
                        f"{expected['version']})")
@@ -174,12 +178,12 @@ def file_problems(folder, name: str, entry: dict) -> list[str]:
     return []
 
 
-def find_shipped(folder, name: str, expected: dict) -> Path | None:
-    """The shipped file to load for a model named `name` (its checkpoint file name) that should be
-    `expected` (a manifest_entry), or None; a CourseNote says why when the folder ships an unusable
-    model of the same method, or has no manifest."""
+def find_shipped(folder, method: str, stage: Stage) -> Path | None:
+    """The shipped file to load for `method`'s model trained as `stage`, or None; a CourseNote says
+    why when the folder ships an unusable model of the same method, or has no manifest."""
     if folder is None:
         return None
+    name, expected = stage.file_name, manifest_entry(method, stage)
     if not (Path(folder) / MANIFEST).exists():  # deleted to retrain, or course_lib without them
         warnings.warn(f"no shipped models in {folder} (no {MANIFEST}): models are trained, or "
                       "loaded from the cache", CourseNote, stacklevel=3)

@@ -19,9 +19,10 @@ Ranking, not a dense (n_images, n_texts) matrix, is the protocol (the full setti
     Ranker              what the benchmark runs (fit, rank, query_fn, budgets); a cascade
                         (methods.rerank) is a Ranker over fitted Methods
     Method              + a trained model of its own, cached under a name that hashes what it
-                        is trained from (Method.fingerprint: config, data, vocabulary, the
-                        models it starts from, format_version), never its source code; fit
-                        loads the shipped model instead when one matches (core.shipped)
+                        is trained from (Method.stage, a core.stages.Stage: the config fields
+                        it reads, data, vocabulary, the models it starts from, its version),
+                        never its source code; fit loads the shipped model instead when one
+                        matches (core.shipped)
     DualEncoderMethod   + what every dot-product model shares (VSE++, LightningDOT): the gallery
                         is embedded once into a FAISS index, a query costs one encoding and a
                         top-k, on the lean path of core.serving
@@ -38,7 +39,6 @@ and model.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
@@ -46,12 +46,13 @@ import torch
 from torch import nn
 
 from course_lib.core import shipped
-from course_lib.core.checkpoints import checkpoint_fingerprint, fingerprint_file_name, model_device
+from course_lib.core.checkpoints import model_device
 from course_lib.core.history import History
 from course_lib.core.retrieval import build_index, search
 from course_lib.core.serving import QueryEncoder, QuerySide, QueryTokenizer, Searcher, TextQueryPath
 from course_lib.core.settings import get_device
 from course_lib.core.split_cache import SplitCache
+from course_lib.core.stages import Stage, config_fields
 from course_lib.core.train import Trainer
 from course_lib.core.train_config import train_config
 from course_lib.data.datasets import ImageDataset, PairCollate, PairDataset, TextCollate
@@ -104,7 +105,7 @@ class Ranker(ABC):
 
 
 class Method(Ranker):
-    """A Ranker with a trained model of its own, known by what it is trained from (`fingerprint`).
+    """A Ranker with a trained model of its own, known by what it is trained from (`stage`).
     A subclass sets `checkpoint_prefix` (also its default name) and `config_class` (its default
     config), and implements `build_model(bench, tokenizer)`, the untrained model a shipped model's
     weights load into, and `train(bench, tokenizer, checkpoint_path, cache_dir) -> (model,
@@ -123,33 +124,12 @@ class Method(Ranker):
         self.model = self.tokenizer = self.history = self.checkpoint_path = None
         self.from_shipped = False  # fit loaded a shipped model (course_lib.core.shipped)
 
-    def identity_config(self) -> dict:
-        """The config as the model's identity reads it (a method whose later stages have fields of
-        their own leaves those out where they do not apply)."""
-        return self.config.to_dict()
-
-    def checkpoint_extra(self, bench: dict, tokenizer) -> tuple:
-        """Anything besides config, data, vocabulary and format that changes the trained model (the
-        checkpoint file names of the stages or models it starts from)."""
-        return ()
-
-    def fingerprint(self, bench: dict, tokenizer) -> dict:
-        """checkpoints.checkpoint_fingerprint of the trained model: what it is trained from."""
-        return checkpoint_fingerprint(self.identity_config(), bench["train"], tokenizer,
-                                      *self.checkpoint_extra(bench, tokenizer),
-                                      version=self.format_version)
-
-    def checkpoint_file(self, bench: dict, tokenizer, fingerprint: dict | None = None) -> str:
-        """The trained model's file name in cache_dir (and in the shipped folder)."""
-        return fingerprint_file_name(self.checkpoint_prefix,
-                                     fingerprint or self.fingerprint(bench, tokenizer))
-
-    def shipping_entry(self, bench: dict, tokenizer,
-                       fingerprint: dict | None = None) -> tuple[str, dict]:
-        """(file name, manifest entry) of this model in the shipped folder (core.shipped)."""
-        fingerprint = fingerprint or self.fingerprint(bench, tokenizer)
-        return (self.checkpoint_file(bench, tokenizer, fingerprint),
-                shipped.manifest_entry(self.name, self.checkpoint_prefix, fingerprint))
+    def stage(self, bench: dict, tokenizer) -> Stage:
+        """What the trained model is trained from, which names its file (core.stages.Stage): here
+        every config field, bench["train"] and the vocabulary. A method with an earlier stage or a
+        model it starts from writes its own."""
+        return Stage(self.checkpoint_prefix, reads=config_fields(self.config), data=bench["train"],
+                     vocabulary=tokenizer, version=self.format_version)
 
     @abstractmethod
     def build_model(self, bench: dict, tokenizer) -> nn.Module:
@@ -162,26 +142,24 @@ class Method(Ranker):
     def fit(self, bench: dict, tokenizer, cache_dir=None) -> Method:
         """Load the shipped model when one matches (shipped.shipped_folder: not in smoke mode, nor
         with COURSE_RETRAIN=1); else train on bench["train"], or load cache_dir /
-        "<prefix>-<hash>.pt" if there (a process training that file there is waited for)."""
+        stage.file_name if there (a process training that file there is waited for)."""
         self.tokenizer, self.checkpoint_path, self.from_shipped = tokenizer, None, False
-        name, entry = self.shipping_entry(bench, tokenizer)  # the model's identity, computed once
-        path = shipped.find_shipped(shipped.shipped_folder(), name, entry)
+        stage = self.stage(bench, tokenizer)  # the model's identity, computed once
+        path = shipped.find_shipped(shipped.shipped_folder(), self.name, stage)
         if path is not None:  # no training, nor any earlier stage's
             model = self.build_model(bench, tokenizer)
             self.history = shipped.load_shipped(path, model)
             self.model, self.checkpoint_path = model.to(get_device()).eval(), path
             self.from_shipped = True
             return self
-        if cache_dir is not None:
-            self.checkpoint_path = Path(cache_dir) / name
+        self.checkpoint_path = stage.path(cache_dir)
         self.model, self.history = self.train(bench, tokenizer, self.checkpoint_path, cache_dir)
         return self
 
     def shipped_file(self, bench: dict, tokenizer):
         """The shipped model `fit` would load (a Path); None: none matches, retraining or smoke."""
-        folder = shipped.shipped_folder()
-        return (None if folder is None
-                else shipped.find_shipped(folder, *self.shipping_entry(bench, tokenizer)))
+        stage = self.stage(bench, tokenizer)
+        return shipped.find_shipped(shipped.shipped_folder(), self.name, stage)
 
     def learning_curve(self, bench: dict, steps: int, n_images: int = 1000) -> dict:
         """Training kwargs that record the model's learning curve in its history: retrieval on val

@@ -20,8 +20,8 @@ read-out of the 4x4 map, and so is a bag of the scene's objects, the vector a do
 `ConvBackbone` is Fast's and Slow's image CNN (fast_slow.model imports it from here), so with the
 same channels the stem's backbone loads straight into FastModel.backbone or
 VisualTokens.backbone; the heads are dropped. It trains with the course's Trainer, cached as
-checkpoint_name("pixel_stem", ...) over its config, the pretrain split and STEM_FORMAT_VERSION
-(`stem_checkpoint_file`); `StartsFromPixelStem` names it among its models' files.
+`pixel_stem_stage` (its config, the pretrain split, STEM_FORMAT_VERSION); `StartsFromPixelStem`
+names it among the stages its models start from.
 
     stem, history = train_pixel_stem(bench, PixelStemConfig(), checkpoint_path=cache / name)
 """
@@ -39,8 +39,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
-from course_lib.core.checkpoints import checkpoint_name, inference
+from course_lib.core.checkpoints import inference
 from course_lib.core.settings import CourseConfig, seed_everything
+from course_lib.core.stages import Stage, config_fields
 from course_lib.core.train import Trainer
 from course_lib.core.train_config import train_config
 from course_lib.data.datasets import ImageDataset
@@ -208,14 +209,6 @@ def cell_accuracy(model: PixelStem, split, batch_size: int = 500) -> dict[str, f
     return out
 
 
-class _NoVocabulary:
-    """checkpoint_name covers a tokenizer's vocabulary; the stem reads no text."""
-
-    @staticmethod
-    def get_vocab() -> dict:
-        return {}
-
-
 def stem_config(config) -> PixelStemConfig:
     """The pixel stem a model's config starts from: its stem_steps, stem_head_pool and seed, and its
     CNN widths where it has them (FastConfig.channels; HiVLP's tower reads the stem's defaults)."""
@@ -224,36 +217,37 @@ def stem_config(config) -> PixelStemConfig:
                            seed=config.seed)
 
 
-def stem_checkpoint_file(bench: dict, config: PixelStemConfig) -> str:
-    """The stem's cache file name: its config, bench["pretrain"] and STEM_FORMAT_VERSION."""
-    return checkpoint_name("pixel_stem", config.to_dict(), bench["pretrain"], _NoVocabulary(),
-                           version=STEM_FORMAT_VERSION)
+def pixel_stem_stage(bench: dict, config: PixelStemConfig) -> Stage:
+    """The stem's training stage: its config, bench["pretrain"]'s scenes (no text), its version."""
+    return Stage("pixel_stem", reads=config_fields(config), data=bench["pretrain"],
+                 version=STEM_FORMAT_VERSION)
 
 
 class StartsFromPixelStem(ABC):
     """For a Method whose image tower may start from the pixel stem (HiVLP, Slow, Fast): it says
-    whether it does (`starts_from_stem`), and the stem's file is then one of the files its own
-    checkpoint name covers, so a new stem (or pre-training corpus) retrains it."""
+    whether it does (`starts_from_stem`); its `stage` then names the stem's among the stages it
+    starts from, so a new stem (or pre-training corpus) retrains it."""
 
     @abstractmethod
     def starts_from_stem(self) -> bool:
         """Whether the model's image tower starts from the pixel stem."""
 
-    def stem_checkpoint_file(self, bench: dict) -> str | None:
-        """The pixel stem's file name in cache_dir (None when the model does not start from it)."""
+    def stem_stage(self, bench: dict) -> Stage | None:
+        """The pixel stem's stage (None when the model does not start from it)."""
         if not self.starts_from_stem():
             return None
-        return stem_checkpoint_file(bench, stem_config(self.config))
+        return pixel_stem_stage(bench, stem_config(self.config))
 
-    def checkpoint_extra(self, bench: dict, tokenizer) -> tuple:
-        stem = self.stem_checkpoint_file(bench)
-        return () if stem is None else (stem,)
+    def stage(self, bench: dict, tokenizer) -> Stage:
+        """Every config field, on bench["train"], from the pixel stem when it starts from it."""
+        return Stage(self.checkpoint_prefix, reads=config_fields(self.config), data=bench["train"],
+                     vocabulary=tokenizer, version=self.format_version,
+                     starts_from=(self.stem_stage(bench),))
 
-
-def stem_checkpoint_path(cache_dir, file_name: str | None) -> Path | None:
-    """Where a model's stem is cached: cache_dir / file_name (a method's stem_checkpoint_file), or
-    None without a cache folder or when the model starts from no stem."""
-    return None if cache_dir is None or file_name is None else Path(cache_dir) / file_name
+    def stem_checkpoint(self, bench: dict, cache_dir) -> Path | None:
+        """Where the stem is cached: cache_dir / its file (None without either)."""
+        stem = self.stem_stage(bench)
+        return None if stem is None else stem.path(cache_dir)
 
 
 def train_pixel_stem(bench: dict, config: PixelStemConfig | None = None, *, checkpoint_path=None,
@@ -286,5 +280,5 @@ def load_stem_backbone(backbone: ConvBackbone, bench: dict, model_config, *, che
 
 __all__ = ["CELLS", "HEADS", "HEAD_POOLS", "CellDataset", "ConvBackbone", "PixelStem",
            "PixelStemConfig", "StemBackboneModule", "cell_accuracy", "cell_loss", "cell_targets",
-           "conv_bn_relu", "load_stem_backbone", "stem_checkpoint_file", "StartsFromPixelStem",
-           "STEM_FORMAT_VERSION", "stem_checkpoint_path", "stem_config", "train_pixel_stem"]
+           "conv_bn_relu", "load_stem_backbone", "pixel_stem_stage", "StartsFromPixelStem",
+           "STEM_FORMAT_VERSION", "stem_config", "train_pixel_stem"]

@@ -88,9 +88,10 @@ def load_embeddings(smoke: bool = False, checkpoints=CHECKPOINTS, seed: int = 0,
     tokenizer = build_word_tokenizer(bench["train"].captions + bench["pretrain"].captions)
     method = available_methods(seed, smoke, names=["lightningdot"])[0]
     folder = None if checkpoints is None else Path(checkpoints)
-    cached = None if folder is None else folder / method.checkpoint_file(bench, tokenizer)
+    stage = method.stage(bench, tokenizer)
+    cached = stage.path(folder)
     shipped = None if smoke else shipped_models.find_shipped(
-        shipped_models.shipped_folder(), *method.shipping_entry(bench, tokenizer))
+        shipped_models.shipped_folder(), method.name, stage)
     mode = "smoke" if smoke else "default"
     if shipped is not None or (cached is not None and cached.exists()):
         method.progress = progress

@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from course_lib.core.checkpoints import finished_checkpoint, inference
 from course_lib.core.history import History
 from course_lib.core.split_cache import SplitCache
+from course_lib.core.stages import Stage, config_fields
 from course_lib.core.train import Trainer
 from course_lib.core.train_config import train_config
 from course_lib.data.datasets import (
@@ -277,17 +278,19 @@ class CrossEncoderMethod(PairwiseMethod):
         cfg = self.config
         return self.miner is not None and cfg.loss == "binary" and cfg.hard_negative_fraction > 0
 
-    def checkpoint_extra(self, bench, tokenizer) -> tuple:
-        """The SCAN checkpoint its towers come from; the miner, and the checkpoint of the dual
-        encoder it mines with, when it mines: a model trained without mined negatives does not
-        depend on the miner, so its name does not either."""
-        towers = (self.towers.checkpoint_file(bench, tokenizer),) if self.towers is not None else ()
-        if not self._mines():
-            return towers
-        source = getattr(self.miner, "method", None)
-        mined_by = ((source.checkpoint_file(bench, tokenizer),)
-                    if hasattr(source, "checkpoint_file") else ())
-        return (*towers, getattr(self.miner, "__qualname__", None), *mined_by)
+    def stage(self, bench, tokenizer) -> Stage:
+        """Every config field, on bench["train"], from the SCAN model its towers come from; and,
+        when it mines, the miner and the dual encoder it mines with (a model trained without mined
+        negatives does not depend on them, so its name does not either)."""
+        towers = self.towers and self.towers.stage(bench, tokenizer)
+        mined_by = ()
+        if self._mines():
+            source = getattr(self.miner, "method", None)
+            mined_by = (getattr(self.miner, "__qualname__", None),
+                        source.stage(bench, tokenizer) if isinstance(source, Method) else None)
+        return Stage(self.checkpoint_prefix, reads=config_fields(self.config), data=bench["train"],
+                     vocabulary=tokenizer, version=self.format_version,
+                     starts_from=(towers, *mined_by))
 
     def build_model(self, bench, tokenizer) -> CrossEncoder:
         towers = self.towers.build_model(bench, tokenizer) if self.towers is not None else None

@@ -28,6 +28,7 @@ import torch
 from course_lib.core.losses import batch_scores, joint_nce_loss
 from course_lib.core.serving import QueryTokenizer
 from course_lib.core.settings import seed_everything
+from course_lib.core.stages import Stage, config_fields
 from course_lib.core.tokens import SpecialTokens
 from course_lib.data.synthetic import with_fresh_scenes
 from course_lib.methods.base import DualEncoderMethod, PairwiseMethod, fit_pairs
@@ -38,7 +39,6 @@ from course_lib.methods.fast_slow.scoring import SlowStates, compute_states, sco
 from course_lib.methods.pixel_stem import (
     StartsFromPixelStem,
     load_stem_backbone,
-    stem_checkpoint_path,
 )
 from course_lib.methods.registry import register_method
 from course_lib.methods.rerank import Cascade, weighted_sum
@@ -47,6 +47,9 @@ from course_lib.methods.rerank import Cascade, weighted_sum
 # re-ranking (docs/tuning_notes.md, "Fast & Slow, re-ranking with beta")
 BETA = 0.0
 TOP_KS = (10, 50)  # the paper's K (Table 4)
+# the fields only distillation (eq. 8) reads
+DISTILL_FIELDS = ("tau", "alpha", "distill_batch_size", "distill_steps", "distill_lr",
+                  "distill_start", "distill_candidates", "distill_top_k")
 
 
 # ----------------------------------------------------------------------------- training
@@ -183,7 +186,7 @@ class SlowMethod(StartsFromPixelStem, PairwiseMethod):
         return self.config.image_init == "pixel_stem"
 
     def train(self, bench, tokenizer, checkpoint_path, cache_dir):
-        stem = stem_checkpoint_path(cache_dir, self.stem_checkpoint_file(bench))
+        stem = self.stem_checkpoint(bench, cache_dir)
         return train_slow(bench, tokenizer, self.config, checkpoint_path=checkpoint_path,
                           stem_checkpoint=stem, progress=self.progress)
 
@@ -254,15 +257,15 @@ class FastMethod(StartsFromPixelStem, DualEncoderMethod):
         c = self.config
         return c.image_init == "pixel_stem" and not (c.distill and c.distill_start == "fast")
 
-    def checkpoint_extra(self, bench: dict, tokenizer) -> tuple:
-        """The files of the teacher, of the model distillation starts from, of the pixel stem."""
-        return (*(m.checkpoint_file(bench, tokenizer) for m in (self.teacher, self.init)
-                  if m is not None), *super().checkpoint_extra(bench, tokenizer))
-
-    def identity_config(self) -> dict:
-        """The config, where a plain (undistilled) model's leaves out the fields only distillation
-        reads: a new distillation setting never retrains the plain model."""
-        return self.config.to_dict(without_stages=() if self.config.distill else ("distill",))
+    def stage(self, bench: dict, tokenizer) -> Stage:
+        """The config (a plain model's without DISTILL_FIELDS: a new distillation setting never
+        retrains it), on bench["train"], from the teacher, the model distillation starts from and
+        the pixel stem (those it has)."""
+        without = () if self.config.distill else DISTILL_FIELDS
+        return Stage("fast", reads=config_fields(self.config, without=without),
+                     data=bench["train"], vocabulary=tokenizer, version=self.format_version,
+                     starts_from=(*(m and m.stage(bench, tokenizer)
+                                    for m in (self.teacher, self.init)), self.stem_stage(bench)))
 
     def build_model(self, bench, tokenizer) -> FastModel:
         return FastModel(len(tokenizer), self.config, SpecialTokens.of(tokenizer),
@@ -276,7 +279,7 @@ class FastMethod(StartsFromPixelStem, DualEncoderMethod):
                     method.fit(bench, tokenizer, cache_dir)
             teacher, init = self.teacher.model, self.init and self.init.model
         c = self.config
-        stem = stem_checkpoint_path(cache_dir, self.stem_checkpoint_file(bench))
+        stem = self.stem_checkpoint(bench, cache_dir)
         steps = c.distill_steps if c.distill else c.max_steps
         return train_fast(bench, tokenizer, c, teacher=teacher, init=init,
                           checkpoint_path=checkpoint_path, stem_checkpoint=stem,
@@ -329,4 +332,4 @@ def _fast_slow_50(build) -> FastSlowCascade:
 
 __all__ = ["BETA", "TOP_KS", "SlowStates", "compute_states", "score_cached_pairs", "caption_loss",
            "nce_loss", "distill_loss", "train_slow", "undistilled", "initial_fast_model",
-           "train_fast", "SlowMethod", "FastMethod", "FastSlowCascade"]
+           "train_fast", "SlowMethod", "FastMethod", "FastSlowCascade", "DISTILL_FIELDS"]

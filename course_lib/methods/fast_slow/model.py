@@ -46,7 +46,7 @@ import torch.nn.functional as F
 
 from course_lib.core.blocks import RegionEmbedding, masked_mean
 from course_lib.core.encoders import BagOfWordsEncoder, BiGRUEncoder, TransformerTextEncoder
-from course_lib.core.settings import CourseConfig, later_stage, switch
+from course_lib.core.settings import CourseConfig
 from course_lib.core.tokens import WORD_SPECIAL_TOKENS, SpecialTokens
 from course_lib.data.datasets import IMAGE_KEYS
 from course_lib.methods.fast_slow.decoder import Decoder, reverse_words, summed_log_likelihood
@@ -82,7 +82,7 @@ class SlowConfig(CourseConfig):
     image_init: str = "pixel_stem"  # phi(x)'s CNN from the cached "pixel_stem" or "scratch"
     stem_steps: int = 400  # the pixel stem's pre-training steps (PixelStemConfig.max_steps; cached)
     stem_head_pool: str = "cells"  # how the stem's heads read its map (PixelStemConfig.head_pool)
-    image_input: str = switch("pixels")  # "pixels" (the CNN above) or "regions" (IMAGE_INPUTS)
+    image_input: str = "pixels"  # "pixels" (the CNN above) or "regions" (IMAGE_INPUTS)
 
     SMOKE: ClassVar[dict] = {"max_steps": 30, "batch_size": 16, "hidden": 32,
                              "channels": (8, 16, 32), "stem_steps": 20}
@@ -113,24 +113,24 @@ class FastConfig(CourseConfig):
     hidden: int = 128  # word-embedding width of the text tower (the other dual encoders')
     embed_dim: int = 256  # the joint space of f(x) and g(y) (the other dual encoders')
     distill: bool = False  # True: eq. 4, then distill_steps of eq. 8 (method.py); False: eq. 4
-    tau: float = later_stage("distill", 10.0)  # eq. 5-6 temperature of both softmaxes (App. B)
-    alpha: float = later_stage("distill", 1.0)  # weight of L_DE (eq. 4) in eq. 8
+    tau: float = 10.0  # eq. 5-6 temperature of both softmaxes (App. B)
+    alpha: float = 1.0  # weight of L_DE (eq. 4) in eq. 8
     batch_size: int = 256  # pairs per step (eq. 4's in-batch negatives; the other dual encoders')
     # captions a step the teacher scores: "batch": all (B^2 pairs); "mined": eq. 4's first ones
-    distill_batch_size: int = later_stage("distill", 16)
-    distill_steps: int = later_stage("distill", 500)  # optimizer steps of eq. 8 after eq. 4's
-    distill_lr: float = later_stage("distill", 5e-4)  # peak AdamW rate of the distillation steps
-    distill_start: str = later_stage("distill", "fast")  # eq. 8 from "fast" or "scratch"
+    distill_batch_size: int = 16
+    distill_steps: int = 500  # optimizer steps of eq. 8 after eq. 4's
+    distill_lr: float = 5e-4  # peak AdamW rate of the distillation steps
+    distill_start: str = "fast"  # eq. 8 from "fast" or "scratch"
     # images a caption's softmaxes (eq. 5-6) run over: the "batch" (the paper's) or "mined" ones
-    distill_candidates: str = later_stage("distill", "mined")
-    distill_top_k: int = later_stage("distill", 16)  # "mined": images per caption, own included
+    distill_candidates: str = "mined"
+    distill_top_k: int = 16  # "mined": images per caption, own included
     lr: float = 1e-3  # peak AdamW learning rate (the other dual encoders')
     max_steps: int = 4000  # optimizer steps of eq. 4
     fresh_scenes: int = 40_000  # generator scenes beside the training split's, for eq. 4 and 8
     warmup_fraction: float = 0.05  # share of steps warming up; then linear decay to 0
     grad_clip: float = 2.0  # max gradient norm
     seed: int = 0  # model initialisation and data order
-    image_input: str = switch("pixels")  # "pixels" or "regions" (grid cells, mean-pooled)
+    image_input: str = "pixels"  # "pixels" or "regions" (grid cells, mean-pooled)
 
     SMOKE: ClassVar[dict] = {"max_steps": 30, "batch_size": 16, "distill_batch_size": 8,
                              "distill_steps": 20, "hidden": 32, "embed_dim": 32,

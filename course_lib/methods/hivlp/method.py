@@ -39,7 +39,6 @@ from course_lib.methods.hivlp.search import SURVIVORS, coarse_to_fine_one
 from course_lib.methods.pixel_stem import (
     StartsFromPixelStem,
     load_stem_backbone,
-    stem_checkpoint_path,
 )
 from course_lib.methods.queries import check_direction, query_indices
 from course_lib.methods.registry import register_method
@@ -183,7 +182,7 @@ class HiVLPMethod(StartsFromPixelStem, DualEncoderMethod):
         return uses_pixel_stem(self.config)
 
     def train(self, bench: dict, tokenizer, checkpoint_path, cache_dir):
-        stem = stem_checkpoint_path(cache_dir, self.stem_checkpoint_file(bench))
+        stem = self.stem_checkpoint(bench, cache_dir)
         return train_hivlp(bench, tokenizer, self.config, checkpoint_path=checkpoint_path,
                            stem_checkpoint=stem, progress=self.progress,
                            **self.learning_curve(bench, self.config.max_steps))

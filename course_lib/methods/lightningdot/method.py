@@ -15,19 +15,22 @@ notebook and the benchmark share one pre-training and re-run neither.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import torch
 
-from course_lib.core.checkpoints import checkpoint_name, finished_checkpoint
+from course_lib.core.checkpoints import finished_checkpoint
 from course_lib.core.settings import seed_everything
+from course_lib.core.stages import Stage, config_fields
 from course_lib.core.tokens import SpecialTokens
 from course_lib.methods.base import DualEncoderMethod, fit_pairs
 from course_lib.methods.encoding import retrieval_evaluator, similarity
 from course_lib.methods.lightningdot.model import OBJECTIVES, LightningDOT, LightningDOTConfig
 from course_lib.methods.registry import register_method
 from course_lib.methods.rerank import TwoStageMethod
+
+# the fields only fine-tuning reads: pre-training's name leaves them out, so a new fine-tuning
+# setting re-uses the cached pre-training
+FINETUNE_FIELDS = ("finetune_steps", "finetune_lr")
 
 
 def task_schedule(tasks: dict, steps: int, seed: int = 0) -> list[str]:
@@ -107,7 +110,7 @@ def train_lightningdot(bench: dict, tokenizer, config: LightningDOTConfig | None
 class LightningDOTMethod(DualEncoderMethod):
     """LightningDOT as a benchmark method: gallery [CLS] vectors in a FAISS index, one text encoding
     per query. The pre-training checkpoint is cached beside the fine-tuned one, whose name covers it
-    (pretrain_checkpoint_file, checkpoint_file)."""
+    (pretrain_stage, stage)."""
 
     checkpoint_prefix = "lightningdot"
     config_class = LightningDOTConfig
@@ -129,28 +132,27 @@ class LightningDOTMethod(DualEncoderMethod):
                 f"{tasks} ({c.pretrain_steps} steps, {fusion}), CMR fine-tuning{rate}; "
                 "FAISS IndexFlatIP")
 
-    def pretrain_checkpoint_file(self, bench: dict, tokenizer) -> str | None:
-        """The pre-trained model's file name in cache_dir (None without pre-training): it covers
-        the config but its fine-tuning fields, bench["pretrain"] and the vocabulary."""
+    def pretrain_stage(self, bench: dict, tokenizer) -> Stage | None:
+        """Pre-training (None without it): every field but fine-tuning's, on bench["pretrain"]."""
         if self.config.pretrain_steps <= 0:
             return None
-        config = self.config.to_dict(without_stages=("finetune",))
-        return checkpoint_name("lightningdot-pretrain", config, bench["pretrain"], tokenizer,
-                               version=self.format_version)
+        return Stage("lightningdot-pretrain",
+                     reads=config_fields(self.config, without=FINETUNE_FIELDS),
+                     data=bench["pretrain"], vocabulary=tokenizer, version=self.format_version)
 
-    def checkpoint_extra(self, bench: dict, tokenizer) -> tuple:
-        """The pre-training the fine-tuned model starts from (its file name), so a new pre-training
-        corpus is never served stale weights."""
-        return (self.pretrain_checkpoint_file(bench, tokenizer),)
+    def stage(self, bench: dict, tokenizer) -> Stage:
+        """Fine-tuning: every field, on bench["train"], from the pre-trained model (its file), so a
+        new pre-training corpus is never served stale weights."""
+        return Stage("lightningdot", reads=config_fields(self.config), data=bench["train"],
+                     vocabulary=tokenizer, version=self.format_version,
+                     starts_from=(self.pretrain_stage(bench, tokenizer),))
 
     def build_model(self, bench: dict, tokenizer) -> LightningDOT:
         return build_lightningdot(self.config, bench["train"], tokenizer)
 
     def train(self, bench: dict, tokenizer, checkpoint_path, cache_dir):
-        self.pretrain_checkpoint = None
-        if cache_dir is not None and self.config.pretrain_steps > 0:
-            name = self.pretrain_checkpoint_file(bench, tokenizer)
-            self.pretrain_checkpoint = Path(cache_dir) / name
+        pretrain = self.pretrain_stage(bench, tokenizer)
+        self.pretrain_checkpoint = None if pretrain is None else pretrain.path(cache_dir)
         return train_lightningdot(bench, tokenizer, self.config,
                                   pretrain_checkpoint=self.pretrain_checkpoint,
                                   checkpoint_path=checkpoint_path, progress=self.progress,
@@ -170,4 +172,4 @@ for _m in RERANK_TOP_M:
 
 
 __all__ = ["task_schedule", "pretrain_loss", "cmr_loss", "build_lightningdot",
-           "train_lightningdot", "LightningDOTMethod", "RERANK_TOP_M"]
+           "train_lightningdot", "LightningDOTMethod", "RERANK_TOP_M", "FINETUNE_FIELDS"]

@@ -45,7 +45,7 @@ from course_lib.core.losses import (
     prediction_head,
 )
 from course_lib.core.optimizer import pretrained_lr_scales
-from course_lib.core.settings import CourseConfig, later_stage, switch
+from course_lib.core.settings import CourseConfig
 from course_lib.core.tokens import WORD_SPECIAL_TOKENS, SpecialTokens
 
 OBJECTIVES = ("cmr", "vmlm", "smrfr", "smrc_kl")
@@ -61,10 +61,10 @@ class LightningDOTConfig(CourseConfig):
     # None: the course's transformer from random weights; a BERT name or folder
     # (offline_weights.MINILM_NAME, "bert-base-uncased" on Colab): start from it, as the paper from
     # BERT-base (`hidden` its width, the tokenizer its own: tokenizer_for(split, name=...))
-    text_encoder: str | None = switch(None)
+    text_encoder: str | None = None
     # the pretrained text_encoder's rate as a multiple of each stage's (0.1: 10x slower than the
     # layers trained from nothing); None = one rate
-    text_encoder_lr_scale: float | None = switch(None)
+    text_encoder_lr_scale: float | None = None
     fuse: bool = True  # VMLM / SMRM add the other side's [CLS]; False = plain MLM / MRM (Table 4)
     mask_prob: float = 0.15  # share of words / regions masked (BERT, UNITER)
     # objective -> share of pre-training batches (one task per batch, UNITER's scheme, A.1), our
@@ -74,8 +74,8 @@ class LightningDOTConfig(CourseConfig):
         default_factory=lambda: {"cmr": 2, "vmlm": 2, "smrfr": 1, "smrc_kl": 1})
     pretrain_steps: int = 2000  # optimizer steps on the pre-training corpus; 0 = no pre-training
     pretrain_lr: float = 1e-3  # peak AdamW rate while pre-training (the paper's 5e-5: BERT-base)
-    finetune_steps: int = later_stage("finetune", 4000)  # CMR steps on train (~20 epochs)
-    finetune_lr: float = later_stage("finetune", 1e-3)  # peak AdamW rate while fine-tuning
+    finetune_steps: int = 4000  # CMR steps on train (~20 epochs)
+    finetune_lr: float = 1e-3  # peak AdamW rate while fine-tuning
     batch_size: int = 256  # (image, caption) pairs per batch: the in-batch negatives of CMR
     warmup_fraction: float = 0.1  # linear warm-up over the first 10% of steps, then decay (A.1)
     grad_clip: float = 2.0  # max gradient norm

@@ -36,7 +36,7 @@ from course_lib.core.checkpoints import inference, model_device
 from course_lib.core.encoders import BertTextEncoder, BiGRUEncoder, l2_normalize, word_mask
 from course_lib.core.losses import hinge_triplet_loss
 from course_lib.core.offline_weights import pretrained_text_path
-from course_lib.core.settings import CourseConfig, switch
+from course_lib.core.settings import CourseConfig
 from course_lib.core.tokens import WORD_SPECIAL_TOKENS, SpecialTokens
 from course_lib.data.datasets import CaptionDataset, ImageDataset, make_loader
 from course_lib.methods.scan.attention import scan_similarity
@@ -64,8 +64,8 @@ class SCANConfig(CourseConfig):
     seed: int = 0  # model initialisation and data order
     # None: SCAN's bi-GRU over word embeddings learned from scratch; or a pretrained BERT (name,
     # folder): its token states under Linear(hidden, embed_dim), last text_trainable_layers tuned
-    text_encoder: str | None = switch(None)
-    text_trainable_layers: int = switch(0)
+    text_encoder: str | None = None
+    text_trainable_layers: int = 0
 
     SMOKE: ClassVar[dict] = {"max_steps": 40}  # smoke(): tiny training, same code path
     # the real-photo preset (CourseConfig.REAL_PHOTOS), chosen on Flickr8k's val

@@ -10,8 +10,8 @@
     model, histories = train_ubert(bench, tokenizer, UBERTConfig(), towers_checkpoint=...,
                                    checkpoint_path=...)
 
-Step 1's checkpoint is named by the fields that shape the towers (all but UBERTConfig's
-`later_stage("cross")` ones), and its model built with those at their defaults (`tower_config`), so
+Step 1's checkpoint is named by the fields that shape the towers (all but CROSS_FIELDS,
+`UBERTMethod.towers_stage`), and its model built with those at their defaults (`tower_config`), so
 every BERT_cross variant (L_c, the cross input, its steps) re-uses one set of towers.
 
 Methods: `ubert-embed` (stage 1 alone: a FAISS index of I_intra), `ubert@20` (its top K re-scored
@@ -28,11 +28,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from course_lib.core.checkpoints import checkpoint_name, finished_checkpoint, model_device
+from course_lib.core.checkpoints import finished_checkpoint, model_device
 from course_lib.core.losses import batch_scores, hinge_triplet_loss
 from course_lib.core.retrieval import build_index, search
 from course_lib.core.serving import QueryTokenizer, Searcher
 from course_lib.core.settings import seed_everything
+from course_lib.core.stages import Stage, config_fields, config_with_defaults
 from course_lib.data.datasets import ImageDataset
 from course_lib.methods.base import DualEncoderMethod, fit_pairs
 from course_lib.methods.encoding import retrieval_evaluator, similarity
@@ -53,6 +54,10 @@ from course_lib.methods.ubert.model import (
 )
 
 TOP_K = {"t2i": 20, "i2t": 100}  # the paper's K: images re-scored per caption, captions per image
+# the fields only step 2 (BERT_cross) reads: step 1's name leaves them out and its model is built
+# with them at their defaults, so every BERT_cross variant re-uses one set of towers
+CROSS_FIELDS = ("cross_layers", "alpha", "cross_input", "cross_towers", "training",
+                "cross_batch_size", "cross_lr", "cross_steps")
 
 
 def hinge(scores: torch.Tensor, config: UBERTConfig, step: int) -> torch.Tensor:
@@ -87,7 +92,7 @@ def cross_loss(config: UBERTConfig, with_l1: bool = False):
 def tower_config(config: UBERTConfig) -> UBERTConfig:
     """The config step 1 builds its model with: the step-2 fields at their defaults, no SCAN inputs
     (only BERT_cross reads them)."""
-    return dataclasses.replace(config.with_stage_defaults("cross"), cross_towers="none")
+    return dataclasses.replace(config_with_defaults(config, CROSS_FIELDS), cross_towers="none")
 
 
 def ubert_scores(model: UBERT, split, tokenizer, top_k: dict | None = None,
@@ -190,15 +195,19 @@ class UBERTMethod(DualEncoderMethod):
         return (f"U-BERT stage 1: cosine of intra-modal vectors ({towers}, d={c.hidden}), "
                 "FAISS IndexFlatIP")
 
-    def towers_checkpoint_file(self, bench: dict, tokenizer) -> str:
-        """Step 1's file name in cache_dir: every field but step 2's, the data, the vocabulary."""
-        return checkpoint_name("ubert-towers", self.config.to_dict(without_stages=("cross",)),
-                               bench["train"], tokenizer, version=self.format_version)
+    def towers_stage(self, bench: dict, tokenizer) -> Stage:
+        """Step 1: every field but step 2's (CROSS_FIELDS), on bench["train"]."""
+        return Stage("ubert-towers", reads=config_fields(self.config, without=CROSS_FIELDS),
+                     data=bench["train"], vocabulary=tokenizer, version=self.format_version)
 
-    def checkpoint_extra(self, bench: dict, tokenizer) -> tuple:
-        """Step 1's checkpoint, and the SCAN checkpoint BERT_cross's inputs come from."""
-        scan = (self.scan.checkpoint_file(bench, tokenizer),) if self.scan is not None else ()
-        return (self.towers_checkpoint_file(bench, tokenizer), *scan)
+    def stage(self, bench: dict, tokenizer) -> Stage:
+        """Step 2 (or joint training): every field, on bench["train"], from step 1's towers (two
+        steps) and the SCAN model whose reading BERT_cross's inputs carry (their files)."""
+        two_step = self.config.training == "two_step"
+        return Stage("ubert", reads=config_fields(self.config), data=bench["train"],
+                     vocabulary=tokenizer, version=self.format_version,
+                     starts_from=(self.towers_stage(bench, tokenizer) if two_step else None,
+                                  self.scan and self.scan.stage(bench, tokenizer)))
 
     def build_model(self, bench: dict, tokenizer) -> UBERT:
         # the checkpoint holds its SCAN copy; two-step models are frozen, as train_ubert leaves them
@@ -208,8 +217,8 @@ class UBERTMethod(DualEncoderMethod):
 
     def train(self, bench: dict, tokenizer, checkpoint_path, cache_dir):
         self.towers_checkpoint = None
-        if cache_dir is not None and self.config.training == "two_step":
-            self.towers_checkpoint = Path(cache_dir) / self.towers_checkpoint_file(bench, tokenizer)
+        if self.config.training == "two_step":
+            self.towers_checkpoint = self.towers_stage(bench, tokenizer).path(cache_dir)
         scan = None
         if self.scan is not None:  # trained SCAN for BERT_cross's inputs
             c = self.config
@@ -235,10 +244,10 @@ class UBERTMethod(DualEncoderMethod):
             raise ValueError(f"{self.name}: only two-step U-BERTs share step 1 (training is "
                              f"{self.config.training!r} here, {other.config.training!r} in "
                              f"{other.name!r})")
-        mine = self.towers_checkpoint_file(bench, tokenizer)
-        if mine != other.towers_checkpoint_file(bench, other.tokenizer):
-            mine_fields, theirs_fields = (m.config.to_dict(without_stages=("cross",))
-                                          for m in (self, other))
+        mine = self.towers_stage(bench, tokenizer)
+        theirs = other.towers_stage(bench, other.tokenizer)
+        if mine.file_name != theirs.file_name:
+            mine_fields, theirs_fields = mine.reads, theirs.reads
             differ = [f"{f} ({mine_fields[f]!r} vs {theirs_fields[f]!r})" for f in mine_fields
                       if mine_fields[f] != theirs_fields[f]]
             raise ValueError(f"{self.name}: towers_from={other.name!r} trained other towers: "
@@ -342,5 +351,5 @@ def _ubert_two_stage(build) -> TwoStageMethod:
                           name=f"ubert-embed+cross_encoder@{TOP_K['t2i']}", top_m_i2t=TOP_K["i2t"])
 
 
-__all__ = ["TOP_K", "hinge", "tower_loss", "cross_loss", "tower_config", "ubert_scores",
-           "ubert_evaluator", "train_ubert", "UBERTMethod", "UBERTCascade"]
+__all__ = ["TOP_K", "CROSS_FIELDS", "hinge", "tower_loss", "cross_loss", "tower_config",
+           "ubert_scores", "ubert_evaluator", "train_ubert", "UBERTMethod", "UBERTCascade"]

@@ -49,7 +49,7 @@ from course_lib.core.blocks import JointEmbedding, Transformer, masked_mean
 from course_lib.core.checkpoints import inference
 from course_lib.core.encoders import pretrained_bert
 from course_lib.core.optimizer import pretrained_lr_scales
-from course_lib.core.settings import CourseConfig, later_stage, switch
+from course_lib.core.settings import CourseConfig
 from course_lib.data.datasets import image_batch, image_fields, text_fields
 from course_lib.methods.fast_slow.scoring import checked_pairs
 
@@ -66,16 +66,16 @@ class UBERTConfig(CourseConfig):
     hidden: int = 128  # width of every token, in the towers and in BERT_cross (paper: 768)
     tower_layers: int = 2  # blocks in each intra-modal tower, BERT_img and BERT_txt (paper: 12)
     # blocks L_c of BERT_cross (paper: 3 of the baseline's 12; ours: 1 of the cross-encoder's 3)
-    cross_layers: int = later_stage("cross", 1)
+    cross_layers: int = 1
     heads: int = 4  # attention heads per block
     # weight of the intra part in eq. 15 (the paper's default, "without cherry-picking")
-    alpha: float = later_stage("cross", 0.5)
+    alpha: float = 0.5
     # what BERT_cross reads: the input "embeddings" (eq. 10) or the "towers"' outputs
-    cross_input: str = later_stage("cross", "embeddings")
+    cross_input: str = "embeddings"
     # "scan": BERT_cross's tokens also carry SCAN's reading of each (module docstring); or "none"
-    cross_towers: str = later_stage("cross", "scan")
+    cross_towers: str = "scan"
     # "two_step" (§4.3: the towers with L1, then BERT_cross with L2) or "joint" (L1 + L2)
-    training: str = later_stage("cross", "two_step")
+    training: str = "two_step"
     dropout: float = 0.1  # on the embeddings and inside every block (the paper's 0.1)
     margin: float = 0.1  # hinge margin of L1 and L2 (the paper gives none; VSE++'s is 0.2)
     # True: the hardest in-batch negatives only (§4.3, "as VSE++"); False: every hinge, as our VSE++
@@ -84,17 +84,17 @@ class UBERTConfig(CourseConfig):
     max_text_length: int = 40  # token positions (the paper: up to 44 tokens)
     # None: ours, from random weights; else the BERT BERT_txt starts from (on Colab
     # "bert-base-uncased"; offline_weights.MINILM_NAME): `hidden` its width, tokenizer_for(.., name)
-    text_encoder: str | None = switch(None)
+    text_encoder: str | None = None
     # with text_encoder: BERT_txt's rate as a multiple of lr (e.g. 0.1) while it trains; None: 1
-    text_encoder_lr_scale: float | None = switch(None)
+    text_encoder_lr_scale: float | None = None
     batch_size: int = 256  # step 1 (the towers with L1): pairs per step (the paper's: 216)
     lr: float = 1e-3  # peak AdamW learning rate of step 1
     max_steps: int = 4000  # optimizer steps of step 1 (~20 epochs of the 10k-scene train split)
     # step 2 (BERT_cross with L2): pairs per step, each image scored with every caption (B^2 passes)
-    cross_batch_size: int = later_stage("cross", 16)
-    cross_lr: float = later_stage("cross", 4e-3)  # peak AdamW rate of step 2 and of joint training
+    cross_batch_size: int = 16
+    cross_lr: float = 4e-3  # peak AdamW rate of step 2 and of joint training
     # optimizer steps of step 2 (joint: max_steps + cross_steps, about the two steps' CPU time)
-    cross_steps: int = later_stage("cross", 5000)
+    cross_steps: int = 5000
     warmup_fraction: float = 0.05  # share of each stage's steps warming up; then linear decay to 0
     grad_clip: float = 2.0  # max gradient norm (VSE++)
     seed: int = 0  # model initialisation and data order

@@ -1,0 +1,123 @@
+"""A training stage and the name its trained model is cached (and shipped) under.
+
+A stage is known by what it is trained from, written out where it is trained:
+
+    stage = Stage("lightningdot-pretrain",
+                  reads=config_fields(config, without=FINETUNE_FIELDS),  # the fields it reads
+                  data=bench["pretrain"], vocabulary=tokenizer,          # what it trains on
+                  starts_from=(),                # the stages it starts from (their names)
+                  version=FORMAT_VERSION)        # bumped when its layout or recipe changes
+    stage.file_name          -> "lightningdot-pretrain-<hash>.pt"
+    stage.path(cache_dir)    -> cache_dir / file_name (None without a cache folder)
+
+The hash covers exactly those five things, never the source code: an edit that changes no number
+keeps every model, and the shipped models' probes (course_lib.shipping) check that it changed none.
+A cache folder never hands back a model trained on other data, fields, parents or format.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import zlib
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+
+# Bump when every model's modules change shape or names (e.g. encoders moved onto core.blocks), so
+# an old cache never hands a checkpoint to a model that cannot load it; one method's own changes
+# bump its own version instead.
+MODEL_FORMAT = 2
+# the arrays of a RetrievalSplit that a model may train on
+DATA_ARRAYS = ("images", "regions", "boxes", "region_mask", "region_classes")
+# arrays up to this size are checksummed whole; larger ones (real detector features) row-sampled
+FULL_CHECKSUM_BYTES = 1 << 30
+
+
+def _array_checksum(array: np.ndarray) -> str:
+    """"<dtype> <shape> <crc32>" of every byte of the array; above FULL_CHECKSUM_BYTES, of evenly
+    spaced rows (first and last included) that add up to about that much."""
+    head = f"{array.dtype.str} {list(array.shape)}"
+    if array.nbytes > FULL_CHECKSUM_BYTES and len(array) > 1:
+        rows = max(2, int(FULL_CHECKSUM_BYTES // (array.nbytes // len(array))))
+        array = array[np.unique(np.linspace(0, len(array) - 1, rows).astype(np.int64))]
+    array = np.ascontiguousarray(array)  # no copy when it already is
+    return f"{head} {zlib.crc32(array.reshape(-1).view(np.uint8)):08x}"
+
+
+def data_digest(split) -> dict:
+    """What a model trains on, beyond the vocabulary: the captions and which image each describes,
+    a crc32 of every array (pixels, region features, boxes, masks, detector classes) and the image
+    file list of real data. crc32 runs at several GB/s (docs/tuning_notes.md, "Core and data");
+    `region_noise` or `clutter` change it as they change the data."""
+    captions = hashlib.sha1("\n".join(split.captions).encode()).hexdigest()
+    digest = {"n_images": split.n_images, "captions": captions,
+              "txt2img": f"{zlib.crc32(np.ascontiguousarray(split.txt2img, dtype=np.int64)):08x}"}
+    for name in DATA_ARRAYS:
+        value = getattr(split, name, None)
+        digest[name] = None if value is None else _array_checksum(np.asarray(value))
+    paths = getattr(split, "image_paths", None)
+    digest["image_paths"] = (None if paths is None
+                             else hashlib.sha1("\n".join(map(str, paths)).encode()).hexdigest())
+    return digest
+
+
+def fingerprint_hash(value) -> str:
+    """sha1 hex digest of a JSON value (keys sorted; anything else by its str)."""
+    return hashlib.sha1(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def config_fields(config, without=()) -> dict:
+    """{field: value} of a dataclass config, but the fields in `without`: what a stage reads of it
+    (a name in `without` that is no field is a typo, and an error)."""
+    names = [f.name for f in dataclasses.fields(config)]
+    unknown = sorted(set(without) - set(names))
+    if unknown:
+        raise ValueError(f"{type(config).__name__} has no fields {unknown}; its fields: {names}")
+    return {name: getattr(config, name) for name in names if name not in without}
+
+
+def config_with_defaults(config, fields):
+    """A copy of the dataclass `config` with `fields` at their defaults: how an earlier stage builds
+    its model, so its initial weights do not depend on a later stage's settings."""
+    defaults = type(config)()
+    return dataclasses.replace(config, **{name: getattr(defaults, name) for name in fields})
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One trained stage, named by what it is trained from (see the module docstring)."""
+
+    prefix: str  # the file name's first part: which model this is
+    reads: dict  # the config fields the stage reads, {name: value}
+    data: object  # the split it trains on (a RetrievalSplit; data_digest reads it)
+    vocabulary: object = None  # the tokenizer whose vocabulary it reads (None: it reads no text)
+    # the stages it starts from or reads (their file names count; None entries are skipped) and
+    # anything else that shapes it, as a string (e.g. the function that mines its negatives)
+    starts_from: tuple = ()
+    version: int = 1  # its format version, bumped on purpose
+
+    @cached_property
+    def fingerprint(self) -> dict:
+        """What the name hashes, as JSON-ready values (the shipped manifest records them)."""
+        vocab = [] if self.vocabulary is None else sorted(self.vocabulary.get_vocab().items())
+        return {"format": MODEL_FORMAT, "version": self.version, "config": self.reads,
+                "vocab": vocab, "data": data_digest(self.data),
+                "starts_from": [item.file_name if isinstance(item, Stage) else item
+                                for item in self.starts_from if item is not None]}
+
+    @property
+    def file_name(self) -> str:
+        """"<prefix>-<hash>.pt", the hash of `fingerprint`."""
+        return f"{self.prefix}-{fingerprint_hash(self.fingerprint)[:10]}.pt"
+
+    def path(self, cache_dir) -> Path | None:
+        """cache_dir / file_name, or None without a cache folder (then nothing is cached)."""
+        return None if cache_dir is None else Path(cache_dir) / self.file_name
+
+
+__all__ = ["MODEL_FORMAT", "DATA_ARRAYS", "data_digest", "fingerprint_hash", "config_fields",
+           "config_with_defaults", "Stage"]
