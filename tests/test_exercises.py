@@ -449,7 +449,7 @@ def _h_loop(forward_logits, backward_logits, input_ids, reversed_ids, attention_
 
 def test_log_likelihood_checker_accepts_the_library_and_a_loop(capsys):
     from course_lib.exercises.fast_slow import check_summed_log_likelihood
-    from course_lib.methods.fast_slow.model import summed_log_likelihood
+    from course_lib.methods.fast_slow.decoder import summed_log_likelihood
 
     check_summed_log_likelihood(summed_log_likelihood)
     check_summed_log_likelihood(_h_loop)

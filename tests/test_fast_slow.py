@@ -13,15 +13,13 @@ import torch
 
 from course_lib.core.tokens import WORD_SPECIAL_TOKENS
 from course_lib.data.datasets import ImageDataset, PairCollate, PairDataset
-from course_lib.methods.fast_slow.distill import teacher_scores
+from course_lib.methods.fast_slow.decoder import reverse_words
+from course_lib.methods.fast_slow.distill import distill_loss, teacher_scores
 from course_lib.methods.fast_slow.method import (
     FastMethod,
     FastSlowCascade,
     SlowMethod,
-    compute_states,
-    distill_loss,
     initial_fast_model,
-    score_cached_pairs,
     undistilled,
 )
 from course_lib.methods.fast_slow.model import (
@@ -30,8 +28,8 @@ from course_lib.methods.fast_slow.model import (
     SlowConfig,
     SlowModel,
     WeightedFusion,
-    reverse_words,
 )
+from course_lib.methods.fast_slow.scoring import compute_states, score_cached_pairs
 from course_lib.methods.pixel_stem import (
     load_stem_backbone,
     pixel_stem_stage,

@@ -16,17 +16,10 @@ from course_lib.core.losses import batch_scores
 from course_lib.data.datasets import PairCollate, PairDataset
 from course_lib.exercises.errors import ExerciseError
 from course_lib.exercises.fast_slow import check_score_one_caption
-from course_lib.methods.fast_slow.distill import teacher_scores
-from course_lib.methods.fast_slow.method import (
-    FastMethod,
-    FastSlowCascade,
-    SlowMethod,
-    compute_states,
-    distill_loss,
-    nce_loss,
-    score_cached_pairs,
-)
+from course_lib.methods.fast_slow.distill import distill_loss, teacher_scores
+from course_lib.methods.fast_slow.method import FastMethod, FastSlowCascade, SlowMethod, nce_loss
 from course_lib.methods.fast_slow.model import FastConfig, FastModel, SlowConfig, SlowModel
+from course_lib.methods.fast_slow.scoring import compute_states, score_cached_pairs
 from course_lib.studies.fast_slow import (
     cached_distill_loss,
     cascade_ranks,

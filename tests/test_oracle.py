@@ -22,11 +22,12 @@ from course_lib.data.captions import (
 from course_lib.data.likelihood import (
     SCALE,
     caption_likelihood,
+    compositional_likelihood,
     dropout_factor,
     iter_caption_likelihood,
     scene_free_factor,
 )
-from course_lib.data.oracle import bayes_recall, compositional_likelihood, oracle_ceiling
+from course_lib.data.oracle import bayes_recall, oracle_ceiling
 from course_lib.data.scenes import GRID, Meanings, Scenes
 from course_lib.data.split import RetrievalSplit
 from course_lib.data.synthetic import SyntheticConfig, make_benchmark

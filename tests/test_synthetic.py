@@ -9,18 +9,15 @@ from math import comb
 import numpy as np
 import pytest
 
-from course_lib.data.captions import caption_vocabulary, satisfies, truth_ceiling
+from course_lib.data.captions import caption_vocabulary, satisfies, satisfies_rows, truth_ceiling
 from course_lib.data.oracle import oracle_ceiling
 from course_lib.data.render import detect_regions, geometry, render_pixels
-from course_lib.data.scenes import FAMILIES
+from course_lib.data.scenes import FAMILIES, Meanings, Scenes
 from course_lib.data.split import RetrievalSplit
 from course_lib.data.synthetic import (
-    Meanings,
-    Scenes,
     SyntheticConfig,
     fresh_scenes,
     make_benchmark,
-    satisfies_rows,
     with_fresh_scenes,
 )
 

@@ -26,13 +26,13 @@ from course_lib.methods.encoding import (
     encode_split,
     learning_curve_splits,
     retrieval_evaluator,
+    similarity,
 )
 from course_lib.methods.vsepp import (
     DualEncoder,
     VsePPConfig,
     VsePPMethod,
     build_dual_encoder,
-    similarity,
     train_dual_encoder,
     vsepp_loss,
 )

@@ -116,5 +116,4 @@ def oracle_ceiling(split, ks=(1, 5, 10)) -> dict[str, float]:
     return bayes_ceiling(split, ks)
 
 
-__all__ = ["oracle_ceiling", "compositional_likelihood", "split_likelihood", "bayes_recall",
-           "bayes_ceiling"]
+__all__ = ["oracle_ceiling", "split_likelihood", "bayes_recall", "bayes_ceiling"]

@@ -358,5 +358,4 @@ def make_benchmark(cfg: SyntheticConfig | None = None, seed: int = 0,
     return bench
 
 
-__all__ = ["SyntheticConfig", "make_benchmark", "fresh_scenes", "with_fresh_scenes", "Scenes",
-           "Meanings", "satisfies_rows"]
+__all__ = ["SyntheticConfig", "make_benchmark", "fresh_scenes", "with_fresh_scenes"]

@@ -271,4 +271,4 @@ class TwoStageMethod(Cascade):
 
 
 __all__ = ["PairScorer", "top_m_candidates", "two_stage_scores", "remembered_scores", "Cascade",
-           "TwoStageMethod", "last_stage", "weighted_sum", "DIRECTIONS"]
+           "TwoStageMethod", "last_stage", "weighted_sum"]

@@ -195,4 +195,4 @@ def _vsepp(build) -> VsePPMethod:
 
 
 __all__ = ["VsePPConfig", "DualEncoder", "vsepp_loss", "build_dual_encoder", "train_dual_encoder",
-           "similarity", "VsePPMethod"]
+           "VsePPMethod"]

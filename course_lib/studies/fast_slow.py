@@ -30,8 +30,9 @@ from course_lib.data.captions import satisfies
 from course_lib.data.datasets import PairCollate, PairDataset
 from course_lib.methods.base import fit_pairs
 from course_lib.methods.fast_slow import distill
-from course_lib.methods.fast_slow.method import SlowStates, nce_loss
+from course_lib.methods.fast_slow.method import nce_loss
 from course_lib.methods.fast_slow.model import FastConfig, FastModel, SlowModel
+from course_lib.methods.fast_slow.scoring import SlowStates
 
 
 def direction_log_likelihoods(model: SlowModel, kvs: dict,

@@ -330,6 +330,6 @@ def _fast_slow_50(build) -> FastSlowCascade:
     return FastSlowCascade(build.method("fast-distilled"), build.method("slow"), TOP_KS[1])
 
 
-__all__ = ["BETA", "TOP_KS", "SlowStates", "compute_states", "score_cached_pairs", "caption_loss",
-           "nce_loss", "distill_loss", "train_slow", "undistilled", "initial_fast_model",
-           "train_fast", "SlowMethod", "FastMethod", "FastSlowCascade", "DISTILL_FIELDS"]
+__all__ = ["BETA", "TOP_KS", "caption_loss", "nce_loss", "train_slow", "undistilled",
+           "initial_fast_model", "train_fast", "SlowMethod", "FastMethod", "FastSlowCascade",
+           "DISTILL_FIELDS"]

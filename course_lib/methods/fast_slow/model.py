@@ -372,7 +372,7 @@ class FastModel(StemBackboneModule):
         return self.encode_images(batch), self.encode_texts(batch)
 
 
-__all__ = ["SlowConfig", "FastConfig", "ConvBackbone", "WeightedFusion", "VisualTokens", "Decoder",
-           "reverse_words", "summed_log_likelihood", "SlowModel", "FastModel", "fast_text_tower",
-           "FUSION_EPS", "IMAGE_POOLS", "TEXT_TOWERS", "IMAGE_INITS", "DISTILL_CANDIDATES",
-           "IMAGE_INPUTS", "RegionTokens", "image_inputs", "check_image_input"]
+__all__ = ["SlowConfig", "FastConfig", "WeightedFusion", "VisualTokens", "SlowModel", "FastModel",
+           "fast_text_tower", "FUSION_EPS", "IMAGE_POOLS", "TEXT_TOWERS", "IMAGE_INITS",
+           "DISTILL_CANDIDATES", "IMAGE_INPUTS", "RegionTokens", "image_inputs",
+           "check_image_input"]

@@ -318,6 +318,5 @@ def _hivlp_regions(build) -> HiVLPCascade:
     return HiVLPCascade(flat, name="hivlp-regions")
 
 
-__all__ = ["SURVIVORS", "RERANK_TOP_M", "hivlp_loss", "HiVLPStates", "compute_states",
-           "uses_pixel_stem", "with_stem_grid", "train_hivlp", "HiVLPMethod", "HiVLPLevel",
-           "HiVLPCascade"]
+__all__ = ["RERANK_TOP_M", "hivlp_loss", "HiVLPStates", "compute_states", "uses_pixel_stem",
+           "with_stem_grid", "train_hivlp", "HiVLPMethod", "HiVLPLevel", "HiVLPCascade"]

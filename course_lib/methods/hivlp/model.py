@@ -383,5 +383,5 @@ def build_hivlp(config: HiVLPConfig, split, tokenizer) -> HiVLP:
 
 
 __all__ = ["HiVLPConfig", "HiVLP", "EarlyOutput", "ViTTower", "StemGridTower", "RegionTower",
-           "stem_config", "grid_boxes", "level_layers", "hrl_loss", "hrl_sum", "build_hivlp",
-           "IMAGE_INPUTS", "STEMS", "TRAIN_LEVELS", "POOLS"]
+           "grid_boxes", "level_layers", "hrl_loss", "hrl_sum", "build_hivlp", "IMAGE_INPUTS",
+           "STEMS", "TRAIN_LEVELS", "POOLS"]
