@@ -218,12 +218,13 @@ def refresh(folder=shipped.SHIPPED_MODELS, checkpoints=CHECKPOINTS, methods=None
 
 
 def _same_config(method: Method, old: dict, new: dict) -> bool:
-    """Whether two manifest configs describe the same model: a field one of them leaves out counts
-    at its default (an earlier naming rule left fields out at their defaults)."""
+    """Whether two manifest configs describe the same model: a field the old one leaves out counts
+    at its default (an earlier naming rule left fields out at their defaults); a field only the
+    old one has is one the config no longer has (a retired ablation arm), and the probe decides."""
     default = config_fields(type(method.config)())
     new = json.loads(json.dumps(new))  # as the manifest gives it back (a tuple reads back a list)
     default = json.loads(json.dumps(default))
-    return all(old.get(k, default.get(k)) == new.get(k, default.get(k)) for k in {*old, *new})
+    return all(old.get(k, default.get(k)) == value for k, value in new.items())
 
 
 def relabel(folder=shipped.SHIPPED_MODELS, methods=None, bench=None, tokenizer=None) -> dict:

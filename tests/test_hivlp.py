@@ -478,23 +478,6 @@ def test_tiled_levels_and_similarity_times():
     assert times["flat_ms"] >= 0 and times["cascade_ms"] >= 0 and times["n"] == 100
 
 
-def test_conv_stem_gives_one_token_per_patch_and_learns(bench, tok):
-    from course_lib.methods.hivlp.model import conv_stem
-
-    torch.manual_seed(0)
-    model = build_hivlp(small_config(stem="conv", patch_size=8, lrm_weight=0.0),
-                        bench["train"], tok)
-    batch = pair_batch(bench["train"], tok, range(4))
-    states = model.image_tower(batch)
-    assert tuple(states[0].shape) == (4, 1 + 16, 16)  # [IMG] + a 4x4 grid of 8x8-pixel patches
-    model.loss(batch)["loss"].backward()
-    first = model.image_tower.vit.patch_embed.backbone[0].weight
-    assert first.grad is not None and first.grad.abs().sum() > 0
-    assert conv_stem(64, 4)(torch.randn(1, 3, 32, 32)).shape == (1, 64, 8, 8)
-    with pytest.raises(ValueError, match="power of 2"):
-        conv_stem(64, 6)
-
-
 def test_cascade_notes_name_the_towers():
     # docs/results.md's methods list reads these notes: hivlp and
     # hivlp-regions must not read the same

@@ -520,11 +520,12 @@ def test_relabel_renames_without_retraining(shipped_tiny, data, tmp_path, monkey
     manifest = read_manifest(folder)
     before = {entry["method"]: (folder / name).read_bytes()
               for name, entry in manifest["files"].items()}
-    # as an older rule named them, one that left a field out at its default
+    # as an older rule named them, one that left a field out at its default, from an older config
     renamed = {f"old-{name}": json.loads(json.dumps(entry))
                for name, entry in manifest["files"].items()}
     old_vsepp = next(e for e in renamed.values() if e["method"] == "vsepp")
     assert old_vsepp["config"].pop("seed") == VsePPConfig().seed
+    old_vsepp["config"]["a_retired_switch"] = "off"  # a field the config no longer has
     for name in manifest["files"]:
         (folder / name).rename(folder / f"old-{name}")
     (folder / MANIFEST).write_text(json.dumps({**manifest, "files": renamed}))

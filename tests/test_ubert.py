@@ -150,13 +150,17 @@ def test_inter_is_mean_over_each_side_of_the_joint_sequence(model, bench, tok):
         assert torch.allclose(t_inter[b], mean_t / mean_t.norm(), atol=1e-4)
 
 
-def test_tower_input_variant_feeds_the_tower_outputs(bench, tok):
+def test_bert_cross_reads_the_input_embeddings(bench, tok):
+    """Eq. 10: without SCAN's inputs, BERT_cross's tokens are the input embeddings r_i, t_i (the
+    ones eq. 6 and 8 read), not the towers' outputs."""
     torch.manual_seed(0)
-    towers_input = small_config(cross_input="towers", cross_towers="none")
-    m = build_ubert(towers_input, bench["train"], tok).eval()
+    m = build_ubert(small_config(cross_towers="none"), bench["train"], tok).eval()
     batch = pair_batch(bench["train"], tok, range(3))
     tokens, mask, _ = m.text_states(batch)
-    assert torch.allclose(tokens, m.text_tower(m.embed_text(batch), mask), atol=TOL)
+    assert torch.allclose(tokens, m.embed_text(batch), atol=TOL)
+    assert not torch.allclose(tokens, m.text_tower(m.embed_text(batch), mask), atol=TOL)
+    regions, _, _ = m.image_states(batch)
+    assert torch.allclose(regions, m.embed_image(batch), atol=TOL)
 
 
 def test_pair_scores_and_l2_against_loops(model, bench, tok):
@@ -181,8 +185,6 @@ def test_pair_scores_and_l2_against_loops(model, bench, tok):
 
 
 def test_config_checks(bench, tok, scan):
-    with pytest.raises(ValueError, match="cross_input"):
-        UBERTConfig(cross_input="regions")
     with pytest.raises(ValueError, match="training"):
         UBERTConfig(training="both")
     with pytest.raises(ValueError, match="cross_towers"):
@@ -274,7 +276,7 @@ def test_step_two_freezes_the_towers_bit_for_bit(bench, tok, tmp_path):
     assert tower_keys and all(torch.equal(final[k], towers[k]) for k in tower_keys)
     assert any(not torch.equal(final[k], fresh_cross[k]) for k in final if k.startswith("cross."))
     # the towers of step 1 do not depend on the cross fields
-    assert (tower_config(dataclasses.replace(cfg, cross_layers=3, cross_input="towers"))
+    assert (tower_config(dataclasses.replace(cfg, cross_layers=3, cross_lr=0.1, alpha=2.0))
             == tower_config(cfg))
 
 

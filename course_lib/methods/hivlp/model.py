@@ -21,7 +21,8 @@ Our choices where the paper is silent (sizes: HiVLPConfig; runs: docs/tuning_not
 - Over pixels the frozen pixel stem (course_lib.methods.pixel_stem, pre-trained on the pre-training
   scenes) stands for the paper's pre-trained ViT: its 4x4 map becomes 16 grid tokens with their
   cells' boxes, read by LightningDOT's 2-block region transformer (`stem="pixel_stem"`). A ViT from
-  random weights (`stem="patch"`, or `"conv"`: a convolutional stem) learned too slowly.
+  random weights (`stem="patch"`; a convolutional stem did no better, docs/tuning_notes.md) learned
+  too slowly.
 - L_LRM's h_V0 is the last image block's [IMG] state (eq. 4 has no l), weighted by `lrm_weight` (0
   by default). The VLM loss (eq. 9) is not trained: "+CM" re-ranks with lesson 02's cross-encoder
   (`hivlp+rerank@20`).
@@ -30,14 +31,11 @@ Our choices where the paper is silent (sizes: HiVLPConfig; runs: docs/tuning_not
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from itertools import pairwise
 from typing import ClassVar
 
 import numpy as np
 import torch
-from timm.models.vision_transformer_hybrid import HybridEmbed
 from torch import nn
 
 from course_lib.core.blocks import masked_mean
@@ -49,7 +47,7 @@ from course_lib.data.render import uniter_boxes
 from course_lib.methods.pixel_stem import HEAD_POOLS, ConvBackbone, StemBackboneModule, stem_config
 
 IMAGE_INPUTS = ("pixels", "regions")
-STEMS = ("pixel_stem", "patch", "conv")
+STEMS = ("pixel_stem", "patch")
 TRAIN_LEVELS = ("all", "last")
 POOLS = ("mean", "cls")
 
@@ -64,7 +62,7 @@ class HiVLPConfig(CourseConfig):
     text_layers: int = 1  # half LightningDOT's 2 blocks, as the paper's 6 of 12: queries run it
     heads: int = 4  # attention heads per block
     patch_size: int = 8  # ViT patch side in pixels: a 32x32 image is 4x4 patches + [IMG]
-    stem: str = "pixel_stem"  # pixels to tokens: "pixel_stem" (16 grid tokens), "patch" or "conv"
+    stem: str = "pixel_stem"  # pixels to tokens: "pixel_stem" (16 grid tokens) or "patch" (ViT)
     freeze_stem: bool = True  # keep the pixel stem's weights as they are
     stem_steps: int = 400  # the pixel stem's pre-training steps (PixelStemConfig.max_steps; cached)
     stem_head_pool: str = "cells"  # PixelStemConfig.head_pool; "cells": a grid token per cell
@@ -72,7 +70,6 @@ class HiVLPConfig(CourseConfig):
     pretrained: bool = False  # load the timm backbone's pretrained weights (internet or a cache)
     image_size: int | None = None  # resize pixels to this side (real images: 224); None: as stored
     eol_widths: tuple = (32, 64, 128)  # d_l per level, growing with depth (paper: 128/300/768)
-    eol_layernorm: bool = False  # end each EOL with a LayerNorm (vectors start at norm sqrt(d_l))
     pool: str = "mean"  # what an EOL reads: its block's "mean" token (U-BERT's eq. 7) or "cls"
     train_levels: str = "all"  # "all": L_HRL over every level (eq. 8); "last": the last (ablation)
     lrm_weight: float = 0.0  # weight of L_LRM (eq. 4) beside L_HRL (1.0: the paper's sum)
@@ -133,39 +130,15 @@ def level_layers(n_layers: int, n_levels: int) -> list[int]:
 
 class EarlyOutput(nn.Module):
     """One Early Output Layer: the global token (B, hidden) -> (B, width) through a 2-layer MLP,
-    and optionally a LayerNorm, so that S^l (a raw inner product) starts at the scale of
-    LightningDOT's LayerNorm'd [CLS] vectors (docs/tuning_notes.md, "HiVLP")."""
+    "a MLP projection" and nothing after it (a final LayerNorm ended lower: docs/tuning_notes.md,
+    "HiVLP")."""
 
-    def __init__(self, hidden: int, width: int, layernorm: bool = True):
+    def __init__(self, hidden: int, width: int):
         super().__init__()
-        self.mlp = nn.Sequential(nn.Linear(hidden, hidden), nn.GELU(), nn.Linear(hidden, width),
-                                 *([nn.LayerNorm(width)] if layernorm else []))
+        self.mlp = nn.Sequential(nn.Linear(hidden, hidden), nn.GELU(), nn.Linear(hidden, width))
 
     def forward(self, h0: torch.Tensor) -> torch.Tensor:
         return self.mlp(h0)  # (B, width)
-
-
-def conv_stem(hidden: int, patch_size: int) -> nn.Sequential:
-    """log2(patch_size) stride-2 3x3 convolutions (GELU between), widths doubling up to `hidden`:
-    (B, 3, H, W) -> (B, hidden, H / patch_size, W / patch_size), one vector per patch, each seeing
-    its neighbours' pixels too (the "convolutional stem" of Xiao et al., 2021)."""
-    steps = int(math.log2(patch_size))
-    if 2 ** steps != patch_size or steps < 1:
-        raise ValueError(f"a conv stem needs patch_size a power of 2 (>= 2), got {patch_size}")
-    widths = [3] + [max(hidden >> (steps - 1 - i), 8) for i in range(steps)]
-    layers = []
-    for i, (a, b) in enumerate(pairwise(widths)):
-        layers += [nn.Conv2d(a, b, 3, stride=2, padding=1)] + ([nn.GELU()] if i < steps - 1 else [])
-    return nn.Sequential(*layers)
-
-
-class ConvStemEmbed(HybridEmbed):
-    """timm's hybrid patch embedding over `conv_stem`: the ViT's patch_size becomes the stem's total
-    stride, and each cell of the stem's map is one token (a 1x1 projection to embed_dim)."""
-
-    def __init__(self, *, patch_size: int, embed_dim: int, **kwargs):
-        super().__init__(backbone=conv_stem(embed_dim, patch_size), patch_size=1,
-                         embed_dim=embed_dim, **kwargs)
 
 
 class ViTTower(nn.Module):
@@ -180,8 +153,6 @@ class ViTTower(nn.Module):
                                              drop_rate=c.dropout, attn_drop_rate=0.0)
         if c.image_size is not None:
             kwargs["img_size"] = c.image_size
-        if c.stem == "conv":
-            kwargs["embed_layer"] = ConvStemEmbed
         self.vit = PixelEncoder(c.backbone, pretrained=c.pretrained, **kwargs).backbone
         self.width, self.depth = self.vit.num_features, len(self.vit.blocks)
 
@@ -284,9 +255,9 @@ class HiVLP(nn.Module):
                                                  dropout=c.dropout, special=special)
         self.image_at = level_layers(self.image_tower.depth, c.n_levels)  # 1-based blocks per level
         self.text_at = level_layers(c.text_layers, c.n_levels)
-        self.image_eols = nn.ModuleList(EarlyOutput(self.image_tower.width, w, c.eol_layernorm)
+        self.image_eols = nn.ModuleList(EarlyOutput(self.image_tower.width, w)
                                         for w in c.eol_widths)
-        self.text_eols = nn.ModuleList(EarlyOutput(c.hidden, w, c.eol_layernorm)
+        self.text_eols = nn.ModuleList(EarlyOutput(c.hidden, w)
                                        for w in c.eol_widths)
         self.vmlm = (VMLM(c.hidden, vocab_size, fuse=True)
                      if self.image_tower.width == c.hidden else None)

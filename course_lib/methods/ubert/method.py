@@ -12,7 +12,7 @@
 
 Step 1's checkpoint is named by the fields that shape the towers (all but CROSS_FIELDS,
 `UBERTMethod.towers_stage`), and its model built with those at their defaults (`tower_config`), so
-every BERT_cross variant (L_c, the cross input, its steps) re-uses one set of towers.
+every BERT_cross variant (L_c, its SCAN inputs, its steps) re-uses one set of towers.
 
 Methods: `ubert-embed` (stage 1 alone: a FAISS index of I_intra), `ubert@20` (its top K re-scored
 by s2 from cached states: K = 20 per caption, 100 per image, the paper's defaults) and the paper's
@@ -56,7 +56,7 @@ from course_lib.methods.ubert.model import (
 TOP_K = {"t2i": 20, "i2t": 100}  # the paper's K: images re-scored per caption, captions per image
 # the fields only step 2 (BERT_cross) reads: step 1's name leaves them out and its model is built
 # with them at their defaults, so every BERT_cross variant re-uses one set of towers
-CROSS_FIELDS = ("cross_layers", "alpha", "cross_input", "cross_towers", "training",
+CROSS_FIELDS = ("cross_layers", "alpha", "cross_towers", "training",
                 "cross_batch_size", "cross_lr", "cross_steps")
 
 

@@ -18,8 +18,8 @@ L_c cross layers run, O(K·L_c·c) instead of a full cross-encoder's O(K·L·c).
 
 Our choices where the paper is silent (notebook 04 says the same; sizes: `UBERTConfig`):
 - One table of input embeddings r_i, t_i serves the towers and BERT_cross (eq. 2 defines them
-  once; eq. 6 and 10 read them); it belongs to the towers, so step 2 freezes it too.
-  `cross_input="towers"` feeds BERT_cross the tower outputs r̂, t̂ instead.
+  once; eq. 6 and 10 read them); it belongs to the towers, so step 2 freezes it too. (Feeding
+  BERT_cross the tower outputs r̂, t̂ instead scored lower: docs/tuning_notes.md, "U-BERT".)
 - The paper's input embeddings are pre-trained (BERT's word pieces, a Visual Genome detector): its
   BERT_cross starts from tokens that already say which word goes with which region. Ours, learned
   in step 1 through a mean over each side, never learn that, and BERT_cross over them ranked no
@@ -53,7 +53,6 @@ from course_lib.core.settings import CourseConfig
 from course_lib.data.datasets import image_batch, image_fields, text_fields
 from course_lib.methods.fast_slow.scoring import checked_pairs
 
-CROSS_INPUTS = ("embeddings", "towers")
 CROSS_TOWERS = ("scan", "none")
 STEP_TWO_PARTS = ("cross.", "cross_inputs.")  # what step 2 trains: BERT_cross, its SCAN inputs
 TRAININGS = ("two_step", "joint")
@@ -70,8 +69,6 @@ class UBERTConfig(CourseConfig):
     heads: int = 4  # attention heads per block
     # weight of the intra part in eq. 15 (the paper's default, "without cherry-picking")
     alpha: float = 0.5
-    # what BERT_cross reads: the input "embeddings" (eq. 10) or the "towers"' outputs
-    cross_input: str = "embeddings"
     # "scan": BERT_cross's tokens also carry SCAN's reading of each (module docstring); or "none"
     cross_towers: str = "scan"
     # "two_step" (§4.3: the towers with L1, then BERT_cross with L2) or "joint" (L1 + L2)
@@ -106,8 +103,7 @@ class UBERTConfig(CourseConfig):
 
     def __post_init__(self):
         self.lr_scales()  # a scale without a pretrained text encoder is refused here
-        for name, options in (("cross_input", CROSS_INPUTS), ("training", TRAININGS),
-                              ("cross_towers", CROSS_TOWERS)):
+        for name, options in (("training", TRAININGS), ("cross_towers", CROSS_TOWERS)):
             if getattr(self, name) not in options:
                 raise ValueError(f"{name} must be one of {options}, got {getattr(self, name)!r}")
 
@@ -186,15 +182,15 @@ class UBERT(JointEmbedding):
 
     # ---- stage 1: the towers -----------------------------------------------------------------
     def _image_tower(self, images: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(tokens of cross_input (B, M, H), region_mask (B, M) bool, I_intra (B, H) unit)."""
+        """(r_i, eq. 10's tokens (B, M, H), region_mask (B, M) bool, I_intra (B, H) unit)."""
         mask = images["region_mask"].bool()  # (B, M)
         embedded = self.dropout(self.embed_image(images))  # (B, M, H) r_i, eq. 2
         attended = self.image_tower(embedded, mask)  # (B, M, H) r̂_i, eq. 6
         intra = F.normalize(masked_mean(attended, mask), dim=-1, eps=1e-8)  # eq. 7
-        return (embedded if self.config.cross_input == "embeddings" else attended), mask, intra
+        return embedded, mask, intra
 
     def _text_tower(self, texts: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(tokens of cross_input (B, N, H), attention_mask (B, N) bool, T_intra (B, H) unit)."""
+        """(t_i, eq. 10's tokens (B, N, H), attention_mask (B, N) bool, T_intra (B, H) unit)."""
         mask = texts["attention_mask"].bool()  # (B, N)
         if self.config.text_encoder is None:
             embedded = self.dropout(self.embed_text(texts))  # (B, N, H) t_i
@@ -205,7 +201,7 @@ class UBERT(JointEmbedding):
                                        output_hidden_states=True)
             embedded, attended = out.hidden_states[0], out.last_hidden_state  # (B, N, H) each
         intra = F.normalize(masked_mean(attended, mask), dim=-1, eps=1e-8)  # eq. 9
-        return (embedded if self.config.cross_input == "embeddings" else attended), mask, intra
+        return embedded, mask, intra
 
     def image_states(self, images: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(tokens BERT_cross reads (B, M, H), region_mask (B, M) bool, I_intra (B, H) unit)."""
@@ -349,5 +345,5 @@ def build_ubert(config: UBERTConfig, split, tokenizer, scan=None) -> UBERT:
 
 
 __all__ = ["UBERTConfig", "UBERT", "UBERTStates", "enhanced_similarity", "compute_states",
-           "score_cached_pairs", "rescore_candidates", "build_ubert", "CROSS_INPUTS",
+           "score_cached_pairs", "rescore_candidates", "build_ubert",
            "CROSS_TOWERS", "TRAININGS", "STEP_TWO_PARTS"]
