@@ -169,11 +169,6 @@ def output_problems(folder=shipped.SHIPPED_MODELS, methods=None, bench=None,
     return problems
 
 
-def stale_problems(folder=shipped.SHIPPED_MODELS) -> list[str]:
-    """What is stale, missing or altered in the shipped folder ([] when it is current)."""
-    return shipped.check_shipped(folder, expected_entries())
-
-
 def refresh(folder=shipped.SHIPPED_MODELS, checkpoints=CHECKPOINTS, methods=None, bench=None,
             tokenizer=None, progress: bool = True, only=None) -> dict:
     """Fit every model that ships (training it, or loading a finished checkpoint of the same name
@@ -268,5 +263,5 @@ def relabel(folder=shipped.SHIPPED_MODELS, methods=None, bench=None, tokenizer=N
 
 
 __all__ = ["own_models", "benchmark_data", "default_benchmark", "expected_entries", "probe_split",
-           "as_shipped", "probe", "probe_differences", "output_problems", "stale_problems",
+           "as_shipped", "probe", "probe_differences", "output_problems",
            "refresh", "relabel", "shipping_entry", "SEED", "PROBE_IMAGES"]

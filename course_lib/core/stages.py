@@ -1,18 +1,20 @@
 """A training stage and the name its trained model is cached (and shipped) under.
 
-A stage is known by what it is trained from, written out where it is trained:
+A stage is known by what it is trained from, written out where it is trained (LightningDOT's
+pre-training, in its method's `pretrain_stage`):
 
     stage = Stage("lightningdot-pretrain",
                   reads=config_fields(config, without=FINETUNE_FIELDS),  # the fields it reads
                   data=bench["pretrain"], vocabulary=tokenizer,          # what it trains on
-                  starts_from=(),                # the stages it starts from (their names)
-                  version=FORMAT_VERSION)        # bumped when its layout or recipe changes
+                  starts_from=(),                # the stages it starts from (their names count)
+                  version=self.format_version)   # bumped when its layout or recipe changes
     stage.file_name          -> "lightningdot-pretrain-<hash>.pt"
     stage.path(cache_dir)    -> cache_dir / file_name (None without a cache folder)
 
-The hash covers exactly those five things, never the source code: an edit that changes no number
-keeps every model, and the shipped models' probes (course_lib.shipping) check that it changed none.
-A cache folder never hands back a model trained on other data, fields, parents or format.
+The hash covers exactly those five things (and MODEL_FORMAT), never the source code: an edit that
+changes no number keeps every model, and the shipped models' probes (course_lib.shipping) check that
+it changed none. A cache folder never hands back a model trained on other data, fields, parents or
+format.
 """
 
 from __future__ import annotations
