@@ -80,8 +80,10 @@ WORD_METHODS = ("slow", "fast", "fast-distilled", "fast_slow@10", "fast_slow@50"
 WORD_MIN_FREQ = 5
 
 # smoke mode's steps where a switch makes a model costlier than its config's SMOKE allows for:
-# U-BERT at MiniLM's width (both stages; B^2 cross passes in step 2)
-SMOKE_STEPS = {"UBERTConfig": dict(max_steps=10, cross_steps=10, cross_batch_size=8)}
+# U-BERT at MiniLM's width (both stages; B^2 cross passes in step 2), LightningDOT fine-tuning
+# the whole of MiniLM
+SMOKE_STEPS = {"UBERTConfig": dict(max_steps=10, cross_steps=10, cross_batch_size=8),
+               "LightningDOTConfig": dict(finetune_steps=10)}
 
 
 def real_sizes(text_encoder: str = MINILM_NAME, smoke: bool = False) -> dict:

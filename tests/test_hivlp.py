@@ -19,7 +19,13 @@ from course_lib.methods.hivlp.cost import (
     encoder_multiply_adds,
     query_multiply_adds,
 )
-from course_lib.methods.hivlp.method import HiVLPCascade, HiVLPMethod, compute_states
+from course_lib.methods.hivlp.method import (
+    HiVLPCascade,
+    HiVLPMethod,
+    compute_states,
+    hivlp_loss,
+    last_level_loss,
+)
 from course_lib.methods.hivlp.model import (
     HiVLPConfig,
     build_hivlp,
@@ -76,8 +82,6 @@ def test_config_checks():
         HiVLPConfig(pool="max")
     with pytest.raises(ValueError, match="image_input"):
         HiVLPConfig(image_input="grid")
-    with pytest.raises(ValueError, match="train_levels"):
-        HiVLPConfig(train_levels="first")
     with pytest.raises(ValueError, match="fresh_scenes"):
         HiVLPConfig(fresh_scenes=-1)
     with pytest.raises(ValueError, match="at least one block"):
@@ -155,15 +159,16 @@ def test_model_loss_is_hrl_plus_lrm_and_logs_every_level(bench, tok):
     assert set(out) >= {"loss", "hrl", "lrm", "rl_1", "rl_2", "rl_3"}
     torch.testing.assert_close(out["loss"], out["hrl"] + out["lrm"], atol=TOL, rtol=0)
     assert isinstance(model.vmlm, VMLM)  # LightningDOT's VMLM reused (eq. 4)
-    last_only = small_config(train_levels="last", lrm_weight=0.0)
-    last = build_hivlp(last_only, bench["train"], tok).eval()
-    out = last.loss(batch)
-    torch.testing.assert_close(out["loss"], out["rl_3"], atol=TOL, rtol=0)
+    # lesson 05's ablation: the last level's L_RL alone, every level's logged as in eq. 8's loss
+    last = build_hivlp(small_config(lrm_weight=0.0), bench["train"], tok).eval()
+    out, full = last_level_loss(last, batch), last.loss(batch)
+    torch.testing.assert_close(out["loss"], full["rl_3"], atol=TOL, rtol=0)
+    assert all(torch.equal(out[f"rl_{level}"], full[f"rl_{level}"]) for level in (1, 2, 3))
 
 
-def _grads(model, batch):
+def _grads(model, batch, loss_fn=hivlp_loss):
     model.zero_grad(set_to_none=True)
-    model.loss(batch)["loss"].backward()
+    loss_fn(model, batch)["loss"].backward()
     return model
 
 
@@ -185,11 +190,38 @@ def test_gradient_reaches_every_level_and_only_trained_ones(bench, tok):
                              bench["train"], tok), batch)
     assert vit.image_tower.vit.blocks[0].attn.qkv.weight.grad.abs().sum() > 0
     torch.manual_seed(0)
-    last = _grads(build_hivlp(small_config(lrm_weight=0.0, train_levels="last"),
-                              bench["train"], tok), batch)
+    last = _grads(build_hivlp(small_config(lrm_weight=0.0), bench["train"], tok), batch,
+                  last_level_loss)
     for eols in (last.image_eols, last.text_eols):  # the ablation: only the last EOL learns
         assert all(p.grad is None for eol in eols[:-1] for p in eol.parameters())
         assert all(p.grad.abs().sum() > 0 for p in eols[-1].parameters())
+
+
+def test_a_method_with_another_loss_trains_with_it_under_its_own_name(bench, tok, tmp_path):
+    """Lesson 05 builds its "last level only" ablation from library parts: a HiVLPMethod whose
+    loss_fn is last_level_loss and whose checkpoint_prefix is its own. It trains with that loss (the
+    first EOLs keep their initial weights) and is cached apart from the eq. 8 model of the same
+    config."""
+
+    class LastLevelOnly(HiVLPMethod):
+        checkpoint_prefix = "hivlp-last-level"
+        loss_fn = staticmethod(last_level_loss)
+
+    config = small_config(image_input="regions", lrm_weight=0.0, max_steps=3)
+    last = LastLevelOnly(config, progress=False).fit(bench, tok, tmp_path)
+    every = HiVLPMethod(config, progress=False)
+    assert last.checkpoint_path.name != every.stage(bench, tok).file_name
+    torch.manual_seed(config.seed)
+    initial = build_hivlp(config, bench["train"], tok)  # train_hivlp's seed: its first weights
+    for eols, start in ((last.model.image_eols, initial.image_eols),
+                        (last.model.text_eols, initial.text_eols)):
+        for level in range(2):
+            assert all(torch.equal(a, b) for a, b in zip(eols[level].state_dict().values(),
+                                                         start[level].state_dict().values(),
+                                                         strict=True))
+        assert not all(torch.equal(a, b) for a, b in zip(eols[2].state_dict().values(),
+                                                         start[2].state_dict().values(),
+                                                         strict=True))
 
 
 # ----------------------------------------------------------------------------------- coarse to fine

@@ -34,6 +34,7 @@ from course_lib.methods.hivlp.model import (
     StemGridTower,
     build_hivlp,
     grid_boxes,
+    logged_levels,
 )
 from course_lib.methods.hivlp.search import SURVIVORS, coarse_to_fine_one
 from course_lib.methods.pixel_stem import (
@@ -50,6 +51,13 @@ RERANK_TOP_M = 20  # "+CM": the cascade's top M re-scored by the cross-encoder
 def hivlp_loss(model: HiVLP, batch: dict, step: int = 0) -> dict:
     """The Trainer's loss_fn: L_HRL + lrm_weight * L_LRM, every level's L_RL logged."""
     return model.loss(batch)
+
+
+def last_level_loss(model: HiVLP, batch: dict, step: int = 0) -> dict:
+    """An ablation's loss_fn (lesson 05): the last level's L_RL alone, every level's logged. The
+    first EOLs keep their initial weights; the blocks below them still learn, through the last."""
+    per_level, _ = model.level_losses(batch)
+    return {"loss": per_level[-1], **logged_levels(per_level)}
 
 
 # ----------------------------------------------------------------------------- cached levels
@@ -119,11 +127,13 @@ def with_stem_grid(split, tower: StemGridTower, batch_size: int = 512, progress:
 
 def train_hivlp(bench: dict, tokenizer, config: HiVLPConfig | None = None, *, checkpoint_path=None,
                 stem_checkpoint=None, evaluate_on=None, eval_every: int | None = None,
-                progress: bool = True, device: str | None = None) -> tuple[HiVLP, object]:
-    """Train on bench["train"] with L_HRL + L_LRM -> (model in eval mode, History), or load a
-    finished checkpoint_path. With stem="pixel_stem" the image CNN starts from the pixel stem
-    (pre-trained on bench["pretrain"], or a finished stem_checkpoint). evaluate_on: a split (or
-    a dict, learning_curve_splits) the last level ranks every eval_every steps and at the end."""
+                progress: bool = True, device: str | None = None,
+                loss_fn=hivlp_loss) -> tuple[HiVLP, object]:
+    """Train on bench["train"] with loss_fn (default: L_HRL + L_LRM) -> (model in eval mode,
+    History), or load a finished checkpoint_path. With stem="pixel_stem" the image CNN starts from
+    the pixel stem (pre-trained on bench["pretrain"], or a finished stem_checkpoint). evaluate_on: a
+    split (or a dict, learning_curve_splits) the last level ranks every eval_every steps and at
+    the end."""
     c = config or HiVLPConfig()
     seed_everything(c.seed)
     model = build_hivlp(c, bench["train"], tokenizer)
@@ -138,7 +148,7 @@ def train_hivlp(bench: dict, tokenizer, config: HiVLPConfig | None = None, *, ch
         if uses_pixel_stem(c) and c.freeze_stem:  # the frozen stem once per image, not per step
             train = with_stem_grid(train, model.image_tower, progress=progress, device=device)
             modality = "regions"
-    history = fit_pairs(model, hivlp_loss, train, tokenizer, c, modality=modality,
+    history = fit_pairs(model, loss_fn, train, tokenizer, c, modality=modality,
                         image_size=c.image_size, max_text_length=c.max_text_length,
                         evaluate=evaluate, eval_every=eval_every,
                         log_every=max(1, c.max_steps // 100), progress=progress, device=device,
@@ -155,6 +165,8 @@ class HiVLPMethod(StartsFromPixelStem, DualEncoderMethod):
 
     checkpoint_prefix = "hivlp"
     config_class = HiVLPConfig
+    # what it trains with (an ablation's subclass sets its own loss and checkpoint_prefix)
+    loss_fn = staticmethod(hivlp_loss)
 
     def __init__(self, config: HiVLPConfig | None = None, name: str = "hivlp-flat",
                  progress: bool = True):
@@ -184,7 +196,7 @@ class HiVLPMethod(StartsFromPixelStem, DualEncoderMethod):
     def train(self, bench: dict, tokenizer, checkpoint_path, cache_dir):
         stem = self.stem_checkpoint(bench, cache_dir)
         return train_hivlp(bench, tokenizer, self.config, checkpoint_path=checkpoint_path,
-                           stem_checkpoint=stem, progress=self.progress,
+                           stem_checkpoint=stem, progress=self.progress, loss_fn=self.loss_fn,
                            **self.learning_curve(bench, self.config.max_steps))
 
     def states(self, split) -> HiVLPStates:
@@ -318,5 +330,6 @@ def _hivlp_regions(build) -> HiVLPCascade:
     return HiVLPCascade(flat, name="hivlp-regions")
 
 
-__all__ = ["RERANK_TOP_M", "hivlp_loss", "HiVLPStates", "compute_states", "uses_pixel_stem",
-           "with_stem_grid", "train_hivlp", "HiVLPMethod", "HiVLPLevel", "HiVLPCascade"]
+__all__ = ["RERANK_TOP_M", "hivlp_loss", "last_level_loss", "HiVLPStates", "compute_states",
+           "uses_pixel_stem", "with_stem_grid", "train_hivlp", "HiVLPMethod", "HiVLPLevel",
+           "HiVLPCascade"]

@@ -48,7 +48,6 @@ from course_lib.methods.pixel_stem import HEAD_POOLS, ConvBackbone, StemBackbone
 
 IMAGE_INPUTS = ("pixels", "regions")
 STEMS = ("pixel_stem", "patch")
-TRAIN_LEVELS = ("all", "last")
 POOLS = ("mean", "cls")
 
 
@@ -71,7 +70,6 @@ class HiVLPConfig(CourseConfig):
     image_size: int | None = None  # resize pixels to this side (real images: 224); None: as stored
     eol_widths: tuple = (32, 64, 128)  # d_l per level, growing with depth (paper: 128/300/768)
     pool: str = "mean"  # what an EOL reads: its block's "mean" token (U-BERT's eq. 7) or "cls"
-    train_levels: str = "all"  # "all": L_HRL over every level (eq. 8); "last": the last (ablation)
     lrm_weight: float = 0.0  # weight of L_LRM (eq. 4) beside L_HRL (1.0: the paper's sum)
     mask_prob: float = 0.15  # share of words LRM masks (BERT)
     dropout: float = 0.1  # dropout in both towers
@@ -89,8 +87,7 @@ class HiVLPConfig(CourseConfig):
     REAL_PHOTOS: ClassVar[dict] = {"max_steps": 150, "batch_size": 128}  # chosen on Flickr8k's val
 
     def __post_init__(self):
-        for name, options in (("image_input", IMAGE_INPUTS), ("pool", POOLS),
-                              ("train_levels", TRAIN_LEVELS)):
+        for name, options in (("image_input", IMAGE_INPUTS), ("pool", POOLS)):
             if getattr(self, name) not in options:
                 raise ValueError(f"{name} must be one of {options}, got {getattr(self, name)!r}")
         if self.stem not in STEMS or self.stem_head_pool not in HEAD_POOLS:
@@ -299,18 +296,21 @@ class HiVLP(nn.Module):
         return self.image_levels(batch), self.text_levels(batch)
 
     # ---- training ---------------------------------------------------------------------------
-    def loss(self, batch: dict) -> dict:
-        """L_HRL (over config.train_levels) + lrm_weight * L_LRM on a pair batch, with every level's
-        L_RL logged (rl_1, rl_2, ...) whether or not it is trained."""
-        c = self.config
+    def level_losses(self, batch: dict) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """(every level's L_RL (eq. 7) on a pair batch, the image tower's block states)."""
         image_states = self.image_tower(batch)  # every block's (B, 1 + P, C)
         images = self._image_levels(batch, image_states)  # [(B, d_l)]
         texts = self.text_levels(batch)
         per_level = [contrastive_loss(batch_scores(i, t))  # eq. 7
                      for i, t in zip(images, texts, strict=True)]
-        trained = per_level if c.train_levels == "all" else per_level[-1:]
-        out = {"hrl": hrl_sum(trained),
-               **{f"rl_{level + 1}": v.detach() for level, v in enumerate(per_level)}}
+        return per_level, image_states
+
+    def loss(self, batch: dict) -> dict:
+        """L_HRL (eq. 8, every level) + lrm_weight * L_LRM on a pair batch, with every level's
+        L_RL logged (rl_1, rl_2, ...)."""
+        c = self.config
+        per_level, image_states = self.level_losses(batch)
+        out = {"hrl": hrl_sum(per_level), **logged_levels(per_level)}
         out["loss"] = out["hrl"]
         if c.lrm_weight > 0:
             if self.vmlm is None:
@@ -323,6 +323,11 @@ class HiVLP(nn.Module):
             out["lrm"] = self.vmlm(words, image_states[-1][:, 0], labels)  # eq. 4: the last h_V0
             out["loss"] = out["loss"] + c.lrm_weight * out["lrm"]
         return out
+
+
+def logged_levels(level_losses) -> dict:
+    """{"rl_1": L_RL^1, ...}, detached: what a training history records of every level."""
+    return {f"rl_{level + 1}": v.detach() for level, v in enumerate(level_losses)}
 
 
 def hrl_sum(level_losses) -> torch.Tensor:
@@ -355,4 +360,4 @@ def build_hivlp(config: HiVLPConfig, split, tokenizer) -> HiVLP:
 
 __all__ = ["HiVLPConfig", "HiVLP", "EarlyOutput", "ViTTower", "StemGridTower", "RegionTower",
            "grid_boxes", "level_layers", "hrl_loss", "hrl_sum", "build_hivlp", "IMAGE_INPUTS",
-           "STEMS", "TRAIN_LEVELS", "POOLS"]
+           "STEMS", "POOLS", "logged_levels"]
