@@ -262,7 +262,7 @@ class FastMethod(StartsFromPixelStem, DualEncoderMethod):
         retrains it), on bench["train"], from the teacher, the model distillation starts from and
         the pixel stem (those it has)."""
         without = () if self.config.distill else DISTILL_FIELDS
-        return Stage("fast", reads=config_fields(self.config, without=without),
+        return Stage(self.checkpoint_prefix, reads=config_fields(self.config, without=without),
                      data=bench["train"], vocabulary=tokenizer, version=self.format_version,
                      starts_from=(*(m and m.stage(bench, tokenizer)
                                     for m in (self.teacher, self.init)), self.stem_stage(bench)))

@@ -143,7 +143,7 @@ class LightningDOTMethod(DualEncoderMethod):
     def stage(self, bench: dict, tokenizer) -> Stage:
         """Fine-tuning: every field, on bench["train"], from the pre-trained model (its file), so a
         new pre-training corpus is never served stale weights."""
-        return Stage("lightningdot", reads=config_fields(self.config), data=bench["train"],
+        return Stage(self.checkpoint_prefix, reads=config_fields(self.config), data=bench["train"],
                      vocabulary=tokenizer, version=self.format_version,
                      starts_from=(self.pretrain_stage(bench, tokenizer),))
 

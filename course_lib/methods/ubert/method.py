@@ -204,7 +204,7 @@ class UBERTMethod(DualEncoderMethod):
         """Step 2 (or joint training): every field, on bench["train"], from step 1's towers (two
         steps) and the SCAN model whose reading BERT_cross's inputs carry (their files)."""
         two_step = self.config.training == "two_step"
-        return Stage("ubert", reads=config_fields(self.config), data=bench["train"],
+        return Stage(self.checkpoint_prefix, reads=config_fields(self.config), data=bench["train"],
                      vocabulary=tokenizer, version=self.format_version,
                      starts_from=(self.towers_stage(bench, tokenizer) if two_step else None,
                                   self.scan and self.scan.stage(bench, tokenizer)))
