@@ -5,9 +5,9 @@ The repository's address is written once, in pyproject.toml's `[project.urls]` (
 `notebooks/NN_*.ipynb`:
 
 - the "Open in Colab" badge, the first line of the notebook's first (markdown) cell;
-- the learners' note, the last paragraph of that cell: where the answers are, how to get
-  exercise-only copies (data_scripts/make_student_copies.py), the glossary, and where to ask for
-  help (the repository's GitHub issues);
+- the learners' note, a markdown cell of its own just before the install cell: where the answers
+  are, how to get exercise-only copies (data_scripts/make_student_copies.py), the glossary, and
+  where to ask for help (the repository's GitHub issues);
 - the install cell, the first code cell (INSTALL_CELL): on Colab it installs the package from the
   repository with pip, Colab's torch pinned as it is; elsewhere it does nothing. The next cell's
   `setup()` finds or fetches the repository's other files the notebook needs (course_lib.colab).
@@ -39,6 +39,7 @@ BADGE_LINE = re.compile(r"\A\[!\[Open In Colab\]\([^)]*\)\]\([^)]*\)\n*")
 NOTE_START = "**Exercises, answers and help.**"
 INSTALL_FIRST_LINE = "# Colab only:"
 INSTALL_CELL_ID = "colab-install"
+NOTE_CELL_ID = "learners-note"
 
 # The install cell, the same in every notebook but for its address: at most 6 lines, and nothing
 # that needs course_lib, which it installs. pip leaves a requirement that is already satisfied alone
@@ -87,7 +88,7 @@ def badge(url: str, notebook: str) -> str:
 
 
 def learners_note(url: str) -> str:
-    """The paragraph every notebook's first cell ends with."""
+    """The markdown cell every notebook has just before its install cell."""
     return (f"{NOTE_START} In the course's notebooks the cell under each exercise, tagged "
             "`solution`, is its answer; `python data_scripts/make_student_copies.py --out "
             "student/` (from the repository root) writes copies in which those cells are stubs "
@@ -109,13 +110,20 @@ def front_matter(nb, name: str, url: str):
     if first.cell_type != "markdown":
         raise ValueError(f"{name}: its first cell must be the markdown title cell")
     body = BADGE_LINE.sub("", first.source)
-    body = body.split(f"\n\n{NOTE_START}")[0].rstrip("\n")
-    first.source = f"{badge(url, name)}\n\n{body}\n\n{learners_note(url)}"
-    cell = next((c for c in nb.cells if c.cell_type == "code"), None)
-    if cell is not None and cell.source.startswith(INSTALL_FIRST_LINE):
-        cell.source = install_cell(url)
+    body = body.split(f"\n\n{NOTE_START}")[0].rstrip("\n")  # a title cell may end with the note
+    first.source = f"{badge(url, name)}\n\n{body}"
+    install = next((c for c in nb.cells if c.cell_type == "code"), None)
+    if install is not None and install.source.startswith(INSTALL_FIRST_LINE):
+        install.source = install_cell(url)
     else:
-        nb.cells.insert(1, nbformat.v4.new_code_cell(install_cell(url), id=INSTALL_CELL_ID))
+        install = nbformat.v4.new_code_cell(install_cell(url), id=INSTALL_CELL_ID)
+        nb.cells.insert(1, install)
+    note = next((c for c in nb.cells
+                 if c.cell_type == "markdown" and c.source.startswith(NOTE_START)), None)
+    if note is None:
+        note = nbformat.v4.new_markdown_cell("", id=NOTE_CELL_ID)
+        nb.cells.insert(nb.cells.index(install), note)
+    note.source = learners_note(url)
     return nb
 
 

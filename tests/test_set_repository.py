@@ -65,13 +65,18 @@ def test_a_fork_is_written_into_pyproject_badges_notes_and_install_cells(tmp_pat
         assert title.splitlines()[0] == (
             "[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research."
             f"google.com/github/alice/retrieval-lab/blob/main/notebooks/{path.name})")
-        assert "[GitHub issues](https://github.com/alice/retrieval-lab/issues)" in title
-        assert "make_student_copies.py --out student/" in title
-        assert 'COURSE_PACKAGE = "git+https://github.com/alice/retrieval-lab"' in nb.cells[1].source
+        install = next(i for i, c in enumerate(nb.cells) if c.cell_type == "code")
+        note = nb.cells[install - 1].source  # the learners' note, just before the install cell
+        assert note.startswith(script.NOTE_START)
+        assert "[GitHub issues](https://github.com/alice/retrieval-lab/issues)" in note
+        assert "make_student_copies.py --out student/" in note
+        assert 'COURSE_PACKAGE = "git+https://github.com/alice/retrieval-lab"' in (
+            nb.cells[install].source)
         # nothing else changed: the same cells, the title's own text kept
         assert len(nb.cells) == len(old.cells)
-        assert [c.source for c in nb.cells[2:]] == [c.source for c in old.cells[2:]]
-        assert old.cells[0].source.split("\n\n", 1)[1].split("\n\n**Exercises")[0] in title
+        kept = [i for i in range(1, len(nb.cells)) if i not in (install - 1, install)]
+        assert [nb.cells[i].source for i in kept] == [old.cells[i].source for i in kept]
+        assert old.cells[0].source.split("\n\n", 1)[1] == title.split("\n\n", 1)[1]
     readme = (course / "README.md").read_text(encoding="utf-8")
     assert DEFAULT not in readme  # the syllabus's Colab links and the issues link follow the fork
     colab = "colab.research.google.com/github/alice/retrieval-lab/blob/main/notebooks/"
@@ -93,11 +98,12 @@ def test_a_new_notebook_gets_its_front_matter_and_check_says_so_until_then(tmp_p
     assert script.main(["--check", "--root", str(course)]) == 1
     assert script.main(["--root", str(course)]) == 0
     nb = nbformat.read(course / "notebooks" / "99_new_lesson.ipynb", as_version=4)
-    assert [c.cell_type for c in nb.cells] == ["markdown", "code", "code"]
+    assert [c.cell_type for c in nb.cells] == ["markdown", "markdown", "code", "code"]
     assert (nb.cells[0].source.startswith("[![Open In Colab]")
-            and "What it teaches." in nb.cells[0].source)
-    assert (nb.cells[1].source.startswith(script.INSTALL_FIRST_LINE)
-            and nb.cells[2].source == "print('lesson')")
+            and nb.cells[0].source.endswith("\n\n# 99 · A new lesson\n\nWhat it teaches."))
+    assert nb.cells[1].source.startswith(script.NOTE_START)
+    assert (nb.cells[2].source.startswith(script.INSTALL_FIRST_LINE)
+            and nb.cells[3].source == "print('lesson')")
     assert script.main(["--check", "--root", str(course)]) == 0
 
 
@@ -178,3 +184,16 @@ def test_the_install_cell_of_a_fork_installs_the_fork(monkeypatch):
     fork = "https://github.com/alice/retrieval-lab"
     magics, _ = _run_install_cell(monkeypatch, script.install_cell(fork), colab=True)
     assert magics[0][1].split()[2] == f"git+{fork}"
+
+
+def test_a_title_cell_ending_with_the_learners_note_has_it_moved_into_a_cell_of_its_own():
+    url = "https://github.com/alice/retrieval-lab"
+    title = f"# 99 · A lesson\n\nWhat it teaches.\n\n{script.learners_note(url)}"
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(title),
+                                         nbformat.v4.new_code_cell("print('lesson')")])
+    script.front_matter(nb, "99_lesson.ipynb", url)
+    sources = [c.source for c in nb.cells]
+    badge = script.badge(url, "99_lesson.ipynb")
+    assert sources[0] == f"{badge}\n\n# 99 · A lesson\n\nWhat it teaches."
+    assert sources[1:] == [script.learners_note(url), script.install_cell(url), "print('lesson')"]
+    assert [c.source for c in script.front_matter(nb, "99_lesson.ipynb", url).cells] == sources
