@@ -30,6 +30,7 @@ import torch.nn as nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from course_lib.core.blocks import RegionEmbedding, Transformer
+from course_lib.core.frozen_states import FROZEN_STATES
 from course_lib.core.offline_weights import pretrained_text_path
 from course_lib.core.settings import CourseNote, from_hub, hub_error
 from course_lib.core.tokens import WORD_SPECIAL_TOKENS, SpecialTokens
@@ -320,6 +321,11 @@ class BertTextEncoder(nn.Module):
             module.requires_grad_(False)
         return self.train(self.training)
 
+    def is_frozen(self) -> bool:
+        """Every block and the embeddings kept as loaded (freeze(0)): its states depend on the
+        token ids alone, so copies of it share them (core.frozen_states)."""
+        return len(self.frozen) == len(self.bert.encoder.layer) + 1
+
     def train(self, mode: bool = True):
         super().train(mode)
         for module in self.frozen:
@@ -333,9 +339,12 @@ class BertTextEncoder(nn.Module):
             raise ValueError(f"texts of {input_ids.shape[1]} tokens, but this BERT has {limit} "
                              "positions: tokenise with a smaller max_length or build it with a "
                              "larger max_length")
-        out = self.bert(input_ids=input_ids, attention_mask=attention_mask)
+        if self.is_frozen() and not torch.is_grad_enabled():  # a fixed function of the ids
+            states = FROZEN_STATES(self.bert, input_ids, attention_mask)  # (B, T, H)
+        else:
+            states = self.bert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         mask = attention_mask.bool()
-        tokens = out.last_hidden_state.masked_fill(~mask.unsqueeze(-1), 0.0)  # (B, T, H)
+        tokens = states.masked_fill(~mask.unsqueeze(-1), 0.0)  # (B, T, H)
         return EncoderOutput(tokens=tokens, mask=mask, pooled=tokens[:, 0])  # h0 = [CLS]
 
 
