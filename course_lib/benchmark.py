@@ -1,22 +1,10 @@
 """The synthetic benchmark: `python -m course_lib.benchmark [--smoke] [--out DIR] [--retrain]`.
 
-Fits every registered method (course_lib.methods.registry), evaluates it (course_lib.evaluation)
-on the test, full and compositional settings (docs/data.md, docs/results.md), times one text query
-against each gallery, and writes DIR/results.json, DIR/results.md (every table) and DIR/pareto.png;
---readme README.md also writes the test table into the README, the rest into docs/results.md. Two
-reference rows per setting: `oracle`, the expected recall of the Bayes-optimal ranking under the
-generator's own caption likelihood, the best any model can reach (course_lib.data.oracle), and
-`bag-of-objects`, one hand-built vector per image with perfect perception
-(course_lib.studies.single_vector): the limit of the dual encoders' form on this data.
-
-A method follows course_lib.methods.base.Method: `fit`, `rank(split, direction, top_k, queries)`,
-`query_fn(split, caption_index, top_k)`, `pairs_per_query`, and its own budgets `eval_pairs` and
-`timed_sizes`. The full setting's queries are the test split's (split.text_queries). Trained
-models: the shipped ones (shipped_models/, course_lib.core.shipped) where they match, else the
-cache folder's (--checkpoints), else trained there; --retrain (and --smoke) never loads a shipped
-one. The other commands: `python -m course_lib.real_benchmark --features DIR` (real photographs)
-and `python -m course_lib.refresh_shipped` (the shipped models).
-"""
+Fits every registered method, evaluates it on the test, full and compositional settings, times
+one text query against each gallery, and writes DIR/results.json, results.md and pareto.png. Two
+reference rows per setting: `oracle` (the best any model can reach, course_lib.data.oracle) and
+`bag-of-objects` (one hand-built vector per image, course_lib.studies.single_vector). Trained
+models: the shipped ones where they match, else --checkpoints', else trained there."""
 
 from __future__ import annotations
 
@@ -41,11 +29,10 @@ from course_lib.training_lanes import add_jobs_option, train_in_parallel
 
 KS = {"test": (1, 5, 10), "full": (5, 10, 20), "compositional": (1, 5, 10)}
 LATENCY_SIZES = (1_000, 5_000)  # gallery sizes of docs/results.md's latency table
-# the settings a bare --every-pair ranks every query of: the full setting's 60M cross-encoder pairs
-# per direction would take hours on a CPU, so it is never ranked whole unless named
+# the settings a bare --every-pair ranks whole (the full setting's would take hours on a CPU)
 EVERY_PAIR_SETTINGS = ("test", "compositional")
 REAL_COMMAND = "python -m course_lib.real_benchmark --features DIR"
-# options of the two other commands: a command line that gives one here is told what to type instead
+# options of the two other commands: given here, the user is told which command to type instead
 OTHER_COMMANDS = {"--features": REAL_COMMAND, "--text-encoder": REAL_COMMAND,
                   "--refresh-shipped": REFRESH_COMMAND}
 ORACLE_NOTE = ("Bayes-optimal ranking under the generator's own caption likelihood: the best "
@@ -56,17 +43,13 @@ REFERENCE_NOTES = {"oracle": ORACLE_NOTE, single_vector.NAME: single_vector.NOTE
 def run(*, smoke: bool = False, seed: int = 0, methods=None, out: str | Path = "outputs/benchmark",
         checkpoints: str | Path = CHECKPOINTS, retrain: bool = False, jobs: int = 1,
         every_pair: tuple[str, ...] = (), merge: dict | None = None, progress: bool = True) -> dict:
-    """Run the whole benchmark and write its three outputs; returns the results dict.
+    """Run the whole benchmark and write its outputs; returns the results dict.
 
-    methods: method names (course_lib.methods.registry; None for every one), or Method objects.
-    checkpoints: the folder of trained models, shared with the notebooks (`.fit(...,
-    cache_dir="../outputs/checkpoints")`): a checkpoint's name hashes its config, data and
-    vocabulary, so one folder serves every size and seed. retrain: train (or load from
-    `checkpoints`) every model instead of loading the shipped ones; smoke always does. jobs > 1:
-    the models that must train are trained first in that many processes (course_lib.training_lanes;
-    method names only), and each fit then loads its checkpoint. every_pair: the settings (e.g.
-    ("test",)) where every method ranks every query, whatever its budget. merge: an earlier
-    results.json of the same mode and seed, whose rows of the methods not run here are kept."""
+    methods: names (None: every one) or Method objects. retrain: train (or load from
+    `checkpoints`) instead of loading the shipped models; smoke always does. jobs > 1: the models
+    that must train are trained first in that many processes (names only). every_pair: the
+    settings where every method ranks every query. merge: an earlier results.json of the same mode
+    and seed, whose rows of the methods not run here are kept."""
     start = time.perf_counter()
     settings.seed_everything(seed)
     out = Path(out)
@@ -89,8 +72,7 @@ def run(*, smoke: bool = False, seed: int = 0, methods=None, out: str | Path = "
         rows.append(results_row(single_vector.NAME, setting, split,
                                 single_vector.reference_metrics(split, ks), ks, None,
                                 "expected recall, ties broken at random; not trained"))
-    # each finished method's rows are kept as the run goes: an interrupted run, started again with
-    # the same mode, seed and settings, continues where it stopped
+    # each finished method's rows are kept as the run goes, so a rerun continues where it stopped
     partial, key = out / results_io.PARTIAL, results_io.partial_key(smoke, seed, every_pair)
     kept = results_io.read_partial(partial, key)
     steps = tqdm(total=len(methods) * (len(SETTINGS) + 2), desc="benchmark", disable=not progress)
@@ -106,8 +88,7 @@ def run(*, smoke: bool = False, seed: int = 0, methods=None, out: str | Path = "
         with settings.retraining(smoke or retrain):
             method.fit(bench, tokenizer, cache_dir=Path(checkpoints))
         steps.update()
-        # the latency table's galleries first: the settings after them leave the method's cached
-        # states on test, full and compositional (base.CACHED_SPLITS), which its cascades use first
+        # the latency galleries first: the settings then leave the cached states its cascades use
         steps.set_postfix(method=method.name, step="latency")
         for point in query_latency(method, bench["full"], LATENCY_SIZES, smoke, repeats, galleries):
             if point["n"] in LATENCY_SIZES:
@@ -128,7 +109,6 @@ def run(*, smoke: bool = False, seed: int = 0, methods=None, out: str | Path = "
                                     query["ms_per_query"], notes, ms_measured=query["measured"],
                                     ms_spread=(query["p25_ms"], query["p75_ms"])))
             steps.update()
-        # the models it loaded from shipped_models/ go with its rows: a continued run names them
         shipped = [m.name for m in own_models([method]) if m.from_shipped]
         kept[method.name] = {"rows": rows[first_row:], "latency": latency[first_point:],
                              "shipped": shipped}
@@ -137,7 +117,6 @@ def run(*, smoke: bool = False, seed: int = 0, methods=None, out: str | Path = "
     noisy = results_io.cascade_timing_problems(methods, rows)
     if noisy:
         print(f"note: {noisy}", file=sys.stderr)
-    # the models loaded from shipped_models/, each once, in the order the methods met them
     shipped_models = dict.fromkeys(n for m in methods for n in kept[m.name].get("shipped", []))
     sizes = {name: [s.n_images, s.n_texts] for name, s in bench.items()}
     results = results_io.results_dict(

@@ -1,20 +1,7 @@
-"""On Colab, the course's files that are not part of the package.
-
-A notebook opened from its "Open in Colab" badge arrives alone: its first cell installs the package
-from the repository (pip, no clone). Yet the notebooks reach the course by relative paths
-(`../outputs/checkpoints`, `../data_scripts/...`, the repository's root), and the package reads the
-repository's `shipped_models/` and `data/`. So `setup()` (course_lib.notebook) first calls
-`use_course_files()`, which works
-
-    on Colab, in a copy of the course     in that copy (a notebook in its notebooks/ or student/)
-    on Colab, anywhere else (/content)    in ./NAME/notebooks, NAME a shallow fetch of the
-                                          repository at the commit pip installed (once)
-    elsewhere                             nothing changes
-
-and, when the imported package is not in that copy, sets COURSE_REPOSITORY to it: the package then
-reads its shipped models and photos (course_lib.core.settings.course_repository), and the lessons
-write to its outputs/, in the runtime's writable /content.
-"""
+"""On Colab, the course's files that are not part of the package: a notebook opened from its badge
+arrives alone (pip-installed, no clone), yet reaches the course by relative paths. So setup() works
+in the copy of the course it is in, else in a shallow fetch of the repository at the commit pip
+installed, and points COURSE_REPOSITORY at it."""
 
 from __future__ import annotations
 
@@ -36,15 +23,14 @@ def on_colab() -> bool:
 
 
 def course_copy(folder=".") -> Path | None:
-    """The copy of the course that `folder` is in: its parent or itself when it holds course_lib/
-    (a notebook's folder, or the repository's root), else None."""
+    """The copy of the course that `folder` (a notebook's folder or the root) is in, else None."""
     folder = Path(folder).resolve()
     return next((p for p in (folder.parent, folder) if (p / PACKAGE).is_dir()), None)
 
 
 def installed_from() -> tuple[str, str | None]:
-    """(repository URL, commit) the package was installed from: pip's record of a `git+URL` install,
-    else its Repository address (pyproject's [project.urls]) and None (the default branch)."""
+    """(repository URL, commit) the package was installed from: pip's record of a git install,
+    else its Repository address and None (the default branch)."""
     try:
         distribution = importlib.metadata.distribution(PACKAGE)
     except importlib.metadata.PackageNotFoundError:
@@ -73,8 +59,7 @@ def fetch_course(url: str, commit: str | None, into: Path) -> Path:
 
 
 def use_course_files(folder=".") -> Path | None:
-    """On Colab, the copy of the course the notebooks' relative paths lead into, fetched when
-    `folder` is in none (see the module's docstring); elsewhere None, and nothing changes."""
+    """On Colab, the course copy the notebooks' paths lead into (fetched if none), else None."""
     if not on_colab():
         return None
     root = course_copy(folder)

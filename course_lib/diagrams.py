@@ -1,5 +1,4 @@
-"""One boxes-and-arrows diagram per family of methods (draw_method): one drawing helper
-(draw_diagram) and one small spec per family (DIAGRAMS). A spec: a title, boxes {key: (label, x, y,
+"""One boxes-and-arrows diagram per family of methods. A spec: a title, boxes {key: (label, x, y,
 kind)} with centres in a unit grid, and arrows (from, to, label or "")."""
 
 from __future__ import annotations
@@ -41,8 +40,7 @@ DIAGRAMS = {
     "retrieve_rerank": {
         "title": ("Retrieve, then re-rank (LightningDOT): an index narrows N images to M, a "
                   "cross-encoder orders them"),
-        # the re-ranker reads each candidate pair itself; its score alone orders the M
-        # (TwoStageMethod: the two scores are not fused)
+        # the re-ranker's score alone orders the M (TwoStageMethod: the scores are not fused)
         "boxes": {"gallery": ("gallery: N images", 0, 1, "image"),
                   "vectors": ("image vectors\n(offline)", 2.8, 1, "image"),
                   "query": ("query caption", 0, 0, "text"),
@@ -57,8 +55,7 @@ DIAGRAMS = {
     },
     "ubert": {
         "title": "U-BERT: an intra-modal part to index, plus an inter-modal residual to re-rank",
-        # BERT_cross reads the token states the tower pass caches (UBERTStates), not the raw
-        # inputs: the gallery's are computed offline, so stage 2 runs only L_c layers a candidate
+        # BERT_cross reads the towers' cached token states: stage 2 runs only L_c layers
         "boxes": {"image": ("gallery: image regions", 0, 2.4, "image"),
                   "img_tower": ("BERT_img (intra-modal):\noffline, once per image", 2.8, 2.4,
                                 "model"),
@@ -80,8 +77,7 @@ DIAGRAMS = {
     },
     "hivlp": {
         "title": "HiVLP: early outputs of growing width, searched coarse to fine",
-        # each level's EOL reads a block of the tower (the same or a deeper one for a later level),
-        # not the level before it: one tower pass gives every level
+        # each level's EOL reads a block of the tower: one tower pass gives every level
         "boxes": {"image": ("image tower, offline: one\npass per image, its blocks\n"
                             "feed the levels' EOLs", 0, 1.1, "image"),
                   "text": ("text tower, online: one\npass per query, its blocks\n"
@@ -154,8 +150,7 @@ def draw_diagram(spec: dict, ax=None):
 
 
 def draw_method(name: str, ax=None):
-    """The diagram of one family of methods: a key of DIAGRAMS ("dual_encoder", "cross_encoder",
-    "retrieve_rerank", "ubert", "hivlp", "fast_slow"). Returns the axes."""
+    """The diagram of one family of methods, a key of DIAGRAMS. Returns the axes."""
     if name not in DIAGRAMS:
         raise KeyError(f"no diagram {name!r}; choose from {sorted(DIAGRAMS)}")
     return draw_diagram(DIAGRAMS[name], ax=ax)

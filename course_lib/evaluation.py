@@ -1,9 +1,5 @@
-"""Evaluating one method on one split, as both benchmarks do (course_lib.benchmark on the synthetic
-scenes, course_lib.real_benchmark on real photographs): its recalls from its rankings (`evaluate`,
-on a fixed sample of the queries where its pair budget runs out; from each query's top-K list,
-metrics.ranks_from_top_k, with no dense matrix), its ms per text query (`query_latency`), and the
-results row that holds both (`results_row`).
-"""
+"""Evaluating one method on one split, as both benchmarks do: its recalls from its top-K rankings,
+its ms per text query, and the results row that holds both."""
 
 from __future__ import annotations
 
@@ -13,18 +9,16 @@ from course_lib.core.metrics import ranks_from_top_k, recall_at_k
 from course_lib.core.timing import latency_vs_gallery
 from course_lib.methods.queries import ground_truth
 
-# (default, smoke): the fewest sampled queries a direction's recalls are reported from; below it a
-# recall's standard error passes 4 points (R@1 near 50, 100 queries: 5), too wide to compare
-# methods, so the direction is left out (its cells read "–")
+# (default, smoke): the fewest sampled queries a direction's recalls are reported from (fewer:
+# a standard error too wide to compare methods)
 MIN_SAMPLED_QUERIES = (100, 10)
 
 
 def evaluate(method, split, ks, smoke: bool = False, seed: int = 0, every_pair: bool = False,
              pair_cap: int | None = None) -> tuple[dict, str]:
-    """(recalls, how measured) of a method on a split from its rankings, per direction: every query,
-    or a fixed random sample when pairs_per_query x queries exceeds the method's eval_pairs budget
-    (every_pair=True lifts it, up to the method's every_pair_limit; pair_cap caps it). A direction
-    whose budget allows fewer than MIN_SAMPLED_QUERIES is not ranked: its recalls are None."""
+    """(recalls, how measured) per direction: every query, or a fixed random sample where the
+    method's eval_pairs budget runs out (every_pair lifts it, pair_cap caps it); recalls None
+    where the budget allows fewer than MIN_SAMPLED_QUERIES."""
     metrics, how = {}, []
     for direction in ("t2i", "i2t"):
         queries = split.text_queries if direction == "t2i" else split.image_queries
@@ -55,8 +49,7 @@ def evaluate(method, split, ks, smoke: bool = False, seed: int = 0, every_pair: 
 
 
 class Galleries:
-    """The first n images of a split, made once per (split, n) for the whole run: every method is
-    timed on the same gallery objects, so a cascade finds its first stage's states cached."""
+    """The first n images of a split, made once, so a cascade finds its first stage's cache."""
 
     def __init__(self):
         self.made = {}  # (id(split), n) -> (split, the subset)
@@ -71,11 +64,7 @@ class Galleries:
 
 
 def query_latency(method, gallery, sizes, smoke: bool, repeats: int, galleries=None) -> list[dict]:
-    """ms per text query against galleries of the given sizes (the first n images of `gallery`):
-    those sizes when the method may time them all, else its timed_sizes (or a quarter, half and all
-    of the largest it may time) and the rest extrapolated. The whole gallery is `gallery` itself, so
-    the offline states its evaluation built (Method.cached_states) serve the timing too; smaller
-    ones come from `galleries` (Galleries), one object per size for every method of a run."""
+    """ms per text query against the first n images of `gallery`, extrapolated past timed_sizes."""
     galleries = galleries or Galleries()
     measured = method.timed_sizes[1 if smoke else 0]
     most = min(gallery.n_images, max(sizes) if measured is None else max(measured))
@@ -90,8 +79,7 @@ def query_latency(method, gallery, sizes, smoke: bool, repeats: int, galleries=N
 
 def results_row(name, setting, split, metrics, ks, ms_per_query, notes, ms_measured=True,
                 ms_spread=(None, None)) -> dict:
-    """One row of results.json: the method's name, the setting and its sizes, the recalls in both
-    directions at `ks` and their mean (AR), the ms per text query and the timed calls' spread."""
+    """One row of results.json: sizes, recalls at `ks` and their mean (AR), ms per text query."""
     row = {"method": name, "setting": setting, "n_images": split.n_images, "n_texts": split.n_texts,
            "n_text_queries": split.n_text_queries, "n_image_queries": split.n_image_queries}
     for direction in ("i2t", "t2i"):
@@ -101,7 +89,6 @@ def results_row(name, setting, split, metrics, ks, ms_per_query, notes, ms_measu
     recalls = [row[f"{d}_r{k}"] for d in ("i2t", "t2i") for k in ks]
     row["ar"] = None if None in recalls else round(float(np.mean(recalls)), 2)
     row["ms_per_query"] = None if ms_per_query is None else round(float(ms_per_query), 4)
-    # the interquartile range of the timed calls: a median is only as good as its spread
     row["ms_p25"], row["ms_p75"] = (None if v is None else round(float(v), 4) for v in ms_spread)
     row["ms_measured"] = bool(ms_measured)
     row["notes"] = notes

@@ -1,15 +1,5 @@
 """What every notebook repeats, written once: the setup cell, gallery tiling for timing, the
-measured-vs-extrapolated latency plot, the recall table, and verdicts that respect noise and chance.
-
-    device = setup(seed=SEED, cpu_threads=1)        # versions, device, seeds, thread counts
-    big = tile_gallery(full, 123_287)               # a RetrievalSplit of n images, originals last
-    plot_latency({"cross_encoder": rows, ...})      # latency_vs_gallery rows; hollow = extrapolated
-    print(recall_table({"VSE++": m1, "SCAN": m2}))  # retrieval_metrics dicts side by side
-    print(compare_recalls("t2i R@1", "SCAN", 47.2, "VSE++", 7.0, n=5000, chance=0.1))
-    line, reached = recovery_verdict("rerank@20", 19.5, "cross-encoder", 20.0, n=5000, target=95)
-    print(compare_rates("false negatives", "mined", 12.0, 2000, "random", 3.0, 2000))
-    print(compare_ar("pre-training?", "PT", m_a, "no PT", m_b, n_images=1000, n_texts=5000))
-"""
+latency plot, the recall table, and verdicts that respect noise and chance."""
 
 from __future__ import annotations
 
@@ -25,9 +15,7 @@ from course_lib.core import settings
 
 
 def setup(seed: int = 0, cpu_threads: int | None = None, show: bool = True) -> torch.device:
-    """The versions-and-device cell: print what every result is measured with, seed everything,
-    (cpu_threads) cap torch's and FAISS's CPU threads; -> the device models should use. On Colab it
-    first finds or fetches the course's files the notebook's paths lead to (course_lib.colab)."""
+    """The versions-and-device cell (on Colab, after finding the course's files): the device."""
     course = use_course_files()
     if cpu_threads:
         import faiss
@@ -45,9 +33,8 @@ def setup(seed: int = 0, cpu_threads: int | None = None, show: bool = True) -> t
 
 
 def tile_gallery(split, n: int, name: str | None = None):
-    """A gallery of n images from `split`: its first n, or all of them tiled up to n. The copies
-    come first and the originals last, so every caption stays with an original image and caption 0
-    is the same query whatever n (a repeated image costs a query what a new one would)."""
+    """A gallery of n images: the split's first n, or copies of them followed by the originals, so
+    every caption stays with an original image and caption 0 is the same query whatever n."""
     if n < 1:
         raise ValueError(f"a gallery needs at least one image, got n={n}")
     copies = np.arange(max(n - split.n_images, 0)) % split.n_images
@@ -57,9 +44,8 @@ def tile_gallery(split, n: int, name: str | None = None):
 
 def plot_latency(curves: dict, *, ax=None, colors: dict | None = None, styles: dict | None = None,
                  title: str = "one query (hollow = extrapolated)"):
-    """ms per query against gallery size on log-log axes, one line per curve: curves maps a label
-    to latency_vs_gallery rows. Measured points are filled and joined; extrapolated ones hollow and
-    unjoined, so an estimate never looks like a measurement."""
+    """ms per query against gallery size on log-log axes, curves: label -> latency_vs_gallery rows;
+    extrapolated points hollow and unjoined, so an estimate never looks like a measurement."""
     import matplotlib.pyplot as plt
 
     ax = ax if ax is not None else plt.subplots(figsize=(6.5, 4.2))[1]
@@ -81,8 +67,7 @@ def plot_latency(curves: dict, *, ax=None, colors: dict | None = None, styles: d
 
 
 def recall_table(results: dict, ks=None, directions=("i2t", "t2i")) -> str:
-    """A fixed-width table of retrieval_metrics dicts, one row per label: R@k per direction and AR.
-    ks: the cut-offs to show (default: those the first dict holds). Missing values print as "–"."""
+    """A fixed-width table of retrieval_metrics dicts, one row per label: R@k per direction, AR."""
     first = next(iter(results.values()))
     if ks is None:
         ks = sorted({int(m.group(1)) for key in first
@@ -100,9 +85,7 @@ def recall_table(results: dict, ks=None, directions=("i2t", "t2i")) -> str:
 
 
 def skip_remaining_cells(reason: str) -> None:
-    """Print `reason` and make every later cell of the running notebook a no-op: a lesson whose data
-    are absent (lesson 08 without real photos) then runs top to bottom, under nbmake too, and says
-    why it did nothing. Outside IPython it only prints (a script or test running the cell alone)."""
+    """Print `reason` and make every later cell of the running notebook (if any) a no-op."""
     print(reason)
     try:
         from IPython import get_ipython
@@ -115,8 +98,7 @@ def skip_remaining_cells(reason: str) -> None:
 
 
 def chance_recall(n_candidates: int, k: int = 1, n_relevant: int = 1) -> float:
-    """R@k (%) of a random ranking: the chance that at least one of n_relevant true items is among
-    the top k of n_candidates (t2i: 1 true image; i2t: the image's 5 captions)."""
+    """R@k (%) of a random ranking: P(one of n_relevant true items in the top k of n_candidates)."""
     k = min(k, n_candidates)
     miss = 1.0
     for i in range(k):  # all k picks miss the true items: prod (N - r - i) / (N - i)
@@ -136,9 +118,8 @@ def near_chance(recall: float, n: int, chance: float) -> bool:
 
 def compare_recalls(question: str, a_label: str, a: float, b_label: str, b: float, n: int,
                     chance: float | None = None) -> str:
-    """One line: recall a against recall b (in %, over the same n queries) and a verdict. A gap
-    counts only beyond twice the standard error of the difference (rough; conservative, as both come
-    from the same queries); both within noise of chance: nothing can be told, whatever the gap."""
+    """One line: recall a against b (in %, over the same n queries) and a verdict; a gap counts
+    only beyond twice its standard error, and not at all when both are within noise of chance."""
     at_chance = chance is not None and near_chance(a, n, chance) and near_chance(b, n, chance)
     noise = math.hypot(recall_noise(a, n), recall_noise(b, n))
     return _gap_line(question, a_label, a, b_label, b, noise,
@@ -147,7 +128,6 @@ def compare_recalls(question: str, a_label: str, a: float, b_label: str, b: floa
 
 def _gap_line(question: str, a_label: str, a: float, b_label: str, b: float, noise: float,
               at_chance: str | None, unit: str = "") -> str:
-    """The line compare_recalls and compare_ar print: a vs b, the gap against its noise, verdict."""
     gap = a - b
     if at_chance:
         verdict = f"too small to tell at these sizes ({at_chance})"
@@ -161,12 +141,9 @@ def _gap_line(question: str, a_label: str, a: float, b_label: str, b: float, noi
 
 def recovery_verdict(a_label: str, a: float, ref_label: str, ref: float, n: int,
                      target: float = 95.0, chance: float | None = None) -> tuple[str, bool | None]:
-    """How much of a reference recall `ref` a recall `a` recovers (both in %, over the same n
-    queries), against a target share (in %), e.g. re-ranking's R@1 against the cross-encoder's.
-    -> (line, reached): reached None when nothing can be told at these sizes (ref is 0, or within
-    noise of chance, counting the noise at chance or at ref, whichever is larger: a share of a
-    chance-level number means nothing), else whether a is at least target% of ref; the line gives
-    the share's ± (twice a's standard error, over ref) and whether a shortfall is within it."""
+    """How much of a reference recall `ref` a recall `a` recovers (in %, over the same n queries),
+    against a target share. -> (line, reached): reached None when ref is 0 or within noise of
+    chance (a share of a chance-level number means nothing), else whether a >= target% of ref."""
     share = 100.0 * a / ref if ref > 0 else float("nan")
     head = f"{a_label} {a:.1f} vs {ref_label} {ref:.1f}"
     at_chance = chance is not None and (near_chance(ref, n, chance)
@@ -187,9 +164,8 @@ def recovery_verdict(a_label: str, a: float, ref_label: str, ref: float, n: int,
 def check_verdict(met: bool, values=(), *, n: int | None = None, chance: float | None = None,
                   measured: bool = True) -> str:
     """The word a lesson's check prints: "met" / "not met", or "too small to tell at these sizes
-    (why)" when the numbers it rests on cannot carry it: every recall in `values` (in %, over n
-    queries) within noise of chance, a ratio or share of numbers all at 0, or a time that was
-    extrapolated rather than measured. Every computed verdict of the lessons goes through here."""
+    (why)" when every recall in `values` is within noise of chance, all are 0, or the times were
+    extrapolated."""
     values = [float(v) for v in values]
     if not measured:
         return "too small to tell at these sizes (its times are extrapolated, not measured)"
@@ -203,10 +179,7 @@ def check_verdict(met: bool, values=(), *, n: int | None = None, chance: float |
 
 def compare_rates(question: str, a_label: str, a: float, n_a: int, b_label: str, b: float,
                   n_b: int) -> str:
-    """One line: rate a (in %, over n_a trials) against rate b (in %, over n_b trials) and a verdict
-    from a two-proportion test (pooled rate, gap beyond twice its standard error); no event in
-    either, or a gap within noise: "too small to tell at these sizes", not a ratio of a few counts.
-    For b from chance (a random draw), a from a method: false negatives, mined vs random."""
+    """One line: rate a (%, of n_a trials) against b (of n_b), a two-proportion test's verdict."""
     pooled = (a * n_a + b * n_b) / max(n_a + n_b, 1)
     noise = 2.0 * math.sqrt(max(pooled * (100.0 - pooled), 0.0)
                             * (1.0 / max(n_a, 1) + 1.0 / max(n_b, 1)))
@@ -222,10 +195,7 @@ def compare_rates(question: str, a_label: str, a: float, n_a: int, b_label: str,
 
 def compare_ar(question: str, a_label: str, a: dict, b_label: str, b: dict, n_images: int,
                n_texts: int, ks=(1, 5, 10)) -> str:
-    """One line: the AR (mean of i2t and t2i R@k over ks) of two retrieval_metrics dicts over the
-    same n_images image and n_texts text queries (5 captions per image), and a verdict as in
-    compare_recalls. AR's noise: the mean of its recalls' (conservative: the same queries); both
-    within noise of a random ranking's AR: nothing can be told at these sizes."""
+    """One line: the AR of two retrieval_metrics dicts and a verdict, as compare_recalls."""
     n = {"i2t": n_images, "t2i": n_texts}
     relevant = {"i2t": max(n_texts // max(n_images, 1), 1), "t2i": 1}
     candidates = {"i2t": n_texts, "t2i": n_images}
@@ -252,18 +222,15 @@ __all__ = ["check_verdict", "setup", "skip_remaining_cells", "tile_gallery", "pl
            "recovery_verdict", "compare_rates", "compare_ar"]
 
 
-# test t2i R@1 the course asks of every dual encoder (VSE++, LightningDOT, U-BERT's stage 1, HiVLP,
-# Fast): a 40-line one's (docs/findings.md, "Dual encoders trained to what one vector can do")
+# test t2i R@1 the course asks of every dual encoder (docs/findings.md)
 DUAL_ENCODER_TARGET = 25.0
 
 
 def curve_summary(label: str, history, metric: str = "t2i_r1", target: float | None = None,
                   n_queries: int = 1000) -> str:
-    """One line on a learning curve (a History with val_/train_ evaluations and cpu_seconds, as
-    every dual encoder's Method records): where it ended, train[:n] against val, and whether val was
-    still rising over the last interval (beyond twice its binomial standard error): would more
-    training pay? target: the recall the course asks of it (README's table), met or not.
-    n_queries: the fewer queries of its two directions (its galleries' images): the noise."""
+    """One line on a learning curve (a History with val_/train_ evaluations): where it ended, and
+    whether val was still rising beyond noise over the last interval (would more training pay?).
+    n_queries: the fewer queries of its two directions, for the noise."""
     rows = [r for r in history.rows(eval=True) if f"val_{metric}" in r]
     if not rows:
         raise ValueError(f"{label}: its history has no val_{metric} evaluations; train it through "

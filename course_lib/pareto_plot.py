@@ -81,13 +81,9 @@ def _violations(boxes, centres) -> list[int]:
 def place_labels(ax, points, labels, *, fontsize: float = 7, marker_px: float = 5.0,
                  attempts: int = 24) -> list:
     """Label each point (data coordinates) so that no two labels overlap and each label's nearest
-    marker is its own point's (none sits on a neighbour), covering no marker where it can.
-
-    Each label takes the cheapest of rings of candidate spots around its point, moving outwards
-    (away from its point: a thin leader line); the most crowded points choose first; while a label
-    breaks a rule the pass is repeated with those labels first (the rest reshuffled every other
-    time), keeping the arrangement with the fewest broken rules. It works in display space: call it
-    once the axes' limits and the layout are final. Returns the Text objects, in `points` order."""
+    marker is its own point's. Greedy passes over rings of candidate spots, the most crowded points
+    first, then the labels that broke a rule; the arrangement with the fewest broken rules wins.
+    Works in display space: call it once the layout is final. Returns the Text objects."""
     fig = ax.figure
     if not hasattr(fig.canvas, "get_renderer"):  # a bare Figure (headless files): an Agg canvas
         from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -182,8 +178,7 @@ def _draw_pareto(rows, *, setting: str, metric: str, ax, title, colors, front: b
 
 
 def _draw_published(ax, papers, metric: str, published) -> None:
-    """Published rows (untimed, own gallery): a dashed level each, labelled at the right edge in the
-    column the x-axis leaves free; of two levels too close for two labels, the lower goes under."""
+    """Published rows: a dashed level each, labelled at the right edge."""
     low, high = ax.get_ylim()
     previous = None
     for i, r in enumerate(sorted(papers, key=lambda r: r[metric])):
@@ -200,14 +195,9 @@ def _draw_published(ax, papers, metric: str, published) -> None:
 
 def plot_pareto(rows, *, setting: str = "test", metric: str = "t2i_r1", ax=None, title=None,
                 colors: dict | None = None, front: bool = True, published=None):
-    """Accuracy against per-query latency, one labelled point per method (log time axis).
-
-    `rows`: benchmark result rows (method, setting, ms_per_query, the metric); an extrapolated time
-    (ms_measured False) is drawn hollow, as in every course plot. front: a step line through the
-    methods no other one beats (studies.frontier.pareto_front). The axes fit the methods; an
-    untimed reference row (the oracle, the bag of objects) is a dotted line, or an arrow at the top
-    edge when above every method. Labels never overlap (place_labels). colors: method -> colour
-    (one per method across panels). published: published_rows, untimed, at the right edge."""
+    """Accuracy against per-query latency of benchmark rows, one labelled point per method (log
+    time axis; extrapolated times hollow). front: a step line through the Pareto front; untimed
+    references are dotted levels; published: published_rows, at the right edge."""
     if ax is None:
         _, ax = plt.subplots(figsize=(6.5, 4.5))
     pending = _draw_pareto(rows, setting=setting, metric=metric, ax=ax, title=title, colors=colors,
@@ -218,9 +208,8 @@ def plot_pareto(rows, *, setting: str = "test", metric: str = "t2i_r1", ax=None,
 
 def plot_pareto_settings(rows, fig=None, *, settings=("test", "full"), direction: str = "t2i",
                          published=None):
-    """plot_pareto for several settings side by side, one colour per method, each panel on its
-    setting's smallest recall cut-off (test: R@1, full: R@5). fig: a Figure to draw on (headless,
-    for files); None = a new pyplot one. published: published_rows, on the test panel (R@1)."""
+    """plot_pareto for several settings side by side, each on its smallest recall cut-off.
+    fig: a Figure to draw on (headless), or None; published: on the test panel."""
     panels = []
     for setting in settings:
         keys = {k for r in rows if r["setting"] == setting for k in r
@@ -232,8 +221,7 @@ def plot_pareto_settings(rows, fig=None, *, settings=("test", "full"), direction
 
 
 def plot_pareto_panels(panels: list[dict], fig=None):
-    """Pareto panels side by side, each a dict of rows, setting, metric, optional title and
-    published rows; one colour per method; labels placed once the layout is final. fig: as above."""
+    """Pareto panels ({rows, setting, metric[, title, published]}) side by side."""
     methods = list(dict.fromkeys(r["method"] for p in panels for r in p["rows"]
                                  if r.get("ms_per_query")))
     colors = {m: f"C{i}" if i < 10 else plt.cm.tab20b(i % 20) for i, m in enumerate(methods)}

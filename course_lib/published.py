@@ -1,10 +1,5 @@
-"""Published retrieval results on the real datasets, the rows our own numbers are set beside.
-
-Each row is a paper's R@1 on its dataset's official test gallery, with the image features and text
-side it used, so a comparison can name every difference. The papers' numbers, never ours: the
-real-photo benchmark writes them beside its table and marks them, untimed, on its frontier; lesson
-08 prints them. Our Flickr8k `test` is 500 photos of the official development split: half the
-papers' 1,000-photo gallery, an easier one.
+"""Published retrieval results on the real datasets (a paper's R@1 on the official test gallery,
+with the features it used), set beside ours. Our Flickr8k `test` is 500 photos, an easier gallery.
 """
 
 from __future__ import annotations
@@ -38,8 +33,7 @@ PUBLISHED = {
 
 
 def published_rows(dataset: str | None) -> dict | None:
-    """{"dataset", "gallery" (photos in the papers' test gallery), "rows" (dicts)} for a dataset
-    with published rows here (a split's info["dataset"], from its Karpathy file), else None."""
+    """{"dataset", "gallery" (photos in the papers' gallery), "rows"} of a dataset, or None."""
     entry = PUBLISHED.get(dataset or "")
     if entry is None:
         return None

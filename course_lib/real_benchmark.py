@@ -1,28 +1,9 @@
 """The benchmark on real photographs: `python -m course_lib.real_benchmark --features DIR`.
 
-DIR is a feature folder of data_scripts/extract_features.py: a pretrained CNN's grid of a
-Karpathy-format dataset (EfficientNet-Lite0's 7 x 7 cells of Flickr8k offline; Flickr30k / COCO on
-Colab). The methods are lessons 01-06's own (REAL_METHODS, from the registry), trained through the
-one Trainer, the grid cells as regions, captions in the pretrained text encoder's WordPiece:
-
-    vsepp, cross_encoder                    lessons 01-02, word embeddings learned from nothing
-    scan                                    lesson 02, over the pretrained BERT's frozen word states
-    lightningdot, lightningdot+rerank@20    lesson 03, its language encoder from the pretrained BERT
-    lightningdot+scan@10                    lesson 03's top 10 re-scored by SCAN (lesson 02), fused
-    ubert-embed, ubert@20                   lesson 04, BERT_txt from the same BERT
-    ubert-embed+cross_encoder@20            lesson 04's two-stage baseline
-    hivlp-regions (and its flat levels)     lesson 05, over the grid cells
-    slow, fast, fast-distilled, fast_slow@K lesson 06, Slow's decoders attending to the grid cells,
-                                            as the paper's attend to a CNN feature map
-
-beside the linear probe (course_lib.methods.linear_probe, the baseline on frozen features) and
-chance; no oracle row: real data has no generator. Nothing ships for real data, and the synthetic
-shipped models are never looked at. `real_sizes` holds the switches real features need,
-`fit_real_methods` fits (or loads) every method, `evaluate_real` measures and times them with the
-synthetic benchmark's code (course_lib.evaluation), and `run_features` does all three and writes
-OUT's results.json, results.md, pareto.png and curves.png (default outputs/benchmark-real);
---readme README.md also fills the real-results blocks of the README and docs/results.md.
-"""
+DIR is a feature folder of data_scripts/extract_features.py (a pretrained CNN's grid cells, used as
+regions). Lessons 01-06's methods (REAL_METHODS) are trained with captions in the pretrained text
+encoder's WordPiece, beside the linear probe and chance (real data has no oracle); nothing ships
+for real data. Writes OUT's results.json, results.md, pareto.png and curves.png."""
 
 from __future__ import annotations
 
@@ -55,9 +36,7 @@ NO_ORACLE = ("no oracle row: real data has no generator whose likelihood would g
              "possible ranking; chance (a random ranking's expected recall) and the linear probe "
              "frame the learned rows")
 REFERENCE_NOTES = {"oracle": NO_ORACLE, "chance": "a random ranking's expected recall"}
-# The numbers behind these presets: docs/tuning_notes.md, "the real-photo presets".
-# pairs a pairwise scorer may score per setting and direction (a sixth of the synthetic budget: the
-# cross-encoder takes minutes); below evaluation.MIN_SAMPLED_QUERIES a direction goes unmeasured
+# pairs a pairwise scorer may score per setting and direction (docs/tuning_notes.md)
 REAL_PAIR_CAP = 100_000
 SMOKE_PHOTOS = {"train": 48, "val": 16, "test": 16}  # photos of each split in smoke mode
 
@@ -66,31 +45,25 @@ REAL_METHODS = ("vsepp", "scan", "cross_encoder", "lightningdot", "lightningdot+
                 "ubert-embed", "ubert@20", "ubert-embed+cross_encoder@20", "hivlp-regions", "slow",
                 "fast", "fast-distilled", "fast_slow@10", "fast_slow@50")
 
-# the fused pipeline, real photos only: LightningDOT's top FUSED_TOP_M re-scored by SCAN, ordered by
-# FUSED_WEIGHT * LightningDOT + SCAN (Fast & Slow's eq. 9 fusion), the weight bringing its dot
-# products to SCAN's scale; both numbers, and SCAN rather than the cross-encoder, chosen on val
+# real photos only: LightningDOT's top FUSED_TOP_M re-scored by SCAN, ordered by
+# FUSED_WEIGHT * LightningDOT + SCAN (Fast & Slow eq. 9); both numbers chosen on val
 FUSED = "lightningdot+scan@10"
 FUSED_TOP_M = 10
 FUSED_WEIGHT = 0.01
 
 # methods whose captions are words seen WORD_MIN_FREQ times in train, not wordpieces: Slow's output
-# softmax at every word of every pair costs with the vocabulary (MiniLM's wordpieces: ten times
-# Flickr8k's words), and lesson 06's methods share one tokenizer (the cascades re-score with both)
+# softmax costs with the vocabulary, and lesson 06's methods share one tokenizer
 WORD_METHODS = ("slow", "fast", "fast-distilled", "fast_slow@10", "fast_slow@50")
 WORD_MIN_FREQ = 5
 
-# smoke mode's steps where a switch makes a model costlier than its config's SMOKE allows for:
-# U-BERT at MiniLM's width (both stages; B^2 cross passes in step 2), LightningDOT fine-tuning
-# the whole of MiniLM
+# smoke mode's steps where a switch makes a model costlier than its config's SMOKE allows for
 SMOKE_STEPS = {"UBERTConfig": dict(max_steps=10, cross_steps=10, cross_batch_size=8),
                "LightningDOTConfig": dict(finetune_steps=10)}
 
 
 def real_sizes(text_encoder: str = MINILM_NAME, smoke: bool = False) -> dict:
-    """registry.Build.sizes for REAL_METHODS on real features: the switches real data needs (a
-    pretrained text side where the paper starts from BERT, grid cells where a model read pixels, no
-    generator behind the photos), in smoke mode too. A default run's steps and rates are each
-    config's REAL_PHOTOS preset (Build.real_photos); smoke shrinks steps (SMOKE, SMOKE_STEPS)."""
+    """registry.Build.sizes for REAL_METHODS: the switches real data needs (a pretrained text side,
+    grid cells for pixels, no fresh scenes); smoke also shrinks steps (SMOKE_STEPS)."""
     from transformers import AutoConfig
 
     width = AutoConfig.from_pretrained(pretrained_text_path(text_encoder)).hidden_size
@@ -98,8 +71,7 @@ def real_sizes(text_encoder: str = MINILM_NAME, smoke: bool = False) -> dict:
     bert = dict(text_encoder=text_encoder, hidden=width, heads=max(1, width // 64),
                 text_encoder_lr_scale=0.1)  # fine-tuned at a tenth of the rate of the new layers
     switches = {
-        # the paper's text side: a pretrained BERT, [CLS] as z0, its width h0's and z0's; BERT's own
-        # pre-training stands in for VMLM on the training captions
+        # a pretrained BERT, whose own pre-training stands in for VMLM
         "LightningDOTConfig": dict(bert, layers=1, pretrain_steps=0),
         # BERT_txt from the same BERT (the paper's towers start from BERT-base); BERT_img one block
         "UBERTConfig": dict(bert, tower_layers=1),
@@ -116,9 +88,8 @@ def real_sizes(text_encoder: str = MINILM_NAME, smoke: bool = False) -> dict:
 
 def real_methods(text_encoder: str = MINILM_NAME, smoke: bool = False, seed: int = 0,
                  names=REAL_METHODS) -> list:
-    """The linear probe, then `names` of the registry built with real_sizes, in course order; a
-    cascade's first stages come before it (HiVLP's flat model is a row of its own, as on the
-    synthetic benchmark); FUSED after lesson 03's rows where lightningdot and scan both are."""
+    """The linear probe, then `names` built with real_sizes (HiVLP's flat model before it), and
+    FUSED after lesson 03's rows where lightningdot and scan both are."""
     probe_config = LinearProbeConfig.smoke if smoke else LinearProbeConfig
     methods = [LinearProbeMethod(probe_config(text_encoder=text_encoder, seed=seed))]
     sizes = real_sizes(text_encoder, smoke)
@@ -141,8 +112,7 @@ def real_methods(text_encoder: str = MINILM_NAME, smoke: bool = False, seed: int
 def fit_real_methods(bench: dict, text_encoder: str = MINILM_NAME, smoke: bool = False,
                      seed: int = 0, checkpoints=CHECKPOINTS,
                      names=REAL_METHODS) -> tuple[list, dict]:
-    """Fit every method on bench["train"] (or load it from `checkpoints`), captions in the text
-    encoder's WordPiece vocabulary (WORD_METHODS: in words). -> (methods, {name: seconds to fit})"""
+    """Fit (or load) every method on bench["train"]: (methods, {name: seconds to fit})."""
     settings.seed_everything(seed)
     wordpieces = tokenizer_for(bench["train"], name=pretrained_text_path(text_encoder))
     words = tokenizer_for(bench["train"], min_freq=WORD_MIN_FREQ)
@@ -157,9 +127,7 @@ def fit_real_methods(bench: dict, text_encoder: str = MINILM_NAME, smoke: bool =
 
 
 def training_curves(methods) -> dict:
-    """{name: {"step", "val_r1", "train_r1"}}: t2i R@1 on val and train[:n] along training, of every
-    model that trained with a learning curve, one entry per training stage (e.g. "lightningdot
-    (finetune)"). The cascades train nothing of their own and have none."""
+    """{name: {"step", "val_r1", "train_r1"}}: t2i R@1 along training, per model and stage."""
     curves = {}
     for method in methods:
         history = getattr(method, "history", None)
@@ -191,8 +159,7 @@ def real_reference_rows(split, setting: str) -> list[dict]:
 
 def evaluate_real(methods, bench: dict, smoke: bool = False, seed: int = 0, progress: bool = True,
                   setting_names=SETTINGS) -> list[dict]:
-    """The results rows: chance, then every method on every setting, its recalls (evaluate: a fixed
-    sample of queries where its pair budget, at most REAL_PAIR_CAP, runs out) and ms per query."""
+    """The results rows: chance, then every method's recalls and ms per query on every setting."""
     repeats = 5 if smoke else 20
     rows = [row for name in setting_names for row in real_reference_rows(bench[name], name)]
     for done, method in enumerate(tqdm(methods, desc="evaluating", disable=not progress)):
@@ -210,8 +177,8 @@ def evaluate_real(methods, bench: dict, smoke: bool = False, seed: int = 0, prog
 
 
 def release_finished(methods, evaluated: int) -> None:
-    """Empty the split caches of methods[:evaluated] (and of their cascade stages) that no later
-    method reads: the full setting's states of every model at once would not fit in memory."""
+    """Empty the split caches of methods[:evaluated] (and their stages) no later method reads:
+    every model's full-setting states at once would not fit in memory."""
     later = methods[evaluated:]
     needed = {id(m) for m in later} | {id(s) for m in later for s in getattr(m, "stages", ())}
     for method in methods[:evaluated]:
@@ -233,13 +200,11 @@ def smoke_bench(bench: dict) -> dict:
 def run_features(features_dir, out="outputs/benchmark-real", text_encoder: str = MINILM_NAME,
                  smoke: bool = False, seed: int = 0, checkpoints=CHECKPOINTS,
                  progress: bool = True) -> dict:
-    """Fit (fit_real_methods), evaluate and time every method on a feature folder of
-    data_scripts/extract_features.py; write OUT's results.json/.md, pareto.png and curves.png."""
+    """Fit, evaluate and time every method on a feature folder, and write OUT's outputs."""
     start = time.perf_counter()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    # float16: half the memory (batches are float32); the photos' paths, as lesson 08 loads them:
-    # the same training data, so the same checkpoint names
+    # float16: half the memory; the photos' paths as lesson 08's, so the same checkpoint names
     bench = load_feature_bench(features_dir, regions_dtype=np.float16,
                                image_root=extracted_images(features_dir))
     missing = [s for s in ("train", "val", "test") if s not in bench]

@@ -1,13 +1,8 @@
 """The refresh of the shipped models: `python -m course_lib.refresh_shipped [--methods A,B]`.
 
-`--relabel` renames them instead, training nothing, after a change of the naming rule alone
-(course_lib.shipping.relabel).
-
-Trains the default models (seed 0, default sizes; or loads them from --checkpoints) and rewrites
-shipped_models/ with their weights and manifest (course_lib.shipping.refresh); --jobs > 1 trains
-them side by side first (course_lib.training_lanes). Not a main in course_lib.shipping:
-training_lanes imports shipping, so the command using both sits above them (tests/test_layers.py).
-"""
+Trains the default models (or loads them from --checkpoints) and rewrites shipped_models/
+(course_lib.shipping.refresh); --relabel renames them instead, training nothing. Not in
+course_lib.shipping: training_lanes imports shipping, so the command using both sits above them."""
 
 from __future__ import annotations
 

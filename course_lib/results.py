@@ -1,8 +1,6 @@
-"""The benchmark's results: the results dict every run builds (`results_dict`), results.json read
-and checked, merged with an earlier run, written all or nothing (with results.md and pareto.png),
-the README's test table and docs/results.md's other tables, the rows an interrupted run keeps, and
-the plain note when its timings contradict themselves. course_lib.benchmark and
-course_lib.real_benchmark measure the rows; this module is everything done with them."""
+"""The benchmark's results once measured: the results dict, results.json read, checked, merged and
+written all or nothing (with results.md and pareto.png), the README's tables, an interrupted run's
+rows, and the note when its timings contradict themselves."""
 
 from __future__ import annotations
 
@@ -29,9 +27,7 @@ def run_mode(smoke: bool) -> str:
 
 def results_dict(rows: list[dict], methods, *, smoke: bool, seed: int, seconds: float,
                  references: dict | None = None, **meta) -> dict:
-    """A run's results, as results.json holds them: {"meta": {"device", "torch", "mode", "seconds",
-    "seed", then `meta`'s extras}, "methods": the notes of `references` (name -> note), then each
-    method's, "rows": rows}. A run adds its other keys ("latency", ...) after these."""
+    """A run's results as results.json holds them: {"meta", "methods": name -> notes, "rows"}."""
     env = describe_environment()
     return {"meta": {"device": env["device"], "torch": env["torch"], "mode": run_mode(smoke),
                      "seconds": round(seconds, 1), "seed": seed, **meta},
@@ -63,9 +59,8 @@ def read_partial(path: Path, key: dict) -> dict:
 
 
 def cascade_timing_problems(methods, rows) -> str | None:
-    """A plain-words note when the timings contradict themselves, as a quiet machine cannot: a
-    cascade (a method whose first stage is another method of the run) measured faster than its
-    first stage, or slower than the same stages keeping more candidates. None if they agree."""
+    """A note when the timings contradict themselves: a cascade faster than its first stage, or
+    slower than the same stages keeping more candidates. None if they agree."""
     ms = {(r["method"], r["setting"]): r["ms_per_query"] for r in rows
           if r.get("ms_per_query") and r.get("ms_measured", True)}
     clashes = []
@@ -80,7 +75,6 @@ def cascade_timing_problems(methods, rows) -> str | None:
     for a in chains:  # the same stages keeping fewer candidates cannot cost more
         for b in chains:
             same = [s.name for s in a.stages] == [s.name for s in b.stages] and a is not b
-            # the same stages: as many top_ms
             fewer = same and all(x <= y for x, y in zip(a.top_ms, b.top_ms, strict=True))
             if not (fewer and a.top_ms != b.top_ms):
                 continue
@@ -97,8 +91,7 @@ def cascade_timing_problems(methods, rows) -> str | None:
 
 
 def write_outputs(results: dict, out: Path) -> None:
-    """results.json, results.md, pareto.png (and curves.png if results has "curves") into `out`, all
-    or nothing: temporary files renamed over the old ones once all are written."""
+    """results.json, results.md, pareto.png (and curves.png) into `out`, all or nothing."""
     out = Path(out)
     staged = {out / name: out / temporary for name, temporary in (
         ("results.json", ".results.json.tmp"), ("results.md", ".results.md.tmp"),
@@ -119,8 +112,7 @@ def write_outputs(results: dict, out: Path) -> None:
 
 
 def read_results(path) -> dict:
-    """An earlier results.json, checked before any work: readable, complete JSON, with a "meta"
-    (mode, seed) and a list of "rows". Every error names the file and says what to do."""
+    """An earlier results.json, checked before any work; an error names the file and what to do."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -148,9 +140,8 @@ def read_results(path) -> dict:
 
 
 def check_outputs(out: Path, mode: str, seed: int, methods: list[str], merged: dict | None) -> None:
-    """Refuse, before any work, a run that would replace out/results.json by one that drops some of
-    its methods or holds another mode or seed: that file may be an hour of training. Raises
-    ValueError saying how to keep it (--merge, another --out) or overwrite it anyway (--replace)."""
+    """ValueError, before any work, for a run that would replace out/results.json by one that drops
+    some of its methods or holds another mode or seed: that file may be an hour of training."""
     existing = Path(out) / "results.json"
     if not existing.exists():
         return
@@ -173,8 +164,7 @@ def check_outputs(out: Path, mode: str, seed: int, methods: list[str], merged: d
 
 
 def merge_results(new: dict, old: dict) -> dict:
-    """This run's results plus the rows of `old` (an earlier results.json of the same mode and seed)
-    of every method not run here, in course order (meta["merged"] names them)."""
+    """This run's results plus `old`'s rows of every method not run here, in course order."""
     if (old["meta"]["mode"], old["meta"]["seed"]) != (new["meta"]["mode"], new["meta"]["seed"]):
         raise ValueError(f"cannot merge a {old['meta']['mode']} run of seed {old['meta']['seed']} "
                          f"into a {new['meta']['mode']} run of seed {new['meta']['seed']}")
@@ -192,9 +182,7 @@ def merge_results(new: dict, old: dict) -> dict:
 
 
 def results_markdown(results: dict, settings=SETTINGS, extras: bool = True) -> str:
-    """The results as Markdown: the run's line, one table per setting (columns from the rows' own
-    keys), the marks' legend for the rows shown; extras: also the latency table and each method's
-    notes. The defaults give all of DIR/results.md; README and docs/results.md each take a part."""
+    """The results as Markdown; extras: the latency table and each method's notes too."""
     meta = results["meta"]
     lines = [f"Mode `{meta['mode']}`, seed {meta['seed']}, device `{meta['device']}`, torch "
              f"{meta['torch']}, {meta['seconds']} s in all.", ""]
@@ -285,7 +273,7 @@ REAL_PICTURE = Path("docs") / "pareto-real.png"
 
 
 def is_real(results: dict) -> bool:
-    """Whether results come from real photographs (course_lib.real_benchmark), not synthetic."""
+    """Whether results come from real photographs (course_lib.real_benchmark)."""
     return results["meta"].get("data") == "real"
 
 
@@ -294,8 +282,7 @@ def _markers(real: bool) -> tuple[str, str, Path]:
 
 
 def readme_markdown(results: dict) -> str:
-    """The README's results block: the test setting's table, where the rest is, and the frontier
-    picture (links relative to the README's folder)."""
+    """The README's results block: the test table, where the rest is, and the frontier picture."""
     doc, picture = RESULTS_DOC.as_posix(), _markers(is_real(results))[2].as_posix()
     table = results_markdown(results, settings=README_SETTINGS, extras=False)
     if is_real(results):
@@ -332,10 +319,8 @@ def _blocks(path: Path, start: str = README_START, end: str = README_END) -> tup
 
 def update_readme(results: dict | None, readme: str | Path, check_only: bool = False,
                   real: bool | None = None) -> None:
-    """Write this run into the README's results block (the test table, the picture's link), its
-    other tables into docs/results.md's block and the picture to docs/pareto.png, all three replaced
-    once all are written; a real-photo run (or real=True): the real-results blocks and
-    docs/pareto-real.png. check_only: only check both files and their blocks (before a run)."""
+    """Write this run into the README's results block, docs/results.md's and the picture, all or
+    nothing (a real-photo run: the real-results blocks). check_only: only check the blocks."""
     real = (results is not None and is_real(results)) if real is None else real
     start, end, picture = _markers(real)
     readme = Path(readme)
@@ -358,16 +343,14 @@ def update_readme(results: dict | None, readme: str | Path, check_only: bool = F
 
 
 def _save_curves(curves: dict, path: Path) -> None:
-    """Every trained model's learning curve, a panel each (viz.plot_training_curves)."""
     from course_lib.viz import plot_training_curves
 
     plot_training_curves(curves).savefig(path, dpi=110)
 
 
 def _save_pareto(rows, path: Path, published: dict | None = None) -> None:
-    """Every method on t2i R@1 vs ms per query, test and full settings side by side (pareto_plot);
-    published rows (course_lib.published.published_rows) marked on the test panel."""
-    # a bare Figure needs no GUI backend, so this works headless and leaves notebooks' backend alone
+    """Every method's recall against ms per query, test and full side by side (pareto_plot)."""
+    # a bare Figure needs no GUI backend, and leaves notebooks' backend alone
     from matplotlib.figure import Figure
 
     from course_lib.pareto_plot import plot_pareto_settings

@@ -1,12 +1,5 @@
-"""Free-text photo search: any caption a learner types, against a split's photos, answered by
-fitted Rankers side by side with each one's online milliseconds (lesson 08's search box).
-
-A Ranker answers one text query through `query_fn(split, caption_index, top_k)`, whose offline work
-(the gallery's embeddings, a re-ranker's image states) happens when it is built. A typed caption is
-no caption of the split, so `caption_split` makes a split of the same photos (arrays shared) with
-it as the only text, and the offline work is redone once per caption (a second or so for 500
-photos). The milliseconds are the online call alone, as the benchmark's are.
-"""
+"""Free-text photo search (lesson 08's search box): a typed caption against a split's photos,
+answered by fitted Rankers side by side with each one's online milliseconds."""
 
 from __future__ import annotations
 
@@ -30,8 +23,7 @@ class SearchResult:
 
 
 def caption_split(gallery: RetrievalSplit, caption: str) -> RetrievalSplit:
-    """The gallery's photos (arrays shared) with `caption` as the only text, which has no true
-    photo: its txt2img points at photo 0 only because every caption of a split needs one."""
+    """The gallery's photos with `caption` as the only text (txt2img: 0, as one is needed)."""
     caption = caption.strip() if isinstance(caption, str) else caption
     if not isinstance(caption, str) or not caption:
         raise ValueError(f"type a caption to search for, e.g. 'a dog runs on the grass' (got "
@@ -45,8 +37,7 @@ def caption_split(gallery: RetrievalSplit, caption: str) -> RetrievalSplit:
 
 def search_photos(rankers, gallery: RetrievalSplit, caption: str, top_k: int = 5,
                   repeats: int = 5) -> list[SearchResult]:
-    """Each fitted Ranker's top_k photos of `gallery` for `caption`, with its online ms (median of
-    `repeats` timed calls after one warm-up, course_lib.core.timing.measure)."""
+    """Each fitted Ranker's top_k photos of `gallery` for `caption`, with its online ms."""
     split = caption_split(gallery, caption)
     results = []
     for ranker in rankers:
@@ -69,8 +60,7 @@ def show_search(rankers, gallery: RetrievalSplit, caption: str, top_k: int = 5):
 
 
 def search_box(rankers, gallery: RetrievalSplit, caption: str, top_k: int = 5):
-    """A text box (ipywidgets) that shows show_search's photos for every caption typed into it,
-    starting from `caption`. -> the widget, or None where ipywidgets is not installed."""
+    """A text box showing show_search's photos for every caption typed; None without ipywidgets."""
     try:
         import ipywidgets as widgets
     except ImportError:

@@ -1,16 +1,9 @@
-"""Which trained models ship with the course, and their refresh (`refresh`: `python -m
-course_lib.refresh_shipped`; course_lib.core.shipped holds the folder's format, loading, checks).
+"""Which trained models ship with the course (the default benchmark's, seed 0), and their refresh
+(`python -m course_lib.refresh_shipped`; course_lib.core.shipped holds the folder's format).
 
-They are the default benchmark's (seed 0, default sizes): every registered method that owns a
-model, and the models they are built from (a cascade's stages, a distilled model's teacher,
-hivlp-regions' flat model), found by walking the methods (`own_models`): a new method ships without
-touching this module. A shipped model is named by what it was trained from (Method.stage)
-and checked by what it computes: the manifest keeps each model's `probe`, its scores on a fixed
-validation batch (the first PROBE_IMAGES images and their captions) and their recall;
-`output_problems` recomputes both from every shipped file, and tests/test_shipped_models.py fails
-on any difference, naming the refresh command. So an edit that changes no number (a rename, a
-split file, a faster search) keeps every model, and one that does cannot go unnoticed.
-"""
+A shipped model is named by what it was trained from (Method.stage) and checked by what it
+computes: the manifest keeps each model's `probe` (its scores and recall on a fixed validation
+batch), which `output_problems` recomputes, so an edit that changes a number cannot go unnoticed."""
 
 from __future__ import annotations
 
@@ -33,14 +26,13 @@ from course_lib.methods.registry import available_methods
 SEED = 0  # the shipped models are the default benchmark's, of seed 0
 PROBE_IMAGES = 32  # the probe batch: the first validation images, with their captions (5 each)
 PROBE_KEPT = (40, 8)  # scores the manifest keeps: the first captions x images of the probe's matrix
-# an output may move by this much, relative to the largest kept score, before it counts as changed:
-# far above float32 rounding and thread-count reorderings (~1e-6), below any weight or code change
+# relative change of a kept score that counts: far above float32 and thread-order noise (~1e-6)
 PROBE_TOLERANCE = 1e-4
 
 
 def own_models(methods) -> list[Method]:
-    """Every Method reachable from `methods` (their attributes, lists of stages, a miner's method):
-    each owns a model it can ship; each once, in the order first met. Cascades are Rankers only."""
+    """Every Method reachable from `methods` (attributes, lists of stages, a miner's method), each
+    once, in the order first met: each owns a model it can ship."""
     found, seen = [], set()
 
     def visit(obj) -> None:
@@ -50,7 +42,6 @@ def own_models(methods) -> list[Method]:
         if isinstance(obj, Method):
             found.append(obj)
         for value in vars(obj).values() if hasattr(obj, "__dict__") else ():
-            # a cross-encoder's miner
             miner_method = getattr(value, "method", None) if callable(value) else None
             for item in value if isinstance(value, (list, tuple)) else (value, miner_method):
                 if isinstance(item, Ranker):
@@ -92,16 +83,15 @@ def expected_entries(bench=None, tokenizer=None, methods=None) -> dict:
 
 
 def probe_split(bench):
-    """The fixed probe batch: the validation split's first PROBE_IMAGES images and their captions (a
-    new split object each time, so no method's cache of another split answers for it)."""
+    """The validation split's first PROBE_IMAGES images and their captions, a new split object
+    each time (so no method's split cache answers for it)."""
     val = bench["val"]
     return val.subset(range(min(PROBE_IMAGES, val.n_images)), name="probe")
 
 
 @contextlib.contextmanager
 def as_shipped(method: Method):
-    """The method's model with its weights as a shipped file gives them back (float16-rounded, then
-    float32), restored after: a probe recorded before shipping is what the shipped file computes."""
+    """The method's model with its weights as a shipped file gives them back, restored after."""
     model = method.model
     original = {k: v.detach().clone() for k, v in model.state_dict().items()}
     weights = shipped.shipped_weights(model)
@@ -113,9 +103,8 @@ def as_shipped(method: Method):
 
 
 def probe(method: Method, bench) -> dict:
-    """What a fitted method computes on the probe batch: {"scores": the kept (captions x images)
-    corner of its (T, N) text-to-image scores, a line of numbers per caption, "recall": t2i and i2t
-    R@1 / R@5 of the whole (T, N) matrix}. Every shipped method ranks through `rank`: one probe."""
+    """What a fitted method computes on the probe batch: {"scores": the PROBE_KEPT corner of its
+    (T, N) scores, a line per caption, "recall": R@1 / R@5 of the whole matrix}."""
     split = probe_split(bench)
     with torch.no_grad():
         indices, scores = method.rank(split, "t2i", split.n_images)  # (T, N) each, best first
@@ -150,8 +139,7 @@ def probe_differences(recorded: dict | None, now: dict) -> list[str]:
 
 def output_problems(folder=shipped.SHIPPED_MODELS, methods=None, bench=None,
                     tokenizer=None) -> list[str]:
-    """Load every shipped model of `folder` (nothing trains: a model that would train is a problem)
-    and recompute its probe against the manifest's. [] when every model computes what it did."""
+    """Why shipped models of `folder` do not compute their recorded probes ([]: they all do)."""
     methods, bench, tokenizer = _or_default(methods, bench, tokenizer)
     files = shipped.read_manifest(folder)["files"]
     problems = []
@@ -171,12 +159,9 @@ def output_problems(folder=shipped.SHIPPED_MODELS, methods=None, bench=None,
 
 def refresh(folder=shipped.SHIPPED_MODELS, checkpoints=CHECKPOINTS, methods=None, bench=None,
             tokenizer=None, progress: bool = True, only=None) -> dict:
-    """Fit every model that ships (training it, or loading a finished checkpoint of the same name
-    from `checkpoints`, never a shipped file) and rewrite `folder` with their weights and manifest;
-    methods / bench / tokenizer: the default benchmark's unless given. only: method names, whose
-    models alone are fitted and written; every other model whose file is
-    still current (same name and entry, bytes intact) stays, and the manifest lists the rest as
-    "not_shipped" (trained on first use): the staleness check knows they are left out on purpose."""
+    """Fit every model that ships (trained, or from `checkpoints`, never a shipped file) and
+    rewrite `folder` with their weights and manifest. only: method names whose models alone are
+    fitted; other models whose files are still current stay, the rest are listed "not_shipped"."""
     methods, bench, tokenizer = _or_default(methods, bench, tokenizer)
     models = own_models(methods)
     not_shipped, keep = [], {}
@@ -214,8 +199,7 @@ def refresh(folder=shipped.SHIPPED_MODELS, checkpoints=CHECKPOINTS, methods=None
 
 def _same_config(method: Method, old: dict, new: dict) -> bool:
     """Whether two manifest configs describe the same model: a field the old one leaves out counts
-    at its default (an earlier naming rule left fields out at their defaults); a field only the
-    old one has is one the config no longer has (a retired ablation arm), and the probe decides."""
+    at its default; one only the old one has is ignored (the probe decides)."""
     default = config_fields(type(method.config)())
     new = json.loads(json.dumps(new))  # as the manifest gives it back (a tuple reads back a list)
     default = json.loads(json.dumps(default))
@@ -223,11 +207,9 @@ def _same_config(method: Method, old: dict, new: dict) -> bool:
 
 
 def relabel(folder=shipped.SHIPPED_MODELS, methods=None, bench=None, tokenizer=None) -> dict:
-    """Rewrite the manifest of `folder` under today's names and entries without training, for a
-    change of the naming rule only: each method's shipped file (found by method name) is renamed,
-    byte for byte, and gets today's entry; its recorded probe stays, after a check that the file
-    still computes it. A model whose config, data or format changed must be retrained (`refresh`),
-    and so must one whose probe moved."""
+    """Rewrite the manifest of `folder` under today's names and entries without training (a change
+    of the naming rule only): each shipped file is renamed, after a check that it still computes
+    its probe; a changed config, data, format or probe needs `refresh`."""
     methods, bench, tokenizer = _or_default(methods, bench, tokenizer)
     folder = Path(folder)
     old = shipped.read_manifest(folder)

@@ -1,17 +1,9 @@
 """Train one course dual encoder on N processes: the command line over course_lib.core.distributed.
 
-Each process takes its slice of every global batch, in-batch negatives are gathered across
-processes, and N processes of batch B train exactly like one process of batch N·B (core.distributed
-explains the gradient factor). Without torchrun it runs the same on one process.
+In-batch negatives are gathered across processes, so N processes of batch B train exactly like
+one of batch N·B; without torchrun it runs the same on one process.
 
-    # 2 CPU processes (gloo); `python -m course_lib.train_distributed ...`: the same on one process
-    torchrun --standalone --nproc_per_node=2 -m course_lib.train_distributed --method vsepp
-             --steps 20 --smoke
-    # one machine with 8 GPUs (NCCL, one process per GPU, 128 / 8 = 16 pairs each)
-    torchrun --standalone --nproc_per_node=8 -m course_lib.train_distributed --method lightningdot
-    # 2 machines x 8 GPUs: the same line on each; HOST:29500 = one of them, reachable by both
-    torchrun --nnodes=2 --nproc_per_node=8 --rdzv-id=job42 --rdzv-backend=c10d
-             --rdzv-endpoint=HOST:29500 -m course_lib.train_distributed --method lightningdot
+    torchrun --standalone --nproc_per_node=2 -m course_lib.train_distributed --method vsepp --smoke
 """
 
 from __future__ import annotations
@@ -52,13 +44,12 @@ def _build(method: str, smoke: bool, seed: int):
         return (bench, tokenizer, build_dual_encoder(c, bench["train"], tokenizer),
                 distributed.gathered_loss(loss), c, c.lr, c.max_steps)
     c = LightningDOTConfig.smoke(seed=seed) if smoke else LightningDOTConfig(seed=seed)
-    # CMR fine-tuning (eq. 6) from random weights: no pre-training stage here
     return (bench, tokenizer, build_lightningdot(c, bench["train"], tokenizer),
             distributed.gathered_loss(contrastive_loss), c, c.finetune_lr, c.finetune_steps)
 
 
 def _summary(args, trainer, bench, tokenizer, seconds: float, cpu: float) -> dict:
-    """Rank 0's printed result: sizes, timing, the last logged loss, the test split's recalls."""
+    """Rank 0's printed result: sizes, timing, the last loss, the test split's recalls."""
     model, world = trainer.model.eval(), distributed.get_world_size()
     with torch.no_grad():
         test = retrieval_evaluator(bench["test"], lambda m, s: similarity(m, s, tokenizer))(model)
@@ -74,8 +65,7 @@ def _summary(args, trainer, bench, tokenizer, seconds: float, cpu: float) -> dic
 
 
 class _RankZeroParser(argparse.ArgumentParser):
-    """Under torchrun every process parses the same command line: only rank 0 says what is wrong,
-    once; the others leave quietly with the same exit status."""
+    """Only rank 0 reports a bad command line; the others leave quietly with the same status."""
 
     def error(self, message):
         if os.environ.get("RANK", "0") != "0":
@@ -84,8 +74,7 @@ class _RankZeroParser(argparse.ArgumentParser):
 
 
 def main(argv: list[str] | None = None) -> dict | None:
-    """Train one course dual encoder on the synthetic benchmark on every process torchrun started
-    (or on one process without torchrun); rank 0 prints and returns a summary, the others None."""
+    """Train on every process torchrun started; rank 0 prints and returns a summary, others None."""
     parser = _RankZeroParser(
         prog="torchrun --nproc_per_node=N -m course_lib.train_distributed",
         description="Contrastive training of a course dual encoder on N processes (DDP, gathered "
@@ -120,7 +109,6 @@ def main(argv: list[str] | None = None) -> dict | None:
         start, cpu_start = time.perf_counter(), time.process_time()
         trainer.fit()
         seconds = time.perf_counter() - start
-        # CPU seconds of all processes together: what the run costs, whatever else shares the cores
         own_cpu = {"cpu": time.process_time() - cpu_start}
         cpu = distributed.mean_over_ranks(own_cpu, trainer.device)["cpu"] * world
         summary = None
@@ -130,7 +118,6 @@ def main(argv: list[str] | None = None) -> dict | None:
         return summary
     finally:
         distributed.destroy_distributed()
-
 
 
 if __name__ == "__main__":

@@ -1,23 +1,6 @@
-"""Training the benchmark's models side by side: one worker process per CPU core.
-
-From an empty cache (`python -m course_lib.benchmark --retrain`) the default benchmark trains ten
-models, about three CPU-hours one after another on one core. Most are independent; a few are built
-from others (a cascade's stages, a distilled model's teacher: shipping.own_models). So
-`train_in_parallel` trains them in `jobs` worker processes sharing the checkpoint folder:
-
-    models   = own_models(methods), those that would train (no current shipped model)
-    needs[i] = the models model i is built from (trained first, by any worker), and the first
-               model of the order that trains a pixel stem model i starts from too
-    order    = longest path first: the CPU-seconds its shipped learning curve recorded (else the
-               others' mean) plus the longest chain of models waiting for it, so that no long
-               training, nor one others wait for, starts last and leaves a core idle
-    worker   = its own benchmark, methods and torch threads (cores // jobs); fits the model it is
-               handed, writing <checkpoints>/<name>.pt as a sequential run would
-
-The benchmark (or the refresh) then fits every method as before, each fit loading the finished
-checkpoint: the models a sequential run trains (same seed, code, one thread each), only sooner.
-Workers start with the "spawn" method, so no torch state is forked.
-"""
+"""Training the benchmark's models side by side, in worker processes sharing the checkpoint
+folder: a model after those it is built from, the longest critical path first. The benchmark then
+fits every method as before, each fit loading the checkpoint a sequential run would have written."""
 
 from __future__ import annotations
 
@@ -37,7 +20,6 @@ from course_lib.core import settings, shipped
 from course_lib.methods.registry import available_methods
 from course_lib.shipping import benchmark_data, own_models
 
-# the most training processes by default: each holds its own copy of the benchmark's data
 MAX_JOBS = 4
 
 
@@ -62,8 +44,7 @@ def usable_cores() -> int:
 
 
 def add_jobs_option(parser) -> None:
-    """--jobs, of the commands that train the default models (the benchmark, the refresh of the
-    shipped models): how many processes train the models that must train."""
+    """--jobs of the commands that train the default models."""
     parser.add_argument("--jobs", type=int, default=min(usable_cores(), MAX_JOBS),
                         help="processes that train the models that must train, side by side "
                              "(course_lib.training_lanes; default: this machine's usable "
@@ -72,8 +53,7 @@ def add_jobs_option(parser) -> None:
 
 
 def _models(spec: LaneSpec, data=None):
-    """(bench, tokenizer, own models) for spec, in the same order in every process; data: the
-    (bench, tokenizer) the caller already made for spec, else they are made here."""
+    """(bench, tokenizer, own models) for spec, in the same order in every process."""
     bench, tokenizer = data or benchmark_data(spec.smoke, spec.seed)
     names = None if spec.names is None else list(spec.names)
     methods = available_methods(spec.seed, spec.smoke, names=names)
@@ -81,10 +61,8 @@ def _models(spec: LaneSpec, data=None):
 
 
 def recorded_cpu_seconds(method, bench, tokenizer, folder=None) -> float:
-    """The training CPU-seconds this method's shipped model recorded (the largest `cpu_seconds` of
-    each history it holds, summed; 0 if none): a rough cost, to start the longest trainings first.
-    If its current file is not shipped (code or config changed), the manifest's file of the same
-    method stands in: a stale cost is the best guess, else a retrain would start them last."""
+    """The training CPU-seconds this method's shipped model recorded (0 if none; a stale file of
+    the same method stands in): a rough cost, to start the longest trainings first."""
     folder = Path(folder or shipped.SHIPPED_MODELS)
     try:
         name = method.stage(bench, tokenizer).file_name
@@ -107,16 +85,14 @@ def recorded_cpu_seconds(method, bench, tokenizer, folder=None) -> float:
 
 
 def plan(models, bench, tokenizer, checkpoints=None) -> tuple[list[int], dict[int, set[int]]]:
-    """(the indices of `models` to train, longest path first; {index: indices it needs first}). A
-    pixel stem (`stem_stage`) several start from, not yet in `checkpoints`, is trained by
-    the first of them; the others wait for it: no two processes write the stem's file at once."""
+    """(the indices of `models` to train, longest path first; {index: indices it needs first}).
+    A pixel stem several start from is trained by the first of them; the others wait for it."""
     position = {id(m): i for i, m in enumerate(models)}
     to_train = [i for i, m in enumerate(models) if m.shipped_file(bench, tokenizer) is None]
     needs = {i: {position[id(d)] for d in own_models([models[i]]) if d is not models[i]}
              & set(to_train) for i in to_train}
     cost = {i: recorded_cpu_seconds(models[i], bench, tokenizer) for i in to_train}
-    # a model recording no learning curve (SCAN, Slow) costs what a typical one does, not 0 (or it
-    # would start last; docs/tuning_notes.md, "Training cost and reproduction in two processes")
+    # a model recording no learning curve costs what a typical one does, not 0 (or it starts last)
     known = [c for c in cost.values() if c > 0]
     cost = {i: c if c > 0 else (sum(known) / len(known) if known else 0.0) for i, c in cost.items()}
     first_with_stem = {}
@@ -141,8 +117,7 @@ def plan(models, bench, tokenizer, checkpoints=None) -> tuple[list[int], dict[in
 
 
 def _exit_with_parent(poll_seconds: float = 5.0) -> None:
-    """Stop this worker when its parent is gone (killed, or a notebook kernel restarted): a daemon
-    process is only stopped by a parent that exits normally, and an orphan would keep training."""
+    """Stop this worker when its parent is gone (an orphan daemon would keep training)."""
     parent = multiprocessing.parent_process()
 
     def watch():
@@ -175,8 +150,7 @@ def _worker(spec: LaneSpec, tasks, results) -> None:
 
 
 def _next_result(results, workers, poll_seconds: float = 5.0):
-    """The next (index, wall, cpu, error) a worker reports; a RuntimeError if a worker died silently
-    (killed, e.g. out of memory), which would otherwise leave the parent waiting for ever."""
+    """The next (index, wall, cpu, error) a worker reports; RuntimeError if one died silently."""
     while True:
         try:
             return results.get(timeout=poll_seconds)
@@ -190,10 +164,9 @@ def _next_result(results, workers, poll_seconds: float = 5.0):
 
 def train_in_parallel(names=None, *, seed: int = 0, smoke: bool = False, checkpoints, jobs: int = 2,
                       retrain: bool = False, progress: bool = True, data=None) -> list[dict]:
-    """Train every model the methods `names` (None = all) would train, in `jobs` worker processes,
-    into `checkpoints` (module docstring). -> one row per model, in the order finished: {"model":
-    its method, "seconds": wall, "cpu_seconds": the worker's}. A failed training stops the others
-    and raises RuntimeError with its traceback. data: the parent's (bench, tokenizer), reused."""
+    """Train every model the methods `names` (None = all) would train, in `jobs` processes, into
+    `checkpoints`: one row per model, as finished ({"model", "seconds", "cpu_seconds"}). A failed
+    training stops the others and raises RuntimeError. data: the parent's (bench, tokenizer)."""
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1, got {jobs}")
     spec = LaneSpec(seed, smoke, None if names is None else tuple(names), str(checkpoints), retrain,

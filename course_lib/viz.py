@@ -1,6 +1,5 @@
-"""The figures the course draws again and again: scene grids with captions, detector boxes,
-counterfactual twins, the ranked images of one query or of several, learning curves, timings.
-The accuracy-latency plot is in pareto_plot.py, the method diagrams in diagrams.py."""
+"""The figures the course draws again and again: scenes with captions, detector boxes, twins,
+rankings, learning curves, timings (the Pareto plot: pareto_plot.py; diagrams: diagrams.py)."""
 
 from __future__ import annotations
 
@@ -43,10 +42,7 @@ def show_scenes(split, indices, *, n_captions: int = 5, cols: int = 4, width: fl
 
 
 def draw_boxes(split, index: int, *, ax=None, labels=None):
-    """One image with its detector boxes (UNITER's normalised x1, y1, x2, y2) drawn over it.
-
-    labels: one string per region slot, on a dark background at the box's top edge (bottom edge
-    for boxes in the top rows), aligned to the box's side nearer the middle: none runs off."""
+    """One image with its detector boxes drawn over it; labels: one string per region slot."""
     image = _image(split, index)
     h, w = image.shape[:2]
     if ax is None:
@@ -89,8 +85,7 @@ def show_twins(split, pairs, *, n_captions: int = 2, width: float = 3.0):
 
 
 def _draw_ranked(axes, split, ranked, true_image=None, ids: bool = True) -> None:
-    """One ranking into a row of axes, in rank order, the true image framed in red (LightningDOT
-    Fig. 4). ids: title each image with its id after its rank (else the rank alone)."""
+    """One ranking into a row of axes, the true image framed in red (LightningDOT Fig. 4)."""
     for ax in axes:
         ax.axis("off")
     for rank, (ax, i) in enumerate(zip(axes, ranked, strict=False), start=1):  # spare axes stay off
@@ -108,8 +103,7 @@ def _draw_ranked(axes, split, ranked, true_image=None, ids: bool = True) -> None
 
 def show_retrieval(split, query_text: str, ranked_image_indices, true_image=None, *, cols: int = 5,
                    width: float = 2.0):
-    """The top-ranked images of one text query in rank order, the true image framed in red
-    (LightningDOT Fig. 4). ranked_image_indices: the split's image indices, best first."""
+    """The top-ranked images of one text query (image indices, best first), the true one framed."""
     ranked = [int(i) for i in np.asarray(ranked_image_indices).reshape(-1)]
     rows = max(1, (len(ranked) + cols - 1) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(cols * width, rows * (width + 0.35) + 0.5),
@@ -123,8 +117,7 @@ def show_retrieval(split, query_text: str, ranked_image_indices, true_image=None
 
 
 def show_rankings(split, rankings, *, width: float = 2.0, title=None):
-    """Several rankings of the split's images, one row each (queries, or methods on one query):
-    (row title, image indices best first, true image or None; said when not in the list) per row."""
+    """Several rankings, one row each: (row title, image indices best first, true image or None)."""
     rankings = [(label, [int(i) for i in np.asarray(ranked).reshape(-1)], true)
                 for label, ranked, true in rankings]
     cols = max(len(ranked) for _, ranked, _ in rankings)
@@ -147,11 +140,8 @@ def show_rankings(split, rankings, *, width: float = 2.0, title=None):
 
 
 def plot_learning_curve(histories: dict, *, metric: str = "t2i_r1", ax=None, title=None):
-    """Recall against training CPU-seconds for one or more runs: {label: History}, whose
-    evaluation rows hold "cpu_seconds" and the metric under "val_" and "train_"
-    (evaluate_on=learning_curve_splits(bench)). Val solid, train[:n] dashed in the same colour:
-    where they coincide the model has not yet fitted what it trains on; a gap widening while val
-    flattens is overfitting; a val curve still rising at its end says more training would pay."""
+    """Recall against training CPU-seconds of {label: History} (evaluate_on=
+    learning_curve_splits(bench)): val solid, train[:n] dashed in the same colour."""
     if ax is None:
         _, ax = plt.subplots(figsize=(6, 3.5))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"] * 4  # more colours than runs
@@ -175,9 +165,7 @@ def plot_learning_curve(histories: dict, *, metric: str = "t2i_r1", ax=None, tit
 
 
 def plot_training_curves(curves: dict, fig=None, *, cols: int = 4):
-    """One panel per model of a results.json's "curves" ({name: {"step", "val_r1", "train_r1"}}):
-    t2i R@1 on val (solid) and train[:n] (dashed) per step, the best val ringed. A val curve that
-    peaks and sinks while train[:n] climbs overfits (keep the peak); one still rising wants more."""
+    """One panel per model of results.json's "curves": val solid, train[:n] dashed, best ringed."""
     names = list(curves)
     if not names:
         raise ValueError("no curves to draw: the results hold no model with a learning curve")
@@ -205,8 +193,7 @@ def plot_training_curves(curves: dict, fig=None, *, cols: int = 4):
 
 
 def plot_timings(results: dict, *, ax=None, title="per-call time"):
-    """Box plot of the per-call times (ms) of several TimingResults, keyed by label, on a linear
-    axis from 0 (a box twice as high took twice as long), each median written beside its box."""
+    """Box plot of the per-call times (ms) of {label: TimingResult}, on a linear axis from 0."""
     if ax is None:
         _, ax = plt.subplots(figsize=(6, 3.5))
     labels = list(results)

@@ -1,15 +1,7 @@
-"""Building blocks every transformer in the course shares: one pre-LN block, a stack of them that
-can hand back every layer's states, and UNITER's region embedding.
-
-    Block            x + Attn(LN(x)), then x + MLP(LN(x))  (nanoGPT's block, with a padding mask)
-    Transformer      embeddings -> L blocks -> final LayerNorm: the last layer, or all of them
-    RegionEmbedding  LN(Linear(feature)) + LN(Linear(box))  (UNITER §3.1; LightningDOT, U-BERT)
-    JointEmbedding   a caption's and an image's input embeddings  (UNITER; cross-encoder, U-BERT)
-
-Every encoder, the cross-encoder and the later lessons (HiVLP's early outputs read intermediate
-layers; U-BERT's light cross encoder is a short stack) are built from these. The block computes
-torch's `nn.TransformerEncoderLayer(norm_first=True, activation="gelu", dim_feedforward=4H)`, as
-an explicit loop a learner can read that returns the layers' states (`test_blocks` checks it)."""
+"""The blocks every transformer in the course shares: a pre-LN block (nanoGPT's, with a padding
+mask), a stack that can hand back every layer's states (HiVLP's early outputs read them), and
+UNITER's input embeddings. The block computes torch's `nn.TransformerEncoderLayer(norm_first=True,
+activation="gelu", dim_feedforward=4H)` as an explicit loop a learner can read (test_blocks)."""
 
 from __future__ import annotations
 
@@ -56,10 +48,8 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
-    """`layers` Blocks and a final LayerNorm (pre-LN leaves the residual stream unnormalised).
-    forward(x (B, L, H), mask (B, L) bool True = real) -> the normalised last layer (B, L, H);
-    return_layers=True -> (last, [every block's output after the final LayerNorm]), the states
-    HiVLP's early-output layers read. Padded positions are not zeroed here."""
+    """`layers` Blocks and a final LayerNorm (pre-LN leaves the residual unnormalised): x (B, L, H),
+    mask (B, L) True = real -> (B, L, H); return_layers=True adds each block's output after ln_f."""
 
     def __init__(self, hidden: int, layers: int, heads: int, dropout: float = 0.0):
         super().__init__()
@@ -84,9 +74,8 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 class RegionEmbedding(nn.Module):
-    """UNITER's image embedding: LN(Linear(feature)) + LN(Linear(box)); the box (x1, y1, x2, y2,
-    w, h, area) is the only position information (regions are a set). (B, R, D), (B, R, 7) ->
-    (B, R, H)"""
+    """UNITER's LN(Linear(feature)) + LN(Linear(box)) (§3.1): (B, R, D), (B, R, 7) -> (B, R, H).
+    The box (x1, y1, x2, y2, w, h, area) is the only position information (regions are a set)."""
 
     def __init__(self, region_dim: int, hidden: int, box_dim: int = 7):
         super().__init__()
@@ -98,15 +87,9 @@ class RegionEmbedding(nn.Module):
 
 
 class JointEmbedding(nn.Module):
-    """UNITER's input embeddings, the ones a single-stream model concatenates (U-BERT eq. 2, 10):
-
-        caption  t_i = LN(word + position + type(0))                embed_text   (B, T, H)
-        image    r_i = LN(RegionEmbedding(feature, box) + type(1))  embed_image  (B, R, H)
-
-    A base class of the cross-encoder and U-BERT: the tables are built once, here, under the same
-    names in both. The subclass calls `_init_tables()` after building its own layers (BERT's
-    N(0, 0.02); torch's N(0, 1) gives position and type the word's weight in the sum, which slowed
-    the start of training)."""
+    """UNITER's input embeddings, which a single-stream model concatenates (U-BERT eq. 2, 10); the
+    base class of the cross-encoder and U-BERT. Subclasses call `_init_tables()` after building
+    their layers: BERT's N(0, 0.02), as torch's N(0, 1) slowed the start of training."""
 
     def __init__(self, region_dim: int, vocab_size: int, hidden: int, max_text_length: int,
                  box_dim: int = 7, pad_token_id: int = 0):
@@ -126,7 +109,7 @@ class JointEmbedding(nn.Module):
             self.word.weight[self.pad_token_id].zero_()  # as nn.Embedding(padding_idx=) leaves it
 
     def embed_text(self, texts: dict) -> torch.Tensor:
-        """Word + position + type(0) embeddings, LayerNorm: (B, T) ids -> (B, T, H)."""
+        """t_i = LN(word + position + type(0)): (B, T) ids -> (B, T, H)."""
         input_ids = texts["input_ids"]  # (B, T)
         T = input_ids.shape[1]
         if T > self.max_text_length:
@@ -137,7 +120,7 @@ class JointEmbedding(nn.Module):
                               + self.token_type.weight[0])
 
     def embed_image(self, images: dict) -> torch.Tensor:
-        """Region embedding + type(1), LayerNorm: (B, R, D), (B, R, 7) -> (B, R, H)."""
+        """r_i = LN(RegionEmbedding(feature, box) + type(1)): (B, R, D), (B, R, 7) -> (B, R, H)."""
         return self.image_norm(self.region(images["regions"], images["boxes"])
                                + self.token_type.weight[1])
 

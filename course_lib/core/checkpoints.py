@@ -1,6 +1,5 @@
 """Trained models on disk: where the benchmark caches them, how a checkpoint's weights load into a
-model (with a readable error when they come from another), and the one way a model runs to encode
-or score. Their names come from core.stages."""
+model, and the one way a model runs to encode or score. Their names come from core.stages."""
 
 from __future__ import annotations
 
@@ -20,11 +19,8 @@ def model_device(model: nn.Module, device=None) -> torch.device:
 
 @contextmanager
 def inference(model: nn.Module, device=None):
-    """The one way the course runs a model to encode or score: on `device` (None = where it is),
-    in eval mode, without gradients; the model's train/eval mode is restored afterwards.
-
-        with inference(model) as device:
-            out = model.encode_images(batch.to(device))"""
+    """Run a model on `device` (None = where it is) in eval mode without gradients, restoring its
+    mode after: `with inference(model) as device: model.encode_images(batch.to(device))`."""
     device = model_device(model, device)
     was_training = model.training
     model.to(device).eval()
@@ -36,20 +32,18 @@ def inference(model: nn.Module, device=None):
 
 
 def finished_checkpoint(checkpoint_path, max_steps: int) -> bool:
-    """True when checkpoint_path holds a course_lib.core.train run that reached max_steps."""
+    """True when checkpoint_path holds a Trainer run that reached max_steps."""
     if checkpoint_path is None or not Path(checkpoint_path).exists():
         return False
     return torch.load(checkpoint_path, map_location="cpu", weights_only=True)["step"] >= max_steps
 
 
-# the format tag of a Trainer checkpoint (a tag, not a module path: keep it)
-TRAINER_FORMAT = "course_lib.train/1"
-# a shipped model: float16 weights and training history only (core/shipped.py)
-SHIPPED_FORMAT = "course_lib.shipped/2"
+TRAINER_FORMAT = "course_lib.train/1"  # a format tag, not a module path: keep it
+SHIPPED_FORMAT = "course_lib.shipped/2"  # float16 weights and training history (core/shipped.py)
 
 
 def check_model_state(model: nn.Module, state: dict, source: str) -> None:
-    """Raise a readable error when a state dict comes from a different model (not torch's wall)."""
+    """A readable error when a state dict comes from a different model (not torch's wall)."""
     own = model.state_dict()
     missing = [k for k in own if k not in state]
     unexpected = [k for k in state if k not in own]
@@ -64,8 +58,7 @@ def check_model_state(model: nn.Module, state: dict, source: str) -> None:
 
 
 def load_model_weights(model: nn.Module, checkpoint_path: str) -> nn.Module:
-    """Load the model weights of a Trainer checkpoint, a shipped model or a plain state dict file
-    into `model`."""
+    """Load a Trainer checkpoint's, a shipped model's or a plain state dict's weights into model."""
     ckpt = torch.load(checkpoint_path, map_location="cpu", weights_only=True)
     wrapped = isinstance(ckpt, dict) and ckpt.get("format") in (TRAINER_FORMAT, SHIPPED_FORMAT)
     state = ckpt["model"] if wrapped else ckpt

@@ -1,22 +1,13 @@
 """Training on several processes (torch.distributed): N processes of batch B train like one of
-batch N·B.
+batch N·B. Without a process group the helpers answer rank 0 of 1, so the same code runs alone.
+In-batch negatives are the batch itself, so every process all-gathers the others' features and
+scores its queries against the whole global batch (open_clip's `gather_features`).
 
-A dual encoder's in-batch negatives are the batch itself (VSE++'s hinge, LightningDOT's CMR,
-CLIP), so data parallelism must not shrink them: every process all-gathers the others' features
-and scores its queries against the whole global batch (open_clip's `gather_features`). Pieces:
-
-- the process group from torchrun's environment (`init_distributed` / `destroy_distributed`);
-  without a group the rank helpers answer rank 0 of 1, so the same code runs un-distributed;
-- `gather_features` and `gathered_loss`: the loss of the global batch on every process;
-- what course_lib.core.train.Trainer needs under DistributedDataParallel (`data_parallel_loss`,
-  `mean_over_ranks`, `barrier`).
-
-The gradient factor. Every process computes the same gathered loss L, but autograd reaches the
-parameters only through its own slice f_r of the features (all_gather's copies have no graph):
-process r gets g_r = dL/df_r · df_r/dθ. One process of batch N·B would get Σ_r g_r; DDP
-*averages*, giving (1/N) Σ_r g_r. So `gathered_loss` multiplies the gradient (not the value) by N.
-open_clip leaves the 1/N in (Adam absorbs a constant factor, but not its eps, nor clipping at a
-fixed norm); we keep the runs equal. The command line: course_lib.train_distributed."""
+The gradient factor: autograd reaches the parameters only through a process's own slice f_r of the
+features (all_gather's copies have no graph), so process r gets g_r = dL/df_r · df_r/dθ. One
+process of batch N·B would get Σ_r g_r, but DDP *averages*: (1/N) Σ_r g_r. So `gathered_loss`
+multiplies the gradient (not the value) by N; open_clip leaves the 1/N in (Adam absorbs it, but
+not its eps, nor clipping at a fixed norm). The command line: course_lib.train_distributed."""
 
 from __future__ import annotations
 
@@ -31,11 +22,10 @@ from torch import nn
 from course_lib.core.losses import batch_scores
 from course_lib.core.settings import get_device
 
-# the variables torchrun sets for every process it starts (env:// rendezvous of init_process_group)
+# the variables torchrun sets for every process it starts (env:// rendezvous)
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
-# ---- the process group ------------------------------------------------------------------------
 def is_distributed() -> bool:
     """True inside an initialised process group (of any size)."""
     return dist.is_available() and dist.is_initialized()
@@ -63,11 +53,8 @@ def barrier() -> None:
 
 
 def init_distributed(backend: str | None = None, timeout_s: float = 1800.0) -> bool:
-    """Join the process group that torchrun describes in the environment (TORCHRUN_VARIABLES).
-    backend None: "nccl" when the course device is CUDA (each process on cuda:LOCAL_RANK), else
-    "gloo". Without torchrun's variables, or with WORLD_SIZE=1, nothing is initialised (a single
-    process). Returns True when this process is one of several. timeout_s: how long a collective
-    waits for the others."""
+    """Join the group torchrun describes in the environment; True when this is one of several
+    processes. backend None: "nccl" on CUDA (a process per cuda:LOCAL_RANK), else "gloo"."""
     if is_distributed():
         return get_world_size() > 1
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
@@ -96,13 +83,9 @@ def destroy_distributed() -> None:
         dist.destroy_process_group()
 
 
-# ---- the global batch's loss ------------------------------------------------------------------
 def gather_features(*features: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """Every process's features concatenated in rank order: each (B, E) -> (N·B, E).
-    all_gather's copies carry no gradient, so this process's own slot is the tensor it gave
-    (open_clip's gather_with_grad=False, local_loss=False): the gradient flows through the local
-    part only; `gathered_loss` restores the rest. Every process must pass the same shapes (the
-    Trainer's equal shards do). Without a group: unchanged."""
+    """Every process's features in rank order, each (B, E) -> (N·B, E); the gradient flows through
+    this process's own slot only (open_clip's gather_with_grad=False)."""
     world = get_world_size()
     if world == 1:
         return features
@@ -117,13 +100,8 @@ def gather_features(*features: torch.Tensor) -> tuple[torch.Tensor, ...]:
 
 def gathered_loss(score_loss: Callable[[torch.Tensor], torch.Tensor],
                   match_one_process: bool = True):
-    """A Trainer `loss_fn(model, batch, step)` for a dual encoder whose forward gives (image (B, E),
-    text (B, E)) features: score_loss on the (N·B, N·B) scores of the gathered global batch.
-    score_loss: e.g. losses.contrastive_loss (LightningDOT's CMR) or functools.partial(
-    losses.hinge_triplet_loss, margin=0.2, max_violation=False) (VSE++). Its value is the
-    one-process loss of the global batch; match_one_process multiplies its gradient by N (module
-    docstring), so DDP's average gives the one-process gradients. False: open_clip's 1/N of those.
-    """
+    """A Trainer loss_fn for a model whose forward gives (image (B, E), text (B, E)) features:
+    score_loss of the gathered (N·B, N·B) scores, its gradient x N if match_one_process."""
     def loss_fn(model: nn.Module, batch, step: int = 0) -> torch.Tensor:
         scores = batch_scores(*gather_features(*model(batch)))  # (N·B, N·B), positives diagonal
         loss, world = score_loss(scores), get_world_size()
@@ -135,11 +113,9 @@ def gathered_loss(score_loss: Callable[[torch.Tensor], torch.Tensor],
     return loss_fn
 
 
-# ---- what the Trainer needs --------------------------------------------------------------------
 class _LossOfModel(nn.Module):
-    """The module DDP wraps: its forward is the whole loss_fn(model, batch, step) on the plain
-    model. DDP all-reduces only the gradients of work inside its own forward, while course loss_fns
-    call the model's methods (model.encode_images, model.objective): run here, they all sync."""
+    """The module DDP wraps: its forward is the whole loss_fn(model, batch, step), since DDP syncs
+    only work inside its forward and loss_fns call model methods (model.encode_images)."""
 
     def __init__(self, model: nn.Module):
         super().__init__()
@@ -150,19 +126,15 @@ class _LossOfModel(nn.Module):
 
 
 def data_parallel_loss(model: nn.Module) -> nn.Module | None:
-    """DistributedDataParallel around `model` (already on its device) for the Trainer, called as
-    ddp(loss_fn, batch, step); None without a group of several processes. Building it copies rank
-    0's parameters and buffers to every process. find_unused_parameters: some parameters get no
-    gradient (LightningDOT's pre-training heads idle in fine-tuning, one head per pre-training
-    batch), which would stop DDP; where all are used (VSE++), DDP warns once that it found none."""
+    """DDP around `model`, called as ddp(loss_fn, batch, step); None without several processes.
+    find_unused_parameters: some heads get no gradient (LightningDOT's, one task per batch)."""
     if get_world_size() == 1:
         return None
     return nn.parallel.DistributedDataParallel(_LossOfModel(model), find_unused_parameters=True)
 
 
 def mean_over_ranks(values: dict[str, float], device: torch.device) -> dict[str, float]:
-    """Each value averaged over the processes (one all_reduce; every process passes the same
-    keys): a per-sample mean becomes the global batch's. Unchanged without a group."""
+    """Each value averaged over the processes (every process passes the same keys)."""
     world = get_world_size()
     if world == 1:
         return values

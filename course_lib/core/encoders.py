@@ -1,25 +1,6 @@
-"""Image and text encoders: every retrieval method in the course is built from these.
-
-Each encoder's forward(batch) reads a batch dict of course_lib.data.datasets and returns an
-EncoderOutput:
-
-    tokens  (B, L, E)  one vector per region / patch / word (zero where mask is False)
-    mask    (B, L)     bool, True where tokens holds a real region / patch / word
-    pooled  (B, E)     the one vector a dual encoder compares with a dot product
-
-Image encoders read `regions` (B, R, D), `boxes` (B, R, 7), `region_mask` (B, R) or `pixels`
-(B, 3, H, W); text encoders read `input_ids`, `attention_mask` (B, T) ([CLS] words [SEP] [PAD]..)
-and take the tokenizer's ids as `special` (`SpecialTokens.of(tokenizer)`; default: the word
-tokenizer's). Nothing here L2-normalises: VSE++ and SCAN do (`l2_normalize`), LightningDOT
-compares raw dot products. `build_image_encoder` / `build_text_encoder` pick one by name.
-
-    RegionTransformerEncoder  regions + boxes -> transformer with [CLS]  (LightningDOT §3, UNITER)
-    TransformerTextEncoder    words -> transformer, pooled = [CLS]  (LightningDOT §3, BERT-shaped)
-    PixelEncoder              pixels -> timm ViT or CNN                  (HiVLP, Fast & Slow)
-    BagOfWordsEncoder         mean of word embeddings                    (the simplest baseline)
-    BiGRUEncoder              bidirectional GRU, directions averaged     (VSE++, SCAN)
-    BertTextEncoder           BERT, pooled = [CLS] last hidden state     (LightningDOT §3)
-"""
+"""Image and text encoders, the parts every retrieval method is built from: forward(a batch dict
+of course_lib.data.datasets) -> EncoderOutput. Text encoders take the tokenizer's ids as `special`
+(`SpecialTokens.of(tokenizer)`). Nothing here L2-normalises: VSE++ and SCAN do (`l2_normalize`)."""
 
 from __future__ import annotations
 
@@ -42,16 +23,15 @@ TINY_VIT_KWARGS = dict(img_size=32, patch_size=4, embed_dim=64, depth=2, num_hea
 
 @dataclass
 class EncoderOutput:
-    tokens: torch.Tensor  # (B, L, E)
+    tokens: torch.Tensor  # (B, L, E) one vector per region / patch / word, zero where not mask
     mask: torch.Tensor  # (B, L) bool, True = real
-    pooled: torch.Tensor  # (B, E)
+    pooled: torch.Tensor  # (B, E) the vector a dual encoder compares with a dot product
     layers: list | None = None  # every block's (B, L, E) states, when asked (return_layers=True)
 
 
 def l2_normalize(x: torch.Tensor, dim: int = -1, eps: float = 1e-8) -> torch.Tensor:
-    """x / (||x|| + eps) along dim, as SCAN's l2norm: zero vectors (padding) stay zero. The squared
-    norm is clamped at eps**2 before the square root (infinite gradient at 0: a zero vector, a GRU's
-    padded output, would give NaN); norms above eps are untouched, so the value is SCAN's."""
+    """x / (||x|| + eps) along dim, as SCAN's l2norm; the squared norm is clamped at eps**2 so a
+    zero vector (padding) stays zero with a gradient that is not NaN."""
     return x / (x.pow(2).sum(dim=dim, keepdim=True).clamp(min=eps * eps).sqrt() + eps)
 
 
@@ -62,22 +42,14 @@ def count_parameters(module: nn.Module, trainable_only: bool = True) -> int:
 
 def word_mask(input_ids: torch.Tensor, attention_mask: torch.Tensor,
               special: SpecialTokens = WORD_SPECIAL_TOKENS) -> torch.Tensor:
-    """(B, T) bool: True at real words (and [UNK]), False at [CLS], [SEP] and padding; special =
-    SpecialTokens.of(the tokenizer that made input_ids)."""
+    """(B, T) bool: True at real words (and [UNK]), False at [CLS], [SEP] and padding."""
     not_words = (input_ids == special.cls) | (input_ids == special.sep) | (input_ids == special.pad)
     return attention_mask.bool() & ~not_words
 
 
-# ----------------------------------------------------------------------------- images
-
 class RegionTransformerEncoder(nn.Module):
-    """Detector regions -> transformer with a learned [CLS] slot (LightningDOT's image side).
-    Each region is embedded as UNITER's LN(Linear(feature)) + LN(Linear(box))
-    (blocks.RegionEmbedding); the box is the only position information. No index embedding: regions
-    are a set, so permuting them permutes `tokens` and leaves `pooled` unchanged. Padded slots are
-    masked out of attention, so their content changes nothing.
-    tokens (B, 1 + R, hidden): [CLS] at position 0, then the R regions; mask likewise (position 0
-    always True). pooled = the [CLS] output h0 (B, hidden). return_layers=True fills `layers`."""
+    """Regions -> transformer with a learned [CLS] (LightningDOT §3's image side, UNITER): tokens
+    (B, 1 + R, hidden), [CLS] first, pooled = h0. Regions are a set: no index embedding."""
 
     def __init__(self, region_dim: int, hidden: int = 64, layers: int = 2, heads: int = 4,
                  dropout: float = 0.1, box_dim: int = 7):
@@ -107,19 +79,15 @@ def _transformer_output(transformer: Transformer, x, mask, return_layers: bool) 
 
 
 class PixelEncoder(nn.Module):
-    """Pixels -> a timm backbone (ViT or CNN), optionally projected to out_dim.
-    model_name=None: the course's tiny ViT for the synthetic 32x32 images (vit_tiny_patch16_224
-    resized by TINY_VIT_KWARGS, random weights). A timm name ("vit_base_patch16_224", "resnet50")
-    with pretrained=True is the path for real data (downloaded once: internet or the HF cache).
-    tokens = forward_features: ViT (B, prefix + P, C) with [CLS] (and any register tokens) first;
-    CNN map (B, C, h, w) flattened to (B, h*w, C). mask all True. pooled = the backbone's own
-    pre-logits pooling: [CLS] for a ViT, the mean over the grid for a CNN."""
+    """Pixels -> a timm ViT or CNN, optionally projected to out_dim (HiVLP, Fast & Slow).
+    model_name=None: the tiny ViT for the synthetic 32x32 images (TINY_VIT_KWARGS, random weights).
+    tokens: ViT (B, prefix + P, C), [CLS] first; CNN (B, C, h, w) as (B, h*w, C). pooled: the
+    backbone's pre-logits pooling ([CLS] for a ViT, the grid's mean for a CNN)."""
 
     def __init__(self, model_name: str | None = None, pretrained: bool = False,
                  out_dim: int | None = None, **timm_kwargs):
         super().__init__()
         import timm
-
         if model_name is None:
             if pretrained:
                 raise ValueError("the tiny ViT (model_name=None) has no pretrained weights; pass a "
@@ -158,14 +126,9 @@ class PixelEncoder(nn.Module):
         return EncoderOutput(tokens=self.proj(features), mask=mask, pooled=self.proj(pooled))
 
 
-# ----------------------------------------------------------------------------- texts
-
 class BagOfWordsEncoder(nn.Module):
-    """Word embeddings, pooled by their mean over the real words.
-    tokens (B, T, hidden): every position's embedding, [CLS] and [SEP] included, zero at padding;
-    mask = attention_mask. pooled = mean over the words only ([CLS] and [SEP] are in every caption:
-    they would add the same offset to every vector). `special`: the tokenizer's ids ([PAD] is the
-    padding_idx)."""
+    """Word embeddings, pooled by their mean over the real words (the simplest baseline); [CLS]
+    and [SEP], in every caption, would add the same offset to every vector."""
 
     def __init__(self, vocab_size: int, hidden: int = 64,
                  special: SpecialTokens = WORD_SPECIAL_TOKENS):
@@ -184,11 +147,8 @@ class BagOfWordsEncoder(nn.Module):
 
 class BiGRUEncoder(nn.Module):
     """Word embeddings -> bidirectional GRU over packed sequences (VSE++ / SCAN's text side).
-    Packing stops the GRU at each caption's last real token, so padding changes nothing. tokens
-    (B, T, hidden) = the mean of the forward and backward outputs (SCAN's bi-GRU averaging), zero at
-    padding; mask = attention_mask. pooled = the mean of the last layer's two final states (VSE++
-    takes a one-way GRU's last output; this is its bidirectional counterpart). [CLS] and [SEP] are
-    read like any word; `special` gives the tokenizer's [PAD] (the padding_idx)."""
+    tokens (B, T, hidden): the two directions' outputs averaged (SCAN), zero at padding. pooled:
+    the mean of the last layer's two final states (VSE++'s last output, made bidirectional)."""
 
     def __init__(self, vocab_size: int, embed_dim: int = 64, hidden: int = 64, layers: int = 1,
                  dropout: float = 0.0, special: SpecialTokens = WORD_SPECIAL_TOKENS):
@@ -197,8 +157,7 @@ class BiGRUEncoder(nn.Module):
         self.embed = nn.Embedding(vocab_size, embed_dim, padding_idx=special.pad)
         self.gru = nn.GRU(embed_dim, hidden, num_layers=layers, batch_first=True,
                           bidirectional=True, dropout=dropout if layers > 1 else 0.0)
-        self.hidden = hidden
-        self.out_dim = hidden
+        self.hidden = self.out_dim = hidden
 
     def forward(self, batch: dict) -> EncoderOutput:
         input_ids, mask = batch["input_ids"], batch["attention_mask"].bool()  # (B, T)
@@ -216,11 +175,9 @@ class BiGRUEncoder(nn.Module):
 
 
 class TransformerTextEncoder(nn.Module):
-    """Words -> the course's transformer (course_lib.core.blocks), pooled = the [CLS] output z0.
-    BERT's input (word + learned position embeddings, LayerNorm, dropout) and size knobs, on the
-    pre-LN block of every encoder here (BERT is post-LN; pre-LN trains from random weights more
-    easily and lets HiVLP / U-BERT read any layer). Pretrained weights: BertTextEncoder. tokens
-    (B, T, hidden), zero at padding; mask = attention_mask; return_layers=True fills `layers`."""
+    """Words -> core.blocks' transformer, pooled = the [CLS] output z0 (LightningDOT §3).
+    BERT's input embeddings on a pre-LN stack (BERT is post-LN; pre-LN trains from random weights
+    more easily and lets HiVLP / U-BERT read any layer). tokens (B, T, hidden), zero at padding."""
 
     def __init__(self, vocab_size: int, hidden: int = 64, layers: int = 2, heads: int = 4,
                  max_length: int = 64, dropout: float = 0.1,
@@ -250,14 +207,11 @@ class TransformerTextEncoder(nn.Module):
 
 
 def _bert_without_pooler(name: str, **kwargs):
-    """BertModel.from_pretrained without the pooler (LightningDOT reads [CLS]'s last state).
-    transformers' console table of the unused pooler weights is held back (leaving them out is the
-    point); a CourseNote names any weight the checkpoint lacks instead."""
+    """BertModel.from_pretrained without the pooler or the table of its unused weights."""
     import warnings
 
     from transformers import BertModel
     from transformers.utils import logging as hf_logging
-
     level = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:
@@ -272,13 +226,9 @@ def _bert_without_pooler(name: str, **kwargs):
 
 
 class BertTextEncoder(nn.Module):
-    """A BERT encoder (transformers' BertModel, no pooler); pooled = the [CLS] last hidden state.
-    LightningDOT takes the last layer's h0, not BERT's tanh pooler, so no pooler is built. Default:
-    a small BERT with random weights, vocab_size = len(tokenizer), [PAD] = special.pad.
-    pretrained_name (e.g. "bert-base-uncased") loads pretrained weights (hidden/layers/heads/
-    max_length then come from the checkpoint); tokenise with tokenizer_for(split, name=that name).
-    tokens = last_hidden_state (B, T, hidden), [CLS] at 0, zero at padding; mask = attention_mask.
-    """
+    """transformers' BertModel; pooled = the [CLS] last hidden state h0, not BERT's tanh pooler
+    (LightningDOT §3); tokens (B, T, hidden), zero at padding. pretrained_name (e.g.
+    "bert-base-uncased") loads weights and sizes; else a small random BERT."""
 
     def __init__(self, vocab_size: int | None, hidden: int = 64, layers: int = 2, heads: int = 4,
                  max_length: int = 64, dropout: float = 0.1, pretrained_name: str | None = None,
@@ -286,7 +236,6 @@ class BertTextEncoder(nn.Module):
         super().__init__()
         self.special = special
         from transformers import BertConfig, BertModel
-
         if pretrained_name is None:
             config = BertConfig(vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=layers,
                                 num_attention_heads=heads, intermediate_size=4 * hidden,
@@ -307,9 +256,7 @@ class BertTextEncoder(nn.Module):
         self.frozen: list[nn.Module] = []  # parts kept as loaded (freeze)
 
     def freeze(self, trainable_layers: int = 0) -> BertTextEncoder:
-        """Keep the embeddings and all but the last `trainable_layers` blocks as loaded: no
-        gradient, eval mode whatever train() says (no dropout). 0 = all frozen (a linear probe's
-        text side); the BERT's number of layers = nothing frozen."""
+        """Keep the embeddings and all but the last `trainable_layers` blocks as loaded."""
         layers = self.bert.encoder.layer
         if not 0 <= trainable_layers <= len(layers):
             raise ValueError(f"trainable_layers must be in [0, {len(layers)}] (this BERT's "
@@ -322,8 +269,7 @@ class BertTextEncoder(nn.Module):
         return self.train(self.training)
 
     def is_frozen(self) -> bool:
-        """Every block and the embeddings kept as loaded (freeze(0)): its states depend on the
-        token ids alone, so copies of it share them (core.frozen_states)."""
+        """freeze(0): its states depend on the ids alone, so copies share them (frozen_states)."""
         return len(self.frozen) == len(self.bert.encoder.layer) + 1
 
     def train(self, mode: bool = True):
@@ -350,9 +296,7 @@ class BertTextEncoder(nn.Module):
 
 def pretrained_bert(name: str, vocab_size: int, hidden: int, config: str, why: str,
                     special: SpecialTokens = WORD_SPECIAL_TOKENS) -> BertTextEncoder:
-    """BertTextEncoder of a pretrained BERT name or folder (offline_weights.pretrained_text_path)
-    for a model whose width `hidden` must be the BERT's, else a ValueError names `config`'s fix and
-    `why`."""
+    """BertTextEncoder of a pretrained BERT, which must be `hidden` wide (else a ValueError)."""
     encoder = BertTextEncoder(vocab_size, pretrained_name=pretrained_text_path(name),
                               special=special)
     if encoder.out_dim != hidden:
@@ -360,8 +304,6 @@ def pretrained_bert(name: str, vocab_size: int, hidden: int, config: str, why: s
                          f"{config}(hidden={encoder.out_dim}), {why}")
     return encoder
 
-
-# ----------------------------------------------------------------------------- factories
 
 IMAGE_ENCODERS = {"regions": RegionTransformerEncoder, "pixels": PixelEncoder}
 TEXT_ENCODERS = {"bow": BagOfWordsEncoder, "gru": BiGRUEncoder,
@@ -376,8 +318,7 @@ def build_image_encoder(kind: str, **kwargs) -> nn.Module:
 
 
 def build_text_encoder(kind: str, vocab_size: int, **kwargs) -> nn.Module:
-    """kind "bow", "gru", "transformer" or "bert"; vocab_size = len(tokenizer); kwargs may hold
-    special=SpecialTokens.of(tokenizer) (default: the word tokenizer's ids)."""
+    """kind "bow", "gru", "transformer" or "bert"; vocab_size = len(tokenizer)."""
     if kind not in TEXT_ENCODERS:
         raise ValueError(f"unknown text encoder {kind!r}; valid kinds: {sorted(TEXT_ENCODERS)}")
     return TEXT_ENCODERS[kind](vocab_size, **kwargs)

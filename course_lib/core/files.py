@@ -1,7 +1,6 @@
-"""Files several processes may write at once (two notebooks, or a notebook beside the benchmark,
-sharing one checkpoint folder): every write goes to a temporary name unique to the process and
-thread, then os.replace, so a reader never sees half a file; `training_lock` lets one process train
-a model while another that wants the same file waits, then loads it."""
+"""Files several processes may write at once (two notebooks sharing one checkpoint folder): a
+write goes to a temporary name, then os.replace, so a reader never sees half a file;
+`training_lock` lets one process train a model while another that wants it waits, then loads it."""
 
 from __future__ import annotations
 
@@ -23,8 +22,7 @@ def temporary_name(path) -> Path:
 
 
 def write_atomically(path, write: Callable[[Path], None]) -> None:
-    """write(temporary path), then rename it onto `path` (atomic on one file system); the temporary
-    file is removed if writing fails."""
+    """write(temporary path), then rename it onto `path` (atomic on one file system)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = temporary_name(path)
@@ -35,21 +33,18 @@ def write_atomically(path, write: Callable[[Path], None]) -> None:
         temporary.unlink(missing_ok=True)
 
 
-# the lock files: one per checkpoint path, outside the checkpoint folder (it holds models only)
-LOCKS = Path(tempfile.gettempdir()) / "course_lib-locks"
+LOCKS = Path(tempfile.gettempdir()) / "course_lib-locks"  # not in the checkpoint folder
 
 
 def lock_file(checkpoint_path) -> Path:
-    """The lock file of a checkpoint path: named by a hash of its absolute path, in LOCKS."""
+    """The lock file in LOCKS of a checkpoint path, named by a hash of its absolute path."""
     key = hashlib.sha1(str(Path(checkpoint_path).resolve()).encode()).hexdigest()[:16]
     return LOCKS / f"{Path(checkpoint_path).name}-{key}.lock"
 
 
 @contextmanager
 def training_lock(checkpoint_path):
-    """Held while a model trains into `checkpoint_path`: a second process on this machine asking
-    for the same checkpoint waits here until the first has finished, then finds the finished file.
-    None: no lock (nothing is saved, so nothing is shared)."""
+    """Held while a model trains into `checkpoint_path` (None: no lock, nothing is shared)."""
     if checkpoint_path is None:
         yield
         return

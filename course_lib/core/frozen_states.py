@@ -1,15 +1,9 @@
 """A frozen pretrained text encoder's token states, computed once per caption for the whole run.
-
-On real photos several models hold a copy of the same frozen BERT: the linear probe, SCAN, and
-through SCAN's towers the cross-encoder and U-BERT's BERT_cross. Each would read every caption of a
-split through it again (the full setting's 35,000 captions take minutes on a CPU). A frozen BERT
-without gradients is a fixed function of a caption's token ids, so `FROZEN_STATES(bert, input_ids,
-attention_mask)` keys each caption's states by the weights' fingerprint and its ids, computes only
-the captions it has not seen, and every copy of those weights reads the rest from here.
-
-A caption computed in another batch than before may differ in the last float bits (its batch pads
-to another length); its value is the first one computed, the same for every model after it.
-"""
+Several models hold a copy of the same frozen BERT on real photos (the linear probe, SCAN, the
+cross-encoder, U-BERT); without gradients it is a fixed function of the token ids, so
+`FROZEN_STATES(bert, input_ids, attention_mask)` keys each caption's states by the weights'
+fingerprint and its ids. A caption first computed in another batch may differ in the last float
+bits (other padding): the first value is kept."""
 
 from __future__ import annotations
 
@@ -19,14 +13,11 @@ from collections import OrderedDict
 import torch
 from torch import nn
 
-# the most the states kept may hold (least recently used first out): the full setting's captions
-# through a 384-wide BERT are about 1 GB in float32
-FROZEN_STATES_BYTES = 2 * 1024**3
+FROZEN_STATES_BYTES = 2 * 1024**3  # LRU: the full setting's captions in a 384-wide BERT ~ 1 GB
 
 
 def weights_fingerprint(module: nn.Module) -> str:
-    """A hash of every parameter and buffer of `module`, recomputed only when one of them was
-    replaced or changed in place (its storage or version counter moved)."""
+    """A hash of `module`'s parameters and buffers, recomputed only when one moved or changed."""
     tensors = [*module.parameters(), *module.buffers()]
     stamp = tuple((t.data_ptr(), t._version) for t in tensors)
     if getattr(module, "_fingerprint_stamp", None) != stamp:
@@ -49,8 +40,7 @@ class FrozenStates:
 
     def __call__(self, bert: nn.Module, input_ids: torch.Tensor,
                  attention_mask: torch.Tensor) -> torch.Tensor:
-        """bert(input_ids, attention_mask).last_hidden_state, zero at padding: (B, T, H). The
-        padding must follow the tokens (right padding), as the course's tokenizers put it."""
+        """bert(...).last_hidden_state (B, T, H), zero at padding, of a right-padded batch."""
         lengths = attention_mask.sum(1)  # (B,)
         positions = torch.arange(attention_mask.shape[1], device=attention_mask.device)
         if not torch.equal(attention_mask.bool(), positions < lengths[:, None]):

@@ -1,12 +1,6 @@
 """Measuring an index against exact search: k-recall@k, one query's latency, the approximate
-kinds' recall/latency trade-off, and what an index stores.
-
-    exact = build_index(gallery, "flat")  # course_lib.core.retrieval
-    recall_vs_exact(build_index(gallery, "hnsw"), exact, queries, k=10)  # in [0, 1]
-    index_tradeoff(gallery, queries)  # a row per setting: recall, ms per query, build s
-    embedding_bytes(36, 2048)         # LightningDOT §1: region features vs one vector
-
-course_lib.studies.index_scale measures all of this on galleries of millions."""
+kinds' recall/latency trade-off, and what an index stores (course_lib.studies.index_scale runs
+them on galleries of millions)."""
 
 from __future__ import annotations
 
@@ -22,8 +16,7 @@ from course_lib.core.timing import measure
 
 
 def topk_recall(found_ids, exact_ids) -> float:
-    """k-recall@k from ids: the mean fraction of each row of exact_ids (Q, k) that the same row of
-    found_ids (Q, k') holds (-1 = nothing found), in [0, 1]."""
+    """k-recall@k in [0, 1] of found_ids (Q, k') against exact_ids (Q, k); -1 = nothing."""
     exact, found = np.asarray(exact_ids), np.asarray(found_ids)
     if exact.ndim != 2 or found.ndim != 2 or len(exact) != len(found):
         raise ValueError(f"need found (Q, k') and exact (Q, k) ids of the same Q queries, got "
@@ -33,10 +26,7 @@ def topk_recall(found_ids, exact_ids) -> float:
 
 
 def recall_vs_exact(index: faiss.Index, exact_index: faiss.Index, queries, k: int) -> float:
-    """k-recall@k of the ANN benchmarks: the mean fraction of each query's exact top-k that
-    `index` also returns in its top-k, in [0, 1]. exact_index (usually build_index(gallery,
-    "flat")) must number the gallery like `index`; k is capped at its ntotal. Items are matched by
-    id, so an exact tie at the k-th place may count as a miss."""
+    """k-recall@k against exact_index; matched by id, so a tie at the k-th place may miss."""
     if index.d != exact_index.d:
         raise ValueError(f"the indexes hold {index.d}-d and {exact_index.d}-d vectors; "
                          "build both over the same gallery")
@@ -47,8 +37,7 @@ def recall_vs_exact(index: faiss.Index, exact_index: faiss.Index, queries, k: in
 
 def time_single_queries(index: faiss.Index, queries: np.ndarray, k: int, *, warmup: int = 5,
                         repeats: int = 50):
-    """timing.measure of one query at a time (FAISS only, no input checks), cycling through the
-    rows of queries (Q, E) float32; k capped at index.ntotal. Returns the TimingResult."""
+    """timing.measure of one FAISS search at a time, cycling through queries (Q, E) float32."""
     singles = itertools.cycle([queries[i:i + 1] for i in range(len(queries))])  # (1, E) each
     k_eff = min(int(k), index.ntotal)
     return measure(lambda: index.search(next(singles), k_eff), warmup=warmup, repeats=repeats)
@@ -72,11 +61,8 @@ def _timed_build(gallery, kind: str, params: dict):
 def index_tradeoff(gallery, queries, k: int = 10,
                    configs: Sequence[tuple[str, dict]] = DEFAULT_TRADEOFF_CONFIGS, *,
                    repeats: int = 50, warmup: int = 5) -> list[dict]:
-    """Recall against exact search vs one query's latency, per (kind, params) setting, each with
-    its own build_index(gallery, kind, **params). Rows, in configs' order: {"kind", "params" (all,
-    defaults and clamping applied), "recall_at_k" (recall_vs_exact over all queries),
-    "ms_per_query" (median of `repeats` single-query searches cycling through the queries; FAISS
-    only, no input checks), "build_s" (train + add, one run)}."""
+    """Recall against exact search vs one query's latency, a row per (kind, params) of configs:
+    {"kind", "params" (as built), "recall_at_k", "ms_per_query" (median), "build_s"}."""
     if not isinstance(k, (int, np.integer)) or k < 1:
         raise ValueError(f"k must be an integer >= 1, got {k!r}")
     exact = build_index(gallery, "flat")
@@ -99,9 +85,8 @@ def index_tradeoff(gallery, queries, k: int = 10,
 
 
 def embedding_bytes(n_items: int, dim: int, dtype=np.float32) -> int:
-    """Bytes to store n_items vectors of dim numbers of dtype (numpy or torch dtype):
-    embedding_bytes(1, 768) = 3,072 (one LightningDOT image vector) vs embedding_bytes(36, 2048)
-    = 294,912 (its 36 region features): 96 x smaller, before any compression."""
+    """Bytes of n_items vectors of dim numbers of dtype (numpy or torch): LightningDOT §1's one
+    768-d image vector (3,072) vs its 36 region features of 2048 (294,912), 96 x smaller."""
     if n_items < 0 or dim < 0:
         raise ValueError(f"n_items and dim must be >= 0, got {n_items} and {dim}")
     itemsize = dtype.itemsize if isinstance(dtype, torch.dtype) else np.dtype(dtype).itemsize

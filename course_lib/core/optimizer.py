@@ -15,10 +15,8 @@ def warmup_linear_decay(step: int, total_steps: int, warmup_steps: int) -> float
 
 def param_groups(model: nn.Module, weight_decay: float, lr: float | None = None,
                  lr_scales: dict | None = None) -> list[dict]:
-    """AdamW groups: 2-D+ tensors decayed, 1-D tensors (biases, norm weights) not. lr_scales maps a
-    parameter-name prefix to a multiplier of `lr` (e.g. {"text_encoder.": 0.1}: a pretrained part
-    fine-tuned at a tenth of the new layers' rate, as BERT fine-tuning wants), in groups of their
-    own with "lr" set, after the unscaled groups."""
+    """AdamW groups: 2-D+ tensors decayed, 1-D (biases, norm weights) not. lr_scales: name prefix ->
+    multiplier of `lr` (e.g. {"text_encoder.": 0.1}), in groups of their own after the others."""
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if not named:
         raise ValueError("the model has no trainable parameters (all have requires_grad=False)")
@@ -46,9 +44,8 @@ def param_groups(model: nn.Module, weight_decay: float, lr: float | None = None,
 
 def pretrained_lr_scales(prefix: str, scale: float | None, text_encoder: str | None,
                          config: str) -> dict | None:
-    """TrainConfig.lr_scales of a pretrained text encoder (parameters under `prefix`) at `scale`
-    times the stage's rate; None (one rate) when scale is None. A scale needs a pretrained encoder
-    (`text_encoder` set), else a ValueError names `config`'s fields."""
+    """TrainConfig.lr_scales of a pretrained text encoder under `prefix` at `scale` times the rate
+    (None: one rate); a scale without `text_encoder` is a ValueError naming `config`'s fields."""
     if scale is None:
         return None
     if text_encoder is None or scale <= 0:

@@ -1,28 +1,14 @@
 """Search over embedded galleries: exact and approximate FAISS indexes (PQ-compressed too) and
-their brute-force reference. Measuring them is course_lib.core.index_eval; growing galleries for
-timing is course_lib.core.tiling.
+their brute-force reference. A dual encoder makes retrieval maximum inner-product search: the
+gallery is embedded once, offline, and a query costs one encoding plus a top-k over N dot products.
 
-A dual encoder makes retrieval maximum inner-product search: the gallery is embedded once,
-offline; a query costs one text encoding plus a top-k over N dot products, which FAISS does on the
-CPU without building the (Q, N) score matrix in Python:
-
-    index = build_index(image_emb)                  # (N, E), "flat" = exact IndexFlatIP
+    index = build_index(image_emb)                   # (N, E), "flat" = exact IndexFlatIP
     scores, indices = search(index, text_emb, k=10)  # (Q, k) numpy, best first
-    brute_force_topk(image_emb, text_emb, k=10)      # the same with torch: the reference
+    build_index(x, "ivf", nlist=64, nprobe=8)        # also "hnsw", "ivfpq", "hnswpq"
+    set_search_params(index, nprobe=16)              # the search-time knob: more recall, more time
 
-For L2-normalised embeddings (VSE++) inner product is cosine similarity; LightningDOT's raw dot
-products use the same index. `INDEX_KINDS` maps a name to a builder; besides the exact "flat",
-four approximate kinds, all searched by inner product:
-
-    build_index(x, "ivf", nlist=64, nprobe=8)   # k-means lists; a query scans its nprobe best
-    build_index(x, "hnsw", M=32, ef_search=64)  # a graph walk keeping ef_search candidates
-    build_index(x, "ivfpq", m=16, nbits=8)      # IVF storing product-quantised codes (IVF-PQ)
-    build_index(x, "hnswpq", m=16, nbits=8)     # HNSW over product-quantised codes
-    set_search_params(index, nprobe=16)         # the search-time knob: more recall, more time
-
-Product quantisation (PQ; Jégou et al., TPAMI 2011) cuts a vector into m sub-vectors and stores
-each one's nearest of 2^nbits learnt centroids: m * nbits / 8 bytes instead of 4 * dim, with
-approximate scores."""
+Product quantisation (PQ; Jégou et al., TPAMI 2011) stores each of m sub-vectors as its nearest
+of 2^nbits learnt centroids: m * nbits / 8 bytes instead of 4 * dim."""
 
 from __future__ import annotations
 
@@ -38,8 +24,7 @@ import torch
 
 from course_lib.core.settings import CourseNote
 
-# FAISS k-means warns below this many training points per centroid; IVF's nlist is capped by it
-MIN_POINTS_PER_LIST = 39
+MIN_POINTS_PER_LIST = 39  # FAISS k-means warns below this many points per centroid
 # FAISS >= 1.15 scores nq rows with its own loop while nq * dim < 128,000, with BLAS above; BLAS
 # wins far earlier (facebookresearch/faiss#5109; docs/tuning_notes.md, "FAISS's BLAS switch").
 BLAS_SWITCH_PER_THREAD = 800
@@ -47,8 +32,7 @@ BLAS_SWITCH_PER_THREAD = 800
 
 @contextmanager
 def blas_switch(per_thread: int = BLAS_SWITCH_PER_THREAD):
-    """Within the block, FAISS uses BLAS from nq * dim >= per_thread * its threads (never later
-    than its default); restored after. build_index trains inside one."""
+    """Within the block FAISS switches to BLAS by nq * dim >= per_thread * its threads."""
     before = faiss.cvar.distance_compute_blas_threshold
     faiss.cvar.distance_compute_blas_threshold = min(before,
                                                      per_thread * faiss.omp_get_max_threads())
@@ -69,9 +53,9 @@ def _flat_ip(dim: int, n: int) -> faiss.Index:
 
 
 def _ivf(quantizer_to_index, dim: int, n: int, nlist: int | None, nprobe: int) -> faiss.Index:
-    """quantizer_to_index(quantizer, nlist) with nlist (about 4 sqrt(n) when None) clamped to
-    [1, n // 39], with a warning if it was asked for, and nprobe capped at nlist."""
-    cap = max(1, n // MIN_POINTS_PER_LIST)  # the most lists n vectors train well
+    """quantizer_to_index(quantizer, nlist), nlist (default about 4 sqrt(n)) clamped to
+    [1, n // 39] so every list trains well, nprobe capped at nlist."""
+    cap = max(1, n // MIN_POINTS_PER_LIST)
     if nlist is None:
         nlist = min(cap, max(1, round(4 * math.sqrt(n))))
     elif _positive_int("nlist", nlist) > cap:
@@ -88,18 +72,14 @@ def _ivf(quantizer_to_index, dim: int, n: int, nlist: int | None, nprobe: int) -
 
 
 def _ivf_flat(dim: int, n: int, *, nlist: int | None = None, nprobe: int = 8) -> faiss.Index:
-    """IVF: k-means splits the gallery into nlist lists; a query scans only its nprobe best lists.
-    nlist defaults to about 4 sqrt(n), clamped to [1, n // 39] so that every list gets enough
-    training points; nprobe is capped at nlist (nprobe = nlist scans everything)."""
+    """IVF: k-means splits the gallery into nlist lists; a query scans only its nprobe best."""
     return _ivf(lambda q, nlist: faiss.IndexIVFFlat(q, dim, nlist, faiss.METRIC_INNER_PRODUCT),
                 dim, n, nlist, nprobe)
 
 
 def _pq_shape(dim: int, n: int, m: int | None, nbits: int) -> tuple[int, int]:
-    """Checked (m, nbits) of a product quantiser for dim-d vectors trained on n of them. m defaults
-    to dim / 4 (sub-vectors of 4 numbers: 16 bytes for 64-d vectors), or the largest divisor of dim
-    below that. Each sub-quantiser learns 2^nbits centroids by k-means, so n >= 2^nbits; fewer than
-    39 training vectors per centroid only warns."""
+    """Checked (m, nbits) of a product quantiser of dim-d vectors trained on n. m defaults to the
+    largest divisor of dim up to dim / 4 (16 bytes for 64-d vectors); n >= 2^nbits."""
     if m is None:
         m = max(d for d in range(1, max(1, dim // 4) + 1) if dim % d == 0)
     if _positive_int("m", m) > dim or dim % m:
@@ -123,9 +103,7 @@ def _pq_shape(dim: int, n: int, m: int | None, nbits: int) -> tuple[int, int]:
 
 def _ivf_pq(dim: int, n: int, *, nlist: int | None = None, nprobe: int = 8,
             m: int | None = None, nbits: int = 8) -> faiss.Index:
-    """IVF-PQ: the lists of "ivf", holding m * nbits / 8-byte PQ codes of each vector's residual
-    from its list centroid (m, nbits: see _pq_shape). Scores are approximate even in a probed list,
-    so probing every list is not exact search."""
+    """IVF-PQ: "ivf"'s lists of PQ codes of residuals; scores are approximate even when probed."""
     m, nbits = _pq_shape(dim, n, m, nbits)
     index = _ivf(lambda q, nlist: faiss.IndexIVFPQ(q, dim, nlist, m, nbits,
                                                    faiss.METRIC_INNER_PRODUCT),
@@ -136,9 +114,8 @@ def _ivf_pq(dim: int, n: int, *, nlist: int | None = None, nprobe: int = 8,
 
 def _hnsw_flat(dim: int, n: int, *, M: int = 32, ef_search: int = 64,
                ef_construction: int = 80) -> faiss.Index:
-    """HNSW: a layered graph with M links per node (2M on the bottom layer), walked greedily.
-    ef_construction candidates are kept while inserting (a better graph, a slower build),
-    ef_search while searching (more recall, more time; keep it >= the k you search for)."""
+    """HNSW: a layered graph with M links per node (2M at the bottom), walked greedily, keeping
+    ef_construction candidates while inserting, ef_search (>= k) while searching."""
     index = faiss.IndexHNSWFlat(dim, _positive_int("M", M, minimum=2), faiss.METRIC_INNER_PRODUCT)
     index.hnsw.efConstruction = _positive_int("ef_construction", ef_construction)
     index.hnsw.efSearch = _positive_int("ef_search", ef_search)
@@ -147,8 +124,7 @@ def _hnsw_flat(dim: int, n: int, *, M: int = 32, ef_search: int = 64,
 
 def _hnsw_pq(dim: int, n: int, *, M: int = 32, ef_search: int = 64, ef_construction: int = 80,
              m: int | None = None, nbits: int = 8) -> faiss.Index:
-    """HNSW whose nodes store m * nbits / 8-byte PQ codes, not vectors (graph parameters as
-    "hnsw", PQ ones as "ivfpq"); build_index fixes its code-to-code table for inner products."""
+    """HNSW whose nodes store PQ codes, not vectors; build_index fixes its code-to-code table."""
     m, nbits = _pq_shape(dim, n, m, nbits)
     index = faiss.IndexHNSWPQ(dim, m, _positive_int("M", M, minimum=2), nbits,
                               faiss.METRIC_INNER_PRODUCT)
@@ -158,8 +134,8 @@ def _hnsw_pq(dim: int, n: int, *, M: int = 32, ef_search: int = 64, ef_construct
     return index
 
 
-# name -> builder(dim, n, **params): an empty index trained on n vectors of dim; its keyword-only
-# arguments are the parameters build_index accepts. build_index trains IVF / PQ before adding.
+# name -> builder(dim, n, **params) of an empty index; its keyword-only arguments are the
+# parameters build_index accepts
 INDEX_KINDS: dict[str, Callable[..., faiss.Index]] = {
     "flat": _flat_ip, "ivf": _ivf_flat, "hnsw": _hnsw_flat, "ivfpq": _ivf_pq, "hnswpq": _hnsw_pq}
 
@@ -173,8 +149,7 @@ def index_params(kind: str) -> list[str]:
 
 
 def as_float32_matrix(x, name: str = "embeddings") -> np.ndarray:
-    """x (torch tensor on any device, or array-like) as a C-contiguous float32 (n, E) numpy array,
-    which is all FAISS reads; a 1-D x is one row."""
+    """x (tensor or array-like; 1-D: one row) as the C-contiguous float32 (n, E) FAISS reads."""
     if isinstance(x, torch.Tensor):
         x = x.detach().to("cpu", torch.float32).numpy()
     x = np.asarray(x)
@@ -195,13 +170,8 @@ def as_float32_matrix(x, name: str = "embeddings") -> np.ndarray:
 
 def build_index(embeddings, kind: str = "flat", *, train_size: int | None = None,
                 **params) -> faiss.Index:
-    """A FAISS index over the rows of embeddings (N, E), searched by inner product.
-    kind "flat" is exact (`faiss.IndexFlatIP`), the reference for every approximate one: "ivf"
-    (`IndexIVFFlat`; nlist, nprobe), "hnsw" (`IndexHNSWFlat`; M, ef_search, ef_construction),
-    "ivfpq" (`IndexIVFPQ`; ivf's and m, nbits), "hnswpq" (`IndexHNSWPQ`; hnsw's and m, nbits);
-    their builders give the defaults. The vectors are copied (float32, CPU). train_size: kinds that
-    learn (IVF lists, PQ codebooks) learn from a fixed random sample of that many rows, not all N.
-    """
+    """A FAISS index of INDEX_KINDS[kind] over a float32 copy of embeddings (N, E), searched by
+    inner product. train_size: IVF lists and PQ codebooks learn from a fixed random sample."""
     valid = index_params(kind)  # also rejects an unknown kind
     unknown = sorted(set(params) - set(valid))
     if unknown:
@@ -215,8 +185,8 @@ def build_index(embeddings, kind: str = "flat", *, train_size: int | None = None
         rows = np.random.default_rng(0).choice(len(x), train_size, replace=False)
         train = x[np.sort(rows)]  # (train_size, E), in gallery order
     index = INDEX_KINDS[kind](x.shape[1], len(train), **params)
-    if not index.is_trained:  # IVF learns its lists, PQ its codebooks, from the gallery itself
-        with blas_switch():  # k-means assigns thousands of rows at once: BLAS, on any thread count
+    if not index.is_trained:
+        with blas_switch():  # k-means assigns thousands of rows at once
             index.train(train)
     if isinstance(index, faiss.IndexHNSWPQ):
         _inner_product_code_table(faiss.downcast_index(index.storage).pq)
@@ -225,19 +195,16 @@ def build_index(embeddings, kind: str = "flat", *, train_size: int | None = None
 
 
 def _inner_product_code_table(pq: faiss.ProductQuantizer) -> None:
-    """HNSW links a node by comparing its similarity to the new item with node-to-node ones, which
-    IndexHNSWPQ reads from pq.sdc_table: squared L2 between centroids, even under inner product
-    (faiss/IndexPQ.cpp), so its graph degrades (docs/tuning_notes.md, "HNSW-PQ's code table").
-    We fill the table with centroid inner products, summing to <decoded i, decoded j>."""
+    """IndexHNSWPQ links nodes by pq.sdc_table, squared L2 between centroids even under inner
+    product (docs/tuning_notes.md, "HNSW-PQ's code table"): fill it with inner products."""
     centroids = faiss.vector_to_array(pq.centroids).reshape(pq.M, pq.ksub, pq.dsub)  # (M, K, d)
     table = np.einsum("mid,mjd->mji", centroids, centroids)  # (M, K, K): [m, code j, code i]
     faiss.copy_array_to_vector(np.ascontiguousarray(table, dtype=np.float32).ravel(), pq.sdc_table)
 
 
 def search(index: faiss.Index, queries, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Top-k gallery items per query: (scores (Q, k) float32, indices (Q, k) int64), best first.
-    queries: (Q, E) or one (E,) vector (Q = 1). k is capped at the index size: k = 10 on a 5-item
-    gallery returns 5 columns, not FAISS's padding of -1 indices."""
+    """Top-k per query (Q, E) or (E,): (scores (Q, k) float32, indices (Q, k) int64), best first.
+    k is capped at the index size (not FAISS's padding of -1 indices)."""
     if not isinstance(k, (int, np.integer)) or k < 1:
         raise ValueError(f"k must be an integer >= 1, got {k!r}")
     if index.ntotal == 0:
@@ -246,15 +213,13 @@ def search(index: faiss.Index, queries, k: int) -> tuple[np.ndarray, np.ndarray]
     if q.shape[1] != index.d:
         raise ValueError(f"queries have dimension {q.shape[1]} but the index holds {index.d}-d "
                          "vectors; encode them with the same model (and projection)")
-    scores, indices = index.search(q, min(int(k), index.ntotal))  # (Q, k), (Q, k)
-    return scores, indices
+    return index.search(q, min(int(k), index.ntotal))  # (Q, k), (Q, k)
 
 
 def brute_force_topk(gallery: torch.Tensor, queries: torch.Tensor,
                      k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The exact top-k by inner product with torch on the tensors' own device (the reference).
-    gallery (N, E), queries (Q, E) or (E,); returns (scores (Q, k), indices (Q, k)), k capped at N,
-    best first. Builds the whole (Q, N) score matrix: fine for teaching-sized galleries."""
+    """The exact top-k by inner product with torch, the reference: gallery (N, E), queries (Q, E)
+    or (E,) -> (scores (Q, k), indices (Q, k)), k capped at N. Builds the whole (Q, N) matrix."""
     if not isinstance(k, (int, np.integer)) or k < 1:
         raise ValueError(f"k must be an integer >= 1, got {k!r}")
     gallery, queries = torch.as_tensor(gallery), torch.as_tensor(queries)
@@ -270,9 +235,7 @@ def brute_force_topk(gallery: torch.Tensor, queries: torch.Tensor,
 
 def set_search_params(index: faiss.Index, *, nprobe: int | None = None,
                       ef_search: int | None = None) -> faiss.Index:
-    """Change the search-time knob of a built index in place (no rebuild); returns the index.
-    nprobe: IVF lists scanned per query (capped at nlist); ef_search: HNSW candidates kept per
-    query. Each applies only to its own kind of index."""
+    """Set a built index's search knob in place: nprobe (IVF; <= nlist) or ef_search (HNSW)."""
     if nprobe is None and ef_search is None:
         raise ValueError("nothing to set: pass nprobe= (IVF indexes) or ef_search= (HNSW indexes)")
     name = type(index).__name__

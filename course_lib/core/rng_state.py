@@ -1,6 +1,5 @@
-"""The random number generators' states (Python, NumPy, torch, CUDA) as plain values: saved in a
-Trainer checkpoint, so an interrupted run resumes bit for bit, and loadable with
-torch.load(weights_only=True)."""
+"""The random number generators' states (Python, NumPy, torch, CUDA) as plain values that
+torch.load(weights_only=True) loads: a Trainer checkpoint resumes bit for bit."""
 
 from __future__ import annotations
 
@@ -11,7 +10,6 @@ import torch
 
 
 def capture_rng_state() -> dict:
-    # numpy's state is stored as plain lists so the file loads with torch.load(weights_only=True).
     name, keys, pos, has_gauss, gauss = np.random.get_state()
     return {"python": random.getstate(), "numpy": [name, keys.tolist(), int(pos), int(has_gauss),
             float(gauss)], "torch": torch.get_rng_state(),

@@ -1,17 +1,6 @@
 """The arithmetic floor of a query: how many floating-point operations it does, how fast this
-machine does them, and so how long it could take at best (its roofline).
-
-    count_flops(fn)                 2 x the multiply-adds of fn's matrix products and attention
-                                    (torch's FlopCounterMode; element-wise work, a few percent of
-                                    a transformer's FLOPs, is not counted)
-    count_operators(fn)             the ATen operators fn dispatches: what eager execution pays for
-    matmul_gflops(size, threads=1)  measured GFLOP/s of a square float32 torch.mm on this machine
-    roofline_ms(flops, gflops)      the time those FLOPs take at that rate
-    exact_search_flops(q, n, dim)   2 q n dim: exact search of q queries over n items
-    gflops(flops, ms)               the rate of flops done in ms
-
-Notebook 03 (section 10) sets one query's measured time beside its roofline: the encoder's FLOPs
-at this machine's single-thread matmul rate, plus the search."""
+machine does them, and so how long it could take at best (its roofline). Notebook 03 (section 10)
+sets one query's measured time beside the encoder's FLOPs at the single-thread matmul rate."""
 
 from __future__ import annotations
 
@@ -31,23 +20,21 @@ def gflops(flops: float, ms: float) -> float:
 
 
 def exact_search_flops(n_queries: int, n_items: int, dim: int) -> int:
-    """Multiplies and adds of exact search: each of Q x N scores is a dim-long dot product."""
+    """2 Q N dim: multiplies and adds of exact search."""
     return 2 * int(n_queries) * int(n_items) * int(dim)
 
 
 def _attention_flops(query, key, value, *args, out_shape=None, **kwargs) -> int:
-    """Q K^T and A V of (B, h, L, d) queries over S keys: 2 B h L S (d + d_v). torch's counter
-    knows the fused kernels only, and on the CPU the composite op reaches it unfused."""
+    """Q K^T and A V of (B, h, L, d) queries over S keys: 2 B h L S (d + d_v) (torch's counter
+    knows only the fused kernels, which the CPU does not use)."""
     *batch, L, d = query
     S, d_v = key[-2], value[-1]
     return 2 * int(np.prod(batch)) * L * S * (d + d_v)
 
 
 def count_flops(fn: Callable[[], object]) -> int:
-    """FLOPs of one fn() call, as torch.utils.flop_counter counts them (matmuls, convolutions,
-    attention: 2 per multiply-add), under inference_mode."""
+    """FLOPs of one fn() call: 2 per multiply-add of matmuls, convolutions and attention."""
     from torch.utils.flop_counter import FlopCounterMode
-
     # counted whole: the overload stops the decomposition, the packet counts
     sdpa = torch.ops.aten.scaled_dot_product_attention
     attention = {sdpa.default: _attention_flops, sdpa: _attention_flops}
@@ -58,8 +45,7 @@ def count_flops(fn: Callable[[], object]) -> int:
 
 
 def count_operators(fn: Callable[[], object]) -> int:
-    """ATen operators one fn() call dispatches, under inference_mode: in eager PyTorch each is a
-    trip from Python through the dispatcher, on a GPU a kernel launch (views, reshapes included)."""
+    """ATen operators one fn() call dispatches (views included): what eager execution pays for."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Count(TorchDispatchMode):
@@ -75,9 +61,7 @@ def count_operators(fn: Callable[[], object]) -> int:
 
 
 def matmul_gflops(size: int = 256, threads: int | None = 1, repeats: int = 20) -> float:
-    """GFLOP/s of a (size, size) x (size, size) float32 torch.mm on `threads` torch threads (None:
-    the current setting; restored after): the rate BLAS reaches on one core when the matrices hide
-    every overhead. The median of `repeats` products."""
+    """Median GFLOP/s of a square float32 torch.mm on `threads` threads (None: as set)."""
     before = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
@@ -92,7 +76,7 @@ def matmul_gflops(size: int = 256, threads: int | None = 1, repeats: int = 20) -
 
 
 def roofline_ms(flops: float, rate_gflops: float) -> float:
-    """Milliseconds `flops` take at `rate_gflops`: the least a computation of them can cost."""
+    """Milliseconds `flops` take at `rate_gflops`: the least they can cost."""
     if rate_gflops <= 0:
         raise ValueError(f"a rate must be positive, got {rate_gflops} GFLOP/s")
     return flops / (rate_gflops * 1e9) * 1e3

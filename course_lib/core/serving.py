@@ -1,26 +1,10 @@
-"""The online text query, lean: one caption in, the top k gallery items out, and nothing on the
-way that need not be there (notebook 03, section 10, measures every step).
-
-A dot-product query's arithmetic is microseconds: LightningDOT's 2-layer, 64-wide encoder over 13
-tokens is 2.6 MFLOP, an exact search of 1,000 64-d vectors 0.13 MFLOP. The eager path around it
-(the course's query_fn, `backend="reference"`) costs many times that (docs/tuning_notes.md, "The
-online query path"): the Hugging Face tokenizer's Python front end re-deciding padding,
-truncation and tensor types per call, a dict of tensors, dozens of PyTorch operator dispatches
-with autograd bookkeeping, `retrieval.search`'s input checks. Here each is paid once, at build:
-
-    QueryTokenizer  a private copy of the tokenizer's Rust backend, truncation set once: caption ->
-                    ids in a preallocated buffer (the ids TextCollate gives)
-    QueryEncoder    encode(batch) as one graph, checked against eager on probe lengths: ONNX
-                    Runtime where installed, else TorchScript (trace + freeze), else eager; on
-                    CUDA one CUDA graph per caption length (one replay, not a launch per operator)
-    Searcher        FAISS search into preallocated outputs, not re-checking the fixed index
-    QuerySide       a model's tokenizer and encoder, rebuilt only when the model or weights change
-    TextQueryPath   the three as named stages: path(caption) -> (scores (k,), indices (k,));
-                    path.stages(caption) is what course_lib.core.timing.profile_stages times
-
-"auto" keeps the fastest on the course's CPU (ONNX Runtime, TorchScript, eager; torch.compile was
-no faster than TorchScript). Every backend is checked against eager at build; one that fails or
-disagrees is skipped with a CourseNote, so the path never changes an answer."""
+"""The lean online text query: one caption in, the top k gallery items out (notebook 03, section
+10, measures every step). A dot-product query's arithmetic is microseconds; the eager path around
+it (`backend="reference"`) costs many times that (docs/tuning_notes.md, "The online query path"):
+the tokenizer's Python front end, a dict of tensors, dozens of operator dispatches,
+`retrieval.search`'s checks. Here each is paid once, at build. QueryEncoder runs encode as one
+graph (ONNX Runtime, TorchScript or, on CUDA, one CUDA graph per caption length); a backend that
+fails or disagrees with eager at build is skipped with a CourseNote, so no answer changes."""
 
 from __future__ import annotations
 
@@ -42,18 +26,15 @@ from course_lib.core.settings import CourseNote
 BACKENDS = ("onnx", "jit", "compile", "cuda_graph", "eager")
 AUTO = {"cpu": ("onnx", "jit", "eager"), "cuda": ("cuda_graph", "jit", "eager")}  # in this order
 STAGES = ("tokenise", "tensors + transfer", "encoder forward", "normalise + to host", "search")
-_TOLERANCE = dict(rtol=1e-4, atol=1e-5)  # a backend must give eager's vectors to float32 rounding
+_TOLERANCE = dict(rtol=1e-4, atol=1e-5)  # a backend must match eager to float32 rounding
 
 
 class QueryTokenizer:
-    """caption -> (input_ids, attention_mask), each int64 (1, T): what TextCollate(tokenizer,
-    max_length).encode([caption]) gives, without its Python front end. Returned as views of one
-    preallocated row, which the next call overwrites."""
+    """caption -> (input_ids, attention_mask), each int64 (1, T), as TextCollate gives them, from a
+    private copy of the Rust backend. Views of one row, which the next call overwrites."""
 
     def __init__(self, tokenizer, max_length: int = 40):
         from tokenizers import Tokenizer
-
-        # a private copy: truncation is set once, and the caller's tokenizer keeps its own settings
         self.backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
         self.backend.no_padding()
         self.backend.enable_truncation(max_length)
@@ -69,8 +50,7 @@ class QueryTokenizer:
 
 
 class _Encode(nn.Module):
-    """encode(batch dict) as a module of two tensors, the form tracing and export need; a list of
-    outputs (HiVLP's levels) becomes a tuple."""
+    """encode(batch dict) as a module of two tensors, as tracing and export need."""
 
     def __init__(self, encode: Callable[[dict], object]):
         super().__init__()
@@ -85,11 +65,9 @@ class _Encode(nn.Module):
 
 
 class QueryEncoder:
-    """encode(batch) for one caption, on `device`, by `backend` ("auto" or one of BACKENDS).
-    Three stages, timed apart by a profile: feed(ids, mask) (tensors on the device, or ORT's
-    inputs), run(inputs) (the forward), host(outputs) (float32 (1, d) numpy rows, one per output);
-    __call__ chains them. probes: (ids, mask) pairs of several lengths on which a backend must
-    match eager at build, or it is skipped. `backend` says what was kept."""
+    """encode(batch) for one caption by the first of `backend`'s candidates ("auto": AUTO) that
+    matches eager on every (ids, mask) probe. Stages feed(ids, mask) -> run(inputs) -> host(outputs)
+    (float32 (1, d) numpy rows, one per output); `backend` names the one kept."""
 
     def __init__(self, encode: Callable[[dict], object], probes, *, device="cpu",
                  backend: str = "auto"):
@@ -129,9 +107,7 @@ class QueryEncoder:
     def __call__(self, ids: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, ...]:
         return self.host(self.run(self.feed(ids, mask)))
 
-    # ---- the backends: each returns (feed, run, host)
-    def _torch_feed(self, ids, mask):
-        # (1, T) each
+    def _torch_feed(self, ids, mask):  # _build_* each return (feed, run, host)
         return torch.from_numpy(ids).to(self.device), torch.from_numpy(mask).to(self.device)
 
     @staticmethod
@@ -165,7 +141,6 @@ class QueryEncoder:
         if self.device.type != "cpu":
             raise RuntimeError("the course's ONNX Runtime path is CPU-only")
         import onnxruntime  # noqa: F401  (absent: fall back before paying for the export)
-
         graph = io.BytesIO()
         with torch.inference_mode(False), torch.no_grad(), _quiet():
             ids, mask = (torch.from_numpy(a) for a in self.probes[0])
@@ -188,9 +163,8 @@ class QueryEncoder:
         return feed, lambda inputs: session.run(None, inputs), tuple
 
     def _build_cuda_graph(self):
-        """One CUDA graph per caption length T, captured on first use: a replay launches the whole
-        forward at once, where eager launches a kernel per operator, a few microseconds each.
-        Static input buffers per T; feed copies into them, host copies the static outputs out."""
+        """One CUDA graph per caption length T, captured on first use: one replay launches the
+        whole forward, where eager launches a kernel per operator. feed fills static inputs."""
         if self.device.type != "cuda":
             raise RuntimeError("CUDA graphs need a CUDA device")
         module, graphs = self.module.to(self.device), {}
@@ -228,10 +202,8 @@ class QueryEncoder:
 
 @contextlib.contextmanager
 def _quiet():
-    """Nothing the exporter says reaches the console: Python warnings, logging, sys.stdout /
-    sys.stderr, and the C++ side's writes to file descriptors 1 and 2 (a failed ONNX export of a
-    GRU prints its whole Torch IR graph there). A failed backend is still reported, in one line, by
-    the CourseNote that skips it."""
+    """Nothing the exporter says reaches the console: warnings, logging, sys.stdout / stderr, and
+    C++ writes to descriptors 1 and 2 (a failed ONNX export of a GRU prints its whole IR there)."""
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     saved, disabled = [os.dup(fd) for fd in (1, 2)], logging.root.manager.disable
@@ -246,22 +218,13 @@ def _quiet():
                 yield
             finally:
                 logging.disable(disabled)
-                _flush_c_streams()
+                with contextlib.suppress(OSError, AttributeError, TypeError):  # no libc: Windows
+                    import ctypes
+                    ctypes.CDLL(None).fflush(None)  # C stdio's buffers land in the sink
     finally:
         for fd, copy in zip((1, 2), saved, strict=True):
             os.dup2(copy, fd)
             os.close(copy)
-
-
-def _flush_c_streams() -> None:
-    """fflush(NULL): C stdio's buffered writes land in the sink, not after the descriptors are
-    back. No C library by that name (Windows): nothing buffered to lose."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None).fflush(None)
-    except (OSError, AttributeError, TypeError):
-        pass
 
 
 def _same(got, expected) -> bool:
@@ -271,8 +234,7 @@ def _same(got, expected) -> bool:
 
 
 class Searcher:
-    """FAISS top k of one query row into preallocated outputs: (scores (k,), indices (k,)) copies
-    (the buffers are reused). No input checks: the path builds the query row itself."""
+    """FAISS top k of one query row (1, d) -> (scores (k,), indices (k,)), without input checks."""
 
     def __init__(self, index, k: int):
         self.index, self.k = index, min(int(k), index.ntotal)
@@ -286,29 +248,24 @@ class Searcher:
 
 def probe_captions(tokenizer: QueryTokenizer,
                    caption: str) -> list[tuple[np.ndarray, np.ndarray]]:
-    """(ids, mask) of captions of three lengths: `caption`, its first word, and it repeated up to
-    the tokenizer's max_length, so a backend that baked one length in is caught."""
+    """(ids, mask) of `caption`, its first word and it repeated to max_length."""
     texts = [caption, caption.split()[0] if caption.split() else caption,
              " ".join([caption] * tokenizer.max_length)]
     return [tuple(a.copy() for a in tokenizer(text)) for text in texts]
 
 
 class QuerySide:
-    """A model's text side of the query path, (QueryTokenizer, QueryEncoder) per encode_name,
-    device and arguments, rebuilt only when the model or its weights change, never per query.
-    `encoder`: the last one handed out."""
+    """A model's (QueryTokenizer, QueryEncoder), rebuilt only when model or weights change."""
 
     def __init__(self):
-        # arguments -> (model, weights' versions, tokenizer, encoder)
-        self.built, self.encoder = {}, None
+        self.built, self.encoder = {}, None  # arguments -> (model, versions, tokenizer, encoder)
 
     def get(self, model: nn.Module, tokenizer, probe_caption: str, *, max_length: int = 40,
             backend: str = "auto",
             encode_name: str = "encode_texts") -> tuple[QueryTokenizer, QueryEncoder]:
         device = next(model.parameters()).device
         arguments = (str(device), max_length, backend, encode_name)
-        # weights changed in place (training on, load_state_dict) bump their _version, so a graph of
-        # old weights is never served; holding the model keeps its id from going to another one
+        # weights changed in place bump _version: a graph of old weights is never served
         versions = sum(p._version for p in model.parameters())
         held, held_versions, query_tokenizer, encoder = self.built.get(arguments,
                                                                        (None, None, None, None))
@@ -323,8 +280,7 @@ class QuerySide:
 
 
 class TextQueryPath:
-    """One caption -> (scores (k,), indices (k,)), best first: tokenise, encode, search.
-    output: which of the encoder's outputs is searched (HiVLP's text levels: the last is -1)."""
+    """caption -> (scores (k,), indices (k,)), best first, of the encoder's output `output`."""
 
     def __init__(self, tokenizer: QueryTokenizer, encoder: QueryEncoder, searcher: Searcher,
                  output: int = 0):
@@ -337,8 +293,7 @@ class TextQueryPath:
         return self.searcher(outputs[self.output])
 
     def stages(self, caption: str) -> list[tuple[str, Callable]]:
-        """The query as (name, fn) stages, each fn taking the previous one's output (the first,
-        nothing): course_lib.core.timing.profile_stages times them apart."""
+        """(name, fn) stages for timing.profile_stages, each fn fed the last one's output."""
         encoder = self.encoder
         return list(zip(STAGES, (lambda _: self.tokenizer(caption), lambda t: encoder.feed(*t),
                                  encoder.run, lambda out: encoder.host(out)[self.output],

@@ -1,8 +1,6 @@
-"""Course-wide settings: the smoke switch, device choice and global seeding.
-
-`COURSE_SMOKE=1` (set by CI) shrinks sizes only, never the code path; read here alone, so every
-notebook and script agrees on what "smoke" means. `COURSE_RETRAIN=1` (the benchmark's `--retrain`)
-trains every model instead of loading the shipped ones (core/shipped.py)."""
+"""Course-wide settings: device choice, global seeding, and the switches `COURSE_SMOKE=1` (set by
+CI: shrinks sizes only, never the code path) and `COURSE_RETRAIN=1` (train every model instead of
+loading the shipped ones)."""
 
 from __future__ import annotations
 
@@ -19,7 +17,7 @@ _TRUE = {"1", "true", "yes", "on"}
 
 
 def smoke_mode() -> bool:
-    """True when the environment variable COURSE_SMOKE asks for tiny sizes (CI, quick checks)."""
+    """True when COURSE_SMOKE asks for tiny sizes (CI, quick checks)."""
     return os.environ.get("COURSE_SMOKE", "0").strip().lower() in _TRUE
 
 
@@ -30,8 +28,7 @@ def retrain_mode() -> bool:
 
 @contextmanager
 def retraining(on: bool = True):
-    """Within the block retrain_mode() is `on` (the benchmark's --retrain and --smoke), so nested
-    fits (a cascade's stages, a distilled model's teacher) follow the notebooks' rule."""
+    """Within the block retrain_mode() is True if `on`: nested fits follow --retrain."""
     before = os.environ.get("COURSE_RETRAIN")
     if on:
         os.environ["COURSE_RETRAIN"] = "1"
@@ -46,8 +43,7 @@ def retraining(on: bool = True):
 
 @contextmanager
 def shipped_models_from(folder):
-    """Within the block Method.fit loads `folder`'s shipped models wherever they match, as at
-    default size (COURSE_SMOKE, COURSE_RETRAIN removed): how a smoke-mode test checks them."""
+    """Within the block Method.fit loads `folder`'s shipped models, as at default size."""
     names = ("COURSE_SHIPPED_MODELS", "COURSE_SMOKE", "COURSE_RETRAIN")
     before = {name: os.environ.get(name) for name in names}
     os.environ["COURSE_SHIPPED_MODELS"] = str(folder)
@@ -64,15 +60,14 @@ def shipped_models_from(folder):
 
 
 def course_repository() -> Path:
-    """The copy of the course whose files the package reads (shipped_models/, data/):
-    COURSE_REPOSITORY (setup() sets it on Colab, course_lib.colab), else the folder above it."""
+    """The course copy whose data/ and shipped_models/ are read: COURSE_REPOSITORY, or ours."""
     named = os.environ.get("COURSE_REPOSITORY")
     return Path(named).resolve() if named else Path(__file__).resolve().parents[2]
 
 
 def hub_offline() -> bool:
-    """True when HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE forbid Hugging Face hub downloads; read at
-    call time (huggingface_hub reads them at import), so a notebook can set them late."""
+    """True when HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE forbid hub downloads; read at call time
+    (huggingface_hub reads them at import), so a notebook can set them late."""
     return any(os.environ.get(name, "").strip().lower() in _TRUE
                for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
 
@@ -89,8 +84,7 @@ def hub_error(what: str, error: Exception, fix: str, offline: bool = False) -> O
 
 
 def from_hub(load, what: str, fix: str):
-    """Call `load(local_files_only=...)` (a transformers from_pretrained), honouring the offline
-    switch; any failure becomes `hub_error` (hub errors vary by version: OSError, httpx, ...)."""
+    """`load(local_files_only=hub_offline())`, any failure raised as `hub_error`."""
     offline = hub_offline()
     try:
         return load(local_files_only=offline)
@@ -104,9 +98,7 @@ def pick(default, smoke):
 
 
 class CourseConfig:
-    """Mixin for a method's dataclass config: `smoke()` applies the class's SMOKE sizes,
-    `for_course()` picks smoke or default from COURSE_SMOKE. Which fields name a trained model is
-    said where it trains (core.stages.Stage), not here."""
+    """Mixin for a method's dataclass config: `smoke()` sizes, or `for_course()` (COURSE_SMOKE)."""
 
     SMOKE: ClassVar[dict] = {}  # the fields a smoke run shrinks (only sizes, never the code path)
     # the real-photo preset (Flickr8k-sized training on a frozen CNN's grid), chosen on val
@@ -125,16 +117,13 @@ class CourseConfig:
 
 
 class CourseNote(UserWarning):
-    """A warning for a learner (noisy timings, a small index, a resumed run with another config):
-    `plain_course_notes` shows it as one line of words, without a file path."""
+    """A warning for a learner, shown by `plain_course_notes` as one line without a file path."""
 
 
 def plain_course_notes() -> None:
-    """Show every CourseNote as "note: <message>" on stderr, once per message, instead of Python's
-    "path/file.py:123: UserWarning: ..." (notebook.setup and the benchmark's command call it)."""
+    """Show each CourseNote once as "note: <message>" on stderr, not as "file.py:123: ..."."""
     import sys
     import warnings
-
     if getattr(warnings.showwarning, "_course_notes", False):
         return
     shown, default = set(), warnings.showwarning
@@ -152,8 +141,7 @@ def plain_course_notes() -> None:
 
 
 def get_device(prefer: str | None = None) -> torch.device:
-    """The best available device: CUDA, then Apple MPS, then CPU; `prefer` (e.g. "cpu") or
-    COURSE_DEVICE overrides the choice."""
+    """CUDA, then Apple MPS, then CPU; `prefer` (e.g. "cpu") or COURSE_DEVICE overrides."""
     choice = prefer or os.environ.get("COURSE_DEVICE")
     if choice:
         return torch.device(choice)
@@ -177,7 +165,6 @@ def seed_everything(seed: int = 0) -> None:
 def describe_environment() -> dict[str, str]:
     """Versions and device: what every notebook prints first and every result records."""
     import platform
-
     device = get_device()
     info = {
         "python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__,

@@ -1,26 +1,10 @@
-"""The trained models that ship with the course: a learner loads in seconds what the default
-benchmark trains in over an hour.
-
-    shipped_models/        beside course_lib/, tracked in git
-      manifest.json        per file: method, checkpoint prefix, config (the fields it reads), data
-                           fingerprint, starts_from (the files of the models it starts from),
-                           the method's format version,
-                           MODEL_FORMAT, sha256, bytes, and `probe`: what the model computes on a
-                           fixed batch of the validation split (course_lib.shipping)
-      vsepp-<hash>.pt ...  weights (float16) and training history only (no optimizer state)
-
-A shipped file is named as the cache names the model (`Method.stage`, a core.stages.Stage, whose
-hash covers what it is trained from: the config fields it reads, training data, vocabulary, the
-models it starts from, its format version; never its source code), so `Method.fit` loads it only
-when all of these and its sha256 match. That the code still computes the same is checked by
-behaviour: the probe (tests/test_shipped_models.py). Otherwise it trains (or loads its cache), with
-a one-line note why when the folder ships a non-matching model of that method or has no manifest.
-Smoke mode and COURSE_RETRAIN=1 never load shipped models (`shipped_folder`): CI exercises the
-training path, and `--retrain` reproduces them with the same code.
-
-`python -m course_lib.refresh_shipped` (REFRESH_COMMAND) trains the default models (or loads their
-cache) and rewrites the folder (`write_shipped`); `check_shipped` lists what is stale, and
-tests/test_shipped_models.py fails on it, naming that command."""
+"""The trained models that ship with the course (shipped_models/, beside course_lib/, in git): a
+learner loads in seconds what the default benchmark trains in over an hour. A shipped file (float16
+weights and training history) is named as the cache names the model (core.stages.Stage), so
+`Method.fit` loads it only when what it is trained from and its sha256 match the manifest; the
+manifest's probe checks that the code still computes the same (tests/test_shipped_models.py).
+Otherwise the model trains, with a one-line note why. Smoke mode and COURSE_RETRAIN=1 never load
+shipped models. REFRESH_COMMAND rewrites the folder."""
 
 from __future__ import annotations
 
@@ -47,13 +31,12 @@ REFRESH_COMMAND = "python -m course_lib.refresh_shipped"
 MAX_BYTES = 25_000_000  # every shipped file together: a clone stays small
 
 
-_OFF = []  # depth of without_shipped_models() blocks
+_OFF = []  # one entry per open without_shipped_models() block
 
 
 @contextlib.contextmanager
 def without_shipped_models():
-    """Inside the block Method.fit looks for no shipped model: for data they were never trained on
-    (real photographs), where a note about the synthetic ones would make no sense."""
+    """Inside the block Method.fit looks for no shipped model (data they were not trained on)."""
     _OFF.append(True)
     try:
         yield
@@ -62,9 +45,7 @@ def without_shipped_models():
 
 
 def shipped_folder() -> Path | None:
-    """The folder Method.fit loads shipped models from: COURSE_SHIPPED_MODELS, else shipped_models/
-    of the course's copy (settings.course_repository). None in smoke mode (its tiny models always
-    train), with COURSE_RETRAIN=1 and inside without_shipped_models()."""
+    """COURSE_SHIPPED_MODELS, or ours; None in smoke mode, with COURSE_RETRAIN=1 or turned off."""
     if smoke_mode() or retrain_mode() or _OFF:
         return None
     named = os.environ.get("COURSE_SHIPPED_MODELS")
@@ -72,9 +53,7 @@ def shipped_folder() -> Path | None:
 
 
 def manifest_entry(method: str, stage: Stage) -> dict:
-    """What the manifest records of method's model, trained as `stage` (core.stages.Stage): its
-    fingerprint, with the data and the vocabulary as one short hash (the long digest says nothing
-    to a reader)."""
+    """The manifest's record of a model: its stage's fingerprint, data and vocabulary hashed."""
     fingerprint = stage.fingerprint
     return {"method": method, "prefix": stage.prefix, "config": fingerprint["config"],
             "data": fingerprint_hash([fingerprint["data"], fingerprint["vocab"]])[:16],
@@ -95,8 +74,7 @@ def file_sha256(path) -> str:
 
 
 def _plain(history):
-    """A History (or a dict of them, one per stage) as plain lists and dicts, which
-    torch.load(weights_only=True) loads (it refuses unknown classes)."""
+    """A History (or a dict of them, one per stage) as lists and dicts, for weights_only loads."""
     if isinstance(history, dict):
         return {stage: _plain(rows) for stage, rows in history.items()}
     return None if history is None else [dict(row) for row in history]
@@ -109,8 +87,7 @@ def _history(plain):
 
 
 def _half(tensor: torch.Tensor) -> torch.Tensor:
-    """A weight as shipped: float16 when floating point and within float16's range (half the
-    bytes; the model still computes in float32: load_state_dict casts back), else unchanged."""
+    """A weight as shipped: float16 when floating point and within its range, else unchanged."""
     tensor = tensor.detach().cpu()
     if tensor.is_floating_point() and tensor.dtype != torch.float16:
         half = tensor.to(torch.float16)
@@ -142,7 +119,7 @@ def load_shipped(path, model: nn.Module):
 
 
 def stale_reasons(expected: dict, entry: dict | None) -> list[str]:
-    """Why a manifest entry is not the model `expected` (a manifest_entry): [] when it is."""
+    """Why a manifest entry is not the model `expected` (a manifest_entry); [] when it is."""
     if entry is None:
         return ["nothing is shipped for it"]
     reasons = []
@@ -168,8 +145,7 @@ def stale_reasons(expected: dict, entry: dict | None) -> list[str]:
 
 
 def file_problems(folder, name: str, entry: dict) -> list[str]:
-    """What is wrong with a listed file on disk: missing, or not the bytes the manifest recorded
-    (a git-lfs pointer, a truncated download, a file overwritten by hand)."""
+    """A listed file that is missing or not the bytes the manifest recorded (a git-lfs pointer)."""
     path = Path(folder) / name
     if not path.exists():
         return [f"{name} is listed in {MANIFEST} but missing"]
@@ -179,8 +155,7 @@ def file_problems(folder, name: str, entry: dict) -> list[str]:
 
 
 def find_shipped(folder, method: str, stage: Stage) -> Path | None:
-    """The shipped file to load for `method`'s model trained as `stage`, or None; a CourseNote says
-    why when the folder ships an unusable model of the same method, or has no manifest."""
+    """The shipped file to load, or None (a CourseNote says why when one is unusable)."""
     if folder is None:
         return None
     name, expected = stage.file_name, manifest_entry(method, stage)
@@ -208,11 +183,9 @@ def find_shipped(folder, method: str, stage: Stage) -> Path | None:
 
 
 def write_shipped(folder, models, not_shipped=(), keep=None) -> dict:
-    """Rewrite `folder` with `models`: (file name, manifest_entry, model, history) each, weights
-    only. keep: {file name: its manifest entry} of files in the folder that stay as they are;
-    other unlisted files are removed. Refuses, before writing anything, more than MAX_BYTES in
-    all. not_shipped: methods deliberately left out (check_shipped accepts their absence).
-    Returns the manifest."""
+    """Rewrite `folder` with `models`, (file name, manifest_entry, model, history) each, and keep
+    (file name -> manifest entry) as they are; other .pt files are removed. Refuses more than
+    MAX_BYTES before writing. not_shipped: methods left out on purpose. Returns the manifest."""
     folder = Path(folder)
     keep = dict(keep or {})
     payloads = {name: (entry, _payload(model, history)) for name, entry, model, history in models}
@@ -226,7 +199,6 @@ def write_shipped(folder, models, not_shipped=(), keep=None) -> dict:
     folder.mkdir(parents=True, exist_ok=True)
     files = {name: entry for name, entry in keep.items() if name not in payloads}
     for name, (entry, data) in sorted(payloads.items()):
-        # atomically: a reader never finds half a model
         write_atomically(folder / name, lambda temporary, data=data: temporary.write_bytes(data))
         files[name] = {**entry, "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
     for old in folder.glob("*.pt"):
@@ -240,9 +212,7 @@ def write_shipped(folder, models, not_shipped=(), keep=None) -> dict:
 
 
 def check_shipped(folder, expected: dict) -> list[str]:
-    """Every problem of a shipped folder against `expected` ({file name: manifest_entry} of the
-    models that should ship): a model missing or stale, a listed file missing or altered, an
-    unlisted file, more than MAX_BYTES. [] when the folder is current."""
+    """Every problem of a shipped folder against `expected` ({file name: manifest_entry})."""
     folder = Path(folder)
     manifest = read_manifest(folder)
     files, left_out = manifest["files"], set(manifest.get("not_shipped", ()))

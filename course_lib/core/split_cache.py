@@ -1,20 +1,17 @@
 """What a method computed offline for a split (its states, its gallery's embeddings), kept per
-split object and fitted model for the few splits used last: `SplitCache().get(split, model,
-compute)`."""
+split and fitted model for the few splits used last."""
 
 from __future__ import annotations
 
 from collections import OrderedDict
 
-# splits whose offline states (or gallery embeddings) a method keeps at once: the benchmark's test,
-# full and compositional settings and the two galleries of its latency table, so a cascade ranking
-# them after its first stage re-uses that stage's states instead of recomputing them (the full
-# setting's 60,000 captions most of all)
+# the benchmark's test, full and compositional settings and its latency table's two galleries, so a
+# cascade re-uses its first stage's states (the full setting's 60,000 captions most of all)
 CACHED_SPLITS = 5
 
 
 class SplitCache:
-    """The module's cache for the CACHED_SPLITS splits used last: get(split, model, compute)."""
+    """A least-recently-used cache of compute() per split: get(split, model, compute)."""
 
     def __init__(self, size: int = CACHED_SPLITS):
         self.size, self.kept = size, OrderedDict()  # id(split) -> (split, model, value): LRU order
@@ -31,8 +28,7 @@ class SplitCache:
 
 
 def release_split_caches(owner) -> None:
-    """Empty every SplitCache among owner's attributes (a method's gallery embeddings, its cached
-    states): memory a finished evaluation no longer needs. They are computed again if asked for."""
+    """Empty every SplitCache among owner's attributes (recomputed if asked for again)."""
     for value in vars(owner).values():
         if isinstance(value, SplitCache):
             value.kept.clear()

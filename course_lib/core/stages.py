@@ -1,21 +1,14 @@
 """A training stage and the name its trained model is cached (and shipped) under.
 
-A stage is known by what it is trained from, written out where it is trained (LightningDOT's
-pre-training, in its method's `pretrain_stage`):
-
     stage = Stage("lightningdot-pretrain",
                   reads=config_fields(config, without=FINETUNE_FIELDS),  # the fields it reads
                   data=bench["pretrain"], vocabulary=tokenizer,          # what it trains on
                   starts_from=(),                # the stages it starts from (their names count)
                   version=self.format_version)   # bumped when its layout or recipe changes
-    stage.file_name          -> "lightningdot-pretrain-<hash>.pt"
-    stage.path(cache_dir)    -> cache_dir / file_name (None without a cache folder)
+    stage.file_name  # "lightningdot-pretrain-<hash>.pt"
 
 The hash covers exactly those five things (and MODEL_FORMAT), never the source code: an edit that
-changes no number keeps every model, and the shipped models' probes (course_lib.shipping) check that
-it changed none. A cache folder never hands back a model trained on other data, fields, parents or
-format.
-"""
+changes no number keeps every model (the shipped models' probes check that it changed none)."""
 
 from __future__ import annotations
 
@@ -29,19 +22,15 @@ from pathlib import Path
 
 import numpy as np
 
-# Bump when every model's modules change shape or names (e.g. encoders moved onto core.blocks), so
-# an old cache never hands a checkpoint to a model that cannot load it; one method's own changes
-# bump its own version instead.
+# bumped when every model's modules change shape or names (one method's changes bump its version)
 MODEL_FORMAT = 2
-# the arrays of a RetrievalSplit that a model may train on
-DATA_ARRAYS = ("images", "regions", "boxes", "region_mask", "region_classes")
-# arrays up to this size are checksummed whole; larger ones (real detector features) row-sampled
-FULL_CHECKSUM_BYTES = 1 << 30
+DATA_ARRAYS = ("images", "regions", "boxes", "region_mask", "region_classes")  # of a RetrievalSplit
+FULL_CHECKSUM_BYTES = 1 << 30  # larger arrays (real detector features) are checksummed by rows
 
 
 def _array_checksum(array: np.ndarray) -> str:
-    """"<dtype> <shape> <crc32>" of every byte of the array; above FULL_CHECKSUM_BYTES, of evenly
-    spaced rows (first and last included) that add up to about that much."""
+    """"<dtype> <shape> <crc32>" of the array's bytes, above FULL_CHECKSUM_BYTES of evenly spaced
+    rows (first and last included) adding up to about that much."""
     head = f"{array.dtype.str} {list(array.shape)}"
     if array.nbytes > FULL_CHECKSUM_BYTES and len(array) > 1:
         rows = max(2, int(FULL_CHECKSUM_BYTES // (array.nbytes // len(array))))
@@ -51,10 +40,8 @@ def _array_checksum(array: np.ndarray) -> str:
 
 
 def data_digest(split) -> dict:
-    """What a model trains on, beyond the vocabulary: the captions and which image each describes,
-    a crc32 of every array (pixels, region features, boxes, masks, detector classes) and the image
-    file list of real data. crc32 runs at several GB/s (docs/tuning_notes.md, "Core and data");
-    `region_noise` or `clutter` change it as they change the data."""
+    """What a model trains on beyond the vocabulary: captions, txt2img, a crc32 of every array and
+    real data's image paths (crc32 runs at GB/s: docs/tuning_notes.md, "Core and data")."""
     captions = hashlib.sha1("\n".join(split.captions).encode()).hexdigest()
     digest = {"n_images": split.n_images, "captions": captions,
               "txt2img": f"{zlib.crc32(np.ascontiguousarray(split.txt2img, dtype=np.int64)):08x}"}
@@ -73,8 +60,7 @@ def fingerprint_hash(value) -> str:
 
 
 def config_fields(config, without=()) -> dict:
-    """{field: value} of a dataclass config, but the fields in `without`: what a stage reads of it
-    (a name in `without` that is no field is a typo, and an error)."""
+    """{field: value} of a dataclass config but the fields in `without` (each must be a field)."""
     names = [f.name for f in dataclasses.fields(config)]
     unknown = sorted(set(without) - set(names))
     if unknown:
@@ -83,28 +69,27 @@ def config_fields(config, without=()) -> dict:
 
 
 def config_with_defaults(config, fields):
-    """A copy of the dataclass `config` with `fields` at their defaults: how an earlier stage builds
-    its model, so its initial weights do not depend on a later stage's settings."""
+    """`config` with `fields` at their defaults (an earlier stage ignores later settings)."""
     defaults = type(config)()
     return dataclasses.replace(config, **{name: getattr(defaults, name) for name in fields})
 
 
 @dataclass(frozen=True)
 class Stage:
-    """One trained stage, named by what it is trained from (see the module docstring)."""
+    """One trained stage, named by what it is trained from."""
 
     prefix: str  # the file name's first part: which model this is
     reads: dict  # the config fields the stage reads, {name: value}
     data: object  # the split it trains on (a RetrievalSplit; data_digest reads it)
     vocabulary: object = None  # the tokenizer whose vocabulary it reads (None: it reads no text)
-    # the stages it starts from or reads (their file names count; None entries are skipped) and
-    # anything else that shapes it, as a string (e.g. the function that mines its negatives)
+    # the stages it starts from or reads (None skipped) and anything else that shapes it, as a
+    # string (e.g. the function that mines its negatives)
     starts_from: tuple = ()
     version: int = 1  # its format version, bumped on purpose
 
     @cached_property
     def fingerprint(self) -> dict:
-        """What the name hashes, as JSON-ready values (the shipped manifest records them)."""
+        """What the name hashes, as JSON-ready values."""
         vocab = [] if self.vocabulary is None else sorted(self.vocabulary.get_vocab().items())
         return {"format": MODEL_FORMAT, "version": self.version, "config": self.reads,
                 "vocab": vocab, "data": data_digest(self.data),

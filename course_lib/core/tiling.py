@@ -1,7 +1,6 @@
 """Galleries for timing: grow real embeddings (or any rows) to sizes we have no data for.
 
-    tile_rows(image_emb, 1_000_000, noise=0.1)  # (N0, E) -> (1M, E): originals, then noisy copies
-"""
+    tile_rows(image_emb, 1_000_000, noise=0.1)  # (N0, E) -> (1M, E): originals, noisy copies"""
 
 from __future__ import annotations
 
@@ -16,13 +15,9 @@ _TILE_CHUNK = 1 << 16  # synthetic gallery rows generated at a time (memory)
 
 def tile_rows(rows, n: int, *, noise: float = 0.0, construction: str = "tiled", seed: int = 0,
               progress: bool = False):
-    """A gallery of n rows grown from `rows` (N0, ...), for timing search at sizes we have no data
-    for: the N0 originals first (untouched), then synthetic rows. The course's one tiling.
-
-    noise = 0, "tiled": row i is rows[i mod N0] (any shape and dtype; a tensor stays a tensor).
-    noise > 0, "tiled": each copy moved by noise * (per-dimension std over rows) * N(0, 1), so
-        copies are not exact ties; rows must be a float (N0, E) matrix. "gaussian": rows drawn from
-        N(mean, cov) fitted to rows. Returns float32 (n, E), numpy or torch like `rows`."""
+    """A gallery of n rows: the N0 `rows` first, then synthetic ones. noise = 0, "tiled": row i is
+    rows[i mod N0] (any shape and dtype). noise > 0, "tiled": copies moved by noise * std * N(0, 1)
+    (no exact ties); "gaussian": drawn from N(mean, cov) of rows; these give float32 (n, E)."""
     if construction not in ("tiled", "gaussian"):
         raise ValueError(f"construction must be 'tiled' or 'gaussian', got {construction!r}")
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1 or not noise >= 0:

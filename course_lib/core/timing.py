@@ -1,20 +1,12 @@
 """Timing done right: device-correct benchmarks, latency vs gallery size, and speedup tables.
-
-GPU work is asynchronous: a CUDA call returns before its kernel runs, so `time.perf_counter`
-around it measures only the launch. `measure` times CUDA with events and a synchronisation after
-every call, synchronises Apple MPS around the wall clock, and uses `perf_counter` on the CPU,
-after untimed warm-up calls (allocations, autotuning, caches); it reports the median and spread.
-
-`profile_stages` times one query's stages (tokenise, transfer, forward, search, ...) beside the
-whole query; the difference is the Python glue between them (notebook 03, section 10).
-
-`latency_vs_gallery` measures how one query's cost grows with the gallery, fits t(n) = a + b*n
-and extrapolates sizes too slow to measure, as LightningDOT estimates its starred numbers
-("Numbers with * are estimated by running time on test set"). `speedup_table` /
-`format_speedup_table` turn such measurements into the paper's Table 3."""
+GPU work is asynchronous: `time.perf_counter` around a CUDA call measures only the launch, so
+`measure` times CUDA with events and a synchronisation, after untimed warm-up calls.
+`latency_vs_gallery` fits t(n) = a + b*n and extrapolates sizes too slow to measure, as
+LightningDOT estimates its starred numbers; `speedup_table` turns that into its Table 3."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -77,26 +69,21 @@ def _resolve_device(device) -> torch.device:
     if isinstance(device, str) and device == "auto":
         return get_device()
     device = torch.device(device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {device} was asked for but CUDA is not available; "
-                         "use device=None (CPU clock) or 'auto'")
-    if device.type == "mps" and not torch.backends.mps.is_available():
-        raise ValueError(f"device {device} was asked for but MPS is not available; "
-                         "use device=None (CPU clock) or 'auto'")
     if device.type not in ("cpu", "cuda", "mps"):
         raise ValueError(f"cannot time device type {device.type!r}; use 'cpu', 'cuda' or 'mps'")
+    backend = {"cuda": torch.cuda, "mps": torch.backends.mps}.get(device.type)
+    if backend is not None and not backend.is_available():
+        raise ValueError(f"device {device} was asked for but {device.type.upper()} is not "
+                         "available; use device=None (CPU clock) or 'auto'")
     return device
 
 
 def measure(fn: Callable[[], object], *, warmup: int = 3, repeats: int = 20,
               device=None) -> TimingResult:
     """Time `fn()`: `warmup` untimed calls, then `repeats` timed calls, one at a time.
-    device: None times with the CPU clock (`time.perf_counter`); "cuda" (or a CUDA torch.device)
-    with a pair of CUDA events per call and a synchronisation after it; "mps" synchronises MPS
-    around the CPU clock; "auto" picks `settings.get_device()`. The CPU clock is the default so
-    that CPU code on a GPU machine reports CPU time; pass device="cuda" (or "auto") when `fn`
-    launches GPU work. Safety net: the CPU clock still synchronises CUDA if this process has used
-    it, so forgetting `device=` never reports just the kernel-launch time."""
+    device: None times with the CPU clock, which still synchronises CUDA if this process has used
+    it; "cuda" with CUDA events per call; "mps" synchronises MPS around the CPU clock; "auto"
+    picks `settings.get_device()`. Pass device="cuda" (or "auto") when `fn` launches GPU work."""
     if not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"warmup must be an integer >= 0, got {warmup!r}")
     if not isinstance(repeats, int) or repeats < 1:
@@ -114,15 +101,11 @@ def measure(fn: Callable[[], object], *, warmup: int = 3, repeats: int = 20,
 
 def _on(device: torch.device):
     """torch.cuda.device(device) for a CUDA device, else a no-op context."""
-    import contextlib
-
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def _call_clock(device: torch.device) -> Callable[[Callable[[], object]], float]:
-    """clock(fn): one call's milliseconds on `device`'s clock (CUDA events, synchronised after the
-    call and once before the first; MPS synchronised around perf_counter; perf_counter on the CPU,
-    synchronising CUDA if this process has used it); fn's return value is kept in clock.last."""
+    """clock(fn): one call's milliseconds on `device`'s clock; fn's result is kept in clock.last."""
     if device.type == "cuda":
         torch.cuda.synchronize()  # warm-up work must not leak into the first timing
 
@@ -157,16 +140,15 @@ def _call_clock(device: torch.device) -> Callable[[Callable[[], object]], float]
 
 @dataclass
 class StageProfile:
-    """Where one query's time goes: per stage, the median and interquartile range (ms); `total`
-    the un-instrumented query's TimingResult; glue = total median - the stages' summed medians
-    (the Python between the stages; slightly negative is noise)."""
+    """Where one query's time goes (ms). glue = the whole query's median - the stages' summed
+    medians: the Python between the stages (slightly negative is noise)."""
 
     stages: list[dict]  # [{"stage", "median_ms", "p25_ms", "p75_ms"}]
     total: TimingResult
     glue_ms: float
 
     def table(self) -> str:
-        """Markdown: one row per stage, then the glue and the total, with each one's share."""
+        """Markdown: a row per stage, then the glue and the total, each with its share."""
         total = self.total.median_ms
         rows = [(s["stage"], s["median_ms"], f"{_fmt(s['p25_ms'])}–{_fmt(s['p75_ms'])}")
                 for s in self.stages]
@@ -181,10 +163,8 @@ class StageProfile:
 def profile_stages(stages, *, query_fn: Callable[[], object] | None = None, warmup: int = 10,
                    repeats: int = 200, device=None) -> StageProfile:
     """Time a query stage by stage: `stages` is [(name, fn), ...], the first fn taking None, each
-    next the previous one's output (course_lib.core.serving.TextQueryPath.stages). Each repeat runs
-    the chain with a clock around every stage, then query_fn() whole (default: the chain, so the
-    glue is only the chaining), alternating so that a machine slowing mid-run slows both alike.
-    device: as `measure` (CUDA events and synchronisation per stage)."""
+    next the previous one's output (serving.TextQueryPath.stages). Each repeat times every stage,
+    then query_fn() whole (default: the chain), so a machine slowing mid-run slows both alike."""
     if not stages or not all(isinstance(s, tuple) and len(s) == 2 and callable(s[1])
                              for s in stages):
         raise TypeError("stages must be a non-empty list of (name, fn) pairs")
@@ -209,8 +189,7 @@ def profile_stages(stages, *, query_fn: Callable[[], object] | None = None, warm
         for _ in range(repeats):
             clock.last = None
             for times, (_, fn) in zip(per_stage, stages, strict=True):
-                x = clock.last
-                times.append(clock(partial(fn, x)))
+                times.append(clock(partial(fn, clock.last)))
             whole.append(clock(query_fn))
     rows = []
     for (name, _), times in zip(stages, per_stage, strict=True):
@@ -223,8 +202,7 @@ def profile_stages(stages, *, query_fn: Callable[[], object] | None = None, warm
 
 def fit_linear_cost(ns: Sequence[float], ms: Sequence[float]) -> tuple[float, float]:
     """Least-squares fit of t(n) = a + b*n; returns (a = intercept_ms, b = slope_ms_per_item)."""
-    ns = np.asarray(ns, dtype=np.float64)  # (P,)
-    ms = np.asarray(ms, dtype=np.float64)  # (P,)
+    ns, ms = np.asarray(ns, dtype=np.float64), np.asarray(ms, dtype=np.float64)  # (P,) each
     if ns.shape != ms.shape or ns.ndim != 1:
         raise ValueError(f"ns and ms must be 1-D and of equal length, got {ns.shape} and "
                          f"{ms.shape}")
@@ -248,13 +226,9 @@ def extrapolate(fit: tuple[float, float], n):
 def latency_vs_gallery(make_fn: Callable[[int], Callable[[], object]], sizes: Sequence[int], *,
                        warmup: int = 3, repeats: int = 20, per: int = 1, device=None,
                        max_measured: int | None = None) -> list[dict]:
-    """Milliseconds per query against galleries of each size; measured or linearly extrapolated.
-    make_fn(n) builds a gallery of n items and returns a zero-argument callable answering `per`
-    queries against it. Sizes up to `max_measured` (all if None) are timed with `measure`; larger
-    ones are extrapolated from t(n) = a + b*n fitted to the measured per-query medians, never
-    below the largest measured size's time (a noisy fit can slope down). Rows, by increasing n:
-    {"n", "ms_per_query", "measured", "p10_ms", "p25_ms", "p75_ms", "p90_ms"}, percentiles per
-    query, None where extrapolated."""
+    """Milliseconds per query by gallery size: make_fn(n) answers `per` queries on a gallery of n.
+    Sizes above `max_measured` are extrapolated from t(n) = a + b*n (percentiles None), never below
+    the largest measured time (a noisy fit can slope down)."""
     sizes = sorted({int(n) for n in sizes})
     if not sizes or sizes[0] < 1:
         raise ValueError(f"sizes must be positive gallery sizes, got {sizes}")
@@ -289,11 +263,8 @@ def latency_vs_gallery(make_fn: Callable[[int], Callable[[], object]], sizes: Se
 
 
 def speedup_table(rows_by_method: dict[str, list[dict]], reference: str) -> list[dict]:
-    """Speedups over `reference` at every gallery size, one row per (n, method).
-    rows_by_method: method name -> `latency_vs_gallery` rows. Output rows: {"n", "method",
-    "ms_per_query", "measured" (this method's time), "speedup" (reference ms / method ms),
-    "speedup_estimated" (either time extrapolated)}. A method without a size is left out there;
-    the reference must have every size."""
+    """One row per (n, method) from {method: `latency_vs_gallery` rows}: speedup = reference ms /
+    method ms, speedup_estimated when either time is extrapolated. The reference needs every n."""
     if reference not in rows_by_method:
         raise ValueError(f"reference {reference!r} is not among the methods "
                          f"{list(rows_by_method)}")

@@ -1,11 +1,7 @@
-"""Special token ids: which ids a model treats specially, as one tokenizer assigns them.
-
-The word-level tokenizer (course_lib.data.tokenizer) has BERT's special tokens at [PAD]=0 [UNK]=1
-[CLS]=2 [SEP]=3 [MASK]=4; a pretrained BERT tokenizer at [PAD]=0 [UNK]=100 [CLS]=101 [SEP]=102
-[MASK]=103. So models never assume the ids: whatever builds a model reads them with
-`SpecialTokens.of(tokenizer)`. PAD_ID .. MASK_ID and WORD_SPECIAL_TOKENS are the word-level
-tokenizer's alone (the default on word-tokenizer batches). They live in core, below the data
-layer, because the encoders and losses need them."""
+"""Special token ids, as one tokenizer assigns them: the word-level tokenizer has [PAD]=0 [UNK]=1
+[CLS]=2 [SEP]=3 [MASK]=4, a pretrained BERT [PAD]=0 [UNK]=100 [CLS]=101 [SEP]=102 [MASK]=103. So
+models never assume the ids: whatever builds one reads them with `SpecialTokens.of(tokenizer)`.
+In core, below the data layer, because the encoders and losses need them."""
 
 from __future__ import annotations
 
@@ -17,11 +13,7 @@ PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = range(len(SPECIAL_TOKENS))  # the word
 
 @dataclass(frozen=True)
 class SpecialTokens:
-    """The ids a model treats specially, as one tokenizer assigns them.
-    pad: padding ([PAD], the embeddings' padding_idx); cls / sep: the [CLS] / [SEP] wrapping every
-    text (not words: SCAN and the bag of words drop them); mask: [MASK] (None if the tokenizer has
-    none; only masked language modelling needs it); all: every special id (`all_special_ids`,
-    sorted; [UNK] included), which masking never picks nor draws as a random word."""
+    """The ids a model treats specially (mask None if the tokenizer has none; all sorted)."""
 
     pad: int
     cls: int
@@ -43,10 +35,8 @@ class SpecialTokens:
         return cls(**ids, all=tuple(sorted(every)))
 
     def word_ids(self, vocab_size: int, device=None):
-        """(vocab_size - specials below it,) int64: every id that is not special, ascending (the
-        ids a random replacement word is drawn from)."""
+        """(vocab_size - specials below it,) int64: the non-special ids, ascending."""
         import torch
-
         allowed = torch.ones(vocab_size, dtype=torch.bool, device=device)  # (V,)
         special = torch.tensor([i for i in self.all if i < vocab_size], dtype=torch.long,
                                device=device)

@@ -1,24 +1,12 @@
-"""One generic training loop for every model of the course, in the spirit of minGPT's trainer.
-
-It knows no model: it gets a model, a `loss_fn(model, batch, step)` returning a scalar loss or a
-dict with "loss" and other scalars to log (step = optimizer steps so far), a map-style dataset and
-a `TrainConfig`. AdamW with LightningDOT's recipe (betas 0.9/0.98, weight decay 0.01, linear
-warm-up over 10% of steps, then linear decay to 0), optional gradient accumulation and clipping,
-periodic evaluation, logging into a `History`, checkpoints that resume exactly.
-
-- Mixed precision (`amp=True`) only on CUDA: bfloat16 autocast where supported, else float16 with
-  a GradScaler; silently off (float32) on CPU and Apple MPS.
-- The trainer owns the data order (a shuffle seeded from (seed, epoch)), so an interrupted run
-  resumes from `checkpoint_path` bit-for-bit (CPU or CUDA, `num_workers=0`).
-- A finished run's checkpoint makes `fit()` return its history at once: how notebooks cache
-  trained models (delete the file or call `fit(resume=False)` to retrain).
-- `keep_best="val_t2i_r1"` (a metric of `evaluate`): the run ends with its best evaluation's
-  weights (early stopping on val); the history's last row names that step.
-- In a torch.distributed group of N processes (core.distributed) batch_size is per process: a
-  step's global batch of N * batch_size is split in rank order and DDP averages the gradients, as
-  one process of batch N * batch_size. loss_fn gets the plain model; logged values are averaged
-  over processes; only rank 0 shows progress, evaluates and saves.
-"""
+"""One training loop for every model of the course, in the spirit of minGPT's trainer.
+It knows no model: `loss_fn(model, batch, step)` (step: optimizer steps so far) returns a scalar
+loss or a dict with "loss" and other scalars to log. AdamW with LightningDOT's recipe
+(core.optimizer), gradient accumulation and clipping, periodic evaluation, a `History`, and
+checkpoints that resume bit-for-bit (the trainer owns the data order; CPU or CUDA,
+`num_workers=0`). A finished run's checkpoint makes `fit()` return at once: how notebooks cache
+trained models. `amp=True` acts on CUDA only (bfloat16, else float16 with a GradScaler). In a group
+of N processes batch_size is per process and the run matches one process of batch N * batch_size;
+only rank 0 shows progress, evaluates and saves."""
 
 from __future__ import annotations
 
@@ -52,7 +40,7 @@ from course_lib.core.rng_state import capture_rng_state, restore_rng_state
 from course_lib.core.settings import CourseNote, get_device, seed_everything
 from course_lib.core.train_config import TrainConfig
 
-# Config fields that change the numbers a run produces: a resume with other values warns.
+# config fields that change a run's numbers: resuming with other values warns
 _RESULT_FIELDS = ("batch_size", "lr", "lr_scales", "weight_decay", "betas", "eps",
                   "warmup_fraction", "grad_clip", "grad_accum_steps", "amp", "seed", "shuffle",
                   "drop_last")
@@ -97,16 +85,15 @@ def _checked_loss(out: Any) -> torch.Tensor:
 
 
 class Trainer:
-    """Train `model` by minimising `loss_fn(model, batch, step)` over `dataset` (module docstring).
-    `evaluate(model) -> dict[str, float]`, if given, runs every `eval_every` steps and at the end,
-    in eval mode under torch.no_grad(), then back to train mode."""
+    """Minimise `loss_fn(model, batch, step)` over a map-style `dataset`. `evaluate(model) -> dict`
+    runs every `eval_every` steps and at the end, in eval mode under torch.no_grad()."""
 
     def __init__(self, model: nn.Module, loss_fn: Callable[[nn.Module, Any], Any], dataset,
                  config: TrainConfig | None = None, collate_fn: Callable | None = None,
                  evaluate: Callable[[nn.Module], dict] | None = None):
         self.config = cfg = config or TrainConfig()
         self.rank, self.world_size = get_rank(), get_world_size()
-        n = len(dataset)  # a map-style dataset: the trainer draws its own index order
+        n = len(dataset)
         if n == 0:
             raise ValueError("the training dataset is empty")
         if self.world_size > 1 and not cfg.drop_last:
@@ -150,11 +137,9 @@ class Trainer:
         self._window: dict = {"n": 0, "sums": {}, "counts": {}, "lr": 0.0}  # steps not yet logged
         self.best: dict | None = None  # keep_best: {"step", "value", "model": CPU weights copy}
 
-    # ---- data -------------------------------------------------------------------------------
     def _epoch_batches(self, epoch: int) -> list[list[int]]:
-        """This process's slice (rank r: the r-th batch_size rows) of each global batch of
-        batch_size x world_size. Not DistributedSampler, which deals positions r, r + N, ... to
-        rank r: gathered in rank order, its batches would permute one process's; ours are it."""
+        """Rank r's slice (the r-th batch_size rows) of each global batch, so the gathered batch is
+        one process's (DistributedSampler's r, r + N, ... would permute it)."""
         cfg, n, size = self.config, len(self.dataset), self.config.batch_size * self.world_size
         gen = torch.Generator().manual_seed(self._epoch_seed(epoch))
         order = torch.randperm(n, generator=gen).tolist() if cfg.shuffle else list(range(n))
@@ -166,11 +151,10 @@ class Trainer:
         return (self.config.seed * 1_000_003 + epoch) % (2**63)
 
     def _micro_batches(self):
-        """Endless stream of batches from (epoch, batch_in_epoch), not loading the skipped ones."""
+        """Endless batches from (epoch, batch_in_epoch), not loading the skipped ones."""
         while True:
             batches = self._epoch_batches(self.epoch)
-            # Our own generator: else each DataLoader iterator draws a seed from the global RNG,
-            # which would shift dropout masks after a resume.
+            # own generator: a DataLoader's seed from the global RNG would shift dropout on resume
             gen = torch.Generator().manual_seed(self._epoch_seed(self.epoch))
             loader = DataLoader(self.dataset, batch_sampler=batches[self.batch_in_epoch:],
                                 collate_fn=self.collate_fn, num_workers=self.config.num_workers,
@@ -181,14 +165,10 @@ class Trainer:
                     self.epoch, self.batch_in_epoch = self.epoch + 1, 0
                 yield move_to_device(batch, self.device)
 
-    # ---- training ---------------------------------------------------------------------------
     def fit(self, resume: bool = True, stop_after: int | None = None) -> History:
-        """Train to `config.max_steps` and return the history. resume: continue from
-        `checkpoint_path` if it exists (a finished run returns at once); False starts afresh from
-        the current weights, overwriting the checkpoint. stop_after: stop after this many optimizer
-        steps of this call, saving a checkpoint (an interruption; a later `fit()` continues)."""
-        # one process trains into a checkpoint file at a time: another waits, then finds it finished
-        # (or resumes it). In a distributed group rank 0 holds the lock for all
+        """Train to `config.max_steps`. resume=False starts afresh from the current weights,
+        overwriting the checkpoint. stop_after: save and stop after this many steps of this call."""
+        # one process trains into a checkpoint at a time (rank 0 holds the lock for its group)
         path = self.config.checkpoint_path
         with training_lock(path) if self.rank == 0 else contextlib.nullcontext():
             barrier()
@@ -243,7 +223,7 @@ class Trainer:
         return self.history
 
     def _restore_best(self) -> None:
-        """keep_best at the end of a run: the best evaluation's weights replace the last step's."""
+        """keep_best: the best evaluation's weights replace the last step's."""
         self.model.load_state_dict(self.best["model"])
         self.history.append({"step": self.step, "kept_step": self.best["step"],
                              f"kept_{self.config.keep_best}": self.best["value"]})
@@ -261,10 +241,9 @@ class Trainer:
                     out = (self._ddp(self.loss_fn, batch, self.step) if self._ddp
                            else self.loss_fn(self.model, batch, self.step))
                 loss = _checked_loss(out)
-                # Dividing makes the accumulated gradient that of the mean over all micro-batches.
                 self.scaler.scale(loss / cfg.grad_accum_steps).backward()
             for k, v in (out.items() if isinstance(out, dict) else [("loss", loss)]):
-                # Tensors stay on the device until the step ends: no host sync per micro-batch.
+                # on the device until the step ends: no host sync per micro-batch
                 scalar_tensor = torch.is_tensor(v) and v.numel() == 1
                 v = v.detach().float().sum() if scalar_tensor else _scalar(v)
                 if v is not None:
@@ -321,7 +300,6 @@ class Trainer:
                            for k, v in self.model.state_dict().items()}
                 self.best = {"step": self.step, "value": row[key], "model": weights}
 
-    # ---- checkpoints ------------------------------------------------------------------------
     def state_dict(self) -> dict:
         """All a resume needs: weights, optimizer, schedule, data position, history, RNGs."""
         config = dataclasses.asdict(self.config)
@@ -334,18 +312,17 @@ class Trainer:
                 "window": self._window, "rng": capture_rng_state(), "config": config}
 
     def save_checkpoint(self, path: str | None = None) -> None:
-        """Write the trainer state atomically (this process's temporary file, then os.replace), on
-        rank 0 only (the RNG states are rank 0's: other ranks' dropout masks resume inexactly)."""
+        """Write the trainer state atomically, on rank 0 only (other ranks resume inexactly)."""
         path = path or self.config.checkpoint_path
         if not path:
             raise ValueError("no path given and config.checkpoint_path is None")
         if self.rank != 0:
             return
         state = self.state_dict()
-        write_atomically(path, lambda temporary: torch.save(state, temporary))  # never half a file
+        write_atomically(path, lambda temporary: torch.save(state, temporary))
 
     def load_checkpoint(self, path: str) -> None:
-        """Restore the trainer state saved by `save_checkpoint` (then `fit()` continues)."""
+        """Restore the state `save_checkpoint` wrote (then `fit()` continues)."""
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
         if not isinstance(ckpt, dict) or ckpt.get("format") != TRAINER_FORMAT:
             raise ValueError(f"{path!r} is not a Trainer checkpoint (use "

@@ -1,6 +1,5 @@
-"""The training knobs of the one training loop (course_lib.core.train.Trainer): `TrainConfig`,
-and `train_config`, which builds it from a method config's own training fields, so a knob means
-the same thing in every method."""
+"""The knobs of the one training loop (core.train.Trainer), built from a method config's own
+training fields by `train_config`, so a knob means the same thing in every method."""
 
 from __future__ import annotations
 
@@ -44,15 +43,11 @@ CHECKPOINT_EVERY_AT_LEAST = 50  # steps between train_config's periodic saves, a
 
 
 def train_config(config, **runtime) -> TrainConfig:
-    """The one training recipe's TrainConfig from a method config's training fields (max_steps,
-    batch_size, lr, warmup_fraction, grad_clip, seed, keep_best: whichever it has), with `runtime`
-    (checkpoint_path, progress, device, log_every, eval_every, or a field) on top. Every method
-    trains through this, so a training knob means the same thing everywhere."""
+    """TrainConfig from whichever TRAIN_FIELDS `config` has, with `runtime` on top."""
     shared = {f: getattr(config, f) for f in TRAIN_FIELDS if hasattr(config, f)}
     if runtime.get("checkpoint_path") is not None:
         runtime["checkpoint_path"] = str(runtime["checkpoint_path"])
-        # saved every tenth of the run: an interrupted run resumes there (exactly: the same result),
-        # not from step 0
+        # saved every tenth of the run: an interrupted run resumes there, not from step 0
         steps = {**shared, **runtime}.get("max_steps", TrainConfig.max_steps)
         runtime.setdefault("checkpoint_every", max(CHECKPOINT_EVERY_AT_LEAST, steps // 10))
     return TrainConfig(**{**shared, **runtime})

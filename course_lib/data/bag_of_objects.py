@@ -1,24 +1,10 @@
-"""A hand-built single vector per image and per caption, from the generator's ground truth: what
-one vector can represent on this benchmark when perception is perfect.
+"""A hand-built single vector per image and per caption from the generator's ground truth: what
+one dot product can represent when perception is perfect.
 
-A dual encoder squeezes a scene into one vector, a caption into another, and ranks by their dot
-product. Here both are written by hand from what the generator knows: nothing learned, nothing
-misperceived, only the limit of the form itself. The image vector is a multi-hot of three blocks:
-
-    objects   one entry per object kind (shape, colour, size): 6 x 8 x 2 = 96
-    places    one entry per (object kind, cell): 96 x 9 = 864
-    count     one entry per number of objects in the scene (0 .. max_objects)
-
-A caption describes one or two objects, often partially ("a red circle" leaves the size open), so
-it spreads a weight of 1 evenly over every object kind its description matches: on the objects
-block, or, for a place caption's object, on the places block at the named cell; a count caption
-also puts 1 on its count. Relations ("left of", "above") get nothing: a bag of objects cannot say
-where one object is relative to another, the point of the reference. The score is the plain dot
-product: how much of what the caption names the scene holds.
-
-Terse pre-training captions are read the same way (corrupted words included: the vector says what
-the caption says). `random_projection` maps both sides to a narrower joint space, a trained dual
-encoder's width."""
+The image vector is multi-hot over object kinds (shape, colour, size), (kind, cell) pairs and the
+object count. A caption spreads a weight of 1 over the kinds each named object matches (at its
+cell for a place caption), plus its count. Relations get nothing: a bag of objects cannot say
+where one object is relative to another, the point of the reference."""
 
 from __future__ import annotations
 
@@ -37,8 +23,7 @@ def kind_of(shape, color, size) -> np.ndarray:
 
 
 def _matching_kinds(shape, color, size) -> np.ndarray:
-    """(T, N_KINDS) bool: for each partial description (an attribute of -1 = not mentioned), the
-    object kinds it matches."""
+    """(T, N_KINDS) bool: the object kinds each partial description (-1 = any) matches."""
     s, c, z = np.meshgrid(np.arange(len(SHAPES)), np.arange(len(COLORS)), np.arange(len(SIZES)),
                           indexing="ij")
     s, c, z = (a.reshape(-1) for a in (s, c, z))  # (N_KINDS,) in kind_of order
@@ -65,8 +50,7 @@ def image_vectors(scenes: Scenes) -> np.ndarray:
 
 
 def text_vectors(meanings: Meanings, max_objects: int) -> np.ndarray:
-    """(T, D) float32: each caption's named objects, a weight of 1 spread over the kinds each
-    description matches (on its cell for a place caption's object), and its count."""
+    """(T, D) float32: each named object's weight of 1 spread over the kinds it matches."""
     t, width = len(meanings), vector_width(max_objects)
     out = np.zeros((t, width), dtype=np.float32)
     a = _matching_kinds(meanings.a_shape, meanings.a_color,
@@ -87,8 +71,7 @@ def text_vectors(meanings: Meanings, max_objects: int) -> np.ndarray:
 
 
 def bag_of_objects(split) -> tuple[np.ndarray, np.ndarray]:
-    """(image vectors (N, D), caption vectors (T, D)) of a synthetic split (from its ground truth,
-    split.scenes and split.meanings)."""
+    """(image vectors (N, D), caption vectors (T, D)) of a synthetic split's ground truth."""
     if split.scenes is None or split.meanings is None:
         raise ValueError(f"split {split.name!r} has no ground truth (scenes, meanings): the "
                          "bag-of-objects reference exists for the synthetic benchmark only")
@@ -96,8 +79,7 @@ def bag_of_objects(split) -> tuple[np.ndarray, np.ndarray]:
 
 
 def random_projection(images: np.ndarray, texts: np.ndarray, width: int, seed: int = 0):
-    """Both sides through one Gaussian map (D, width) / sqrt(width): dot products are kept in
-    expectation (Johnson-Lindenstrauss), as well as `width` numbers allow."""
+    """Both sides through one Gaussian map (D, width) / sqrt(width), which keeps dot products."""
     rng = np.random.default_rng(seed)
     project = rng.standard_normal((images.shape[1], width)).astype(np.float32) / np.sqrt(width)
     return images @ project, texts @ project

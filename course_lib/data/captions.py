@@ -1,23 +1,8 @@
 """Captions of the synthetic benchmark: sampling meanings, wording them, deciding their truth.
 
-A caption is sampled as a meaning (a `Meanings` row: the objects, attributes, relation, place or
-count it asserts, read off one scene, so true of it by construction), then worded with templates
-and synonyms. Families: "pair" (two objects), "relation" (two objects and left of / right of /
-above / below), "place" (one object in a named cell), "count" (the number of objects and one of
-them), "terse" (pre-training: one or two bare objects, attributes dropped, word order varied,
-optionally corrupted). `satisfies` decides every caption's truth on every scene from the ground
-truth, with per-scene bitmasks of objects (fast enough for 12k scenes x 60k captions).
-
-Two ceilings (expected R@K in percent, random tie-breaking):
-- `oracle_ceiling` (course_lib.data.oracle), the upper bound: the Bayes-optimal ranking under the
-  generator's caption likelihood P(caption | scene) (course_lib.data.likelihood); t2i ranks images
-  by it, i2t ranks captions by the posterior that they came from the image. No model seeing only
-  captions and images beats it in expectation (t2i exactly; i2t up to the weak dependence between
-  captions' origins, see likelihood.py).
-- `truth_ceiling`: the truth-only ranker (everything satisfying the query first, all tied).
-  Didactic: it shows how ambiguous partial descriptions are, but is no upper bound (a model that
-  learns how specific a caption is beats it, most of all on i2t).
-"""
+A caption is sampled as a meaning (a `Meanings` row read off one scene, so true of it), then
+worded with templates and synonyms. `satisfies` decides every caption's truth on every scene with
+per-scene bitmasks of objects (fast enough for 12k scenes x 60k captions)."""
 
 from __future__ import annotations
 
@@ -90,8 +75,7 @@ def _terse_phrase(shape: int, color: int, size: int, ch_order: int, ch_size: int
 
 
 def word_captions(meanings: Meanings, rng: np.random.Generator) -> list[str]:
-    """The words of each meaning: a template and synonyms chosen at random (lower case, no
-    punctuation)."""
+    """The words of each meaning: random template and synonyms, lower case, no punctuation."""
     fields = [getattr(meanings, f).tolist() for f in Meanings.FIELDS[:-1]]
     choices = rng.integers(0, 1 << 30, size=(len(meanings), N_CHOICES)).tolist()
     out = []
@@ -135,9 +119,8 @@ def caption_vocabulary() -> list[str]:
 def meanings_of(rng: np.random.Generator, scenes: Scenes, scene_idx, family, a_obj, b_obj,
                 attribute_dropout: float = 0.0) -> Meanings:
     """Meanings read off the scenes, so each is true of its scene: caption t names object slot
-    a_obj[t] (and b_obj[t] unless -1) of scene scene_idx[t]; family decides what else it asserts
-    (a random true relation between a and b, a's cell, or the number of objects). Size and
-    colour are each left out with probability attribute_dropout."""
+    a_obj[t] (and b_obj[t] unless -1) of scene scene_idx[t]; size and colour are each left out
+    with probability attribute_dropout."""
     s, a, b = (np.asarray(x, dtype=np.int64) for x in (scene_idx, a_obj, b_obj))
     family = np.asarray(family, dtype=np.int64)
     T, has_b = len(s), b >= 0
@@ -171,9 +154,8 @@ def two_objects(rng: np.random.Generator, n_objects: np.ndarray) -> tuple[np.nda
 
 
 def terse_meanings(rng: np.random.Generator, scenes: Scenes, noise: float) -> Meanings:
-    """One pre-training caption per scene: one or two objects, size dropped half the time, colour
-    or shape (never both) sometimes; with probability `noise` a's colour or shape is replaced by a
-    wrong one (noisy = True; the row records the words, so it may be false of its scene)."""
+    """One pre-training caption per scene, one or two objects with attributes often dropped; with
+    probability `noise` a's colour or shape is wrong (noisy = True: the row records the words)."""
     n = len(scenes)
     a, b = two_objects(rng, scenes.n_objects)
     b = np.where((rng.random(n) < 0.6) & (scenes.n_objects >= 2), b, -1)
@@ -197,10 +179,9 @@ def terse_meanings(rng: np.random.Generator, scenes: Scenes, noise: float) -> Me
 # ---- truth -------------------------------------------------------------------------------------
 
 def _bit_tables(scenes: Scenes) -> dict[str, np.ndarray]:
-    """Per scene, bitmasks of its objects (bit o = object slot o). Per attribute a table
-    (values + 1, N): row v = objects with value v, last row = all objects ('not mentioned', index
-    -1). rel (6, O, N): for relation r and object i, the objects j with r(i, j); r = 4 is 'any
-    other object', r = 5 is 'i itself' (captions without b)."""
+    """Per scene, bitmasks of its objects (bit o = slot o). Per attribute (values + 1, N): row v =
+    objects with value v, row -1 = all objects. rel (6, O, N): objects j with r(i, j); r = 4 is
+    'any other object', r = 5 is 'i itself' (captions without b)."""
     n_slots = scenes.max_objects
     dtype = np.uint8 if n_slots <= 8 else np.uint16
     bit = (np.ones(n_slots, dtype=np.int64) << np.arange(n_slots)) * scenes.valid  # (N, O)
@@ -227,8 +208,7 @@ def _relation_code(m: Meanings) -> np.ndarray:
 
 
 def _partners(bits: dict, a_shape, a_color, a_size, place, rel, cols=slice(None)) -> np.ndarray:
-    """Bitmask of the objects j standing in relation `rel` to some object i that matches a:
-    rows are descriptors, columns scenes (all of them, or `cols` paired with the rows)."""
+    """Bitmask of the objects j in relation `rel` to an object matching a (rows x scenes)."""
     a = (bits["shape"][a_shape, cols] & bits["color"][a_color, cols] & bits["size"][a_size, cols]
          & bits["cell"][place, cols])  # objects matching a
     out = np.zeros_like(a)
@@ -280,13 +260,10 @@ def satisfies(meanings: Meanings, scenes: Scenes) -> np.ndarray:
 
 def truth_ceiling(split, ks=(1, 5, 10)) -> dict[str, float]:
     """Expected R@K (percent) of the truth-only ranker: every item satisfying the query first,
-    ties broken at random. It reads only whether a caption is true of an image, not how likely the
-    generator was to say it, so it is NOT an upper bound: a model that learns how specific a
-    caption is (a 4-object scene says a given two-object caption more often than a 5-object one)
-    beats it, above all on i2t; oracle_ceiling is the upper bound.
+    ties broken at random. NOT an upper bound (oracle_ceiling is): a model that learns how specific
+    a caption is beats it, above all on i2t.
     t2i: caption c is true of m_c images including its own: R@K = min(1, K / m_c). i2t: image i
-    satisfies s_i captions, g_i of them its own: R@K = 1 - C(s_i - g_i, K) / C(s_i, K). A caption
-    false of its own image (a noisy pre-training caption) ranks after every satisfying one."""
+    satisfies s_i captions, g_i of them its own: R@K = 1 - C(s_i - g_i, K) / C(s_i, K)."""
     m, scenes, txt2img = split.meanings, split.scenes, split.txt2img
     T, N = len(m), len(scenes)
     own = satisfies_rows(m, scenes.take(txt2img))  # (T,)

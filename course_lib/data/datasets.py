@@ -1,13 +1,5 @@
-"""Torch datasets over a RetrievalSplit, and the collate functions that batch them.
-
-    ImageDataset    one item per image: the gallery side (region features or pixels)
-    CaptionDataset  one item per caption: the query side (raw text; tokenised in the collate)
-    PairDataset     one item per caption with its image's fields: the training pairs
-
-Text is tokenised per batch in the collate (TextCollate, PairCollate): a dataset does not depend
-on the tokenizer, and a batch is padded only to its longest caption. `make_loader` picks the
-dataset's collate. `read_image` / `resize_pixels` (one image file or array as uint8 (H, W, 3))
-are the one image reader, shared with the Karpathy loader."""
+"""Torch datasets over a RetrievalSplit and the collate functions that batch them. Text is
+tokenised per batch in the collate, so a batch is padded only to its longest caption."""
 
 from __future__ import annotations
 
@@ -65,10 +57,8 @@ def pixels_to_tensor(pixels: np.ndarray, normalize: bool = True) -> torch.Tensor
 
 
 class ImageDataset(Dataset):
-    """The images of a split. modality="regions": `regions` (R, D) float32, `boxes` (R, 7),
-    `region_mask` (R,) bool and `region_classes` (R, C) if the split has them; "pixels": `pixels`
-    (3, H, W) float32, from memory or read lazily from `image_paths` (resized to image_size if
-    given). Every item has `index`, the image's position in the split."""
+    """The images of a split, each {"index", then "regions", "boxes", "region_mask" (and
+    "region_classes") or "pixels" (3, H, W), read lazily from image_paths if not in memory}."""
 
     def __init__(self, split: RetrievalSplit, modality: str = "regions", image_size=None,
                  normalize: bool = True):
@@ -156,14 +146,12 @@ def _stack(items: list[dict]) -> dict:
 
 
 def collate_images(items: list[dict]) -> dict:
-    """ImageDataset items -> index (B,), regions (B, R, D), boxes (B, R, 7), region_mask (B, R)
-    [, region_classes (B, R, C)] or pixels (B, 3, H, W)."""
+    """ImageDataset items -> a batch of the same keys, (B, ...)."""
     return _stack(items)
 
 
 class TextCollate:
-    """CaptionDataset items (or plain strings) -> index (B,), text (list of B), input_ids and
-    attention_mask (B, T) long, T = the longest caption in the batch (<= max_length)."""
+    """CaptionDataset items (or strings) -> index, text, input_ids and attention_mask (B, T)."""
 
     def __init__(self, tokenizer, max_length: int = 40):
         self.tokenizer, self.max_length = tokenizer, max_length
@@ -184,14 +172,12 @@ class TextCollate:
 
 
 class PairCollate(TextCollate):
-    """PairDataset items -> img_index, txt_index (B,), text, input_ids, attention_mask (B, T) and
-    the image fields as in collate_images."""
+    """PairDataset items -> TextCollate's batch with img_index, txt_index and the image fields."""
 
 
 def make_loader(dataset: Dataset, batch_size: int, *, tokenizer=None, shuffle: bool = False,
                 max_length: int = 40, **kwargs) -> DataLoader:
-    """A DataLoader with the collate that fits the dataset (or a torch Subset of one); text
-    datasets need a tokenizer. kwargs go to DataLoader (num_workers, drop_last, generator, ...)."""
+    """A DataLoader with the collate that fits the dataset (or a Subset of one); kwargs go to it."""
     base = dataset.dataset if isinstance(dataset, Subset) else dataset  # collate follows items
     if isinstance(base, ImageDataset):
         collate = collate_images
@@ -212,17 +198,15 @@ IMAGE_KEYS = ("regions", "boxes", "region_mask")  # the image fields the region 
 
 
 def image_fields(split) -> dict:
-    """The split's region tensors as torch views of its numpy arrays, in their stored dtype (no
-    copy: float16 regions stay float16): (N, R, ...). Take a batch of them with `image_batch`."""
+    """The split's region tensors (N, R, ...) as views of its arrays, in their stored dtype."""
     return {"regions": torch.from_numpy(np.asarray(split.regions)),  # (N, R, D)
             "boxes": torch.from_numpy(np.asarray(split.boxes, dtype=np.float32)),  # (N, R, 7)
             "region_mask": torch.from_numpy(np.asarray(split.region_mask, dtype=bool))}  # (N, R)
 
 
 def image_batch(fields: dict, rows) -> dict:
-    """Rows of image_fields (an index tensor or a slice) as a batch: (b, R, ...), float tensors as
-    float32. Only these rows are converted: converting the whole gallery per call made every
-    re-ranked query cost the gallery's regions (1.8 GB on Flickr8k's full setting)."""
+    """Rows of image_fields as a batch (b, R, ...), floats as float32; only these rows are
+    converted (converting the whole gallery made every re-ranked query cost all its regions)."""
     return {k: v[rows].float() if v.is_floating_point() else v[rows] for k, v in fields.items()}
 
 

@@ -1,9 +1,5 @@
-"""Real-data features as the course's bench dict: the switch from synthetic to real data.
-
-data_scripts/extract_features.py writes a feature folder: regions.npz, which
-`read_karpathy(..., regions_file=)` reads (and `pooled` (N, D), which `read_pooled` reads), and
-features.json (backbone, sizes, the Karpathy file). `load_feature_bench(folder)` makes it the bench
-dict every method's `fit(bench, tokenizer)` reads, as `make_benchmark` does for synthetic data."""
+"""Real-data features as the course's bench dict: a feature folder that
+data_scripts/extract_features.py wrote (regions.npz, features.json), read as make_benchmark's."""
 
 from __future__ import annotations
 
@@ -17,8 +13,7 @@ from course_lib.data.split import RetrievalSplit, concatenate
 
 
 def read_pooled(regions_file, split: RetrievalSplit) -> np.ndarray:
-    """float32 (N, D): the backbone's pooled vector of each image of the split, from a regions file
-    that extract_features.py wrote (VSE++'s own input: one global CNN feature per image)."""
+    """float32 (N, D): the backbone's pooled vector of each image (VSE++'s own input)."""
     regions_file = Path(regions_file)
     with np.load(regions_file, allow_pickle=False) as z:
         if "pooled" not in z:
@@ -30,14 +25,10 @@ def read_pooled(regions_file, split: RetrievalSplit) -> np.ndarray:
 
 def load_feature_bench(features_dir, *, captions_per_image=5, regions_dtype=np.float32,
                        karpathy_json=None, image_root=None) -> dict[str, RetrievalSplit]:
-    """The bench dict of a feature folder (data_scripts/extract_features.py), as make_benchmark's.
-    "train" (COCO: train + restval, the usual 113k), "val", "test" for the splits extracted;
-    "full" (test queries against train + val + test, LightningDOT §4.3) when all three are there;
-    "pretrain" = "train" (no separate pre-training corpus: LightningDOT pre-trains in-domain).
-    The regions are read once (in the file's order: no copy), every split's arrays are views into
-    them; regions_dtype=np.float16 halves the memory (COCO: see docs/data.md). image_root (the
-    --images folder) adds image_paths, for the methods that read pixels; karpathy_json overrides
-    the Karpathy file that features.json names (data moved elsewhere)."""
+    """The bench dict of a feature folder: "train" (COCO: train + restval), "val", "test", "full"
+    when all three were extracted, and "pretrain" = "train" (LightningDOT pre-trains in-domain).
+    The regions are read once; every split's arrays are views into them. image_root adds
+    image_paths; karpathy_json overrides the Karpathy file that features.json names."""
     folder = Path(features_dir)
     manifest_path = folder / "features.json"
     if not manifest_path.is_file():
@@ -77,9 +68,8 @@ def load_feature_bench(features_dir, *, captions_per_image=5, regions_dtype=np.f
 
 
 def extracted_images(features_dir) -> Path | None:
-    """The photo folder a feature folder was extracted from (features.json's "images"), if it still
-    exists: the image_root that gives a bench the same image paths, so the same trained-model names,
-    whether the benchmark or lesson 08 loads it."""
+    """The photo folder a feature folder was extracted from, if it still exists (same image paths,
+    so the same trained-model names)."""
     manifest = json.loads((Path(features_dir) / "features.json").read_text(encoding="utf-8"))
     images = Path(manifest.get("images", ""))
     return images if manifest.get("images") and images.is_dir() else None

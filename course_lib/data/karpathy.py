@@ -1,11 +1,6 @@
-"""Karpathy split files: read Flickr30k / COCO (or the synthetic benchmark that
-course_lib.data.synthetic_files writes in the same format) into a RetrievalSplit.
-
-A Karpathy file (`dataset_flickr30k.json`, `dataset_coco.json`) is
-`{"images": [...], "dataset": name}`; each image has `split` (train / val / test / restval),
-`filename`, optional `filepath` (COCO: train2014 / val2014), `imgid`, `sentids` and `sentences`
-(`{raw, tokens, imgid, sentid}`). Real data gets its regions from data_scripts/extract_features.py;
-course_lib.data.features reads its feature folder into the bench dict every method's fit reads."""
+"""Karpathy split files (Flickr30k / COCO, or the synthetic benchmark in the same format) read
+into a RetrievalSplit. A file is {"images": [...], "dataset": name}; each image has split,
+filename, optional filepath (COCO), imgid, sentids and sentences ({raw, tokens, imgid, sentid})."""
 
 from __future__ import annotations
 
@@ -45,8 +40,7 @@ def _load_json(json_path: Path) -> dict:
 
 
 def _caption(sentence: dict) -> str:
-    # the reference code trains on the tokens field; raw is the fallback, split into words the same
-    # way (lower case, punctuation dropped) so both kinds of caption look alike
+    # the reference code trains on tokens; raw, the fallback, is split the same way
     tokens = sentence.get("tokens") or re.findall(r"\w+", str(sentence.get("raw", "")).lower())
     return " ".join(tokens).lower()
 
@@ -95,7 +89,6 @@ def _read(json_path, image_root=None, split="test", *, captions_per_image=5, reg
             sentids.append(sentence.get("sentid", -1))
         image_ids.append(str(img.get("image_id", Path(img["filename"]).stem)))
         rel_paths.append(Path(entry_path(img)))
-
     image_paths = None
     if image_root is not None:
         root = Path(image_root)
@@ -111,7 +104,6 @@ def _read(json_path, image_root=None, split="test", *, captions_per_image=5, reg
     if load_pixels and image_paths is None:
         raise ValueError("load_pixels=True needs image_root (the folder the image files are under)")
     images = _read_all(image_paths, image_size, json_path) if load_pixels else None
-
     split_name = "+".join(wanted)
     result = RetrievalSplit(
         name=split_name, captions=captions, txt2img=np.asarray(txt2img, dtype=np.int64),
@@ -127,23 +119,18 @@ def _read(json_path, image_root=None, split="test", *, captions_per_image=5, reg
 def read_karpathy(json_path, image_root=None, split="test", *, captions_per_image=5,
                   regions_file=None, load_pixels=False, image_size=None,
                   regions_dtype=np.float32, skip=()) -> RetrievalSplit:
-    """One split (or several pooled, e.g. ("train", "restval")) of a Karpathy file.
-    Captions are the lower-cased `tokens` joined by spaces, the first `captions_per_image` of each
-    image (None keeps all). With `image_root`, `image_paths` = image_root / filepath / filename and
-    every file must exist; `load_pixels` reads them all into `images` uint8 (N, H, W, 3), resized to
-    `image_size` if given. `regions_file` (.npz with image_ids, regions, boxes, region_mask and
-    optionally region_classes) fills the region fields, aligned by image id; `regions` comes back
-    as regions_dtype (np.float16 halves the memory of big real-data files; datasets cast per item).
-    `skip`: image files (entry_path: filepath/filename) left out, with their captions: the ones
-    course_lib.data.photo_check found unusable and extract_features.py recorded."""
+    """One split (or several pooled, e.g. ("train", "restval")) of a Karpathy file: the first
+    `captions_per_image` captions of each image (None: all), lower-cased tokens joined by spaces.
+    image_root: every image file must exist; load_pixels reads them all into `images`.
+    regions_file: an .npz (image_ids, regions, boxes, region_mask[, region_classes]) aligned by
+    image id. skip: image files (entry_path) left out with their captions (unusable photos)."""
     return _read(json_path, image_root, split, captions_per_image=captions_per_image,
                  regions_file=regions_file, load_pixels=load_pixels, image_size=image_size,
                  regions_dtype=regions_dtype, skip=skip)[0]
 
 
 def karpathy_subset(json_path, out_path, sizes: dict) -> Path:
-    """Write a Karpathy file of the first sizes[split] image entries of each split (all of a split
-    that sizes leaves out or maps to None): smaller runs of the same commands on the same photos."""
+    """Write a Karpathy file of the first sizes[split] images of each split (None, absent: all)."""
     data = _load_json(Path(json_path))
     taken: dict = {}
     kept = []

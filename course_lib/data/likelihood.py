@@ -1,44 +1,25 @@
-"""P(caption | scene) under the generator's own caption process: the likelihood the oracle
-ceiling (course_lib.data.oracle) ranks by.
+"""P(caption | scene) under the generator's own caption process, which the oracle ceiling
+(course_lib.data.oracle) ranks by.
 
-Standard splits (train, val, test, full). A caption is drawn as (synthetic._split_captions,
-_objects_for, captions.two_objects, meanings_of):
-  family f with the config's weights (a pair or relation draw on a 1-object scene becomes place);
-  object a uniform over the n objects, b uniform over the other n - 1 (ordered pair), for pair,
-  relation and, with count_objects = 2, count; one object a for place and (count_objects = 1)
-  count; a relation uniform among the 1 or 2 that hold between a and b (same row or column: 1);
-  size and colour of each named object dropped independently with prob. attribute_dropout;
-  place = a's cell; count = n; then a template and synonyms.
-So P(meaning | scene) = P(f) * drop(meaning) * words(meaning) * K(meaning, scene) with
+Standard splits: P(meaning | scene) = P(f) * drop(meaning) * words(meaning) * K(meaning, scene),
+with a uniform over the n objects, b over the other n - 1, a relation uniform among those true:
   pair:     K = #{(a, b) ordered, a != b, a matches A, b matches B} / (n (n - 1))
   relation: K = sum over those pairs with the relation true of 1 / #relations true of (a, b),
             / (n (n - 1))
   place:    K = [the object in that cell matches A] / n
             (times (w_place + w_pair + w_relation) / w_place if n = 1)
   count:    K = [count = n] #{a matching A} / n, or with b: [count = n] #{(a, b)} / (n (n - 1))
-P(f), drop(meaning) = p^dropped (1 - p)^kept and words(meaning) (chosen independently of the
-scene; a caption's words determine its meaning) depend on the caption only, so they cancel in t2i
-(one caption ranks the images) and in i2t (the posterior divides L[t, :] by its own sum).
-`caption_likelihood` returns L = 5040 * K (5040 = lcm of 2 n (n - 1) and 2 n for n <= 9: integer
-values, exact ties); `scene_free_factor` returns P(f) * drop, so P(meaning | scene) =
-scene_free_factor * L / 5040 up to words(meaning).
+P(f), drop = p^dropped (1 - p)^kept and words(meaning) do not depend on the scene, so they cancel
+in t2i and in i2t (the posterior divides L[t, :] by its own sum). `caption_likelihood` returns
+L = 5040 * K (5040 = lcm of 2 n (n - 1) and 2 n for n <= 9: integers, exact ties). Not modelled:
+the redrawing of repeated captions, and the dependence between an image's 5 captions in i2t.
 
-Not modelled (small approximations): a caption repeating an earlier caption's words of the same
-image is redrawn (up to 5 times; rare, docs/tuning_notes.md, "Core and data"), so later captions
-repeat a likely meaning slightly less; i2t treats the captions' origins as independent (exactly 5
-per image, which a model reading all captions at once could exploit a little). The terse
-pre-training family is not covered (ValueError).
-
-Compositional split: every caption names a swapped object (a = one of the two, 1/2 each), b is
-the other swapped object with prob. 1/2 + 1/(2(n - 1)) and each other object with 1/(2(n - 1)),
-families pair/relation/place with the config's weights, and the draw is rejected unless false of
-the twin (attempts 0-19; later ones use relation/place 1:1). The likelihood is that proposal
-restricted to captions false of the twin, renormalised by the per-image acceptance probability Z
-(enumerated exactly, with dropout), mixed over the two regimes. It ignores the generator's
-preference (attempts < 100) for words unlike the image's other captions: a close approximation,
-not exact. It uses info["twin_of"] and info["swapped_objects"], which a model could read off the
-gallery (twins are the same objects, two changed): it bounds models that compare gallery images;
-a model scoring one caption against one image cannot know which objects were swapped."""
+Compositional split: a is one of the two swapped objects, b the other with prob. 1/2 + 1/(2(n - 1))
+and each other object with 1/(2(n - 1)); a draw is rejected unless false of the twin (attempts
+0-19 with the config's families, later ones relation/place 1:1). The likelihood is that proposal
+renormalised by the per-image acceptance probability, mixed over the two regimes; it ignores the
+preference for words unlike the image's other captions. It reads info["twin_of"] and
+info["swapped_objects"], so it bounds models that compare gallery images."""
 
 from __future__ import annotations
 
@@ -66,8 +47,7 @@ _ATTEMPTS = (20, 200)  # compositional: attempts with the config's families, att
 
 
 def _params(config) -> dict:
-    """Family weights (by code), count_objects and attribute_dropout from a SyntheticConfig, its
-    to_dict() (split.info["config"]) or None (the defaults)."""
+    """Family weights (by code), count_objects, attribute_dropout of a config, its dict or None."""
     if config is None:
         config = SyntheticConfig()
     get = ((lambda k: config[k]) if isinstance(config, dict)  # noqa: E731
@@ -93,8 +73,7 @@ def _place_weight(w: dict) -> tuple[float, float]:
 
 
 def dropout_factor(meanings: Meanings, attribute_dropout: float) -> np.ndarray:
-    """(T,) p^(attributes dropped) * (1 - p)^(attributes kept) over the size and colour of a (and b
-    when named): the probability of the caption's dropout pattern, p = attribute_dropout."""
+    """(T,) p^dropped * (1 - p)^kept over the sizes and colours named: P(dropout pattern)."""
     m, p = meanings, attribute_dropout
     has_b = m.has_b
     dropped = ((m.a_size < 0).astype(int) + (m.a_color < 0)
@@ -103,9 +82,8 @@ def dropout_factor(meanings: Meanings, attribute_dropout: float) -> np.ndarray:
 
 
 def scene_free_factor(meanings: Meanings, config=None) -> np.ndarray:
-    """(T,) the factor of P(meaning | scene) that caption_likelihood leaves out (besides the
-    words): P(family) * dropout_factor. For place captions P(family) is the weight on scenes with
-    >= 2 objects (on 1-object scenes caption_likelihood carries the extra, see _place_weight)."""
+    """(T,) P(family) * dropout_factor: what caption_likelihood leaves out, besides the words.
+    For place captions P(family) is the weight on scenes with >= 2 objects (_place_weight)."""
     par, m = _params(config), meanings
     w = par["weights"]
     total = sum(w.values())
@@ -127,8 +105,7 @@ def _structure_ok(m: Meanings) -> np.ndarray:
 
 
 def _diagonal_bits(scenes: Scenes) -> np.ndarray:
-    """(O, N) bitmask per object i of the objects j in another row and another column (two true
-    relations between i and j, each said with prob. 1/2)."""
+    """(O, N) bitmask per object i of the objects j in another row and column (two relations)."""
     n_slots = scenes.max_objects
     row, col = scenes.cell // GRID, scenes.cell % GRID
     valid = scenes.valid
@@ -167,8 +144,7 @@ def _values_at(m: Meanings, scenes: Scenes, bits: dict, diag: np.ndarray, par: d
 
 
 def _iter_sparse(meanings: Meanings, scenes: Scenes, config=None, chunk: int = 2048):
-    """Yield (start, n_rows, rows, cols, values): the likelihood's nonzero entries for captions
-    start..start+n_rows; zero wherever the caption is false, so only true pairs are visited."""
+    """Yield (start, n_rows, rows, cols, values): the nonzero entries of captions start.."""
     m = meanings
     if (m.family == TERSE).any():
         raise ValueError("caption_likelihood covers the pair/relation/place/count families, not "
@@ -194,9 +170,7 @@ def iter_caption_likelihood(meanings: Meanings, scenes: Scenes, config=None, chu
 
 def caption_likelihood(meanings: Meanings, scenes: Scenes, config=None) -> np.ndarray:
     """float64 (n_texts, n_images): 5040 * P(meaning_t | scene_i) / scene_free_factor(meaning_t)
-    under the standard generator with `config` (a SyntheticConfig, its dict, or None: defaults).
-    Integer-valued (but place captions on 1-object scenes); zero where the caption is false or
-    the generator cannot say it. See the module docstring."""
+    under the standard generator with `config` (a SyntheticConfig, its dict, or None)."""
     out = np.zeros((len(meanings), len(scenes)))
     for start, block in iter_caption_likelihood(meanings, scenes, config):
         out[start:start + len(block)] = block
@@ -275,9 +249,7 @@ def _acceptance(scenes: Scenes, twin_of: np.ndarray, swapped: np.ndarray,
 def compositional_likelihood(meanings: Meanings, scenes: Scenes, twin_of, swapped,
                              config=None) -> np.ndarray:
     """float64 (n_texts, n_images): P(meaning_t | image i) / drop(meaning_t) under the
-    compositional generator (module docstring): the proposal restricted to captions false of i's
-    twin, renormalised per image by its acceptance probability, mixed over the two family regimes.
-    swapped: (n_images, 2) the swapped object slots of each image (the same for both twins)."""
+    compositional generator. swapped: (n_images, 2) the swapped object slots of each image."""
     par, m = _params(config), meanings
     if not np.isin(m.family, (PAIR, RELATION, PLACE)).all():
         raise ValueError("compositional captions are pair, relation or place captions")
@@ -301,7 +273,6 @@ def compositional_likelihood(meanings: Meanings, scenes: Scenes, twin_of, swappe
                 & ((col(m.place) < 0) | (col(m.place) == ce[img, a])))
         inner = np.zeros((len(m), N))
         for o in range(n_slots):
-            # (N,)
             p_b = (0.5 / np.maximum(n - 1, 1) + 0.5 * (o == partner)) * ((o != a) & (o < n))
             # (T, N)
             w_rel = (rel[img, a, o, :] / np.maximum(n_true[img, a, o], 1)[:, None]).T[r_safe]

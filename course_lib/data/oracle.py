@@ -1,26 +1,8 @@
-"""The oracle ceiling: the Bayes-optimal ranking under the generator's own caption likelihood.
-
-`satisfies` says whether a caption is true of a scene; this module how likely the generator was
-to *say* it of that scene. A relation caption fits a couple of test images, a count caption
-dozens, and a 4-object scene says a given two-object caption more often than a 5-object one
-(fewer pairs compete): any model that learns caption specificity beats ranking by truth alone
-(captions.truth_ceiling). The best any model seeing only caption and image content can do is:
-
-- t2i: rank the images by L[t, i] = P(caption t | scene i);
-- i2t: rank the captions by the posterior that they came from image i, L[t, i] / sum_j L[t, j]
-  (every caption comes from one gallery image, a priori uniformly).
-
-Both with random tie-breaking; `bayes_ceiling` (= oracle_ceiling) returns their expected R@K in
-closed form.
-
-Why it beats truth_ceiling: a caption's origin has posterior L[t, i] / sum_j L[t, j], and the top
-K by likelihood hold the most posterior mass of any ranking, so every caption's expected t2i R@K
-over its origin is at least the truth ranker's. A guarantee in expectation over the generator: on
-one realised split an unlikely caption can rank its own image lower than the truth ranker would,
-so tiny galleries can show t2i slightly below truth_ceiling (docs/tuning_notes.md, "Core and
-data"). i2t (R@1 exactly optimal under independent origins) and all default settings are well
-above it. The likelihood it ranks by, exact (test, full) or approximate (compositional), is
-`course_lib.data.likelihood`, whose names this module re-exports."""
+"""The oracle ceiling: the Bayes-optimal ranking under the generator's own caption likelihood
+(course_lib.data.likelihood), the best any model seeing only captions and images can do:
+t2i ranks images by L[t, i] = P(caption t | scene i), i2t captions by the posterior
+L[t, i] / sum_j L[t, j], ties broken at random. It beats captions.truth_ceiling in expectation;
+a tiny realised gallery can show t2i slightly below it."""
 
 from __future__ import annotations
 
@@ -30,7 +12,6 @@ from course_lib.core.metrics import hit_probability
 
 from .likelihood import _iter_sparse, _snap, compositional_likelihood
 
-# ---- the oracle --------------------------------------------------------------------------------
 
 def _compositional_info(split):
     """(twin_of, swapped per image) when the split is a whole compositional gallery, else None."""
@@ -42,8 +23,7 @@ def _compositional_info(split):
 
 
 def split_likelihood(split):
-    """Yield (rows, cols, values): the nonzero likelihood entries of a synthetic split, with its
-    own config (split.info["config"]); the compositional gallery uses compositional_likelihood."""
+    """Yield (rows, cols, values): the nonzero likelihood entries of a synthetic split."""
     config = split.info.get("config")
     comp = _compositional_info(split)
     if comp is None:
@@ -57,11 +37,8 @@ def split_likelihood(split):
 
 def bayes_recall(rows, cols, values, txt2img, n_images: int, ks=(1, 5, 10), *,
                  query_texts=None, query_images=None) -> dict[str, float]:
-    """Expected R@K (percent) of the Bayes ranking, from a likelihood's nonzero entries: t2i ranks
-    images by L[t, i], i2t captions by L[t, i] / sum_j L[t, j]; random tie-breaking (an image's
-    own captions are its hits; images without captions are skipped in i2t). query_texts /
-    query_images: average over these queries only (the full setting), each still ranked against
-    every image / caption; None = all."""
+    """Expected R@K (percent) of the Bayes ranking from a likelihood's nonzero entries; images
+    without captions are skipped in i2t. query_texts / query_images: average over these only."""
     txt2img = np.asarray(txt2img, dtype=np.int64)
     T, N = len(txt2img), n_images
     own = cols == txt2img[rows]
@@ -109,10 +86,7 @@ def bayes_ceiling(split, ks=(1, 5, 10)) -> dict[str, float]:
 
 
 def oracle_ceiling(split, ks=(1, 5, 10)) -> dict[str, float]:
-    """The best expected R@K (percent) any model could reach on a synthetic split (docs/data.md):
-    the Bayes-optimal ranking under the generator's caption likelihood, ties broken at random. t2i
-    ranks images by P(caption | image); i2t captions by P(caption came from this image | caption).
-    The module docstring says what is exact (test, full) and approximate (compositional)."""
+    """The best expected R@K (percent) any model could reach on a synthetic split (docs/data.md)."""
     return bayes_ceiling(split, ks)
 
 

@@ -1,18 +1,6 @@
-"""Check a Karpathy file against its image folder before any feature is computed: bad input costs
-nothing.
-
-`screen_karpathy(json_path, image_root, splits)` reads the splits' image entries and decodes every
-image file (JPEGs at reduced scale, which still reads every byte). An entry is left out, with a
-line naming its file and why, when
-
-    its image file is missing   (a caption whose image is missing)
-    it has no sentences         (an empty or absent `sentences` list)
-    its file is truncated       (PIL: "image file is truncated")
-    its file is not an image    (PIL cannot identify it)
-
-and the whole check fails, before anything is written, when most images are missing: the folder
-is not that JSON file's. extract_features.py records the skipped files in features.json;
-`read_karpathy(..., skip=...)` / `load_feature_bench` leave them out."""
+"""Check a Karpathy file against its image folder before any feature is computed. An entry whose
+file is missing, truncated or not an image, or that has no sentences, is left out with the reason;
+the check fails when most images are missing (the folder is not that file's)."""
 
 from __future__ import annotations
 

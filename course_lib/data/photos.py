@@ -1,13 +1,6 @@
-"""Where the course finds real photographs: one Karpathy-format folder, its `images/` and its
-split file (`dataset_*.json`), looked for in one order by lesson 08, the tests and CI alike:
-
-    COURSE_PHOTOS            a folder a learner names (Flickr30k or COCO on Colab, say)
-    data/flickr8k            in the repository (data_scripts/download_data.py flickr8k)
-    ../shared/data/flickr8k  beside the clone, where the course's own machines keep Flickr8k
-
-The repository is the course's copy (course_lib.core.settings.course_repository). The photos are
-never part of the course (their owners' rights; docs/real_data.md): where none is found, a lesson
-or test says how to get them and does nothing else."""
+"""Where the course finds real photographs: a Karpathy-format folder (images/ and dataset_*.json),
+named by COURSE_PHOTOS, else data/flickr8k in the repository, else ../shared/data/flickr8k. The
+photos are never part of the course (docs/real_data.md)."""
 
 from __future__ import annotations
 
@@ -30,8 +23,7 @@ def split_file(folder) -> Path | None:
 
 
 def find_photos(environ=None) -> Path | None:
-    """The photo folder (COURSE_PHOTOS, else the first of places()) holding images/ and a split
-    file, or None."""
+    """The photo folder (COURSE_PHOTOS, else the first of places()) with images/, or None."""
     environ = os.environ if environ is None else environ
     named = environ.get("COURSE_PHOTOS")
     for folder in [Path(named)] if named else places():

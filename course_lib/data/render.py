@@ -1,14 +1,9 @@
-"""Pixels and "detector" regions of synthetic scenes, both vectorised numpy (no per-pixel loops).
+"""Pixels and "detector" regions of synthetic scenes, vectorised numpy.
 
-Pixels: a dark image split into a 3x3 grid of cells; each object a filled stamp of its shape
-(small or big) in its colour, centred in its cell with a small random offset; optional grey
-clutter specks and pixel noise.
-
-Regions mirror the Faster R-CNN bottom-up features SCAN, LightningDOT and U-BERT read: per object
-a feature vector (a fixed non-linear function of shape, colour and size, plus noise), the UNITER
-7-d box of the drawn stamp and a soft class distribution over shape x colour. The feature tables
-come from DETECTOR_SEED, not the data seed: a feature means the same in every split and benchmark.
-"""
+Pixels: each object a stamp of its shape and colour in its cell of a 3x3 grid, slightly offset.
+Regions mirror Faster R-CNN bottom-up features: per object a feature vector (a fixed function of
+shape, colour and size, from DETECTOR_SEED so it means the same in every split), its UNITER box
+and a soft class distribution over shape x colour."""
 
 from __future__ import annotations
 
@@ -47,10 +42,9 @@ def _stamp(shape: str, k: int) -> np.ndarray:
 
 @lru_cache(maxsize=8)
 def geometry(image_size: int) -> dict:
-    """Cell size, margins, stamp masks and their bounding boxes for one image size (cached).
-    masks (n_shapes, 2, P, P, cs, cs): the stamp of (shape, size) with its top-left corner at
-    (oy, ox) inside a cell of cs x cs pixels; bbox (n_shapes, 2, 4): y1, x1, y2, x2 (exclusive) of
-    the stamp's pixels inside its k x k square; lo, hi (2,): the allowed offsets per size."""
+    """Cell size, margin, stamps and boxes of one image size. masks (n_shapes, 2, P, P, cs, cs):
+    the stamp of (shape, size) at offset (oy, ox) in a cell; bbox (n_shapes, 2, 4): y1, x1, y2, x2
+    (exclusive) of the stamp's pixels; lo, hi (2,): the allowed offsets per size."""
     cs = image_size // GRID
     if cs < 6:
         raise ValueError(f"image_size {image_size} is too small; use at least {6 * GRID}")
@@ -84,16 +78,13 @@ def sample_offsets(rng: np.random.Generator, scenes: Scenes, image_size: int) ->
 
 CLUTTER_GREYS = np.array([[60, 60, 60], [75, 75, 80], [90, 90, 90], [105, 100, 100]],
                          dtype=np.uint8)
-# every pixel is one of these colours before noise: background, the 8 object colours, clutter greys
 _PIXEL_COLORS = np.concatenate([BACKGROUND[None], PALETTE, CLUTTER_GREYS])  # (13, 3)
 
 
 @lru_cache(maxsize=8)
 def _noisy_palette(pixel_noise: float) -> np.ndarray:
-    """uint8 (13 * 256, 3): each base colour plus each of 256 noise levels, clipped to [0, 255].
-    The levels are the 256 quantiles of N(0, pixel_noise) (full scale = 1), so a random byte per
-    pixel indexes Gaussian-like noise (shared by its 3 channels), much faster than drawing normals
-    and clipping every channel."""
+    """uint8 (13 * 256, 3): each base colour plus the 256 quantiles of N(0, pixel_noise), clipped:
+    a random byte per pixel indexes Gaussian-like noise, far faster than drawing normals."""
     sigma = pixel_noise * 255.0
     levels = np.array([NormalDist(0.0, sigma).inv_cdf((b + 0.5) / 256.0) for b in range(256)])
     table = np.clip(np.round(_PIXEL_COLORS[:, None, :] + levels[None, :, None]), 0, 255)
@@ -103,12 +94,9 @@ def _noisy_palette(pixel_noise: float) -> np.ndarray:
 def render_pixels(scenes: Scenes, offsets: np.ndarray, rng: np.random.Generator,
                   image_size: int = 32, pixel_noise: float = 0.0,
                   clutter: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
-    """Draw the scenes. Returns images uint8 (N, S, S, 3) and the object boxes float32 (N, O, 7)
-    (UNITER: x1, y1, x2, y2, w, h, area, normalised by S; zeros in empty slots), each the
-    bounding box of the stamp's pixels. `clutter`: mean number of grey specks per image."""
+    """images uint8 (N, S, S, 3) and the stamps' UNITER boxes float32 (N, O, 7) (0: no object)."""
     g = geometry(image_size)
     cs, m, n = g["cs"], g["margin"], len(scenes)
-    # draw colour indices into _PIXEL_COLORS (1 byte per pixel), turn them into RGB at the end
     index = np.zeros((n, image_size, image_size), dtype=np.uint8)  # (N, S, S), 0 = background
     if clutter > 0:  # specks first, so objects are drawn over them
         n_specks = rng.poisson(clutter, size=n)
@@ -138,7 +126,6 @@ def render_pixels(scenes: Scenes, offsets: np.ndarray, rng: np.random.Generator,
     else:
         images = np.take(_PIXEL_COLORS, index.reshape(-1), axis=0)
     images = images.reshape(n, image_size, image_size, 3)
-    # boxes from the stamp's own bounding box (pixels, y1 x1 y2 x2 exclusive)
     bb = g["bbox"][shape, size]  # (M, 4)
     y1 = m + row * cs + oy + bb[:, 0]
     x1 = m + col * cs + ox + bb[:, 1]
@@ -159,9 +146,8 @@ def uniter_boxes(xyxy: np.ndarray) -> np.ndarray:
 @lru_cache(maxsize=8)
 def detector_tables(region_dim: int) -> dict:
     """The fixed random "detector": clean features per (shape, colour, size), its mixing map.
-    feature(s, c, z) = tanh(0.6 * (E_shape[s] + E_color[c] + E_size[z] + 0.5 * E_pair[s, c]) @ W):
-    additive attribute codes with a small shape x colour interaction, mixed and squashed so that
-    no coordinate is a one-hot attribute indicator."""
+    feature(s, c, z) = tanh(0.6 * (E_shape[s] + E_color[c] + E_size[z] + 0.5 * E_pair[s, c]) @ W),
+    mixed so that no coordinate is a one-hot attribute indicator."""
     rng = np.random.default_rng(DETECTOR_SEED)
     D, S, C = region_dim, len(SHAPES), len(COLORS)
     e_shape, e_color = rng.standard_normal((S, D)), rng.standard_normal((C, D))
@@ -177,11 +163,10 @@ def detector_tables(region_dim: int) -> dict:
 def detect_regions(scenes: Scenes, object_boxes: np.ndarray, rng: np.random.Generator,
                    region_dim: int = 64, region_noise: float = 0.1,
                    clutter_regions: int = 0) -> dict[str, np.ndarray]:
-    """The "detector" output, padded to R = max_objects + clutter_regions slots: regions float32
-    (N, R, D), boxes float32 (N, R, 7), region_mask bool (N, R), region_classes float32 (N, R, 48)
-    soft class distribution (class = shape * 8 + colour), region_object int8 (N, R): the object
-    slot each region shows (-1 for clutter and padding). Real regions first, in a random order per
-    scene (slot order must not leak object identity), padding last."""
+    """The "detector" output over R = max_objects + clutter_regions slots: regions (N, R, D),
+    boxes (N, R, 7), region_mask (N, R), region_classes (N, R, 48), region_object (N, R): the
+    object slot shown, or -1. Real regions first in a random order (slot order must not leak
+    object identity), padding last."""
     n, n_slots = len(scenes), scenes.max_objects
     R, D = n_slots + clutter_regions, region_dim
     tables = detector_tables(region_dim)

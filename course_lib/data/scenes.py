@@ -1,9 +1,5 @@
-"""Ground truth of the synthetic benchmark: the scene and caption-meaning tables, scene sampling.
-
-A scene is a handful of objects on a 3x3 grid, each with a shape, a colour, a size and a cell
-(distinct within a scene). `Scenes` stores them as padded integer arrays, one row per scene;
-`Meanings` what each caption asserts, one row per caption: plain tables of numpy arrays, to
-subset, pool and write to .npz (`to_arrays` / `from_arrays` round-trip exactly)."""
+"""Ground truth of the synthetic benchmark: scenes (objects on a 3x3 grid, each with a shape,
+colour, size and distinct cell) and caption meanings, as tables of numpy arrays; scene sampling."""
 
 from __future__ import annotations
 
@@ -77,8 +73,7 @@ class ArrayTable:
 
 
 class Scenes(ArrayTable):
-    """One row per scene. shape, color, size, cell: int8 (n, max_objects), -1 in unused slots
-    (slots >= n_objects); n_objects: int8 (n,). Object slot order is random."""
+    """shape, color, size, cell: int8 (n, max_objects), -1 in slots >= n_objects, random order."""
 
     FIELDS = ("shape", "color", "size", "cell", "n_objects")
 
@@ -99,16 +94,12 @@ class Scenes(ArrayTable):
 
 
 class Meanings(ArrayTable):
-    """One row per caption: what it asserts, all int8 with -1 = not mentioned.
-    family: index into FAMILIES. Object a (always present) and optional b are described by
-    (shape, color, size); an attribute of -1 is not mentioned (any value matches); b is absent
-    when all three are -1. relation: 0..3 (RELATIONS, "a <relation> b") or -1. place: a's cell
-    (0..8) or -1. count: the scene's number of objects, or -1. noisy (bool): deliberately
-    corrupted (pre-training only); the row records what the caption says, so it may be false of
-    its own scene.
-    Truth (captions.satisfies): some object i matches a (and sits in `place` if given) and, if b
-    is present, some other object j != i matches b with relation(i, j) if given; and the scene has
-    `count` objects if given."""
+    """One row per caption: what it asserts, int8 with -1 = not mentioned (any value matches).
+    family indexes FAMILIES; object a and optional b (absent when all -1) by shape, color, size;
+    relation (RELATIONS, "a <relation> b"), place (a's cell), count (number of objects); noisy:
+    a deliberately wrong pre-training caption.
+    True of a scene when some object i matches a (in `place` if given) and, if b is present, some
+    other object j matches b with relation(i, j) if given, and the scene has `count` objects."""
 
     FIELDS = ("family", "a_shape", "a_color", "a_size", "b_shape", "b_color", "b_size",
               "relation", "place", "count", "noisy")
@@ -121,7 +112,6 @@ class Meanings(ArrayTable):
 def sample_scenes(rng: np.random.Generator, n: int, min_objects: int, max_objects: int) -> Scenes:
     """n random scenes with min_objects..max_objects objects each, in distinct random cells."""
     n_objects = rng.integers(min_objects, max_objects + 1, size=n)  # (n,)
-    # a random permutation of the 9 cells per scene; the first n_objects are used
     cells = np.argsort(rng.random((n, GRID * GRID)), axis=1)[:, :max_objects]  # (n, O)
     shape = rng.integers(0, len(SHAPES), size=(n, max_objects))
     color = rng.integers(0, len(COLORS), size=(n, max_objects))

@@ -1,25 +1,6 @@
-"""RetrievalSplit: one gallery of images with their captions, the form every loader returns.
-
-The synthetic generator and the Karpathy-split reader (Flickr30k / COCO) both produce it, so
-datasets, metrics and models never ask where the data came from. Shapes (N images, T texts, R
-region slots, D region feature size, C detector classes):
-
-    images          uint8 (N, H, W, 3) pixels in memory, or None
-    image_paths     N files on disk (real data, read lazily), or None
-    regions         float32 (N, R, D) "detector" region features, or None
-    boxes           float32 (N, R, 7) UNITER boxes: x1, y1, x2, y2, w, h, area (in [0, 1])
-    region_mask     bool (N, R), True where a region slot holds a real region
-    region_classes  float32 (N, R, C) the detector's soft class distribution (for MRC-kl)
-    captions        T strings
-    txt2img         int64 (T,), each caption's image index (5 per image in the test splits)
-    scenes          a synthetic split's ground truth (data.synthetic.Scenes), or None
-    meanings        what each synthetic caption asserts (data.synthetic.Meanings), or None
-    query_texts     int64 (Q_t,) the captions that are text->image queries, or None = all
-    query_images    int64 (Q_i,) the images that are image->text queries, or None = all
-
-Queries differ from the gallery only in the papers' "full" setting (LightningDOT §4.3): the test
-split's captions and images query a gallery pooling every split (`concatenate(...,
-queries_from=test)`); models still train on train, and the number of queries stays the same."""
+"""RetrievalSplit: one gallery of images with their captions, the form every loader returns
+(synthetic or Karpathy-split real data). Queries differ from the gallery only in the papers' "full"
+setting (LightningDOT §4.3): the test split's queries against every split pooled."""
 
 from __future__ import annotations
 
@@ -31,20 +12,20 @@ import numpy as np
 @dataclass
 class RetrievalSplit:
     name: str
-    captions: list[str]
-    txt2img: np.ndarray
+    captions: list[str]  # T strings
+    txt2img: np.ndarray  # int64 (T,) each caption's image index
     image_ids: list[str]
-    images: np.ndarray | None = None
-    image_paths: list[str] | None = None
-    regions: np.ndarray | None = None
-    boxes: np.ndarray | None = None
-    region_mask: np.ndarray | None = None
-    region_classes: np.ndarray | None = None
-    scenes: object | None = None
-    meanings: object | None = None
+    images: np.ndarray | None = None  # uint8 (N, H, W, 3) pixels in memory
+    image_paths: list[str] | None = None  # N files on disk (real data, read lazily)
+    regions: np.ndarray | None = None  # float32 (N, R, D) "detector" region features
+    boxes: np.ndarray | None = None  # float32 (N, R, 7) UNITER x1, y1, x2, y2, w, h, area
+    region_mask: np.ndarray | None = None  # bool (N, R), True where a slot holds a region
+    region_classes: np.ndarray | None = None  # float32 (N, R, C) detector class distribution
+    scenes: object | None = None  # synthetic ground truth (data.scenes.Scenes)
+    meanings: object | None = None  # what each synthetic caption asserts (data.scenes.Meanings)
     info: dict = field(default_factory=dict)
-    query_texts: np.ndarray | None = None
-    query_images: np.ndarray | None = None
+    query_texts: np.ndarray | None = None  # int64 (Q_t,) the t2i query captions; None: all
+    query_images: np.ndarray | None = None  # int64 (Q_i,) the i2t query images; None: all
 
     def __post_init__(self):
         self.txt2img = np.asarray(self.txt2img, dtype=np.int64)
@@ -136,9 +117,7 @@ class RetrievalSplit:
             query_images=_kept(self.query_images, image_indices, self.n_images))
 
     def texts_subset(self, text_indices, name: str | None = None) -> RetrievalSplit:
-        """The same gallery with only some captions as queries: every image, the given texts. How
-        slow methods are evaluated on big galleries: a sample of text queries against all images
-        (t2i ranks as in the full matrix; i2t needs every caption, so it is undefined)."""
+        """Every image, only the given captions as t2i queries (i2t, needing them all, has none)."""
         text_indices = np.asarray(text_indices, dtype=np.int64)
         if self.query_texts is not None and not np.isin(text_indices, self.query_texts).all():
             raise ValueError(f"split {self.name!r}: texts_subset takes query texts only "
@@ -176,9 +155,7 @@ def _kept(queries, kept_items, n_before) -> np.ndarray | None:
 
 def concatenate(splits: list[RetrievalSplit], name: str,
                 queries_from: RetrievalSplit | None = None) -> RetrievalSplit:
-    """Pool several splits into one gallery: images and texts of all. queries_from: one of
-    `splits` whose captions and images stay the only queries (the papers' "full" setting: test
-    queries against every split's images and captions); None: every item queries."""
+    """Pool splits into one gallery; queries_from: the split whose items stay the only queries."""
     offsets = np.cumsum([0] + [s.n_images for s in splits[:-1]])
     text_offsets = np.cumsum([0] + [s.n_texts for s in splits[:-1]])
     query_texts = query_images = None
@@ -191,17 +168,11 @@ def concatenate(splits: list[RetrievalSplit], name: str,
         query_texts = text_offsets[q] + queries_from.text_queries
         query_images = offsets[q] + queries_from.image_queries
 
-    def cat(attr):
+    def cat(attr, tables=False):  # tables: ArrayTable fields (scenes, meanings)
         values = [getattr(s, attr) for s in splits]
         if any(v is None for v in values):
             return None
-        return np.concatenate(values)
-
-    def cat_obj(attr):
-        values = [getattr(s, attr) for s in splits]
-        if any(v is None for v in values):
-            return None
-        return type(values[0]).concatenate(values)
+        return type(values[0]).concatenate(values) if tables else np.concatenate(values)
 
     paths = [s.image_paths for s in splits]
     return RetrievalSplit(
@@ -210,8 +181,8 @@ def concatenate(splits: list[RetrievalSplit], name: str,
         image_ids=[i for s in splits for i in s.image_ids], images=cat("images"),
         image_paths=None if any(p is None for p in paths) else [p for ps in paths for p in ps],
         regions=cat("regions"), boxes=cat("boxes"), region_mask=cat("region_mask"),
-        region_classes=cat("region_classes"), scenes=cat_obj("scenes"),
-        meanings=cat_obj("meanings"), info={"pooled_from": [s.name for s in splits]},
+        region_classes=cat("region_classes"), scenes=cat("scenes", True),
+        meanings=cat("meanings", True), info={"pooled_from": [s.name for s in splits]},
         query_texts=query_texts, query_images=query_images)
 
 

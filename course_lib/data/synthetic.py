@@ -1,20 +1,13 @@
-"""The synthetic image-caption benchmark (docs/data.md): configuration and public entry points.
+"""The synthetic image-caption benchmark (docs/data.md): configuration and entry points.
 
     cfg = SyntheticConfig.for_course()   # smoke sizes under COURSE_SMOKE=1, else defaults
     bench = make_benchmark(cfg, seed=0)  # train, val, test, pretrain, compositional, full
     oracle_ceiling(bench["test"])        # the best R@K any model could reach (data.oracle)
 
-Every split is a `RetrievalSplit` with pixels, "detector" regions, 5 captions per image (one terse
-caption in "pretrain"), and the ground truth (`scenes`, `meanings`) that `satisfies` and
-`oracle_ceiling` read. Each split has its own random stream (SeedSequence(seed) spawned by split
-name): changing n_train leaves the test split unchanged.
-
-Every caption is true of its image, except the deliberately noisy pre-training captions
-(`meanings.noisy`, about pretrain_caption_noise of them), whose meanings record the wrong word.
-The compositional gallery interleaves base scenes and their counterfactual twins (images 2i and
-2i + 1); `info` holds twin_of, swap_kind per pair ("color" or "cell"), swapped_objects (object
-slots) and is_twin. Modules: scenes.py (ground truth), render.py (pixels, regions), captions.py
-(words, truth)."""
+Each split has its own random stream (SeedSequence(seed) spawned by split name), so changing
+n_train leaves the test split unchanged. Every caption is true of its image except the noisy
+pre-training ones (`meanings.noisy`). The compositional gallery interleaves base scenes and their
+counterfactual twins (images 2i and 2i + 1)."""
 
 from __future__ import annotations
 
@@ -46,20 +39,11 @@ FAMILY_CODES = {"pair": PAIR, "relation": RELATION, "place": PLACE, "count": COU
 
 @dataclass
 class SyntheticConfig:
-    """Sizes and knobs of the benchmark; the defaults are the calibrated course setting.
-
-    Calibration: at a CPU budget, a cross-attention model must clearly beat a one-vector dual
-    encoder on t2i R@1 while costing far more per query, the dual encoder far from the ceiling:
-    - `min_objects=4, max_objects=5`: rich scenes, so one pooled vector must answer many partial
-      descriptions (with 2-3 objects the first probe found no gap between the two kinds).
-    - `caption_families` weighted to the two-object `relation` family: naming two objects and how
-      they sit, which only a model looking at them (SCAN, a cross-encoder) can check; `count`
-      captions are deliberately vague (many images fit them).
-    - `attribute_dropout=0.02`: a little under-specification, like real captions; more lowers the
-      ceiling quickly.
-    `python -m course_lib.benchmark` prints the result (every method beside the Bayes-optimal
-    oracle, course_lib.data.oracle); the README's table shows it (docs/results.md: every setting).
-    """
+    """Sizes and knobs of the benchmark. The defaults are calibrated so that a cross-attention
+    model clearly beats a one-vector dual encoder on t2i R@1 at far more cost per query: 4-5
+    objects per scene (one pooled vector must answer many partial descriptions), captions weighted
+    to the two-object `relation` family (only a model looking at both objects can check it), and
+    little attribute dropout (more lowers the ceiling quickly)."""
 
     n_train: int = 10_000
     n_val: int = 1_000
@@ -115,8 +99,7 @@ class SyntheticConfig:
 
     @classmethod
     def scaled(cls, n_scenes: int, **overrides) -> SyntheticConfig:
-        """n_scenes split 10:1:1 over train/val/test; pretrain 2 * n_scenes; compositional
-        n_test // 2."""
+        """n_scenes split 10:1:1 over train/val/test; pretrain 2n; compositional n_test // 2."""
         n_eval = max(1, n_scenes // 12)
         sizes = dict(n_train=max(1, n_scenes - 2 * n_eval), n_val=n_eval, n_test=n_eval,
                      n_pretrain=2 * n_scenes, n_compositional=max(1, n_eval // 2))
@@ -124,8 +107,7 @@ class SyntheticConfig:
 
 
 def _streams(seed: int, split: str | int) -> list[np.random.Generator]:
-    """Three independent generators (scenes, pixels and regions, captions) for one split (a name of
-    SPLITS, or an int spawn key: fresh_scenes' draws)."""
+    """Generators (scenes, pixels and regions, captions) of a split name or spawn key."""
     key = split if isinstance(split, int) else SPLITS.index(split)
     seq = np.random.SeedSequence(seed, spawn_key=(key,))
     return [np.random.default_rng(s) for s in seq.spawn(3)]
@@ -147,8 +129,7 @@ def _family_sampler(cfg: SyntheticConfig, allowed=tuple(FAMILY_CODES)):
 
 
 def _objects_for(rng, scenes: Scenes, scene_idx, family, a=None, two_families=(PAIR, RELATION)):
-    """Object slots a (random unless given) and b != a for two-object families, else b = -1.
-    A two-object caption for a one-object scene becomes a place caption."""
+    """(family, a, b): b != a for two-object families (place on a 1-object scene), else -1."""
     n_objects = scenes.n_objects[scene_idx]
     two = np.isin(family, two_families) & (n_objects >= 2)
     family = np.where(np.isin(family, (PAIR, RELATION)) & ~two, PLACE, family)
@@ -162,8 +143,7 @@ def _objects_for(rng, scenes: Scenes, scene_idx, family, a=None, two_families=(P
 
 
 def _split_captions(rng, scenes: Scenes, cfg: SyntheticConfig) -> tuple[Meanings, list[str]]:
-    """captions_per_image captions per scene, each true of it; a repeat of an earlier caption of
-    the same image is drawn again (up to 5 times)."""
+    """captions_per_image true captions per scene; an image's repeats redrawn (up to 5 times)."""
     per, draw_family = cfg.captions_per_image, _family_sampler(cfg)
 
     def draw(rows):
@@ -189,7 +169,6 @@ def _split_captions(rng, scenes: Scenes, cfg: SyntheticConfig) -> tuple[Meanings
 
 def _to_split(name, scenes, meanings, texts, txt2img, rng, cfg, seed, offsets=None,
               image_ids=None, info=None):
-    """Render pixels and regions of the scenes and assemble the RetrievalSplit."""
     if offsets is None:
         offsets = sample_offsets(rng, scenes, cfg.image_size)
     images, object_boxes = render_pixels(scenes, offsets, rng, cfg.image_size, cfg.pixel_noise,
@@ -219,8 +198,7 @@ def _make_split(name: str, n: int, cfg: SyntheticConfig, seed: int,
 
 
 def _choose_swaps(rng, scenes: Scenes) -> tuple[np.ndarray, np.ndarray]:
-    """Per scene a swap kind (0 = colours, 1 = cells) and two object slots whose swap changes the
-    scene: different colours for a colour swap, different descriptions for a cell swap."""
+    """Per scene a swap kind (0 = colours, 1 = cells) and two object slots whose swap changes it."""
     kinds = np.zeros(len(scenes), dtype=np.int64)
     pairs = np.zeros((len(scenes), 2), dtype=np.int64)
     for i in range(len(scenes)):
@@ -237,9 +215,8 @@ def _choose_swaps(rng, scenes: Scenes) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _make_compositional(cfg: SyntheticConfig, seed: int) -> RetrievalSplit:
-    """Base scenes interleaved with counterfactual twins (image 2i = base i, 2i + 1 = its twin):
-    the same objects with two objects' colours or two objects' cells swapped. Each image gets
-    captions that are true of it and false of its twin, naming at least one swapped object."""
+    """Base scenes (images 2i) and twins with two objects' colours or cells swapped (2i + 1), each
+    captioned true of it and false of its twin, naming a swapped object."""
     rng_scenes, rng_pixels, rng_text = _streams(seed, "compositional")
     n, per = cfg.n_compositional, cfg.captions_per_image
     lo, hi = max(2, cfg.min_objects), max(2, cfg.max_objects)
@@ -308,21 +285,14 @@ FRESH_STREAMS = 1000  # spawn keys of fresh_scenes' draws start here, clear of t
 
 
 def fresh_scenes(cfg: SyntheticConfig, n: int, seed: int = 0, draw: int = 0) -> RetrievalSplit:
-    """n more training scenes, captioned as the training split: the generator is free data, so a
-    model that memorises the training scenes can train on new ones instead of more epochs. Own
-    random streams (spawn key FRESH_STREAMS + draw, unused by make_benchmark(cfg, seed)); draw
-    picks another batch of n. Deterministic in (cfg, n, seed, draw). Like the training split they
-    may repeat a val or test scene by chance (a one-object scene has only 6 x 8 x 2 x 9 variants),
-    with other offsets and noise."""
+    """n more training scenes from their own random streams; `draw` picks another batch."""
     if n < 1 or draw < 0:
         raise ValueError(f"fresh_scenes needs n >= 1 scenes and draw >= 0, got n={n}, draw={draw}")
     return _make_split(f"fresh{draw}", n, cfg, seed, stream=FRESH_STREAMS + draw)
 
 
 def with_fresh_scenes(train: RetrievalSplit, n: int, draw: int = 0) -> RetrievalSplit:
-    """A training split made by make_benchmark, followed by n fresh_scenes of the same config and
-    seed (from train.info); the split itself when n = 0. Its first len(train) scenes are train's,
-    so train[:1000] learning curves read the same scenes."""
+    """`train` (made by make_benchmark) followed by n fresh_scenes of its config and seed."""
     if n == 0:
         return train
     info = train.info
@@ -336,9 +306,7 @@ def with_fresh_scenes(train: RetrievalSplit, n: int, draw: int = 0) -> Retrieval
 
 def make_benchmark(cfg: SyntheticConfig | None = None, seed: int = 0,
                    progress: bool = False) -> dict[str, RetrievalSplit]:
-    """All splits: "train", "val", "test", "pretrain", "compositional" and "full" (train + val +
-    test pooled into one gallery, queried by the test split's captions and images only).
-    Deterministic in (cfg, seed)."""
+    """Every split of SPLITS, and "full": train + val + test pooled, queried by test only."""
     cfg = cfg or SyntheticConfig()
     sizes = {"train": cfg.n_train, "val": cfg.n_val, "test": cfg.n_test, "pretrain": cfg.n_pretrain}
     names = SPLITS

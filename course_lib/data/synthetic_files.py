@@ -1,13 +1,6 @@
-"""The synthetic benchmark on disk, in Karpathy's format, so that one reader (read_karpathy) serves
-real and synthetic data alike. `write_karpathy` writes it, `load_synthetic` reads a split back:
-
-    out_dir/dataset_synthetic.json  every split in one Karpathy file (split field = split name)
-    out_dir/images/<image_id>.png   lossless pixels (filepath "images", image_root = out_dir)
-    out_dir/regions.npz             image_ids, regions, boxes, region_mask, region_classes
-    out_dir/ground_truth.npz        "<split>__scenes__<key>", "<split>__meanings__<key>"
-                                    (to_arrays), "<split>__info__<key>" (array-valued split.info)
-    out_dir/info.json               config, seed, sizes and the rest of split.info per split
-"""
+"""The synthetic benchmark on disk in Karpathy's format, so read_karpathy serves real and
+synthetic data alike: dataset_synthetic.json, images/<image_id>.png, regions.npz, ground_truth.npz
+(scenes, meanings and array-valued info per split) and info.json (config, seed, sizes)."""
 
 from __future__ import annotations
 
@@ -39,8 +32,7 @@ def _png_chunk(tag: bytes, data: bytes) -> bytes:
 
 
 def png_bytes(pixels: np.ndarray) -> bytes:
-    """uint8 (H, W, 3) as a lossless PNG file's bytes. A minimal encoder (8-bit RGB, no filter,
-    zlib level 1): 3x faster than PIL's save for tiny images, whose cost is per-call overhead."""
+    """uint8 (H, W, 3) as PNG bytes: a minimal encoder, 3x faster than PIL for tiny images."""
     h, w, _ = pixels.shape
     rows = np.zeros((h, 1 + 3 * w), dtype=np.uint8)  # (H, 1 + 3W): filter byte 0, then RGB
     rows[:, 1:] = pixels.reshape(h, 3 * w)
@@ -51,10 +43,7 @@ def png_bytes(pixels: np.ndarray) -> bytes:
 
 def write_karpathy(splits: dict[str, RetrievalSplit], out_dir, dataset_name="synthetic",
                    progress=False) -> dict:
-    """Write splits (with in-memory pixels) as a Karpathy-format dataset under out_dir.
-    A "full" entry (the pool of train/val/test) is skipped: load_synthetic rebuilds it. Image ids
-    must be unique across the splits, since every PNG lives in out_dir/images. Returns a summary
-    dict (paths, sizes, seconds, bytes on disk)."""
+    """Write splits with in-memory pixels under out_dir ("full" skipped); returns a summary."""
     from tqdm.auto import tqdm
 
     start = time.perf_counter()
@@ -72,7 +61,6 @@ def write_karpathy(splits: dict[str, RetrievalSplit], out_dir, dataset_name="syn
                                  f"{key!r}; ids must be unique since all PNGs share out_dir/images")
             seen[image_id] = key
     (out / IMAGE_DIR).mkdir(parents=True, exist_ok=True)
-
     entries, jobs, regions, gt = [], [], {}, {}
     imgid = sentid = 0
     for key, s in splits.items():
@@ -117,7 +105,6 @@ def write_karpathy(splits: dict[str, RetrievalSplit], out_dir, dataset_name="syn
             raise ValueError(f"region arrays of the splits differ in shape ({e}); use one "
                              "detector config (same R, D, C) for every split") from e
     np.savez(out / "ground_truth.npz", **gt)
-
     first = next(iter(splits.values()), None)
     info = {
         "dataset": dataset_name,
@@ -140,8 +127,7 @@ def disk_size(path) -> int:
 
 
 def load_synthetic(out_dir, split="test", *, load_pixels=True) -> RetrievalSplit:
-    """Read a split written by write_karpathy back into exactly the in-memory RetrievalSplit.
-    `split="full"` pools train + val + test (the papers' full setting)."""
+    """A split written by write_karpathy, exactly as in memory; "full" pools train, val, test."""
     out = Path(out_dir)
     info_path = out / "info.json"
     if not info_path.is_file():

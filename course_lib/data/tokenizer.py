@@ -1,10 +1,5 @@
-"""Tokenizers: a word-level tokenizer trained on the captions (offline default), or a pretrained
-Hugging Face tokenizer by name (e.g. "bert-base-uncased", needs internet or a local copy).
-
-Both are `transformers` fast tokenizers, called alike: `tok(texts, padding="longest",
-truncation=True, max_length=..., return_tensors="pt")`. The word-level one has BERT's special
-tokens at fixed ids ([PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4, course_lib.core.tokens) and wraps
-every text as [CLS] words [SEP]."""
+"""Tokenizers: a word-level one trained on the captions (the offline default) or a pretrained
+Hugging Face one by name, both `transformers` fast tokenizers with BERT's special tokens."""
 
 from __future__ import annotations
 
@@ -16,10 +11,9 @@ from course_lib.core.tokens import CLS_ID, SEP_ID, SPECIAL_TOKENS
 
 
 def build_word_tokenizer(captions, *, min_freq: int = 1, max_length: int = 40):
-    """A word-level tokenizer whose vocabulary is the words of `captions` seen >= min_freq times.
-    Ids: the special tokens first, then words by decreasing frequency, ties alphabetically (the
-    trainer's order), so the same captions always give the same ids. Lower-cases and splits on
-    whitespace and punctuation; unknown words map to [UNK]."""
+    """A word-level tokenizer of the words of `captions` seen >= min_freq times, lower-cased.
+    Ids: the special tokens (0-4), then words by frequency, so the same captions give the same ids;
+    every text is wrapped as [CLS] words [SEP]."""
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -31,7 +25,6 @@ def build_word_tokenizer(captions, *, min_freq: int = 1, max_length: int = 40):
     tok.train_from_iterator(list(captions), trainer=trainer)
     vocab = tok.get_vocab()
     if [vocab.get(t) for t in SPECIAL_TOKENS] != list(range(len(SPECIAL_TOKENS))):
-        # a guard on upgrades
         raise RuntimeError("tokenizers did not put the special tokens at ids 0-4")
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
@@ -44,9 +37,7 @@ def build_word_tokenizer(captions, *, min_freq: int = 1, max_length: int = 40):
 
 
 def load_tokenizer(name_or_path: str | os.PathLike):
-    """A tokenizer saved with `save_pretrained` (a directory), or a pretrained Hugging Face name.
-    A name (e.g. "bert-base-uncased") is the only path that may use the network: downloaded once
-    into the Hugging Face cache. Paths that look local ("./x", "/x", "~/x") must exist."""
+    """A tokenizer saved with `save_pretrained` (a directory), or a Hugging Face name (network)."""
     from transformers import AutoTokenizer
 
     text = str(name_or_path)
@@ -66,9 +57,7 @@ def load_tokenizer(name_or_path: str | os.PathLike):
 
 
 def tokenizer_for(split_or_captions, name: str | None = None, **kwargs):
-    """The one way notebooks get a tokenizer: name None builds the word-level tokenizer on the
-    captions of a RetrievalSplit (or a list of captions); a name or directory loads that instead.
-    kwargs (min_freq, max_length) go to build_word_tokenizer."""
+    """The word-level tokenizer of a split's (or a list's) captions, or `name` loaded instead."""
     if name is not None:
         return load_tokenizer(name)
     captions = getattr(split_or_captions, "captions", split_or_captions)

@@ -10,9 +10,7 @@ class ExerciseError(AssertionError):
 
 
 def scalar_answer(got, label: str, hint: str) -> tuple[float, bool]:
-    """A loss the learner returned, as (its value, whether it is a tensor that can train): a 0-d
-    (or one-element) tensor, or a plain number (its value checks; no gradient). Anything else
-    raises ExerciseError naming what came back and `hint`."""
+    """A returned loss as (its value, whether it is a tensor that can train), else ExerciseError."""
     if torch.is_tensor(got) and got.numel() == 1:
         return float(got.detach()), True
     if isinstance(got, Real) and not isinstance(got, bool):

@@ -72,10 +72,8 @@ def _mistakes(forward_logits, backward_logits, input_ids, reversed_ids, attentio
 
 
 def check_summed_log_likelihood(fn) -> None:
-    """fn(forward_logits, backward_logits, input_ids, reversed_ids, attention_mask) -> h (B,):
-    the forward decoder read input_ids ([CLS] w1 .. wL [SEP] [PAD]..), the backward decoder
-    reversed_ids ([CLS] wL .. w1 [SEP]); logits (B, T, V), position t predicting token t + 1.
-    Compared with course_lib.methods.fast_slow.model.summed_log_likelihood."""
+    """fn(forward_logits, backward_logits, input_ids, reversed_ids, attention_mask) -> h (B,),
+    logits (B, T, V) at position t predicting token t + 1, as model.summed_log_likelihood."""
     def close(a, b):
         return tuple(a.shape) == tuple(b.shape) and torch.allclose(a, b, atol=1e-6, rtol=1e-6)
 
@@ -110,8 +108,7 @@ def check_summed_log_likelihood(fn) -> None:
 
 
 def _one_caption_case(seed: int = 0):
-    """A tiny random SlowModel (eval mode), the cached keys / values of 6 random images, one caption
-    of 5 words (1, T), and h of the caption with each image from a loop of single pairs (6,)."""
+    """A tiny SlowModel, 6 images' cached keys / values, a caption (1, T), its h (6,) per pair."""
     torch.manual_seed(seed)
     config = fast_slow.SlowConfig(hidden=16, heads=2, layers=2, channels=(4, 8, 8), dropout=0.0)
     model = fast_slow.SlowModel(12, config).eval()
@@ -126,9 +123,8 @@ def _one_caption_case(seed: int = 0):
 
 
 def check_score_one_caption(fn) -> None:
-    """fn(model, kvs, text) -> h (N,): one caption (text: input_ids and attention_mask, (1, T))
-    against the N gallery images whose cached keys / values are kvs ({"fwd", "bwd"}: per decoder
-    block a (2, N, heads, M, d) tensor). Compared with model.log_likelihood on single pairs."""
+    """fn(model, kvs, text) -> h (N,): one caption (1, T) against the N images whose cached keys /
+    values are kvs ({"fwd", "bwd"}: per block (2, N, heads, M, d)), as log_likelihood per pair."""
     model, kvs, text, expected = _one_caption_case()
     with torch.no_grad():
         got = fn(model, kvs, {k: v.clone() for k, v in text.items()})

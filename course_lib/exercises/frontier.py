@@ -9,8 +9,7 @@ from course_lib.studies.frontier import pareto_front
 
 
 def check_pareto_front(fn) -> None:
-    """The checker of notebook 07's exercise: fn(ms, recall) -> indices of the front, any order,
-    against pareto_front on hand-made and random cases (ties and duplicates included)."""
+    """fn(ms, recall) -> indices of the front, any order, on hand-made and random cases."""
     cases = [([1.0, 10.0, 20.0, 1.0], [5.0, 50.0, 40.0, 5.0]),  # a duplicate; a slower, worse one
              ([3.0, 2.0, 1.0], [1.0, 2.0, 3.0]),                # one point beats both others
              ([1.0, 1.0], [2.0, 3.0])]                          # equal times: the more accurate

@@ -62,8 +62,7 @@ def _hrl_mistakes(images, texts) -> list:
 
 
 def check_hrl_loss(fn) -> None:
-    """fn(image_levels, text_levels) -> L_HRL (eq. 8), a scalar: image_levels[l] (B, d_l) and
-    text_levels[l] (B, d_l), pair i in row i of every level; against the library's hrl_loss."""
+    """fn(image_levels, text_levels) -> L_HRL (eq. 8), a scalar; levels [(B, d_l)], pairs by row."""
     plain_number = False
     for label, images, texts in _hrl_cases():
         expected = float(hrl_loss(images, texts))

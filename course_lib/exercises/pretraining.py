@@ -12,8 +12,7 @@ from .errors import NO_GRADIENT_NOTE, ExerciseError, scalar_answer
 
 
 def _cmr_cases(seed: int = 0):
-    """(label, (B, B) float64 scores): random batches, then hand-made ones where the two
-    directions of CMR disagree (so a one-direction answer cannot pass) and a batch of one."""
+    """(label, (B, B) float64 scores): random, then ones where CMR's two directions disagree."""
     generator = torch.Generator().manual_seed(seed)
     for batch in (5, 16, 2):  # 5 first: there summing over the batch and not halving differ
         yield f"a random {batch}x{batch} batch", 3 * torch.randn(batch, batch, generator=generator,
@@ -73,8 +72,8 @@ def check_cmr_loss(fn) -> None:
 
 
 def _caption_batch(n: int, vocab_size: int, generator, lengths=(1, 14), special=None):
-    """n captions [CLS] w.. [SEP] [PAD].. with lengths (in words) drawn from `lengths`, inclusive;
-    words uniform over non-special ids; special: SpecialTokens (default: the word tokenizer's)."""
+    """(ids, attention_mask, real words) of n captions [CLS] w.. [SEP] [PAD].., lengths (in words)
+    uniform in `lengths` inclusive, words uniform over non-special ids."""
     special = special or WORD_SPECIAL_TOKENS
     words = torch.randint(lengths[0], lengths[1] + 1, (n,), generator=generator)  # (n,)
     width = int(words.max()) + 2
@@ -120,12 +119,10 @@ def _masking_invariants(ids, real, masked, labels, special=None) -> None:
 
 
 def check_mask_tokens(fn, vocab_size: int = 120) -> None:
-    """fn(input_ids, attention_mask, vocab_size, mask_prob, generator) -> (masked_ids, labels), the
-    contract of course_lib.core.losses.mask_tokens: real words picked with probability mask_prob (at
-    least one per caption), 80% -> [MASK], 10% -> a random word, 10% kept; labels IGNORE elsewhere.
-    Where the coin flips picked none, UNITER (and the library) makes the caption's first real word
-    [MASK]; any one forced word passes, with a note when not the first (mask_prob 0 shows the
-    forced picks alone). Ids: the word tokenizer's (WORD_SPECIAL_TOKENS: [PAD]=0 .. [MASK]=4)."""
+    """fn(input_ids, attention_mask, vocab_size, mask_prob, generator) -> (masked_ids, labels), as
+    core.losses.mask_tokens: real words picked with probability mask_prob (at least one per
+    caption), 80% -> [MASK], 10% -> a random word, 10% kept; labels IGNORE elsewhere. Any one
+    forced pick passes, with a note when it is not UNITER's (the first real word, as [MASK])."""
     special = WORD_SPECIAL_TOKENS
 
     def run(ids, attention, mask_prob, seed):

@@ -20,10 +20,6 @@ def _cases(seed: int = 0):
         yield sims, txt2img
 
 
-def _recall_from_ranks(ranks, k):
-    return 100.0 * np.mean(np.asarray(ranks) < k)
-
-
 def check_t2i_ranks(fn) -> None:
     """fn(sims, txt2img) -> 0-based rank of the true image for every text (length n_texts)."""
     for sims, txt2img in _cases():
@@ -72,11 +68,10 @@ def check_i2t_ranks(fn) -> None:
         if not np.array_equal(got, expected):
             bad = int(np.flatnonzero(got != expected)[0])
             raise ExerciseError(f"image {bad}: expected rank {expected[bad]}, got {got[bad]}")
-    # and the recalls they give agree with the library's
-    sims, txt2img = next(_cases(2))
+    sims, txt2img = next(_cases(2))  # and the recalls they give agree with the library's
     metrics = retrieval_metrics(sims, txt2img, ks=(1, 5))
     ranks = np.asarray(fn(sims, txt2img))
-    if abs(_recall_from_ranks(ranks, 1) - metrics["i2t_r1"]) > 1e-9:
+    if abs(100.0 * np.mean(ranks < 1) - metrics["i2t_r1"]) > 1e-9:
         raise ExerciseError("ranks look right but the recall they give disagrees with "
                             "retrieval_metrics")
     print("i2t ranks: correct")
@@ -92,8 +87,7 @@ def _score_batches(seed: int = 0):
 
 
 def _hinge_directions(scores, margin: float, max_violation: bool):
-    """The two halves of VSE++'s loss (wrong texts per image, wrong images per text), and the
-    sum-of-hinges total with the diagonal left in: the usual mistakes, to recognise them."""
+    """VSE++'s loss per direction, and the sum of hinges with the diagonal left in (mistakes)."""
     positives = scores.diagonal().view(-1, 1)  # (B, 1)
     cost_text = (margin + scores - positives).clamp(min=0)  # (B, B) rows: images
     cost_image = (margin + scores - positives.t()).clamp(min=0)  # (B, B) columns: texts

@@ -1,8 +1,5 @@
-"""Checker of notebook 03's lean-query exercise: the learner removes one overhead from an eager
-text query and the checker measures the gain. The answer must stay the same (the same top k, in
-order, on several captions) and be measurably faster: the two are timed in alternation on the same
-captions, and what counts is their ratio (a number of ms depends on the machine).
-"""
+"""Checker of notebook 03's lean-query exercise: the learner's query must answer as the eager one
+and be measurably faster, the two timed in alternation (their ratio counts, not the ms)."""
 
 from __future__ import annotations
 
@@ -36,9 +33,8 @@ def _top_k(got, label: str, caption: str) -> np.ndarray:
 
 def check_faster_query(my_query, eager_query, captions, *, rounds: int = ROUNDS,
                        min_gain: float = MIN_GAIN, label: str = "my_query") -> dict:
-    """my_query(caption) and eager_query(caption) -> the top k gallery indices (k,), best first.
-    my_query must answer like eager_query on every caption, then be min_gain times faster over
-    `rounds` alternating calls each. -> {"eager_ms", "mine_ms", "gain"} (medians, ms per query)"""
+    """my_query and eager_query(caption) -> the top k indices (k,), best first; my_query must
+    answer alike and be min_gain times faster. -> {"eager_ms", "mine_ms", "gain"} (medians)"""
     captions = list(captions)
     if not captions:
         raise ValueError("check_faster_query needs some captions to query")

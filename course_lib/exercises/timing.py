@@ -1,11 +1,5 @@
-"""Checker of the timing exercises (lessons 00-03): the latency rows a learner measured have the
-shape `course_lib.core.timing.latency_vs_gallery` gives, and a timed search answers what it should.
-
-A time depends on the machine, so the checker looks at what can be wrong: a size missing or timed
-twice, a gallery measured that should be extrapolated (or the reverse), a time that is not a
-positive number, an extrapolation below what was measured, and whether a search returns the true
-top 10.
-"""
+"""Checker of the timing exercises (lessons 00-03): a time depends on the machine, so it checks
+the shape of the latency rows (as core.timing.latency_vs_gallery's) and a search's top k."""
 
 from __future__ import annotations
 
@@ -17,8 +11,7 @@ from .errors import ExerciseError
 
 
 def check_latency_rows(rows, sizes, measured_up_to=None, label: str = "your rows") -> None:
-    """rows: [{"n", "ms_per_query", "measured"}, ...] for every gallery size in `sizes`, ascending;
-    measured up to `measured_up_to` (None: all) and extrapolated beyond."""
+    """rows: [{"n", "ms_per_query", "measured"}] per size, measured up to `measured_up_to`."""
     if not isinstance(rows, (list, tuple)) or not all(isinstance(r, dict) for r in rows):
         raise ExerciseError(f"{label}: expected a list of dicts (what latency_vs_gallery returns), "
                             f"got {type(rows).__name__}")

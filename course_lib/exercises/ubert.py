@@ -12,8 +12,7 @@ from .errors import ExerciseError
 
 
 def _eq15_cases(seed: int = 0):
-    """(label, [I_intra, T_intra, I_inter, T_inter] (P, H) float64 each, alpha): unit vectors as the
-    model hands them over, then unnormalised ones (each row its own length) and other alphas."""
+    """(label, [I_intra, T_intra, I_inter, T_inter] (P, H) float64 each, alpha)."""
     generator = torch.Generator().manual_seed(seed)
 
     def parts(P, H, unit):
@@ -66,8 +65,7 @@ def _eq15_mistakes(image_intra, text_intra, image_inter, text_inter, alpha) -> l
 
 def check_enhanced_similarity(fn) -> None:
     """fn(image_intra, text_intra, image_inter, text_inter, alpha) -> (P,) eq. 15 for P aligned
-    pairs: cos(alpha * I_intra + I_inter, alpha * T_intra + T_inter), against the library's
-    enhanced_similarity on unit and unnormalised inputs, several alphas."""
+    pairs: cos(alpha * I_intra + I_inter, alpha * T_intra + T_inter)."""
     def close(a, b):
         return tuple(a.shape) == tuple(b.shape) and torch.allclose(a, b, atol=1e-6, rtol=1e-6)
 
@@ -102,10 +100,9 @@ def check_enhanced_similarity(fn) -> None:
 
 
 def check_rerank_one_by_one(fn, model, query, gallery, atol: float = 1e-5) -> None:
-    """fn(model, query, gallery) -> (K,) s2 of one query against its K candidates, one candidate at
-    a time, against the library's rescore_candidates (all K in one batch). query: a caption's
-    (tokens (1, L, H), mask (1, L), T_intra (1, H)); gallery: the candidates' (tokens (K, M, H),
-    masks (K, M), I_intra (K, H)), as UBERTStates.text / .image give them; eval mode, no grad."""
+    """fn(model, query, gallery) -> (K,) s2 of one query against its K candidates, one at a time.
+    query: (tokens (1, L, H), mask (1, L), T_intra (1, H)); gallery: (tokens (K, M, H),
+    masks (K, M), I_intra (K, H)), as UBERTStates.text / .image give them."""
     K = gallery[2].shape[0]
     was_training = model.training
     model.eval()

@@ -1,39 +1,16 @@
-"""The Method protocol every benchmark method follows: train once (or load the cached
-checkpoint), then rank.
+"""The Method protocol every benchmark method follows: train once (or load the cached or shipped
+model), then rank.
 
-    fit(bench, tokenizer, cache_dir): train on bench["train"], or load the cached checkpoint
-    rank(split, direction, top_k, queries=None) -> (indices (Q, k), scores (Q, k)), best first:
-        each query's top_k gallery items. "t2i": captions query images; "i2t": images query
-        captions. queries default to the split's (split.text_queries / image_queries: the test
-        items in the full setting)
-    query_fn(split, caption_index, top_k): a zero-argument callable answering one text query,
-        (top_k,) image indices: the online cost, timed
-    pairs_per_query(split, direction): cross-attention pairs scored per query (0 for a dot
-        product): what the benchmark's pair budget counts
-    eval_pairs, timed_sizes: (default, smoke) budgets the benchmark honours; notes: one line for
-        the results table
+    fit(bench, tokenizer, cache_dir)
+    rank(split, direction, top_k, queries=None) -> (indices (Q, k), scores (Q, k)), best first;
+        "t2i": captions query images, "i2t": images query captions
+    query_fn(split, caption_index, top_k): a zero-argument callable -> (top_k,) image indices
+    pairs_per_query(split, direction): cross-attention pairs scored per query (0: a dot product)
 
-Ranking, not a dense (n_images, n_texts) matrix, is the protocol (the full setting's would take
-2.9 GB); recalls need only each query's top K (`metrics.ranks_from_top_k`).
-
-    Ranker              what the benchmark runs (fit, rank, query_fn, budgets); a cascade
-                        (methods.rerank) is a Ranker over fitted Methods
-    Method              + a trained model of its own, cached under a name that hashes what it
-                        is trained from (Method.stage, a core.stages.Stage: the config fields
-                        it reads, data, vocabulary, the models it starts from, its version),
-                        never its source code; fit loads the shipped model instead when one
-                        matches (core.shipped)
-    DualEncoderMethod   + what every dot-product model shares (VSE++, LightningDOT): the gallery
-                        is embedded once into a FAISS index, a query costs one encoding and a
-                        top-k, on the lean path of core.serving
-    PairwiseMethod      + what every cross-attention scorer shares (SCAN, the cross-encoder): it
-                        implements score_block(split, images, texts) and inherits rank,
-                        similarity and score_pairs (the re-ranker API of rerank.Cascade) from
-                        pairwise.PairwiseRanking
-
-`fit_pairs` is the one training recipe (a split's (image, caption) pairs through the Trainer);
-`Method.cached_states` keeps a gallery's offline states (U-BERT's, HiVLP's, Slow's) per split
-and model.
+Ranking, not a dense (N, T) matrix, is the protocol: the full setting's would take 2.9 GB. Ranker:
+what the benchmark runs. Method: + a trained model, cached under a name hashing what it is trained
+from (its `stage`), never its source. DualEncoderMethod: + a FAISS index of the gallery.
+PairwiseMethod: + score_block, from which pairwise.PairwiseRanking ranks.
 """
 
 from __future__ import annotations
@@ -74,13 +51,11 @@ CURVE_POINTS = 8
 class Ranker(ABC):
     """What the benchmark runs: `fit`, then `rank` and `query_fn`, within its budgets."""
 
-    # benchmark budgets, (default run, smoke run). eval_pairs: pairs it may score per setting and
-    # direction (None = every query); beyond it, a fixed random sample of queries is ranked.
-    # timed_sizes: the galleries one query is timed on (None = up to each setting's gallery);
-    # bigger galleries are extrapolated linearly from these and starred.
+    # (default run, smoke run) budgets. eval_pairs: pairs scored per setting and direction (None:
+    # every query; beyond it a fixed random sample of queries). timed_sizes: the galleries a query
+    # is timed on (None: up to each setting's; bigger ones are extrapolated linearly and starred).
     eval_pairs: ClassVar[tuple] = (None, None)
-    # the most pairs per setting and direction `--every-pair` may make it score (None = no limit);
-    # beyond it the method stays on its eval_pairs sample (a model that costs ~an hour a setting)
+    # the most pairs per setting and direction `--every-pair` may score (None: no limit)
     every_pair_limit: ClassVar[int | None] = None
     timed_sizes: ClassVar[tuple] = (None, None)
     notes: str = ""
@@ -96,8 +71,7 @@ class Ranker(ABC):
 
     @abstractmethod
     def query_fn(self, split, caption_index: int = 0, top_k: int = 10):
-        """A zero-argument callable answering caption `caption_index` against the split's images:
-        returns (top_k,) image indices, best first. Offline work happens when it is built."""
+        """A zero-argument callable -> (top_k,) image indices for caption `caption_index`."""
 
     def pairs_per_query(self, split, direction: str) -> int:
         """Cross-attention pairs one query scores (0: a dot-product search)."""
@@ -105,17 +79,12 @@ class Ranker(ABC):
 
 
 class Method(Ranker):
-    """A Ranker with a trained model of its own, known by what it is trained from (`stage`).
-    A subclass sets `checkpoint_prefix` (also its default name) and `config_class` (its default
-    config), and implements `build_model(bench, tokenizer)`, the untrained model a shipped model's
-    weights load into, and `train(bench, tokenizer, checkpoint_path, cache_dir) -> (model,
-    history)`, which loads a finished checkpoint at checkpoint_path instead (core.train.Trainer
-    does)."""
+    """A Ranker with a trained model, named by what it is trained from (`stage`); a subclass sets
+    checkpoint_prefix and config_class and implements build_model and train."""
 
     checkpoint_prefix: ClassVar[str] = "method"
     config_class: ClassVar[type]
-    # bump when the parameter layout or the training recipe changes on purpose: every cached and
-    # shipped model of the method is then trained again
+    # bump when the parameter layout or training recipe changes on purpose: retrains every model
     format_version: ClassVar[int] = 1
 
     def __init__(self, config=None, name: str | None = None, progress: bool = True):
@@ -125,9 +94,8 @@ class Method(Ranker):
         self.from_shipped = False  # fit loaded a shipped model (course_lib.core.shipped)
 
     def stage(self, bench: dict, tokenizer) -> Stage:
-        """What the trained model is trained from, which names its file (core.stages.Stage): here
-        every config field, bench["train"] and the vocabulary. A method with an earlier stage or a
-        model it starts from writes its own."""
+        """What the model is trained from (it names its file): every config field, bench["train"],
+        the vocabulary. A method with an earlier stage or a starting model writes its own."""
         return Stage(self.checkpoint_prefix, reads=config_fields(self.config), data=bench["train"],
                      vocabulary=tokenizer, version=self.format_version)
 
@@ -137,12 +105,10 @@ class Method(Ranker):
 
     @abstractmethod
     def train(self, bench: dict, tokenizer, checkpoint_path, cache_dir):
-        """Train on bench["train"] (or load a finished checkpoint_path); return (model, history)."""
+        """Train on bench["train"] (or load a finished checkpoint_path) -> (model, history)."""
 
     def fit(self, bench: dict, tokenizer, cache_dir=None) -> Method:
-        """Load the shipped model when one matches (shipped.shipped_folder: not in smoke mode, nor
-        with COURSE_RETRAIN=1); else train on bench["train"], or load cache_dir /
-        stage.file_name if there (a process training that file there is waited for)."""
+        """Load the matching shipped model (not in smoke or COURSE_RETRAIN=1 runs), else train."""
         self.tokenizer, self.checkpoint_path, self.from_shipped = tokenizer, None, False
         stage = self.stage(bench, tokenizer)  # the model's identity, computed once
         path = shipped.find_shipped(shipped.shipped_folder(), self.name, stage)
@@ -162,10 +128,7 @@ class Method(Ranker):
         return shipped.find_shipped(shipped.shipped_folder(), self.name, stage)
 
     def learning_curve(self, bench: dict, steps: int, n_images: int = 1000) -> dict:
-        """Training kwargs that record the model's learning curve in its history: retrieval on val
-        and on train[:n_images] (learning_curve_splits), CURVE_POINTS times over `steps`. Every dual
-        encoder passes them, the cross-encoder with smaller galleries (it scores every pair), so the
-        trained (and shipped) model carries the curve its notebook shows."""
+        """Training kwargs that log retrieval on val and train[:n_images] CURVE_POINTS times."""
         return dict(evaluate_on=learning_curve_splits(bench, n_images),
                     eval_every=max(1, steps // CURVE_POINTS))
 
@@ -175,8 +138,7 @@ class Method(Ranker):
         return self.model
 
     def cached_states(self, split, compute_states):
-        """compute_states(model, split, tokenizer): a gallery's offline states, computed once per
-        split and fitted model (for the CACHED_SPLITS splits used last, SplitCache)."""
+        """compute_states(model, split, tokenizer), once per split and fitted model (SplitCache)."""
         if getattr(self, "_states", None) is None:
             self._states = SplitCache()
         return self._states.get(split, self.model,
@@ -184,21 +146,16 @@ class Method(Ranker):
 
     def trained_model_of(self, other: Method, bench: dict, tokenizer, cache_dir, *,
                          needed: bool) -> nn.Module:
-        """The model of `other`, a model this one starts from or reads: fitted (trained, or loaded
-        from the cache or the shipped folder) when needed, else only built, because a finished
-        checkpoint of this model holds its copy of it."""
+        """`other`'s model, fitted if needed, else only built (our checkpoint holds a copy)."""
         return (other.fit(bench, tokenizer, cache_dir).model if needed
                 else other.build_model(bench, tokenizer))
 
 
 # ----------------------------------------------------------------------------- training
-
 def fit_pairs(model: nn.Module, loss_fn, split, tokenizer, config, *, modality: str = "regions",
               image_size=None, max_text_length: int = 40, evaluate=None, **runtime) -> History:
-    """The course's training recipe: the (image, caption) pairs of `split` (its image `modality`,
-    captions tokenised by PairCollate) through the one Trainer with loss_fn(model, batch, step),
-    config's training fields (core.train.train_config) with `runtime` on top (checkpoint_path,
-    progress, device, log_every, ...). evaluate(model) -> metrics is logged. Returns the History."""
+    """The course's training recipe: `split`'s (image, caption) pairs through the Trainer with
+    config's training fields, `runtime` on top (checkpoint_path, progress, device, ...)."""
     pairs = PairDataset(split, modality=modality, image_size=image_size)
     trainer = Trainer(model, loss_fn, pairs, train_config(config, **runtime),
                       collate_fn=PairCollate(tokenizer, max_text_length), evaluate=evaluate)
@@ -212,14 +169,13 @@ class DualEncoderMethod(Method):
         return similarity(self._fitted(), split, self.tokenizer)  # (N, T)
 
     def gallery_embeddings(self, split) -> torch.Tensor:
-        """(N, E) embeddings of the split's images, computed once per split and fitted model (the
-        offline half of retrieval: rank and every query_fn on the split share them; SplitCache)."""
+        """(N, E) image embeddings, once per split and fitted model (SplitCache)."""
         if getattr(self, "_gallery", None) is None:
             self._gallery = SplitCache()
         return self._gallery.get(split, self.model, lambda: encode_gallery(self._fitted(), split))
 
     def caption_embeddings(self, split) -> torch.Tensor:
-        """(T, E) embeddings of the split's captions, the gallery of image queries (as above)."""
+        """(T, E) caption embeddings, the gallery of image queries (as above)."""
         if getattr(self, "_captions", None) is None:
             self._captions = SplitCache()
         return self._captions.get(split, self.model,
@@ -227,8 +183,7 @@ class DualEncoderMethod(Method):
 
     def rank(self, split, direction: str, top_k: int,
              queries=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Exact top_k by dot product through a FAISS index of the gallery side (images for t2i,
-        captions for i2t), so no (N, T) matrix is formed. -> (indices (Q, k), scores (Q, k))"""
+        """Exact top_k by dot product via a FAISS index of the gallery side: no (N, T) matrix."""
         queries = query_indices(split, direction, queries)
         model = self._fitted()
         if len(queries) == 0:
@@ -246,8 +201,7 @@ class DualEncoderMethod(Method):
     def query_side(self, probe_caption: str, *, max_length: int = QUERY_MAX_LENGTH,
                    backend: str = "auto",
                    encode_name: str = "encode_texts") -> tuple[QueryTokenizer, QueryEncoder]:
-        """(QueryTokenizer, QueryEncoder) of the fitted model's `encode_name`, built once per model,
-        weights, device and arguments (course_lib.core.serving.QuerySide), never per query."""
+        """(QueryTokenizer, QueryEncoder) of the model's `encode_name`, built once (QuerySide)."""
         if getattr(self, "_query_side", None) is None:
             self._query_side = QuerySide()
         return self._query_side.get(self._fitted().eval(), self.tokenizer, probe_caption,
@@ -256,13 +210,9 @@ class DualEncoderMethod(Method):
 
     def query_fn(self, split, caption_index: int = 0, top_k: int = 10, index_kind: str = "flat",
                  with_scores: bool = False, backend: str = "auto"):
-        """A zero-argument callable answering one text query: the online cost of retrieval.
-
-        The gallery is embedded once, here (offline), into a FAISS index (`index_kind`, exact by
-        default); each call tokenises one caption, encodes it and searches, on the lean path of
-        course_lib.core.serving (`backend`: its QueryEncoder's; "reference": the eager path it
-        replaced). Returns the top_k image indices (top_k,), best first; with_scores: (indices,
-        scores), which a Cascade that fuses stage scores reads."""
+        """One text query's online cost: the gallery is indexed here (offline), each call tokenises,
+        encodes and searches on core.serving's lean path -> (top_k,) image indices (with_scores: and
+        scores). backend="reference": the eager path it replaced."""
         model = self._fitted().eval()
         index = build_index(self.gallery_embeddings(split), kind=index_kind)  # offline: (N, E)
         caption = split.captions[caption_index]
@@ -277,8 +227,7 @@ class DualEncoderMethod(Method):
         return answer
 
     def _reference_query_fn(self, model, index, caption: str, top_k: int, with_scores: bool):
-        """The eager path the lean one replaced (the Hugging Face tokenizer's front end, a dict of
-        tensors, no_grad, retrieval.search's checks): notebook 03's "before", tests' reference."""
+        """The eager path the lean one replaced (notebook 03's "before", the tests' reference)."""
         collate, device = TextCollate(self.tokenizer, QUERY_MAX_LENGTH), model_device(model)
 
         @torch.no_grad()
@@ -292,8 +241,7 @@ class DualEncoderMethod(Method):
 
     def image_query_fn(self, split, image_index: int = 0, top_k: int = 10,
                        index_kind: str = "flat"):
-        """The same for text retrieval: the split's captions are indexed offline, each call encodes
-        one image (eager, inference_mode) and searches them -> (top_k,) caption indices."""
+        """The same for image queries (eager, inference_mode) -> (top_k,) caption indices."""
         model = self._fitted().eval()
         searcher = Searcher(build_index(self.caption_embeddings(split), kind=index_kind), top_k)
         image = ImageDataset(split, modality=model.modality)[image_index]
@@ -309,8 +257,7 @@ class DualEncoderMethod(Method):
 
 
 class PairwiseMethod(PairwiseRanking, Method):
-    """A Method that scores (image, caption) pairs jointly (SCAN, the cross-encoder, Slow): it
-    implements score_block (n, m) and inherits the rest (pairwise.PairwiseRanking)."""
+    """A Method scoring (image, caption) pairs jointly: implements score_block (n, m)."""
 
 
 __all__ = ["QUERY_MAX_LENGTH", "CURVE_POINTS", "Ranker", "Method", "fit_pairs",

@@ -1,9 +1,6 @@
 """An untrained reference method: random projections of a bag of words and of pooled regions.
-
-It learns nothing, so its recalls sit near chance; it exists so that the benchmark pipeline
-(scoring, metrics, timing, tables, plot) runs end to end before any real method is built, and
-so that learners see what "no model" looks like on each setting.
-"""
+Its recalls sit near chance: it runs the benchmark end to end before any real method exists, and
+shows what "no model" looks like on each setting."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""A model's embeddings of a split: what every dot-product method (and its training evaluation)
-computes, for any model with `encode_images(batch)` / `encode_texts(batch)` -> (B, E) and a
-`modality` attribute ("regions" or "pixels", the image field the datasets must provide)."""
+"""A split's embeddings for any model with `encode_images(batch)` / `encode_texts(batch)` -> (B, E)
+and a `modality` ("regions" or "pixels", the image field the datasets must provide)."""
 
 from __future__ import annotations
 
@@ -21,8 +20,7 @@ _PROGRESS_ITEMS = 20_000
 
 
 def _encode(model: nn.Module, loader, encode_name: str, device, progress: bool) -> torch.Tensor:
-    """Concatenate model.<encode_name>(batch) over a loader under checkpoints.inference (eval
-    mode, no grad, on `device`, None = the model's); the result (n, E) on the CPU."""
+    """model.<encode_name>(batch) over a loader under checkpoints.inference -> (n, E) on the CPU."""
     encode, out, desc = getattr(model, encode_name), [], encode_name.replace("_", " ")
     with inference(model, device) as device:
         for batch in tqdm(loader, desc=desc, disable=not progress, leave=False):
@@ -38,8 +36,7 @@ def _some(dataset, indices):
 
 def encode_gallery(model: nn.Module, split, *, batch_size: int = 256, device=None,
                    progress: bool | None = None, indices=None) -> torch.Tensor:
-    """(N, E) image embeddings of a split (or of its images at `indices`), on the CPU.
-    progress None = a bar for big splits."""
+    """(N, E) image embeddings of a split (or its `indices`), on the CPU; progress None: if big."""
     loader = make_loader(_some(ImageDataset(split, modality=model.modality), indices), batch_size)
     progress = split.n_images > _PROGRESS_ITEMS if progress is None else progress
     return _encode(model, loader, "encode_images", device, progress)
@@ -47,12 +44,10 @@ def encode_gallery(model: nn.Module, split, *, batch_size: int = 256, device=Non
 
 def encode_captions(model: nn.Module, split, tokenizer, *, batch_size: int = 256, device=None,
                     progress: bool | None = None, indices=None) -> torch.Tensor:
-    """(T, E) caption embeddings of a split (or of its captions at `indices`), on the CPU.
-    progress None = a bar for big splits."""
+    """(T, E) caption embeddings of a split (or its captions at `indices`), as encode_gallery."""
     chosen = (np.arange(split.n_texts) if indices is None
               else np.asarray(indices, dtype=np.int64))  # (T,)
-    # batches of like lengths, longest first: a batch pads to its longest caption, and real
-    # captions vary threefold in length
+    # batches of like lengths, longest first: a batch pads to its longest caption
     order = np.argsort([-len(split.captions[t]) for t in chosen], kind="stable")  # (T,)
     loader = make_loader(_some(CaptionDataset(split), chosen[order]), batch_size,
                          tokenizer=tokenizer)
@@ -70,10 +65,8 @@ def encode_split(model: nn.Module, split, tokenizer, *, batch_size: int = 256, d
 
 
 def retrieval_evaluator(split, score_fn):
-    """The Trainer's `evaluate` hook every method uses: model -> retrieval_metrics of
-    score_fn(model, split) (an (N, T) matrix), over the split's own queries. split None -> None
-    (no evaluation). split may also be a dict of named splits (learning_curve_splits): every split
-    is then scored, its metrics prefixed by its name ("val_t2i_r1", "train_t2i_r1", ...)."""
+    """The Trainer's `evaluate` hook: retrieval_metrics of score_fn(model, split) (N, T); a dict of
+    named splits prefixes each one's metrics ("val_t2i_r1", ...); split None -> None."""
     if split is None:
         return None
     splits = split if isinstance(split, Mapping) else {"": split}
@@ -95,10 +88,7 @@ def retrieval_evaluator(split, score_fn):
 
 
 def learning_curve_splits(bench: dict, n_train: int = 1000) -> dict:
-    """{"val": bench["val"], "train": the first n_train training images}: evaluated side by side
-    (retrieval_evaluator), they show whether a model fits what it trains on (train above val:
-    fitting; both equal and low: not trained yet; train far above val: overfitting). Same gallery
-    size in both, so the two recalls are comparable."""
+    """{"val", "train": the first n_train training images}: equal galleries, comparable."""
     train = bench["train"]
     n = min(n_train, train.n_images, bench["val"].n_images)
     return {"val": bench["val"].subset(range(n), name=f"val[:{n}]") if n < bench["val"].n_images

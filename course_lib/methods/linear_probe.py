@@ -1,11 +1,8 @@
-"""The linear probe: the baseline every real-photo row is read against.
-
-Both backbones stay frozen. An image is the mean of its pretrained CNN's grid cells (the
-backbone's own pooled vector), a caption the mean of a pretrained BERT's last hidden states
-(MiniLM's sentence vector); one linear map a side takes each into a joint space, where the score
-is their cosine at a learned temperature (CLIP's logit scale), trained with LightningDOT's CMR
-(in-batch InfoNCE, `losses.contrastive_loss`) by the course's Trainer, the weights of its best
-val point kept (`keep_best`). What a method learns beyond frozen features is its gain over this.
+"""The linear probe: the baseline every real-photo row is read against. Both backbones stay frozen:
+an image is the mean of a pretrained CNN's grid cells, a caption the mean of a pretrained BERT's
+last states (MiniLM's sentence vector); one linear map a side projects each into a joint space
+scored by cosine at a learned temperature (CLIP's), trained with in-batch InfoNCE, the best val
+point kept. What a method learns beyond frozen features is its gain over this.
 
     tokenizer = tokenizer_for(bench["train"], name=pretrained_text_path(MINILM_NAME))
     probe = LinearProbeMethod().fit(bench, tokenizer)
@@ -49,8 +46,7 @@ class LinearProbeConfig(CourseConfig):
 
 
 class LinearProbe(nn.Module):
-    """encode_images(batch) -> (B, E) unit vectors of Linear(mean of regions); encode_texts(batch)
-    -> (B, E) of Linear(mean of the frozen BERT's states); forward(pair batch) -> both."""
+    """Unit vectors (B, E) of Linear(mean of regions) and Linear(mean of frozen BERT states)."""
 
     modality = "regions"
 
@@ -84,7 +80,7 @@ def probe_loss(model: LinearProbe, batch: dict, step: int = 0) -> dict:
 
 
 def build_linear_probe(config: LinearProbeConfig, train_split, tokenizer) -> LinearProbe:
-    """A fresh probe sized for the split's region features and the pretrained tokenizer."""
+    """A fresh probe sized for the split's region features and the tokenizer."""
     if not train_split.has_regions:
         raise ValueError(f"split {train_split.name!r} has no region features: the linear probe "
                          "reads a pretrained CNN's grid "
@@ -93,7 +89,7 @@ def build_linear_probe(config: LinearProbeConfig, train_split, tokenizer) -> Lin
 
 
 class LinearProbeMethod(DualEncoderMethod):
-    """The linear probe as a benchmark Method: a dual encoder, ranked by FAISS like the others."""
+    """The linear probe as a benchmark Method (a dual encoder)."""
 
     checkpoint_prefix = "linear-probe"
     config_class = LinearProbeConfig

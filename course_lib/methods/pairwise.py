@@ -1,9 +1,5 @@
-"""PairwiseRanking: what every cross-attention scorer shares (SCAN, the cross-encoder, Slow).
-
-It is mixed into methods.base.PairwiseMethod (a Method: its model, name and progress are used
-here); kept apart so base.py stays one idea long, and importing nothing of base so neither
-imports the other.
-"""
+"""PairwiseRanking: what every cross-attention scorer shares (SCAN, the cross-encoder, Slow),
+mixed into base.PairwiseMethod (whose model, name and progress it uses); kept apart from base."""
 
 from __future__ import annotations
 
@@ -17,17 +13,13 @@ from course_lib.methods.queries import check_direction, query_indices, top_k_of
 
 # pairs scored per score_block call while ranking (memory, not the result)
 _PAIRS_PER_BLOCK = 1 << 20
-# a method ranking every query of a split this small scores every pair once and keeps the
-# (N, T) matrix (80 MB at most), so the other direction reuses it instead of scoring it again
+# a split this small ranked in full keeps its (N, T) scores (80 MB at most) for both directions
 _DENSE_PAIRS = 20_000_000
 
 
 class PairwiseRanking(ABC):
-    """Ranking for a Method that scores (image, caption) pairs jointly: every query meets every
-    gallery item. A subclass implements score_block(split, image_indices (n,), text_indices (m,))
-    -> (n, m) scores and inherits rank (a chunk of queries at a time against the whole gallery,
-    keeping each one's top k), similarity and score_pairs, the re-ranker API (rerank.Cascade),
-    which a subclass with a cheaper pair scorer overrides."""
+    """Ranking by scoring (query, gallery item) pairs jointly: a subclass implements score_block and
+    inherits rank, similarity and score_pairs (the re-ranker API of rerank.Cascade)."""
 
     @abstractmethod
     def score_block(self, split, image_indices, text_indices) -> torch.Tensor:
@@ -44,8 +36,7 @@ class PairwiseRanking(ABC):
 
     def rank(self, split, direction: str, top_k: int,
              queries=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Queries a chunk at a time against the whole gallery, keeping each one's top_k. A small
-        split queried in full is scored once for both directions (_DENSE_PAIRS)."""
+        """A chunk of queries at a time against the gallery; small full splits scored once."""
         queries = query_indices(split, direction, queries)
         everything = np.array_equal(queries, query_indices(split, direction))
         if self._dense[0] is split and self._dense[1] is self.model:
@@ -72,8 +63,7 @@ class PairwiseRanking(ABC):
         return torch.cat(indices), torch.cat(scores)  # (Q, k) each
 
     def score_pairs(self, split, image_indices, text_indices) -> torch.Tensor:
-        """(P,) scores of the pairs (image_indices[p], text_indices[p]): one score_block per
-        distinct caption, over the images paired with it."""
+        """(P,) scores of the pairs (image_indices[p], text_indices[p]): score_block per caption."""
         images = torch.as_tensor(np.asarray(image_indices), dtype=torch.long)  # (P,)
         texts = torch.as_tensor(np.asarray(text_indices), dtype=torch.long)  # (P,)
         out = torch.empty(len(images))

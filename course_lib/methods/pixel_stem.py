@@ -1,10 +1,9 @@
 """A pixel stem pre-trained on the scenes' ground truth: the miniature's ImageNet (or detector).
 
-HiVLP's ViT starts from pre-trained weights; Fast & Slow trains its ResNet-50s from scratch, but on
-COCO or Conceptual Captions (2.7M images) before Flickr30k. On our 10,000 training scenes a CNN from
-scratch must learn to see within a few thousand retrieval steps. So (our choice, for all three) a
-small stem is pre-trained once, on bench["pretrain"]'s rendered scenes (never the retrieval
-splits), against what sits in each cell of the 3x3 grid (data.scenes.Scenes):
+HiVLP's ViT starts pre-trained and Fast & Slow's ResNet-50s see COCO or CC first; our CNNs would
+have to learn to see within a few thousand retrieval steps. So (our choice, for all three) a small
+stem is pre-trained once on bench["pretrain"]'s scenes (never the retrieval splits) to name what
+sits in each cell of the 3x3 grid (data.scenes.Scenes):
 
     pixels (B, 3, 32, 32) -> ConvBackbone -> maps (B, c0, 16, 16), (B, c1, 8, 8), (B, c2, 4, 4)
     head_pool "cells":   the 4x4 map average-pooled to the 3x3 grid (B, c2, 3, 3) -> one shared
@@ -13,15 +12,10 @@ splits), against what sits in each cell of the 3x3 grid (data.scenes.Scenes):
     51 logits a cell: object (49: 0 = empty, else 1 + class shape * 8 + colour), size (2)
     loss: CE(object, all 9 cells) + CE(size, occupied cells only)
 
-One class per (shape, colour), not a head each: then "a red circle sits in cell k" is a linear
-read-out of the 4x4 map, and so is a bag of the scene's objects, the vector a dot product needs
-(docs/findings.md, "What one vector can do"); separate heads leave that to whatever reads the map.
-
-`ConvBackbone` is Fast's and Slow's image CNN (fast_slow.model imports it from here), so with the
-same channels the stem's backbone loads straight into FastModel.backbone or
-VisualTokens.backbone; the heads are dropped. It trains with the course's Trainer, cached as
-`pixel_stem_stage` (its config, the pretrain split, STEM_FORMAT_VERSION); `StartsFromPixelStem`
-names it among the stages its models start from.
+One class per (shape, colour), not a head each, makes "a red circle in cell k", and so a bag of the
+scene's objects, a linear read-out of the map (docs/findings.md, "What one vector can do").
+`ConvBackbone` is Fast's and Slow's CNN, so the stem's backbone loads straight into theirs; the
+heads are dropped.
 
     stem, history = train_pixel_stem(bench, PixelStemConfig(), checkpoint_path=cache / name)
 """
@@ -50,7 +44,7 @@ from course_lib.data.scenes import COLORS, GRID, N_CLASSES, SIZES
 CELLS = GRID * GRID  # 9 cells, cell = row * GRID + col
 HEADS = {"object": 1 + N_CLASSES, "size": len(SIZES)}  # logits per cell and head
 HEAD_POOLS = ("flatten", "cells")  # PixelStemConfig.head_pool
-# bump when the stem's layout or pre-training recipe changes on purpose: its cache is then retrained
+# bump when the layout or pre-training recipe changes on purpose: retrains the stem
 STEM_FORMAT_VERSION = 1
 
 
@@ -58,9 +52,7 @@ STEM_FORMAT_VERSION = 1
 class PixelStemConfig(CourseConfig):
     # Defaults chosen in docs/tuning_notes.md, "Pixel stem".
     channels: tuple = (24, 48, 96)  # ConvBackbone widths: those of the model that loads it
-    # how the heads read the 4x4 map: "cells" (pooled to the 3x3 grid, one Linear shared by the
-    # cells, so each cell's object is written where the cell is) or "flatten" (one Linear over all
-    # 16 positions)
+    # the heads read the 4x4 map pooled to the 3x3 "cells" (one shared Linear) or "flatten"ed
     head_pool: str = "cells"
     batch_size: int = 128  # scenes per step
     lr: float = 2e-3  # peak AdamW rate
@@ -84,9 +76,8 @@ def conv_bn_relu(c_in: int, c_out: int, stride: int = 1) -> nn.Sequential:
 
 
 class ConvBackbone(nn.Module):
-    """Pixels (B, 3, 32, 32) -> the stages' maps [(B, c0, 16, 16), (B, c1, 8, 8), (B, c2, 4, 4)]:
-    per stage a stride-2 conv then a conv, each with BN and ReLU (the first stage's stride-2 conv is
-    the stem: a full-resolution stem cost as much as the rest on one CPU thread)."""
+    """Pixels (B, 3, 32, 32) -> maps [(B, c0, 16, 16), (B, c1, 8, 8), (B, c2, 4, 4)]: per stage a
+    stride-2 conv then a conv, BN and ReLU (a full-resolution stem cost as much as the rest)."""
 
     def __init__(self, channels=(24, 48, 96)):
         super().__init__()
@@ -104,9 +95,7 @@ class ConvBackbone(nn.Module):
 
 
 def cell_targets(scenes, rows=None) -> dict[str, np.ndarray]:
-    """Per scene and cell what sits there, from the ground truth: int64 (n, 9) each. "object": 0 =
-    empty, else 1 + the detector's class (shape * len(COLORS) + colour); "size": the object's, -1 in
-    empty cells (ignored by the loss)."""
+    """int64 (n, 9) per scene and cell: "object" (0 empty, else 1 + class), "size" (-1 if empty)."""
     rows = np.arange(len(scenes)) if rows is None else np.asarray(rows)
     out = {"object": np.zeros((len(rows), CELLS), np.int64),
            "size": np.full((len(rows), CELLS), -1, np.int64)}
@@ -120,8 +109,7 @@ def cell_targets(scenes, rows=None) -> dict[str, np.ndarray]:
 
 
 class CellDataset(Dataset):
-    """One item per scene of a split: "pixels" (3, 32, 32) normalised as every pixel model reads
-    them (data.datasets.ImageDataset) and its cell_targets "object", "size" (9,) each."""
+    """Per scene: "pixels" (3, 32, 32), as ImageDataset's, and its cell_targets (9,) each."""
 
     def __init__(self, split):
         if split.scenes is None:
@@ -138,9 +126,7 @@ class CellDataset(Dataset):
 
 
 class StemBackboneModule(nn.Module):
-    """A module whose `backbone` (a ConvBackbone, loaded from the pixel stem) may be kept frozen:
-    while `frozen_backbone` is true it gets no gradient (`freeze_backbone`) and train() leaves it in
-    eval mode, so its BatchNorm keeps the stem's running statistics. FastModel, StemGridTower."""
+    """A module whose backbone, while `frozen_backbone`, gets no gradient and stays in eval."""
 
     frozen_backbone: bool = False
 
@@ -155,8 +141,7 @@ class StemBackboneModule(nn.Module):
 
 
 class PixelStem(nn.Module):
-    """ConvBackbone + per-cell heads: forward(pixels (B, 3, 32, 32)) -> {"object": (B, 9, 49),
-    "size": (B, 9, 2)} logits. Only `backbone` is handed on."""
+    """ConvBackbone + heads: (B, 3, 32, 32) -> {"object": (B, 9, 49), "size": (B, 9, 2)}."""
 
     def __init__(self, config: PixelStemConfig | None = None):
         super().__init__()
@@ -185,9 +170,8 @@ def cell_loss(model: PixelStem, batch: dict, step: int = 0) -> dict:
 
 
 def cell_accuracy(model: PixelStem, split, batch_size: int = 500) -> dict[str, float]:
-    """Per-cell accuracy in percent on a split's scenes: "occupancy" (empty or not, all cells), then
-    on occupied cells "shape", "color", "size" and "object" (all three right); chance for a constant
-    guess: occupancy ~50 at 4-5 objects of 9, shape 1/6, colour 1/8, size 1/2."""
+    """Per-cell accuracy in percent: "occupancy", then on occupied cells "shape", "color", "size"
+    and "object" (all three). Chance: occupancy ~50, shape 1/6, colour 1/8, size 1/2."""
     data = CellDataset(split)
     preds = {k: [] for k in HEADS}
     with inference(model) as device:
@@ -210,8 +194,7 @@ def cell_accuracy(model: PixelStem, split, batch_size: int = 500) -> dict[str, f
 
 
 def stem_config(config) -> PixelStemConfig:
-    """The pixel stem a model's config starts from: its stem_steps, stem_head_pool and seed, and its
-    CNN widths where it has them (FastConfig.channels; HiVLP's tower reads the stem's defaults)."""
+    """The PixelStemConfig a model's config starts from (its stem fields, seed and CNN widths)."""
     return PixelStemConfig(channels=getattr(config, "channels", PixelStemConfig.channels),
                            head_pool=config.stem_head_pool, max_steps=config.stem_steps,
                            seed=config.seed)
@@ -224,9 +207,7 @@ def pixel_stem_stage(bench: dict, config: PixelStemConfig) -> Stage:
 
 
 class StartsFromPixelStem(ABC):
-    """For a Method whose image tower may start from the pixel stem (HiVLP, Slow, Fast): it says
-    whether it does (`starts_from_stem`); its `stage` then names the stem's among the stages it
-    starts from, so a new stem (or pre-training corpus) retrains it."""
+    """For a Method whose image tower may start from the pixel stem (its stage names it)."""
 
     @abstractmethod
     def starts_from_stem(self) -> bool:
@@ -253,9 +234,7 @@ class StartsFromPixelStem(ABC):
 def train_pixel_stem(bench: dict, config: PixelStemConfig | None = None, *, checkpoint_path=None,
                      evaluate_on="val", eval_every: int | None = None, progress: bool = True,
                      device: str | None = None) -> tuple[PixelStem, list]:
-    """Pre-train on bench["pretrain"]'s scenes (or load a finished checkpoint_path); cell_accuracy
-    on bench[evaluate_on] (None: no evaluation) every eval_every steps and at the end.
-    -> (stem in eval mode, History)"""
+    """Pre-train on bench["pretrain"], evaluated on bench[evaluate_on] -> (stem, History)."""
     c = config or PixelStemConfig()
     seed_everything(c.seed)
     model = PixelStem(c)
@@ -269,10 +248,7 @@ def train_pixel_stem(bench: dict, config: PixelStemConfig | None = None, *, chec
 
 def load_stem_backbone(backbone: ConvBackbone, bench: dict, model_config, *, checkpoint_path=None,
                        progress: bool = True, device: str | None = None) -> None:
-    """Copy the pixel stem a model's config starts from (`stem_config`) into its `backbone`:
-    pre-trained on bench["pretrain"], or loaded from a finished checkpoint_path. A stem trained here
-    ends with its per-cell accuracy on bench["val"] (about a second), so its cached history says
-    what it learned whichever model trained it first (notebook 06 prints it)."""
+    """Copy the pixel stem of `stem_config(model_config)`, trained or loaded, into `backbone`."""
     stem, _ = train_pixel_stem(bench, stem_config(model_config), checkpoint_path=checkpoint_path,
                                progress=progress, device=device)
     backbone.load_state_dict(stem.backbone.state_dict())

@@ -19,8 +19,7 @@ def check_direction(direction: str) -> str:
 
 
 def query_indices(split, direction: str, queries=None) -> np.ndarray:
-    """The query indices of a direction: `queries` if given (checked), else the split's own
-    (split.text_queries for t2i, split.image_queries for i2t)."""
+    """`queries` if given (checked), else the split's text_queries (t2i) or image_queries (i2t)."""
     check_direction(direction)
     if queries is None:
         return split.text_queries if direction == "t2i" else split.image_queries

@@ -8,10 +8,7 @@
     def _rerank(build):  # a method built from others asks for them by name
         return TwoStageMethod(build.method("lightningdot"), build.method("cross_encoder"), 20)
 
-`available_methods(seed, smoke)` imports every module of `course_lib.methods` (so their
-registrations run), builds every registered method in `order`, each exactly once (one fitted model
-serves every method that uses it), and returns them. Adding a method touches only its own module
-and tests: the benchmark, `available_methods` and the benchmark's tests loop over the registry.
+`available_methods` imports every module here, then builds each registered method once, in order.
 """
 
 from __future__ import annotations
@@ -62,14 +59,12 @@ class Build:
     seed: int = 0
     smoke: bool = False
     built: dict = field(default_factory=dict)
-    # config class name -> fields set in every config of that class this run builds, over the
-    # factory's own (e.g. the real-data sizes of course_lib.real_benchmark)
+    # config class name -> fields set over the factory's (e.g. real_benchmark's real-data sizes)
     sizes: dict = field(default_factory=dict)
     real_photos: bool = False  # outside smoke mode, each config takes its class's REAL_PHOTOS
 
     def config(self, config_class, **overrides):
-        """config_class in this run's mode: .smoke(seed=...) or (seed=...), with overrides, then the
-        class's REAL_PHOTOS preset (a real-photo run at default size), then the run's sizes."""
+        """config_class in this run's mode with overrides, then REAL_PHOTOS, then sizes."""
         preset = config_class.REAL_PHOTOS if self.real_photos and not self.smoke else {}
         sizes = self.sizes.get(config_class.__name__, {})
         overrides = {"seed": self.seed, **overrides, **preset, **sizes}
@@ -96,8 +91,7 @@ def registered_names() -> list[str]:
 
 def available_methods(seed: int = 0, smoke: bool = False, names=None, sizes=None,
                       real_photos: bool = False) -> list:
-    """The registered methods (all, or those in `names`), built for this seed and mode, in
-    course order; methods they depend on are built once and shared. sizes, real_photos: Build's."""
+    """The registered methods (all, or `names`), each built once for this seed and mode."""
     everything = registered_names()
     if names is not None:
         unknown = sorted(set(names) - set(everything))

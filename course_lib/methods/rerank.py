@@ -1,30 +1,13 @@
-"""Cascades: a fast first stage keeps the top-M, slower stages re-score only the survivors.
-
-`Cascade(stages, top_ms, combine)` is the general form every lesson uses: stage 0 is a Method
-that ranks the whole gallery (a dot product through FAISS); each later stage re-scores the
-previous stage's survivors with its `score_pairs(split, image_indices, text_indices)`, and
-`combine` fuses the scores gathered so far into the order that decides who survives:
+"""Cascades: a fast first stage keeps the top-M, slower stages re-score only the survivors, in the
+order `combine` (default `last_stage`, as LightningDOT §3.2, Table 3 "+Re-ranker") gives.
 
     Cascade([lightningdot, cross_encoder], top_ms=[20])  # two-stage re-ranking
     Cascade([hivlp_l1, hivlp_l2, hivlp_l3], top_ms=[1000, 100])  # coarse-to-fine levels
     Cascade([fast, slow], top_ms=[10], combine=weighted_sum([beta, 1.0]))  # Fast & Slow eq. 9
 
-A query costs one first-stage search plus sum(top_ms) pair scorings, whatever the gallery size.
-The default `combine` is the last stage's score alone (`last_stage`), as LightningDOT §3.2 (and
-its code) takes the final top-K (K <= M) from the re-ranker's scores, not fused with the dot
-product's: one encoding plus M re-ranker passes a query (Table 3, "+Re-ranker").
-
-Any re-ranker plugs in through one function, a *pair scorer*:
-
-    score_pairs(image_indices (P,), text_indices (P,)) -> scores (P,)   on one split
-
-    first = lightningdot.similarity(split)  # (N, T)
-    t2i = two_stage_scores(first, score_pairs, top_m=20, direction="t2i")  # (N, T)
-    retrieval_metrics(i2t, split.txt2img, t2i_sims=t2i)
-
-`two_stage_scores` returns a full (N, T) matrix, so the usual metrics apply: in each query's
-column (t2i) or row (i2t) the M candidates carry the re-ranker's scores and every other item keeps
-its first-stage order, strictly below them. `TwoStageMethod` is the benchmark's method.
+A query costs one first-stage search plus sum(top_ms) pair scorings, whatever the gallery size. A
+re-ranker plugs in as a pair scorer, score_pairs(image_indices (P,), text_indices (P,)) -> (P,).
+`two_stage_scores` gives the dense (N, T) form for the usual metrics.
 """
 
 from __future__ import annotations
@@ -43,8 +26,7 @@ PairScorer = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 def top_m_candidates(first_scores: torch.Tensor, top_m: int,
                      direction: str = "t2i") -> torch.Tensor:
-    """The first stage's top_m per query, best first: t2i -> (T, M) image indices per text,
-    i2t -> (N, M) text indices per image. top_m is capped at the number of candidates."""
+    """The first stage's top_m per query, best first: t2i (T, M) images, i2t (N, M) texts."""
     if direction not in DIRECTIONS:
         raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
     if top_m < 1:
@@ -55,9 +37,8 @@ def top_m_candidates(first_scores: torch.Tensor, top_m: int,
 
 
 def two_stage_scores(first_scores, score_pairs: PairScorer, top_m: int, direction: str = "t2i"):
-    """(N, T) scores of two-stage retrieval in one direction (module docstring). first_scores
-    (N, T): the first stage's scores of every pair. score_pairs: the re-ranker's pair scorer,
-    called once with all Q * top_m candidate pairs."""
+    """(N, T) two-stage scores: each query's top_m by first_scores (N, T) re-scored by score_pairs
+    (one call), every other item in its first-stage order below them."""
     first = torch.as_tensor(first_scores, dtype=torch.float32).cpu()  # (N, T)
     candidates = top_m_candidates(first, top_m, direction)  # (Q, M)
     Q, M = candidates.shape
@@ -75,11 +56,8 @@ def two_stage_scores(first_scores, score_pairs: PairScorer, top_m: int, directio
 
 
 def remembered_scores(stage, split, images: torch.Tensor, texts: torch.Tensor) -> torch.Tensor:
-    """stage.score_pairs(split, images, texts) -> (P,), each (image, caption) pair scored once per
-    split and fitted model: the scores are kept on the stage, so the cascades of one evaluation
-    that share a re-ranker (lightningdot+rerank@20 and @50, fast_slow@10 and @50) and the two
-    directions (a true pair sits high in both) do not score a pair twice. Evaluation only: a timed
-    query (Cascade.query_fn) pays for every pair it scores."""
+    """stage.score_pairs, each pair scored once per split and fitted model (kept on the stage)
+    across cascades and directions. Evaluation only: a timed query pays for every pair."""
     memo = getattr(stage, "_remembered", None)
     if memo is None or memo["model"] is not getattr(stage, "model", None):
         memo = stage._remembered = {"model": getattr(stage, "model", None), "splits": {}}
@@ -113,8 +91,7 @@ def last_stage(stage_scores: list) -> torch.Tensor:
 
 
 def weighted_sum(weights: Sequence[float]) -> Combine:
-    """combine = sum_j weights[j] * stage j's scores, over the stages scored so far: Fast & Slow's
-    h(x, y) + beta * f(x)^T g(y) is weighted_sum([beta, 1.0]) on [fast, slow]."""
+    """sum_j weights[j] * stage j's scores (Fast & Slow: weighted_sum([beta, 1]))."""
     weights = [float(w) for w in weights]
 
     def combine(stage_scores: list) -> torch.Tensor:  # the stages so far: fewer than weights
@@ -124,15 +101,9 @@ def weighted_sum(weights: Sequence[float]) -> Combine:
 
 
 class Cascade(Ranker):
-    """stages[0] ranks the gallery and keeps top_ms[0]; stage j re-scores the survivors and keeps
-    top_ms[j] (the last stage keeps them all), each time in the order combine(scores so far) gives.
-
-    stages[0]: a Method (rank); stages[1:]: anything with score_pairs(split, images, texts) ->
-    (P,) (a PairwiseMethod, or a method that exposes a light scorer). top_ms: len(stages) - 1
-    survivor counts, non-increasing; top_ms_i2t: other counts for image queries, when they differ
-    (U-BERT re-ranks K = 20 images per caption but K = 100 captions per image). It has no model
-    of its own to train or ship: fit fits the stages that are not fitted yet.
-    """
+    """stages[0] (a Method) ranks the gallery and keeps top_ms[0]; stage j (anything with
+    score_pairs) re-scores the survivors and keeps top_ms[j], in combine(scores so far)'s order.
+    top_ms_i2t: other counts for image queries. fit fits the stages not fitted yet."""
 
     def __init__(self, stages: Sequence, top_ms: Sequence[int], combine: Combine = last_stage,
                  name: str | None = None, notes: str | None = None,
@@ -166,21 +137,16 @@ class Cascade(Ranker):
         return self.top_ms if check_direction(direction) == "t2i" else self.top_ms_i2t
 
     def pairs_per_query(self, split, direction: str) -> int:
-        """The first stage's pairs, plus the survivors each later stage scores, except stages that
-        only take dot products of cached vectors (`dot_product = True`, e.g. HiVLP's levels)."""
+        """The first stage's pairs plus later survivors, except `dot_product` stages'."""
         later = zip(self.survivors(direction), self.stages[1:], strict=True)
         return (sum(m for m, stage in later if not getattr(stage, "dot_product", False))
                 + self.stages[0].pairs_per_query(split, direction))
 
     def rescore(self, split, direction: str, queries, candidates, first_scores,
                 remember: bool = False):
-        """Run stages[1:] on candidates (Q, M) with their first-stage scores (Q, M), M >= top_ms[0]
-        -> (indices (Q, M), scores (Q, M)), best first. The last stage's survivors come first, by
-        combined score; every item a stage dropped follows, the latest drops first, each group in
-        the order that dropped it, with scores strictly below (so recall at K beyond the survivors
-        is the earlier stages', as two_stage_scores gives on a dense matrix). remember: score the
-        pairs through remembered_scores (evaluation; never for stages scoring by a dot product of
-        cached vectors, `dot_product = True`, which are cheaper than the lookup)."""
+        """stages[1:] on candidates and first-stage scores (Q, M) -> (indices, scores) (Q, M), best
+        first: the survivors, then each stage's drops (latest first) strictly below, as
+        two_stage_scores. remember: through remembered_scores (never for `dot_product` stages)."""
         top_ms = self.survivors(direction)
         queries = torch.as_tensor(np.asarray(queries), dtype=torch.long)  # (Q,)
         candidates = torch.as_tensor(candidates, dtype=torch.long)
@@ -210,8 +176,7 @@ class Cascade(Ranker):
 
     def rank(self, split, direction: str, top_k: int,
              queries=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """The cascade's top_k per query: (indices (Q, k), scores (Q, k)), best first; beyond the
-        last stage's survivors, the items earlier stages dropped (rescore)."""
+        """(indices (Q, k), scores (Q, k)), best first; beyond the last survivors, earlier drops."""
         queries = query_indices(split, check_direction(direction), queries)
         depth = max(top_k, self.survivors(direction)[0])
         candidates, first = self.stages[0].rank(split, direction, depth, queries)  # (Q, depth)
@@ -219,8 +184,7 @@ class Cascade(Ranker):
         return indices[:, :top_k], scores[:, :top_k]
 
     def query_fn(self, split, caption_index: int = 0, top_k: int = 10):
-        """One text query: the first stage's own query_fn for top_ms[0] (its offline index built
-        here), then the later stages on the survivors."""
+        """One text query: stage 0's query_fn for top_ms[0], later stages on the survivors."""
         uses_first = self.combine is not last_stage  # only then do the first-stage scores matter
         search = self.stages[0].query_fn(split, caption_index=caption_index, top_k=self.top_ms[0],
                                          **({"with_scores": True} if uses_first else {}))
@@ -238,12 +202,7 @@ class Cascade(Ranker):
 
 
 class TwoStageMethod(Cascade):
-    """The two-stage case: `first` retrieves top_m, `reranker` (any method with score_pairs or
-    pair_scorer, e.g. CrossEncoderMethod) re-scores them; final ranking by the re-ranker alone.
-
-    similarity(split) -> (i2t scores, t2i scores): the dense form for small splits, each direction
-    re-ranking its own candidates (pass both to retrieval_metrics(..., t2i_sims=)).
-    """
+    """`first` retrieves top_m, `reranker` re-scores them; ranked by the re-ranker alone."""
 
     def __init__(self, first, reranker, top_m: int, name: str | None = None,
                  top_m_i2t: int | None = None):
@@ -261,9 +220,8 @@ class TwoStageMethod(Cascade):
         return [two_stage_scores(first, scorer, self.survivors(d)[0], d) for d in directions]
 
     def similarity(self, split) -> tuple[torch.Tensor, torch.Tensor]:
-        """(i2t scores (N, T), t2i scores (N, T)): retrieval_metrics(i2t, ..., t2i_sims=t2i)."""
-        i2t, t2i = self._scores(split, ("i2t", "t2i"))
-        return i2t, t2i
+        """(i2t, t2i) (N, T) each for retrieval_metrics(i2t, ..., t2i_sims=t2i)."""
+        return tuple(self._scores(split, ("i2t", "t2i")))
 
     def t2i_similarity(self, split) -> torch.Tensor:
         """(N, T) scores for text queries only (the benchmark's sampled-query evaluation)."""

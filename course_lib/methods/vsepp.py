@@ -4,29 +4,18 @@ space, and both vectors are L2-normalised, so a score is a cosine similarity:
 
     s(image, text) = <normalize(W_i f(image)), normalize(W_t g(text))>
 
-Training scores the B images of a batch against its B captions (`DualEncoder.forward`, positives
-on the diagonal) and minimises `hinge_triplet_loss`: with max_violation only the hardest negative
-of each query counts (VSE++'s "MH" loss), else every hinge is summed (the older "sum of hinges").
-Images and texts never meet before the dot product, so the gallery is embedded once, offline, into
-a FAISS index (core.retrieval), and a text query costs one text encoding plus a top-k.
+`hinge_triplet_loss` over the batch's (B, B) scores: with max_violation only each query's hardest
+negative counts (VSE++'s "MH" loss), else every hinge is summed. The gallery is embedded once,
+offline, into a FAISS index; a text query costs one text encoding plus a top-k.
 
     model, history = train_dual_encoder(bench, tokenizer, VsePPConfig())
     image_emb, text_emb = encode_split(model, bench["test"], tokenizer)  # (N, E), (T, E)
-    sims = image_emb @ text_emb.T  # = similarity(...)
 
-`VsePPMethod` wraps this for `python -m course_lib.benchmark`. The loss and gradient clipping are
-VSE++'s; the schedule is the course's Trainer (AdamW, warm-up then linear decay), not VSE++'s step
-decay. Margin, batch, learning rate and length come from learning curves on this benchmark
-(VsePPConfig): VSE++'s fine-tune a pretrained CNN, ours train both encoders from random weights.
-
-Max violation vs sum of hinges. VSE++ trains a linear map over fixed, pretrained CNN features,
-where MH beats the sum. Here both encoders start from random weights: every image starts near one
-direction, so each query's hardest negative outscores its positive, and MH alone drives all
-embeddings onto one vector (every score equal, loss 2 * B * margin), the collapse FaceNet (Schroff
-et al. 2015) reports for hardest-negative mining early in training. Neither a sum-of-hinges
-warm-up (VSE-infinity's recipe, `sum_warmup_steps`) nor masking the generator's true false
-negatives out of the batch prevents it in our budget, so the default is the sum of hinges;
-notebook 01 shows both (docs/tuning_notes.md, "VSE++").
+Why the sum of hinges by default: VSE++ trains a linear map over pretrained CNN features, where MH
+wins. From random weights every image starts near one direction, so MH alone collapses all
+embeddings onto one vector (loss 2 * B * margin), as FaceNet (Schroff et al. 2015) reports for
+hardest negatives early on; neither a sum-of-hinges warm-up (VSE-infinity's, `sum_warmup_steps`) nor
+masking false negatives prevents it here (docs/tuning_notes.md, "VSE++").
 """
 
 from __future__ import annotations
@@ -60,7 +49,7 @@ class VsePPConfig(CourseConfig):
     embed_dim: int = 256  # size of the joint space both projections map to
     layers: int = 2  # depth of both encoders: transformer blocks, or stacked GRU layers
     margin: float = 0.1  # hinge margin (VSE++: 0.2)
-    # True = hardest negative only (VSE++'s "MH"); False = sum of all hinges (module docstring)
+    # True = hardest negative only (VSE++'s "MH"); False = sum of all hinges
     max_violation: bool = False
     batch_size: int = 256  # (image, caption) pairs per batch; the in-batch negatives (VSE++: 128)
     lr: float = 1e-3  # peak AdamW learning rate (VSE++'s Adam: 2e-4, fine-tuning a pretrained CNN)
@@ -76,13 +65,9 @@ class VsePPConfig(CourseConfig):
 
 
 class DualEncoder(nn.Module):
-    """Image encoder + text encoder, each projected to embed_dim and L2-normalised (VSE++).
-
-    encode_images(batch) / encode_texts(batch) -> (B, E) unit vectors; forward(pair_batch) ->
-    scores (B, B), rows images, columns texts, positives on the diagonal.
-    `modality` ("regions" / "pixels") is the image field the datasets must provide. `special`: the
-    tokenizer's special ids (SpecialTokens.of(tokenizer); default the word tokenizer's).
-    """
+    """Image encoder + text encoder, each projected to embed_dim and L2-normalised (VSE++):
+    encode_images / encode_texts -> (B, E) unit vectors. `modality`: the image field the datasets
+    must provide; `special`: the tokenizer's special ids (SpecialTokens.of)."""
 
     def __init__(self, config: VsePPConfig, vocab_size: int, region_dim: int | None = None,
                  image_size: int | None = None, special: SpecialTokens = WORD_SPECIAL_TOKENS):
@@ -116,21 +101,15 @@ class DualEncoder(nn.Module):
         return l2_normalize(self.text_proj(pooled))  # (B, E)
 
     def forward(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        """(image features (B, E), text features (B, E)); losses.batch_scores makes (B, B) scores.
-
-        Two captions of one image can land in one PairCollate batch and count as each other's
-        negatives. VSE++ ignores this, and so do we, though it is not rare: with 10k training
-        images 48% of batches of 128 hold such a pair, 0.65 a batch (notebook 03 computes it)."""
+        """(image (B, E), text (B, E)). Two captions of one image in a batch are each other's
+        negatives, as in VSE++ (in 48% of batches of 128, notebook 03)."""
         return self.encode_images(batch), self.encode_texts(batch)
 
 
 def vsepp_loss(margin: float = 0.2, max_violation: bool = True, sum_warmup_steps: int = 0):
-    """A `loss_fn(model, batch, step)` for core.train.Trainer: VSE++'s hinge on the batch's
-    scores, batch_scores(*model(batch)). sum_warmup_steps > 0 (with max_violation) sums every hinge
-    for the first steps, then keeps only the hardest negatives, as VSE-infinity's
-    `vse_mean_warmup_epochs`: from random weights the max-violation loss alone can collapse the
-    embeddings (module docstring). step is the Trainer's count of optimizer steps, so a resumed run
-    switches at the same step."""
+    """The Trainer's loss_fn: VSE++'s hinge on batch_scores(*model(batch)). With max_violation,
+    sum_warmup_steps > 0 sums every hinge for the first optimizer steps (VSE-infinity's
+    `vse_mean_warmup_epochs`), then keeps the hardest negatives."""
     def loss_fn(model: nn.Module, batch: dict, step: int = 0) -> torch.Tensor:
         hardest = max_violation and not (sum_warmup_steps and step < sum_warmup_steps)
         return hinge_triplet_loss(batch_scores(*model(batch)), margin=margin, max_violation=hardest)
@@ -139,7 +118,7 @@ def vsepp_loss(margin: float = 0.2, max_violation: bool = True, sum_warmup_steps
 
 
 def build_dual_encoder(config: VsePPConfig, train_split, tokenizer) -> DualEncoder:
-    """A fresh DualEncoder sized for the split's features and the tokenizer's vocabulary and ids."""
+    """A fresh DualEncoder sized for the split's features and the tokenizer."""
     region_dim = train_split.regions.shape[-1] if train_split.has_regions else None
     image_size = train_split.images.shape[1] if train_split.images is not None else None
     return DualEncoder(config, len(tokenizer), region_dim=region_dim, image_size=image_size,
@@ -150,10 +129,8 @@ def train_dual_encoder(bench: dict, tokenizer, config: VsePPConfig | None = None
                        checkpoint_path=None, evaluate_on=None, eval_every: int | None = None,
                        progress: bool = True,
                        device: str | None = None) -> tuple[DualEncoder, History]:
-    """Train a DualEncoder on bench["train"] with the VSE++ loss -> (model, history).
-    checkpoint_path: a finished checkpoint there is loaded instead (delete it to retrain).
-    evaluate_on: a split (e.g. bench["val"]) whose retrieval_metrics (R@1/5/10 both ways, ar) are
-    logged every eval_every steps and at the end."""
+    """Train a DualEncoder with the VSE++ loss (or load a finished checkpoint_path) -> (model,
+    history); evaluate_on: a split logged every eval_every steps."""
     config = config or VsePPConfig()
     seed_everything(config.seed)  # the model's initial weights; the Trainer seeds the rest
     model = build_dual_encoder(config, bench["train"], tokenizer)
@@ -167,7 +144,7 @@ def train_dual_encoder(bench: dict, tokenizer, config: VsePPConfig | None = None
 
 
 class VsePPMethod(DualEncoderMethod):
-    """VSE++ as a benchmark Method (see course_lib.benchmark): fit, similarity, query_fn."""
+    """VSE++ as a benchmark Method."""
 
     checkpoint_prefix = "vsepp"
     config_class = VsePPConfig

@@ -1,16 +1,6 @@
-"""Lesson 06's measuring tools for Fast & Slow (notebook 06): what the registered methods do, taken
-apart so that one expensive pass serves many questions. slow_direction_scores: h_fwd and h_bwd
-(Q, N) of sampled captions against every gallery image from cached keys / values, so Slow's R@k,
-Table 1's forward-only row and every cascade come from ONE pass of the decoders; cascade_ranks:
-eq. 9 on those dense scores for any K and beta; teacher_batches: a fixed pool of batches with the
-teacher's (B, B) h of each, paid once, so distill_from_cache's Table 8 grid (eq. 8, or eq. 4 alone:
-the no-teacher control) costs student steps only; softmax_entropy and kl_to_teacher: how flat the
-targets softmax(h / tau) are and how far a student's softmax(f.g / tau) sits from them;
-mined_students: the library's distillation over mined candidates beside a perfect teacher
-(perfect_teacher_loss: the generator's ground truth) and two controls. The pool trades data for
-time: its students see n_batches x B pairs again and again, where `fast-distilled` draws fresh
-batches (and pays the teacher) every step; the notebook says so.
-"""
+"""Lesson 06's measuring tools for Fast & Slow: the registered methods taken apart so that one
+expensive pass serves many questions (Slow's dense scores once for every cascade; the teacher's
+scores of a fixed pool of batches once for every distillation run)."""
 
 from __future__ import annotations
 
@@ -51,8 +41,7 @@ def direction_log_likelihoods(model: SlowModel, kvs: dict,
 def slow_direction_scores(model: SlowModel, states: SlowStates, text_queries, *,
                           batch_size: int = 1024, device=None,
                           progress: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """h_fwd and h_bwd (Q, N) of the captions text_queries (Q,) against every image of the split
-    the states were computed on; h = their sum. Pairs run query-major, batch_size at a time."""
+    """h_fwd and h_bwd (Q, N) of the captions text_queries (Q,) against every image."""
     queries = torch.as_tensor(np.asarray(text_queries), dtype=torch.long)  # (Q,)
     N = states.kvs["fwd"][0].shape[1]
     images = torch.arange(N).repeat(len(queries))  # (Q*N,) query-major
@@ -72,9 +61,8 @@ def slow_direction_scores(model: SlowModel, states: SlowStates, text_queries, *,
 
 def cascade_ranks(first: torch.Tensor, second: torch.Tensor, truth, top_k: int,
                   beta: float = 0.0) -> np.ndarray:
-    """0-based rank of each query's true item under eq. 9 on dense scores: first, second (Q, N);
-    the first stage's top_k re-ordered by second + beta * first (ties kept in the first stage's
-    order), every other item after them in the first stage's order. truth (Q,) -> ranks (Q,)."""
+    """0-based rank (Q,) of each query's true item under eq. 9 on dense scores (Q, N): the first
+    stage's top_k re-ordered by second + beta * first, the rest after them in first-stage order."""
     first, second = torch.as_tensor(first).float(), torch.as_tensor(second).float()
     truth = torch.as_tensor(np.asarray(truth), dtype=torch.long)
     order = torch.argsort(first, dim=1, descending=True, stable=True)  # (Q, N) the first ranking
@@ -86,16 +74,14 @@ def cascade_ranks(first: torch.Tensor, second: torch.Tensor, truth, top_k: int,
 
 
 def softmax_entropy(scores: torch.Tensor, tau: float) -> torch.Tensor:
-    """Entropy (nats) of softmax(scores / tau) over the images of each caption: scores (N, T)
-    rows images -> (T,). ln N is a flat softmax, 0 a one-hot one."""
+    """Entropy (nats) of softmax(scores / tau) over the images: scores (N, T) -> (T,)."""
     log_p = torch.log_softmax(torch.as_tensor(scores).float() / tau, dim=0)  # (N, T)
     return -(log_p.exp() * log_p).sum(0)
 
 
 def kl_to_teacher(model: FastModel, batches: list[dict], tau: float) -> float:
-    """Mean over the captions of `batches` (teacher_batches of a held-out split) of
-    KL(softmax(h / tau) || softmax(f.g / tau)) over each batch's images, in nats: eq. 6's
-    cross-entropy minus the targets' own entropy; 0: the student ranks exactly as the teacher."""
+    """Mean over the captions of `batches` (teacher_batches) of
+    KL(softmax(h / tau) || softmax(f.g / tau)) over each batch's images, in nats."""
     total, captions = 0.0, 0
     with inference(model) as device:
         for batch in batches:
@@ -109,8 +95,7 @@ def kl_to_teacher(model: FastModel, batches: list[dict], tau: float) -> float:
 
 def teacher_batches(teacher: SlowModel, split, tokenizer, n_batches: int, batch_size: int, *,
                     seed: int = 0, progress: bool = False) -> list[dict]:
-    """n_batches PairCollate batches of batch_size distinct captions of `split` (drawn with `seed`),
-    each with "teacher": the teacher's h of its B x B pairs (rows images); B^2 passes per batch."""
+    """PairCollate batches of distinct captions, each with "teacher": h (B, B), rows images."""
     dataset, collate = PairDataset(split, modality="pixels"), PairCollate(tokenizer)
     rows = np.random.default_rng(seed).permutation(len(dataset))
     if n_batches * batch_size > len(rows):
@@ -124,8 +109,7 @@ def teacher_batches(teacher: SlowModel, split, tokenizer, n_batches: int, batch_
 
 
 def cached_distill_loss(config: FastConfig, with_teacher: bool = True):
-    """Eq. 8 with the teacher's matrix read from the batch (batch["teacher"]): distillation_loss
-    at config.tau + config.alpha * eq. 4; with_teacher=False: eq. 4 alone (the control)."""
+    """Eq. 8, the teacher's matrix read from batch["teacher"]; with_teacher=False: eq. 4 alone."""
     def loss_fn(model: FastModel, batch: dict, step: int = 0) -> dict:
         student = batch_scores(*model(batch))  # (B, B)
         nce = joint_nce_loss(student)
@@ -139,8 +123,7 @@ def cached_distill_loss(config: FastConfig, with_teacher: bool = True):
 
 def distill_from_cache(init: FastModel, batches: list[dict], config: FastConfig, *, steps: int,
                        lr: float, with_teacher: bool = True, progress: bool = False, device=None):
-    """-> (model in eval mode, history): a copy of the trained Fast `init`, `steps` more AdamW steps
-    (peak lr, config's warm-up, clip, seed) of cached_distill_loss, a batch a step, reshuffled."""
+    """(model in eval mode, history): a copy of `init` after `steps` of cached_distill_loss."""
     seed_everything(config.seed)
     model = copy.deepcopy(init).train()
     train = train_config(config, batch_size=1, max_steps=steps, lr=lr, log_every=25,
@@ -151,12 +134,8 @@ def distill_from_cache(init: FastModel, batches: list[dict], config: FastConfig,
 
 
 def perfect_teacher_loss(split, config: FastConfig):
-    """Eq. 8 with a perfect teacher in Slow's place, over the batch's images: each caption's target
-    spread evenly over the batch images it is true of (the generator's ground truth,
-    `data.captions.satisfies`; its own image always among them), at tau 1, + config.alpha * eq. 4.
-    Soft targets can teach one thing eq. 4 does not, which in-batch "negatives" are right answers,
-    and these are exactly right about it. `split`: the one whose rows the batches index."""
-    # (T, N) bool: caption t true of image n
+    """Eq. 8 with a perfect teacher: each caption's target spread evenly over the batch images it
+    is true of (ground truth), at tau 1. `split`: the one whose rows the batches index."""
     truth = torch.from_numpy(satisfies(split.meanings, split.scenes))
 
     def loss_fn(model: FastModel, batch: dict, step: int = 0) -> dict:
@@ -165,7 +144,6 @@ def perfect_teacher_loss(split, config: FastConfig):
         texts, images = batch["txt_index"].cpu(), batch["img_index"].cpu()  # (B,) rows of split
         true = truth[texts][:, images].T.clone()  # (B images, B captions)
         true.fill_diagonal_(True)  # its own image, whatever the generator says of a noisy caption
-        # uniform over the true images
         target = torch.zeros(true.shape).masked_fill(~true, float("-inf")).to(student.device)
         soft = distillation_loss(student, target, tau=1.0)
         return {"loss": soft + config.alpha * nce, "distill": soft, "nce": nce}
@@ -173,17 +151,13 @@ def perfect_teacher_loss(split, config: FastConfig):
     return loss_fn
 
 
-# mined_students' four students
 MINED_RUNS = ("teacher", "perfect teacher", "own image", "eq. 4 alone")
 
 
 def mined_students(init: FastModel, teacher: SlowModel, split, tokenizer, config: FastConfig, *,
                    steps: int, progress: bool = False, device=None) -> dict:
-    """Four copies of the trained Fast model `init`, each `steps` more steps on `split` (config's
-    batch size, seed and distill_lr): "teacher", eq. 8 over candidates mined once from init
-    (`distill.mined_distill_loss`, fast-distilled's recipe); "perfect teacher"
-    (`perfect_teacher_loss`); "own image", the candidates with the caption's own image as the only
-    target (hard negatives, no teacher); "eq. 4 alone". -> {name: model in eval mode}"""
+    """{name of MINED_RUNS: a copy of `init` after `steps` more steps on `split`}: eq. 8 over
+    candidates mined once from init, a perfect teacher, the own image as the only target, eq. 4."""
     candidates = distill.mine_candidates(init, split, tokenizer, config.distill_top_k)  # (T, K)
     losses = {"teacher": distill.mined_distill_loss(teacher.eval(), config, candidates, split),
               "perfect teacher": perfect_teacher_loss(split, config),

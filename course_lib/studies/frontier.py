@@ -1,14 +1,5 @@
 """The capstone's arithmetic (notebook 07): the accuracy-latency Pareto front, ms per query
-extended to galleries of millions, and the papers' headline speed-ups next to ours.
-
-    front = pareto_front(ms, r1)                          # the methods no other one beats
-    curve = extend_latency(points, [1e3, 1e4, 1e5, 1e6])  # measured points kept, the rest a + b*n
-    curve = compose_latency(points, search_rows, sizes)   # a dual encoder: + the search's growth
-    table = speedup_rows(results)                         # ours beside PAPER_SPEEDUPS
-
-On the front: no other method at least as fast AND as accurate, and strictly better in one.
-Extrapolation fits t(n) = a + b*n (core.timing) to MEASURED points only, floored at the largest.
-"""
+extended to galleries of millions, and the papers' headline speed-ups next to ours."""
 
 from __future__ import annotations
 
@@ -20,9 +11,7 @@ from course_lib.core.timing import extrapolate, fit_linear_cost
 
 
 def pareto_front(ms, recall) -> list[int]:
-    """Indices (by increasing ms) of the points no other point dominates: lower ms is better,
-    higher recall is better. Two identical points are both on the front. O(n log n): sort by
-    time, then a point is kept when it beats the best recall of every faster point."""
+    """Indices (by increasing ms) of the points no other dominates (lower ms, higher recall)."""
     ms = np.asarray(ms, dtype=np.float64)  # (P,)
     recall = np.asarray(recall, dtype=np.float64)  # (P,)
     if ms.shape != recall.shape or ms.ndim != 1:
@@ -40,13 +29,9 @@ def pareto_front(ms, recall) -> list[int]:
 
 
 def extend_latency(points: list[dict], sizes) -> list[dict]:
-    """One method's ms per query at every size in `sizes` (and at those it has points for).
-
-    points: rows {"n", "ms_per_query", "measured"} (results.json's, or latency_vs_gallery's), kept
-    as they are; every other size gets a + b*n fitted to the measured points, floored at the
-    largest measured time, and measured=False. With fewer than two measured sizes the fit takes the
-    benchmark's extrapolated points too (its fit to smaller galleries it timed but does not
-    report); with a single point of any kind the time is flat."""
+    """One method's ms per query at every size in `sizes`, its points {"n", "ms_per_query",
+    "measured"} kept: other sizes get a + b*n fitted to the measured points (or all, with fewer
+    than two measured sizes), floored at the largest measured time, measured=False."""
     measured = sorted((p for p in points if p["measured"]), key=lambda p: p["n"])
     if not measured:
         raise ValueError("no measured point to extrapolate from")
@@ -65,10 +50,9 @@ def extend_latency(points: list[dict], sizes) -> list[dict]:
 
 
 def compose_latency(points: list[dict], search: list[dict], sizes) -> list[dict]:
-    """One method whose cost grows with the gallery only through a search over it (a dual encoder,
-    or a re-ranker of a fixed top K behind one): its measured points, then at every other size
-    ms(n) = ms(n0) + search(n) - search(n0), n0 its largest measured gallery; `search`: {"n",
-    "ms_per_query"} rows timed at n0 and every size. measured=False: a sum of two measurements."""
+    """A method whose cost grows with the gallery only through a search (a dual encoder, or a
+    re-ranker behind one): its measured points, then ms(n) = ms(n0) + search(n) - search(n0),
+    n0 its largest measured gallery, measured=False."""
     measured = sorted((p for p in points if p["measured"]), key=lambda p: p["n"])
     if not measured:
         raise ValueError("no measured point to start from")
@@ -140,9 +124,8 @@ PAPER_SPEEDUPS: tuple[PaperSpeedup, ...] = (
 
 
 def latency_by_method(results: dict) -> dict[str, list[dict]]:
-    """Every ms-per-query point of results.json (its latency table at 1k and 5k images, each
-    setting's row at its gallery, e.g. full 12k) by method: {method: [{"n", "ms_per_query",
-    "measured"}, ...]} by increasing n; of two at a size, a measured one wins."""
+    """Every ms-per-query point of results.json by method, by increasing n: {method: [{"n",
+    "ms_per_query", "measured"}, ...]}; of two at a size, a measured one wins."""
     points = [(p["method"], p["n"], p["ms_per_query"], p["measured"])
               for p in results.get("latency", [])]
     points += [(r["method"], r["n_images"], r["ms_per_query"], r.get("ms_measured", True))
@@ -158,10 +141,8 @@ def latency_by_method(results: dict) -> dict[str, list[dict]]:
 
 def rows_at_gallery(results: dict, latency: dict[str, list[dict]], n: int, setting: str = "full",
                     metric: str = "t2i_r5") -> list[dict]:
-    """Each method's recall in `setting` (default: the full setting's t2i R@5, our largest gallery
-    with recalls) with its ms per query at gallery size n from `latency` (method -> rows as
-    extend_latency / compose_latency return them): plot_pareto rows of setting f"{n:,} items",
-    ms_measured False (hollow) where not measured end to end; no time at n: left out."""
+    """plot_pareto rows: each method's `metric` in `setting` with its ms per query at gallery size
+    n from `latency` (method -> extend_latency rows); methods without a time at n left out."""
     rows = []
     for r in results.get("rows", []):
         if r["setting"] != setting or r.get(metric) is None:
@@ -177,9 +158,8 @@ def rows_at_gallery(results: dict, latency: dict[str, list[dict]], n: int, setti
 
 
 def speedup_rows(results: dict, papers=PAPER_SPEEDUPS) -> list[dict]:
-    """Each paper speed-up beside ours at the same gallery size: our slow method's ms per query
-    over our fast one's, from results.json's latency points (extended linearly to n when n was not
-    timed; "ours_estimated" then says so). "ours" is None where results.json lacks a method."""
+    """Each paper speed-up beside ours at the same gallery size (our times extended to n when not
+    timed: "ours_estimated"); "ours_speedup" None where results.json lacks a method."""
     curves = latency_by_method(results)
     rows = []
     for p in papers:
@@ -209,7 +189,6 @@ def speedup_markdown(rows: list[dict]) -> str:
 
 
 def _times(x: float) -> str:
-    """A speed-up to about three significant figures, thousands separated: 0.52x, 46x, 23,869x."""
     return f"{x:,.0f}x" if x >= 100 else f"{x:.3g}x"
 
 

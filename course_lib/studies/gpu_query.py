@@ -1,14 +1,10 @@
 """One text query on every device this machine has: the check that the GPU path of notebook 03
 (section 10) is real, runnable where a notebook is not (a GPU box without Jupyter).
 
-For LightningDOT over a 1k gallery it times each query path (`backend="reference"`, the plain
-eager path; "eager", "jit", and "onnx" on the CPU or "cuda_graph" on CUDA: course_lib.core.serving),
-checks that each returns the reference path's top 10, profiles the default path stage by stage
-(course_lib.core.timing.profile_stages, CUDA events on a GPU), and times the cross-encoder's query
-over the same gallery, the ratio the speed table is about. `python -m course_lib.studies.gpu_query
-[--repeats 200] [--out gpu_query.json]` loads the shipped models (course_lib.core.shipped), trains
-tiny ones with COURSE_SMOKE=1, and prints one table per device. The FAISS index stays on the CPU.
-"""
+Times each LightningDOT query path (course_lib.core.serving) over a 1k gallery, checks each
+returns the reference path's top 10, profiles the default path and times the cross-encoder's query.
+
+    python -m course_lib.studies.gpu_query [--repeats 200] [--out gpu_query.json]"""
 
 from __future__ import annotations
 
@@ -39,8 +35,7 @@ def devices() -> list[str]:
 
 
 def query_paths(method, split, device: str, repeats: int = 200) -> dict:
-    """{backend: {"median_ms", "p25_ms", "p75_ms", "same_top10"} or {"error"}, "profile": the
-    default path's stages} of `method` (a fitted dual encoder) on `device`, moved there and back."""
+    """{backend: timings and "same_top10", or "error"; "profile": the default path's stages}."""
     with _moved(method.model, device):
         reference = method.query_fn(split, backend="reference")()
         found = {}
@@ -73,7 +68,6 @@ def query_ms(method, split, device: str, repeats: int = 20) -> dict:
 
 @contextmanager
 def _moved(model, device: str):
-    """The model on `device` inside the block, back where it was after."""
     home = model_device(model)
     model.to(device)
     try:

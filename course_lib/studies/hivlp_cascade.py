@@ -10,9 +10,8 @@ from course_lib.methods.hivlp.search import SURVIVORS, coarse_to_fine, flat_sear
 
 def similarity_times(gallery_levels, query_levels, survivors=SURVIVORS, top_k: int = 10,
                      repeats: int = 10, warmup: int = 2) -> dict:
-    """The similarity work of one query (query_levels[l] (1, d_l)), timed in one run: flat search
-    at the last level's width over the whole gallery against coarse_to_fine. -> {"flat_ms",
-    "cascade_ms" (medians), "speedup", "overlap": share of the flat top_k the cascade returns}."""
+    """Flat search at the last level's width against coarse_to_fine, for one query (query_levels[l]
+    (1, d_l)); "overlap": the share of the flat top_k the cascade returns."""
     flat = measure(lambda: flat_search(gallery_levels[-1], query_levels[-1], top_k),
                    warmup=warmup, repeats=repeats)
     cascade = measure(lambda: coarse_to_fine(gallery_levels, query_levels, survivors, top_k),

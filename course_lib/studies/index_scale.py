@@ -1,23 +1,13 @@
 """An index of millions: which FAISS index serves a gallery of 10^6-10^7 embeddings, measured.
 
-LightningDOT (§3.2) caches every gallery image's [CLS] vector "into an index in memory" and answers
-a text query with one encoding and a FAISS top-K; §4.3 grows the gallery. This study grows ours to
-millions and measures, for each size and course_lib.core.retrieval index kind: build s, bytes per
-item (the serialised index / n), k-recall@10 against exact search over Q held-out queries, ms per
-query one at a time (median) and in one batch of Q; recall and latency as nprobe (IVF) or
-ef_search (HNSW) vary; float32 vs PQ code bytes; and the flat index's batched GFLOP/s (2 Q N E
-flops) as a fraction of a torch.mm of the same (Q, E) x (E, N).
-
-The gallery (core.tiling.tile_rows): the "full" split's 12,000 image embeddings by LightningDOT
-first, so true matches exist, then copies with Gaussian noise of 0.25 x each dimension's std (two
-real images lie a median 3.7 such stds apart with the trained model, two noisy copies of one
-0.25 * sqrt(2 * 64) = 2.8: about as far), or rows drawn from a Gaussian fitted to them. Queries: the
-test split's held-out caption embeddings. The model: the cached trained LightningDOT
-(outputs/checkpoints) if there, else (a fresh clone, CI) a random-weight one; results.md says so.
+For each size and index kind: build time, bytes per item, k-recall@10 against exact search,
+ms per query one at a time and batched, recall and latency as nprobe / ef_search vary, and the
+flat index's GFLOP/s against torch.mm. The gallery: the "full" split's LightningDOT image
+embeddings, then noisy copies of them (core.tiling.tile_rows, noise 0.25 x each dimension's std:
+about as far apart as two real images); queries: held-out test captions.
 
     python -m course_lib.studies.index_scale --sizes 1000000 10000000 --out outputs/index_scale
-    python -m course_lib.studies.index_scale --smoke   # 10^5 items, 100 queries: under a minute
-"""
+    python -m course_lib.studies.index_scale --smoke   # 10^5 items, 100 queries: under a minute"""
 
 from __future__ import annotations
 
@@ -58,8 +48,7 @@ PQ = {"m": 16, "nbits": 8}  # retrieval's defaults: 16 sub-vectors of 4 numbers,
 PQ_TRAIN = 64 * 256  # hnswpq's codebooks learn from 64 vectors per centroid (ivfpq: its IVF sample)
 _PROBES, _EFS = ("nprobe", (1, 2, 4, 8, 16, 32, 64)), ("ef_search", (16, 32, 64, 128, 256))
 SWEEP = {"ivf": _PROBES, "ivfpq": _PROBES, "hnsw": _EFS, "hnswpq": _EFS}
-# the study runs in retrieval.blas_switch() (BLAS for Q * E >= 800 per thread; 1000 queries are ~5x
-# faster on one thread than on FAISS's default switch), and also times exact search on the default
+# the study runs in retrieval.blas_switch(), and also times exact search on FAISS's default switch
 DEFAULT_PATH_MAX_N = 1_000_000  # ... up to this gallery size
 SINGLE_BUDGET_S = 1.0  # single-query timing stops after about this long (at least 5 repeats)
 CHUNK = 1 << 16  # gallery rows per generation / torch.mm block
@@ -81,9 +70,8 @@ def study_config(kind: str, n: int) -> tuple[dict, int | None]:
 def load_embeddings(smoke: bool = False, checkpoints=CHECKPOINTS, seed: int = 0,
                     n_queries: int = 1000,
                     progress: bool = True) -> tuple[np.ndarray, np.ndarray, str]:
-    """(image embeddings (N0, E) of the "full" split, caption embeddings (Q, E) of its held-out test
-    queries, which model made them): the shipped LightningDOT (default config) or this mode's
-    cached one (outputs/checkpoints) if there, else a random-weight one (no training)."""
+    """(image embeddings (N0, E) of the "full" split, its test queries' caption embeddings (Q, E),
+    which model): the shipped or cached trained LightningDOT, else a random-weight one."""
     bench = make_benchmark(SyntheticConfig.smoke() if smoke else SyntheticConfig(), seed=seed)
     tokenizer = build_word_tokenizer(bench["train"].captions + bench["pretrain"].captions)
     method = available_methods(seed, smoke, names=["lightningdot"])[0]
@@ -110,8 +98,8 @@ def load_embeddings(smoke: bool = False, checkpoints=CHECKPOINTS, seed: int = 0,
 
 
 def mm_gflops(queries: np.ndarray, gallery: np.ndarray) -> float:
-    """GFLOP/s of a plain torch.mm of exact search's shape, (Q, E) x (E, N), on torch's threads:
-    CHUNK gallery rows at a time into one reused (Q, CHUNK) output (a 10^7-column one is 40 GB)."""
+    """GFLOP/s of torch.mm of exact search's shape (Q, E) x (E, N), CHUNK gallery rows at a time
+    into one reused output (a 10^7-column one is 40 GB)."""
     q, g = torch.from_numpy(queries), torch.from_numpy(gallery)  # (Q, E), (N, E): no copies
     out = torch.empty(len(q), min(CHUNK, len(g)))  # (Q, c)
 
@@ -125,15 +113,13 @@ def mm_gflops(queries: np.ndarray, gallery: np.ndarray) -> float:
 
 
 def code_bytes(index: faiss.Index) -> int:
-    """Bytes an index stores per item for the item's vector: 4 * E for the float32 kinds,
-    m * nbits / 8 (rounded up) for the PQ kinds; ids, lists and graph links not counted."""
+    """Bytes an index stores per item for its vector (4 * E, or the PQ code), links not counted."""
     storage = faiss.downcast_index(index.storage) if isinstance(index, faiss.IndexHNSW) else index
     return int(storage.code_size)
 
 
 def index_bytes(index: faiss.Index) -> int:
-    """Bytes of the serialised index (faiss.write_index): vectors or codes, ids, graph links,
-    centroids and codebooks. Counted chunk by chunk, so a 10^7-item index is never copied."""
+    """Bytes of the serialised index, counted chunk by chunk (a 10^7-item index is not copied)."""
     total = 0
 
     def count(chunk: bytes) -> int:
@@ -154,8 +140,7 @@ def _timed(fn) -> float:
 
 
 def _point(index, queries, exact_ids, k: int, repeats: int) -> tuple[dict, np.ndarray]:
-    """(recall and latency, single and batched, of a built index at its current search setting;
-    the ids its batched search found (Q, k)). exact_ids None: the index is the exact one."""
+    """(recall and latency of a built index at its current setting, its batched ids (Q, k))."""
     found = {}
     ms_batched = _timed(lambda: found.update(ids=index.search(queries, k)[1])) / len(queries)
     ids = found["ids"]  # (Q, k)
@@ -169,9 +154,8 @@ def _point(index, queries, exact_ids, k: int, repeats: int) -> tuple[dict, np.nd
 
 def measure_kind(gallery, queries, exact_ids, kind: str, k: int = 10,
                  repeats: int = 50) -> tuple[dict, list[dict], np.ndarray]:
-    """Build one index kind over gallery (n, E) as study_config says; measure it at its default and
-    each SWEEP search setting: (row, sweep rows, the ids (Q, k) its batched search found).
-    exact_ids (Q, k): the exact top k of queries (Q, E); None for "flat", whose own ids are."""
+    """Build one index kind over gallery (n, E) and measure it at its default and each SWEEP
+    setting: (row, sweep rows, its batched ids (Q, k)). exact_ids: None for "flat"."""
     params, train_size = study_config(kind, len(gallery))
     built = {}
     build = measure(lambda: built.update(index=retrieval.build_index(
@@ -194,9 +178,8 @@ def measure_kind(gallery, queries, exact_ids, kind: str, k: int = 10,
 
 
 def _skip_reason(kind: str, n: int, rows: list[dict], max_build_s: float) -> str | None:
-    """Why `kind` is not built at n: its build time scaled from its largest smaller gallery in rows
-    (as n for IVF, lists capped; as n log n for HNSW, whose inserts walk a graph growing with n)
-    exceeds max_build_s. None: build it ("flat", the reference, always is)."""
+    """Why `kind` is not built at n: its build time scaled from its largest smaller gallery (as n,
+    or n log n for HNSW) exceeds max_build_s. None: build it ("flat" always is)."""
     smaller = [r for r in rows if r["kind"] == kind and r["n"] < n]
     if kind == "flat" or not smaller:
         return None
@@ -215,8 +198,7 @@ def run(sizes=(1_000_000, 10_000_000), *, kinds=KINDS, n_queries: int = 1000, k:
         repeats: int = 50, construction: str = "tiled", noise: float = 0.25,
         max_build_s: float = 300.0, smoke: bool = False, checkpoints=CHECKPOINTS, seed: int = 0,
         out=None, progress: bool = True) -> dict:
-    """The whole study (and out/results.json, results.md when out is given). "flat" always runs,
-    first: its ids are the exact top k. A kind is skipped at a size where _skip_reason says why."""
+    """The whole study (and out/results.json, results.md). "flat" runs first: the exact top k."""
     start, load_start = time.perf_counter(), os.getloadavg()
     sizes = sorted({int(n) for n in sizes})
     unknown = sorted(set(kinds) - set(KINDS))
@@ -282,8 +264,7 @@ def run(sizes=(1_000_000, 10_000_000), *, kinds=KINDS, n_queries: int = 1000, k:
 
 def _exact_vs_mm(flat_row: dict, queries: np.ndarray, gallery: np.ndarray, k: int,
                  default_threshold: int) -> dict:
-    """The flat index's batched GFLOP/s, on the study's BLAS switch and (n <= DEFAULT_PATH_MAX_N)
-    on FAISS's default one, against torch.mm of the same shape."""
+    """The flat index's batched GFLOP/s, on both BLAS switches, against torch.mm's."""
     flops = exact_search_flops(len(queries), len(gallery), gallery.shape[1])
     faiss_ms, default_ms = flat_row["ms_batched"] * len(queries), None
     if len(gallery) <= DEFAULT_PATH_MAX_N:

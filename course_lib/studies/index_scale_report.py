@@ -10,7 +10,7 @@ def _params_text(row: dict) -> str:
 
 
 def _table(header: list[str], rows: list[list], numeric_from: int = 0) -> list[str]:
-    """Markdown table lines: header cells, then rows of cells; numeric_from on, right-aligned."""
+    """Markdown table lines; columns from numeric_from on right-aligned."""
     align = ["---" if i < numeric_from else "---:" for i in range(len(header))]
     return [f"| {' | '.join(map(str, cells))} |" for cells in [header, align, *rows]]
 

@@ -1,19 +1,7 @@
-"""Latency and throughput are different questions: queries per second when queries come one at a
-time or in batches of 32 or 1,024, against galleries of 1k, 12k and 10^6 items, exact and HNSW,
-beside the limit a plain matrix product of the same shape sets (notebook 03, section 10).
-
-One query at a time, a dual encoder pays its fixed costs (tokeniser, operator dispatch, a
-(1, E) x (E, N) product that reads the whole gallery for 2 N E flops: memory-bound) per query. A
-batch of B shares them: one encoder forward, one (B, E) x (E, N) product reading the gallery once
-for B queries, so exact search climbs towards the machine's GEMM rate. HNSW visits a few hundred
-items per query whatever N is: it wins at 10^6 one at a time, but has nothing to batch into.
-
-    rows = throughput(images, queries, sizes=(1_000, 12_000, 1_000_000), batches=(1, 32, 1_024))
-    encoding = encode_throughput(encode_batch, captions, batches)
-
-The galleries are tile_rows of real embeddings and the HNSW graph is index_scale's (study_config):
-this study measures the indexes that one builds, at the batch sizes it does not.
-"""
+"""Latency and throughput are different questions: queries per second one at a time or in
+batches, exact and HNSW, beside the limit a matrix product of the same shape sets (notebook 03).
+A batch shares the fixed costs and reads the gallery once for B queries, so exact search climbs
+towards the GEMM rate; HNSW visits a few hundred items per query and has nothing to batch into."""
 
 from __future__ import annotations
 
@@ -35,8 +23,7 @@ BATCHES = (1, 32, 1_024)
 
 
 def _batches(queries: np.ndarray, batch: int, count: int = 8, seed: int = 0) -> list[np.ndarray]:
-    """`count` batches of `batch` query rows (B, E), random draws (with replacement when too few):
-    timing cycles through them, as a repeated query would find its gallery rows already cached."""
+    """`count` random batches (B, E) to cycle through (one query repeated would hit the cache)."""
     rng = np.random.default_rng(seed)
     replace = len(queries) < batch
     return [np.ascontiguousarray(queries[rng.choice(len(queries), batch, replace=replace)])
@@ -49,18 +36,14 @@ def _repeats(ms_once: float, budget_ms: float = 1_000.0) -> int:
 
 
 def _next_batch_search(index, batches, k: int) -> Callable[[], object]:
-    """A call of no arguments, index.search(next(batches), k): batches is an iterator of (B, E)."""
     return lambda: index.search(next(batches), k)
 
 
 def throughput(images, queries, sizes: Sequence[int], batches: Sequence[int] = BATCHES, *,
                kinds: Sequence[str] = KINDS, k: int = 10, noise: float = 0.25, seed: int = 0,
                progress: bool = True) -> list[dict]:
-    """Search throughput of each index kind at each gallery size and batch size. images (N0, E):
-    the real gallery rows tile_rows grows to each size; queries (Q, E): the caption embeddings a
-    batch is drawn from. Rows: {"n", "kind", "batch", "ms_per_batch", "qps", "gemm_qps"}; gemm_qps
-    (exact search only): the queries per second a torch.mm of the same (B, E) x (E, n) shape
-    reaches on this thread count, the ceiling of exact search at that batch."""
+    """Search throughput of each index kind at each gallery size (images (N0, E) tiled) and batch
+    size (of queries (Q, E)). gemm_qps (flat only): torch.mm's rate at that shape, the ceiling."""
     images, queries = as_float32_matrix(images, "images"), as_float32_matrix(queries, "queries")
     rows = []
     steps = tqdm(total=len(sizes) * len(kinds), desc="throughput", disable=not progress)
@@ -92,8 +75,7 @@ def throughput(images, queries, sizes: Sequence[int], batches: Sequence[int] = B
 
 def encode_throughput(encode_batch: Callable[[list], object], captions: Sequence[str],
                       batches: Sequence[int] = BATCHES) -> list[dict]:
-    """Captions encoded per second when encode_batch(list of B captions) encodes B at once
-    (tokeniser included). Rows: {"batch", "ms_per_batch", "qps"}."""
+    """Captions encoded per second when encode_batch encodes B at once (tokeniser included)."""
     captions = list(captions)
     rows = []
     for batch in batches:
@@ -105,16 +87,14 @@ def encode_throughput(encode_batch: Callable[[list], object], captions: Sequence
 
 
 def end_to_end(search_rows: list[dict], encode_qps: dict) -> list[dict]:
-    """Each search row with "encode_qps" (encode_qps[batch]) and "total_qps": a batch is encoded,
-    then searched, so the times add: 1 / (1 / encode + 1 / search)."""
+    """Each search row with "encode_qps" and "total_qps" = 1 / (1 / encode + 1 / search)."""
     return [{**row, "encode_qps": encode_qps[row["batch"]],
              "total_qps": 1.0 / (1.0 / encode_qps[row["batch"]] + 1.0 / row["qps"])}
             for row in search_rows]
 
 
 def format_throughput(rows: list[dict]) -> str:
-    """Markdown: one line per (gallery size, kind), queries per second at each batch size: search
-    alone, encode + search, and (exact search) the GEMM limit."""
+    """Markdown: per (gallery size, kind), queries per second at each batch size."""
     batches = sorted({r["batch"] for r in rows})
     head = " | ".join(f"B={b:,}: search / +encode / GEMM limit" for b in batches)
     lines = [f"| n | index | {head} |", "|---:|---|" + "---:|" * len(batches)]

@@ -1,11 +1,6 @@
-"""What one vector per image can do here: the bag-of-objects reference
-(course_lib.data.bag_of_objects) scored like a method, in every setting, per caption family and per
-embedding width.
-
-Its recalls are expected values with ties broken at random (core.metrics.expected_hits): the
-hand-built vectors tie often, and a method's rank would otherwise depend on how the ties fall. The
-benchmark prints it as a reference row beside the oracle; notebooks 00 and 01 show the tables.
-"""
+"""What one vector per image can do here: the bag-of-objects reference scored like a method, per
+caption family and embedding width. Recalls are expected values over random tie-breaking: the
+hand-built vectors tie often."""
 
 from __future__ import annotations
 
@@ -29,8 +24,7 @@ def _vectors(split, width: int | None, seed: int):
 
 def reference_metrics(split, ks=(1, 5, 10), width: int | None = None,
                       seed: int = 0) -> dict[str, float]:
-    """Expected i2t_r{k} / t2i_r{k} (percent) of the bag of objects on a split, its own queries only
-    (the full setting's are the test split's); width: randomly projected to that many numbers."""
+    """Expected recalls (percent) of the bag of objects, randomly projected to `width` if given."""
     images, texts = _vectors(split, width, seed)
     out = {}
     for k in ks:
@@ -42,8 +36,8 @@ def reference_metrics(split, ks=(1, 5, 10), width: int | None = None,
 
 def recall_by_family_and_width(split, k: int = 1, widths=(None, *WIDTHS),
                                seed: int = 0) -> list[dict]:
-    """t2i R@k (percent) per caption family (and over all captions) for the exact vectors (width
-    None) and each projection width: rows {"family", "captions", None: recall, 64: recall, ...}."""
+    """t2i R@k (percent) per caption family and over all: {"family", "captions", width: recall}
+    for the exact vectors (width None) and each projection width."""
     family = split.meanings.family[split.text_queries]
     hits = {}
     for width in widths:

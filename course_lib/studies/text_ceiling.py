@@ -1,13 +1,6 @@
-"""How far can a text tower take a dot product when the image side is perfect?
-
-When Fast stalls, which side holds it back? Here the image side is perfect: f(x) is a learned Linear
-of the scene's hand-built bag-of-objects vector (course_lib.data.bag_of_objects: every object, its
-cell and the count, from the generator's ground truth), and g(y) is Fast's own text tower
-(`fast_text_tower`: the paper's bag of words, a bi-GRU or a transformer) trained against it with
-Fast's eq. 4, batch, rate and fresh scenes. What the pair reaches is that text tower's ceiling on
-this data: no pixel model with the same text tower can expect more. The hand-built vector travels as
-the split's one "region" (regions (N, 1, D), a full mask) through the usual Trainer.
-"""
+"""How far can a text tower take a dot product when the image side is perfect? f(x) is a Linear
+of the scene's bag-of-objects vector, g(y) Fast's own text tower trained as Fast is: no pixel model
+with the same text tower can expect more."""
 
 from __future__ import annotations
 
@@ -28,8 +21,7 @@ from course_lib.methods.fast_slow.model import FastConfig, fast_text_tower
 
 
 def with_bag_of_objects(split):
-    """The split with each image's hand-built bag-of-objects vector as its one region: regions
-    (N, 1, D), boxes zero, every mask True. Needs the generator's ground truth (split.scenes)."""
+    """The split with each image's bag-of-objects vector as its one region (N, 1, D)."""
     if split.scenes is None:
         raise ValueError(f"split {split.name!r} has no scenes: the bag of objects exists for the "
                          "synthetic benchmark only")
@@ -41,8 +33,7 @@ def with_bag_of_objects(split):
 
 
 class BagOfObjectsDualEncoder(nn.Module):
-    """f(x) = Linear(the scene's bag-of-objects vector) (B, E); g(y) = Fast's text tower and MLP
-    (B, E); unnormalised dot product, as Fast. forward(batch) -> (f, g)."""
+    """f(x) = Linear(bag-of-objects vector), g(y) = Fast's text tower: (B, E) each, as Fast."""
 
     modality = "regions"
 
@@ -64,8 +55,7 @@ class BagOfObjectsDualEncoder(nn.Module):
 
 def train_text_ceiling(bench: dict, tokenizer, config: FastConfig | None = None, *,
                        eval_every: int | None = None, progress: bool = True):
-    """Fast's text tower (config.text_tower, its sizes, eq. 4, batch, rate, steps, fresh scenes)
-    against the perfect image vector. -> (model in eval mode, history: val, train[:1000] recalls)"""
+    """Fast's text tower trained as Fast against the perfect image vector: (model, history)."""
     c = config or FastConfig()
     seed_everything(c.seed)
     train = with_bag_of_objects(with_fresh_scenes(bench["train"], c.fresh_scenes))

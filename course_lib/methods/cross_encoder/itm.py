@@ -1,16 +1,9 @@
-"""Listwise image-text matching for the cross-encoder: every caption of a batch against every
-image of the batch, scored pair by pair, trained to rank its own image first (and every image its
-own caption first).
-
-Binary ITM (`method.itm_loss`) asks one logit per pair to cross a threshold; retrieval needs a
-caption's own image to outscore the others. The listwise loss trains that directly: for B
-captions and the U <= B distinct images they describe, the cross-encoder scores all U * B pairs
-(the "grid"), and `losses.listwise_loss` takes a softmax cross-entropy per caption over the U
-images and per image over the B captions (captions of one image are not each other's negatives).
-One grid gives every caption U - 1 negative images and every image about B - 1 negative
-captions, so the same U * B forward passes serve both directions: B = 16 scores 256 pairs a step,
-15 negatives a side, where binary ITM with one negative a side scores 192 pairs for 64 positives.
-Against binary ITM and the ITC-picked grid (`itc_itm_loss`): docs/tuning_notes.md, "Cross-encoder".
+"""Listwise image-text matching for the cross-encoder: for B captions and the U <= B distinct images
+they describe, score all U * B pairs (the "grid") and take `losses.listwise_loss`, a softmax
+cross-entropy per caption over the U images and per image over the B captions. Binary ITM asks a
+logit to cross a threshold; retrieval needs the own image to outscore the others, which this trains
+directly, with U - 1 negatives a caption and ~B - 1 an image from the same forward passes. Against
+binary ITM and the ITC-picked grid (`itc_itm_loss`): docs/tuning_notes.md, "Cross-encoder".
 
     collate = GridCollate(bench["train"], tokenizer, max_length=40)
     batch = collate([{"index": t} for t in caption_rows])  # B captions, their U images
@@ -26,12 +19,7 @@ from course_lib.data.datasets import IMAGE_KEYS, TextCollate, image_batch, image
 
 
 class GridCollate:
-    """CaptionDataset items (B captions) -> the batch's captions and its U distinct images.
-
-    Output: {"images": regions/boxes/region_mask (U, ...), "texts": input_ids, attention_mask
-    (B, T), "text_image": (B,) the row u of each caption's own image, "img_index" (U,) and
-    "txt_index" (B,): the split's rows}. The pairs are formed by the loss (`grid_pairs`), which may
-    first pick a subset (`itc_hard_grid`)."""
+    """B captions -> {"images" (U, ...), "texts" (B, T), "text_image" (B,), "img_index", ...}."""
 
     def __init__(self, split, tokenizer, max_length: int):
         self.captions = split.captions
@@ -60,8 +48,7 @@ def grid_scores(model, images: dict, texts: dict) -> torch.Tensor:
 
 
 def listwise_itm_loss(model, batch: dict, step: int = 0) -> dict:
-    """`losses.listwise_loss` of the model's (U, B) grid of logits, and the share of captions whose
-    own image scores highest in the grid (its t2i R@1 among U images)."""
+    """`losses.listwise_loss` of the (U, B) grid, and its accuracy (t2i R@1 among the U images)."""
     scores = grid_scores(model, batch["images"], batch["texts"])  # (U, B)
     loss = listwise_loss(scores, batch["text_image"])
     accuracy = (scores.argmax(0) == batch["text_image"]).float().mean()
@@ -70,14 +57,9 @@ def listwise_itm_loss(model, batch: dict, step: int = 0) -> dict:
 
 def itc_hard_grid(similarity: torch.Tensor, text_image: torch.Tensor, size: int,
                   clusters: int) -> torch.Tensor:
-    """Pick `size` of a batch's B captions as `clusters` groups of mutually similar scenes, ALBEF's
-    in-batch hard negatives turned into a batch: each group starts from an anchor caption (the next
-    one, in the shuffled batch order, whose image is not yet taken) and adds size // clusters - 1
-    other images drawn without replacement from softmax(similarity[:, anchor]) (the ITC logits;
-    taken images and the anchor's own excluded), each with one of its captions.
-
-    similarity (U, B) (no gradient), text_image (B,) -> (G,) caption rows of the batch, G <= size.
-    Sampling uses torch's global RNG (checkpointed by the Trainer)."""
+    """Pick `size` of a batch's B captions as `clusters` groups of look-alike scenes (ALBEF's
+    in-batch hard negatives): each an anchor caption plus images drawn without replacement from
+    softmax(similarity[:, anchor]). similarity (U, B), text_image (B,) -> (G,) caption rows."""
     U, B = similarity.shape
     per = max(1, size // clusters)
     caption_of = torch.empty(U, dtype=torch.long)
@@ -104,9 +86,7 @@ def itc_hard_grid(similarity: torch.Tensor, text_image: torch.Tensor, size: int,
 
 def itc_itm_loss(model, batch: dict, step: int = 0, *, grid_size: int, clusters: int,
                  itc_weight: float) -> dict:
-    """ALBEF's two losses on one batch of B captions: ITC (`listwise_loss` of the unimodal
-    features' scaled cosines over the batch) + the listwise ITM loss on a grid of `grid_size`
-    captions that ITC picks in `clusters` groups of look-alike scenes (`itc_hard_grid`)."""
+    """ALBEF's ITC + listwise ITM on the `grid_size` captions ITC picks (`itc_hard_grid`)."""
     image_emb, text_emb = model.unimodal(batch["images"], batch["texts"])  # (U, H), (B, H)
     itc_logits = model.itc_log_scale.exp().clamp(max=100) * image_emb @ text_emb.T  # (U, B)
     itc = listwise_loss(itc_logits, batch["text_image"])

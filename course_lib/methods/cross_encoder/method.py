@@ -1,30 +1,12 @@
-"""Training the cross-encoder (model.py) with image-text matching (ITM) and hard negatives, as
-ALBEF / BLIP. Two ITM losses (CrossEncoderConfig.loss):
+"""Training the cross-encoder with image-text matching (ITM), as ALBEF / BLIP, and its Method.
+CrossEncoderConfig.loss is "listwise" (itm.py, the default) or "binary": per-pair BCE, each positive
+bringing a negative caption and a negative image (ALBEF's scheme), each "hard" (mined by a dual
+encoder) with probability hard_negative_fraction after hard_negative_after, or the hardest of
+online_candidates draws (`keep_hardest`).
 
-- "listwise" (itm.py): a softmax cross-entropy per caption over the batch's images and per image
-  over its captions (a ranking loss); with itc_weight > 0, ALBEF's image-text contrastive loss
-  picks the grid from clusters of look-alike scenes (hard negatives).
-- "binary" (below): one logit per pair thresholded by binary cross-entropy, with random or mined
-  negatives.
-
-Which loss and towers, and what each gave: docs/tuning_notes.md, "Cross-encoder".
-
-Binary ITM: every positive (image, caption) pair of a batch brings a negative caption for its
-image and a negative image for its caption, each labelled 0 (ALBEF's scheme). A negative is
-"hard" with probability hard_negative_fraction, mined from a dual encoder (mining.py: what hard
-negatives teach, and VSE++'s mined without forming its 2 GB matrix), else uniformly random. Two
-more knobs of CrossEncoderConfig:
-- hard_negative_after: a first share of the steps with random negatives only. A model from
-  scratch must first learn that words and regions should agree at all: random negatives teach
-  that sooner than mined ones.
-- online_candidates: draw c negatives per slot and train on the one the current model scores
-  highest (`keep_hardest`), the model's own hard-negative mining, at the price of scoring c times
-  as many negative pairs (without gradient).
-
-Our captions name two objects of a scene of four or five, so a mined "negative" is often true of
-its pair: on the default train split 10% of a VSE++ top-16 (vs 0.5% of random pairs) satisfy the
-caption (data.captions.satisfies). They are labelled negative all the same, as in ALBEF: one
-reason why hard negatives help less here than in the papers.
+Our captions name two objects of four or five, so 10% of a VSE++ top-16 satisfy the caption yet
+count as negatives, as in ALBEF. What each loss and tower gave: docs/tuning_notes.md,
+"Cross-encoder".
 """
 
 from __future__ import annotations
@@ -71,21 +53,14 @@ from course_lib.methods.registry import register_method
 from course_lib.methods.scan.method import SCANMethod
 from course_lib.methods.scan.model import SCANConfig
 
-# the learning curve's galleries: val[:100] and train[:100], 500 captions each. Every pair costs a
-# forward pass: 50k pairs a split, where the dual encoders' 1,000 images would be 5M
+# the learning curve's galleries: val[:100], train[:100] (50k pairs a split, each a forward pass)
 CURVE_IMAGES = 100
 
 
 class ITMCollate:
-    """CaptionDataset items (the positives' captions) -> ITM pairs with their labels.
-
-    For B positives and n = negatives_per_positive the batch holds B * (1 + 2n) pairs, in order:
-    the B positives, their images with n * B negative captions, their captions with n * B negative
-    images. Output: {"images": regions/boxes/region_mask (P, ...), "texts": input_ids,
-    attention_mask (P, T), "labels": (P,) float, 1 = match, "img_index", "txt_index": (P,) the
-    split's rows of each pair}. Sampling uses torch's global RNG, which the Trainer checkpoints,
-    so an interrupted run resumes with the same negatives. A negative may still be true of its
-    pair (the module docstring); as ALBEF, we ignore it.
+    """B positives' captions -> B * (1 + 2n) ITM pairs (n = negatives_per_positive): the positives,
+    their images with nB negative captions, their captions with nB negative images; "labels" (P,), 1
+    = match. Sampling uses torch's global RNG, which the Trainer checkpoints.
     """
 
     def __init__(self, split, tokenizer, max_length: int, negatives_per_positive: int = 1,
@@ -102,14 +77,13 @@ class ITMCollate:
         if candidates < 1:
             raise ValueError(f"candidates={candidates} must be >= 1")
         self.candidates = candidates
-        # random negatives only while step() < hard_after_steps: see CrossEncoderConfig
         self.hard_after_steps, self.step = hard_after_steps, step or (lambda: 0)
 
     def current_hard_fraction(self) -> float:
         return 0.0 if self.step() < self.hard_after_steps else self.hard_fraction
 
     def negative_images(self, texts: torch.Tensor) -> torch.Tensor:
-        """One image per caption index, never the caption's own. (P,) -> (P,)"""
+        """(P,) captions -> (P,) images, never the caption's own."""
         n_images = len(self.images["regions"])
         shift = torch.randint(1, n_images, texts.shape)  # uniform over the other images
         images = (self.txt2img[texts] + shift) % n_images
@@ -120,7 +94,7 @@ class ITMCollate:
         return images
 
     def negative_texts(self, images: torch.Tensor) -> torch.Tensor:
-        """One caption per image index, never one of the image's own. (P,) -> (P,)"""
+        """(P,) images -> (P,) captions, never one of the image's own."""
         texts = torch.randint(len(self.captions), images.shape)
         while (own := self.txt2img[texts] == images).any():  # redraw the few own captions
             texts[own] = torch.randint(len(self.captions), (int(own.sum()),))
@@ -146,13 +120,8 @@ class ITMCollate:
 
 
 def keep_hardest(model: CrossEncoder, batch: dict) -> dict:
-    """An ITMCollate batch drawn with `candidates` = c > 1 -> the batch of c = 1 whose every
-    negative is the highest-scoring (by the model as it is now, no gradient) of its c candidates.
-
-    Candidates of one slot sit nB apart (ITMCollate repeats the B positives c * n times), so each
-    side's (c * nB,) block reshapes to (c, nB). The scoring pass costs about a third of a training
-    pass per pair: the online hard-negative step ALBEF does with in-batch similarities.
-    """
+    """An ITMCollate batch of c candidates per negative slot (nB apart) -> the batch keeping each
+    slot's highest-scoring candidate (no gradient)."""
     c = int(batch.get("candidates", 1))
     if c == 1:
         return batch
@@ -178,8 +147,7 @@ def keep_hardest(model: CrossEncoder, batch: dict) -> dict:
 
 def itm_loss(model: CrossEncoder, batch: dict, step: int = 0,
              balance_classes: bool = True) -> dict:
-    """Binary cross-entropy of the matching logits, and the pair accuracy at threshold 0.
-    balance_classes: weigh positives by (#negatives / #positives), so both classes count alike."""
+    """BCE of the matching logits (positives weighted as the negatives with balance_classes)."""
     batch = keep_hardest(model, batch)  # a no-op unless negatives were drawn with candidates > 1
     logits = model(batch["images"], batch["texts"])  # (P,)
     labels = batch["labels"]  # (P,)
@@ -190,8 +158,7 @@ def itm_loss(model: CrossEncoder, batch: dict, step: int = 0,
 
 
 def build_cross_encoder(config: CrossEncoderConfig, split, tokenizer, towers=None) -> CrossEncoder:
-    """A fresh CrossEncoder sized for the split's region features and the tokenizer's vocabulary.
-    towers: the trained SCAN model config.towers="scan" reads; the cross-encoder keeps a copy."""
+    """A fresh CrossEncoder; towers: the trained SCAN model it copies."""
     return CrossEncoder(split.regions.shape[-1], len(tokenizer), config,
                         pad_token_id=tokenizer.pad_token_id, towers=towers)
 
@@ -200,11 +167,7 @@ def train_cross_encoder(bench, tokenizer, config: CrossEncoderConfig | None = No
                         negatives_similarity=None, checkpoint_path=None, evaluate_on=None,
                         eval_every: int | None = None, progress: bool = True,
                         device: str | None = None) -> tuple[CrossEncoder, History]:
-    """Train on bench["train"] with ITM. towers: the trained SCAN model that config.towers="scan"
-    reads (copied, frozen). negatives_similarity (n_images, n_texts): a dual encoder's train-split
-    scores to mine hard negatives from; None = all negatives random. evaluate_on: a split (or
-    learning_curve_splits' dict) whose every pair is scored every eval_every steps and at the end.
-    A finished checkpoint at checkpoint_path is loaded instead of training (Trainer's cache)."""
+    """Train with ITM; negatives_similarity (n_images, n_texts): a dual encoder's, to mine from."""
     cfg = config or CrossEncoderConfig()
     split = bench["train"]
     torch.manual_seed(cfg.seed)  # the initial weights
@@ -235,24 +198,17 @@ def train_cross_encoder(bench, tokenizer, config: CrossEncoderConfig | None = No
 
 
 # ----------------------------------------------------------------------------- the method
-
 class CrossEncoderMethod(PairwiseMethod):
-    """The cross-encoder as a benchmark method: it scores every (image, caption) pair.
-
-    towers: the SCANMethod whose trained encoders config.towers="scan" reads (fitted when the
-    cross-encoder must train); None = a SCANMethod of SCANConfig.for_course(seed=config.seed). The
-    benchmark passes its own "scan", so SCAN trains once. miner: optional `(bench, tokenizer,
-    cache_dir) -> train similarity` for hard negatives, e.g. `dual_encoder_miner(VsePPMethod())`
-    (VSE++ trained or loaded from cache_dir, its train-split embeddings), called only when a model
-    must train with config.loss == "binary" and config.hard_negative_fraction > 0. Without one,
-    every negative is random (or the batch's own, with the listwise loss).
+    """The cross-encoder as a benchmark method: it scores every (image, caption) pair. towers: the
+    SCANMethod it reads (default SCANConfig.for_course's); miner: `(bench, tokenizer, cache_dir) ->
+    train similarity`, used only by the binary loss with hard_negative_fraction > 0.
     """
 
     checkpoint_prefix = "cross_encoder"
     config_class = CrossEncoderConfig
-    # ~10k pairs/s on one CPU thread: 600k pairs = 600 t2i queries of test, about a minute
+    # ~10k pairs/s on one CPU thread: 600 t2i test queries, about a minute
     eval_pairs = (600_000, 20_000)
-    # one query against 5k images takes about 0.4 s on one CPU thread; bigger galleries extrapolate
+    # one query against 5k images: ~0.4 s on one CPU thread
     timed_sizes = ((1_000, 2_500, 5_000), (25, 50, 100))
 
     def __init__(self, config: CrossEncoderConfig | None = None, name: str = "cross_encoder",
@@ -260,8 +216,7 @@ class CrossEncoderMethod(PairwiseMethod):
                  towers: Method | None = None):
         super().__init__(config, name, progress)
         cfg = self.config
-        # only the binary loss with hard negatives draws from a miner: otherwise nothing (the model,
-        # its file, the models a --retrain trains before it) depends on one, so it is not kept
+        # only mining draws from the miner; otherwise nothing depends on it, so it is not kept
         self.miner = miner if cfg.loss == "binary" and cfg.hard_negative_fraction > 0 else None
         if cfg.towers == "scan" and towers is None:
             towers = SCANMethod(SCANConfig.for_course(seed=cfg.seed), progress=progress)
@@ -279,9 +234,7 @@ class CrossEncoderMethod(PairwiseMethod):
         return self.miner is not None and cfg.loss == "binary" and cfg.hard_negative_fraction > 0
 
     def stage(self, bench, tokenizer) -> Stage:
-        """Every config field, on bench["train"], from the SCAN model its towers come from; and,
-        when it mines, the miner and the dual encoder it mines with (a model trained without mined
-        negatives does not depend on them, so its name does not either)."""
+        """Every field, bench["train"], the SCAN towers and (when mining) the miner's model."""
         towers = self.towers and self.towers.stage(bench, tokenizer)
         mined_by = ()
         if self._mines():
@@ -310,8 +263,7 @@ class CrossEncoderMethod(PairwiseMethod):
                                    progress=self.progress, **curve)
 
     def embedded(self, split) -> Embedded:
-        """The split through the fitted model's one-sided embeddings, kept per split and model
-        (SplitCache): what every pair of the split shares, computed once."""
+        """The split through the fitted model's one-sided embeddings, once per split and model."""
         if getattr(self, "_embedded", None) is None:
             self._embedded = SplitCache()
         return self._embedded.get(split, self.model,
@@ -333,8 +285,7 @@ class CrossEncoderMethod(PairwiseMethod):
                             embedded=self.embedded(split))
 
     def query_fn(self, split, caption_index: int = 0, top_k: int = 10):
-        """A zero-argument callable answering one text query: the caption is embedded, then fused
-        with every gallery image, whose embeddings are ready offline (`embedded`)."""
+        """One text query: the caption embedded, then fused with every pre-embedded image."""
         model = self._fitted()
         gallery = self.embedded(split).images(slice(None))  # offline: (N, R, H), (N, R)
         caption = split.captions[caption_index]

@@ -1,8 +1,6 @@
 """Hard negatives for the cross-encoder's binary ITM, mined from a dual encoder (ALBEF's scheme):
-the top-k non-matches of its train-split similarity (`mine_negatives`; VSE++'s read in chunks
-from its two embedding matrices, `dual_encoder_miner`). Hard negatives teach what random ones
-cannot: two scenes that share most objects differ in the one attribute or relation the caption
-names, and only such a negative makes the model look at it.
+the top-k non-matches of its train-split similarity. Two scenes sharing most objects differ in the
+one attribute or relation the caption names: only such a negative makes the model look at it.
 """
 
 from __future__ import annotations
@@ -26,10 +24,7 @@ class MinedNegatives:
 
 @dataclass
 class DualEmbeddings:
-    """A dual encoder's similarity matrix kept factored: image_emb @ text_emb.T, never formed.
-
-    The default train split's full matrix is 10k x 50k float32 = 2 GB; the two factors are 15 MB,
-    and `mine_negatives` reads them a chunk of rows at a time."""
+    """A dual encoder's similarity image_emb @ text_emb.T kept factored (15 MB instead of 2 GB)."""
 
     image_emb: torch.Tensor  # (n_images, E)
     text_emb: torch.Tensor  # (n_texts, E)
@@ -41,8 +36,7 @@ class DualEmbeddings:
 
 def _top_k_excluding(rows: Callable[[int, int], torch.Tensor], n_rows: int,
                      is_match: Callable[[int, int], torch.Tensor], k: int) -> torch.Tensor:
-    """Per row of a (n_rows, m) score matrix the k best columns that are not a match, chunk by
-    chunk: rows(start, stop) gives the (stop - start, m) scores of those rows. -> (n_rows, k)"""
+    """(n_rows, k): per row the k best non-matching columns, rows(start, stop) a chunk at a time."""
     out = []
     for start in range(0, n_rows, _ROWS_PER_CHUNK):
         stop = min(start + _ROWS_PER_CHUNK, n_rows)
@@ -56,13 +50,7 @@ def _as_cpu_tensor(x) -> torch.Tensor:
 
 
 def mine_negatives(similarity, txt2img, k: int = 16) -> MinedNegatives:
-    """Hard-negative candidates from a dual encoder's similarity matrix (n_images, n_texts), or
-    from its two embedding matrices (a `DualEmbeddings`: see `mine_negatives_from_embeddings`).
-
-    A text's own image and an image's own captions are never candidates. The lists are sampled
-    afresh at every step (`ITMCollate`), so a caption meets several of its hard negatives, not one
-    fixed one; one may still be true of its pair (method.py's docstring).
-    """
+    """Hard-negative candidates from a (n_images, n_texts) similarity or a `DualEmbeddings`."""
     if isinstance(similarity, DualEmbeddings):
         return mine_negatives_from_embeddings(similarity.image_emb, similarity.text_emb, txt2img, k)
     sims = _as_cpu_tensor(similarity)  # (N, T)
@@ -70,9 +58,7 @@ def mine_negatives(similarity, txt2img, k: int = 16) -> MinedNegatives:
 
 
 def mine_negatives_from_embeddings(image_emb, text_emb, txt2img, k: int = 16) -> MinedNegatives:
-    """`mine_negatives` of the matrix image_emb @ text_emb.T without forming it: each chunk of
-    rows is one matrix product, so memory is a chunk (1024 x 50k floats = 200 MB at most on the
-    default train split), not the 2 GB matrix. image_emb (N, E), text_emb (T, E)."""
+    """`mine_negatives` of image_emb (N, E) @ text_emb (T, E).T, a chunk of rows at a time."""
     image_emb, text_emb = _as_cpu_tensor(image_emb).float(), _as_cpu_tensor(text_emb).float()
     return _mine(lambda a, b: text_emb[a:b] @ image_emb.T,  # (b - a, N): texts against images
                  lambda a, b: image_emb[a:b] @ text_emb.T,  # (b - a, T): images against texts
@@ -80,8 +66,7 @@ def mine_negatives_from_embeddings(image_emb, text_emb, txt2img, k: int = 16) ->
 
 
 def _mine(text_rows, image_rows, shape, txt2img, k: int) -> MinedNegatives:
-    """The mining both entry points share: text_rows(a, b) (b - a, N) and image_rows(a, b)
-    (b - a, T) give rows of the similarity's transpose and of the similarity itself."""
+    """text_rows(a, b) -> (b - a, N), image_rows(a, b) -> (b - a, T): rows of the similarity."""
     txt2img = torch.as_tensor(np.asarray(txt2img), dtype=torch.long)  # (T,)
     n_images, n_texts = shape
     if len(txt2img) != n_texts:
@@ -99,13 +84,7 @@ def _mine(text_rows, image_rows, shape, txt2img, k: int) -> MinedNegatives:
 
 
 def dual_encoder_miner(dual_method) -> Callable:
-    """The `miner(bench, tokenizer, cache_dir)` that `CrossEncoderMethod` takes, from a dual
-    encoder method (anything with fit(bench, tokenizer, cache_dir) and similarity(split), e.g.
-    `VsePPMethod()`): it fits the method (or loads it from cache_dir) and returns its train-split
-    similarity for `mine_negatives`. A VSE++ `DualEncoder` gives its two embedding matrices
-    (`DualEmbeddings`, same ranking, 15 MB instead of the 2 GB matrix); any other method its
-    `similarity(bench["train"])`.
-    """
+    """A `miner(bench, tokenizer, cache_dir)` returning a fitted dual encoder's train similarity."""
     from course_lib.methods.encoding import encode_split
     from course_lib.methods.vsepp import DualEncoder
 
@@ -117,8 +96,7 @@ def dual_encoder_miner(dual_method) -> Callable:
             return DualEmbeddings(*encode_split(model, split, dual_method.tokenizer))
         return dual_method.similarity(split)  # (n_images, n_texts)
 
-    # CrossEncoderMethod names its checkpoint after the miner's __qualname__ and its method's own
-    # checkpoint: another dual encoder (its config, data or code) must give another cross-encoder
+    # the cross-encoder's checkpoint name reads this: another dual encoder, another model
     miner.__qualname__ = (f"dual_encoder_miner({type(dual_method).__name__}, "
                           f"{getattr(dual_method, 'config', None)!r})")
     miner.method = dual_method

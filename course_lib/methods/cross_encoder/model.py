@@ -1,8 +1,6 @@
 """The single-stream cross-encoder (UNITER-style): one transformer reads a caption and an image
 together and outputs one matching score (U-BERT §3, eq. 2-5). The course's accurate but slow
-re-ranker: LightningDOT, U-BERT and Fast & Slow re-score their top candidates with it
-(`rerank_scores`); `score_matrix` scores every pair, O(n_images * n_texts) forward passes against
-a dual encoder's O(n_images + n_texts).
+re-ranker: O(n_images * n_texts) forward passes against a dual encoder's O(n_images + n_texts).
 
     text  [CLS] w1 .. wT [SEP]  ->  word + position + type(0) embeddings, LayerNorm
                                     + LN(Linear(SCAN's encoding of each word))       (towers="scan")
@@ -12,23 +10,11 @@ a dual encoder's O(n_images + n_texts).
     [text ; image]              ->  one pre-LN `blocks.Transformer`, one padding mask
     [CLS] output                ->  Linear  ->  one matching logit per pair
 
-Towers. UNITER does not learn its inputs from nothing: BERT's word embeddings and a Faster R-CNN
-trained on Visual Genome come with it, and ALBEF (REFERENCE_NOTES) fuses two unimodal encoders
-pre-trained for alignment. Ours from scratch must find which word goes with which region from one
-matching bit per pair, and mostly stalled (docs/tuning_notes.md, "Four trainings of the default
-config"). So by default (`towers="scan"`) every word and region token also carries what the
-course's trained SCAN encoders (lesson 02: a bi-GRU over the words, a Linear over each region and
-its box) make of it, aligned word to region by SCAN's training. The towers stay frozen, as in LiT
-("locked" image towers): fine-tuning them at the fusion layers' rate undid SCAN's alignment. The
-papers' own towers are BERT and a detector; which to start from is our choice.
-
-The blocks are the course's shared ones (`core.blocks`, the computation of torch's
-`nn.TransformerEncoderLayer(norm_first=True)`). The logit is the ranking score, trained listwise
-by default (`itm`: per caption a softmax over the batch's images, per image over its captions);
-binary cross-entropy ITM (UNITER's 2-way softmax without its redundant output: softmax over two
-logits = sigmoid of their difference) remains as loss="binary", the loss that takes mined hard
-negatives. `unimodal` gives ALBEF-style features before fusion for the optional contrastive (ITC)
-loss. Training and `CrossEncoderMethod` (the benchmark's method) live in method.py.
+Towers: UNITER starts from BERT and a detector, ALBEF from aligned unimodal encoders; ours from
+scratch mostly stalled on one matching bit per pair (docs/tuning_notes.md, "Four trainings of the
+default config"). So by default each token also carries the trained SCAN encoders' view of it,
+frozen as in LiT (fine-tuning them undid SCAN's alignment). Trained listwise by default (itm.py);
+loss="binary" is UNITER's ITM as a sigmoid, the loss that takes mined hard negatives.
 """
 
 from __future__ import annotations
@@ -52,8 +38,7 @@ from course_lib.core.train import move_to_device
 from course_lib.data.datasets import IMAGE_KEYS, image_batch, image_fields, text_fields
 
 TEXT_KEYS = ("input_ids", "attention_mask")  # the text fields the model reads
-# Pairs scored per forward pass: 256 pairs (~5k tokens) keep a block's activations in cache on a CPU
-# (docs/tuning_notes.md, "Cross-encoder"); on a GPU pass 4096 or more.
+# pairs per forward pass, cache-sized on a CPU (docs/tuning_notes.md, "Cross-encoder"); GPU: 4096+
 BLOCK_PAIRS = 256
 
 
@@ -64,29 +49,24 @@ class CrossEncoderConfig(CourseConfig):
     layers: int = 3  # transformer blocks over the joint sequence (U-BERT's L)
     heads: int = 4  # attention heads per block
     dropout: float = 0.0  # in embeddings and blocks (BERT: 0.1); fresh negatives barely overfit
-    # "scan": every word and region token also carries SCAN's trained encoding of it (frozen
-    # towers, ALBEF-style; the model's docstring); "none": UNITER's layout, all learned from scratch
+    # "scan": each token also carries frozen SCAN's encoding of it; "none": UNITER's, from scratch
     towers: str = "scan"
-    # "listwise": every caption of a batch against every image of it, softmax cross-entropy both
-    # ways (itm.py); "binary": ITM's per-pair BCE with the negatives below
+    # "listwise": softmax CE over the batch grid both ways (itm.py); "binary": per-pair BCE
     loss: str = "listwise"
-    # listwise only: weight of ALBEF's contrastive loss (ITC) on the unimodal features, which then
-    # picks the grid (grid_size captions of the batch in grid_clusters look-alike groups); 0 = off
+    # listwise only: weight of ALBEF's ITC loss, which then picks the grid; 0 = off
     itc_weight: float = 0.0
     grid_size: int = 16  # with ITC: captions in the scored grid (16 x their images = 256 pairs)
     grid_clusters: int = 2  # with ITC: look-alike groups in the grid (2 of 8)
     max_text_length: int = 40  # tokens per caption incl. [CLS] and [SEP]; longer ones are cut
     # the rest are for loss="binary" (mined negatives need it: the listwise grid has no miner)
     negatives_per_positive: int = 1  # negative captions per image, images per caption (ALBEF: 1)
-    # chance a negative comes from the miner's top-k, else random; > 0 with a miner shows the
-    # lesson of cross_encoder_train's docstring
+    # chance a negative comes from the miner's top-k, else random
     hard_negative_fraction: float = 0.0
     hard_negative_k: int = 16  # a hard negative is drawn from the dual encoder's top-k non-matches
     hard_negative_after: float = 0.0  # share of max_steps before hard negatives start
     online_candidates: int = 1  # negatives drawn per slot, trained on the top-scored (1 = off)
     balance_classes: bool = True  # weigh a positive as its 2n negatives (else: "always no" first)
-    # captions per step. listwise: a 16 x 16 grid = 256 pairs, 15 negatives a side; binary (use
-    # 64): batch_size * (1 + 2n) pairs
+    # captions per step (listwise: a 16 x 16 grid of pairs; binary, use 64: B * (1 + 2n) pairs)
     batch_size: int = 16
     lr: float = 2e-3  # peak AdamW learning rate (a small model from scratch tolerates a large one)
     max_steps: int = 3000  # optimizer steps (listwise: a few CPU minutes)
@@ -94,24 +74,14 @@ class CrossEncoderConfig(CourseConfig):
     grad_clip: float = 2.0  # max global gradient norm
     seed: int = 0  # model initialisation, data order and negative sampling
 
-    # smoke(): tiny training, same code path
     SMOKE: ClassVar[dict] = dict(hidden=32, layers=2, batch_size=12, max_steps=60)
     # the real-photo preset (CourseConfig.REAL_PHOTOS), chosen on Flickr8k's val
     REAL_PHOTOS: ClassVar[dict] = {"max_steps": 300}
 
 
 class CrossEncoder(JointEmbedding):
-    """Caption and regions in one transformer; forward(images, texts) -> logits (B,) for B pairs.
-
-    images: `regions` (B, R, D), `boxes` (B, R, 7), `region_mask` (B, R) as collate_images makes
-    them; texts: `input_ids`, `attention_mask` (B, T) from the word tokenizer ([CLS] w.. [SEP]).
-    Padded words and region slots are masked out of attention, so padding changes nothing. Built
-    from core.blocks: `RegionEmbedding` for the regions, `Transformer` (pre-LN blocks and a final
-    LayerNorm) over the joint sequence. pad_token_id: the tokenizer's, whose embedding is zero.
-    towers: with config.towers="scan", a trained `SCANModel` (its `encode_texts` / `encode_images`),
-    kept as a frozen copy in eval mode, the submodule `towers` (its weights are in the state dict).
-    With config.itc_weight > 0 it also has ALBEF's contrastive heads: `unimodal(images, texts)`.
-    """
+    """Caption and regions in one transformer: forward(images, texts) -> logits (B,) for B pairs.
+    towers: a trained `SCANModel`, kept as a frozen copy; itc_weight > 0 adds ALBEF's ITC heads."""
 
     def __init__(self, region_dim: int, vocab_size: int, config: CrossEncoderConfig | None = None,
                  box_dim: int = 7, pad_token_id: int = 0, towers: nn.Module | None = None):
@@ -137,8 +107,7 @@ class CrossEncoder(JointEmbedding):
         self.head = nn.Linear(H, 1)  # s(T, I) = FC([CLS] output), U-BERT eq. 5
         if cfg.itc_weight > 0:  # ALBEF's contrastive heads on the unimodal features (`unimodal`)
             self.itc_image, self.itc_text = nn.Linear(H, H), nn.Linear(H, H)
-            # ALBEF's temperature, 0.07
-            self.itc_log_scale = nn.Parameter(torch.tensor(math.log(1 / 0.07)))
+            self.itc_log_scale = nn.Parameter(torch.tensor(math.log(1 / 0.07)))  # ALBEF's
         self._init_tables()
 
     def train(self, mode: bool = True) -> CrossEncoder:
@@ -169,28 +138,22 @@ class CrossEncoder(JointEmbedding):
 
     def fuse(self, text: torch.Tensor, text_mask: torch.Tensor, image: torch.Tensor,
              region_mask: torch.Tensor) -> torch.Tensor:
-        """The cross-modal part: embedded captions (B, T, H) and images (B, R, H) with their masks
-        -> logits (B,). Each embedding reads one side only, so scoring embeds a gallery once
-        (`Embedded`) and runs only this per pair."""
+        """Captions (B, T, H) and images (B, R, H), embedded -> logits (B,): the per-pair part."""
         x = torch.cat([text, image], dim=1)  # (B, T + R, H)
         mask = torch.cat([text_mask.bool(), region_mask.bool()], dim=1)  # (B, T + R), True = real
         h = self.transformer(self.dropout(x), mask)  # (B, T + R, H)
         return self.head(h[:, 0]).squeeze(-1)  # (B,)
 
     def unimodal(self, images: dict, texts: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        """ALBEF's unimodal features, here the embeddings before fusion: masked mean of each side's
-        embeddings, a Linear, L2-normalised. -> image (N, H), text (B, H); any N and B: the
-        image-text contrastive (ITC) loss compares every image with every text."""
+        """ALBEF's unimodal features for ITC: image (N, H), text (B, H), L2-normalised."""
         image = self.itc_image(masked_mean(self.embed_image(images), images["region_mask"]))
         text = self.itc_text(masked_mean(self.embed_text(texts), texts["attention_mask"]))
         return F.normalize(image, dim=-1), F.normalize(text, dim=-1)
 
 
 # ----------------------------------------------------------------------------- scoring
-
 def _embed(embed, fields: dict, keys, device, batch_size: int) -> torch.Tensor:
-    """embed (one side's embedding) of every row of fields, block by block: (n, L, H) on the CPU.
-    image_batch takes a block's rows, floats as float32 (float16 regions), token ids as they are."""
+    """embed every row of fields, block by block -> (n, L, H) on the CPU."""
     n, chosen = len(fields[keys[0]]), {k: fields[k] for k in keys}
     blocks = [embed(move_to_device(image_batch(chosen, slice(start, start + batch_size)), device))
               .float().cpu() for start in range(0, n, batch_size)]
@@ -198,9 +161,8 @@ def _embed(embed, fields: dict, keys, device, batch_size: int) -> torch.Tensor:
 
 
 class Embedded:
-    """A split's images and captions through the model's one-sided embeddings (`embed_image`,
-    `embed_text`), in eval mode: every image once, a caption the first time it is scored. These
-    do not change from pair to pair, so a query pays only for `fuse`.
+    """A split's images and captions through `embed_image` / `embed_text` in eval mode: every image
+    once, a caption the first time it is scored, so a query pays only for `fuse`.
 
         images(rows (n,))      -> tokens (n, R, H), region_mask (n, R)
         captions(indices (m,)) -> tokens (m, T, H), attention_mask (m, T), T = their longest
@@ -239,10 +201,8 @@ class Embedded:
 def score_embedded(model: CrossEncoder, images: tuple, texts: tuple, n_pairs: int,
                    pair_rows: Callable[[int, int], tuple[torch.Tensor, torch.Tensor]], *,
                    batch_size: int, device=None, progress: bool = False) -> torch.Tensor:
-    """The one scoring loop: images = (tokens (N, R, H), region_mask (N, R)) and texts = (tokens
-    (U, T, H), attention_mask (U, T)), embedded; pairs start..stop are (images row, texts row) =
-    pair_rows(start, stop), gathered block by block (memory grows with batch_size, not n_pairs),
-    each block's captions cut to its longest. -> (n_pairs,)"""
+    """The one scoring loop -> (n_pairs,): embedded images (N, R, H), texts (U, T, H) with masks;
+    pair_rows(start, stop) -> (image rows, text rows)."""
     scores = torch.empty(n_pairs)
     bar = tqdm(total=n_pairs, desc="cross-encoder pairs", unit="pair", unit_scale=True,
                disable=not progress)
@@ -262,8 +222,7 @@ def score_embedded(model: CrossEncoder, images: tuple, texts: tuple, n_pairs: in
 
 def score_pairs(model: CrossEncoder, images: dict, texts: dict, *, batch_size: int = BLOCK_PAIRS,
                 device=None) -> torch.Tensor:
-    """Logits (P,) of P aligned pairs: images[k] (P, ...) with texts[k] (P, T), in eval mode.
-    device: None = the model's device, else the model is moved there."""
+    """Logits (P,) of P aligned pairs: images[k] (P, ...) with texts[k] (P, T), in eval mode."""
     n = len(texts["input_ids"])
     if len(images["regions"]) != n:
         raise ValueError(f"{len(images['regions'])} images but {n} texts: pairs must be aligned")
@@ -288,10 +247,7 @@ def _indices(given, n: int) -> torch.Tensor:
 def score_matrix(model: CrossEncoder, split, tokenizer, image_indices=None, text_indices=None, *,
                  batch_size: int = BLOCK_PAIRS, device=None, progress: bool = True,
                  embedded: Embedded | None = None) -> torch.Tensor:
-    """Every chosen image against every chosen text (all by default): (n_img, n_txt) logits. The
-    split is embedded once (`embedded`: a kept `Embedded` of this model and split, else a new one);
-    pairs are expanded per block, text-major (a block holds consecutive images of the same few
-    texts, as in a t2i query)."""
+    """(n_img, n_txt) logits of the chosen images and texts (all by default), text-major."""
     embedded = embedded or Embedded(model, split, tokenizer, device=device, batch_size=batch_size)
     images = _indices(image_indices, split.n_images)  # (n_img,) rows of the split
     text_ids = _indices(text_indices, split.n_texts)  # (n_txt,)
@@ -310,9 +266,7 @@ def score_matrix(model: CrossEncoder, split, tokenizer, image_indices=None, text
 def score_index_pairs(model: CrossEncoder, split, tokenizer, image_indices, text_indices, *,
                       batch_size: int = BLOCK_PAIRS, device=None, progress: bool = False,
                       embedded: Embedded | None = None) -> torch.Tensor:
-    """Logits (P,) of the pairs (image image_indices[p], caption text_indices[p]) of a split: the
-    pair scorer every re-ranker offers (methods.rerank). `embedded` as in score_matrix; each
-    distinct caption is embedded once, inside the call (part of a query's online cost)."""
+    """Logits (P,) of the pairs (image_indices[p], text_indices[p]): the re-rankers' pair scorer."""
     images = _indices(image_indices, split.n_images)  # (P,)
     texts = _indices(text_indices, split.n_texts)  # (P,)
     if images.shape != texts.shape or images.ndim != 1:
@@ -332,9 +286,7 @@ def score_index_pairs(model: CrossEncoder, split, tokenizer, image_indices, text
 def rerank_scores(model: CrossEncoder, split, tokenizer, candidates, text_indices=None, *,
                   batch_size: int = BLOCK_PAIRS, device=None,
                   progress: bool = False) -> torch.Tensor:
-    """Scores (Q, M) of text query q against its candidate images candidates[q] (Q, M), the second
-    stage of two-stage retrieval (a first stage picks the M candidates per query). text_indices
-    (Q,): the split's captions that are the queries; None = all (Q = n_texts)."""
+    """Scores (Q, M) of text query q (text_indices, default all) against candidates[q] (Q, M)."""
     candidates = torch.as_tensor(np.asarray(candidates), dtype=torch.long)  # (Q, M)
     text_ids = _indices(text_indices, split.n_texts)  # (Q,)
     if candidates.ndim != 2 or len(candidates) != len(text_ids):

@@ -1,3 +1,2 @@
-"""Fast & Slow (Miech et al. 2021): model.py (the Slow captioning scorer and the Fast dual encoder),
-method.py (training, distillation, the Methods and the re-ranking cascade, registrations).
-"""
+"""Fast & Slow (Miech et al. 2021): model.py (the Slow captioning scorer, the Fast dual encoder),
+method.py (training, distillation, Methods, the re-ranking cascade)."""

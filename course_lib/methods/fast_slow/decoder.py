@@ -5,9 +5,6 @@ summed log-likelihood h(x, y) = h_fwd + h_bwd of a caption read both ways (eq. 1
     tokens (B, M, H)  ->  Decoder.keys_values: per block the cross-attention's (2, B, h, M, d),
                           which depend on the image only (a gallery's are cached offline)
     words  (B, L, H)  ->  Decoder(x, kvs) -> (B, L, H)
-    reverse_words: the backward decoder's input; summed_log_likelihood: h from both decoders' logits
-
-`course_lib.methods.fast_slow.model.SlowModel` puts them together.
 """
 
 from __future__ import annotations
@@ -21,8 +18,7 @@ from course_lib.core.tokens import WORD_SPECIAL_TOKENS, SpecialTokens
 
 
 class CausalSelfAttention(nn.Module):
-    """Masked multi-head self-attention: position t sees positions <= t. With right padding no
-    real position ever sees a padded one, so no padding mask is needed."""
+    """Masked multi-head self-attention; with right padding no real position sees a padded one."""
 
     def __init__(self, hidden: int, heads: int, dropout: float = 0.0):
         super().__init__()
@@ -39,8 +35,7 @@ class CausalSelfAttention(nn.Module):
 
 
 class CrossAttention(nn.Module):
-    """Text queries attend to the visual tokens. keys_values(tokens (B, M, H)) -> (2, B, h, M, d)
-    depends on the image only (what the gallery caches); forward(x (B, L, H), kv) -> (B, L, H)."""
+    """Text queries (B, L, H) attend to the visual tokens' keys_values (2, B, h, M, d)."""
 
     def __init__(self, hidden: int, heads: int, dropout: float = 0.0):
         super().__init__()
@@ -61,8 +56,7 @@ class CrossAttention(nn.Module):
 
 
 class DecoderBlock(nn.Module):
-    """Pre-LN decoder block (VirTex / the paper's §3.1): x + SelfAttn_causal(LN(x)), then
-    x + CrossAttn(LN(x), visual K/V), then x + MLP(LN(x)), MLP = 4H with GELU."""
+    """Pre-LN block (VirTex, §3.1): causal self-attention, cross-attention to K/V, MLP."""
 
     def __init__(self, hidden: int, heads: int, dropout: float = 0.0):
         super().__init__()
@@ -80,8 +74,7 @@ class DecoderBlock(nn.Module):
 
 
 class Decoder(nn.Module):
-    """A stack of DecoderBlocks and a final LayerNorm; keys_values(tokens) -> one (2, B, h, M, d)
-    per block; forward(x (B, L, H), kvs) -> (B, L, H)."""
+    """DecoderBlocks and a final LayerNorm; keys_values -> one (2, B, h, M, d) per block."""
 
     def __init__(self, hidden: int, layers: int, heads: int, dropout: float = 0.0):
         super().__init__()
@@ -98,8 +91,7 @@ class Decoder(nn.Module):
 
 
 def reverse_words(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """[CLS] w1 .. wL [SEP] [PAD].. -> [CLS] wL .. w1 [SEP] [PAD].., row by row (the backward
-    decoder's input; right padding). (B, T) -> (B, T)"""
+    """(B, T) [CLS] w1 .. wL [SEP] [PAD].. -> [CLS] wL .. w1 [SEP] [PAD].., the backward input."""
     B, T = input_ids.shape
     lengths = attention_mask.long().sum(1, keepdim=True)  # (B, 1): [CLS] + L words + [SEP]
     positions = torch.arange(T, device=input_ids.device).expand(B, T)  # (B, T)
@@ -112,9 +104,8 @@ def summed_log_likelihood(forward_logits: torch.Tensor, backward_logits: torch.T
                           input_ids: torch.Tensor, reversed_ids: torch.Tensor,
                           attention_mask: torch.Tensor,
                           special: SpecialTokens = WORD_SPECIAL_TOKENS) -> torch.Tensor:
-    """h(x, y) = h_fwd + h_bwd (eq. 2-3) from the two decoders' logits: (B, T, V) each, position t
-    predicting token t + 1 of input_ids (forward) or reversed_ids (backward). Each direction sums
-    log p of its words (not [SEP] or padding), no length normalisation. -> (B,)"""
+    """h(x, y) = h_fwd + h_bwd (eq. 2-3) -> (B,) from logits (B, T, V), position t predicting token
+    t + 1: log p summed over the words only, not length-normalised."""
     words = word_mask(input_ids, attention_mask, special)[:, 1:].float()  # (B, T-1) word targets
     total = 0.0
     for logits, ids in ((forward_logits, input_ids), (backward_logits, reversed_ids)):

@@ -1,19 +1,11 @@
-"""Distilling the Slow teacher into the Fast student (Miech et al. 2021, §3.2, eq. 5-8), over two
-sets of candidate images per caption (FastConfig.distill_candidates):
+"""Distilling the Slow teacher into the Fast student (Miech et al. 2021, §3.2, eq. 5-8): eq. 8 =
+distillation_loss(student, teacher, tau) + alpha * eq. 4, each caption's softmaxes over
+(FastConfig.distill_candidates):
 
-    "batch"  the paper's: every caption against the batch's B images; the teacher scores all B^2
-             pairs (`teacher_scores`), and eq. 5-7 match the two softmaxes over those B images
-    "mined"  eq. 4 over the full batch (as the plain model trains), and for its first
-             distill_batch_size captions each one's own image and the plain Fast model's top K - 1
-             others of the training split, mined once (`mine_candidates`): the images the student
-             confuses, where the teacher's order is what it lacks. So later retrieval distillation
-             works (RocketQA, ColBERTv2: the teacher re-scores the retriever's own top
-             candidates); the paper is silent on which images its batches hold
-
-In both, the loss is distillation_loss(student, teacher, tau) + alpha * eq. 4 (eq. 8).
-`mined_distill_loss(None, ...)` is the mined variant's hard-negative control: the same candidates,
-the student's softmax trained towards the caption's own image alone, telling what the teacher adds
-apart from what the mined images give.
+    "batch"  the batch's B images (the paper's)
+    "mined"  its own image and the plain Fast model's top K - 1 others (`mine_candidates`), as
+             RocketQA and ColBERTv2 distil; `mined_distill_loss(None, ...)` is the control with
+             all target mass on the own image
 
     candidates = mine_candidates(fast_model, bench["train"], tokenizer, k=16)  # (T, 16), own first
     loss_fn = mined_distill_loss(slow_model, config, candidates, bench["train"])  # for fit_pairs
@@ -35,9 +27,7 @@ from course_lib.methods.fast_slow.model import FastConfig, FastModel, SlowModel,
 
 def teacher_pair_scores(teacher: SlowModel, images: dict, image_rows: torch.Tensor,
                         texts: dict, text_rows: torch.Tensor) -> torch.Tensor:
-    """h (P,) of the pairs (image image_rows[p] of `images`, texts row text_rows[p]): the visual
-    tokens and keys / values run once per image of `images` (U: pixels (U, 3, H, W) or regions
-    (U, R, D) with boxes), the two decoders once per pair. No gradient, the teacher in eval mode."""
+    """h (P,) of the pairs (images[image_rows[p]], texts[text_rows[p]]), no gradient."""
     with inference(teacher) as device:
         kvs = teacher.keys_values(teacher.visual_tokens(move_to_device(images, device)))  # by image
         image_rows, text_rows = image_rows.to(device), text_rows.to(device)
@@ -49,8 +39,7 @@ def teacher_pair_scores(teacher: SlowModel, images: dict, image_rows: torch.Tens
 
 
 def teacher_scores(teacher: SlowModel, batch: dict) -> torch.Tensor:
-    """h of every image of the batch with every caption: (B, B), rows images, columns captions;
-    B^2 decoder passes."""
+    """(B, B) h of every image (rows) with every caption of a batch: B^2 decoder passes."""
     B = batch["input_ids"].shape[0]
     rows = torch.arange(B).repeat_interleave(B)  # (B*B,) image of each pair
     cols = torch.arange(B).repeat(B)  # (B*B,) caption of each pair
@@ -58,8 +47,7 @@ def teacher_scores(teacher: SlowModel, batch: dict) -> torch.Tensor:
 
 
 def distill_loss(teacher: SlowModel, config: FastConfig):
-    """Eq. 8's loss_fn over the batch's images: distillation_loss(student, teacher, tau) + alpha *
-    eq. 4, both means over the batch; logs both parts."""
+    """Eq. 8's loss_fn over the batch's images; logs both parts."""
     def loss_fn(model: FastModel, batch: dict, step: int = 0) -> dict:
         student = batch_scores(*model(batch))  # (B, B)
         distill = distillation_loss(student, teacher_scores(teacher, batch), tau=config.tau)
@@ -70,8 +58,7 @@ def distill_loss(teacher: SlowModel, config: FastConfig):
 
 
 def mine_candidates(model: FastModel, split, tokenizer, k: int) -> torch.Tensor:
-    """Per caption of `split`, its own image and the model's k - 1 highest-scoring other images:
-    (T, k) image rows, own image first (mined once, from the plain Fast model)."""
+    """(T, k) image rows per caption: its own, then the model's k - 1 best other images."""
     if not 2 <= k <= split.n_images:
         raise ValueError(f"distill_top_k={k} must be in [2, {split.n_images}]: the caption's own "
                          "image and at least one other")
@@ -84,11 +71,8 @@ def mine_candidates(model: FastModel, split, tokenizer, k: int) -> torch.Tensor:
 
 def mined_distill_loss(teacher: SlowModel | None, config: FastConfig, candidates: torch.Tensor,
                        split):
-    """Eq. 8's loss_fn over mined candidates, for a batch of B pairs (eq. 4's): eq. 4 over the
-    whole batch, and for its first S = config.distill_batch_size captions the softmax over each
-    one's K candidate images (`mine_candidates`; rows `txt_index` of `split`) of the student's
-    f.g / tau against the teacher's h / tau: S * K teacher pairs a step. loss = distillation +
-    alpha * eq. 4. teacher None: the hard-negative control, all on the own image (candidate 0)."""
+    """Eq. 8's loss_fn: eq. 4 over the batch, plus for its first distill_batch_size captions the
+    softmax of f.g / tau against h / tau over their K `candidates`."""
     images = None  # the split's images, as the student reads them (built at the first step)
 
     def loss_fn(model: FastModel, batch: dict, step: int = 0) -> dict:

@@ -1,21 +1,18 @@
 """Training Fast & Slow (Miech et al. 2021) and its benchmark methods.
 
-    slow            captioning cross-entropy on positive pairs only: L_CA = -sum_i h(x_i, y_i)
-                    (§3.1; averaged over the batch here), no negatives, no horizontal flips (our
-                    captions name left and right)
-    fast            the NCE dual encoder with eq. 4 (`losses.joint_nce_loss`), its CNN started from
-                    the cached pixel stem (`initial_fast_model`, FastConfig.image_init)
+    slow            L_CA = -sum_i h(x_i, y_i) on positive pairs only (§3.1; averaged over the
+                    batch here), no negatives, no horizontal flips (captions name left and right)
+    fast            the NCE dual encoder with eq. 4 (`losses.joint_nce_loss`), its CNN from the
+                    cached pixel stem (FastConfig.image_init)
     fast-distilled  eq. 8: L_distill + alpha * L_DE, the frozen Slow teacher's h / tau against the
                     student's dot products / tau over candidate images per caption (`distill`)
     fast_slow@K     eq. 9: the distilled Fast model ranks the gallery, its top K are re-scored by
                     h(x, y) + beta * f(x)^T g(y) (`rerank.Cascade` with `weighted_sum([beta, 1])`)
 
-The teacher's decoder passes are distillation's cost, and the paper does not say how it paid it
-(docs/tuning_notes.md, "Fast & Slow, distillation"). Our choice, stated in every note: the student
-starts from the trained `fast` model (same config, `undistilled`) and takes distill_steps more
-steps of eq. 8, the teacher scoring 256 pairs a step (16 captions x 16 candidates); the paper
-trains it with eq. 8 from the start (distill_start="scratch"). Its checkpoint is named after the
-teacher's and the start's. The Slow model scores from cached gallery keys / values (`scoring`).
+The paper does not say how it paid the teacher's decoder passes (docs/tuning_notes.md, "Fast & Slow,
+distillation"). Our choice, stated in every note: the student starts from the trained `fast` model
+and takes distill_steps more steps of eq. 8, the teacher scoring 16 captions x 16 candidates a step;
+the paper's eq. 8 from the start is distill_start="scratch".
 """
 
 from __future__ import annotations
@@ -36,16 +33,12 @@ from course_lib.methods.encoding import retrieval_evaluator, similarity
 from course_lib.methods.fast_slow.distill import distill_loss, mine_candidates, mined_distill_loss
 from course_lib.methods.fast_slow.model import FastConfig, FastModel, SlowConfig, SlowModel
 from course_lib.methods.fast_slow.scoring import SlowStates, compute_states, score_cached_pairs
-from course_lib.methods.pixel_stem import (
-    StartsFromPixelStem,
-    load_stem_backbone,
-)
+from course_lib.methods.pixel_stem import StartsFromPixelStem, load_stem_backbone
 from course_lib.methods.registry import register_method
 from course_lib.methods.rerank import Cascade, weighted_sum
 
-# eq. 9's weight of the Fast score in the re-ranking (paper: > 0, value not given); 0: plain
-# re-ranking (docs/tuning_notes.md, "Fast & Slow, re-ranking with beta")
-BETA = 0.0
+# eq. 9's beta (paper: > 0, not given); 0: plain re-ranking
+BETA = 0.0  # docs/tuning_notes.md, "Fast & Slow, re-ranking with beta"
 TOP_KS = (10, 50)  # the paper's K (Table 4)
 # the fields only distillation (eq. 8) reads
 DISTILL_FIELDS = ("tau", "alpha", "distill_batch_size", "distill_steps", "distill_lr",
@@ -53,7 +46,6 @@ DISTILL_FIELDS = ("tau", "alpha", "distill_batch_size", "distill_steps", "distil
 
 
 # ----------------------------------------------------------------------------- training
-
 def caption_loss(model: SlowModel, batch: dict, step: int = 0) -> dict:
     """L_CA / B: minus the mean h of the batch's positive pairs; also the per-word NLL, to read."""
     h = model(batch)  # (B,)
@@ -68,8 +60,7 @@ def nce_loss(model: FastModel, batch: dict, step: int = 0) -> torch.Tensor:
 
 def train_slow(bench: dict, tokenizer, config: SlowConfig | None = None, *, checkpoint_path=None,
                stem_checkpoint=None, progress: bool = True, device: str | None = None):
-    """Train the Slow captioner on bench["train"], its CNN from the pixel stem if image_init is
-    "pixel_stem" (cached at stem_checkpoint if given) -> (model in eval mode, history)."""
+    """Train the Slow captioner (from the pixel stem if image_init says) -> (model, history)."""
     c = config or SlowConfig()
     seed_everything(c.seed)
     model = SlowModel(len(tokenizer), c, SpecialTokens.of(tokenizer), region_dim(bench, c))
@@ -83,7 +74,7 @@ def train_slow(bench: dict, tokenizer, config: SlowConfig | None = None, *, chec
 
 
 def region_dim(bench: dict, config) -> int | None:
-    """The training split's region feature size where the model reads grid cells ("regions")."""
+    """The training split's region feature size for image_input="regions", else None."""
     if config.image_input != "regions":
         return None
     if not bench["train"].has_regions:
@@ -100,9 +91,7 @@ def undistilled(config: FastConfig) -> FastConfig:
 def initial_fast_model(bench: dict, tokenizer, config: FastConfig, *, stem_checkpoint=None,
                        with_stem: bool = True, progress: bool = True,
                        device: str | None = None) -> FastModel:
-    """The Fast model eq. 4 starts from: seeded random weights, and with image_init="pixel_stem"
-    the backbone of the pixel stem (trained on bench["pretrain"], or loaded from a finished
-    stem_checkpoint). with_stem=False: no stem (a model whose weights are loaded next)."""
+    """The Fast model eq. 4 starts from: seeded weights (+ the pixel stem's CNN if with_stem)."""
     seed_everything(config.seed)
     model = FastModel(len(tokenizer), config, SpecialTokens.of(tokenizer),
                       region_dim(bench, config))
@@ -116,19 +105,15 @@ def train_fast(bench: dict, tokenizer, config: FastConfig | None = None, *,
                teacher: SlowModel | None = None, init: FastModel | None = None,
                checkpoint_path=None, stem_checkpoint=None, evaluate_on=None,
                eval_every: int | None = None, progress: bool = True, device: str | None = None):
-    """Train the Fast dual encoder with eq. 4 from `initial_fast_model` (image_init="pixel_stem":
-    its CNN from the pixel stem, cached at stem_checkpoint if given); with config.distill, continue
-    from `init` (the plain model of the same config, `undistilled(config)`) for distill_steps steps
-    of eq. 8, the teacher frozen. evaluate_on: a split (or a dict of splits,
-    base.learning_curve_splits) whose retrieval metrics are logged every eval_every steps and at
-    the end. -> (model in eval mode, history)"""
+    """Train Fast with eq. 4; with config.distill, continue from `init` (the plain model) for
+    distill_steps of eq. 8, the teacher frozen -> (model.eval(), history)."""
     c = config or FastConfig()
     from_fast = c.distill and c.distill_start == "fast"
     if c.distill and (teacher is None or (from_fast and init is None)):
         raise ValueError("FastConfig(distill=True) needs the Slow teacher and "
                          "(distill_start='fast') the plain Fast model it starts from: "
                          "train_fast(..., teacher=slow_model, init=fast_model)")
-    # a distilled model that starts from the plain one needs no stem: its weights come from `init`
+    # distilled from the plain model: no stem, its weights come from `init`
     model = initial_fast_model(bench, tokenizer, c, stem_checkpoint=stem_checkpoint,
                                with_stem=not from_fast, progress=progress, device=device)
     evaluate = retrieval_evaluator(evaluate_on, lambda m, split: similarity(m, split, tokenizer))
@@ -156,17 +141,14 @@ def train_fast(bench: dict, tokenizer, config: FastConfig | None = None, *,
 
 
 # ----------------------------------------------------------------------------- methods
-
 class SlowMethod(StartsFromPixelStem, PairwiseMethod):
-    """The Slow model as a method: every (image, caption) pair scored by h(x, y), from the split's
-    cached keys / values (`states`), so a pair costs the two decoders on its caption."""
+    """Every (image, caption) pair scored by h(x, y) from the split's cached keys / values."""
 
     checkpoint_prefix = "slow"
     config_class = SlowConfig
-    # pairs the benchmark scores per direction (a t2i query of the 1k test gallery: 1k pairs; their
-    # cost: docs/tuning_notes.md, "Fast & Slow, Slow"); beyond them it ranks a sample of the queries
+    # pairs scored per direction (cost: docs/tuning_notes.md, "Fast & Slow, Slow")
     eval_pairs = (250_000, 20_000)
-    # every test pair would be 5M per direction: `--every-pair` keeps the sample (cost: as above)
+    # every test pair would be 5M per direction: `--every-pair` keeps the sample
     every_pair_limit = 250_000
     timed_sizes = ((250, 500, 1_000), (25, 50, 100))
 
@@ -191,7 +173,7 @@ class SlowMethod(StartsFromPixelStem, PairwiseMethod):
                           stem_checkpoint=stem, progress=self.progress)
 
     def states(self, split) -> SlowStates:
-        """The split's cached keys / values and tokenised captions (offline, once per split)."""
+        """The split's keys / values and tokenised captions, once per split."""
         return self.cached_states(split, compute_states)
 
     def score_pairs(self, split, image_indices, text_indices) -> torch.Tensor:
@@ -203,8 +185,7 @@ class SlowMethod(StartsFromPixelStem, PairwiseMethod):
         return pairs.view(len(texts), len(images)).T  # (n, m)
 
     def query_fn(self, split, caption_index: int = 0, top_k: int = 10):
-        """One caption against every gallery image: the gallery's keys / values are cached here
-        (offline); each call tokenises the caption and runs the decoders on N pairs."""
+        """One caption against every gallery image: its decoders on N cached-K/V pairs."""
         model, states = self._fitted(), self.states(split)
         tokenizer = QueryTokenizer(self.tokenizer, self.config.max_text_length)
         caption = split.captions[caption_index]
@@ -220,9 +201,8 @@ class SlowMethod(StartsFromPixelStem, PairwiseMethod):
 
 
 class FastMethod(StartsFromPixelStem, DualEncoderMethod):
-    """The Fast dual encoder (`fast`), or its distilled version (`fast-distilled`, config.distill):
-    `init`, the plain FastMethod it starts from, and `teacher`, a SlowMethod, are fitted (or
-    loaded) first."""
+    """The Fast dual encoder (`fast`), or distilled (`fast-distilled`) from `teacher` (a SlowMethod)
+    starting from `init` (the plain FastMethod)."""
 
     checkpoint_prefix = "fast"
     config_class = FastConfig
@@ -258,9 +238,7 @@ class FastMethod(StartsFromPixelStem, DualEncoderMethod):
         return c.image_init == "pixel_stem" and not (c.distill and c.distill_start == "fast")
 
     def stage(self, bench: dict, tokenizer) -> Stage:
-        """The config (a plain model's without DISTILL_FIELDS: a new distillation setting never
-        retrains it), on bench["train"], from the teacher, the model distillation starts from and
-        the pixel stem (those it has)."""
+        """The config (a plain model's without DISTILL_FIELDS), data, teacher, init, stem."""
         without = () if self.config.distill else DISTILL_FIELDS
         return Stage(self.checkpoint_prefix, reads=config_fields(self.config, without=without),
                      data=bench["train"], vocabulary=tokenizer, version=self.format_version,
@@ -287,8 +265,7 @@ class FastMethod(StartsFromPixelStem, DualEncoderMethod):
 
 
 class FastSlowCascade(Cascade):
-    """Eq. 9: `fast` keeps the top K (per caption, and per image for i2t), `slow` re-scores them;
-    the order is h(x, y) + beta * f(x)^T g(y) (beta = 0: plain re-ranking by h)."""
+    """Eq. 9: `fast` keeps the top K, `slow` re-scores them by h(x, y) + beta * f(x)^T g(y)."""
 
     def __init__(self, fast: FastMethod, slow: SlowMethod, top_k: int, beta: float = BETA,
                  name: str | None = None):

@@ -9,29 +9,18 @@ encoder.
            FFN) share the word / position embeddings and the output layer (VirTex);
            h(x, y) = h_fwd + h_bwd, the summed log-likelihood of the caption's words read left to
            right and right to left, teacher-forced, not length-normalised (eq. 1-3).
-    Fast   f(x): the CNN's 4x4 map -> Linear (flattened; the paper's global mean pool is
-           image_pool="mean"); g(y): a bi-GRU over the words, mean-pooled -> MLP (ours; the
-           paper's "NCE BoW", the mean of word embeddings, is text_tower="bow", Table 7's small
-           transformer "transformer"); score f(x)^T g(y), unnormalised, no temperature (§3.2).
-           The CNN starts from the pixel stem (course_lib.methods.pixel_stem: pre-trained on the
-           pre-training scenes' ground truth, our stand-in for the papers' pre-trained backbones).
+    Fast   f(x): the CNN's 4x4 map -> Linear; g(y): text tower -> MLP; score f(x)^T g(y),
+           unnormalised, no temperature (§3.2).
 
-Where the paper is silent (or is about 224-pixel photos), our choices (sizes: the configs):
-- Backbone: 3 conv stages on 32x32 pixels (16, 8, 4 pixels a side), not ResNet-50 v2 (trained from
-  scratch on millions of images); the coarse 4x4 map ("conv5") is upsampled to `visual_size` (8:
-  one fusion with the 8x8 stage; 16: two). Tokens get a learned 2-D position embedding and a
-  LayerNorm: our captions name left / right / top / bottom; a CNN's padding encodes where weakly.
-- h sums the words only: the decoder reads [CLS] w1 .. wL [SEP], the targets are w1 .. wL (eq. 3
-  sums l = 1..L); [SEP] is never a target, padding never counts. The backward decoder reads
-  [CLS] wL .. w1 [SEP] (`reverse_words`).
-- Fast's image tower has its own CNN (same stages, no upsampling): the models share nothing. Its
-  4x4 map is flattened, not mean-pooled: the paper pools ResNet's conv5 of photos, our captions are
-  about where two small objects are.
-- Fast's text tower is a bi-GRU, not the paper's BoW: our captions bind colour to shape by word
-  order ("a red circle left of a blue square"), which a bag of words cannot see
-  (course_lib.studies.text_ceiling).
-The decoders: `decoder`; training and the benchmark methods: `method`; a gallery's cross-attention
-keys / values cached, so a pair costs the two decoders on its caption alone: `scoring`.
+Our choices where the paper is silent or is about 224-pixel photos:
+- 3 conv stages on 32x32 pixels (not ResNet-50), starting from the pixel stem; the 4x4 map is
+  upsampled to `visual_size`. Tokens get a learned 2-D position and a LayerNorm: our captions name
+  left / right / top / bottom.
+- h sums the words only: targets w1 .. wL of [CLS] w1 .. wL [SEP] (eq. 3); the backward decoder
+  reads [CLS] wL .. w1 [SEP] (`reverse_words`).
+- Fast has its own CNN and flattens its 4x4 map (the paper's mean pool: image_pool="mean"): our
+  captions are about where two small objects are. Its text tower is a bi-GRU, not the paper's
+  "NCE BoW" (text_tower="bow"): word order binds colour to shape (course_lib.studies.text_ceiling).
 The runs: docs/tuning_notes.md, "Fast & Slow, Slow" and "Fast & Slow, Fast".
 """
 
@@ -56,8 +45,7 @@ FUSION_EPS = 1e-4  # BiFPN's epsilon in the normalised fusion (the paper's App. 
 IMAGE_POOLS = ("mean", "flatten")  # FastConfig.image_pool
 TEXT_TOWERS = ("bow", "transformer", "gru")  # FastConfig.text_tower
 IMAGE_INITS = ("pixel_stem", "scratch")  # FastConfig.image_init
-# what phi(x) and f(x) read: the rendered "pixels" through the course's CNN, or "regions", the grid
-# cells of a pretrained CNN's last map (data_scripts/extract_features.py: the paper's ResNet map)
+# what phi(x) and f(x) read: "pixels" via the course's CNN, or "regions" (a pretrained CNN's grid)
 IMAGE_INPUTS = ("pixels", "regions")
 DISTILL_CANDIDATES = ("batch", "mined")  # FastConfig.distill_candidates
 
@@ -116,12 +104,12 @@ class FastConfig(CourseConfig):
     tau: float = 10.0  # eq. 5-6 temperature of both softmaxes (App. B)
     alpha: float = 1.0  # weight of L_DE (eq. 4) in eq. 8
     batch_size: int = 256  # pairs per step (eq. 4's in-batch negatives; the other dual encoders')
-    # captions a step the teacher scores: "batch": all (B^2 pairs); "mined": eq. 4's first ones
+    # captions a step the teacher scores ("batch": B^2 pairs; "mined": eq. 4's first ones)
     distill_batch_size: int = 16
     distill_steps: int = 500  # optimizer steps of eq. 8 after eq. 4's
     distill_lr: float = 5e-4  # peak AdamW rate of the distillation steps
     distill_start: str = "fast"  # eq. 8 from "fast" or "scratch"
-    # images a caption's softmaxes (eq. 5-6) run over: the "batch" (the paper's) or "mined" ones
+    # images of a caption's softmaxes (eq. 5-6): the "batch" (the paper's) or "mined" ones
     distill_candidates: str = "mined"
     distill_top_k: int = 16  # "mined": images per caption, own included
     lr: float = 1e-3  # peak AdamW learning rate (the other dual encoders')
@@ -168,8 +156,7 @@ def check_stem_fields(config) -> None:
 
 
 def check_image_input(config) -> None:
-    """Grid cells come from a pretrained CNN already: no pixel stem, and f(x) pools them (the
-    paper's pool)."""
+    """Grid cells come from a pretrained CNN: no pixel stem, and f(x) mean-pools them."""
     if config.image_input not in IMAGE_INPUTS:
         raise ValueError(f"image_input must be one of {IMAGE_INPUTS}, got {config.image_input!r}")
     if config.image_input == "regions" and config.image_init != "scratch":
@@ -181,11 +168,9 @@ def check_image_input(config) -> None:
 
 
 # ----------------------------------------------------------------------------- visual encoders
-
 class WeightedFusion(nn.Module):
-    """One upsampling step (BiFPN's fast normalised fusion, the paper's App. D):
-    out = Conv3x3((w0 * up2(coarse) + w1 * Conv1x1(lateral)) / (w0 + w1 + eps)), w = ReLU(learned).
-    coarse (B, H, h, w), lateral (B, C, 2h, 2w) -> (B, H, 2h, 2w)."""
+    """BiFPN's fast normalised fusion (App. D), w = ReLU(learned), coarse (B, H, h, w), lateral (B,
+    C, 2h, 2w) -> Conv3x3((w0 * up2(coarse) + w1 * Conv1x1(lateral)) / (w0 + w1 + eps))."""
 
     def __init__(self, lateral_channels: int, hidden: int, eps: float = FUSION_EPS):
         super().__init__()
@@ -202,8 +187,7 @@ class WeightedFusion(nn.Module):
 
 
 class VisualTokens(nn.Module):
-    """phi(x): ConvBackbone's 4x4 map (1x1 to hidden), upsampled by WeightedFusion with the 8x8 and
-    then the 16x16 stage up to visual_size, flattened by rows, + position, LayerNorm: (B, M, H)."""
+    """phi(x): the 4x4 map fused up to visual_size, + position, LayerNorm -> (B, M, H)."""
 
     def __init__(self, channels, hidden: int, visual_size: int = 8):
         super().__init__()
@@ -225,9 +209,7 @@ class VisualTokens(nn.Module):
 
 
 class RegionTokens(nn.Module):
-    """phi(x) over grid cells: every cell of a pretrained CNN's last map (the paper's ResNet map,
-    extracted once) embedded with its box as UNITER embeds a region -> (B, R, H). The decoders'
-    cross-attention reads every cell: a grid has no padding."""
+    """phi(x) over a pretrained CNN's grid cells, embedded with their boxes -> (B, R, H)."""
 
     def __init__(self, region_dim: int, hidden: int):
         super().__init__()
@@ -251,9 +233,8 @@ def checked_region_dim(config, region_dim: int | None) -> int | None:
 
 
 class SlowModel(nn.Module):
-    """The Slow scorer: visual_tokens(pixels) -> (B, M, H); keys_values(tokens) -> {"fwd", "bwd"}:
-    per decoder a list of (2, B, h, M, d); log_likelihood(kvs, texts) -> h (B,) of aligned pairs;
-    score(images, texts) the uncached h; caption_loss(batch) -> L_CA's mean over the batch."""
+    """The Slow scorer: visual_tokens -> (B, M, H); keys_values -> {"fwd", "bwd"}: per decoder a
+    list of (2, B, h, M, d); log_likelihood(kvs, texts) -> h (B,) of aligned pairs."""
 
     def __init__(self, vocab_size: int, config: SlowConfig | None = None,
                  special: SpecialTokens = WORD_SPECIAL_TOKENS, region_dim: int | None = None):
@@ -315,11 +296,9 @@ class SlowModel(nn.Module):
 
 
 # ----------------------------------------------------------------------------- the Fast model
-
 def fast_text_tower(vocab_size: int, config: FastConfig,
                     special: SpecialTokens = WORD_SPECIAL_TOKENS):
-    """g(y)'s two parts: the text tower of config.text_tower (pooled (B, hidden)) and the MLP to
-    the joint space (B, embed_dim). -> (tower, projection)"""
+    """g(y)'s (tower: pooled (B, hidden), MLP projection to (B, embed_dim))."""
     c = config
     if c.text_tower == "bow":
         tower = BagOfWordsEncoder(vocab_size, c.hidden, special)
@@ -333,10 +312,7 @@ def fast_text_tower(vocab_size: int, config: FastConfig,
 
 
 class FastModel(StemBackboneModule):
-    """The Fast dual encoder: encode_images(batch) -> f(x) (B, E) = Linear(the CNN's 4x4 map, mean
-    pooled or flattened: config.image_pool); encode_texts(batch) -> g(y) (B, E) = MLP(the text
-    tower's pooled vector: mean of word embeddings, or a transformer's [CLS]); no normalisation
-    (scores must span tens of nats at tau = 10). forward(batch) -> (f, g)."""
+    """f(x) (B, E) = Linear(4x4 map), g(y) (B, E) = MLP(text tower); unnormalised (tau = 10)."""
 
     def __init__(self, vocab_size: int, config: FastConfig | None = None,
                  special: SpecialTokens = WORD_SPECIAL_TOKENS, region_dim: int | None = None):

@@ -1,7 +1,5 @@
-"""Fast & Slow's Slow model over a cached gallery (Miech et al. 2021, §3.3): the keys and values
-of every cross-attention layer depend on the image only, so a split's are computed once offline
-(`compute_states`) and a pair then costs the two decoders on its caption alone
-(`score_cached_pairs`). The re-ranker (`fast_slow@K`) and the distillation teacher score so.
+"""Slow over a cached gallery (Miech et al. 2021, §3.3): the cross-attention keys and values depend
+on the image only, so a split's are computed once offline and a pair costs the decoders alone.
 
     states = compute_states(slow_model, bench["test"], tokenizer)      # offline: CNN + K/V
     h = score_cached_pairs(slow_model, states, image_rows, text_rows)  # (P,) log-likelihoods
@@ -27,16 +25,14 @@ LOGITS_PER_BLOCK = 1 << 24  # logits a direction per block of pairs (64 MB): mem
 
 @dataclass
 class SlowStates:
-    """A split's offline work: every image's cross-attention keys / values (per decoder, per block,
-    (2, N, h, M, d)) and every caption tokenised once (T, L). Memory: N x 2 decoders x layers x 2 x
-    M x H floats (the 1k test split at the defaults: 131 MB)."""
+    """A split's image keys / values and tokenised captions (T, L): 131 MB for the 1k test split."""
 
     kvs: dict  # {"fwd": [(2, N, h, M, d)] * layers, "bwd": ...}
     input_ids: torch.Tensor  # (T, L)
     attention_mask: torch.Tensor  # (T, L)
 
     def image(self, rows) -> dict:
-        """The keys / values of images `rows` (P,), as SlowModel.log_likelihood takes them."""
+        """Keys / values of images `rows` (P,), as log_likelihood takes them."""
         return {d: [kv[:, rows] for kv in kvs] for d, kvs in self.kvs.items()}  # contiguous copies
 
     def text(self, rows) -> dict:
@@ -66,8 +62,7 @@ def compute_states(model: SlowModel, split, tokenizer, *, batch_size: int = 256,
 
 def score_cached_pairs(model: SlowModel, states: SlowStates, image_indices, text_indices, *,
                        batch_size: int = 512, device=None) -> torch.Tensor:
-    """h (P,) of the pairs (image_indices[p], text_indices[p]) from cached states: only the two
-    decoders run on each pair's caption."""
+    """h (P,) of the pairs (image_indices[p], text_indices[p]) from cached states."""
     images, texts = checked_pairs(image_indices, text_indices)
     out = torch.empty(len(images))
     # each pair's logits are (T, V) a direction: a WordPiece vocabulary of 30k makes 2.4 MB a pair
@@ -85,8 +80,7 @@ def score_cached_pairs(model: SlowModel, states: SlowStates, image_indices, text
 
 @contextmanager
 def _scoring(model: nn.Module, device=None):
-    """checkpoints.inference, without its model.to(device) when the model is already there in eval
-    mode: that walk over every tensor cost more than the decoders on a re-ranker's 10 pairs."""
+    """checkpoints.inference, minus its model.to walk when already there in eval mode."""
     device = model_device(model, device)
     if model.training or model_device(model) != device:
         with inference(model, device) as device:
@@ -97,8 +91,7 @@ def _scoring(model: nn.Module, device=None):
 
 
 def checked_pairs(image_indices, text_indices) -> tuple[torch.Tensor, torch.Tensor]:
-    """Two (P,) long tensors of aligned pair indices, or a clear error. (U-BERT's pair scorer uses
-    it too, and the cross-encoder's checks the same: a candidate for course_lib.methods.base.)"""
+    """Two (P,) long tensors of aligned pair indices, or a clear error."""
     images = torch.as_tensor(np.asarray(image_indices), dtype=torch.long)  # (P,)
     texts = torch.as_tensor(np.asarray(text_indices), dtype=torch.long)  # (P,)
     if images.shape != texts.shape or images.ndim != 1:

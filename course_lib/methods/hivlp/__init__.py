@@ -1,4 +1,2 @@
-"""HiVLP (Chen et al.): model.py (early-output layers, the hierarchical retrieval loss), cost.py
-(the paper's time model and our multiply-add count), search.py, method.py (training, every level
-and the coarse-to-fine cascade as Methods, registrations).
-"""
+"""HiVLP (Chen et al.): model.py (early-output layers, hierarchical retrieval loss), cost.py (time
+model, multiply-add count), search.py, method.py (training, levels and cascade as Methods)."""

@@ -3,9 +3,6 @@
     flat:    every block of the query tower, then N similarities at the last width d_L
     cascade: the blocks up to level 1, then per level the larger of (the next blocks, this level's
              similarities), as the paper runs both in parallel; N_l candidates at width d_l
-
-`cascade_cost` is the paper's model in units of one multiply (an encoder block costs t_e);
-`query_multiply_adds` counts ours for a given tower. Notebook 05 compares both with measured time.
 """
 
 from __future__ import annotations
@@ -16,8 +13,7 @@ from itertools import accumulate, pairwise
 
 @dataclass
 class CostModel:
-    """The paper's time model (§3.4, the module docstring) in units of one multiply: an encoder
-    block costs t_e, one similarity at width d costs d."""
+    """The paper's time model, in multiplies: a block costs t_e, a similarity at width d costs d."""
 
     n_layers: int = 12  # encoder blocks of the query tower
     level_layers: tuple = (4, 8, 12)  # the block each level reads
@@ -41,8 +37,7 @@ class CostModel:
 
 
 def cascade_cost(n: int, survivors=(1000, 100), model: CostModel | None = None) -> dict:
-    """{"flat", "cascade", "speedup"} of the time model for a gallery of n with the given survivor
-    counts (N_2, N_3, ...), each capped at the previous count."""
+    """{"flat", "cascade", "speedup", ...} for a gallery of n, survivors (N_2, N_3, ...) capped."""
     model = model or CostModel()
     counts = list(accumulate(survivors, min, initial=n))  # [n, N_2, N_3, ...], each capped
     flat, cascade = model.flat(n), model.cascade(counts)
@@ -51,8 +46,7 @@ def cascade_cost(n: int, survivors=(1000, 100), model: CostModel | None = None) 
 
 
 def encoder_multiply_adds(tokens: int, hidden: int, layers: int) -> int:
-    """Multiply-adds of `layers` pre-LN blocks over `tokens` tokens of width `hidden` (MLP 4H):
-    per block, Q/K/V/out projections 4·T·H², attention scores and mixing 2·T²·H, MLP 8·T·H²."""
+    """Multiply-adds of pre-LN blocks: per block 4·T·H² + 2·T²·H (attention) + 8·T·H² (MLP)."""
     return layers * (12 * tokens * hidden * hidden + 2 * tokens * tokens * hidden)
 
 
@@ -63,9 +57,7 @@ def eol_multiply_adds(hidden: int, widths) -> int:
 
 def query_multiply_adds(n: int, *, tokens: int, hidden: int, layers: int, widths,
                         survivors=()) -> dict:
-    """Multiply-adds of one query: the encoder (all `layers` blocks and the EOLs) plus similarities:
-    flat = n at the last width; cascade = n at d_1, then survivors[l] at d_{l+2}. {"encoder",
-    "flat_similarity", "cascade_similarity", "flat", "cascade"}."""
+    """Multiply-adds of one query: encoder + EOLs, plus n at d_L (flat) or the cascade's levels."""
     if len(survivors) != len(widths) - 1:
         raise ValueError(f"{len(widths)} levels need {len(widths) - 1} survivor counts, "
                          f"got {list(survivors)}")

@@ -1,15 +1,8 @@
-"""Train HiVLP and retrieve with it coarse to fine (§3.3-3.4): the benchmark's methods.
+"""Train HiVLP and retrieve with it coarse to fine (§3.3-3.4): the benchmark's methods `hivlp` (the
+cascade, N2 = 1000, N3 = 100 as the paper), `hivlp-flat` (the last level over every candidate),
+`hivlp+rerank@20` (the paper's "+CM" with the cross-encoder), `hivlp-regions` (the region tower).
 
     model, history = train_hivlp(bench, tokenizer, HiVLPConfig(), checkpoint_path=...)
-
-Offline, every gallery item's level vectors are stored (`compute_states`: one tower pass gives all
-levels, one matrix per level); online, a text query runs the text tower once and the cascade of
-`search` (`coarse_to_fine`) narrows the gallery level by level.
-
-Methods: `hivlp` (that cascade, N2 = 1000 and N3 = 100 as the paper), `hivlp-flat` (the last level
-over every candidate: a plain dual encoder of width d_L), `hivlp+rerank@20` (the cascade's top 20
-re-scored by lesson 02's cross-encoder: the paper's "+CM"), `hivlp-regions` (the same cascade with
-the region tower: separates the pixels-vs-detector confound).
 """
 
 from __future__ import annotations
@@ -37,10 +30,7 @@ from course_lib.methods.hivlp.model import (
     logged_levels,
 )
 from course_lib.methods.hivlp.search import SURVIVORS, coarse_to_fine_one
-from course_lib.methods.pixel_stem import (
-    StartsFromPixelStem,
-    load_stem_backbone,
-)
+from course_lib.methods.pixel_stem import StartsFromPixelStem, load_stem_backbone
 from course_lib.methods.queries import check_direction, query_indices
 from course_lib.methods.registry import register_method
 from course_lib.methods.rerank import Cascade
@@ -54,14 +44,12 @@ def hivlp_loss(model: HiVLP, batch: dict, step: int = 0) -> dict:
 
 
 def last_level_loss(model: HiVLP, batch: dict, step: int = 0) -> dict:
-    """An ablation's loss_fn (lesson 05): the last level's L_RL alone, every level's logged. The
-    first EOLs keep their initial weights; the blocks below them still learn, through the last."""
+    """An ablation's loss_fn (lesson 05): the last level's L_RL alone, every level's logged."""
     per_level, _ = model.level_losses(batch)
     return {"loss": per_level[-1], **logged_levels(per_level)}
 
 
 # ----------------------------------------------------------------------------- cached levels
-
 @dataclass
 class HiVLPStates:
     """A split's level vectors: image[l] (N, d_l) and text[l] (T, d_l), on the CPU."""
@@ -95,7 +83,6 @@ def compute_states(model: HiVLP, split, tokenizer, batch_size: int = 256,
 
 
 # ----------------------------------------------------------------------------- training
-
 def last_level_scores(model: HiVLP, split, tokenizer) -> torch.Tensor:
     """(N, T) scores of the last (widest) level over a whole split: the flat model, no cascade."""
     states = compute_states(model, split, tokenizer)
@@ -103,15 +90,13 @@ def last_level_scores(model: HiVLP, split, tokenizer) -> torch.Tensor:
 
 
 def uses_pixel_stem(config: HiVLPConfig) -> bool:
-    """Whether the image tower starts from the pre-trained pixel stem (stem="pixel_stem")."""
+    """Whether the image tower starts from the pre-trained pixel stem."""
     return config.image_input == "pixels" and config.stem == "pixel_stem"
 
 
 def with_stem_grid(split, tower: StemGridTower, batch_size: int = 512, progress: bool = False,
                    device: str | None = None) -> RetrievalSplit:
-    """A copy of `split` whose region features are the frozen pixel stem's grid tokens (N, 16, C),
-    each cell's box and a full mask, computed once per image: training with a frozen stem reads
-    them (modality "regions") instead of running it every step (a fixed function: same numbers)."""
+    """A copy of `split` whose regions are the frozen stem's grid tokens (N, 16, C)."""
     loader = make_loader(ImageDataset(split, modality="pixels"), batch_size)
     parts = []
     with inference(tower.backbone, device) as on:
@@ -129,11 +114,7 @@ def train_hivlp(bench: dict, tokenizer, config: HiVLPConfig | None = None, *, ch
                 stem_checkpoint=None, evaluate_on=None, eval_every: int | None = None,
                 progress: bool = True, device: str | None = None,
                 loss_fn=hivlp_loss) -> tuple[HiVLP, object]:
-    """Train on bench["train"] with loss_fn (default: L_HRL + L_LRM) -> (model in eval mode,
-    History), or load a finished checkpoint_path. With stem="pixel_stem" the image CNN starts from
-    the pixel stem (pre-trained on bench["pretrain"], or a finished stem_checkpoint). evaluate_on: a
-    split (or a dict, learning_curve_splits) the last level ranks every eval_every steps and at
-    the end."""
+    """Train with loss_fn (stem="pixel_stem": from the pixel stem) -> (model.eval(), History)."""
     c = config or HiVLPConfig()
     seed_everything(c.seed)
     model = build_hivlp(c, bench["train"], tokenizer)
@@ -157,11 +138,8 @@ def train_hivlp(bench: dict, tokenizer, config: HiVLPConfig | None = None, *, ch
 
 
 # ----------------------------------------------------------------------------- methods
-
 class HiVLPMethod(StartsFromPixelStem, DualEncoderMethod):
-    """A trained HiVLP as the flat method (`hivlp-flat`: the last level over every candidate, from a
-    FAISS index of the cached vectors). `level(l)`: one level as a cascade stage; `states(split)`:
-    the split's cached level vectors (offline work)."""
+    """The flat method (`hivlp-flat`); `level(l)`: one level as a cascade stage."""
 
     checkpoint_prefix = "hivlp"
     config_class = HiVLPConfig
@@ -222,9 +200,8 @@ class HiVLPMethod(StartsFromPixelStem, DualEncoderMethod):
 
     def online_query_fn(self, split, caption_index: int = 0, top_k: int = 10, levels=None,
                         survivors=SURVIVORS):
-        """A zero-argument callable answering one caption with (top_k,) image indices: the text
-        tower once (every level, on course_lib.core.serving's lean path), then coarse_to_fine_one
-        over the split's stored image levels (offline, here) at `levels` keeping `survivors`."""
+        """One caption -> (top_k,) images: the text tower once, then coarse_to_fine_one over the
+        stored image levels at `levels`."""
         model = self._fitted().eval()
         states = self.states(split)
         levels = list(range(model.config.n_levels)) if levels is None else list(levels)
@@ -246,8 +223,7 @@ class HiVLPMethod(StartsFromPixelStem, DualEncoderMethod):
 
 
 class HiVLPLevel(Ranker):
-    """One level of a fitted (or to-be-fitted) HiVLPMethod as a cascade stage: rank by S^l over the
-    whole gallery (the first stage) or score_pairs by S^l (a later stage). 0-based `level`."""
+    """One 0-based `level` of a HiVLPMethod as a cascade stage, ranking or scoring pairs by S^l."""
 
     dot_product = True  # score_pairs is a dot product of cached vectors: no cross pairs to budget
 
@@ -264,7 +240,7 @@ class HiVLPLevel(Ranker):
     tokenizer = property(lambda self: self.parent.tokenizer)
 
     def fit(self, bench, tokenizer, cache_dir=None):
-        """A level is a view of its parent: the parent's model, trained (or loaded) if not yet."""
+        """Fit the parent, whose model a level is a view of."""
         if self.parent.model is None:
             self.parent.fit(bench, tokenizer, cache_dir)
         return self
@@ -282,8 +258,7 @@ class HiVLPLevel(Ranker):
 
 
 class HiVLPCascade(Cascade):
-    """HiVLP's coarse-to-fine retrieval (§3.4) as a Cascade of its levels, survivors (N2, N3, ...);
-    query_fn is the online path (HiVLPMethod.online_query_fn)."""
+    """HiVLP's coarse-to-fine retrieval (§3.4): a Cascade of its levels, survivors (N2, N3, ...)."""
 
     def __init__(self, hivlp: HiVLPMethod, survivors=SURVIVORS, name: str | None = None):
         n, widths = hivlp.config.n_levels, hivlp.config.eol_widths
@@ -323,8 +298,7 @@ def _hivlp_rerank(build) -> Cascade:
 
 @register_method("hivlp-regions", order=5.3)
 def _hivlp_regions(build) -> HiVLPCascade:
-    # the region tower as deep as LightningDOT's (2 blocks), as the paper's image towers match
-    # (docs/tuning_notes.md, "HiVLP")
+    # the region tower as deep as LightningDOT's (docs/tuning_notes.md, "HiVLP")
     flat = HiVLPMethod(build.config(HiVLPConfig, image_input="regions", image_layers=2),
                        name="hivlp-regions-flat")
     return HiVLPCascade(flat, name="hivlp-regions")

@@ -1,10 +1,9 @@
 """HiVLP (Chen et al. 2022): two towers with Early Output Layers of growing width, a hierarchical
 retrieval loss, and a coarse-to-fine cascade over the levels.
 
-An image tower (a ViT over pixels, §3.2; or the course's region tower, to separate the pixel-vs-
-detector confound) and a text tower each run L blocks. Level l sends the global token of one
-intermediate block (h_V0^l: [IMG]; h_T0^l: [TXT], our [CLS]) through its own MLP, the Early Output
-Layer, to width d_l:
+An image tower (a ViT over pixels, §3.2, or a region tower) and a text tower each run L blocks.
+Level l sends the global token of one intermediate block (h_V0^l: [IMG]; h_T0^l: [TXT], our [CLS])
+through its own MLP, the Early Output Layer, to width d_l:
 
     ĥ_V^l = EOL_V^l(h_V0^l) in R^{d_l}      ĥ_T^l = EOL_T^l(h_T0^l)      d_1 < d_2 < ... < d_L
     S^l(t, i) = ĥ_T^l · ĥ_V^l                                  (eq. 5: a raw inner product)
@@ -12,21 +11,19 @@ Layer, to width d_l:
     L_HRL   = sum_l L_RL^l                                     (eq. 8, every level with weight 1)
     L_LRM   = VMLM on the text tower's last block, each masked word + h_V0 (eq. 4: LightningDOT's)
 
-Retrieval (§3.4, `method`): level 1 scores every candidate at d_1 and keeps N2, level 2 re-scores
-those at d_2 and keeps N3, the last level orders the N3. Its cost: `cost`.
+Retrieval (§3.4): level 1 scores every candidate at d_1 and keeps N2, level 2 re-scores those at d_2
+and keeps N3, the last level orders the N3.
 
-Our choices where the paper is silent (sizes: HiVLPConfig; runs: docs/tuning_notes.md, "HiVLP"):
-- Each EOL (Linear, GELU, Linear: depth not given) reads the mean of its block's real tokens, the
-  global token included (`pool="mean"`), not the global token alone (`pool="cls"`, the paper's).
-- Over pixels the frozen pixel stem (course_lib.methods.pixel_stem, pre-trained on the pre-training
-  scenes) stands for the paper's pre-trained ViT: its 4x4 map becomes 16 grid tokens with their
-  cells' boxes, read by LightningDOT's 2-block region transformer (`stem="pixel_stem"`). A ViT from
-  random weights (`stem="patch"`; a convolutional stem did no better, docs/tuning_notes.md) learned
-  too slowly.
-- L_LRM's h_V0 is the last image block's [IMG] state (eq. 4 has no l), weighted by `lrm_weight` (0
-  by default). The VLM loss (eq. 9) is not trained: "+CM" re-ranks with lesson 02's cross-encoder
-  (`hivlp+rerank@20`).
-- It trains on the training split and 40,000 fresh scenes (`fresh_scenes`), no pre-training corpus.
+Our choices where the paper is silent (runs: docs/tuning_notes.md, "HiVLP"):
+- Each EOL (Linear, GELU, Linear) reads the mean of its block's real tokens (`pool="mean"`), not the
+  global token alone (`pool="cls"`, the paper's).
+- Over pixels the frozen pixel stem stands for the paper's pre-trained ViT: its 4x4 map becomes 16
+  grid tokens with their cells' boxes, read by a 2-block region transformer (`stem="pixel_stem"`).
+  A ViT from random weights (`stem="patch"`; a convolutional stem did no better,
+  docs/tuning_notes.md) learned too slowly.
+- L_LRM's h_V0 is the last image block's [IMG] state, weighted by `lrm_weight` (0 by default). The
+  VLM loss (eq. 9) is not trained: "+CM" re-ranks with the cross-encoder (`hivlp+rerank@20`).
+- It trains on the training split and 40,000 fresh scenes, no pre-training corpus.
 """
 
 from __future__ import annotations
@@ -115,10 +112,8 @@ class HiVLPConfig(CourseConfig):
 
 
 def level_layers(n_layers: int, n_levels: int) -> list[int]:
-    """The 1-based blocks whose global token feeds each level, evenly spaced and ending at the last:
-    (12, 3) -> [4, 8, 12], (6, 3) -> [2, 4, 6], (3, 3) -> [1, 2, 3]. Our choice where the paper has
-    none: a tower with fewer blocks than levels feeds several from one block ((1, 3) -> [1, 1, 1]:
-    our one-block text tower, whose levels then differ by EOL width only)."""
+    """The 1-based block feeding each level, evenly spaced: (12, 3) -> [4, 8, 12], (3, 3) -> [1, 2,
+    3]; fewer blocks than levels share them (our choice): (1, 3) -> [1, 1, 1]."""
     if n_levels < 1 or n_layers < 1:
         raise ValueError(f"need at least one level and one block, got {n_levels} levels over "
                          f"{n_layers} blocks")
@@ -126,9 +121,8 @@ def level_layers(n_layers: int, n_levels: int) -> list[int]:
 
 
 class EarlyOutput(nn.Module):
-    """One Early Output Layer: the global token (B, hidden) -> (B, width) through a 2-layer MLP,
-    "a MLP projection" and nothing after it (a final LayerNorm ended lower: docs/tuning_notes.md,
-    "HiVLP")."""
+    """One Early Output Layer, (B, hidden) -> (B, width): "a MLP projection" and nothing after it (a
+    final LayerNorm ended lower: docs/tuning_notes.md, "HiVLP")."""
 
     def __init__(self, hidden: int, width: int):
         super().__init__()
@@ -139,8 +133,8 @@ class EarlyOutput(nn.Module):
 
 
 class ViTTower(nn.Module):
-    """A timm ViT over pixels that returns every block's states (B, 1 + P, hidden), [IMG] first,
-    each after the final LayerNorm (as `blocks.Transformer(return_layers=True)` gives them)."""
+    """A timm ViT returning every block's states (B, 1 + P, hidden), [IMG] first, after the final
+    LayerNorm (as `blocks.Transformer(return_layers=True)`)."""
 
     def __init__(self, config: HiVLPConfig):
         super().__init__()
@@ -161,8 +155,7 @@ class ViTTower(nn.Module):
 
 
 def grid_boxes(side: int) -> torch.Tensor:
-    """The (side * side, 7) boxes of a side x side grid over the image, row by row, as a detector's
-    region boxes (x1, y1, x2, y2, w, h, area; normalised): a grid token's only position."""
+    """(side * side, 7) normalised boxes of a side x side grid, row by row."""
     edges = np.linspace(0.0, 1.0, side + 1)
     xyxy = np.array([[edges[c], edges[r], edges[c + 1], edges[r + 1]]
                      for r in range(side) for c in range(side)])
@@ -170,11 +163,8 @@ def grid_boxes(side: int) -> torch.Tensor:
 
 
 class StemGridTower(StemBackboneModule):
-    """The pre-trained pixel stem's last map as grid tokens, read by the region transformer:
-    pixels (B, 3, 32, 32) -> ConvBackbone -> (B, C, 4, 4) -> tokens (B, 16, C), each with its cell's
-    box (grid_boxes) -> RegionTransformerEncoder -> every block's (B, 1 + 16, hidden). The backbone
-    is the pixel stem's (method.train_hivlp loads it); frozen (config.freeze_stem), it keeps the
-    stem's BatchNorm statistics and gets no gradient."""
+    """The pixel stem's last map as grid tokens for the region transformer: pixels (B, 3, 32, 32) ->
+    (B, C, 4, 4) -> tokens (B, 16, C) + their cells' boxes -> every block's (B, 1 + 16, hidden)."""
 
     side = 4  # the stem's last map is 4x4 on the course's 32x32 images (three stride-2 stages)
 
@@ -187,7 +177,7 @@ class StemGridTower(StemBackboneModule):
         self.encoder = RegionTransformerEncoder(self.backbone.out_dim, c.hidden, c.image_layers,
                                                 c.heads, c.dropout)
         self.width, self.depth = c.hidden, c.image_layers
-        # the same boxes for every image: built once, moved with the model, never saved
+        # the same boxes for every image: moved with the model, never saved
         self.register_buffer("boxes", grid_boxes(self.side).float(), persistent=False)  # (16, 7)
 
     def grid_tokens(self, pixels: torch.Tensor) -> torch.Tensor:
@@ -201,8 +191,7 @@ class StemGridTower(StemBackboneModule):
         return grid.flatten(2).transpose(1, 2)  # (B, s*s, C), row by row as grid_boxes
 
     def forward(self, batch: dict) -> list[torch.Tensor]:
-        # a frozen stem is a fixed function: training reads its tokens computed once per image,
-        # stored as the split's region features (method.with_stem_grid), not run at every step
+        # a frozen stem's tokens can come precomputed as region features (method.with_stem_grid)
         tokens = self.grid_tokens(batch["pixels"]) if "pixels" in batch else batch["regions"]
         B, n = tokens.shape[:2]  # (B, 16, C)
         if n != self.side * self.side:
@@ -230,10 +219,9 @@ class RegionTower(nn.Module):
 
 
 class HiVLP(nn.Module):
-    """Two towers with Early Output Layers (module docstring). image_levels / text_levels(batch)
-    -> [ĥ^l (B, d_l) per level]; encode_images / encode_texts -> the last level (`hivlp-flat`);
-    forward(batch) -> (image levels, text levels); loss(batch) -> {"loss", "hrl", "lrm", "rl_1",
-    ...}. `modality`: the image field it reads. `special`: the tokenizer's ids (LRM's [MASK])."""
+    """Two towers with Early Output Layers. image_levels / text_levels(batch) -> [ĥ^l (B, d_l)];
+    encode_images / encode_texts -> the last level; loss(batch) -> {"loss", "hrl", "lrm", "rl_1",
+    ...}. `special`: the tokenizer's ids (LRM's [MASK])."""
 
     def __init__(self, config: HiVLPConfig, vocab_size: int, region_dim: int | None = None,
                  special: SpecialTokens = WORD_SPECIAL_TOKENS):
@@ -261,7 +249,7 @@ class HiVLP(nn.Module):
 
     # ---- encoders ---------------------------------------------------------------------------
     def _image_mask(self, batch: dict, states: torch.Tensor) -> torch.Tensor:
-        """(B, 1 + P) bool, True = a real token: [IMG] and the unpadded regions (or every patch)."""
+        """(B, 1 + P) bool: [IMG] and the real regions (or every patch)."""
         B, L = states.shape[:2]
         if self.modality == "regions":
             mask = batch["region_mask"]  # (B, P)
@@ -306,8 +294,7 @@ class HiVLP(nn.Module):
         return per_level, image_states
 
     def loss(self, batch: dict) -> dict:
-        """L_HRL (eq. 8, every level) + lrm_weight * L_LRM on a pair batch, with every level's
-        L_RL logged (rl_1, rl_2, ...)."""
+        """L_HRL (eq. 8) + lrm_weight * L_LRM, each level's L_RL logged (rl_1, ...)."""
         c = self.config
         per_level, image_states = self.level_losses(batch)
         out = {"hrl": hrl_sum(per_level), **logged_levels(per_level)}
@@ -326,7 +313,7 @@ class HiVLP(nn.Module):
 
 
 def logged_levels(level_losses) -> dict:
-    """{"rl_1": L_RL^1, ...}, detached: what a training history records of every level."""
+    """{"rl_1": L_RL^1, ...}, detached, for the history."""
     return {f"rl_{level + 1}": v.detach() for level, v in enumerate(level_losses)}
 
 
@@ -336,8 +323,8 @@ def hrl_sum(level_losses) -> torch.Tensor:
 
 
 def hrl_loss(image_levels, text_levels) -> torch.Tensor:
-    """Eq. 6-8 on one batch: the sum over levels of the bidirectional in-batch cross-entropy of
-    S^l = image_levels[l] @ text_levels[l].T (B, B), positives on the diagonal."""
+    """Eq. 6-8: sum over levels of the bidirectional in-batch CE of S^l = image_levels[l] @
+    text_levels[l].T (B, B), positives on the diagonal."""
     if len(image_levels) != len(text_levels):
         raise ValueError(f"{len(image_levels)} image levels but {len(text_levels)} text levels")
     return hrl_sum(contrastive_loss(batch_scores(i, t))
@@ -345,7 +332,7 @@ def hrl_loss(image_levels, text_levels) -> torch.Tensor:
 
 
 def build_hivlp(config: HiVLPConfig, split, tokenizer) -> HiVLP:
-    """A fresh HiVLP for the split's image input (its region feature size) and the vocabulary."""
+    """A fresh HiVLP for the split's image input and the vocabulary."""
     region_dim = None
     if config.image_input == "regions":
         if not split.has_regions:

@@ -1,13 +1,8 @@
-"""HiVLP's coarse-to-fine search over stored level vectors (§3.4).
-
-Offline, every gallery item's level vectors are stored (one matrix per level). Online, a text query
-runs the text tower once and
+"""HiVLP's coarse-to-fine search over stored level vectors (§3.4):
 
     level 1: S^1 against all N candidates (width d_1), keep the top N2
     level 2: S^2 against those N2 (width d_2), keep the top N3
     level 3: S^3 orders the N3 (width d_L)                          (`coarse_to_fine`)
-
-`flat_search` is the last level over every candidate, `select_top_k` the exact top k both use.
 """
 
 from __future__ import annotations
@@ -19,12 +14,9 @@ SURVIVORS = (1000, 100)  # N2, N3: the paper's defaults for every evaluation set
 
 
 def select_top_k(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(values, indices) of each row's k largest scores, best first: torch.topk's answer.
-
-    One long row (an online query against a big gallery) takes a faster exact path: a strided
-    sample of the row sets a threshold that about 2k scores pass, one comparison keeps them, and
-    topk runs on those alone (the full topk if fewer than k pass). On the CPU torch.topk over 10^7
-    scores costs about as much as the level-1 product, hiding the cascade's saving (notebook 05)."""
+    """torch.topk(scores, k, dim=1) as (values, indices). One long row (an online query) takes a
+    faster exact path: a strided sample sets a threshold about 2k scores pass, topk runs on those (a
+    full topk over 10^7 scores costs about as much as the level-1 product, notebook 05)."""
     Q, N = scores.shape
     k = min(k, N)
     sample = 4096
@@ -44,16 +36,13 @@ def select_top_k(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tens
 
 
 def flat_search(gallery: torch.Tensor, query: torch.Tensor, top_k: int = 10):
-    """Exact top_k by inner product over the whole gallery (G, d) for queries (Q, d): the flat
-    baseline the cascade is timed against. -> (indices (Q, k), scores (Q, k))"""
+    """Exact top_k of queries (Q, d) over gallery (G, d) -> (indices, scores) (Q, k)."""
     values, indices = select_top_k((gallery @ query.T).T, top_k)  # (Q, G) scores
     return indices, values
 
 
 def rescore(gallery: torch.Tensor, query: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
-    """(Q, M) scores of each query against its own candidates, query[q] . gallery[indices[q, m]].
-    index_select + a matrix-vector product: about a third of the time of fancy indexing + einsum
-    for one online query of 100 candidates on the CPU."""
+    """(Q, M): query[q] . gallery[indices[q, m]] (index_select + matmul: 3x einsum's speed)."""
     Q, M = indices.shape
     rows = torch.index_select(gallery, 0, indices.reshape(-1)).view(Q, M, -1)  # (Q, M, d)
     if Q == 1:
@@ -67,19 +56,15 @@ def _level_plan(gallery_levels, query_levels, survivors, top_k: int) -> tuple[li
         raise ValueError(f"{len(gallery_levels)} gallery levels, {len(query_levels)} query levels "
                          f"and {len(survivors)} survivor counts: need L, L and L - 1")
     counts = list(survivors) + [top_k]  # what each level keeps
-    # A level that would keep every candidate it scores filters nothing (the paper's N2 = 1,000 on a
-    # 1k gallery): skip it and let the next level score them. Same answer, without sorting them all.
+    # a level keeping all it scores filters nothing (N2 = 1,000 on a 1k gallery): skip it
     first = next(level for level, keep in enumerate(counts)
                  if keep < len(gallery_levels[0]) or level == len(counts) - 1)
     return counts, first
 
 
 def coarse_to_fine(gallery_levels, query_levels, survivors=SURVIVORS, top_k: int = 10):
-    """§3.4 for a batch of queries: level 1 scores the whole gallery and keeps survivors[0], each
-    later level re-scores the previous survivors and keeps the next count; the last level orders
-    what is left; a level that would keep all it scores is skipped (it filters nothing).
-    gallery_levels[l] (G, d_l), query_levels[l] (Q, d_l) ->
-    (indices (Q, k), scores (Q, k)) by the last level's score, k = min(top_k, last survivors)."""
+    """§3.4 for a batch of queries: gallery_levels[l] (G, d_l), query_levels[l] (Q, d_l) -> (indices
+    (Q, k), scores (Q, k)) by the last level, k = min(top_k, last survivors)."""
     counts, first = _level_plan(gallery_levels, query_levels, survivors, top_k)
     indices, values = flat_search(gallery_levels[first], query_levels[first],
                                   counts[first])  # (Q, N) at d_first
@@ -94,11 +79,8 @@ def coarse_to_fine(gallery_levels, query_levels, survivors=SURVIVORS, top_k: int
 
 def coarse_to_fine_one(gallery_levels, query_levels, survivors=SURVIVORS,
                        top_k: int = 10) -> np.ndarray:
-    """`coarse_to_fine` for one online query, in numpy: gallery_levels[l] (G, d_l) and
-    query_levels[l] (d_l,) float32 arrays -> the top k gallery indices (k,), best first, k =
-    min(top_k, last survivors); the same levels, survivors and skips (tested against it). One query
-    is a handful of small operations, cheaper in numpy than in torch (docs/tuning_notes.md, "The
-    online cascade's search in numpy")."""
+    """`coarse_to_fine` for one query in numpy, query_levels[l] (d_l,) -> (k,) gallery indices
+    (docs/tuning_notes.md, "The online cascade's search in numpy")."""
     counts, first = _level_plan(gallery_levels, query_levels, survivors, top_k)
     candidates = None  # (M,) gallery rows still in the race, best first; None = all of them
     for level in range(first, len(counts)):

@@ -1,13 +1,11 @@
 """Pre-train, then fine-tune, LightningDOT (§3.1, appendix A.1), and its benchmark method.
 
-    pre-train   on bench["pretrain"] (terse, noisy captions: the course's Conceptual Captions);
-                one objective per batch, drawn with the ratios of config.pretrain_tasks (UNITER's
-                scheme; our ratios, not the authors': see LightningDOTConfig), CMR among them
-    fine-tune   on bench["train"] with CMR only (false negatives not masked: LightningDOT.forward)
+    pre-train   on bench["pretrain"] (terse, noisy captions: the course's Conceptual Captions),
+                one objective per batch drawn with config.pretrain_tasks' ratios, CMR among them
+    fine-tune   on bench["train"] with CMR only
 
-Both stages use core.train.Trainer: AdamW (0.9, 0.98), weight decay 0.01, linear warm-up over the
-first 10% of steps then linear decay to 0, as A.1. Each stage has its own checkpoint, so a
-notebook and the benchmark share one pre-training and re-run neither.
+Both use core.train.Trainer (AdamW (0.9, 0.98), weight decay 0.01, 10% warm-up then linear decay, as
+A.1), each stage with its own checkpoint.
 
     model, histories = train_lightningdot(bench, tokenizer, LightningDOTConfig(),
                                           pretrain_checkpoint=..., checkpoint_path=...)
@@ -28,14 +26,12 @@ from course_lib.methods.lightningdot.model import OBJECTIVES, LightningDOT, Ligh
 from course_lib.methods.registry import register_method
 from course_lib.methods.rerank import TwoStageMethod
 
-# the fields only fine-tuning reads: pre-training's name leaves them out, so a new fine-tuning
-# setting re-uses the cached pre-training
+# fields only fine-tuning reads: left out of pre-training's name, so it stays cached
 FINETUNE_FIELDS = ("finetune_steps", "finetune_lr")
 
 
 def task_schedule(tasks: dict, steps: int, seed: int = 0) -> list[str]:
-    """The objective of each pre-training step: drawn i.i.d. with probabilities tasks / sum(tasks),
-    from its own seeded generator, so a resumed run continues the same schedule."""
+    """Each pre-training step's objective, i.i.d. from a seeded generator (resumable)."""
     names = [name for name in OBJECTIVES if tasks.get(name, 0) > 0]
     weights = np.array([tasks[name] for name in names], dtype=float)
     if not names:
@@ -60,8 +56,7 @@ def cmr_loss(model: LightningDOT, batch: dict, step: int = 0) -> torch.Tensor:
 
 
 def build_lightningdot(config: LightningDOTConfig, split, tokenizer) -> LightningDOT:
-    """A fresh model sized for the split's region features, its detector classes and the
-    vocabulary, with the tokenizer's special ids (VMLM's [MASK], maskable words, BERT's [PAD])."""
+    """A fresh model sized for the split's regions and detector classes and the tokenizer."""
     if not split.has_regions:
         raise ValueError(f"LightningDOT reads detector regions, and split {split.name!r} has none: "
                          "extract region features first (data_scripts/) or use the synthetic "
@@ -75,19 +70,13 @@ def train_lightningdot(bench: dict, tokenizer, config: LightningDOTConfig | None
                        pretrain_checkpoint=None, checkpoint_path=None, evaluate_on=None,
                        eval_every: int | None = None, progress: bool = True,
                        device: str | None = None) -> tuple[LightningDOT, dict]:
-    """Pre-train on bench["pretrain"] (skipped when pretrain_steps = 0), then fine-tune with CMR on
-    bench["train"] -> (model in eval mode, {"pretrain": History | None, "finetune": History}).
-
-    pretrain_checkpoint / checkpoint_path: where each stage saves; a finished checkpoint is loaded
-    instead (delete it to retrain). evaluate_on: a split (or a dict of splits,
-    learning_curve_splits) whose retrieval metrics are logged every eval_every fine-tuning steps
-    and at its end.
-    """
+    """Pre-train (unless pretrain_steps = 0), then fine-tune with CMR -> (model.eval(), {"pretrain":
+    History | None, "finetune": History})."""
     c = config or LightningDOTConfig()
     seed_everything(c.seed)  # the initial weights; each Trainer seeds its own data order
     model = build_lightningdot(c, bench["train"], tokenizer)
     histories = {"pretrain": None, "finetune": None}
-    # a finished fine-tuning checkpoint holds the final weights: pre-train only to show its history
+    # a finished fine-tuning checkpoint holds the final weights: pre-train only for its history
     finetuned = finished_checkpoint(checkpoint_path, c.finetune_steps)
     if c.pretrain_steps > 0 and (
             not finetuned or finished_checkpoint(pretrain_checkpoint, c.pretrain_steps)):
@@ -108,9 +97,7 @@ def train_lightningdot(bench: dict, tokenizer, config: LightningDOTConfig | None
 
 
 class LightningDOTMethod(DualEncoderMethod):
-    """LightningDOT as a benchmark method: gallery [CLS] vectors in a FAISS index, one text encoding
-    per query. The pre-training checkpoint is cached beside the fine-tuned one, whose name covers it
-    (pretrain_stage, stage)."""
+    """LightningDOT as a benchmark method; its stage names the pre-training it starts from."""
 
     checkpoint_prefix = "lightningdot"
     config_class = LightningDOTConfig
@@ -141,8 +128,7 @@ class LightningDOTMethod(DualEncoderMethod):
                      data=bench["pretrain"], vocabulary=tokenizer, version=self.format_version)
 
     def stage(self, bench: dict, tokenizer) -> Stage:
-        """Fine-tuning: every field, on bench["train"], from the pre-trained model (its file), so a
-        new pre-training corpus is never served stale weights."""
+        """Fine-tuning: every field, bench["train"], from the pre-trained model's file."""
         return Stage(self.checkpoint_prefix, reads=config_fields(self.config), data=bench["train"],
                      vocabulary=tokenizer, version=self.format_version,
                      starts_from=(self.pretrain_stage(bench, tokenizer),))

@@ -1,12 +1,11 @@
-"""LightningDOT (Sun et al., NAACL 2021): two transformer encoders, a dot product, three
-objectives. An image encoder f_V reads detector regions + boxes behind a [CLS] slot, a language
-encoder f_L reads [CLS] words [SEP]; their [CLS] outputs h0 and z0 are the global representations:
+"""LightningDOT (Sun et al., NAACL 2021): two transformer encoders, a dot product, three objectives.
+An image encoder f_V reads detector regions + boxes behind a [CLS] slot, a language encoder f_L
+reads [CLS] words [SEP]; their [CLS] outputs h0 and z0 are the global representations:
 
     S(t, i) = <z0, h0>                                  (eq. 5: no cross-attention anywhere)
 
-so the gallery is encoded once, offline, into a FAISS index. The other modality reaches each
-encoder only through the training objectives (§3.1), each a small module here, all three
-cross-modal (CMR through S itself, VMLM / SMRM through the added [CLS]):
+so the gallery is encoded once, offline, into a FAISS index. The other modality reaches each encoder
+only through the training objectives (§3.1):
 
     VMLM    (eq. 2)  mask 15% of the words (80% [MASK] / 10% random / 10% kept), predict each from
                      z_mk + h0: the paired image's [CLS] is *added* to the word's state
@@ -15,11 +14,8 @@ cross-modal (CMR through S itself, VMLM / SMRM through the added [CLS]):
                      SMRC-kl: predict the detector's soft class distribution (KL divergence)
     CMR     (eq. 6)  course_lib.core.losses.contrastive_loss on the in-batch scores S (B, B)
 
-With `fuse=False` the same heads read z_mk and h_mk alone: UNITER-style MLM and MRM without the
-other modality, the "+PT†" row of the paper's Table 4 (its CMR still compares h0 with z0). The
-paper adds the other [CLS] (eq. 2, 4); the authors' code only behind a flag, off by default. We
-follow the paper. Pre-training (method.py) samples one objective per batch, CMR among them (§3.1
-pre-trains with VMLM + SMRM + CMR; Table 5 also with CMR alone); fine-tuning uses CMR alone.
+`fuse=False` drops the added [CLS]: UNITER-style MLM / MRM, Table 4's "+PT†" row (the authors' code
+fuses only behind a flag, off by default; we follow the paper).
 """
 
 from __future__ import annotations
@@ -58,18 +54,13 @@ class LightningDOTConfig(CourseConfig):
     layers: int = 2  # transformer blocks per encoder (the paper: 12)
     heads: int = 4  # attention heads per block
     max_text_length: int = 40  # tokens per caption, [CLS] and [SEP] included
-    # None: the course's transformer from random weights; a BERT name or folder
-    # (offline_weights.MINILM_NAME, "bert-base-uncased" on Colab): start from it, as the paper from
-    # BERT-base (`hidden` its width, the tokenizer its own: tokenizer_for(split, name=...))
+    # None: the course's transformer from scratch; or a BERT (name or folder) to start from
     text_encoder: str | None = None
-    # the pretrained text_encoder's rate as a multiple of each stage's (0.1: 10x slower than the
-    # layers trained from nothing); None = one rate
+    # the pretrained text_encoder's rate as a multiple of each stage's; None = one rate
     text_encoder_lr_scale: float | None = None
     fuse: bool = True  # VMLM / SMRM add the other side's [CLS]; False = plain MLM / MRM (Table 4)
     mask_prob: float = 0.15  # share of words / regions masked (BERT, UNITER)
-    # objective -> share of pre-training batches (one task per batch, UNITER's scheme, A.1), our
-    # own untuned 1/3, 1/3, 1/6, 1/6. The authors' config/pretrain-alldata-base.json: itm 16 : mlm
-    # 8 : mrfr 4 : mrckl 4 (COCO, SBU) or 16 : 12 : 6 : 6 (VG, CC), i.e. 40-50% CMR (in "itm")
+    # objective -> share of pre-training batches, one per batch (UNITER's scheme; ours, untuned)
     pretrain_tasks: dict = field(
         default_factory=lambda: {"cmr": 2, "vmlm": 2, "smrfr": 1, "smrc_kl": 1})
     pretrain_steps: int = 2000  # optimizer steps on the pre-training corpus; 0 = no pre-training
@@ -99,7 +90,6 @@ class LightningDOTConfig(CourseConfig):
 
 
 # ----------------------------------------------------------------------------- masking
-
 def mask_regions(region_mask: torch.Tensor, mask_prob: float = 0.15,
                  generator: torch.Generator | None = None) -> torch.Tensor:
     """(B, R) bool: the real regions to mask, each with probability mask_prob, one at least."""
@@ -115,10 +105,8 @@ def mask_regions(region_mask: torch.Tensor, mask_prob: float = 0.15,
 
 
 # ----------------------------------------------------------------------------- objectives
-
 class SMRFR(nn.Module):
-    """Eq. 4 with D_fr: 1/M sum_k ||v_mk - g_fr(h_mk + z0)||^2. forward(region_states (B, R, H),
-    text_cls (B, H), features (B, R, D) the unmasked originals, masked (B, R) bool) -> loss."""
+    """Eq. 4 with D_fr: 1/M sum_k ||v_mk - g_fr(h_mk + z0)||^2; features (B, R, D) unmasked."""
 
     def __init__(self, hidden: int, region_dim: int, fuse: bool = True):
         super().__init__()
@@ -130,9 +118,7 @@ class SMRFR(nn.Module):
 
 
 class SMRCKL(nn.Module):
-    """Eq. 4 with D_mrc: 1/M sum_k KL(c(v_mk) || g_mrc(h_mk + z0)), c = the detector's soft
-    labels. forward(region_states (B, R, H), text_cls (B, H), soft_labels (B, R, C), masked (B, R))
-    -> loss."""
+    """Eq. 4 with D_mrc: 1/M sum_k KL(c(v_mk) || g_mrc(h_mk + z0)), soft labels c (B, R, C)."""
 
     def __init__(self, hidden: int, n_classes: int, fuse: bool = True):
         super().__init__()
@@ -146,15 +132,9 @@ class SMRCKL(nn.Module):
 
 
 # ----------------------------------------------------------------------------- the model
-
 class LightningDOT(nn.Module):
-    """Image encoder + language encoder + the pre-training heads (unused at inference).
-
-    encode_images(batch) -> h0 (B, H); encode_texts(batch) -> z0 (B, H); forward(pair_batch) ->
-    (h0, z0), whose losses.batch_scores is S (B, B), rows images, columns texts. `modality`: the
-    image field it reads. `special`: the tokenizer's ids (SpecialTokens.of(tokenizer), default the
-    word tokenizer's): VMLM masks with them, the language encoder pads with special.pad.
-    """
+    """Image and language encoders + pre-training heads: encode_images -> h0 (B, H), encode_texts ->
+    z0 (B, H). `special`: the tokenizer's ids, for VMLM's masking and the text padding."""
 
     modality = "regions"
 
@@ -183,9 +163,7 @@ class LightningDOT(nn.Module):
         return self.text_encoder(batch).pooled  # z0 (B, H)
 
     def forward(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        """(h0 (B, H), z0 (B, H)): the features; S = losses.batch_scores(h0, z0) (B, B), eq. 5.
-        Two captions of one image in a batch are each other's false negatives in CMR, as in VSE++
-        (vsepp.DualEncoder.forward); we do not mask them."""
+        """(h0, z0): S = batch_scores(h0, z0) (B, B), eq. 5; in-batch false negatives kept."""
         return self.encode_images(batch), self.encode_texts(batch)
 
     def objective(self, task: str, batch: dict) -> torch.Tensor:

@@ -1,33 +1,18 @@
 """SCAN's stacked cross attention (Lee et al., ECCV 2018): one score per (image, text) pair.
 
-An image is a set of region vectors (n_images, R, D), a caption a set of word vectors
-(n_texts, L, D), both L2-normalised by their encoders (nothing here re-normalises them). For every
-pair one side is the *query* and the other the *context*:
+Regions (N, R, D) and words (T, L, D) come L2-normalised from their encoders. "t2i": each word
+(query) attends over the image's regions (context); "i2t": each region over the caption's words.
+Attention is SCAN's `func_attention` with `clipped_l2norm`: attn = context . query^T (Lc, Lq);
+LeakyReLU(0.1); L2-normalise over the query axis (x / (||x|| + eps)); softmax over the context axis
+of lambda_softmax * attn; attended = weights . context. Each query item scores cosine(query_item,
+attended_item), aggregated over the real query items by LogSumExp, log(sum exp(lambda_lse r)) /
+lambda_lse, or the mean.
 
-- "t2i" (text-to-image attention): each word attends over the image's regions;
-- "i2t" (image-to-text attention): each region attends over the caption's words.
-
-Attention is SCAN's `func_attention` with its default `clipped_l2norm`:
-`attn = context . query^T` (Lc, Lq); LeakyReLU(0.1); L2-normalise over the **query** axis
-(`x / (||x|| + eps)`); transpose to (Lq, Lc); softmax over the **context** axis of
-`lambda_softmax * attn`; `attended = weights . context`. Each query item then scores
-`cosine(query_item, attended_item)` (SCAN's `dot / clamp(|a| |b|, min=eps)`), and the pair's score
-aggregates these over the query side's real items: LogSumExp `log(sum exp(lambda_lse r)) /
-lambda_lse`, or the mean.
-
-Padding. SCAN's reference code never pads: it slices each caption to its length and always has 36
-regions. Here a boolean mask marks the real items (True = real), so a scene may have fewer regions
-too. Padded slots are zeroed first (so garbage there, even NaN, cannot leak in), get zero attention
-weight, and are left out of the aggregation; the result equals the reference's slicing up to
-float rounding (tests/test_scan.py checks it against a per-pair loop that slices).
-
-Memory and speed. `scan_similarity` scores blocks of images x texts, each holding a few tensors of
-`block_images * block_texts * Lc * Lq` numbers, so memory stays flat however large the gallery: a
-1k x 5k test split needs little beyond a zeroed copy of its inputs and the (N, T) result. It never
-builds the attended vectors (pairs x Lq x D): the cosine comes from the raw scores and the
-context's Gram matrix instead (see `_score_block`), the same number at a cost independent of D.
-On a CPU the default blocks are small enough to stay in cache, which is faster than big ones; on a
-GPU they are large.
+Padding (SCAN's code slices instead): a bool mask marks real items; padded slots are zeroed, get
+zero weight and are left out of the aggregation, which equals slicing up to rounding
+(tests/test_scan.py). `scan_similarity` scores blocks of images x texts, so memory stays flat in the
+gallery size, and never builds the attended vectors: the cosine comes from the raw scores and the
+context's Gram matrix (`_score_block`), at a cost independent of D.
 """
 
 from __future__ import annotations
@@ -39,8 +24,7 @@ import torch.nn.functional as F
 
 DIRECTIONS = ("t2i", "i2t")
 AGGREGATIONS = ("lse", "mean")
-# Default numbers in one block's (Bc, Lc, Bq, Lq) attention tensor, of which a block keeps a
-# handful alive. CPU: 2 MB in float32, cache-sized (measured faster than 16 MB blocks); GPU: 64 MB.
+# numbers in one block's (Bc, Lc, Bq, Lq) attention: CPU 2 MB of float32 (cache-sized), GPU 64 MB
 _BLOCK_ELEMENTS = {"cpu": 1 << 19, "other": 1 << 24}
 
 
@@ -85,17 +69,10 @@ def _check_nonempty(mask: torch.Tensor, owner: str, item: str) -> None:
 # ----------------------------------------------------------------------------- attention
 def _attention_weights(attn: torch.Tensor, lambda_softmax: float, context_bias: torch.Tensor,
                        eps: float) -> torch.Tensor:
-    """SCAN's attention weights from raw scores `attn = context . query^T`, in attn's layout.
-
-    attn has the context axis at dim 1 and the query axis last: (P, Lc, Lq) in func_attention,
-    (Bc, Lc, Bq, Lq) in a block of scan_similarity. context_bias broadcasts against it: 0 for a
-    real context item, -inf for a padded one. The weights sum to 1 over dim 1 (SCAN transposes
-    to (Lq, Lc) and takes the softmax over the last axis; same numbers, no copy).
-    """
+    """SCAN's weights from attn = context . query^T, (P, Lc, Lq) or (Bc, Lc, Bq, Lq), context_bias 0
+    or -inf (padded): they sum to 1 over dim 1 (SCAN's softmax over the transpose, no copy)."""
     attn = F.leaky_relu(attn, 0.1)  # clipped_l2norm, step 1
-    # Step 2: l2norm over the query axis, x / (||x|| + eps). The clamp binds only where
-    # ||x|| < eps, in practice an all-zero row (a padded context item: padded slots are zeroed),
-    # where it keeps sqrt's gradient finite instead of NaN; the value there is 0 either way.
+    # step 2: l2norm over the query axis; the clamp keeps sqrt's gradient finite on a zero row
     norm = attn.pow(2).sum(dim=-1, keepdim=True).clamp(min=eps * eps).sqrt()
     logits = torch.addcmul(context_bias, attn, lambda_softmax / (norm + eps))  # bias + attn * scale
     return torch.softmax(logits, dim=1)
@@ -110,15 +87,11 @@ def _bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 def func_attention(query: torch.Tensor, context: torch.Tensor, lambda_softmax: float = 9.0,
                    context_mask: torch.Tensor | None = None, eps: float = 1e-8, *,
                    query_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """SCAN's attention for P (query set, context set) pairs: returns `(attended, weights)`.
+    """SCAN's attention for P (query set, context set) pairs -> (attended (P, Lq, D), weights (P,
+    Lq, Lc)), rows summing to 1 over the real context (the reference returns the transpose).
 
-    query: (P, Lq, D), context: (P, Lc, D); a P of 1 on either side broadcasts.
-    context_mask: (P, Lc) bool, True = real; padded context items get weight exactly 0.
-    query_mask: (P, Lq) bool; padded query items are left out of the l2norm over the query axis,
-    and their rows of `attended` and `weights` are zero.
-    Returns attended (P, Lq, D) and weights (P, Lq, Lc) whose rows sum to 1 over the real context
-    (the reference returns the transpose, (P, Lc, Lq)). Masked pairs give exactly what SCAN's
-    slicing gives (module docstring, "Padding").
+    query (P, Lq, D), context (P, Lc, D): a P of 1 broadcasts. context_mask (P, Lc), query_mask (P,
+    Lq): bool, True = real; padded query items get zero rows and no share of the l2norm.
     """
     _check_items(query, "query", "(P, Lq, D)")
     _check_items(context, "context", "(P, Lc, D)")
@@ -134,7 +107,7 @@ def func_attention(query: torch.Tensor, context: torch.Tensor, lambda_softmax: f
         _check_nonempty(context_mask, "context set", "item")
         context = context.masked_fill(~context_mask.unsqueeze(-1), 0)
     if query_mask is not None:
-        # A zero query gives an all-zero attn column, which adds nothing to the query-axis norm.
+        # a zero query adds nothing to the query-axis norm
         query = query.masked_fill(~query_mask.unsqueeze(-1), 0)
 
     attn = context @ query.transpose(1, 2)  # (P, Lc, Lq)
@@ -149,10 +122,9 @@ def func_attention(query: torch.Tensor, context: torch.Tensor, lambda_softmax: f
 
 # ----------------------------------------------------------------------------- similarity
 def aggregate(sims: torch.Tensor, mask: torch.Tensor, agg: str, lambda_lse: float):
-    """(..., Lq) per-query-item cosines -> (...) over the real items (mask broadcastable): SCAN's
-    LogSumExp pooling ("lse") or their mean ("mean")."""
+    """(..., Lq) cosines -> (...) over the real items: LogSumExp ("lse") or mean ("mean")."""
     if agg == "lse":
-        # log(sum exp(lambda r)) / lambda, computed stably; padded items contribute exp(-inf) = 0.
+        # log(sum exp(lambda r)) / lambda; padded items add exp(-inf) = 0
         logits = (sims * lambda_lse).masked_fill(~mask, float("-inf"))
         return torch.logsumexp(logits, dim=-1) / lambda_lse
     return (sims * mask).sum(-1) / mask.sum(-1)
@@ -160,14 +132,10 @@ def aggregate(sims: torch.Tensor, mask: torch.Tensor, agg: str, lambda_lse: floa
 
 def _score_block(context, context_mask, context_gram, query, query_mask, query_norm,
                  lambda_softmax, agg, lambda_lse, eps):
-    """Scores of Bc context sets against Bq query sets -> (Bc, Bq). Padded slots are zero.
-
-    context (Bc, Lc, D), context_mask (Bc, Lc), context_gram (Bc, Lc, Lc) = (c . c');
-    query (Bq, Lq, D), query_mask (Bq, Lq), query_norm (Bq, Lq).
-    t2i: the context sets are images, the query sets captions; i2t: the other way round.
-    """
+    """Bc context sets (Bc, Lc, D) against Bq query sets (Bq, Lq, D) -> (Bc, Bq); padded slots are
+    zero. context_gram (Bc, Lc, Lc) = (c . c'), query_norm (Bq, Lq)."""
     (n_ctx, len_ctx, dim), (n_query, len_query) = context.shape, query.shape[:2]
-    # Every context item against every query item is one matmul; layout (Bc, Lc, Bq, Lq).
+    # every context item against every query item in one matmul
     attn = context.reshape(-1, dim) @ query.reshape(-1, dim).T  # (Bc * Lc, Bq * Lq)
     attn = attn.view(n_ctx, len_ctx, n_query, len_query)
     bias = _bias(context_mask[:, :, None, None], attn.dtype)  # (Bc, Lc, 1, 1)
@@ -178,7 +146,7 @@ def _score_block(context, context_mask, context_gram, query, query_mask, query_n
     #   |a|^2 = sum_c w_c sum_c' (c . c') w_c'  -- through the context's Gram matrix (Lc x Lc).
     dots = (weights * attn).sum(1)  # (Bc, Bq, Lq)
     gram_weights = torch.bmm(context_gram, weights.reshape(n_ctx, len_ctx, -1)).view_as(weights)
-    # The clamp keeps sqrt's gradient finite; it binds only where |a| < eps.
+    # the clamp keeps sqrt's gradient finite
     attended_norm = (gram_weights * weights).sum(1).clamp(min=eps * eps).sqrt()  # (Bc, Bq, Lq)
     cosine = dots / (query_norm * attended_norm).clamp(min=eps)  # SCAN's cosine_similarity
     return aggregate(cosine, query_mask, agg, lambda_lse)  # (Bc, Bq)
@@ -186,8 +154,7 @@ def _score_block(context, context_mask, context_gram, query, query_mask, query_n
 
 def _block_shape(n_images: int, n_texts: int, per_pair: int, shard_size: int | None,
                  budget: int) -> tuple[int, int]:
-    """(images, texts) per block: `shard_size` each, or by default as many pairs as keep
-    pairs * per_pair <= budget (a square block, grown along one side when the other is short)."""
+    """(images, texts) per block: `shard_size` each, or ~budget // per_pair pairs, squarish."""
     if shard_size is not None:
         return min(shard_size, n_images), min(shard_size, n_texts)
     pairs = max(1, budget // max(per_pair, 1))
@@ -201,18 +168,13 @@ def scan_similarity(regions: torch.Tensor, region_mask: torch.Tensor | None, wor
                     word_mask: torch.Tensor | None, direction: str = "t2i",
                     lambda_softmax: float = 9.0, agg: str = "lse", lambda_lse: float = 6.0,
                     shard_size: int | None = None, eps: float = 1e-8) -> torch.Tensor:
-    """SCAN's stacked cross attention score of every image against every text.
+    """SCAN's score of every image against every text -> (N, T), differentiable, in the inputs'
+    dtype (half computed in float32) and device.
 
-    regions: (N, R, D) region features; region_mask: (N, R) bool, True = real (None: all real).
-    words: (T, L, D) word features; word_mask: (T, L) bool (None: all real).
-    direction: "t2i" (words attend to regions, aggregate over the caption's real words) or "i2t"
-    (regions attend to words, aggregate over the image's real regions).
-    agg: "lse" (LogSumExp with lambda_lse) or "mean". SCAN's best recipes: t2i lambda_softmax 9
-    with lse 6 or mean; i2t lambda_softmax 4 with lse 5 (Flickr30k) or 20 (COCO).
-    shard_size: images and texts per block (default: about 0.5M attention entries per block on a
-    CPU, 16M on a GPU); it changes memory and speed, never the result.
-    Returns (N, T) in the inputs' dtype and device; differentiable, so a (B, B) batch matrix can
-    feed `course_lib.core.losses.hinge_triplet_loss`. Half-precision inputs are computed in float32.
+    regions (N, R, D), words (T, L, D); region_mask (N, R), word_mask (T, L): bool, None = all real.
+    direction "t2i" aggregates over the caption's words, "i2t" over the image's regions. SCAN's
+    best: t2i lambda_softmax 9 with lse 6 or mean; i2t lambda_softmax 4 with lse 5 (Flickr30k) or 20
+    (COCO). shard_size: images and texts per block; changes memory and speed, never the result.
     """
     if direction not in DIRECTIONS:
         raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
@@ -247,7 +209,7 @@ def scan_similarity(regions: torch.Tensor, region_mask: torch.Tensor | None, wor
     n_images, n_texts = regions.shape[0], words.shape[0]
     if n_images == 0 or n_texts == 0:
         return regions.new_zeros((n_images, n_texts), dtype=out_dtype)
-    # Zero the padded slots: they then add nothing to any dot product, norm or Gram matrix.
+    # padded slots zeroed add nothing to any dot product, norm or Gram matrix
     regions = regions.to(work).masked_fill(~region_mask.unsqueeze(-1), 0)  # (N, R, D)
     words = words.to(work).masked_fill(~word_mask.unsqueeze(-1), 0)  # (T, L, D)
     if direction == "t2i":  # words attend over regions

@@ -1,6 +1,4 @@
-"""SCAN as a benchmark method: training with VSE++'s hinge loss (`train_scan`), `SCANMethod` (every
-(image, caption) pair scored by stacked cross attention, so one text query costs O(gallery size);
-`SCANMethod.query_fn` measures it) and its registration. The model and loss are in `model.py`.
+"""SCAN's training (`train_scan`), `SCANMethod` and its registration.
 
     model, history = train_scan(bench, tokenizer, SCANConfig())
     sims = scan_matrix(model, bench["test"], tokenizer)        # (n_images, n_texts)
@@ -34,9 +32,7 @@ from course_lib.methods.scan.model import (
 def train_scan(bench: dict, tokenizer, config: SCANConfig | None = None, *, checkpoint_path=None,
                evaluate_on=None, eval_every: int | None = None, progress: bool = True,
                device: str | None = None) -> tuple[SCANModel, History]:
-    """Train a SCANModel on bench["train"] -> (model in eval mode, history). checkpoint_path: a
-    finished checkpoint there is loaded instead (delete it to retrain); evaluate_on: a split whose
-    retrieval_metrics are logged every eval_every steps and at the end."""
+    """Train a SCANModel (or load a finished checkpoint_path) -> (model.eval(), history)."""
     config = config or SCANConfig()
     seed_everything(config.seed)  # the model's initial weights; the Trainer seeds the rest
     model = build_scan(config, bench["train"], tokenizer)
@@ -51,8 +47,7 @@ def train_scan(bench: dict, tokenizer, config: SCANConfig | None = None, *, chec
 
 # ----------------------------------------------------------------------------- the method
 class SCANMethod(PairwiseMethod):
-    """SCAN as a benchmark Method (methods.base): every query attends over every gallery item.
-    score_block reads region and word encodings cached for the last split scored."""
+    """Every query attends over every gallery item; encodings cached for the last split scored."""
 
     checkpoint_prefix = "scan"
     config_class = SCANConfig
@@ -60,9 +55,8 @@ class SCANMethod(PairwiseMethod):
     _encoded: tuple = (None, None, None)  # (split, model, (regions, region_mask, {caption: words}))
 
     def _encodings(self, split, text_indices) -> tuple:
-        """(regions (N, R, E), region_mask (N, R), words (m, L, E), word_mask (m, L)) for captions
-        text_indices (m,). Images are encoded per split, a caption when first scored: a re-ranker
-        pays only for those it meets (a few thousand of the full setting's 35,000)."""
+        """(regions (N, R, E), region_mask (N, R), words (m, L, E), word_mask (m, L)) for
+        text_indices (m,); images encoded per split, a caption when first scored."""
         model = self._fitted()
         if self._encoded[0] is not split or self._encoded[1] is not model:
             show = self.progress and split.n_images > 20_000
@@ -93,7 +87,7 @@ class SCANMethod(PairwiseMethod):
                            word_mask_.to(device)).cpu()  # (n, m)
 
     def score_pairs(self, split, image_indices, text_indices) -> torch.Tensor:
-        """PairwiseRanking.score_pairs, the pairs' captions encoded first in batches, not singly."""
+        """PairwiseRanking.score_pairs, the captions encoded first in batches, not singly."""
         self._encodings(split, np.unique(np.asarray(text_indices)))
         return super().score_pairs(split, image_indices, text_indices)
 
@@ -121,10 +115,7 @@ class SCANMethod(PairwiseMethod):
         return scan_matrix(self._fitted(), split, self.tokenizer, progress=self.progress)  # (N, T)
 
     def query_fn(self, split, caption_index: int = 0, top_k: int = 10):
-        """A zero-argument callable answering one text query, the online cost of SCAN: the regions
-        are encoded once, here (offline); each call encodes one caption's words and attends from
-        them over every gallery image (work linear in the gallery). -> the top_k image indices
-        (top_k,), best first."""
+        """One text query: regions encoded here (offline), each call attends over every image."""
         model = self._fitted().eval()
         device = model_device(model)
         regions, region_mask = (x.to(device) for x in encode_regions(model, split))  # offline

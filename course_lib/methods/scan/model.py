@@ -1,24 +1,14 @@
 """The trainable SCAN model (Lee et al., ECCV 2018): region and word encoders scored by stacked
 cross attention (`attention.scan_similarity`), trained with VSE++'s hinge loss.
 
-SCAN keeps every region and word as its own vector and lets one side attend over the other, so a
-caption can look at just the objects it names. Its encoders are simple, as in the reference code:
+- image: Linear(region feature) (SCAN's "precomp" encoder) + Linear(7-d box), L2-normalised per
+  region. Our synthetic features hold no position, so without the box "left of" is unanswerable;
+  `use_boxes=False` is pure SCAN, which scores lower (docs/tuning_notes.md, "SCAN").
+- text: word embeddings -> bi-GRU, directions averaged, L2-normalised per word; [CLS]/[SEP] are
+  removed first (SCAN has none). With `text_encoder`, a pretrained BERT reads the whole caption and
+  Linear(its states at the words) stands where the GRU's were.
 
-- image: one Linear layer per region (SCAN's "precomp" encoder over detector features) plus a
-  Linear layer of the region's box (below), L2-normalised per region;
-- text: word embeddings -> bi-GRU, its two directions averaged (`encoders.BiGRUEncoder`),
-  L2-normalised per word. SCAN has no [CLS]/[SEP]: they are removed before the GRU reads the
-  caption. On real photos (`text_encoder`) a pretrained BERT reads the whole caption, [CLS] and
-  [SEP] included, and its states at the words, under one Linear layer, stand where the GRU's were.
-
-Boxes. SCAN's Faster R-CNN features carry some position; our synthetic ones describe only shape,
-colour and size, and position lives in the 7-d box alone. Without it every "left of" caption is
-unanswerable, so the image side adds `Linear(box)` to `Linear(feature)`; `use_boxes=False` is pure
-SCAN, which scores lower (docs/tuning_notes.md, "SCAN").
-
-Cost. Nothing about an image can be combined with a caption ahead of time: every pair runs its own
-attention, so one text query costs O(gallery size) cross attention, against one dot product per
-image for VSE++. Training and the benchmark's `SCANMethod`: method.py.
+Every pair runs its own attention: a text query costs O(gallery size) cross attention.
 """
 
 from __future__ import annotations
@@ -62,8 +52,7 @@ class SCANConfig(CourseConfig):
     warmup_fraction: float = 0.05  # share of steps warming up; then linear decay to 0
     grad_clip: float = 2.0  # max gradient norm (VSE++ / SCAN)
     seed: int = 0  # model initialisation and data order
-    # None: SCAN's bi-GRU over word embeddings learned from scratch; or a pretrained BERT (name,
-    # folder): its token states under Linear(hidden, embed_dim), last text_trainable_layers tuned
+    # None: SCAN's bi-GRU from scratch; or a pretrained BERT (name or folder) under a Linear
     text_encoder: str | None = None
     text_trainable_layers: int = 0
 
@@ -79,26 +68,20 @@ class SCANConfig(CourseConfig):
 
 
 def normalize_real(items: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """(B, L, E) -> unit vectors at the real items (mask (B, L) True), exact zeros at padding.
-
-    Padded slots may hold anything (a detector's empty slots, NaN even), so they are replaced
-    before the norm and zeroed after it: nothing from padding reaches the scores or gradients."""
+    """(B, L, E) -> unit vectors at real items (mask (B, L)), exact zeros at padding."""
     padded = ~mask.unsqueeze(-1)  # (B, L, 1)
     return l2_normalize(items.masked_fill(padded, 1.0)).masked_fill(padded, 0.0)
 
 
 def words_only(input_ids: torch.Tensor, attention_mask: torch.Tensor,
                special: SpecialTokens = WORD_SPECIAL_TOKENS):
-    """`[CLS] w1 .. wn [SEP] [PAD] ..` -> `(ids (B, L), mask (B, L))` of `w1 .. wn [PAD] ..`,
-    L = the most words in the batch: SCAN's captions are words only. `special`: the ids of the
-    tokenizer that made input_ids (SpecialTokens.of(tokenizer); default the word tokenizer's)."""
+    """`[CLS] w1 .. wn [SEP] [PAD]` -> (ids, mask) (B, L) of `w1 .. wn [PAD]`, words only."""
     order, mask = words_first(word_mask(input_ids, attention_mask, special))  # (B, L) each
     return input_ids.gather(1, order).masked_fill(~mask, special.pad), mask
 
 
 def words_first(keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """keep (B, T) True at the words -> (order (B, L), mask (B, L)): gathering a caption's slots by
-    `order` puts its words first, in their order; L = the most words in the batch."""
+    """keep (B, T) -> (order, mask) (B, L): gathering by `order` puts each caption's words first."""
     order = torch.argsort((~keep).int(), dim=1, stable=True)  # (B, T) words first
     mask = keep.gather(1, order)  # (B, T)
     length = int(mask.sum(1).max()) if len(mask) else 0
@@ -106,14 +89,9 @@ def words_first(keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class SCANModel(nn.Module):
-    """Regions and words in one space, scored by SCAN's stacked cross attention.
-
-    encode_images(batch) -> (regions (B, R, E) unit vectors, region_mask (B, R));
-    encode_texts(batch) -> (words (B, L, E) unit vectors, word_mask (B, L)), words only;
-    forward(pair_batch) -> scores (B, B), rows images, columns texts, positives on the diagonal.
-    Padded slots are exactly zero. `special`: the tokenizer's ids (SpecialTokens.of(tokenizer),
-    default the word tokenizer's): its [CLS] / [SEP] are dropped, its [PAD] is the padding_idx.
-    """
+    """Regions and words in one space, scored by SCAN's stacked cross attention: encode_images ->
+    (regions (B, R, E), mask (B, R)), encode_texts -> (words (B, L, E), mask (B, L)), unit vectors,
+    padding exactly zero; forward -> (B, B) scores. `special`: [CLS]/[SEP] dropped, [PAD] padded."""
 
     modality = "regions"  # the image field the datasets must provide
 
@@ -158,10 +136,8 @@ class SCANModel(nn.Module):
         return normalize_real(self.word_proj(states), words), words  # (B, L, E)
 
     def encode_words_in_place(self, texts: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        """encode_texts' word vectors at each word's own slot of the tokenised captions, for models
-        that read SCAN's encodings beside their own tokens (the cross-encoder, U-BERT's BERT_cross):
-        (tokens (B, T, E), zero at [CLS], [SEP] and [PAD]; is_word (B, T)). A caption repeated in
-        the batch (a grid, a query against many images) is encoded once."""
+        """encode_texts' words at their token slots -> (tokens (B, T, E), zero elsewhere; is_word
+        (B, T)); a caption repeated in the batch is encoded once."""
         ids = texts["input_ids"]
         distinct, rows = torch.unique(ids, dim=0, return_inverse=True)  # (U, T), (B,)
         first = torch.full((len(distinct),), len(rows), device=rows.device).scatter_reduce(
@@ -201,8 +177,7 @@ def build_scan(config: SCANConfig, split, tokenizer) -> SCANModel:
 
 # ----------------------------------------------------------------------------- evaluation
 def _encode_sets(model: SCANModel, loader, encode, desc: str, progress: bool, device):
-    """encode(batch) -> (items (b, L_b, E), mask (b, L_b)) over a loader, padded to the longest
-    L and concatenated on the CPU -> (items (n, L, E), mask (n, L)), under checkpoints.inference."""
+    """encode(batch) over a loader -> (items (n, L, E), mask (n, L)) padded, on the CPU."""
     chunks = []
     with inference(model, device) as device:
         for batch in tqdm(loader, desc=desc, disable=not progress, leave=False):
@@ -224,8 +199,7 @@ def encode_regions(model: SCANModel, split, *, batch_size: int = 512, device=Non
 
 def encode_words(model: SCANModel, split, tokenizer, *, texts=None, batch_size: int = 512,
                  device=None, progress: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """(words (T, L, E), word_mask (T, L)) of a split's captions, or of those at `texts` (T,) in
-    that order, on the CPU; L = most words."""
+    """(words (T, L, E), word_mask (T, L)) of a split's captions (or `texts`), on the CPU."""
     device = model_device(model, device)
     captions = CaptionDataset(split)
     captions = captions if texts is None else Subset(captions, [int(t) for t in texts])
@@ -236,12 +210,7 @@ def encode_words(model: SCANModel, split, tokenizer, *, texts=None, batch_size: 
 @torch.no_grad()
 def scan_matrix(model: SCANModel, split, tokenizer, *, device=None, batch_size: int = 512,
                 image_chunk: int = 256, progress: bool = True) -> torch.Tensor:
-    """(n_images, n_texts) SCAN scores of a split, on the CPU.
-
-    Every region and word is encoded once; then scan_similarity scores `image_chunk` images
-    against all texts per call (on `device`, default the model's), only so that a progress bar
-    can show the quadratic part: 1k x 5k pairs take seconds on a CPU, 12k x 60k minutes.
-    """
+    """(N, T) SCAN scores of a split on the CPU, `image_chunk` images a call (1k x 5k: seconds)."""
     device = model_device(model, device)
     kwargs = dict(batch_size=batch_size, device=device, progress=progress)
     regions, region_mask = encode_regions(model, split, **kwargs)  # (N, R, E), (N, R)

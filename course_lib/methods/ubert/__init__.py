@@ -1,3 +1,2 @@
-"""U-BERT (Yu et al.): model.py (intra- and inter-modal decomposition, the light cross encoder),
-method.py (two-step training, the Method and cascades, registrations).
-"""
+"""U-BERT (Yu et al.): model.py (intra-/inter-modal decomposition, light cross encoder), method.py
+(two-step training, the Method, cascades)."""

@@ -10,13 +10,9 @@
     model, histories = train_ubert(bench, tokenizer, UBERTConfig(), towers_checkpoint=...,
                                    checkpoint_path=...)
 
-Step 1's checkpoint is named by the fields that shape the towers (all but CROSS_FIELDS,
-`UBERTMethod.towers_stage`), and its model built with those at their defaults (`tower_config`), so
-every BERT_cross variant (L_c, its SCAN inputs, its steps) re-uses one set of towers.
-
-Methods: `ubert-embed` (stage 1 alone: a FAISS index of I_intra), `ubert@20` (its top K re-scored
-by s2 from cached states: K = 20 per caption, 100 per image, the paper's defaults) and the paper's
-two-stage baseline `ubert-embed+cross_encoder@20` (the same top K re-scored by the cross-encoder).
+Methods: `ubert-embed` (stage 1: a FAISS index of I_intra), `ubert@20` (its top K re-scored by s2: K
+= 20 per caption, 100 per image, the paper's defaults) and the paper's two-stage baseline
+`ubert-embed+cross_encoder@20`.
 """
 
 from __future__ import annotations
@@ -54,21 +50,19 @@ from course_lib.methods.ubert.model import (
 )
 
 TOP_K = {"t2i": 20, "i2t": 100}  # the paper's K: images re-scored per caption, captions per image
-# the fields only step 2 (BERT_cross) reads: step 1's name leaves them out and its model is built
-# with them at their defaults, so every BERT_cross variant re-uses one set of towers
+# fields only step 2 reads: left out of step 1's name and model, so BERT_cross variants share towers
 CROSS_FIELDS = ("cross_layers", "alpha", "cross_towers", "training",
                 "cross_batch_size", "cross_lr", "cross_steps")
 
 
 def hinge(scores: torch.Tensor, config: UBERTConfig, step: int) -> torch.Tensor:
-    """L1 or L2 on a (B, B) score matrix: every hinge summed for the first sum_warmup_steps, then
-    the hardest negatives only (with max_violation)."""
+    """L1 or L2 on (B, B): every hinge for sum_warmup_steps, then (max_violation) the hardest."""
     hardest = config.max_violation and step >= config.sum_warmup_steps
     return hinge_triplet_loss(scores, margin=config.margin, max_violation=hardest)
 
 
 def tower_loss(config: UBERTConfig):
-    """Step 1's loss_fn: L1 on s1 = the (B, B) cosines of I_intra and T_intra (eq. 14)."""
+    """Step 1's loss_fn: L1 on s1 (eq. 14)."""
     def loss_fn(model: UBERT, batch: dict, step: int = 0) -> torch.Tensor:
         return hinge(batch_scores(*model(batch)), config, step)
 
@@ -76,8 +70,7 @@ def tower_loss(config: UBERTConfig):
 
 
 def cross_loss(config: UBERTConfig, with_l1: bool = False):
-    """Step 2's loss_fn: L2 on s2 (eq. 15) of every image of the batch with every caption; with_l1
-    adds L1 (the joint variant), logging both."""
+    """Step 2's loss_fn: L2 on the batch's (B, B) s2 (eq. 15); with_l1 adds L1 (joint)."""
     def loss_fn(model: UBERT, batch: dict, step: int = 0):
         image, text = model.image_states(batch), model.text_states(batch)
         l2 = hinge(model.pair_scores(image, text), config, step)
@@ -90,16 +83,13 @@ def cross_loss(config: UBERTConfig, with_l1: bool = False):
 
 
 def tower_config(config: UBERTConfig) -> UBERTConfig:
-    """The config step 1 builds its model with: the step-2 fields at their defaults, no SCAN inputs
-    (only BERT_cross reads them)."""
+    """Step 1's model config: step-2 fields at their defaults, no SCAN inputs."""
     return dataclasses.replace(config_with_defaults(config, CROSS_FIELDS), cross_towers="none")
 
 
 def ubert_scores(model: UBERT, split, tokenizer, top_k: dict | None = None,
                  states: UBERTStates | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dense (i2t, t2i) (N, T) scores of U-BERT's two stages on a small split: s1 everywhere, and
-    each query's top K (top_k, default TOP_K) re-scored by s2 above the rest. For evaluation and
-    plots; the benchmark ranks without the dense matrix (UBERTCascade)."""
+    """Dense (i2t, t2i) (N, T): s1, each query's top K re-scored by s2 above the rest."""
     top_k = {**TOP_K, **(top_k or {})}
     states = states or compute_states(model, split, tokenizer)
     first = states.image_intra @ states.text_intra.T  # (N, T) s1
@@ -108,8 +98,7 @@ def ubert_scores(model: UBERT, split, tokenizer, top_k: dict | None = None,
 
 
 def ubert_evaluator(split, tokenizer):
-    """A Trainer `evaluate` hook: retrieval_metrics of ubert_scores on `split` (or on each split of
-    a dict, base.learning_curve_splits); None -> None."""
+    """A Trainer `evaluate` hook: retrieval_metrics of ubert_scores; None -> None."""
     return retrieval_evaluator(split, lambda model, one: ubert_scores(model, one, tokenizer))
 
 
@@ -118,12 +107,8 @@ def train_ubert(bench: dict, tokenizer, config: UBERTConfig | None = None, *,
                 towers: tuple[UBERT, object] | None = None, scan=None, evaluate_on=None,
                 eval_every: int | None = None, evaluate_cross: bool = True, progress: bool = True,
                 device: str | None = None) -> tuple[UBERT, dict]:
-    """Train U-BERT on bench["train"] -> (model, histories: "towers" and "cross", or "joint").
-    towers_checkpoint / checkpoint_path: where each stage saves (a finished one is loaded instead).
-    towers: (a trained U-BERT, its step-1 history) standing for step 1 (two-step only; the caller
-    checks its step-1 fields). scan: the trained SCANModel cross_towers="scan" feeds BERT_cross.
-    evaluate_on: a split (or a dict, base.learning_curve_splits) scored every eval_every steps and
-    after each stage (stage 1 by s1, stage 2 by ubert_scores; evaluate_cross=False: stage 1's)."""
+    """Train U-BERT -> (model, histories "towers" and "cross", or "joint"). towers: (a trained
+    U-BERT, its step-1 history) standing for step 1; evaluate_cross=False: stage 1's curve only."""
     c = config or UBERTConfig()
     train = bench["train"]
     common = dict(log_every=25, progress=progress, device=device)  # every fit_pairs call's
@@ -163,11 +148,8 @@ def train_ubert(bench: dict, tokenizer, config: UBERTConfig | None = None, *,
 
 
 # ----------------------------------------------------------------------------- methods
-
 class UBERTMethod(DualEncoderMethod):
-    """U-BERT's stage 1 as a method (`ubert-embed`: s1 from a FAISS index of I_intra), also stage
-    2's scorer: score_pairs(split, images, texts) -> s2 (P,) from the split's cached states, so
-    Cascade([ubert, ubert], ...) is U-BERT's retrieval."""
+    """U-BERT's stage 1 (`ubert-embed`) and stage 2's scorer: Cascade([ubert, ubert]) retrieves."""
 
     checkpoint_prefix = "ubert"
     config_class = UBERTConfig
@@ -175,10 +157,7 @@ class UBERTMethod(DualEncoderMethod):
     def __init__(self, config: UBERTConfig | None = None, name: str = "ubert-embed",
                  progress: bool = True, towers_from: UBERTMethod | None = None,
                  scan: SCANMethod | None = None):
-        """towers_from: a fitted two-step U-BERT sharing this one's step 1 (the same step-1 fields,
-        data and vocabulary): only BERT_cross trains, and no step-1 cache is needed (a shipped
-        model holds the towers, in float16: the only difference). scan: the SCAN method
-        cross_towers="scan" reads (the benchmark's, so SCAN trains once; default the course's)."""
+        """towers_from: a fitted two-step U-BERT with the same step 1 (only BERT_cross trains)."""
         super().__init__(config, name, progress)
         self.towers_checkpoint, self.towers_from = None, towers_from
         if self.config.cross_towers == "scan" and scan is None:
@@ -201,8 +180,7 @@ class UBERTMethod(DualEncoderMethod):
                      data=bench["train"], vocabulary=tokenizer, version=self.format_version)
 
     def stage(self, bench: dict, tokenizer) -> Stage:
-        """Step 2 (or joint training): every field, on bench["train"], from step 1's towers (two
-        steps) and the SCAN model whose reading BERT_cross's inputs carry (their files)."""
+        """Step 2 (or joint): every field, bench["train"], step 1's towers and the SCAN model."""
         two_step = self.config.training == "two_step"
         return Stage(self.checkpoint_prefix, reads=config_fields(self.config), data=bench["train"],
                      vocabulary=tokenizer, version=self.format_version,
@@ -225,7 +203,7 @@ class UBERTMethod(DualEncoderMethod):
             steps = c.max_steps + c.cross_steps if c.training == "joint" else c.cross_steps
             scan = self.trained_model_of(self.scan, bench, tokenizer, cache_dir,
                                          needed=not finished_checkpoint(checkpoint_path, steps))
-        # stage 1's curve only: scoring both stages on two galleries costs a cross pass a candidate
+        # stage 1's curve only: scoring stage 2 on two galleries costs a cross pass per candidate
         return train_ubert(bench, tokenizer, self.config, towers_checkpoint=self.towers_checkpoint,
                            checkpoint_path=checkpoint_path,
                            towers=self.shared_towers(bench, tokenizer), scan=scan,
@@ -233,7 +211,7 @@ class UBERTMethod(DualEncoderMethod):
                            **self.learning_curve(bench, self.config.max_steps))
 
     def shared_towers(self, bench: dict, tokenizer) -> tuple[UBERT, object] | None:
-        """(model, step-1 history) of towers_from, after checking that its step 1 is this one's."""
+        """(model, step-1 history) of towers_from, checked to share this one's step 1."""
         other = self.towers_from
         if other is None:
             return None
@@ -257,13 +235,12 @@ class UBERTMethod(DualEncoderMethod):
         return other.model, (other.history or {}).get("towers")
 
     def states(self, split) -> UBERTStates:
-        """The split's cached stage-2 states (computed once per split and model: offline work)."""
+        """The split's stage-2 states, once per split and model."""
         return self.cached_states(split, compute_states)
 
     def rank(self, split, direction: str, top_k: int,
              queries=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Stage 1: exact top_k by s1 through a FAISS index of the gallery's intra vectors, read
-        from the split's cached states, so a cascade's stage 2 re-uses the same tower pass."""
+        """Stage 1: exact top_k by s1 via a FAISS index of the cached intra vectors."""
         queries = torch.as_tensor(query_indices(split, direction, queries), dtype=torch.long)
         states = self.states(split)
         gallery, asked = ((states.image_intra, states.text_intra) if direction == "t2i"
@@ -278,11 +255,7 @@ class UBERTMethod(DualEncoderMethod):
 
 
 class UBERTCascade(Cascade):
-    """U-BERT's retrieval (§4.2): s1 keeps the top K, s2 alone re-orders them. K = top_k (per
-    caption) and top_k_i2t (per image). query_fn is the online path of one caption: one text-tower
-    pass (the tokens BERT_cross reads and T_intra at once), a FAISS search of the gallery's I_intra,
-    and BERT_cross on the K candidates with their cached states; image_query_fn the same for an
-    image."""
+    """U-BERT's retrieval (§4.2): s1 keeps the top K per query, s2 alone re-orders them."""
 
     def __init__(self, ubert: UBERTMethod, top_k: int = TOP_K["t2i"],
                  top_k_i2t: int = TOP_K["i2t"], name: str | None = None):
@@ -296,9 +269,8 @@ class UBERTCascade(Cascade):
         self.ubert = ubert
 
     def _online(self, split, direction: str, query_batch, top_k: int):
-        """A zero-argument callable: one query's tower pass, the FAISS search of the other side's
-        intra vectors (indexed here, offline) for its top K, BERT_cross on those K cached states.
-        query_batch() makes the query's batch on every call (a caption is tokenised per query)."""
+        """One query's online path: its tower pass, a FAISS search of the gallery's intra vectors
+        for the top K, BERT_cross on their cached states."""
         ubert = self.ubert
         model, K = ubert._fitted().eval(), self.survivors(direction)[0]  # eval once, not per query
         device = model_device(model)
@@ -330,7 +302,7 @@ class UBERTCascade(Cascade):
         return self._online(split, "t2i", caption_batch, top_k)
 
     def image_query_fn(self, split, image_index: int = 0, top_k: int = 10):
-        """The same for an image query: returns its top_k caption indices (top_k,), best first."""
+        """The same for an image query -> (top_k,) caption indices."""
         image = {k: v for k, v in ImageDataset(split)[image_index].items() if torch.is_tensor(v)}
         return self._online(split, "i2t", lambda: {k: v[None] for k, v in image.items()}, top_k)
 

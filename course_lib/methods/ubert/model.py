@@ -11,28 +11,19 @@ residual (§4.1).
     s1 = cos(I_intra, T_intra)                                (eq. 14, stage 1)
     s2 = cos(α·I_intra + I_inter, α·T_intra + T_inter), α = 0.5  (eq. 15, stage 2)
 
-Stage 1 is a dual encoder (the towers never see the other modality), so the gallery's I_intra sit
-in a FAISS index. Stage 2 re-scores the top K: the query's intra vector and input embeddings are
-computed once, each gallery item's are cached offline (`UBERTStates`), and per candidate only the
-L_c cross layers run, O(K·L_c·c) instead of a full cross-encoder's O(K·L·c).
+Stage 1 is a dual encoder (gallery I_intra in a FAISS index). Stage 2 re-scores the top K from
+cached states (`UBERTStates`): per candidate only the L_c cross layers run, O(K·L_c·c) against a
+full cross-encoder's O(K·L·c).
 
-Our choices where the paper is silent (notebook 04 says the same; sizes: `UBERTConfig`):
-- One table of input embeddings r_i, t_i serves the towers and BERT_cross (eq. 2 defines them
-  once; eq. 6 and 10 read them); it belongs to the towers, so step 2 freezes it too. (Feeding
-  BERT_cross the tower outputs r̂, t̂ instead scored lower: docs/tuning_notes.md, "U-BERT".)
-- The paper's input embeddings are pre-trained (BERT's word pieces, a Visual Genome detector): its
-  BERT_cross starts from tokens that already say which word goes with which region. Ours, learned
-  in step 1 through a mean over each side, never learn that, and BERT_cross over them ranked no
-  better than stage 1 (docs/tuning_notes.md, "U-BERT"). So with `cross_towers="scan"` (the
-  default) each token BERT_cross reads also carries, through a learned LN(Linear(.)), what the
-  trained SCAN encoders (lesson 02; frozen, cached with the states) make of that word or region;
-  the towers and s1 do not read it. "none" is eq. 10 over step 1's tables alone.
-- A mean over tokens counts every real one, [CLS] and [SEP] included; padding is masked out of
-  every mean and of attention.
-- `text_encoder`: BERT_txt is that pretrained BERT (the paper's starts from BERT-base), t_i its
-  embedding layer's output (eq. 2's form), which BERT_cross reads in place of our tables. BERT_img
-  and BERT_cross start from random weights (a BERT over 7x7 grid cells has no pre-training to give).
-Training (two steps, or joint) and the benchmark methods: `course_lib.methods.ubert.method`.
+Our choices where the paper is silent (runs: docs/tuning_notes.md, "U-BERT"):
+- One table of input embeddings r_i, t_i serves the towers and BERT_cross (eq. 6 and 10 read eq.
+  2's); step 2 freezes it with the towers. (BERT_cross over the tower outputs scored lower.)
+- The paper's input embeddings are pre-trained; ours, learned through a mean over each side, never
+  tie words to regions, and BERT_cross over them ranked no better than stage 1. So with
+  `cross_towers="scan"` each token BERT_cross reads also carries LN(Linear(.)) of the frozen SCAN
+  encoders' reading of it; "none" is eq. 10 over step 1's tables alone.
+- Means count every real token, [CLS] and [SEP] included; padding is masked out.
+- `text_encoder`: BERT_txt is that pretrained BERT, t_i its embedding layer's output.
 """
 
 from __future__ import annotations
@@ -64,12 +55,12 @@ class UBERTConfig(CourseConfig):
 
     hidden: int = 128  # width of every token, in the towers and in BERT_cross (paper: 768)
     tower_layers: int = 2  # blocks in each intra-modal tower, BERT_img and BERT_txt (paper: 12)
-    # blocks L_c of BERT_cross (paper: 3 of the baseline's 12; ours: 1 of the cross-encoder's 3)
+    # blocks L_c of BERT_cross (paper: 3 of 12; ours: 1 of the cross-encoder's 3)
     cross_layers: int = 1
     heads: int = 4  # attention heads per block
-    # weight of the intra part in eq. 15 (the paper's default, "without cherry-picking")
+    # weight of the intra part in eq. 15 (the paper's, "without cherry-picking")
     alpha: float = 0.5
-    # "scan": BERT_cross's tokens also carry SCAN's reading of each (module docstring); or "none"
+    # "scan": BERT_cross's tokens also carry SCAN's reading of each; or "none"
     cross_towers: str = "scan"
     # "two_step" (§4.3: the towers with L1, then BERT_cross with L2) or "joint" (L1 + L2)
     training: str = "two_step"
@@ -79,18 +70,17 @@ class UBERTConfig(CourseConfig):
     max_violation: bool = False
     sum_warmup_steps: int = 200  # with max_violation: each stage's first steps sum every hinge
     max_text_length: int = 40  # token positions (the paper: up to 44 tokens)
-    # None: ours, from random weights; else the BERT BERT_txt starts from (on Colab
-    # "bert-base-uncased"; offline_weights.MINILM_NAME): `hidden` its width, tokenizer_for(.., name)
+    # None: ours, from random weights; else the pretrained BERT BERT_txt starts from
     text_encoder: str | None = None
     # with text_encoder: BERT_txt's rate as a multiple of lr (e.g. 0.1) while it trains; None: 1
     text_encoder_lr_scale: float | None = None
     batch_size: int = 256  # step 1 (the towers with L1): pairs per step (the paper's: 216)
     lr: float = 1e-3  # peak AdamW learning rate of step 1
     max_steps: int = 4000  # optimizer steps of step 1 (~20 epochs of the 10k-scene train split)
-    # step 2 (BERT_cross with L2): pairs per step, each image scored with every caption (B^2 passes)
+    # step 2 (BERT_cross with L2): pairs per step, every image with every caption
     cross_batch_size: int = 16
     cross_lr: float = 4e-3  # peak AdamW rate of step 2 and of joint training
-    # optimizer steps of step 2 (joint: max_steps + cross_steps, about the two steps' CPU time)
+    # optimizer steps of step 2 (joint: max_steps + cross_steps)
     cross_steps: int = 5000
     warmup_fraction: float = 0.05  # share of each stage's steps warming up; then linear decay to 0
     grad_clip: float = 2.0  # max gradient norm (VSE++)
@@ -108,25 +98,20 @@ class UBERTConfig(CourseConfig):
                 raise ValueError(f"{name} must be one of {options}, got {getattr(self, name)!r}")
 
     def lr_scales(self) -> dict | None:
-        """TrainConfig.lr_scales while BERT_txt trains: the pretrained BERT's is
-        text_encoder_lr_scale."""
+        """TrainConfig.lr_scales: the pretrained BERT_txt's rate scaled by text_encoder_lr_scale."""
         return pretrained_lr_scales("text_tower.", self.text_encoder_lr_scale, self.text_encoder,
                                     "UBERTConfig")
 
 
 def enhanced_similarity(image_intra, text_intra, image_inter, text_inter, alpha: float = 0.5):
-    """Eq. 15, pair by pair: cos(α·I_intra + I_inter, α·T_intra + T_inter). (P, H) x 4 -> (P,).
-    With unit-norm inputs; α -> infinity gives eq. 14's s1."""
+    """Eq. 15, pair by pair, on unit-norm (P, H) inputs -> (P,); α -> infinity gives eq. 14's s1."""
     return F.cosine_similarity(alpha * image_intra + image_inter, alpha * text_intra + text_inter,
                                dim=-1, eps=1e-8)
 
 
 class UBERT(JointEmbedding):
-    """The towers, BERT_cross and the two scores (module docstring). encode_images / encode_texts
-    -> I_intra / T_intra (B, H), unit norm (for the dual-encoder machinery); image_states /
-    text_states add the tokens BERT_cross reads; inter(...) -> (I_inter, T_inter) of aligned pairs;
-    forward -> (I_intra, T_intra) for L1; pair_scores -> (B, B) s2 of a batch's every image and
-    caption, for L2. scan: the trained `SCANModel` cross_towers="scan" reads (a frozen copy)."""
+    """The towers, BERT_cross and the two scores: encode_images / encode_texts -> I_intra / T_intra
+    (B, H); *_states add BERT_cross's tokens; pair_scores -> (B, B) s2. scan: frozen SCAN copy."""
 
     modality = "regions"
 
@@ -138,7 +123,7 @@ class UBERT(JointEmbedding):
                              "scan=scan_model) (UBERTMethod passes its SCAN method's); "
                              "cross_towers='none' takes none")
         H = cfg.hidden
-        # a pretrained BERT_txt brings its own word table (t_i): the course's, unused, is one row
+        # a pretrained BERT_txt brings its own word table: the course's shrinks to one row
         super().__init__(region_dim, 1 if cfg.text_encoder else vocab_size, H, cfg.max_text_length,
                          box_dim, 0 if cfg.text_encoder else pad_token_id)
         self.config = cfg
@@ -161,11 +146,11 @@ class UBERT(JointEmbedding):
 
     # ---- step 2 freezes everything but BERT_cross -------------------------------------------
     def tower_parameters(self):
-        """What stage 1 trains: the embedding tables and both towers (the SCAN copy is frozen)."""
+        """What stage 1 trains: the embedding tables and both towers."""
         return [p for name, p in self.named_parameters() if not name.startswith(STEP_TWO_PARTS)]
 
     def freeze_towers(self) -> UBERT:
-        """Step 2 of §4.3: towers (and their embeddings) fixed, in eval mode even while training."""
+        """Step 2 of §4.3: towers and embeddings fixed, in eval mode even while training."""
         for p in self.tower_parameters():
             p.requires_grad_(False)
         self.towers_frozen = True
@@ -234,8 +219,7 @@ class UBERT(JointEmbedding):
     # ---- stage 2: BERT_cross -----------------------------------------------------------------
     def inter(self, image_tokens, region_mask, text_tokens,
               text_mask) -> tuple[torch.Tensor, torch.Tensor]:
-        """Eq. 10-13 for P aligned pairs: (P, M, H), (P, M), (P, N, H), (P, N) -> I_inter, T_inter
-        (P, H) each, unit norm. Regions first, then tokens, one padding mask over both."""
+        """Eq. 10-13: regions (P, M, H), tokens (P, N, H), masks -> unit I_inter, T_inter (P, H)."""
         M = image_tokens.shape[1]
         x = torch.cat([image_tokens, text_tokens], dim=1)  # (P, M + N, H), eq. 10
         mask = torch.cat([region_mask, text_mask], dim=1)  # (P, M + N)
@@ -250,8 +234,7 @@ class UBERT(JointEmbedding):
         return enhanced_similarity(image[2], text[2], image_inter, text_inter, self.config.alpha)
 
     def pair_scores(self, image, text) -> torch.Tensor:
-        """s2 of every image of a batch (image_states) with every caption (text_states): (B, B),
-        rows images, positives on the diagonal (L2's matrix; B^2 BERT_cross passes)."""
+        """(B, B) s2 of every image with every caption of a batch, positives on the diagonal."""
         B = image[2].shape[0]
         rows = torch.arange(B, device=image[2].device).repeat_interleave(B)  # (B*B,) image of pair
         cols = torch.arange(B, device=image[2].device).repeat(B)  # (B*B,) caption of pair
@@ -259,11 +242,9 @@ class UBERT(JointEmbedding):
 
 
 # ----------------------------------------------------------------------------- cached states
-
 @dataclass
 class UBERTStates:
-    """What stage 2 caches offline for a split: per image and per caption, the tokens BERT_cross
-    reads, their mask and the intra vector. Captions are padded to the split's longest."""
+    """Stage 2's offline cache per image and caption: BERT_cross's tokens, mask and intra vector."""
 
     image_tokens: torch.Tensor  # (N, M, H)
     region_mask: torch.Tensor  # (N, M) bool
@@ -283,12 +264,11 @@ class UBERTStates:
 
 def compute_states(model: UBERT, split, tokenizer, *, batch_size: int = 512,
                    device=None) -> UBERTStates:
-    """Run the towers once over every image and caption of a split (the offline work of stage 2)."""
+    """Run the towers once over a split's images and captions (stage 2's offline work)."""
     images = image_fields(split)
     texts = text_fields(split.captions, tokenizer, model.config.max_text_length)  # (T, L)
     lengths = texts["attention_mask"].sum(1)  # (T,) real tokens, padding on the right
-    # captions in batches of like lengths, each cut to its longest: real captions vary threefold in
-    # length, and the tower's work follows the padded length
+    # captions in batches of like lengths, each cut to its longest
     order = torch.argsort(lengths, descending=True, stable=True)  # (T,)
     parts: dict = {"image": [], "text": []}
     with inference(model, device) as device:
@@ -310,8 +290,7 @@ def compute_states(model: UBERT, split, tokenizer, *, batch_size: int = 512,
 
 def score_cached_pairs(model: UBERT, states: UBERTStates, image_indices, text_indices, *,
                        batch_size: int = 1024, device=None) -> torch.Tensor:
-    """s2 (P,) of the pairs (image_indices[p], text_indices[p]) from cached states: only BERT_cross
-    runs (L_c blocks per pair). The stage-2 scorer of U-BERT's cascade."""
+    """s2 (P,) of the pairs (image_indices[p], text_indices[p]) from cached states."""
     images, texts = checked_pairs(image_indices, text_indices)  # (P,) each
     out = torch.empty(len(images))
     with inference(model, device) as device:
@@ -325,18 +304,15 @@ def score_cached_pairs(model: UBERT, states: UBERTStates, image_indices, text_in
 
 def rescore_candidates(model: UBERT, query: tuple, gallery: tuple,
                        direction: str = "t2i") -> torch.Tensor:
-    """Stage 2 of one query against its K candidates, batched. t2i: query = a caption's (tokens
-    (1, L, H), mask (1, L), T_intra (1, H)), gallery = K images' (K, M, H), (K, M), (K, H); i2t: an
-    image against K captions, the same the other way round. -> (K,). The query's states are
-    expanded (views), so they are computed once whatever K."""
+    """Stage 2 of one query against K candidates -> (K,): query states (1, ...) expanded as views
+    against the gallery's (K, ...); t2i: a caption against images, i2t the other way round."""
     K = gallery[2].shape[0]
     expanded = tuple(s.expand(K, *s.shape[1:]) for s in query)
     return model.s2(gallery, expanded) if direction == "t2i" else model.s2(expanded, gallery)
 
 
 def build_ubert(config: UBERTConfig, split, tokenizer, scan=None) -> UBERT:
-    """A fresh UBERT sized for a split's region features and a tokenizer's vocabulary and [PAD].
-    scan: the trained SCANModel that config.cross_towers="scan" reads."""
+    """A fresh UBERT; scan: the trained SCANModel cross_towers="scan" reads."""
     if not split.has_regions:
         raise ValueError("U-BERT reads detector regions (eq. 2); this split has none. Use a split "
                          "with regions, boxes and region_mask (the synthetic benchmark has them)")
