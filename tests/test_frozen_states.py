@@ -101,3 +101,30 @@ def test_left_padding_is_refused():
     ids, mask = _batch([3])
     with pytest.raises(ValueError, match="right-padded"):
         FrozenStates()(_encoder().bert, ids, mask.flip(1))
+
+
+def test_a_timed_query_reads_its_caption_every_call_as_a_new_one_would():
+    """The clock pauses the memo: a repeated caption must not be timed as a free lookup."""
+    from course_lib.core.frozen_states import FROZEN_STATES
+    from course_lib.core.timing import measure, profile_stages
+
+    encoder = _encoder()
+    reads = []
+    encoder.bert.register_forward_hook(lambda *_: reads.append(1))
+    ids, mask = _batch([6])
+    batch = {"input_ids": ids, "attention_mask": mask}
+    FROZEN_STATES.clear()
+    try:
+        with torch.no_grad():
+            encoder(batch)  # the caption is now kept
+            assert len(reads) == 1
+            encoder(batch)
+            assert len(reads) == 1  # outside a clock: looked up
+            measure(lambda: encoder(batch), warmup=2, repeats=5)
+            assert len(reads) == 1 + 2 + 5
+            profile_stages([("encode", lambda _: encoder(batch))], warmup=1, repeats=3)
+            assert len(reads) == 8 + 2 * (1 + 3)  # the stage and the whole query, each call
+            encoder(batch)
+            assert len(reads) == 16  # the memo is back after the clock
+    finally:
+        FROZEN_STATES.clear()

@@ -3,10 +3,12 @@ Several models hold a copy of the same frozen BERT on real photos (the linear pr
 cross-encoder, U-BERT); without gradients it is a fixed function of the token ids, so
 `FROZEN_STATES(bert, input_ids, attention_mask)` keys each caption's states by the weights'
 fingerprint and its ids. A caption first computed in another batch may differ in the last float
-bits (other padding): the first value is kept."""
+bits (other padding): the first value is kept. A timed query is online work, so the clock
+(core.timing) pauses the memo: a repeated caption costs what a new one does."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from collections import OrderedDict
 
@@ -35,7 +37,7 @@ class FrozenStates:
     """Each caption's last hidden states (length, H), kept per (weights, token ids)."""
 
     def __init__(self, max_bytes: int = FROZEN_STATES_BYTES):
-        self.max_bytes, self.bytes = max_bytes, 0
+        self.max_bytes, self.bytes, self.enabled = max_bytes, 0, True
         self.kept: OrderedDict = OrderedDict()  # (fingerprint, ids) -> (length, H): LRU order
 
     def __call__(self, bert: nn.Module, input_ids: torch.Tensor,
@@ -46,6 +48,8 @@ class FrozenStates:
         if not torch.equal(attention_mask.bool(), positions < lengths[:, None]):
             raise ValueError("FrozenStates reads right-padded batches: every attention_mask row "
                              "must be ones, then zeros")
+        if not self.enabled:
+            return bert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         weights = weights_fingerprint(bert)
         keys = [(weights, tuple(row[:n].tolist())) for row, n in zip(input_ids, lengths.tolist(),
                                                                      strict=True)]
@@ -75,6 +79,15 @@ class FrozenStates:
         while self.bytes > self.max_bytes and len(self.kept) > 1:
             _, dropped = self.kept.popitem(last=False)
             self.bytes -= dropped.numel() * dropped.element_size()
+
+    @contextlib.contextmanager
+    def paused(self):
+        """Within the block every call runs the BERT and keeps nothing."""
+        was, self.enabled = self.enabled, False
+        try:
+            yield self
+        finally:
+            self.enabled = was
 
     def clear(self) -> None:
         self.kept.clear()

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from course_lib.core.frozen_states import FROZEN_STATES
 from course_lib.core.settings import CourseNote
 
 BACKENDS = ("onnx", "jit", "compile", "cuda_graph", "eager")
@@ -84,6 +85,11 @@ class QueryEncoder:
             candidates = (backend,)
         else:
             raise ValueError(f"backend must be 'auto' or one of {BACKENDS}, got {backend!r}")
+        with FROZEN_STATES.paused():  # a graph of the BERT itself, not of the memo's lookups
+            self._choose(candidates)
+
+    def _choose(self, candidates) -> None:
+        """Keep the first candidate backend whose vectors match eager's on every probe."""
         expected = [self._eager(i, m) for i, m in self.probes]
         reasons = []
         for name in candidates:
@@ -101,7 +107,7 @@ class QueryEncoder:
                 reason = f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:200]}"
             reasons.append(f"{name}: {reason}")
             warnings.warn(f"query encoder backend {name!r} skipped ({reason})", CourseNote,
-                          stacklevel=2)
+                          stacklevel=3)  # the caller of QueryEncoder(...)
         raise RuntimeError(f"no query encoder backend works here: {'; '.join(reasons)}")
 
     def __call__(self, ids: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, ...]:

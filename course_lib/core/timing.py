@@ -16,6 +16,7 @@ from functools import partial
 import numpy as np
 import torch
 
+from course_lib.core.frozen_states import FROZEN_STATES
 from course_lib.core.settings import CourseNote, get_device
 
 
@@ -91,17 +92,21 @@ def measure(fn: Callable[[], object], *, warmup: int = 3, repeats: int = 20,
     if not callable(fn):
         raise TypeError("fn must be a callable taking no arguments, e.g. lambda: model(x)")
     device = _resolve_device(device)
-    for _ in range(warmup):
-        fn()
-    with _on(device):
+    with _timed(device):
+        for _ in range(warmup):
+            fn()
         clock = _call_clock(device)
         times_ms = [clock(fn) for _ in range(repeats)]
     return TimingResult.from_times(times_ms, str(device))
 
 
-def _on(device: torch.device):
-    """torch.cuda.device(device) for a CUDA device, else a no-op context."""
-    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+@contextlib.contextmanager
+def _timed(device: torch.device):
+    """The clock's context: a CUDA device made current, and the frozen-states memo paused, so each
+    timed call pays for every caption it reads, as a new query would."""
+    cuda = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+    with FROZEN_STATES.paused(), cuda:
+        yield
 
 
 def _call_clock(device: torch.device) -> Callable[[Callable[[], object]], float]:
@@ -180,11 +185,11 @@ def profile_stages(stages, *, query_fn: Callable[[], object] | None = None, warm
 
     query_fn = query_fn or chain
     device = _resolve_device(device)
-    for _ in range(warmup):
-        chain()
-        query_fn()
     per_stage, whole = [[] for _ in stages], []
-    with _on(device):
+    with _timed(device):
+        for _ in range(warmup):
+            chain()
+            query_fn()
         clock = _call_clock(device)
         for _ in range(repeats):
             clock.last = None
