@@ -270,21 +270,24 @@ def compute_states(model: UBERT, split, tokenizer, *, batch_size: int = 512,
     lengths = texts["attention_mask"].sum(1)  # (T,) real tokens, padding on the right
     # captions in batches of like lengths, each cut to its longest
     order = torch.argsort(lengths, descending=True, stable=True)  # (T,)
-    parts: dict = {"image": [], "text": []}
+    T, L = texts["input_ids"].shape
+    image_parts, text = [], None
     with inference(model, device) as device:
         for start in range(0, split.n_images, batch_size):
             block = image_batch(images, slice(start, start + batch_size))
             block = {k: v.to(device) for k, v in block.items()}
-            parts["image"].append([s.cpu() for s in model.image_states(block)])
+            image_parts.append([s.cpu() for s in model.image_states(block)])
         for start in range(0, split.n_texts, batch_size):
             rows = order[start:start + batch_size]
             block = {k: v[rows, :int(lengths[rows].max())].to(device) for k, v in texts.items()}
             tokens, mask, intra = (s.cpu() for s in model.text_states(block))  # tokens (b, l, H)
-            width = texts["input_ids"].shape[1] - tokens.shape[1]  # zeros up to the split's longest
-            parts["text"].append([F.pad(tokens, (0, 0, 0, width)), F.pad(mask, (0, width)), intra])
-    image = [torch.cat(column) for column in zip(*parts["image"], strict=True)]
-    text = [torch.cat(column)[torch.argsort(order)]  # caption order
-            for column in zip(*parts["text"], strict=True)]
+            if text is None:  # filled in caption order, zero past each batch's longest: no copies
+                text = [tokens.new_zeros(T, L, tokens.shape[-1]), mask.new_zeros(T, L),
+                        intra.new_zeros(T, intra.shape[-1])]  # the full setting's: gigabytes
+            text[0][rows, :tokens.shape[1]] = tokens
+            text[1][rows, :mask.shape[1]] = mask
+            text[2][rows] = intra
+    image = [torch.cat(column) for column in zip(*image_parts, strict=True)]
     return UBERTStates(*image, *text)
 
 
