@@ -65,13 +65,12 @@ def run(*, smoke: bool = False, seed: int = 0, methods=None, out: str | Path = "
     repeats = 5 if smoke else 20
     rows, latency = [], []
     for setting in SETTINGS:
-        split = bench[setting]
-        ks = KS[setting]
-        rows.append(results_row("oracle", setting, split, oracle_ceiling(split, ks), ks, None,
-                                "expected recall, computed from the generator's ground truth"))
-        rows.append(results_row(single_vector.NAME, setting, split,
-                                single_vector.reference_metrics(split, ks), ks, None,
-                                "expected recall, ties broken at random; not trained"))
+        split, ks = bench[setting], KS[setting]
+        rows += [results_row("oracle", setting, split, oracle_ceiling(split, ks), ks, None,
+                             "expected recall, computed from the generator's ground truth"),
+                 results_row(single_vector.NAME, setting, split,
+                             single_vector.reference_metrics(split, ks), ks, None,
+                             "expected recall, ties broken at random; not trained")]
     # each finished method's rows are kept as the run goes, so a rerun continues where it stopped
     partial, key = out / results_io.PARTIAL, results_io.partial_key(smoke, seed, every_pair)
     kept = results_io.read_partial(partial, key)
@@ -133,42 +132,37 @@ def run(*, smoke: bool = False, seed: int = 0, methods=None, out: str | Path = "
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--smoke", action="store_true",
-                        help="tiny sizes (also on when COURSE_SMOKE=1): minutes become seconds")
-    parser.add_argument("--out", default=None,
-                        help="folder for results.json/.md and pareto.png (default: "
-                             "outputs/benchmark, or outputs/benchmark-smoke with --smoke)")
-    parser.add_argument("--checkpoints", default=CHECKPOINTS,
-                        help="folder of cached trained models, shared with the notebooks "
-                             "(default: %(default)s)")
-    parser.add_argument("--retrain", action="store_true",
-                        help="train every model (or load it from --checkpoints) instead of "
-                             "loading the shipped models of shipped_models/ (also on when "
-                             "COURSE_RETRAIN=1)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the data and of every method")
+    add = parser.add_argument
+    add("--smoke", action="store_true",
+        help="tiny sizes (also on when COURSE_SMOKE=1): minutes become seconds")
+    add("--out", default=None, help="folder for results.json/.md and pareto.png (default: "
+        "outputs/benchmark, or outputs/benchmark-smoke with --smoke)")
+    add("--checkpoints", default=CHECKPOINTS,
+        help="folder of cached trained models, shared with the notebooks (default: %(default)s)")
+    add("--retrain", action="store_true",
+        help="train every model (or load it from --checkpoints) instead of loading the shipped "
+             "models of shipped_models/ (also on when COURSE_RETRAIN=1)")
+    add("--seed", type=int, default=0, help="seed of the data and of every method")
     add_jobs_option(parser)
-    parser.add_argument("--methods", default=None,
-                        help="comma-separated subset of the methods to run, e.g. 'vsepp,scan' "
-                             "('' = only the reference rows); default: every method")
-    parser.add_argument("--every-pair", nargs="*", choices=SETTINGS, default=None,
-                        metavar="SETTING",
-                        help="rank every query of these settings, whatever a method's budget "
-                             f"(no names: {' and '.join(EVERY_PAIR_SETTINGS)}; the cross-encoder "
-                             "on test: about 8 min on one CPU thread)")
-    parser.add_argument("--merge", default=None, metavar="RESULTS_JSON",
-                        help="keep the rows of an earlier results.json for every method this run "
-                             "does not run (e.g. --methods of new methods only, --merge "
-                             "outputs/benchmark/results.json)")
-    parser.add_argument("--readme", default=None,
-                        help="also write the test table into this README's results block "
-                             "(README.md), the other tables into docs/results.md beside it and the "
-                             "accuracy-latency picture to docs/pareto.png")
-    parser.add_argument("--replace", action="store_true",
-                        help="overwrite --out's results.json even if it holds methods this run "
-                             "drops, or another mode or seed (without it, such a run stops before "
-                             "any work)")
+    add("--methods", default=None,
+        help="comma-separated subset of the methods to run, e.g. 'vsepp,scan' ('' = only the "
+             "reference rows); default: every method")
+    add("--every-pair", nargs="*", choices=SETTINGS, default=None, metavar="SETTING",
+        help="rank every query of these settings, whatever a method's budget (no names: "
+             f"{' and '.join(EVERY_PAIR_SETTINGS)}; the cross-encoder on test: about 8 min on one "
+             "CPU thread)")
+    add("--merge", default=None, metavar="RESULTS_JSON",
+        help="keep the rows of an earlier results.json for every method this run does not run "
+             "(e.g. --methods of new methods only, --merge outputs/benchmark/results.json)")
+    add("--readme", default=None,
+        help="also write the test table into this README's results block (README.md), the other "
+             "tables into docs/results.md beside it and the accuracy-latency picture to "
+             "docs/pareto.png")
+    add("--replace", action="store_true",
+        help="overwrite --out's results.json even if it holds methods this run drops, or another "
+             "mode or seed (without it, such a run stops before any work)")
     for option in OTHER_COMMANDS:  # accepted only to say which command they belong to
-        parser.add_argument(option, nargs="?", const="", default=None, help=argparse.SUPPRESS)
+        add(option, nargs="?", const="", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     for option, command in OTHER_COMMANDS.items():
         if getattr(args, option[2:].replace("-", "_")) is not None:

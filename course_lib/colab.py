@@ -5,6 +5,7 @@ installed, and points COURSE_REPOSITORY at it."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import json
 import os
@@ -31,11 +32,8 @@ def course_copy(folder=".") -> Path | None:
 def installed_from() -> tuple[str, str | None]:
     """(repository URL, commit) the package was installed from: pip's record of a git install,
     else its Repository address and None (the default branch)."""
-    try:
+    with contextlib.suppress(importlib.metadata.PackageNotFoundError):
         distribution = importlib.metadata.distribution(PACKAGE)
-    except importlib.metadata.PackageNotFoundError:
-        distribution = None
-    if distribution is not None:
         direct = json.loads(distribution.read_text("direct_url.json") or "{}")
         if direct.get("vcs_info", {}).get("vcs") == "git":
             return direct["url"], direct["vcs_info"].get("commit_id")

@@ -114,9 +114,13 @@ DIAGRAMS = {
 }
 
 
-def draw_diagram(spec: dict, ax=None):
-    """Boxes and arrows of a DIAGRAMS spec: each box a rounded patch with its label (gid "box:KEY"),
-    each arrow from one box's centre to the other's, clipped at the edges (gid "arrow:FROM->TO")."""
+def draw_method(name: str, ax=None):
+    """The diagram of one family of methods, a key of DIAGRAMS: each box a rounded patch with its
+    label (gid "box:KEY"), each arrow from one box's centre to the other's, clipped at the edges
+    (gid "arrow:FROM->TO"). Returns the axes."""
+    if name not in DIAGRAMS:
+        raise KeyError(f"no diagram {name!r}; choose from {sorted(DIAGRAMS)}")
+    spec = DIAGRAMS[name]
     boxes = spec["boxes"]
     xs = [x for _, x, _, _ in boxes.values()]
     ys = [y for _, _, y, _ in boxes.values()]
@@ -147,10 +151,3 @@ def draw_diagram(spec: dict, ax=None):
     ax.axis("off")
     ax.set_title(textwrap.fill(spec["title"], 100), fontsize=10)
     return ax
-
-
-def draw_method(name: str, ax=None):
-    """The diagram of one family of methods, a key of DIAGRAMS. Returns the axes."""
-    if name not in DIAGRAMS:
-        raise KeyError(f"no diagram {name!r}; choose from {sorted(DIAGRAMS)}")
-    return draw_diagram(DIAGRAMS[name], ax=ax)

@@ -80,16 +80,12 @@ def query_latency(method, gallery, sizes, smoke: bool, repeats: int, galleries=N
 def results_row(name, setting, split, metrics, ks, ms_per_query, notes, ms_measured=True,
                 ms_spread=(None, None)) -> dict:
     """One row of results.json: sizes, recalls at `ks` and their mean (AR), ms per text query."""
-    row = {"method": name, "setting": setting, "n_images": split.n_images, "n_texts": split.n_texts,
-           "n_text_queries": split.n_text_queries, "n_image_queries": split.n_image_queries}
-    for direction in ("i2t", "t2i"):
-        for k in ks:
-            value = metrics[f"{direction}_r{k}"]
-            row[f"{direction}_r{k}"] = None if value is None else round(float(value), 2)
-    recalls = [row[f"{d}_r{k}"] for d in ("i2t", "t2i") for k in ks]
-    row["ar"] = None if None in recalls else round(float(np.mean(recalls)), 2)
-    row["ms_per_query"] = None if ms_per_query is None else round(float(ms_per_query), 4)
-    row["ms_p25"], row["ms_p75"] = (None if v is None else round(float(v), 4) for v in ms_spread)
-    row["ms_measured"] = bool(ms_measured)
-    row["notes"] = notes
-    return row
+    keys = [f"{d}_r{k}" for d in ("i2t", "t2i") for k in ks]
+    recalls = [None if metrics[key] is None else round(float(metrics[key]), 2) for key in keys]
+    ms, p25, p75 = (None if v is None else round(float(v), 4) for v in (ms_per_query, *ms_spread))
+    return {"method": name, "setting": setting, "n_images": split.n_images,
+            "n_texts": split.n_texts, "n_text_queries": split.n_text_queries,
+            "n_image_queries": split.n_image_queries, **dict(zip(keys, recalls, strict=True)),
+            "ar": None if None in recalls else round(float(np.mean(recalls)), 2),
+            "ms_per_query": ms, "ms_p25": p25, "ms_p75": p75, "ms_measured": bool(ms_measured),
+            "notes": notes}

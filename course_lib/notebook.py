@@ -92,9 +92,8 @@ def skip_remaining_cells(reason: str) -> None:
     except ImportError:
         return
     shell = get_ipython()
-    if shell is None:
-        return
-    shell.input_transformers_cleanup.append(lambda lines: ["pass\n"])  # the cells run after this
+    if shell is not None:  # the cells run after this
+        shell.input_transformers_cleanup.append(lambda lines: ["pass\n"])
 
 
 def chance_recall(n_candidates: int, k: int = 1, n_relevant: int = 1) -> float:

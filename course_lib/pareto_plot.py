@@ -67,15 +67,13 @@ def _place_once(order, sizes, centres, frame, px_per_pt, marker_px):
 
 def _violations(boxes, centres) -> list[int]:
     """Labels that overlap another label or sit nearer another marker than their own."""
-    boxes = np.array(boxes)
-    bad = set()
+    boxes, bad = np.array(boxes), []
     for k in range(len(boxes)):
-        if _overlaps(boxes[k:k + 1], np.delete(boxes, k, axis=0))[0]:
-            bad.add(k)
         distances = _box_distances(centres, boxes[k:k + 1])[0]
-        if (np.delete(distances, k) <= distances[k]).any():
-            bad.add(k)
-    return sorted(bad)
+        if (_overlaps(boxes[k:k + 1], np.delete(boxes, k, axis=0))[0]
+                or (np.delete(distances, k) <= distances[k]).any()):
+            bad.append(k)
+    return bad
 
 
 def place_labels(ax, points, labels, *, fontsize: float = 7, marker_px: float = 5.0,
@@ -154,12 +152,9 @@ def _draw_pareto(rows, *, setting: str, metric: str, ax, title, colors, front: b
         ms = [r["ms_per_query"] for r in timed]
         # published rows get a column of their own at the right
         ax.set_xlim(min(ms) / 2.5, max(ms) * (400 if papers else 4))
-    for r in rows:
-        if r.get("ms_per_query"):
-            continue
+    for r in [r for r in rows if not r.get("ms_per_query")]:  # the untimed references
         kind = "ceiling" if r["method"] == "oracle" else "reference"
-        top = ax.get_ylim()[1]
-        if timed and r[metric] > top:  # above every method: an arrow at the top edge says where
+        if timed and r[metric] > ax.get_ylim()[1]:  # above every method: an arrow at the top edge
             ax.annotate(f"{r['method']} {r[metric]:.1f} ({kind}) \u2191", xy=(0.99, 0.99),
                         xycoords="axes fraction", ha="right", va="top", fontsize=7, color="grey")
         else:

@@ -150,18 +150,13 @@ def chance_metrics(split, ks=(1, 5, 10)) -> dict:
                                                for c in per_image])) for k in ks}
 
 
-def real_reference_rows(split, setting: str) -> list[dict]:
-    """The untrained row of a real-data setting: chance (real data has no oracle)."""
-    ks = KS[setting]
-    return [results_row("chance", setting, split, chance_metrics(split, ks), ks, None,
-                        "expected recall of a random ranking; not trained")]
-
-
 def evaluate_real(methods, bench: dict, smoke: bool = False, seed: int = 0, progress: bool = True,
                   setting_names=SETTINGS) -> list[dict]:
     """The results rows: chance, then every method's recalls and ms per query on every setting."""
     repeats = 5 if smoke else 20
-    rows = [row for name in setting_names for row in real_reference_rows(bench[name], name)]
+    rows = [results_row("chance", name, bench[name], chance_metrics(bench[name], KS[name]),
+                        KS[name], None, "expected recall of a random ranking; not trained")
+            for name in setting_names]
     for done, method in enumerate(tqdm(methods, desc="evaluating", disable=not progress)):
         release_finished(methods, done)
         for setting in setting_names:
@@ -230,27 +225,25 @@ def run_features(features_dir, out="outputs/benchmark-real", text_encoder: str =
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--features", required=True, metavar="DIR",
-                        help="a feature folder written by data_scripts/extract_features.py, "
-                             "every split of it (train, val and test)")
-    parser.add_argument("--out", default=None,
-                        help="folder for results.json/.md, pareto.png and curves.png (default: "
-                             "outputs/benchmark-real, or outputs/benchmark-real-smoke with "
-                             "--smoke)")
-    parser.add_argument("--checkpoints", default=CHECKPOINTS, help="folder of cached trained "
-                        "models, shared with lesson 08 (default: %(default)s)")
-    parser.add_argument("--seed", type=int, default=0,
-                        help="seed of every method and of the sampled queries")
-    parser.add_argument("--smoke", action="store_true",
-                        help="the first few photos of each split and tiny models (also on when "
-                             "COURSE_SMOKE=1): the same code path in minutes")
-    parser.add_argument("--text-encoder", default=MINILM_NAME, metavar="NAME_OR_FOLDER",
-                        help="the pretrained text encoder the text side starts from (default: "
-                             "the offline %(default)s; on Colab e.g. bert-base-uncased)")
-    parser.add_argument("--readme", default=None,
-                        help="also write the test table into this README's real-results block, "
-                             "the full setting into docs/results.md's beside it and the frontier "
-                             "picture to docs/pareto-real.png")
+    add = parser.add_argument
+    add("--features", required=True, metavar="DIR",
+        help="a feature folder written by data_scripts/extract_features.py, every split of it "
+             "(train, val and test)")
+    add("--out", default=None,
+        help="folder for results.json/.md, pareto.png and curves.png (default: "
+             "outputs/benchmark-real, or outputs/benchmark-real-smoke with --smoke)")
+    add("--checkpoints", default=CHECKPOINTS,
+        help="folder of cached trained models, shared with lesson 08 (default: %(default)s)")
+    add("--seed", type=int, default=0, help="seed of every method and of the sampled queries")
+    add("--smoke", action="store_true",
+        help="the first few photos of each split and tiny models (also on when COURSE_SMOKE=1): "
+             "the same code path in minutes")
+    add("--text-encoder", default=MINILM_NAME, metavar="NAME_OR_FOLDER",
+        help="the pretrained text encoder the text side starts from (default: the offline "
+             "%(default)s; on Colab e.g. bert-base-uncased)")
+    add("--readme", default=None,
+        help="also write the test table into this README's real-results block, the full setting "
+             "into docs/results.md's beside it and the frontier picture to docs/pareto-real.png")
     args = parser.parse_args(argv)
     smoke = args.smoke or settings.smoke_mode()
     out = Path(args.out or "outputs/benchmark-real" + ("-smoke" if smoke else ""))
@@ -269,10 +262,9 @@ def main(argv=None) -> dict:
 
 
 __all__ = ["chance_metrics", "training_curves", "fit_real_methods", "real_methods", "real_sizes",
-           "real_reference_rows", "evaluate_real", "smoke_bench", "run_features", "main",
-           "REAL_METHODS", "FUSED", "FUSED_TOP_M", "FUSED_WEIGHT", "SMOKE_STEPS", "WORD_METHODS",
-           "WORD_MIN_FREQ", "SETTINGS", "KS", "NO_ORACLE", "REFERENCE_NOTES", "REAL_PAIR_CAP",
-           "SMOKE_PHOTOS"]
+           "evaluate_real", "smoke_bench", "run_features", "main", "REAL_METHODS", "FUSED",
+           "FUSED_TOP_M", "FUSED_WEIGHT", "SMOKE_STEPS", "WORD_METHODS", "WORD_MIN_FREQ",
+           "SETTINGS", "KS", "NO_ORACLE", "REFERENCE_NOTES", "REAL_PAIR_CAP", "SMOKE_PHOTOS"]
 
 
 if __name__ == "__main__":

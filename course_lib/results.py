@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+from functools import partial
 from pathlib import Path
 
 from course_lib.core.settings import describe_environment
@@ -42,9 +43,7 @@ def partial_key(smoke: bool, seed: int, every_pair: tuple[str, ...]) -> dict:
 
 def save_partial(path: Path, key: dict, finished: dict) -> None:
     """Keep the finished methods' rows (method -> {"rows", "latency"}) for a rerun with this key."""
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(json.dumps({"key": key, "methods": finished}))
-    os.replace(temporary, path)
+    _write_together({path: json.dumps({"key": key, "methods": finished})})
 
 
 def read_partial(path: Path, key: dict) -> dict:
@@ -74,7 +73,7 @@ def cascade_timing_problems(methods, rows) -> str | None:
     chains = [m for m in methods if getattr(m, "stages", None) and getattr(m, "top_ms", None)]
     for a in chains:  # the same stages keeping fewer candidates cannot cost more
         for b in chains:
-            same = [s.name for s in a.stages] == [s.name for s in b.stages] and a is not b
+            same = [s.name for s in a.stages] == [s.name for s in b.stages]
             fewer = same and all(x <= y for x, y in zip(a.top_ms, b.top_ms, strict=True))
             if not (fewer and a.top_ms != b.top_ms):
                 continue
@@ -93,19 +92,25 @@ def cascade_timing_problems(methods, rows) -> str | None:
 def write_outputs(results: dict, out: Path) -> None:
     """results.json, results.md, pareto.png (and curves.png) into `out`, all or nothing."""
     out = Path(out)
-    staged = {out / name: out / temporary for name, temporary in (
-        ("results.json", ".results.json.tmp"), ("results.md", ".results.md.tmp"),
-        ("pareto.png", ".pareto.tmp.png"))}
+    files = {out / "results.json": json.dumps(results, indent=2),
+             out / "results.md": results_markdown(results),
+             out / "pareto.png": partial(_save_pareto, results["rows"],
+                                         published=results.get("published"))}
     if results.get("curves"):  # a real-data run: its learning curves too
-        staged[out / "curves.png"] = out / ".curves.tmp.png"
+        files[out / "curves.png"] = partial(_save_curves, results["curves"])
+    _write_together(files)
+
+
+def _write_together(files: dict) -> None:
+    """{path: its text, or a function that writes it to a given path}: every file written under a
+    temporary name, then all moved into place (atomic on one file system), or none."""
+    staged = {final: final.with_name(f".{final.stem}.tmp{final.suffix}") for final in files}
     try:
-        staged[out / "results.json"].write_text(json.dumps(results, indent=2))
-        staged[out / "results.md"].write_text(results_markdown(results))
-        _save_pareto(results["rows"], staged[out / "pareto.png"], results.get("published"))
-        if out / "curves.png" in staged:
-            _save_curves(results["curves"], staged[out / "curves.png"])
+        for final, content in files.items():
+            write = content if callable(content) else partial(Path.write_text, data=content)
+            write(staged[final])
         for final, temporary in staged.items():
-            os.replace(temporary, final)  # atomic on one file system
+            os.replace(temporary, final)
     finally:
         for temporary in staged.values():
             temporary.unlink(missing_ok=True)
@@ -186,8 +191,7 @@ def results_markdown(results: dict, settings=SETTINGS, extras: bool = True) -> s
     meta = results["meta"]
     lines = [f"Mode `{meta['mode']}`, seed {meta['seed']}, device `{meta['device']}`, torch "
              f"{meta['torch']}, {meta['seconds']} s in all.", ""]
-    if meta.get("merged"):
-        merged = meta["merged"]
+    if merged := meta.get("merged"):
         lines[0] = lines[0][:-1] + (f" for the methods it ran; the rows of "
                                     f"{', '.join(merged['methods'])} come from an earlier run of "
                                     f"the same mode and seed ({merged['seconds']} s).")
@@ -329,17 +333,10 @@ def update_readme(results: dict | None, readme: str | Path, check_only: bool = F
     if check_only:
         return
     body = {readme: readme_markdown(results), doc: docs_markdown(results)}
-    staged = {path: path.with_name(f".{path.name}.tmp") for path in (readme, doc)}
-    staged[picture] = picture.with_name(f".{picture.stem}.tmp.png")
-    try:
-        for path, (head, tail) in parts.items():
-            staged[path].write_text(f"{head}{start}\n{body[path]}{end}{tail}")
-        _save_pareto(results["rows"], staged[picture], results.get("published"))
-        for final, temporary in staged.items():
-            os.replace(temporary, final)
-    finally:
-        for temporary in staged.values():
-            temporary.unlink(missing_ok=True)
+    files = {path: f"{head}{start}\n{body[path]}{end}{tail}"
+             for path, (head, tail) in parts.items()}
+    files[picture] = partial(_save_pareto, results["rows"], published=results.get("published"))
+    _write_together(files)
 
 
 def _save_curves(curves: dict, path: Path) -> None:

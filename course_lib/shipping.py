@@ -200,9 +200,8 @@ def refresh(folder=shipped.SHIPPED_MODELS, checkpoints=CHECKPOINTS, methods=None
 def _same_config(method: Method, old: dict, new: dict) -> bool:
     """Whether two manifest configs describe the same model: a field the old one leaves out counts
     at its default; one only the old one has is ignored (the probe decides)."""
-    default = config_fields(type(method.config)())
-    new = json.loads(json.dumps(new))  # as the manifest gives it back (a tuple reads back a list)
-    default = json.loads(json.dumps(default))
+    # both as the manifest gives them back (a tuple reads back a list)
+    new, default = json.loads(json.dumps([new, config_fields(type(method.config)())]))
     return all(old.get(k, default.get(k)) == value for k, value in new.items())
 
 

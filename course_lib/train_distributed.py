@@ -111,9 +111,8 @@ def main(argv: list[str] | None = None) -> dict | None:
         seconds = time.perf_counter() - start
         own_cpu = {"cpu": time.process_time() - cpu_start}
         cpu = distributed.mean_over_ranks(own_cpu, trainer.device)["cpu"] * world
-        summary = None
-        if distributed.is_main_process():
-            summary = _summary(args, trainer, bench, tokenizer, seconds, cpu)
+        summary = (_summary(args, trainer, bench, tokenizer, seconds, cpu)
+                   if distributed.is_main_process() else None)
         distributed.barrier()  # the others wait for rank 0's evaluation: all leave the group as one
         return summary
     finally:

@@ -56,8 +56,7 @@ def _models(spec: LaneSpec, data=None):
     """(bench, tokenizer, own models) for spec, in the same order in every process."""
     bench, tokenizer = data or benchmark_data(spec.smoke, spec.seed)
     names = None if spec.names is None else list(spec.names)
-    methods = available_methods(spec.seed, spec.smoke, names=names)
-    return bench, tokenizer, own_models(methods)
+    return bench, tokenizer, own_models(available_methods(spec.seed, spec.smoke, names=names))
 
 
 def recorded_cpu_seconds(method, bench, tokenizer, folder=None) -> float:
@@ -102,10 +101,9 @@ def plan(models, bench, tokenizer, checkpoints=None) -> tuple[list[int], dict[in
         stem = stem and stem.file_name
         if stem is None or (checkpoints is not None and (Path(checkpoints) / stem).exists()):
             continue
-        if stem in first_with_stem:
-            needs[i].add(first_with_stem[stem])
-        else:
-            first_with_stem[stem] = i
+        first = first_with_stem.setdefault(stem, i)
+        if first != i:
+            needs[i].add(first)
     path = {}  # a model's cost plus the longest chain of models waiting for it (its critical path)
 
     def path_from(i: int) -> float:

@@ -197,13 +197,16 @@ class TransformerTextEncoder(nn.Module):
     def forward(self, batch: dict, return_layers: bool = False) -> EncoderOutput:
         input_ids, mask = batch["input_ids"], batch["attention_mask"].bool()  # (B, T)
         T = input_ids.shape[1]
-        if T > self.max_length:
-            raise ValueError(f"texts of {T} tokens, but this encoder has {self.max_length} "
-                             "positions: tokenise with a smaller max_length or build it with a "
-                             "larger max_length")
+        _check_positions(T, self.max_length, "encoder")
         positions = torch.arange(T, device=input_ids.device)  # (T,)
         x = self.norm(self.word(input_ids) + self.position(positions))  # (B, T, H)
         return _transformer_output(self.transformer, self.dropout(x), mask, return_layers)
+
+
+def _check_positions(T: int, limit: int, what: str) -> None:
+    if T > limit:
+        raise ValueError(f"texts of {T} tokens, but this {what} has {limit} positions: tokenise "
+                         "with a smaller max_length or build it with a larger max_length")
 
 
 def _bert_without_pooler(name: str, **kwargs):
@@ -280,11 +283,7 @@ class BertTextEncoder(nn.Module):
 
     def forward(self, batch: dict) -> EncoderOutput:
         input_ids, attention_mask = batch["input_ids"], batch["attention_mask"]  # (B, T)
-        limit = self.bert.config.max_position_embeddings
-        if input_ids.shape[1] > limit:
-            raise ValueError(f"texts of {input_ids.shape[1]} tokens, but this BERT has {limit} "
-                             "positions: tokenise with a smaller max_length or build it with a "
-                             "larger max_length")
+        _check_positions(input_ids.shape[1], self.bert.config.max_position_embeddings, "BERT")
         if self.is_frozen() and not torch.is_grad_enabled():  # a fixed function of the ids
             states = FROZEN_STATES(self.bert, input_ids, attention_mask)  # (B, T, H)
         else:

@@ -66,19 +66,16 @@ class FrozenStates:
         out = first.new_zeros(*input_ids.shape, first.shape[-1])  # (B, T, H)
         for i, key in enumerate(keys):
             out[i, :len(key[1])] = found[key]
-        for key, states in found.items():
-            self._keep(key, states)
+        for key, states in found.items():  # kept, or made the most recently used
+            if key in self.kept:
+                self.kept.move_to_end(key)
+                continue
+            self.kept[key] = states
+            self.bytes += states.numel() * states.element_size()
+            while self.bytes > self.max_bytes and len(self.kept) > 1:
+                _, dropped = self.kept.popitem(last=False)
+                self.bytes -= dropped.numel() * dropped.element_size()
         return out
-
-    def _keep(self, key, states: torch.Tensor) -> None:
-        if key in self.kept:
-            self.kept.move_to_end(key)
-            return
-        self.kept[key] = states
-        self.bytes += states.numel() * states.element_size()
-        while self.bytes > self.max_bytes and len(self.kept) > 1:
-            _, dropped = self.kept.popitem(last=False)
-            self.bytes -= dropped.numel() * dropped.element_size()
 
     @contextlib.contextmanager
     def paused(self):

@@ -87,8 +87,6 @@ def distillation_loss(student_scores: torch.Tensor, teacher_scores: torch.Tensor
 
 
 class HingeTripletLoss(nn.Module):
-    """`hinge_triplet_loss` with its margin and max_violation held by the module."""
-
     def __init__(self, margin: float = 0.2, max_violation: bool = True):
         super().__init__()
         self.margin, self.max_violation = margin, max_violation
@@ -130,8 +128,6 @@ class ContrastiveLoss(nn.Module):
 
 
 class DistillationLoss(nn.Module):
-    """`distillation_loss` with its temperature and reduction held by the module."""
-
     def __init__(self, tau: float = 1.0, reduction: str = "mean"):
         super().__init__()
         self.tau, self.reduction = tau, reduction
@@ -177,8 +173,6 @@ def joint_nce_loss(scores: torch.Tensor, reduction: str = "mean") -> torch.Tenso
 
 
 class JointNCELoss(nn.Module):
-    """`joint_nce_loss` with its reduction held by the module."""
-
     def __init__(self, reduction: str = "mean"):
         super().__init__()
         self.reduction = reduction

@@ -54,9 +54,7 @@ def _as_tensor(sims) -> torch.Tensor:
 def _check_txt2img(txt2img, n_images: int, n_texts: int,
                    every_image_captioned: bool = True) -> np.ndarray:
     """`txt2img` as an int64 numpy vector, after checking it can index the gallery."""
-    if isinstance(txt2img, torch.Tensor):
-        txt2img = txt2img.detach().cpu().numpy()
-    txt2img = np.asarray(txt2img)
+    txt2img = np.asarray(txt2img.detach().cpu() if torch.is_tensor(txt2img) else txt2img)
     if txt2img.ndim != 1 or not np.issubdtype(txt2img.dtype, np.integer):
         raise ValueError(
             f"txt2img must be a 1-D integer array (the image index of each text), got shape "
@@ -217,7 +215,6 @@ def retrieval_metrics(sims, txt2img, ks: Sequence[int] = (1, 5, 10), *,
     """{i2t_r{k}, t2i_r{k} (percent), i2t_medr, t2i_medr, i2t_meanr, t2i_meanr, rsum, ar} of sims
     (n_images, n_texts), numpy or torch; every image needs >= 1 caption. t2i_sims: other scores
     of the same shape for text->image (a two-stage method re-ranks each direction apart)."""
-    ks = _check_ks(ks)
     i2t, t2i = retrieval_ranks(sims, txt2img, chunk_size=chunk_size, query_texts=query_texts,
                                query_images=query_images)
     if t2i_sims is not None:

@@ -205,23 +205,21 @@ def _inner_product_code_table(pq: faiss.ProductQuantizer) -> None:
 def search(index: faiss.Index, queries, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Top-k per query (Q, E) or (E,): (scores (Q, k) float32, indices (Q, k) int64), best first.
     k is capped at the index size (not FAISS's padding of -1 indices)."""
-    if not isinstance(k, (int, np.integer)) or k < 1:
-        raise ValueError(f"k must be an integer >= 1, got {k!r}")
+    k = _positive_int("k", k)
     if index.ntotal == 0:
         raise ValueError("the index is empty: add the gallery first (build_index does)")
     q = as_float32_matrix(queries, "queries")  # (Q, E)
     if q.shape[1] != index.d:
         raise ValueError(f"queries have dimension {q.shape[1]} but the index holds {index.d}-d "
                          "vectors; encode them with the same model (and projection)")
-    return index.search(q, min(int(k), index.ntotal))  # (Q, k), (Q, k)
+    return index.search(q, min(k, index.ntotal))  # (Q, k), (Q, k)
 
 
 def brute_force_topk(gallery: torch.Tensor, queries: torch.Tensor,
                      k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The exact top-k by inner product with torch, the reference: gallery (N, E), queries (Q, E)
     or (E,) -> (scores (Q, k), indices (Q, k)), k capped at N. Builds the whole (Q, N) matrix."""
-    if not isinstance(k, (int, np.integer)) or k < 1:
-        raise ValueError(f"k must be an integer >= 1, got {k!r}")
+    k = _positive_int("k", k)
     gallery, queries = torch.as_tensor(gallery), torch.as_tensor(queries)
     queries = queries.unsqueeze(0) if queries.dim() == 1 else queries  # (Q, E)
     if gallery.dim() != 2 or queries.dim() != 2 or gallery.shape[1] != queries.shape[1]:
@@ -230,7 +228,7 @@ def brute_force_topk(gallery: torch.Tensor, queries: torch.Tensor,
     if len(gallery) == 0:
         raise ValueError("cannot search an empty gallery (0 embeddings)")
     scores = queries.float() @ gallery.float().T  # (Q, N)
-    return torch.topk(scores, min(int(k), len(gallery)), dim=1)  # sorted, largest first
+    return torch.topk(scores, min(k, len(gallery)), dim=1)  # sorted, largest first
 
 
 def set_search_params(index: faiss.Index, *, nprobe: int | None = None,

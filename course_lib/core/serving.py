@@ -90,7 +90,8 @@ class QueryEncoder:
 
     def _choose(self, candidates) -> None:
         """Keep the first candidate backend whose vectors match eager's on every probe."""
-        expected = [self._eager(i, m) for i, m in self.probes]
+        feed, run, host = self._build_eager()
+        expected = [host(run(feed(i, m))) for i, m in self.probes]
         reasons = []
         for name in candidates:
             try:
@@ -120,10 +121,6 @@ class QueryEncoder:
     def _torch_host(outputs) -> tuple[np.ndarray, ...]:
         return tuple(o.float().cpu().numpy() for o in outputs)  # no copies for float32 CPU outputs
 
-    def _eager(self, ids, mask):
-        with torch.inference_mode():
-            return self._torch_host(self.module.to(self.device)(*self._torch_feed(ids, mask)))
-
     def _build_eager(self):
         module = self.module.to(self.device)
         run = torch.inference_mode()(lambda inputs: module(*inputs))
@@ -150,8 +147,7 @@ class QueryEncoder:
         graph = io.BytesIO()
         with torch.inference_mode(False), torch.no_grad(), _quiet():
             ids, mask = (torch.from_numpy(a) for a in self.probes[0])
-            n_out = len(self.module.cpu()(ids, mask))
-            names = [f"out{i}" for i in range(n_out)]
+            names = [f"out{i}" for i in range(len(self.module.cpu()(ids, mask)))]
             torch.onnx.export(self.module.cpu(), (ids, mask), graph, dynamo=False,
                               input_names=["input_ids", "attention_mask"], output_names=names,
                               dynamic_axes={"input_ids": {1: "T"}, "attention_mask": {1: "T"}})
@@ -162,11 +158,8 @@ class QueryEncoder:
         with _quiet():
             session = onnxruntime.InferenceSession(graph.getvalue(), options,
                                                    providers=["CPUExecutionProvider"])
-
-        def feed(ids, mask):
-            return {"input_ids": ids, "attention_mask": mask}
-
-        return feed, lambda inputs: session.run(None, inputs), tuple
+        return (lambda ids, mask: {"input_ids": ids, "attention_mask": mask},
+                lambda inputs: session.run(None, inputs), tuple)
 
     def _build_cuda_graph(self):
         """One CUDA graph per caption length T, captured on first use: one replay launches the

@@ -179,8 +179,7 @@ def describe_environment() -> dict[str, str]:
         info["cpu_threads"] = str(torch.get_num_threads())
     for name in ("timm", "transformers", "tokenizers", "faiss"):
         try:
-            module = __import__(name)
-            info[name] = getattr(module, "__version__", "?")
+            info[name] = getattr(__import__(name), "__version__", "?")
         except ImportError:
             info[name] = "not installed"
     return info

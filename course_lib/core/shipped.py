@@ -73,17 +73,11 @@ def file_sha256(path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def _plain(history):
-    """A History (or a dict of them, one per stage) as lists and dicts, for weights_only loads."""
+def _each_history(history, convert):
+    """convert(rows) of a history, or of each in a dict of them (one per stage); None stays."""
     if isinstance(history, dict):
-        return {stage: _plain(rows) for stage, rows in history.items()}
-    return None if history is None else [dict(row) for row in history]
-
-
-def _history(plain):
-    if isinstance(plain, dict):
-        return {stage: _history(rows) for stage, rows in plain.items()}
-    return None if plain is None else History(plain)
+        return {stage: _each_history(rows, convert) for stage, rows in history.items()}
+    return None if history is None else convert(history)
 
 
 def _half(tensor: torch.Tensor) -> torch.Tensor:
@@ -103,8 +97,9 @@ def shipped_weights(model: nn.Module) -> dict:
 
 def _payload(model: nn.Module, history) -> bytes:
     buffer = io.BytesIO()
-    state = shipped_weights(model)
-    torch.save({"format": SHIPPED_FORMAT, "model": state, "history": _plain(history)}, buffer)
+    plain = _each_history(history, lambda rows: [dict(row) for row in rows])  # weights_only loads
+    torch.save({"format": SHIPPED_FORMAT, "model": shipped_weights(model), "history": plain},
+               buffer)
     return buffer.getvalue()
 
 
@@ -115,7 +110,7 @@ def load_shipped(path, model: nn.Module):
         raise ValueError(f"{path} is not a shipped model (format {SHIPPED_FORMAT!r})")
     check_model_state(model, ckpt["model"], f"shipped model {str(path)!r}")
     model.load_state_dict(ckpt["model"])
-    return _history(ckpt["history"])
+    return _each_history(ckpt["history"], History)
 
 
 def stale_reasons(expected: dict, entry: dict | None) -> list[str]:
@@ -133,14 +128,11 @@ def stale_reasons(expected: dict, entry: dict | None) -> list[str]:
             for k in changed))
     if entry.get("data") != expected["data"]:
         reasons.append("its training data or vocabulary changed")
-    if entry.get("starts_from") != expected["starts_from"]:
-        reasons.append(f"a model it starts from changed (shipped {entry.get('starts_from')}, now "
-                       f"{expected['starts_from']})")
-    if entry.get("version") != expected["version"]:
-        reasons.append(f"its format version changed ({entry.get('version')}, now "
-                       f"{expected['version']})")
-    if entry.get("format") != expected["format"]:
-        reasons.append(f"MODEL_FORMAT changed ({entry.get('format')}, now {expected['format']})")
+    for key, what in (("starts_from", "a model it starts from changed (shipped "),
+                      ("version", "its format version changed ("),
+                      ("format", "MODEL_FORMAT changed (")):
+        if entry.get(key) != expected[key]:
+            reasons.append(f"{what}{entry.get(key)}, now {expected[key]})")
     return reasons
 
 

@@ -124,12 +124,9 @@ def _call_clock(device: torch.device) -> Callable[[Callable[[], object]], float]
             return start.elapsed_time(end)
 
         return clock
-    if device.type == "mps":
-        sync = torch.mps.synchronize
-    elif torch.cuda.is_available() and torch.cuda.is_initialized():
-        sync = torch.cuda.synchronize
-    else:
-        sync = None
+    sync = (torch.mps.synchronize if device.type == "mps"
+            else torch.cuda.synchronize if torch.cuda.is_available() and torch.cuda.is_initialized()
+            else None)
 
     def clock(fn) -> float:
         if sync:
@@ -248,9 +245,8 @@ def latency_vs_gallery(make_fn: Callable[[int], Callable[[], object]], sizes: Se
             f"{max_measured}, got {timed}; add smaller sizes or raise max_measured")
     rows = []
     for n in timed:
-        fn = make_fn(n)
-        result = measure(fn, warmup=warmup, repeats=repeats, device=device)
-        del fn  # let a large gallery go before building the next one
+        # make_fn(n) is let go on return: a large gallery goes before the next one is built
+        result = measure(make_fn(n), warmup=warmup, repeats=repeats, device=device)
         rows.append({"n": n, "ms_per_query": result.median_ms / per, "measured": True,
                      "p10_ms": result.p10_ms / per, "p90_ms": result.p90_ms / per,
                      "p25_ms": result.p25_ms / per, "p75_ms": result.p75_ms / per})

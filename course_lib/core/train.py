@@ -215,19 +215,15 @@ class Trainer:
         finally:
             bar.close()
             batches.close()  # shuts down DataLoader workers now, not at garbage collection
-        if self.step == cfg.max_steps and self.best is not None:
-            self._restore_best()
+        if self.step == cfg.max_steps and self.best is not None:  # keep_best: its weights win
+            self.model.load_state_dict(self.best["model"])
+            self.history.append({"step": self.step, "kept_step": self.best["step"],
+                                 f"kept_{cfg.keep_best}": self.best["value"]})
+            self.best = None  # the model holds them now: a finished checkpoint needs no second copy
         if path:
             self.save_checkpoint(path)
             barrier()  # no process reads the checkpoint before rank 0 has written it
         return self.history
-
-    def _restore_best(self) -> None:
-        """keep_best: the best evaluation's weights replace the last step's."""
-        self.model.load_state_dict(self.best["model"])
-        self.history.append({"step": self.step, "kept_step": self.best["step"],
-                             f"kept_{self.config.keep_best}": self.best["value"]})
-        self.best = None  # the model holds them now: a finished checkpoint needs no second copy
 
     def _train_step(self, batches) -> None:
         cfg, sums = self.config, {}
@@ -318,8 +314,7 @@ class Trainer:
             raise ValueError("no path given and config.checkpoint_path is None")
         if self.rank != 0:
             return
-        state = self.state_dict()
-        write_atomically(path, lambda temporary: torch.save(state, temporary))
+        write_atomically(path, lambda temporary: torch.save(self.state_dict(), temporary))
 
     def load_checkpoint(self, path: str) -> None:
         """Restore the state `save_checkpoint` wrote (then `fit()` continues)."""

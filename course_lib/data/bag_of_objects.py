@@ -22,15 +22,14 @@ def kind_of(shape, color, size) -> np.ndarray:
             + np.asarray(size, np.int64))
 
 
-def _matching_kinds(shape, color, size) -> np.ndarray:
-    """(T, N_KINDS) bool: the object kinds each partial description (-1 = any) matches."""
-    s, c, z = np.meshgrid(np.arange(len(SHAPES)), np.arange(len(COLORS)), np.arange(len(SIZES)),
-                          indexing="ij")
-    s, c, z = (a.reshape(-1) for a in (s, c, z))  # (N_KINDS,) in kind_of order
-
-    def match(wanted, values):
-        return (np.asarray(wanted)[:, None] < 0) | (np.asarray(wanted)[:, None] == values)
-    return match(shape, s[None, :]) & match(color, c[None, :]) & match(size, z[None, :])
+def _spread(shape, color, size) -> np.ndarray:
+    """(T, N_KINDS) float32: a weight of 1 spread evenly over the object kinds each partial
+    description (-1 = any) matches."""
+    kinds = np.stack(np.meshgrid(np.arange(len(SHAPES)), np.arange(len(COLORS)),
+                                 np.arange(len(SIZES)), indexing="ij")).reshape(3, 1, -1)
+    wanted = np.stack([shape, color, size]).astype(np.int64)[:, :, None]  # (3, T, 1)
+    match = ((wanted < 0) | (wanted == kinds)).all(axis=0).astype(np.float32)  # kind_of order
+    return match / np.maximum(match.sum(axis=1, keepdims=True), 1.0)
 
 
 def vector_width(max_objects: int) -> int:
@@ -53,17 +52,14 @@ def text_vectors(meanings: Meanings, max_objects: int) -> np.ndarray:
     """(T, D) float32: each named object's weight of 1 spread over the kinds it matches."""
     t, width = len(meanings), vector_width(max_objects)
     out = np.zeros((t, width), dtype=np.float32)
-    a = _matching_kinds(meanings.a_shape, meanings.a_color,
-                        meanings.a_size).astype(np.float32)  # (T, K)
-    a /= np.maximum(a.sum(axis=1, keepdims=True), 1.0)
+    a = _spread(meanings.a_shape, meanings.a_color, meanings.a_size)  # (T, K)
     placed = meanings.place >= 0
     out[~placed, :N_KINDS] += a[~placed]
     rows = np.flatnonzero(placed)
     places = out[:, N_KINDS:N_KINDS * (1 + N_CELLS)].reshape(t, N_KINDS, N_CELLS)  # a view into out
     places[rows, :, meanings.place[rows].astype(np.int64)] += a[rows]
     has_b = meanings.has_b
-    b = _matching_kinds(meanings.b_shape, meanings.b_color, meanings.b_size).astype(np.float32)
-    b /= np.maximum(b.sum(axis=1, keepdims=True), 1.0)
+    b = _spread(meanings.b_shape, meanings.b_color, meanings.b_size)
     out[has_b, :N_KINDS] += b[has_b]
     counted = np.flatnonzero(meanings.count >= 0)
     out[counted, N_KINDS * (1 + N_CELLS) + meanings.count[counted].astype(np.int64)] = 1.0

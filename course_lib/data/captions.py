@@ -53,25 +53,26 @@ def _pick(options: tuple, choice: int):
     return options[choice % len(options)]
 
 
+def _words(shape: int, color: int, size: int, ch_size: int, ch_shape: int,
+           no_shape: str = "") -> tuple[str, str, str]:
+    """An object's (size, colour, shape) words; "" for an attribute of -1 (no_shape for shape)."""
+    return (_pick(SIZE_WORDS[size], ch_size) if size >= 0 else "",
+            COLORS[color] if color >= 0 else "",
+            _pick(SHAPE_WORDS[shape], ch_shape) if shape >= 0 else no_shape)
+
+
 def _phrase(shape: int, color: int, size: int, ch_det: int, ch_size: int, ch_shape: int) -> str:
     """'a small red circle' (an attribute of -1 is left out; 'one' for 'a' one time in five)."""
-    words = []
-    if size >= 0:
-        words.append(SIZE_WORDS[size][ch_size % len(SIZE_WORDS[size])])
-    if color >= 0:
-        words.append(COLORS[color])
-    words.append(SHAPE_WORDS[shape][ch_shape % len(SHAPE_WORDS[shape])] if shape >= 0 else "shape")
-    det = "one" if ch_det % 5 == 0 else ("an" if words[0][0] in "aeiou" else "a")
-    return det + " " + " ".join(words)
+    words = " ".join(w for w in _words(shape, color, size, ch_size, ch_shape, "shape") if w)
+    det = "one" if ch_det % 5 == 0 else ("an" if words[0] in "aeiou" else "a")
+    return det + " " + words
 
 
 def _terse_phrase(shape: int, color: int, size: int, ch_order: int, ch_size: int,
                   ch_shape: int) -> str:
     """'red circle', 'big red circle', 'circle red' ...: no article, attributes in varied order."""
-    words = (SIZE_WORDS[size][ch_size % len(SIZE_WORDS[size])] if size >= 0 else "",
-             COLORS[color] if color >= 0 else "",
-             SHAPE_WORDS[shape][ch_shape % len(SHAPE_WORDS[shape])] if shape >= 0 else "")
-    return " ".join(words[i] for i in TERSE_ORDERS[ch_order % len(TERSE_ORDERS)] if words[i])
+    words = _words(shape, color, size, ch_size, ch_shape)
+    return " ".join(words[i] for i in _pick(TERSE_ORDERS, ch_order) if words[i])
 
 
 def word_captions(meanings: Meanings, rng: np.random.Generator) -> list[str]:
@@ -81,19 +82,19 @@ def word_captions(meanings: Meanings, rng: np.random.Generator) -> list[str]:
     out = []
     rows = zip(zip(*fields, strict=True), choices, strict=True)
     for (fam, a_s, a_c, a_z, b_s, b_c, b_z, rel, place, count), ch in rows:
+        has_b = b_s >= 0 or b_c >= 0 or b_z >= 0
         if fam == TERSE:
             parts = [_terse_phrase(a_s, a_c, a_z, ch[1], ch[2], ch[3])]
-            if b_s >= 0 or b_c >= 0 or b_z >= 0:
+            if has_b:
                 parts.append(_terse_phrase(b_s, b_c, b_z, ch[4], ch[5], ch[6]))
                 if ch[7] % 2:
                     parts.reverse()
-            text = TERSE_JOINERS[ch[8] % len(TERSE_JOINERS)].join(parts)
-            prefix = TERSE_PREFIXES[ch[0] % len(TERSE_PREFIXES)]
+            text = _pick(TERSE_JOINERS, ch[8]).join(parts)
+            prefix = _pick(TERSE_PREFIXES, ch[0])
             out.append(f"{prefix} {text}" if prefix else text)
             continue
-        a = _phrase(a_s, a_c, a_z, ch[1], ch[2], ch[3])
-        has_b = b_s >= 0 or b_c >= 0 or b_z >= 0
-        fill = {"a": a, "b": _phrase(b_s, b_c, b_z, ch[4], ch[5], ch[6]) if has_b else ""}
+        fill = {"a": _phrase(a_s, a_c, a_z, ch[1], ch[2], ch[3]),
+                "b": _phrase(b_s, b_c, b_z, ch[4], ch[5], ch[6]) if has_b else ""}
         templates = TEMPLATES[fam]
         if fam == RELATION:
             fill["rel"] = _pick(RELATION_WORDS[rel], ch[7])
@@ -178,6 +179,14 @@ def terse_meanings(rng: np.random.Generator, scenes: Scenes, noise: float) -> Me
 
 # ---- truth -------------------------------------------------------------------------------------
 
+def _relations(scenes: Scenes) -> np.ndarray:
+    """bool (N, O, O, 4): relation r (RELATIONS) holds from object i to object j, both real."""
+    row, col = scenes.cell // GRID, scenes.cell % GRID  # (N, O)
+    rel = np.stack([col[:, :, None] < col[:, None, :], col[:, :, None] > col[:, None, :],
+                    row[:, :, None] < row[:, None, :], row[:, :, None] > row[:, None, :]], axis=3)
+    return rel & (scenes.valid[:, :, None] & scenes.valid[:, None, :])[..., None]
+
+
 def _bit_tables(scenes: Scenes) -> dict[str, np.ndarray]:
     """Per scene, bitmasks of its objects (bit o = slot o). Per attribute (values + 1, N): row v =
     objects with value v, row -1 = all objects. rel (6, O, N): objects j with r(i, j); r = 4 is
@@ -192,13 +201,10 @@ def _bit_tables(scenes: Scenes) -> dict[str, np.ndarray]:
         onehot = values[None, :, :] == np.arange(n_values)[:, None, None]  # (V, N, O)
         table = (onehot * bit[None]).sum(axis=2)
         out[name] = np.concatenate([table, bit.sum(axis=1)[None]]).astype(dtype)  # (V + 1, N)
-    row, col = scenes.cell // GRID, scenes.cell % GRID  # (N, O)
-    valid = scenes.valid
-    pair = valid[:, :, None] & valid[:, None, :]  # (N, O, O)
-    rels = [col[:, :, None] < col[:, None, :], col[:, :, None] > col[:, None, :],
-            row[:, :, None] < row[:, None, :], row[:, :, None] > row[:, None, :],
-            ~np.eye(n_slots, dtype=bool)[None], np.eye(n_slots, dtype=bool)[None]]
-    out["rel"] = np.stack([((r & pair) * bit[:, None, :]).sum(axis=2).T
+    pair = scenes.valid[:, :, None] & scenes.valid[:, None, :]  # (N, O, O)
+    eye = np.eye(n_slots, dtype=bool)
+    rels = [*np.moveaxis(_relations(scenes), 3, 0), pair & ~eye, pair & eye]
+    out["rel"] = np.stack([(r * bit[:, None, :]).sum(axis=2).T
                            for r in rels]).astype(dtype)  # (6, O, N)
     return out
 
@@ -244,9 +250,8 @@ def iter_satisfies(meanings: Meanings, scenes: Scenes, chunk: int = 2048):
     for start in range(0, len(m), chunk):
         rows = slice(start, min(start + chunk, len(m)))
         block = (partners[inverse.reshape(-1)[rows]] & _b_mask(bits, m, rows)) != 0  # (rows, N)
-        counted = np.flatnonzero(m.count[rows] >= 0)
-        if len(counted):
-            block[counted] &= m.count[rows][counted, None] == scenes.n_objects[None, :]
+        counted = np.flatnonzero(m.count[rows] >= 0)  # count captions: also the right count
+        block[counted] &= m.count[rows][counted, None] == scenes.n_objects[None, :]
         yield start, block
 
 

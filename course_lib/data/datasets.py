@@ -50,8 +50,7 @@ def pixels_to_tensor(pixels: np.ndarray, normalize: bool = True) -> torch.Tensor
     x = torch.from_numpy(np.array(pixels, dtype=np.uint8)).permute(2, 0, 1)  # (3, H, W)
     x = x.float().div_(255.0)
     if normalize:
-        mean = torch.tensor(IMAGENET_MEAN).view(3, 1, 1)
-        std = torch.tensor(IMAGENET_STD).view(3, 1, 1)
+        mean, std = (torch.tensor(v).view(3, 1, 1) for v in (IMAGENET_MEAN, IMAGENET_STD))
         x = (x - mean) / std
     return x
 
@@ -93,8 +92,8 @@ class ImageDataset(Dataset):
                 "boxes": torch.from_numpy(np.asarray(s.boxes[i], dtype=np.float32)),  # (R, 7)
                 "region_mask": torch.from_numpy(np.asarray(s.region_mask[i], dtype=bool))}  # (R,)
         if s.region_classes is not None:
-            classes = np.asarray(s.region_classes[i], dtype=np.float32)  # (R, C)
-            item["region_classes"] = torch.from_numpy(classes)
+            item["region_classes"] = torch.from_numpy(  # (R, C)
+                np.asarray(s.region_classes[i], dtype=np.float32))
         return item
 
     def __getitem__(self, i: int) -> dict:
@@ -131,8 +130,9 @@ class PairDataset(Dataset):
                 **self.images.image_fields(i)}
 
 
-def _stack(items: list[dict]) -> dict:
-    """Batch dicts key by key: tensors stacked (B, ...), ints a long tensor (B,), others lists."""
+def collate_images(items: list[dict]) -> dict:
+    """ImageDataset items (any dicts) -> a batch of the same keys: tensors stacked (B, ...), ints
+    a long tensor (B,), others lists."""
     batch = {}
     for key in items[0]:
         values = [item[key] for item in items]
@@ -143,11 +143,6 @@ def _stack(items: list[dict]) -> dict:
         else:
             batch[key] = values
     return batch
-
-
-def collate_images(items: list[dict]) -> dict:
-    """ImageDataset items -> a batch of the same keys, (B, ...)."""
-    return _stack(items)
 
 
 class TextCollate:
@@ -166,7 +161,7 @@ class TextCollate:
     def __call__(self, items) -> dict:
         if items and isinstance(items[0], str):
             items = [{"index": t, "text": s} for t, s in enumerate(items)]
-        batch = _stack(items)
+        batch = collate_images(items)
         batch.update(self.encode(batch["text"]))  # the whole batch at once: one fast-tokenizer call
         return batch
 

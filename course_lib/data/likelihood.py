@@ -31,32 +31,30 @@ from .captions import (
     PLACE,
     RELATION,
     TERSE,
+    _b_mask,
     _bit_tables,
     _relation_code,
+    _relations,
     iter_satisfies,
     satisfies,
     satisfies_rows,
 )
-from .scenes import GRID, Meanings, Scenes
-from .synthetic import SyntheticConfig
+from .scenes import Meanings, Scenes
+from .synthetic import FAMILY_CODES, SyntheticConfig
 
 SCALE = 5040  # lcm over n <= 9 of 2 n (n - 1) and 2 n: K * SCALE is an integer
-_FAMILY_NAMES = {"pair": PAIR, "relation": RELATION, "place": PLACE, "count": COUNT}
 _POPCOUNT = np.array([bin(x).count("1") for x in range(1 << 16)], dtype=np.int64)
 _ATTEMPTS = (20, 200)  # compositional: attempts with the config's families, attempts in all
 
 
 def _params(config) -> dict:
     """Family weights (by code), count_objects, attribute_dropout of a config, its dict or None."""
-    if config is None:
-        config = SyntheticConfig()
-    get = ((lambda k: config[k]) if isinstance(config, dict)  # noqa: E731
-           else (lambda k: getattr(config, k)))
-    weights = {code: 0.0 for code in _FAMILY_NAMES.values()}
-    for name, w in get("caption_families").items():
-        weights[_FAMILY_NAMES[name]] = float(w)
-    return {"weights": weights, "count_objects": int(get("count_objects")),
-            "attribute_dropout": float(get("attribute_dropout"))}
+    if not isinstance(config, dict):
+        config = (config or SyntheticConfig()).to_dict()
+    weights = {code: 0.0 for code in FAMILY_CODES.values()}
+    weights.update({FAMILY_CODES[name]: float(w) for name, w in config["caption_families"].items()})
+    return {"weights": weights, "count_objects": int(config["count_objects"]),
+            "attribute_dropout": float(config["attribute_dropout"])}
 
 
 def _snap(x: np.ndarray) -> np.ndarray:
@@ -106,11 +104,8 @@ def _structure_ok(m: Meanings) -> np.ndarray:
 
 def _diagonal_bits(scenes: Scenes) -> np.ndarray:
     """(O, N) bitmask per object i of the objects j in another row and column (two relations)."""
-    n_slots = scenes.max_objects
-    row, col = scenes.cell // GRID, scenes.cell % GRID
-    valid = scenes.valid
-    diag = (row[:, :, None] != row[:, None, :]) & (col[:, :, None] != col[:, None, :])
-    diag &= valid[:, :, None] & valid[:, None, :]
+    n_slots, rel = scenes.max_objects, _relations(scenes)
+    diag = (rel[..., 0] | rel[..., 1]) & (rel[..., 2] | rel[..., 3])  # (N, O, O)
     bit = np.int64(1) << np.arange(n_slots)
     dtype = np.uint8 if n_slots <= 8 else np.uint16
     return (diag * bit[None, None, :]).sum(axis=2).T.astype(dtype)
@@ -122,8 +117,7 @@ def _values_at(m: Meanings, scenes: Scenes, bits: dict, diag: np.ndarray, par: d
     f = lambda x: x[rows].astype(np.int64)  # noqa: E731  (-1 indexes the 'all objects' row)
     A = (bits["shape"][f(m.a_shape), cols] & bits["color"][f(m.a_color), cols]
          & bits["size"][f(m.a_size), cols] & bits["cell"][f(m.place), cols]).astype(np.int64)
-    B = (bits["shape"][f(m.b_shape), cols] & bits["color"][f(m.b_color), cols]
-         & bits["size"][f(m.b_size), cols]).astype(np.int64)
+    B = _b_mask(bits, m, rows, cols).astype(np.int64)
     code = _relation_code(m)[rows]
     directed = (code < 4).astype(np.int64)
     twice = np.zeros(len(rows), dtype=np.int64)  # 2 * sum over (a, b) of P(relation | a, b)
@@ -179,23 +173,12 @@ def caption_likelihood(meanings: Meanings, scenes: Scenes, config=None) -> np.nd
 
 # ---- compositional ---------------------------------------------------------------------------
 
-def _family_probs(weights: dict) -> tuple[dict, dict]:
-    """Family probabilities of the compositional proposal: attempts < 20, and the fallback."""
-    first = {f: weights[f] for f in (PAIR, RELATION, PLACE) if weights[f] > 0}
-    if not first:
-        first = {f: 1.0 for f in (PAIR, RELATION, PLACE)}
-    total = sum(first.values())
-    fallback = {PAIR: 0.0, RELATION: 0.5, PLACE: 0.5}
-    return {f: first.get(f, 0.0) / total for f in (PAIR, RELATION, PLACE)}, fallback
-
-
-def _geometry(scenes: Scenes):
-    """rel (N, O, O, 4): relation r holds from object i to j; n_true (N, O, O)."""
-    row, col = scenes.cell.astype(np.int64) // GRID, scenes.cell.astype(np.int64) % GRID
-    rel = np.stack([col[:, :, None] < col[:, None, :], col[:, :, None] > col[:, None, :],
-                    row[:, :, None] < row[:, None, :], row[:, :, None] > row[:, None, :]], axis=3)
-    rel &= (scenes.valid[:, :, None] & scenes.valid[:, None, :])[..., None]
-    return rel, rel.sum(axis=3)
+def _family_probs(weights: dict) -> tuple[np.ndarray, np.ndarray]:
+    """(3,) family probabilities of the compositional proposal, indexed by the codes of pair,
+    relation and place (0, 1, 2): attempts < 20, and the fallback."""
+    w = [weights[f] for f in (PAIR, RELATION, PLACE)]
+    first = np.array(w) / sum(w) if sum(w) > 0 else np.full(3, 1 / 3)
+    return first, np.array([0.0, 0.5, 0.5])
 
 
 def _named(scenes: Scenes, i, a, b, family: int, relation: int, drop) -> Meanings:
@@ -218,7 +201,8 @@ def _acceptance(scenes: Scenes, twin_of: np.ndarray, swapped: np.ndarray,
     """(N, 3) per image and family (pair, relation, place): the probability that the family's
     proposal draws a caption false of the twin (enumerating a, b, relation and dropout)."""
     N, n_slots = len(scenes), scenes.max_objects
-    rel, n_true = _geometry(scenes)
+    rel = _relations(scenes)  # (N, O, O, 4)
+    n_true = rel.sum(axis=3)  # (N, O, O)
     # the 16 dropout patterns, columns: a size, a colour, b size, b colour
     drops = np.array([[(d >> k) & 1 for k in range(4)] for d in range(16)], dtype=bool)
     img, n = np.arange(N), scenes.n_objects.astype(np.int64)
@@ -256,7 +240,8 @@ def compositional_likelihood(meanings: Meanings, scenes: Scenes, twin_of, swappe
     twin_of, swapped = np.asarray(twin_of, dtype=np.int64), np.asarray(swapped, dtype=np.int64)
     N, n_slots = len(scenes), scenes.max_objects
     n = scenes.n_objects.astype(np.int64)
-    rel, n_true = _geometry(scenes)
+    rel = _relations(scenes)  # (N, O, O, 4)
+    n_true = rel.sum(axis=3)  # (N, O, O)
     img = np.arange(N)
     sh, co, sz, ce = (getattr(scenes, f).astype(np.int64)
                       for f in ("shape", "color", "size", "cell"))
@@ -283,16 +268,14 @@ def compositional_likelihood(meanings: Meanings, scenes: Scenes, twin_of, swappe
     q *= ~satisfies(m, scenes)[:, twin_of]  # rejected unless false of the twin
     first, fallback = _family_probs(par["weights"])
     acc = _acceptance(scenes, twin_of, swapped, par["attribute_dropout"])  # (N, 3)
-    z1 = acc @ np.array([first[f] for f in (PAIR, RELATION, PLACE)])
-    z2 = acc @ np.array([fallback[f] for f in (PAIR, RELATION, PLACE)])
+    z1, z2 = acc @ first, acc @ fallback
     n1, n_all = _ATTEMPTS
     stay = (1 - z1) ** n1  # no acceptance in the first regime
     total = (1 - stay) + stay * (1 - (1 - z2) ** (n_all - n1))
     g1 = np.where(z1 > 0, (1 - stay) / np.maximum(z1, 1e-300), 0.0) / total
     g2 = np.where(z2 > 0, stay * (1 - (1 - z2) ** (n_all - n1)) / np.maximum(z2, 1e-300),
                   0.0) / total
-    p1 = np.array([first[int(f)] for f in m.family])[:, None]
-    p2 = np.array([fallback[int(f)] for f in m.family])[:, None]
+    p1, p2 = first[m.family][:, None], fallback[m.family][:, None]
     return _snap(q * (p1 * g1[None] + p2 * g2[None]))
 
 

@@ -13,28 +13,6 @@ from course_lib.core.metrics import hit_probability
 from .likelihood import _iter_sparse, _snap, compositional_likelihood
 
 
-def _compositional_info(split):
-    """(twin_of, swapped per image) when the split is a whole compositional gallery, else None."""
-    info, N = split.info, split.n_images
-    twin_of, pairs = info.get("twin_of"), info.get("swapped_objects")
-    if twin_of is None or pairs is None or len(twin_of) != N or 2 * len(pairs) != N:
-        return None
-    return np.asarray(twin_of), np.repeat(np.asarray(pairs), 2, axis=0)
-
-
-def split_likelihood(split):
-    """Yield (rows, cols, values): the nonzero likelihood entries of a synthetic split."""
-    config = split.info.get("config")
-    comp = _compositional_info(split)
-    if comp is None:
-        for _, _, rows, cols, values in _iter_sparse(split.meanings, split.scenes, config):
-            yield rows, cols, values
-        return
-    L = compositional_likelihood(split.meanings, split.scenes, *comp, config)
-    rows, cols = np.nonzero(L)
-    yield rows, cols, L[rows, cols]
-
-
 def bayes_recall(rows, cols, values, txt2img, n_images: int, ks=(1, 5, 10), *,
                  query_texts=None, query_images=None) -> dict[str, float]:
     """Expected R@K (percent) of the Bayes ranking from a likelihood's nonzero entries; images
@@ -64,9 +42,7 @@ def bayes_recall(rows, cols, values, txt2img, n_images: int, ks=(1, 5, 10), *,
                       T - per_col)
     has_text = np.bincount(txt2img, minlength=N) > 0
     if query_images is not None:
-        asked = np.zeros(N, dtype=bool)
-        asked[np.asarray(query_images, dtype=np.int64)] = True
-        has_text &= asked
+        has_text &= np.isin(np.arange(N), query_images)
     text_queries = np.arange(T) if query_texts is None else np.asarray(query_texts, dtype=np.int64)
     out = {}
     for k in ks:
@@ -77,17 +53,21 @@ def bayes_recall(rows, cols, values, txt2img, n_images: int, ks=(1, 5, 10), *,
     return out
 
 
-def bayes_ceiling(split, ks=(1, 5, 10)) -> dict[str, float]:
-    """captions.oracle_ceiling: expected R@K of the Bayes-optimal ranking on a synthetic split."""
-    parts = list(split_likelihood(split))
-    rows, cols, values = (np.concatenate([p[i] for p in parts]) for i in range(3))
+def oracle_ceiling(split, ks=(1, 5, 10)) -> dict[str, float]:
+    """The best expected R@K (percent) any model could reach on a synthetic split (docs/data.md):
+    the Bayes ranking's, under the compositional likelihood for a whole compositional gallery."""
+    config, twin_of, pairs = (split.info.get(k) for k in ("config", "twin_of", "swapped_objects"))
+    if twin_of is None or pairs is None or not len(twin_of) == 2 * len(pairs) == split.n_images:
+        parts = [p[2:] for p in _iter_sparse(split.meanings, split.scenes, config)]
+        rows, cols, values = (np.concatenate([p[i] for p in parts]) for i in range(3))
+    else:
+        swapped = np.repeat(np.asarray(pairs), 2, axis=0)  # (N, 2) per image
+        L = compositional_likelihood(split.meanings, split.scenes, np.asarray(twin_of), swapped,
+                                     config)
+        rows, cols = np.nonzero(L)
+        values = L[rows, cols]
     return bayes_recall(rows, cols, values, split.txt2img, split.n_images, ks,
                         query_texts=split.query_texts, query_images=split.query_images)
 
 
-def oracle_ceiling(split, ks=(1, 5, 10)) -> dict[str, float]:
-    """The best expected R@K (percent) any model could reach on a synthetic split (docs/data.md)."""
-    return bayes_ceiling(split, ks)
-
-
-__all__ = ["oracle_ceiling", "split_likelihood", "bayes_recall", "bayes_ceiling"]
+__all__ = ["oracle_ceiling", "bayes_recall"]

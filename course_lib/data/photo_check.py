@@ -4,16 +4,14 @@ the check fails when most images are missing (the folder is not that file's)."""
 
 from __future__ import annotations
 
-import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from course_lib.data.karpathy import _load_json, entry_path
+from course_lib.data.karpathy import _THREADS, _load_json, entry_path
 
 # more than this share of an image folder's files missing: it is not the JSON file's folder
 MOST_MISSING = 0.5
-_THREADS = min(8, os.cpu_count() or 2)
 
 
 @dataclass

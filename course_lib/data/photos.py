@@ -24,8 +24,7 @@ def split_file(folder) -> Path | None:
 
 def find_photos(environ=None) -> Path | None:
     """The photo folder (COURSE_PHOTOS, else the first of places()) with images/, or None."""
-    environ = os.environ if environ is None else environ
-    named = environ.get("COURSE_PHOTOS")
+    named = (os.environ if environ is None else environ).get("COURSE_PHOTOS")
     for folder in [Path(named)] if named else places():
         if split_file(folder) is not None and (folder / "images").is_dir():
             return folder.resolve()
@@ -34,8 +33,7 @@ def find_photos(environ=None) -> Path | None:
 
 def no_photos_message(environ=None) -> str:
     """What to do when find_photos finds nothing: where it looked and how to get Flickr8k."""
-    environ = os.environ if environ is None else environ
-    named = environ.get("COURSE_PHOTOS")
+    named = (os.environ if environ is None else environ).get("COURSE_PHOTOS")
     looked = (f"COURSE_PHOTOS={named} holds no images/ folder and dataset_*.json file" if named
               else "no photos in " + " or ".join(str(p) for p in places()))
     return (f"{looked}. Real photographs are not part of the course: get Flickr8k with `python "

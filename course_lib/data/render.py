@@ -126,13 +126,11 @@ def render_pixels(scenes: Scenes, offsets: np.ndarray, rng: np.random.Generator,
     else:
         images = np.take(_PIXEL_COLORS, index.reshape(-1), axis=0)
     images = images.reshape(n, image_size, image_size, 3)
-    bb = g["bbox"][shape, size]  # (M, 4)
-    y1 = m + row * cs + oy + bb[:, 0]
-    x1 = m + col * cs + ox + bb[:, 1]
-    y2 = m + row * cs + oy + bb[:, 2]
-    x2 = m + col * cs + ox + bb[:, 3]
+    bb = g["bbox"][shape, size]  # (M, 4) y1, x1, y2, x2 in the stamp
+    y, x = m + row * cs + oy, m + col * cs + ox  # (M,) the stamp's top left pixel
+    xyxy = np.stack([x + bb[:, 1], y + bb[:, 0], x + bb[:, 3], y + bb[:, 2]], axis=1)
     boxes = np.zeros((n, scenes.max_objects, 7), dtype=np.float32)
-    boxes[img, obj] = uniter_boxes(np.stack([x1, y1, x2, y2], axis=1) / image_size)
+    boxes[img, obj] = uniter_boxes(xyxy / image_size)
     return images, boxes
 
 
@@ -170,17 +168,15 @@ def detect_regions(scenes: Scenes, object_boxes: np.ndarray, rng: np.random.Gene
     n, n_slots = len(scenes), scenes.max_objects
     R, D = n_slots + clutter_regions, region_dim
     tables = detector_tables(region_dim)
-    valid = np.zeros((n, R), dtype=bool)
-    valid[:, :n_slots] = scenes.valid
-    shape = np.full((n, R), -1, dtype=np.int64)
-    color = np.full((n, R), -1, dtype=np.int64)
-    shape[:, :n_slots], color[:, :n_slots] = scenes.shape, scenes.color
-    size = np.maximum(scenes.size, 0)
-    feats = np.zeros((n, R, D), dtype=np.float32)
-    feats[:, :n_slots] = tables["clean"][np.maximum(shape[:, :n_slots], 0),
-                                         np.maximum(color[:, :n_slots], 0), size]
-    boxes = np.zeros((n, R, 7), dtype=np.float32)
-    boxes[:, :n_slots] = object_boxes
+
+    def widen(a, value=0):  # (N, O, ...) -> (N, R, ...), the clutter slots filled with value
+        return np.pad(a, [(0, 0), (0, clutter_regions)] + [(0, 0)] * (a.ndim - 2),
+                      constant_values=value)
+    valid = widen(scenes.valid, False)
+    shape, color = widen(scenes.shape, -1), widen(scenes.color, -1)  # (N, R)
+    feats = widen(tables["clean"][np.maximum(scenes.shape, 0), np.maximum(scenes.color, 0),
+                                  np.maximum(scenes.size, 0)])  # (N, R, D)
+    boxes = widen(np.asarray(object_boxes, dtype=np.float32))  # (N, R, 7)
     if clutter_regions:  # false positives: random appearance, small random boxes
         valid[:, n_slots:] = True
         latent = rng.standard_normal((n, clutter_regions, D)) * 1.8

@@ -21,11 +21,10 @@ class ArrayTable:
     PAD = -1  # value of padded / "not mentioned" entries; padded columns are filled with it
 
     def __init__(self, **arrays: np.ndarray):
-        missing = set(self.FIELDS) - set(arrays)
-        extra = set(arrays) - set(self.FIELDS)
-        if missing or extra:
-            raise ValueError(f"{type(self).__name__}: missing fields {sorted(missing)}, unknown "
-                             f"{sorted(extra)}")
+        if set(arrays) != set(self.FIELDS):
+            raise ValueError(f"{type(self).__name__}: missing fields "
+                             f"{sorted(set(self.FIELDS) - set(arrays))}, unknown "
+                             f"{sorted(set(arrays) - set(self.FIELDS))}")
         lengths = {len(np.asarray(arrays[f])) for f in self.FIELDS}
         if len(lengths) > 1:
             raise ValueError(f"{type(self).__name__}: fields have different lengths "

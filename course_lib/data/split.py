@@ -46,14 +46,12 @@ class RetrievalSplit:
             raise ValueError(
                 f"split {self.name!r}: txt2img holds indices outside [0, {n}); every caption must "
                 "point at one of the split's images")
-        for name in ("images", "regions", "boxes", "region_mask", "region_classes"):
+        for name in ("images", "image_paths", "regions", "boxes", "region_mask",
+                     "region_classes"):
             value = getattr(self, name)
             if value is not None and len(value) != n:
                 raise ValueError(f"split {self.name!r}: {name} has {len(value)} rows, expected "
                                  f"{n}")
-        if self.image_paths is not None and len(self.image_paths) != n:
-            raise ValueError(f"split {self.name!r}: {len(self.image_paths)} image paths, expected "
-                             f"{n}")
 
     @property
     def n_images(self) -> int:
@@ -160,11 +158,10 @@ def concatenate(splits: list[RetrievalSplit], name: str,
     text_offsets = np.cumsum([0] + [s.n_texts for s in splits[:-1]])
     query_texts = query_images = None
     if queries_from is not None:
-        where = [i for i, s in enumerate(splits) if s is queries_from]
-        if not where:
+        q = next((i for i, s in enumerate(splits) if s is queries_from), None)
+        if q is None:
             raise ValueError(f"queries_from must be one of the pooled splits, got "
                              f"{queries_from.name!r}")
-        q = where[0]
         query_texts = text_offsets[q] + queries_from.text_queries
         query_images = offsets[q] + queries_from.image_queries
 

@@ -69,9 +69,8 @@ class SyntheticConfig:
         if not 1 <= self.min_objects <= self.max_objects <= GRID * GRID:
             raise ValueError("need 1 <= min_objects <= max_objects <= 9, "
                              f"got {self.min_objects}, {self.max_objects}")
-        unknown = set(self.caption_families) - set(FAMILY_CODES)
         weights = self.caption_families.values()
-        if unknown or sum(weights) <= 0 or min(weights) < 0:
+        if set(self.caption_families) - set(FAMILY_CODES) or sum(weights) <= 0 or min(weights) < 0:
             raise ValueError(f"caption_families: non-negative weights over {sorted(FAMILY_CODES)}, "
                              f"got {self.caption_families}")
         if self.count_objects not in (1, 2):
@@ -222,9 +221,7 @@ def _make_compositional(cfg: SyntheticConfig, seed: int) -> RetrievalSplit:
     lo, hi = max(2, cfg.min_objects), max(2, cfg.max_objects)
     base = sample_scenes(rng_scenes, n, lo, hi)
     while True:  # every scene needs two objects that differ (all identical is rare: redraw it)
-        first = base.shape[:, :1], base.color[:, :1], base.size[:, :1]
-        same = [(getattr(base, f) == v) | ~base.valid
-                for f, v in zip(("shape", "color", "size"), first, strict=True)]
+        same = [(a == a[:, :1]) | ~base.valid for a in (base.shape, base.color, base.size)]
         redo = np.flatnonzero((same[0] & same[1] & same[2]).all(axis=1))
         if not len(redo):
             break
@@ -295,12 +292,11 @@ def with_fresh_scenes(train: RetrievalSplit, n: int, draw: int = 0) -> Retrieval
     """`train` (made by make_benchmark) followed by n fresh_scenes of its config and seed."""
     if n == 0:
         return train
-    info = train.info
-    if "config" not in info or "seed" not in info:
+    if not {"config", "seed"} <= train.info.keys():
         raise ValueError(f"split {train.name!r} was not made by make_benchmark (no config and "
                          "seed in its info): fresh scenes need the generator's settings. On other "
                          "data (Flickr30k, COCO) set the model config's fresh_scenes=0")
-    fresh = fresh_scenes(SyntheticConfig(**info["config"]), n, info["seed"], draw)
+    fresh = fresh_scenes(SyntheticConfig(**train.info["config"]), n, train.info["seed"], draw)
     return concatenate([train, fresh], f"{train.name}+{n}fresh")
 
 
@@ -308,17 +304,11 @@ def make_benchmark(cfg: SyntheticConfig | None = None, seed: int = 0,
                    progress: bool = False) -> dict[str, RetrievalSplit]:
     """Every split of SPLITS, and "full": train + val + test pooled, queried by test only."""
     cfg = cfg or SyntheticConfig()
-    sizes = {"train": cfg.n_train, "val": cfg.n_val, "test": cfg.n_test, "pretrain": cfg.n_pretrain}
-    names = SPLITS
-    if progress:
-        from tqdm.auto import tqdm
-        names = tqdm(SPLITS, desc="synthetic benchmark")
-    bench = {}
-    for name in names:
-        if name == "compositional":
-            bench[name] = _make_compositional(cfg, seed)
-        else:
-            bench[name] = _make_split(name, sizes[name], cfg, seed)
+    from tqdm.auto import tqdm
+
+    bench = {name: _make_compositional(cfg, seed) if name == "compositional"
+             else _make_split(name, getattr(cfg, f"n_{name}"), cfg, seed)
+             for name in tqdm(SPLITS, desc="synthetic benchmark", disable=not progress)}
     # the full setting (LightningDOT §4.3): the test queries against every split's gallery
     bench["full"] = concatenate([bench["train"], bench["val"], bench["test"]], "full",
                                 queries_from=bench["test"])

@@ -22,9 +22,7 @@ _GT_SEP = "__"  # npz keys "<split>__scenes__<key>": no "/" so zip member names 
 
 def _json_default(value):
     # json.dumps fallback for split.info: numpy scalars and arrays as lists, anything else as str
-    if isinstance(value, (np.generic, np.ndarray)):
-        return value.tolist()
-    return str(value)
+    return value.tolist() if isinstance(value, (np.generic, np.ndarray)) else str(value)
 
 
 def _png_chunk(tag: bytes, data: bytes) -> bytes:
@@ -105,25 +103,18 @@ def write_karpathy(splits: dict[str, RetrievalSplit], out_dir, dataset_name="syn
             raise ValueError(f"region arrays of the splits differ in shape ({e}); use one "
                              "detector config (same R, D, C) for every split") from e
     np.savez(out / "ground_truth.npz", **gt)
-    first = next(iter(splits.values()), None)
-    info = {
-        "dataset": dataset_name,
-        "config": first.info.get("config") if first else None,
-        "seed": first.info.get("seed") if first else None,
-        "splits": {k: {"n_images": s.n_images, "n_texts": s.n_texts, "has_regions": s.has_regions,
-                       "image_shape": list(s.images.shape[1:]),
-                       "info": {k: v for k, v in s.info.items() if not isinstance(v, np.ndarray)}}
-                   for k, s in splits.items()},
-    }
+    first = next(iter(splits.values())).info if splits else {}
+    info = {"dataset": dataset_name, "config": first.get("config"), "seed": first.get("seed"),
+            "splits": {k: {"n_images": s.n_images, "n_texts": s.n_texts,
+                           "has_regions": s.has_regions, "image_shape": list(s.images.shape[1:]),
+                           "info": {k: v for k, v in s.info.items()
+                                    if not isinstance(v, np.ndarray)}}
+                       for k, s in splits.items()}}
     (out / "info.json").write_text(json.dumps(info, indent=1, default=_json_default),
                                    encoding="utf-8")
     return {"out_dir": str(out), "json": str(json_path), "n_images": imgid, "n_texts": sentid,
-            "seconds": time.perf_counter() - start, "bytes": disk_size(out)}
-
-
-def disk_size(path) -> int:
-    """Bytes used by the files under path (what `du` would roughly say)."""
-    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
+            "seconds": time.perf_counter() - start,
+            "bytes": sum(f.stat().st_size for f in out.rglob("*") if f.is_file())}  # as `du` says
 
 
 def load_synthetic(out_dir, split="test", *, load_pixels=True) -> RetrievalSplit:
@@ -133,8 +124,7 @@ def load_synthetic(out_dir, split="test", *, load_pixels=True) -> RetrievalSplit
     if not info_path.is_file():
         raise FileNotFoundError(f"{info_path} not found: {out} holds no synthetic benchmark. Make "
                                 f"one with `python data_scripts/make_synthetic.py --out {out}`")
-    with open(info_path, encoding="utf-8") as f:
-        info = json.load(f)
+    info = json.loads(info_path.read_text(encoding="utf-8"))
     if split == "full":
         parts = [load_synthetic(out, s, load_pixels=load_pixels) for s in ("train", "val", "test")]
         full = concatenate(parts, "full")
@@ -173,4 +163,4 @@ def _attach_ground_truth(result: RetrievalSplit, path: Path, split: str) -> None
         result.meanings = Meanings.from_arrays(arrays["meanings"])
 
 
-__all__ = ["write_karpathy", "load_synthetic", "png_bytes", "disk_size", "IMAGE_DIR"]
+__all__ = ["write_karpathy", "load_synthetic", "png_bytes", "IMAGE_DIR"]

@@ -47,13 +47,12 @@ def _mistakes(forward_logits, backward_logits, input_ids, reversed_ids, attentio
         return (direction(forward_logits, input_ids, mask, shift)
                 + direction(backward_logits, reversed_ids, mask, shift))
 
-    everything = torch.ones_like(words)
     right = both(words)
     return [
         (both(words, shift=False), "the targets are not shifted: the logits at position t predict "
                                    "token t + 1, so compare logits[:, :-1] with ids[:, 1:]"),
-        (both(everything), "padding (and [CLS] / [SEP]) counted: sum only over targets that are "
-                           "words, not [SEP] and not [PAD]"),
+        (both(torch.ones_like(words)), "padding (and [CLS] / [SEP]) counted: sum only over "
+                                       "targets that are words, not [SEP] and not [PAD]"),
         (both(attention_mask.double()), "[SEP] counted as a target: eq. 3 sums the caption's words "
                                         "y^1..y^L; leave out [SEP] (and padding)"),
         (right / n_words.clamp(min=1), "length-normalised: h is the plain sum of log-probabilities "

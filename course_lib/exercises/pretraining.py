@@ -71,10 +71,9 @@ def check_cmr_loss(fn) -> None:
           (f" {NO_GRADIENT_NOTE}" if plain_number else ""))
 
 
-def _caption_batch(n: int, vocab_size: int, generator, lengths=(1, 14), special=None):
+def _caption_batch(n: int, vocab_size: int, generator, lengths, special=WORD_SPECIAL_TOKENS):
     """(ids, attention_mask, real words) of n captions [CLS] w.. [SEP] [PAD].., lengths (in words)
     uniform in `lengths` inclusive, words uniform over non-special ids."""
-    special = special or WORD_SPECIAL_TOKENS
     words = torch.randint(lengths[0], lengths[1] + 1, (n,), generator=generator)  # (n,)
     width = int(words.max()) + 2
     ids = torch.full((n, width), special.pad, dtype=torch.long)
@@ -87,9 +86,8 @@ def _caption_batch(n: int, vocab_size: int, generator, lengths=(1, 14), special=
     return ids, (position <= words[:, None] + 1).long(), real
 
 
-def _masking_invariants(ids, real, masked, labels, special=None) -> None:
+def _masking_invariants(ids, real, masked, labels, special=WORD_SPECIAL_TOKENS) -> None:
     """What must hold for every call of a BERT masking, whatever its random draws."""
-    special = special or WORD_SPECIAL_TOKENS
     if tuple(masked.shape) != tuple(ids.shape) or tuple(labels.shape) != tuple(ids.shape):
         raise ExerciseError(f"masked_ids and labels must both have the shape of input_ids "
                             f"{tuple(ids.shape)}, got {tuple(masked.shape)} and "

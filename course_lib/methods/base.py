@@ -137,12 +137,16 @@ class Method(Ranker):
             raise RuntimeError(f"{self.name}: call fit(bench, tokenizer, cache_dir) first")
         return self.model
 
+    def _kept(self, attr: str, make=SplitCache):
+        """The cache held in attribute `attr`, made on first use."""
+        if getattr(self, attr, None) is None:
+            setattr(self, attr, make())
+        return getattr(self, attr)
+
     def cached_states(self, split, compute_states):
         """compute_states(model, split, tokenizer), once per split and fitted model (SplitCache)."""
-        if getattr(self, "_states", None) is None:
-            self._states = SplitCache()
-        return self._states.get(split, self.model,
-                                lambda: compute_states(self._fitted(), split, self.tokenizer))
+        return self._kept("_states").get(
+            split, self.model, lambda: compute_states(self._fitted(), split, self.tokenizer))
 
     def trained_model_of(self, other: Method, bench: dict, tokenizer, cache_dir, *,
                          needed: bool) -> nn.Module:
@@ -170,16 +174,13 @@ class DualEncoderMethod(Method):
 
     def gallery_embeddings(self, split) -> torch.Tensor:
         """(N, E) image embeddings, once per split and fitted model (SplitCache)."""
-        if getattr(self, "_gallery", None) is None:
-            self._gallery = SplitCache()
-        return self._gallery.get(split, self.model, lambda: encode_gallery(self._fitted(), split))
+        return self._kept("_gallery").get(split, self.model,
+                                          lambda: encode_gallery(self._fitted(), split))
 
     def caption_embeddings(self, split) -> torch.Tensor:
         """(T, E) caption embeddings, the gallery of image queries (as above)."""
-        if getattr(self, "_captions", None) is None:
-            self._captions = SplitCache()
-        return self._captions.get(split, self.model,
-                                  lambda: encode_captions(self._fitted(), split, self.tokenizer))
+        return self._kept("_captions").get(
+            split, self.model, lambda: encode_captions(self._fitted(), split, self.tokenizer))
 
     def rank(self, split, direction: str, top_k: int,
              queries=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -202,11 +203,9 @@ class DualEncoderMethod(Method):
                    backend: str = "auto",
                    encode_name: str = "encode_texts") -> tuple[QueryTokenizer, QueryEncoder]:
         """(QueryTokenizer, QueryEncoder) of the model's `encode_name`, built once (QuerySide)."""
-        if getattr(self, "_query_side", None) is None:
-            self._query_side = QuerySide()
-        return self._query_side.get(self._fitted().eval(), self.tokenizer, probe_caption,
-                                    max_length=max_length, backend=backend,
-                                    encode_name=encode_name)
+        return self._kept("_query_side", QuerySide).get(
+            self._fitted().eval(), self.tokenizer, probe_caption, max_length=max_length,
+            backend=backend, encode_name=encode_name)
 
     def query_fn(self, split, caption_index: int = 0, top_k: int = 10, index_kind: str = "flat",
                  with_scores: bool = False, backend: str = "auto"):
@@ -216,26 +215,22 @@ class DualEncoderMethod(Method):
         model = self._fitted().eval()
         index = build_index(self.gallery_embeddings(split), kind=index_kind)  # offline: (N, E)
         caption = split.captions[caption_index]
-        if backend == "reference":
-            return self._reference_query_fn(model, index, caption, top_k, with_scores)
+        if backend == "reference":  # the eager path (notebook 03's "before", the tests' reference)
+            collate, device = TextCollate(self.tokenizer, QUERY_MAX_LENGTH), model_device(model)
+
+            @torch.no_grad()
+            def answer() -> np.ndarray:
+                batch = {k: v.to(device) for k, v in collate.encode([caption]).items()}  # (1, T)
+                query = model.encode_texts(batch).float().cpu()  # (1, E)
+                scores, indices = search(index, query, top_k)  # (1, top_k) each
+                return (indices[0], scores[0]) if with_scores else indices[0]
+
+            return answer
         path = TextQueryPath(*self.query_side(caption, backend=backend), Searcher(index, top_k))
 
         def answer():
             scores, indices = path(caption)  # (top_k,) each
             return (indices, scores) if with_scores else indices
-
-        return answer
-
-    def _reference_query_fn(self, model, index, caption: str, top_k: int, with_scores: bool):
-        """The eager path the lean one replaced (notebook 03's "before", the tests' reference)."""
-        collate, device = TextCollate(self.tokenizer, QUERY_MAX_LENGTH), model_device(model)
-
-        @torch.no_grad()
-        def answer() -> np.ndarray:
-            batch = {k: v.to(device) for k, v in collate.encode([caption]).items()}  # (1, T)
-            query = model.encode_texts(batch).float().cpu()  # (1, E)
-            scores, indices = search(index, query, top_k)  # (1, top_k) each
-            return (indices[0], scores[0]) if with_scores else indices[0]
 
         return answer
 

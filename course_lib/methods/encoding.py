@@ -19,17 +19,15 @@ from course_lib.data.datasets import CaptionDataset, ImageDataset, make_loader
 _PROGRESS_ITEMS = 20_000
 
 
-def _encode(model: nn.Module, loader, encode_name: str, device, progress: bool) -> torch.Tensor:
-    """model.<encode_name>(batch) over a loader under checkpoints.inference -> (n, E) on the CPU."""
-    encode, out, desc = getattr(model, encode_name), [], encode_name.replace("_", " ")
+def encode_batches(model: nn.Module, loader, encode, device=None, progress: bool = False,
+                   desc: str = "") -> list:
+    """[encode(batch)] of a loader's batches on the model's device, under checkpoints.inference."""
     with inference(model, device) as device:
-        for batch in tqdm(loader, desc=desc, disable=not progress, leave=False):
-            batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
-            out.append(encode(batch).float().cpu())  # (b, E)
-    return torch.cat(out)  # (n, E)
+        return [encode({k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()})
+                for batch in tqdm(loader, desc=desc, disable=not progress, leave=False)]
 
 
-def _some(dataset, indices):
+def subset_of(dataset, indices):
     """The dataset, or only the items at `indices` (in that order)."""
     return dataset if indices is None else Subset(dataset, [int(i) for i in indices])
 
@@ -37,9 +35,11 @@ def _some(dataset, indices):
 def encode_gallery(model: nn.Module, split, *, batch_size: int = 256, device=None,
                    progress: bool | None = None, indices=None) -> torch.Tensor:
     """(N, E) image embeddings of a split (or its `indices`), on the CPU; progress None: if big."""
-    loader = make_loader(_some(ImageDataset(split, modality=model.modality), indices), batch_size)
+    images = subset_of(ImageDataset(split, modality=model.modality), indices)
     progress = split.n_images > _PROGRESS_ITEMS if progress is None else progress
-    return _encode(model, loader, "encode_images", device, progress)
+    return torch.cat(encode_batches(model, make_loader(images, batch_size),
+                                    lambda batch: model.encode_images(batch).float().cpu(),
+                                    device, progress, "encode images"))  # (N, E)
 
 
 def encode_captions(model: nn.Module, split, tokenizer, *, batch_size: int = 256, device=None,
@@ -49,10 +49,12 @@ def encode_captions(model: nn.Module, split, tokenizer, *, batch_size: int = 256
               else np.asarray(indices, dtype=np.int64))  # (T,)
     # batches of like lengths, longest first: a batch pads to its longest caption
     order = np.argsort([-len(split.captions[t]) for t in chosen], kind="stable")  # (T,)
-    loader = make_loader(_some(CaptionDataset(split), chosen[order]), batch_size,
+    loader = make_loader(subset_of(CaptionDataset(split), chosen[order]), batch_size,
                          tokenizer=tokenizer)
     progress = split.n_texts > _PROGRESS_ITEMS if progress is None else progress
-    embeddings = _encode(model, loader, "encode_texts", device, progress)  # (T, E) sorted
+    embeddings = torch.cat(encode_batches(model, loader,
+                                          lambda batch: model.encode_texts(batch).float().cpu(),
+                                          device, progress, "encode texts"))  # (T, E) sorted
     return embeddings[torch.from_numpy(np.argsort(order))]
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from course_lib.methods.queries import check_direction, query_indices, top_k_of
+from course_lib.methods.queries import check_direction, checked_pairs, query_indices, top_k_of
 
 # pairs scored per score_block call while ranking (memory, not the result)
 _PAIRS_PER_BLOCK = 1 << 20
@@ -64,15 +64,10 @@ class PairwiseRanking(ABC):
 
     def score_pairs(self, split, image_indices, text_indices) -> torch.Tensor:
         """(P,) scores of the pairs (image_indices[p], text_indices[p]): score_block per caption."""
-        images = torch.as_tensor(np.asarray(image_indices), dtype=torch.long)  # (P,)
-        texts = torch.as_tensor(np.asarray(text_indices), dtype=torch.long)  # (P,)
+        images, texts = checked_pairs(image_indices, text_indices)  # (P,) each
         out = torch.empty(len(images))
         for text in torch.unique(texts).tolist():
             where = torch.nonzero(texts == text).squeeze(1)
             block = self.score_block(split, images[where].numpy(), np.array([text]))  # (p, 1)
             out[where] = block[:, 0].float()
         return out
-
-    def pair_scorer(self, split):
-        """score_pairs bound to a split: (image_indices (P,), text_indices (P,)) -> (P,)."""
-        return lambda images, texts: self.score_pairs(split, images, texts)

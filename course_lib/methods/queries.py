@@ -36,10 +36,21 @@ def ground_truth(split, direction: str, queries, indices) -> torch.Tensor:
     return txt2img[indices] == queries[:, None]
 
 
+def checked_pairs(image_indices, text_indices) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two (P,) long tensors of aligned pair indices, or a clear error."""
+    images = torch.as_tensor(np.asarray(image_indices), dtype=torch.long)  # (P,)
+    texts = torch.as_tensor(np.asarray(text_indices), dtype=torch.long)  # (P,)
+    if images.shape != texts.shape or images.ndim != 1:
+        raise ValueError("image_indices and text_indices must be two (P,) vectors of pairs, got "
+                         f"shapes {tuple(images.shape)} and {tuple(texts.shape)}")
+    return images, texts
+
+
 def top_k_of(scores: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(indices, scores) of each row's top_k, best first; top_k capped at the row length."""
     top = torch.topk(scores.float(), min(top_k, scores.shape[1]), dim=1)
     return top.indices, top.values
 
 
-__all__ = ["DIRECTIONS", "check_direction", "query_indices", "ground_truth", "top_k_of"]
+__all__ = ["DIRECTIONS", "check_direction", "query_indices", "ground_truth", "checked_pairs",
+           "top_k_of"]

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from course_lib.methods.base import Ranker
-from course_lib.methods.queries import DIRECTIONS, check_direction, query_indices
+from course_lib.methods.queries import check_direction, query_indices
 
 PairScorer = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -27,8 +27,7 @@ PairScorer = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 def top_m_candidates(first_scores: torch.Tensor, top_m: int,
                      direction: str = "t2i") -> torch.Tensor:
     """The first stage's top_m per query, best first: t2i (T, M) images, i2t (N, M) texts."""
-    if direction not in DIRECTIONS:
-        raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
+    check_direction(direction)
     if top_m < 1:
         raise ValueError(f"top_m must be >= 1, got {top_m}")
     scores = torch.as_tensor(first_scores)

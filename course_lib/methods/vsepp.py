@@ -139,8 +139,7 @@ def train_dual_encoder(bench: dict, tokenizer, config: VsePPConfig | None = None
     history = fit_pairs(model, loss_fn, bench["train"], tokenizer, config, modality=model.modality,
                         evaluate=evaluate, eval_every=eval_every, log_every=25, progress=progress,
                         checkpoint_path=checkpoint_path, device=device)
-    model.eval()
-    return model, history
+    return model.eval(), history
 
 
 class VsePPMethod(DualEncoderMethod):

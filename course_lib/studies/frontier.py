@@ -39,10 +39,8 @@ def extend_latency(points: list[dict], sizes) -> list[dict]:
                           "measured": bool(p["measured"])} for p in points}
     floor = measured[-1]["ms_per_query"]
     fit_to = measured if len({p["n"] for p in measured}) >= 2 else list(points)
-    if len({p["n"] for p in fit_to}) >= 2:
-        fit = fit_linear_cost([p["n"] for p in fit_to], [p["ms_per_query"] for p in fit_to])
-    else:
-        fit = (floor, 0.0)
+    fit = (fit_linear_cost([p["n"] for p in fit_to], [p["ms_per_query"] for p in fit_to])
+           if len({p["n"] for p in fit_to}) >= 2 else (floor, 0.0))
     for n in sorted({int(n) for n in sizes} - set(rows)):
         ms = max(float(extrapolate(fit, n)), floor)
         rows[n] = {"n": n, "ms_per_query": ms, "measured": False}

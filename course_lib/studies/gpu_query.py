@@ -91,11 +91,10 @@ def format_report(report: dict) -> str:
             lines.append(f"  lightningdot {backend:<11} " + timed)
         fastest = min(r["median_ms"] for b, r in paths.items()
                       if b != "profile" and "median_ms" in r)
-        lines.append(f"  cross_encoder          {cross['median_ms']:.3f} ms: "
-                     f"{cross['median_ms'] / fastest:,.0f}x the fastest LightningDOT path")
-        lines.append(f"  profile of the default path (encoder backend "
-                     f"{paths['profile']['backend']!r}):")
-        lines.append(paths["profile"]["table"])
+        lines += [f"  cross_encoder          {cross['median_ms']:.3f} ms: "
+                  f"{cross['median_ms'] / fastest:,.0f}x the fastest LightningDOT path",
+                  f"  profile of the default path (encoder backend "
+                  f"{paths['profile']['backend']!r}):", paths["profile"]["table"]]
     return "\n".join(lines)
 
 

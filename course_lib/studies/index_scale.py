@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 from course_lib.core import retrieval, settings
 from course_lib.core import shipped as shipped_models
 from course_lib.core.checkpoints import CHECKPOINTS
-from course_lib.core.index_eval import time_single_queries, topk_recall
+from course_lib.core.index_eval import _timed_build, time_single_queries, topk_recall
 from course_lib.core.roofline import exact_search_flops, gflops
 from course_lib.core.tiling import tile_rows
 from course_lib.core.timing import measure
@@ -157,10 +157,7 @@ def measure_kind(gallery, queries, exact_ids, kind: str, k: int = 10,
     """Build one index kind over gallery (n, E) and measure it at its default and each SWEEP
     setting: (row, sweep rows, its batched ids (Q, k)). exact_ids: None for "flat"."""
     params, train_size = study_config(kind, len(gallery))
-    built = {}
-    build = measure(lambda: built.update(index=retrieval.build_index(
-        gallery, kind, train_size=train_size, **params)), warmup=0, repeats=1)
-    index = built.pop("index")
+    index, build = _timed_build(gallery, kind, {**params, "train_size": train_size})
     main, ids = _point(index, queries, exact_ids, k, repeats)
     row = {"kind": kind, "n": len(gallery), "params": retrieval.current_params(index),
            "train_size": train_size, "build_s": build.median_ms / 1e3,

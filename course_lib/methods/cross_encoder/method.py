@@ -20,7 +20,6 @@ import torch.nn.functional as F
 
 from course_lib.core.checkpoints import finished_checkpoint, inference
 from course_lib.core.history import History
-from course_lib.core.split_cache import SplitCache
 from course_lib.core.stages import Stage, config_fields
 from course_lib.core.train import Trainer
 from course_lib.core.train_config import train_config
@@ -264,10 +263,8 @@ class CrossEncoderMethod(PairwiseMethod):
 
     def embedded(self, split) -> Embedded:
         """The split through the fitted model's one-sided embeddings, once per split and model."""
-        if getattr(self, "_embedded", None) is None:
-            self._embedded = SplitCache()
-        return self._embedded.get(split, self.model,
-                                  lambda: Embedded(self._fitted(), split, self.tokenizer))
+        return self._kept("_embedded").get(split, self.model,
+                                           lambda: Embedded(self._fitted(), split, self.tokenizer))
 
     def score_block(self, split, image_indices, text_indices) -> torch.Tensor:
         """(n, m) logits of the chosen images against the chosen captions: n * m fused pairs."""

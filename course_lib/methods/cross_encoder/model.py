@@ -36,6 +36,7 @@ from course_lib.core.checkpoints import inference
 from course_lib.core.settings import CourseConfig
 from course_lib.core.train import move_to_device
 from course_lib.data.datasets import IMAGE_KEYS, image_batch, image_fields, text_fields
+from course_lib.methods.queries import checked_pairs
 
 TEXT_KEYS = ("input_ids", "attention_mask")  # the text fields the model reads
 # pairs per forward pass, cache-sized on a CPU (docs/tuning_notes.md, "Cross-encoder"); GPU: 4096+
@@ -267,11 +268,8 @@ def score_index_pairs(model: CrossEncoder, split, tokenizer, image_indices, text
                       batch_size: int = BLOCK_PAIRS, device=None, progress: bool = False,
                       embedded: Embedded | None = None) -> torch.Tensor:
     """Logits (P,) of the pairs (image_indices[p], text_indices[p]): the re-rankers' pair scorer."""
-    images = _indices(image_indices, split.n_images)  # (P,)
-    texts = _indices(text_indices, split.n_texts)  # (P,)
-    if images.shape != texts.shape or images.ndim != 1:
-        raise ValueError(f"image_indices and text_indices must be two (P,) vectors of pairs, got "
-                         f"shapes {tuple(images.shape)} and {tuple(texts.shape)}")
+    images, texts = checked_pairs(_indices(image_indices, split.n_images),
+                                  _indices(text_indices, split.n_texts))  # (P,) each
     embedded = embedded or Embedded(model, split, tokenizer, device=device, batch_size=batch_size)
     distinct, text_rows = torch.unique(texts, return_inverse=True)  # (U,), (P,)
 

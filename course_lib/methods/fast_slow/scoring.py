@@ -10,7 +10,6 @@ from __future__ import annotations
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from torch import nn
 from tqdm.auto import tqdm
@@ -19,6 +18,7 @@ from course_lib.core.checkpoints import inference, model_device
 from course_lib.core.train import move_to_device
 from course_lib.data.datasets import ImageDataset, collate_images, text_fields
 from course_lib.methods.fast_slow.model import SlowModel, image_inputs
+from course_lib.methods.queries import checked_pairs
 
 LOGITS_PER_BLOCK = 1 << 24  # logits a direction per block of pairs (64 MB): memory, not the result
 
@@ -90,14 +90,4 @@ def _scoring(model: nn.Module, device=None):
             yield device
 
 
-def checked_pairs(image_indices, text_indices) -> tuple[torch.Tensor, torch.Tensor]:
-    """Two (P,) long tensors of aligned pair indices, or a clear error."""
-    images = torch.as_tensor(np.asarray(image_indices), dtype=torch.long)  # (P,)
-    texts = torch.as_tensor(np.asarray(text_indices), dtype=torch.long)  # (P,)
-    if images.shape != texts.shape or images.ndim != 1:
-        raise ValueError("image_indices and text_indices must be two (P,) vectors of pairs, got "
-                         f"shapes {tuple(images.shape)} and {tuple(texts.shape)}")
-    return images, texts
-
-
-__all__ = ["SlowStates", "compute_states", "score_cached_pairs", "checked_pairs"]
+__all__ = ["SlowStates", "compute_states", "score_cached_pairs"]

@@ -50,18 +50,14 @@ def encoder_multiply_adds(tokens: int, hidden: int, layers: int) -> int:
     return layers * (12 * tokens * hidden * hidden + 2 * tokens * tokens * hidden)
 
 
-def eol_multiply_adds(hidden: int, widths) -> int:
-    """Multiply-adds of the EOL MLPs of one query: H·H + H·d_l per level."""
-    return sum(hidden * hidden + hidden * w for w in widths)
-
-
 def query_multiply_adds(n: int, *, tokens: int, hidden: int, layers: int, widths,
                         survivors=()) -> dict:
     """Multiply-adds of one query: encoder + EOLs, plus n at d_L (flat) or the cascade's levels."""
     if len(survivors) != len(widths) - 1:
         raise ValueError(f"{len(widths)} levels need {len(widths) - 1} survivor counts, "
                          f"got {list(survivors)}")
-    encoder = encoder_multiply_adds(tokens, hidden, layers) + eol_multiply_adds(hidden, widths)
+    eols = sum(hidden * hidden + hidden * w for w in widths)  # the EOL MLPs: H·H + H·d_l a level
+    encoder = encoder_multiply_adds(tokens, hidden, layers) + eols
     counts = accumulate(survivors, min, initial=n)  # n, then each survivor count, capped
     flat_sim = n * widths[-1]
     cascade_sim = sum(c * w for c, w in zip(counts, widths, strict=True))
@@ -69,5 +65,4 @@ def query_multiply_adds(n: int, *, tokens: int, hidden: int, layers: int, widths
             "flat": encoder + flat_sim, "cascade": encoder + cascade_sim}
 
 
-__all__ = ["CostModel", "cascade_cost", "encoder_multiply_adds", "eol_multiply_adds",
-           "query_multiply_adds"]
+__all__ = ["CostModel", "cascade_cost", "encoder_multiply_adds", "query_multiply_adds"]

@@ -11,16 +11,15 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
-from course_lib.core.checkpoints import finished_checkpoint, inference
+from course_lib.core.checkpoints import finished_checkpoint
 from course_lib.core.retrieval import build_index, search
 from course_lib.core.settings import seed_everything
 from course_lib.data.datasets import CaptionDataset, ImageDataset, make_loader
 from course_lib.data.split import RetrievalSplit
 from course_lib.data.synthetic import with_fresh_scenes
 from course_lib.methods.base import DualEncoderMethod, Ranker, fit_pairs
-from course_lib.methods.encoding import retrieval_evaluator
+from course_lib.methods.encoding import encode_batches, retrieval_evaluator
 from course_lib.methods.hivlp.model import (
     HiVLP,
     HiVLPConfig,
@@ -31,7 +30,7 @@ from course_lib.methods.hivlp.model import (
 )
 from course_lib.methods.hivlp.search import SURVIVORS, coarse_to_fine_one
 from course_lib.methods.pixel_stem import StartsFromPixelStem, load_stem_backbone
-from course_lib.methods.queries import check_direction, query_indices
+from course_lib.methods.queries import check_direction, checked_pairs, query_indices
 from course_lib.methods.registry import register_method
 from course_lib.methods.rerank import Cascade
 
@@ -64,11 +63,8 @@ class HiVLPStates:
 
 
 def _encode_levels(model: HiVLP, loader, encode, progress: bool, desc: str) -> list[torch.Tensor]:
-    parts = []
-    with inference(model) as device:
-        for batch in tqdm(loader, desc=desc, disable=not progress, leave=False):
-            batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
-            parts.append([x.float().cpu() for x in encode(batch)])  # [(b, d_l)]
+    parts = encode_batches(model, loader, lambda batch: [x.float().cpu() for x in encode(batch)],
+                           progress=progress, desc=desc)  # [[(b, d_l)]]
     return [torch.cat(level) for level in zip(*parts, strict=True)]  # [(n, d_l)]
 
 
@@ -98,10 +94,9 @@ def with_stem_grid(split, tower: StemGridTower, batch_size: int = 512, progress:
                    device: str | None = None) -> RetrievalSplit:
     """A copy of `split` whose regions are the frozen stem's grid tokens (N, 16, C)."""
     loader = make_loader(ImageDataset(split, modality="pixels"), batch_size)
-    parts = []
-    with inference(tower.backbone, device) as on:
-        for batch in tqdm(loader, desc="stem grid", disable=not progress, leave=False):
-            parts.append(tower.grid_tokens(batch["pixels"].to(on)).float().cpu())  # (b, 16, C)
+    parts = encode_batches(tower.backbone, loader,
+                           lambda batch: tower.grid_tokens(batch["pixels"]).float().cpu(), device,
+                           progress, "stem grid")  # [(b, 16, C)]
     tokens = torch.cat(parts).numpy()  # (N, 16, C)
     boxes = grid_boxes(tower.side).numpy().astype(np.float32)  # (16, 7)
     return RetrievalSplit(name=f"{split.name}:stem-grid", captions=split.captions,
@@ -194,8 +189,7 @@ class HiVLPMethod(StartsFromPixelStem, DualEncoderMethod):
     def score_level(self, split, image_indices, text_indices, level: int) -> torch.Tensor:
         """S^level (P,) of the pairs (image_indices[p], text_indices[p]) from cached vectors."""
         states = self.states(split)
-        images = torch.as_tensor(np.asarray(image_indices), dtype=torch.long)  # (P,)
-        texts = torch.as_tensor(np.asarray(text_indices), dtype=torch.long)  # (P,)
+        images, texts = checked_pairs(image_indices, text_indices)  # (P,) each
         return (states.image[level][images] * states.text[level][texts]).sum(-1)  # (P, d) each
 
     def online_query_fn(self, split, caption_index: int = 0, top_k: int = 10, levels=None,

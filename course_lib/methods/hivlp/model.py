@@ -242,8 +242,7 @@ class HiVLP(nn.Module):
         self.text_at = level_layers(c.text_layers, c.n_levels)
         self.image_eols = nn.ModuleList(EarlyOutput(self.image_tower.width, w)
                                         for w in c.eol_widths)
-        self.text_eols = nn.ModuleList(EarlyOutput(c.hidden, w)
-                                       for w in c.eol_widths)
+        self.text_eols = nn.ModuleList(EarlyOutput(c.hidden, w) for w in c.eol_widths)
         self.vmlm = (VMLM(c.hidden, vocab_size, fuse=True)
                      if self.image_tower.width == c.hidden else None)
 

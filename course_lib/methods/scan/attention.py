@@ -22,7 +22,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-DIRECTIONS = ("t2i", "i2t")
+from course_lib.methods.queries import check_direction
+
 AGGREGATIONS = ("lse", "mean")
 # numbers in one block's (Bc, Lc, Bq, Lq) attention: CPU 2 MB of float32 (cache-sized), GPU 64 MB
 _BLOCK_ELEMENTS = {"cpu": 1 << 19, "other": 1 << 24}
@@ -176,8 +177,7 @@ def scan_similarity(regions: torch.Tensor, region_mask: torch.Tensor | None, wor
     best: t2i lambda_softmax 9 with lse 6 or mean; i2t lambda_softmax 4 with lse 5 (Flickr30k) or 20
     (COCO). shard_size: images and texts per block; changes memory and speed, never the result.
     """
-    if direction not in DIRECTIONS:
-        raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
+    check_direction(direction)
     if agg not in AGGREGATIONS:
         raise ValueError(f"agg must be one of {AGGREGATIONS} (LogSumExp or mean), got {agg!r}")
     if not lambda_softmax >= 0:

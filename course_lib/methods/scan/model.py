@@ -19,16 +19,16 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import Subset
 from tqdm.auto import tqdm
 
-from course_lib.core.checkpoints import inference, model_device
+from course_lib.core.checkpoints import model_device
 from course_lib.core.encoders import BertTextEncoder, BiGRUEncoder, l2_normalize, word_mask
 from course_lib.core.losses import hinge_triplet_loss
 from course_lib.core.offline_weights import pretrained_text_path
 from course_lib.core.settings import CourseConfig
 from course_lib.core.tokens import WORD_SPECIAL_TOKENS, SpecialTokens
 from course_lib.data.datasets import CaptionDataset, ImageDataset, make_loader
+from course_lib.methods.encoding import encode_batches, subset_of
 from course_lib.methods.scan.attention import scan_similarity
 
 BOX_DIM = 7  # UNITER's box: x1, y1, x2, y2, w, h, area
@@ -178,12 +178,11 @@ def build_scan(config: SCANConfig, split, tokenizer) -> SCANModel:
 # ----------------------------------------------------------------------------- evaluation
 def _encode_sets(model: SCANModel, loader, encode, desc: str, progress: bool, device):
     """encode(batch) over a loader -> (items (n, L, E), mask (n, L)) padded, on the CPU."""
-    chunks = []
-    with inference(model, device) as device:
-        for batch in tqdm(loader, desc=desc, disable=not progress, leave=False):
-            batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
-            items, mask = encode(batch)
-            chunks.append((items.float().cpu(), mask.cpu()))
+    def on_cpu(batch):
+        items, mask = encode(batch)
+        return items.float().cpu(), mask.cpu()
+
+    chunks = encode_batches(model, loader, on_cpu, device, progress, desc)
     length = max(mask.shape[1] for _, mask in chunks)  # zero padding at the end of each set
     items = torch.cat([F.pad(x, (0, 0, 0, length - x.shape[1])) for x, _ in chunks])  # (n, L, E)
     return items, torch.cat([F.pad(m, (0, length - m.shape[1])) for _, m in chunks])  # (n, L)
@@ -192,7 +191,6 @@ def _encode_sets(model: SCANModel, loader, encode, desc: str, progress: bool, de
 def encode_regions(model: SCANModel, split, *, batch_size: int = 512, device=None,
                    progress: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(regions (N, R, E), region_mask (N, R)) of a split's images, on the CPU."""
-    device = model_device(model, device)
     loader = make_loader(ImageDataset(split, modality=model.modality), batch_size)
     return _encode_sets(model, loader, model.encode_images, "encode regions", progress, device)
 
@@ -200,10 +198,7 @@ def encode_regions(model: SCANModel, split, *, batch_size: int = 512, device=Non
 def encode_words(model: SCANModel, split, tokenizer, *, texts=None, batch_size: int = 512,
                  device=None, progress: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(words (T, L, E), word_mask (T, L)) of a split's captions (or `texts`), on the CPU."""
-    device = model_device(model, device)
-    captions = CaptionDataset(split)
-    captions = captions if texts is None else Subset(captions, [int(t) for t in texts])
-    loader = make_loader(captions, batch_size, tokenizer=tokenizer)
+    loader = make_loader(subset_of(CaptionDataset(split), texts), batch_size, tokenizer=tokenizer)
     return _encode_sets(model, loader, model.encode_texts, "encode words", progress, device)
 
 

@@ -225,9 +225,8 @@ class UBERTMethod(DualEncoderMethod):
         mine = self.towers_stage(bench, tokenizer)
         theirs = other.towers_stage(bench, other.tokenizer)
         if mine.file_name != theirs.file_name:
-            mine_fields, theirs_fields = mine.reads, theirs.reads
-            differ = [f"{f} ({mine_fields[f]!r} vs {theirs_fields[f]!r})" for f in mine_fields
-                      if mine_fields[f] != theirs_fields[f]]
+            differ = [f"{f} ({mine.reads[f]!r} vs {theirs.reads[f]!r})" for f in mine.reads
+                      if mine.reads[f] != theirs.reads[f]]
             raise ValueError(f"{self.name}: towers_from={other.name!r} trained other towers: "
                              + (", ".join(differ) if differ else "other data or vocabulary")
                              + ". Give both the same step-1 fields, or leave towers_from out to "

@@ -42,7 +42,7 @@ from course_lib.core.encoders import pretrained_bert
 from course_lib.core.optimizer import pretrained_lr_scales
 from course_lib.core.settings import CourseConfig
 from course_lib.data.datasets import image_batch, image_fields, text_fields
-from course_lib.methods.fast_slow.scoring import checked_pairs
+from course_lib.methods.queries import checked_pairs
 
 CROSS_TOWERS = ("scan", "none")
 STEP_TWO_PARTS = ("cross.", "cross_inputs.")  # what step 2 trains: BERT_cross, its SCAN inputs
