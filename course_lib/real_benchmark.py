@@ -56,14 +56,15 @@ FUSED_WEIGHT = 0.01
 WORD_METHODS = ("slow", "fast", "fast-distilled", "fast_slow@10", "fast_slow@50")
 WORD_MIN_FREQ = 5
 
-# smoke mode's steps where a switch makes a model costlier than its config's SMOKE allows for
-SMOKE_STEPS = {"UBERTConfig": dict(max_steps=10, cross_steps=10, cross_batch_size=8),
-               "LightningDOTConfig": dict(finetune_steps=10)}
+# smoke mode's steps and batches where fine-tuning the pretrained text side makes a model costlier
+# than its config's SMOKE allows for
+SMOKE_SIZES = {"UBERTConfig": dict(max_steps=10, cross_steps=10, batch_size=16, cross_batch_size=8),
+               "LightningDOTConfig": dict(finetune_steps=10, batch_size=16)}
 
 
 def real_sizes(text_encoder: str = MINILM_NAME, smoke: bool = False) -> dict:
     """registry.Build.sizes for REAL_METHODS: the switches real data needs (a pretrained text side,
-    grid cells for pixels, no fresh scenes); smoke also shrinks steps (SMOKE_STEPS)."""
+    grid cells for pixels, no fresh scenes); smoke also shrinks steps and batches (SMOKE_SIZES)."""
     from transformers import AutoConfig
 
     width = AutoConfig.from_pretrained(pretrained_text_path(text_encoder)).hidden_size
@@ -83,7 +84,7 @@ def real_sizes(text_encoder: str = MINILM_NAME, smoke: bool = False) -> dict:
     }
     if not smoke:
         return switches
-    return {name: {**fields, **SMOKE_STEPS.get(name, {})} for name, fields in switches.items()}
+    return {name: {**fields, **SMOKE_SIZES.get(name, {})} for name, fields in switches.items()}
 
 
 def real_methods(text_encoder: str = MINILM_NAME, smoke: bool = False, seed: int = 0,
@@ -263,7 +264,7 @@ def main(argv=None) -> dict:
 
 __all__ = ["chance_metrics", "training_curves", "fit_real_methods", "real_methods", "real_sizes",
            "evaluate_real", "smoke_bench", "run_features", "main", "REAL_METHODS", "FUSED",
-           "FUSED_TOP_M", "FUSED_WEIGHT", "SMOKE_STEPS", "WORD_METHODS", "WORD_MIN_FREQ",
+           "FUSED_TOP_M", "FUSED_WEIGHT", "SMOKE_SIZES", "WORD_METHODS", "WORD_MIN_FREQ",
            "SETTINGS", "KS", "NO_ORACLE", "REFERENCE_NOTES", "REAL_PAIR_CAP", "SMOKE_PHOTOS"]
 
 

@@ -67,8 +67,30 @@ def test_a_frozen_encoder_without_gradients_reads_the_shared_states(monkeypatch)
         assert len(memo.kept) == 2
         trainable({"input_ids": ids, "attention_mask": mask})  # its last block learns: not shared
         assert len(memo.kept) == 2
-    frozen({"input_ids": ids, "attention_mask": mask})  # with gradients: the BERT runs itself
+    frozen({"input_ids": ids, "attention_mask": mask})  # with gradients too: nothing new
     assert len(memo.kept) == 2
+
+
+def test_training_through_a_frozen_encoder_reads_each_caption_once_and_still_learns(monkeypatch):
+    """In training (gradients on) the frozen BERT's states come from the memo: a caption seen in
+    an earlier batch is not read again, and the layer above the states still gets its gradient."""
+    import course_lib.core.encoders as encoders
+
+    memo = FrozenStates()
+    monkeypatch.setattr(encoders, "FROZEN_STATES", memo)
+    encoder, head = _encoder().train(), torch.nn.Linear(16, 1)
+    reads = []
+    encoder.bert.register_forward_hook(lambda *_: reads.append(1))
+    ids, mask = _batch([4, 6, 3])
+    direct = encoder.bert(input_ids=ids, attention_mask=mask).last_hidden_state  # (B, T, H)
+    assert len(reads) == 1
+    for _ in range(3):  # three steps over the same captions: one read, in the first
+        tokens = encoder({"input_ids": ids, "attention_mask": mask}).tokens  # (B, T, H)
+        head(tokens).sum().backward()
+    assert len(reads) == 2 and not tokens.requires_grad
+    torch.testing.assert_close(tokens, direct.masked_fill(~mask.bool().unsqueeze(-1), 0.0),
+                               atol=1e-5, rtol=1e-5)
+    assert head.weight.grad is not None and head.weight.grad.abs().sum() > 0
 
 
 def test_other_or_changed_weights_are_other_states():

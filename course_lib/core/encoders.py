@@ -284,8 +284,9 @@ class BertTextEncoder(nn.Module):
     def forward(self, batch: dict) -> EncoderOutput:
         input_ids, attention_mask = batch["input_ids"], batch["attention_mask"]  # (B, T)
         _check_positions(input_ids.shape[1], self.bert.config.max_position_embeddings, "BERT")
-        if self.is_frozen() and not torch.is_grad_enabled():  # a fixed function of the ids
-            states = FROZEN_STATES(self.bert, input_ids, attention_mask)  # (B, T, H)
+        if self.is_frozen():  # a fixed function of the ids, which nothing trains through
+            with torch.no_grad():
+                states = FROZEN_STATES(self.bert, input_ids, attention_mask)  # (B, T, H)
         else:
             states = self.bert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         mask = attention_mask.bool()

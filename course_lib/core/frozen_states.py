@@ -1,10 +1,10 @@
 """A frozen pretrained text encoder's token states, computed once per caption for the whole run.
 Several models hold a copy of the same frozen BERT on real photos (the linear probe, SCAN, the
-cross-encoder, U-BERT); without gradients it is a fixed function of the token ids, so
-`FROZEN_STATES(bert, input_ids, attention_mask)` keys each caption's states by the weights'
-fingerprint and its ids. A caption first computed in another batch may differ in the last float
-bits (other padding): the first value is kept. A timed query is online work, so the clock
-(core.timing) pauses the memo: a repeated caption costs what a new one does."""
+cross-encoder, U-BERT); nothing trains through it, so in training as in evaluation it is a fixed
+function of the token ids, and `FROZEN_STATES(bert, input_ids, attention_mask)` keys each caption's
+states by the weights' fingerprint and its ids. A caption first computed in another batch may
+differ in the last float bits (other padding): the first value is kept. A timed query is online
+work, so the clock (core.timing) pauses the memo: a repeated caption costs what a new one does."""
 
 from __future__ import annotations
 
