@@ -299,6 +299,20 @@ def test_every_real_photo_preset_names_real_fields_and_applies_only_outside_smok
     assert sized.max_steps == 7 and sized.batch_size == VsePPConfig.REAL_PHOTOS["batch_size"]
 
 
+def test_smoke_sizes_name_real_fields_and_leave_the_default_run_alone():
+    from course_lib.methods.registry import Build
+    from course_lib.real_benchmark import SMOKE_SIZES, real_sizes
+
+    classes = {cls.__name__: cls for cls in _config_classes()}
+    smoke, default = real_sizes(smoke=True), real_sizes(smoke=False)
+    for name, fields in SMOKE_SIZES.items():
+        config = Build(smoke=True, real_photos=True, sizes=smoke).config(classes[name])
+        assert {k: getattr(config, k) for k in fields} == fields, name
+        full = Build(real_photos=True, sizes=default).config(classes[name])
+        assert all(getattr(full, k) != v for k, v in fields.items()), name
+    assert all(smoke[name].items() >= fields.items() for name, fields in default.items())
+
+
 def _config_classes():
     from course_lib.core.settings import CourseConfig
     from course_lib.methods.registry import registered_names  # imports every method module
