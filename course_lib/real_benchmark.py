@@ -58,10 +58,10 @@ WORD_MIN_FREQ = 5
 
 # smoke mode's steps and batches where real photos make a model costlier than its config's SMOKE
 # allows for: MiniLM fine-tuned, 49 cells of 1,280 numbers a photo, SCAN's B x B attention
-SMOKE_SIZES = {"UBERTConfig": dict(max_steps=10, cross_steps=10, batch_size=16, cross_batch_size=8),
-               "LightningDOTConfig": dict(finetune_steps=10, batch_size=16),
-               "SCANConfig": dict(batch_size=32), "VsePPConfig": dict(batch_size=16),
-               "HiVLPConfig": dict(batch_size=16)}
+SMOKE_SIZES = {"UBERTConfig": dict(max_steps=6, cross_steps=6, batch_size=16, cross_batch_size=8),
+               "LightningDOTConfig": dict(finetune_steps=6, batch_size=16),
+               "CrossEncoderConfig": dict(max_steps=20), "SCANConfig": dict(batch_size=32),
+               "VsePPConfig": dict(batch_size=16), "HiVLPConfig": dict(batch_size=16)}
 
 
 def real_sizes(text_encoder: str = MINILM_NAME, smoke: bool = False) -> dict:
