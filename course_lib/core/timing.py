@@ -124,9 +124,11 @@ def _call_clock(device: torch.device) -> Callable[[Callable[[], object]], float]
             return start.elapsed_time(end)
 
         return clock
-    sync = (torch.mps.synchronize if device.type == "mps"
-            else torch.cuda.synchronize if torch.cuda.is_available() and torch.cuda.is_initialized()
-            else None)
+    sync = None
+    if device.type == "mps":
+        sync = torch.mps.synchronize
+    elif torch.cuda.is_available() and torch.cuda.is_initialized():
+        sync = torch.cuda.synchronize
 
     def clock(fn) -> float:
         if sync:
