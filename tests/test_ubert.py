@@ -15,7 +15,7 @@ from course_lib.core.losses import hinge_triplet_loss
 from course_lib.core.metrics import ranks_from_top_k, recall_at_k
 from course_lib.data.datasets import PairCollate, PairDataset, text_fields
 from course_lib.data.tokenizer import build_word_tokenizer
-from course_lib.methods.queries import ground_truth
+from course_lib.methods.queries import ground_truth, length_blocks
 from course_lib.methods.scan.method import SCANMethod
 from course_lib.methods.scan.model import SCANConfig, build_scan
 from course_lib.methods.ubert.method import (
@@ -448,6 +448,13 @@ def test_cached_states_equal_the_uncached_path(fitted, bench, tok):
     assert torch.allclose(k_scores, score_cached_pairs(model, states, images[:10],
                                                        texts[:1].repeat(10)), atol=1e-5)
 
+
+
+def test_pairs_are_scored_in_blocks_of_like_caption_lengths():
+    # lengths 3 1 2 1 3, blocks of 2: the two 1s, then 2 and the first 3, then the last 3
+    blocks = length_blocks(torch.tensor([3, 1, 2, 1, 3]), 2)
+    assert [b.tolist() for b in blocks] == [[1, 3], [2, 0], [4]]
+    assert length_blocks(torch.zeros(0, dtype=torch.long), 4) == []
 
 
 @torch.no_grad()

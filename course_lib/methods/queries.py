@@ -46,6 +46,13 @@ def checked_pairs(image_indices, text_indices) -> tuple[torch.Tensor, torch.Tens
     return images, texts
 
 
+def length_blocks(text_lengths: torch.Tensor, batch_size: int) -> list[torch.Tensor]:
+    """Positions of P pairs in blocks of batch_size (each (b,)), ordered by their caption's length
+    (text_lengths (P,)): a block pads to its longest caption, so like lengths pad least."""
+    order = torch.argsort(torch.as_tensor(text_lengths), stable=True)  # (P,)
+    return [order[start:start + batch_size] for start in range(0, len(order), batch_size)]
+
+
 def top_k_of(scores: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(indices, scores) of each row's top_k, best first; top_k capped at the row length."""
     top = torch.topk(scores.float(), min(top_k, scores.shape[1]), dim=1)
@@ -53,4 +60,4 @@ def top_k_of(scores: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tens
 
 
 __all__ = ["DIRECTIONS", "check_direction", "query_indices", "ground_truth", "checked_pairs",
-           "top_k_of"]
+           "length_blocks", "top_k_of"]

@@ -272,13 +272,18 @@ def score_index_pairs(model: CrossEncoder, split, tokenizer, image_indices, text
                                   _indices(text_indices, split.n_texts))  # (P,) each
     embedded = embedded or Embedded(model, split, tokenizer, device=device, batch_size=batch_size)
     distinct, text_rows = torch.unique(texts, return_inverse=True)  # (U,), (P,)
+    captions = embedded.captions(distinct, device)  # (U, T, H), (U, T)
+    # pairs by their caption's length: a block pads to its longest caption
+    order = torch.argsort(captions[1].sum(1)[text_rows], stable=True)  # (P,)
 
     def rows(start, stop):
-        return images[start:stop], text_rows[start:stop]
+        return images[order[start:stop]], text_rows[order[start:stop]]
 
-    return score_embedded(model, embedded.images(slice(None)),
-                          embedded.captions(distinct, device), len(images), rows,
-                          batch_size=batch_size, device=device, progress=progress)
+    in_order = score_embedded(model, embedded.images(slice(None)), captions, len(images), rows,
+                              batch_size=batch_size, device=device, progress=progress)
+    scores = torch.empty_like(in_order)
+    scores[order] = in_order
+    return scores
 
 
 def rerank_scores(model: CrossEncoder, split, tokenizer, candidates, text_indices=None, *,

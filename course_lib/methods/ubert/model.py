@@ -42,7 +42,7 @@ from course_lib.core.encoders import pretrained_bert
 from course_lib.core.optimizer import pretrained_lr_scales
 from course_lib.core.settings import CourseConfig
 from course_lib.data.datasets import image_batch, image_fields, text_fields
-from course_lib.methods.queries import checked_pairs
+from course_lib.methods.queries import checked_pairs, length_blocks
 
 CROSS_TOWERS = ("scan", "none")
 STEP_TWO_PARTS = ("cross.", "cross_inputs.")  # what step 2 trains: BERT_cross, its SCAN inputs
@@ -297,11 +297,10 @@ def score_cached_pairs(model: UBERT, states: UBERTStates, image_indices, text_in
     images, texts = checked_pairs(image_indices, text_indices)  # (P,) each
     out = torch.empty(len(images))
     with inference(model, device) as device:
-        for start in range(0, len(images), batch_size):
-            stop = min(start + batch_size, len(images))
-            image = [s.to(device) for s in states.image(images[start:stop])]
-            text = [s.to(device) for s in states.text(texts[start:stop])]
-            out[start:stop] = model.s2(image, text).float().cpu()
+        for rows in length_blocks(states.text_mask.sum(1)[texts], batch_size):  # (b,) each
+            image = [s.to(device) for s in states.image(images[rows])]
+            text = [s.to(device) for s in states.text(texts[rows])]
+            out[rows] = model.s2(image, text).float().cpu()
     return out
 
 
