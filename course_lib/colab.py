@@ -70,6 +70,3 @@ def use_course_files(folder=".") -> Path | None:
     if course_repository() != root:
         os.environ["COURSE_REPOSITORY"] = str(root)
     return root
-
-
-__all__ = ["on_colab", "course_copy", "installed_from", "fetch_course", "use_course_files"]

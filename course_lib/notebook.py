@@ -216,11 +216,6 @@ def compare_ar(question: str, a_label: str, a: dict, b_label: str, b: dict, n_im
                      unit=" AR")
 
 
-__all__ = ["check_verdict", "setup", "skip_remaining_cells", "tile_gallery", "plot_latency",
-           "recall_table", "chance_recall", "recall_noise", "near_chance", "compare_recalls",
-           "recovery_verdict", "compare_rates", "compare_ar"]
-
-
 # test t2i R@1 the course asks of every dual encoder (docs/findings.md)
 DUAL_ENCODER_TARGET = 25.0
 

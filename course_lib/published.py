@@ -52,6 +52,3 @@ def published_markdown(published: dict, our_gallery: int) -> str:
         lines.append(f"| {r['paper']} | {r['image_features']} | {r['text_side'] or '–'} | {i2t} | "
                      f"{r['t2i_r1']:.1f} |")
     return "\n".join(lines)
-
-
-__all__ = ["PublishedResult", "PUBLISHED", "published_rows", "published_markdown"]

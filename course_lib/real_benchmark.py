@@ -265,11 +265,5 @@ def main(argv=None) -> dict:
     return results
 
 
-__all__ = ["chance_metrics", "training_curves", "fit_real_methods", "real_methods", "real_sizes",
-           "evaluate_real", "smoke_bench", "run_features", "main", "REAL_METHODS", "FUSED",
-           "FUSED_TOP_M", "FUSED_WEIGHT", "SMOKE_SIZES", "WORD_METHODS", "WORD_MIN_FREQ",
-           "SETTINGS", "KS", "NO_ORACLE", "REFERENCE_NOTES", "REAL_PAIR_CAP", "SMOKE_PHOTOS"]
-
-
 if __name__ == "__main__":
     main()

@@ -82,6 +82,3 @@ def search_box(rankers, gallery: RetrievalSplit, caption: str, top_k: int = 5):
 
     box.observe(update, names="value")  # continuous_update=False: on Enter or leaving the box
     return widgets.VBox([box, out])
-
-
-__all__ = ["SearchResult", "caption_split", "search_photos", "show_search", "search_box"]

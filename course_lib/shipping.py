@@ -241,8 +241,3 @@ def relabel(folder=shipped.SHIPPED_MODELS, methods=None, bench=None, tokenizer=N
     write_atomically(folder / shipped.MANIFEST,
                      lambda temporary: temporary.write_text(text, encoding="utf-8"))
     return manifest
-
-
-__all__ = ["own_models", "benchmark_data", "default_benchmark", "expected_entries", "probe_split",
-           "as_shipped", "probe", "probe_differences", "output_problems",
-           "refresh", "relabel", "shipping_entry", "SEED", "PROBE_IMAGES"]

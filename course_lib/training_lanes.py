@@ -214,6 +214,3 @@ def train_in_parallel(names=None, *, seed: int = 0, smoke: bool = False, checkpo
             if worker.is_alive():
                 worker.terminate()
     return finished
-
-
-__all__ = ["train_in_parallel", "plan", "usable_cores", "recorded_cpu_seconds", "LaneSpec"]

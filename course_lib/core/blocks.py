@@ -123,7 +123,3 @@ class JointEmbedding(nn.Module):
         """r_i = LN(RegionEmbedding(feature, box) + type(1)): (B, R, D), (B, R, 7) -> (B, R, H)."""
         return self.image_norm(self.region(images["regions"], images["boxes"])
                                + self.token_type.weight[1])
-
-
-__all__ = ["SelfAttention", "Block", "Transformer", "RegionEmbedding", "JointEmbedding",
-           "masked_mean"]

@@ -143,8 +143,3 @@ def mean_over_ranks(values: dict[str, float], device: torch.device) -> dict[str,
     dist.all_reduce(total)
     mean = dict(zip(keys, (total / world).tolist(), strict=True))
     return {k: mean[k] for k in values}
-
-
-__all__ = ["init_distributed", "destroy_distributed", "is_distributed", "get_rank",
-           "get_world_size", "is_main_process", "barrier", "gather_features", "gathered_loss",
-           "data_parallel_loss", "mean_over_ranks", "TORCHRUN_VARIABLES"]

@@ -322,9 +322,3 @@ def build_text_encoder(kind: str, vocab_size: int, **kwargs) -> nn.Module:
     if kind not in TEXT_ENCODERS:
         raise ValueError(f"unknown text encoder {kind!r}; valid kinds: {sorted(TEXT_ENCODERS)}")
     return TEXT_ENCODERS[kind](vocab_size, **kwargs)
-
-
-__all__ = ["EncoderOutput", "RegionTransformerEncoder", "PixelEncoder", "BagOfWordsEncoder",
-           "BiGRUEncoder", "TransformerTextEncoder", "BertTextEncoder", "pretrained_bert",
-           "build_image_encoder", "build_text_encoder", "l2_normalize", "count_parameters",
-           "word_mask", "IMAGE_ENCODERS", "TEXT_ENCODERS", "TINY_VIT_NAME", "TINY_VIT_KWARGS"]

@@ -51,6 +51,3 @@ def training_lock(checkpoint_path):
     LOCKS.mkdir(parents=True, exist_ok=True)
     with FileLock(str(lock_file(checkpoint_path))):
         yield
-
-
-__all__ = ["temporary_name", "write_atomically", "LOCKS", "lock_file", "training_lock"]

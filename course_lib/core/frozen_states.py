@@ -92,5 +92,3 @@ class FrozenStates:
 
 
 FROZEN_STATES = FrozenStates()  # the run's states, shared by every frozen BertTextEncoder
-
-__all__ = ["FROZEN_STATES_BYTES", "FrozenStates", "FROZEN_STATES", "weights_fingerprint"]

@@ -20,6 +20,3 @@ class History(list):
     def steps(self, name: str, eval: bool | None = None) -> list[int]:
         """The steps that go with `column(name, eval)`."""
         return [r["step"] for r in self.rows(eval) if name in r]
-
-
-__all__ = ["History"]

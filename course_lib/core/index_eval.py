@@ -91,7 +91,3 @@ def embedding_bytes(n_items: int, dim: int, dtype=np.float32) -> int:
         raise ValueError(f"n_items and dim must be >= 0, got {n_items} and {dim}")
     itemsize = dtype.itemsize if isinstance(dtype, torch.dtype) else np.dtype(dtype).itemsize
     return int(n_items) * int(dim) * itemsize
-
-
-__all__ = ["topk_recall", "recall_vs_exact", "time_single_queries", "DEFAULT_TRADEOFF_CONFIGS",
-           "index_tradeoff", "embedding_bytes"]

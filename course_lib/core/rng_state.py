@@ -24,6 +24,3 @@ def restore_rng_state(state: dict) -> None:
     cuda = state["cuda"]
     if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
         torch.cuda.set_rng_state_all(cuda)
-
-
-__all__ = ["capture_rng_state", "restore_rng_state"]

@@ -80,7 +80,3 @@ def roofline_ms(flops: float, rate_gflops: float) -> float:
     if rate_gflops <= 0:
         raise ValueError(f"a rate must be positive, got {rate_gflops} GFLOP/s")
     return flops / (rate_gflops * 1e9) * 1e3
-
-
-__all__ = ["gflops", "exact_search_flops", "count_flops", "count_operators", "matmul_gflops",
-           "roofline_ms"]

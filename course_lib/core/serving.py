@@ -297,7 +297,3 @@ class TextQueryPath:
         return list(zip(STAGES, (lambda _: self.tokenizer(caption), lambda t: encoder.feed(*t),
                                  encoder.run, lambda out: encoder.host(out)[self.output],
                                  self.searcher), strict=True))
-
-
-__all__ = ["BACKENDS", "STAGES", "QueryTokenizer", "QueryEncoder", "Searcher", "QuerySide",
-           "TextQueryPath", "probe_captions"]

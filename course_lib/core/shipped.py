@@ -234,9 +234,3 @@ def check_shipped(folder, expected: dict) -> list[str]:
         problems.append(f"the shipped models take {total / 1e6:.1f} MB, more than "
                         f"{MAX_BYTES / 1e6:.0f} MB")
     return problems
-
-
-__all__ = ["SHIPPED_MODELS", "MANIFEST", "REFRESH_COMMAND", "MAX_BYTES", "shipped_folder",
-           "without_shipped_models", "manifest_entry", "read_manifest", "shipped_weights",
-           "load_shipped", "stale_reasons", "find_shipped", "write_shipped", "check_shipped",
-           "file_sha256"]

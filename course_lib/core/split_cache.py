@@ -32,6 +32,3 @@ def release_split_caches(owner) -> None:
     for value in vars(owner).values():
         if isinstance(value, SplitCache):
             value.kept.clear()
-
-
-__all__ = ["CACHED_SPLITS", "SplitCache", "release_split_caches"]

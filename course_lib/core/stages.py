@@ -104,7 +104,3 @@ class Stage:
     def path(self, cache_dir) -> Path | None:
         """cache_dir / file_name, or None without a cache folder (then nothing is cached)."""
         return None if cache_dir is None else Path(cache_dir) / self.file_name
-
-
-__all__ = ["MODEL_FORMAT", "DATA_ARRAYS", "data_digest", "fingerprint_hash", "config_fields",
-           "config_with_defaults", "Stage"]

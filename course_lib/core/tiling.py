@@ -49,6 +49,3 @@ def tile_rows(rows, n: int, *, noise: float = 0.0, construction: str = "tiled", 
         else:
             gallery[start:stop] = mean + eps @ chol.T
     return gallery
-
-
-__all__ = ["tile_rows"]

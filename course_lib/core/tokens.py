@@ -47,7 +47,3 @@ class SpecialTokens:
 # the word-level tokenizer's ids (build_word_tokenizer checks they are what it gets)
 WORD_SPECIAL_TOKENS = SpecialTokens(pad=PAD_ID, cls=CLS_ID, sep=SEP_ID, mask=MASK_ID,
                                     all=tuple(range(len(SPECIAL_TOKENS))))
-
-
-__all__ = ["SpecialTokens", "WORD_SPECIAL_TOKENS", "SPECIAL_TOKENS", "PAD_ID", "UNK_ID", "CLS_ID",
-           "SEP_ID", "MASK_ID"]

@@ -51,6 +51,3 @@ def train_config(config, **runtime) -> TrainConfig:
         steps = {**shared, **runtime}.get("max_steps", TrainConfig.max_steps)
         runtime.setdefault("checkpoint_every", max(CHECKPOINT_EVERY_AT_LEAST, steps // 10))
     return TrainConfig(**{**shared, **runtime})
-
-
-__all__ = ["TrainConfig", "TRAIN_FIELDS", "CHECKPOINT_EVERY_AT_LEAST", "train_config"]

@@ -79,7 +79,3 @@ def random_projection(images: np.ndarray, texts: np.ndarray, width: int, seed: i
     rng = np.random.default_rng(seed)
     project = rng.standard_normal((images.shape[1], width)).astype(np.float32) / np.sqrt(width)
     return images @ project, texts @ project
-
-
-__all__ = ["N_KINDS", "N_CELLS", "kind_of", "vector_width", "image_vectors", "text_vectors",
-           "bag_of_objects", "random_projection"]

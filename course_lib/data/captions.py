@@ -295,8 +295,3 @@ def truth_ceiling(split, ks=(1, 5, 10)) -> dict[str, float]:
         out[f"t2i_r{k}"] = 100.0 * float(t2i.mean()) if len(t2i) else float("nan")
         out[f"i2t_r{k}"] = 100.0 * float(i2t[has_text].mean()) if has_text.any() else float("nan")
     return out
-
-
-__all__ = ["truth_ceiling", "word_captions", "caption_vocabulary", "meanings_of", "two_objects",
-           "terse_meanings", "satisfies", "satisfies_rows", "iter_satisfies", "PAIR", "RELATION",
-           "PLACE", "COUNT", "TERSE"]

@@ -208,9 +208,3 @@ def image_batch(fields: dict, rows) -> dict:
 def text_fields(captions, tokenizer, max_length: int) -> dict:
     """Tokenise captions once: input_ids, attention_mask (n, T), T = the longest caption."""
     return TextCollate(tokenizer, max_length).encode(list(captions))
-
-
-__all__ = ["IMAGE_KEYS", "image_fields", "text_fields", "ImageDataset", "CaptionDataset",
-           "PairDataset", "collate_images", "TextCollate", "PairCollate", "make_loader",
-           "pixels_to_tensor", "read_image", "resize_pixels", "size_hw", "IMAGENET_MEAN",
-           "IMAGENET_STD"]

@@ -73,6 +73,3 @@ def extracted_images(features_dir) -> Path | None:
     manifest = json.loads((Path(features_dir) / "features.json").read_text(encoding="utf-8"))
     images = Path(manifest.get("images", ""))
     return images if manifest.get("images") and images.is_dir() else None
-
-
-__all__ = ["load_feature_bench", "read_pooled", "extracted_images"]

@@ -204,6 +204,3 @@ def _attach_regions(split: RetrievalSplit, regions_file: Path, regions_dtype=np.
         split.region_mask = take("region_mask", bool)  # (N, R)
         if "region_classes" in z:
             split.region_classes = take("region_classes", np.float32)  # (N, R, C)
-
-
-__all__ = ["read_karpathy", "entry_path", "karpathy_subset", "split_names"]

@@ -277,7 +277,3 @@ def compositional_likelihood(meanings: Meanings, scenes: Scenes, twin_of, swappe
                   0.0) / total
     p1, p2 = first[m.family][:, None], fallback[m.family][:, None]
     return _snap(q * (p1 * g1[None] + p2 * g2[None]))
-
-
-__all__ = ["caption_likelihood", "iter_caption_likelihood", "compositional_likelihood",
-           "scene_free_factor", "dropout_factor", "SCALE"]

@@ -68,6 +68,3 @@ def oracle_ceiling(split, ks=(1, 5, 10)) -> dict[str, float]:
         values = L[rows, cols]
     return bayes_recall(rows, cols, values, split.txt2img, split.n_images, ks,
                         query_texts=split.query_texts, query_images=split.query_images)
-
-
-__all__ = ["oracle_ceiling", "bayes_recall"]

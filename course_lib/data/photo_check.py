@@ -81,6 +81,3 @@ def screen_karpathy(json_path, image_root, splits, progress: bool = True) -> Scr
         if problem is not None:
             screening.skipped[path] = problem
     return screening
-
-
-__all__ = ["Screening", "screen_karpathy", "decode_problem", "MOST_MISSING"]

@@ -40,6 +40,3 @@ def no_photos_message(environ=None) -> str:
             "data_scripts/download_data.py flickr8k --out data/flickr8k` (about 1 GB), or set "
             "COURSE_PHOTOS to a Karpathy-format folder (images/ and its dataset_*.json); "
             "docs/real_data.md says more.")
-
-
-__all__ = ["places", "split_file", "find_photos", "no_photos_message"]

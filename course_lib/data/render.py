@@ -209,7 +209,3 @@ def detect_regions(scenes: Scenes, object_boxes: np.ndarray, rng: np.random.Gene
     for key in ("regions", "boxes", "region_classes"):
         out[key][zero] = 0.0  # padding slots hold zeros, not noise
     return out
-
-
-__all__ = ["DETECTOR_SEED", "PALETTE", "BACKGROUND", "geometry", "sample_offsets", "render_pixels",
-           "uniter_boxes", "detect_regions", "detector_tables"]

@@ -119,7 +119,3 @@ def sample_scenes(rng: np.random.Generator, n: int, min_objects: int, max_object
     pad = lambda a: np.where(unused, -1, a).astype(np.int8)  # noqa: E731
     return Scenes(shape=pad(shape), color=pad(color), size=pad(size), cell=pad(cells),
                   n_objects=n_objects.astype(np.int8))
-
-
-__all__ = ["SHAPES", "COLORS", "SIZES", "GRID", "RELATIONS", "FAMILIES", "N_CLASSES",
-           "ArrayTable", "Scenes", "Meanings", "sample_scenes"]

@@ -181,6 +181,3 @@ def concatenate(splits: list[RetrievalSplit], name: str,
         region_classes=cat("region_classes"), scenes=cat("scenes", True),
         meanings=cat("meanings", True), info={"pooled_from": [s.name for s in splits]},
         query_texts=query_texts, query_images=query_images)
-
-
-__all__ = ["RetrievalSplit", "concatenate"]

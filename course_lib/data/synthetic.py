@@ -314,6 +314,3 @@ def make_benchmark(cfg: SyntheticConfig | None = None, seed: int = 0,
                                 queries_from=bench["test"])
     bench["full"].info.update({"config": cfg.to_dict(), "seed": seed, "split": "full"})
     return bench
-
-
-__all__ = ["SyntheticConfig", "make_benchmark", "fresh_scenes", "with_fresh_scenes"]

@@ -161,6 +161,3 @@ def _attach_ground_truth(result: RetrievalSplit, path: Path, split: str) -> None
         result.scenes = Scenes.from_arrays(arrays["scenes"])
     if arrays["meanings"]:
         result.meanings = Meanings.from_arrays(arrays["meanings"])
-
-
-__all__ = ["write_karpathy", "load_synthetic", "png_bytes", "IMAGE_DIR"]

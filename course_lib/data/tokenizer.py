@@ -65,6 +65,3 @@ def tokenizer_for(split_or_captions, name: str | None = None, **kwargs):
         raise TypeError("tokenizer_for needs a RetrievalSplit or a list of captions, not one "
                         "string")
     return build_word_tokenizer(captions, **kwargs)
-
-
-__all__ = ["build_word_tokenizer", "load_tokenizer", "tokenizer_for"]

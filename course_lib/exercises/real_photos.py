@@ -42,6 +42,3 @@ def check_chance_recall(fn) -> None:
                             f"{got:.4f}. Draw the k picks one by one without replacement: all miss "
                             "with probability prod_i (n - r - i) / (n - i)")
     print("chance recall: correct")
-
-
-__all__ = ["check_chance_recall"]

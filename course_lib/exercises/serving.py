@@ -75,6 +75,3 @@ def check_faster_query(my_query, eager_query, captions, *, rounds: int = ROUNDS,
           f"{mine_ms:.3f} ms vs {eager_ms:.3f} ms per query (medians of {rounds} alternating "
           f"calls): {gain:.1f}x faster")
     return {"eager_ms": eager_ms, "mine_ms": mine_ms, "gain": gain}
-
-
-__all__ = ["check_faster_query", "ROUNDS", "MIN_GAIN"]

@@ -54,6 +54,3 @@ def check_top_k(got, expected, label: str = "your search") -> None:
                             f"{len(expected)} are {sorted(expected.tolist())}: is it searching "
                             "the first n items, with the right query?")
     print(f"{label}: returns the true top {len(expected)}")
-
-
-__all__ = ["check_latency_rows", "check_top_k"]

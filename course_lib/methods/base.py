@@ -253,7 +253,3 @@ class DualEncoderMethod(Method):
 
 class PairwiseMethod(PairwiseRanking, Method):
     """A Method scoring (image, caption) pairs jointly: implements score_block (n, m)."""
-
-
-__all__ = ["QUERY_MAX_LENGTH", "CURVE_POINTS", "Ranker", "Method", "fit_pairs",
-           "DualEncoderMethod", "PairwiseMethod"]

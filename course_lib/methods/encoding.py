@@ -101,7 +101,3 @@ def similarity(model: nn.Module, split, tokenizer, **kwargs) -> torch.Tensor:
     """(N, T) dot products of every image and caption of a split (kwargs: encode_split's)."""
     image_emb, text_emb = encode_split(model, split, tokenizer, **kwargs)
     return image_emb @ text_emb.T  # (N, T)
-
-
-__all__ = ["encode_gallery", "encode_captions", "encode_split", "retrieval_evaluator",
-           "learning_curve_splits", "similarity"]

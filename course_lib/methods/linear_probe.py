@@ -115,7 +115,3 @@ class LinearProbeMethod(DualEncoderMethod):
                             evaluate=evaluate, log_every=10, progress=self.progress,
                             checkpoint_path=checkpoint_path, **curve)
         return model.eval(), history
-
-
-__all__ = ["LinearProbeConfig", "LinearProbe", "probe_loss", "build_linear_probe",
-           "LinearProbeMethod"]

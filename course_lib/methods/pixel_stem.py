@@ -252,9 +252,3 @@ def load_stem_backbone(backbone: ConvBackbone, bench: dict, model_config, *, che
     stem, _ = train_pixel_stem(bench, stem_config(model_config), checkpoint_path=checkpoint_path,
                                progress=progress, device=device)
     backbone.load_state_dict(stem.backbone.state_dict())
-
-
-__all__ = ["CELLS", "HEADS", "HEAD_POOLS", "CellDataset", "ConvBackbone", "PixelStem",
-           "PixelStemConfig", "StemBackboneModule", "cell_accuracy", "cell_loss", "cell_targets",
-           "conv_bn_relu", "load_stem_backbone", "pixel_stem_stage", "StartsFromPixelStem",
-           "STEM_FORMAT_VERSION", "stem_config", "train_pixel_stem"]

@@ -57,7 +57,3 @@ def top_k_of(scores: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tens
     """(indices, scores) of each row's top_k, best first; top_k capped at the row length."""
     top = torch.topk(scores.float(), min(top_k, scores.shape[1]), dim=1)
     return top.indices, top.values
-
-
-__all__ = ["DIRECTIONS", "check_direction", "query_indices", "ground_truth", "checked_pairs",
-           "length_blocks", "top_k_of"]

@@ -100,7 +100,3 @@ def available_methods(seed: int = 0, smoke: bool = False, names=None, sizes=None
     build = Build(seed, smoke, sizes=dict(sizes or {}), real_photos=real_photos)
     wanted = everything if names is None else [n for n in everything if n in set(names)]
     return [build.method(name) for name in wanted]
-
-
-__all__ = ["register_method", "unregister_method", "available_methods", "registered_names",
-           "Build", "Registration"]

@@ -225,7 +225,3 @@ class TwoStageMethod(Cascade):
     def t2i_similarity(self, split) -> torch.Tensor:
         """(N, T) scores for text queries only (the benchmark's sampled-query evaluation)."""
         return self._scores(split, ("t2i",))[0]
-
-
-__all__ = ["PairScorer", "top_m_candidates", "two_stage_scores", "remembered_scores", "Cascade",
-           "TwoStageMethod", "last_stage", "weighted_sum"]

@@ -168,7 +168,3 @@ class VsePPMethod(DualEncoderMethod):
 @register_method("vsepp", order=1.0)
 def _vsepp(build) -> VsePPMethod:
     return VsePPMethod(build.config(VsePPConfig))
-
-
-__all__ = ["VsePPConfig", "DualEncoder", "vsepp_loss", "build_dual_encoder", "train_dual_encoder",
-           "VsePPMethod"]

@@ -172,8 +172,3 @@ def mined_students(init: FastModel, teacher: SlowModel, split, tokenizer, config
                   lr=config.distill_lr)
         students[name] = model.eval()
     return students
-
-
-__all__ = ["MINED_RUNS", "mined_students", "perfect_teacher_loss", "direction_log_likelihoods",
-           "slow_direction_scores", "cascade_ranks", "softmax_entropy", "kl_to_teacher",
-           "teacher_batches", "cached_distill_loss", "distill_from_cache"]

@@ -188,7 +188,3 @@ def speedup_markdown(rows: list[dict]) -> str:
 
 def _times(x: float) -> str:
     return f"{x:,.0f}x" if x >= 100 else f"{x:.3g}x"
-
-
-__all__ = ["pareto_front", "extend_latency", "compose_latency", "PaperSpeedup", "PAPER_SPEEDUPS",
-           "latency_by_method", "speedup_rows", "speedup_markdown"]

@@ -21,6 +21,3 @@ def similarity_times(gallery_levels, query_levels, survivors=SURVIVORS, top_k: i
     return {"n": len(gallery_levels[0]), "flat_ms": flat.median_ms, "cascade_ms": cascade.median_ms,
             "speedup": flat.median_ms / cascade.median_ms,
             "overlap": len(same & got) / max(len(same), 1)}
-
-
-__all__ = ["similarity_times"]

@@ -108,6 +108,3 @@ def format_throughput(rows: list[dict]) -> str:
             parts.append(f"{r['qps']:,.0f} / {total} / " + limit)
         lines.append(f"| {n:,} | {kind} | " + " | ".join(parts) + " |")
     return "\n".join(lines)
-
-
-__all__ = ["KINDS", "BATCHES", "throughput", "encode_throughput", "end_to_end", "format_throughput"]

@@ -61,7 +61,3 @@ def family_table(rows: list[dict], k: int = 1) -> str:
     lines += [f"| {r['family']} | {r['captions']:,} | " + " | ".join(f"{r[w]:.1f}" for w in widths)
               + " |" for r in rows]
     return "\n".join(lines)
-
-
-__all__ = ["NAME", "NOTE", "WIDTHS", "reference_metrics", "recall_by_family_and_width",
-           "family_table"]

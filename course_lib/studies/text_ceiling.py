@@ -67,6 +67,3 @@ def train_text_ceiling(bench: dict, tokenizer, config: FastConfig | None = None,
     history = fit_pairs(model, nce_loss, train, tokenizer, c, modality="regions", evaluate=evaluate,
                         eval_every=eval_every, log_every=25, progress=progress)
     return model.eval(), history
-
-
-__all__ = ["with_bag_of_objects", "BagOfObjectsDualEncoder", "train_text_ceiling"]

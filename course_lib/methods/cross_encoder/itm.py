@@ -98,7 +98,3 @@ def itc_itm_loss(model, batch: dict, step: int = 0, *, grid_size: int, clusters:
     itm = listwise_loss(scores, text_image)
     accuracy = (scores.argmax(0) == text_image).float().mean()
     return {"loss": itm + itc_weight * itc, "itm": itm, "itc": itc, "accuracy": accuracy}
-
-
-__all__ = ["GridCollate", "grid_pairs", "grid_scores", "listwise_itm_loss", "itc_hard_grid",
-           "itc_itm_loss"]

@@ -115,7 +115,3 @@ def summed_log_likelihood(forward_logits: torch.Tensor, backward_logits: torch.T
                   - torch.logsumexp(logits, dim=-1))  # (B, T-1)
         total = total + (target * words).sum(1)
     return total
-
-
-__all__ = ["CausalSelfAttention", "CrossAttention", "DecoderBlock", "Decoder", "reverse_words",
-           "summed_log_likelihood"]

@@ -100,7 +100,3 @@ def mined_distill_loss(teacher: SlowModel | None, config: FastConfig, candidates
         return {"loss": distill + config.alpha * nce, "distill": distill, "nce": nce}
 
     return loss_fn
-
-
-__all__ = ["teacher_pair_scores", "teacher_scores", "distill_loss", "mine_candidates",
-           "mined_distill_loss"]

@@ -305,8 +305,3 @@ def _fast_slow_10(build) -> FastSlowCascade:
 @register_method(f"fast_slow@{TOP_KS[1]}", order=6.4)
 def _fast_slow_50(build) -> FastSlowCascade:
     return FastSlowCascade(build.method("fast-distilled"), build.method("slow"), TOP_KS[1])
-
-
-__all__ = ["BETA", "TOP_KS", "caption_loss", "nce_loss", "train_slow", "undistilled",
-           "initial_fast_model", "train_fast", "SlowMethod", "FastMethod", "FastSlowCascade",
-           "DISTILL_FIELDS"]

@@ -346,9 +346,3 @@ class FastModel(StemBackboneModule):
 
     def forward(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
         return self.encode_images(batch), self.encode_texts(batch)
-
-
-__all__ = ["SlowConfig", "FastConfig", "WeightedFusion", "VisualTokens", "SlowModel", "FastModel",
-           "fast_text_tower", "FUSION_EPS", "IMAGE_POOLS", "TEXT_TOWERS", "IMAGE_INITS",
-           "DISTILL_CANDIDATES", "IMAGE_INPUTS", "RegionTokens", "image_inputs",
-           "check_image_input"]

@@ -88,6 +88,3 @@ def _scoring(model: nn.Module, device=None):
     else:
         with torch.no_grad():
             yield device
-
-
-__all__ = ["SlowStates", "compute_states", "score_cached_pairs"]

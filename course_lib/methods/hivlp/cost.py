@@ -63,6 +63,3 @@ def query_multiply_adds(n: int, *, tokens: int, hidden: int, layers: int, widths
     cascade_sim = sum(c * w for c, w in zip(counts, widths, strict=True))
     return {"encoder": encoder, "flat_similarity": flat_sim, "cascade_similarity": cascade_sim,
             "flat": encoder + flat_sim, "cascade": encoder + cascade_sim}
-
-
-__all__ = ["CostModel", "cascade_cost", "encoder_multiply_adds", "query_multiply_adds"]

@@ -296,8 +296,3 @@ def _hivlp_regions(build) -> HiVLPCascade:
     flat = HiVLPMethod(build.config(HiVLPConfig, image_input="regions", image_layers=2),
                        name="hivlp-regions-flat")
     return HiVLPCascade(flat, name="hivlp-regions")
-
-
-__all__ = ["RERANK_TOP_M", "hivlp_loss", "last_level_loss", "HiVLPStates", "compute_states",
-           "uses_pixel_stem", "with_stem_grid", "train_hivlp", "HiVLPMethod", "HiVLPLevel",
-           "HiVLPCascade"]

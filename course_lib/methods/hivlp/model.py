@@ -342,8 +342,3 @@ def build_hivlp(config: HiVLPConfig, split, tokenizer) -> HiVLP:
         raise ValueError(f"split {split.name!r} has no pixels: use image_input='regions' or give "
                          "read_karpathy an image_root")
     return HiVLP(config, len(tokenizer), region_dim, special=SpecialTokens.of(tokenizer))
-
-
-__all__ = ["HiVLPConfig", "HiVLP", "EarlyOutput", "ViTTower", "StemGridTower", "RegionTower",
-           "grid_boxes", "level_layers", "hrl_loss", "hrl_sum", "build_hivlp", "IMAGE_INPUTS",
-           "STEMS", "POOLS", "logged_levels"]

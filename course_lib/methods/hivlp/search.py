@@ -93,7 +93,3 @@ def coarse_to_fine_one(gallery_levels, query_levels, survivors=SURVIVORS,
         keep = keep[np.argsort(-scores[keep], kind="stable")]  # (k,) best first
         candidates = keep if candidates is None else candidates[keep]
     return candidates
-
-
-__all__ = ["SURVIVORS", "coarse_to_fine", "coarse_to_fine_one", "rescore", "select_top_k",
-           "flat_search"]

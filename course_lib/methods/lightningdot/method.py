@@ -155,7 +155,3 @@ for _m in RERANK_TOP_M:
     register_method(f"lightningdot+rerank@{_m}", order=3.1)(
         lambda build, m=_m: TwoStageMethod(build.method("lightningdot"),
                                            build.method("cross_encoder"), m))
-
-
-__all__ = ["task_schedule", "pretrain_loss", "cmr_loss", "build_lightningdot",
-           "train_lightningdot", "LightningDOTMethod", "RERANK_TOP_M", "FINETUNE_FIELDS"]

@@ -187,6 +187,3 @@ class LightningDOT(nn.Module):
                                  "drop it from pretrain_tasks for data without them")
             return self.smrc_kl(regions, text_cls, batch["region_classes"], masked)
         raise ValueError(f"unknown objective {task!r}; valid: {OBJECTIVES}")
-
-
-__all__ = ["LightningDOTConfig", "LightningDOT", "SMRFR", "SMRCKL", "mask_regions", "OBJECTIVES"]

@@ -134,6 +134,3 @@ class SCANMethod(PairwiseMethod):
 @register_method("scan", order=2.0)
 def _scan(build) -> SCANMethod:
     return SCANMethod(build.config(SCANConfig))
-
-
-__all__ = ["train_scan", "SCANMethod"]

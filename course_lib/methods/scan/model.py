@@ -217,7 +217,3 @@ def scan_matrix(model: SCANModel, split, tokenizer, *, device=None, batch_size: 
         rows.append(model.score(regions[chunk].to(device), region_mask[chunk].to(device), words,
                                 word_mask_).cpu())  # (image_chunk, T)
     return torch.cat(rows)  # (N, T)
-
-
-__all__ = ["SCANConfig", "SCANModel", "normalize_real", "words_only", "scan_loss", "build_scan",
-           "encode_regions", "encode_words", "scan_matrix"]

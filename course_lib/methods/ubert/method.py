@@ -320,7 +320,3 @@ def _ubert(build) -> UBERTCascade:
 def _ubert_two_stage(build) -> TwoStageMethod:
     return TwoStageMethod(build.method("ubert-embed"), build.method("cross_encoder"), TOP_K["t2i"],
                           name=f"ubert-embed+cross_encoder@{TOP_K['t2i']}", top_m_i2t=TOP_K["i2t"])
-
-
-__all__ = ["TOP_K", "CROSS_FIELDS", "hinge", "tower_loss", "cross_loss", "tower_config",
-           "ubert_scores", "ubert_evaluator", "train_ubert", "UBERTMethod", "UBERTCascade"]

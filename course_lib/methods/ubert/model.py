@@ -320,8 +320,3 @@ def build_ubert(config: UBERTConfig, split, tokenizer, scan=None) -> UBERT:
                          "with regions, boxes and region_mask (the synthetic benchmark has them)")
     return UBERT(split.regions.shape[-1], len(tokenizer), config,
                  pad_token_id=tokenizer.pad_token_id, scan=scan)
-
-
-__all__ = ["UBERTConfig", "UBERT", "UBERTStates", "enhanced_similarity", "compute_states",
-           "score_cached_pairs", "rescore_candidates", "build_ubert",
-           "CROSS_TOWERS", "TRAININGS", "STEP_TWO_PARTS"]
