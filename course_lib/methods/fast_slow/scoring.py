@@ -18,7 +18,7 @@ from course_lib.core.checkpoints import inference, model_device
 from course_lib.core.train import move_to_device
 from course_lib.data.datasets import ImageDataset, collate_images, text_fields
 from course_lib.methods.fast_slow.model import SlowModel, image_inputs
-from course_lib.methods.queries import checked_pairs
+from course_lib.methods.queries import checked_pairs, length_blocks
 
 LOGITS_PER_BLOCK = 1 << 24  # logits a direction per block of pairs (64 MB): memory, not the result
 
@@ -69,8 +69,7 @@ def score_cached_pairs(model: SlowModel, states: SlowStates, image_indices, text
     vocab, length = model.output.out_features, states.input_ids.shape[1]
     batch_size = max(1, min(batch_size, LOGITS_PER_BLOCK // (vocab * length)))
     with _scoring(model, device) as device:
-        for start in range(0, len(images), batch_size):
-            rows = slice(start, start + batch_size)
+        for rows in length_blocks(states.attention_mask.sum(1)[texts], batch_size):  # (b,) each
             kvs = {d: [kv.to(device) for kv in layers]
                    for d, layers in states.image(images[rows]).items()}
             words = {k: v.to(device) for k, v in states.text(texts[rows]).items()}
