@@ -46,10 +46,15 @@ def checked_pairs(image_indices, text_indices) -> tuple[torch.Tensor, torch.Tens
     return images, texts
 
 
+def by_caption_length(text_lengths) -> torch.Tensor:
+    """Positions (P,) of P pairs, shortest caption first (text_lengths (P,)): cut into blocks in
+    this order, a block pads to its longest caption and like lengths pad least."""
+    return torch.argsort(torch.as_tensor(text_lengths), stable=True)
+
+
 def length_blocks(text_lengths: torch.Tensor, batch_size: int) -> list[torch.Tensor]:
-    """Positions of P pairs in blocks of batch_size (each (b,)), ordered by their caption's length
-    (text_lengths (P,)): a block pads to its longest caption, so like lengths pad least."""
-    order = torch.argsort(torch.as_tensor(text_lengths), stable=True)  # (P,)
+    """by_caption_length's positions in blocks of batch_size, each (b,)."""
+    order = by_caption_length(text_lengths)  # (P,)
     return [order[start:start + batch_size] for start in range(0, len(order), batch_size)]
 
 

@@ -36,7 +36,7 @@ from course_lib.core.checkpoints import inference
 from course_lib.core.settings import CourseConfig
 from course_lib.core.train import move_to_device
 from course_lib.data.datasets import IMAGE_KEYS, image_batch, image_fields, text_fields
-from course_lib.methods.queries import checked_pairs
+from course_lib.methods.queries import by_caption_length, checked_pairs
 
 TEXT_KEYS = ("input_ids", "attention_mask")  # the text fields the model reads
 # pairs per forward pass, cache-sized on a CPU (docs/tuning_notes.md, "Cross-encoder"); GPU: 4096+
@@ -273,8 +273,7 @@ def score_index_pairs(model: CrossEncoder, split, tokenizer, image_indices, text
     embedded = embedded or Embedded(model, split, tokenizer, device=device, batch_size=batch_size)
     distinct, text_rows = torch.unique(texts, return_inverse=True)  # (U,), (P,)
     captions = embedded.captions(distinct, device)  # (U, T, H), (U, T)
-    # pairs by their caption's length: a block pads to its longest caption
-    order = torch.argsort(captions[1].sum(1)[text_rows], stable=True)  # (P,)
+    order = by_caption_length(captions[1].sum(1)[text_rows])  # (P,)
 
     def rows(start, stop):
         return images[order[start:stop]], text_rows[order[start:stop]]
