@@ -1,10 +1,9 @@
 """The synthetic benchmark: `python -m course_lib.benchmark [--smoke] [--out DIR] [--retrain]`.
 
 Fits every registered method, evaluates it on the test, full and compositional settings, times
-one text query against each gallery, and writes DIR/results.json, results.md and pareto.png. Two
-reference rows per setting: `oracle` (the best any model can reach, course_lib.data.oracle) and
-`bag-of-objects` (one hand-built vector per image, course_lib.studies.single_vector). Trained
-models: the shipped ones where they match, else --checkpoints', else trained there."""
+one text query against each gallery, and writes DIR/results.json, results.md and pareto.png, with
+two reference rows per setting: `oracle` (course_lib.data.oracle) and `bag-of-objects`
+(course_lib.studies.single_vector). Models: the shipped ones, else --checkpoints', else trained."""
 
 from __future__ import annotations
 
@@ -25,7 +24,7 @@ from course_lib.methods.registry import available_methods, registered_names
 from course_lib.results import SETTINGS, results_markdown
 from course_lib.shipping import benchmark_data, own_models
 from course_lib.studies import single_vector
-from course_lib.training_lanes import add_jobs_option, train_in_parallel
+from course_lib.training_lanes import add_jobs_option, checked_options, train_in_parallel
 
 KS = {"test": (1, 5, 10), "full": (5, 10, 20), "compositional": (1, 5, 10)}
 LATENCY_SIZES = (1_000, 5_000)  # gallery sizes of docs/results.md's latency table
@@ -35,21 +34,19 @@ REAL_COMMAND = "python -m course_lib.real_benchmark --features DIR"
 # options of the two other commands: given here, the user is told which command to type instead
 OTHER_COMMANDS = {"--features": REAL_COMMAND, "--text-encoder": REAL_COMMAND,
                   "--refresh-shipped": REFRESH_COMMAND}
-ORACLE_NOTE = ("Bayes-optimal ranking under the generator's own caption likelihood: the best "
-               "expected recall any model can reach (course_lib.data.oracle)")
-REFERENCE_NOTES = {"oracle": ORACLE_NOTE, single_vector.NAME: single_vector.NOTE}
+REFERENCE_NOTES = {"oracle": "Bayes-optimal ranking under the generator's own caption likelihood: "
+                   "the best expected recall any model can reach (course_lib.data.oracle)",
+                   single_vector.NAME: single_vector.NOTE}
 
 
 def run(*, smoke: bool = False, seed: int = 0, methods=None, out: str | Path = "outputs/benchmark",
         checkpoints: str | Path = CHECKPOINTS, retrain: bool = False, jobs: int = 1,
         every_pair: tuple[str, ...] = (), merge: dict | None = None, progress: bool = True) -> dict:
-    """Run the whole benchmark and write its outputs; returns the results dict.
-
-    methods: names (None: every one) or Method objects. retrain: train (or load from
-    `checkpoints`) instead of loading the shipped models; smoke always does. jobs > 1: the models
-    that must train are trained first in that many processes (names only). every_pair: the
-    settings where every method ranks every query. merge: an earlier results.json of the same mode
-    and seed, whose rows of the methods not run here are kept."""
+    """Run the whole benchmark, write its outputs and return the results dict. methods: names
+    (None: every one) or Method objects. retrain: train (or load from `checkpoints`), not load the
+    shipped models (smoke always does). jobs > 1: the models that must train train first, in that
+    many processes (names only). every_pair: the settings where every method ranks every query.
+    merge: an earlier results.json of the same mode and seed: its other methods' rows are kept."""
     start = time.perf_counter()
     settings.seed_everything(seed)
     out = Path(out)
@@ -89,11 +86,10 @@ def run(*, smoke: bool = False, seed: int = 0, methods=None, out: str | Path = "
         steps.update()
         # the latency galleries first: the settings then leave the cached states its cascades use
         steps.set_postfix(method=method.name, step="latency")
-        for point in query_latency(method, bench["full"], LATENCY_SIZES, smoke, repeats, galleries):
-            if point["n"] in LATENCY_SIZES:
-                latency.append({"method": method.name, "n": point["n"],
-                                "ms_per_query": round(point["ms_per_query"], 4),
-                                "measured": point["measured"]})
+        points = query_latency(method, bench["full"], LATENCY_SIZES, smoke, repeats, galleries)
+        latency += [{"method": method.name, "n": p["n"],
+                     "ms_per_query": round(p["ms_per_query"], 4), "measured": p["measured"]}
+                    for p in points if p["n"] in LATENCY_SIZES]
         steps.update()
         for setting in SETTINGS:
             split = bench[setting]
@@ -113,8 +109,7 @@ def run(*, smoke: bool = False, seed: int = 0, methods=None, out: str | Path = "
                              "shipped": shipped}
         results_io.save_partial(partial, key, kept)
     steps.close()
-    noisy = results_io.cascade_timing_problems(methods, rows)
-    if noisy:
+    if noisy := results_io.cascade_timing_problems(methods, rows):
         print(f"note: {noisy}", file=sys.stderr)
     shipped_models = dict.fromkeys(n for m in methods for n in kept[m.name].get("shipped", []))
     sizes = {name: [s.n_images, s.n_texts] for name, s in bench.items()}
@@ -133,34 +128,28 @@ def run(*, smoke: bool = False, seed: int = 0, methods=None, out: str | Path = "
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add = parser.add_argument
-    add("--smoke", action="store_true",
-        help="tiny sizes (also on when COURSE_SMOKE=1): minutes become seconds")
+    add("--smoke", action="store_true", help="tiny sizes: seconds, not minutes (or COURSE_SMOKE=1)")
     add("--out", default=None, help="folder for results.json/.md and pareto.png (default: "
         "outputs/benchmark, or outputs/benchmark-smoke with --smoke)")
     add("--checkpoints", default=CHECKPOINTS,
         help="folder of cached trained models, shared with the notebooks (default: %(default)s)")
-    add("--retrain", action="store_true",
-        help="train every model (or load it from --checkpoints) instead of loading the shipped "
-             "models of shipped_models/ (also on when COURSE_RETRAIN=1)")
+    add("--retrain", action="store_true", help="train every model (or load it from --checkpoints), "
+        "not the shipped_models/ ones (also on when COURSE_RETRAIN=1)")
     add("--seed", type=int, default=0, help="seed of the data and of every method")
     add_jobs_option(parser)
-    add("--methods", default=None,
-        help="comma-separated subset of the methods to run, e.g. 'vsepp,scan' ('' = only the "
-             "reference rows); default: every method")
+    add("--methods", default=None, help="comma-separated methods to run, e.g. 'vsepp,scan' ('': "
+        "only the reference rows; default: every method)")
     add("--every-pair", nargs="*", choices=SETTINGS, default=None, metavar="SETTING",
         help="rank every query of these settings, whatever a method's budget (no names: "
              f"{' and '.join(EVERY_PAIR_SETTINGS)}; the cross-encoder on test: about 8 min on one "
              "CPU thread)")
-    add("--merge", default=None, metavar="RESULTS_JSON",
-        help="keep the rows of an earlier results.json for every method this run does not run "
-             "(e.g. --methods of new methods only, --merge outputs/benchmark/results.json)")
+    add("--merge", default=None, metavar="RESULTS_JSON", help="keep an earlier results.json's rows "
+        "of every method not run here (e.g. --merge outputs/benchmark/results.json)")
     add("--readme", default=None,
-        help="also write the test table into this README's results block (README.md), the other "
-             "tables into docs/results.md beside it and the accuracy-latency picture to "
-             "docs/pareto.png")
-    add("--replace", action="store_true",
-        help="overwrite --out's results.json even if it holds methods this run drops, or another "
-             "mode or seed (without it, such a run stops before any work)")
+        help="also write the test table into this README's results block, the other tables into "
+             "docs/results.md beside it and the accuracy-latency picture to docs/pareto.png")
+    add("--replace", action="store_true", help="overwrite --out's results.json even if it holds "
+        "methods this run drops, or another mode or seed (else such a run stops before any work)")
     for option in OTHER_COMMANDS:  # accepted only to say which command they belong to
         add(option, nargs="?", const="", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -168,18 +157,11 @@ def main(argv=None) -> dict:
         if getattr(args, option[2:].replace("-", "_")) is not None:
             parser.error(f"{option} belongs to another command: {command} (its --help lists "
                          "its options)")
-    if args.jobs < 1:
-        parser.error(f"--jobs must be at least 1, got {args.jobs}")
+    methods = checked_options(parser, args)
     settings.plain_course_notes()  # a noisy timing reads "note: ...", not a UserWarning
     smoke = args.smoke or settings.smoke_mode()
     mode = results_io.run_mode(smoke)
     out = Path(args.out or ("outputs/benchmark-smoke" if smoke else "outputs/benchmark"))
-    methods = None
-    if args.methods is not None:
-        methods = [name for name in args.methods.split(",") if name]
-        unknown = sorted(set(methods) - set(registered_names()))
-        if unknown:
-            parser.error(f"unknown method(s) {unknown}; choose from {registered_names()}")
     # every input is checked before any work: a mistyped command must not cost a run or its results
     old = None
     try:
@@ -193,7 +175,7 @@ def main(argv=None) -> dict:
         if args.readme:
             results_io.update_readme(None, args.readme, check_only=True)
         if not args.replace:
-            names = methods if methods is not None else registered_names()
+            names = registered_names() if methods is None else methods
             results_io.check_outputs(out, mode, args.seed, names, old)
     except ValueError as error:
         parser.error(str(error))

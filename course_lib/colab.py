@@ -47,12 +47,10 @@ def installed_from() -> tuple[str, str | None]:
 
 def fetch_course(url: str, commit: str | None, into: Path) -> Path:
     """The repository at `commit` (None: its default branch) in `into`, no history (depth 1)."""
-    def git(*args):
-        subprocess.run(["git", *args], check=True)
-
-    git("init", "-q", str(into))
-    git("-C", str(into), "fetch", "-q", "--depth", "1", url, commit or "HEAD")
-    git("-C", str(into), "checkout", "-q", "FETCH_HEAD")
+    subprocess.run(["git", "init", "-q", str(into)], check=True)
+    for args in (["fetch", "-q", "--depth", "1", url, commit or "HEAD"],
+                 ["checkout", "-q", "FETCH_HEAD"]):
+        subprocess.run(["git", "-C", str(into), *args], check=True)
     return into
 
 

@@ -122,19 +122,16 @@ def draw_method(name: str, ax=None):
         raise KeyError(f"no diagram {name!r}; choose from {sorted(DIAGRAMS)}")
     spec = DIAGRAMS[name]
     boxes = spec["boxes"]
-    xs = [x for _, x, _, _ in boxes.values()]
-    ys = [y for _, _, y, _ in boxes.values()]
+    _, xs, ys, _ = zip(*boxes.values(), strict=True)
     if ax is None:
         width, height = max(xs) - min(xs) + _BOX_W + 0.6, max(ys) - min(ys) + _BOX_H + 0.9
         _, ax = plt.subplots(figsize=(1.05 * width, 1.05 * height))
     patches = {}
     for key, (label, x, y, kind) in boxes.items():
-        patch = FancyBboxPatch((x - _BOX_W / 2, y - _BOX_H / 2), _BOX_W, _BOX_H, gid=f"box:{key}",
-                               boxstyle="round,pad=0.02", facecolor=_KIND_COLOURS[kind],
-                               edgecolor="dimgrey", linewidth=1)
-        ax.add_patch(patch)
+        patches[key] = ax.add_patch(FancyBboxPatch(
+            (x - _BOX_W / 2, y - _BOX_H / 2), _BOX_W, _BOX_H, boxstyle="round,pad=0.02",
+            facecolor=_KIND_COLOURS[kind], edgecolor="dimgrey", linewidth=1, gid=f"box:{key}"))
         ax.text(x, y, label, ha="center", va="center", fontsize=8, gid=f"label:{key}")
-        patches[key] = patch
     for start, end, label in spec["arrows"]:
         (_, x0, y0, _), (_, x1, y1, _) = boxes[start], boxes[end]
         ax.annotate("", xy=(x1, y1), xytext=(x0, y0), gid=f"arrow:{start}->{end}",

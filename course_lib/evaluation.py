@@ -9,9 +9,7 @@ from course_lib.core.metrics import ranks_from_top_k, recall_at_k
 from course_lib.core.timing import latency_vs_gallery
 from course_lib.methods.queries import ground_truth
 
-# (default, smoke): the fewest sampled queries a direction's recalls are reported from (fewer:
-# a standard error too wide to compare methods)
-MIN_SAMPLED_QUERIES = (100, 10)
+MIN_SAMPLED_QUERIES = (100, 10)  # (default, smoke): fewer sampled queries are too noisy to compare
 
 
 def evaluate(method, split, ks, smoke: bool = False, seed: int = 0, every_pair: bool = False,

@@ -98,10 +98,9 @@ def skip_remaining_cells(reason: str) -> None:
 
 def chance_recall(n_candidates: int, k: int = 1, n_relevant: int = 1) -> float:
     """R@k (%) of a random ranking: P(one of n_relevant true items in the top k of n_candidates)."""
-    k = min(k, n_candidates)
-    miss = 1.0
-    for i in range(k):  # all k picks miss the true items: prod (N - r - i) / (N - i)
-        miss *= max(n_candidates - n_relevant - i, 0) / (n_candidates - i)
+    # all k picks miss the true items: prod over i < k of (N - r - i) / (N - i)
+    miss = math.prod(max(n_candidates - n_relevant - i, 0) / (n_candidates - i)
+                     for i in range(min(k, n_candidates)))
     return 100.0 * (1.0 - miss)
 
 
@@ -143,7 +142,6 @@ def recovery_verdict(a_label: str, a: float, ref_label: str, ref: float, n: int,
     """How much of a reference recall `ref` a recall `a` recovers (in %, over the same n queries),
     against a target share. -> (line, reached): reached None when ref is 0 or within noise of
     chance (a share of a chance-level number means nothing), else whether a >= target% of ref."""
-    share = 100.0 * a / ref if ref > 0 else float("nan")
     head = f"{a_label} {a:.1f} vs {ref_label} {ref:.1f}"
     at_chance = chance is not None and (near_chance(ref, n, chance)
                                         or ref - chance <= recall_noise(ref, n))
@@ -151,9 +149,8 @@ def recovery_verdict(a_label: str, a: float, ref_label: str, ref: float, n: int,
         why = (f"{ref_label} is not clearly above chance, {chance:.1f}" if ref > 0
                else f"{ref_label} is 0") + "; no share of it means anything"
         return f"{head}: too small to tell at these sizes ({why})", None
-    goal = target / 100.0 * ref
-    noise = recall_noise(a, n)
-    recovers = f"{head}: recovers {share:.0f}% (±{100 * noise / ref:.0f})"
+    goal, noise = target / 100.0 * ref, recall_noise(a, n)
+    recovers = f"{head}: recovers {100.0 * a / ref:.0f}% (±{100 * noise / ref:.0f})"
     if a >= goal:
         return f"{recovers}, at least the {target:g}% target", True
     close = "within noise of it" if goal - a <= noise else "clearly short"
@@ -208,9 +205,8 @@ def compare_ar(question: str, a_label: str, a: dict, b_label: str, b: dict, n_im
 
     chance = {f"{d}_r{k}": chance_recall(candidates[d], k, relevant[d])
               for d in ("i2t", "t2i") for k in ks}
-    chance_ar, chance_noise = ar(chance), noise(chance)
-    a_ar, b_ar = ar(a), ar(b)
-    at_chance = a_ar <= chance_ar + chance_noise and b_ar <= chance_ar + chance_noise
+    a_ar, b_ar, chance_ar = ar(a), ar(b), ar(chance)
+    at_chance = max(a_ar, b_ar) <= chance_ar + noise(chance)
     return _gap_line(question, a_label, a_ar, b_label, b_ar, math.hypot(noise(a), noise(b)),
                      f"both within noise of chance, AR {chance_ar:.1f}" if at_chance else None,
                      unit=" AR")

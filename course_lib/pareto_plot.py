@@ -20,8 +20,6 @@ def _box_distances(points: np.ndarray, boxes: np.ndarray) -> np.ndarray:
 
 def _overlaps(boxes: np.ndarray, others: np.ndarray) -> np.ndarray:
     """(C,) how many of `others` (P, 4) each candidate box (C, 4) overlaps."""
-    if len(others) == 0:
-        return np.zeros(len(boxes), dtype=int)
     b, o = boxes[:, None], others[None, :]  # (C, 1, 4), (1, P, 4)
     return ((b[..., 0] < o[..., 2]) & (o[..., 0] < b[..., 2])
             & (b[..., 1] < o[..., 3]) & (o[..., 1] < b[..., 3])).sum(axis=1)
@@ -52,9 +50,7 @@ def _place_once(order, sizes, centres, frame, px_per_pt, marker_px):
         candidates, radii = _candidates(*centres[k], *sizes[k], px_per_pt)
         distances = _box_distances(centres, candidates)  # (C, M)
         own = distances[:, k]
-        others = np.delete(distances, k, axis=1)
-        nearest_is_own = ((own[:, None] < others).all(axis=1) if others.size
-                          else np.ones(len(own), bool))
+        nearest_is_own = (own[:, None] < np.delete(distances, k, axis=1)).all(axis=1)
         inside = ((candidates[:, 0] >= frame[0]) & (candidates[:, 2] <= frame[2])
                   & (candidates[:, 1] >= frame[1]) & (candidates[:, 3] <= frame[3]))
         on_own = _overlaps(candidates, markers[k:k + 1]) > 0
@@ -78,10 +74,9 @@ def _violations(boxes, centres) -> list[int]:
 
 def place_labels(ax, points, labels, *, fontsize: float = 7, marker_px: float = 5.0,
                  attempts: int = 24) -> list:
-    """Label each point (data coordinates) so that no two labels overlap and each label's nearest
-    marker is its own point's. Greedy passes over rings of candidate spots, the most crowded points
-    first, then the labels that broke a rule; the arrangement with the fewest broken rules wins.
-    Works in display space: call it once the layout is final. Returns the Text objects."""
+    """Label each point (data coordinates): no two labels overlap, each one's nearest marker is its
+    own. Greedy passes over rings of candidate spots, most crowded points first, then the labels
+    that broke a rule; the fewest broken rules wins. Display space: call it on the final layout."""
     fig = ax.figure
     if not hasattr(fig.canvas, "get_renderer"):  # a bare Figure (headless files): an Agg canvas
         from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -97,8 +92,7 @@ def place_labels(ax, points, labels, *, fontsize: float = 7, marker_px: float = 
         extent = probe.get_window_extent(renderer)
         probe.remove()
         sizes.append((extent.width, extent.height))
-    window = ax.get_window_extent(renderer)
-    frame = (window.x0, window.y0, window.x1, window.y1)
+    frame = ax.get_window_extent(renderer).extents  # x0, y0, x1, y1
     px_per_pt = fig.dpi / 72.0
     gaps = np.hypot(*(centres[:, None, :] - centres[None, :, :]).transpose(2, 0, 1))  # (M, M)
     crowd = (gaps < 60 * px_per_pt).sum(1)
@@ -115,10 +109,8 @@ def place_labels(ax, points, labels, *, fontsize: float = 7, marker_px: float = 
         if attempt % 2:  # every other pass shuffles the rest, so a stuck arrangement can change
             rest = list(rng.permutation(rest))
         order = list(rng.permutation(bad)) + rest  # the troubled labels choose first next time
-    boxes = best[0]
     texts = []
-    for k, (point, label) in enumerate(zip(points, labels, strict=True)):
-        box = boxes[k]
+    for k, (point, label, box) in enumerate(zip(points, labels, best[0], strict=True)):
         far = _box_distances(centres[k:k + 1], box[None, :])[0, 0] > 10 * px_per_pt
         anchor = ax.transData.inverted().transform((box[0], box[1]))
         leader = dict(arrowstyle="-", color="grey", lw=0.5, shrinkA=0, shrinkB=3) if far else None
@@ -129,14 +121,13 @@ def place_labels(ax, points, labels, *, fontsize: float = 7, marker_px: float = 
 
 def _draw_pareto(rows, *, setting: str, metric: str, ax, title, colors, front: bool,
                  published=None):
-    """plot_pareto without its labels: returns the (point, label) pairs still to place."""
+    """plot_pareto without its labels: returns the points and labels still to place."""
     rows = [r for r in rows if r["setting"] == setting and r.get(metric) is not None]
     timed = [r for r in rows if r.get("ms_per_query")]
-    for i, r in enumerate(timed):
-        measured = r.get("ms_measured", True)
+    for i, r in enumerate(timed):  # an extrapolated time hollow
         color = (colors or {}).get(r["method"], f"C{i % 10}")
         ax.scatter(r["ms_per_query"], r[metric], s=40, color=color, zorder=3,
-                   facecolors=color if measured else "none")
+                   facecolors=color if r.get("ms_measured", True) else "none")
     if front and timed:
         ms, accuracy = [r["ms_per_query"] for r in timed], [r[metric] for r in timed]
         on_front = [timed[i] for i in pareto_front(ms, accuracy)]
@@ -149,8 +140,7 @@ def _draw_pareto(rows, *, setting: str, metric: str, ax, title, colors, front: b
         low, high = min(values), max(values)
         pad = max(2.0, 0.12 * (high - low))
         ax.set_ylim(max(low - pad, -pad / 2), high + pad)  # room below a method at 0 for its label
-        ms = [r["ms_per_query"] for r in timed]
-        # published rows get a column of their own at the right
+        ms = [r["ms_per_query"] for r in timed]  # published rows: their own column at the right
         ax.set_xlim(min(ms) / 2.5, max(ms) * (400 if papers else 4))
     for r in [r for r in rows if not r.get("ms_per_query")]:  # the untimed references
         kind = "ceiling" if r["method"] == "oracle" else "reference"
@@ -169,7 +159,7 @@ def _draw_pareto(rows, *, setting: str, metric: str, ax, title, colors, front: b
     ax.grid(alpha=0.3, which="both")
     if front and timed:  # with published rows the lower right holds their column's lowest labels
         ax.legend(fontsize=7, loc="upper left" if papers else "lower right")
-    return [((r["ms_per_query"], r[metric]), r["method"]) for r in timed]
+    return [(r["ms_per_query"], r[metric]) for r in timed], [r["method"] for r in timed]
 
 
 def _draw_published(ax, papers, metric: str, published) -> None:
@@ -193,11 +183,9 @@ def plot_pareto(rows, *, setting: str = "test", metric: str = "t2i_r1", ax=None,
     """Accuracy against per-query latency of benchmark rows, one labelled point per method (log
     time axis; extrapolated times hollow). front: a step line through the Pareto front; untimed
     references are dotted levels; published: published_rows, at the right edge."""
-    if ax is None:
-        _, ax = plt.subplots(figsize=(6.5, 4.5))
-    pending = _draw_pareto(rows, setting=setting, metric=metric, ax=ax, title=title, colors=colors,
-                           front=front, published=published)
-    place_labels(ax, [p for p, _ in pending], [label for _, label in pending])
+    ax = ax if ax is not None else plt.subplots(figsize=(6.5, 4.5))[1]
+    place_labels(ax, *_draw_pareto(rows, setting=setting, metric=metric, ax=ax, title=title,
+                                   colors=colors, front=front, published=published))
     return ax
 
 
@@ -220,13 +208,12 @@ def plot_pareto_panels(panels: list[dict], fig=None):
     methods = list(dict.fromkeys(r["method"] for p in panels for r in p["rows"]
                                  if r.get("ms_per_query")))
     colors = {m: f"C{i}" if i < 10 else plt.cm.tab20b(i % 20) for i, m in enumerate(methods)}
-    if fig is None:
-        fig = plt.figure(figsize=(6.5 * len(panels), 5))
+    fig = fig if fig is not None else plt.figure(figsize=(6.5 * len(panels), 5))
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
     pending = [_draw_pareto(p["rows"], setting=p["setting"], metric=p["metric"], ax=ax, front=True,
                             title=p.get("title"), colors=colors, published=p.get("published"))
                for ax, p in zip(axes, panels, strict=True)]
     fig.tight_layout()  # the layout first: labels are placed in display space
-    for ax, items in zip(axes, pending, strict=True):
-        place_labels(ax, [p for p, _ in items], [label for _, label in items])
+    for ax, (points, labels) in zip(axes, pending, strict=True):
+        place_labels(ax, points, labels)
     return fig

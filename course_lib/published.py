@@ -17,25 +17,18 @@ class PublishedResult:
 
 
 # Flickr8k's official test split: 1,000 photos, 5,000 captions
-PUBLISHED = {
-    "flickr8k": {
-        "gallery": 1000,
-        "rows": (
-            PublishedResult("Kiros et al. 2014", "VGG", "LSTM", 12.5, 18.0),
-            PublishedResult("Karpathy & Fei-Fei 2015", "R-CNN regions", "BRNN", 11.8, 16.5),
-            PublishedResult("Ma et al. 2015, m-CNN", "VGG", "CNN over words", 20.3, 24.8),
-            PublishedResult("Klein et al. 2015", "VGG", "Fisher vectors + CCA", 21.2, 31.0),
-            PublishedResult("NAA 2019", "ResNet", None, 27.7, None),
-            PublishedResult("SCAN", "detector regions", "bi-GRU", 38.3, None),
-        ),
-    },
-}
+PUBLISHED = {"flickr8k": {"gallery": 1000, "rows": (
+    PublishedResult("Kiros et al. 2014", "VGG", "LSTM", 12.5, 18.0),
+    PublishedResult("Karpathy & Fei-Fei 2015", "R-CNN regions", "BRNN", 11.8, 16.5),
+    PublishedResult("Ma et al. 2015, m-CNN", "VGG", "CNN over words", 20.3, 24.8),
+    PublishedResult("Klein et al. 2015", "VGG", "Fisher vectors + CCA", 21.2, 31.0),
+    PublishedResult("NAA 2019", "ResNet", None, 27.7, None),
+    PublishedResult("SCAN", "detector regions", "bi-GRU", 38.3, None))}}
 
 
 def published_rows(dataset: str | None) -> dict | None:
     """{"dataset", "gallery" (photos in the papers' gallery), "rows"} of a dataset, or None."""
-    entry = PUBLISHED.get(dataset or "")
-    if entry is None:
+    if (entry := PUBLISHED.get(dataset or "")) is None:
         return None
     return {"dataset": dataset, "gallery": entry["gallery"],
             "rows": [asdict(r) for r in entry["rows"]]}

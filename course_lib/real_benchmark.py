@@ -206,8 +206,7 @@ def run_features(features_dir, out="outputs/benchmark-real", text_encoder: str =
     # float16: half the memory; the photos' paths as lesson 08's, so the same checkpoint names
     bench = load_feature_bench(features_dir, regions_dtype=np.float16,
                                image_root=extracted_images(features_dir))
-    missing = [s for s in ("train", "val", "test") if s not in bench]
-    if missing:
+    if missing := [s for s in ("train", "val", "test") if s not in bench]:
         raise ValueError(f"{features_dir} has no {', '.join(missing)} split: extract every split "
                          "(train, val and test: drop --splits) to train, choose and report")
     if smoke:
@@ -230,21 +229,18 @@ def run_features(features_dir, out="outputs/benchmark-real", text_encoder: str =
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add = parser.add_argument
-    add("--features", required=True, metavar="DIR",
-        help="a feature folder written by data_scripts/extract_features.py, every split of it "
-             "(train, val and test)")
-    add("--out", default=None,
-        help="folder for results.json/.md, pareto.png and curves.png (default: "
-             "outputs/benchmark-real, or outputs/benchmark-real-smoke with --smoke)")
+    add("--features", required=True, metavar="DIR", help="a feature folder written by "
+        "data_scripts/extract_features.py, every split of it (train, val and test)")
+    add("--out", default=None, help="folder for results.json/.md, pareto.png and curves.png "
+        "(default: outputs/benchmark-real, or outputs/benchmark-real-smoke with --smoke)")
     add("--checkpoints", default=CHECKPOINTS,
         help="folder of cached trained models, shared with lesson 08 (default: %(default)s)")
     add("--seed", type=int, default=0, help="seed of every method and of the sampled queries")
-    add("--smoke", action="store_true",
-        help="the first few photos of each split and tiny models (also on when COURSE_SMOKE=1): "
-             "the same code path in minutes")
-    add("--text-encoder", default=MINILM_NAME, metavar="NAME_OR_FOLDER",
-        help="the pretrained text encoder the text side starts from (default: the offline "
-             "%(default)s; on Colab e.g. bert-base-uncased)")
+    add("--smoke", action="store_true", help="the first few photos of each split and tiny models "
+        "(also on when COURSE_SMOKE=1): the same code path in minutes")
+    add("--text-encoder", default=MINILM_NAME, metavar="NAME_OR_FOLDER", help="the pretrained "
+        "text encoder the text side starts from (default: the offline %(default)s; on Colab e.g. "
+        "bert-base-uncased)")
     add("--readme", default=None,
         help="also write the test table into this README's real-results block, the full setting "
              "into docs/results.md's beside it and the frontier picture to docs/pareto-real.png")

@@ -11,36 +11,29 @@ import argparse
 from course_lib.core import settings
 from course_lib.core.checkpoints import CHECKPOINTS
 from course_lib.core.shipped import MANIFEST, SHIPPED_MODELS
-from course_lib.methods.registry import registered_names
 from course_lib.shipping import SEED, refresh, relabel
-from course_lib.training_lanes import add_jobs_option, train_in_parallel
+from course_lib.training_lanes import add_jobs_option, checked_options, train_in_parallel
 
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--methods", default=None,
-                        help="comma-separated methods whose models are refreshed, e.g. "
-                             "'vsepp,scan'; the other shipped models that are still current stay, "
-                             "the rest are listed as not shipped (default: every method)")
-    parser.add_argument("--checkpoints", default=CHECKPOINTS,
-                        help="folder of cached trained models, shared with the benchmark and the "
-                             "notebooks: a finished model there is loaded, not trained "
-                             "(default: %(default)s)")
-    parser.add_argument("--relabel", action="store_true",
-                        help="train nothing: move every shipped file to the name today's code "
-                             "gives it, byte for byte, after checking that it computes its "
-                             "recorded probe (for a change of the naming rule alone)")
+    add = parser.add_argument
+    add("--methods", default=None,
+        help="comma-separated methods whose models are refreshed, e.g. 'vsepp,scan'; the other "
+             "shipped models that are still current stay, the rest are listed as not shipped "
+             "(default: every method)")
+    add("--checkpoints", default=CHECKPOINTS,
+        help="folder of cached trained models, shared with the benchmark and the notebooks: a "
+             "finished model there is loaded, not trained (default: %(default)s)")
+    add("--relabel", action="store_true",
+        help="train nothing: move every shipped file to the name today's code gives it, byte for "
+             "byte, after checking that it computes its recorded probe (a new naming rule alone)")
     add_jobs_option(parser)
     args = parser.parse_args(argv)
-    if args.jobs < 1:
-        parser.error(f"--jobs must be at least 1, got {args.jobs}")
+    only = checked_options(parser, args)
     if settings.smoke_mode():
         parser.error(f"the shipped models are the default models of seed {SEED}: "
                      "unset COURSE_SMOKE")
-    only = None if args.methods is None else [name for name in args.methods.split(",") if name]
-    unknown = sorted(set(only or ()) - set(registered_names()))
-    if unknown:
-        parser.error(f"unknown method(s) {unknown}; choose from {registered_names()}")
     settings.plain_course_notes()
     if args.relabel:
         manifest = relabel(SHIPPED_MODELS)

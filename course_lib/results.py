@@ -4,6 +4,7 @@ rows, and the note when its timings contradict themselves."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from functools import partial
@@ -52,9 +53,7 @@ def read_partial(path: Path, key: dict) -> dict:
         saved = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
-    if saved.get("key") != json.loads(json.dumps(key)):
-        return {}
-    return dict(saved.get("methods", {}))
+    return dict(saved.get("methods", {})) if saved.get("key") == json.loads(json.dumps(key)) else {}
 
 
 def cascade_timing_problems(methods, rows) -> str | None:
@@ -66,22 +65,21 @@ def cascade_timing_problems(methods, rows) -> str | None:
     for method in methods:
         first = getattr(method, "stages", [None])[0]
         for (name, setting), own_ms in ms.items():
-            own = first is not None and name == method.name and (first.name, setting) in ms
-            if own and own_ms < ms[(first.name, setting)]:
+            theirs = ms.get((getattr(first, "name", None), setting))
+            if name == method.name and theirs is not None and own_ms < theirs:
                 clashes.append(f"{name} {own_ms:.3g} ms against its first stage {first.name} "
-                               f"{ms[(first.name, setting)]:.3g} ms ({setting})")
+                               f"{theirs:.3g} ms ({setting})")
     chains = [m for m in methods if getattr(m, "stages", None) and getattr(m, "top_ms", None)]
-    for a in chains:  # the same stages keeping fewer candidates cannot cost more
-        for b in chains:
-            same = [s.name for s in a.stages] == [s.name for s in b.stages]
-            fewer = same and all(x <= y for x, y in zip(a.top_ms, b.top_ms, strict=True))
-            if not (fewer and a.top_ms != b.top_ms):
-                continue
-            for setting in {s for _, s in ms}:
-                mine, theirs = ms.get((a.name, setting)), ms.get((b.name, setting))
-                if mine is not None and theirs is not None and mine > theirs:
-                    clashes.append(f"{a.name} {mine:.3g} ms against {b.name} {theirs:.3g} ms, "
-                                   f"which keeps more candidates ({setting})")
+    for a, b in itertools.product(chains, repeat=2):  # the same stages keeping fewer cost no more
+        same = [s.name for s in a.stages] == [s.name for s in b.stages]
+        if not (same and a.top_ms != b.top_ms
+                and all(x <= y for x, y in zip(a.top_ms, b.top_ms, strict=True))):
+            continue
+        for setting in {s for _, s in ms}:
+            mine, theirs = ms.get((a.name, setting)), ms.get((b.name, setting))
+            if mine is not None and theirs is not None and mine > theirs:
+                clashes.append(f"{a.name} {mine:.3g} ms against {b.name} {theirs:.3g} ms, "
+                               f"which keeps more candidates ({setting})")
     if not clashes:
         return None
     return ("this run's timings are too noisy to trust: a cascade cannot cost less than its first "
@@ -120,18 +118,15 @@ def read_results(path) -> dict:
     """An earlier results.json, checked before any work; an error names the file and what to do."""
     path = Path(path)
     try:
-        text = path.read_text()
+        results = json.loads(path.read_text())
     except OSError as error:
         raise ValueError(f"cannot read {path}: {error.strerror or error}. Give the path of a "
                          "results.json that python -m course_lib.benchmark wrote") from None
-    try:
-        results = json.loads(text)
     except json.JSONDecodeError as error:
         raise ValueError(f"{path} is not complete JSON ({error.msg} at line {error.lineno}, column "
                          f"{error.colno}): was the run that wrote it cut short? Re-run that "
                          "benchmark, or leave this file out") from None
-    meta = results.get("meta") if isinstance(results, dict) else None
-    rows = results.get("rows") if isinstance(results, dict) else None
+    meta, rows = (results.get(k) if isinstance(results, dict) else None for k in ("meta", "rows"))
     missing = []
     if not (isinstance(meta, dict) and {"mode", "seed"} <= meta.keys()):
         missing.append('a "meta" object with "mode" and "seed"')
@@ -203,8 +198,8 @@ def results_markdown(results: dict, settings=SETTINGS, extras: bool = True) -> s
         rows = [r for r in shown if r["setting"] == setting]
         if not rows:
             continue
-        recall_keys = [k for k in rows[0] if k.startswith(("i2t_r", "t2i_r"))]
         first = rows[0]
+        recall_keys = [k for k in first if k.startswith(("i2t_r", "t2i_r"))]
         head = f"**{setting}** ({first['n_images']:,} images, {first['n_texts']:,} captions"
         queries = (first.get("n_text_queries", first["n_texts"]),
                    first.get("n_image_queries", first["n_images"]))
@@ -253,10 +248,9 @@ def results_markdown(results: dict, settings=SETTINGS, extras: bool = True) -> s
     if any(not r.get("ms_measured", True) for r in shown):
         lines.append(f"{EXTRAPOLATED} ms/query extrapolated linearly from the largest galleries "
                      "timed (the method's timed_sizes), not measured.")
-    if results.get("published") and "test" in settings:
-        test = next((r for r in shown if r["setting"] == "test"), None)
-        if test is not None:
-            lines += ["", published_markdown(results["published"], test["n_images"])]
+    test = next((r for r in shown if r["setting"] == "test"), None)  # None unless "test" is shown
+    if results.get("published") and test is not None:
+        lines += ["", published_markdown(results["published"], test["n_images"])]
     if extras:
         notes = results.get("methods", {})
         lines += ["", "Methods:"] + [f"- `{name}`: {note}" for name, note in notes.items()]
@@ -274,6 +268,7 @@ PICTURE = Path("docs") / "pareto.png"  # beside the README: the accuracy-latency
 # the real-photo run (course_lib.real_benchmark) has blocks of its own in both, and its own picture
 REAL_START, REAL_END = "<!-- real-results:start -->", "<!-- real-results:end -->"
 REAL_PICTURE = Path("docs") / "pareto-real.png"
+_MARKERS = {False: (README_START, README_END, PICTURE), True: (REAL_START, REAL_END, REAL_PICTURE)}
 
 
 def is_real(results: dict) -> bool:
@@ -281,13 +276,9 @@ def is_real(results: dict) -> bool:
     return results["meta"].get("data") == "real"
 
 
-def _markers(real: bool) -> tuple[str, str, Path]:
-    return (REAL_START, REAL_END, REAL_PICTURE) if real else (README_START, README_END, PICTURE)
-
-
 def readme_markdown(results: dict) -> str:
     """The README's results block: the test table, where the rest is, and the frontier picture."""
-    doc, picture = RESULTS_DOC.as_posix(), _markers(is_real(results))[2].as_posix()
+    doc, picture = RESULTS_DOC.as_posix(), _MARKERS[is_real(results)][2].as_posix()
     table = results_markdown(results, settings=README_SETTINGS, extras=False)
     if is_real(results):
         return (table + "\nThe full setting (every split's photos as the gallery), ms per query "
@@ -304,8 +295,7 @@ def readme_markdown(results: dict) -> str:
 
 def docs_markdown(results: dict) -> str:
     """docs/results.md's results block: every setting but the README's, latency table, notes."""
-    others = tuple(s for s in SETTINGS if s not in README_SETTINGS)
-    return results_markdown(results, settings=others)
+    return results_markdown(results, tuple(s for s in SETTINGS if s not in README_SETTINGS))
 
 
 def _blocks(path: Path, start: str = README_START, end: str = README_END) -> tuple[str, str]:
@@ -326,7 +316,7 @@ def update_readme(results: dict | None, readme: str | Path, check_only: bool = F
     """Write this run into the README's results block, docs/results.md's and the picture, all or
     nothing (a real-photo run: the real-results blocks). check_only: only check the blocks."""
     real = (results is not None and is_real(results)) if real is None else real
-    start, end, picture = _markers(real)
+    start, end, picture = _MARKERS[real]
     readme = Path(readme)
     doc, picture = readme.parent / RESULTS_DOC, readme.parent / picture
     parts = {readme: _blocks(readme, start, end), doc: _blocks(doc, start, end)}

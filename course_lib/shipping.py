@@ -83,8 +83,7 @@ def expected_entries(bench=None, tokenizer=None, methods=None) -> dict:
 
 
 def probe_split(bench):
-    """The validation split's first PROBE_IMAGES images and their captions, a new split object
-    each time (so no method's split cache answers for it)."""
+    """val's first PROBE_IMAGES images and captions, a new split each time: no cache answers it."""
     val = bench["val"]
     return val.subset(range(min(PROBE_IMAGES, val.n_images)), name="probe")
 
@@ -110,8 +109,7 @@ def probe(method: Method, bench) -> dict:
         indices, scores = method.rank(split, "t2i", split.n_images)  # (T, N) each, best first
     dense = torch.zeros(split.n_texts, split.n_images).scatter_(1, indices, scores.float())
     metrics = retrieval_metrics(dense.T, split.txt2img, ks=(1, 5))
-    captions, images = PROBE_KEPT
-    kept = dense[:captions, :images].tolist()
+    kept = dense[:PROBE_KEPT[0], :PROBE_KEPT[1]].tolist()
     return {"scores": [" ".join(f"{x:.6g}" for x in row) for row in kept],
             "recall": {k: round(float(metrics[k]), 2)
                        for k in ("t2i_r1", "t2i_r5", "i2t_r1", "i2t_r5")}}
@@ -166,8 +164,7 @@ def refresh(folder=shipped.SHIPPED_MODELS, checkpoints=CHECKPOINTS, methods=None
     models = own_models(methods)
     not_shipped, keep = [], {}
     if only is not None:
-        unknown = set(only) - {m.name for m in methods}
-        if unknown:
+        if unknown := set(only) - {m.name for m in methods}:
             raise ValueError(f"no such methods to ship: {sorted(unknown)}; known: "
                              f"{[m.name for m in methods]}")
         chosen = own_models([m for m in methods if m.name in set(only)])
@@ -226,18 +223,15 @@ def relabel(folder=shipped.SHIPPED_MODELS, methods=None, bench=None, tokenizer=N
         model = method.build_model(bench, tokenizer)
         method.history = shipped.load_shipped(folder / old_name, model)
         method.model, method.tokenizer, method.from_shipped = model.eval(), tokenizer, True
-        moved_by = probe_differences(old_entry.get("probe"), probe(method, bench))
-        if moved_by:
+        if moved_by := probe_differences(old_entry.get("probe"), probe(method, bench)):
             raise ValueError(f"{method.name} ({old_name}): {'; '.join(moved_by)}; retrain it with "
                              f"{shipped.REFRESH_COMMAND}")
         moved[old_name] = name
-        files[name] = {**entry, "probe": old_entry["probe"], "sha256": old_entry["sha256"],
-                       "bytes": old_entry["bytes"]}
+        files[name] = {**entry, **{k: old_entry[k] for k in ("probe", "sha256", "bytes")}}
     for old_name, name in moved.items():
         if old_name != name:
             (folder / old_name).rename(folder / name)
     manifest = {**old, "files": files}
-    text = json.dumps(manifest, indent=1, sort_keys=True) + "\n"
-    write_atomically(folder / shipped.MANIFEST,
-                     lambda temporary: temporary.write_text(text, encoding="utf-8"))
+    write_atomically(folder / shipped.MANIFEST, lambda temporary: temporary.write_text(
+        json.dumps(manifest, indent=1, sort_keys=True) + "\n", encoding="utf-8"))
     return manifest

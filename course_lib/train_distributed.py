@@ -79,19 +79,15 @@ def main(argv: list[str] | None = None) -> dict | None:
         prog="torchrun --nproc_per_node=N -m course_lib.train_distributed",
         description="Contrastive training of a course dual encoder on N processes (DDP, gathered "
                     "in-batch negatives); without torchrun, one process.")
-    parser.add_argument("--method", choices=("vsepp", "lightningdot"), default="vsepp",
-                        help="VSE++ (sum of hinges) or LightningDOT's CMR fine-tuning, from "
-                             "random weights")
-    parser.add_argument("--steps", type=int, default=None,
-                        help="optimizer steps (default: the method's)")
-    parser.add_argument("--global-batch", type=int, default=None,
-                        help="pairs per step over all processes (default: the method's batch_size, "
-                             "128); each process takes global-batch / N")
-    parser.add_argument("--smoke", action="store_true",
-                        help="tiny benchmark and schedule (or COURSE_SMOKE=1)")
-    parser.add_argument("--checkpoint", default=None,
-                        help="Trainer checkpoint path (rank 0 writes it)")
-    parser.add_argument("--seed", type=int, default=0)
+    add = parser.add_argument
+    add("--method", choices=("vsepp", "lightningdot"), default="vsepp",
+        help="VSE++ (sum of hinges) or LightningDOT's CMR fine-tuning, from random weights")
+    add("--steps", type=int, default=None, help="optimizer steps (default: the method's)")
+    add("--global-batch", type=int, default=None, help="pairs per step over all processes "
+        "(default: the method's batch_size, 128); each process takes global-batch / N")
+    add("--smoke", action="store_true", help="tiny benchmark and schedule (or COURSE_SMOKE=1)")
+    add("--checkpoint", default=None, help="Trainer checkpoint path (rank 0 writes it)")
+    add("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     distributed.init_distributed()
     try:

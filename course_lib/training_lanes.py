@@ -17,7 +17,7 @@ import torch
 from tqdm.auto import tqdm
 
 from course_lib.core import settings, shipped
-from course_lib.methods.registry import available_methods
+from course_lib.methods.registry import available_methods, registered_names
 from course_lib.shipping import benchmark_data, own_models
 
 MAX_JOBS = 4
@@ -52,11 +52,20 @@ def add_jobs_option(parser) -> None:
                              "another in this process")
 
 
+def checked_options(parser, args) -> list[str] | None:
+    """--jobs and --methods checked: the comma-separated names of --methods (None if not given)."""
+    if args.jobs < 1:
+        parser.error(f"--jobs must be at least 1, got {args.jobs}")
+    names = None if args.methods is None else [name for name in args.methods.split(",") if name]
+    if unknown := sorted(set(names or ()) - set(registered_names())):
+        parser.error(f"unknown method(s) {unknown}; choose from {registered_names()}")
+    return names
+
+
 def _models(spec: LaneSpec, data=None):
     """(bench, tokenizer, own models) for spec, in the same order in every process."""
     bench, tokenizer = data or benchmark_data(spec.smoke, spec.seed)
-    names = None if spec.names is None else list(spec.names)
-    return bench, tokenizer, own_models(available_methods(spec.seed, spec.smoke, names=names))
+    return bench, tokenizer, own_models(available_methods(spec.seed, spec.smoke, names=spec.names))
 
 
 def recorded_cpu_seconds(method, bench, tokenizer, folder=None) -> float:
@@ -96,13 +105,11 @@ def plan(models, bench, tokenizer, checkpoints=None) -> tuple[list[int], dict[in
     cost = {i: c if c > 0 else (sum(known) / len(known) if known else 0.0) for i, c in cost.items()}
     first_with_stem = {}
     for i in sorted(to_train, key=lambda i: (-cost[i], i)):  # the longest of them trains the stem
-        stem_stage = getattr(models[i], "stem_stage", None)
-        stem = stem_stage(bench) if stem_stage is not None else None
+        stem = getattr(models[i], "stem_stage", lambda bench: None)(bench)
         stem = stem and stem.file_name
         if stem is None or (checkpoints is not None and (Path(checkpoints) / stem).exists()):
             continue
-        first = first_with_stem.setdefault(stem, i)
-        if first != i:
+        if (first := first_with_stem.setdefault(stem, i)) != i:
             needs[i].add(first)
     path = {}  # a model's cost plus the longest chain of models waiting for it (its critical path)
 
@@ -153,8 +160,7 @@ def _next_result(results, workers, poll_seconds: float = 5.0):
         try:
             return results.get(timeout=poll_seconds)
         except queue.Empty:
-            dead = [w for w in workers if not w.is_alive()]
-            if dead:
+            if dead := [w for w in workers if not w.is_alive()]:
                 raise RuntimeError(f"a training process stopped without a report (exit code "
                                    f"{dead[0].exitcode}; out of memory?). Fewer processes "
                                    "(--jobs 1) need less memory.") from None
@@ -180,16 +186,13 @@ def train_in_parallel(names=None, *, seed: int = 0, smoke: bool = False, checkpo
                for _ in range(min(jobs, len(order)))]
     for worker in workers:
         worker.start()
-    done, running, finished = set(), {}, []  # running: index -> start time
-    bar = tqdm(total=len(order), desc=f"training in {len(workers)} processes",
-               disable=not progress)
+    done, running, finished = set(), [], []
+    bar = tqdm(total=len(order), desc=f"training in {len(workers)} processes", disable=not progress)
     try:
         while len(done) < len(order):
             ready = [i for i in order if i not in done and i not in running and needs[i] <= done]
-            for index in ready:
-                if len(running) == len(workers):
-                    break
-                running[index] = time.perf_counter()
+            for index in ready[:len(workers) - len(running)]:
+                running.append(index)
                 tasks.put(index)
             if not running:  # nothing to wait for, yet models left: they wait on each other
                 stuck = [models[i].name for i in order if i not in done]
@@ -200,7 +203,7 @@ def train_in_parallel(names=None, *, seed: int = 0, smoke: bool = False, checkpo
                 what = "setting up" if index is None else f"training {models[index].name}"
                 raise RuntimeError(f"{what} in a worker process failed (--jobs 1 trains in this "
                                    f"process instead):\n{error}")
-            del running[index]
+            running.remove(index)
             done.add(index)
             finished.append({"model": models[index].name, "seconds": round(wall, 1),
                              "cpu_seconds": round(cpu, 1)})

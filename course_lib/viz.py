@@ -20,6 +20,15 @@ def _image(split, index: int) -> np.ndarray:
     raise ValueError(f"split {split.name!r} holds no pixels to draw (no images and no image_paths)")
 
 
+def _captioned(ax, split, i: int, captions, title: str, fontsize: float) -> None:
+    """Image i with `title` above it and the captions (indices) below it."""
+    ax.imshow(_image(split, i), interpolation="nearest")
+    ax.axis("off")
+    ax.set_title(title, fontsize=9)
+    lines = [textwrap.shorten(split.captions[t], 64) for t in captions]
+    ax.text(0.0, -0.04, "\n".join(lines), transform=ax.transAxes, va="top", fontsize=fontsize)
+
+
 def show_scenes(split, indices, *, n_captions: int = 5, cols: int = 4, width: float = 3.2,
                 title=None):
     """A grid of images, each above its captions (at most n_captions of them)."""
@@ -28,13 +37,10 @@ def show_scenes(split, indices, *, n_captions: int = 5, cols: int = 4, width: fl
     rows = (len(indices) + cols - 1) // cols
     fig, axes = plt.subplots(rows, cols, squeeze=False,
                              figsize=(cols * width, rows * (width + 0.28 * n_captions)))
-    for ax in axes.flat:
+    for ax in axes.flat[len(indices):]:  # the grid's last row may have spare axes
         ax.axis("off")
-    for ax, i in zip(axes.flat, indices, strict=False):  # the grid's last row may have spare axes
-        ax.imshow(_image(split, i), interpolation="nearest")
-        lines = [textwrap.shorten(split.captions[t], 64) for t in img2txt[i][:n_captions]]
-        ax.set_title(split.image_ids[i], fontsize=9)
-        ax.text(0.0, -0.04, "\n".join(lines), transform=ax.transAxes, va="top", fontsize=6.5)
+    for ax, i in zip(axes.flat, indices, strict=False):
+        _captioned(ax, split, i, img2txt[i][:n_captions], split.image_ids[i], 6.5)
     if title:
         fig.suptitle(title)
     fig.tight_layout()
@@ -45,8 +51,7 @@ def draw_boxes(split, index: int, *, ax=None, labels=None):
     """One image with its detector boxes drawn over it; labels: one string per region slot."""
     image = _image(split, index)
     h, w = image.shape[:2]
-    if ax is None:
-        _, ax = plt.subplots(figsize=(4, 4))
+    ax = ax if ax is not None else plt.subplots(figsize=(4, 4))[1]
     ax.imshow(image, interpolation="nearest")
     mask = split.region_mask[index]
     for r in np.flatnonzero(mask):
@@ -72,27 +77,20 @@ def show_twins(split, pairs, *, n_captions: int = 2, width: float = 3.0):
     img2txt = split.img2txt()
     fig, axes = plt.subplots(len(pairs), 2, squeeze=False,
                              figsize=(2 * width + 2.5, len(pairs) * (width + 0.6)))
-    for row, (a, b) in enumerate(pairs):
-        for col, i in enumerate((a, b)):
-            ax = axes[row, col]
-            ax.imshow(_image(split, i), interpolation="nearest")
-            ax.axis("off")
-            lines = [textwrap.shorten(split.captions[t], 64) for t in img2txt[i][:n_captions]]
-            ax.set_title(("scene " if col == 0 else "twin ") + split.image_ids[i], fontsize=9)
-            ax.text(0.0, -0.04, "\n".join(lines), transform=ax.transAxes, va="top", fontsize=7)
+    for row, pair in zip(axes, pairs, strict=True):
+        for ax, i, kind in zip(row, pair, ("scene ", "twin "), strict=True):
+            _captioned(ax, split, i, img2txt[i][:n_captions], kind + split.image_ids[i], 7)
     fig.tight_layout()
     return fig
 
 
 def _draw_ranked(axes, split, ranked, true_image=None, ids: bool = True) -> None:
     """One ranking into a row of axes, the true image framed in red (LightningDOT Fig. 4)."""
-    for ax in axes:
+    for ax in axes[len(ranked):]:  # the spare axes
         ax.axis("off")
-    for rank, (ax, i) in enumerate(zip(axes, ranked, strict=False), start=1):  # spare axes stay off
-        ax.axis("on")
+    for rank, (ax, i) in enumerate(zip(axes, ranked, strict=False), start=1):
         ax.imshow(_image(split, i), interpolation="nearest")
-        ax.set_xticks([])
-        ax.set_yticks([])
+        ax.set(xticks=[], yticks=[])
         hit = true_image is not None and i == int(true_image)
         for spine in ax.spines.values():  # the ground truth in a red frame, as the paper draws it
             spine.set_edgecolor("red" if hit else "lightgrey")
@@ -142,8 +140,7 @@ def show_rankings(split, rankings, *, width: float = 2.0, title=None):
 def plot_learning_curve(histories: dict, *, metric: str = "t2i_r1", ax=None, title=None):
     """Recall against training CPU-seconds of {label: History} (evaluate_on=
     learning_curve_splits(bench)): val solid, train[:n] dashed in the same colour."""
-    if ax is None:
-        _, ax = plt.subplots(figsize=(6, 3.5))
+    ax = ax if ax is not None else plt.subplots(figsize=(6, 3.5))[1]
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"] * 4  # more colours than runs
     for color, (label, history) in zip(colors, histories.items(), strict=False):
         rows = [r for r in history.rows(eval=True) if f"val_{metric}" in r]
@@ -194,8 +191,7 @@ def plot_training_curves(curves: dict, fig=None, *, cols: int = 4):
 
 def plot_timings(results: dict, *, ax=None, title="per-call time"):
     """Box plot of the per-call times (ms) of {label: TimingResult}, on a linear axis from 0."""
-    if ax is None:
-        _, ax = plt.subplots(figsize=(6, 3.5))
+    ax = ax if ax is not None else plt.subplots(figsize=(6, 3.5))[1]
     labels = list(results)
     ax.boxplot([results[k].times_ms for k in labels], showfliers=True)
     ax.set_xticks(range(1, len(labels) + 1), labels)

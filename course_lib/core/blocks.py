@@ -63,8 +63,7 @@ class Transformer(nn.Module):
             x = block(x, mask)  # (B, L, H)
             if return_layers:
                 states.append(self.ln_f(x))
-        last = self.ln_f(x)
-        return (last, states) if return_layers else last
+        return (self.ln_f(x), states) if return_layers else self.ln_f(x)
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

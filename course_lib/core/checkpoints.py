@@ -45,14 +45,13 @@ SHIPPED_FORMAT = "course_lib.shipped/2"  # float16 weights and training history 
 def check_model_state(model: nn.Module, state: dict, source: str) -> None:
     """A readable error when a state dict comes from a different model (not torch's wall)."""
     own = model.state_dict()
-    missing = [k for k in own if k not in state]
-    unexpected = [k for k in state if k not in own]
-    shapes = [f"{k}: {tuple(state[k].shape)} vs {tuple(v.shape)}" for k, v in own.items()
-              if k in state and hasattr(state[k], "shape") and state[k].shape != v.shape]
-    if missing or unexpected or shapes:
-        parts = [f"{what} ({len(keys)}): {keys[:5]}" for what, keys in
-                 (("missing keys", missing), ("unexpected keys", unexpected),
-                  ("shape mismatches", shapes)) if keys]
+    problems = {"missing keys": [k for k in own if k not in state],
+                "unexpected keys": [k for k in state if k not in own],
+                "shape mismatches": [f"{k}: {tuple(state[k].shape)} vs {tuple(v.shape)}"
+                                     for k, v in own.items() if k in state
+                                     and hasattr(state[k], "shape") and state[k].shape != v.shape]}
+    parts = [f"{what} ({len(keys)}): {keys[:5]}" for what, keys in problems.items() if keys]
+    if parts:
         raise ValueError(f"{source} was saved from a different model: " + "; ".join(parts)
                          + ". Use another checkpoint_path, delete the file, or fit(resume=False).")
 

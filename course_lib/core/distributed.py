@@ -66,8 +66,7 @@ def init_distributed(backend: str | None = None, timeout_s: float = 1800.0) -> b
     if not dist.is_available():
         raise RuntimeError("this torch build has no torch.distributed: install the standard wheel")
     local_rank = int(os.environ["LOCAL_RANK"])
-    if backend is None:
-        backend = "nccl" if get_device().type == "cuda" else "gloo"
+    backend = backend or ("nccl" if get_device().type == "cuda" else "gloo")
     if backend == "nccl":
         if local_rank >= torch.cuda.device_count():
             raise RuntimeError(f"LOCAL_RANK {local_rank} but only {torch.cuda.device_count()} "

@@ -4,13 +4,14 @@ of course_lib.data.datasets) -> EncoderOutput. Text encoders take the tokenizer'
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from course_lib.core.blocks import RegionEmbedding, Transformer
+from course_lib.core.blocks import RegionEmbedding, Transformer, masked_mean
 from course_lib.core.frozen_states import FROZEN_STATES
 from course_lib.core.offline_weights import pretrained_text_path
 from course_lib.core.settings import CourseNote, from_hub, hub_error
@@ -64,8 +65,7 @@ class RegionTransformerEncoder(nn.Module):
         regions, boxes = batch["regions"], batch["boxes"]  # (B, R, D), (B, R, 7)
         region_mask = batch["region_mask"].bool()  # (B, R)
         B = regions.shape[0]
-        cls = self.cls.expand(B, -1, -1)  # (B, 1, H)
-        x = torch.cat([cls, self.embed(regions, boxes)], dim=1)  # (B, 1+R, H)
+        x = torch.cat([self.cls.expand(B, -1, -1), self.embed(regions, boxes)], 1)  # (B, 1+R, H)
         mask = torch.cat([region_mask.new_ones(B, 1), region_mask], dim=1)  # (B, 1+R)
         return _transformer_output(self.transformer, self.dropout(x), mask, return_layers)
 
@@ -88,28 +88,23 @@ class PixelEncoder(nn.Module):
                  out_dim: int | None = None, **timm_kwargs):
         super().__init__()
         import timm
-        if model_name is None:
-            if pretrained:
-                raise ValueError("the tiny ViT (model_name=None) has no pretrained weights; pass a "
-                                 "timm name, e.g. PixelEncoder('vit_base_patch16_224', "
-                                 "pretrained=True)")
-            self.backbone = timm.create_model(TINY_VIT_NAME, pretrained=False, num_classes=0,
-                                              **{**TINY_VIT_KWARGS, **timm_kwargs})
-        else:
-            if not timm.is_model(model_name):
-                raise ValueError(f"timm has no model {model_name!r}; see timm.list_models('*vit*')")
-            try:
-                self.backbone = timm.create_model(model_name, pretrained=pretrained, num_classes=0,
-                                                  **timm_kwargs)
-            except Exception as e:  # hub errors vary by version (OSError, httpx, RuntimeError, ...)
-                if not pretrained:
-                    raise
-                raise hub_error(
-                    f"timm model {model_name!r} with pretrained weights", e,
-                    "A weights file on disk can be given as "
-                    "pretrained_cfg_overlay=dict(file=PATH). Offline, use random weights: "
-                    f"PixelEncoder({model_name!r}, pretrained=False), "
-                    "or the tiny ViT: PixelEncoder() for the synthetic 32x32 images.") from e
+        if model_name is None and pretrained:
+            raise ValueError("the tiny ViT (model_name=None) has no pretrained weights: pass a "
+                             "timm name, e.g. PixelEncoder('resnet18', pretrained=True)")
+        if model_name is not None and not timm.is_model(model_name):
+            raise ValueError(f"timm has no model {model_name!r}; see timm.list_models('*vit*')")
+        timm_kwargs = {**TINY_VIT_KWARGS, **timm_kwargs} if model_name is None else timm_kwargs
+        try:
+            self.backbone = timm.create_model(model_name or TINY_VIT_NAME, pretrained=pretrained,
+                                              num_classes=0, **timm_kwargs)
+        except Exception as e:  # hub errors vary by version (OSError, httpx, RuntimeError, ...)
+            if not pretrained:
+                raise
+            raise hub_error(f"timm model {model_name!r} with pretrained weights", e,
+                            "A weights file on disk can be given as pretrained_cfg_overlay=dict("
+                            "file=PATH). Offline, use random weights: PixelEncoder("
+                            f"{model_name!r}, pretrained=False), or the tiny ViT: PixelEncoder() "
+                            "for the synthetic 32x32 images.") from e
         width = self.backbone.num_features
         self.proj = nn.Linear(width, out_dim) if out_dim is not None else nn.Identity()
         self.out_dim = out_dim if out_dim is not None else width
@@ -140,8 +135,7 @@ class BagOfWordsEncoder(nn.Module):
     def forward(self, batch: dict) -> EncoderOutput:
         input_ids, mask = batch["input_ids"], batch["attention_mask"].bool()  # (B, T)
         tokens = self.embed(input_ids).masked_fill(~mask.unsqueeze(-1), 0.0)  # (B, T, H)
-        words = word_mask(input_ids, mask, self.special).unsqueeze(-1).float()  # (B, T, 1)
-        pooled = (tokens * words).sum(1) / words.sum(1).clamp(min=1.0)  # (B, H); no words -> zero
+        pooled = masked_mean(tokens, word_mask(input_ids, mask, self.special))  # (B, H)
         return EncoderOutput(tokens=tokens, mask=mask, pooled=pooled)
 
 
@@ -211,8 +205,6 @@ def _check_positions(T: int, limit: int, what: str) -> None:
 
 def _bert_without_pooler(name: str, **kwargs):
     """BertModel.from_pretrained without the pooler or the table of its unused weights."""
-    import warnings
-
     from transformers import BertModel
     from transformers.utils import logging as hf_logging
     level = hf_logging.get_verbosity()
@@ -251,10 +243,9 @@ class BertTextEncoder(nn.Module):
                                  "Offline, use random weights: BertTextEncoder(len(tokenizer)) "
                                  "(pretrained_name=None).")
             if vocab_size is not None and vocab_size != self.bert.config.vocab_size:
-                raise ValueError(
-                    f"vocab_size {vocab_size} does not match {pretrained_name!r}'s vocabulary of "
-                    f"{self.bert.config.vocab_size}: tokenise with tokenizer_for(split, "
-                    f"name={pretrained_name!r}), not the word tokenizer")
+                raise ValueError(f"vocab_size {vocab_size} is not {pretrained_name!r}'s "
+                                 f"{self.bert.config.vocab_size}: tokenise with tokenizer_for("
+                                 f"split, name={pretrained_name!r}), not the word tokenizer")
         self.out_dim = self.bert.config.hidden_size
         self.frozen: list[nn.Module] = []  # parts kept as loaded (freeze)
 

@@ -67,14 +67,10 @@ class FrozenStates:
         for i, key in enumerate(keys):
             out[i, :len(key[1])] = found[key]
         for key, states in found.items():  # kept, or made the most recently used
-            if key in self.kept:
-                self.kept.move_to_end(key)
-                continue
-            self.kept[key] = states
-            self.bytes += states.numel() * states.element_size()
-            while self.bytes > self.max_bytes and len(self.kept) > 1:
-                _, dropped = self.kept.popitem(last=False)
-                self.bytes -= dropped.numel() * dropped.element_size()
+            self.bytes += 0 if key in self.kept else states.nbytes
+            self.kept[key] = self.kept.pop(key, states)
+        while self.bytes > self.max_bytes and len(self.kept) > 1:  # the least recently used go
+            self.bytes -= self.kept.popitem(last=False)[1].nbytes
         return out
 
     @contextlib.contextmanager

@@ -46,8 +46,7 @@ def time_single_queries(index: faiss.Index, queries: np.ndarray, k: int, *, warm
 DEFAULT_TRADEOFF_CONFIGS: tuple[tuple[str, dict], ...] = (
     ("flat", {}),
     ("ivf", {"nprobe": 2}), ("ivf", {"nprobe": 8}), ("ivf", {"nprobe": 32}),
-    ("hnsw", {"ef_search": 16}), ("hnsw", {"ef_search": 64}), ("hnsw", {"ef_search": 256}),
-)
+    ("hnsw", {"ef_search": 16}), ("hnsw", {"ef_search": 64}), ("hnsw", {"ef_search": 256}))
 
 
 def _timed_build(gallery, kind: str, params: dict):

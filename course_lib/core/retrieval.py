@@ -24,6 +24,7 @@ import torch
 
 from course_lib.core.settings import CourseNote
 
+IP = faiss.METRIC_INNER_PRODUCT  # every index here ranks by inner product
 MIN_POINTS_PER_LIST = 39  # FAISS k-means warns below this many points per centroid
 # FAISS >= 1.15 scores nq rows with its own loop while nq * dim < 128,000, with BLAS above; BLAS
 # wins far earlier (facebookresearch/faiss#5109; docs/tuning_notes.md, "FAISS's BLAS switch").
@@ -33,23 +34,18 @@ BLAS_SWITCH_PER_THREAD = 800
 @contextmanager
 def blas_switch(per_thread: int = BLAS_SWITCH_PER_THREAD):
     """Within the block FAISS switches to BLAS by nq * dim >= per_thread * its threads."""
-    before = faiss.cvar.distance_compute_blas_threshold
-    faiss.cvar.distance_compute_blas_threshold = min(before,
-                                                     per_thread * faiss.omp_get_max_threads())
+    cvar, before = faiss.cvar, faiss.cvar.distance_compute_blas_threshold
+    cvar.distance_compute_blas_threshold = min(before, per_thread * faiss.omp_get_max_threads())
     try:
         yield
     finally:
-        faiss.cvar.distance_compute_blas_threshold = before
+        cvar.distance_compute_blas_threshold = before
 
 
 def _positive_int(name: str, value, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
     return int(value)
-
-
-def _flat_ip(dim: int, n: int) -> faiss.Index:
-    return faiss.IndexFlatIP(dim)  # exact: scores every stored vector
 
 
 def _ivf(quantizer_to_index, dim: int, n: int, nlist: int | None, nprobe: int) -> faiss.Index:
@@ -61,11 +57,9 @@ def _ivf(quantizer_to_index, dim: int, n: int, nlist: int | None, nprobe: int) -
     elif _positive_int("nlist", nlist) > cap:
         warnings.warn(f"nlist={nlist} needs {nlist * MIN_POINTS_PER_LIST} training vectors "
                       f"({MIN_POINTS_PER_LIST} per list) but the gallery has {n}; using "
-                      f"nlist={cap}. Pass nlist <= {cap}, or leave it unset for the default",
-                      CourseNote, stacklevel=4)  # -> the caller of build_index
+                      f"nlist={cap}. Pass nlist <= {cap} or no nlist", CourseNote, stacklevel=4)
         nlist = cap
-    quantizer = faiss.IndexFlatIP(dim)  # holds the nlist centroids; the index keeps it alive
-    index = quantizer_to_index(quantizer, nlist)
+    index = quantizer_to_index(faiss.IndexFlatIP(dim), nlist)  # the centroids; kept alive by index
     index.cp.min_points_per_centroid = 1  # we capped nlist ourselves; silence FAISS's n < 39 note
     index.nprobe = min(_positive_int("nprobe", nprobe), nlist)
     return index
@@ -73,22 +67,18 @@ def _ivf(quantizer_to_index, dim: int, n: int, nlist: int | None, nprobe: int) -
 
 def _ivf_flat(dim: int, n: int, *, nlist: int | None = None, nprobe: int = 8) -> faiss.Index:
     """IVF: k-means splits the gallery into nlist lists; a query scans only its nprobe best."""
-    return _ivf(lambda q, nlist: faiss.IndexIVFFlat(q, dim, nlist, faiss.METRIC_INNER_PRODUCT),
-                dim, n, nlist, nprobe)
+    return _ivf(lambda q, nlist: faiss.IndexIVFFlat(q, dim, nlist, IP), dim, n, nlist, nprobe)
 
 
 def _pq_shape(dim: int, n: int, m: int | None, nbits: int) -> tuple[int, int]:
     """Checked (m, nbits) of a product quantiser of dim-d vectors trained on n. m defaults to the
     largest divisor of dim up to dim / 4 (16 bytes for 64-d vectors); n >= 2^nbits."""
-    if m is None:
-        m = max(d for d in range(1, max(1, dim // 4) + 1) if dim % d == 0)
+    m = max(d for d in range(1, max(1, dim // 4) + 1) if dim % d == 0) if m is None else m
     if _positive_int("m", m) > dim or dim % m:
-        divisors = [d for d in range(1, dim + 1) if dim % d == 0]
-        raise ValueError(f"m={m} sub-quantizers must divide the dimension {dim} evenly; "
-                         f"pick one of {divisors}")
+        raise ValueError(f"m={m} sub-quantizers must divide the dimension {dim} evenly; pick one "
+                         f"of {[d for d in range(1, dim + 1) if dim % d == 0]}")
     if _positive_int("nbits", nbits) > 16:
-        raise ValueError(f"nbits must be an integer in [1, 16], got {nbits}; 8 is the usual "
-                         "choice")
+        raise ValueError(f"nbits must be an integer in [1, 16], got {nbits}; 8 is usual")
     if n < 2 ** nbits:
         raise ValueError(f"nbits={nbits} trains {2 ** nbits} centroids per sub-vector but only "
                          f"{n} vectors train it; pass nbits <= {max(1, int(math.log2(n)))} or a "
@@ -105,8 +95,7 @@ def _ivf_pq(dim: int, n: int, *, nlist: int | None = None, nprobe: int = 8,
             m: int | None = None, nbits: int = 8) -> faiss.Index:
     """IVF-PQ: "ivf"'s lists of PQ codes of residuals; scores are approximate even when probed."""
     m, nbits = _pq_shape(dim, n, m, nbits)
-    index = _ivf(lambda q, nlist: faiss.IndexIVFPQ(q, dim, nlist, m, nbits,
-                                                   faiss.METRIC_INNER_PRODUCT),
+    index = _ivf(lambda q, nlist: faiss.IndexIVFPQ(q, dim, nlist, m, nbits, IP),
                  dim, n, nlist, nprobe)
     index.pq.cp.min_points_per_centroid = 1  # _pq_shape warned already; silence FAISS's note
     return index
@@ -116,7 +105,7 @@ def _hnsw_flat(dim: int, n: int, *, M: int = 32, ef_search: int = 64,
                ef_construction: int = 80) -> faiss.Index:
     """HNSW: a layered graph with M links per node (2M at the bottom), walked greedily, keeping
     ef_construction candidates while inserting, ef_search (>= k) while searching."""
-    index = faiss.IndexHNSWFlat(dim, _positive_int("M", M, minimum=2), faiss.METRIC_INNER_PRODUCT)
+    index = faiss.IndexHNSWFlat(dim, _positive_int("M", M, minimum=2), IP)
     index.hnsw.efConstruction = _positive_int("ef_construction", ef_construction)
     index.hnsw.efSearch = _positive_int("ef_search", ef_search)
     return index
@@ -126,8 +115,7 @@ def _hnsw_pq(dim: int, n: int, *, M: int = 32, ef_search: int = 64, ef_construct
              m: int | None = None, nbits: int = 8) -> faiss.Index:
     """HNSW whose nodes store PQ codes, not vectors; build_index fixes its code-to-code table."""
     m, nbits = _pq_shape(dim, n, m, nbits)
-    index = faiss.IndexHNSWPQ(dim, m, _positive_int("M", M, minimum=2), nbits,
-                              faiss.METRIC_INNER_PRODUCT)
+    index = faiss.IndexHNSWPQ(dim, m, _positive_int("M", M, minimum=2), nbits, IP)
     faiss.downcast_index(index.storage).pq.cp.min_points_per_centroid = 1  # as in _ivf_pq
     index.hnsw.efConstruction = _positive_int("ef_construction", ef_construction)
     index.hnsw.efSearch = _positive_int("ef_search", ef_search)
@@ -137,7 +125,8 @@ def _hnsw_pq(dim: int, n: int, *, M: int = 32, ef_search: int = 64, ef_construct
 # name -> builder(dim, n, **params) of an empty index; its keyword-only arguments are the
 # parameters build_index accepts
 INDEX_KINDS: dict[str, Callable[..., faiss.Index]] = {
-    "flat": _flat_ip, "ivf": _ivf_flat, "hnsw": _hnsw_flat, "ivfpq": _ivf_pq, "hnswpq": _hnsw_pq}
+    "flat": lambda dim, n: faiss.IndexFlatIP(dim),  # exact: scores every stored vector
+    "ivf": _ivf_flat, "hnsw": _hnsw_flat, "ivfpq": _ivf_pq, "hnswpq": _hnsw_pq}
 
 
 def index_params(kind: str) -> list[str]:
@@ -153,8 +142,7 @@ def as_float32_matrix(x, name: str = "embeddings") -> np.ndarray:
     if isinstance(x, torch.Tensor):
         x = x.detach().to("cpu", torch.float32).numpy()
     x = np.asarray(x)
-    if x.ndim == 1:
-        x = x[None, :]  # one vector -> (1, E)
+    x = x[None, :] if x.ndim == 1 else x  # one vector -> (1, E)
     if x.ndim != 2:
         raise ValueError(f"{name} must be a 2-D (n, dim) matrix, got shape {x.shape}; "
                          "stack one embedding per row")

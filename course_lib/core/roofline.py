@@ -63,8 +63,7 @@ def count_operators(fn: Callable[[], object]) -> int:
 def matmul_gflops(size: int = 256, threads: int | None = 1, repeats: int = 20) -> float:
     """Median GFLOP/s of a square float32 torch.mm on `threads` threads (None: as set)."""
     before = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(threads)
+    torch.set_num_threads(before if threads is None else threads)
     try:
         g = torch.Generator().manual_seed(0)
         a, b = torch.randn(size, size, generator=g), torch.randn(size, size, generator=g)

@@ -1,10 +1,9 @@
 """The lean online text query: one caption in, the top k gallery items out (notebook 03, section
-10, measures every step). A dot-product query's arithmetic is microseconds; the eager path around
-it (`backend="reference"`) costs many times that (docs/tuning_notes.md, "The online query path"):
-the tokenizer's Python front end, a dict of tensors, dozens of operator dispatches,
-`retrieval.search`'s checks. Here each is paid once, at build. QueryEncoder runs encode as one
-graph (ONNX Runtime, TorchScript or, on CUDA, one CUDA graph per caption length); a backend that
-fails or disagrees with eager at build is skipped with a CourseNote, so no answer changes."""
+10, times each step). A dot product costs microseconds, the eager path around it many times that
+(docs/tuning_notes.md, "The online query path"): the tokenizer's Python front end, a dict of
+tensors, dozens of operator dispatches, `retrieval.search`'s checks. Here each is paid once, at
+build: QueryEncoder runs encode as one graph (ONNX Runtime, TorchScript or one CUDA graph per
+caption length); a backend that fails or disagrees with eager is skipped, so no answer changes."""
 
 from __future__ import annotations
 
@@ -56,8 +55,7 @@ class _Encode(nn.Module):
     def __init__(self, encode: Callable[[dict], object]):
         super().__init__()
         self.encode = encode
-        owner = getattr(encode, "__self__", None)
-        if isinstance(owner, nn.Module):
+        if isinstance(owner := getattr(encode, "__self__", None), nn.Module):
             self.model = owner  # registered, so trace / export see its parameters
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor):
@@ -75,18 +73,14 @@ class QueryEncoder:
         self.device = torch.device(device)
         self.module = _Encode(encode).eval()
         if not probes:
-            raise ValueError("QueryEncoder needs at least one probe (ids, mask) to check its "
-                             "backend against")
+            raise ValueError("QueryEncoder needs at least one probe (ids, mask) to check against")
         self.probes = [(np.ascontiguousarray(i, np.int64), np.ascontiguousarray(m, np.int64))
                        for i, m in probes]
-        if backend == "auto":
-            candidates = AUTO["cuda" if self.device.type == "cuda" else "cpu"]
-        elif backend in BACKENDS:
-            candidates = (backend,)
-        else:
+        if backend != "auto" and backend not in BACKENDS:
             raise ValueError(f"backend must be 'auto' or one of {BACKENDS}, got {backend!r}")
         with FROZEN_STATES.paused():  # a graph of the BERT itself, not of the memo's lookups
-            self._choose(candidates)
+            self._choose(AUTO.get(self.device.type, AUTO["cpu"]) if backend == "auto"
+                         else (backend,))
 
     def _choose(self, candidates) -> None:
         """Keep the first candidate backend whose vectors match eager's on every probe."""
@@ -121,10 +115,11 @@ class QueryEncoder:
     def _torch_host(outputs) -> tuple[np.ndarray, ...]:
         return tuple(o.float().cpu().numpy() for o in outputs)  # no copies for float32 CPU outputs
 
+    def _torch(self, module):
+        return self._torch_feed, torch.inference_mode()(lambda x: module(*x)), self._torch_host
+
     def _build_eager(self):
-        module = self.module.to(self.device)
-        run = torch.inference_mode()(lambda inputs: module(*inputs))
-        return self._torch_feed, run, self._torch_host
+        return self._torch(self.module.to(self.device))
 
     def _build_jit(self):
         with torch.inference_mode(), warnings.catch_warnings():
@@ -132,13 +127,10 @@ class QueryEncoder:
             example = self._torch_feed(*max(self.probes, key=lambda p: p[0].shape[1]))
             traced = torch.jit.freeze(torch.jit.trace(self.module.to(self.device), example,
                                                       check_trace=False))
-        run = torch.inference_mode()(lambda inputs: traced(*inputs))
-        return self._torch_feed, run, self._torch_host
+        return self._torch(traced)
 
     def _build_compile(self):
-        compiled = torch.compile(self.module.to(self.device), dynamic=True)
-        run = torch.inference_mode()(lambda inputs: compiled(*inputs))
-        return self._torch_feed, run, self._torch_host
+        return self._torch(torch.compile(self.module.to(self.device), dynamic=True))
 
     def _build_onnx(self):
         if self.device.type != "cpu":
@@ -183,10 +175,9 @@ class QueryEncoder:
             return graph, ids, mask, outputs
 
         def feed(ids, mask):
-            T = ids.shape[1]
-            if T not in graphs:
-                graphs[T] = capture(T)
-            graph, static_ids, static_mask, outputs = graphs[T]
+            if ids.shape[1] not in graphs:
+                graphs[ids.shape[1]] = capture(ids.shape[1])
+            graph, static_ids, static_mask, outputs = graphs[ids.shape[1]]
             static_ids.copy_(torch.from_numpy(ids), non_blocking=True)
             static_mask.copy_(torch.from_numpy(mask), non_blocking=True)
             return graph, outputs
@@ -227,9 +218,8 @@ def _quiet():
 
 
 def _same(got, expected) -> bool:
-    return len(got) == len(expected) and all(
-        g.shape == e.shape and np.allclose(g, e, **_TOLERANCE)
-        for g, e in zip(got, expected, strict=True))
+    return len(got) == len(expected) and all(g.shape == e.shape and np.allclose(g, e, **_TOLERANCE)
+                                             for g, e in zip(got, expected, strict=True))
 
 
 class Searcher:
@@ -245,8 +235,7 @@ class Searcher:
         return self._scores[0].copy(), self._indices[0].copy()
 
 
-def probe_captions(tokenizer: QueryTokenizer,
-                   caption: str) -> list[tuple[np.ndarray, np.ndarray]]:
+def probe_captions(tokenizer: QueryTokenizer, caption: str) -> list[tuple[np.ndarray, np.ndarray]]:
     """(ids, mask) of `caption`, its first word and it repeated to max_length."""
     texts = [caption, caption.split()[0] if caption.split() else caption,
              " ".join([caption] * tokenizer.max_length)]
@@ -260,14 +249,12 @@ class QuerySide:
         self.built, self.encoder = {}, None  # arguments -> (model, versions, tokenizer, encoder)
 
     def get(self, model: nn.Module, tokenizer, probe_caption: str, *, max_length: int = 40,
-            backend: str = "auto",
-            encode_name: str = "encode_texts") -> tuple[QueryTokenizer, QueryEncoder]:
+            backend: str = "auto", encode_name: str = "encode_texts"):
         device = next(model.parameters()).device
         arguments = (str(device), max_length, backend, encode_name)
         # weights changed in place bump _version: a graph of old weights is never served
         versions = sum(p._version for p in model.parameters())
-        held, held_versions, query_tokenizer, encoder = self.built.get(arguments,
-                                                                       (None, None, None, None))
+        held, held_versions, query_tokenizer, encoder = self.built.get(arguments, (None,) * 4)
         if held is not model or held_versions != versions:
             query_tokenizer = QueryTokenizer(tokenizer, max_length)
             encoder = QueryEncoder(getattr(model, encode_name),
@@ -287,9 +274,7 @@ class TextQueryPath:
         self.output = output
 
     def __call__(self, caption: str) -> tuple[np.ndarray, np.ndarray]:
-        encoder = self.encoder
-        outputs = encoder.host(encoder.run(encoder.feed(*self.tokenizer(caption))))
-        return self.searcher(outputs[self.output])
+        return self.searcher(self.encoder(*self.tokenizer(caption))[self.output])
 
     def stages(self, caption: str) -> list[tuple[str, Callable]]:
         """(name, fn) stages for timing.profile_stages, each fn fed the last one's output."""

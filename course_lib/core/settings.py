@@ -16,47 +16,47 @@ import torch
 _TRUE = {"1", "true", "yes", "on"}
 
 
+def _flag(*names: str) -> bool:
+    """True when any of the environment variables `names` is set to 1/true/yes/on."""
+    return any(os.environ.get(name, "").strip().lower() in _TRUE for name in names)
+
+
 def smoke_mode() -> bool:
     """True when COURSE_SMOKE asks for tiny sizes (CI, quick checks)."""
-    return os.environ.get("COURSE_SMOKE", "0").strip().lower() in _TRUE
+    return _flag("COURSE_SMOKE")
 
 
 def retrain_mode() -> bool:
     """True when COURSE_RETRAIN asks to train every model instead of loading the shipped ones."""
-    return os.environ.get("COURSE_RETRAIN", "0").strip().lower() in _TRUE
+    return _flag("COURSE_RETRAIN")
 
 
 @contextmanager
-def retraining(on: bool = True):
-    """Within the block retrain_mode() is True if `on`: nested fits follow --retrain."""
-    before = os.environ.get("COURSE_RETRAIN")
-    if on:
-        os.environ["COURSE_RETRAIN"] = "1"
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop("COURSE_RETRAIN", None)
-        else:
-            os.environ["COURSE_RETRAIN"] = before
-
-
-@contextmanager
-def shipped_models_from(folder):
-    """Within the block Method.fit loads `folder`'s shipped models, as at default size."""
-    names = ("COURSE_SHIPPED_MODELS", "COURSE_SMOKE", "COURSE_RETRAIN")
-    before = {name: os.environ.get(name) for name in names}
-    os.environ["COURSE_SHIPPED_MODELS"] = str(folder)
-    os.environ.pop("COURSE_SMOKE", None)
-    os.environ.pop("COURSE_RETRAIN", None)
-    try:
-        yield
-    finally:
-        for name, value in before.items():
+def _environ(**values):
+    """Within the block each os.environ[name] = value (None: unset); all restored after."""
+    def put(items):
+        for name, value in items:
             if value is None:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+    before = {name: os.environ.get(name) for name in values}
+    put(values.items())
+    try:
+        yield
+    finally:
+        put(before.items())
+
+
+def retraining(on: bool = True):
+    """Within the block retrain_mode() is True if `on`: nested fits follow --retrain."""
+    return _environ(COURSE_RETRAIN="1" if on else os.environ.get("COURSE_RETRAIN"))
+
+
+def shipped_models_from(folder):
+    """Within the block Method.fit loads `folder`'s shipped models, as at default size."""
+    return _environ(COURSE_SHIPPED_MODELS=str(folder), COURSE_SMOKE=None, COURSE_RETRAIN=None)
 
 
 def course_repository() -> Path:
@@ -68,19 +68,17 @@ def course_repository() -> Path:
 def hub_offline() -> bool:
     """True when HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE forbid hub downloads; read at call time
     (huggingface_hub reads them at import), so a notebook can set them late."""
-    return any(os.environ.get(name, "").strip().lower() in _TRUE
-               for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    return _flag("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
 
 
 def hub_error(what: str, error: Exception, fix: str, offline: bool = False) -> OSError:
     """One clear error for a failed pretrained download (weights, tokenizer), naming the way out."""
     first_line = str(error).splitlines()[0] if str(error) else ""
     searched = " (HF_HUB_OFFLINE is set, so only the local cache was searched)" if offline else ""
-    return OSError(
-        f"could not load {what}{searched}: {type(error).__name__}: {first_line}\n"
-        "Pretrained files are downloaded once, so they need internet the first time or a local "
-        "copy (the Hugging Face cache ~/.cache/huggingface or HF_HOME; or save_pretrained(DIR) on "
-        f"a machine with internet and pass DIR). {fix}")
+    return OSError(f"could not load {what}{searched}: {type(error).__name__}: {first_line}\n"
+                   "Pretrained files are downloaded once, so they need internet the first time or "
+                   "a local copy (the Hugging Face cache ~/.cache/huggingface or HF_HOME; or "
+                   f"save_pretrained(DIR) on a machine with internet and pass DIR). {fix}")
 
 
 def from_hub(load, what: str, fix: str):
@@ -147,10 +145,7 @@ def get_device(prefer: str | None = None) -> torch.device:
         return torch.device(choice)
     if torch.cuda.is_available():
         return torch.device("cuda")
-    mps = getattr(torch.backends, "mps", None)
-    if mps is not None and mps.is_available():
-        return torch.device("mps")
-    return torch.device("cpu")
+    return torch.device("mps" if torch.backends.mps.is_available() else "cpu")
 
 
 def seed_everything(seed: int = 0) -> None:
@@ -173,10 +168,8 @@ def describe_environment() -> dict[str, str]:
         "models": ("trained (smoke sizes)" if smoke_mode()
                    else "trained (COURSE_RETRAIN=1)" if retrain_mode()
                    else "shipped where they match (COURSE_RETRAIN=1 trains them)")}
-    if device.type == "cuda":
-        info["gpu"] = torch.cuda.get_device_name(device)
-    else:
-        info["cpu_threads"] = str(torch.get_num_threads())
+    info |= ({"gpu": torch.cuda.get_device_name(device)} if device.type == "cuda"
+             else {"cpu_threads": str(torch.get_num_threads())})
     for name in ("timm", "transformers", "tokenizers", "faiss"):
         try:
             info[name] = getattr(__import__(name), "__version__", "?")

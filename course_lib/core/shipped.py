@@ -1,10 +1,9 @@
 """The trained models that ship with the course (shipped_models/, beside course_lib/, in git): a
 learner loads in seconds what the default benchmark trains in over an hour. A shipped file (float16
 weights and training history) is named as the cache names the model (core.stages.Stage), so
-`Method.fit` loads it only when what it is trained from and its sha256 match the manifest; the
-manifest's probe checks that the code still computes the same (tests/test_shipped_models.py).
-Otherwise the model trains, with a one-line note why. Smoke mode and COURSE_RETRAIN=1 never load
-shipped models. REFRESH_COMMAND rewrites the folder."""
+`Method.fit` loads it only when what it is trained from and its sha256 match the manifest, whose
+probes check that the code still computes the same (tests/test_shipped_models.py); else the model
+trains, with a one-line note why. Smoke mode and COURSE_RETRAIN=1 never load shipped models."""
 
 from __future__ import annotations
 
@@ -29,8 +28,6 @@ SHIPPED_MODELS = Path(__file__).resolve().parents[2] / "shipped_models"
 MANIFEST = "manifest.json"
 REFRESH_COMMAND = "python -m course_lib.refresh_shipped"
 MAX_BYTES = 25_000_000  # every shipped file together: a clone stays small
-
-
 _OFF = []  # one entry per open without_shipped_models() block
 
 
@@ -57,8 +54,7 @@ def manifest_entry(method: str, stage: Stage) -> dict:
     fingerprint = stage.fingerprint
     return {"method": method, "prefix": stage.prefix, "config": fingerprint["config"],
             "data": fingerprint_hash([fingerprint["data"], fingerprint["vocab"]])[:16],
-            "starts_from": fingerprint["starts_from"], "version": fingerprint["version"],
-            "format": fingerprint["format"]}
+            **{k: fingerprint[k] for k in ("starts_from", "version", "format")}}
 
 
 def read_manifest(folder) -> dict:
@@ -96,11 +92,10 @@ def shipped_weights(model: nn.Module) -> dict:
 
 
 def _payload(model: nn.Module, history) -> bytes:
-    buffer = io.BytesIO()
+    out = io.BytesIO()
     plain = _each_history(history, lambda rows: [dict(row) for row in rows])  # weights_only loads
-    torch.save({"format": SHIPPED_FORMAT, "model": shipped_weights(model), "history": plain},
-               buffer)
-    return buffer.getvalue()
+    torch.save({"format": SHIPPED_FORMAT, "model": shipped_weights(model), "history": plain}, out)
+    return out.getvalue()
 
 
 def load_shipped(path, model: nn.Module):
@@ -157,13 +152,11 @@ def find_shipped(folder, method: str, stage: Stage) -> Path | None:
         return None
     files = read_manifest(folder)["files"]
     if name in files and not stale_reasons(expected, files[name]):
-        problems = file_problems(folder, name, files[name])
-        if not problems:
+        reasons = file_problems(folder, name, files[name])
+        if not reasons:
             return Path(folder) / name
-        reasons = problems
     else:
-        same = [(other, entry) for other, entry in files.items()
-                if entry.get("method") == expected["method"]]
+        same = [(n, entry) for n, entry in files.items() if entry.get("method") == method]
         if not same:
             return None  # that method ships nothing (an ablation, a notebook's variant): silence
         name, entry = same[0]
@@ -221,9 +214,8 @@ def check_shipped(folder, expected: dict) -> list[str]:
                             + (f" ({listed})" if listed else ""))
     for name, entry in files.items():
         if name not in expected:
-            if not any(e["method"] == entry.get("method") for e in expected.values()):
-                problems.append(f"{name} ships {entry.get('method')!r}, which is no longer a "
-                                "method that ships")
+            if (gone := entry.get("method")) not in {e["method"] for e in expected.values()}:
+                problems.append(f"{name} ships {gone!r}, which is no longer a method that ships")
             continue
         problems += file_problems(folder, name, entry)
     unlisted = sorted(p.name for p in folder.glob("*.pt") if p.name not in files)

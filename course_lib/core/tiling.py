@@ -21,8 +21,7 @@ def tile_rows(rows, n: int, *, noise: float = 0.0, construction: str = "tiled", 
     if construction not in ("tiled", "gaussian"):
         raise ValueError(f"construction must be 'tiled' or 'gaussian', got {construction!r}")
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1 or not noise >= 0:
-        raise ValueError(f"need a gallery size n >= 1 and noise >= 0, got n={n!r}, "
-                         f"noise={noise!r}")
+        raise ValueError(f"need a gallery size n >= 1 and noise >= 0, got {n!r} and {noise!r}")
     if isinstance(rows, torch.Tensor):
         if len(rows) == 0:
             raise ValueError("cannot tile an empty tensor")
@@ -35,8 +34,7 @@ def tile_rows(rows, n: int, *, noise: float = 0.0, construction: str = "tiled", 
     head = min(n, len(base))
     gallery[:head] = base[:head]
     rng = np.random.default_rng(seed)
-    scale = noise * base.std(axis=0)  # (E,)
-    mean = base.mean(axis=0)  # (E,)
+    scale, mean = noise * base.std(axis=0), base.mean(axis=0)  # (E,) each
     if construction == "gaussian":  # x = mean + L eps with L L^T = cov (+ a ridge for safety)
         cov = np.cov(base, rowvar=False) + 1e-6 * np.eye(base.shape[1])  # (E, E)
         chol = np.linalg.cholesky(cov).astype(np.float32)

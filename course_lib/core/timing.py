@@ -65,10 +65,8 @@ def _fmt(ms: float) -> str:
 
 def _resolve_device(device) -> torch.device:
     """None -> CPU clock; "auto" -> settings.get_device(); else the device given."""
-    if device is None:
-        return torch.device("cpu")
-    if isinstance(device, str) and device == "auto":
-        return get_device()
+    if device is None or (isinstance(device, str) and device == "auto"):
+        return get_device() if device else torch.device("cpu")
     device = torch.device(device)
     if device.type not in ("cpu", "cuda", "mps"):
         raise ValueError(f"cannot time device type {device.type!r}; use 'cpu', 'cuda' or 'mps'")
@@ -115,8 +113,7 @@ def _call_clock(device: torch.device) -> Callable[[Callable[[], object]], float]
         torch.cuda.synchronize()  # warm-up work must not leak into the first timing
 
         def clock(fn) -> float:
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             clock.last = fn()
             end.record()
@@ -124,11 +121,8 @@ def _call_clock(device: torch.device) -> Callable[[Callable[[], object]], float]
             return start.elapsed_time(end)
 
         return clock
-    sync = None
-    if device.type == "mps":
-        sync = torch.mps.synchronize
-    elif torch.cuda.is_available() and torch.cuda.is_initialized():
-        sync = torch.cuda.synchronize
+    sync = (torch.mps.synchronize if device.type == "mps" else torch.cuda.synchronize
+            if torch.cuda.is_available() and torch.cuda.is_initialized() else None)
 
     def clock(fn) -> float:
         if sync:
@@ -173,8 +167,7 @@ def profile_stages(stages, *, query_fn: Callable[[], object] | None = None, warm
                              for s in stages):
         raise TypeError("stages must be a non-empty list of (name, fn) pairs")
     if not isinstance(repeats, int) or repeats < 1 or not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"need integers warmup >= 0 and repeats >= 1, got {warmup!r}, "
-                         f"{repeats!r}")
+        raise ValueError(f"need integers warmup >= 0 and repeats >= 1, got {warmup}, {repeats}")
 
     def chain():
         x = None
@@ -195,11 +188,9 @@ def profile_stages(stages, *, query_fn: Callable[[], object] | None = None, warm
             for times, (_, fn) in zip(per_stage, stages, strict=True):
                 times.append(clock(partial(fn, clock.last)))
             whole.append(clock(query_fn))
-    rows = []
-    for (name, _), times in zip(stages, per_stage, strict=True):
-        result = TimingResult.from_times(times, str(device))
-        rows.append({"stage": name, "median_ms": result.median_ms, "p25_ms": result.p25_ms,
-                     "p75_ms": result.p75_ms})
+    results = [TimingResult.from_times(times, str(device)) for times in per_stage]
+    rows = [{"stage": name, "median_ms": r.median_ms, "p25_ms": r.p25_ms, "p75_ms": r.p75_ms}
+            for (name, _), r in zip(stages, results, strict=True)]
     total = TimingResult.from_times(whole, str(device))
     return StageProfile(rows, total, total.median_ms - sum(r["median_ms"] for r in rows))
 
@@ -208,11 +199,9 @@ def fit_linear_cost(ns: Sequence[float], ms: Sequence[float]) -> tuple[float, fl
     """Least-squares fit of t(n) = a + b*n; returns (a = intercept_ms, b = slope_ms_per_item)."""
     ns, ms = np.asarray(ns, dtype=np.float64), np.asarray(ms, dtype=np.float64)  # (P,) each
     if ns.shape != ms.shape or ns.ndim != 1:
-        raise ValueError(f"ns and ms must be 1-D and of equal length, got {ns.shape} and "
-                         f"{ms.shape}")
+        raise ValueError(f"ns and ms must be 1-D and of equal length, got {ns.shape}, {ms.shape}")
     if len(np.unique(ns)) < 2:
-        raise ValueError("fitting a + b*n needs at least two different sizes n; measure more "
-                         "sizes")
+        raise ValueError("fitting a + b*n needs at least two different sizes n: measure more")
     if not (np.isfinite(ns).all() and np.isfinite(ms).all()):
         raise ValueError("ns and ms must be finite numbers")
     design = np.stack([np.ones_like(ns), ns], axis=1)  # (P, 2)
@@ -227,6 +216,9 @@ def extrapolate(fit: tuple[float, float], n):
     return float(value) if value.ndim == 0 else value
 
 
+_SPREAD = ("p10_ms", "p90_ms", "p25_ms", "p75_ms")  # latency_vs_gallery's percentiles, per query
+
+
 def latency_vs_gallery(make_fn: Callable[[int], Callable[[], object]], sizes: Sequence[int], *,
                        warmup: int = 3, repeats: int = 20, per: int = 1, device=None,
                        max_measured: int | None = None) -> list[dict]:
@@ -237,21 +229,18 @@ def latency_vs_gallery(make_fn: Callable[[int], Callable[[], object]], sizes: Se
     if not sizes or sizes[0] < 1:
         raise ValueError(f"sizes must be positive gallery sizes, got {sizes}")
     if not isinstance(per, int) or per < 1:
-        raise ValueError(f"per (queries answered by one call) must be an integer >= 1, got "
-                         f"{per!r}")
+        raise ValueError(f"per (queries one call answers) must be an integer >= 1, got {per!r}")
     timed = [n for n in sizes if max_measured is None or n <= max_measured]
     estimate = [n for n in sizes if n not in timed]
     if estimate and len(timed) < 2:
-        raise ValueError(
-            f"extrapolating to {estimate} needs at least two measured sizes <= max_measured="
-            f"{max_measured}, got {timed}; add smaller sizes or raise max_measured")
+        raise ValueError(f"extrapolating to {estimate} needs two measured sizes <= max_measured="
+                         f"{max_measured}, got {timed}; add smaller sizes or raise max_measured")
     rows = []
     for n in timed:
         # make_fn(n) is let go on return: a large gallery goes before the next one is built
         result = measure(make_fn(n), warmup=warmup, repeats=repeats, device=device)
         rows.append({"n": n, "ms_per_query": result.median_ms / per, "measured": True,
-                     "p10_ms": result.p10_ms / per, "p90_ms": result.p90_ms / per,
-                     "p25_ms": result.p25_ms / per, "p75_ms": result.p75_ms / per})
+                     **{q: getattr(result, q) / per for q in _SPREAD}})
     if estimate:
         fit = fit_linear_cost([r["n"] for r in rows], [r["ms_per_query"] for r in rows])
         if fit[1] < 0:
@@ -260,8 +249,7 @@ def latency_vs_gallery(make_fn: Callable[[int], Callable[[], object]], sizes: Se
                           CourseNote, stacklevel=2)
         floor = rows[-1]["ms_per_query"]  # the largest measured gallery
         rows += [{"n": n, "ms_per_query": max(float(extrapolate(fit, n)), floor),
-                  "measured": False, "p10_ms": None, "p90_ms": None, "p25_ms": None,
-                  "p75_ms": None} for n in estimate]
+                  "measured": False, **dict.fromkeys(_SPREAD)} for n in estimate]
     return rows
 
 
@@ -269,8 +257,7 @@ def speedup_table(rows_by_method: dict[str, list[dict]], reference: str) -> list
     """One row per (n, method) from {method: `latency_vs_gallery` rows}: speedup = reference ms /
     method ms, speedup_estimated when either time is extrapolated. The reference needs every n."""
     if reference not in rows_by_method:
-        raise ValueError(f"reference {reference!r} is not among the methods "
-                         f"{list(rows_by_method)}")
+        raise ValueError(f"reference {reference!r} is not among the methods {list(rows_by_method)}")
     by_n = {m: {row["n"]: row for row in rows} for m, rows in rows_by_method.items()}
     sizes = sorted({n for rows in by_n.values() for n in rows})
     missing = [n for n in sizes if n not in by_n[reference]]
@@ -283,33 +270,28 @@ def speedup_table(rows_by_method: dict[str, list[dict]], reference: str) -> list
         for method, rows in by_n.items():
             if n not in rows:
                 continue
-            row = rows[n]
-            if row["ms_per_query"] <= 0:
-                raise ValueError(f"{method} has a non-positive time {row['ms_per_query']} ms at "
-                                 f"n={n}")
-            table.append({"n": n, "method": method, "ms_per_query": row["ms_per_query"],
-                          "measured": row["measured"],
-                          "speedup": ref["ms_per_query"] / row["ms_per_query"],
+            row, ms = rows[n], rows[n]["ms_per_query"]
+            if ms <= 0:
+                raise ValueError(f"{method} has a non-positive time {ms} ms at n={n}")
+            table.append({"n": n, "method": method, "ms_per_query": ms,
+                          "measured": row["measured"], "speedup": ref["ms_per_query"] / ms,
                           "speedup_estimated": not (row["measured"] and ref["measured"])})
     return table
 
 
 def format_speedup_table(table: list[dict]) -> str:
     """Markdown table: one line per gallery size, "ms (speedup x)" per method; * = estimated."""
+    def cell(row: dict | None) -> str:
+        if row is None:
+            return "–"
+        return (f"{_fmt(row['ms_per_query'])}{'' if row['measured'] else '*'} "
+                f"({row['speedup']:,.1f}×{'*' if row['speedup_estimated'] else ''})")
+
     methods = list(dict.fromkeys(row["method"] for row in table))
     cells = {(row["n"], row["method"]): row for row in table}
     lines = ["| n | " + " | ".join(f"{m}: ms (speedup)" for m in methods) + " |",
              "|---:|" + "---:|" * len(methods)]
     for n in sorted({row["n"] for row in table}):
-        parts = []
-        for method in methods:
-            row = cells.get((n, method))
-            if row is None:
-                parts.append("–")
-                continue
-            ms = f"{_fmt(row['ms_per_query'])}{'' if row['measured'] else '*'}"
-            speedup = f"{row['speedup']:,.1f}×{'*' if row['speedup_estimated'] else ''}"
-            parts.append(f"{ms} ({speedup})")
-        lines.append(f"| {n:,} | " + " | ".join(parts) + " |")
+        lines.append(f"| {n:,} | " + " | ".join(cell(cells.get((n, m))) for m in methods) + " |")
     lines.append("\n\\* estimated from the linear cost fit t(n) = a + b·n on the measured sizes")
     return "\n".join(lines)

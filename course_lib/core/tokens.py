@@ -28,9 +28,8 @@ class SpecialTokens:
                for name in ("pad", "cls", "sep", "mask")}
         missing = [f"{name}_token" for name in ("pad", "cls", "sep") if ids[name] is None]
         if missing:
-            raise ValueError(f"the tokenizer has no {', '.join(missing)}: the course's text "
-                             "encoders need [PAD], [CLS] and [SEP] (a BERT-style tokenizer, or "
-                             "build_word_tokenizer)")
+            raise ValueError(f"the tokenizer has no {', '.join(missing)}: the text encoders need "
+                             "[PAD], [CLS], [SEP] (a BERT-style tokenizer or build_word_tokenizer)")
         every = set(tokenizer.all_special_ids) | {i for i in ids.values() if i is not None}
         return cls(**ids, all=tuple(sorted(every)))
 

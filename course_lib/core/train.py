@@ -1,12 +1,11 @@
-"""One training loop for every model of the course, in the spirit of minGPT's trainer.
-It knows no model: `loss_fn(model, batch, step)` (step: optimizer steps so far) returns a scalar
-loss or a dict with "loss" and other scalars to log. AdamW with LightningDOT's recipe
-(core.optimizer), gradient accumulation and clipping, periodic evaluation, a `History`, and
-checkpoints that resume bit-for-bit (the trainer owns the data order; CPU or CUDA,
-`num_workers=0`). A finished run's checkpoint makes `fit()` return at once: how notebooks cache
-trained models. `amp=True` acts on CUDA only (bfloat16, else float16 with a GradScaler). In a group
-of N processes batch_size is per process and the run matches one process of batch N * batch_size;
-only rank 0 shows progress, evaluates and saves."""
+"""One training loop for every model of the course, in the spirit of minGPT's trainer. It knows no
+model: `loss_fn(model, batch, step)` (step: optimizer steps so far) returns a scalar loss or a dict
+with "loss" and other scalars to log. AdamW with LightningDOT's recipe (core.optimizer), gradient
+accumulation and clipping, periodic evaluation, a `History`, and checkpoints that resume bit-for-bit
+(the trainer owns the data order; CPU or CUDA, `num_workers=0`). A finished run's checkpoint makes
+`fit()` return at once: how notebooks cache trained models. `amp=True` acts on CUDA only (bfloat16,
+else float16 with a GradScaler). In a group of N processes batch_size is per process and the run
+matches one process of batch N * batch_size; only rank 0 shows progress, evaluates and saves."""
 
 from __future__ import annotations
 
@@ -25,14 +24,8 @@ from torch import nn
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
+from course_lib.core import distributed
 from course_lib.core.checkpoints import TRAINER_FORMAT, check_model_state
-from course_lib.core.distributed import (
-    barrier,
-    data_parallel_loss,
-    get_rank,
-    get_world_size,
-    mean_over_ranks,
-)
 from course_lib.core.files import training_lock, write_atomically
 from course_lib.core.history import History
 from course_lib.core.optimizer import param_groups, warmup_linear_decay
@@ -92,7 +85,7 @@ class Trainer:
                  config: TrainConfig | None = None, collate_fn: Callable | None = None,
                  evaluate: Callable[[nn.Module], dict] | None = None):
         self.config = cfg = config or TrainConfig()
-        self.rank, self.world_size = get_rank(), get_world_size()
+        self.rank, self.world_size = distributed.get_rank(), distributed.get_world_size()
         n = len(dataset)
         if n == 0:
             raise ValueError("the training dataset is empty")
@@ -100,18 +93,16 @@ class Trainer:
             raise ValueError("training on several processes needs drop_last=True: every process "
                              "must get a full batch_size share of each global batch")
         if cfg.drop_last and n < cfg.batch_size * self.world_size:
-            raise ValueError(f"the dataset has {n} samples, fewer than one batch (batch_size="
-                             f"{cfg.batch_size} x {self.world_size} processes) and drop_last=True "
-                             "leaves no batch: lower batch_size or set drop_last=False")
+            raise ValueError(f"{n} samples make no batch of batch_size={cfg.batch_size} x "
+                             f"{self.world_size} processes: lower it, or set drop_last=False")
         if cfg.keep_best is not None and evaluate is None:
-            raise ValueError(f"keep_best={cfg.keep_best!r} keeps the best evaluation's weights, "
-                             "but no evaluate was given: pass evaluate= (and eval_every) or set "
-                             "keep_best=None")
+            raise ValueError(f"keep_best={cfg.keep_best!r} keeps the best evaluation's weights, but"
+                             " no evaluate was given: pass evaluate= (and eval_every) or None")
         self.dataset, self.loss_fn, self.collate_fn = dataset, loss_fn, collate_fn
         self.evaluate = evaluate
         self.device = torch.device(cfg.device) if cfg.device else get_device()
         self.model = model.to(self.device)
-        self._ddp = data_parallel_loss(self.model)  # _ddp(loss_fn, batch, step); None: 1 process
+        self._ddp = distributed.data_parallel_loss(self.model)  # (loss_fn, batch, step) or None
         self.use_amp = cfg.amp and self.device.type == "cuda"
         self.amp_dtype = (torch.bfloat16 if self.use_amp and torch.cuda.is_bf16_supported()
                           else torch.float16)
@@ -169,9 +160,8 @@ class Trainer:
         """Train to `config.max_steps`. resume=False starts afresh from the current weights,
         overwriting the checkpoint. stop_after: save and stop after this many steps of this call."""
         # one process trains into a checkpoint at a time (rank 0 holds the lock for its group)
-        path = self.config.checkpoint_path
-        with training_lock(path) if self.rank == 0 else contextlib.nullcontext():
-            barrier()
+        with training_lock(self.config.checkpoint_path if self.rank == 0 else None):
+            distributed.barrier()
             return self._fit(resume, stop_after)
 
     def _fit(self, resume: bool, stop_after: int | None) -> History:
@@ -181,8 +171,7 @@ class Trainer:
             done = self.step >= cfg.max_steps
             if self.rank == 0:
                 tqdm.write(f"{'Loaded finished run' if done else 'Resumed'} from {path} at step "
-                           f"{self.step}/{cfg.max_steps}"
-                           + (" (no training needed)" if done else ""))
+                           f"{self.step}/{cfg.max_steps}{' (no training needed)' if done else ''}")
             if done:
                 return self.history
         elif self.step == 0 or not resume:  # fresh start; else continue the run held in memory
@@ -222,7 +211,7 @@ class Trainer:
             self.best = None  # the model holds them now: a finished checkpoint needs no second copy
         if path:
             self.save_checkpoint(path)
-            barrier()  # no process reads the checkpoint before rank 0 has written it
+            distributed.barrier()  # no process reads the checkpoint before rank 0 has written it
         return self.history
 
     def _train_step(self, batches) -> None:
@@ -244,8 +233,8 @@ class Trainer:
                 v = v.detach().float().sum() if scalar_tensor else _scalar(v)
                 if v is not None:
                     sums[k] = sums.get(k, 0.0) + v
-        values = mean_over_ranks({k: float(v) / cfg.grad_accum_steps for k, v in sums.items()},
-                                 self.device)  # every process sees a NaN and stops
+        values = distributed.mean_over_ranks(  # every process sees a NaN and stops
+            {k: float(v) / cfg.grad_accum_steps for k, v in sums.items()}, self.device)
         if not math.isfinite(values["loss"]):
             raise FloatingPointError(
                 f"loss is {values['loss']} at step {self.step + 1} (epoch {self.epoch}): lower "
@@ -298,8 +287,7 @@ class Trainer:
 
     def state_dict(self) -> dict:
         """All a resume needs: weights, optimizer, schedule, data position, history, RNGs."""
-        config = dataclasses.asdict(self.config)
-        config["betas"] = tuple(config["betas"])
+        config = dataclasses.asdict(self.config) | {"betas": tuple(self.config.betas)}
         return {"format": TRAINER_FORMAT, "model": self.model.state_dict(),
                 "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
                 "scaler": self.scaler.state_dict(), "step": self.step, "epoch": self.epoch,
@@ -320,8 +308,7 @@ class Trainer:
         """Restore the state `save_checkpoint` wrote (then `fit()` continues)."""
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
         if not isinstance(ckpt, dict) or ckpt.get("format") != TRAINER_FORMAT:
-            raise ValueError(f"{path!r} is not a Trainer checkpoint (use "
-                             "course_lib.core.checkpoints.load_model_weights)")
+            raise ValueError(f"{path!r} is not a Trainer checkpoint (use load_model_weights)")
         check_model_state(self.model, ckpt["model"], f"checkpoint {path!r}")
         changed = [k for k in _RESULT_FIELDS if ckpt["config"].get(k) != getattr(self.config, k)
                    and not (k == "betas" and tuple(ckpt["config"][k]) == tuple(self.config.betas))]

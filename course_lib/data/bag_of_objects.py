@@ -6,8 +6,6 @@ object count. A caption spreads a weight of 1 over the kinds each named object m
 cell for a place caption), plus its count. Relations get nothing: a bag of objects cannot say
 where one object is relative to another, the point of the reference."""
 
-from __future__ import annotations
-
 import numpy as np
 
 from .scenes import COLORS, GRID, SHAPES, SIZES, Meanings, Scenes
@@ -23,10 +21,8 @@ def kind_of(shape, color, size) -> np.ndarray:
 
 
 def _spread(shape, color, size) -> np.ndarray:
-    """(T, N_KINDS) float32: a weight of 1 spread evenly over the object kinds each partial
-    description (-1 = any) matches."""
-    kinds = np.stack(np.meshgrid(np.arange(len(SHAPES)), np.arange(len(COLORS)),
-                                 np.arange(len(SIZES)), indexing="ij")).reshape(3, 1, -1)
+    """(T, N_KINDS) float32: a weight of 1 spread over the kinds a description (-1: any) fits."""
+    kinds = np.array(list(np.ndindex(len(SHAPES), len(COLORS), len(SIZES)))).T[:, None]  # (3, 1, K)
     wanted = np.stack([shape, color, size]).astype(np.int64)[:, :, None]  # (3, T, 1)
     match = ((wanted < 0) | (wanted == kinds)).all(axis=0).astype(np.float32)  # kind_of order
     return match / np.maximum(match.sum(axis=1, keepdims=True), 1.0)
@@ -58,9 +54,8 @@ def text_vectors(meanings: Meanings, max_objects: int) -> np.ndarray:
     rows = np.flatnonzero(placed)
     places = out[:, N_KINDS:N_KINDS * (1 + N_CELLS)].reshape(t, N_KINDS, N_CELLS)  # a view into out
     places[rows, :, meanings.place[rows].astype(np.int64)] += a[rows]
-    has_b = meanings.has_b
     b = _spread(meanings.b_shape, meanings.b_color, meanings.b_size)
-    out[has_b, :N_KINDS] += b[has_b]
+    out[meanings.has_b, :N_KINDS] += b[meanings.has_b]
     counted = np.flatnonzero(meanings.count >= 0)
     out[counted, N_KINDS * (1 + N_CELLS) + meanings.count[counted].astype(np.int64)] = 1.0
     return out

@@ -4,8 +4,6 @@ A caption is sampled as a meaning (a `Meanings` row read off one scene, so true 
 worded with templates and synonyms. `satisfies` decides every caption's truth on every scene with
 per-scene bitmasks of objects (fast enough for 12k scenes x 60k captions)."""
 
-from __future__ import annotations
-
 import numpy as np
 
 from course_lib.core.metrics import hit_probability
@@ -53,8 +51,7 @@ def _pick(options: tuple, choice: int):
     return options[choice % len(options)]
 
 
-def _words(shape: int, color: int, size: int, ch_size: int, ch_shape: int,
-           no_shape: str = "") -> tuple[str, str, str]:
+def _words(shape, color, size, ch_size, ch_shape, no_shape="") -> tuple[str, str, str]:
     """An object's (size, colour, shape) words; "" for an attribute of -1 (no_shape for shape)."""
     return (_pick(SIZE_WORDS[size], ch_size) if size >= 0 else "",
             COLORS[color] if color >= 0 else "",
@@ -68,8 +65,7 @@ def _phrase(shape: int, color: int, size: int, ch_det: int, ch_size: int, ch_sha
     return det + " " + words
 
 
-def _terse_phrase(shape: int, color: int, size: int, ch_order: int, ch_size: int,
-                  ch_shape: int) -> str:
+def _terse_phrase(shape, color, size, ch_order, ch_size, ch_shape) -> str:
     """'red circle', 'big red circle', 'circle red' ...: no article, attributes in varied order."""
     words = _words(shape, color, size, ch_size, ch_shape)
     return " ".join(words[i] for i in _pick(TERSE_ORDERS, ch_order) if words[i])
@@ -89,8 +85,7 @@ def word_captions(meanings: Meanings, rng: np.random.Generator) -> list[str]:
                 parts.append(_terse_phrase(b_s, b_c, b_z, ch[4], ch[5], ch[6]))
                 if ch[7] % 2:
                     parts.reverse()
-            text = _pick(TERSE_JOINERS, ch[8]).join(parts)
-            prefix = _pick(TERSE_PREFIXES, ch[0])
+            text, prefix = _pick(TERSE_JOINERS, ch[8]).join(parts), _pick(TERSE_PREFIXES, ch[0])
             out.append(f"{prefix} {text}" if prefix else text)
             continue
         fill = {"a": _phrase(a_s, a_c, a_z, ch[1], ch[2], ch[3]),
@@ -109,12 +104,9 @@ def word_captions(meanings: Meanings, rng: np.random.Generator) -> list[str]:
 
 def caption_vocabulary() -> list[str]:
     """Every word the generator can emit, sorted."""
-    texts = [w for ws in SIZE_WORDS + SHAPE_WORDS + RELATION_WORDS + PLACE_WORDS for w in ws]
-    texts += (list(COLORS) + list(NUMBER_WORDS[1:]) + ["a an one shape"] + list(COUNT_ONE)
-              + list(COUNT_TWO))
-    texts += [t for ts in TEMPLATES.values() for t in ts] + list(TERSE_PREFIXES)
-    words = {w for t in texts for w in t.split() if not w.startswith("{")}
-    return sorted(words)
+    groups = (*SIZE_WORDS, *SHAPE_WORDS, *RELATION_WORDS, *PLACE_WORDS, *TEMPLATES.values(), COLORS,
+              NUMBER_WORDS[1:], ("a an one shape",), COUNT_ONE, COUNT_TWO, TERSE_PREFIXES)
+    return sorted({w for g in groups for t in g for w in t.split() if not w.startswith("{")})
 
 
 def meanings_of(rng: np.random.Generator, scenes: Scenes, scene_idx, family, a_obj, b_obj,
@@ -122,16 +114,13 @@ def meanings_of(rng: np.random.Generator, scenes: Scenes, scene_idx, family, a_o
     """Meanings read off the scenes, so each is true of its scene: caption t names object slot
     a_obj[t] (and b_obj[t] unless -1) of scene scene_idx[t]; size and colour are each left out
     with probability attribute_dropout."""
-    s, a, b = (np.asarray(x, dtype=np.int64) for x in (scene_idx, a_obj, b_obj))
-    family = np.asarray(family, dtype=np.int64)
+    s, a, b, family = (np.asarray(x, dtype=np.int64) for x in (scene_idx, a_obj, b_obj, family))
     T, has_b = len(s), b >= 0
     b_safe = np.maximum(b, 0)
     drop = rng.random((T, 4)) < attribute_dropout  # a size, a colour, b size, b colour
     a_cell, b_cell = scenes.cell[s, a].astype(np.int64), scenes.cell[s, b_safe].astype(np.int64)
-    a_rc = np.stack([a_cell // GRID, a_cell % GRID])  # (2, T) row, column
-    b_rc = np.stack([b_cell // GRID, b_cell % GRID])
-    true_rel = np.stack([a_rc[1] < b_rc[1], a_rc[1] > b_rc[1], a_rc[0] < b_rc[0],
-                         a_rc[0] > b_rc[0]], axis=1)
+    (a_row, a_col), (b_row, b_col) = divmod(a_cell, GRID), divmod(b_cell, GRID)  # (T,) each
+    true_rel = np.stack([a_col < b_col, a_col > b_col, a_row < b_row, a_row > b_row], axis=1)
     relation = np.argmax(true_rel * (1.0 + rng.random((T, 4))), axis=1)  # a random true relation
     i8 = lambda x: np.asarray(x, dtype=np.int8)  # noqa: E731
     return Meanings(
@@ -146,10 +135,12 @@ def meanings_of(rng: np.random.Generator, scenes: Scenes, scene_idx, family, a_o
         count=i8(np.where(family == COUNT, scenes.n_objects[s], -1)), noisy=np.zeros(T, dtype=bool))
 
 
-def two_objects(rng: np.random.Generator, n_objects: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Two distinct random object slots per row (b = a when a scene has one object)."""
+def two_objects(rng: np.random.Generator, n_objects, a=None) -> tuple[np.ndarray, np.ndarray]:
+    """Two distinct random object slots per row (b = a when a scene has one object); only b is
+    drawn when a is given."""
     n_objects = np.asarray(n_objects, dtype=np.int64)
-    a = np.floor(rng.random(len(n_objects)) * n_objects).astype(np.int64)
+    if a is None:
+        a = np.floor(rng.random(len(n_objects)) * n_objects).astype(np.int64)
     other = np.floor(rng.random(len(n_objects)) * np.maximum(n_objects - 1, 1)).astype(np.int64)
     return a, (a + 1 + other) % n_objects
 
@@ -204,8 +195,7 @@ def _bit_tables(scenes: Scenes) -> dict[str, np.ndarray]:
     pair = scenes.valid[:, :, None] & scenes.valid[:, None, :]  # (N, O, O)
     eye = np.eye(n_slots, dtype=bool)
     rels = [*np.moveaxis(_relations(scenes), 3, 0), pair & ~eye, pair & eye]
-    out["rel"] = np.stack([(r * bit[:, None, :]).sum(axis=2).T
-                           for r in rels]).astype(dtype)  # (6, O, N)
+    out["rel"] = np.stack([(r * bit[:, None, :]).sum(axis=2).T for r in rels]).astype(dtype)
     return out
 
 
@@ -225,17 +215,15 @@ def _partners(bits: dict, a_shape, a_color, a_size, place, rel, cols=slice(None)
 
 def _b_mask(bits: dict, m: Meanings, rows, cols=slice(None)) -> np.ndarray:
     """Bitmask of the objects matching b (all objects when b is absent), as _partners."""
-    b = {f: getattr(m, f"b_{f}")[rows].astype(np.int64) for f in ("shape", "color", "size")}
-    return (bits["shape"][b["shape"], cols] & bits["color"][b["color"], cols]
-            & bits["size"][b["size"], cols])
+    return np.bitwise_and.reduce([bits[f][getattr(m, f"b_{f}")[rows].astype(np.int64), cols]
+                                  for f in ("shape", "color", "size")])
 
 
 def satisfies_rows(meanings: Meanings, scenes: Scenes) -> np.ndarray:
     """bool (T,): whether caption t is true of scene t (both tables have T rows)."""
     bits, m, idx = _bit_tables(scenes), meanings, np.arange(len(scenes))
-    f = lambda x: x.astype(np.int64)  # noqa: E731  (-1 indexes the 'all objects' row)
-    partners = _partners(bits, f(m.a_shape), f(m.a_color), f(m.a_size), f(m.place),
-                         _relation_code(m), idx)
+    a = (x.astype(np.int64) for x in (m.a_shape, m.a_color, m.a_size, m.place))  # -1: all objects
+    partners = _partners(bits, *a, _relation_code(m), idx)
     ok = (partners & _b_mask(bits, m, slice(None), idx)) != 0
     return ok & ((m.count < 0) | (m.count == scenes.n_objects))
 

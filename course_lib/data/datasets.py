@@ -1,8 +1,6 @@
 """Torch datasets over a RetrievalSplit and the collate functions that batch them. Text is
 tokenised per batch in the collate, so a batch is padded only to its longest caption."""
 
-from __future__ import annotations
-
 import numpy as np
 import torch
 from PIL import Image
@@ -18,12 +16,9 @@ MODALITIES = ("regions", "pixels")
 
 def size_hw(image_size) -> tuple[int, int] | None:
     """image_size as (H, W): an int is a square; None stays None."""
-    if image_size is None:
-        return None
     if isinstance(image_size, int):
         return image_size, image_size
-    h, w = image_size
-    return int(h), int(w)
+    return None if image_size is None else (int(image_size[0]), int(image_size[1]))
 
 
 def read_image(path, image_size=None) -> np.ndarray:
@@ -83,18 +78,13 @@ class ImageDataset(Dataset):
         """The tensors of image i (without its index): what ImageDataset and PairDataset share."""
         s = self.split
         if self.modality == "pixels":
-            if s.images is not None:
-                pixels = resize_pixels(s.images[i], self.image_size)
-            else:
-                pixels = read_image(s.image_paths[i], self.image_size)  # lazily, one file per item
+            pixels = (resize_pixels(s.images[i], self.image_size) if s.images is not None
+                      else read_image(s.image_paths[i], self.image_size))  # lazily, file by file
             return {"pixels": pixels_to_tensor(pixels, self.normalize)}  # (3, H, W)
-        item = {"regions": torch.from_numpy(np.asarray(s.regions[i], dtype=np.float32)),  # (R, D)
-                "boxes": torch.from_numpy(np.asarray(s.boxes[i], dtype=np.float32)),  # (R, 7)
-                "region_mask": torch.from_numpy(np.asarray(s.region_mask[i], dtype=bool))}  # (R,)
+        dtypes = dict(regions=np.float32, boxes=np.float32, region_mask=bool)  # (R, D) (R, 7) (R,)
         if s.region_classes is not None:
-            item["region_classes"] = torch.from_numpy(  # (R, C)
-                np.asarray(s.region_classes[i], dtype=np.float32))
-        return item
+            dtypes["region_classes"] = np.float32  # (R, C)
+        return {k: torch.from_numpy(np.asarray(getattr(s, k)[i], dtype=dtypes[k])) for k in dtypes}
 
     def __getitem__(self, i: int) -> dict:
         return {"index": int(i), **self.image_fields(i)}
@@ -133,15 +123,12 @@ class PairDataset(Dataset):
 def collate_images(items: list[dict]) -> dict:
     """ImageDataset items (any dicts) -> a batch of the same keys: tensors stacked (B, ...), ints
     a long tensor (B,), others lists."""
-    batch = {}
-    for key in items[0]:
-        values = [item[key] for item in items]
+    batch = {key: [item[key] for item in items] for key in items[0]}
+    for key, values in batch.items():
         if isinstance(values[0], torch.Tensor):
             batch[key] = torch.stack(values)
         elif isinstance(values[0], (int, np.integer)):
             batch[key] = torch.tensor(values, dtype=torch.long)
-        else:
-            batch[key] = values
     return batch
 
 
@@ -155,8 +142,7 @@ class TextCollate:
         enc = self.tokenizer(list(texts), padding="longest", truncation=True,
                              max_length=self.max_length, return_tensors="pt",
                              return_token_type_ids=False)
-        return {"input_ids": enc["input_ids"].long(),  # (B, T)
-                "attention_mask": enc["attention_mask"].long()}  # (B, T), 1 = real token
+        return {k: enc[k].long() for k in ("input_ids", "attention_mask")}  # (B, T), mask 1 = real
 
     def __call__(self, items) -> dict:
         if items and isinstance(items[0], str):

@@ -1,8 +1,6 @@
 """Real-data features as the course's bench dict: a feature folder that
 data_scripts/extract_features.py wrote (regions.npz, features.json), read as make_benchmark's."""
 
-from __future__ import annotations
-
 import json
 from pathlib import Path
 
@@ -39,26 +37,25 @@ def load_feature_bench(features_dir, *, captions_per_image=5, regions_dtype=np.f
         raise ValueError(f"the extraction into {folder} has not finished; run the same "
                          "extract_features.py command again: it resumes where it stopped")
     groups = {"train": ("train", "restval"), "val": ("val",), "test": ("test",)}
-    names, splits = [], []
-    json_path = karpathy_json or manifest["karpathy_json"]
+    json_path, bench = karpathy_json or manifest["karpathy_json"], {}
     for name, group in groups.items():  # one Karpathy split at a time, as extract_features wrote
         parts = [read_karpathy(json_path, image_root, split=s, skip=manifest.get("skipped", {}),
                                captions_per_image=captions_per_image)
                  for s in group if s in manifest["splits"]]
         if parts:
-            names.append(name)
-            splits.append(parts[0] if len(parts) == 1 else concatenate(parts, name))
-    everything = names == ["train", "val", "test"]
+            bench[name] = parts[0] if len(parts) == 1 else concatenate(parts, name)
+    everything, splits = list(bench) == ["train", "val", "test"], list(bench.values())
     pooled = concatenate(splits, "full", queries_from=splits[-1] if everything else None)
     _attach_regions(pooled, folder / "regions.npz", regions_dtype)
     start = 0
-    for name, split in zip(names, splits, strict=True):
+    for name, split in bench.items():
         rows, start = slice(start, start + split.n_images), start + split.n_images
         for field in ("regions", "boxes", "region_mask", "region_classes"):
             if getattr(pooled, field) is not None:
                 setattr(split, field, getattr(pooled, field)[rows])  # a view: no second copy
         split.name = name
-    bench = dict(zip(names, splits, strict=True)) | ({"full": pooled} if everything else {})
+    if everything:
+        bench["full"] = pooled
     features = {k: manifest[k] for k in ("backbone", "pretrained", "grid", "image_size")}
     for split in bench.values():
         split.info["features"] = dict(features)

@@ -2,11 +2,10 @@
 into a RetrievalSplit. A file is {"images": [...], "dataset": name}; each image has split,
 filename, optional filepath (COCO), imgid, sentids and sentences ({raw, tokens, imgid, sentid})."""
 
-from __future__ import annotations
-
 import json
 import os
 import re
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -39,23 +38,15 @@ def _load_json(json_path: Path) -> dict:
     return data
 
 
-def _caption(sentence: dict) -> str:
-    # the reference code trains on tokens; raw, the fallback, is split the same way
-    tokens = sentence.get("tokens") or re.findall(r"\w+", str(sentence.get("raw", "")).lower())
-    return " ".join(tokens).lower()
-
-
 def entry_path(img: dict) -> str:
     """An image entry's file relative to the image root: filepath / filename (a posix string)."""
     return (Path(img.get("filepath", "")) / img["filename"]).as_posix()
 
 
-def _read(json_path, image_root=None, split="test", *, captions_per_image=5, regions_file=None,
-          load_pixels=False, image_size=None, regions_dtype=np.float32,
-          skip=frozenset()) -> tuple[RetrievalSplit, np.ndarray]:
+def _read(json_path, image_root, split, captions_per_image=5, regions_file=None, load_pixels=False,
+          image_size=None, regions_dtype=np.float32, skip=()) -> tuple[RetrievalSplit, np.ndarray]:
     """read_karpathy, and the sentid of every caption (T,) (load_synthetic reorders by it)."""
-    json_path = Path(json_path)
-    skip = frozenset(skip)
+    json_path, skip = Path(json_path), frozenset(skip)
     data = _load_json(json_path)
     wanted = (split,) if isinstance(split, str) else tuple(split)
     bad = next((i for i, img in enumerate(data["images"])
@@ -84,7 +75,10 @@ def _read(json_path, image_root=None, split="test", *, captions_per_image=5, reg
             if not (isinstance(sentence, dict) and (sentence.get("tokens") or sentence.get("raw"))):
                 raise ValueError(f"{json_path}: image entry {index}, sentence {j} has neither "
                                  "'tokens' nor 'raw'")
-            captions.append(_caption(sentence))
+            # the reference code trains on tokens; raw, the fallback, is split the same way
+            tokens = (sentence.get("tokens")
+                      or re.findall(r"\w+", str(sentence.get("raw", "")).lower()))
+            captions.append(" ".join(tokens).lower())
             txt2img.append(len(image_ids))
             sentids.append(sentence.get("sentid", -1))
         image_ids.append(str(img.get("image_id", Path(img["filename"]).stem)))
@@ -93,8 +87,7 @@ def _read(json_path, image_root=None, split="test", *, captions_per_image=5, reg
     if image_root is not None:
         root = Path(image_root)
         image_paths = [str(root / p) for p in rel_paths]
-        # ~2 us each: fail early, not mid-epoch
-        missing = [p for p in image_paths if not os.path.isfile(p)]
+        missing = [p for p in image_paths if not os.path.isfile(p)]  # ~2 us each: fail early
         if missing:
             raise FileNotFoundError(
                 f"{len(missing)} of {len(image_paths)} images listed in {json_path} are missing, "
@@ -103,14 +96,13 @@ def _read(json_path, image_root=None, split="test", *, captions_per_image=5, reg
                 "val2014/); `python data_scripts/download_data.py ... --check` checks the layout")
     if load_pixels and image_paths is None:
         raise ValueError("load_pixels=True needs image_root (the folder the image files are under)")
-    images = _read_all(image_paths, image_size, json_path) if load_pixels else None
     split_name = "+".join(wanted)
     result = RetrievalSplit(
         name=split_name, captions=captions, txt2img=np.asarray(txt2img, dtype=np.int64),
-        image_ids=image_ids, images=images, image_paths=image_paths,
+        image_ids=image_ids, image_paths=image_paths,
+        images=_read_all(image_paths, image_size, json_path) if load_pixels else None,
         info={"source": str(json_path), "dataset": data.get("dataset"), "split": split_name,
-              "captions_per_image": captions_per_image},
-    )
+              "captions_per_image": captions_per_image})
     if regions_file is not None:
         _attach_regions(result, Path(regions_file), regions_dtype)
     return result, np.asarray(sentids, dtype=np.int64)
@@ -124,21 +116,18 @@ def read_karpathy(json_path, image_root=None, split="test", *, captions_per_imag
     image_root: every image file must exist; load_pixels reads them all into `images`.
     regions_file: an .npz (image_ids, regions, boxes, region_mask[, region_classes]) aligned by
     image id. skip: image files (entry_path) left out with their captions (unusable photos)."""
-    return _read(json_path, image_root, split, captions_per_image=captions_per_image,
-                 regions_file=regions_file, load_pixels=load_pixels, image_size=image_size,
-                 regions_dtype=regions_dtype, skip=skip)[0]
+    return _read(json_path, image_root, split, captions_per_image, regions_file, load_pixels,
+                 image_size, regions_dtype, skip)[0]
 
 
 def karpathy_subset(json_path, out_path, sizes: dict) -> Path:
     """Write a Karpathy file of the first sizes[split] images of each split (None, absent: all)."""
     data = _load_json(Path(json_path))
-    taken: dict = {}
-    kept = []
+    kept, taken = [], Counter()
     for img in data["images"]:
         split = img.get("split")
-        limit = sizes.get(split)
-        if limit is None or taken.get(split, 0) < limit:
-            taken[split] = taken.get(split, 0) + 1
+        if sizes.get(split) is None or taken[split] < sizes[split]:
+            taken[split] += 1
             kept.append(img)
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -21,8 +21,6 @@ renormalised by the per-image acceptance probability, mixed over the two regimes
 preference for words unlike the image's other captions. It reads info["twin_of"] and
 info["swapped_objects"], so it bounds models that compare gallery images."""
 
-from __future__ import annotations
-
 import numpy as np
 
 from .captions import (
@@ -63,17 +61,9 @@ def _snap(x: np.ndarray) -> np.ndarray:
     return np.ldexp(np.round(np.ldexp(mant, 40)), exp - 40)
 
 
-def _place_weight(w: dict) -> tuple[float, float]:
-    """(weight of a place caption on a scene with >= 2 objects, on a 1-object scene), relative."""
-    small = w[PLACE] + w[PAIR] + w[RELATION]
-    ref = w[PLACE] if w[PLACE] > 0 else (small if small > 0 else 1.0)
-    return w[PLACE] / ref, small / ref
-
-
 def dropout_factor(meanings: Meanings, attribute_dropout: float) -> np.ndarray:
     """(T,) p^dropped * (1 - p)^kept over the sizes and colours named: P(dropout pattern)."""
-    m, p = meanings, attribute_dropout
-    has_b = m.has_b
+    m, p, has_b = meanings, attribute_dropout, meanings.has_b
     dropped = ((m.a_size < 0).astype(int) + (m.a_color < 0)
                + has_b * ((m.b_size < 0).astype(int) + (m.b_color < 0)))
     return p ** dropped * (1 - p) ** (2 + 2 * has_b - dropped)
@@ -81,7 +71,7 @@ def dropout_factor(meanings: Meanings, attribute_dropout: float) -> np.ndarray:
 
 def scene_free_factor(meanings: Meanings, config=None) -> np.ndarray:
     """(T,) P(family) * dropout_factor: what caption_likelihood leaves out, besides the words.
-    For place captions P(family) is the weight on scenes with >= 2 objects (_place_weight)."""
+    For place captions P(family) is the weight on scenes with >= 2 objects (see _values_at)."""
     par, m = _params(config), meanings
     w = par["weights"]
     total = sum(w.values())
@@ -106,8 +96,7 @@ def _diagonal_bits(scenes: Scenes) -> np.ndarray:
     """(O, N) bitmask per object i of the objects j in another row and column (two relations)."""
     n_slots, rel = scenes.max_objects, _relations(scenes)
     diag = (rel[..., 0] | rel[..., 1]) & (rel[..., 2] | rel[..., 3])  # (N, O, O)
-    bit = np.int64(1) << np.arange(n_slots)
-    dtype = np.uint8 if n_slots <= 8 else np.uint16
+    bit, dtype = np.int64(1) << np.arange(n_slots), np.uint8 if n_slots <= 8 else np.uint16
     return (diag * bit[None, None, :]).sum(axis=2).T.astype(dtype)
 
 
@@ -124,13 +113,15 @@ def _values_at(m: Meanings, scenes: Scenes, bits: dict, diag: np.ndarray, par: d
     for o in range(scenes.max_objects):
         rb = bits["rel"][code, o, cols].astype(np.int64) & B
         twice += ((A >> o) & 1) * (2 * _POPCOUNT[rb] - directed * _POPCOUNT[rb & diag[o, cols]])
-    n = scenes.n_objects[cols].astype(np.int64)
-    has_b = m.has_b[rows]
+    n, has_b, fam = scenes.n_objects[cols].astype(np.int64), m.has_b[rows], m.family[rows]
     denom = np.where(has_b, 2 * n * (n - 1), 2 * n)
     value = (twice * (SCALE // np.maximum(denom, 1))).astype(np.float64)
-    fam = m.family[rows]
-    big, small = _place_weight(par["weights"])
-    factor = np.where(fam == PLACE, np.where(n < 2, small, big), 1.0)
+    # a place caption's weight on a scene with >= 2 objects (w_place) and on a 1-object scene
+    # (pair and relation draws fall back to place there), relative to the first (the reference)
+    w = par["weights"]
+    small = w[PLACE] + w[PAIR] + w[RELATION]
+    ref = w[PLACE] if w[PLACE] > 0 else (small if small > 0 else 1.0)
+    factor = np.where(fam == PLACE, np.where(n < 2, small / ref, w[PLACE] / ref), 1.0)
     count_ok = np.where(has_b, (par["count_objects"] == 2) & (n >= 2),
                         (par["count_objects"] == 1) | (n < 2))
     factor = np.where(fam == COUNT, factor * (count_ok & (m.count[rows] == n)), factor)
@@ -144,8 +135,7 @@ def _iter_sparse(meanings: Meanings, scenes: Scenes, config=None, chunk: int = 2
         raise ValueError("caption_likelihood covers the pair/relation/place/count families, not "
                          "terse captions")
     par, bits, diag = _params(config), _bit_tables(scenes), _diagonal_bits(scenes)
-    ok = _structure_ok(m)
-    N = len(scenes)
+    ok, N = _structure_ok(m), len(scenes)
     for start, block in iter_satisfies(m, scenes, chunk):
         flat = np.flatnonzero(block)
         rows, cols = start + flat // N, flat % N
@@ -173,14 +163,6 @@ def caption_likelihood(meanings: Meanings, scenes: Scenes, config=None) -> np.nd
 
 # ---- compositional ---------------------------------------------------------------------------
 
-def _family_probs(weights: dict) -> tuple[np.ndarray, np.ndarray]:
-    """(3,) family probabilities of the compositional proposal, indexed by the codes of pair,
-    relation and place (0, 1, 2): attempts < 20, and the fallback."""
-    w = [weights[f] for f in (PAIR, RELATION, PLACE)]
-    first = np.array(w) / sum(w) if sum(w) > 0 else np.full(3, 1 / 3)
-    return first, np.array([0.0, 0.5, 0.5])
-
-
 def _named(scenes: Scenes, i, a, b, family: int, relation: int, drop) -> Meanings:
     """Meanings naming object a (and b unless -1) of scenes i, dropping the attributes marked in
     drop = (a size, a colour, b size, b colour), with the given family and relation."""
@@ -196,16 +178,14 @@ def _named(scenes: Scenes, i, a, b, family: int, relation: int, drop) -> Meaning
                     noisy=np.zeros(len(i), dtype=bool))
 
 
-def _acceptance(scenes: Scenes, twin_of: np.ndarray, swapped: np.ndarray,
-                p_drop: float) -> np.ndarray:
+def _acceptance(scenes: Scenes, twin_of, swapped, p_drop: float) -> np.ndarray:
     """(N, 3) per image and family (pair, relation, place): the probability that the family's
     proposal draws a caption false of the twin (enumerating a, b, relation and dropout)."""
-    N, n_slots = len(scenes), scenes.max_objects
+    N, n_slots, n = len(scenes), scenes.max_objects, scenes.n_objects.astype(np.int64)
     rel = _relations(scenes)  # (N, O, O, 4)
-    n_true = rel.sum(axis=3)  # (N, O, O)
+    n_true, img = rel.sum(axis=3), np.arange(N)  # (N, O, O), (N,)
     # the 16 dropout patterns, columns: a size, a colour, b size, b colour
     drops = np.array([[(d >> k) & 1 for k in range(4)] for d in range(16)], dtype=bool)
-    img, n = np.arange(N), scenes.n_objects.astype(np.int64)
     parts, where = [], []  # candidate meanings; (image, family column, probability) of each
     for k in (0, 1):
         a, partner = swapped[:, k], swapped[:, 1 - k]
@@ -238,19 +218,16 @@ def compositional_likelihood(meanings: Meanings, scenes: Scenes, twin_of, swappe
     if not np.isin(m.family, (PAIR, RELATION, PLACE)).all():
         raise ValueError("compositional captions are pair, relation or place captions")
     twin_of, swapped = np.asarray(twin_of, dtype=np.int64), np.asarray(swapped, dtype=np.int64)
-    N, n_slots = len(scenes), scenes.max_objects
-    n = scenes.n_objects.astype(np.int64)
+    N, n_slots, n = len(scenes), scenes.max_objects, scenes.n_objects.astype(np.int64)
     rel = _relations(scenes)  # (N, O, O, 4)
-    n_true = rel.sum(axis=3)  # (N, O, O)
-    img = np.arange(N)
+    n_true, img = rel.sum(axis=3), np.arange(N)  # (N, O, O), (N,)
     sh, co, sz, ce = (getattr(scenes, f).astype(np.int64)
                       for f in ("shape", "color", "size", "cell"))
     col = lambda x: x.astype(np.int64)[:, None]  # noqa: E731
     matches = lambda s, c, z, j, o: (  # noqa: E731
         (col(s) == sh[j, o]) & ((col(c) < 0) | (col(c) == co[j, o]))
         & ((col(z) < 0) | (col(z) == sz[j, o])))
-    r_safe = np.maximum(m.relation.astype(np.int64), 0)
-    is_rel = col(m.relation) >= 0
+    r_safe, is_rel = np.maximum(m.relation.astype(np.int64), 0), col(m.relation) >= 0
     q = np.zeros((len(m), N))
     for k in (0, 1):
         a, partner = swapped[:, k], swapped[:, 1 - k]
@@ -259,21 +236,23 @@ def compositional_likelihood(meanings: Meanings, scenes: Scenes, twin_of, swappe
         inner = np.zeros((len(m), N))
         for o in range(n_slots):
             p_b = (0.5 / np.maximum(n - 1, 1) + 0.5 * (o == partner)) * ((o != a) & (o < n))
-            # (T, N)
-            w_rel = (rel[img, a, o, :] / np.maximum(n_true[img, a, o], 1)[:, None]).T[r_safe]
+            w_rel = (rel[img, a, o] / np.maximum(n_true[img, a, o], 1)[:, None]).T[r_safe]  # (T, N)
             b_ok = matches(m.b_shape, m.b_color, m.b_size, img, np.full(N, o))
             inner += b_ok * p_b * np.where(is_rel, w_rel, 1.0)
         q += 0.5 * a_ok * np.where(col(m.family) == PLACE, 1.0, inner)
     q *= _structure_ok(m)[:, None]
     q *= ~satisfies(m, scenes)[:, twin_of]  # rejected unless false of the twin
-    first, fallback = _family_probs(par["weights"])
+    # (3,) the proposal's probabilities of pair, relation, place (codes 0-2): first, fallback
+    w = [par["weights"][f] for f in (PAIR, RELATION, PLACE)]
+    first = np.array(w) / sum(w) if sum(w) > 0 else np.full(3, 1 / 3)
+    fallback = np.array([0.0, 0.5, 0.5])
     acc = _acceptance(scenes, twin_of, swapped, par["attribute_dropout"])  # (N, 3)
     z1, z2 = acc @ first, acc @ fallback
     n1, n_all = _ATTEMPTS
     stay = (1 - z1) ** n1  # no acceptance in the first regime
-    total = (1 - stay) + stay * (1 - (1 - z2) ** (n_all - n1))
+    late = stay * (1 - (1 - z2) ** (n_all - n1))  # accepted in the fallback regime
+    total = (1 - stay) + late
     g1 = np.where(z1 > 0, (1 - stay) / np.maximum(z1, 1e-300), 0.0) / total
-    g2 = np.where(z2 > 0, stay * (1 - (1 - z2) ** (n_all - n1)) / np.maximum(z2, 1e-300),
-                  0.0) / total
+    g2 = np.where(z2 > 0, late / np.maximum(z2, 1e-300), 0.0) / total
     p1, p2 = first[m.family][:, None], fallback[m.family][:, None]
     return _snap(q * (p1 * g1[None] + p2 * g2[None]))

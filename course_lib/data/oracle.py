@@ -4,8 +4,6 @@ t2i ranks images by L[t, i] = P(caption t | scene i), i2t captions by the poster
 L[t, i] / sum_j L[t, j], ties broken at random. It beats captions.truth_ceiling in expectation;
 a tiny realised gallery can show t2i slightly below it."""
 
-from __future__ import annotations
-
 import numpy as np
 
 from course_lib.core.metrics import hit_probability

@@ -2,8 +2,6 @@
 file is missing, truncated or not an image, or that has no sentences, is left out with the reason;
 the check fails when most images are missing (the folder is not that file's)."""
 
-from __future__ import annotations
-
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,11 +21,9 @@ class Screening:
 
     def report(self, json_path) -> str:
         """One line per skipped file, for the terminal."""
-        if not self.skipped:
-            return ""
         lines = [f"skipped {len(self.skipped)} of {self.n_entries} images of {json_path} (and "
-                 "their captions):"]
-        return "\n".join(lines + [f"  {path}: {reason}" for path, reason in self.skipped.items()])
+                 "their captions):"] + [f"  {path}: {why}" for path, why in self.skipped.items()]
+        return "\n".join(lines) if self.skipped else ""
 
 
 def decode_problem(path) -> str | None:
@@ -61,8 +57,7 @@ def screen_karpathy(json_path, image_root, splits, progress: bool = True) -> Scr
         path = entry_path(img)
         if not (root / path).is_file():
             missing.append(path)
-            screening.skipped[path] = (f"its image {root / path} is missing; its captions are "
-                                       "skipped")
+            screening.skipped[path] = f"its image {root / path} is missing; its captions skipped"
         elif not img.get("sentences"):
             screening.skipped[path] = "its entry has no sentences; the image is skipped"
         else:

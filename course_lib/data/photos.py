@@ -2,8 +2,6 @@
 named by COURSE_PHOTOS, else data/flickr8k in the repository, else ../shared/data/flickr8k. The
 photos are never part of the course (docs/real_data.md)."""
 
-from __future__ import annotations
-
 import os
 from pathlib import Path
 

@@ -5,8 +5,6 @@ Regions mirror Faster R-CNN bottom-up features: per object a feature vector (a f
 shape, colour and size, from DETECTOR_SEED so it means the same in every split), its UNITER box
 and a soft class distribution over shape x colour."""
 
-from __future__ import annotations
-
 from functools import lru_cache
 from statistics import NormalDist
 
@@ -49,8 +47,7 @@ def geometry(image_size: int) -> dict:
     if cs < 6:
         raise ValueError(f"image_size {image_size} is too small; use at least {6 * GRID}")
     k = np.array([max(3, round(cs * 0.55)), cs - 2])  # stamp side: small, big
-    centre = (cs - k) // 2
-    jitter = max(1, cs // 10)
+    centre, jitter = (cs - k) // 2, max(1, cs // 10)
     lo, hi = np.maximum(0, centre - jitter), np.minimum(cs - k, centre + jitter)
     P = int(hi.max()) + 1
     masks = np.zeros((len(SHAPES), 2, P, P, cs, cs), dtype=bool)
@@ -91,16 +88,14 @@ def _noisy_palette(pixel_noise: float) -> np.ndarray:
     return table.astype(np.uint8).reshape(-1, 3)
 
 
-def render_pixels(scenes: Scenes, offsets: np.ndarray, rng: np.random.Generator,
-                  image_size: int = 32, pixel_noise: float = 0.0,
-                  clutter: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+def render_pixels(scenes: Scenes, offsets: np.ndarray, rng: np.random.Generator, image_size=32,
+                  pixel_noise=0.0, clutter=0.0) -> tuple[np.ndarray, np.ndarray]:
     """images uint8 (N, S, S, 3) and the stamps' UNITER boxes float32 (N, O, 7) (0: no object)."""
     g = geometry(image_size)
     cs, m, n = g["cs"], g["margin"], len(scenes)
     index = np.zeros((n, image_size, image_size), dtype=np.uint8)  # (N, S, S), 0 = background
     if clutter > 0:  # specks first, so objects are drawn over them
-        n_specks = rng.poisson(clutter, size=n)
-        img = np.repeat(np.arange(n), n_specks)
+        img = np.repeat(np.arange(n), rng.poisson(clutter, size=n))  # (specks,) their images
         side = max(1, image_size // 16)
         y, x = rng.integers(0, image_size - side + 1, size=(2, len(img)))
         grey = (1 + len(PALETTE)
@@ -149,8 +144,7 @@ def detector_tables(region_dim: int) -> dict:
     rng = np.random.default_rng(DETECTOR_SEED)
     D, S, C = region_dim, len(SHAPES), len(COLORS)
     e_shape, e_color = rng.standard_normal((S, D)), rng.standard_normal((C, D))
-    e_size = rng.standard_normal((2, D))
-    e_pair = rng.standard_normal((S, C, D))
+    e_size, e_pair = rng.standard_normal((2, D)), rng.standard_normal((S, C, D))
     mix = rng.standard_normal((D, D)) / np.sqrt(D)
     latent = (e_shape[:, None, None] + e_color[None, :, None] + e_size[None, None, :]
               + 0.5 * e_pair[:, :, None])  # (S, C, 2, D)
@@ -187,8 +181,7 @@ def detect_regions(scenes: Scenes, object_boxes: np.ndarray, rng: np.random.Gene
         boxes[:, n_slots:] = uniter_boxes(xyxy).reshape(n, clutter_regions, 7)
     feats += region_noise * rng.standard_normal((n, R, D), dtype=np.float32)
     # soft classes: softmax(alpha [same shape] + alpha [same colour] + noise); flat-ish for clutter
-    class_shape = np.repeat(np.arange(len(SHAPES)), len(COLORS))  # (48,)
-    class_color = np.tile(np.arange(len(COLORS)), len(SHAPES))  # (48,)
+    class_shape, class_color = divmod(np.arange(N_CLASSES), len(COLORS))  # (48,) each
     logits = CLASS_NOISE * rng.standard_normal((n, R, N_CLASSES), dtype=np.float32)
     logits += CLASS_SHARPNESS * (shape[..., None] == class_shape).astype(np.float32)
     logits += CLASS_SHARPNESS * (color[..., None] == class_color).astype(np.float32)

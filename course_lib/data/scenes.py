@@ -27,8 +27,7 @@ class ArrayTable:
                              f"{sorted(set(arrays) - set(self.FIELDS))}")
         lengths = {len(np.asarray(arrays[f])) for f in self.FIELDS}
         if len(lengths) > 1:
-            raise ValueError(f"{type(self).__name__}: fields have different lengths "
-                             f"{sorted(lengths)}")
+            raise ValueError(f"{type(self).__name__}: fields of unequal lengths {sorted(lengths)}")
         for f in self.FIELDS:
             setattr(self, f, np.asarray(arrays[f]))
 
@@ -37,8 +36,7 @@ class ArrayTable:
 
     def take(self, indices) -> ArrayTable:
         """The rows at `indices` (an index array or boolean mask), as a new table."""
-        indices = np.asarray(indices)
-        return type(self)(**{f: getattr(self, f)[indices] for f in self.FIELDS})
+        return type(self)(**{f: getattr(self, f)[np.asarray(indices)] for f in self.FIELDS})
 
     @classmethod
     def concatenate(cls, tables: list[ArrayTable]) -> ArrayTable:
@@ -112,9 +110,8 @@ def sample_scenes(rng: np.random.Generator, n: int, min_objects: int, max_object
     """n random scenes with min_objects..max_objects objects each, in distinct random cells."""
     n_objects = rng.integers(min_objects, max_objects + 1, size=n)  # (n,)
     cells = np.argsort(rng.random((n, GRID * GRID)), axis=1)[:, :max_objects]  # (n, O)
-    shape = rng.integers(0, len(SHAPES), size=(n, max_objects))
-    color = rng.integers(0, len(COLORS), size=(n, max_objects))
-    size = rng.integers(0, len(SIZES), size=(n, max_objects))
+    shape, color, size = (rng.integers(len(v), size=(n, max_objects))
+                          for v in (SHAPES, COLORS, SIZES))
     unused = np.arange(max_objects)[None, :] >= n_objects[:, None]  # (n, O)
     pad = lambda a: np.where(unused, -1, a).astype(np.int8)  # noqa: E731
     return Scenes(shape=pad(shape), color=pad(color), size=pad(size), cell=pad(cells),

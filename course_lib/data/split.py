@@ -4,9 +4,12 @@ setting (LightningDOT §4.3): the test split's queries against every split poole
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
+
+# the arrays and lists with one row per image, besides image_ids and scenes
+PER_IMAGE = ("images", "image_paths", "regions", "boxes", "region_mask", "region_classes")
 
 
 @dataclass
@@ -46,12 +49,10 @@ class RetrievalSplit:
             raise ValueError(
                 f"split {self.name!r}: txt2img holds indices outside [0, {n}); every caption must "
                 "point at one of the split's images")
-        for name in ("images", "image_paths", "regions", "boxes", "region_mask",
-                     "region_classes"):
+        for name in PER_IMAGE:
             value = getattr(self, name)
             if value is not None and len(value) != n:
-                raise ValueError(f"split {self.name!r}: {name} has {len(value)} rows, expected "
-                                 f"{n}")
+                raise ValueError(f"split {self.name!r}: {name} has {len(value)} rows, expected {n}")
 
     @property
     def n_images(self) -> int:
@@ -100,17 +101,11 @@ class RetrievalSplit:
         remap[image_indices] = np.arange(len(image_indices))
         keep = np.flatnonzero(remap[self.txt2img] >= 0)
         keep = keep[np.argsort(remap[self.txt2img[keep]], kind="stable")]
-        take = lambda a: None if a is None else a[image_indices]  # noqa: E731
-        paths = self.image_paths
-        return RetrievalSplit(
-            name=name or f"{self.name}[subset]", captions=[self.captions[t] for t in keep],
-            txt2img=remap[self.txt2img[keep]],
-            image_ids=[self.image_ids[i] for i in image_indices], images=take(self.images),
-            image_paths=None if paths is None else [paths[i] for i in image_indices],
-            regions=take(self.regions), boxes=take(self.boxes),
-            region_mask=take(self.region_mask), region_classes=take(self.region_classes),
-            scenes=None if self.scenes is None else self.scenes.take(image_indices),
-            meanings=None if self.meanings is None else self.meanings.take(keep),
+        return replace(
+            self, **{f: _take(getattr(self, f), image_indices)
+                     for f in ("image_ids", *PER_IMAGE, "scenes")},
+            name=name or f"{self.name}[subset]", captions=_take(self.captions, keep),
+            txt2img=remap[self.txt2img[keep]], meanings=_take(self.meanings, keep),
             info=dict(self.info), query_texts=_kept(self.query_texts, keep, self.n_texts),
             query_images=_kept(self.query_images, image_indices, self.n_images))
 
@@ -120,25 +115,37 @@ class RetrievalSplit:
         if self.query_texts is not None and not np.isin(text_indices, self.query_texts).all():
             raise ValueError(f"split {self.name!r}: texts_subset takes query texts only "
                              "(split.text_queries); the others are gallery items, not queries")
-        return RetrievalSplit(
-            name=name or f"{self.name}[texts]", captions=[self.captions[t] for t in text_indices],
-            txt2img=self.txt2img[text_indices],
-            image_ids=self.image_ids, images=self.images, image_paths=self.image_paths,
-            regions=self.regions, boxes=self.boxes, region_mask=self.region_mask,
-            region_classes=self.region_classes, scenes=self.scenes,
-            meanings=None if self.meanings is None else self.meanings.take(text_indices),
-            info=dict(self.info),
+        return replace(
+            self, name=name or f"{self.name}[texts]", captions=_take(self.captions, text_indices),
+            txt2img=self.txt2img[text_indices], meanings=_take(self.meanings, text_indices),
+            info=dict(self.info), query_texts=None,
             query_images=np.zeros(0, dtype=np.int64))  # i2t needs every caption: none here
 
     def summary(self) -> str:
         parts = [f"{self.name}: {self.n_images} images, {self.n_texts} captions"]
         if self.query_texts is not None or self.query_images is not None:
             parts.append(f"queries: {self.n_text_queries} captions, {self.n_image_queries} images")
-        if self.images is not None:
-            parts.append(f"pixels {tuple(self.images.shape[1:])}")
-        if self.regions is not None:
-            parts.append(f"regions {tuple(self.regions.shape[1:])}")
+        parts += [f"{name} {tuple(array.shape[1:])}" for name, array in
+                  (("pixels", self.images), ("regions", self.regions)) if array is not None]
         return ", ".join(parts)
+
+
+def _take(value, rows):
+    """The given rows of an array, an ArrayTable or a list; None stays None."""
+    if value is None or isinstance(value, np.ndarray):
+        return None if value is None else value[rows]
+    return value.take(rows) if hasattr(value, "take") else [value[i] for i in rows]
+
+
+def _cat(values: list):
+    """Arrays, ArrayTables or lists pooled in order; None if any is None."""
+    if any(v is None for v in values):
+        return None
+    if isinstance(values[0], np.ndarray):
+        return np.concatenate(values)
+    if hasattr(values[0], "take"):  # ArrayTable
+        return type(values[0]).concatenate(values)
+    return [x for v in values for x in v]
 
 
 def _kept(queries, kept_items, n_before) -> np.ndarray | None:
@@ -164,20 +171,9 @@ def concatenate(splits: list[RetrievalSplit], name: str,
                              f"{queries_from.name!r}")
         query_texts = text_offsets[q] + queries_from.text_queries
         query_images = offsets[q] + queries_from.image_queries
-
-    def cat(attr, tables=False):  # tables: ArrayTable fields (scenes, meanings)
-        values = [getattr(s, attr) for s in splits]
-        if any(v is None for v in values):
-            return None
-        return type(values[0]).concatenate(values) if tables else np.concatenate(values)
-
-    paths = [s.image_paths for s in splits]
-    return RetrievalSplit(
-        name=name, captions=[c for s in splits for c in s.captions],
-        txt2img=np.concatenate([s.txt2img + o for s, o in zip(splits, offsets, strict=True)]),
-        image_ids=[i for s in splits for i in s.image_ids], images=cat("images"),
-        image_paths=None if any(p is None for p in paths) else [p for ps in paths for p in ps],
-        regions=cat("regions"), boxes=cat("boxes"), region_mask=cat("region_mask"),
-        region_classes=cat("region_classes"), scenes=cat("scenes", True),
-        meanings=cat("meanings", True), info={"pooled_from": [s.name for s in splits]},
-        query_texts=query_texts, query_images=query_images)
+    pooled = {f: _cat([getattr(s, f) for s in splits])
+              for f in ("captions", "image_ids", *PER_IMAGE, "scenes", "meanings")}
+    txt2img = np.concatenate([s.txt2img + o for s, o in zip(splits, offsets, strict=True)])
+    return RetrievalSplit(name=name, txt2img=txt2img, query_texts=query_texts,
+                          query_images=query_images, info={"pooled_from": [s.name for s in splits]},
+                          **pooled)

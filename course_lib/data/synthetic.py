@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from itertools import combinations
 
 import numpy as np
 
@@ -132,13 +133,12 @@ def _objects_for(rng, scenes: Scenes, scene_idx, family, a=None, two_families=(P
     n_objects = scenes.n_objects[scene_idx]
     two = np.isin(family, two_families) & (n_objects >= 2)
     family = np.where(np.isin(family, (PAIR, RELATION)) & ~two, PLACE, family)
-    rand_a, rand_b = two_objects(rng, n_objects)
+    rand_a, b = two_objects(rng, n_objects)
     if a is None:
         a = rand_a
     else:  # another random object than the given a
-        other = np.floor(rng.random(len(a)) * np.maximum(n_objects - 1, 1)).astype(np.int64)
-        rand_b = (a + 1 + other) % n_objects
-    return family, a, np.where(two, rand_b, -1)
+        b = two_objects(rng, n_objects, a)[1]
+    return family, a, np.where(two, b, -1)
 
 
 def _split_captions(rng, scenes: Scenes, cfg: SyntheticConfig) -> tuple[Meanings, list[str]]:
@@ -182,8 +182,7 @@ def _to_split(name, scenes, meanings, texts, txt2img, rng, cfg, seed, offsets=No
         info={"config": cfg.to_dict(), "seed": seed, "split": name, **(info or {})})
 
 
-def _make_split(name: str, n: int, cfg: SyntheticConfig, seed: int,
-                stream: int | None = None) -> RetrievalSplit:
+def _make_split(name: str, n: int, cfg: SyntheticConfig, seed: int, stream=None) -> RetrievalSplit:
     rng_scenes, rng_pixels, rng_text = _streams(seed, name if stream is None else stream)
     scenes = sample_scenes(rng_scenes, n, cfg.min_objects, cfg.max_objects)
     if name == "pretrain":
@@ -198,14 +197,13 @@ def _make_split(name: str, n: int, cfg: SyntheticConfig, seed: int,
 
 def _choose_swaps(rng, scenes: Scenes) -> tuple[np.ndarray, np.ndarray]:
     """Per scene a swap kind (0 = colours, 1 = cells) and two object slots whose swap changes it."""
-    kinds = np.zeros(len(scenes), dtype=np.int64)
-    pairs = np.zeros((len(scenes), 2), dtype=np.int64)
+    kinds, pairs = np.zeros(len(scenes), dtype=np.int64), np.zeros((len(scenes), 2), dtype=np.int64)
     for i in range(len(scenes)):
         k = int(scenes.n_objects[i])
-        desc = list(zip(scenes.shape[i, :k], scenes.color[i, :k], scenes.size[i, :k],
-                        strict=True))
-        cand = ([(p, q) for p in range(k) for q in range(p + 1, k) if desc[p][1] != desc[q][1]],
-                [(p, q) for p in range(k) for q in range(p + 1, k) if desc[p] != desc[q]])
+        desc = list(zip(scenes.shape[i, :k], scenes.color[i, :k], scenes.size[i, :k], strict=True))
+        pairs_i = list(combinations(range(k), 2))
+        cand = ([(p, q) for p, q in pairs_i if desc[p][1] != desc[q][1]],
+                [(p, q) for p, q in pairs_i if desc[p] != desc[q]])
         kind = int(rng.random() < 0.5)
         if not cand[kind]:
             kind = 1 - kind  # the caller guarantees the cell-swap list is never empty

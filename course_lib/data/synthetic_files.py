@@ -2,8 +2,6 @@
 synthetic data alike: dataset_synthetic.json, images/<image_id>.png, regions.npz, ground_truth.npz
 (scenes, meanings and array-valued info per split) and info.json (config, seed, sizes)."""
 
-from __future__ import annotations
-
 import json
 import struct
 import time
@@ -18,11 +16,6 @@ from course_lib.data.split import RetrievalSplit, concatenate
 
 IMAGE_DIR = "images"  # the synthetic PNGs live in out_dir/IMAGE_DIR, the Karpathy `filepath`
 _GT_SEP = "__"  # npz keys "<split>__scenes__<key>": no "/" so zip member names stay flat
-
-
-def _json_default(value):
-    # json.dumps fallback for split.info: numpy scalars and arrays as lists, anything else as str
-    return value.tolist() if isinstance(value, (np.generic, np.ndarray)) else str(value)
 
 
 def _png_chunk(tag: bytes, data: bytes) -> bytes:
@@ -44,8 +37,7 @@ def write_karpathy(splits: dict[str, RetrievalSplit], out_dir, dataset_name="syn
     """Write splits with in-memory pixels under out_dir ("full" skipped); returns a summary."""
     from tqdm.auto import tqdm
 
-    start = time.perf_counter()
-    out = Path(out_dir)
+    start, out = time.perf_counter(), Path(out_dir)
     splits = {k: s for k, s in splits.items() if k != "full"}
     seen: dict[str, str] = {}
     for key, s in splits.items():
@@ -63,11 +55,9 @@ def write_karpathy(splits: dict[str, RetrievalSplit], out_dir, dataset_name="syn
     imgid = sentid = 0
     for key, s in splits.items():
         # sentids follow caption order, so load_synthetic restores it even if captions interleave
-        first_sentid = sentid
-        by_image = s.img2txt()
-        for i, image_id in enumerate(s.image_ids):
+        for i, (image_id, own) in enumerate(zip(s.image_ids, s.img2txt(), strict=True)):
             sentences = [{"tokens": s.captions[t].split(), "raw": s.captions[t], "imgid": imgid,
-                          "sentid": first_sentid + int(t)} for t in by_image[i]]
+                          "sentid": sentid + int(t)} for t in own]
             entries.append({"filepath": IMAGE_DIR, "filename": f"{image_id}.png", "imgid": imgid,
                             "split": key, "sentids": [x["sentid"] for x in sentences],
                             "sentences": sentences})
@@ -110,7 +100,8 @@ def write_karpathy(splits: dict[str, RetrievalSplit], out_dir, dataset_name="syn
                            "info": {k: v for k, v in s.info.items()
                                     if not isinstance(v, np.ndarray)}}
                        for k, s in splits.items()}}
-    (out / "info.json").write_text(json.dumps(info, indent=1, default=_json_default),
+    numpy_as_list = lambda v: v.tolist() if isinstance(v, (np.generic, np.ndarray)) else str(v)  # noqa: E731
+    (out / "info.json").write_text(json.dumps(info, indent=1, default=numpy_as_list),
                                    encoding="utf-8")
     return {"out_dir": str(out), "json": str(json_path), "n_images": imgid, "n_texts": sentid,
             "seconds": time.perf_counter() - start,
@@ -135,14 +126,12 @@ def load_synthetic(out_dir, split="test", *, load_pixels=True) -> RetrievalSplit
                          "(and 'full')")
     meta = info["splits"][split]
     regions_file = out / "regions.npz" if meta["has_regions"] else None
-    result, sentids = _read(out / f"dataset_{info['dataset']}.json", out, split,
-                            captions_per_image=None, regions_file=regions_file,
-                            load_pixels=load_pixels)
+    result, sentids = _read(out / f"dataset_{info['dataset']}.json", out, split, None, regions_file,
+                            load_pixels)  # None: every caption of each image
     order = np.argsort(sentids, kind="stable")  # back to the writer's caption order
     result.captions = [result.captions[t] for t in order]
     result.txt2img = result.txt2img[order]
-    result.name = split
-    result.info = meta["info"]
+    result.name, result.info = split, meta["info"]
     _attach_ground_truth(result, out / "ground_truth.npz", split)
     return result
 
@@ -157,7 +146,6 @@ def _attach_ground_truth(result: RetrievalSplit, path: Path, split: str) -> None
             if name == split:
                 arrays[part][field] = z[key]
     result.info.update(arrays["info"])
-    if arrays["scenes"]:
-        result.scenes = Scenes.from_arrays(arrays["scenes"])
-    if arrays["meanings"]:
-        result.meanings = Meanings.from_arrays(arrays["meanings"])
+    for part, table in (("scenes", Scenes), ("meanings", Meanings)):
+        if arrays[part]:
+            setattr(result, part, table.from_arrays(arrays[part]))

@@ -1,8 +1,6 @@
 """Tokenizers: a word-level one trained on the captions (the offline default) or a pretrained
 Hugging Face one by name, both `transformers` fast tokenizers with BERT's special tokens."""
 
-from __future__ import annotations
-
 import os
 from pathlib import Path
 
@@ -30,9 +28,8 @@ def build_word_tokenizer(captions, *, min_freq: int = 1, max_length: int = 40):
         single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
         special_tokens=[("[CLS]", CLS_ID), ("[SEP]", SEP_ID)])
     return PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]",
-        mask_token="[MASK]", model_max_length=max_length, padding_side="right",
+        tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]",
+        sep_token="[SEP]", mask_token="[MASK]", model_max_length=max_length, padding_side="right",
         model_input_names=["input_ids", "attention_mask"])  # no token_type_ids: one text per input
 
 
@@ -62,6 +59,5 @@ def tokenizer_for(split_or_captions, name: str | None = None, **kwargs):
         return load_tokenizer(name)
     captions = getattr(split_or_captions, "captions", split_or_captions)
     if isinstance(captions, str):
-        raise TypeError("tokenizer_for needs a RetrievalSplit or a list of captions, not one "
-                        "string")
+        raise TypeError("tokenizer_for needs a RetrievalSplit or a list of captions, not a string")
     return build_word_tokenizer(captions, **kwargs)

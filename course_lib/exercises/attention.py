@@ -1,7 +1,5 @@
 """Checker of lesson 02: SCAN's func_attention."""
 
-from __future__ import annotations
-
 import torch
 import torch.nn.functional as F
 
@@ -27,7 +25,7 @@ def check_func_attention(fn, lambda_softmax: float = 9.0) -> None:
     context = F.normalize(torch.randn(3, 6, 8, generator=generator, dtype=torch.float64), dim=-1)
     expected, _ = func_attention(query, context, lambda_softmax)
     got = fn(query.clone(), context.clone(), lambda_softmax)
-    got = got[0] if isinstance(got, tuple) else got
+    got = got[0] if isinstance(got, tuple) else got  # (attended, weights) is fine too
     if tuple(got.shape) != tuple(expected.shape):
         raise ExerciseError(f"attended must be (P, Lq, D) = {tuple(expected.shape)}, got "
                             f"{tuple(got.shape)}: one attended context vector per query item")
@@ -41,13 +39,13 @@ def check_func_attention(fn, lambda_softmax: float = 9.0) -> None:
                                            "item's weights must sum to 1 over the context items"),
         (dict(clip=False), "the LeakyReLU(0.1) before the normalisation is missing (SCAN's "
                            "clipped_l2norm)"),
+        (dict(lam=1.0), "lambda_softmax is missing: multiply the normalised scores by it before "
+                        "the softmax"),
     ]
     for switches, message in mistakes:
-        if torch.allclose(got, _attend(query, context, lambda_softmax, **switches), atol=1e-8):
+        if torch.allclose(got, _attend(query, context, **{"lam": lambda_softmax, **switches}),
+                          atol=1e-8):
             raise ExerciseError(message)
-    if torch.allclose(got, _attend(query, context, 1.0), atol=1e-8):
-        raise ExerciseError("lambda_softmax is missing: multiply the normalised scores by it "
-                            "before the softmax")
     worst = (got - expected).abs().max().item()
     raise ExerciseError(f"attended vectors differ from SCAN's by up to {worst:.3g}; follow the "
                         "steps: context . query^T, LeakyReLU(0.1), L2-norm over queries, times "

@@ -1,14 +1,11 @@
 """Checkers of lesson 06: the Slow model's score h(x, y) from the two decoders' logits (Fast & Slow
 eq. 2-3), and one caption scored against a gallery's cached keys / values (the timed exercise)."""
 
-from __future__ import annotations
-
-import numpy as np
 import torch
 
 from course_lib.methods.fast_slow import model as fast_slow
 
-from .errors import ExerciseError
+from .errors import ExerciseError, check_answer, float64
 
 
 def _cases(seed: int = 0):
@@ -48,24 +45,24 @@ def _mistakes(forward_logits, backward_logits, input_ids, reversed_ids, attentio
                 + direction(backward_logits, reversed_ids, mask, shift))
 
     right = both(words)
+    fwd = direction(forward_logits, input_ids, words)
+    bwd = direction(backward_logits, reversed_ids, words)
+    per_word = "length-normalised: h is the plain sum of log-probabilities (eq. 3), "
     return [
+        (-right, "the sign is flipped: h is a log-likelihood (<= 0), not a loss"),
         (both(words, shift=False), "the targets are not shifted: the logits at position t predict "
                                    "token t + 1, so compare logits[:, :-1] with ids[:, 1:]"),
         (both(torch.ones_like(words)), "padding (and [CLS] / [SEP]) counted: sum only over "
                                        "targets that are words, not [SEP] and not [PAD]"),
         (both(attention_mask.double()), "[SEP] counted as a target: eq. 3 sums the caption's words "
                                         "y^1..y^L; leave out [SEP] (and padding)"),
-        (right / n_words.clamp(min=1), "length-normalised: h is the plain sum of log-probabilities "
-                                       "(eq. 3), do not divide by the number of words"),
-        (right / (2 * n_words.clamp(min=1)), "length-normalised: h is the plain sum of "
-                                             "log-probabilities (eq. 3), not a mean per word"),
-        (direction(forward_logits, input_ids, words), "only the forward direction: h = h_fwd + "
-                                                      "h_bwd (eq. 2), add the backward decoder's "
-                                                      "log-likelihood of the reversed caption"),
-        (direction(backward_logits, reversed_ids, words), "only the backward direction: add h_fwd, "
-                                                          "the forward decoder's log-likelihood "
-                                                          "of the caption"),
-        (direction(forward_logits, input_ids, words) + direction(backward_logits, input_ids, words),
+        (right / n_words.clamp(min=1), per_word + "do not divide by the number of words"),
+        (right / (2 * n_words.clamp(min=1)), per_word + "not a mean per word"),
+        (fwd, "only the forward direction: h = h_fwd + h_bwd (eq. 2), add the backward decoder's "
+              "log-likelihood of the reversed caption"),
+        (bwd, "only the backward direction: add h_fwd, the forward decoder's log-likelihood of "
+              "the caption"),
+        (fwd + direction(backward_logits, input_ids, words),
          "the backward decoder's targets are the reversed caption (reversed_ids), not input_ids"),
     ]
 
@@ -73,42 +70,30 @@ def _mistakes(forward_logits, backward_logits, input_ids, reversed_ids, attentio
 def check_summed_log_likelihood(fn) -> None:
     """fn(forward_logits, backward_logits, input_ids, reversed_ids, attention_mask) -> h (B,),
     logits (B, T, V) at position t predicting token t + 1, as model.summed_log_likelihood."""
-    def close(a, b):
-        return tuple(a.shape) == tuple(b.shape) and torch.allclose(a, b, atol=1e-6, rtol=1e-6)
-
     for label, (forward, backward, ids, reversed_ids, mask) in _cases():
         B = ids.shape[0]
-        expected = fast_slow.summed_log_likelihood(forward, backward, ids, reversed_ids, mask)
-        expected = expected.double()
-        got = fn(forward.clone(), backward.clone(), ids.clone(), reversed_ids.clone(), mask.clone())
-        if not torch.is_tensor(got):
-            got = torch.as_tensor(np.asarray(got, dtype=np.float64))
-        got = got.detach().double().cpu()
+        expected = fast_slow.summed_log_likelihood(forward, backward, ids, reversed_ids,
+                                                   mask).double()
+        got = float64(fn(forward.clone(), backward.clone(), ids.clone(), reversed_ids.clone(),
+                         mask.clone()))
         if got.numel() == 1 and B > 1:
             raise ExerciseError(f"on {label}: you returned one number; return one h per caption, "
                                 f"shape ({B},): sum over the positions (dim 1), not over the batch")
         if tuple(got.shape) != (B,):
             raise ExerciseError(f"on {label}: expected shape ({B},), one h per caption, got "
                                 f"{tuple(got.shape)}")
-        if close(got, expected):
-            continue
-        if close(got, -expected):
-            raise ExerciseError(f"on {label}: the sign is flipped: h is a log-likelihood (<= 0), "
-                                "not a loss")
-        for wrong, message in _mistakes(forward, backward, ids, reversed_ids, mask):
-            if close(got, wrong):
-                raise ExerciseError(f"on {label}: {message}")
-        worst = (got - expected).abs().max().item()
-        raise ExerciseError(f"on {label}: h differs from eq. 2-3 by up to {worst:.3g}: per "
-                            "direction, sum log_softmax of the logits at position t taken at "
-                            "token t + 1, over the word targets only")
+        check_answer(got, expected, label, "h differs from eq. 2-3 by up to {worst:.3g}: per "
+                     "direction, sum log_softmax of the logits at position t taken at token t + 1, "
+                     "over the word targets only", _mistakes, forward, backward, ids, reversed_ids,
+                     mask)
     print("summed log-likelihood (eq. 2-3): correct (padded and unpadded captions of 1 to 7 "
           "words, both directions)")
 
 
-def _one_caption_case(seed: int = 0):
-    """A tiny SlowModel, 6 images' cached keys / values, a caption (1, T), its h (6,) per pair."""
-    torch.manual_seed(seed)
+def check_score_one_caption(fn) -> None:
+    """fn(model, kvs, text) -> h (N,): one caption (1, T) against the N images whose cached keys /
+    values are kvs ({"fwd", "bwd"}: per block (2, N, heads, M, d)), as log_likelihood per pair."""
+    torch.manual_seed(0)  # a tiny SlowModel, 6 images' keys / values, a caption (1, T)
     config = fast_slow.SlowConfig(hidden=16, heads=2, layers=2, channels=(4, 8, 8), dropout=0.0)
     model = fast_slow.SlowModel(12, config).eval()
     with torch.no_grad():
@@ -118,18 +103,9 @@ def _one_caption_case(seed: int = 0):
         expected = torch.stack([  # (6,) image i's keys / values alone
             model.log_likelihood({d: [kv[:, i:i + 1] for kv in layers]
                                   for d, layers in kvs.items()}, text)[0] for i in range(6)])
-    return model, kvs, text, expected
-
-
-def check_score_one_caption(fn) -> None:
-    """fn(model, kvs, text) -> h (N,): one caption (1, T) against the N images whose cached keys /
-    values are kvs ({"fwd", "bwd"}: per block (2, N, heads, M, d)), as log_likelihood per pair."""
-    model, kvs, text, expected = _one_caption_case()
-    with torch.no_grad():
         got = fn(model, kvs, {k: v.clone() for k, v in text.items()})
     if not torch.is_tensor(got):
-        raise ExerciseError(f"return a tensor of shape ({len(expected)},), got "
-                            f"{type(got).__name__}")
+        raise ExerciseError(f"return a ({len(expected)},) tensor, got {type(got).__name__}")
     got = got.detach().float().cpu()
     if got.numel() == 1:
         raise ExerciseError(f"you returned one number; return h of the caption with EACH of the "

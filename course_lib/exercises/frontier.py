@@ -1,7 +1,5 @@
 """Checker of notebook 07's exercise: the Pareto front of (ms per query, recall) points."""
 
-from __future__ import annotations
-
 import numpy as np
 
 from course_lib.exercises.errors import ExerciseError

@@ -1,14 +1,12 @@
 """Checkers of lessons 00 and 01: ranks from a score matrix (both directions); VSE++'s hinge."""
 
-from __future__ import annotations
-
 import numpy as np
 import torch
 
 from course_lib.core.losses import hinge_triplet_loss
 from course_lib.core.metrics import retrieval_metrics, retrieval_ranks
 
-from .errors import ExerciseError
+from .errors import ExerciseError, close
 
 
 def _cases(seed: int = 0):
@@ -78,13 +76,6 @@ def check_i2t_ranks(fn) -> None:
 
 # ----------------------------------------------------------------------------- lesson 01
 
-def _score_batches(seed: int = 0):
-    """Square (B, B) score matrices, rows images and columns texts, positives on the diagonal."""
-    generator = torch.Generator().manual_seed(seed)
-    for batch in (2, 5, 16):
-        yield torch.randn(batch, batch, generator=generator, dtype=torch.float64).tanh()
-
-
 def _hinge_directions(scores, margin: float, max_violation: bool):
     """VSE++'s loss per direction, and the sum of hinges with the diagonal left in (mistakes)."""
     positives = scores.diagonal().view(-1, 1)  # (B, 1)
@@ -101,12 +92,12 @@ def _hinge_directions(scores, margin: float, max_violation: bool):
 
 def check_hinge_loss(fn, margin: float = 0.2) -> None:
     """fn(scores, margin, max_violation) -> VSE++'s hinge loss, summed over the batch."""
-    def close(a, b):
-        return abs(a - b) <= 1e-6 * max(1.0, abs(b))
-
+    generator = torch.Generator().manual_seed(0)  # (B, B): rows images, positives on the diagonal
+    batches = [torch.randn(b, b, generator=generator, dtype=torch.float64).tanh()
+               for b in (2, 5, 16)]
     for max_violation in (False, True):
         label = "max-violation" if max_violation else "sum of hinges"
-        for scores in _score_batches():
+        for scores in batches:
             expected = float(hinge_triplet_loss(scores, margin, max_violation))
             got = float(fn(scores.clone(), margin, max_violation))
             if close(got, expected):

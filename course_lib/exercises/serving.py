@@ -1,8 +1,6 @@
 """Checker of notebook 03's lean-query exercise: the learner's query must answer as the eager one
 and be measurably faster, the two timed in alternation (their ratio counts, not the ms)."""
 
-from __future__ import annotations
-
 from functools import partial
 
 import numpy as np

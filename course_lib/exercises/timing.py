@@ -1,8 +1,6 @@
 """Checker of the timing exercises (lessons 00-03): a time depends on the machine, so it checks
 the shape of the latency rows (as core.timing.latency_vs_gallery's) and a search's top k."""
 
-from __future__ import annotations
-
 import math
 
 import torch
@@ -15,8 +13,7 @@ def check_latency_rows(rows, sizes, measured_up_to=None, label: str = "your rows
     if not isinstance(rows, (list, tuple)) or not all(isinstance(r, dict) for r in rows):
         raise ExerciseError(f"{label}: expected a list of dicts (what latency_vs_gallery returns), "
                             f"got {type(rows).__name__}")
-    wanted = sorted({int(n) for n in sizes})
-    got = [r.get("n") for r in rows]
+    wanted, got = sorted({int(n) for n in sizes}), [r.get("n") for r in rows]
     if got != wanted:
         raise ExerciseError(f"{label}: expected one row per gallery size {wanted}, in that order, "
                             f"got sizes {got}: pass every size (the measured and the extrapolated "

@@ -1,14 +1,13 @@
 """Checkers of lesson 04: U-BERT's enhanced similarity (eq. 15), stage 2 one candidate at a time."""
 
-from __future__ import annotations
+from functools import partial
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 from course_lib.methods.ubert.model import enhanced_similarity, rescore_candidates
 
-from .errors import ExerciseError
+from .errors import ExerciseError, check_answer, float64
 
 
 def _eq15_cases(seed: int = 0):
@@ -31,12 +30,7 @@ def _eq15_cases(seed: int = 0):
 
 def _eq15_mistakes(image_intra, text_intra, image_inter, text_inter, alpha) -> list:
     """(scores (P,), what to tell the learner) of the usual wrong versions of eq. 15."""
-    def cos(a, b):
-        return F.cosine_similarity(a, b, dim=-1)
-
-    def unit(v):
-        return F.normalize(v, dim=-1)
-
+    cos, unit = partial(F.cosine_similarity, dim=-1), partial(F.normalize, dim=-1)
     image, text = alpha * image_intra + image_inter, alpha * text_intra + text_inter  # (P, H) each
     unit_image = alpha * unit(image_intra) + unit(image_inter)  # (P, H)
     unit_text = alpha * unit(text_intra) + unit(text_inter)  # (P, H)
@@ -66,16 +60,10 @@ def _eq15_mistakes(image_intra, text_intra, image_inter, text_inter, alpha) -> l
 def check_enhanced_similarity(fn) -> None:
     """fn(image_intra, text_intra, image_inter, text_inter, alpha) -> (P,) eq. 15 for P aligned
     pairs: cos(alpha * I_intra + I_inter, alpha * T_intra + T_inter)."""
-    def close(a, b):
-        return tuple(a.shape) == tuple(b.shape) and torch.allclose(a, b, atol=1e-6, rtol=1e-6)
-
     for label, parts, alpha in _eq15_cases():
         P = parts[0].shape[0]
         expected = enhanced_similarity(*parts, alpha=alpha)  # (P,)
-        got = fn(*(p.clone() for p in parts), alpha=alpha)
-        if not torch.is_tensor(got):
-            got = torch.as_tensor(np.asarray(got, dtype=np.float64))
-        got = got.detach().to(torch.float64).cpu()
+        got = float64(fn(*(p.clone() for p in parts), alpha=alpha))
         if got.dim() == 2 and got.shape[0] == got.shape[1] == P and P > 1:
             raise ExerciseError(f"on {label}: you returned a ({P}, {P}) matrix, every image "
                                 "against every caption; eq. 15 is per pair here: row p of the "
@@ -86,15 +74,9 @@ def check_enhanced_similarity(fn) -> None:
             raise ExerciseError(f"{shape}: drop the extra axis (keepdim=False, or .squeeze(-1))")
         if tuple(got.shape) != (P,):
             raise ExerciseError(shape)
-        if close(got, expected):
-            continue
-        for wrong, message in _eq15_mistakes(*parts, alpha):
-            if close(got, wrong):
-                raise ExerciseError(f"on {label}: {message}")
-        worst = (got - expected).abs().max().item()
-        raise ExerciseError(f"on {label}: scores differ from eq. 15 by up to {worst:.3g}; eq. 15 "
-                            "is cos(alpha*I_intra + I_inter, alpha*T_intra + T_inter), one number "
-                            "per pair")
+        check_answer(got, expected, label, "scores differ from eq. 15 by up to {worst:.3g}; eq. 15 "
+                     "is cos(alpha*I_intra + I_inter, alpha*T_intra + T_inter), one number per "
+                     "pair", _eq15_mistakes, *parts, alpha)
     print("enhanced similarity (eq. 15): correct (unit and unnormalised inputs, alpha from 0.3 to "
           "2, 1 to 6 pairs)")
 
@@ -103,8 +85,7 @@ def check_rerank_one_by_one(fn, model, query, gallery, atol: float = 1e-5) -> No
     """fn(model, query, gallery) -> (K,) s2 of one query against its K candidates, one at a time.
     query: (tokens (1, L, H), mask (1, L), T_intra (1, H)); gallery: (tokens (K, M, H),
     masks (K, M), I_intra (K, H)), as UBERTStates.text / .image give them."""
-    K = gallery[2].shape[0]
-    was_training = model.training
+    K, was_training = gallery[2].shape[0], model.training
     model.eval()
     try:
         with torch.no_grad():

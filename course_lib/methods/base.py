@@ -1,16 +1,10 @@
-"""The Method protocol every benchmark method follows: train once (or load the cached or shipped
-model), then rank.
+"""The protocol every benchmark method follows (Ranker): `fit` once (train, or load the cached or
+shipped model), then `rank` ("t2i": captions query images, "i2t": images query captions).
 
-    fit(bench, tokenizer, cache_dir)
-    rank(split, direction, top_k, queries=None) -> (indices (Q, k), scores (Q, k)), best first;
-        "t2i": captions query images, "i2t": images query captions
-    query_fn(split, caption_index, top_k): a zero-argument callable -> (top_k,) image indices
-    pairs_per_query(split, direction): cross-attention pairs scored per query (0: a dot product)
-
-Ranking, not a dense (N, T) matrix, is the protocol: the full setting's would take 2.9 GB. Ranker:
-what the benchmark runs. Method: + a trained model, cached under a name hashing what it is trained
-from (its `stage`), never its source. DualEncoderMethod: + a FAISS index of the gallery.
-PairwiseMethod: + score_block, from which pairwise.PairwiseRanking ranks.
+Ranking, not a dense (N, T) matrix, is the protocol: the full setting's would take 2.9 GB.
+Method: a Ranker with a trained model, cached under a name hashing what it is trained from (its
+`stage`), never its source. DualEncoderMethod: + a FAISS index of the gallery. PairwiseMethod: +
+score_block, from which pairwise.PairwiseRanking ranks.
 """
 
 from __future__ import annotations
@@ -40,12 +34,10 @@ from course_lib.methods.encoding import (
     similarity,
 )
 from course_lib.methods.pairwise import PairwiseRanking
-from course_lib.methods.queries import query_indices
+from course_lib.methods.queries import TopK, query_indices
 
-# tokens of one text query, [CLS] and [SEP] included (TextCollate's default)
-QUERY_MAX_LENGTH = 40
-# evaluations of a dual encoder's learning curve over one training run (Method.learning_curve)
-CURVE_POINTS = 8
+QUERY_MAX_LENGTH = 40  # tokens of one text query, [CLS] and [SEP] included (TextCollate's default)
+CURVE_POINTS = 8  # evaluations of a learning curve over one training run (Method.learning_curve)
 
 
 class Ranker(ABC):
@@ -65,8 +57,7 @@ class Ranker(ABC):
         """Make it ready to rank: train (or load) what it needs on bench["train"]."""
 
     @abstractmethod
-    def rank(self, split, direction: str, top_k: int,
-             queries=None) -> tuple[torch.Tensor, torch.Tensor]:
+    def rank(self, split, direction: str, top_k: int, queries=None) -> TopK:
         """Each query's top_k gallery items: (indices (Q, k) long, scores (Q, k)), best first."""
 
     @abstractmethod
@@ -117,9 +108,9 @@ class Method(Ranker):
             self.history = shipped.load_shipped(path, model)
             self.model, self.checkpoint_path = model.to(get_device()).eval(), path
             self.from_shipped = True
-            return self
-        self.checkpoint_path = stage.path(cache_dir)
-        self.model, self.history = self.train(bench, tokenizer, self.checkpoint_path, cache_dir)
+        else:
+            self.checkpoint_path = stage.path(cache_dir)
+            self.model, self.history = self.train(bench, tokenizer, self.checkpoint_path, cache_dir)
         return self
 
     def shipped_file(self, bench: dict, tokenizer):
@@ -161,9 +152,8 @@ def fit_pairs(model: nn.Module, loss_fn, split, tokenizer, config, *, modality: 
     """The course's training recipe: `split`'s (image, caption) pairs through the Trainer with
     config's training fields, `runtime` on top (checkpoint_path, progress, device, ...)."""
     pairs = PairDataset(split, modality=modality, image_size=image_size)
-    trainer = Trainer(model, loss_fn, pairs, train_config(config, **runtime),
-                      collate_fn=PairCollate(tokenizer, max_text_length), evaluate=evaluate)
-    return trainer.fit()
+    return Trainer(model, loss_fn, pairs, train_config(config, **runtime),
+                   collate_fn=PairCollate(tokenizer, max_text_length), evaluate=evaluate).fit()
 
 
 class DualEncoderMethod(Method):
@@ -182,8 +172,7 @@ class DualEncoderMethod(Method):
         return self._kept("_captions").get(
             split, self.model, lambda: encode_captions(self._fitted(), split, self.tokenizer))
 
-    def rank(self, split, direction: str, top_k: int,
-             queries=None) -> tuple[torch.Tensor, torch.Tensor]:
+    def rank(self, split, direction: str, top_k: int, queries=None) -> TopK:
         """Exact top_k by dot product via a FAISS index of the gallery side: no (N, T) matrix."""
         queries = query_indices(split, direction, queries)
         model = self._fitted()
@@ -195,8 +184,7 @@ class DualEncoderMethod(Method):
         else:
             gallery = self.caption_embeddings(split)
             asked = encode_gallery(model, split, indices=queries)
-        index = build_index(gallery)  # (G, E) exact inner product
-        scores, indices = search(index, asked, min(top_k, len(gallery)))  # (Q, k) each
+        scores, indices = search(build_index(gallery), asked, min(top_k, len(gallery)))  # exact
         return torch.as_tensor(indices, dtype=torch.long), torch.as_tensor(scores)  # (Q, k) each
 
     def query_side(self, probe_caption: str, *, max_length: int = QUERY_MAX_LENGTH,
@@ -237,15 +225,14 @@ class DualEncoderMethod(Method):
     def image_query_fn(self, split, image_index: int = 0, top_k: int = 10,
                        index_kind: str = "flat"):
         """The same for image queries (eager, inference_mode) -> (top_k,) caption indices."""
-        model = self._fitted().eval()
+        model, device = self._fitted().eval(), model_device(self.model)
         searcher = Searcher(build_index(self.caption_embeddings(split), kind=index_kind), top_k)
         image = ImageDataset(split, modality=model.modality)[image_index]
-        device = model_device(model)
+        image = {k: v[None] for k, v in image.items() if torch.is_tensor(v)}  # (1, ...)
 
         @torch.inference_mode()
         def answer() -> np.ndarray:
-            batch = {k: v[None].to(device)
-                     for k, v in image.items() if torch.is_tensor(v)}  # (1, ...)
+            batch = {k: v.to(device) for k, v in image.items()}
             return searcher(model.encode_images(batch).float().cpu().numpy())[1]  # (top_k,)
 
         return answer

@@ -15,8 +15,7 @@ from course_lib.core.checkpoints import inference
 from course_lib.core.metrics import retrieval_metrics
 from course_lib.data.datasets import CaptionDataset, ImageDataset, make_loader
 
-# splits with more items than this get a progress bar while they are encoded
-_PROGRESS_ITEMS = 20_000
+_PROGRESS_ITEMS = 20_000  # splits with more items than this get a progress bar while encoded
 
 
 def encode_batches(model: nn.Module, loader, encode, device=None, progress: bool = False,
@@ -45,8 +44,7 @@ def encode_gallery(model: nn.Module, split, *, batch_size: int = 256, device=Non
 def encode_captions(model: nn.Module, split, tokenizer, *, batch_size: int = 256, device=None,
                     progress: bool | None = None, indices=None) -> torch.Tensor:
     """(T, E) caption embeddings of a split (or its captions at `indices`), as encode_gallery."""
-    chosen = (np.arange(split.n_texts) if indices is None
-              else np.asarray(indices, dtype=np.int64))  # (T,)
+    chosen = np.asarray(np.arange(split.n_texts) if indices is None else indices, dtype=np.int64)
     # batches of like lengths, longest first: a batch pads to its longest caption
     order = np.argsort([-len(split.captions[t]) for t in chosen], kind="stable")  # (T,)
     loader = make_loader(subset_of(CaptionDataset(split), chosen[order]), batch_size,
@@ -76,11 +74,8 @@ def retrieval_evaluator(split, score_fn):
     def evaluate(model) -> dict:
         metrics = {}
         for name, one in splits.items():
-            scores = score_fn(model, one)
-            if isinstance(scores, tuple):  # (i2t, t2i) matrices of a two-stage ranker
-                scores, t2i = scores
-            else:
-                t2i = None
+            scores = score_fn(model, one)  # (N, T), or (i2t, t2i) matrices of a two-stage ranker
+            scores, t2i = scores if isinstance(scores, tuple) else (scores, None)
             found = retrieval_metrics(scores, one.txt2img, t2i_sims=t2i,
                                       query_texts=one.query_texts, query_images=one.query_images)
             metrics.update({f"{name}_{k}" if name else k: v for k, v in found.items()})
@@ -99,5 +94,5 @@ def learning_curve_splits(bench: dict, n_train: int = 1000) -> dict:
 
 def similarity(model: nn.Module, split, tokenizer, **kwargs) -> torch.Tensor:
     """(N, T) dot products of every image and caption of a split (kwargs: encode_split's)."""
-    image_emb, text_emb = encode_split(model, split, tokenizer, **kwargs)
-    return image_emb @ text_emb.T  # (N, T)
+    image_emb, text_emb = encode_split(model, split, tokenizer, **kwargs)  # (N, E), (T, E)
+    return image_emb @ text_emb.T

@@ -82,9 +82,8 @@ def probe_loss(model: LinearProbe, batch: dict, step: int = 0) -> dict:
 def build_linear_probe(config: LinearProbeConfig, train_split, tokenizer) -> LinearProbe:
     """A fresh probe sized for the split's region features and the tokenizer."""
     if not train_split.has_regions:
-        raise ValueError(f"split {train_split.name!r} has no region features: the linear probe "
-                         "reads a pretrained CNN's grid "
-                         "(course_lib.data.features.load_feature_bench)")
+        raise ValueError(f"split {train_split.name!r} has no region features: the probe reads a "
+                         "pretrained CNN's grid (course_lib.data.features.load_feature_bench)")
     return LinearProbe(config, len(tokenizer), train_split.regions.shape[-1])
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from course_lib.methods.queries import check_direction, checked_pairs, query_indices, top_k_of
+from course_lib.methods.queries import TopK, check_direction, checked_pairs, query_indices, top_k_of
 
 # pairs scored per score_block call while ranking (memory, not the result)
 _PAIRS_PER_BLOCK = 1 << 20
@@ -34,32 +34,26 @@ class PairwiseRanking(ABC):
 
     _dense: tuple = (None, None, None)  # (split, model, (N, T) scores): see _DENSE_PAIRS
 
-    def rank(self, split, direction: str, top_k: int,
-             queries=None) -> tuple[torch.Tensor, torch.Tensor]:
+    def rank(self, split, direction: str, top_k: int, queries=None) -> TopK:
         """A chunk of queries at a time against the gallery; small full splits scored once."""
         queries = query_indices(split, direction, queries)
         everything = np.array_equal(queries, query_indices(split, direction))
-        if self._dense[0] is split and self._dense[1] is self.model:
-            scores = self._dense[2]  # (N, T)
-        elif everything and split.n_images * split.n_texts <= _DENSE_PAIRS:
-            scores = self.similarity(split)  # (N, T), every pair once
-            self._dense = (split, self.model, scores)
-        else:
-            scores = None
-        if scores is not None:
-            q = torch.from_numpy(queries)
+        dense = self._dense[0] is split and self._dense[1] is self.model
+        if not dense and everything and split.n_images * split.n_texts <= _DENSE_PAIRS:
+            self._dense, dense = (split, self.model, self.similarity(split)), True  # each pair once
+        if dense:
+            scores, q = self._dense[2], torch.from_numpy(queries)  # (N, T), (Q,)
             return top_k_of(scores.T[q] if direction == "t2i" else scores[q], top_k)
         gallery = np.arange(split.n_images if direction == "t2i" else split.n_texts)
         per_chunk = max(1, _PAIRS_PER_BLOCK // max(len(gallery), 1))
-        indices, scores = [], []
+        tops = []
         for start in tqdm(range(0, len(queries), per_chunk), desc=f"{self.name} {direction}",
                           disable=not self.progress or len(queries) <= per_chunk, leave=False):
             chunk = queries[start:start + per_chunk]
             block = (self.score_block(split, gallery, chunk).T if direction == "t2i"
                      else self.score_block(split, chunk, gallery))  # (c, G)
-            top_indices, top_scores = top_k_of(block, top_k)  # (c, k) each
-            indices.append(top_indices)
-            scores.append(top_scores)
+            tops.append(top_k_of(block, top_k))  # (c, k) each
+        indices, scores = zip(*tops, strict=True)
         return torch.cat(indices), torch.cat(scores)  # (Q, k) each
 
     def score_pairs(self, split, image_indices, text_indices) -> torch.Tensor:

@@ -31,29 +31,27 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import Dataset
+from torch.utils.data import DataLoader, Dataset
 
-from course_lib.core.checkpoints import inference
 from course_lib.core.settings import CourseConfig, seed_everything
 from course_lib.core.stages import Stage, config_fields
 from course_lib.core.train import Trainer
 from course_lib.core.train_config import train_config
 from course_lib.data.datasets import ImageDataset
 from course_lib.data.scenes import COLORS, GRID, N_CLASSES, SIZES
+from course_lib.methods.encoding import encode_batches
 
 CELLS = GRID * GRID  # 9 cells, cell = row * GRID + col
 HEADS = {"object": 1 + N_CLASSES, "size": len(SIZES)}  # logits per cell and head
 HEAD_POOLS = ("flatten", "cells")  # PixelStemConfig.head_pool
-# bump when the layout or pre-training recipe changes on purpose: retrains the stem
-STEM_FORMAT_VERSION = 1
+STEM_FORMAT_VERSION = 1  # bump on purpose when the layout or recipe changes: retrains the stem
 
 
 @dataclass
 class PixelStemConfig(CourseConfig):
     # Defaults chosen in docs/tuning_notes.md, "Pixel stem".
     channels: tuple = (24, 48, 96)  # ConvBackbone widths: those of the model that loads it
-    # the heads read the 4x4 map pooled to the 3x3 "cells" (one shared Linear) or "flatten"ed
-    head_pool: str = "cells"
+    head_pool: str = "cells"  # the 4x4 map pooled to 3x3 "cells" (one shared Linear) or "flatten"ed
     batch_size: int = 128  # scenes per step
     lr: float = 2e-3  # peak AdamW rate
     max_steps: int = 400  # optimizer steps on bench["pretrain"] (20k scenes: 2.6 epochs at 128)
@@ -87,11 +85,10 @@ class ConvBackbone(nn.Module):
         self.out_dim = c2
 
     def forward(self, pixels: torch.Tensor) -> list[torch.Tensor]:
-        x, maps = pixels, []
+        maps = [pixels]
         for stage in self.stages:
-            x = stage(x)
-            maps.append(x)
-        return maps  # finest first
+            maps.append(stage(maps[-1]))
+        return maps[1:]  # finest first
 
 
 def cell_targets(scenes, rows=None) -> dict[str, np.ndarray]:
@@ -100,11 +97,10 @@ def cell_targets(scenes, rows=None) -> dict[str, np.ndarray]:
     out = {"object": np.zeros((len(rows), CELLS), np.int64),
            "size": np.full((len(rows), CELLS), -1, np.int64)}
     scene, slot = np.nonzero(scenes.valid[rows])  # (K,) each: every object of the chosen scenes
-    cell = scenes.cell[rows][scene, slot].astype(np.int64)
-    shape = scenes.shape[rows][scene, slot].astype(np.int64)
-    color = scenes.color[rows][scene, slot].astype(np.int64)
+    cell, shape, color, size = (getattr(scenes, k)[rows][scene, slot].astype(np.int64)
+                                for k in ("cell", "shape", "color", "size"))
     out["object"][scene, cell] = 1 + shape * len(COLORS) + color
-    out["size"][scene, cell] = scenes.size[rows][scene, slot]
+    out["size"][scene, cell] = size
     return out
 
 
@@ -173,14 +169,9 @@ def cell_accuracy(model: PixelStem, split, batch_size: int = 500) -> dict[str, f
     """Per-cell accuracy in percent: "occupancy", then on occupied cells "shape", "color", "size"
     and "object" (all three). Chance: occupancy ~50, shape 1/6, colour 1/8, size 1/2."""
     data = CellDataset(split)
-    preds = {k: [] for k in HEADS}
-    with inference(model) as device:
-        for start in range(0, len(data), batch_size):
-            rows = range(start, min(start + batch_size, len(data)))
-            pixels = torch.stack([data[i]["pixels"] for i in rows])  # (b, 3, 32, 32)
-            for k, v in model(pixels.to(device)).items():
-                preds[k].append(v.argmax(-1).cpu())  # (b, 9)
-    pred = {k: torch.cat(v) for k, v in preds.items()}  # (N, 9) each
+    parts = encode_batches(model, DataLoader(data, batch_size),  # {head: (b, 9) argmax} a batch
+                           lambda b: {k: v.argmax(-1).cpu() for k, v in model(b["pixels"]).items()})
+    pred = {k: torch.cat([p[k] for p in parts]) for k in HEADS}  # (N, 9) each
     truth, occupied = data.targets, data.targets["object"] > 0
     # class - 1 = shape * n_colors + colour; an "empty" guess gets neither right
     n_colors, guess, actual = len(COLORS), pred["object"] - 1, truth["object"] - 1
@@ -215,9 +206,8 @@ class StartsFromPixelStem(ABC):
 
     def stem_stage(self, bench: dict) -> Stage | None:
         """The pixel stem's stage (None when the model does not start from it)."""
-        if not self.starts_from_stem():
-            return None
-        return pixel_stem_stage(bench, stem_config(self.config))
+        return (pixel_stem_stage(bench, stem_config(self.config)) if self.starts_from_stem()
+                else None)
 
     def stage(self, bench: dict, tokenizer) -> Stage:
         """Every config field, on bench["train"], from the pixel stem when it starts from it."""

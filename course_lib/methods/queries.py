@@ -9,6 +9,7 @@ import torch
 from course_lib.core.metrics import checked_queries
 
 DIRECTIONS = ("t2i", "i2t")
+TopK = tuple[torch.Tensor, torch.Tensor]  # (indices (Q, k) long, scores (Q, k)), best first
 
 
 def check_direction(direction: str) -> str:
@@ -20,10 +21,10 @@ def check_direction(direction: str) -> str:
 
 def query_indices(split, direction: str, queries=None) -> np.ndarray:
     """`queries` if given (checked), else the split's text_queries (t2i) or image_queries (i2t)."""
-    check_direction(direction)
+    t2i = check_direction(direction) == "t2i"
     if queries is None:
-        return split.text_queries if direction == "t2i" else split.image_queries
-    return checked_queries(queries, split.n_texts if direction == "t2i" else split.n_images,
+        return split.text_queries if t2i else split.image_queries
+    return checked_queries(queries, split.n_texts if t2i else split.n_images,
                            f"{direction} queries")
 
 
@@ -31,9 +32,8 @@ def ground_truth(split, direction: str, queries, indices) -> torch.Tensor:
     """(Q, k) bool: which listed items (indices (Q, k) from rank) are a query's ground truth."""
     txt2img = torch.from_numpy(split.txt2img)
     queries, indices = torch.as_tensor(np.asarray(queries)), torch.as_tensor(np.asarray(indices))
-    if direction == "t2i":
-        return indices == txt2img[queries][:, None]
-    return txt2img[indices] == queries[:, None]
+    return (indices == txt2img[queries][:, None] if direction == "t2i"
+            else txt2img[indices] == queries[:, None])
 
 
 def checked_pairs(image_indices, text_indices) -> tuple[torch.Tensor, torch.Tensor]:
@@ -58,7 +58,7 @@ def length_blocks(text_lengths: torch.Tensor, batch_size: int) -> list[torch.Ten
     return [order[start:start + batch_size] for start in range(0, len(order), batch_size)]
 
 
-def top_k_of(scores: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def top_k_of(scores: torch.Tensor, top_k: int) -> TopK:
     """(indices, scores) of each row's top_k, best first; top_k capped at the row length."""
     top = torch.topk(scores.float(), min(top_k, scores.shape[1]), dim=1)
     return top.indices, top.values

@@ -44,14 +44,6 @@ def unregister_method(name: str) -> None:
     _REGISTRY.pop(name, None)
 
 
-def _discover() -> None:
-    """Import every module of course_lib.methods, where methods register (idempotent)."""
-    import course_lib.methods
-
-    for info in pkgutil.walk_packages(course_lib.methods.__path__, prefix="course_lib.methods."):
-        importlib.import_module(info.name)
-
-
 @dataclass
 class Build:
     """What a factory gets: the run's seed and mode, configs in that mode, and the other methods."""
@@ -84,8 +76,12 @@ class Build:
 
 
 def registered_names() -> list[str]:
-    """Every registered method's name, in course order."""
-    _discover()
+    """Every registered method's name, in course order, once every module of course_lib.methods
+    (where methods register) is imported."""
+    import course_lib.methods
+
+    for info in pkgutil.walk_packages(course_lib.methods.__path__, prefix="course_lib.methods."):
+        importlib.import_module(info.name)
     return [r.name for r in sorted(_REGISTRY.values(), key=lambda r: (r.order, r.name))]
 
 
@@ -93,10 +89,8 @@ def available_methods(seed: int = 0, smoke: bool = False, names=None, sizes=None
                       real_photos: bool = False) -> list:
     """The registered methods (all, or `names`), each built once for this seed and mode."""
     everything = registered_names()
-    if names is not None:
-        unknown = sorted(set(names) - set(everything))
-        if unknown:
-            raise KeyError(f"unknown method(s) {unknown}; choose from {everything}")
+    unknown = sorted(set(names or ()) - set(everything))
+    if unknown:
+        raise KeyError(f"unknown method(s) {unknown}; choose from {everything}")
     build = Build(seed, smoke, sizes=dict(sizes or {}), real_photos=real_photos)
-    wanted = everything if names is None else [n for n in everything if n in set(names)]
-    return [build.method(name) for name in wanted]
+    return [build.method(n) for n in everything if names is None or n in set(names)]

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from course_lib.methods.base import Ranker
-from course_lib.methods.queries import check_direction, query_indices
+from course_lib.methods.queries import TopK, check_direction, query_indices
 
 PairScorer = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -30,8 +30,8 @@ def top_m_candidates(first_scores: torch.Tensor, top_m: int,
     check_direction(direction)
     if top_m < 1:
         raise ValueError(f"top_m must be >= 1, got {top_m}")
-    scores = torch.as_tensor(first_scores)
-    by_query = scores.T if direction == "t2i" else scores  # (Q, candidates)
+    by_query = torch.as_tensor(first_scores)
+    by_query = by_query.T if direction == "t2i" else by_query  # (Q, candidates)
     return torch.topk(by_query, min(top_m, by_query.shape[1]), dim=1).indices  # (Q, M)
 
 
@@ -62,23 +62,18 @@ def remembered_scores(stage, split, images: torch.Tensor, texts: torch.Tensor) -
         memo = stage._remembered = {"model": getattr(stage, "model", None), "splits": {}}
     # keyed by the split object itself (held, so its id cannot be reused): (split, keys, scores)
     empty = (split, np.zeros(0, np.int64), np.zeros(0, np.float32))
-    _, known_keys, known_scores = memo["splits"].setdefault(id(split), empty)
+    _, known_keys, known_scores = memo["splits"].get(id(split), empty)  # keys sorted
     keys = images.numpy().astype(np.int64) * split.n_texts + texts.numpy()  # (P,) a number a pair
-    at = np.minimum(np.searchsorted(known_keys, keys), max(len(known_keys) - 1, 0))
-    known = (known_keys[at] == keys) if len(known_keys) else np.zeros(len(keys), bool)
-    out = np.empty(len(keys), np.float32)
-    out[known] = known_scores[at[known]]
-    if not known.all():
-        new, where = np.unique(keys[~known], return_inverse=True)  # each new pair once
+    new = np.setdiff1d(keys, known_keys)  # (U,) sorted, each new pair once
+    if len(new):
         fresh = stage.score_pairs(split, torch.from_numpy(new // split.n_texts),
                                   torch.from_numpy(new % split.n_texts))
         fresh = torch.as_tensor(fresh).float().cpu().numpy()  # (U,)
-        out[~known] = fresh[where]
-        merged = np.concatenate([known_keys, new])
-        order = np.argsort(merged, kind="stable")
-        scores = np.concatenate([known_scores, fresh])[order]
-        memo["splits"][id(split)] = (split, merged[order], scores)
-    return torch.from_numpy(out)
+        order = np.argsort(np.concatenate([known_keys, new]), kind="stable")
+        known_keys = np.concatenate([known_keys, new])[order]
+        known_scores = np.concatenate([known_scores, fresh])[order]
+        memo["splits"][id(split)] = (split, known_keys, known_scores)
+    return torch.from_numpy(known_scores[np.searchsorted(known_keys, keys)])
 
 
 Combine = Callable[[list], torch.Tensor]
@@ -173,8 +168,7 @@ class Cascade(Ranker):
                  - torch.arange(tail.shape[1], dtype=torch.float32))
         return torch.cat([indices, tail], dim=1), torch.cat([scores, below], dim=1)
 
-    def rank(self, split, direction: str, top_k: int,
-             queries=None) -> tuple[torch.Tensor, torch.Tensor]:
+    def rank(self, split, direction: str, top_k: int, queries=None) -> TopK:
         """(indices (Q, k), scores (Q, k)), best first; beyond the last survivors, earlier drops."""
         queries = query_indices(split, check_direction(direction), queries)
         depth = max(top_k, self.survivors(direction)[0])

@@ -1,12 +1,11 @@
 """VSE++ (Faghri et al., BMVC 2018): a dual encoder of cosine similarities, trained with a hinge
 loss. An image and a text encoder (core.encoders) each end in a linear projection to one shared
-space, and both vectors are L2-normalised, so a score is a cosine similarity:
+space, both vectors L2-normalised:
 
     s(image, text) = <normalize(W_i f(image)), normalize(W_t g(text))>
 
 `hinge_triplet_loss` over the batch's (B, B) scores: with max_violation only each query's hardest
-negative counts (VSE++'s "MH" loss), else every hinge is summed. The gallery is embedded once,
-offline, into a FAISS index; a text query costs one text encoding plus a top-k.
+negative counts (VSE++'s "MH" loss), else every hinge is summed.
 
     model, history = train_dual_encoder(bench, tokenizer, VsePPConfig())
     image_emb, text_emb = encode_split(model, bench["test"], tokenizer)  # (N, E), (T, E)
@@ -49,8 +48,7 @@ class VsePPConfig(CourseConfig):
     embed_dim: int = 256  # size of the joint space both projections map to
     layers: int = 2  # depth of both encoders: transformer blocks, or stacked GRU layers
     margin: float = 0.1  # hinge margin (VSE++: 0.2)
-    # True = hardest negative only (VSE++'s "MH"); False = sum of all hinges
-    max_violation: bool = False
+    max_violation: bool = False  # hardest negative only (VSE++'s "MH"), else the sum of all hinges
     batch_size: int = 256  # (image, caption) pairs per batch; the in-batch negatives (VSE++: 128)
     lr: float = 1e-3  # peak AdamW learning rate (VSE++'s Adam: 2e-4, fine-tuning a pretrained CNN)
     max_steps: int = 5000  # ~25 epochs of the 10k-scene train split (50k pairs); curve: notebook 01
@@ -60,8 +58,7 @@ class VsePPConfig(CourseConfig):
     seed: int = 0  # model initialisation and data order
 
     SMOKE: ClassVar[dict] = {"max_steps": 40, "batch_size": 64}  # smoke(): tiny, same code path
-    # the real-photo preset (CourseConfig.REAL_PHOTOS), chosen on Flickr8k's val
-    REAL_PHOTOS: ClassVar[dict] = {"max_steps": 150, "batch_size": 128}
+    REAL_PHOTOS: ClassVar[dict] = {"max_steps": 150, "batch_size": 128}  # chosen on Flickr8k's val
 
 
 class DualEncoder(nn.Module):
@@ -72,23 +69,19 @@ class DualEncoder(nn.Module):
     def __init__(self, config: VsePPConfig, vocab_size: int, region_dim: int | None = None,
                  image_size: int | None = None, special: SpecialTokens = WORD_SPECIAL_TOKENS):
         super().__init__()
-        self.config, self.modality = config, config.image_encoder
-        c = config
+        c = self.config = config
+        self.modality, image = c.image_encoder, {}  # another kind: build_image_encoder lists them
         if c.image_encoder == "regions":
             if region_dim is None:
-                raise ValueError("image_encoder='regions' needs region_dim "
-                                 "(split.regions.shape[-1])")
+                raise ValueError("image_encoder='regions' needs region_dim (regions.shape[-1])")
             image = dict(region_dim=region_dim, hidden=c.hidden, layers=c.layers)
         elif c.image_encoder == "pixels":  # the course's tiny ViT, sized like the region encoder
             size = {"img_size": image_size} if image_size else {}
             image = dict(embed_dim=c.hidden, depth=c.layers, **size)
-        else:
-            image = {}  # build_image_encoder lists the valid kinds
         self.image_encoder = build_image_encoder(c.image_encoder, **image)
-        text = {"gru": dict(embed_dim=c.hidden, hidden=c.hidden, layers=c.layers),
-                "bert": dict(hidden=c.hidden, layers=c.layers)}.get(c.text_encoder,
-                                                                    dict(hidden=c.hidden))
-        self.text_encoder = build_text_encoder(c.text_encoder, vocab_size, special=special, **text)
+        text = {"gru": dict(embed_dim=c.hidden, layers=c.layers), "bert": dict(layers=c.layers)}
+        self.text_encoder = build_text_encoder(c.text_encoder, vocab_size, special=special,
+                                               hidden=c.hidden, **text.get(c.text_encoder, {}))
         self.image_proj = nn.Linear(self.image_encoder.out_dim, c.embed_dim)
         self.text_proj = nn.Linear(self.text_encoder.out_dim, c.embed_dim)
 
@@ -151,10 +144,9 @@ class VsePPMethod(DualEncoderMethod):
     @property
     def notes(self) -> str:
         c = self.config
-        loss = hinge_name(c.max_violation)
         return (f"dual encoder, {_TEXT_NAMES.get(c.text_encoder, c.text_encoder)} text / "
-                f"{_IMAGE_NAMES.get(c.image_encoder, c.image_encoder)}, cosine, {loss}, "
-                "FAISS IndexFlatIP")
+                f"{_IMAGE_NAMES.get(c.image_encoder, c.image_encoder)}, cosine, "
+                f"{hinge_name(c.max_violation)}, FAISS IndexFlatIP")
 
     def build_model(self, bench: dict, tokenizer) -> DualEncoder:
         return build_dual_encoder(self.config, bench["train"], tokenizer)
@@ -165,6 +157,4 @@ class VsePPMethod(DualEncoderMethod):
                                   **self.learning_curve(bench, self.config.max_steps))
 
 
-@register_method("vsepp", order=1.0)
-def _vsepp(build) -> VsePPMethod:
-    return VsePPMethod(build.config(VsePPConfig))
+register_method("vsepp", order=1.0)(lambda build: VsePPMethod(build.config(VsePPConfig)))

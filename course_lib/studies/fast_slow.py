@@ -51,9 +51,8 @@ def slow_direction_scores(model: SlowModel, states: SlowStates, text_queries, *,
         for start in tqdm(range(0, len(images), batch_size), desc="slow pairs",
                           disable=not progress, leave=False):
             rows = slice(start, start + batch_size)
-            kvs = {d: [kv.to(device) for kv in layers]
-                   for d, layers in states.image(images[rows]).items()}
-            text = {k: v.to(device) for k, v in states.text(texts[rows]).items()}
+            kvs = move_to_device(states.image(images[rows]), device)
+            text = move_to_device(states.text(texts[rows]), device)
             f, b = direction_log_likelihoods(model, kvs, text)
             fwd[rows], bwd[rows] = f.cpu(), b.cpu()
     return fwd.view(len(queries), N), bwd.view(len(queries), N)

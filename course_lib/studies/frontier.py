@@ -12,8 +12,7 @@ from course_lib.core.timing import extrapolate, fit_linear_cost
 
 def pareto_front(ms, recall) -> list[int]:
     """Indices (by increasing ms) of the points no other dominates (lower ms, higher recall)."""
-    ms = np.asarray(ms, dtype=np.float64)  # (P,)
-    recall = np.asarray(recall, dtype=np.float64)  # (P,)
+    ms, recall = np.asarray(ms, dtype=np.float64), np.asarray(recall, dtype=np.float64)  # (P,)
     if ms.shape != recall.shape or ms.ndim != 1:
         raise ValueError(f"ms and recall must be 1-D and of equal length, got {ms.shape} and "
                          f"{recall.shape}")

@@ -80,17 +80,15 @@ def format_report(report: dict) -> str:
     lines = []
     for device in devices():
         paths, cross = report[device]["lightningdot"], report[device]["cross_encoder"]
+        timings = {backend: row for backend, row in paths.items() if backend != "profile"}
         lines.append(f"\n{device}: one text query against {report['n_images']:,} images, median of "
                      f"{report['repeats']} calls")
-        for backend, row in paths.items():
-            if backend == "profile":
-                continue
+        for backend, row in timings.items():
             timed = (f"{row['median_ms']:.3f} ms (IQR {row['p25_ms']:.3f}-{row['p75_ms']:.3f}), "
                      f"same top 10: {row['same_top10']}" if "median_ms" in row
                      else f"not available: {row['error']}")
             lines.append(f"  lightningdot {backend:<11} " + timed)
-        fastest = min(r["median_ms"] for b, r in paths.items()
-                      if b != "profile" and "median_ms" in r)
+        fastest = min(row["median_ms"] for row in timings.values() if "median_ms" in row)
         lines += [f"  cross_encoder          {cross['median_ms']:.3f} ms: "
                   f"{cross['median_ms'] / fastest:,.0f}x the fastest LightningDOT path",
                   f"  profile of the default path (encoder backend "
@@ -112,8 +110,7 @@ def main(argv=None) -> dict:
     for method in methods.values():
         method.fit(bench, tokenizer, cache_dir=Path("outputs/checkpoints"))
     report = {"environment": describe_environment(), "n_images": split.n_images,
-              "repeats": args.repeats,
-              "shipped": {name: m.from_shipped for name, m in methods.items()}}
+              "repeats": args.repeats, "shipped": {n: m.from_shipped for n, m in methods.items()}}
     for device in devices():
         paths = query_paths(methods["lightningdot"], split, device, args.repeats)
         report[device] = {"lightningdot": paths,

@@ -120,17 +120,16 @@ def code_bytes(index: faiss.Index) -> int:
 
 def index_bytes(index: faiss.Index) -> int:
     """Bytes of the serialised index, counted chunk by chunk (a 10^7-item index is not copied)."""
-    total = 0
+    sizes = []
 
     def count(chunk: bytes) -> int:
-        nonlocal total
-        total += len(chunk)
+        sizes.append(len(chunk))
         return len(chunk)
 
     writer = faiss.PyCallbackIOWriter(count, 1 << 22)
     faiss.write_index(index, writer)
     del writer  # flushes the last chunk
-    return total
+    return sum(sizes)
 
 
 def _timed(fn) -> float:
@@ -219,8 +218,7 @@ def run(sizes=(1_000_000, 10_000_000), *, kinds=KINDS, n_queries: int = 1000, k:
             exact_ids = None  # (Q, k) once "flat" has run
             for kind in kinds:
                 steps.set_postfix(n=f"{n:,}", kind=kind)
-                reason = _skip_reason(kind, n, results["indexes"], max_build_s)
-                if reason:
+                if reason := _skip_reason(kind, n, results["indexes"], max_build_s):
                     print(f"skipping {kind} at n={n:,}: {reason}")
                     results["skipped"].append({"kind": kind, "n": n, "reason": reason})
                 else:
@@ -290,23 +288,18 @@ def _cpu_name() -> str:
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add = parser.add_argument
-    add("--sizes", type=int, nargs="+",
-        help="gallery sizes (default 1000000 10000000; smoke 100000)")
+    add("--sizes", type=int, nargs="+", help="gallery sizes (default 10^6 and 10^7; smoke 10^5)")
     add("--smoke", action="store_true",
         help="10^5 items, 100 queries, smoke models (also COURSE_SMOKE=1)")
     add("--out", default="outputs/index_scale", help="folder for results.json and results.md")
-    add("--kinds", nargs="+", default=list(KINDS), choices=KINDS,
-        help="index kinds (flat always runs)")
+    add("--kinds", nargs="+", default=list(KINDS), choices=KINDS, help="kinds (flat always runs)")
     add("--queries", type=int, help="held-out caption queries (default 1000; smoke 100)")
     add("--construction", choices=("tiled", "gaussian"), default="tiled",
         help="rows after the real ones")
-    add("--noise", type=float, default=0.25,
-        help="tiled: noise std as a fraction of each dimension's std")
-    add("--max-build-s", type=float, default=300.0,
-        help="skip a kind at a size whose build would take longer")
+    add("--noise", type=float, default=0.25, help="tiled: noise std, a fraction of each dim's std")
+    add("--max-build-s", type=float, default=300.0, help="skip kinds whose build would take longer")
     add("--checkpoints", default=CHECKPOINTS, help="folder of cached trained models")
-    add("--seed", type=int, default=0,
-        help="seed of the data, the model's fallback weights and the noise")
+    add("--seed", type=int, default=0, help="seed of the data, fallback weights and the noise")
     args = parser.parse_args(argv)
     smoke = args.smoke or settings.smoke_mode()
     results = run(args.sizes or ([100_000] if smoke else [1_000_000, 10_000_000]), kinds=args.kinds,

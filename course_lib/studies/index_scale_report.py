@@ -46,9 +46,8 @@ def results_markdown(results: dict) -> str:
     sweep = [[f"{p['n']:,}", p["kind"], f"{p['knob']}={p['value']}", f"{p['recall_at_k']:.3f}",
               f"{p['ms_single']:.3g}", f"{p['ms_batched']:.3g}"] for p in results["sweep"]]
     lines += ["", "**Recall vs latency** as the search-time knob varies (the same built indexes)",
-              ""]
-    lines += _table(["n", "index", "setting", "recall@10", "ms / query, one at a time",
-                     "ms / query, batched"], sweep, 3)
+              "", *_table(["n", "index", "setting", "recall@10", "ms / query, one at a time",
+                           "ms / query, batched"], sweep, 3)]
     threshold = meta["blas_threshold"]
     exact = [[f"{e['n']:,}", f"{e['queries']:,}", f"{e['gflop']:.1f}", f"{e['mm_gflops']:.1f}",
               f"{e['faiss_ms']:.0f}", f"{e['faiss_gflops']:.1f}", f"{e['fraction']:.2f}",

@@ -55,11 +55,9 @@ def throughput(images, queries, sizes: Sequence[int], batches: Sequence[int] = B
                 index = build_index(gallery, kind, train_size=train_size, **params)
                 for batch in batches:
                     asked = itertools.cycle(_batches(queries, batch, seed=seed))  # (B, E) each
-                    k_eff = min(k, n)
-                    once = measure(_next_batch_search(index, asked, k_eff), warmup=1,
-                                   repeats=1).median_ms
-                    ms = measure(_next_batch_search(index, asked, k_eff), warmup=0,
-                                 repeats=_repeats(once)).median_ms
+                    search = _next_batch_search(index, asked, min(k, n))
+                    once = measure(search, warmup=1, repeats=1).median_ms
+                    ms = measure(search, warmup=0, repeats=_repeats(once)).median_ms
                     gemm = None
                     if kind == "flat":
                         rate = mm_gflops(next(asked), gallery)  # GFLOP/s of torch.mm of this shape

@@ -39,10 +39,8 @@ def recall_by_family_and_width(split, k: int = 1, widths=(None, *WIDTHS),
     """t2i R@k (percent) per caption family and over all: {"family", "captions", width: recall}
     for the exact vectors (width None) and each projection width."""
     family = split.meanings.family[split.text_queries]
-    hits = {}
-    for width in widths:
-        images, texts = _vectors(split, width, seed)
-        hits[width] = expected_hits(images, texts, split.txt2img, k, "t2i", split.text_queries)
+    hits = {width: expected_hits(*_vectors(split, width, seed), split.txt2img, k, "t2i",
+                                 split.text_queries) for width in widths}
     rows = []
     for code in [*np.unique(family), None]:
         chosen = np.ones(len(family), bool) if code is None else family == code

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from course_lib.core.losses import listwise_loss
-from course_lib.data.datasets import IMAGE_KEYS, TextCollate, image_batch, image_fields
+from course_lib.data.datasets import TextCollate, image_batch, image_fields
 
 
 class GridCollate:
@@ -27,12 +27,16 @@ class GridCollate:
         self.txt2img = torch.from_numpy(split.txt2img)  # (n_texts,)
         self.text_collate = TextCollate(tokenizer, max_length)
 
+    def encode(self, image_rows: torch.Tensor, text_rows: torch.Tensor) -> dict:
+        """The rows' images (n, R, ...) and tokenised captions (m, T), with their indices."""
+        texts = self.text_collate.encode([self.captions[t] for t in text_rows.tolist()])  # (m, T)
+        return {"images": image_batch(self.images, image_rows), "texts": texts,
+                "img_index": image_rows, "txt_index": text_rows}
+
     def __call__(self, items: list[dict]) -> dict:
         texts = torch.tensor([item["index"] for item in items], dtype=torch.long)  # (B,)
         images, text_image = torch.unique(self.txt2img[texts], return_inverse=True)  # (U,), (B,)
-        return {"images": image_batch({k: self.images[k] for k in IMAGE_KEYS}, images),  # (U, ...)
-                "texts": self.text_collate.encode([self.captions[t] for t in texts.tolist()]),
-                "text_image": text_image, "img_index": images, "txt_index": texts}
+        return {**self.encode(images, texts), "text_image": text_image}
 
 
 def grid_pairs(images: dict, texts: dict) -> tuple[dict, dict]:
@@ -42,17 +46,12 @@ def grid_pairs(images: dict, texts: dict) -> tuple[dict, dict]:
             {k: v.repeat(U, 1) for k, v in texts.items()})  # (U * B, T)
 
 
-def grid_scores(model, images: dict, texts: dict) -> torch.Tensor:
-    """The cross-encoder's logits of every image against every text: (U, B)."""
-    return model(*grid_pairs(images, texts)).view(len(images["regions"]), len(texts["input_ids"]))
-
-
 def listwise_itm_loss(model, batch: dict, step: int = 0) -> dict:
     """`losses.listwise_loss` of the (U, B) grid, and its accuracy (t2i R@1 among the U images)."""
-    scores = grid_scores(model, batch["images"], batch["texts"])  # (U, B)
-    loss = listwise_loss(scores, batch["text_image"])
-    accuracy = (scores.argmax(0) == batch["text_image"]).float().mean()
-    return {"loss": loss, "accuracy": accuracy}
+    B = len(batch["texts"]["input_ids"])
+    scores = model(*grid_pairs(batch["images"], batch["texts"])).view(-1, B)  # (U, B)
+    return {"loss": listwise_loss(scores, batch["text_image"]),
+            "accuracy": (scores.argmax(0) == batch["text_image"]).float().mean()}
 
 
 def itc_hard_grid(similarity: torch.Tensor, text_image: torch.Tensor, size: int,
@@ -64,8 +63,7 @@ def itc_hard_grid(similarity: torch.Tensor, text_image: torch.Tensor, size: int,
     per = max(1, size // clusters)
     caption_of = torch.empty(U, dtype=torch.long)
     caption_of[text_image] = torch.arange(B)  # one caption per image (any)
-    taken = torch.zeros(U, dtype=torch.bool)
-    chosen, count = [], 0
+    taken, chosen, count = torch.zeros(U, dtype=torch.bool), [], 0
     for anchor in range(B):
         if count >= size or int(taken.sum()) == U:
             break
@@ -77,8 +75,7 @@ def itc_hard_grid(similarity: torch.Tensor, text_image: torch.Tensor, size: int,
         count += 1 + k
         if k > 0:
             logits = similarity[:, anchor].float().masked_fill(taken, float("-inf"))  # (U,)
-            weights = torch.softmax(logits, 0)
-            picked = torch.multinomial(weights, k)  # (k,) images, without replacement
+            picked = torch.multinomial(torch.softmax(logits, 0), k)  # (k,) images, no replacement
             taken[picked] = True
             chosen.append(caption_of[picked])
     return torch.cat(chosen)
@@ -93,8 +90,8 @@ def itc_itm_loss(model, batch: dict, step: int = 0, *, grid_size: int, clusters:
     with torch.no_grad():
         rows = itc_hard_grid(itc_logits.detach(), batch["text_image"], grid_size, clusters)  # (G,)
     images, text_image = torch.unique(batch["text_image"][rows], return_inverse=True)  # (Ug,), (G,)
-    scores = grid_scores(model, {k: v[images] for k, v in batch["images"].items()},
-                         {k: v[rows] for k, v in batch["texts"].items()})  # (Ug, G)
-    itm = listwise_loss(scores, text_image)
-    accuracy = (scores.argmax(0) == text_image).float().mean()
-    return {"loss": itm + itc_weight * itc, "itm": itm, "itc": itc, "accuracy": accuracy}
+    itm = listwise_itm_loss(model, {"images": {k: v[images] for k, v in batch["images"].items()},
+                                    "texts": {k: v[rows] for k, v in batch["texts"].items()},
+                                    "text_image": text_image})  # the (Ug, G) grid
+    return {"loss": itm["loss"] + itc_weight * itc, "itm": itm["loss"], "itc": itc,
+            "accuracy": itm["accuracy"]}

@@ -2,11 +2,9 @@
 CrossEncoderConfig.loss is "listwise" (itm.py, the default) or "binary": per-pair BCE, each positive
 bringing a negative caption and a negative image (ALBEF's scheme), each "hard" (mined by a dual
 encoder) with probability hard_negative_fraction after hard_negative_after, or the hardest of
-online_candidates draws (`keep_hardest`).
-
-Our captions name two objects of four or five, so 10% of a VSE++ top-16 satisfy the caption yet
-count as negatives, as in ALBEF. What each loss and tower gave: docs/tuning_notes.md,
-"Cross-encoder".
+online_candidates draws (`keep_hardest`). Our captions name two objects of four or five, so 10% of
+a VSE++ top-16 satisfy the caption yet count as negatives, as in ALBEF. What each loss and tower
+gave: docs/tuning_notes.md, "Cross-encoder".
 """
 
 from __future__ import annotations
@@ -23,14 +21,7 @@ from course_lib.core.history import History
 from course_lib.core.stages import Stage, config_fields
 from course_lib.core.train import Trainer
 from course_lib.core.train_config import train_config
-from course_lib.data.datasets import (
-    IMAGE_KEYS,
-    CaptionDataset,
-    TextCollate,
-    image_batch,
-    image_fields,
-    text_fields,
-)
+from course_lib.data.datasets import CaptionDataset, text_fields
 from course_lib.methods.base import Method, PairwiseMethod
 from course_lib.methods.cross_encoder.itm import GridCollate, itc_itm_loss, listwise_itm_loss
 from course_lib.methods.cross_encoder.mining import (
@@ -56,52 +47,44 @@ from course_lib.methods.scan.model import SCANConfig
 CURVE_IMAGES = 100
 
 
-class ITMCollate:
+class ITMCollate(GridCollate):
     """B positives' captions -> B * (1 + 2n) ITM pairs (n = negatives_per_positive): the positives,
     their images with nB negative captions, their captions with nB negative images; "labels" (P,), 1
-    = match. Sampling uses torch's global RNG, which the Trainer checkpoints.
-    """
+    = match. Sampling uses torch's global RNG, which the Trainer checkpoints."""
 
     def __init__(self, split, tokenizer, max_length: int, negatives_per_positive: int = 1,
                  hard_fraction: float = 0.5, mined: MinedNegatives | None = None,
-                 candidates: int = 1, hard_after_steps: int = 0,
-                 step: Callable[[], int] | None = None):
-        self.captions = split.captions
-        self.images = image_fields(split)  # (N, R, ...) views, no copy
-        self.txt2img = torch.from_numpy(split.txt2img)  # (T,)
-        self.text_collate = TextCollate(tokenizer, max_length)
-        self.n = negatives_per_positive
-        self.hard_fraction = hard_fraction if mined is not None else 0.0
-        self.mined = mined
+                 candidates: int = 1, hard_after_steps: int = 0, step: Callable | None = None):
         if candidates < 1:
             raise ValueError(f"candidates={candidates} must be >= 1")
-        self.candidates = candidates
+        super().__init__(split, tokenizer, max_length)
+        self.n, self.mined, self.candidates = negatives_per_positive, mined, candidates
+        self.hard_fraction = hard_fraction if mined is not None else 0.0
         self.hard_after_steps, self.step = hard_after_steps, step or (lambda: 0)
 
     def current_hard_fraction(self) -> float:
         return 0.0 if self.step() < self.hard_after_steps else self.hard_fraction
 
+    def _harden(self, drawn: torch.Tensor, keys: torch.Tensor, mined: str) -> torch.Tensor:
+        """Each of drawn (P,) at chance current_hard_fraction -> a pick from its key's mined row."""
+        hard = torch.rand(keys.shape) < self.current_hard_fraction()
+        if hard.any():
+            pool = getattr(self.mined, mined)[keys[hard]]  # (h, k)
+            drawn[hard] = pool[torch.arange(len(pool)), torch.randint(pool.shape[1], (len(pool),))]
+        return drawn
+
     def negative_images(self, texts: torch.Tensor) -> torch.Tensor:
         """(P,) captions -> (P,) images, never the caption's own."""
         n_images = len(self.images["regions"])
         shift = torch.randint(1, n_images, texts.shape)  # uniform over the other images
-        images = (self.txt2img[texts] + shift) % n_images
-        hard = torch.rand(texts.shape) < self.current_hard_fraction()
-        if hard.any():
-            pool = self.mined.images_for_text[texts[hard]]  # (h, k)
-            images[hard] = pool[torch.arange(len(pool)), torch.randint(pool.shape[1], (len(pool),))]
-        return images
+        return self._harden((self.txt2img[texts] + shift) % n_images, texts, "images_for_text")
 
     def negative_texts(self, images: torch.Tensor) -> torch.Tensor:
         """(P,) images -> (P,) captions, never one of the image's own."""
         texts = torch.randint(len(self.captions), images.shape)
         while (own := self.txt2img[texts] == images).any():  # redraw the few own captions
             texts[own] = torch.randint(len(self.captions), (int(own.sum()),))
-        hard = torch.rand(images.shape) < self.current_hard_fraction()
-        if hard.any():
-            pool = self.mined.texts_for_image[images[hard]]  # (h, k)
-            texts[hard] = pool[torch.arange(len(pool)), torch.randint(pool.shape[1], (len(pool),))]
-        return texts
+        return self._harden(texts, images, "texts_for_image")
 
     def __call__(self, items: list[dict]) -> dict:
         texts = torch.tensor([item["index"] for item in items], dtype=torch.long)  # (B,)
@@ -110,50 +93,38 @@ class ITMCollate:
         repeated_images, repeated_texts = images.repeat(m), texts.repeat(m)  # (mB,)
         image_rows = torch.cat([images, repeated_images, self.negative_images(repeated_texts)])
         text_rows = torch.cat([texts, self.negative_texts(repeated_images), repeated_texts])
-        labels = torch.zeros(len(image_rows))
-        labels[:len(texts)] = 1.0
-        return {"images": image_batch({k: self.images[k] for k in IMAGE_KEYS}, image_rows),
-                "texts": self.text_collate.encode([self.captions[t] for t in text_rows.tolist()]),
-                "labels": labels, "img_index": image_rows, "txt_index": text_rows,
-                "candidates": self.candidates}
+        return {**self.encode(image_rows, text_rows), "candidates": self.candidates,
+                "labels": (torch.arange(len(image_rows)) < len(texts)).float()}  # positives lead
 
 
 def keep_hardest(model: CrossEncoder, batch: dict) -> dict:
-    """An ITMCollate batch of c candidates per negative slot (nB apart) -> the batch keeping each
-    slot's highest-scoring candidate (no gradient)."""
+    """An ITMCollate batch of c candidates per negative slot (nB apart) -> each slot's top one."""
     c = int(batch.get("candidates", 1))
     if c == 1:
         return batch
     labels = batch["labels"]  # (B + 2 * c * nB,)
-    B = int(labels.sum())
+    B, device = int(labels.sum()), labels.device
     cnB = (len(labels) - B) // 2  # candidates per side
-    negatives = torch.arange(B, len(labels), device=labels.device)  # (2 * c * nB,)
+    negatives = torch.arange(B, len(labels), device=device)  # (2 * c * nB,)
     with torch.no_grad():
-        scores = model({k: v[negatives] for k, v in batch["images"].items()},
-                       {k: v[negatives] for k, v in batch["texts"].items()})  # (2 * c * nB,)
+        scores = model(*({k: v[negatives] for k, v in batch[side].items()}
+                         for side in ("images", "texts")))  # (2 * c * nB,)
     nB = cnB // c
-    keep = [torch.arange(B, device=labels.device)]
-    for side in range(2):  # negative captions, then negative images
-        block = scores[side * cnB:(side + 1) * cnB].view(c, nB)
-        best = block.argmax(0) * nB + torch.arange(nB, device=labels.device)  # (nB,) in the block
-        keep.append(B + side * cnB + best)
-    keep = torch.cat(keep)  # (B + 2 * nB,)
-    images, texts = ({k: v[keep] for k, v in batch[side].items()} for side in ("images", "texts"))
-    return {"images": images, "texts": texts, "labels": labels[keep],
-            "img_index": batch["img_index"][keep], "txt_index": batch["txt_index"][keep],
-            "candidates": 1}
+    best = scores.view(2, c, nB).argmax(1)  # (2, nB): per side (negative captions, then images)
+    slots = B + torch.arange(2, device=device)[:, None] * cnB + torch.arange(nB, device=device)
+    keep = torch.cat([torch.arange(B, device=device), (slots + best * nB).flatten()])  # (B + 2nB,)
+    return {**{side: {k: v[keep] for k, v in batch[side].items()} for side in ("images", "texts")},
+            **{k: batch[k][keep] for k in ("labels", "img_index", "txt_index")}, "candidates": 1}
 
 
-def itm_loss(model: CrossEncoder, batch: dict, step: int = 0,
-             balance_classes: bool = True) -> dict:
+def itm_loss(model: CrossEncoder, batch: dict, step: int = 0, balance_classes: bool = True) -> dict:
     """BCE of the matching logits (positives weighted as the negatives with balance_classes)."""
     batch = keep_hardest(model, batch)  # a no-op unless negatives were drawn with candidates > 1
     logits = model(batch["images"], batch["texts"])  # (P,)
     labels = batch["labels"]  # (P,)
     positive_weight = (labels == 0).sum() / (labels == 1).sum() if balance_classes else None
-    loss = F.binary_cross_entropy_with_logits(logits, labels, pos_weight=positive_weight)
-    accuracy = ((logits > 0).float() == labels).float().mean()
-    return {"loss": loss, "accuracy": accuracy}
+    return {"loss": F.binary_cross_entropy_with_logits(logits, labels, pos_weight=positive_weight),
+            "accuracy": ((logits > 0).float() == labels).float().mean()}
 
 
 def build_cross_encoder(config: CrossEncoderConfig, split, tokenizer, towers=None) -> CrossEncoder:
@@ -171,7 +142,6 @@ def train_cross_encoder(bench, tokenizer, config: CrossEncoderConfig | None = No
     split = bench["train"]
     torch.manual_seed(cfg.seed)  # the initial weights
     model = build_cross_encoder(cfg, split, tokenizer, towers)
-    trainer = None  # the collate reads trainer.step (the resumed one after a restart)
     if cfg.loss == "listwise":
         collate = GridCollate(split, tokenizer, cfg.max_text_length)
         loss_fn = (partial(itc_itm_loss, grid_size=cfg.grid_size, clusters=cfg.grid_clusters,
@@ -182,7 +152,7 @@ def train_cross_encoder(bench, tokenizer, config: CrossEncoderConfig | None = No
         collate = ITMCollate(split, tokenizer, cfg.max_text_length, cfg.negatives_per_positive,
                              cfg.hard_negative_fraction, mined, cfg.online_candidates,
                              hard_after_steps=round(cfg.hard_negative_after * cfg.max_steps),
-                             step=lambda: trainer.step)
+                             step=lambda: trainer.step)  # the resumed step after a restart
         loss_fn = partial(itm_loss, balance_classes=cfg.balance_classes)
     else:
         raise ValueError(f"loss={cfg.loss!r}: 'listwise' or 'binary'")
@@ -200,15 +170,12 @@ def train_cross_encoder(bench, tokenizer, config: CrossEncoderConfig | None = No
 class CrossEncoderMethod(PairwiseMethod):
     """The cross-encoder as a benchmark method: it scores every (image, caption) pair. towers: the
     SCANMethod it reads (default SCANConfig.for_course's); miner: `(bench, tokenizer, cache_dir) ->
-    train similarity`, used only by the binary loss with hard_negative_fraction > 0.
-    """
+    train similarity`, used only by the binary loss with hard_negative_fraction > 0."""
 
     checkpoint_prefix = "cross_encoder"
     config_class = CrossEncoderConfig
-    # ~10k pairs/s on one CPU thread: 600 t2i test queries, about a minute
-    eval_pairs = (600_000, 20_000)
-    # one query against 5k images: ~0.4 s on one CPU thread
-    timed_sizes = ((1_000, 2_500, 5_000), (25, 50, 100))
+    eval_pairs = (600_000, 20_000)  # ~10k pairs/s on a CPU thread: 600 t2i test queries, ~1 min
+    timed_sizes = ((1_000, 2_500, 5_000), (25, 50, 100))  # a query, 5k images: ~0.4 s (a thread)
 
     def __init__(self, config: CrossEncoderConfig | None = None, name: str = "cross_encoder",
                  miner: Callable | None = None, progress: bool = True,
@@ -220,23 +187,18 @@ class CrossEncoderMethod(PairwiseMethod):
         if cfg.towers == "scan" and towers is None:
             towers = SCANMethod(SCANConfig.for_course(seed=cfg.seed), progress=progress)
         self.towers = towers if cfg.towers == "scan" else None
-        negatives = ("hard negatives mined by a dual encoder" if self._mines()
+        negatives = ("hard negatives mined by a dual encoder" if self.miner is not None
                      else "in-batch negatives (listwise)" if cfg.loss == "listwise"
                      else "random negatives")
         inputs = ", over SCAN's frozen word and region encoders" if self.towers is not None else ""
         self.notes = (f"single-stream cross-encoder ({cfg.layers} layers, d={cfg.hidden}{inputs}), "
                       f"ITM with {negatives}; scores every pair, so cost grows with the gallery")
 
-    def _mines(self) -> bool:
-        """Mined negatives are drawn by the binary ITM loss only."""
-        cfg = self.config
-        return self.miner is not None and cfg.loss == "binary" and cfg.hard_negative_fraction > 0
-
     def stage(self, bench, tokenizer) -> Stage:
         """Every field, bench["train"], the SCAN towers and (when mining) the miner's model."""
         towers = self.towers and self.towers.stage(bench, tokenizer)
         mined_by = ()
-        if self._mines():
+        if self.miner is not None:
             source = getattr(self.miner, "method", None)
             mined_by = (getattr(self.miner, "__qualname__", None),
                         source.stage(bench, tokenizer) if isinstance(source, Method) else None)
@@ -245,17 +207,15 @@ class CrossEncoderMethod(PairwiseMethod):
                      starts_from=(towers, *mined_by))
 
     def build_model(self, bench, tokenizer) -> CrossEncoder:
-        towers = self.towers.build_model(bench, tokenizer) if self.towers is not None else None
+        towers = self.towers and self.towers.build_model(bench, tokenizer)
         return build_cross_encoder(self.config, bench["train"], tokenizer, towers)
 
     def train(self, bench, tokenizer, checkpoint_path, cache_dir):
-        sims, towers = None, None
         finished = finished_checkpoint(checkpoint_path, self.config.max_steps)
-        if self._mines() and not finished:
-            sims = self.miner(bench, tokenizer, cache_dir)  # only needed to train (or resume)
-        if self.towers is not None:  # trained SCAN to start from
-            towers = self.trained_model_of(self.towers, bench, tokenizer, cache_dir,
-                                           needed=not finished)
+        # mined negatives are only needed to train (or resume); towers: the trained SCAN
+        sims = self.miner(bench, tokenizer, cache_dir) if self.miner and not finished else None
+        towers = self.towers and self.trained_model_of(self.towers, bench, tokenizer, cache_dir,
+                                                       needed=not finished)
         curve = self.learning_curve(bench, self.config.max_steps, n_images=CURVE_IMAGES)
         return train_cross_encoder(bench, tokenizer, self.config, towers=towers,
                                    negatives_similarity=sims, checkpoint_path=checkpoint_path,
@@ -288,15 +248,14 @@ class CrossEncoderMethod(PairwiseMethod):
         caption = split.captions[caption_index]
         n = split.n_images
 
-        def rows(start, stop):
+        def rows(start, stop):  # every image with the one caption
             return torch.arange(start, stop), torch.zeros(stop - start, dtype=torch.long)
 
         def answer() -> np.ndarray:
             with inference(model) as device:
                 text = text_fields([caption], self.tokenizer, self.config.max_text_length)  # (1, T)
-                text_on_device = {k: v.to(device) for k, v in text.items()}
-                tokens = model.embed_text(text_on_device).cpu()  # (1, T, H)
-            scores = score_embedded(model, gallery, (tokens, text["attention_mask"]), n, rows,
+                tokens = model.embed_text({k: v.to(device) for k, v in text.items()})  # (1, T, H)
+            scores = score_embedded(model, gallery, (tokens.cpu(), text["attention_mask"]), n, rows,
                                     batch_size=BLOCK_PAIRS)  # (n,)
             return torch.topk(scores, min(top_k, n)).indices.numpy()
 

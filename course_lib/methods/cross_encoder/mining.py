@@ -37,12 +37,9 @@ class DualEmbeddings:
 def _top_k_excluding(rows: Callable[[int, int], torch.Tensor], n_rows: int,
                      is_match: Callable[[int, int], torch.Tensor], k: int) -> torch.Tensor:
     """(n_rows, k): per row the k best non-matching columns, rows(start, stop) a chunk at a time."""
-    out = []
-    for start in range(0, n_rows, _ROWS_PER_CHUNK):
-        stop = min(start + _ROWS_PER_CHUNK, n_rows)
-        block = rows(start, stop).float().masked_fill(is_match(start, stop), float("-inf"))
-        out.append(block.topk(k, dim=1).indices)
-    return torch.cat(out)
+    step = _ROWS_PER_CHUNK  # the last chunk's slices stop at n_rows
+    return torch.cat([rows(a, a + step).float().masked_fill(is_match(a, a + step), float("-inf"))
+                      .topk(k, dim=1).indices for a in range(0, n_rows, step)])
 
 
 def _as_cpu_tensor(x) -> torch.Tensor:

@@ -4,8 +4,7 @@ re-ranker: O(n_images * n_texts) forward passes against a dual encoder's O(n_ima
 
     text  [CLS] w1 .. wT [SEP]  ->  word + position + type(0) embeddings, LayerNorm
                                     + LN(Linear(SCAN's encoding of each word))       (towers="scan")
-    image r1 .. rR              ->  RegionEmbedding: LN(Linear(feature)) + LN(Linear(box)),
-                                    + type(1), LayerNorm
+    image r1 .. rR              ->  LN(Linear(feature)) + LN(Linear(box)) + type(1), LayerNorm
                                     + LN(Linear(SCAN's encoding of each region))     (towers="scan")
     [text ; image]              ->  one pre-LN `blocks.Transformer`, one padding mask
     [CLS] output                ->  Linear  ->  one matching logit per pair
@@ -13,8 +12,7 @@ re-ranker: O(n_images * n_texts) forward passes against a dual encoder's O(n_ima
 Towers: UNITER starts from BERT and a detector, ALBEF from aligned unimodal encoders; ours from
 scratch mostly stalled on one matching bit per pair (docs/tuning_notes.md, "Four trainings of the
 default config"). So by default each token also carries the trained SCAN encoders' view of it,
-frozen as in LiT (fine-tuning them undid SCAN's alignment). Trained listwise by default (itm.py);
-loss="binary" is UNITER's ITM as a sigmoid, the loss that takes mined hard negatives.
+frozen as in LiT (fine-tuning them undid SCAN's alignment). Training: method.py and itm.py.
 """
 
 from __future__ import annotations
@@ -50,25 +48,20 @@ class CrossEncoderConfig(CourseConfig):
     layers: int = 3  # transformer blocks over the joint sequence (U-BERT's L)
     heads: int = 4  # attention heads per block
     dropout: float = 0.0  # in embeddings and blocks (BERT: 0.1); fresh negatives barely overfit
-    # "scan": each token also carries frozen SCAN's encoding of it; "none": UNITER's, from scratch
-    towers: str = "scan"
-    # "listwise": softmax CE over the batch grid both ways (itm.py); "binary": per-pair BCE
-    loss: str = "listwise"
-    # listwise only: weight of ALBEF's ITC loss, which then picks the grid; 0 = off
-    itc_weight: float = 0.0
+    towers: str = "scan"  # "scan": + frozen SCAN's encoding of each token; "none": from scratch
+    loss: str = "listwise"  # softmax CE over the batch grid both ways (itm.py) or "binary" BCE
+    itc_weight: float = 0.0  # listwise: weight of ALBEF's ITC loss, which then picks the grid
     grid_size: int = 16  # with ITC: captions in the scored grid (16 x their images = 256 pairs)
     grid_clusters: int = 2  # with ITC: look-alike groups in the grid (2 of 8)
     max_text_length: int = 40  # tokens per caption incl. [CLS] and [SEP]; longer ones are cut
     # the rest are for loss="binary" (mined negatives need it: the listwise grid has no miner)
     negatives_per_positive: int = 1  # negative captions per image, images per caption (ALBEF: 1)
-    # chance a negative comes from the miner's top-k, else random
-    hard_negative_fraction: float = 0.0
+    hard_negative_fraction: float = 0.0  # chance a negative is from the miner's top-k, else random
     hard_negative_k: int = 16  # a hard negative is drawn from the dual encoder's top-k non-matches
     hard_negative_after: float = 0.0  # share of max_steps before hard negatives start
     online_candidates: int = 1  # negatives drawn per slot, trained on the top-scored (1 = off)
     balance_classes: bool = True  # weigh a positive as its 2n negatives (else: "always no" first)
-    # captions per step (listwise: a 16 x 16 grid of pairs; binary, use 64: B * (1 + 2n) pairs)
-    batch_size: int = 16
+    batch_size: int = 16  # captions a step (listwise: a 16 x 16 grid; binary, use 64: B(1 + 2n))
     lr: float = 2e-3  # peak AdamW learning rate (a small model from scratch tolerates a large one)
     max_steps: int = 3000  # optimizer steps (listwise: a few CPU minutes)
     warmup_fraction: float = 0.1  # share of max_steps with a linear warm-up
@@ -76,8 +69,7 @@ class CrossEncoderConfig(CourseConfig):
     seed: int = 0  # model initialisation, data order and negative sampling
 
     SMOKE: ClassVar[dict] = dict(hidden=32, layers=2, batch_size=12, max_steps=60)
-    # the real-photo preset (CourseConfig.REAL_PHOTOS), chosen on Flickr8k's val
-    REAL_PHOTOS: ClassVar[dict] = {"max_steps": 300}
+    REAL_PHOTOS: ClassVar[dict] = {"max_steps": 300}  # chosen on Flickr8k's val
 
 
 class CrossEncoder(JointEmbedding):
@@ -142,8 +134,7 @@ class CrossEncoder(JointEmbedding):
         """Captions (B, T, H) and images (B, R, H), embedded -> logits (B,): the per-pair part."""
         x = torch.cat([text, image], dim=1)  # (B, T + R, H)
         mask = torch.cat([text_mask.bool(), region_mask.bool()], dim=1)  # (B, T + R), True = real
-        h = self.transformer(self.dropout(x), mask)  # (B, T + R, H)
-        return self.head(h[:, 0]).squeeze(-1)  # (B,)
+        return self.head(self.transformer(self.dropout(x), mask)[:, 0]).squeeze(-1)  # (B,)
 
     def unimodal(self, images: dict, texts: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """ALBEF's unimodal features for ITC: image (N, H), text (B, H), L2-normalised."""
@@ -207,7 +198,7 @@ def score_embedded(model: CrossEncoder, images: tuple, texts: tuple, n_pairs: in
     scores = torch.empty(n_pairs)
     bar = tqdm(total=n_pairs, desc="cross-encoder pairs", unit="pair", unit_scale=True,
                disable=not progress)
-    with inference(model, device) as device:  # eval mode, no grad; the mode is restored after
+    with bar, inference(model, device) as device:  # eval mode, no grad; the mode is restored after
         for start in range(0, n_pairs, batch_size):
             stop = min(start + batch_size, n_pairs)
             image_rows, text_rows = pair_rows(start, stop)  # (b,), (b,)
@@ -217,7 +208,6 @@ def score_embedded(model: CrossEncoder, images: tuple, texts: tuple, n_pairs: in
                      images[1][image_rows])  # (b, t, H), (b, t), (b, R, H), (b, R)
             scores[start:stop] = model.fuse(*(x.to(device) for x in block)).float().cpu()
             bar.update(stop - start)
-    bar.close()
     return scores
 
 
@@ -232,17 +222,13 @@ def score_pairs(model: CrossEncoder, images: dict, texts: dict, *, batch_size: i
                            images["region_mask"])  # (P, R, H), (P, R)
         embedded_texts = (_embed(model.embed_text, texts, TEXT_KEYS, device, batch_size),
                           texts["attention_mask"])  # (P, T, H), (P, T)
-    def rows(start, stop):
-        return (torch.arange(start, stop),) * 2
-
-    return score_embedded(model, embedded_images, embedded_texts, n, rows, batch_size=batch_size,
-                          device=device)
+    return score_embedded(model, embedded_images, embedded_texts, n, lambda start, stop:
+                          (torch.arange(start, stop),) * 2, batch_size=batch_size, device=device)
 
 
 def _indices(given, n: int) -> torch.Tensor:
-    if given is None:
-        return torch.arange(n)
-    return torch.as_tensor(np.asarray(given), dtype=torch.long)
+    """given as a long tensor, or every index below n."""
+    return torch.arange(n) if given is None else torch.as_tensor(np.asarray(given)).long()
 
 
 def score_matrix(model: CrossEncoder, split, tokenizer, image_indices=None, text_indices=None, *,
@@ -273,16 +259,12 @@ def score_index_pairs(model: CrossEncoder, split, tokenizer, image_indices, text
     embedded = embedded or Embedded(model, split, tokenizer, device=device, batch_size=batch_size)
     distinct, text_rows = torch.unique(texts, return_inverse=True)  # (U,), (P,)
     captions = embedded.captions(distinct, device)  # (U, T, H), (U, T)
-    order = by_caption_length(captions[1].sum(1)[text_rows])  # (P,)
-
-    def rows(start, stop):
-        return images[order[start:stop]], text_rows[order[start:stop]]
-
-    in_order = score_embedded(model, embedded.images(slice(None)), captions, len(images), rows,
+    order = by_caption_length(captions[1].sum(1)[text_rows])  # (P,) like lengths share a block
+    in_order = score_embedded(model, embedded.images(slice(None)), captions, len(images),
+                              lambda start, stop: (images[order[start:stop]],
+                                                   text_rows[order[start:stop]]),
                               batch_size=batch_size, device=device, progress=progress)
-    scores = torch.empty_like(in_order)
-    scores[order] = in_order
-    return scores
+    return in_order[order.argsort()]  # back to the pairs' order
 
 
 def rerank_scores(model: CrossEncoder, split, tokenizer, candidates, text_indices=None, *,
@@ -295,7 +277,6 @@ def rerank_scores(model: CrossEncoder, split, tokenizer, candidates, text_indice
         raise ValueError(f"candidates must be (Q, M) with Q = {len(text_ids)} queries, "
                          f"got shape {tuple(candidates.shape)}")
     Q, M = candidates.shape
-    scores = score_index_pairs(model, split, tokenizer, candidates.reshape(-1),
-                               text_ids.repeat_interleave(M), batch_size=batch_size, device=device,
-                               progress=progress)  # query-major
-    return scores.view(Q, M)
+    return score_index_pairs(model, split, tokenizer, candidates.reshape(-1),  # query-major
+                             text_ids.repeat_interleave(M), batch_size=batch_size, device=device,
+                             progress=progress).view(Q, M)

@@ -110,8 +110,7 @@ def summed_log_likelihood(forward_logits: torch.Tensor, backward_logits: torch.T
     total = 0.0
     for logits, ids in ((forward_logits, input_ids), (backward_logits, reversed_ids)):
         logits = logits[:, :-1].float()  # (B, T-1, V)
-        # log p of the next token, without a second (B, T-1, V) tensor of log-probabilities
-        target = (logits.gather(2, ids[:, 1:, None]).squeeze(2)
-                  - torch.logsumexp(logits, dim=-1))  # (B, T-1)
+        # log p of the next token (B, T-1), without a second (B, T-1, V) tensor of log-probabilities
+        target = logits.gather(2, ids[:, 1:, None]).squeeze(2) - torch.logsumexp(logits, dim=-1)
         total = total + (target * words).sum(1)
     return total

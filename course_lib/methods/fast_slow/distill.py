@@ -4,8 +4,7 @@ distillation_loss(student, teacher, tau) + alpha * eq. 4, each caption's softmax
 
     "batch"  the batch's B images (the paper's)
     "mined"  its own image and the plain Fast model's top K - 1 others (`mine_candidates`), as
-             RocketQA and ColBERTv2 distil; `mined_distill_loss(None, ...)` is the control with
-             all target mass on the own image
+             RocketQA / ColBERTv2 distil; `mined_distill_loss(None, ...)`: all mass on it (control)
 
     candidates = mine_candidates(fast_model, bench["train"], tokenizer, k=16)  # (T, 16), own first
     loss_fn = mined_distill_loss(slow_model, config, candidates, bench["train"])  # for fit_pairs
@@ -31,11 +30,9 @@ def teacher_pair_scores(teacher: SlowModel, images: dict, image_rows: torch.Tens
     with inference(teacher) as device:
         kvs = teacher.keys_values(teacher.visual_tokens(move_to_device(images, device)))  # by image
         image_rows, text_rows = image_rows.to(device), text_rows.to(device)
-        pairs = {d: [kv[:, image_rows] for kv in layers]  # (2, P, h, M, d)
-                 for d, layers in kvs.items()}
-        words = {k: texts[k].to(device)[text_rows]  # (P, T)
-                 for k in ("input_ids", "attention_mask")}
-        return teacher.log_likelihood(pairs, words)
+        pairs = {d: [kv[:, image_rows] for kv in layers] for d, layers in kvs.items()}  # (2, P, ..)
+        words = {k: texts[k].to(device)[text_rows] for k in ("input_ids", "attention_mask")}
+        return teacher.log_likelihood(pairs, words)  # words: (P, T) each
 
 
 def teacher_scores(teacher: SlowModel, batch: dict) -> torch.Tensor:
@@ -64,9 +61,8 @@ def mine_candidates(model: FastModel, split, tokenizer, k: int) -> torch.Tensor:
                          "image and at least one other")
     image_emb, text_emb = encode_split(model, split, tokenizer)  # (N, E), (T, E)
     mined = mine_negatives_from_embeddings(image_emb, text_emb, split.txt2img, k - 1)
-    others = mined.images_for_text  # (T, k - 1)
     own = torch.from_numpy(np.asarray(split.txt2img, dtype=np.int64))[:, None]  # (T, 1)
-    return torch.cat([own, others], dim=1)  # (T, k)
+    return torch.cat([own, mined.images_for_text], dim=1)  # (T, 1 + (k - 1))
 
 
 def mined_distill_loss(teacher: SlowModel | None, config: FastConfig, candidates: torch.Tensor,
@@ -84,11 +80,10 @@ def mined_distill_loss(teacher: SlowModel | None, config: FastConfig, candidates
         rows = candidates[batch["txt_index"][:S].cpu()]  # (S, K) image rows of the split
         K = rows.shape[1]
         unique, inverse = torch.unique(rows, return_inverse=True)  # (U,), (S, K)
-        device = text_all.device
+        device, inverse = text_all.device, inverse.to(text_all.device)
         picked = image_inputs(model, collate_images([images[int(i)] for i in unique]))
         picked = move_to_device(picked, device)  # pixels (U, 3, H, W) or regions (U, R, D), boxes
         image_emb = model.encode_images(picked)  # (U, E)
-        inverse = inverse.to(device)
         student = (image_emb[inverse] * text_all[:S, None]).sum(-1)  # (S, K) f.g per candidate
         if teacher is None:
             target = torch.full((S, K), float("-inf"), device=device)

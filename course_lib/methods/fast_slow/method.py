@@ -10,9 +10,8 @@
                     h(x, y) + beta * f(x)^T g(y) (`rerank.Cascade` with `weighted_sum([beta, 1])`)
 
 The paper does not say how it paid the teacher's decoder passes (docs/tuning_notes.md, "Fast & Slow,
-distillation"). Our choice, stated in every note: the student starts from the trained `fast` model
-and takes distill_steps more steps of eq. 8, the teacher scoring 16 captions x 16 candidates a step;
-the paper's eq. 8 from the start is distill_start="scratch".
+distillation"). Ours: the student starts from the trained `fast` model and takes distill_steps of
+eq. 8, the teacher scoring 16 captions x 16 candidates a step (the paper's: distill_start=scratch).
 """
 
 from __future__ import annotations
@@ -63,7 +62,7 @@ def train_slow(bench: dict, tokenizer, config: SlowConfig | None = None, *, chec
     """Train the Slow captioner (from the pixel stem if image_init says) -> (model, history)."""
     c = config or SlowConfig()
     seed_everything(c.seed)
-    model = SlowModel(len(tokenizer), c, SpecialTokens.of(tokenizer), region_dim(bench, c))
+    model = new_model(SlowModel, bench, tokenizer, c)
     if c.image_init == "pixel_stem":
         load_stem_backbone(model.visual.backbone, bench, c, checkpoint_path=stem_checkpoint,
                            progress=progress, device=device)
@@ -73,14 +72,15 @@ def train_slow(bench: dict, tokenizer, config: SlowConfig | None = None, *, chec
     return model.eval(), history
 
 
-def region_dim(bench: dict, config) -> int | None:
-    """The training split's region feature size for image_input="regions", else None."""
-    if config.image_input != "regions":
-        return None
-    if not bench["train"].has_regions:
-        raise ValueError("image_input='regions' needs region features: load a feature folder "
-                         "(course_lib.data.features.load_feature_bench)")
-    return bench["train"].regions.shape[-1]
+def new_model(model_class, bench: dict, tokenizer, config):
+    """A fresh SlowModel or FastModel of the vocabulary and bench["train"]'s image input."""
+    region_dim = None
+    if config.image_input == "regions":
+        if not bench["train"].has_regions:
+            raise ValueError("image_input='regions' needs region features: load a feature folder "
+                             "(course_lib.data.features.load_feature_bench)")
+        region_dim = bench["train"].regions.shape[-1]
+    return model_class(len(tokenizer), config, SpecialTokens.of(tokenizer), region_dim)
 
 
 def undistilled(config: FastConfig) -> FastConfig:
@@ -93,8 +93,7 @@ def initial_fast_model(bench: dict, tokenizer, config: FastConfig, *, stem_check
                        device: str | None = None) -> FastModel:
     """The Fast model eq. 4 starts from: seeded weights (+ the pixel stem's CNN if with_stem)."""
     seed_everything(config.seed)
-    model = FastModel(len(tokenizer), config, SpecialTokens.of(tokenizer),
-                      region_dim(bench, config))
+    model = new_model(FastModel, bench, tokenizer, config)
     if with_stem and config.image_init == "pixel_stem":
         load_stem_backbone(model.backbone, bench, config, checkpoint_path=stem_checkpoint,
                            progress=progress, device=device)
@@ -118,25 +117,21 @@ def train_fast(bench: dict, tokenizer, config: FastConfig | None = None, *,
                                with_stem=not from_fast, progress=progress, device=device)
     evaluate = retrieval_evaluator(evaluate_on, lambda m, split: similarity(m, split, tokenizer))
     train = with_fresh_scenes(bench["train"], c.fresh_scenes)  # the training split, then fresh ones
-    if not c.distill:
-        history = fit_pairs(model, nce_loss, train, tokenizer, c, modality=c.image_input,
-                            evaluate=evaluate, eval_every=eval_every, log_every=25,
-                            progress=progress, checkpoint_path=checkpoint_path, device=device)
-        return model.eval(), history
-    if from_fast:
-        model.load_state_dict(init.state_dict())
-    for p in teacher.parameters():  # frozen: eq. 8 trains f and g only
-        p.requires_grad_(False)
-    if c.distill_candidates == "mined":  # the student's own top K of the training split, mined once
-        train = bench["train"]  # (mining the fresh scenes too would cost more than the steps)
-        candidates = mine_candidates(model, train, tokenizer, c.distill_top_k)  # (T, K)
-        loss_fn, batch_size = mined_distill_loss(teacher.eval(), c, candidates, train), c.batch_size
-    else:
-        loss_fn, batch_size = distill_loss(teacher.eval(), c), c.distill_batch_size
+    loss_fn, schedule = nce_loss, {}  # eq. 4 with the config's training fields
+    if c.distill:
+        if from_fast:
+            model.load_state_dict(init.state_dict())
+        teacher.requires_grad_(False).eval()  # frozen: eq. 8 trains f and g only
+        if c.distill_candidates == "mined":  # the student's own top K of the training split, once
+            train = bench["train"]  # (mining the fresh scenes too would cost more than the steps)
+            candidates = mine_candidates(model, train, tokenizer, c.distill_top_k)  # (T, K)
+            loss_fn, batch_size = mined_distill_loss(teacher, c, candidates, train), c.batch_size
+        else:
+            loss_fn, batch_size = distill_loss(teacher, c), c.distill_batch_size
+        schedule = dict(batch_size=batch_size, max_steps=c.distill_steps, lr=c.distill_lr)
     history = fit_pairs(model, loss_fn, train, tokenizer, c, modality=c.image_input,
                         evaluate=evaluate, eval_every=eval_every, log_every=25, progress=progress,
-                        checkpoint_path=checkpoint_path, device=device, batch_size=batch_size,
-                        max_steps=c.distill_steps, lr=c.distill_lr)
+                        checkpoint_path=checkpoint_path, device=device, **schedule)
     return model.eval(), history
 
 
@@ -148,8 +143,7 @@ class SlowMethod(StartsFromPixelStem, PairwiseMethod):
     config_class = SlowConfig
     # pairs scored per direction (cost: docs/tuning_notes.md, "Fast & Slow, Slow")
     eval_pairs = (250_000, 20_000)
-    # every test pair would be 5M per direction: `--every-pair` keeps the sample
-    every_pair_limit = 250_000
+    every_pair_limit = 250_000  # every test pair: 5M a direction; `--every-pair` keeps the sample
     timed_sizes = ((250, 500, 1_000), (25, 50, 100))
 
     @property
@@ -161,8 +155,7 @@ class SlowMethod(StartsFromPixelStem, PairwiseMethod):
                 f"{c.hidden}); h = summed log-likelihood, every pair")
 
     def build_model(self, bench, tokenizer) -> SlowModel:
-        return SlowModel(len(tokenizer), self.config, SpecialTokens.of(tokenizer),
-                         region_dim(bench, self.config))
+        return new_model(SlowModel, bench, tokenizer, self.config)
 
     def starts_from_stem(self) -> bool:
         return self.config.image_init == "pixel_stem"
@@ -246,22 +239,18 @@ class FastMethod(StartsFromPixelStem, DualEncoderMethod):
                                     for m in (self.teacher, self.init)), self.stem_stage(bench)))
 
     def build_model(self, bench, tokenizer) -> FastModel:
-        return FastModel(len(tokenizer), self.config, SpecialTokens.of(tokenizer),
-                         region_dim(bench, self.config))
+        return new_model(FastModel, bench, tokenizer, self.config)
 
     def train(self, bench, tokenizer, checkpoint_path, cache_dir):
-        teacher = init = None
-        if self.teacher is not None:
-            for method in (self.teacher, self.init):
-                if method is not None and method.model is None:
-                    method.fit(bench, tokenizer, cache_dir)
-            teacher, init = self.teacher.model, self.init and self.init.model
-        c = self.config
-        stem = self.stem_checkpoint(bench, cache_dir)
+        for method in (self.teacher, self.init):  # both None unless distilled
+            if method is not None and method.model is None:
+                method.fit(bench, tokenizer, cache_dir)
+        teacher, init = (method and method.model for method in (self.teacher, self.init))
+        c, stem = self.config, self.stem_checkpoint(bench, cache_dir)
         steps = c.distill_steps if c.distill else c.max_steps
-        return train_fast(bench, tokenizer, c, teacher=teacher, init=init,
+        return train_fast(bench, tokenizer, c, teacher=teacher, init=init, progress=self.progress,
                           checkpoint_path=checkpoint_path, stem_checkpoint=stem,
-                          progress=self.progress, **self.learning_curve(bench, steps))
+                          **self.learning_curve(bench, steps))
 
 
 class FastSlowCascade(Cascade):
@@ -297,11 +286,6 @@ def _fast_distilled(build) -> FastMethod:
                       teacher=build.method("slow"), init=fast)
 
 
-@register_method(f"fast_slow@{TOP_KS[0]}", order=6.3)
-def _fast_slow_10(build) -> FastSlowCascade:
-    return FastSlowCascade(build.method("fast-distilled"), build.method("slow"), TOP_KS[0])
-
-
-@register_method(f"fast_slow@{TOP_KS[1]}", order=6.4)
-def _fast_slow_50(build) -> FastSlowCascade:
-    return FastSlowCascade(build.method("fast-distilled"), build.method("slow"), TOP_KS[1])
+for _order, _k in zip((6.3, 6.4), TOP_KS, strict=True):
+    register_method(f"fast_slow@{_k}", order=_order)(lambda build, k=_k: FastSlowCascade(
+        build.method("fast-distilled"), build.method("slow"), k))

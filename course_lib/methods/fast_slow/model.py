@@ -1,5 +1,4 @@
-"""Thinking Fast and Slow (Miech et al., CVPR 2021): the Slow captioning scorer and the Fast dual
-encoder.
+"""Thinking Fast and Slow (Miech et al. 2021): the Slow captioning scorer and the Fast dual encoder.
 
     Slow   phi(x): a small CNN over the pixels; its coarse map is upsampled step by step, each a
            weighted fusion of the upsampled map and a 1x1 lateral of the earlier, finer map
@@ -9,8 +8,7 @@ encoder.
            FFN) share the word / position embeddings and the output layer (VirTex);
            h(x, y) = h_fwd + h_bwd, the summed log-likelihood of the caption's words read left to
            right and right to left, teacher-forced, not length-normalised (eq. 1-3).
-    Fast   f(x): the CNN's 4x4 map -> Linear; g(y): text tower -> MLP; score f(x)^T g(y),
-           unnormalised, no temperature (§3.2).
+    Fast   f(x) = Linear(4x4 map); g(y) = MLP(text tower); f(x)^T g(y), no norm / temperature (§3.2)
 
 Our choices where the paper is silent or is about 224-pixel photos:
 - 3 conv stages on 32x32 pixels (not ResNet-50), starting from the pixel stem; the 4x4 map is
@@ -21,7 +19,6 @@ Our choices where the paper is silent or is about 224-pixel photos:
 - Fast has its own CNN and flattens its 4x4 map (the paper's mean pool: image_pool="mean"): our
   captions are about where two small objects are. Its text tower is a bi-GRU, not the paper's
   "NCE BoW" (text_tower="bow"): word order binds colour to shape (course_lib.studies.text_ceiling).
-The runs: docs/tuning_notes.md, "Fast & Slow, Slow" and "Fast & Slow, Fast".
 """
 
 from __future__ import annotations
@@ -42,12 +39,6 @@ from course_lib.methods.fast_slow.decoder import Decoder, reverse_words, summed_
 from course_lib.methods.pixel_stem import HEAD_POOLS, ConvBackbone, StemBackboneModule, conv_bn_relu
 
 FUSION_EPS = 1e-4  # BiFPN's epsilon in the normalised fusion (the paper's App. D)
-IMAGE_POOLS = ("mean", "flatten")  # FastConfig.image_pool
-TEXT_TOWERS = ("bow", "transformer", "gru")  # FastConfig.text_tower
-IMAGE_INITS = ("pixel_stem", "scratch")  # FastConfig.image_init
-# what phi(x) and f(x) read: "pixels" via the course's CNN, or "regions" (a pretrained CNN's grid)
-IMAGE_INPUTS = ("pixels", "regions")
-DISTILL_CANDIDATES = ("batch", "mined")  # FastConfig.distill_candidates
 
 
 @dataclass
@@ -70,7 +61,7 @@ class SlowConfig(CourseConfig):
     image_init: str = "pixel_stem"  # phi(x)'s CNN from the cached "pixel_stem" or "scratch"
     stem_steps: int = 400  # the pixel stem's pre-training steps (PixelStemConfig.max_steps; cached)
     stem_head_pool: str = "cells"  # how the stem's heads read its map (PixelStemConfig.head_pool)
-    image_input: str = "pixels"  # "pixels" (the CNN above) or "regions" (IMAGE_INPUTS)
+    image_input: str = "pixels"  # "pixels" (the CNN above) or "regions" (a pretrained CNN's grid)
 
     SMOKE: ClassVar[dict] = {"max_steps": 30, "batch_size": 16, "hidden": 32,
                              "channels": (8, 16, 32), "stem_steps": 20}
@@ -81,14 +72,12 @@ class SlowConfig(CourseConfig):
         if len(self.channels) != 3 or self.visual_size not in (4, 8, 16):
             raise ValueError("channels must be 3 widths and visual_size 4, 8 or 16, got "
                              f"{self.channels} and {self.visual_size}")
-        check_stem_fields(self)
-        check_image_input(self)
+        check_image_fields(self)
 
 
 @dataclass
 class FastConfig(CourseConfig):
-    """Defaults chosen in docs/tuning_notes.md, "Fast & Slow, Fast" (the distillation fields':
-    "Fast & Slow, distillation")."""
+    """Defaults chosen in docs/tuning_notes.md, "Fast & Slow, Fast" and "..., distillation"."""
 
     channels: tuple = (24, 48, 96)  # CNN widths of the image tower's three stages
     image_pool: str = "flatten"  # f(x) reads the 4x4 map by "mean" (the paper's pool) or "flatten"
@@ -104,13 +93,11 @@ class FastConfig(CourseConfig):
     tau: float = 10.0  # eq. 5-6 temperature of both softmaxes (App. B)
     alpha: float = 1.0  # weight of L_DE (eq. 4) in eq. 8
     batch_size: int = 256  # pairs per step (eq. 4's in-batch negatives; the other dual encoders')
-    # captions a step the teacher scores ("batch": B^2 pairs; "mined": eq. 4's first ones)
-    distill_batch_size: int = 16
+    distill_batch_size: int = 16  # captions the teacher scores a step ("batch": B^2 pairs)
     distill_steps: int = 500  # optimizer steps of eq. 8 after eq. 4's
     distill_lr: float = 5e-4  # peak AdamW rate of the distillation steps
     distill_start: str = "fast"  # eq. 8 from "fast" or "scratch"
-    # images of a caption's softmaxes (eq. 5-6): the "batch" (the paper's) or "mined" ones
-    distill_candidates: str = "mined"
+    distill_candidates: str = "mined"  # eq. 5-6's images: the "batch" (the paper's) or "mined"
     distill_top_k: int = 16  # "mined": images per caption, own included
     lr: float = 1e-3  # peak AdamW learning rate (the other dual encoders')
     max_steps: int = 4000  # optimizer steps of eq. 4
@@ -128,37 +115,27 @@ class FastConfig(CourseConfig):
 
     def __post_init__(self):
         self.channels = tuple(int(c) for c in self.channels)
-        if self.image_pool not in IMAGE_POOLS or self.text_tower not in TEXT_TOWERS:
-            raise ValueError(f"image_pool must be one of {IMAGE_POOLS} and text_tower one of "
-                             f"{TEXT_TOWERS}, got {self.image_pool!r} and {self.text_tower!r}")
-        check_stem_fields(self)
-        check_image_input(self)
-        if self.distill_candidates not in DISTILL_CANDIDATES or self.distill_top_k < 2:
-            raise ValueError(f"distill_candidates must be one of {DISTILL_CANDIDATES} and "
-                             f"distill_top_k >= 2, got {self.distill_candidates!r} and "
-                             f"{self.distill_top_k}")
-        if self.distill_start not in ("fast", "scratch"):
-            raise ValueError("distill_start must be 'fast' or 'scratch', "
-                             f"got {self.distill_start!r}")
-        if self.fresh_scenes < 0:
-            raise ValueError("fresh_scenes must be >= 0 (0: the training split alone), "
-                             f"got {self.fresh_scenes}")
-        if not self.tau > 0 or self.alpha < 0:
-            raise ValueError(f"tau must be > 0 and alpha >= 0, got tau={self.tau}, "
-                             f"alpha={self.alpha}")
+        check_choices(
+            self, image_pool=("mean", "flatten"), text_tower=("bow", "transformer", "gru"),
+            distill_candidates=("batch", "mined"), distill_start=("fast", "scratch"))
+        check_image_fields(self)
+        if self.distill_top_k < 2 or self.fresh_scenes < 0 or not self.tau > 0 or self.alpha < 0:
+            raise ValueError("need distill_top_k >= 2, fresh_scenes >= 0 (0: the training split "
+                             f"alone), tau > 0 and alpha >= 0, got {self.distill_top_k}, "
+                             f"{self.fresh_scenes}, {self.tau} and {self.alpha}")
 
 
-def check_stem_fields(config) -> None:
-    """Both configs' image_init and stem_head_pool are among the known ones."""
-    if config.image_init not in IMAGE_INITS or config.stem_head_pool not in HEAD_POOLS:
-        raise ValueError(f"image_init must be one of {IMAGE_INITS} and stem_head_pool one of "
-                         f"{HEAD_POOLS}, got {config.image_init!r} and {config.stem_head_pool!r}")
+def check_choices(config, **choices) -> None:
+    """Each named field of config is one of its choices."""
+    for name, options in choices.items():
+        if getattr(config, name) not in options:
+            raise ValueError(f"{name} must be one of {options}, got {getattr(config, name)!r}")
 
 
-def check_image_input(config) -> None:
-    """Grid cells come from a pretrained CNN: no pixel stem, and f(x) mean-pools them."""
-    if config.image_input not in IMAGE_INPUTS:
-        raise ValueError(f"image_input must be one of {IMAGE_INPUTS}, got {config.image_input!r}")
+def check_image_fields(config) -> None:
+    """Both configs' image fields; grid cells (a pretrained CNN's) take no stem and f(x)'s mean."""
+    check_choices(config, image_init=("pixel_stem", "scratch"), stem_head_pool=HEAD_POOLS,
+                  image_input=("pixels", "regions"))
     if config.image_input == "regions" and config.image_init != "scratch":
         raise ValueError("image_input='regions' reads a pretrained CNN's grid cells, so no pixel "
                          "stem: set image_init='scratch'")
@@ -175,15 +152,13 @@ class WeightedFusion(nn.Module):
     def __init__(self, lateral_channels: int, hidden: int, eps: float = FUSION_EPS):
         super().__init__()
         self.lateral = nn.Conv2d(lateral_channels, hidden, 1)
-        self.weights = nn.Parameter(torch.ones(2))  # (upsampled coarse, lateral)
-        self.eps = eps
+        self.weights, self.eps = nn.Parameter(torch.ones(2)), eps  # (upsampled coarse, lateral)
         self.conv = conv_bn_relu(hidden, hidden)
 
     def forward(self, coarse: torch.Tensor, lateral: torch.Tensor) -> torch.Tensor:
         w = F.relu(self.weights)  # (2,) non-negative
         up = F.interpolate(coarse, scale_factor=2, mode="nearest")  # (B, H, 2h, 2w)
-        fused = (w[0] * up + w[1] * self.lateral(lateral)) / (w.sum() + self.eps)
-        return self.conv(fused)
+        return self.conv((w[0] * up + w[1] * self.lateral(lateral)) / (w.sum() + self.eps))
 
 
 class VisualTokens(nn.Module):
@@ -195,8 +170,7 @@ class VisualTokens(nn.Module):
         self.coarse = nn.Conv2d(channels[2], hidden, 1)
         steps = {4: 0, 8: 1, 16: 2}[visual_size]
         self.fusions = nn.ModuleList(WeightedFusion(channels[1 - i], hidden) for i in range(steps))
-        M = visual_size * visual_size
-        self.position = nn.Parameter(torch.randn(M, hidden) * 0.02)  # (M, H)
+        self.position = nn.Parameter(torch.randn(visual_size ** 2, hidden) * 0.02)  # (M, H)
         self.norm = nn.LayerNorm(hidden)
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
@@ -204,8 +178,7 @@ class VisualTokens(nn.Module):
         x = self.coarse(maps[2])  # (B, H, 4, 4)
         for i, fusion in enumerate(self.fusions):
             x = fusion(x, maps[1 - i])  # 8x8, then 16x16
-        tokens = x.flatten(2).transpose(1, 2)  # (B, M, H), row-major
-        return self.norm(tokens + self.position)
+        return self.norm(x.flatten(2).transpose(1, 2) + self.position)  # (B, M, H), row-major
 
 
 class RegionTokens(nn.Module):
@@ -221,8 +194,7 @@ class RegionTokens(nn.Module):
 
 def image_inputs(model: nn.Module, batch: dict) -> dict:
     """The fields of `batch` that the model's image side reads (its `modality`'s)."""
-    keys = ("pixels",) if model.modality == "pixels" else IMAGE_KEYS
-    return {k: batch[k] for k in keys}
+    return {k: batch[k] for k in (("pixels",) if model.modality == "pixels" else IMAGE_KEYS)}
 
 
 def checked_region_dim(config, region_dim: int | None) -> int | None:
@@ -299,16 +271,14 @@ class SlowModel(nn.Module):
 def fast_text_tower(vocab_size: int, config: FastConfig,
                     special: SpecialTokens = WORD_SPECIAL_TOKENS):
     """g(y)'s (tower: pooled (B, hidden), MLP projection to (B, embed_dim))."""
-    c = config
+    c, H = config, config.hidden
     if c.text_tower == "bow":
-        tower = BagOfWordsEncoder(vocab_size, c.hidden, special)
+        tower = BagOfWordsEncoder(vocab_size, H, special)
     elif c.text_tower == "gru":
-        tower = BiGRUEncoder(vocab_size, c.hidden, c.hidden, c.text_layers, special=special)
+        tower = BiGRUEncoder(vocab_size, H, H, c.text_layers, special=special)
     else:
-        tower = TransformerTextEncoder(vocab_size, c.hidden, c.text_layers, heads=4,
-                                       special=special)
-    return tower, nn.Sequential(nn.Linear(c.hidden, c.hidden), nn.ReLU(),
-                                nn.Linear(c.hidden, c.embed_dim))
+        tower = TransformerTextEncoder(vocab_size, H, c.text_layers, heads=4, special=special)
+    return tower, nn.Sequential(nn.Linear(H, H), nn.ReLU(), nn.Linear(H, c.embed_dim))
 
 
 class FastModel(StemBackboneModule):
@@ -337,9 +307,8 @@ class FastModel(StemBackboneModule):
         if self.modality == "regions":
             return self.image_proj(masked_mean(batch["regions"], batch["region_mask"]))  # (B, E)
         grid = self.backbone(batch["pixels"])[2]  # (B, C, 4, 4)
-        mean = self.config.image_pool == "mean"
-        pooled = grid.mean((2, 3)) if mean else grid.flatten(1)  # (B, C) or (B, 16C)
-        return self.image_proj(pooled)  # (B, E)
+        pooled = grid.mean((2, 3)) if self.config.image_pool == "mean" else grid.flatten(1)
+        return self.image_proj(pooled)  # (B, C) or (B, 16C) -> (B, E)
 
     def encode_texts(self, batch: dict) -> torch.Tensor:
         return self.text_proj(self.text(batch).pooled)  # (B, E)

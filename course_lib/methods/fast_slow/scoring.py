@@ -7,16 +7,13 @@ on the image only, so a split's are computed once offline and a pair costs the d
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
-from torch import nn
-from tqdm.auto import tqdm
 
 from course_lib.core.checkpoints import inference, model_device
-from course_lib.core.train import move_to_device
-from course_lib.data.datasets import ImageDataset, collate_images, text_fields
+from course_lib.data.datasets import ImageDataset, make_loader, text_fields
+from course_lib.methods.encoding import encode_batches
 from course_lib.methods.fast_slow.model import SlowModel, image_inputs
 from course_lib.methods.queries import checked_pairs, length_blocks
 
@@ -44,18 +41,14 @@ class SlowStates:
 def compute_states(model: SlowModel, split, tokenizer, *, batch_size: int = 256, device=None,
                    progress: bool = False) -> SlowStates:
     """Run the CNN and the K/V projections once over a split's images; tokenise its captions."""
-    dataset = ImageDataset(split, modality=model.modality)
-    parts = {"fwd": [], "bwd": []}
-    starts = range(0, len(dataset), batch_size)
-    with inference(model, device) as device:
-        for start in tqdm(starts, desc="slow gallery", disable=not progress, leave=False):
-            stop = min(start + batch_size, len(dataset))
-            block = image_inputs(model, collate_images([dataset[i] for i in range(start, stop)]))
-            kvs = model.keys_values(model.visual_tokens(move_to_device(block, device)))
-            for d in parts:
-                parts[d].append([kv.cpu() for kv in kvs[d]])  # (2, b, h, M, d) each
-    kvs = {d: [torch.cat(layer, dim=1) for layer in zip(*blocks, strict=True)]
-           for d, blocks in parts.items()}
+    def keys_values(batch: dict) -> dict:  # per decoder, per block (2, b, h, M, d) on the CPU
+        kvs = model.keys_values(model.visual_tokens(image_inputs(model, batch)))
+        return {d: [kv.cpu() for kv in layers] for d, layers in kvs.items()}
+
+    loader = make_loader(ImageDataset(split, modality=model.modality), batch_size)
+    parts = encode_batches(model, loader, keys_values, device, progress, "slow gallery")
+    kvs = {d: [torch.cat(layer, dim=1) for layer in zip(*(p[d] for p in parts), strict=True)]
+           for d in ("fwd", "bwd")}
     texts = text_fields(split.captions, tokenizer, model.config.max_text_length)
     return SlowStates(kvs, texts["input_ids"], texts["attention_mask"])
 
@@ -68,22 +61,13 @@ def score_cached_pairs(model: SlowModel, states: SlowStates, image_indices, text
     # each pair's logits are (T, V) a direction: a WordPiece vocabulary of 30k makes 2.4 MB a pair
     vocab, length = model.output.out_features, states.input_ids.shape[1]
     batch_size = max(1, min(batch_size, LOGITS_PER_BLOCK // (vocab * length)))
-    with _scoring(model, device) as device:
+    device = model_device(model, device)
+    # checkpoints.inference, minus its model.to walk when the model is there in eval mode already
+    ready = not model.training and model_device(model) == device
+    with torch.no_grad() if ready else inference(model, device):
         for rows in length_blocks(states.attention_mask.sum(1)[texts], batch_size):  # (b,) each
             kvs = {d: [kv.to(device) for kv in layers]
                    for d, layers in states.image(images[rows]).items()}
             words = {k: v.to(device) for k, v in states.text(texts[rows]).items()}
             out[rows] = model.log_likelihood(kvs, words).cpu()
     return out
-
-
-@contextmanager
-def _scoring(model: nn.Module, device=None):
-    """checkpoints.inference, minus its model.to walk when already there in eval mode."""
-    device = model_device(model, device)
-    if model.training or model_device(model) != device:
-        with inference(model, device) as device:
-            yield device
-    else:
-        with torch.no_grad():
-            yield device

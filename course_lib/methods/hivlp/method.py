@@ -20,17 +20,10 @@ from course_lib.data.split import RetrievalSplit
 from course_lib.data.synthetic import with_fresh_scenes
 from course_lib.methods.base import DualEncoderMethod, Ranker, fit_pairs
 from course_lib.methods.encoding import encode_batches, retrieval_evaluator
-from course_lib.methods.hivlp.model import (
-    HiVLP,
-    HiVLPConfig,
-    StemGridTower,
-    build_hivlp,
-    grid_boxes,
-    logged_levels,
-)
+from course_lib.methods.hivlp.model import HiVLP, HiVLPConfig, build_hivlp, logged_levels
 from course_lib.methods.hivlp.search import SURVIVORS, coarse_to_fine_one
 from course_lib.methods.pixel_stem import StartsFromPixelStem, load_stem_backbone
-from course_lib.methods.queries import check_direction, checked_pairs, query_indices
+from course_lib.methods.queries import checked_pairs, query_indices
 from course_lib.methods.registry import register_method
 from course_lib.methods.rerank import Cascade
 
@@ -55,11 +48,6 @@ class HiVLPStates:
 
     image: list
     text: list
-
-    def side(self, direction: str) -> tuple[list, list]:
-        """(gallery levels, query levels) of a direction: t2i searches images with captions."""
-        t2i = check_direction(direction) == "t2i"
-        return (self.image, self.text) if t2i else (self.text, self.image)
 
 
 def _encode_levels(model: HiVLP, loader, encode, progress: bool, desc: str) -> list[torch.Tensor]:
@@ -90,18 +78,17 @@ def uses_pixel_stem(config: HiVLPConfig) -> bool:
     return config.image_input == "pixels" and config.stem == "pixel_stem"
 
 
-def with_stem_grid(split, tower: StemGridTower, batch_size: int = 512, progress: bool = False,
+def with_stem_grid(split, tower, batch_size: int = 512, progress: bool = False,
                    device: str | None = None) -> RetrievalSplit:
-    """A copy of `split` whose regions are the frozen stem's grid tokens (N, 16, C)."""
+    """A copy of `split` whose regions are a frozen `StemGridTower`'s grid tokens (N, 16, C)."""
     loader = make_loader(ImageDataset(split, modality="pixels"), batch_size)
     parts = encode_batches(tower.backbone, loader,
                            lambda batch: tower.grid_tokens(batch["pixels"]).float().cpu(), device,
                            progress, "stem grid")  # [(b, 16, C)]
-    tokens = torch.cat(parts).numpy()  # (N, 16, C)
-    boxes = grid_boxes(tower.side).numpy().astype(np.float32)  # (16, 7)
+    tokens = torch.cat(parts).numpy()  # (N, 16, C), their boxes (N, 16, 7)
     return RetrievalSplit(name=f"{split.name}:stem-grid", captions=split.captions,
                           txt2img=split.txt2img, image_ids=split.image_ids, regions=tokens,
-                          boxes=np.tile(boxes, (len(tokens), 1, 1)),  # (N, 16, 7)
+                          boxes=np.tile(tower.boxes.cpu().numpy(), (len(tokens), 1, 1)),
                           region_mask=np.ones(tokens.shape[:2], dtype=bool), info=dict(split.info))
 
 
@@ -116,8 +103,7 @@ def train_hivlp(bench: dict, tokenizer, config: HiVLPConfig | None = None, *, ch
     if uses_pixel_stem(c):  # (the Trainer re-seeds: the same training, stem trained here or loaded)
         load_stem_backbone(model.image_tower.backbone, bench, c, checkpoint_path=stem_checkpoint,
                            progress=progress, device=device)
-    evaluate = retrieval_evaluator(evaluate_on,
-                                   lambda m, split: last_level_scores(m, split, tokenizer))
+    evaluate = retrieval_evaluator(evaluate_on, lambda m, one: last_level_scores(m, one, tokenizer))
     train, modality = bench["train"], c.image_input
     if not finished_checkpoint(checkpoint_path, c.max_steps):  # (a finished one loads: no data)
         train = with_fresh_scenes(train, c.fresh_scenes)  # the training split, then fresh scenes
@@ -126,9 +112,8 @@ def train_hivlp(bench: dict, tokenizer, config: HiVLPConfig | None = None, *, ch
             modality = "regions"
     history = fit_pairs(model, loss_fn, train, tokenizer, c, modality=modality,
                         image_size=c.image_size, max_text_length=c.max_text_length,
-                        evaluate=evaluate, eval_every=eval_every,
-                        log_every=max(1, c.max_steps // 100), progress=progress, device=device,
-                        checkpoint_path=checkpoint_path)
+                        evaluate=evaluate, eval_every=eval_every, progress=progress, device=device,
+                        log_every=max(1, c.max_steps // 100), checkpoint_path=checkpoint_path)
     return model.eval(), history
 
 
@@ -138,8 +123,7 @@ class HiVLPMethod(StartsFromPixelStem, DualEncoderMethod):
 
     checkpoint_prefix = "hivlp"
     config_class = HiVLPConfig
-    # what it trains with (an ablation's subclass sets its own loss and checkpoint_prefix)
-    loss_fn = staticmethod(hivlp_loss)
+    loss_fn = staticmethod(hivlp_loss)  # an ablation's subclass sets its own, and checkpoint_prefix
 
     def __init__(self, config: HiVLPConfig | None = None, name: str = "hivlp-flat",
                  progress: bool = True):
@@ -178,9 +162,10 @@ class HiVLPMethod(StartsFromPixelStem, DualEncoderMethod):
     def rank_level(self, split, direction: str, top_k: int, level: int, queries=None):
         """Exact top_k by S^level (0-based) from a FAISS index of the gallery's cached vectors."""
         queries = torch.as_tensor(query_indices(split, direction, queries), dtype=torch.long)
-        gallery, asked = (side[level] for side in self.states(split).side(direction))
-        scores, indices = search(build_index(gallery), asked[queries],
-                                 min(top_k, len(gallery)))  # (Q, k) each
+        states = self.states(split)  # t2i: the captions search the images
+        sides = (states.image, states.text) if direction == "t2i" else (states.text, states.image)
+        gallery, asked = (side[level] for side in sides)
+        scores, indices = search(build_index(gallery), asked[queries], min(top_k, len(gallery)))
         return torch.as_tensor(indices, dtype=torch.long), torch.as_tensor(scores)
 
     def rank(self, split, direction: str, top_k: int, queries=None):
@@ -194,13 +179,10 @@ class HiVLPMethod(StartsFromPixelStem, DualEncoderMethod):
 
     def online_query_fn(self, split, caption_index: int = 0, top_k: int = 10, levels=None,
                         survivors=SURVIVORS):
-        """One caption -> (top_k,) images: the text tower once, then coarse_to_fine_one over the
-        stored image levels at `levels`."""
-        model = self._fitted().eval()
-        states = self.states(split)
+        """One caption -> (top_k,) images: the text tower, then coarse_to_fine_one at `levels`."""
+        model, images = self._fitted().eval(), self.states(split).image  # [(G, d_l)] float32
         levels = list(range(model.config.n_levels)) if levels is None else list(levels)
-        gallery = [np.ascontiguousarray(states.image[level].float().cpu().numpy())
-                   for level in levels]  # [(G, d_l)]
+        gallery = [np.ascontiguousarray(images[level].numpy()) for level in levels]
         caption = split.captions[caption_index]
         tokenizer, encoder = self.query_side(caption, max_length=model.config.max_text_length,
                                              encode_name="text_levels")
@@ -225,10 +207,9 @@ class HiVLPLevel(Ranker):
         if not 0 <= level < parent.config.n_levels:
             raise ValueError(f"level must be in [0, {parent.config.n_levels}), got {level}")
         self.parent, self.level_index, self.progress = parent, level, parent.progress
-        self.name = f"{parent.name.replace('-flat', '')}-eol{level + 1}"
+        self.name, self.config = f"{parent.name.replace('-flat', '')}-eol{level + 1}", parent.config
         self.notes = (f"HiVLP level {level + 1} alone (d={parent.config.eol_widths[level]}) over "
                       "every candidate")
-        self.config = parent.config
 
     model = property(lambda self: self.parent.model)
     tokenizer = property(lambda self: self.parent.tokenizer)
@@ -255,10 +236,7 @@ class HiVLPCascade(Cascade):
     """HiVLP's coarse-to-fine retrieval (§3.4): a Cascade of its levels, survivors (N2, N3, ...)."""
 
     def __init__(self, hivlp: HiVLPMethod, survivors=SURVIVORS, name: str | None = None):
-        n, widths = hivlp.config.n_levels, hivlp.config.eol_widths
-        if len(survivors) != n - 1:
-            raise ValueError(f"{n} levels need {n - 1} survivor counts (N2, N3, ...), "
-                             f"got {list(survivors)}")
+        n, widths = hivlp.config.n_levels, hivlp.config.eol_widths  # Cascade checks n - 1 counts
         super().__init__([hivlp.level(level) for level in range(n)], list(survivors),
                          name=name or hivlp.name.replace("-flat", ""),
                          notes=(f"HiVLP cascade ({hivlp.towers}): level 1 (d={widths[0]}) keeps "

@@ -1,5 +1,5 @@
 """HiVLP (Chen et al. 2022): two towers with Early Output Layers of growing width, a hierarchical
-retrieval loss, and a coarse-to-fine cascade over the levels.
+retrieval loss, and a coarse-to-fine cascade over the levels (§3.4, search.py).
 
 An image tower (a ViT over pixels, §3.2, or a region tower) and a text tower each run L blocks.
 Level l sends the global token of one intermediate block (h_V0^l: [IMG]; h_T0^l: [TXT], our [CLS])
@@ -11,16 +11,12 @@ through its own MLP, the Early Output Layer, to width d_l:
     L_HRL   = sum_l L_RL^l                                     (eq. 8, every level with weight 1)
     L_LRM   = VMLM on the text tower's last block, each masked word + h_V0 (eq. 4: LightningDOT's)
 
-Retrieval (§3.4): level 1 scores every candidate at d_1 and keeps N2, level 2 re-scores those at d_2
-and keeps N3, the last level orders the N3.
-
 Our choices where the paper is silent (runs: docs/tuning_notes.md, "HiVLP"):
 - Each EOL (Linear, GELU, Linear) reads the mean of its block's real tokens (`pool="mean"`), not the
   global token alone (`pool="cls"`, the paper's).
 - Over pixels the frozen pixel stem stands for the paper's pre-trained ViT: its 4x4 map becomes 16
-  grid tokens with their cells' boxes, read by a 2-block region transformer (`stem="pixel_stem"`).
-  A ViT from random weights (`stem="patch"`; a convolutional stem did no better,
-  docs/tuning_notes.md) learned too slowly.
+  grid tokens with their cells' boxes, read by a 2-block region transformer (`stem="pixel_stem"`);
+  a ViT from random weights (`stem="patch"`; a convolutional stem did no better) learned too slowly.
 - L_LRM's h_V0 is the last image block's [IMG] state, weighted by `lrm_weight` (0 by default). The
   VLM loss (eq. 9) is not trained: "+CM" re-ranks with the cross-encoder (`hivlp+rerank@20`).
 - It trains on the training split and 40,000 fresh scenes, no pre-training corpus.
@@ -42,10 +38,6 @@ from course_lib.core.settings import CourseConfig
 from course_lib.core.tokens import WORD_SPECIAL_TOKENS, SpecialTokens
 from course_lib.data.render import uniter_boxes
 from course_lib.methods.pixel_stem import HEAD_POOLS, ConvBackbone, StemBackboneModule, stem_config
-
-IMAGE_INPUTS = ("pixels", "regions")
-STEMS = ("pixel_stem", "patch")
-POOLS = ("mean", "cls")
 
 
 @dataclass
@@ -84,16 +76,13 @@ class HiVLPConfig(CourseConfig):
     REAL_PHOTOS: ClassVar[dict] = {"max_steps": 150, "batch_size": 128}  # chosen on Flickr8k's val
 
     def __post_init__(self):
-        for name, options in (("image_input", IMAGE_INPUTS), ("pool", POOLS)):
+        for name, options in (("image_input", ("pixels", "regions")), ("pool", ("mean", "cls")),
+                              ("stem", ("pixel_stem", "patch")), ("stem_head_pool", HEAD_POOLS)):
             if getattr(self, name) not in options:
                 raise ValueError(f"{name} must be one of {options}, got {getattr(self, name)!r}")
-        if self.stem not in STEMS or self.stem_head_pool not in HEAD_POOLS:
-            raise ValueError(f"stem must be one of {STEMS} and stem_head_pool one of {HEAD_POOLS}, "
-                             f"got {self.stem!r} and {self.stem_head_pool!r}")
         if self.stem == "pixel_stem" and (self.backbone is not None or self.image_size is not None):
             raise ValueError("the pixel stem is pre-trained on the course's 32x32 synthetic "
-                             "scenes: with a timm backbone or resized (real) images set "
-                             "stem='patch'")
+                             "scenes: with a timm backbone or resized images set stem='patch'")
         if self.fresh_scenes < 0:
             raise ValueError("fresh_scenes must be >= 0 (0: the training split alone), "
                              f"got {self.fresh_scenes}")
@@ -101,10 +90,9 @@ class HiVLPConfig(CourseConfig):
         if not widths or list(widths) != sorted(widths) or min(widths) < 1:
             raise ValueError("eol_widths must be positive and non-decreasing with depth, "
                              f"got {self.eol_widths}")
-        for side, layers in (("image", self.image_layers), ("text", self.text_layers)):
-            if layers < 1:
-                raise ValueError(f"the {side} tower needs at least one block, "
-                                 f"got {side}_layers={layers}")
+        if min(self.image_layers, self.text_layers) < 1:
+            raise ValueError("each tower needs at least one block, got image_layers="
+                             f"{self.image_layers} and text_layers={self.text_layers}")
 
     @property
     def n_levels(self) -> int:
@@ -133,8 +121,7 @@ class EarlyOutput(nn.Module):
 
 
 class ViTTower(nn.Module):
-    """A timm ViT returning every block's states (B, 1 + P, hidden), [IMG] first, after the final
-    LayerNorm (as `blocks.Transformer(return_layers=True)`)."""
+    """A timm ViT -> every block's states (B, 1 + P, hidden), [IMG] first, after the final LN."""
 
     def __init__(self, config: HiVLPConfig):
         super().__init__()
@@ -230,41 +217,31 @@ class HiVLP(nn.Module):
         self.vocab_size, self.special, self.modality = vocab_size, special, c.image_input
         if c.image_input == "pixels":
             self.image_tower = StemGridTower(c) if c.stem == "pixel_stem" else ViTTower(c)
-        else:
-            if region_dim is None:
-                raise ValueError("image_input='regions' needs region_dim (the split's region "
-                                 "feature size)")
+        else:  # region_dim: the split's region feature size (checked by build_hivlp)
             self.image_tower = RegionTower(c, region_dim)
         self.text_tower = TransformerTextEncoder(vocab_size, c.hidden, c.text_layers, c.heads,
                                                  max_length=max(64, c.max_text_length),
                                                  dropout=c.dropout, special=special)
         self.image_at = level_layers(self.image_tower.depth, c.n_levels)  # 1-based blocks per level
         self.text_at = level_layers(c.text_layers, c.n_levels)
-        self.image_eols = nn.ModuleList(EarlyOutput(self.image_tower.width, w)
-                                        for w in c.eol_widths)
+        width = self.image_tower.width  # of its tokens: hidden, or a timm ViT's
+        self.image_eols = nn.ModuleList(EarlyOutput(width, w) for w in c.eol_widths)
         self.text_eols = nn.ModuleList(EarlyOutput(c.hidden, w) for w in c.eol_widths)
-        self.vmlm = (VMLM(c.hidden, vocab_size, fuse=True)
-                     if self.image_tower.width == c.hidden else None)
+        self.vmlm = VMLM(c.hidden, vocab_size, fuse=True) if width == c.hidden else None
 
     # ---- encoders ---------------------------------------------------------------------------
-    def _image_mask(self, batch: dict, states: torch.Tensor) -> torch.Tensor:
-        """(B, 1 + P) bool: [IMG] and the real regions (or every patch)."""
-        B, L = states.shape[:2]
-        if self.modality == "regions":
-            mask = batch["region_mask"]  # (B, P)
-            return torch.cat([mask.new_ones(B, 1), mask], dim=1).bool()
-        return torch.ones(B, L, dtype=torch.bool, device=states.device)
-
     def _levels(self, states, mask, at, eols) -> list[torch.Tensor]:
         """Each level's EOL over its block's global token (pool="cls") or masked token mean."""
-        pooled = ((lambda s: s[:, 0]) if self.config.pool == "cls"
-                  else (lambda s: masked_mean(s, mask)))  # (B, C)
-        return [eol(pooled(states[block - 1]))  # [(B, d_l)]
-                for block, eol in zip(at, eols, strict=True)]
+        cls = self.config.pool == "cls"
+        return [eol(states[block - 1][:, 0] if cls else masked_mean(states[block - 1], mask))
+                for block, eol in zip(at, eols, strict=True)]  # [(B, d_l)]
 
     def _image_levels(self, batch: dict, states) -> list[torch.Tensor]:
-        return self._levels(states, self._image_mask(batch, states[0]), self.image_at,
-                            self.image_eols)
+        """Pooling over [IMG] and the real regions (or every patch): a (B, 1 + P) mask."""
+        mask = torch.ones(states[0].shape[:2], dtype=torch.bool, device=states[0].device)
+        if self.modality == "regions":
+            mask[:, 1:] = batch["region_mask"]  # (B, P)
+        return self._levels(states, mask, self.image_at, self.image_eols)
 
     def image_levels(self, batch: dict) -> list[torch.Tensor]:
         return self._image_levels(batch, self.image_tower(batch))
@@ -286,17 +263,14 @@ class HiVLP(nn.Module):
     def level_losses(self, batch: dict) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """(every level's L_RL (eq. 7) on a pair batch, the image tower's block states)."""
         image_states = self.image_tower(batch)  # every block's (B, 1 + P, C)
-        images = self._image_levels(batch, image_states)  # [(B, d_l)]
-        texts = self.text_levels(batch)
-        per_level = [contrastive_loss(batch_scores(i, t))  # eq. 7
-                     for i, t in zip(images, texts, strict=True)]
-        return per_level, image_states
+        levels = zip(self._image_levels(batch, image_states), self.text_levels(batch), strict=True)
+        return [contrastive_loss(batch_scores(i, t)) for i, t in levels], image_states  # eq. 7
 
     def loss(self, batch: dict) -> dict:
         """L_HRL (eq. 8) + lrm_weight * L_LRM, each level's L_RL logged (rl_1, ...)."""
         c = self.config
         per_level, image_states = self.level_losses(batch)
-        out = {"hrl": hrl_sum(per_level), **logged_levels(per_level)}
+        out = {"hrl": torch.stack(per_level).sum(), **logged_levels(per_level)}  # eq. 8
         out["loss"] = out["hrl"]
         if c.lrm_weight > 0:
             if self.vmlm is None:
@@ -316,18 +290,13 @@ def logged_levels(level_losses) -> dict:
     return {f"rl_{level + 1}": v.detach() for level, v in enumerate(level_losses)}
 
 
-def hrl_sum(level_losses) -> torch.Tensor:
-    """Eq. 8: L_HRL = sum_l L_RL^l, every level with weight 1."""
-    return torch.stack(list(level_losses)).sum()
-
-
 def hrl_loss(image_levels, text_levels) -> torch.Tensor:
     """Eq. 6-8: sum over levels of the bidirectional in-batch CE of S^l = image_levels[l] @
     text_levels[l].T (B, B), positives on the diagonal."""
     if len(image_levels) != len(text_levels):
         raise ValueError(f"{len(image_levels)} image levels but {len(text_levels)} text levels")
-    return hrl_sum(contrastive_loss(batch_scores(i, t))
-                   for i, t in zip(image_levels, text_levels, strict=True))
+    return torch.stack([contrastive_loss(batch_scores(i, t))  # eq. 8: every level weighs 1
+                        for i, t in zip(image_levels, text_levels, strict=True)]).sum()
 
 
 def build_hivlp(config: HiVLPConfig, split, tokenizer) -> HiVLP:

@@ -20,19 +20,17 @@ def select_top_k(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tens
     Q, N = scores.shape
     k = min(k, N)
     sample = 4096
-    if Q != 1 or N < max(16 * k, 8 * sample):
-        top = torch.topk(scores, k, dim=1)
-        return top.values, top.indices
-    row = scores[0]
-    probe = row[::N // sample]  # (~sample,) every (N // sample)-th score
-    keep = min(len(probe) - 1, 2 * k * len(probe) // N + 8)  # about 2k of the N expected to pass
-    threshold = torch.topk(probe, keep + 1).values[-1]
-    passed = torch.nonzero(row >= threshold).squeeze(1)  # (P,) P >= keep + 1 of the probe alone
-    if len(passed) < k:
-        top = torch.topk(scores, k, dim=1)
-        return top.values, top.indices
-    top = torch.topk(row[passed], k)
-    return top.values[None], passed[top.indices][None]
+    if Q == 1 and N >= max(16 * k, 8 * sample):
+        row = scores[0]
+        probe = row[::N // sample]  # (~sample,) every (N // sample)-th score
+        keep = min(len(probe) - 1, 2 * k * len(probe) // N + 8)  # about 2k of the N should pass
+        threshold = torch.topk(probe, keep + 1).values[-1]
+        passed = torch.nonzero(row >= threshold).squeeze(1)  # (P,) P >= keep + 1 of the probe
+        if len(passed) >= k:
+            top = torch.topk(row[passed], k)
+            return top.values[None], passed[top.indices][None]
+    top = torch.topk(scores, k, dim=1)
+    return top.values, top.indices
 
 
 def flat_search(gallery: torch.Tensor, query: torch.Tensor, top_k: int = 10):

@@ -33,9 +33,9 @@ FINETUNE_FIELDS = ("finetune_steps", "finetune_lr")
 def task_schedule(tasks: dict, steps: int, seed: int = 0) -> list[str]:
     """Each pre-training step's objective, i.i.d. from a seeded generator (resumable)."""
     names = [name for name in OBJECTIVES if tasks.get(name, 0) > 0]
-    weights = np.array([tasks[name] for name in names], dtype=float)
     if not names:
         raise ValueError(f"no objective has a positive ratio in {tasks}")
+    weights = np.array([tasks[name] for name in names], dtype=float)
     picks = np.random.default_rng(seed).choice(len(names), size=steps, p=weights / weights.sum())
     return [names[i] for i in picks]
 
@@ -76,6 +76,8 @@ def train_lightningdot(bench: dict, tokenizer, config: LightningDOTConfig | None
     seed_everything(c.seed)  # the initial weights; each Trainer seeds its own data order
     model = build_lightningdot(c, bench["train"], tokenizer)
     histories = {"pretrain": None, "finetune": None}
+    common = dict(max_text_length=c.max_text_length, lr_scales=c.lr_scales(), progress=progress,
+                  device=device)  # both stages'
     # a finished fine-tuning checkpoint holds the final weights: pre-train only for its history
     finetuned = finished_checkpoint(checkpoint_path, c.finetune_steps)
     if c.pretrain_steps > 0 and (
@@ -83,16 +85,14 @@ def train_lightningdot(bench: dict, tokenizer, config: LightningDOTConfig | None
         schedule = task_schedule(c.pretrain_tasks, c.pretrain_steps, c.seed)
         histories["pretrain"] = fit_pairs(
             model, pretrain_loss(schedule), bench["pretrain"], tokenizer, c,
-            max_text_length=c.max_text_length, max_steps=c.pretrain_steps, lr=c.pretrain_lr,
-            lr_scales=c.lr_scales(), log_every=max(1, c.pretrain_steps // 100),
-            progress=progress, device=device, checkpoint_path=pretrain_checkpoint)
+            max_steps=c.pretrain_steps, lr=c.pretrain_lr, log_every=max(1, c.pretrain_steps // 100),
+            checkpoint_path=pretrain_checkpoint, **common)
     evaluate = retrieval_evaluator(evaluate_on, lambda m, split: similarity(m, split, tokenizer))
     if c.finetune_steps > 0:
         histories["finetune"] = fit_pairs(
-            model, cmr_loss, bench["train"], tokenizer, c, max_text_length=c.max_text_length,
-            evaluate=evaluate, eval_every=eval_every, max_steps=c.finetune_steps,
-            lr=c.finetune_lr, lr_scales=c.lr_scales(), log_every=max(1, c.finetune_steps // 100),
-            progress=progress, device=device, checkpoint_path=checkpoint_path)
+            model, cmr_loss, bench["train"], tokenizer, c, evaluate=evaluate, eval_every=eval_every,
+            max_steps=c.finetune_steps, lr=c.finetune_lr, log_every=max(1, c.finetune_steps // 100),
+            checkpoint_path=checkpoint_path, **common)
     return model.eval(), histories
 
 
@@ -101,11 +101,7 @@ class LightningDOTMethod(DualEncoderMethod):
 
     checkpoint_prefix = "lightningdot"
     config_class = LightningDOTConfig
-
-    def __init__(self, config: LightningDOTConfig | None = None, name: str = "lightningdot",
-                 progress: bool = True):
-        super().__init__(config, name, progress)
-        self.pretrain_checkpoint = None
+    pretrain_checkpoint = None  # where train() finds or writes the pre-trained model
 
     @property
     def notes(self) -> str:
@@ -121,11 +117,9 @@ class LightningDOTMethod(DualEncoderMethod):
 
     def pretrain_stage(self, bench: dict, tokenizer) -> Stage | None:
         """Pre-training (None without it): every field but fine-tuning's, on bench["pretrain"]."""
-        if self.config.pretrain_steps <= 0:
-            return None
-        return Stage("lightningdot-pretrain",
-                     reads=config_fields(self.config, without=FINETUNE_FIELDS),
-                     data=bench["pretrain"], vocabulary=tokenizer, version=self.format_version)
+        return None if self.config.pretrain_steps <= 0 else Stage(
+            "lightningdot-pretrain", reads=config_fields(self.config, without=FINETUNE_FIELDS),
+            data=bench["pretrain"], vocabulary=tokenizer, version=self.format_version)
 
     def stage(self, bench: dict, tokenizer) -> Stage:
         """Fine-tuning: every field, bench["train"], from the pre-trained model's file."""
@@ -145,13 +139,9 @@ class LightningDOTMethod(DualEncoderMethod):
                                   **self.learning_curve(bench, self.config.finetune_steps))
 
 
-@register_method("lightningdot", order=3.0)
-def _lightningdot(build) -> LightningDOTMethod:
-    return LightningDOTMethod(build.config(LightningDOTConfig))
-
-
+register_method("lightningdot", order=3.0)(
+    lambda build: LightningDOTMethod(build.config(LightningDOTConfig)))
 RERANK_TOP_M = (20, 50)  # LightningDOT A.1: "for re-ranking, we choose k from {20, 50}"
 for _m in RERANK_TOP_M:
-    register_method(f"lightningdot+rerank@{_m}", order=3.1)(
-        lambda build, m=_m: TwoStageMethod(build.method("lightningdot"),
-                                           build.method("cross_encoder"), m))
+    register_method(f"lightningdot+rerank@{_m}", order=3.1)(lambda build, m=_m: TwoStageMethod(
+        build.method("lightningdot"), build.method("cross_encoder"), m))

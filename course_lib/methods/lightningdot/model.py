@@ -54,8 +54,7 @@ class LightningDOTConfig(CourseConfig):
     layers: int = 2  # transformer blocks per encoder (the paper: 12)
     heads: int = 4  # attention heads per block
     max_text_length: int = 40  # tokens per caption, [CLS] and [SEP] included
-    # None: the course's transformer from scratch; or a BERT (name or folder) to start from
-    text_encoder: str | None = None
+    text_encoder: str | None = None  # a BERT (name or folder) to start from; None: from scratch
     # the pretrained text_encoder's rate as a multiple of each stage's; None = one rate
     text_encoder_lr_scale: float | None = None
     fuse: bool = True  # VMLM / SMRM add the other side's [CLS]; False = plain MLM / MRM (Table 4)
@@ -94,8 +93,7 @@ def mask_regions(region_mask: torch.Tensor, mask_prob: float = 0.15,
                  generator: torch.Generator | None = None) -> torch.Tensor:
     """(B, R) bool: the real regions to mask, each with probability mask_prob, one at least."""
     real = region_mask.bool()
-    u = torch.rand(real.shape, generator=generator, device=real.device)
-    picked = real & (u < mask_prob)
+    picked = real & (torch.rand(real.shape, generator=generator, device=real.device) < mask_prob)
     none = real.any(1) & ~picked.any(1)
     if none.any():
         noise = torch.rand(real.shape, generator=generator, device=real.device)

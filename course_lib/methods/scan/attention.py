@@ -30,7 +30,7 @@ _BLOCK_ELEMENTS = {"cpu": 1 << 19, "other": 1 << 24}
 
 
 # ----------------------------------------------------------------------------- checks
-def _check_items(x, name: str, shape_hint: str) -> torch.Tensor:
+def _check_items(x, name: str, shape_hint: str) -> None:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch tensor {shape_hint}, not {type(x).__name__}; "
                         "wrap it with torch.as_tensor(...)")
@@ -39,13 +39,12 @@ def _check_items(x, name: str, shape_hint: str) -> torch.Tensor:
                          "a single item set needs a leading batch axis: x.unsqueeze(0)")
     if not x.is_floating_point():
         raise TypeError(f"{name} must be floating point, got {x.dtype}; use {name}.float()")
-    return x
 
 
-def _check_mask(mask, items: torch.Tensor, name: str, items_name: str) -> torch.Tensor | None:
-    """`mask` (same leading two axes as `items`, bool, True = real item), or None."""
+def _check_mask(mask, items: torch.Tensor, name: str, items_name: str, all_real: bool = False):
+    """`mask` (bool, True = real item, on `items`' first two axes); None: None, or all True."""
     if mask is None:
-        return None
+        return items.new_ones(items.shape[:2], dtype=torch.bool) if all_real else None
     if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
         kind = mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__
         raise TypeError(f"{name} must be a bool tensor (True = real item), got {kind}; "
@@ -81,8 +80,7 @@ def _attention_weights(attn: torch.Tensor, lambda_softmax: float, context_bias: 
 
 def _bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """0 where mask is True (real), -inf where False (padded)."""
-    bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
-    return bias.masked_fill_(~mask, float("-inf"))
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, -math.inf)
 
 
 def func_attention(query: torch.Tensor, context: torch.Tensor, lambda_softmax: float = 9.0,
@@ -117,20 +115,10 @@ def func_attention(query: torch.Tensor, context: torch.Tensor, lambda_softmax: f
     weights = _attention_weights(attn, lambda_softmax, bias, eps).transpose(1, 2)  # (P, Lq, Lc)
     if query_mask is not None:
         weights = weights * query_mask.unsqueeze(-1)
-    attended = weights @ context  # (P, Lq, D)
-    return attended, weights
+    return weights @ context, weights  # attended (P, Lq, D)
 
 
 # ----------------------------------------------------------------------------- similarity
-def aggregate(sims: torch.Tensor, mask: torch.Tensor, agg: str, lambda_lse: float):
-    """(..., Lq) cosines -> (...) over the real items: LogSumExp ("lse") or mean ("mean")."""
-    if agg == "lse":
-        # log(sum exp(lambda r)) / lambda; padded items add exp(-inf) = 0
-        logits = (sims * lambda_lse).masked_fill(~mask, float("-inf"))
-        return torch.logsumexp(logits, dim=-1) / lambda_lse
-    return (sims * mask).sum(-1) / mask.sum(-1)
-
-
 def _score_block(context, context_mask, context_gram, query, query_mask, query_norm,
                  lambda_softmax, agg, lambda_lse, eps):
     """Bc context sets (Bc, Lc, D) against Bq query sets (Bq, Lq, D) -> (Bc, Bq); padded slots are
@@ -150,7 +138,11 @@ def _score_block(context, context_mask, context_gram, query, query_mask, query_n
     # the clamp keeps sqrt's gradient finite
     attended_norm = (gram_weights * weights).sum(1).clamp(min=eps * eps).sqrt()  # (Bc, Bq, Lq)
     cosine = dots / (query_norm * attended_norm).clamp(min=eps)  # SCAN's cosine_similarity
-    return aggregate(cosine, query_mask, agg, lambda_lse)  # (Bc, Bq)
+    # aggregated over the real query items -> (Bc, Bq)
+    if agg == "lse":  # log(sum exp(lambda r)) / lambda; padded items add exp(-inf) = 0
+        logits = (cosine * lambda_lse).masked_fill(~query_mask, float("-inf"))
+        return torch.logsumexp(logits, dim=-1) / lambda_lse
+    return (cosine * query_mask).sum(-1) / query_mask.sum(-1)
 
 
 def _block_shape(n_images: int, n_texts: int, per_pair: int, shard_size: int | None,
@@ -195,41 +187,31 @@ def scan_similarity(regions: torch.Tensor, region_mask: torch.Tensor | None, wor
     if regions.device != words.device:
         raise ValueError(f"regions are on {regions.device} but words on {words.device}; "
                          "move both to one device")
-    region_mask = _check_mask(region_mask, regions, "region_mask", "regions")
-    word_mask = _check_mask(word_mask, words, "word_mask", "words")
-    if region_mask is None:
-        region_mask = torch.ones(regions.shape[:2], dtype=torch.bool, device=regions.device)
-    if word_mask is None:
-        word_mask = torch.ones(words.shape[:2], dtype=torch.bool, device=words.device)
+    region_mask = _check_mask(region_mask, regions, "region_mask", "regions", all_real=True)
+    word_mask = _check_mask(word_mask, words, "word_mask", "words", all_real=True)
     _check_nonempty(region_mask, "image", "region")
     _check_nonempty(word_mask, "text", "word")
 
     out_dtype = torch.promote_types(regions.dtype, words.dtype)
     work = torch.promote_types(out_dtype, torch.float32)  # half inputs: float32 arithmetic
     n_images, n_texts = regions.shape[0], words.shape[0]
-    if n_images == 0 or n_texts == 0:
-        return regions.new_zeros((n_images, n_texts), dtype=out_dtype)
     # padded slots zeroed add nothing to any dot product, norm or Gram matrix
     regions = regions.to(work).masked_fill(~region_mask.unsqueeze(-1), 0)  # (N, R, D)
     words = words.to(work).masked_fill(~word_mask.unsqueeze(-1), 0)  # (T, L, D)
-    if direction == "t2i":  # words attend over regions
-        context, context_mask, query, query_mask = regions, region_mask, words, word_mask
-    else:  # regions attend over words
-        context, context_mask, query, query_mask = words, word_mask, regions, region_mask
+    sides = [(regions, region_mask), (words, word_mask)]  # t2i: words attend over regions
+    (context, context_mask), (query, query_mask) = sides if direction == "t2i" else sides[::-1]
     context_gram = context @ context.transpose(1, 2)  # (n_context_sets, Lc, Lc)
     query_norm = torch.linalg.vector_norm(query, dim=-1)  # (n_query_sets, Lq)
 
     budget = _BLOCK_ELEMENTS["cpu" if regions.device.type == "cpu" else "other"]
     block_images, block_texts = _block_shape(n_images, n_texts, regions.shape[1] * words.shape[1],
                                              shard_size, budget)
-    rows = []
+    out = regions.new_empty((n_images, n_texts))  # (N, T), filled block by block
     for i0 in range(0, n_images, block_images):
-        row = []
         for t0 in range(0, n_texts, block_texts):
             images, texts = slice(i0, i0 + block_images), slice(t0, t0 + block_texts)
             c, q = (images, texts) if direction == "t2i" else (texts, images)
             block = _score_block(context[c], context_mask[c], context_gram[c], query[q],
                                  query_mask[q], query_norm[q], lambda_softmax, agg, lambda_lse, eps)
-            row.append(block if direction == "t2i" else block.T)  # (block_images, block_texts)
-        rows.append(torch.cat(row, dim=1))
-    return torch.cat(rows, dim=0).to(out_dtype)  # (N, T)
+            out[images, texts] = block if direction == "t2i" else block.T
+    return out.to(out_dtype)

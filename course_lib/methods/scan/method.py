@@ -1,4 +1,4 @@
-"""SCAN's training (`train_scan`), `SCANMethod` and its registration.
+"""SCAN's training and its benchmark Method.
 
     model, history = train_scan(bench, tokenizer, SCANConfig())
     sims = scan_matrix(model, bench["test"], tokenizer)        # (n_images, n_texts)
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-import torch.nn.functional as F
+from torch.nn.utils.rnn import pad_sequence
 
 from course_lib.core.checkpoints import model_device
 from course_lib.core.history import History
@@ -38,9 +38,9 @@ def train_scan(bench: dict, tokenizer, config: SCANConfig | None = None, *, chec
     model = build_scan(config, bench["train"], tokenizer)
     evaluate = retrieval_evaluator(
         evaluate_on, lambda m, split: scan_matrix(m, split, tokenizer, progress=False))
-    loss_fn = scan_loss(config.margin, config.max_violation)
-    history = fit_pairs(model, loss_fn, bench["train"], tokenizer, config, modality=model.modality,
-                        evaluate=evaluate, eval_every=eval_every, log_every=25, progress=progress,
+    history = fit_pairs(model, scan_loss(config.margin, config.max_violation), bench["train"],
+                        tokenizer, config, modality=model.modality, evaluate=evaluate,
+                        eval_every=eval_every, log_every=25, progress=progress,
                         checkpoint_path=checkpoint_path, device=device)
     return model.eval(), history
 
@@ -71,16 +71,14 @@ class SCANMethod(PairwiseMethod):
             # words come first: a caption's real ones are a prefix of its row
             words.update((t, w[m]) for t, w, m in zip(new, encoded, real, strict=True))
         chosen = [words[t] for t in texts]
-        length = max(max(len(w) for w in chosen), 1)
-        padded = torch.stack([F.pad(w, (0, 0, 0, length - len(w))) for w in chosen])  # (m, L, E)
-        mask = torch.arange(length) < torch.tensor([len(w) for w in chosen]).unsqueeze(1)  # (m, L)
+        padded = pad_sequence(chosen, batch_first=True)  # (m, L, E), zero past each caption's words
+        mask = torch.arange(padded.shape[1]) < torch.tensor([len(w) for w in chosen])[:, None]
         return regions, region_mask, padded, mask
 
     @torch.no_grad()
     def score_block(self, split, image_indices, text_indices) -> torch.Tensor:
         """(n, m) SCAN scores of the chosen images against the chosen captions, on the CPU."""
-        model = self._fitted().eval()
-        device = model_device(model)
+        model, device = self._fitted().eval(), model_device(self.model)
         regions, region_mask, words, word_mask_ = self._encodings(split, text_indices)
         img = torch.as_tensor(image_indices, dtype=torch.long)
         return model.score(regions[img].to(device), region_mask[img].to(device), words.to(device),
@@ -116,8 +114,7 @@ class SCANMethod(PairwiseMethod):
 
     def query_fn(self, split, caption_index: int = 0, top_k: int = 10):
         """One text query: regions encoded here (offline), each call attends over every image."""
-        model = self._fitted().eval()
-        device = model_device(model)
+        model, device = self._fitted().eval(), model_device(self.model)
         regions, region_mask = (x.to(device) for x in encode_regions(model, split))  # offline
         collate, caption = TextCollate(self.tokenizer), split.captions[caption_index]
 
@@ -125,12 +122,9 @@ class SCANMethod(PairwiseMethod):
         def answer() -> torch.Tensor:
             batch = {k: v.to(device) for k, v in collate.encode([caption]).items()}  # (1, T)
             scores = model.score(regions, region_mask, *model.encode_texts(batch))  # (N, 1)
-            best = torch.topk(scores[:, 0], min(top_k, len(scores))).indices  # (top_k,)
-            return best.cpu().numpy()
+            return torch.topk(scores[:, 0], min(top_k, len(scores))).indices.cpu().numpy()
 
         return answer
 
 
-@register_method("scan", order=2.0)
-def _scan(build) -> SCANMethod:
-    return SCANMethod(build.config(SCANConfig))
+register_method("scan", order=2.0)(lambda build: SCANMethod(build.config(SCANConfig)))

@@ -52,13 +52,11 @@ class SCANConfig(CourseConfig):
     warmup_fraction: float = 0.05  # share of steps warming up; then linear decay to 0
     grad_clip: float = 2.0  # max gradient norm (VSE++ / SCAN)
     seed: int = 0  # model initialisation and data order
-    # None: SCAN's bi-GRU from scratch; or a pretrained BERT (name or folder) under a Linear
-    text_encoder: str | None = None
+    text_encoder: str | None = None  # a BERT (name or folder) under a Linear; None: SCAN's bi-GRU
     text_trainable_layers: int = 0
 
     SMOKE: ClassVar[dict] = {"max_steps": 40}  # smoke(): tiny training, same code path
-    # the real-photo preset (CourseConfig.REAL_PHOTOS), chosen on Flickr8k's val
-    REAL_PHOTOS: ClassVar[dict] = {"max_steps": 600, "embed_dim": 256}
+    REAL_PHOTOS: ClassVar[dict] = {"max_steps": 600, "embed_dim": 256}  # chosen on Flickr8k's val
 
     def __post_init__(self):
         if self.text_trainable_layers and self.text_encoder is None:
@@ -210,10 +208,7 @@ def scan_matrix(model: SCANModel, split, tokenizer, *, device=None, batch_size: 
     kwargs = dict(batch_size=batch_size, device=device, progress=progress)
     regions, region_mask = encode_regions(model, split, **kwargs)  # (N, R, E), (N, R)
     words, word_mask_ = (x.to(device) for x in encode_words(model, split, tokenizer, **kwargs))
-    rows = []
-    for start in tqdm(range(0, len(regions), image_chunk), desc="SCAN scores", disable=not progress,
-                      leave=False):
-        chunk = slice(start, start + image_chunk)
-        rows.append(model.score(regions[chunk].to(device), region_mask[chunk].to(device), words,
-                                word_mask_).cpu())  # (image_chunk, T)
-    return torch.cat(rows)  # (N, T)
+    chunks = [slice(i, i + image_chunk) for i in range(0, len(regions), image_chunk)]
+    return torch.cat([model.score(regions[c].to(device), region_mask[c].to(device), words,
+                                  word_mask_).cpu()  # (image_chunk, T)
+                      for c in tqdm(chunks, desc="SCAN scores", disable=not progress, leave=False)])

@@ -33,7 +33,7 @@ from course_lib.core.stages import Stage, config_fields, config_with_defaults
 from course_lib.data.datasets import ImageDataset
 from course_lib.methods.base import DualEncoderMethod, fit_pairs
 from course_lib.methods.encoding import retrieval_evaluator, similarity
-from course_lib.methods.queries import query_indices
+from course_lib.methods.queries import TopK, query_indices
 from course_lib.methods.registry import register_method
 from course_lib.methods.rerank import Cascade, TwoStageMethod, two_stage_scores
 from course_lib.methods.scan.method import SCANMethod
@@ -87,19 +87,16 @@ def tower_config(config: UBERTConfig) -> UBERTConfig:
     return dataclasses.replace(config_with_defaults(config, CROSS_FIELDS), cross_towers="none")
 
 
-def ubert_scores(model: UBERT, split, tokenizer, top_k: dict | None = None,
-                 states: UBERTStates | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dense (i2t, t2i) (N, T): s1, each query's top K re-scored by s2 above the rest."""
-    top_k = {**TOP_K, **(top_k or {})}
-    states = states or compute_states(model, split, tokenizer)
-    first = states.image_intra @ states.text_intra.T  # (N, T) s1
-    scorer = partial(score_cached_pairs, model, states)  # s2 (P,) of pairs (images, texts)
-    return tuple(two_stage_scores(first, scorer, top_k[d], d) for d in ("i2t", "t2i"))
-
-
 def ubert_evaluator(split, tokenizer):
-    """A Trainer `evaluate` hook: retrieval_metrics of ubert_scores; None -> None."""
-    return retrieval_evaluator(split, lambda model, one: ubert_scores(model, one, tokenizer))
+    """A Trainer `evaluate` hook (None -> None): retrieval_metrics of the dense (i2t, t2i) (N, T)
+    scores, s1 with each query's top K re-scored by s2 above the rest."""
+    def scores(model: UBERT, one) -> tuple[torch.Tensor, ...]:
+        states = compute_states(model, one, tokenizer)
+        first = states.image_intra @ states.text_intra.T  # (N, T) s1
+        scorer = partial(score_cached_pairs, model, states)  # s2 (P,) of pairs (images, texts)
+        return tuple(two_stage_scores(first, scorer, TOP_K[d], d) for d in ("i2t", "t2i"))
+
+    return retrieval_evaluator(split, scores)
 
 
 def train_ubert(bench: dict, tokenizer, config: UBERTConfig | None = None, *,
@@ -109,17 +106,16 @@ def train_ubert(bench: dict, tokenizer, config: UBERTConfig | None = None, *,
                 device: str | None = None) -> tuple[UBERT, dict]:
     """Train U-BERT -> (model, histories "towers" and "cross", or "joint"). towers: (a trained
     U-BERT, its step-1 history) standing for step 1; evaluate_cross=False: stage 1's curve only."""
-    c = config or UBERTConfig()
-    train = bench["train"]
+    c, train = config or UBERTConfig(), bench["train"]
     common = dict(log_every=25, progress=progress, device=device)  # every fit_pairs call's
+    cross = dict(checkpoint_path=checkpoint_path, batch_size=c.cross_batch_size, lr=c.cross_lr,
+                 **common)  # step 2's and joint training's
     if c.training == "joint":
         seed_everything(c.seed)
         model = build_ubert(c, train, tokenizer, scan)
         history = fit_pairs(model, cross_loss(c, with_l1=True), train, tokenizer, c,
                             evaluate=ubert_evaluator(evaluate_on, tokenizer),
-                            checkpoint_path=checkpoint_path, max_steps=c.max_steps + c.cross_steps,
-                            batch_size=c.cross_batch_size, lr=c.cross_lr,
-                            lr_scales=c.lr_scales(), **common)
+                            max_steps=c.max_steps + c.cross_steps, lr_scales=c.lr_scales(), **cross)
         return model.eval(), {"joint": history}
     histories = {}
     finished = finished_checkpoint(checkpoint_path, c.cross_steps)
@@ -141,9 +137,7 @@ def train_ubert(bench: dict, tokenizer, config: UBERTConfig | None = None, *,
     model.freeze_towers()
     evaluate = ubert_evaluator(evaluate_on if evaluate_cross else None, tokenizer)
     histories["cross"] = fit_pairs(model, cross_loss(c), train, tokenizer, c, evaluate=evaluate,
-                                   eval_every=eval_every, checkpoint_path=checkpoint_path,
-                                   max_steps=c.cross_steps, batch_size=c.cross_batch_size,
-                                   lr=c.cross_lr, **common)
+                                   eval_every=eval_every, max_steps=c.cross_steps, **cross)
     return model.eval(), histories
 
 
@@ -166,8 +160,7 @@ class UBERTMethod(DualEncoderMethod):
 
     @property
     def notes(self) -> str:
-        c = self.config
-        scale = c.text_encoder_lr_scale
+        c, scale = self.config, self.config.text_encoder_lr_scale
         rate = "" if scale is None else f" at {scale:g}x the rate"
         towers = (f"2 towers x {c.tower_layers} layers" if c.text_encoder is None else
                   f"BERT_img {c.tower_layers} layers, BERT_txt {Path(c.text_encoder).name}" + rate)
@@ -194,21 +187,18 @@ class UBERTMethod(DualEncoderMethod):
         return model.freeze_towers() if self.config.training == "two_step" else model
 
     def train(self, bench: dict, tokenizer, checkpoint_path, cache_dir):
-        self.towers_checkpoint = None
-        if self.config.training == "two_step":
-            self.towers_checkpoint = self.towers_stage(bench, tokenizer).path(cache_dir)
-        scan = None
+        c, scan = self.config, None
+        self.towers_checkpoint = (self.towers_stage(bench, tokenizer).path(cache_dir)
+                                  if c.training == "two_step" else None)
         if self.scan is not None:  # trained SCAN for BERT_cross's inputs
-            c = self.config
             steps = c.max_steps + c.cross_steps if c.training == "joint" else c.cross_steps
             scan = self.trained_model_of(self.scan, bench, tokenizer, cache_dir,
                                          needed=not finished_checkpoint(checkpoint_path, steps))
         # stage 1's curve only: scoring stage 2 on two galleries costs a cross pass per candidate
-        return train_ubert(bench, tokenizer, self.config, towers_checkpoint=self.towers_checkpoint,
-                           checkpoint_path=checkpoint_path,
-                           towers=self.shared_towers(bench, tokenizer), scan=scan,
-                           progress=self.progress, evaluate_cross=False,
-                           **self.learning_curve(bench, self.config.max_steps))
+        return train_ubert(bench, tokenizer, c, towers_checkpoint=self.towers_checkpoint,
+                           checkpoint_path=checkpoint_path, scan=scan, evaluate_cross=False,
+                           towers=self.shared_towers(bench, tokenizer), progress=self.progress,
+                           **self.learning_curve(bench, c.max_steps))
 
     def shared_towers(self, bench: dict, tokenizer) -> tuple[UBERT, object] | None:
         """(model, step-1 history) of towers_from, checked to share this one's step 1."""
@@ -237,15 +227,13 @@ class UBERTMethod(DualEncoderMethod):
         """The split's stage-2 states, once per split and model."""
         return self.cached_states(split, compute_states)
 
-    def rank(self, split, direction: str, top_k: int,
-             queries=None) -> tuple[torch.Tensor, torch.Tensor]:
+    def rank(self, split, direction: str, top_k: int, queries=None) -> TopK:
         """Stage 1: exact top_k by s1 via a FAISS index of the cached intra vectors."""
         queries = torch.as_tensor(query_indices(split, direction, queries), dtype=torch.long)
         states = self.states(split)
         gallery, asked = ((states.image_intra, states.text_intra) if direction == "t2i"
                           else (states.text_intra, states.image_intra))
-        scores, indices = search(build_index(gallery), asked[queries],
-                                 min(top_k, len(gallery)))  # (Q, k) each
+        scores, indices = search(build_index(gallery), asked[queries], min(top_k, len(gallery)))
         return torch.as_tensor(indices, dtype=torch.long), torch.as_tensor(scores)
 
     def score_pairs(self, split, image_indices, text_indices) -> torch.Tensor:
@@ -270,14 +258,12 @@ class UBERTCascade(Cascade):
     def _online(self, split, direction: str, query_batch, top_k: int):
         """One query's online path: its tower pass, a FAISS search of the gallery's intra vectors
         for the top K, BERT_cross on their cached states."""
-        ubert = self.ubert
-        model, K = ubert._fitted().eval(), self.survivors(direction)[0]  # eval once, not per query
-        device = model_device(model)
-        states = ubert.states(split)  # offline: every gallery item's tokens and intra vector
-        intra = states.image_intra if direction == "t2i" else states.text_intra  # the gallery's
-        searcher = Searcher(build_index(intra), K)
-        encode = model.text_states if direction == "t2i" else model.image_states
-        gallery_states = states.image if direction == "t2i" else states.text
+        model, K = self.ubert._fitted().eval(), self.survivors(direction)[0]  # eval once
+        device, states = model_device(model), self.ubert.states(split)  # offline: the gallery's
+        t2i = direction == "t2i"
+        searcher = Searcher(build_index(states.image_intra if t2i else states.text_intra), K)
+        encode = model.text_states if t2i else model.image_states
+        gallery_states = states.image if t2i else states.text
 
         @torch.inference_mode()
         def answer() -> np.ndarray:
@@ -285,8 +271,7 @@ class UBERTCascade(Cascade):
             candidates = torch.from_numpy(searcher(query[2].float().cpu().numpy())[1])  # (K,)
             gallery = [s.to(device) for s in gallery_states(candidates)]
             s2 = rescore_candidates(model, query, gallery, direction).cpu()  # (K,)
-            order = torch.argsort(s2, descending=True, stable=True)
-            return candidates[order][:top_k].numpy()
+            return candidates[torch.argsort(s2, descending=True, stable=True)][:top_k].numpy()
 
         return answer
 

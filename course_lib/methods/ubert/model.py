@@ -55,19 +55,14 @@ class UBERTConfig(CourseConfig):
 
     hidden: int = 128  # width of every token, in the towers and in BERT_cross (paper: 768)
     tower_layers: int = 2  # blocks in each intra-modal tower, BERT_img and BERT_txt (paper: 12)
-    # blocks L_c of BERT_cross (paper: 3 of 12; ours: 1 of the cross-encoder's 3)
-    cross_layers: int = 1
+    cross_layers: int = 1  # blocks L_c of BERT_cross (paper: 3 of 12; the cross-encoder has 3)
     heads: int = 4  # attention heads per block
-    # weight of the intra part in eq. 15 (the paper's, "without cherry-picking")
-    alpha: float = 0.5
-    # "scan": BERT_cross's tokens also carry SCAN's reading of each; or "none"
-    cross_towers: str = "scan"
-    # "two_step" (§4.3: the towers with L1, then BERT_cross with L2) or "joint" (L1 + L2)
-    training: str = "two_step"
+    alpha: float = 0.5  # weight of the intra part in eq. 15 (the paper's, "without cherry-picking")
+    cross_towers: str = "scan"  # "scan": BERT_cross's tokens also carry SCAN's reading; or "none"
+    training: str = "two_step"  # §4.3's towers with L1 then BERT_cross with L2, or "joint" L1 + L2
     dropout: float = 0.1  # on the embeddings and inside every block (the paper's 0.1)
     margin: float = 0.1  # hinge margin of L1 and L2 (the paper gives none; VSE++'s is 0.2)
-    # True: the hardest in-batch negatives only (§4.3, "as VSE++"); False: every hinge, as our VSE++
-    max_violation: bool = False
+    max_violation: bool = False  # the hardest in-batch negatives only (§4.3, "as VSE++"), or all
     sum_warmup_steps: int = 200  # with max_violation: each stage's first steps sum every hinge
     max_text_length: int = 40  # token positions (the paper: up to 44 tokens)
     # None: ours, from random weights; else the pretrained BERT BERT_txt starts from
@@ -77,11 +72,9 @@ class UBERTConfig(CourseConfig):
     batch_size: int = 256  # step 1 (the towers with L1): pairs per step (the paper's: 216)
     lr: float = 1e-3  # peak AdamW learning rate of step 1
     max_steps: int = 4000  # optimizer steps of step 1 (~20 epochs of the 10k-scene train split)
-    # step 2 (BERT_cross with L2): pairs per step, every image with every caption
-    cross_batch_size: int = 16
+    cross_batch_size: int = 16  # step 2 (BERT_cross with L2): pairs per step, each with each
     cross_lr: float = 4e-3  # peak AdamW rate of step 2 and of joint training
-    # optimizer steps of step 2 (joint: max_steps + cross_steps)
-    cross_steps: int = 5000
+    cross_steps: int = 5000  # optimizer steps of step 2 (joint: max_steps + cross_steps)
     warmup_fraction: float = 0.05  # share of each stage's steps warming up; then linear decay to 0
     grad_clip: float = 2.0  # max gradient norm (VSE++)
     seed: int = 0  # model initialisation and data order
@@ -126,8 +119,7 @@ class UBERT(JointEmbedding):
         # a pretrained BERT_txt brings its own word table: the course's shrinks to one row
         super().__init__(region_dim, 1 if cfg.text_encoder else vocab_size, H, cfg.max_text_length,
                          box_dim, 0 if cfg.text_encoder else pad_token_id)
-        self.config = cfg
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.config, self.dropout = cfg, nn.Dropout(cfg.dropout)
         self.image_tower = Transformer(H, cfg.tower_layers, cfg.heads, cfg.dropout)  # BERT_img
         if cfg.text_encoder is None:
             self.text_tower = Transformer(H, cfg.tower_layers, cfg.heads, cfg.dropout)  # BERT_txt
@@ -136,8 +128,7 @@ class UBERT(JointEmbedding):
                                               "the width BERT_cross reads")
         self.cross = Transformer(H, cfg.cross_layers, cfg.heads, cfg.dropout)  # BERT_cross: L_c
         self._init_tables()
-        self.towers_frozen = False
-        self.scan = None
+        self.towers_frozen, self.scan = False, None
         if scan is not None:  # built last: the towers' and BERT_cross's initial weights ignore it
             self.scan = copy.deepcopy(scan).requires_grad_(False).eval()  # its own frozen copy
             E = scan.config.embed_dim
@@ -145,14 +136,11 @@ class UBERT(JointEmbedding):
                                                for side in ("word", "region")})
 
     # ---- step 2 freezes everything but BERT_cross -------------------------------------------
-    def tower_parameters(self):
-        """What stage 1 trains: the embedding tables and both towers."""
-        return [p for name, p in self.named_parameters() if not name.startswith(STEP_TWO_PARTS)]
-
     def freeze_towers(self) -> UBERT:
         """Step 2 of §4.3: towers and embeddings fixed, in eval mode even while training."""
-        for p in self.tower_parameters():
-            p.requires_grad_(False)
+        for name, p in self.named_parameters():
+            if not name.startswith(STEP_TWO_PARTS):  # the embedding tables and both towers
+                p.requires_grad_(False)
         self.towers_frozen = True
         return self.train(self.training)
 
@@ -284,11 +272,9 @@ def compute_states(model: UBERT, split, tokenizer, *, batch_size: int = 512,
             if text is None:  # filled in caption order, zero past each batch's longest: no copies
                 text = [tokens.new_zeros(T, L, tokens.shape[-1]), mask.new_zeros(T, L),
                         intra.new_zeros(T, intra.shape[-1])]  # the full setting's: gigabytes
-            text[0][rows, :tokens.shape[1]] = tokens
-            text[1][rows, :mask.shape[1]] = mask
-            text[2][rows] = intra
-    image = [torch.cat(column) for column in zip(*image_parts, strict=True)]
-    return UBERTStates(*image, *text)
+            for whole, part in zip(text, (tokens, mask, intra), strict=True):
+                whole[rows, :part.shape[1]] = part
+    return UBERTStates(*(torch.cat(column) for column in zip(*image_parts, strict=True)), *text)
 
 
 def score_cached_pairs(model: UBERT, states: UBERTStates, image_indices, text_indices, *,
