@@ -100,8 +100,7 @@ def write_outputs(results: dict, out: Path) -> None:
 
 
 def _write_together(files: dict) -> None:
-    """{path: its text, or a function that writes it to a given path}: every file written under a
-    temporary name, then all moved into place (atomic on one file system), or none."""
+    """{path: its text, or a function writing it to a path}: all written, then moved in, or none."""
     staged = {final: final.with_name(f".{final.stem}.tmp{final.suffix}") for final in files}
     try:
         for final, content in files.items():

@@ -84,8 +84,8 @@ def show_twins(split, pairs, *, n_captions: int = 2, width: float = 3.0):
     return fig
 
 
-def _draw_ranked(axes, split, ranked, true_image=None, ids: bool = True) -> None:
-    """One ranking into a row of axes, the true image framed in red (LightningDOT Fig. 4)."""
+def _draw_ranked(axes, split, ranked, true_image=None, ids: bool = True) -> bool:
+    """One ranking in axes, the true image framed red (LightningDOT Fig. 4); True if absent."""
     for ax in axes[len(ranked):]:  # the spare axes
         ax.axis("off")
     for rank, (ax, i) in enumerate(zip(axes, ranked, strict=False), start=1):
@@ -97,6 +97,7 @@ def _draw_ranked(axes, split, ranked, true_image=None, ids: bool = True) -> None
             spine.set_linewidth(4 if hit else 0.5)
         title = f"{rank}." + (f" {split.image_ids[i]}" if ids else "") + (" (true)" if hit else "")
         ax.set_title(title, fontsize=8, color="red" if hit else "black")
+    return true_image is not None and int(true_image) not in ranked
 
 
 def show_retrieval(split, query_text: str, ranked_image_indices, true_image=None, *, cols: int = 5,
@@ -106,8 +107,7 @@ def show_retrieval(split, query_text: str, ranked_image_indices, true_image=None
     rows = max(1, (len(ranked) + cols - 1) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(cols * width, rows * (width + 0.35) + 0.5),
                              squeeze=False)
-    _draw_ranked(list(axes.flat), split, ranked, true_image)
-    missing = true_image is not None and int(true_image) not in ranked
+    missing = _draw_ranked(list(axes.flat), split, ranked, true_image)
     fig.suptitle(textwrap.fill(f'"{query_text}"', 90)
                  + ("\n(true image not in this list)" if missing else ""), fontsize=9)
     fig.tight_layout()
@@ -123,8 +123,7 @@ def show_rankings(split, rankings, *, width: float = 2.0, title=None):
     height = len(rankings) * row_height + (0.5 if title else 0.1)
     fig, axes = plt.subplots(len(rankings), cols, figsize=(cols * width, height), squeeze=False)
     for row, (label, ranked, true_image) in zip(axes, rankings, strict=True):
-        _draw_ranked(row, split, ranked, true_image, ids=False)
-        missing = true_image is not None and int(true_image) not in ranked
+        missing = _draw_ranked(row, split, ranked, true_image, ids=False)
         row[0].annotate(textwrap.shorten(label, 12 * cols * width)
                         + (" (true image not in this list)" if missing else ""),
                         xy=(0, 1), xycoords="axes fraction", xytext=(0, 15), fontsize=9,

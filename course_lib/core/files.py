@@ -9,7 +9,7 @@ import os
 import tempfile
 import threading
 from collections.abc import Callable
-from contextlib import contextmanager
+from contextlib import nullcontext
 from pathlib import Path
 
 from filelock import FileLock
@@ -42,12 +42,9 @@ def lock_file(checkpoint_path) -> Path:
     return LOCKS / f"{Path(checkpoint_path).name}-{key}.lock"
 
 
-@contextmanager
 def training_lock(checkpoint_path):
     """Held while a model trains into `checkpoint_path` (None: no lock, nothing is shared)."""
     if checkpoint_path is None:
-        yield
-        return
+        return nullcontext()
     LOCKS.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(lock_file(checkpoint_path))):
-        yield
+    return FileLock(str(lock_file(checkpoint_path)))

@@ -103,7 +103,11 @@ def t2i_ranks(sims, txt2img, *, chunk_size: int | None = None, query_texts=None)
     true_scores = scores[torch.from_numpy(txt2img[columns]).to(scores.device), cols]  # (Q,)
     ranks = torch.full_like(cols, -1, dtype=torch.int64)  # (Q,); -1: the true image counts itself
     for start in range(0, n_images, chunk_size):
-        block = _checked_block(scores, start, chunk_size)  # (c, T)
+        block = scores[start:start + chunk_size]  # (c, T)
+        if torch.isnan(block).any():
+            row = start + int(torch.isnan(block).any(dim=1).nonzero()[0, 0])
+            raise ValueError(f"sims contains NaN (first in image row {row}); fix the model or data "
+                             "(e.g. normalise with eps, or torch.nan_to_num if it is masking)")
         ranks += ((block if every else block[:, cols]) >= true_scores[None, :]).sum(0)  # (Q,)
     return ranks.cpu().numpy()
 
@@ -122,16 +126,6 @@ def _chunk_rows(chunk_size: int | None, n_texts: int) -> int:
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     return chunk_size
-
-
-def _checked_block(scores: torch.Tensor, start: int, chunk_size: int) -> torch.Tensor:
-    """Rows [start, start + chunk_size) of scores, after checking them for NaN."""
-    block = scores[start:start + chunk_size]  # (c, T)
-    if torch.isnan(block).any():
-        row = start + int(torch.isnan(block).any(dim=1).nonzero()[0, 0])
-        raise ValueError(f"sims contains NaN (first in image row {row}); fix the model or data "
-                         "(e.g. normalise with eps, or torch.nan_to_num if it is masking)")
-    return block
 
 
 def retrieval_ranks(sims, txt2img, *, chunk_size: int | None = None, query_texts=None,

@@ -113,6 +113,12 @@ class CourseConfig:
         """smoke() when COURSE_SMOKE is set, else the defaults."""
         return cls.smoke(**overrides) if smoke_mode() else cls(**overrides)
 
+    def check_choices(self, **choices) -> None:
+        """ValueError unless each named field is one of its choices (a tuple)."""
+        for name, options in choices.items():
+            if getattr(self, name) not in options:
+                raise ValueError(f"{name} must be one of {options}, got {getattr(self, name)!r}")
+
 
 class CourseNote(UserWarning):
     """A warning for a learner, shown by `plain_course_notes` as one line without a file path."""
@@ -152,9 +158,7 @@ def seed_everything(seed: int = 0) -> None:
     """Seed Python, NumPy and torch (all devices) so a run can be repeated."""
     random.seed(seed)
     np.random.seed(seed)
-    torch.manual_seed(seed)
-    if torch.cuda.is_available():
-        torch.cuda.manual_seed_all(seed)
+    torch.manual_seed(seed)  # every device's generator: CUDA's and MPS's too
 
 
 def describe_environment() -> dict[str, str]:

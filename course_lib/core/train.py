@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from course_lib.core import distributed
-from course_lib.core.checkpoints import TRAINER_FORMAT, check_model_state
+from course_lib.core.checkpoints import TRAINER_FORMAT, check_model_state, inference
 from course_lib.core.files import training_lock, write_atomically
 from course_lib.core.history import History
 from course_lib.core.optimizer import param_groups, warmup_linear_decay
@@ -264,12 +264,8 @@ class Trainer:
         return row
 
     def _run_evaluate(self) -> None:
-        self.model.eval()
-        try:
-            with torch.no_grad():
-                metrics = self.evaluate(self.model)
-        finally:
-            self.model.train()
+        with inference(self.model):  # eval mode, no grad; back to train mode after
+            metrics = self.evaluate(self.model)
         if not isinstance(metrics, dict):
             raise TypeError(f"evaluate must return a dict of metrics, got {type(metrics).__name__}")
         row = {"step": self.step, "eval": True, "cpu_seconds": round(self.cpu_seconds, 2)}
@@ -300,9 +296,8 @@ class Trainer:
         path = path or self.config.checkpoint_path
         if not path:
             raise ValueError("no path given and config.checkpoint_path is None")
-        if self.rank != 0:
-            return
-        write_atomically(path, lambda temporary: torch.save(self.state_dict(), temporary))
+        if self.rank == 0:
+            write_atomically(path, lambda temporary: torch.save(self.state_dict(), temporary))
 
     def load_checkpoint(self, path: str) -> None:
         """Restore the state `save_checkpoint` wrote (then `fit()` continues)."""

@@ -115,24 +115,31 @@ def meanings_of(rng: np.random.Generator, scenes: Scenes, scene_idx, family, a_o
     a_obj[t] (and b_obj[t] unless -1) of scene scene_idx[t]; size and colour are each left out
     with probability attribute_dropout."""
     s, a, b, family = (np.asarray(x, dtype=np.int64) for x in (scene_idx, a_obj, b_obj, family))
-    T, has_b = len(s), b >= 0
-    b_safe = np.maximum(b, 0)
+    T, has_b, b_safe = len(s), b >= 0, np.maximum(b, 0)
     drop = rng.random((T, 4)) < attribute_dropout  # a size, a colour, b size, b colour
     a_cell, b_cell = scenes.cell[s, a].astype(np.int64), scenes.cell[s, b_safe].astype(np.int64)
     (a_row, a_col), (b_row, b_col) = divmod(a_cell, GRID), divmod(b_cell, GRID)  # (T,) each
     true_rel = np.stack([a_col < b_col, a_col > b_col, a_row < b_row, a_row > b_row], axis=1)
     relation = np.argmax(true_rel * (1.0 + rng.random((T, 4))), axis=1)  # a random true relation
-    i8 = lambda x: np.asarray(x, dtype=np.int8)  # noqa: E731
-    return Meanings(
-        family=i8(family), a_shape=i8(scenes.shape[s, a]),
-        a_color=i8(np.where(drop[:, 1], -1, scenes.color[s, a])),
-        a_size=i8(np.where(drop[:, 0], -1, scenes.size[s, a])),
-        b_shape=i8(np.where(has_b, scenes.shape[s, b_safe], -1)),
-        b_color=i8(np.where(has_b & ~drop[:, 3], scenes.color[s, b_safe], -1)),
-        b_size=i8(np.where(has_b & ~drop[:, 2], scenes.size[s, b_safe], -1)),
-        relation=i8(np.where((family == RELATION) & has_b, relation, -1)),
-        place=i8(np.where(family == PLACE, a_cell, -1)),
-        count=i8(np.where(family == COUNT, scenes.n_objects[s], -1)), noisy=np.zeros(T, dtype=bool))
+    relation = np.where((family == RELATION) & has_b, relation, -1)
+    return _named(scenes, s, a, b, family, relation, drop.T)
+
+
+def _named(scenes: Scenes, i, a, b, family, relation, drop) -> Meanings:
+    """Meanings naming object a (and b unless -1) of scenes i, with the given family and relation
+    (scalars or per row), dropping the attributes marked in drop = (a size, a colour, b size,
+    b colour); place and count are read off the scene for place and count captions."""
+    i, a, b, family = (np.asarray(x, dtype=np.int64) for x in (i, a, b, family))
+    no_b, bs = b < 0, np.maximum(b, 0)
+    pick = lambda f, o, off: np.where(off, -1, getattr(scenes, f)[i, o]).astype(np.int8)  # noqa: E731
+    full = lambda v: np.full(len(i), v, dtype=np.int8)  # noqa: E731
+    return Meanings(family=full(family), a_shape=pick("shape", a, False),
+                    a_color=pick("color", a, drop[1]), a_size=pick("size", a, drop[0]),
+                    b_shape=pick("shape", bs, no_b), b_color=pick("color", bs, no_b | drop[3]),
+                    b_size=pick("size", bs, no_b | drop[2]), relation=full(relation),
+                    place=pick("cell", a, family != PLACE),
+                    count=full(np.where(family == COUNT, scenes.n_objects[i], -1)),
+                    noisy=np.zeros(len(i), dtype=bool))
 
 
 def two_objects(rng: np.random.Generator, n_objects, a=None) -> tuple[np.ndarray, np.ndarray]:
@@ -181,7 +188,8 @@ def _relations(scenes: Scenes) -> np.ndarray:
 def _bit_tables(scenes: Scenes) -> dict[str, np.ndarray]:
     """Per scene, bitmasks of its objects (bit o = slot o). Per attribute (values + 1, N): row v =
     objects with value v, row -1 = all objects. rel (6, O, N): objects j with r(i, j); r = 4 is
-    'any other object', r = 5 is 'i itself' (captions without b)."""
+    'any other object', r = 5 is 'i itself' (captions without b). diagonal (O, N): objects j in
+    another row and column than i (two relations hold)."""
     n_slots = scenes.max_objects
     dtype = np.uint8 if n_slots <= 8 else np.uint16
     bit = (np.ones(n_slots, dtype=np.int64) << np.arange(n_slots)) * scenes.valid  # (N, O)
@@ -194,8 +202,11 @@ def _bit_tables(scenes: Scenes) -> dict[str, np.ndarray]:
         out[name] = np.concatenate([table, bit.sum(axis=1)[None]]).astype(dtype)  # (V + 1, N)
     pair = scenes.valid[:, :, None] & scenes.valid[:, None, :]  # (N, O, O)
     eye = np.eye(n_slots, dtype=bool)
-    rels = [*np.moveaxis(_relations(scenes), 3, 0), pair & ~eye, pair & eye]
-    out["rel"] = np.stack([(r * bit[:, None, :]).sum(axis=2).T for r in rels]).astype(dtype)
+    rel = _relations(scenes)
+    diagonal = (rel[..., 0] | rel[..., 1]) & (rel[..., 2] | rel[..., 3])  # (N, O, O)
+    rels = [*np.moveaxis(rel, 3, 0), pair & ~eye, pair & eye, diagonal]
+    tables = np.stack([(r * bit[:, None, :]).sum(axis=2).T for r in rels]).astype(dtype)
+    out["rel"], out["diagonal"] = tables[:6], tables[6]
     return out
 
 

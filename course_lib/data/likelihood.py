@@ -31,6 +31,7 @@ from .captions import (
     TERSE,
     _b_mask,
     _bit_tables,
+    _named,
     _relation_code,
     _relations,
     iter_satisfies,
@@ -92,15 +93,7 @@ def _structure_ok(m: Meanings) -> np.ndarray:
             ) & (m.a_shape >= 0) & (~has_b | (m.b_shape >= 0))
 
 
-def _diagonal_bits(scenes: Scenes) -> np.ndarray:
-    """(O, N) bitmask per object i of the objects j in another row and column (two relations)."""
-    n_slots, rel = scenes.max_objects, _relations(scenes)
-    diag = (rel[..., 0] | rel[..., 1]) & (rel[..., 2] | rel[..., 3])  # (N, O, O)
-    bit, dtype = np.int64(1) << np.arange(n_slots), np.uint8 if n_slots <= 8 else np.uint16
-    return (diag * bit[None, None, :]).sum(axis=2).T.astype(dtype)
-
-
-def _values_at(m: Meanings, scenes: Scenes, bits: dict, diag: np.ndarray, par: dict,
+def _values_at(m: Meanings, scenes: Scenes, bits: dict, par: dict,
                ok: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
     """SCALE * K(meaning rows[e], scene cols[e]) for each entry e (see the module docstring)."""
     f = lambda x: x[rows].astype(np.int64)  # noqa: E731  (-1 indexes the 'all objects' row)
@@ -112,7 +105,8 @@ def _values_at(m: Meanings, scenes: Scenes, bits: dict, diag: np.ndarray, par: d
     twice = np.zeros(len(rows), dtype=np.int64)  # 2 * sum over (a, b) of P(relation | a, b)
     for o in range(scenes.max_objects):
         rb = bits["rel"][code, o, cols].astype(np.int64) & B
-        twice += ((A >> o) & 1) * (2 * _POPCOUNT[rb] - directed * _POPCOUNT[rb & diag[o, cols]])
+        twice += ((A >> o) & 1) * (2 * _POPCOUNT[rb]
+                                   - directed * _POPCOUNT[rb & bits["diagonal"][o, cols]])
     n, has_b, fam = scenes.n_objects[cols].astype(np.int64), m.has_b[rows], m.family[rows]
     denom = np.where(has_b, 2 * n * (n - 1), 2 * n)
     value = (twice * (SCALE // np.maximum(denom, 1))).astype(np.float64)
@@ -134,12 +128,12 @@ def _iter_sparse(meanings: Meanings, scenes: Scenes, config=None, chunk: int = 2
     if (m.family == TERSE).any():
         raise ValueError("caption_likelihood covers the pair/relation/place/count families, not "
                          "terse captions")
-    par, bits, diag = _params(config), _bit_tables(scenes), _diagonal_bits(scenes)
+    par, bits = _params(config), _bit_tables(scenes)
     ok, N = _structure_ok(m), len(scenes)
     for start, block in iter_satisfies(m, scenes, chunk):
         flat = np.flatnonzero(block)
         rows, cols = start + flat // N, flat % N
-        values = _values_at(m, scenes, bits, diag, par, ok, rows, cols)
+        values = _values_at(m, scenes, bits, par, ok, rows, cols)
         keep = values > 0
         yield start, len(block), rows[keep], cols[keep], values[keep]
 
@@ -162,21 +156,6 @@ def caption_likelihood(meanings: Meanings, scenes: Scenes, config=None) -> np.nd
 
 
 # ---- compositional ---------------------------------------------------------------------------
-
-def _named(scenes: Scenes, i, a, b, family: int, relation: int, drop) -> Meanings:
-    """Meanings naming object a (and b unless -1) of scenes i, dropping the attributes marked in
-    drop = (a size, a colour, b size, b colour), with the given family and relation."""
-    i, a, b = (np.asarray(x, dtype=np.int64) for x in (i, a, b))
-    no_b, bs = b < 0, np.maximum(b, 0)
-    pick = lambda f, o, off: np.where(off, -1, getattr(scenes, f)[i, o]).astype(np.int8)  # noqa: E731
-    full = lambda v: np.full(len(i), v, dtype=np.int8)  # noqa: E731
-    return Meanings(family=full(family), a_shape=pick("shape", a, False),
-                    a_color=pick("color", a, drop[1]), a_size=pick("size", a, drop[0]),
-                    b_shape=pick("shape", bs, no_b), b_color=pick("color", bs, no_b | drop[3]),
-                    b_size=pick("size", bs, no_b | drop[2]), relation=full(relation),
-                    place=pick("cell", a, family != PLACE), count=full(-1),
-                    noisy=np.zeros(len(i), dtype=bool))
-
 
 def _acceptance(scenes: Scenes, twin_of, swapped, p_drop: float) -> np.ndarray:
     """(N, 3) per image and family (pair, relation, place): the probability that the family's

@@ -72,7 +72,6 @@ def screen_karpathy(json_path, image_root, splits, progress: bool = True) -> Scr
         problems = list(tqdm(pool.map(lambda p: decode_problem(root / p), present),
                              total=len(present), desc="checking images", unit="img",
                              disable=not progress, mininterval=1.0))
-    for path, problem in zip(present, problems, strict=True):
-        if problem is not None:
-            screening.skipped[path] = problem
+    screening.skipped.update({path: problem for path, problem in zip(present, problems, strict=True)
+                              if problem is not None})
     return screening

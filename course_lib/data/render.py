@@ -6,6 +6,7 @@ shape, colour and size, from DETECTOR_SEED so it means the same in every split),
 and a soft class distribution over shape x colour."""
 
 from functools import lru_cache
+from itertools import product
 from statistics import NormalDist
 
 import numpy as np
@@ -57,9 +58,8 @@ def geometry(image_size: int) -> dict:
             stamp = _stamp(name, int(k[z]))
             ys, xs = np.nonzero(stamp)
             bbox[s, z] = ys.min(), xs.min(), ys.max() + 1, xs.max() + 1
-            for oy in range(lo[z], hi[z] + 1):
-                for ox in range(lo[z], hi[z] + 1):
-                    masks[s, z, oy, ox, oy:oy + k[z], ox:ox + k[z]] = stamp
+            for oy, ox in product(range(lo[z], hi[z] + 1), repeat=2):
+                masks[s, z, oy, ox, oy:oy + k[z], ox:ox + k[z]] = stamp
     return dict(cs=cs, margin=(image_size - GRID * cs) // 2, masks=masks, bbox=bbox, lo=lo, hi=hi)
 
 
@@ -100,9 +100,8 @@ def render_pixels(scenes: Scenes, offsets: np.ndarray, rng: np.random.Generator,
         y, x = rng.integers(0, image_size - side + 1, size=(2, len(img)))
         grey = (1 + len(PALETTE)
                 + rng.integers(0, len(CLUTTER_GREYS), size=len(img))).astype(np.uint8)
-        for dy in range(side):
-            for dx in range(side):
-                index[img, y + dy, x + dx] = grey
+        for dy, dx in product(range(side), repeat=2):
+            index[img, y + dy, x + dx] = grey
     board = index[:, m:m + GRID * cs, m:m + GRID * cs].copy()  # (N, 3cs, 3cs)
     cells = board.reshape(n, GRID, cs, GRID, cs)  # a view: cells[n, row, :, col] is one cell
     img, obj = np.nonzero(scenes.valid)  # (M,) one entry per object

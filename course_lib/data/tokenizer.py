@@ -21,8 +21,7 @@ def build_word_tokenizer(captions, *, min_freq: int = 1, max_length: int = 40):
     trainer = trainers.WordLevelTrainer(special_tokens=SPECIAL_TOKENS, min_frequency=min_freq,
                                         vocab_size=10**7, show_progress=False)
     tok.train_from_iterator(list(captions), trainer=trainer)
-    vocab = tok.get_vocab()
-    if [vocab.get(t) for t in SPECIAL_TOKENS] != list(range(len(SPECIAL_TOKENS))):
+    if [tok.token_to_id(t) for t in SPECIAL_TOKENS] != list(range(len(SPECIAL_TOKENS))):
         raise RuntimeError("tokenizers did not put the special tokens at ids 0-4")
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",

@@ -41,8 +41,7 @@ def check_latency_rows(rows, sizes, measured_up_to=None, label: str = "your rows
 
 def check_top_k(got, expected, label: str = "your search") -> None:
     """A timed search's indices against the true top k (the same set, best first up to ties)."""
-    got = torch.as_tensor(got).reshape(-1).cpu()
-    expected = torch.as_tensor(expected).reshape(-1).cpu()
+    got, expected = (torch.as_tensor(x).reshape(-1).cpu() for x in (got, expected))
     if len(got) != len(expected):
         raise ExerciseError(f"{label}: returned {len(got)} indices, expected the top "
                             f"{len(expected)}")

@@ -27,12 +27,7 @@ from course_lib.core.stages import Stage, config_fields
 from course_lib.core.train import Trainer
 from course_lib.core.train_config import train_config
 from course_lib.data.datasets import ImageDataset, PairCollate, PairDataset, TextCollate
-from course_lib.methods.encoding import (
-    encode_captions,
-    encode_gallery,
-    learning_curve_splits,
-    similarity,
-)
+from course_lib.methods.encoding import encode_captions, encode_gallery, learning_curve_splits
 from course_lib.methods.pairwise import PairwiseRanking
 from course_lib.methods.queries import TopK, query_indices
 
@@ -84,11 +79,11 @@ class Method(Ranker):
         self.model = self.tokenizer = self.history = self.checkpoint_path = None
         self.from_shipped = False  # fit loaded a shipped model (course_lib.core.shipped)
 
-    def stage(self, bench: dict, tokenizer) -> Stage:
+    def stage(self, bench: dict, tokenizer, *starts_from) -> Stage:
         """What the model is trained from (it names its file): every config field, bench["train"],
-        the vocabulary. A method with an earlier stage or a starting model writes its own."""
+        the vocabulary, and starts_from: its earlier stages or starting models (None skipped)."""
         return Stage(self.checkpoint_prefix, reads=config_fields(self.config), data=bench["train"],
-                     vocabulary=tokenizer, version=self.format_version)
+                     vocabulary=tokenizer, version=self.format_version, starts_from=starts_from)
 
     @abstractmethod
     def build_model(self, bench: dict, tokenizer) -> nn.Module:
@@ -160,7 +155,7 @@ class DualEncoderMethod(Method):
     """A Method whose model scores by a dot product of two independent embeddings."""
 
     def similarity(self, split) -> torch.Tensor:
-        return similarity(self._fitted(), split, self.tokenizer)  # (N, T)
+        return self.gallery_embeddings(split) @ self.caption_embeddings(split).T  # (N, T)
 
     def gallery_embeddings(self, split) -> torch.Tensor:
         """(N, E) image embeddings, once per split and fitted model (SplitCache)."""

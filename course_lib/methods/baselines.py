@@ -7,15 +7,15 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from course_lib.methods.base import Ranker
 from course_lib.methods.queries import query_indices, top_k_of
 
 
-class RandomProjectionBaseline:
+class RandomProjectionBaseline(Ranker):
     """Dot products between random projections of bag-of-words and of mean region features."""
 
     name = "random_projection"
     notes = "untrained baseline: random projections, expect chance-level recall"
-    eval_pairs = timed_sizes = (None, None)  # the Method protocol's budgets (methods.base)
 
     def __init__(self, dim: int = 64, seed: int = 0):
         self.dim, self.seed, self.tokenizer = dim, seed, None
@@ -44,9 +44,6 @@ class RandomProjectionBaseline:
 
     def similarity(self, split) -> torch.Tensor:
         return self.encode_images(split) @ self.encode_texts(split.captions).T  # (N, T)
-
-    def pairs_per_query(self, split, direction: str) -> int:
-        return 0  # a dot product: no pair is scored jointly
 
     def rank(self, split, direction: str, top_k: int, queries=None):
         """Each query's top_k (indices (Q, k), scores (Q, k)), from the dense similarity."""

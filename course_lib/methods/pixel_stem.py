@@ -211,9 +211,7 @@ class StartsFromPixelStem(ABC):
 
     def stage(self, bench: dict, tokenizer) -> Stage:
         """Every config field, on bench["train"], from the pixel stem when it starts from it."""
-        return Stage(self.checkpoint_prefix, reads=config_fields(self.config), data=bench["train"],
-                     vocabulary=tokenizer, version=self.format_version,
-                     starts_from=(self.stem_stage(bench),))
+        return super().stage(bench, tokenizer, self.stem_stage(bench))
 
     def stem_checkpoint(self, bench: dict, cache_dir) -> Path | None:
         """Where the stem is cached: cache_dir / its file (None without either)."""

@@ -47,9 +47,8 @@ def two_stage_scores(first_scores, score_pairs: PairScorer, top_m: int, directio
     rescored = torch.as_tensor(score_pairs(images, texts), dtype=torch.float32).cpu().view(Q, M)
     by_query = (first.T if direction == "t2i" else first).clone()  # (Q, candidates)
     # shift each query's first-stage scores below its lowest re-ranked score, keeping their order
-    shift = (by_query.max(dim=1, keepdim=True).values
-             - rescored.min(dim=1, keepdim=True).values + 1.0)
-    by_query -= shift
+    by_query -= (by_query.max(dim=1, keepdim=True).values
+                 - rescored.min(dim=1, keepdim=True).values + 1.0)
     by_query.scatter_(1, candidates, rescored)
     return by_query.T.contiguous() if direction == "t2i" else by_query  # (N, T)
 

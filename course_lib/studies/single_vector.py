@@ -26,12 +26,9 @@ def reference_metrics(split, ks=(1, 5, 10), width: int | None = None,
                       seed: int = 0) -> dict[str, float]:
     """Expected recalls (percent) of the bag of objects, randomly projected to `width` if given."""
     images, texts = _vectors(split, width, seed)
-    out = {}
-    for k in ks:
-        t2i = expected_hits(images, texts, split.txt2img, k, "t2i", split.text_queries)
-        i2t = expected_hits(images, texts, split.txt2img, k, "i2t", split.image_queries)
-        out[f"t2i_r{k}"], out[f"i2t_r{k}"] = 100.0 * t2i.mean(), 100.0 * i2t.mean()
-    return out
+    asked = {"t2i": split.text_queries, "i2t": split.image_queries}
+    return {f"{d}_r{k}": 100.0 * expected_hits(images, texts, split.txt2img, k, d, asked[d]).mean()
+            for k in ks for d in ("t2i", "i2t")}
 
 
 def recall_by_family_and_width(split, k: int = 1, widths=(None, *WIDTHS),

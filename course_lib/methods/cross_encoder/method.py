@@ -105,9 +105,8 @@ def keep_hardest(model: CrossEncoder, batch: dict) -> dict:
     labels = batch["labels"]  # (B + 2 * c * nB,)
     B, device = int(labels.sum()), labels.device
     cnB = (len(labels) - B) // 2  # candidates per side
-    negatives = torch.arange(B, len(labels), device=device)  # (2 * c * nB,)
-    with torch.no_grad():
-        scores = model(*({k: v[negatives] for k, v in batch[side].items()}
+    with torch.no_grad():  # rows B onwards: the (2 * c * nB,) negatives
+        scores = model(*({k: v[B:] for k, v in batch[side].items()}
                          for side in ("images", "texts")))  # (2 * c * nB,)
     nB = cnB // c
     best = scores.view(2, c, nB).argmax(1)  # (2, nB): per side (negative captions, then images)

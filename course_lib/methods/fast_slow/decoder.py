@@ -13,17 +13,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from course_lib.core.blocks import SelfAttention
 from course_lib.core.encoders import word_mask
 from course_lib.core.tokens import WORD_SPECIAL_TOKENS, SpecialTokens
 
 
-class CausalSelfAttention(nn.Module):
+class CausalSelfAttention(SelfAttention):
     """Masked multi-head self-attention; with right padding no real position sees a padded one."""
-
-    def __init__(self, hidden: int, heads: int, dropout: float = 0.0):
-        super().__init__()
-        self.heads, self.dropout = heads, dropout
-        self.qkv, self.out = nn.Linear(hidden, 3 * hidden), nn.Linear(hidden, hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, L, H = x.shape

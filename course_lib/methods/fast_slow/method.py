@@ -74,12 +74,11 @@ def train_slow(bench: dict, tokenizer, config: SlowConfig | None = None, *, chec
 
 def new_model(model_class, bench: dict, tokenizer, config):
     """A fresh SlowModel or FastModel of the vocabulary and bench["train"]'s image input."""
-    region_dim = None
-    if config.image_input == "regions":
-        if not bench["train"].has_regions:
-            raise ValueError("image_input='regions' needs region features: load a feature folder "
-                             "(course_lib.data.features.load_feature_bench)")
-        region_dim = bench["train"].regions.shape[-1]
+    regions = config.image_input == "regions"
+    if regions and not bench["train"].has_regions:
+        raise ValueError("image_input='regions' needs region features: load a feature folder "
+                         "(course_lib.data.features.load_feature_bench)")
+    region_dim = bench["train"].regions.shape[-1] if regions else None
     return model_class(len(tokenizer), config, SpecialTokens.of(tokenizer), region_dim)
 
 

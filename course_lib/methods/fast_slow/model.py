@@ -115,9 +115,8 @@ class FastConfig(CourseConfig):
 
     def __post_init__(self):
         self.channels = tuple(int(c) for c in self.channels)
-        check_choices(
-            self, image_pool=("mean", "flatten"), text_tower=("bow", "transformer", "gru"),
-            distill_candidates=("batch", "mined"), distill_start=("fast", "scratch"))
+        self.check_choices(image_pool=("mean", "flatten"), text_tower=("bow", "transformer", "gru"),
+                           distill_candidates=("batch", "mined"), distill_start=("fast", "scratch"))
         check_image_fields(self)
         if self.distill_top_k < 2 or self.fresh_scenes < 0 or not self.tau > 0 or self.alpha < 0:
             raise ValueError("need distill_top_k >= 2, fresh_scenes >= 0 (0: the training split "
@@ -125,17 +124,10 @@ class FastConfig(CourseConfig):
                              f"{self.fresh_scenes}, {self.tau} and {self.alpha}")
 
 
-def check_choices(config, **choices) -> None:
-    """Each named field of config is one of its choices."""
-    for name, options in choices.items():
-        if getattr(config, name) not in options:
-            raise ValueError(f"{name} must be one of {options}, got {getattr(config, name)!r}")
-
-
 def check_image_fields(config) -> None:
     """Both configs' image fields; grid cells (a pretrained CNN's) take no stem and f(x)'s mean."""
-    check_choices(config, image_init=("pixel_stem", "scratch"), stem_head_pool=HEAD_POOLS,
-                  image_input=("pixels", "regions"))
+    config.check_choices(image_init=("pixel_stem", "scratch"), stem_head_pool=HEAD_POOLS,
+                         image_input=("pixels", "regions"))
     if config.image_input == "regions" and config.image_init != "scratch":
         raise ValueError("image_input='regions' reads a pretrained CNN's grid cells, so no pixel "
                          "stem: set image_init='scratch'")

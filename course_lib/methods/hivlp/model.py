@@ -76,10 +76,8 @@ class HiVLPConfig(CourseConfig):
     REAL_PHOTOS: ClassVar[dict] = {"max_steps": 150, "batch_size": 128}  # chosen on Flickr8k's val
 
     def __post_init__(self):
-        for name, options in (("image_input", ("pixels", "regions")), ("pool", ("mean", "cls")),
-                              ("stem", ("pixel_stem", "patch")), ("stem_head_pool", HEAD_POOLS)):
-            if getattr(self, name) not in options:
-                raise ValueError(f"{name} must be one of {options}, got {getattr(self, name)!r}")
+        self.check_choices(image_input=("pixels", "regions"), pool=("mean", "cls"),
+                           stem=("pixel_stem", "patch"), stem_head_pool=HEAD_POOLS)
         if self.stem == "pixel_stem" and (self.backbone is not None or self.image_size is not None):
             raise ValueError("the pixel stem is pre-trained on the course's 32x32 synthetic "
                              "scenes: with a timm backbone or resized images set stem='patch'")
@@ -301,13 +299,11 @@ def hrl_loss(image_levels, text_levels) -> torch.Tensor:
 
 def build_hivlp(config: HiVLPConfig, split, tokenizer) -> HiVLP:
     """A fresh HiVLP for the split's image input and the vocabulary."""
-    region_dim = None
-    if config.image_input == "regions":
-        if not split.has_regions:
-            raise ValueError(f"split {split.name!r} has no region features: use "
-                             "image_input='pixels'")
-        region_dim = split.regions.shape[-1]
-    elif not split.has_pixels:
+    regions = config.image_input == "regions"
+    if regions and not split.has_regions:
+        raise ValueError(f"split {split.name!r} has no region features: use image_input='pixels'")
+    if not regions and not split.has_pixels:
         raise ValueError(f"split {split.name!r} has no pixels: use image_input='regions' or give "
                          "read_karpathy an image_root")
+    region_dim = split.regions.shape[-1] if regions else None
     return HiVLP(config, len(tokenizer), region_dim, special=SpecialTokens.of(tokenizer))

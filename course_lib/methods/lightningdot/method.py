@@ -123,9 +123,7 @@ class LightningDOTMethod(DualEncoderMethod):
 
     def stage(self, bench: dict, tokenizer) -> Stage:
         """Fine-tuning: every field, bench["train"], from the pre-trained model's file."""
-        return Stage(self.checkpoint_prefix, reads=config_fields(self.config), data=bench["train"],
-                     vocabulary=tokenizer, version=self.format_version,
-                     starts_from=(self.pretrain_stage(bench, tokenizer),))
+        return super().stage(bench, tokenizer, self.pretrain_stage(bench, tokenizer))
 
     def build_model(self, bench: dict, tokenizer) -> LightningDOT:
         return build_lightningdot(self.config, bench["train"], tokenizer)

@@ -55,8 +55,7 @@ class SCANMethod(PairwiseMethod):
     _encoded: tuple = (None, None, None)  # (split, model, (regions, region_mask, {caption: words}))
 
     def _encodings(self, split, text_indices) -> tuple:
-        """(regions (N, R, E), region_mask (N, R), words (m, L, E), word_mask (m, L)) for
-        text_indices (m,); images encoded per split, a caption when first scored."""
+        """(regions (N, R, E), region_mask, words (m, L, E), word_mask) of text_indices, cached."""
         model = self._fitted()
         if self._encoded[0] is not split or self._encoded[1] is not model:
             show = self.progress and split.n_images > 20_000

@@ -174,11 +174,9 @@ class UBERTMethod(DualEncoderMethod):
 
     def stage(self, bench: dict, tokenizer) -> Stage:
         """Step 2 (or joint): every field, bench["train"], step 1's towers and the SCAN model."""
-        two_step = self.config.training == "two_step"
-        return Stage(self.checkpoint_prefix, reads=config_fields(self.config), data=bench["train"],
-                     vocabulary=tokenizer, version=self.format_version,
-                     starts_from=(self.towers_stage(bench, tokenizer) if two_step else None,
-                                  self.scan and self.scan.stage(bench, tokenizer)))
+        towers = self.towers_stage(bench, tokenizer) if self.config.training == "two_step" else None
+        scan = self.scan and self.scan.stage(bench, tokenizer)
+        return super().stage(bench, tokenizer, towers, scan)
 
     def build_model(self, bench: dict, tokenizer) -> UBERT:
         # the checkpoint holds its SCAN copy; two-step models are frozen, as train_ubert leaves them
@@ -256,8 +254,7 @@ class UBERTCascade(Cascade):
         self.ubert = ubert
 
     def _online(self, split, direction: str, query_batch, top_k: int):
-        """One query's online path: its tower pass, a FAISS search of the gallery's intra vectors
-        for the top K, BERT_cross on their cached states."""
+        """One query: its tower pass, a FAISS search of intra vectors, BERT_cross on the top K."""
         model, K = self.ubert._fitted().eval(), self.survivors(direction)[0]  # eval once
         device, states = model_device(model), self.ubert.states(split)  # offline: the gallery's
         t2i = direction == "t2i"
@@ -291,17 +288,11 @@ class UBERTCascade(Cascade):
         return self._online(split, "i2t", lambda: {k: v[None] for k, v in image.items()}, top_k)
 
 
-@register_method("ubert-embed", order=4.0)
-def _ubert_embed(build) -> UBERTMethod:
-    return UBERTMethod(build.config(UBERTConfig), scan=build.method("scan"))
-
-
-@register_method(f"ubert@{TOP_K['t2i']}", order=4.1)
-def _ubert(build) -> UBERTCascade:
-    return UBERTCascade(build.method("ubert-embed"))
-
-
-@register_method(f"ubert-embed+cross_encoder@{TOP_K['t2i']}", order=4.2)
-def _ubert_two_stage(build) -> TwoStageMethod:
-    return TwoStageMethod(build.method("ubert-embed"), build.method("cross_encoder"), TOP_K["t2i"],
-                          name=f"ubert-embed+cross_encoder@{TOP_K['t2i']}", top_m_i2t=TOP_K["i2t"])
+register_method("ubert-embed", order=4.0)(
+    lambda build: UBERTMethod(build.config(UBERTConfig), scan=build.method("scan")))
+register_method(f"ubert@{TOP_K['t2i']}", order=4.1)(
+    lambda build: UBERTCascade(build.method("ubert-embed")))
+register_method(f"ubert-embed+cross_encoder@{TOP_K['t2i']}", order=4.2)(
+    lambda build: TwoStageMethod(build.method("ubert-embed"), build.method("cross_encoder"),
+                                 TOP_K["t2i"], name=f"ubert-embed+cross_encoder@{TOP_K['t2i']}",
+                                 top_m_i2t=TOP_K["i2t"]))

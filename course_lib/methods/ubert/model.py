@@ -86,9 +86,7 @@ class UBERTConfig(CourseConfig):
 
     def __post_init__(self):
         self.lr_scales()  # a scale without a pretrained text encoder is refused here
-        for name, options in (("training", TRAININGS), ("cross_towers", CROSS_TOWERS)):
-            if getattr(self, name) not in options:
-                raise ValueError(f"{name} must be one of {options}, got {getattr(self, name)!r}")
+        self.check_choices(training=TRAININGS, cross_towers=CROSS_TOWERS)
 
     def lr_scales(self) -> dict | None:
         """TrainConfig.lr_scales: the pretrained BERT_txt's rate scaled by text_encoder_lr_scale."""
@@ -135,7 +133,6 @@ class UBERT(JointEmbedding):
             self.cross_inputs = nn.ModuleDict({side: nn.Sequential(nn.Linear(E, H), nn.LayerNorm(H))
                                                for side in ("word", "region")})
 
-    # ---- step 2 freezes everything but BERT_cross -------------------------------------------
     def freeze_towers(self) -> UBERT:
         """Step 2 of §4.3: towers and embeddings fixed, in eval mode even while training."""
         for name, p in self.named_parameters():
@@ -169,9 +166,8 @@ class UBERT(JointEmbedding):
             embedded = self.dropout(self.embed_text(texts))  # (B, N, H) t_i
             attended = self.text_tower(embedded, mask)  # (B, N, H) t̂_i, eq. 8
         else:  # BERT's embedding layer gives t_i (its own dropout included), its last layer t̂_i
-            out = self.text_tower.bert(input_ids=texts["input_ids"],
-                                       attention_mask=texts["attention_mask"],
-                                       output_hidden_states=True)
+            out = self.text_tower.bert(input_ids=texts["input_ids"], output_hidden_states=True,
+                                       attention_mask=texts["attention_mask"])
             embedded, attended = out.hidden_states[0], out.last_hidden_state  # (B, N, H) each
         intra = F.normalize(masked_mean(attended, mask), dim=-1, eps=1e-8)  # eq. 9
         return embedded, mask, intra
