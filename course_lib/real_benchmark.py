@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 from tqdm.auto import tqdm
 
 from course_lib.core import settings
-from course_lib.core.checkpoints import CHECKPOINTS
+from course_lib.core.checkpoints import CHECKPOINTS, finished_checkpoint
 from course_lib.core.offline_weights import MINILM_NAME, pretrained_text_path
 from course_lib.core.shipped import without_shipped_models
 from course_lib.core.split_cache import release_split_caches
@@ -23,6 +24,7 @@ from course_lib.data.features import extracted_images, load_feature_bench
 from course_lib.data.split import concatenate
 from course_lib.data.tokenizer import tokenizer_for
 from course_lib.evaluation import evaluate, query_latency, results_row
+from course_lib.methods.lightningdot.method import LightningDOTMethod
 from course_lib.methods.linear_probe import LinearProbeConfig, LinearProbeMethod
 from course_lib.methods.registry import available_methods
 from course_lib.methods.rerank import Cascade, weighted_sum
@@ -50,6 +52,13 @@ REAL_METHODS = ("vsepp", "scan", "cross_encoder", "lightningdot", "lightningdot+
 FUSED = "lightningdot+scan@10"
 FUSED_TOP_M = 10
 FUSED_WEIGHT = 0.01
+
+# an ablation arm, trained only with --ablations (it doubles LightningDOT's fit): LightningDOT's
+# own pre-training (§3.1) on the training pairs before the preset's fine-tuning, at its rate,
+# without SMRC-KL (grid cells have no detector's soft labels); lesson 08's pre-training verdict
+PRETRAINED = "lightningdot-pretrained"
+PRETRAINING = dict(pretrain_steps=150, pretrain_lr=3e-4,
+                   pretrain_tasks={"cmr": 2, "vmlm": 2, "smrfr": 1})
 
 # methods whose captions are words seen WORD_MIN_FREQ times in train, not wordpieces: Slow's output
 # softmax costs with the vocabulary, and lesson 06's methods share one tokenizer
@@ -91,9 +100,10 @@ def real_sizes(text_encoder: str = MINILM_NAME, smoke: bool = False) -> dict:
 
 
 def real_methods(text_encoder: str = MINILM_NAME, smoke: bool = False, seed: int = 0,
-                 names=REAL_METHODS) -> list:
-    """The linear probe, then `names` built with real_sizes (HiVLP's flat model before it), and
-    FUSED after lesson 03's rows where lightningdot and scan both are."""
+                 names=REAL_METHODS, ablations: bool = False) -> list:
+    """The linear probe, then `names` built with real_sizes (HiVLP's flat model before it), FUSED
+    after lesson 03's rows where lightningdot and scan both are, and with `ablations` PRETRAINED
+    after lightningdot."""
     probe_config = LinearProbeConfig.smoke if smoke else LinearProbeConfig
     methods = [LinearProbeMethod(probe_config(text_encoder=text_encoder, seed=seed))]
     sizes = real_sizes(text_encoder, smoke)
@@ -110,17 +120,25 @@ def real_methods(text_encoder: str = MINILM_NAME, smoke: bool = False, seed: int
         lesson_03 = ("lightningdot", "lightningdot+rerank@20")
         after = max(built.index(n) for n in lesson_03 if n in built)
         methods.insert(after + 1, fused)
+    if ablations:
+        if "lightningdot" not in built:
+            raise ValueError(f"the ablation {PRETRAINED!r} is LightningDOT's: add 'lightningdot' "
+                             "to names")
+        plain = methods[built.index("lightningdot")]
+        steps = {"pretrain_steps": plain.config.finetune_steps} if smoke else {}
+        arm = LightningDOTMethod(replace(plain.config, **(PRETRAINING | steps)), name=PRETRAINED)
+        methods.insert(methods.index(plain) + 1, arm)
     return methods
 
 
 def fit_real_methods(bench: dict, text_encoder: str = MINILM_NAME, smoke: bool = False,
-                     seed: int = 0, checkpoints=CHECKPOINTS,
-                     names=REAL_METHODS) -> tuple[list, dict]:
+                     seed: int = 0, checkpoints=CHECKPOINTS, names=REAL_METHODS,
+                     ablations: bool = False) -> tuple[list, dict]:
     """Fit (or load) every method on bench["train"]: (methods, {name: seconds to fit})."""
     settings.seed_everything(seed)
     wordpieces = tokenizer_for(bench["train"], name=pretrained_text_path(text_encoder))
     words = tokenizer_for(bench["train"], min_freq=WORD_MIN_FREQ)
-    methods, seconds = real_methods(text_encoder, smoke, seed, names), {}
+    methods, seconds = real_methods(text_encoder, smoke, seed, names, ablations), {}
     with without_shipped_models():  # nothing ships for real data
         for method in methods:
             start = time.perf_counter()
@@ -128,6 +146,16 @@ def fit_real_methods(bench: dict, text_encoder: str = MINILM_NAME, smoke: bool =
             method.fit(bench, tokenizer, cache_dir=checkpoints)
             seconds[method.name] = round(time.perf_counter() - start, 1)
     return methods, seconds
+
+
+def ablations_trained(bench: dict, text_encoder: str = MINILM_NAME, smoke: bool = False,
+                      seed: int = 0, checkpoints=CHECKPOINTS) -> bool:
+    """Whether checkpoints holds this run's ablation arm, finished (the benchmark's --ablations
+    trains it): lesson 08 adds it to its rows then, rather than spend its own budget on it."""
+    arm = real_methods(text_encoder, smoke, seed, ("lightningdot",), ablations=True)[-1]
+    wordpieces = tokenizer_for(bench["train"], name=pretrained_text_path(text_encoder))
+    path = arm.stage(bench, wordpieces).path(checkpoints)
+    return finished_checkpoint(path, arm.config.finetune_steps)
 
 
 def training_curves(methods) -> dict:
@@ -198,7 +226,7 @@ def smoke_bench(bench: dict) -> dict:
 
 def run_features(features_dir, out="outputs/benchmark-real", text_encoder: str = MINILM_NAME,
                  smoke: bool = False, seed: int = 0, checkpoints=CHECKPOINTS,
-                 progress: bool = True) -> dict:
+                 progress: bool = True, ablations: bool = False) -> dict:
     """Fit, evaluate and time every method on a feature folder, and write OUT's outputs."""
     start = time.perf_counter()
     out = Path(out)
@@ -211,7 +239,8 @@ def run_features(features_dir, out="outputs/benchmark-real", text_encoder: str =
                          "(train, val and test: drop --splits) to train, choose and report")
     if smoke:
         bench = smoke_bench(bench)
-    methods, train_seconds = fit_real_methods(bench, text_encoder, smoke, seed, checkpoints)
+    methods, train_seconds = fit_real_methods(bench, text_encoder, smoke, seed, checkpoints,
+                                              ablations=ablations)
     rows = evaluate_real(methods, bench, smoke, seed, progress)
     info = bench["test"].info
     results = results_dict(rows, methods, smoke=smoke, seed=seed,
@@ -236,6 +265,9 @@ def main(argv=None) -> dict:
     add("--checkpoints", default=CHECKPOINTS,
         help="folder of cached trained models, shared with lesson 08 (default: %(default)s)")
     add("--seed", type=int, default=0, help="seed of every method and of the sampled queries")
+    add("--ablations", action="store_true", help=f"also train {PRETRAINED}, LightningDOT "
+        "pre-trained on the training pairs before its fine-tuning (lesson 08's pre-training "
+        "verdict; about 25 more minutes on two cores)")
     add("--smoke", action="store_true", help="the first few photos of each split and tiny models "
         "(also on when COURSE_SMOKE=1): the same code path in minutes")
     add("--text-encoder", default=MINILM_NAME, metavar="NAME_OR_FOLDER", help="the pretrained "
@@ -251,7 +283,7 @@ def main(argv=None) -> dict:
         if args.readme:
             update_readme(None, args.readme, check_only=True, real=True)
         results = run_features(args.features, out, args.text_encoder, smoke=smoke, seed=args.seed,
-                               checkpoints=args.checkpoints)
+                               checkpoints=args.checkpoints, ablations=args.ablations)
     except (OSError, ValueError) as error:  # an unfinished feature folder, missing weights
         parser.error(str(error))
     if args.readme:

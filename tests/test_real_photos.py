@@ -29,7 +29,15 @@ from course_lib.core.offline_weights import (
 )
 from course_lib.data.features import load_feature_bench
 from course_lib.data.photos import find_photos, no_photos_message, split_file
-from course_lib.real_benchmark import FUSED, REAL_METHODS
+from course_lib.real_benchmark import (
+    FUSED,
+    PRETRAINED,
+    PRETRAINING,
+    REAL_METHODS,
+    ablations_trained,
+    real_methods,
+    smoke_bench,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 extract = load_script("extract_features")
@@ -249,9 +257,16 @@ def test_benchmark_on_real_features_writes_its_results_without_touching_shipped_
     (readme.parent / "docs").mkdir(parents=True)
     for path in (readme, readme.parent / "docs" / "results.md"):
         path.write_text(f"{REAL_START}\n{REAL_END}\n")
+    assert not ablations_trained(_smoke_bench(tmp_path / "features"), smoke=True,
+                                 checkpoints=tmp_path / "checkpoints")
     results = main(["--features", str(tmp_path / "features"), "--out", str(tmp_path / "out"),
                     "--smoke", "--checkpoints", str(tmp_path / "checkpoints"),
-                    "--readme", str(readme)])
+                    "--readme", str(readme), "--ablations"])
+    # what lesson 08 asks before adding the ablation: found now, in the smoke run's identity
+    assert ablations_trained(_smoke_bench(tmp_path / "features"), smoke=True,
+                             checkpoints=tmp_path / "checkpoints")
+    assert not ablations_trained(_smoke_bench(tmp_path / "features"), smoke=True, seed=1,
+                                 checkpoints=tmp_path / "checkpoints")
     assert ("| linear-probe |" in readme.read_text()
             and (readme.parent / "docs" / "pareto-real.png").is_file())
     assert ({p.name for p in (tmp_path / "out").iterdir()}
@@ -261,7 +276,8 @@ def test_benchmark_on_real_features_writes_its_results_without_touching_shipped_
             <= set(curves))
     assert all(len(c["step"]) == len(c["val_r1"]) > 0 for c in curves.values())
     names = {r["method"] for r in results["rows"]}
-    expected = {"chance", "linear-probe", "hivlp-regions-flat", FUSED} | set(REAL_METHODS)
+    expected = ({"chance", "linear-probe", "hivlp-regions-flat", FUSED, PRETRAINED}
+                | set(REAL_METHODS))
     for setting in ("test", "full"):  # every method, on both settings
         assert {r["method"] for r in results["rows"] if r["setting"] == setting} == expected
     assert names == expected
@@ -280,6 +296,34 @@ def test_benchmark_on_real_features_writes_its_results_without_touching_shipped_
     with pytest.raises(SystemExit):  # the features are what this command runs on
         main(["--text-encoder", MINILM_NAME, "--out", str(tmp_path / "x")])
     assert "the following arguments are required: --features" in capsys.readouterr().err
+
+
+def _smoke_bench(features):
+    """The benchmark's smoke bench of a feature folder, loaded as run_features loads it."""
+    from course_lib.data.features import extracted_images
+
+    return smoke_bench(load_feature_bench(features, regions_dtype=np.float16,
+                                          image_root=extracted_images(features)))
+
+
+@pytest.mark.parametrize("smoke", [False, True])
+def test_the_pretraining_ablation_is_lightningdot_with_only_its_pretraining_changed(smoke):
+    """--ablations adds PRETRAINED right after lightningdot: the same config but PRETRAINING (in
+    smoke mode as many pre-training steps as fine-tuning ones), so its own checkpoint name."""
+    from dataclasses import asdict
+
+    plain_only = real_methods(smoke=smoke, names=("lightningdot",))
+    methods = real_methods(smoke=smoke, names=("lightningdot",), ablations=True)
+    assert [m.name for m in plain_only] == ["linear-probe", "lightningdot"]
+    assert [m.name for m in methods] == ["linear-probe", "lightningdot", PRETRAINED]
+    plain, arm = asdict(methods[1].config), asdict(methods[2].config)
+    assert plain["pretrain_steps"] == 0  # the preset: MiniLM's pre-training stands in
+    expected = PRETRAINING | ({"pretrain_steps": plain["finetune_steps"]} if smoke else {})
+    assert {k: v for k, v in arm.items() if plain[k] != v} == expected
+    assert "smrc_kl" not in arm["pretrain_tasks"]  # grid cells have no detector's soft labels
+    assert arm["pretrain_steps"] > 0
+    with pytest.raises(ValueError, match="add 'lightningdot' to names"):
+        real_methods(smoke=smoke, names=("scan",), ablations=True)
 
 
 def test_every_real_photo_preset_names_real_fields_and_applies_only_outside_smoke():
